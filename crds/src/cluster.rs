@@ -1,0 +1,189 @@
+//! Cluster: pools of servers plus the taskservs to install on them.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::*;
+
+/// Pools of Servers plus the TaskServs to install on them, in dependency order.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "provisioning.dev",
+    version = "v1alpha1",
+    kind = "Cluster",
+    namespaced,
+    status = "ClusterStatus",
+    shortname = "pcl",
+    category = "provisioning",
+    doc = "Pools of Servers plus the TaskServs to install on them, in dependency order.",
+    printcolumn(name = "Provider", type_ = "string", json_path = ".spec.provider"),
+    printcolumn(name = "Servers", type_ = "string", json_path = ".status.servers.summary"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.pools.all(p, self.pools.exists_one(q, q.name == p.name))",
+     "message": "pool names must be unique"},
+    {"rule": "!has(self.taskservs) || self.taskservs.all(t, !has(t.pools) || t.pools.all(n, self.pools.exists(p, p.name == n)))",
+     "message": "taskservs[].pools must name pools of spec.pools"}
+]))]
+pub struct ClusterSpec {
+    /// Provider account for the cluster's servers. Empty: the workspace default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(schema_with = "optional_dns1123_label")]
+    pub provider: String,
+    /// Pools of identical servers.
+    #[schemars(length(min = 1, max = 32))]
+    pub pools: Vec<ServerPool>,
+    /// Services to install, with the pools they go on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub taskservs: Vec<ClusterTaskServ>,
+    /// Operations in flight at once for this cluster.
+    #[serde(default = "default_parallel_limit")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub parallel_limit: u32,
+    /// What a failed rollout leaves behind: Retain it, or Rollback what it changed.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    /// Other Clusters (same namespace) that must be Ready first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "dns1123_label_list")]
+    pub depends_on: Vec<String>,
+}
+
+fn default_parallel_limit() -> u32 {
+    5
+}
+
+/// A pool of identical servers.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerPool {
+    /// Pool name; servers are named `<cluster>-<pool>-<index>`.
+    #[schemars(schema_with = "dns1123_label")]
+    pub name: String,
+    /// Number of servers.
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: u32,
+    /// Plan of the pool's servers. Empty: the workspace default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub plan: String,
+    /// Zone of the pool's servers. Empty: the workspace default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub zone: String,
+    /// Image of the pool's servers. Empty: the workspace default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image: String,
+    /// Labels put on the pool's Servers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A service of a cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterTaskServ {
+    /// Catalog name of the service.
+    #[schemars(schema_with = "dns1123_label")]
+    pub service: String,
+    /// Pools whose servers get the service. Empty: every pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "dns1123_label_list")]
+    pub pools: Vec<String>,
+    /// Version. Empty: the catalog default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// Service configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub config: Option<serde_json::Value>,
+}
+
+/// What a failed rollout leaves behind.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum FailurePolicy {
+    /// Keep what was created, for inspection.
+    #[default]
+    Retain,
+    /// Undo the failed step: reinstall the last good versions, remove what the rollout added.
+    Rollback,
+}
+
+/// Observed state of a Cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// Summary for humans: Pending, Provisioning, Installing, Ready, Degraded, Failed, Deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions: Ready, Reconciling, Stalled, ServersReady, TaskServsReady, Paused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// Server counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub servers: Option<ClusterServerCounts>,
+    /// Phase of each service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taskservs: Vec<ClusterTaskServStatus>,
+    /// The rollout plan and each step's progress (the checkpoint a restarted controller resumes from).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<ClusterStep>,
+}
+
+/// Server counts of a cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterServerCounts {
+    /// Servers the pools ask for.
+    pub desired: u32,
+    /// Servers that are Ready.
+    pub ready: u32,
+    /// `ready/desired`, for the printer column.
+    #[serde(default)]
+    pub summary: String,
+}
+
+/// Phase of one service of a cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterTaskServStatus {
+    /// Catalog name.
+    pub service: String,
+    /// Phase of its TaskServ.
+    #[serde(default)]
+    pub phase: String,
+}
+
+/// One step of a cluster rollout.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStep {
+    /// Stable id, e.g. `servers/members` or `taskserv/etcd`.
+    pub id: String,
+    /// Kind of step: Servers, TaskServ, Teardown.
+    pub kind: String,
+    /// What the step acts on.
+    #[serde(default)]
+    pub target: String,
+    /// Pending, Running, Succeeded, Failed.
+    pub state: String,
+    /// When it started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// When it finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Progress or error for humans.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}

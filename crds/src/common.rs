@@ -1,0 +1,145 @@
+//! Pieces shared by every kind: well-known names, references and schema helpers.
+
+use std::collections::BTreeMap;
+
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+/// Annotation: `"true"` stops reconciliation; a `Paused` condition says so.
+pub const ANNOTATION_PAUSED: &str = "provisioning.dev/paused";
+/// Annotation: any new value forces a reconcile now.
+pub const ANNOTATION_RECONCILE_REQUESTED_AT: &str = "provisioning.dev/reconcile-requested-at";
+/// Annotation: written before a provider create call, cleared once its result is recorded.
+pub const ANNOTATION_CREATE_PENDING: &str = "provisioning.dev/create-pending";
+
+/// Provider tag / label: the Server's uid.
+pub const LABEL_SERVER_UID: &str = "provisioning.dev/server-uid";
+/// Provider tag / label: the Server's namespace.
+pub const LABEL_NAMESPACE: &str = "provisioning.dev/namespace";
+/// Provider tag / label: the Server's name.
+pub const LABEL_SERVER: &str = "provisioning.dev/server";
+/// Provider tag / label and Kubernetes label: the owning Cluster's name.
+pub const LABEL_CLUSTER: &str = "provisioning.dev/cluster";
+/// Kubernetes label on Servers a Cluster creates: the pool name.
+pub const LABEL_POOL: &str = "provisioning.dev/pool";
+
+/// Finalizer every reconciler puts on its objects.
+pub const FINALIZER: &str = "provisioning.dev/cleanup";
+
+/// Condition types.
+pub mod condition {
+    /// Summary: the object is as declared.
+    pub const READY: &str = "Ready";
+    /// Work is in flight.
+    pub const RECONCILING: &str = "Reconciling";
+    /// No progress without a change of spec or environment.
+    pub const STALLED: &str = "Stalled";
+    /// The paused annotation is set.
+    pub const PAUSED: &str = "Paused";
+    /// Server: the machine exists at the provider and is running.
+    pub const PROVISIONED: &str = "Provisioned";
+    /// TaskServ: required services are installed.
+    pub const DEPENDENCIES_READY: &str = "DependenciesReady";
+    /// TaskServ: installed on every selected server.
+    pub const INSTALLED: &str = "Installed";
+    /// TaskServ: health checks pass.
+    pub const HEALTHY: &str = "Healthy";
+    /// Cluster: every pool server is Ready.
+    pub const SERVERS_READY: &str = "ServersReady";
+    /// Cluster: every taskserv is Ready.
+    pub const TASKSERVS_READY: &str = "TaskServsReady";
+    /// Workspace: every provider account is usable.
+    pub const PROVIDERS_READY: &str = "ProvidersReady";
+}
+
+/// Reference to a Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretReference {
+    /// Name of the Secret.
+    #[schemars(schema_with = "dns1123_subdomain")]
+    pub name: String,
+    /// Namespace of the Secret; defaults to the namespace of the referring object (for a
+    /// Workspace: its `spec.namespace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// A label selector limited to exact matches.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelMatch {
+    /// Labels an object must carry, all of them, with these values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+/// A status address of a machine.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineAddress {
+    /// Kind of address: InternalIP, ExternalIP, InternalDNS, ExternalDNS or Hostname.
+    #[serde(rename = "type")]
+    pub address_type: String,
+    /// The address.
+    pub address: String,
+}
+
+/// Schema of a free-form object (kept as sent, not pruned).
+pub fn free_form_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Schema of a DNS-1123 label (names of Kubernetes objects and of provider accounts).
+pub fn dns1123_label(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 63,
+        "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    })
+}
+
+/// Schema of a DNS-1123 subdomain (Secret names).
+pub fn dns1123_subdomain(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 253,
+        "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    })
+}
+
+/// Schema of an optional DNS-1123 label: empty means "use the default".
+pub fn optional_dns1123_label(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 63,
+        "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$"
+    })
+}
+
+/// Schema of a list of DNS-1123 labels.
+pub fn dns1123_label_list(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "items": {
+            "type": "string",
+            "maxLength": 63,
+            "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+        }
+    })
+}
+
+/// The `conditions` list of a status, merged by type.
+pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema = generator.subschema_for::<Vec<Condition>>();
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert("x-kubernetes-list-map-keys".into(), serde_json::json!(["type"]));
+    schema
+}
+
+/// The printer column showing the Ready condition.
+pub const READY_COLUMN_PATH: &str = ".status.conditions[?(@.type==\"Ready\")].status";

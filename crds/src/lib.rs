@@ -1,0 +1,107 @@
+//! API types of Provisioning: `provisioning.dev/v1alpha1` Workspace, Server, TaskServ and
+//! Cluster. Types only (serde + schemars + kube derive); the CRD YAML in `deploy/crds/` is
+//! generated from them by `provisioning crds`.
+
+mod cluster;
+mod common;
+mod server;
+mod taskserv;
+mod workspace;
+
+pub use cluster::*;
+pub use common::*;
+pub use server::*;
+pub use taskserv::*;
+pub use workspace::*;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// API group of every kind.
+pub const GROUP: &str = "provisioning.dev";
+/// API version of every kind.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` as written in manifests.
+pub const API_VERSION: &str = "provisioning.dev/v1alpha1";
+
+/// All CustomResourceDefinitions, in a stable order.
+pub fn all_crds() -> Vec<CustomResourceDefinition> {
+    vec![Workspace::crd(), Server::crd(), TaskServ::crd(), Cluster::crd()]
+}
+
+/// All CRDs as one multi-document YAML stream (what `provisioning crds` prints).
+pub fn crds_yaml() -> Result<String, serde_yaml_ng::Error> {
+    let mut out = String::new();
+    for crd in all_crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml_ng::to_string(&crd)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crds_have_names_categories_and_status() {
+        for crd in all_crds() {
+            let names = &crd.spec.names;
+            assert!(names.short_names.as_ref().is_some_and(|s| !s.is_empty()), "{} has a short name", names.kind);
+            assert_eq!(names.categories.as_deref(), Some(&["provisioning".to_string()][..]));
+            let version = &crd.spec.versions[0];
+            assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+            let cols: Vec<_> = version
+                .additional_printer_columns
+                .as_ref()
+                .map(|c| c.iter().map(|c| c.name.clone()).collect())
+                .unwrap_or_default();
+            for required in ["Phase", "Ready", "Age"] {
+                assert!(cols.iter().any(|c| c == required), "{} lacks column {required}: {cols:?}", names.kind);
+            }
+        }
+    }
+
+    #[test]
+    fn every_spec_field_has_a_description() {
+        fn walk(path: &str, schema: &serde_json::Value, missing: &mut Vec<String>) {
+            if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
+                for (name, sub) in props {
+                    let p = format!("{path}.{name}");
+                    if sub.get("description").is_none() {
+                        missing.push(p.clone());
+                    }
+                    walk(&p, sub, missing);
+                }
+            }
+            if let Some(items) = schema.get("items") {
+                walk(&format!("{path}[]"), items, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        for crd in all_crds() {
+            let schema = serde_json::to_value(&crd.spec.versions[0].schema).expect("schema serialises");
+            let root = &schema["openAPIV3Schema"]["properties"];
+            for part in ["spec", "status"] {
+                walk(&format!("{}.{part}", crd.spec.names.kind), &root[part], &mut missing);
+            }
+        }
+        // metav1.Condition's own fields are documented by k8s-openapi.
+        missing.retain(|m| !m.contains("conditions[]"));
+        assert!(missing.is_empty(), "fields without doc comments: {missing:#?}");
+    }
+
+    #[test]
+    fn deploy_crds_match_generated() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds/crds.yaml");
+        let generated = crds_yaml().expect("crds serialise");
+        if std::env::var_os("UPDATE_CRDS").is_some() {
+            std::fs::write(path, &generated).expect("write deploy/crds/crds.yaml");
+        }
+        let on_disk = std::fs::read_to_string(path).expect("deploy/crds/crds.yaml exists");
+        assert!(
+            on_disk == generated,
+            "deploy/crds/crds.yaml differs from `provisioning crds`; regenerate with `UPDATE_CRDS=1 cargo test -p provisioning-crds`"
+        );
+    }
+}

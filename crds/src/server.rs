@@ -1,0 +1,100 @@
+//! Server: one machine at one provider.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::*;
+
+/// One machine at one provider.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "provisioning.dev",
+    version = "v1alpha1",
+    kind = "Server",
+    namespaced,
+    status = "ServerStatus",
+    shortname = "srv",
+    category = "provisioning",
+    doc = "One machine at one provider.",
+    printcolumn(name = "Provider", type_ = "string", json_path = ".status.provider"),
+    printcolumn(name = "Plan", type_ = "string", json_path = ".status.resolvedPlan", priority = 1),
+    printcolumn(name = "Address", type_ = "string", json_path = ".status.addresses[0].address"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerSpec {
+    /// Provider account (a name from the Workspace's spec.providers). Empty: the workspace default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(schema_with = "optional_dns1123_label")]
+    pub provider: String,
+    /// Size: small, medium, large, xlarge, or a provider-native plan. Empty: the workspace default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 128))]
+    pub plan: String,
+    /// Provider region or zone. Empty: the account's or workspace's default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 128))]
+    pub zone: String,
+    /// Image: abstract (debian-12) or provider-native id. Empty: the workspace default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 256))]
+    pub image: String,
+    /// Secret with the SSH private key (key `ssh-privatekey`) used to run task scripts on
+    /// cloud machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_key_secret_ref: Option<SecretReference>,
+    /// What deleting the Server does to the machine: Delete it, or Orphan it (leave it running).
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+    /// Adopt an existing machine with this provider id instead of creating one.
+    #[serde(default, rename = "externalID", skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 256))]
+    pub external_id: String,
+}
+
+/// What deleting a resource does to what it manages at the provider.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Delete the machine.
+    #[default]
+    Delete,
+    /// Leave the machine running; only the Kubernetes object goes.
+    Orphan,
+}
+
+/// Observed state of a Server.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerStatus {
+    /// Summary for humans: Pending, Provisioning, Running, Failed, Deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions: Ready, Reconciling, Stalled, Provisioned, Paused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// Provider account the server runs at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The machine's id at the provider (`<type>://<id>`).
+    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// Addresses of the machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<MachineAddress>,
+    /// The provider-native plan the abstract plan resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_plan: Option<String>,
+    /// The machine's state as the provider reports it (pending, running, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_state: Option<String>,
+    /// SSH host key pinned on first contact (cloud providers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_key: Option<String>,
+}

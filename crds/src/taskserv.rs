@@ -1,0 +1,139 @@
+//! TaskServ: one catalog service installed on a set of servers.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::*;
+
+/// One catalog service (etcd, containerd, kubernetes, redis…) installed on a set of Servers.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "provisioning.dev",
+    version = "v1alpha1",
+    kind = "TaskServ",
+    namespaced,
+    status = "TaskServStatus",
+    shortname = "ts",
+    category = "provisioning",
+    doc = "One catalog service installed on a set of Servers.",
+    printcolumn(name = "Service", type_ = "string", json_path = ".spec.service"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.installedVersion"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.dependsOn) || !self.dependsOn.exists(d, d == self.service)",
+     "message": "a TaskServ cannot depend on its own service"}
+]))]
+pub struct TaskServSpec {
+    /// Catalog name of the service (see `provisioning catalog list`).
+    #[schemars(schema_with = "dns1123_label")]
+    pub service: String,
+    /// Version to install. Empty: the catalog's default version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 64))]
+    pub version: String,
+    /// Which Servers (in the same namespace) to install on.
+    #[serde(default)]
+    pub servers: ServerSelection,
+    /// Service configuration, validated against the service's config schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub config: Option<serde_json::Value>,
+    /// Other TaskServs (by name, same namespace) that must be Ready first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "dns1123_label_list")]
+    pub depends_on: Vec<String>,
+    /// A failed upgrade re-installs the last good version.
+    #[serde(default = "default_true")]
+    pub rollback_on_failure: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Which Servers a TaskServ is installed on: by name, by labels, or both (union).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerSelection {
+    /// Server names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "dns1123_label_list")]
+    pub names: Vec<String>,
+    /// Servers whose labels match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelMatch>,
+}
+
+/// Observed state of a TaskServ.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskServStatus {
+    /// Summary for humans: Pending, Installing, Ready, Degraded, Failed, Removing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions: Ready, Reconciling, Stalled, DependenciesReady, Installed, Healthy, Paused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// Version installed on every selected server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed_version: Option<String>,
+    /// Last version that installed and passed its health check everywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_good_version: Option<String>,
+    /// Services this one needs, in install order (dependency closure).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolved_dependencies: Vec<String>,
+    /// Per-server state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<TaskServServerStatus>,
+}
+
+/// State of a TaskServ on one server.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskServServerStatus {
+    /// Server name.
+    pub name: String,
+    /// Pending, Installing, Installed, Failed, Removing.
+    #[serde(default)]
+    pub phase: String,
+    /// Version installed there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Result of the last health check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    /// The last script run on this server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run: Option<ScriptRun>,
+}
+
+/// One task script run.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScriptRun {
+    /// Which script: install, check or remove.
+    #[serde(default)]
+    pub script: String,
+    /// When it started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// When it finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Exit code; absent when it was killed by a timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Last lines of its output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tail: Option<String>,
+}

@@ -1,0 +1,281 @@
+//! Workspace: an isolated environment (cluster-scoped).
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::*;
+
+/// An isolated environment: its namespace, environment profile, defaults, provider accounts
+/// and limits. Namespaced resources in `spec.namespace` belong to it.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "provisioning.dev",
+    version = "v1alpha1",
+    kind = "Workspace",
+    status = "WorkspaceStatus",
+    shortname = "ws",
+    category = "provisioning",
+    doc = "An isolated environment: namespace, environment profile, defaults, provider accounts and limits.",
+    printcolumn(name = "Namespace", type_ = "string", json_path = ".status.namespace"),
+    printcolumn(name = "Environment", type_ = "string", json_path = ".spec.environment"),
+    printcolumn(name = "Servers", type_ = "integer", json_path = ".status.counts.servers"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.providers) || self.providers.all(p, self.providers.exists_one(q, q.name == p.name))",
+     "message": "provider account names must be unique"},
+    {"rule": "!has(self.providers) || !has(self.defaults) || !has(self.defaults.provider) || self.defaults.provider == 'local' || self.providers.exists(p, p.name == self.defaults.provider)",
+     "message": "defaults.provider must name one of spec.providers"}
+]))]
+pub struct WorkspaceSpec {
+    /// Namespace whose Servers, TaskServs and Clusters belong to this workspace. Defaults to
+    /// the workspace's name; created if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_dns1123_label")]
+    pub namespace: Option<String>,
+    /// Environment profile: dev, test or prod.
+    #[serde(default)]
+    pub environment: Environment,
+    /// Defaults for resources of this workspace that leave a field empty.
+    #[serde(default)]
+    pub defaults: WorkspaceDefaults,
+    /// Free values, visible to taskserv templates as `workspace.config.*`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub config: Option<serde_json::Value>,
+    /// Provider accounts usable by resources of this workspace. Without any, the controller's
+    /// default account `local` is used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub providers: Vec<ProviderAccount>,
+    /// Limits for this workspace.
+    #[serde(default)]
+    pub limits: WorkspaceLimits,
+}
+
+/// Environment profile of a workspace.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Environment {
+    /// Development.
+    #[default]
+    Dev,
+    /// Testing.
+    Test,
+    /// Production.
+    Prod,
+}
+
+impl Environment {
+    /// Lower-case name as written in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Environment::Dev => "dev",
+            Environment::Test => "test",
+            Environment::Prod => "prod",
+        }
+    }
+}
+
+/// Defaults applied to resources of the workspace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceDefaults {
+    /// Provider account used when a resource names none.
+    #[serde(default = "default_provider")]
+    #[schemars(schema_with = "dns1123_label")]
+    pub provider: String,
+    /// Plan (small, medium, large, xlarge or a provider-native plan) used when a Server names none.
+    #[serde(default = "default_plan")]
+    pub plan: String,
+    /// Provider region or zone used when a Server names none.
+    #[serde(default)]
+    pub zone: String,
+    /// Image (abstract like debian-12, or provider-native) used when a Server names none.
+    #[serde(default = "default_image")]
+    pub image: String,
+}
+
+impl Default for WorkspaceDefaults {
+    fn default() -> Self {
+        Self { provider: default_provider(), plan: default_plan(), zone: String::new(), image: default_image() }
+    }
+}
+
+fn default_provider() -> String {
+    "local".into()
+}
+fn default_plan() -> String {
+    "small".into()
+}
+fn default_image() -> String {
+    "debian-12".into()
+}
+
+/// Kind of provider behind an account.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderType {
+    /// Docker containers on the controller's machine.
+    Local,
+    /// Amazon EC2.
+    Aws,
+    /// UpCloud.
+    Upcloud,
+    /// In-memory machines backed by a file, for scale and failure tests.
+    Simulated,
+}
+
+impl ProviderType {
+    /// Lower-case name as written in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderType::Local => "local",
+            ProviderType::Aws => "aws",
+            ProviderType::Upcloud => "upcloud",
+            ProviderType::Simulated => "simulated",
+        }
+    }
+}
+
+/// A provider account.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAccount {
+    /// Name resources use in `spec.provider`.
+    #[schemars(schema_with = "dns1123_label")]
+    pub name: String,
+    /// Kind of provider: local, aws, upcloud or simulated.
+    #[serde(rename = "type")]
+    pub provider_type: ProviderType,
+    /// AWS region (e.g. eu-west-1).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub region: String,
+    /// UpCloud zone (e.g. fi-hel1) or default zone for the account.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub zone: String,
+    /// API endpoint override (emulators, other partitions). Empty: the provider's public endpoint.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub endpoint: String,
+    /// Secret holding the account's credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// optional AWS_SESSION_TOKEN; or UPCLOUD_USERNAME, UPCLOUD_PASSWORD).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretReference>,
+    /// Image overrides: abstract image name → provider-native id (e.g. AWS AMI ids).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub images: std::collections::BTreeMap<String, String>,
+    /// Simulated provider only: behaviour of the fake cloud.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulation: Option<SimulationSettings>,
+    /// Most provider API calls per second for this account (0: the provider's default).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub rate_limit: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// Behaviour of the simulated provider.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SimulationSettings {
+    /// Latency of each provider operation, in milliseconds.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 600000))]
+    pub latency_ms: u64,
+    /// Random variation of the latency, in percent of it (20 means ±20 %).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
+    pub jitter_percent: u32,
+    /// Share of calls that fail with a transient error, from 0.0 to 1.0.
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub failure_rate: f64,
+    /// Credentials the simulated account accepts; when set, the Workspace's Secret must hold
+    /// `SIMULATED_TOKEN` with this value (to exercise credential handling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_token: Option<String>,
+}
+
+/// Limits of a workspace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceLimits {
+    /// Most Servers the workspace may hold.
+    #[serde(default = "default_max_servers")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub max_servers: u32,
+    /// Most provider operations in flight at once for the workspace.
+    #[serde(default = "default_parallel_limit")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub parallel_limit: u32,
+}
+
+impl Default for WorkspaceLimits {
+    fn default() -> Self {
+        Self { max_servers: default_max_servers(), parallel_limit: default_parallel_limit() }
+    }
+}
+
+fn default_max_servers() -> u32 {
+    50
+}
+fn default_parallel_limit() -> u32 {
+    5
+}
+
+/// Observed state of a Workspace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceStatus {
+    /// Summary for humans: Pending, Ready, Failed, Terminating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The namespace the workspace owns (resolved from spec.namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Conditions: Ready, Reconciling, Stalled, ProvidersReady, Paused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// State of each provider account.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub providers: Vec<ProviderAccountStatus>,
+    /// How many resources the workspace holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<WorkspaceCounts>,
+}
+
+/// State of one provider account.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAccountStatus {
+    /// Account name.
+    pub name: String,
+    /// Whether the account's credentials were accepted.
+    pub ready: bool,
+    /// Why the account is not ready, or a short confirmation.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// Resource counts of a workspace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceCounts {
+    /// Servers in the workspace's namespace.
+    pub servers: u32,
+    /// Clusters in the workspace's namespace.
+    pub clusters: u32,
+    /// TaskServs in the workspace's namespace.
+    pub taskservs: u32,
+}
