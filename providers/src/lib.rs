@@ -1,1 +1,85 @@
-//! placeholder
+//! The Provider contract and its implementations.
+//!
+//! A provider turns a [`ServerRequest`] into a machine and reports what it observes. Every
+//! machine carries the Server's identity as tags (EC2 tags, UpCloud labels, Docker labels),
+//! and `ensure_server` looks the machine up by those tags before creating one, so a lost
+//! response or a restarted controller never makes a second machine.
+//!
+//! This crate has no Kubernetes dependency: the controller translates resources into these
+//! plain types.
+
+pub mod contract;
+pub mod error;
+pub mod plans;
+pub mod simulated;
+pub mod types;
+
+pub use error::ProviderError;
+pub use types::*;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+/// Result of a provider operation.
+pub type ProviderResult<T> = Result<T, ProviderError>;
+
+/// Tag / label keys every machine carries.
+pub mod tags {
+    /// The Server's uid.
+    pub const SERVER_UID: &str = "provisioning.dev/server-uid";
+    /// The Server's namespace.
+    pub const NAMESPACE: &str = "provisioning.dev/namespace";
+    /// The Server's name.
+    pub const SERVER: &str = "provisioning.dev/server";
+    /// The owning Cluster's name, when a Cluster owns the Server.
+    pub const CLUSTER: &str = "provisioning.dev/cluster";
+}
+
+/// What every provider implements. All methods are idempotent.
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// The provider type: `local`, `aws`, `upcloud` or `simulated`.
+    fn provider_type(&self) -> &'static str;
+
+    /// Resolves an abstract plan (small|medium|large|xlarge) or a native plan name to the
+    /// native plan, or fails with [`ProviderError::InvalidRequest`] naming the plan.
+    fn resolve_plan(&self, plan: &str) -> ProviderResult<String>;
+
+    /// Checks that the account's credentials are accepted (auth errors are `Permanent`).
+    async fn validate_credentials(&self) -> ProviderResult<()>;
+
+    /// Finds the machine of a Server by its identity tags, or creates it. Never creates a
+    /// second machine for the same Server uid.
+    async fn ensure_server(&self, request: &ServerRequest) -> ProviderResult<ServerObservation>;
+
+    /// Looks a Server's machine up by its identity tags only (no create).
+    async fn find_server(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>>;
+
+    /// Observes a machine by provider id; `None` when it does not exist (any more).
+    async fn observe_server(&self, id: &ProviderId) -> ProviderResult<Option<ServerObservation>>;
+
+    /// Deletes a machine. A machine that is already gone is `Gone`.
+    async fn delete_server(&self, id: &ProviderId) -> ProviderResult<DeleteOutcome>;
+
+    /// Runs a command on the machine. Output lines go to `request.output` as they come.
+    async fn exec(&self, id: &ProviderId, request: ExecRequest) -> ProviderResult<ExecResult>;
+
+    /// Lists every machine of this account that carries the given tags (all of them).
+    /// Used for leak checks and by tests.
+    async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>>;
+}
+
+/// A shared provider handle.
+pub type SharedProvider = Arc<dyn Provider>;
+
+/// Builds the provider for an account.
+pub fn build_provider(config: &ProviderConfig) -> ProviderResult<SharedProvider> {
+    match config.provider_type.as_str() {
+        "simulated" => Ok(Arc::new(simulated::SimulatedProvider::open(config)?)),
+        other => Err(ProviderError::InvalidRequest(format!(
+            "provider type {other:?} of account {:?} is not available in this build",
+            config.name
+        ))),
+    }
+}

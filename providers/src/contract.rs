@@ -1,0 +1,138 @@
+//! The provider contract suite: the same checks run against every provider implementation
+//! (simulated always; local with Docker; aws against moto; upcloud against its test double).
+
+use std::time::{Duration, Instant};
+
+use crate::{DeleteOutcome, ExecRequest, MachineState, Provider, ProviderError, ServerIdentity, ServerRequest};
+
+/// How to run the suite against one provider.
+#[derive(Clone, Debug)]
+pub struct ContractOptions {
+    /// A unique prefix for the identities the suite creates.
+    pub run_id: String,
+    /// Namespace to tag machines with.
+    pub namespace: String,
+    /// Image to ask for.
+    pub image: String,
+    /// Zone to ask for ("" for the default).
+    pub zone: String,
+    /// Whether `exec` runs commands for real (`echo` must print its argument).
+    pub real_exec: bool,
+    /// How long a machine may take to run, and to go away.
+    pub deadline: Duration,
+}
+
+/// A failed contract check.
+#[derive(Debug, thiserror::Error)]
+#[error("provider contract: {0}")]
+pub struct ContractViolation(pub String);
+
+fn check(cond: bool, msg: impl Into<String>) -> Result<(), ContractViolation> {
+    if cond { Ok(()) } else { Err(ContractViolation(msg.into())) }
+}
+
+fn fail(step: &str, e: ProviderError) -> ContractViolation {
+    ContractViolation(format!("{step}: {e}"))
+}
+
+/// Runs every check of the contract. Leaves no machine behind when it passes.
+pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), ContractViolation> {
+    // Plans: abstract names resolve, unknown names are invalid requests naming the plan.
+    for plan in crate::plans::ABSTRACT_PLANS {
+        provider.resolve_plan(plan).map_err(|e| fail("resolve_plan", e))?;
+    }
+    match provider.resolve_plan("no-such-plan-xyz") {
+        Err(ProviderError::InvalidRequest(msg)) => check(msg.contains("no-such-plan-xyz"), "plan error names the plan")?,
+        other => return Err(ContractViolation(format!("unknown plan gave {other:?}"))),
+    }
+    provider.validate_credentials().await.map_err(|e| fail("validate_credentials", e))?;
+
+    let identity = ServerIdentity {
+        uid: format!("{}-uid-0001", opts.run_id),
+        namespace: opts.namespace.clone(),
+        name: format!("{}-srv", opts.run_id),
+        cluster: Some(format!("{}-cl", opts.run_id)),
+    };
+    let request = ServerRequest {
+        identity: identity.clone(),
+        plan: "small".into(),
+        zone: opts.zone.clone(),
+        image: opts.image.clone(),
+        ssh_public_key: None,
+        extra_tags: Default::default(),
+    };
+    check(provider.find_server(&identity).await.map_err(|e| fail("find_server", e))?.is_none(), "no machine before create")?;
+
+    let first = provider.ensure_server(&request).await.map_err(|e| fail("ensure_server", e))?;
+    for (k, v) in identity.tags() {
+        check(first.tags.get(&k) == Some(&v), format!("machine carries tag {k}={v}: {:?}", first.tags))?;
+    }
+    // Idempotent: the same Server never gets a second machine.
+    let second = provider.ensure_server(&request).await.map_err(|e| fail("ensure_server again", e))?;
+    check(first.provider_id == second.provider_id, "second ensure_server returns the same machine")?;
+    let found = provider.find_server(&identity).await.map_err(|e| fail("find_server", e))?;
+    check(found.as_ref().map(|o| &o.provider_id) == Some(&first.provider_id), "find_server finds it by tag")?;
+    let listed = provider.list_servers(&identity.tags()).await.map_err(|e| fail("list_servers", e))?;
+    check(listed.len() == 1, format!("exactly one machine with the identity tags, got {}", listed.len()))?;
+
+    // It comes up, with an address.
+    let started = Instant::now();
+    let running = loop {
+        let obs = provider.observe_server(&first.provider_id).await.map_err(|e| fail("observe_server", e))?;
+        match obs {
+            Some(o) if o.state == MachineState::Running && !o.addresses.is_empty() => break o,
+            _ if started.elapsed() > opts.deadline => {
+                return Err(ContractViolation(format!("machine not running with an address after {:?}", opts.deadline)));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    check(!running.plan.is_empty(), "observation names the native plan")?;
+
+    // exec
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let result = provider
+        .exec(
+            &first.provider_id,
+            ExecRequest {
+                argv: vec!["echo".into(), "contract-hello".into()],
+                stdin: None,
+                env: Default::default(),
+                timeout: Duration::from_secs(60),
+                output: Some(tx),
+            },
+        )
+        .await
+        .map_err(|e| fail("exec", e))?;
+    check(result.exit_code == Some(0), format!("exec exit code 0, got {:?}", result.exit_code))?;
+    if opts.real_exec {
+        check(result.stdout.contains("contract-hello"), format!("exec stdout: {:?}", result.stdout))?;
+        let mut streamed = Vec::new();
+        while let Ok(line) = rx.try_recv() {
+            streamed.push(line);
+        }
+        check(streamed.iter().any(|l| l.contains("contract-hello")), format!("exec streams output: {streamed:?}"))?;
+    }
+
+    // Delete, until gone; deleting again is Gone.
+    let started = Instant::now();
+    loop {
+        match provider.delete_server(&first.provider_id).await.map_err(|e| fail("delete_server", e))? {
+            DeleteOutcome::Gone => break,
+            DeleteOutcome::InProgress if started.elapsed() > opts.deadline => {
+                return Err(ContractViolation("machine still deleting after deadline".into()));
+            }
+            DeleteOutcome::InProgress => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let again = provider.delete_server(&first.provider_id).await.map_err(|e| fail("delete again", e))?;
+    check(again == DeleteOutcome::Gone, "deleting a deleted machine is Gone")?;
+    let after = provider.observe_server(&first.provider_id).await.map_err(|e| fail("observe after delete", e))?;
+    check(
+        after.as_ref().is_none_or(|o| o.state == MachineState::Terminated),
+        format!("deleted machine observed as {after:?}"),
+    )?;
+    let left = provider.find_server(&identity).await.map_err(|e| fail("find after delete", e))?;
+    check(left.is_none(), format!("find_server after delete: {left:?}"))?;
+    Ok(())
+}

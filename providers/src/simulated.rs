@@ -1,0 +1,321 @@
+//! The simulated provider: machines that exist only in a file-backed store.
+//!
+//! It exists for scale and failure tests (Cluster API keeps an in-memory provider for the
+//! same reason). Machines outlive a controller restart because every change is appended to
+//! a log file under the state directory; the log is replayed, and followed, on every call,
+//! so a second process (a standby controller taking over) sees the same machines.
+//! Latency, jitter and a transient failure rate are set per account. Half of the injected
+//! failures of `ensure_server` happen *after* the machine was created — a lost response,
+//! which is exactly what the create-pending leak guard must survive.
+//!
+//! `exec` runs nothing: it reports success with `{"simulated":true}` on stdout, so that
+//! taskserv rollouts can be exercised at scale without machines.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use async_trait::async_trait;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError,
+    ProviderId, ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SimulationConfig, plans,
+};
+
+const PLANS: [(&str, &str); 4] = [
+    ("small", "sim-1cpu-1gb"),
+    ("medium", "sim-2cpu-4gb"),
+    ("large", "sim-4cpu-8gb"),
+    ("xlarge", "sim-8cpu-16gb"),
+];
+
+/// A machine in the store.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct SimMachine {
+    id: String,
+    plan: String,
+    zone: String,
+    image: String,
+    address: String,
+    tags: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum LogEntry {
+    Create { machine: SimMachine },
+    Delete { id: String },
+}
+
+/// The machines of one account, backed by an append-only log file.
+struct Store {
+    path: PathBuf,
+    inner: Mutex<StoreState>,
+}
+
+struct StoreState {
+    machines: BTreeMap<String, SimMachine>,
+    /// Bytes of the log already applied.
+    offset: u64,
+    next_serial: u64,
+}
+
+static STORES: LazyLock<Mutex<HashMap<PathBuf, Arc<Store>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding the lock leaves consistent data (every mutation is one insert).
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Store {
+    fn open(path: &Path) -> ProviderResult<Arc<Store>> {
+        let mut stores = lock(&STORES);
+        if let Some(store) = stores.get(path) {
+            return Ok(store.clone());
+        }
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| ProviderError::Permanent(format!("cannot create {}: {e}", parent.display())))?;
+        }
+        let store = Arc::new(Store {
+            path: path.to_path_buf(),
+            inner: Mutex::new(StoreState { machines: BTreeMap::new(), offset: 0, next_serial: 0 }),
+        });
+        store.with_state(|_| Ok(((), vec![])))?;
+        stores.insert(path.to_path_buf(), store.clone());
+        Ok(store)
+    }
+
+    /// Runs `f` on the state after catching up with the log; entries `f` returns are appended.
+    fn with_state<T>(&self, f: impl FnOnce(&mut StoreState) -> ProviderResult<(T, Vec<LogEntry>)>) -> ProviderResult<T> {
+        let io = |e: std::io::Error| ProviderError::Transient(format!("simulated store {}: {e}", self.path.display()));
+        let mut state = lock(&self.inner);
+        let mut file = OpenOptions::new().create(true).read(true).append(true).open(&self.path).map_err(io)?;
+        catch_up(&mut file, &mut state).map_err(io)?;
+        let (value, entries) = f(&mut state)?;
+        if !entries.is_empty() {
+            let mut buf = Vec::new();
+            for entry in &entries {
+                serde_json::to_writer(&mut buf, entry).map_err(|e| ProviderError::Permanent(e.to_string()))?;
+                buf.push(b'\n');
+            }
+            // One write of whole lines: appends from two processes never interleave mid-line.
+            file.write_all(&buf).map_err(io)?;
+            catch_up(&mut file, &mut state).map_err(io)?;
+        }
+        Ok(value)
+    }
+}
+
+fn catch_up(file: &mut File, state: &mut StoreState) -> std::io::Result<()> {
+    let len = file.metadata()?.len();
+    if len <= state.offset {
+        return Ok(());
+    }
+    file.seek(SeekFrom::Start(state.offset))?;
+    let mut reader = BufReader::new(file);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line)?;
+        if n == 0 || !line.ends_with('\n') {
+            break; // a torn last line (killed mid-write) is ignored until completed
+        }
+        state.offset += n as u64;
+        match serde_json::from_str::<LogEntry>(line.trim_end()) {
+            Ok(LogEntry::Create { machine }) => {
+                state.next_serial += 1;
+                state.machines.insert(machine.id.clone(), machine);
+            }
+            Ok(LogEntry::Delete { id }) => {
+                state.machines.remove(&id);
+            }
+            Err(e) => tracing::warn!(error = %e, "skipping unreadable simulated store entry"),
+        }
+    }
+    Ok(())
+}
+
+/// The simulated provider of one account.
+pub struct SimulatedProvider {
+    account: String,
+    settings: SimulationConfig,
+    token: Option<String>,
+    store: Arc<Store>,
+}
+
+impl SimulatedProvider {
+    /// Opens (or creates) the account's store under `config.state_dir`.
+    pub fn open(config: &ProviderConfig) -> ProviderResult<Self> {
+        if config.name.is_empty() || !config.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(ProviderError::InvalidRequest(format!("invalid account name {:?}", config.name)));
+        }
+        let path = config.state_dir.join(format!("simulated-{}.jsonl", config.name));
+        Ok(SimulatedProvider {
+            account: config.name.clone(),
+            settings: config.simulation.clone(),
+            token: config.credentials.get("SIMULATED_TOKEN").map(str::to_string),
+            store: Store::open(&path)?,
+        })
+    }
+
+    /// Waits the configured latency, then fails with the configured probability.
+    async fn call(&self, operation: &str) -> ProviderResult<()> {
+        self.delay().await;
+        self.maybe_fail(operation)
+    }
+
+    async fn delay(&self) {
+        let base = self.settings.latency;
+        if base.is_zero() {
+            return;
+        }
+        let jitter = f64::from(self.settings.jitter_percent.min(100)) / 100.0;
+        let factor = if jitter > 0.0 { rand::rng().random_range(1.0 - jitter..=1.0 + jitter) } else { 1.0 };
+        tokio::time::sleep(base.mul_f64(factor)).await;
+    }
+
+    fn maybe_fail(&self, operation: &str) -> ProviderResult<()> {
+        let rate = self.settings.failure_rate;
+        if rate > 0.0 && rand::rng().random_bool(rate.clamp(0.0, 1.0)) {
+            return Err(ProviderError::Transient(format!("simulated failure of {operation}")));
+        }
+        Ok(())
+    }
+
+    fn check_auth(&self) -> ProviderResult<()> {
+        match &self.settings.required_token {
+            Some(required) if self.token.as_deref() != Some(required.as_str()) => Err(ProviderError::Auth(format!(
+                "simulated account {:?} rejected the credentials (SIMULATED_TOKEN missing or wrong)",
+                self.account
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn observe(machine: &SimMachine) -> ServerObservation {
+        ServerObservation {
+            provider_id: ProviderId::new("simulated", &machine.id),
+            state: MachineState::Running,
+            addresses: vec![Address { kind: "InternalIP".into(), address: machine.address.clone() }],
+            plan: machine.plan.clone(),
+            tags: machine.tags.clone(),
+        }
+    }
+
+    fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
+        self.store.with_state(|state| {
+            let found = state
+                .machines
+                .values()
+                .find(|m| m.tags.get(crate::tags::SERVER_UID) == Some(&identity.uid))
+                .map(Self::observe);
+            Ok((found, vec![]))
+        })
+    }
+}
+
+#[async_trait]
+impl Provider for SimulatedProvider {
+    fn provider_type(&self) -> &'static str {
+        "simulated"
+    }
+
+    fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
+        plans::resolve("simulated", plan, &PLANS, |p| PLANS.iter().any(|(_, native)| *native == p))
+    }
+
+    async fn validate_credentials(&self) -> ProviderResult<()> {
+        self.check_auth()
+    }
+
+    async fn ensure_server(&self, request: &ServerRequest) -> ProviderResult<ServerObservation> {
+        self.check_auth()?;
+        let plan = self.resolve_plan(&request.plan)?;
+        self.delay().await;
+        self.maybe_fail("ensure_server")?;
+        let lose_response = self.settings.failure_rate > 0.0
+            && rand::rng().random_bool((self.settings.failure_rate / 2.0).clamp(0.0, 1.0));
+        let observation = self.store.with_state(|state| {
+            if let Some(existing) =
+                state.machines.values().find(|m| m.tags.get(crate::tags::SERVER_UID) == Some(&request.identity.uid))
+            {
+                return Ok((Self::observe(existing), vec![]));
+            }
+            let serial = state.next_serial + 1;
+            let mut tags: BTreeMap<String, String> = request.extra_tags.clone();
+            tags.extend(request.identity.tags());
+            let machine = SimMachine {
+                id: format!("sim-{:08x}-{serial}", rand::rng().random::<u32>()),
+                plan: plan.clone(),
+                zone: request.zone.clone(),
+                image: request.image.clone(),
+                // TEST-NET-1 documentation range: clearly fake, never routed.
+                address: format!("192.0.2.{}", serial % 250 + 1),
+                tags,
+            };
+            let observation = Self::observe(&machine);
+            Ok((observation, vec![LogEntry::Create { machine }]))
+        })?;
+        if lose_response {
+            return Err(ProviderError::Transient("simulated lost response after create".into()));
+        }
+        Ok(observation)
+    }
+
+    async fn find_server(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
+        self.check_auth()?;
+        self.call("find_server").await?;
+        self.find(identity)
+    }
+
+    async fn observe_server(&self, id: &ProviderId) -> ProviderResult<Option<ServerObservation>> {
+        self.check_auth()?;
+        self.call("observe_server").await?;
+        self.store.with_state(|state| Ok((state.machines.get(id.native_id()).map(Self::observe), vec![])))
+    }
+
+    async fn delete_server(&self, id: &ProviderId) -> ProviderResult<DeleteOutcome> {
+        self.check_auth()?;
+        self.call("delete_server").await?;
+        self.store.with_state(|state| {
+            let entries = if state.machines.contains_key(id.native_id()) {
+                vec![LogEntry::Delete { id: id.native_id().to_string() }]
+            } else {
+                vec![]
+            };
+            Ok((DeleteOutcome::Gone, entries))
+        })
+    }
+
+    async fn exec(&self, id: &ProviderId, request: ExecRequest) -> ProviderResult<ExecResult> {
+        self.check_auth()?;
+        self.call("exec").await?;
+        let exists = self.store.with_state(|state| Ok((state.machines.contains_key(id.native_id()), vec![])))?;
+        if !exists {
+            return Err(ProviderError::NotFound(format!("machine {id}")));
+        }
+        let stdout = "{\"simulated\":true}\n".to_string();
+        if let Some(sink) = &request.output {
+            let _ = sink.send(format!("simulated run of {:?}", request.argv.first().map(String::as_str).unwrap_or("")));
+        }
+        Ok(ExecResult { exit_code: Some(0), timed_out: false, stdout, stderr: String::new() })
+    }
+
+    async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
+        self.check_auth()?;
+        self.store.with_state(|state| {
+            let found = state
+                .machines
+                .values()
+                .filter(|m| tags.iter().all(|(k, v)| m.tags.get(k) == Some(v)))
+                .map(Self::observe)
+                .collect();
+            Ok((found, vec![]))
+        })
+    }
+}

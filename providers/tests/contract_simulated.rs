@@ -1,0 +1,92 @@
+//! The provider contract suite against the simulated provider, plus its own properties.
+
+use std::time::Duration;
+
+use provisioning_providers::contract::{ContractOptions, run};
+use provisioning_providers::{
+    Credentials, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SimulationConfig, build_provider,
+};
+
+fn config(dir: &std::path::Path, name: &str) -> ProviderConfig {
+    ProviderConfig {
+        name: name.into(),
+        provider_type: "simulated".into(),
+        state_dir: dir.to_path_buf(),
+        ..Default::default()
+    }
+}
+
+fn request(uid: &str) -> ServerRequest {
+    ServerRequest {
+        identity: ServerIdentity { uid: uid.into(), namespace: "ns".into(), name: uid.into(), cluster: None },
+        plan: "small".into(),
+        zone: String::new(),
+        image: "debian-12".into(),
+        ssh_public_key: None,
+        extra_tags: Default::default(),
+    }
+}
+
+#[tokio::test]
+async fn simulated_passes_contract() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider = build_provider(&config(dir.path(), "sim")).expect("build");
+    let opts = ContractOptions {
+        run_id: "c1".into(),
+        namespace: "contract".into(),
+        image: "debian-12".into(),
+        zone: String::new(),
+        real_exec: false,
+        deadline: Duration::from_secs(10),
+    };
+    run(provider.as_ref(), &opts).await.expect("contract");
+}
+
+#[tokio::test]
+async fn machines_outlive_the_provider_object() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("simulated-sim-a.jsonl");
+    let first = {
+        let p = build_provider(&config(dir.path(), "persist")).expect("build");
+        p.ensure_server(&request("u1")).await.expect("create")
+    };
+    // Simulate a restarted process: read the log with a fresh store.
+    let text = std::fs::read_to_string(dir.path().join("simulated-persist.jsonl")).expect("log");
+    assert!(text.contains(&first.provider_id.native_id().to_string()));
+    std::fs::write(&path, &text).expect("copy log");
+    let copy = build_provider(&config(dir.path(), "sim-a")).expect("build copy");
+    let found = copy.find_server(&request("u1").identity).await.expect("find");
+    assert_eq!(found.map(|o| o.provider_id), Some(first.provider_id));
+}
+
+#[tokio::test]
+async fn failure_rate_and_auth_are_honoured() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path(), "flaky");
+    cfg.simulation = SimulationConfig { failure_rate: 1.0, ..Default::default() };
+    let p = build_provider(&cfg).expect("build");
+    let err = p.ensure_server(&request("u2")).await.expect_err("always fails");
+    assert!(err.is_retryable(), "{err:?}");
+
+    let mut cfg = config(dir.path(), "locked");
+    cfg.simulation = SimulationConfig { required_token: Some("s3cret".into()), ..Default::default() };
+    let p = build_provider(&cfg).expect("build");
+    let err = p.validate_credentials().await.expect_err("no token");
+    assert!(matches!(err, ProviderError::Auth(_)), "{err:?}");
+    assert!(!format!("{err}").contains("s3cret"), "error must not carry the secret");
+    cfg.credentials = Credentials([("SIMULATED_TOKEN".to_string(), "s3cret".to_string())].into());
+    assert!(!format!("{:?}", cfg.credentials).contains("s3cret"));
+    let p = build_provider(&cfg).expect("build");
+    p.validate_credentials().await.expect("token accepted");
+}
+
+#[tokio::test]
+async fn unknown_plan_is_invalid_request() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = build_provider(&config(dir.path(), "plans")).expect("build");
+    let mut req = request("u3");
+    req.plan = "huge".into();
+    let err = p.ensure_server(&req).await.expect_err("bad plan");
+    assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("huge")), "{err:?}");
+    assert!(p.list_servers(&[]).await.expect("list").is_empty(), "nothing created");
+}
