@@ -8,11 +8,14 @@
 //! This crate has no Kubernetes dependency: the controller translates resources into these
 //! plain types.
 
+pub mod aws;
 pub mod contract;
 pub mod error;
+pub mod local;
 pub mod plans;
 pub mod simulated;
 pub mod types;
+pub mod upcloud;
 
 pub use error::ProviderError;
 pub use types::*;
@@ -77,6 +80,9 @@ pub type SharedProvider = Arc<dyn Provider>;
 pub fn build_provider(config: &ProviderConfig) -> ProviderResult<SharedProvider> {
     match config.provider_type.as_str() {
         "simulated" => Ok(Arc::new(simulated::SimulatedProvider::open(config)?)),
+        "local" => local::build(config),
+        "aws" => aws::build(config),
+        "upcloud" => upcloud::build(config),
         other => Err(ProviderError::InvalidRequest(format!(
             "provider type {other:?} of account {:?} is not available in this build",
             config.name
