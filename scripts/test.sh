@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs what is missing (scripts/setup.sh), builds,
+# builds the local node image if its recipe changed, then runs every test. Tests that need
+# Docker, nu, kubectl or moto run for real; none of them skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# shellcheck disable=SC1091
+source .tools/env
+export RUST_BACKTRACE=1
+cargo build --workspace --all-targets
+if ./target/debug/provisioning image build --help >/dev/null 2>&1; then
+  ./target/debug/provisioning image build
+fi
+cargo test --workspace --no-fail-fast "$@"
