@@ -1,1 +1,177 @@
-//! placeholder
+//! Harness for end-to-end tests: runs `provisioning dev` as a real process and drives it
+//! with the real kubectl. Tools are found through the project's setup script
+//! (`scripts/setup.sh` installs them into `.tools/`); a missing tool fails the test with a
+//! message saying so — these tests never skip.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// A tool from the environment variable, else from `.tools/bin/<name>`; panics with a hint.
+pub fn tool(env_var: &str, name: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env_var).map(PathBuf::from).filter(|p| p.exists()) {
+        return p;
+    }
+    let p = workspace_root().join(".tools/bin").join(name);
+    assert!(p.exists(), "{name} not found ({env_var} unset and {} missing): run scripts/setup.sh", p.display());
+    p
+}
+
+/// The real kubectl.
+pub fn kubectl_bin() -> PathBuf {
+    tool("PROVISIONING_KUBECTL", "kubectl")
+}
+
+/// The `provisioning` binary built by `cargo build`.
+pub fn provisioning_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PROVISIONING_BIN").map(PathBuf::from) {
+        return p;
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"));
+    let p = target.join("debug/provisioning");
+    assert!(p.exists(), "{} missing: run `cargo build --bin provisioning` (scripts/test.sh does)", p.display());
+    p
+}
+
+/// A running `provisioning dev`.
+pub struct Dev {
+    child: Option<Child>,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    log_path: PathBuf,
+}
+
+impl Dev {
+    /// Starts `provisioning dev` on a free loopback port in a fresh temp data dir, applying
+    /// `apply` (paths relative to the workspace root), and waits for its kubeconfig.
+    pub fn start(apply: &[&str]) -> Result<Dev> {
+        let tmp = tempfile::tempdir()?;
+        let data_dir = tmp.path().join("data");
+        let mut dev = Dev::start_in(&data_dir, apply)?;
+        dev._tmp = Some(tmp);
+        Ok(dev)
+    }
+
+    /// Starts `provisioning dev` with the given data dir (reused across restarts).
+    pub fn start_in(data_dir: &Path, apply: &[&str]) -> Result<Dev> {
+        std::fs::create_dir_all(data_dir)?;
+        let kubeconfig = data_dir.join("kubeconfig");
+        let _ = std::fs::remove_file(&kubeconfig);
+        let log_path = data_dir.join(format!("dev-{}.log", std::process::id()));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+        let mut cmd = Command::new(provisioning_bin());
+        cmd.current_dir(workspace_root())
+            .arg("dev")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        for a in apply {
+            cmd.arg("--apply").arg(workspace_root().join(a));
+        }
+        let child = cmd.spawn().context("spawn provisioning dev")?;
+        let mut dev = Dev { child: Some(child), data_dir: data_dir.to_path_buf(), _tmp: None, log_path };
+        dev.wait_until(Duration::from_secs(60), "kubeconfig written", |d| Ok(d.data_dir.join("kubeconfig").exists()))?;
+        // The API answers once discovery of our group works.
+        dev.wait_until(Duration::from_secs(60), "API serving provisioning.dev", |d| {
+            Ok(d.kubectl(&["get", "servers", "-A"]).map(|o| o.status.success()).unwrap_or(false))
+        })?;
+        Ok(dev)
+    }
+
+    /// The kubeconfig path.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.data_dir.join("kubeconfig")
+    }
+
+    /// Runs kubectl against this control plane.
+    pub fn kubectl(&self, args: &[&str]) -> Result<Output> {
+        Ok(Command::new(kubectl_bin()).env("KUBECONFIG", self.kubeconfig()).args(args).output()?)
+    }
+
+    /// Runs kubectl and fails unless it succeeds; returns stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.kubectl(args)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {args:?} failed: {}{}\n--- dev log tail ---\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.log_tail(40)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Polls `check` until it returns true or the deadline passes.
+    pub fn wait_until(&mut self, deadline: Duration, what: &str, mut check: impl FnMut(&Dev) -> Result<bool>) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("provisioning dev exited ({status}) while waiting for {what}\n{}", self.log_tail(60));
+            }
+            if check(self)? {
+                return Ok(());
+            }
+            if start.elapsed() > deadline {
+                bail!("timed out after {deadline:?} waiting for {what}\n--- dev log tail ---\n{}", self.log_tail(60));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The last lines of the process's output.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The whole log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Kills the process with SIGKILL (no cleanup), keeping the data dir.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the process gracefully (SIGTERM, then SIGKILL after 10 s).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
