@@ -92,3 +92,27 @@ pub fn crd_names() -> Result<Vec<CrdNames>, String> {
     names.sort_by(|a, b| a.kind.cmp(&b.kind));
     Ok(names)
 }
+
+/// The `openAPIV3Schema` of a kind's first served version, from `deploy/crds/`.
+pub fn crd_schema(kind: &str) -> Result<serde_json::Value, String> {
+    let dir = crate::deploy_dir().join("crds");
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+        if path.extension().is_none_or(|ext| ext != "yaml" && ext != "yml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for document in serde_yaml_ng::Deserializer::from_str(&text) {
+            let value = serde_json::Value::deserialize(document)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if value.pointer("/spec/names/kind").and_then(|k| k.as_str()) == Some(kind) {
+                return value
+                    .pointer("/spec/versions/0/schema/openAPIV3Schema")
+                    .cloned()
+                    .ok_or_else(|| format!("{kind}: no schema in {}", path.display()));
+            }
+        }
+    }
+    Err(format!("no CRD for kind {kind} in {}", dir.display()))
+}

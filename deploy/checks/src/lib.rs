@@ -8,6 +8,7 @@ pub mod k9s;
 pub mod kinds;
 pub mod kstatus;
 pub mod lua;
+pub mod snapshots;
 
 use std::path::PathBuf;
 
