@@ -1,1 +1,28 @@
-//! placeholder
+//! The taskserv catalog and the script runner.
+//!
+//! - [`Catalog::load`] reads `taskservs/catalog/<name>/taskserv.yaml` (+ scripts, templates),
+//!   validates everything and fails naming the broken file; [`Catalog::default_dir`] finds it.
+//! - [`Catalog::resolve`] turns wanted services into an install order (closure of `requires`,
+//!   `after` when both present, cycles and unknown names as [`ResolveError`]).
+//! - [`Catalog::validate_request`] checks service, version and config (JSON schema) and
+//!   returns a [`ResolvedService`].
+//! - [`ScriptContext`] is what a script reads on stdin; [`ScriptContext::with_templates`]
+//!   renders the service's `templates/*` into it.
+//! - [`run_script`] runs one step (install/check/remove) as a fresh `nu` process through a
+//!   [`ScriptExecutor`] (the controller adapts a provider's exec; [`LocalProcessExecutor`]
+//!   runs local processes) and returns a [`ScriptOutcome`].
+
+mod catalog;
+mod context;
+mod error;
+mod manifest;
+mod runner;
+
+pub use catalog::{CATALOG_ENV, Catalog, CatalogService, ResolvedService};
+pub use context::{AddressInfo, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, WorkspaceInfo};
+pub use error::{CatalogError, ConfigViolation, ResolveError, RunError, TemplateError, ValidationError};
+pub use manifest::{HealthSpec, KNOWN_PROVIDERS, REQUIRED_SCRIPTS, TaskServManifest};
+pub use runner::{
+    ExecOutput, LocalProcessExecutor, RESULT_MARKER, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep,
+    TAIL_BYTES, TAIL_LINES, parse_result, run_script,
+};

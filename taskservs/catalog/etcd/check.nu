@@ -1,0 +1,16 @@
+# etcd health: the local daemon runs and `etcdctl endpoint health` succeeds on every member.
+
+use ../lib/ctx.nu *
+use ../lib/service.nu *
+use common.nu *
+
+def main [] {
+    let ctx = ($in | read-context)
+    if not (svc-running etcd --unit etcd) { fail "etcd is not running on this server" }
+    let endpoints = (all-client-urls $ctx)
+    let r = (etcdctl $endpoints endpoint health)
+    print -n $r.stdout
+    print -n $r.stderr
+    if $r.exit_code != 0 { fail $"unhealthy members among ($endpoints | str join ', ')" --code 2 }
+    emit-result {healthy: true, version: $ctx.taskserv.version, endpoints: $endpoints}
+}

@@ -1,0 +1,29 @@
+# etcd removal: leave the cluster when the others still form one (best effort: on a full
+# teardown they may be gone already), stop the daemon, purge the packages and the data.
+
+use ../lib/ctx.nu *
+use ../lib/pkg.nu *
+use ../lib/service.nu *
+use common.nu *
+
+const CONFIG = "/etc/etcd/provisioning.yml"
+
+def main [] {
+    let ctx = ($in | read-context)
+    if (installed-version etcd-client) != null {
+        let peer_endpoints = ($ctx.peers | each {|p| client-url $ctx $p })
+        let members = if ($peer_endpoints | is-empty) { null } else { member-list $peer_endpoints }
+        if $members != null {
+            for m in ($members | where {|m| ($m | get -o name | default "") == $ctx.server.name }) {
+                let id = ($m.ID | into int | fmt | get lowerhex | str replace "0x" "")
+                log $"leaving the cluster \(member ($id)\)"
+                let r = (etcdctl $peer_endpoints member remove $id)
+                if $r.exit_code != 0 { print $"member remove failed \(continuing\): ($r.stderr)" }
+            }
+        }
+    }
+    svc-stop etcd --unit etcd
+    apt-purge etcd-server etcd-client
+    rm -rf $ctx.config.dataDir $CONFIG
+    emit-result {removed: true}
+}

@@ -1,0 +1,398 @@
+//! Loading and validating the catalog, resolving dependencies, validating requests.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::error::{CatalogError, ConfigViolation, ResolveError, ValidationError};
+use crate::manifest::{KNOWN_PROVIDERS, REQUIRED_SCRIPTS, TaskServManifest, is_valid_service_name};
+
+/// Environment variable naming the catalog directory (overrides the built-in default).
+pub const CATALOG_ENV: &str = "PROVISIONING_CATALOG";
+
+/// One service of the catalog: its manifest, where it lives, its templates, its compiled schema.
+#[derive(Clone)]
+pub struct CatalogService {
+    /// The parsed manifest.
+    pub manifest: TaskServManifest,
+    /// The service's directory (`<catalog>/<name>`).
+    pub dir: PathBuf,
+    /// Template sources by file name (`templates/<file>`).
+    pub templates: BTreeMap<String, String>,
+    validator: Arc<jsonschema::Validator>,
+}
+
+impl std::fmt::Debug for CatalogService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogService")
+            .field("manifest", &self.manifest)
+            .field("dir", &self.dir)
+            .field("templates", &self.templates.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl CatalogService {
+    /// Catalog name.
+    pub fn name(&self) -> &str {
+        &self.manifest.name
+    }
+}
+
+/// What a valid request resolves to: the version to install and the config with schema defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedService {
+    /// Catalog name.
+    pub service: String,
+    /// The version to install (the request's, or the catalog default).
+    pub version: String,
+    /// The request's config with the schema's `default`s filled in; validated.
+    pub config: Value,
+    /// Hard dependencies.
+    pub requires: Vec<String>,
+    /// Soft ordering.
+    pub after: Vec<String>,
+    /// Time limit of one script run.
+    pub timeout: Duration,
+    /// How often to re-check health.
+    pub health_interval: Duration,
+}
+
+/// The taskserv catalog: every `<dir>/<name>/taskserv.yaml`, validated.
+#[derive(Clone, Debug)]
+pub struct Catalog {
+    dir: PathBuf,
+    services: BTreeMap<String, CatalogService>,
+}
+
+impl Catalog {
+    /// The catalog directory to use: `$PROVISIONING_CATALOG` when set, otherwise
+    /// `taskservs/catalog` of this crate's source tree (fixed at build time).
+    pub fn default_dir() -> PathBuf {
+        match std::env::var_os(CATALOG_ENV) {
+            Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+            _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("catalog"),
+        }
+    }
+
+    /// Loads and validates every service under `dir`. Subdirectories `lib` (shared Nushell
+    /// helpers) and hidden ones are not services; any other directory must hold a manifest.
+    /// Checks: manifest shape, name = directory, versions, providers, dependencies exist,
+    /// scripts exist, schema compiles, templates parse.
+    pub fn load(dir: &Path) -> Result<Catalog, CatalogError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CatalogError::Io { path, source }
+        };
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+            let entry = entry.map_err(io(dir))?;
+            if entry.file_type().map_err(io(&entry.path()))?.is_dir() {
+                entries.push(entry.path());
+            }
+        }
+        entries.sort();
+        let mut services = BTreeMap::new();
+        for service_dir in entries {
+            let dir_name = service_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            if dir_name == "lib" || dir_name.starts_with('.') {
+                continue;
+            }
+            let service = load_service(&service_dir, &dir_name)?;
+            services.insert(dir_name, service);
+        }
+        // Dependencies must name services of this catalog.
+        for service in services.values() {
+            let path = service.dir.join("taskserv.yaml");
+            for (field, deps) in [("requires", &service.manifest.requires), ("after", &service.manifest.after)] {
+                for dep in deps {
+                    if !services.contains_key(dep) {
+                        return Err(CatalogError::Invalid {
+                            path,
+                            problem: format!("{field} names {dep:?}, which is not in the catalog"),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(Catalog { dir: dir.to_path_buf(), services })
+    }
+
+    /// The directory the catalog was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A service by name.
+    pub fn get(&self, name: &str) -> Option<&CatalogService> {
+        self.services.get(name)
+    }
+
+    /// All services, by name.
+    pub fn services(&self) -> impl Iterator<Item = &CatalogService> {
+        self.services.values()
+    }
+
+    /// Install order for `wanted`: the closure of `requires`, topologically sorted (each service
+    /// after what it requires, and after its `after` entries that are part of the plan). Ties are
+    /// broken by name, so the order is deterministic.
+    pub fn resolve(&self, wanted: &[String]) -> Result<Vec<String>, ResolveError> {
+        // Closure of hard dependencies.
+        let mut plan: BTreeSet<String> = BTreeSet::new();
+        let mut queue: Vec<String> = wanted.to_vec();
+        while let Some(name) = queue.pop() {
+            if plan.contains(&name) {
+                continue;
+            }
+            let service = self.services.get(&name).ok_or_else(|| ResolveError::Unknown(name.clone()))?;
+            queue.extend(service.manifest.requires.iter().cloned());
+            plan.insert(name);
+        }
+        // "name must come after each of deps[name]".
+        let deps: BTreeMap<&str, BTreeSet<&str>> = plan
+            .iter()
+            .map(|name| {
+                let manifest = &self.services[name].manifest;
+                let hard = manifest.requires.iter();
+                let soft = manifest.after.iter().filter(|a| plan.contains(*a));
+                (name.as_str(), hard.chain(soft).map(String::as_str).collect())
+            })
+            .collect();
+        if let Some(cycle) = find_cycle(&deps) {
+            return Err(ResolveError::Cycle(cycle.join(" -> ")));
+        }
+        // Kahn's algorithm, smallest name first among the ready ones.
+        let mut remaining = deps.clone();
+        let mut order = Vec::with_capacity(plan.len());
+        while !remaining.is_empty() {
+            let ready: Option<&str> = remaining.iter().find(|(_, d)| d.is_empty()).map(|(n, _)| *n);
+            let Some(next) = ready else {
+                // Unreachable after find_cycle; report rather than loop.
+                let names: Vec<&str> = remaining.keys().copied().collect();
+                return Err(ResolveError::Cycle(names.join(" -> ")));
+            };
+            remaining.remove(next);
+            for d in remaining.values_mut() {
+                d.remove(next);
+            }
+            order.push(next.to_string());
+        }
+        Ok(order)
+    }
+
+    /// Checks a request against the catalog: the service exists, the version is one the catalog
+    /// has (none = the default), the config (schema defaults filled in) satisfies the schema.
+    pub fn validate_request(
+        &self,
+        service: &str,
+        version: Option<&str>,
+        config: &Value,
+    ) -> Result<ResolvedService, ValidationError> {
+        let entry = self.services.get(service).ok_or_else(|| ValidationError::UnknownService(service.to_string()))?;
+        let manifest = &entry.manifest;
+        let version = match version {
+            None | Some("") => manifest.default_version.clone(),
+            Some(v) if manifest.versions.iter().any(|known| known == v) => v.to_string(),
+            Some(v) => {
+                return Err(ValidationError::UnknownVersion {
+                    service: service.to_string(),
+                    version: v.to_string(),
+                    available: manifest.versions.clone(),
+                });
+            }
+        };
+        let mut config = if config.is_null() { Value::Object(Default::default()) } else { config.clone() };
+        apply_defaults(&manifest.config_schema, &mut config);
+        let violations: Vec<ConfigViolation> = entry
+            .validator
+            .iter_errors(&config)
+            .map(|e| ConfigViolation { pointer: e.instance_path().as_str().to_string(), reason: e.to_string() })
+            .collect();
+        if !violations.is_empty() {
+            return Err(ValidationError::InvalidConfig { service: service.to_string(), violations });
+        }
+        Ok(ResolvedService {
+            service: service.to_string(),
+            version,
+            config,
+            requires: manifest.requires.clone(),
+            after: manifest.after.clone(),
+            timeout: Duration::from_secs(manifest.timeout_seconds),
+            health_interval: Duration::from_secs(manifest.health.interval_seconds),
+        })
+    }
+}
+
+/// A dependency cycle as a path `[a, b, a]` (a depends on b, b on a), if there is one.
+fn find_cycle(deps: &BTreeMap<&str, BTreeSet<&str>>) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Visiting,
+        Done,
+    }
+    fn visit<'a>(
+        node: &'a str,
+        deps: &BTreeMap<&'a str, BTreeSet<&'a str>>,
+        marks: &mut BTreeMap<&'a str, Mark>,
+        stack: &mut Vec<&'a str>,
+    ) -> Option<Vec<String>> {
+        match marks.get(node) {
+            Some(Mark::Done) => return None,
+            Some(Mark::Visiting) => {
+                let start = stack.iter().position(|n| *n == node).unwrap_or(0);
+                let mut cycle: Vec<String> = stack[start..].iter().map(|s| s.to_string()).collect();
+                cycle.push(node.to_string());
+                return Some(cycle);
+            }
+            None => {}
+        }
+        marks.insert(node, Mark::Visiting);
+        stack.push(node);
+        for dep in deps.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(dep, deps, marks, stack) {
+                return Some(cycle);
+            }
+        }
+        stack.pop();
+        marks.insert(node, Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in deps.keys() {
+        let mut stack = Vec::new();
+        if let Some(cycle) = visit(node, deps, &mut marks, &mut stack) {
+            return Some(cycle);
+        }
+    }
+    None
+}
+
+/// Fills in `default`s of object properties (recursively) that the config leaves out.
+fn apply_defaults(schema: &Value, config: &mut Value) {
+    let (Some(properties), Value::Object(object)) = (schema.get("properties").and_then(Value::as_object), config)
+    else {
+        return;
+    };
+    for (key, property_schema) in properties {
+        if !object.contains_key(key) {
+            if let Some(default) = property_schema.get("default") {
+                object.insert(key.clone(), default.clone());
+            } else if property_schema.get("type").and_then(Value::as_str) == Some("object")
+                && property_schema.get("properties").is_some()
+            {
+                // A nested object with defaults of its own gets them even when left out.
+                let mut nested = Value::Object(Default::default());
+                apply_defaults(property_schema, &mut nested);
+                if nested.as_object().is_some_and(|o| !o.is_empty()) {
+                    object.insert(key.clone(), nested);
+                }
+            }
+        }
+        if let Some(value) = object.get_mut(key) {
+            apply_defaults(property_schema, value);
+        }
+    }
+}
+
+fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogError> {
+    let path = dir.join("taskserv.yaml");
+    let invalid = |problem: String| CatalogError::Invalid { path: path.clone(), problem };
+    if !path.is_file() {
+        return Err(invalid("missing taskserv.yaml (every catalog directory but lib/ is a service)".into()));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|source| CatalogError::Io { path: path.clone(), source })?;
+    let manifest: TaskServManifest =
+        serde_yaml_ng::from_str(&text).map_err(|e| CatalogError::Parse { path: path.clone(), message: e.to_string() })?;
+
+    if manifest.name != dir_name {
+        return Err(invalid(format!("name {:?} differs from its directory {dir_name:?}", manifest.name)));
+    }
+    if !is_valid_service_name(&manifest.name) {
+        return Err(invalid(format!("name {:?} must be lower-case letters, digits and '-'", manifest.name)));
+    }
+    if manifest.description.trim().is_empty() {
+        return Err(invalid("description is empty".into()));
+    }
+    if manifest.versions.is_empty() {
+        return Err(invalid("versions is empty".into()));
+    }
+    let mut seen = BTreeSet::new();
+    for v in &manifest.versions {
+        if v.trim().is_empty() || !seen.insert(v) {
+            return Err(invalid(format!("versions has an empty or repeated entry {v:?}")));
+        }
+    }
+    if !manifest.versions.contains(&manifest.default_version) {
+        return Err(invalid(format!(
+            "defaultVersion {:?} is not one of versions [{}]",
+            manifest.default_version,
+            manifest.versions.join(", ")
+        )));
+    }
+    if manifest.providers.is_empty() {
+        return Err(invalid("providers is empty".into()));
+    }
+    for p in &manifest.providers {
+        if !KNOWN_PROVIDERS.contains(&p.as_str()) {
+            return Err(invalid(format!("unknown provider {p:?} (known: {})", KNOWN_PROVIDERS.join(", "))));
+        }
+    }
+    for dep in manifest.requires.iter().chain(&manifest.after) {
+        if dep == &manifest.name {
+            return Err(invalid(format!("{dep:?} depends on itself")));
+        }
+    }
+    if manifest.timeout_seconds == 0 {
+        return Err(invalid("timeoutSeconds must be > 0".into()));
+    }
+    if manifest.health.interval_seconds == 0 {
+        return Err(invalid("health.intervalSeconds must be > 0".into()));
+    }
+    if manifest.health.script != "check.nu" {
+        return Err(invalid(format!("health.script is {:?}; the check step runs check.nu", manifest.health.script)));
+    }
+    for script in REQUIRED_SCRIPTS {
+        if !dir.join(script).is_file() {
+            return Err(CatalogError::Invalid { path: dir.join(script), problem: "script is missing".into() });
+        }
+    }
+    if !manifest.config_schema.is_object() {
+        return Err(CatalogError::Schema { path: path.clone(), message: "configSchema must be an object".into() });
+    }
+    let validator = jsonschema::validator_for(&manifest.config_schema)
+        .map_err(|e| CatalogError::Schema { path: path.clone(), message: e.to_string() })?;
+
+    let templates = load_templates(&dir.join("templates"))?;
+    Ok(CatalogService { manifest, dir: dir.to_path_buf(), templates, validator: Arc::new(validator) })
+}
+
+fn load_templates(dir: &Path) -> Result<BTreeMap<String, String>, CatalogError> {
+    let mut templates = BTreeMap::new();
+    if !dir.is_dir() {
+        return Ok(templates);
+    }
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CatalogError::Io { path, source }
+    };
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let path = entry.path();
+        if !path.is_file() {
+            continue;
+        }
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            return Err(CatalogError::Invalid { path, problem: "template file name is not UTF-8".into() });
+        };
+        let source = std::fs::read_to_string(&path).map_err(io(&path))?;
+        // Parse now so a broken template is a start-up error, not a failed install.
+        let mut env = crate::context::template_env();
+        env.add_template_owned(name.clone(), source.clone())
+            .map_err(|e| CatalogError::Template { path: path.clone(), message: e.to_string() })?;
+        templates.insert(name, source);
+    }
+    Ok(templates)
+}

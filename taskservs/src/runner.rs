@@ -1,0 +1,433 @@
+//! The runner: each step is a fresh `nu` process that reads the context as JSON on stdin and
+//! reports its result on its last stdout line.
+
+use std::collections::VecDeque;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+
+use crate::context::ScriptContext;
+use crate::error::RunError;
+use crate::manifest::is_valid_service_name;
+
+/// Prefix of the stdout line carrying a script's JSON result (see `lib/ctx.nu` `emit-result`).
+pub const RESULT_MARKER: &str = "PROVISIONING_RESULT ";
+/// How many lines of output the tail keeps.
+pub const TAIL_LINES: usize = 20;
+/// How many bytes of output the tail keeps.
+pub const TAIL_BYTES: usize = 4096;
+/// Upper bound of stdout/stderr kept whole by [`LocalProcessExecutor`].
+const MAX_CAPTURE_BYTES: usize = 4 << 20;
+/// How long the runner waits beyond the timeout for an executor to return.
+const EXECUTOR_GRACE: Duration = Duration::from_secs(30);
+
+/// Which script of a service to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScriptStep {
+    /// `install.nu`: converge to the requested version and config (idempotent).
+    Install,
+    /// `check.nu`: health; exit 0 when healthy.
+    Check,
+    /// `remove.nu`: idempotent uninstall.
+    Remove,
+}
+
+impl ScriptStep {
+    /// The script's file name.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            ScriptStep::Install => "install.nu",
+            ScriptStep::Check => "check.nu",
+            ScriptStep::Remove => "remove.nu",
+        }
+    }
+    /// Lower-case name (for logs and metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScriptStep::Install => "install",
+            ScriptStep::Check => "check",
+            ScriptStep::Remove => "remove",
+        }
+    }
+}
+
+impl std::fmt::Display for ScriptStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where `nu` and the catalog are on the machine that runs the script.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScriptPaths {
+    /// The `nu` binary.
+    pub nu: String,
+    /// The catalog directory (holding `<service>/<step>.nu` and `lib/`).
+    pub catalog_dir: String,
+}
+
+impl ScriptPaths {
+    /// `nu` binary inside local containers (mounted read-only).
+    pub const CONTAINER_NU: &'static str = "/usr/local/bin/nu";
+    /// Catalog inside local containers (mounted read-only).
+    pub const CONTAINER_CATALOG: &'static str = "/opt/provisioning/catalog";
+
+    /// The layout of local containers: `/usr/local/bin/nu` and `/opt/provisioning/catalog`.
+    pub fn container() -> Self {
+        ScriptPaths { nu: Self::CONTAINER_NU.into(), catalog_dir: Self::CONTAINER_CATALOG.into() }
+    }
+
+    /// The argv running `step` of `service`: `[nu, --no-config-file, --stdin, <catalog>/<service>/<step>.nu]`.
+    /// (`--stdin` hands standard input to the script's `main`.)
+    pub fn argv(&self, service: &str, step: ScriptStep) -> Vec<String> {
+        let catalog = self.catalog_dir.trim_end_matches('/');
+        vec![
+            self.nu.clone(),
+            "--no-config-file".into(),
+            "--stdin".into(),
+            format!("{catalog}/{service}/{}", step.file_name()),
+        ]
+    }
+}
+
+/// What an executor reports about one command.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Exit code; `None` when killed or unknown.
+    pub exit_code: Option<i64>,
+    /// Whether the timeout killed it.
+    pub timed_out: bool,
+    /// Standard output, whole (bounded by the executor).
+    pub stdout: String,
+    /// Standard error, whole (bounded by the executor).
+    pub stderr: String,
+}
+
+/// Runs a command somewhere: a local process, `docker exec`, SSH. The controller adapts a
+/// provider's `exec` to this trait.
+#[async_trait::async_trait]
+pub trait ScriptExecutor: Send + Sync {
+    /// Runs `argv` (no shell involved), writes `stdin` then closes it, kills the command after
+    /// `timeout` (reporting `timed_out`), and sends each output line (stdout and stderr) to
+    /// `output` as it comes.
+    async fn exec(
+        &self,
+        argv: Vec<String>,
+        stdin: Vec<u8>,
+        timeout: Duration,
+        output: Option<UnboundedSender<String>>,
+    ) -> Result<ExecOutput, RunError>;
+
+    /// Where `nu` and the catalog are where this executor runs commands. The default is the
+    /// local containers' layout ([`ScriptPaths::container`]).
+    fn script_paths(&self) -> ScriptPaths {
+        ScriptPaths::container()
+    }
+}
+
+/// What one script run did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScriptOutcome {
+    /// The service.
+    pub service: String,
+    /// The step.
+    pub step: ScriptStep,
+    /// Exit code; `None` when killed (timeout) or unknown.
+    pub exit_code: Option<i64>,
+    /// Whether the timeout killed it.
+    pub timed_out: bool,
+    /// The JSON after the last `PROVISIONING_RESULT ` line of stdout, if any.
+    pub result: Option<Value>,
+    /// Set when a result line was there but its JSON did not parse.
+    pub result_error: Option<String>,
+    /// The last lines of output (at most 20 lines and 4 KiB).
+    pub output_tail: String,
+    /// When the run started.
+    pub started_at: DateTime<Utc>,
+    /// When it finished.
+    pub finished_at: DateTime<Utc>,
+}
+
+impl ScriptOutcome {
+    /// Exit 0, not timed out, and no malformed result line.
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out && self.result_error.is_none()
+    }
+    /// The `version` the script reported, if any.
+    pub fn reported_version(&self) -> Option<&str> {
+        self.result.as_ref()?.get("version")?.as_str()
+    }
+    /// Wall-clock time of the run.
+    pub fn duration(&self) -> Duration {
+        (self.finished_at - self.started_at).to_std().unwrap_or_default()
+    }
+    /// One line for status and events: "install of etcd exited 3" / "timed out after …".
+    pub fn summary(&self) -> String {
+        let what = format!("{} of {}", self.step, self.service);
+        match (self.timed_out, self.exit_code, &self.result_error) {
+            (true, _, _) => format!("{what} timed out after {:.1?}", self.duration()),
+            (false, Some(0), Some(err)) => format!("{what} exited 0 but its result is malformed: {err}"),
+            (false, Some(0), None) => format!("{what} succeeded"),
+            (false, Some(code), _) => format!("{what} exited {code}"),
+            (false, None, _) => format!("{what} was killed"),
+        }
+    }
+}
+
+/// Runs `step` of `service` through `exec`: a fresh `nu` process with `ctx` as JSON on stdin
+/// (data, never part of the command line), killed after `timeout`. Output lines are forwarded
+/// to `output` as they come; the outcome carries the exit code, the parsed result and the tail.
+/// An `Err` means the script could not be run at all; a script that ran and failed is an `Ok`
+/// outcome with `succeeded() == false`.
+pub async fn run_script(
+    exec: &dyn ScriptExecutor,
+    step: ScriptStep,
+    service: &str,
+    ctx: &ScriptContext,
+    timeout: Duration,
+    output: Option<UnboundedSender<String>>,
+) -> Result<ScriptOutcome, RunError> {
+    if !is_valid_service_name(service) {
+        return Err(RunError::InvalidService(service.to_string()));
+    }
+    let argv = exec.script_paths().argv(service, step);
+    let stdin = serde_json::to_vec(ctx)?;
+
+    // Tee the executor's lines: forward them and keep a tail.
+    let tail = Arc::new(Mutex::new(OutputTail::default()));
+    let (line_tx, mut line_rx) = unbounded_channel::<String>();
+    let forwarder = {
+        let tail = Arc::clone(&tail);
+        tokio::spawn(async move {
+            while let Some(line) = line_rx.recv().await {
+                if let Ok(mut t) = tail.lock() {
+                    t.push(&line);
+                }
+                if let Some(out) = &output {
+                    // A closed receiver only means nobody listens any more.
+                    let _ = out.send(line);
+                }
+            }
+        })
+    };
+
+    let started_at = Utc::now();
+    let result = tokio::time::timeout(timeout + EXECUTOR_GRACE, exec.exec(argv, stdin, timeout, Some(line_tx))).await;
+    let finished_at = Utc::now();
+    // The executor dropped its sender when it returned; give stragglers a moment.
+    let _ = tokio::time::timeout(Duration::from_secs(2), forwarder).await;
+    let exec_output = match result {
+        Ok(out) => out?,
+        Err(_) => return Err(RunError::ExecutorHung(timeout + EXECUTOR_GRACE)),
+    };
+
+    let mut output_tail = tail.lock().map(|t| t.render()).unwrap_or_default();
+    if output_tail.is_empty() {
+        // The executor did not stream: build the tail from what it returned.
+        let mut t = OutputTail::default();
+        for line in exec_output.stdout.lines().chain(exec_output.stderr.lines()) {
+            t.push(line);
+        }
+        output_tail = t.render();
+    }
+    let (result, result_error) = match parse_result(&exec_output.stdout) {
+        None => (None, None),
+        Some(Ok(value)) => (Some(value), None),
+        Some(Err(e)) => (None, Some(e)),
+    };
+    Ok(ScriptOutcome {
+        service: service.to_string(),
+        step,
+        exit_code: exec_output.exit_code,
+        timed_out: exec_output.timed_out,
+        result,
+        result_error,
+        output_tail,
+        started_at,
+        finished_at,
+    })
+}
+
+/// The JSON of the last `PROVISIONING_RESULT ` line of `stdout`, if there is one.
+pub fn parse_result(stdout: &str) -> Option<Result<Value, String>> {
+    let line = stdout.lines().rev().find_map(|l| l.trim_end_matches('\r').strip_prefix(RESULT_MARKER))?;
+    Some(serde_json::from_str(line.trim()).map_err(|e| format!("{e} in {:?}", truncate(line, 200))))
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// The last lines of output, bounded in lines and bytes.
+#[derive(Default)]
+struct OutputTail {
+    lines: VecDeque<String>,
+    bytes: usize,
+}
+
+impl OutputTail {
+    fn push(&mut self, line: &str) {
+        let line = if line.len() > TAIL_BYTES { &line[line.len() - tail_cut(line, TAIL_BYTES)..] } else { line };
+        self.bytes += line.len() + 1;
+        self.lines.push_back(line.to_string());
+        while self.lines.len() > TAIL_LINES || (self.bytes > TAIL_BYTES && self.lines.len() > 1) {
+            if let Some(old) = self.lines.pop_front() {
+                self.bytes -= old.len() + 1;
+            }
+        }
+    }
+    fn render(&self) -> String {
+        self.lines.iter().map(String::as_str).collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// Length of the longest suffix of `s` of at most `max` bytes that starts at a char boundary.
+fn tail_cut(s: &str, max: usize) -> usize {
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s.len() - start
+}
+
+/// Runs argv as a local process (tests, benchmarks, and running scripts on this machine).
+/// The process gets its own process group so a timeout kills whatever it started too.
+#[derive(Clone, Debug)]
+pub struct LocalProcessExecutor {
+    paths: ScriptPaths,
+    env: Vec<(String, String)>,
+}
+
+impl LocalProcessExecutor {
+    /// An executor whose scripts are `<catalog_dir>/<service>/<step>.nu` run by `nu`.
+    pub fn new(nu: impl Into<String>, catalog_dir: impl Into<String>) -> Self {
+        LocalProcessExecutor { paths: ScriptPaths { nu: nu.into(), catalog_dir: catalog_dir.into() }, env: Vec::new() }
+    }
+
+    /// Adds an environment variable for every command.
+    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl ScriptExecutor for LocalProcessExecutor {
+    async fn exec(
+        &self,
+        argv: Vec<String>,
+        stdin: Vec<u8>,
+        timeout: Duration,
+        output: Option<UnboundedSender<String>>,
+    ) -> Result<ExecOutput, RunError> {
+        let Some((program, args)) = argv.split_first() else {
+            return Err(RunError::Executor("empty argv".into()));
+        };
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child =
+            command.spawn().map_err(|source| RunError::Spawn { program: program.clone(), source })?;
+        let pid = child.id();
+
+        let mut child_stdin = child.stdin.take();
+        let writer = tokio::spawn(async move {
+            if let Some(pipe) = child_stdin.as_mut() {
+                // A script that exits without reading its stdin is not an error of ours.
+                let _ = pipe.write_all(&stdin).await;
+                let _ = pipe.shutdown().await;
+            }
+            drop(child_stdin);
+        });
+        let stdout = child.stdout.take().map(|pipe| tokio::spawn(read_lines(pipe, output.clone())));
+        let stderr = child.stderr.take().map(|pipe| tokio::spawn(read_lines(pipe, output)));
+
+        let (status, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(status) => (Some(status?), false),
+            Err(_) => {
+                kill_group(pid);
+                let _ = child.kill().await;
+                (None, true)
+            }
+        };
+        writer.abort();
+        // A daemon started by the script may hold the pipes open: don't wait for it forever.
+        let collect = |task: Option<tokio::task::JoinHandle<String>>| async move {
+            match task {
+                Some(mut task) => match tokio::time::timeout(Duration::from_secs(2), &mut task).await {
+                    Ok(Ok(text)) => text,
+                    _ => {
+                        task.abort();
+                        String::new()
+                    }
+                },
+                None => String::new(),
+            }
+        };
+        let stdout = collect(stdout).await;
+        let stderr = collect(stderr).await;
+        Ok(ExecOutput {
+            exit_code: if timed_out { None } else { status.and_then(|s| s.code()).map(i64::from) },
+            timed_out,
+            stdout,
+            stderr,
+        })
+    }
+
+    fn script_paths(&self) -> ScriptPaths {
+        self.paths.clone()
+    }
+}
+
+/// SIGKILL to the whole process group the command leads.
+fn kill_group(pid: Option<u32>) {
+    let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) else { return };
+    // The group may already be gone; nothing to do then.
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+}
+
+/// Reads lines (lossy UTF-8), forwards each, and returns the whole text (bounded).
+async fn read_lines(pipe: impl AsyncRead + Unpin, output: Option<UnboundedSender<String>>) -> String {
+    let mut reader = BufReader::new(pipe);
+    let mut whole = String::new();
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let line = String::from_utf8_lossy(&buf);
+                let line = line.trim_end_matches(['\n', '\r']);
+                if let Some(out) = &output {
+                    let _ = out.send(line.to_string());
+                }
+                if whole.len() + line.len() < MAX_CAPTURE_BYTES {
+                    whole.push_str(line);
+                    whole.push('\n');
+                }
+            }
+        }
+    }
+    whole
+}
