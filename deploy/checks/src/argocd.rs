@@ -117,7 +117,10 @@ fn load_kind(dir: &Path) -> Result<KindCustomization, String> {
         let entry = entry.map_err(|e| format!("{}: {e}", actions_dir.display()))?;
         let script = entry.path().join("action.lua");
         if script.is_file() {
-            actions.insert(entry.file_name().to_string_lossy().into_owned(), read(&script)?);
+            actions.insert(
+                entry.file_name().to_string_lossy().into_owned(),
+                read(&script)?,
+            );
         }
     }
     Ok(KindCustomization {

@@ -107,7 +107,9 @@ impl StatusEvaluator {
         }
         match program.execute(&context) {
             Ok(cel::Value::Bool(b)) => Ok(b),
-            Ok(other) => Err(format!("expression did not evaluate to a boolean: {other:?}")),
+            Ok(other) => Err(format!(
+                "expression did not evaluate to a boolean: {other:?}"
+            )),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -205,7 +207,10 @@ mod tests {
     fn order_and_defaults_match_flux() {
         let e = evaluator("data.current", "data.inProgress", "data.failed");
         let obj = |c: bool, i: bool, f: bool| json!({"data": {"current": c, "inProgress": i, "failed": f}});
-        assert_eq!(e.evaluate(&obj(false, false, false)), FluxVerdict::InProgress);
+        assert_eq!(
+            e.evaluate(&obj(false, false, false)),
+            FluxVerdict::InProgress
+        );
         assert_eq!(e.evaluate(&obj(true, true, true)), FluxVerdict::InProgress);
         assert_eq!(e.evaluate(&obj(true, false, true)), FluxVerdict::Failed);
         assert_eq!(e.evaluate(&obj(true, false, false)), FluxVerdict::Current);
@@ -226,7 +231,10 @@ mod tests {
             "status.conditions.filter(e, e.type == 'Ready').all(e, e.status == 'False')",
         );
         assert!(matches!(e.evaluate(&json!({})), FluxVerdict::Unknown(_)));
-        assert!(matches!(e.evaluate(&json!({"status": {}})), FluxVerdict::Unknown(_)));
+        assert!(matches!(
+            e.evaluate(&json!({"status": {}})),
+            FluxVerdict::Unknown(_)
+        ));
         // An empty list: `all` is vacuously true, so this naive pair calls it Failed.
         assert_eq!(
             e.evaluate(&json!({"metadata": {"generation": 1}, "status": {"conditions": []}})),

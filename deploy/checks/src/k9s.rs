@@ -50,7 +50,11 @@ pub fn load(path: &std::path::Path) -> Result<PluginFile, String> {
 
 /// Whether k9s can bind `key`: a lowercase letter or digit, or Shift-/Ctrl-/Alt- and a letter.
 pub fn is_valid_shortcut(key: &str) -> bool {
-    let single = |s: &str| s.len() == 1 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let single = |s: &str| {
+        s.len() == 1
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    };
     let upper = |s: &str| s.len() == 1 && s.chars().all(|c| c.is_ascii_uppercase());
     match key.split_once('-') {
         None => single(key),
@@ -75,7 +79,9 @@ mod tests {
         for good in ["r", "1", "Shift-R", "Ctrl-P", "Alt-X"] {
             assert!(is_valid_shortcut(good), "{good}");
         }
-        for bad in ["", "R", "shift-r", "Shift-r", "Ctrl-", "Ctrl-PP", "Super-R", "Shift+R", "rr"] {
+        for bad in [
+            "", "R", "shift-r", "Shift-r", "Ctrl-", "Ctrl-PP", "Super-R", "Shift+R", "rr",
+        ] {
             assert!(!is_valid_shortcut(bad), "{bad}");
         }
     }

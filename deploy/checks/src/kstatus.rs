@@ -63,14 +63,19 @@ fn as_integer(value: &Value) -> Option<i64> {
 
 /// Judges one object snapshot.
 pub fn judge(obj: &Value) -> Judgement {
-    if obj.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null()) {
+    if obj
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+    {
         return Judgement {
             status: KStatus::Terminating,
             message: "being deleted".into(),
         };
     }
     let generation = obj.pointer("/metadata/generation").and_then(as_integer);
-    let observed = obj.pointer("/status/observedGeneration").and_then(as_integer);
+    let observed = obj
+        .pointer("/status/observedGeneration")
+        .and_then(as_integer);
     match (generation, observed) {
         (_, None) => {
             return Judgement {
@@ -119,7 +124,10 @@ mod tests {
 
     #[test]
     fn deletion_wins_over_everything() {
-        let mut obj = with_status(1, json!({"observedGeneration": 1, "conditions": [cond("Ready", "True", "")]}));
+        let mut obj = with_status(
+            1,
+            json!({"observedGeneration": 1, "conditions": [cond("Ready", "True", "")]}),
+        );
         obj["metadata"]["deletionTimestamp"] = json!("2024-05-01T12:00:00Z");
         assert_eq!(judge(&obj).status, KStatus::Terminating);
     }
@@ -132,36 +140,72 @@ mod tests {
 
     #[test]
     fn observed_generation_behind_is_in_progress_even_when_ready() {
-        let obj = with_status(2, json!({"observedGeneration": 1, "conditions": [cond("Ready", "True", "ok")]}));
+        let obj = with_status(
+            2,
+            json!({"observedGeneration": 1, "conditions": [cond("Ready", "True", "ok")]}),
+        );
         assert_eq!(judge(&obj).status, KStatus::InProgress);
-        let obj = with_status(2, json!({"observedGeneration": "1", "conditions": [cond("Ready", "True", "ok")]}));
+        let obj = with_status(
+            2,
+            json!({"observedGeneration": "1", "conditions": [cond("Ready", "True", "ok")]}),
+        );
         assert_eq!(judge(&obj).status, KStatus::InProgress);
     }
 
     #[test]
     fn reconciling_is_in_progress_and_wins_over_stalled() {
-        let obj = with_status(1, json!({"observedGeneration": 1, "conditions": [
-            cond("Reconciling", "True", "booting"), cond("Stalled", "True", "bad plan")]}));
-        assert_eq!(judge(&obj), Judgement { status: KStatus::InProgress, message: "booting".into() });
+        let obj = with_status(
+            1,
+            json!({"observedGeneration": 1, "conditions": [
+            cond("Reconciling", "True", "booting"), cond("Stalled", "True", "bad plan")]}),
+        );
+        assert_eq!(
+            judge(&obj),
+            Judgement {
+                status: KStatus::InProgress,
+                message: "booting".into()
+            }
+        );
     }
 
     #[test]
     fn stalled_is_failed_with_its_message() {
-        let obj = with_status(1, json!({"observedGeneration": 1, "conditions": [
-            cond("Reconciling", "False", ""), cond("Stalled", "True", "bad plan")]}));
-        assert_eq!(judge(&obj), Judgement { status: KStatus::Failed, message: "bad plan".into() });
+        let obj = with_status(
+            1,
+            json!({"observedGeneration": 1, "conditions": [
+            cond("Reconciling", "False", ""), cond("Stalled", "True", "bad plan")]}),
+        );
+        assert_eq!(
+            judge(&obj),
+            Judgement {
+                status: KStatus::Failed,
+                message: "bad plan".into()
+            }
+        );
     }
 
     #[test]
     fn otherwise_current() {
-        let obj = with_status(1, json!({"observedGeneration": 1, "conditions": [
-            cond("Ready", "True", "running"), cond("Reconciling", "False", ""), cond("Stalled", "False", "")]}));
-        assert_eq!(judge(&obj), Judgement { status: KStatus::Current, message: "running".into() });
+        let obj = with_status(
+            1,
+            json!({"observedGeneration": 1, "conditions": [
+            cond("Ready", "True", "running"), cond("Reconciling", "False", ""), cond("Stalled", "False", "")]}),
+        );
+        assert_eq!(
+            judge(&obj),
+            Judgement {
+                status: KStatus::Current,
+                message: "running".into()
+            }
+        );
     }
 
     #[test]
     fn malformed_conditions_do_not_panic() {
-        let obj = with_status(1, json!({"observedGeneration": 1, "conditions": [{"type": "Ready"}, {"status": "True"}, 3, null]}));
+        let obj = with_status(
+            1,
+            json!({"observedGeneration": 1, "conditions": [{"type": "Ready"}, {"status": "True"}, 3, null]}),
+        );
         assert_eq!(judge(&obj).status, KStatus::Current);
         let obj = with_status(1, json!({"observedGeneration": 1, "conditions": "broken"}));
         assert_eq!(judge(&obj).status, KStatus::Current);

@@ -106,13 +106,14 @@ impl Lua51 {
                         .join(", "),
                 )
             })?;
-        let output = Command::new(&binary)
-            .arg("-v")
-            .output()
-            .map_err(|source| LuaError::Spawn {
-                binary: binary.clone(),
-                source,
-            })?;
+        let output =
+            Command::new(&binary)
+                .arg("-v")
+                .output()
+                .map_err(|source| LuaError::Spawn {
+                    binary: binary.clone(),
+                    source,
+                })?;
         // lua5.1 -v prints its banner on stdout or stderr depending on the build.
         let version = format!(
             "{}{}",
@@ -156,12 +157,10 @@ impl Lua51 {
                     source,
                 })?;
         }
-        let output = child
-            .wait_with_output()
-            .map_err(|source| LuaError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
+        let output = child.wait_with_output().map_err(|source| LuaError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
         if !output.status.success() {
             return Err(LuaError::Harness {
                 status: output.status.to_string(),
@@ -169,8 +168,8 @@ impl Lua51 {
             });
         }
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let reply: Value =
-            serde_json::from_str(&stdout).map_err(|_| LuaError::Output(stdout.clone().into_owned()))?;
+        let reply: Value = serde_json::from_str(&stdout)
+            .map_err(|_| LuaError::Output(stdout.clone().into_owned()))?;
         if let Some(message) = reply.get("error") {
             return Err(LuaError::Script {
                 name: name.to_owned(),
@@ -275,7 +274,10 @@ impl Lua51 {
 
 /// Argo CD's `cleanReturnedObj`: Lua cannot tell an empty map from an empty list, so where the
 /// original held a map and the script returned `[]`, the map comes back.
-fn clean_returned_obj(mut new_obj: Map<String, Value>, original: &Map<String, Value>) -> Map<String, Value> {
+fn clean_returned_obj(
+    mut new_obj: Map<String, Value>,
+    original: &Map<String, Value>,
+) -> Map<String, Value> {
     for (key, old_value) in original {
         let Some(new_value) = new_obj.get_mut(key) else {
             continue;
@@ -285,10 +287,10 @@ fn clean_returned_obj(mut new_obj: Map<String, Value>, original: &Map<String, Va
                 let cleaned = clean_returned_obj(std::mem::take(new_map), old_map);
                 *new_map = cleaned;
             }
-            (new_value @ Value::Array(_), Value::Object(old_map)) => {
-                if new_value.as_array().is_some_and(Vec::is_empty) {
-                    *new_value = Value::Object(old_map.clone());
-                }
+            (new_value @ Value::Array(_), Value::Object(old_map))
+                if new_value.as_array().is_some_and(Vec::is_empty) =>
+            {
+                *new_value = Value::Object(old_map.clone());
             }
             (Value::Array(new_items), Value::Array(old_items)) => {
                 for (new_item, old_item) in new_items.iter_mut().zip(old_items) {
@@ -498,14 +500,23 @@ mod tests {
             "metadata": {"name": "weird \"name\"\n\\ é", "generation": 7, "labels": {}},
             "spec": {"ratio": 0.25, "list": [1, "two", {"three": true}], "empty": []}
         });
-        let result = lua.action("probe", "return obj", &obj).unwrap_or_else(|e| panic!("{e}"));
+        let result = lua
+            .action("probe", "return obj", &obj)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(result, obj);
     }
 
     #[test]
     fn script_errors_are_reported() {
         let lua = lua();
-        let outcome = lua.run("broken", "return obj.status.conditions[1]", &json!({"metadata": {}}));
-        assert!(matches!(outcome, Err(LuaError::Script { .. })), "{outcome:?}");
+        let outcome = lua.run(
+            "broken",
+            "return obj.status.conditions[1]",
+            &json!({"metadata": {}}),
+        );
+        assert!(
+            matches!(outcome, Err(LuaError::Script { .. })),
+            "{outcome:?}"
+        );
     }
 }
