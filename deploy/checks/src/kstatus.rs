@@ -109,6 +109,34 @@ pub fn judge(obj: &Value) -> Judgement {
     }
 }
 
+/// Whether the controller says the work is done: `Ready=True` for the current generation.
+pub fn is_done(obj: &Value) -> bool {
+    let generation = obj.pointer("/metadata/generation").and_then(as_integer);
+    let observed = obj.pointer("/status/observedGeneration").and_then(as_integer);
+    condition_is_true(obj, "Ready") && generation.is_some() && generation == observed
+}
+
+/// Checks a recorded life (status snapshots in the order they were written): every snapshot
+/// before the first one that [`is_done`] must be judged `InProgress` — `Current` there is a
+/// dependent applied too early. Returns the verdicts, in order.
+pub fn check_in_progress_until_done(life: &[Value]) -> Result<Vec<KStatus>, String> {
+    let mut verdicts = Vec::new();
+    for (i, obj) in life.iter().enumerate() {
+        let judgement = judge(obj);
+        verdicts.push(judgement.status);
+        if is_done(obj) {
+            break;
+        }
+        if judgement.status != KStatus::InProgress {
+            return Err(format!(
+                "snapshot {i} is not done yet but judged {:?} ({}): {}",
+                judgement.status, judgement.message, obj["status"]
+            ));
+        }
+    }
+    Ok(verdicts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +226,21 @@ mod tests {
                 message: "running".into()
             }
         );
+    }
+
+    #[test]
+    fn a_life_is_in_progress_until_done() {
+        let new = json!({"metadata": {"generation": 1}});
+        let first = with_status(1, json!({"observedGeneration": 1, "conditions": [
+            cond("Ready", "Unknown", ""), cond("Reconciling", "True", "first")]}));
+        let ready = with_status(1, json!({"observedGeneration": 1, "conditions": [
+            cond("Ready", "True", "up"), cond("Reconciling", "False", "")]}));
+        let verdicts = check_in_progress_until_done(&[new.clone(), first.clone(), ready.clone()])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(verdicts, [KStatus::InProgress, KStatus::InProgress, KStatus::Current]);
+        // A controller that forgets Reconciling=True while working would be caught.
+        let sloppy = with_status(1, json!({"observedGeneration": 1, "conditions": [cond("Ready", "False", "booting")]}));
+        assert!(check_in_progress_until_done(&[new, sloppy, ready]).is_err());
     }
 
     #[test]
