@@ -1,0 +1,79 @@
+# kubernetes: kubelet/kubeadm/kubectl from pkgs.k8s.io (pinned), host prerequisites, then
+# `kubeadm init` on the first control plane or `kubeadm join` on the others. Idempotent: a
+# node that already has /etc/kubernetes/kubelet.conf is not initialised or joined again.
+
+use ../lib/ctx.nu *
+use ../lib/pkg.nu *
+use ../lib/files.nu *
+use ../lib/net.nu *
+use common.nu *
+
+def main [] {
+    let ctx = ($in | read-context)
+    if not (has-systemd) { fail "kubernetes needs systemd (kubelet runs as a unit): cloud machines only" }
+    let version = $ctx.taskserv.version
+    let minor = (minor-of $version)
+
+    log "host prerequisites: swap off, br_netfilter, forwarding"
+    ^swapoff -a
+    ^sed -i -e '/\sswap\s/s/^#*/#/' /etc/fstab
+    write-if-changed /etc/modules-load.d/k8s.conf "overlay\nbr_netfilter\n" | ignore
+    ^modprobe overlay
+    ^modprobe br_netfilter
+    write-if-changed /etc/sysctl.d/k8s.conf "net.bridge.bridge-nf-call-iptables = 1\nnet.bridge.bridge-nf-call-ip6tables = 1\nnet.ipv4.ip_forward = 1\n" | ignore
+    ^sysctl --system | ignore
+
+    log $"apt repository pkgs.k8s.io ($minor)"
+    apt-install apt-transport-https ca-certificates curl gpg
+    let keyring = $"/etc/apt/keyrings/kubernetes-($minor).gpg"
+    if not ($keyring | path exists) {
+        mkdir /etc/apt/keyrings
+        ^curl -fsSL --retry 5 -o /tmp/k8s-release.key $"https://pkgs.k8s.io/core:/stable:/($minor)/deb/Release.key"
+        ^gpg --dearmor --yes -o $keyring /tmp/k8s-release.key
+    }
+    let repo = $"deb [signed-by=($keyring)] https://pkgs.k8s.io/core:/stable:/($minor)/deb/ /\n"
+    if (write-if-changed /etc/apt/sources.list.d/kubernetes.list $repo) { apt-retry [update -q] }
+
+    let current = (installed-version kubeadm)
+    if $current == null or not ((upstream-version $current) == $version) {
+        log $"installing kubelet, kubeadm, kubectl ($version)"
+        ^apt-mark unhold kubelet kubeadm kubectl | complete | ignore
+        let pin = $"=($version)-*"
+        apt-retry [install -y -q --allow-downgrades --allow-change-held-packages $"kubelet($pin)" $"kubeadm($pin)" $"kubectl($pin)"]
+        ^apt-mark hold kubelet kubeadm kubectl
+    }
+    ^systemctl enable --now kubelet
+
+    let role = (role $ctx)
+    let endpoint = (api-endpoint $ctx)
+    if ("/etc/kubernetes/kubelet.conf" | path exists) {
+        log $"node already part of a cluster \(role ($role)\)"
+        if $role == "init" and ($current != null) and ((upstream-version $current) != $version) {
+            log $"upgrading the control plane to ($version)"
+            ^kubeadm upgrade apply -y $"v($version)"
+        } else if ($current != null) and ((upstream-version $current) != $version) {
+            ^kubeadm upgrade node
+        }
+        ^systemctl restart kubelet
+    } else if $role == "init" {
+        write-template $ctx "kubeadm-init.yaml" /etc/kubernetes/kubeadm-init.yaml --mode "0600" | ignore
+        log "kubeadm init"
+        ^kubeadm init --config /etc/kubernetes/kubeadm-init.yaml --upload-certs
+    } else {
+        wait-port ($endpoint | split row ":" | first) ($endpoint | split row ":" | last | into int) --timeout 600sec
+        let join = [join $endpoint --token $ctx.config.bootstrapToken --discovery-token-unsafe-skip-ca-verification --node-name $ctx.server.name]
+        if $role == "control-plane" {
+            log "kubeadm join (control plane)"
+            ^kubeadm ...$join --control-plane --certificate-key $ctx.config.certificateKey --apiserver-advertise-address (address-of $ctx.server)
+        } else {
+            log "kubeadm join (worker)"
+            ^kubeadm ...$join
+        }
+    }
+    emit-result {
+        version: $version
+        role: $role
+        packageVersion: (installed-version kubeadm)
+        endpoints: [$"https://($endpoint)"]
+    }
+}

@@ -1,0 +1,35 @@
+# Helpers for services installed into a Kubernetes cluster (cilium, coredns, rook-ceph): they
+# act once, through the API, from the first control-plane server; other servers do nothing.
+
+use ctx.nu [members]
+
+export const ADMIN_CONF = "/etc/kubernetes/admin.conf"
+
+# Whether this server is the first (by name) of the control-plane pool — or of the TaskServ's
+# servers when there is no Cluster.
+export def is-api-runner [ctx: record, pool: string]: nothing -> bool {
+    let servers = ($ctx | get -o cluster.servers | default [])
+    let candidates = if ($servers | is-not-empty) and ($pool != "") {
+        $servers | where {|s| ($s | get -o pool | default "") == $pool }
+    } else {
+        members $ctx
+    }
+    ($candidates | is-not-empty) and (($candidates | sort-by name | first | get name) == $ctx.server.name)
+}
+
+# kubectl with the admin kubeconfig; returns the `complete` record.
+export def --wrapped kube [...args: string]: nothing -> record {
+    ^kubectl --kubeconfig $ADMIN_CONF ...$args | complete
+}
+
+# kubectl apply of a manifest given as text (stdin, never a command line).
+export def kube-apply [manifest: string] {
+    let r = ($manifest | ^kubectl --kubeconfig $ADMIN_CONF apply --server-side --force-conflicts -f - | complete)
+    print -n $r.stdout
+    if $r.exit_code != 0 { error make {msg: $"kubectl apply failed: ($r.stderr)"} }
+}
+
+# Downloads a URL to a file (with retries), failing loudly.
+export def fetch [url: string, dest: string] {
+    ^curl -fsSL --retry 5 --retry-delay 2 -o $dest $url
+}
