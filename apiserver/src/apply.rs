@@ -1,0 +1,542 @@
+//! Server-side apply and managedFields bookkeeping (FieldsV1).
+//!
+//! Field sets are sets of paths; a path is a list of FieldsV1 tokens (`f:spec`, `k:{"name":"a"}`).
+//! Lists are atomic unless the schema marks them `x-kubernetes-list-type: map` (keys from
+//! `x-kubernetes-list-map-keys`); `metadata.ownerReferences` is keyed by uid as in Kubernetes.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+
+/// One path inside an object.
+pub type FieldPath = Vec<String>;
+/// A set of owned paths.
+pub type FieldSet = BTreeSet<FieldPath>;
+
+/// Which part of an object an operation may touch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The main resource of a kind without a status subresource: everything.
+    All,
+    /// The main resource of a kind with a status subresource: everything but status.
+    Main,
+    /// The status subresource: only status.
+    Status,
+}
+
+/// One entry of metadata.managedFields.
+#[derive(Debug, Clone)]
+pub struct ManagerEntry {
+    /// Field manager name.
+    pub manager: String,
+    /// `Apply` or `Update`.
+    pub operation: String,
+    /// apiVersion the manager used.
+    pub api_version: String,
+    /// When the entry last changed.
+    pub time: String,
+    /// `status` for the status subresource, empty otherwise.
+    pub subresource: String,
+    /// Owned paths.
+    pub fields: FieldSet,
+}
+
+fn child_schema<'a>(schema: Option<&'a Value>, field: &str) -> Option<&'a Value> {
+    let s = schema?;
+    if let Some(p) = s.get("properties").and_then(|p| p.get(field)) {
+        return Some(p);
+    }
+    s.get("additionalProperties").filter(|a| a.is_object())
+}
+
+fn list_keys(schema: Option<&Value>, path: &[String]) -> Option<Vec<String>> {
+    if path.len() == 2 && path[0] == "f:metadata" && path[1] == "f:ownerReferences" {
+        return Some(vec!["uid".into()]);
+    }
+    let s = schema?;
+    if s.get("x-kubernetes-list-type").and_then(Value::as_str) != Some("map") {
+        return None;
+    }
+    let keys: Vec<String> =
+        s.get("x-kubernetes-list-map-keys")?.as_array()?.iter().filter_map(|k| k.as_str().map(str::to_string)).collect();
+    if keys.is_empty() { None } else { Some(keys) }
+}
+
+fn item_token(item: &Value, keys: &[String]) -> Option<String> {
+    let mut m = Map::new();
+    for k in keys {
+        m.insert(k.clone(), item.get(k)?.clone());
+    }
+    Some(format!("k:{}", Value::Object(m)))
+}
+
+fn collect(value: &Value, schema: Option<&Value>, path: &mut FieldPath, out: &mut FieldSet) {
+    match value {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, v) in m {
+                path.push(format!("f:{k}"));
+                collect(v, child_schema(schema, k), path, out);
+                path.pop();
+            }
+        }
+        Value::Array(items) => match list_keys(schema, path) {
+            Some(keys) if !items.is_empty() => {
+                let item_schema = schema.and_then(|s| s.get("items"));
+                for item in items {
+                    match item_token(item, &keys) {
+                        Some(tok) => {
+                            path.push(tok);
+                            out.insert(path.clone());
+                            if let Value::Object(fields) = item {
+                                for (k, v) in fields {
+                                    path.push(format!("f:{k}"));
+                                    collect(v, child_schema(item_schema, k), path, out);
+                                    path.pop();
+                                }
+                            }
+                            path.pop();
+                        }
+                        None => {
+                            out.insert(path.clone());
+                        }
+                    }
+                }
+            }
+            _ => {
+                out.insert(path.clone());
+            }
+        },
+        _ => {
+            out.insert(path.clone());
+        }
+    }
+}
+
+/// The fields an object sets, restricted to `scope`.
+pub fn field_set(obj: &Value, schema: Option<&Value>, scope: Scope) -> FieldSet {
+    let mut out = FieldSet::new();
+    let Some(m) = obj.as_object() else { return out };
+    let mut path = vec![];
+    for (k, v) in m {
+        match k.as_str() {
+            "apiVersion" | "kind" => continue,
+            "status" if scope == Scope::Main => continue,
+            "metadata" => {
+                if scope == Scope::Status {
+                    continue;
+                }
+                for mk in ["labels", "annotations", "finalizers", "ownerReferences"] {
+                    if let Some(mv) = v.get(mk) {
+                        if mv.is_null() {
+                            continue;
+                        }
+                        path.push("f:metadata".into());
+                        path.push(format!("f:{mk}"));
+                        collect(mv, None, &mut path, &mut out);
+                        path.clear();
+                    }
+                }
+            }
+            _ if scope == Scope::Status && k != "status" => continue,
+            _ => {
+                path.push(format!("f:{k}"));
+                collect(v, child_schema(schema, k), &mut path, &mut out);
+                path.clear();
+            }
+        }
+    }
+    out
+}
+
+/// Renders a field set as FieldsV1 JSON.
+pub fn to_fields_v1(set: &FieldSet) -> Value {
+    #[derive(Default)]
+    struct Node {
+        owned: bool,
+        children: std::collections::BTreeMap<String, Node>,
+    }
+    fn render(n: &Node) -> Value {
+        let mut m = Map::new();
+        if n.owned && !n.children.is_empty() {
+            m.insert(".".into(), json!({}));
+        }
+        for (k, c) in &n.children {
+            m.insert(k.clone(), render(c));
+        }
+        Value::Object(m)
+    }
+    let mut root = Node::default();
+    for path in set {
+        let mut node = &mut root;
+        for tok in path {
+            node = node.children.entry(tok.clone()).or_default();
+        }
+        node.owned = true;
+    }
+    render(&root)
+}
+
+fn walk_v1(node: &Value, path: &mut FieldPath, out: &mut FieldSet) {
+    let Some(m) = node.as_object() else { return };
+    for (k, v) in m {
+        if k == "." {
+            out.insert(path.clone());
+            continue;
+        }
+        path.push(k.clone());
+        match v.as_object() {
+            Some(c) if !c.is_empty() => walk_v1(v, path, out),
+            _ => {
+                out.insert(path.clone());
+            }
+        }
+        path.pop();
+    }
+}
+
+/// Parses FieldsV1 JSON into a field set.
+pub fn from_fields_v1(v: &Value) -> FieldSet {
+    let mut out = FieldSet::new();
+    walk_v1(v, &mut vec![], &mut out);
+    out
+}
+
+fn key_match(item: &Value, tok: &str) -> bool {
+    let Some(keys) = tok.strip_prefix("k:").and_then(|j| serde_json::from_str::<Map<String, Value>>(j).ok()) else {
+        return false;
+    };
+    keys.iter().all(|(k, v)| item.get(k) == Some(v))
+}
+
+/// The value at a path, if present.
+pub fn value_at<'a>(obj: &'a Value, path: &[String]) -> Option<&'a Value> {
+    let mut cur = obj;
+    for tok in path {
+        cur = if let Some(f) = tok.strip_prefix("f:") {
+            cur.get(f)?
+        } else if tok.starts_with("k:") {
+            cur.as_array()?.iter().find(|i| key_match(i, tok))?
+        } else {
+            return None;
+        };
+    }
+    Some(cur)
+}
+
+/// Removes the value at a path (no-op when absent).
+pub fn remove_at(obj: &mut Value, path: &[String]) {
+    let Some((last, parent_path)) = path.split_last() else { return };
+    let mut cur = obj;
+    for tok in parent_path {
+        let next = if let Some(f) = tok.strip_prefix("f:") {
+            cur.get_mut(f)
+        } else if tok.starts_with("k:") {
+            cur.as_array_mut().and_then(|a| a.iter_mut().find(|i| key_match(i, tok)))
+        } else {
+            None
+        };
+        match next {
+            Some(n) => cur = n,
+            None => return,
+        }
+    }
+    if let Some(f) = last.strip_prefix("f:") {
+        if let Some(m) = cur.as_object_mut() {
+            m.remove(f);
+        }
+    } else if last.starts_with("k:") {
+        if let Some(a) = cur.as_array_mut() {
+            a.retain(|i| !key_match(i, last));
+        }
+    }
+}
+
+/// Merges an applied configuration into the live object (maps deep, keyed lists by key,
+/// everything else replaced).
+pub fn merge_applied(live: &mut Value, applied: &Value, schema: Option<&Value>, path: &mut FieldPath) {
+    match (live.as_object_mut(), applied.as_object()) {
+        (Some(lm), Some(am)) => {
+            for (k, av) in am {
+                path.push(format!("f:{k}"));
+                let cs = if path.len() == 1 && k == "metadata" { None } else { child_schema(schema, k) };
+                match lm.get_mut(k) {
+                    Some(lv) if lv.is_object() && av.is_object() => merge_applied(lv, av, cs, path),
+                    Some(lv) if lv.is_array() && av.is_array() => {
+                        if let Some(keys) = list_keys(cs, path) {
+                            let item_schema = cs.and_then(|s| s.get("items"));
+                            let Some(larr) = lv.as_array_mut() else { continue };
+                            for ai in av.as_array().into_iter().flatten() {
+                                let tok = item_token(ai, &keys);
+                                match tok.and_then(|t| larr.iter_mut().find(|li| key_match(li, &t))) {
+                                    Some(li) => merge_applied(li, ai, item_schema, path),
+                                    None => larr.push(ai.clone()),
+                                }
+                            }
+                        } else {
+                            *lv = av.clone();
+                        }
+                    }
+                    _ => {
+                        lm.insert(k.clone(), av.clone());
+                    }
+                }
+                path.pop();
+            }
+        }
+        _ => *live = applied.clone(),
+    }
+}
+
+/// Reads metadata.managedFields.
+pub fn read_managed(obj: &Value) -> Vec<ManagerEntry> {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| ManagerEntry {
+            manager: e["manager"].as_str().unwrap_or_default().to_string(),
+            operation: e["operation"].as_str().unwrap_or("Update").to_string(),
+            api_version: e["apiVersion"].as_str().unwrap_or_default().to_string(),
+            time: e["time"].as_str().unwrap_or_default().to_string(),
+            subresource: e["subresource"].as_str().unwrap_or_default().to_string(),
+            fields: from_fields_v1(&e["fieldsV1"]),
+        })
+        .collect()
+}
+
+/// Writes metadata.managedFields (entries with no fields are dropped).
+pub fn write_managed(obj: &mut Value, entries: &[ManagerEntry]) {
+    let arr: Vec<Value> = entries
+        .iter()
+        .filter(|e| !e.fields.is_empty())
+        .map(|e| {
+            let mut v = json!({
+                "manager": e.manager, "operation": e.operation, "apiVersion": e.api_version,
+                "time": e.time, "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(&e.fields),
+            });
+            if !e.subresource.is_empty() {
+                v["subresource"] = json!(e.subresource);
+            }
+            v
+        })
+        .collect();
+    if let Some(md) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        if arr.is_empty() {
+            md.remove("managedFields");
+        } else {
+            md.insert("managedFields".into(), Value::Array(arr));
+        }
+    }
+}
+
+fn subresource_name(scope: Scope) -> String {
+    if scope == Scope::Status { "status".into() } else { String::new() }
+}
+
+/// Records a non-apply write (create, update, patch) by `manager`: it takes ownership of every
+/// field it changed; fields that no longer exist are dropped from every manager.
+pub fn record_update(
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    api_version: &str,
+    schema: Option<&Value>,
+    scope: Scope,
+    now: &str,
+) {
+    let mut entries = old.map(read_managed).unwrap_or_default();
+    let new_fields = field_set(new, schema, scope);
+    let changed: FieldSet = match old {
+        Some(o) => new_fields.iter().filter(|p| value_at(o, p) != value_at(new, p)).cloned().collect(),
+        None => new_fields.clone(),
+    };
+    let sub = subresource_name(scope);
+    for e in entries.iter_mut() {
+        e.fields.retain(|p| !changed.contains(p) && value_at(new, p).is_some());
+    }
+    if !changed.is_empty() {
+        match entries.iter_mut().find(|e| e.manager == manager && e.operation == "Update" && e.subresource == sub) {
+            Some(e) => {
+                e.fields.extend(changed);
+                e.time = now.to_string();
+                e.api_version = api_version.to_string();
+            }
+            None => entries.push(ManagerEntry {
+                manager: manager.to_string(),
+                operation: "Update".into(),
+                api_version: api_version.to_string(),
+                time: now.to_string(),
+                subresource: sub,
+                fields: changed,
+            }),
+        }
+    }
+    write_managed(new, &entries);
+}
+
+/// Parameters of one server-side apply.
+pub struct ApplyRequest<'a> {
+    /// Field manager (required for apply).
+    pub manager: &'a str,
+    /// Take ownership of conflicting fields.
+    pub force: bool,
+    /// Main resource or status subresource.
+    pub scope: Scope,
+    /// apiVersion of the request.
+    pub api_version: &'a str,
+    /// Schema of the resource, for keyed lists.
+    pub schema: Option<&'a Value>,
+    /// Current time (RFC 3339).
+    pub now: &'a str,
+}
+
+/// Server-side apply of `applied` onto `live`; returns the new object with managedFields set.
+pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Value, ApiError> {
+    let mut entries = read_managed(live);
+    let applied_fields = field_set(applied, req.schema, req.scope);
+    let sub = subresource_name(req.scope);
+    // Conflicts: a field another manager owns, set here to a different value.
+    let mut conflicts: Vec<(String, FieldPath)> = vec![];
+    for e in entries.iter() {
+        if e.manager == req.manager {
+            continue;
+        }
+        for p in &applied_fields {
+            if e.fields.contains(p) && value_at(live, p) != value_at(applied, p) {
+                conflicts.push((e.manager.clone(), p.clone()));
+            }
+        }
+    }
+    if !conflicts.is_empty() && !req.force {
+        let causes: Vec<Value> = conflicts
+            .iter()
+            .map(|(m, p)| {
+                let field = render_path(p);
+                json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\": {field}"), "field": field})
+            })
+            .collect();
+        let msg = if conflicts.len() == 1 {
+            format!("Apply failed with 1 conflict: conflict with \"{}\": {}", conflicts[0].0, render_path(&conflicts[0].1))
+        } else {
+            let parts: Vec<String> = conflicts.iter().map(|(m, p)| format!("conflict with \"{m}\": {}", render_path(p))).collect();
+            format!("Apply failed with {} conflicts: {}", conflicts.len(), parts.join("\n"))
+        };
+        return Err(ApiError::conflict_with(msg, json!({"causes": causes})));
+    }
+    for (m, p) in &conflicts {
+        for e in entries.iter_mut().filter(|e| &e.manager == m) {
+            e.fields.remove(p);
+        }
+    }
+    let mut out = live.clone();
+    // Fields this manager applied before but no longer does, and nobody else owns, go away.
+    let previous: FieldSet = entries
+        .iter()
+        .filter(|e| e.manager == req.manager && e.operation == "Apply" && e.subresource == sub)
+        .flat_map(|e| e.fields.iter().cloned())
+        .collect();
+    let mut removed: Vec<&FieldPath> = previous
+        .iter()
+        .filter(|p| !applied_fields.contains(*p))
+        .filter(|p| !entries.iter().any(|e| !(e.manager == req.manager && e.operation == "Apply") && e.fields.contains(*p)))
+        .collect();
+    removed.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in removed {
+        remove_at(&mut out, p);
+    }
+    // Merge the part of the configuration this scope may touch.
+    let mut restricted = applied.clone();
+    if let Some(m) = restricted.as_object_mut() {
+        m.remove("apiVersion");
+        m.remove("kind");
+        match req.scope {
+            Scope::Main => {
+                m.remove("status");
+            }
+            Scope::Status => m.retain(|k, _| k == "status"),
+            Scope::All => {}
+        }
+        if let Some(md) = m.get_mut("metadata").and_then(Value::as_object_mut) {
+            md.retain(|k, _| matches!(k.as_str(), "labels" | "annotations" | "finalizers" | "ownerReferences"));
+        }
+    }
+    merge_applied(&mut out, &restricted, req.schema, &mut vec![]);
+    // Other managers keep only what still exists.
+    for e in entries.iter_mut() {
+        e.fields.retain(|p| value_at(&out, p).is_some());
+    }
+    entries.retain(|e| !(e.manager == req.manager && e.operation == "Apply" && e.subresource == sub));
+    entries.push(ManagerEntry {
+        manager: req.manager.to_string(),
+        operation: "Apply".into(),
+        api_version: req.api_version.to_string(),
+        time: req.now.to_string(),
+        subresource: sub,
+        fields: applied_fields,
+    });
+    write_managed(&mut out, &entries);
+    Ok(out)
+}
+
+/// `.spec.plan`-style rendering of a path for conflict messages.
+pub fn render_path(p: &FieldPath) -> String {
+    let mut s = String::new();
+    for tok in p {
+        if let Some(f) = tok.strip_prefix("f:") {
+            s.push('.');
+            s.push_str(f);
+        } else {
+            s.push('[');
+            s.push_str(tok.trim_start_matches("k:"));
+            s.push(']');
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_round_trip() {
+        let obj = json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "a", "labels": {"x": "1"}},
+            "spec": {"a": 1, "b": {"c": [1, 2]}}});
+        let set = field_set(&obj, None, Scope::All);
+        let v1 = to_fields_v1(&set);
+        assert_eq!(v1, json!({"f:metadata": {"f:labels": {"f:x": {}}}, "f:spec": {"f:a": {}, "f:b": {"f:c": {}}}}));
+        assert_eq!(from_fields_v1(&v1), set);
+    }
+
+    #[test]
+    fn apply_conflicts_and_force() -> Result<(), ApiError> {
+        let live0 = json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "a"}});
+        let req = |m: &'static str, force| ApplyRequest { manager: m, force, scope: Scope::All, api_version: "v1", schema: None, now: "t" };
+        let a = apply(&live0, &json!({"spec": {"plan": "small", "zone": "z"}}), &req("one", false))?;
+        let err = apply(&a, &json!({"spec": {"plan": "large"}}), &req("two", false));
+        assert_eq!(err.err().map(|e| e.code), Some(409));
+        // Same value: shared ownership, no conflict.
+        let b = apply(&a, &json!({"spec": {"plan": "small"}}), &req("two", false))?;
+        let c = apply(&b, &json!({"spec": {"plan": "large"}}), &req("two", true))?;
+        assert_eq!(c["spec"]["plan"], "large");
+        // Manager one drops zone: removed since nobody else owns it.
+        let d = apply(&c, &json!({"spec": {}}), &req("one", false))?;
+        assert!(d["spec"].get("zone").is_none());
+        assert_eq!(d["spec"]["plan"], "large");
+        Ok(())
+    }
+
+    #[test]
+    fn keyed_lists_merge() -> Result<(), ApiError> {
+        let schema = json!({"type": "object", "properties": {"status": {"type": "object", "properties": {
+            "conditions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+                "items": {"type": "object"}}}}}});
+        let live = json!({"metadata": {"name": "a"}, "status": {"conditions": [{"type": "A", "status": "True"}]}});
+        let req = ApplyRequest { manager: "m", force: false, scope: Scope::Status, api_version: "v1", schema: Some(&schema), now: "t" };
+        let out = apply(&live, &json!({"status": {"conditions": [{"type": "B", "status": "False"}]}}), &req)?;
+        assert_eq!(out["status"]["conditions"].as_array().map(Vec::len), Some(2));
+        Ok(())
+    }
+}

@@ -1,0 +1,230 @@
+//! Garbage collection: ownerReference cascades (background, foreground, orphan) and
+//! namespace deletion. Driven by the event history, with a full scan on start and whenever
+//! the collector falls behind the history window.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::handlers::{Core, DeleteOptions, NAMESPACES, Propagation};
+use crate::storage::{Entry, EventType, ObjKey, Precondition};
+
+/// Runs until shutdown.
+pub async fn run(core: Arc<Core>) {
+    let mut rx = core.store.subscribe();
+    let mut last = core.store.current_rv();
+    full_scan(&core).await;
+    loop {
+        let events: Option<Vec<Arc<crate::storage::Event>>> = {
+            let st = core.store.read();
+            st.events_after(last).map(|it| it.cloned().collect())
+        };
+        match events {
+            None => {
+                last = core.store.current_rv();
+                full_scan(&core).await;
+            }
+            Some(evs) => {
+                for ev in evs {
+                    last = ev.rv;
+                    handle_event(&core, ev.kind, &ev.entry).await;
+                }
+            }
+        }
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return },
+            _ = core.gc_wakeup.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(30)) => full_scan(&core).await,
+            _ = core.shutdown.cancelled() => return,
+        }
+    }
+}
+
+async fn handle_event(core: &Arc<Core>, kind: EventType, e: &Arc<Entry>) {
+    match kind {
+        EventType::Deleted => {
+            let dependents: Vec<ObjKey> = {
+                let st = core.store.read();
+                st.dependents.get(&e.uid).map(|s| s.iter().cloned().collect()).unwrap_or_default()
+            };
+            for d in dependents {
+                collect_if_orphaned(core, &d).await;
+            }
+            for o in &e.owners {
+                let owner = {
+                    let st = core.store.read();
+                    st.by_uid.get(&o.uid).and_then(|k| st.get(k).cloned())
+                };
+                if let Some(owner) = owner {
+                    if owner.deleting {
+                        process_deleting(core, &owner).await;
+                    }
+                }
+            }
+            if !e.key.namespace.is_empty() {
+                let ns = core.store.get(&ns_key(&e.key.namespace));
+                if let Some(ns) = ns.filter(|n| n.deleting) {
+                    process_namespace(core, &ns).await;
+                }
+            }
+        }
+        EventType::Added | EventType::Modified => {
+            let Some(cur) = core.store.get(&e.key) else { return };
+            if cur.rv != e.rv {
+                return;
+            }
+            if cur.deleting {
+                process_deleting(core, &cur).await;
+            }
+            if !cur.owners.is_empty() {
+                collect_if_orphaned(core, &cur.key).await;
+            }
+        }
+    }
+}
+
+fn ns_key(name: &str) -> ObjKey {
+    ObjKey { storage: Arc::from(NAMESPACES), namespace: String::new(), name: name.to_string() }
+}
+
+async fn full_scan(core: &Arc<Core>) {
+    let all: Vec<Arc<Entry>> = {
+        let st = core.store.read();
+        st.objects.values().flat_map(|m| m.values().cloned()).collect()
+    };
+    for e in all {
+        if e.deleting {
+            process_deleting(core, &e).await;
+        }
+        if !e.owners.is_empty() {
+            collect_if_orphaned(core, &e.key).await;
+        }
+    }
+}
+
+/// Deletes an object whose owners are all gone.
+async fn collect_if_orphaned(core: &Arc<Core>, key: &ObjKey) {
+    let target = {
+        let st = core.store.read();
+        match st.get(key) {
+            Some(e) if !e.owners.is_empty() && !e.deleting && e.owners.iter().all(|o| !st.by_uid.contains_key(&o.uid)) => Some(e.clone()),
+            _ => None,
+        }
+    };
+    if let Some(e) = target {
+        delete_entry(core, &e, Propagation::Background).await;
+    }
+}
+
+async fn delete_entry(core: &Arc<Core>, e: &Arc<Entry>, propagation: Propagation) {
+    let rt = core.registry().by_storage(&e.key.storage);
+    match rt {
+        Some(rt) => {
+            let ns = if rt.namespaced { Some(e.key.namespace.as_str()) } else { None };
+            let opts = DeleteOptions { propagation, dry_run: false, uid: Some(e.uid.clone()), resource_version: None };
+            if let Err(err) = core.delete(&rt, ns, &e.key.name, &opts).await {
+                if err.code != 404 && err.code != 409 {
+                    tracing::warn!(object = %e.key.name, error = %err, "garbage collection delete failed");
+                }
+            }
+        }
+        None => {
+            let _ = core.store.delete(e.key.clone(), Precondition::Revision(e.rv)).await;
+        }
+    }
+}
+
+fn dependents_of(core: &Core, uid: &str) -> Vec<Arc<Entry>> {
+    let st = core.store.read();
+    st.dependents.get(uid).map(|s| s.iter().filter_map(|k| st.get(k).cloned()).collect()).unwrap_or_default()
+}
+
+async fn remove_finalizer(core: &Arc<Core>, e: &Arc<Entry>, finalizer: &str) {
+    let mut v = e.value();
+    if let Some(arr) = v["metadata"]["finalizers"].as_array_mut() {
+        arr.retain(|f| f != finalizer);
+        if arr.is_empty() {
+            if let Some(m) = v["metadata"].as_object_mut() {
+                m.remove("finalizers");
+            }
+        }
+    }
+    let _ = core.put_internal(e, v).await;
+}
+
+async fn process_deleting(core: &Arc<Core>, e: &Arc<Entry>) {
+    if &*e.key.storage == NAMESPACES {
+        process_namespace(core, e).await;
+        return;
+    }
+    if e.finalizers.iter().any(|f| f == "orphan") {
+        for d in dependents_of(core, &e.uid) {
+            for _ in 0..5 {
+                let Some(cur) = core.store.get(&d.key) else { break };
+                let mut v = cur.value();
+                if let Some(arr) = v["metadata"]["ownerReferences"].as_array_mut() {
+                    arr.retain(|o| o["uid"].as_str() != Some(e.uid.as_str()));
+                    if arr.is_empty() {
+                        if let Some(m) = v["metadata"].as_object_mut() {
+                            m.remove("ownerReferences");
+                        }
+                    }
+                }
+                if core.put_internal(&cur, v).await.is_ok() {
+                    break;
+                }
+            }
+        }
+        if let Some(cur) = core.store.get(&e.key) {
+            remove_finalizer(core, &cur, "orphan").await;
+        }
+        return;
+    }
+    if e.finalizers.iter().any(|f| f == "foregroundDeletion") {
+        let deps = dependents_of(core, &e.uid);
+        if deps.is_empty() {
+            if let Some(cur) = core.store.get(&e.key) {
+                remove_finalizer(core, &cur, "foregroundDeletion").await;
+            }
+            return;
+        }
+        for d in deps {
+            if !d.deleting {
+                delete_entry(core, &d, Propagation::Foreground).await;
+            }
+        }
+    }
+}
+
+async fn process_namespace(core: &Arc<Core>, ns: &Arc<Entry>) {
+    let name = ns.key.name.clone();
+    let storages = core.registry().namespaced_storages();
+    let contents: Vec<Arc<Entry>> = {
+        let st = core.store.read();
+        storages
+            .iter()
+            .filter_map(|s| st.objects.get(s.as_str()))
+            .flat_map(|m| m.range((name.clone(), String::new())..).take_while(|((n, _), _)| n == &name).map(|(_, e)| e.clone()))
+            .collect()
+    };
+    if contents.is_empty() {
+        if ns.finalizers.is_empty() {
+            let _ = core.store.delete(ns.key.clone(), Precondition::Revision(ns.rv)).await;
+        }
+        return;
+    }
+    for e in contents {
+        if !e.deleting {
+            delete_entry(core, &e, Propagation::Background).await;
+        }
+    }
+}
+
+/// The default namespaces every cluster has.
+pub fn default_namespaces() -> Vec<Value> {
+    ["default", "kube-system", "kube-public", "kube-node-lease"]
+        .iter()
+        .map(|n| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}))
+        .collect()
+}

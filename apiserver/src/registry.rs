@@ -1,0 +1,340 @@
+//! The set of served resource types: built-in kinds plus those defined by stored CRDs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+/// One printer column (from a CRD's additionalPrinterColumns or the defaults).
+#[derive(Debug, Clone)]
+pub struct PrinterColumn {
+    /// Column header.
+    pub name: String,
+    /// OpenAPI type (string, integer, number, boolean, date).
+    pub type_: String,
+    /// OpenAPI format (e.g. `name`).
+    pub format: String,
+    /// Human description.
+    pub description: String,
+    /// 0 = always shown; higher only with `-o wide`.
+    pub priority: i64,
+    /// Simple JSONPath evaluated against the object.
+    pub json_path: String,
+}
+
+/// One served resource at one group/version.
+#[derive(Debug, Clone)]
+pub struct ResourceType {
+    /// API group ("" for core).
+    pub group: String,
+    /// Served version.
+    pub version: String,
+    /// Plural resource name used in URLs.
+    pub plural: String,
+    /// Singular name.
+    pub singular: String,
+    /// Kind.
+    pub kind: String,
+    /// Kind of the list.
+    pub list_kind: String,
+    /// Whether objects live in namespaces.
+    pub namespaced: bool,
+    /// kubectl short names.
+    pub short_names: Vec<String>,
+    /// Categories (e.g. `all`, `provisioning`).
+    pub categories: Vec<String>,
+    /// Whether `/status` is a separate subresource.
+    pub has_status: bool,
+    /// Printer columns for Table output (without the leading Name column).
+    pub printer_columns: Vec<PrinterColumn>,
+    /// The openAPIV3Schema of a CRD version.
+    pub schema: Option<Value>,
+    /// Identifies the storage shared by every version of this resource.
+    pub storage: String,
+    /// Whether this is a custom resource (strategic merge patch is then refused).
+    pub custom: bool,
+    /// Whether this version is the storage version.
+    pub storage_version: bool,
+}
+
+impl ResourceType {
+    /// `group/version`, or `version` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
+    }
+
+    fn builtin(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool, short: &[&str]) -> Self {
+        ResourceType {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            singular: kind.to_lowercase(),
+            kind: kind.into(),
+            list_kind: format!("{kind}List"),
+            namespaced,
+            short_names: short.iter().map(|s| s.to_string()).collect(),
+            categories: vec![],
+            has_status: false,
+            printer_columns: vec![age_column()],
+            schema: None,
+            storage: format!("{group}/{plural}"),
+            custom: false,
+            storage_version: true,
+        }
+    }
+
+    /// The discovery entry (`APIResource`) for this type and its subresources.
+    pub fn discovery(&self) -> Vec<Value> {
+        let mut main = json!({
+            "name": self.plural, "singularName": self.singular, "namespaced": self.namespaced,
+            "kind": self.kind,
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+        });
+        if !self.short_names.is_empty() {
+            main["shortNames"] = json!(self.short_names);
+        }
+        if !self.categories.is_empty() {
+            main["categories"] = json!(self.categories);
+        }
+        let mut out = vec![main];
+        if self.has_status {
+            out.push(json!({"name": format!("{}/status", self.plural), "singularName": "", "namespaced": self.namespaced,
+                "kind": self.kind, "verbs": ["get", "patch", "update"]}));
+        }
+        out
+    }
+}
+
+fn age_column() -> PrinterColumn {
+    PrinterColumn {
+        name: "Age".into(),
+        type_: "date".into(),
+        format: String::new(),
+        description: "CreationTimestamp is a timestamp representing the server time when this object was created.".into(),
+        priority: 0,
+        json_path: ".metadata.creationTimestamp".into(),
+    }
+}
+
+/// Built-in kinds served without any CRD.
+pub fn builtins() -> Vec<ResourceType> {
+    let mut ns = ResourceType::builtin("", "v1", "namespaces", "Namespace", false, &["ns"]);
+    ns.has_status = true;
+    ns.printer_columns = vec![
+        PrinterColumn { name: "Status".into(), type_: "string".into(), format: String::new(), description: "The status of the namespace".into(), priority: 0, json_path: ".status.phase".into() },
+        age_column(),
+    ];
+    let mut secret = ResourceType::builtin("", "v1", "secrets", "Secret", true, &[]);
+    secret.printer_columns = vec![
+        PrinterColumn { name: "Type".into(), type_: "string".into(), format: String::new(), description: "Type of the secret".into(), priority: 0, json_path: ".type".into() },
+        PrinterColumn { name: "Data".into(), type_: "string".into(), format: String::new(), description: "Number of keys".into(), priority: 0, json_path: "#datacount".into() },
+        age_column(),
+    ];
+    let mut cm = ResourceType::builtin("", "v1", "configmaps", "ConfigMap", true, &["cm"]);
+    cm.printer_columns = vec![
+        PrinterColumn { name: "Data".into(), type_: "string".into(), format: String::new(), description: "Number of keys".into(), priority: 0, json_path: "#datacount".into() },
+        age_column(),
+    ];
+    let mut ev = ResourceType::builtin("", "v1", "events", "Event", true, &["ev"]);
+    ev.printer_columns = vec![
+        PrinterColumn { name: "Last Seen".into(), type_: "date".into(), format: String::new(), description: String::new(), priority: 0, json_path: "#lastseen".into() },
+        PrinterColumn { name: "Type".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: ".type".into() },
+        PrinterColumn { name: "Reason".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: ".reason".into() },
+        PrinterColumn { name: "Object".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: "#involved".into() },
+        PrinterColumn { name: "Message".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: ".message".into() },
+    ];
+    ev.storage = "/events".into();
+    let mut ev2 = ResourceType::builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"]);
+    ev2.storage = "/events".into();
+    ev2.printer_columns = ev.printer_columns.clone();
+    let mut lease = ResourceType::builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[]);
+    lease.printer_columns = vec![
+        PrinterColumn { name: "Holder".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: ".spec.holderIdentity".into() },
+        age_column(),
+    ];
+    let mut crd = ResourceType::builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"]);
+    crd.has_status = true;
+    crd.categories = vec!["api-extensions".into()];
+    crd.printer_columns = vec![PrinterColumn {
+        name: "Created At".into(), type_: "date".into(), format: String::new(), description: String::new(), priority: 0,
+        json_path: ".metadata.creationTimestamp".into(),
+    }];
+    vec![ns, secret, cm, ev, ev2, lease, crd]
+}
+
+/// Resource types derived from one CRD object (one per served version).
+pub fn from_crd(crd: &Value) -> Vec<ResourceType> {
+    let spec = &crd["spec"];
+    let group = spec["group"].as_str().unwrap_or_default().to_string();
+    let names = &spec["names"];
+    let plural = names["plural"].as_str().unwrap_or_default().to_string();
+    let kind = names["kind"].as_str().unwrap_or_default().to_string();
+    if group.is_empty() || plural.is_empty() || kind.is_empty() {
+        return vec![];
+    }
+    let singular = names["singular"].as_str().map(str::to_string).unwrap_or_else(|| kind.to_lowercase());
+    let list_kind = names["listKind"].as_str().map(str::to_string).unwrap_or_else(|| format!("{kind}List"));
+    let strs = |v: &Value| -> Vec<String> {
+        v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()).unwrap_or_default()
+    };
+    let short_names = strs(&names["shortNames"]);
+    let categories = strs(&names["categories"]);
+    let namespaced = spec["scope"].as_str() != Some("Cluster");
+    let mut out = vec![];
+    for v in spec["versions"].as_array().into_iter().flatten() {
+        if v["served"].as_bool() == Some(false) {
+            continue;
+        }
+        let Some(version) = v["name"].as_str() else { continue };
+        let mut cols: Vec<PrinterColumn> = v["additionalPrinterColumns"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                Some(PrinterColumn {
+                    name: c["name"].as_str()?.to_string(),
+                    type_: c["type"].as_str().unwrap_or("string").to_string(),
+                    format: c["format"].as_str().unwrap_or_default().to_string(),
+                    description: c["description"].as_str().unwrap_or_default().to_string(),
+                    priority: c["priority"].as_i64().unwrap_or(0),
+                    json_path: c["jsonPath"].as_str()?.to_string(),
+                })
+            })
+            .collect();
+        if v.get("additionalPrinterColumns").is_none() {
+            cols.push(age_column());
+        }
+        out.push(ResourceType {
+            group: group.clone(),
+            version: version.to_string(),
+            plural: plural.clone(),
+            singular: singular.clone(),
+            kind: kind.clone(),
+            list_kind: list_kind.clone(),
+            namespaced,
+            short_names: short_names.clone(),
+            categories: categories.clone(),
+            has_status: v["subresources"].get("status").is_some(),
+            printer_columns: cols,
+            schema: v["schema"].get("openAPIV3Schema").cloned(),
+            storage: format!("{group}/{plural}"),
+            custom: true,
+            storage_version: v["storage"].as_bool().unwrap_or(false),
+        });
+    }
+    out
+}
+
+/// An immutable snapshot of everything served; replaced whenever CRDs change.
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// (group, version) -> resources at that version.
+    pub by_gv: BTreeMap<(String, String), Vec<Arc<ResourceType>>>,
+    /// Groups in the order they are listed in discovery, with their versions (preferred first).
+    pub groups: Vec<(String, Vec<String>)>,
+}
+
+impl Registry {
+    /// Builds a registry from the built-ins and the given CRD objects.
+    pub fn build(crds: &[Value]) -> Self {
+        let mut reg = Registry::default();
+        let mut all = builtins();
+        for crd in crds {
+            // A CRD being deleted stops serving new objects only once it is gone; keep it.
+            all.extend(from_crd(crd));
+        }
+        let mut group_versions: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut group_order: Vec<String> = vec![];
+        for rt in all {
+            let key = (rt.group.clone(), rt.version.clone());
+            let vs = group_versions.entry(rt.group.clone()).or_default();
+            if !vs.contains(&rt.version) {
+                vs.push(rt.version.clone());
+            }
+            if !group_order.contains(&rt.group) {
+                group_order.push(rt.group.clone());
+            }
+            let list = reg.by_gv.entry(key).or_default();
+            if !list.iter().any(|r| r.plural == rt.plural) {
+                list.push(Arc::new(rt));
+            }
+        }
+        for g in group_order {
+            let mut vs = group_versions.remove(&g).unwrap_or_default();
+            vs.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+            reg.groups.push((g, vs));
+        }
+        reg
+    }
+
+    /// Looks a resource up by group, version and plural.
+    pub fn get(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceType>> {
+        self.by_gv.get(&(group.to_string(), version.to_string()))?.iter().find(|r| r.plural == plural).cloned()
+    }
+
+    /// Every served type for a storage key.
+    pub fn by_storage(&self, storage: &str) -> Option<Arc<ResourceType>> {
+        let mut best: Option<Arc<ResourceType>> = None;
+        for list in self.by_gv.values() {
+            for r in list {
+                if r.storage == storage && (best.is_none() || r.storage_version) {
+                    best = Some(r.clone());
+                }
+            }
+        }
+        best
+    }
+
+    /// All namespaced storage keys.
+    pub fn namespaced_storages(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.by_gv.values().flatten().filter(|r| r.namespaced).map(|r| r.storage.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// `APIGroupList` for `/apis`.
+    pub fn api_group_list(&self) -> Value {
+        let groups: Vec<Value> = self.groups.iter().filter(|(g, _)| !g.is_empty()).map(|(g, vs)| group_doc(g, vs)).collect();
+        json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+    }
+
+    /// `APIGroup` for `/apis/GROUP`.
+    pub fn api_group(&self, group: &str) -> Option<Value> {
+        self.groups.iter().find(|(g, _)| g == group).map(|(g, vs)| {
+            let mut d = group_doc(g, vs);
+            d["kind"] = json!("APIGroup");
+            d["apiVersion"] = json!("v1");
+            d
+        })
+    }
+
+    /// `APIResourceList` for one group/version.
+    pub fn api_resource_list(&self, group: &str, version: &str) -> Option<Value> {
+        let list = self.by_gv.get(&(group.to_string(), version.to_string()))?;
+        let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+        let resources: Vec<Value> = list.iter().flat_map(|r| r.discovery()).collect();
+        Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+    }
+}
+
+fn group_doc(g: &str, vs: &[String]) -> Value {
+    let versions: Vec<Value> = vs.iter().map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v})).collect();
+    let preferred = versions.first().cloned().unwrap_or(Value::Null);
+    json!({"name": g, "versions": versions, "preferredVersion": preferred})
+}
+
+/// Kubernetes version ordering: GA > beta > alpha, then by numbers.
+pub fn version_priority(v: &str) -> (u8, u32, u32) {
+    let re = |s: &str| s.parse::<u32>().unwrap_or(0);
+    let Some(rest) = v.strip_prefix('v') else { return (0, 0, 0) };
+    if let Some((major, minor)) = rest.split_once("beta") {
+        (2, re(major), re(minor))
+    } else if let Some((major, minor)) = rest.split_once("alpha") {
+        (1, re(major), re(minor))
+    } else if rest.chars().all(|c| c.is_ascii_digit()) {
+        (3, re(rest), 0)
+    } else {
+        (0, 0, 0)
+    }
+}

@@ -1,0 +1,550 @@
+//! Durable object storage: redb on disk, an in-memory copy for reads, a bounded event
+//! history for watches, and one writer thread doing group commit.
+//!
+//! redb is the store because it is pure Rust (no C toolchain or shared library), ACID with
+//! copy-on-write B-trees, and fsyncs every commit with `Durability::Immediate` by default, so a
+//! write acknowledged after `commit()` returns survives kill -9 and power loss. All queued writes
+//! are applied in one transaction (group commit): concurrent clients share one fsync.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use bytes::Bytes;
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+
+const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
+const TOMBSTONES: TableDefinition<u64, &[u8]> = TableDefinition::new("tombstones");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// How many events the in-memory history keeps for watch resumption.
+pub const HISTORY_LIMIT: usize = 50_000;
+/// Max writes folded into one transaction.
+const MAX_BATCH: usize = 2048;
+
+/// Identifies one object: storage key of its resource, namespace ("" if cluster-scoped), name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjKey {
+    /// Storage key of the resource (`group/plural`).
+    pub storage: Arc<str>,
+    /// Namespace, empty for cluster-scoped objects.
+    pub namespace: String,
+    /// Object name.
+    pub name: String,
+}
+
+impl ObjKey {
+    fn db_key(&self) -> String {
+        format!("{}\u{0}{}\u{0}{}", self.storage, self.namespace, self.name)
+    }
+    fn from_db_key(k: &str) -> Option<Self> {
+        let mut it = k.split('\u{0}');
+        Some(ObjKey { storage: Arc::from(it.next()?), namespace: it.next()?.to_string(), name: it.next()?.to_string() })
+    }
+}
+
+/// An owner reference as the garbage collector needs it.
+#[derive(Debug, Clone)]
+pub struct OwnerRef {
+    /// Owner uid.
+    pub uid: String,
+}
+
+/// One stored object: its serialized bytes plus the fields lists and GC need.
+#[derive(Debug)]
+pub struct Entry {
+    /// Key of the object.
+    pub key: ObjKey,
+    /// The JSON serialization, with `metadata.resourceVersion` set.
+    pub bytes: Bytes,
+    /// Revision of the last write.
+    pub rv: u64,
+    /// metadata.uid
+    pub uid: String,
+    /// metadata.labels
+    pub labels: BTreeMap<String, String>,
+    /// metadata.ownerReferences
+    pub owners: Vec<OwnerRef>,
+    /// Whether metadata.deletionTimestamp is set.
+    pub deleting: bool,
+    /// metadata.finalizers
+    pub finalizers: Vec<String>,
+    /// apiVersion as stored.
+    pub api_version: String,
+}
+
+impl Entry {
+    fn from_value(key: ObjKey, rv: u64, value: &Value, bytes: Bytes) -> Self {
+        let md = &value["metadata"];
+        let labels = md["labels"]
+            .as_object()
+            .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+            .unwrap_or_default();
+        let owners = md["ownerReferences"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|o| Some(OwnerRef { uid: o["uid"].as_str()?.to_string() })).collect())
+            .unwrap_or_default();
+        let finalizers = md["finalizers"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        Entry {
+            key,
+            bytes,
+            rv,
+            uid: md["uid"].as_str().unwrap_or_default().to_string(),
+            labels,
+            owners,
+            deleting: md.get("deletionTimestamp").is_some_and(|v| !v.is_null()),
+            finalizers,
+            api_version: value["apiVersion"].as_str().unwrap_or_default().to_string(),
+        }
+    }
+
+    /// Parses the stored bytes.
+    pub fn value(&self) -> Value {
+        serde_json::from_slice(&self.bytes).unwrap_or(Value::Null)
+    }
+}
+
+/// Watch event type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Object created.
+    Added,
+    /// Object changed.
+    Modified,
+    /// Object removed.
+    Deleted,
+}
+
+impl EventType {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change in the history.
+#[derive(Debug)]
+pub struct Event {
+    /// Revision of the change.
+    pub rv: u64,
+    /// What happened.
+    pub kind: EventType,
+    /// The object after the change (for deletions: the last state, at the deletion revision).
+    pub entry: Arc<Entry>,
+    /// The object before the change.
+    pub prev: Option<Arc<Entry>>,
+}
+
+/// Precondition checked atomically by the writer.
+#[derive(Debug, Clone, Copy)]
+pub enum Precondition {
+    /// Create: the object must not exist.
+    MustNotExist,
+    /// Update/delete: the object must be at this revision.
+    Revision(u64),
+}
+
+/// Why a write did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Create of an existing object.
+    #[error("already exists")]
+    AlreadyExists,
+    /// Stale revision.
+    #[error("conflict")]
+    Conflict,
+    /// Object missing.
+    #[error("not found")]
+    NotFound,
+    /// Disk or database failure.
+    #[error("storage failure: {0}")]
+    Internal(String),
+}
+
+enum WriteOp {
+    Put(Value),
+    Delete,
+}
+
+enum Msg {
+    Write(WriteReq),
+    Stop,
+}
+
+struct WriteReq {
+    key: ObjKey,
+    pre: Precondition,
+    op: WriteOp,
+    is_delete: bool,
+    reply: oneshot::Sender<Result<Arc<Entry>, StoreError>>,
+}
+
+/// In-memory state, always equal to what is committed on disk.
+#[derive(Default)]
+pub struct State {
+    /// Last committed revision.
+    pub rv: u64,
+    /// storage key -> (namespace, name) -> entry.
+    pub objects: HashMap<Arc<str>, BTreeMap<(String, String), Arc<Entry>>>,
+    /// Recent events, oldest first.
+    pub history: VecDeque<Arc<Event>>,
+    /// Watches from revisions below this cannot be served (history was dropped).
+    pub history_floor: u64,
+    /// uid -> key of the live object.
+    pub by_uid: HashMap<String, ObjKey>,
+    /// owner uid -> dependents.
+    pub dependents: HashMap<String, HashSet<ObjKey>>,
+}
+
+impl State {
+    /// The live entry for a key.
+    pub fn get(&self, key: &ObjKey) -> Option<&Arc<Entry>> {
+        self.objects.get(&key.storage)?.get(&(key.namespace.clone(), key.name.clone()))
+    }
+
+    fn index_add(&mut self, e: &Arc<Entry>) {
+        if !e.uid.is_empty() {
+            self.by_uid.insert(e.uid.clone(), e.key.clone());
+        }
+        for o in &e.owners {
+            self.dependents.entry(o.uid.clone()).or_default().insert(e.key.clone());
+        }
+    }
+
+    fn index_remove(&mut self, e: &Arc<Entry>) {
+        if self.by_uid.get(&e.uid) == Some(&e.key) {
+            self.by_uid.remove(&e.uid);
+        }
+        for o in &e.owners {
+            if let Some(set) = self.dependents.get_mut(&o.uid) {
+                set.remove(&e.key);
+                if set.is_empty() {
+                    self.dependents.remove(&o.uid);
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, key: &ObjKey, new: Option<Arc<Entry>>) -> Option<Arc<Entry>> {
+        let map = self.objects.entry(key.storage.clone()).or_default();
+        let k = (key.namespace.clone(), key.name.clone());
+        let prev = match &new {
+            Some(e) => map.insert(k, e.clone()),
+            None => map.remove(&k),
+        };
+        if let Some(p) = &prev {
+            self.index_remove(p);
+        }
+        if let Some(e) = &new {
+            self.index_add(e);
+        }
+        prev
+    }
+
+    fn push_event(&mut self, ev: Arc<Event>) {
+        self.history.push_back(ev);
+        while self.history.len() > HISTORY_LIMIT {
+            if let Some(old) = self.history.pop_front() {
+                self.history_floor = old.rv;
+            }
+        }
+    }
+
+    /// Events with revision greater than `after`, or None when `after` is older than the window.
+    pub fn events_after(&self, after: u64) -> Option<impl Iterator<Item = &Arc<Event>>> {
+        if after < self.history_floor {
+            return None;
+        }
+        let start = self.history.partition_point(|e| e.rv <= after);
+        Some(self.history.range(start..))
+    }
+}
+
+/// Handle to the store, shared by all request handlers.
+pub struct Store {
+    state: Arc<RwLock<State>>,
+    tx: mpsc::UnboundedSender<Msg>,
+    rv_watch: watch::Receiver<u64>,
+    writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Store {
+    /// Opens (or creates) the database at `path` and loads everything into memory.
+    pub fn open(path: &Path) -> anyhow::Result<Arc<Store>> {
+        let db = Database::create(path)?;
+        let mut state = State::default();
+        {
+            let txn = db.begin_write()?;
+            {
+                txn.open_table(OBJECTS)?;
+                txn.open_table(TOMBSTONES)?;
+                txn.open_table(META)?;
+            }
+            txn.commit()?;
+        }
+        let mut events: Vec<Arc<Event>> = vec![];
+        {
+            let txn = db.begin_read()?;
+            let meta = txn.open_table(META)?;
+            state.rv = meta.get("rv")?.map(|g| g.value()).unwrap_or(0);
+            let tomb_floor = meta.get("tombstone_floor")?.map(|g| g.value()).unwrap_or(0);
+            let objects = txn.open_table(OBJECTS)?;
+            for item in objects.iter()? {
+                let (k, v) = item?;
+                let Some(key) = ObjKey::from_db_key(k.value()) else { continue };
+                let bytes = Bytes::copy_from_slice(v.value());
+                let Ok(value) = serde_json::from_slice::<Value>(&bytes) else { continue };
+                let rv = value["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
+                let e = Arc::new(Entry::from_value(key.clone(), rv, &value, bytes));
+                events.push(Arc::new(Event { rv, kind: EventType::Modified, entry: e.clone(), prev: None }));
+                state.apply(&key, Some(e));
+            }
+            let tombs = txn.open_table(TOMBSTONES)?;
+            for item in tombs.iter()? {
+                let (rv, v) = item?;
+                let raw = v.value();
+                let Some(split) = raw.iter().position(|b| *b == b'\n') else { continue };
+                let Ok(k) = std::str::from_utf8(&raw[..split]) else { continue };
+                let Some(key) = ObjKey::from_db_key(k) else { continue };
+                let bytes = Bytes::copy_from_slice(&raw[split + 1..]);
+                let Ok(value) = serde_json::from_slice::<Value>(&bytes) else { continue };
+                let e = Arc::new(Entry::from_value(key, rv.value(), &value, bytes));
+                events.push(Arc::new(Event { rv: rv.value(), kind: EventType::Deleted, entry: e, prev: None }));
+            }
+            // After a restart the history holds the latest state of every object changed after
+            // the floor plus deletions: enough for a watcher to resume from its last revision.
+            events.sort_by_key(|e| e.rv);
+            let mut floor = tomb_floor;
+            let drop = events.len().saturating_sub(HISTORY_LIMIT / 2);
+            for e in events.drain(..drop) {
+                floor = floor.max(e.rv);
+            }
+            state.history_floor = floor;
+            state.history = events.into_iter().filter(|e| e.rv > floor).collect();
+        }
+        // Keep the tombstone table bounded.
+        {
+            let txn = db.begin_write()?;
+            {
+                let mut tombs = txn.open_table(TOMBSTONES)?;
+                let floor = state.history_floor;
+                let count = tombs.len()?;
+                if count > (HISTORY_LIMIT / 2) as u64 {
+                    let cut: Vec<u64> = tombs.iter()?.take((count as usize) - HISTORY_LIMIT / 4).filter_map(|r| r.ok().map(|(k, _)| k.value())).collect();
+                    let mut max_cut = floor;
+                    for k in cut {
+                        tombs.remove(k)?;
+                        max_cut = max_cut.max(k);
+                    }
+                    let mut meta = txn.open_table(META)?;
+                    meta.insert("tombstone_floor", max_cut)?;
+                    state.history_floor = state.history_floor.max(max_cut);
+                    state.history.retain(|e| e.rv > max_cut);
+                }
+            }
+            txn.commit()?;
+        }
+        let (rv_tx, rv_rx) = watch::channel(state.rv);
+        let state = Arc::new(RwLock::new(state));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let st = state.clone();
+        let handle = std::thread::Builder::new()
+            .name("apiserver-writer".into())
+            .spawn(move || writer_loop(db, rx, st, rv_tx))?;
+        Ok(Arc::new(Store { state, tx, rv_watch: rv_rx, writer: std::sync::Mutex::new(Some(handle)) }))
+    }
+
+    /// Read access to the in-memory state.
+    pub fn read(&self) -> RwLockReadGuard<'_, State> {
+        match self.state.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// A receiver that changes whenever a new revision is committed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.rv_watch.clone()
+    }
+
+    /// Current revision.
+    pub fn current_rv(&self) -> u64 {
+        self.read().rv
+    }
+
+    /// The live entry for a key.
+    pub fn get(&self, key: &ObjKey) -> Option<Arc<Entry>> {
+        self.read().get(key).cloned()
+    }
+
+    /// Writes `value` durably under the precondition; returns the stored entry.
+    pub async fn put(&self, key: ObjKey, pre: Precondition, value: Value) -> Result<Arc<Entry>, StoreError> {
+        self.submit(key, pre, WriteOp::Put(value)).await
+    }
+
+    /// Deletes durably under the precondition; returns the entry as of the deletion.
+    pub async fn delete(&self, key: ObjKey, pre: Precondition) -> Result<Arc<Entry>, StoreError> {
+        self.submit(key, pre, WriteOp::Delete).await
+    }
+
+    async fn submit(&self, key: ObjKey, pre: Precondition, op: WriteOp) -> Result<Arc<Entry>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        let is_delete = matches!(op, WriteOp::Delete);
+        self.tx
+            .send(Msg::Write(WriteReq { key, pre, op, is_delete, reply }))
+            .map_err(|_| StoreError::Internal("storage is shut down".into()))?;
+        rx.await.map_err(|_| StoreError::Internal("storage writer stopped".into()))?
+    }
+
+    /// Stops the writer thread after it has drained queued writes and closes the database.
+    pub fn close(&self) {
+        let _ = self.tx.send(Msg::Stop);
+        let handle = match self.writer.lock() {
+            Ok(mut h) => h.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+fn set_rv(value: &mut Value, rv: u64) {
+    if let Some(md) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        md.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}
+
+fn writer_loop(db: Database, mut rx: mpsc::UnboundedReceiver<Msg>, state: Arc<RwLock<State>>, rv_tx: watch::Sender<u64>) {
+    let mut stopping = false;
+    while !stopping {
+        let Some(Msg::Write(first)) = rx.blocking_recv() else { break };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(Msg::Write(r)) => batch.push(r),
+                Ok(Msg::Stop) => {
+                    stopping = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        // Decide every write against memory plus the writes earlier in this batch.
+        let mut staged: Vec<(WriteReq, Result<(Option<Arc<Entry>>, Option<Arc<Entry>>, u64), StoreError>)> = vec![];
+        let mut overlay: HashMap<ObjKey, Option<Arc<Entry>>> = HashMap::new();
+        let base_rv = match state.read() {
+            Ok(g) => g.rv,
+            Err(p) => p.into_inner().rv,
+        };
+        let mut rv = base_rv;
+        {
+            let guard = match state.read() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            for mut req in batch {
+                let current = match overlay.get(&req.key) {
+                    Some(c) => c.clone(),
+                    None => guard.get(&req.key).cloned(),
+                };
+                let check = match (req.pre, &current) {
+                    (Precondition::MustNotExist, Some(_)) => Err(StoreError::AlreadyExists),
+                    (Precondition::MustNotExist, None) => Ok(()),
+                    (Precondition::Revision(_), None) => Err(StoreError::NotFound),
+                    (Precondition::Revision(want), Some(cur)) if cur.rv != want => Err(StoreError::Conflict),
+                    _ => Ok(()),
+                };
+                let result = check.and_then(|()| {
+                    rv += 1;
+                    let mut value = match std::mem::replace(&mut req.op, WriteOp::Delete) {
+                        WriteOp::Put(v) => v,
+                        WriteOp::Delete => current.as_ref().map(|c| c.value()).unwrap_or(Value::Null),
+                    };
+                    let is_delete = req.is_delete;
+                    set_rv(&mut value, rv);
+                    let bytes = Bytes::from(serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?);
+                    let entry = Arc::new(Entry::from_value(req.key.clone(), rv, &value, bytes));
+                    if is_delete {
+                        overlay.insert(req.key.clone(), None);
+                        Ok((current.clone(), Some(entry), rv))
+                    } else {
+                        overlay.insert(req.key.clone(), Some(entry.clone()));
+                        Ok((current.clone(), Some(entry), rv))
+                    }
+                });
+                staged.push((req, result));
+            }
+        }
+        // Persist.
+        let commit = (|| -> Result<(), String> {
+            let txn = db.begin_write().map_err(|e| e.to_string())?;
+            {
+                let mut objects = txn.open_table(OBJECTS).map_err(|e| e.to_string())?;
+                let mut tombs = txn.open_table(TOMBSTONES).map_err(|e| e.to_string())?;
+                for (req, res) in &staged {
+                    let Ok((_, Some(entry), rv)) = res else { continue };
+                    let k = req.key.db_key();
+                    if req_is_delete(req) {
+                        objects.remove(k.as_str()).map_err(|e| e.to_string())?;
+                        let mut raw = Vec::with_capacity(k.len() + 1 + entry.bytes.len());
+                        raw.extend_from_slice(k.as_bytes());
+                        raw.push(b'\n');
+                        raw.extend_from_slice(&entry.bytes);
+                        tombs.insert(*rv, raw.as_slice()).map_err(|e| e.to_string())?;
+                    } else {
+                        objects.insert(k.as_str(), entry.bytes.as_ref()).map_err(|e| e.to_string())?;
+                    }
+                }
+                let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
+                meta.insert("rv", rv).map_err(|e| e.to_string())?;
+            }
+            txn.commit().map_err(|e| e.to_string())
+        })();
+        if let Err(e) = commit {
+            tracing::error!(error = %e, "commit failed");
+            for (req, _) in staged {
+                let _ = req.reply.send(Err(StoreError::Internal(e.clone())));
+            }
+            continue;
+        }
+        // Publish to memory and watchers, then acknowledge.
+        {
+            let mut guard = match state.write() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            for (req, res) in &staged {
+                let Ok((prev, Some(entry), rv)) = res else { continue };
+                let delete = req_is_delete(req);
+                guard.apply(&req.key, if delete { None } else { Some(entry.clone()) });
+                let kind = if delete {
+                    EventType::Deleted
+                } else if prev.is_none() {
+                    EventType::Added
+                } else {
+                    EventType::Modified
+                };
+                guard.push_event(Arc::new(Event { rv: *rv, kind, entry: entry.clone(), prev: prev.clone() }));
+            }
+            guard.rv = rv;
+        }
+        let _ = rv_tx.send(rv);
+        for (req, res) in staged {
+            let _ = req.reply.send(res.map(|(_, e, _)| e).and_then(|e| e.ok_or(StoreError::NotFound)));
+        }
+    }
+}
+
+fn req_is_delete(req: &WriteReq) -> bool {
+    req.is_delete
+}

@@ -1,0 +1,352 @@
+//! Structural-schema processing for custom resources (prune unknown fields, apply defaults,
+//! validate), and object name validation.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+
+use regex::Regex;
+use serde_json::Value;
+
+use crate::error::Cause;
+
+static SUBDOMAIN: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$").ok());
+static LABEL: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$").ok());
+static PATTERNS: LazyLock<Mutex<HashMap<String, Option<Regex>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Validates a name as an RFC 1123 subdomain (or label when `label` is set).
+pub fn validate_name(name: &str, label: bool) -> Option<Cause> {
+    if name.is_empty() {
+        return Some(Cause::new("FieldValueRequired", "metadata.name", "Required value: name or generateName is required"));
+    }
+    let (re, max, msg) = if label {
+        (
+            &*LABEL,
+            63,
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
+        )
+    } else {
+        (
+            &*SUBDOMAIN,
+            253,
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+        )
+    };
+    let ok = re.as_ref().is_some_and(|r| r.is_match(name));
+    if !ok {
+        return Some(Cause::new("FieldValueInvalid", "metadata.name", format!("Invalid value: {}: {msg}", json_str(name))));
+    }
+    if name.len() > max {
+        return Some(Cause::new(
+            "FieldValueInvalid",
+            "metadata.name",
+            format!("Invalid value: {}: must be no more than {max} characters", json_str(name)),
+        ));
+    }
+    None
+}
+
+fn json_str(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+fn render(v: &Value) -> String {
+    match v {
+        Value::String(s) => json_str(s),
+        other => other.to_string(),
+    }
+}
+
+/// Result of processing an object against its schema.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Validation failures.
+    pub causes: Vec<Cause>,
+    /// Paths of fields that were pruned because the schema does not know them.
+    pub unknown: Vec<String>,
+}
+
+/// Prunes, defaults and validates `obj` (a whole custom resource) against `schema`.
+pub fn process(obj: &mut Value, schema: &Value) -> Outcome {
+    let mut out = Outcome::default();
+    let Some(m) = obj.as_object_mut() else {
+        out.causes.push(Cause::new("FieldValueTypeInvalid", "", "must be an object"));
+        return out;
+    };
+    let props = schema.get("properties");
+    let preserve = schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
+    let keys: Vec<String> = m.keys().cloned().collect();
+    for k in keys {
+        if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+            continue;
+        }
+        match props.and_then(|p| p.get(&k)) {
+            Some(s) => {
+                if m.get(&k).is_some_and(Value::is_null) && s.get("nullable").and_then(Value::as_bool) != Some(true) {
+                    m.remove(&k);
+                    continue;
+                }
+                if let Some(v) = m.get_mut(&k) {
+                    walk(v, s, &k, &mut out);
+                }
+            }
+            None if preserve => {}
+            None => {
+                m.remove(&k);
+                out.unknown.push(k.clone());
+            }
+        }
+    }
+    if let Some(p) = props.and_then(Value::as_object) {
+        for (k, s) in p {
+            if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") || m.contains_key(k) {
+                continue;
+            }
+            if let Some(d) = s.get("default") {
+                let mut d = d.clone();
+                walk(&mut d, s, k, &mut out);
+                m.insert(k.clone(), d);
+            }
+        }
+    }
+    for r in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+        if let Some(r) = r.as_str() {
+            if !m.contains_key(r) && r != "metadata" && r != "apiVersion" && r != "kind" {
+                out.causes.push(Cause::new("FieldValueRequired", r, "Required value"));
+            }
+        }
+    }
+    out
+}
+
+fn type_ok(v: &Value, t: &str) -> bool {
+    match t {
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        "string" => v.is_string(),
+        "integer" => v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|f| f.fract() == 0.0),
+        "number" => v.is_number(),
+        "boolean" => v.is_boolean(),
+        _ => true,
+    }
+}
+
+fn regex_for(pattern: &str) -> Option<Regex> {
+    let mut cache = match PATTERNS.lock() {
+        Ok(c) => c,
+        Err(p) => p.into_inner(),
+    };
+    cache.entry(pattern.to_string()).or_insert_with(|| Regex::new(pattern).ok()).clone()
+}
+
+fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
+    if v.is_null() {
+        if s.get("nullable").and_then(Value::as_bool) == Some(true) {
+            return;
+        }
+    }
+    let int_or_string = s.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
+    if int_or_string {
+        if !(v.is_string() || type_ok(v, "integer")) {
+            out.causes.push(Cause::new(
+                "FieldValueTypeInvalid",
+                path,
+                format!("Invalid value: {}: {path} in body must be of type integer-or-string: {}", render(v), render(v)),
+            ));
+            return;
+        }
+    } else if let Some(t) = s.get("type").and_then(Value::as_str) {
+        if !type_ok(v, t) {
+            let actual = match v {
+                Value::Null => "null",
+                Value::Bool(_) => "boolean",
+                Value::Number(_) => "number",
+                Value::String(_) => "string",
+                Value::Array(_) => "array",
+                Value::Object(_) => "object",
+            };
+            out.causes.push(Cause::new(
+                "FieldValueTypeInvalid",
+                path,
+                format!("Invalid value: \"{actual}\": {path} in body must be of type {t}: \"{actual}\""),
+            ));
+            return;
+        }
+    }
+    if let Some(e) = s.get("enum").and_then(Value::as_array) {
+        if !e.contains(v) {
+            let supported: Vec<String> = e.iter().map(render).collect();
+            out.causes.push(Cause::new(
+                "FieldValueNotSupported",
+                path,
+                format!("Unsupported value: {}: supported values: {}", render(v), supported.join(", ")),
+            ));
+        }
+    }
+    match v {
+        Value::Object(m) => {
+            let props = s.get("properties").and_then(Value::as_object);
+            let addl = s.get("additionalProperties");
+            let preserve = s.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
+            let embedded = s.get("x-kubernetes-embedded-resource").and_then(Value::as_bool) == Some(true);
+            let keys: Vec<String> = m.keys().cloned().collect();
+            for k in keys {
+                let child_path = format!("{path}.{k}");
+                let cs = props.and_then(|p| p.get(&k)).or_else(|| addl.filter(|a| a.is_object()));
+                match cs {
+                    Some(cs) => {
+                        if m.get(&k).is_some_and(Value::is_null) && cs.get("nullable").and_then(Value::as_bool) != Some(true) {
+                            m.remove(&k);
+                            continue;
+                        }
+                        if let Some(cv) = m.get_mut(&k) {
+                            walk(cv, cs, &child_path, out);
+                        }
+                    }
+                    None if preserve || addl.and_then(Value::as_bool) == Some(true) => {}
+                    None if embedded && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") => {}
+                    None => {
+                        m.remove(&k);
+                        out.unknown.push(child_path);
+                    }
+                }
+            }
+            if let Some(p) = props {
+                for (k, cs) in p {
+                    if m.contains_key(k) {
+                        continue;
+                    }
+                    if let Some(d) = cs.get("default") {
+                        let mut d = d.clone();
+                        walk(&mut d, cs, &format!("{path}.{k}"), out);
+                        m.insert(k.clone(), d);
+                    }
+                }
+            }
+            for r in s.get("required").and_then(Value::as_array).into_iter().flatten() {
+                if let Some(r) = r.as_str() {
+                    if !m.contains_key(r) {
+                        out.causes.push(Cause::new("FieldValueRequired", format!("{path}.{r}"), "Required value"));
+                    }
+                }
+            }
+            if let Some(max) = s.get("maxProperties").and_then(Value::as_u64) {
+                if m.len() as u64 > max {
+                    out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", m.len())));
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(max) = s.get("maxItems").and_then(Value::as_u64) {
+                if items.len() as u64 > max {
+                    out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", items.len())));
+                }
+            }
+            if let Some(min) = s.get("minItems").and_then(Value::as_u64) {
+                if (items.len() as u64) < min {
+                    out.causes.push(Cause::new(
+                        "FieldValueInvalid",
+                        path,
+                        format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
+                    ));
+                }
+            }
+            if let Some(is) = s.get("items") {
+                for (i, item) in items.iter_mut().enumerate() {
+                    walk(item, is, &format!("{path}[{i}]"), out);
+                }
+            }
+        }
+        Value::String(st) => {
+            let len = st.chars().count() as u64;
+            if let Some(max) = s.get("maxLength").and_then(Value::as_u64) {
+                if len > max {
+                    out.causes.push(Cause::new("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
+                }
+            }
+            if let Some(min) = s.get("minLength").and_then(Value::as_u64) {
+                if len < min {
+                    out.causes.push(Cause::new(
+                        "FieldValueInvalid",
+                        path,
+                        format!("Invalid value: {}: {path} in body should be at least {min} chars long", json_str(st)),
+                    ));
+                }
+            }
+            if let Some(p) = s.get("pattern").and_then(Value::as_str) {
+                if let Some(re) = regex_for(p) {
+                    if !re.is_match(st) {
+                        out.causes.push(Cause::new(
+                            "FieldValueInvalid",
+                            path,
+                            format!("Invalid value: {}: {path} in body should match '{p}'", json_str(st)),
+                        ));
+                    }
+                }
+            }
+        }
+        Value::Number(n) => {
+            let Some(x) = n.as_f64() else { return };
+            let excl_min = s.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
+            let excl_max = s.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
+            if let Some(min) = s.get("minimum").and_then(Value::as_f64) {
+                if x < min || (excl_min && x == min) {
+                    let rel = if excl_min { "greater than" } else { "greater than or equal to" };
+                    out.causes.push(Cause::new(
+                        "FieldValueInvalid",
+                        path,
+                        format!("Invalid value: {n}: {path} in body should be {rel} {}", num(min)),
+                    ));
+                }
+            }
+            if let Some(max) = s.get("maximum").and_then(Value::as_f64) {
+                if x > max || (excl_max && x == max) {
+                    let rel = if excl_max { "less than" } else { "less than or equal to" };
+                    out.causes.push(Cause::new(
+                        "FieldValueInvalid",
+                        path,
+                        format!("Invalid value: {n}: {path} in body should be {rel} {}", num(max)),
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn num(f: f64) -> String {
+    if f.fract() == 0.0 { format!("{}", f as i64) } else { f.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_prune_and_errors() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "required": ["plan"],
+            "properties": {
+                "plan": {"type": "string", "enum": ["small", "large"]},
+                "zone": {"type": "string", "default": "z1", "pattern": "^[a-z0-9]+$"},
+                "replicas": {"type": "integer", "minimum": 1, "maximum": 5},
+                "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}});
+        let mut obj = json!({"apiVersion": "x/v1", "kind": "S", "metadata": {"name": "a"},
+            "spec": {"plan": "huge", "replicas": 9, "bogus": 1, "free": {"anything": 1}}});
+        let out = process(&mut obj, &schema);
+        assert_eq!(obj["spec"]["zone"], "z1");
+        assert!(obj["spec"].get("bogus").is_none());
+        assert_eq!(obj["spec"]["free"]["anything"], 1);
+        assert_eq!(out.unknown, vec!["spec.bogus".to_string()]);
+        let msgs: Vec<String> = out.causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
+        assert!(msgs.contains(&"spec.plan: Unsupported value: \"huge\": supported values: \"small\", \"large\"".to_string()), "{msgs:?}");
+        assert!(msgs.iter().any(|m| m.starts_with("spec.replicas: Invalid value: 9")), "{msgs:?}");
+    }
+
+    #[test]
+    fn names() {
+        assert!(validate_name("good-name.x", false).is_none());
+        assert!(validate_name("Bad_Name", false).is_some());
+        assert!(validate_name("a.b", true).is_some());
+    }
+}

@@ -1,0 +1,232 @@
+//! Watch streams: initial state, history replay from a resourceVersion, live events,
+//! bookmarks, timeouts and 410 Expired.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::handlers::Core;
+use crate::registry::ResourceType;
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::storage::{Entry, EventType};
+use crate::table;
+
+/// How often a bookmark is sent to watchers that allow them.
+pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Parameters of one watch request.
+pub struct WatchParams {
+    /// `resourceVersion` (None or "0": start with the current state).
+    pub resource_version: Option<String>,
+    /// Namespace to watch, None for all.
+    pub namespace: Option<String>,
+    /// Label selector.
+    pub labels: LabelSelector,
+    /// Field selector.
+    pub fields: FieldSelector,
+    /// `allowWatchBookmarks`.
+    pub bookmarks: bool,
+    /// `timeoutSeconds`.
+    pub timeout: Option<Duration>,
+    /// `sendInitialEvents`.
+    pub send_initial_events: bool,
+    /// Table output with this includeObject policy.
+    pub table: Option<String>,
+}
+
+struct Emitter {
+    core: Arc<Core>,
+    rt: Arc<ResourceType>,
+    tx: mpsc::Sender<Bytes>,
+    table: Option<String>,
+    sent_headers: bool,
+}
+
+impl Emitter {
+    async fn send_raw(&self, line: Vec<u8>) -> bool {
+        self.tx.send(Bytes::from(line)).await.is_ok()
+    }
+
+    async fn send(&mut self, kind: &str, e: &Entry) -> bool {
+        let mut line = Vec::with_capacity(e.bytes.len() + 32);
+        line.extend_from_slice(b"{\"type\":\"");
+        line.extend_from_slice(kind.as_bytes());
+        line.extend_from_slice(b"\",\"object\":");
+        match &self.table {
+            Some(inc) => {
+                let obj = self.core.convert(&self.rt, e.value());
+                let t = table::table(&self.rt, &[obj], Some(e.rv.to_string()), None, inc, !self.sent_headers);
+                self.sent_headers = true;
+                line.extend_from_slice(&serde_json::to_vec(&t).unwrap_or_default());
+            }
+            None => line.extend_from_slice(&self.core.render(&self.rt, e)),
+        }
+        line.extend_from_slice(b"}\n");
+        self.send_raw(line).await
+    }
+
+    async fn bookmark(&self, rv: u64, initial_end: bool) -> bool {
+        let mut md = json!({"resourceVersion": rv.to_string()});
+        if initial_end {
+            md["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        let obj = json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(), "metadata": md});
+        let ev = json!({"type": "BOOKMARK", "object": obj});
+        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
+        line.push(b'\n');
+        self.send_raw(line).await
+    }
+
+    async fn expired(&self, rv: &str) -> bool {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("too old resource version: {rv}"), "reason": "Expired", "code": 410});
+        let mut line = serde_json::to_vec(&json!({"type": "ERROR", "object": status})).unwrap_or_default();
+        line.push(b'\n');
+        self.send_raw(line).await
+    }
+}
+
+fn matches(p: &WatchParams, e: &Entry) -> bool {
+    if let Some(ns) = &p.namespace {
+        if &e.key.namespace != ns {
+            return false;
+        }
+    }
+    p.fields.matches(&e.key.namespace, &e.key.name) && p.labels.matches(&e.labels)
+}
+
+/// Starts a watch; lines of JSON arrive on the returned receiver until it ends.
+pub fn start(core: Arc<Core>, rt: Arc<ResourceType>, p: WatchParams) -> mpsc::Receiver<Bytes> {
+    let (tx, rx) = mpsc::channel(1024);
+    tokio::spawn(async move {
+        let mut em = Emitter { core: core.clone(), rt: rt.clone(), tx, table: p.table.clone(), sent_headers: false };
+        run(&mut em, p).await;
+    });
+    rx
+}
+
+async fn run(em: &mut Emitter, p: WatchParams) {
+    let storage = em.rt.storage.clone();
+    let mut rv_rx = em.core.store.subscribe();
+    let requested: Option<u64> = p.resource_version.as_deref().filter(|s| !s.is_empty() && *s != "0").and_then(|s| s.parse().ok());
+    let bad_rv = p.resource_version.as_deref().is_some_and(|s| !s.is_empty() && s != "0" && s.parse::<u64>().is_err());
+    if bad_rv {
+        em.expired(p.resource_version.as_deref().unwrap_or_default()).await;
+        return;
+    }
+    let initial_state = requested.is_none() || p.send_initial_events;
+    let start: Result<(Vec<Arc<Entry>>, u64), u64> = {
+        let st = em.core.store.read();
+        match requested {
+            Some(r) if !p.send_initial_events && r < st.history_floor => Err(r),
+            _ if initial_state => {
+                let items = st
+                    .objects
+                    .get(storage.as_str())
+                    .map(|m| m.values().filter(|e| matches(&p, e)).cloned().collect())
+                    .unwrap_or_default();
+                Ok((items, st.rv))
+            }
+            _ => Ok((vec![], requested.unwrap_or(st.rv))),
+        }
+    };
+    let (initial, mut last) = match start {
+        Ok(x) => x,
+        Err(r) => {
+            em.expired(&r.to_string()).await;
+            return;
+        }
+    };
+    for e in &initial {
+        if !em.send("ADDED", e).await {
+            return;
+        }
+    }
+    drop(initial);
+    if p.send_initial_events && p.bookmarks && !em.bookmark(last, true).await {
+        return;
+    }
+    let deadline = p.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut next_bookmark = tokio::time::Instant::now() + BOOKMARK_INTERVAL;
+    loop {
+        // Replay everything after `last`.
+        let batch: Option<(Vec<(EventType, Arc<Entry>, Option<Arc<Entry>>)>, u64)> = {
+            let st = em.core.store.read();
+            match st.events_after(last) {
+                None => None,
+                Some(it) => {
+                    let mut out = vec![];
+                    for ev in it {
+                        if &*ev.entry.key.storage == storage.as_str() {
+                            out.push((ev.kind, ev.entry.clone(), ev.prev.clone()));
+                        }
+                    }
+                    Some((out, st.rv))
+                }
+            }
+        };
+        let Some((events, head)) = batch else {
+            em.expired(&last.to_string()).await;
+            return;
+        };
+        for (kind, e, prev) in events {
+            let now_match = matches(&p, &e);
+            let was_match = prev.as_ref().is_some_and(|pe| matches(&p, pe));
+            let out_kind = match kind {
+                EventType::Deleted if now_match => Some("DELETED"),
+                EventType::Deleted => None,
+                EventType::Added if now_match => Some("ADDED"),
+                EventType::Added => None,
+                EventType::Modified => match (was_match || prev.is_none(), now_match) {
+                    (true, true) => Some("MODIFIED"),
+                    (false, true) => Some("ADDED"),
+                    (true, false) if prev.is_some() => Some("DELETED"),
+                    _ => None,
+                },
+            };
+            if let Some(k) = out_kind {
+                if !em.send(k, &e).await {
+                    return;
+                }
+            }
+        }
+        last = head.max(last);
+        let sleep_until = match deadline {
+            Some(d) if p.bookmarks => d.min(next_bookmark),
+            Some(d) => d,
+            None if p.bookmarks => next_bookmark,
+            None => tokio::time::Instant::now() + Duration::from_secs(3600),
+        };
+        tokio::select! {
+            changed = rv_rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep_until(sleep_until) => {
+                let now = tokio::time::Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return;
+                }
+                if p.bookmarks && now >= next_bookmark {
+                    if !em.bookmark(last, false).await {
+                        return;
+                    }
+                    next_bookmark = now + BOOKMARK_INTERVAL;
+                }
+            }
+            _ = em.core.shutdown.cancelled() => return,
+            _ = em.tx.closed() => return,
+        }
+    }
+}
+
+/// Serializes a value as a single watch line (used for errors before the stream starts).
+pub fn line(kind: &str, obj: &Value) -> Bytes {
+    let mut v = serde_json::to_vec(&json!({"type": kind, "object": obj})).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
