@@ -13,7 +13,9 @@ pub mod contract;
 pub mod error;
 pub mod local;
 pub mod plans;
+pub mod ratelimit;
 pub mod simulated;
+pub mod ssh;
 pub mod types;
 pub mod upcloud;
 
@@ -71,6 +73,16 @@ pub trait Provider: Send + Sync {
     /// Lists every machine of this account that carries the given tags (all of them).
     /// Used for leak checks and by tests.
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>>;
+
+    /// The SSH host key (OpenSSH public-key line) pinned for a machine on first contact, for
+    /// the Server's `status.hostKey`. `None` for providers without SSH or before first contact.
+    fn pinned_host_key(&self, _id: &ProviderId) -> Option<String> {
+        None
+    }
+
+    /// Pins a host key recorded earlier (from `status.hostKey`), so that a restarted
+    /// controller still refuses a machine whose key changed.
+    fn pin_host_key(&self, _id: &ProviderId, _host_key: &str) {}
 }
 
 /// A shared provider handle.

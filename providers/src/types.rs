@@ -232,4 +232,36 @@ pub struct ProviderConfig {
     pub simulation: SimulationConfig,
     /// Directory for provider state files (simulated store, SSH known hosts…).
     pub state_dir: PathBuf,
+    /// How cloud providers (aws, upcloud) reach machines over SSH for `exec`. The private
+    /// key itself is a credential: `SSH_PRIVATE_KEY` in [`ProviderConfig::credentials`].
+    pub ssh: SshSettings,
+}
+
+/// How a cloud provider reaches its machines over SSH.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SshSettings {
+    /// Login user; empty for the provider's default (aws: `admin`, upcloud: `root`).
+    pub user: String,
+    /// Port; 0 for 22.
+    pub port: u16,
+    /// Connect to this host instead of the machine's address (bastion port-forwards, tests).
+    pub address_override: Option<String>,
+    /// Files copied to every machine before its first command (the `nu` binary, task scripts).
+    pub assets: Vec<SshAsset>,
+    /// Remote file holding the content hash of the copied assets; empty for
+    /// `/var/lib/provisioning/assets.sha256`.
+    pub assets_marker: String,
+    /// Connect and handshake timeout; zero for 20 s.
+    pub connect_timeout: Duration,
+}
+
+/// A file copied to machines before the first command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SshAsset {
+    /// Path on the controller.
+    pub local: PathBuf,
+    /// Absolute path on the machine.
+    pub remote: String,
+    /// Unix mode, e.g. 0o755.
+    pub mode: u32,
 }

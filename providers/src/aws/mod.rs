@@ -1,11 +1,413 @@
 //! The aws provider: Amazon EC2 through the EC2 Query API (SigV4).
+//!
+//! Machines are found by their identity tags (`DescribeInstances` with tag filters) before
+//! one is created, because a lost RunInstances response must never lead to a second machine
+//! and emulators ignore ClientToken (sent anyway: real EC2 honours it). Terminated instances
+//! count as gone. Every call goes through the account's rate limiter; transient failures are
+//! retried with jittered backoff, 429/503 honour Retry-After, auth failures are Permanent.
 
-use crate::{ProviderConfig, ProviderError, ProviderResult, SharedProvider};
+pub mod api;
+pub mod model;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use base64::Engine as _;
+
+use self::api::Ec2Client;
+use self::model::{DescribeInstancesResponse, DescribeRegionsResponse, Instance, RunInstancesResponse, TerminateInstancesResponse};
+use crate::ratelimit::{CallGuard, RetryPolicy};
+use crate::ssh::SshExecutor;
+use crate::{
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId,
+    ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, plans,
+};
+
+/// Abstract plans → EC2 instance types.
+pub const PLANS: [(&str, &str); 4] = [("small", "t3.small"), ("medium", "t3.medium"), ("large", "t3.large"), ("xlarge", "t3.xlarge")];
+
+/// Abstract images → (owner account, AMI name pattern), resolved per region with
+/// DescribeImages (newest match). `ProviderConfig::images` overrides either per image
+/// (`debian-12`) or per region and image (`eu-north-1/debian-12`).
+pub const IMAGES: [(&str, &str, &str); 3] = [
+    // Debian's official cloud images are published by account 136693071363.
+    ("debian-12", "136693071363", "debian-12-amd64-*"),
+    ("debian-13", "136693071363", "debian-13-amd64-*"),
+    // Canonical.
+    ("ubuntu-24.04", "099720109477", "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"),
+];
+
+const DEFAULT_REGION: &str = "us-east-1";
+const DEFAULT_RATE: u32 = 20;
+/// Instance states that still hold a machine; `terminated` counts as gone.
+const LIVE_STATES: [&str; 5] = ["pending", "running", "stopping", "stopped", "shutting-down"];
 
 /// Builds the provider for an account.
 pub fn build(config: &ProviderConfig) -> ProviderResult<SharedProvider> {
-    Err(ProviderError::InvalidRequest(format!(
-        "the aws provider (account {:?}) is not implemented yet",
-        config.name
-    )))
+    Ok(Arc::new(AwsProvider::new(config)?))
+}
+
+/// The aws provider of one account.
+#[derive(Debug)]
+pub struct AwsProvider {
+    account: String,
+    region: String,
+    client: Ec2Client,
+    guard: CallGuard,
+    images: BTreeMap<String, String>,
+    resolved_images: Mutex<HashMap<String, String>>,
+    ssh: SshExecutor,
+    /// One ensure per Server uid at a time inside this process.
+    ensuring: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Critical sections are single map operations: a poisoned lock still holds valid data.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl AwsProvider {
+    /// Builds the provider; fails on missing credentials or a malformed endpoint.
+    pub fn new(config: &ProviderConfig) -> ProviderResult<Self> {
+        let region = if config.region.is_empty() { DEFAULT_REGION.to_string() } else { config.region.clone() };
+        let rate = if config.rate_limit == 0 { DEFAULT_RATE } else { config.rate_limit };
+        Ok(AwsProvider {
+            account: config.name.clone(),
+            client: Ec2Client::new(config, &region)?,
+            region,
+            guard: CallGuard::new("aws", &config.name, rate, RetryPolicy::default()),
+            images: config.images.clone(),
+            resolved_images: Mutex::new(HashMap::new()),
+            ssh: SshExecutor::new(config, "admin"),
+            ensuring: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The raw transport (benchmarks measure signing and parsing through it).
+    pub fn client(&self) -> &Ec2Client {
+        &self.client
+    }
+
+    async fn call_retrying(&self, action: &str, params: &[(String, String)]) -> ProviderResult<String> {
+        self.guard.retry(|| self.client.call(action, params)).await
+    }
+
+    async fn describe(&self, params: Vec<(String, String)>) -> ProviderResult<Vec<Instance>> {
+        let mut instances = Vec::new();
+        let mut next_token: Option<String> = None;
+        loop {
+            let mut page = params.clone();
+            if let Some(token) = &next_token {
+                page.push(("NextToken".into(), token.clone()));
+            }
+            let xml = self.call_retrying("DescribeInstances", &page).await?;
+            let parsed: DescribeInstancesResponse = self.client.parse("DescribeInstances", &xml)?;
+            instances.extend(parsed.reservations.items.into_iter().flat_map(|r| r.instances.items));
+            match parsed.next_token.filter(|t| !t.is_empty()) {
+                Some(token) => next_token = Some(token),
+                None => return Ok(instances),
+            }
+        }
+    }
+
+    /// Live instances carrying all of `tags`.
+    async fn describe_tagged(&self, tags: &[(String, String)]) -> ProviderResult<Vec<Instance>> {
+        let mut params = Vec::new();
+        for (i, (key, value)) in tags.iter().enumerate() {
+            params.push((format!("Filter.{}.Name", i + 1), format!("tag:{key}")));
+            params.push((format!("Filter.{}.Value.1", i + 1), value.clone()));
+        }
+        let n = tags.len() + 1;
+        params.push((format!("Filter.{n}.Name"), "instance-state-name".into()));
+        for (i, state) in LIVE_STATES.iter().enumerate() {
+            params.push((format!("Filter.{n}.Value.{}", i + 1), (*state).to_string()));
+        }
+        self.describe(params).await
+    }
+
+    async fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
+        let tags = [(crate::tags::SERVER_UID.to_string(), identity.uid.clone())];
+        let mut found: Vec<ServerObservation> = self.describe_tagged(&tags).await?.iter().map(observe).collect();
+        if found.len() > 1 {
+            // Only a cloud that lost a ClientToken could get here; report, never pick silently.
+            tracing::warn!(uid = %identity.uid, count = found.len(), "several machines carry one Server uid");
+            found.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
+        }
+        Ok(found.into_iter().next())
+    }
+
+    async fn resolve_image(&self, image: &str) -> ProviderResult<String> {
+        if let Some(native) = self.images.get(&format!("{}/{image}", self.region)).or_else(|| self.images.get(image)) {
+            return Ok(native.clone());
+        }
+        if image.starts_with("ami-") {
+            return Ok(image.to_string());
+        }
+        if let Some(cached) = lock(&self.resolved_images).get(image) {
+            return Ok(cached.clone());
+        }
+        let Some((_, owner, pattern)) = IMAGES.iter().find(|(name, _, _)| *name == image) else {
+            let names: Vec<&str> = IMAGES.iter().map(|(n, _, _)| *n).collect();
+            return Err(ProviderError::InvalidRequest(format!(
+                "image {image:?} is neither an AMI id nor one of the aws images ({}); set it in the Workspace's images",
+                names.join(", ")
+            )));
+        };
+        let params = vec![
+            ("Owner.1".to_string(), (*owner).to_string()),
+            ("Filter.1.Name".to_string(), "name".to_string()),
+            ("Filter.1.Value.1".to_string(), (*pattern).to_string()),
+            ("Filter.2.Name".to_string(), "state".to_string()),
+            ("Filter.2.Value.1".to_string(), "available".to_string()),
+        ];
+        let xml = self.call_retrying("DescribeImages", &params).await?;
+        let parsed: ImagesResponse = self.client.parse("DescribeImages", &xml)?;
+        let newest = parsed.images.items.into_iter().max_by(|a, b| a.creation_date.cmp(&b.creation_date));
+        let Some(newest) = newest else {
+            return Err(ProviderError::InvalidRequest(format!(
+                "no AMI for image {image:?} in region {} (owner {owner}, name {pattern}); set it in the Workspace's images",
+                self.region
+            )));
+        };
+        lock(&self.resolved_images).insert(image.to_string(), newest.image_id.clone());
+        Ok(newest.image_id)
+    }
+
+    fn run_params(&self, request: &ServerRequest, instance_type: &str, image_id: &str) -> Vec<(String, String)> {
+        let mut params = vec![
+            ("ImageId".to_string(), image_id.to_string()),
+            ("InstanceType".to_string(), instance_type.to_string()),
+            ("MinCount".to_string(), "1".to_string()),
+            ("MaxCount".to_string(), "1".to_string()),
+            // Real EC2 deduplicates on it for a while; the uid is unique per Server (≤ 64 chars).
+            ("ClientToken".to_string(), request.identity.uid.chars().take(64).collect()),
+            ("TagSpecification.1.ResourceType".to_string(), "instance".to_string()),
+        ];
+        let mut tags: BTreeMap<String, String> = request.extra_tags.clone();
+        tags.extend(request.identity.tags());
+        tags.entry("Name".into()).or_insert_with(|| format!("{}/{}", request.identity.namespace, request.identity.name));
+        for (i, (key, value)) in tags.iter().enumerate() {
+            params.push((format!("TagSpecification.1.Tag.{}.Key", i + 1), key.clone()));
+            params.push((format!("TagSpecification.1.Tag.{}.Value", i + 1), value.clone()));
+        }
+        if !request.zone.is_empty() {
+            params.push(("Placement.AvailabilityZone".into(), request.zone.clone()));
+        }
+        if let Some(key) = &request.ssh_public_key {
+            // cloud-init installs the key for the image's default user; no key pair to manage.
+            let user_data = format!("#cloud-config\nssh_authorized_keys:\n  - {}\n", key.trim());
+            params.push(("UserData".into(), base64::engine::general_purpose::STANDARD.encode(user_data)));
+        }
+        params
+    }
+
+    async fn ensure(&self, request: &ServerRequest, instance_type: &str) -> ProviderResult<ServerObservation> {
+        if let Some(existing) = self.find(&request.identity).await? {
+            return Ok(existing);
+        }
+        let image_id = self.resolve_image(&request.image).await?;
+        let params = self.run_params(request, instance_type, &image_id);
+        // Exactly one attempt: if the response is lost, the caller's next attempt looks the
+        // machine up by tag first instead of creating again.
+        let xml = self.guard.once(|| self.client.call("RunInstances", &params)).await?;
+        let parsed: RunInstancesResponse = self.client.parse("RunInstances", &xml)?;
+        let instance = parsed
+            .instances
+            .items
+            .first()
+            .ok_or_else(|| ProviderError::Transient("EC2 RunInstances returned no instance".into()))?;
+        tracing::info!(account = %self.account, uid = %request.identity.uid, instance = %instance.instance_id, "created EC2 instance");
+        Ok(observe(instance))
+    }
+}
+
+/// `DescribeImagesResponse` (only what image resolution reads).
+#[derive(Debug, serde::Deserialize)]
+struct ImagesResponse {
+    #[serde(rename = "imagesSet", default)]
+    images: model::ItemSet<ImageItem>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ImageItem {
+    #[serde(rename = "imageId")]
+    image_id: String,
+    #[serde(rename = "creationDate", default)]
+    creation_date: String,
+}
+
+/// Maps EC2's instance state names.
+pub fn machine_state(name: &str) -> MachineState {
+    match name {
+        "pending" => MachineState::Pending,
+        "running" => MachineState::Running,
+        "stopping" => MachineState::Stopping,
+        "stopped" => MachineState::Stopped,
+        "shutting-down" => MachineState::Terminating,
+        "terminated" => MachineState::Terminated,
+        other => MachineState::Other(other.to_string()),
+    }
+}
+
+fn observe(instance: &Instance) -> ServerObservation {
+    let mut addresses = Vec::new();
+    let mut push = |kind: &str, value: &Option<String>| {
+        if let Some(v) = value.as_ref().filter(|v| !v.is_empty()) {
+            addresses.push(Address { kind: kind.into(), address: v.clone() });
+        }
+    };
+    push("InternalIP", &instance.private_ip);
+    push("ExternalIP", &instance.public_ip);
+    push("InternalDNS", &instance.private_dns);
+    push("ExternalDNS", &instance.public_dns);
+    ServerObservation {
+        provider_id: ProviderId::new("aws", &instance.instance_id),
+        state: machine_state(&instance.state.name),
+        addresses,
+        plan: instance.instance_type.clone(),
+        tags: instance.tags.items.iter().map(|t| (t.key.clone(), t.value.clone().unwrap_or_default())).collect(),
+    }
+}
+
+/// The address SSH should use: public first, then private.
+pub(crate) fn ssh_address(observation: &ServerObservation) -> Option<String> {
+    ["ExternalIP", "ExternalDNS", "InternalIP", "InternalDNS"]
+        .iter()
+        .find_map(|kind| observation.addresses.iter().find(|a| a.kind == *kind).map(|a| a.address.clone()))
+}
+
+#[async_trait]
+impl Provider for AwsProvider {
+    fn provider_type(&self) -> &'static str {
+        "aws"
+    }
+
+    fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
+        // EC2 instance types are family.size (t3.small, m7i.2xlarge…): pass those through.
+        plans::resolve("aws", plan, &PLANS, |p| {
+            p.split_once('.').is_some_and(|(family, size)| {
+                !family.is_empty()
+                    && !size.is_empty()
+                    && family.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && size.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+            })
+        })
+    }
+
+    async fn validate_credentials(&self) -> ProviderResult<()> {
+        let params = [("RegionName.1".to_string(), self.region.clone())];
+        let xml = self.call_retrying("DescribeRegions", &params).await?;
+        let _: DescribeRegionsResponse = self.client.parse("DescribeRegions", &xml)?;
+        Ok(())
+    }
+
+    async fn ensure_server(&self, request: &ServerRequest) -> ProviderResult<ServerObservation> {
+        let instance_type = self.resolve_plan(&request.plan)?;
+        let uid_lock = lock(&self.ensuring).entry(request.identity.uid.clone()).or_default().clone();
+        let _guard = uid_lock.lock().await;
+        // Each attempt starts with the tag lookup, so a create whose response was lost is
+        // found instead of repeated.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.ensure(request, &instance_type).await {
+                Err(e) if e.is_retryable() && attempt < self.guard.policy.max_attempts => {
+                    let delay = match &e {
+                        ProviderError::Throttled { retry_after } => *retry_after,
+                        _ => self.guard.policy.backoff(attempt),
+                    };
+                    tracing::debug!(uid = %request.identity.uid, attempt, error = %e, "ensure_server retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn find_server(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
+        self.find(identity).await
+    }
+
+    async fn observe_server(&self, id: &ProviderId) -> ProviderResult<Option<ServerObservation>> {
+        let params = vec![("InstanceId.1".to_string(), id.native_id().to_string())];
+        match self.describe(params).await {
+            Ok(instances) => Ok(instances
+                .iter()
+                .find(|i| i.instance_id == id.native_id())
+                .map(observe)
+                .filter(|o| o.state != MachineState::Terminated)),
+            Err(ProviderError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn delete_server(&self, id: &ProviderId) -> ProviderResult<DeleteOutcome> {
+        let params = vec![("InstanceId.1".to_string(), id.native_id().to_string())];
+        // TerminateInstances is idempotent: repeating it after a lost response is safe.
+        let xml = match self.call_retrying("TerminateInstances", &params).await {
+            Ok(xml) => xml,
+            Err(ProviderError::NotFound(_)) => return Ok(DeleteOutcome::Gone),
+            Err(e) => return Err(e),
+        };
+        let parsed: TerminateInstancesResponse = self.client.parse("TerminateInstances", &xml)?;
+        let state = parsed
+            .instances
+            .items
+            .iter()
+            .find(|c| c.instance_id == id.native_id())
+            .map(|c| machine_state(&c.current.name));
+        Ok(match state {
+            None | Some(MachineState::Terminated) => DeleteOutcome::Gone,
+            Some(_) => DeleteOutcome::InProgress,
+        })
+    }
+
+    async fn exec(&self, id: &ProviderId, request: ExecRequest) -> ProviderResult<ExecResult> {
+        let observation =
+            self.observe_server(id).await?.ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
+        if observation.state != MachineState::Running {
+            return Err(ProviderError::Transient(format!("machine {id} is {}, not running", observation.state.as_str())));
+        }
+        let address = ssh_address(&observation)
+            .ok_or_else(|| ProviderError::Transient(format!("machine {id} has no address yet")))?;
+        self.ssh.exec(&id.0, &address, request).await
+    }
+
+    async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
+        Ok(self.describe_tagged(tags).await?.iter().map(observe).collect())
+    }
+
+    fn pinned_host_key(&self, id: &ProviderId) -> Option<String> {
+        self.ssh.pinned_host_key(&id.0)
+    }
+
+    fn pin_host_key(&self, id: &ProviderId, host_key: &str) {
+        self.ssh.pin_host_key(&id.0, host_key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_and_states_map() {
+        let config = ProviderConfig {
+            name: "a".into(),
+            provider_type: "aws".into(),
+            credentials: crate::Credentials(
+                [("AWS_ACCESS_KEY_ID".to_string(), "AKID1".to_string()), ("AWS_SECRET_ACCESS_KEY".to_string(), "S".to_string())]
+                    .into(),
+            ),
+            ..Default::default()
+        };
+        let p = AwsProvider::new(&config).expect("provider");
+        assert_eq!(p.resolve_plan("small").ok().as_deref(), Some("t3.small"));
+        assert_eq!(p.resolve_plan("xlarge").ok().as_deref(), Some("t3.xlarge"));
+        assert_eq!(p.resolve_plan("m7i.2xlarge").ok().as_deref(), Some("m7i.2xlarge"));
+        assert!(p.resolve_plan("huge").is_err());
+        assert_eq!(machine_state("shutting-down"), MachineState::Terminating);
+        assert_eq!(machine_state("terminated"), MachineState::Terminated);
+    }
 }

@@ -1,11 +1,487 @@
-//! The upcloud provider: UpCloud through its REST API v1.3.
+//! The upcloud provider: UpCloud through its REST API v1.3 (JSON, HTTP basic auth with an
+//! API user).
+//!
+//! Servers are created from a public template with labels carrying the Server's identity
+//! and found by label (`GET /1.3/server?label=key=value`) before one is created. A new server
+//! is in `maintenance` until it has `started`. Deleting is two steps, as UpCloud requires:
+//! stop (hard: the machine is going away), then `DELETE /1.3/server/{uuid}?storages=1` once it
+//! is `stopped`, so that its disks go with it.
+//!
+//! UpCloud label keys allow only letters, digits, `-` and `_`, so the identity tags are
+//! written as `provisioning_server-uid` etc. and mapped back when observed.
 
-use crate::{ProviderConfig, ProviderError, ProviderResult, SharedProvider};
+pub mod model;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use self::model::*;
+use crate::ratelimit::{CallGuard, RetryPolicy, classify_status, redact, transport_error};
+use crate::ssh::SshExecutor;
+use crate::{
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId,
+    ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, plans,
+};
+
+/// Abstract plans → UpCloud General Purpose plans.
+pub const PLANS: [(&str, &str); 4] =
+    [("small", "1xCPU-2GB"), ("medium", "2xCPU-4GB"), ("large", "4xCPU-8GB"), ("xlarge", "6xCPU-16GB")];
+
+/// Storage included in each plan (GiB); the boot disk gets this size.
+pub const PLAN_STORAGE_GB: [(&str, u32); 6] = [
+    ("1xCPU-1GB", 25),
+    ("1xCPU-2GB", 50),
+    ("2xCPU-4GB", 80),
+    ("4xCPU-8GB", 160),
+    ("6xCPU-16GB", 320),
+    ("8xCPU-32GB", 640),
+];
+
+/// Public zones.
+pub const ZONES: [&str; 15] = [
+    "fi-hel1", "fi-hel2", "de-fra1", "nl-ams1", "uk-lon1", "es-mad1", "pl-waw1", "se-sto1", "dk-cph1", "no-svg1",
+    "us-chi1", "us-nyc1", "us-sjo1", "sg-sin1", "au-syd1",
+];
+
+/// Abstract images → public template UUIDs (overridable with `ProviderConfig::images`).
+pub const TEMPLATES: [(&str, &str); 3] = [
+    ("debian-12", "01000000-0000-4000-8000-000020070100"),
+    ("ubuntu-22.04", "01000000-0000-4000-8000-000030220200"),
+    ("ubuntu-24.04", "01000000-0000-4000-8000-000030240200"),
+];
+
+const DEFAULT_ENDPOINT: &str = "https://api.upcloud.com";
+const DEFAULT_ZONE: &str = "fi-hel1";
+const DEFAULT_RATE: u32 = 10;
+const LABEL_PREFIX: &str = "provisioning.dev/";
+const UPCLOUD_LABEL_PREFIX: &str = "provisioning_";
 
 /// Builds the provider for an account.
 pub fn build(config: &ProviderConfig) -> ProviderResult<SharedProvider> {
-    Err(ProviderError::InvalidRequest(format!(
-        "the upcloud provider (account {:?}) is not implemented yet",
-        config.name
-    )))
+    Ok(Arc::new(UpcloudProvider::new(config)?))
+}
+
+/// Our tag key as an UpCloud label key.
+pub fn label_key(tag: &str) -> String {
+    let key = match tag.strip_prefix(LABEL_PREFIX) {
+        Some(rest) => format!("{UPCLOUD_LABEL_PREFIX}{rest}"),
+        None => tag.to_string(),
+    };
+    key.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).take(32).collect()
+}
+
+/// An UpCloud label key as our tag key.
+pub fn tag_key(label: &str) -> String {
+    match label.strip_prefix(UPCLOUD_LABEL_PREFIX) {
+        Some(rest) => format!("{LABEL_PREFIX}{rest}"),
+        None => label.to_string(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Critical sections are single map operations: a poisoned lock still holds valid data.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The upcloud provider of one account.
+pub struct UpcloudProvider {
+    account: String,
+    endpoint: String,
+    zone: String,
+    username: String,
+    password: String,
+    http: reqwest::Client,
+    guard: CallGuard,
+    images: BTreeMap<String, String>,
+    ssh: SshExecutor,
+    ensuring: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl fmt::Debug for UpcloudProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpcloudProvider")
+            .field("account", &self.account)
+            .field("endpoint", &self.endpoint)
+            .field("zone", &self.zone)
+            .field("credentials", &"[redacted]")
+            .finish_non_exhaustive()
+    }
+}
+
+enum Method {
+    Get,
+    Post,
+    Delete,
+}
+
+impl UpcloudProvider {
+    /// Builds the provider; fails on missing credentials or a malformed endpoint.
+    pub fn new(config: &ProviderConfig) -> ProviderResult<Self> {
+        let missing =
+            |key: &str| ProviderError::Auth(format!("the credentials of upcloud account {:?} hold no {key}", config.name));
+        let username = config.credentials.get("UPCLOUD_USERNAME").filter(|v| !v.is_empty()).ok_or_else(|| missing("UPCLOUD_USERNAME"))?;
+        let password = config.credentials.get("UPCLOUD_PASSWORD").filter(|v| !v.is_empty()).ok_or_else(|| missing("UPCLOUD_PASSWORD"))?;
+        let endpoint = if config.endpoint.is_empty() { DEFAULT_ENDPOINT.to_string() } else { config.endpoint.clone() };
+        let url = reqwest::Url::parse(&endpoint)
+            .map_err(|e| ProviderError::InvalidRequest(format!("upcloud endpoint {endpoint:?} is not a URL: {e}")))?;
+        if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {
+            return Err(ProviderError::InvalidRequest(format!("upcloud endpoint {endpoint:?} needs http(s) and a host")));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| ProviderError::Permanent(format!("cannot build the HTTP client: {e}")))?;
+        let rate = if config.rate_limit == 0 { DEFAULT_RATE } else { config.rate_limit };
+        Ok(UpcloudProvider {
+            account: config.name.clone(),
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            zone: if config.zone.is_empty() { DEFAULT_ZONE.to_string() } else { config.zone.clone() },
+            username: username.to_string(),
+            password: password.to_string(),
+            http,
+            guard: CallGuard::new("upcloud", &config.name, rate, RetryPolicy::default()),
+            images: config.images.clone(),
+            ssh: SshExecutor::new(config, "root"),
+            ensuring: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn clean(&self, text: &str) -> String {
+        redact(text, &[&self.password])
+    }
+
+    /// One HTTP call: `Ok((status, body))` for 2xx, the classified error otherwise.
+    async fn call(&self, method: Method, path: &str, query: &[(String, String)], body: Option<String>) -> ProviderResult<(u16, String)> {
+        let url = reqwest::Url::parse_with_params(&format!("{}/1.3{path}", self.endpoint), query)
+            .map_err(|e| ProviderError::InvalidRequest(format!("UpCloud {path}: {e}")))?;
+        let mut request = match method {
+            Method::Get => self.http.get(url),
+            Method::Post => self.http.post(url),
+            Method::Delete => self.http.delete(url),
+        };
+        request = request.basic_auth(&self.username, Some(&self.password)).header("accept", "application/json");
+        if let Some(body) = body {
+            request = request.header("content-type", "application/json").body(body);
+        }
+        let what = format!("UpCloud {path}");
+        let response = request.send().await.map_err(|e| ProviderError::Transient(self.clean(&transport_error(&what, &e).to_string())))?;
+        let status = response.status().as_u16();
+        let retry_after =
+            response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let text = response
+            .text()
+            .await
+            .map_err(|e| ProviderError::Transient(self.clean(&transport_error(&what, &e).to_string())))?;
+        if (200..300).contains(&status) {
+            return Ok((status, text));
+        }
+        Err(classify_error(&what, status, retry_after.as_deref(), &self.clean(&text)))
+    }
+
+    async fn call_retrying(&self, method: fn() -> Method, path: &str, query: &[(String, String)], body: Option<&str>) -> ProviderResult<(u16, String)> {
+        self.guard.retry(|| self.call(method(), path, query, body.map(str::to_string))).await
+    }
+
+    fn parse<T: serde::de::DeserializeOwned>(what: &str, body: &str) -> ProviderResult<T> {
+        serde_json::from_str(body).map_err(|e| ProviderError::Transient(format!("UpCloud {what}: unreadable response: {e}")))
+    }
+
+    async fn details(&self, uuid: &str) -> ProviderResult<Option<ServerDetails>> {
+        match self.call_retrying(|| Method::Get, &format!("/server/{uuid}"), &[], None).await {
+            Ok((_, body)) => Ok(Some(Self::parse::<ServerDetailsResponse>("server details", &body)?.server)),
+            Err(ProviderError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerSummary>> {
+        let query: Vec<(String, String)> =
+            tags.iter().map(|(k, v)| ("label".to_string(), format!("{}={v}", label_key(k)))).collect();
+        let (_, body) = self.call_retrying(|| Method::Get, "/server", &query, None).await?;
+        let listed: ServerListResponse = Self::parse("server list", &body)?;
+        // Filter again locally: the label filter is the API's, the guarantee is ours.
+        Ok(listed
+            .servers
+            .server
+            .into_iter()
+            .filter(|s| tags.iter().all(|(k, v)| s.labels.label.iter().any(|l| l.key == label_key(k) && &l.value == v)))
+            .collect())
+    }
+
+    async fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
+        let tags = [(crate::tags::SERVER_UID.to_string(), identity.uid.clone())];
+        let mut found = self.list(&tags).await?;
+        found.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+        let Some(summary) = found.into_iter().next() else { return Ok(None) };
+        // The list carries no addresses; the details do.
+        Ok(self.details(&summary.uuid).await?.map(|d| observe(&d)))
+    }
+
+    fn template(&self, image: &str) -> ProviderResult<String> {
+        if let Some(native) = self.images.get(&format!("{}/{image}", self.zone)).or_else(|| self.images.get(image)) {
+            return Ok(native.clone());
+        }
+        if let Some((_, uuid)) = TEMPLATES.iter().find(|(name, _)| *name == image) {
+            return Ok((*uuid).to_string());
+        }
+        if uuid::Uuid::parse_str(image).is_ok() {
+            return Ok(image.to_string());
+        }
+        let names: Vec<&str> = TEMPLATES.iter().map(|(n, _)| *n).collect();
+        Err(ProviderError::InvalidRequest(format!(
+            "image {image:?} is neither a template UUID nor one of the upcloud images ({}); set it in the Workspace's images",
+            names.join(", ")
+        )))
+    }
+
+    fn create_body(&self, request: &ServerRequest, plan: &str, template: &str) -> CreateServerRequest {
+        let identity = &request.identity;
+        let mut tags: BTreeMap<String, String> = request.extra_tags.clone();
+        tags.extend(identity.tags());
+        let labels = LabelList { label: tags.iter().map(|(k, v)| Label { key: label_key(k), value: v.clone() }).collect() };
+        let zone = if request.zone.is_empty() { self.zone.clone() } else { request.zone.clone() };
+        let size = PLAN_STORAGE_GB.iter().find(|(p, _)| *p == plan).map_or(25, |(_, s)| *s);
+        let hostname = hostname(&identity.name, &identity.namespace);
+        let interface = |kind: &str| CreateInterface {
+            ip_addresses: CreateIpAddresses { ip_address: vec![CreateIpAddress { family: "IPv4".into() }] },
+            kind: kind.into(),
+        };
+        CreateServerRequest {
+            server: CreateServer {
+                zone,
+                title: format!("{}/{}", identity.namespace, identity.name),
+                hostname: hostname.clone(),
+                plan: plan.to_string(),
+                metadata: "yes".into(),
+                labels,
+                storage_devices: CreateStorageDevices {
+                    storage_device: vec![CreateStorageDevice {
+                        action: "clone".into(),
+                        storage: template.to_string(),
+                        title: format!("{hostname}-disk0"),
+                        size,
+                        tier: "maxiops".into(),
+                    }],
+                },
+                networking: CreateNetworking { interfaces: CreateInterfaces { interface: vec![interface("public"), interface("utility")] } },
+                login_user: request.ssh_public_key.as_ref().map(|key| LoginUser {
+                    username: "root".into(),
+                    ssh_keys: SshKeys { ssh_key: vec![key.trim().to_string()] },
+                    create_password: Some("no".into()),
+                }),
+            },
+        }
+    }
+
+    async fn ensure(&self, request: &ServerRequest, plan: &str) -> ProviderResult<ServerObservation> {
+        if let Some(existing) = self.find(&request.identity).await? {
+            return Ok(existing);
+        }
+        let template = self.template(&request.image)?;
+        let body = serde_json::to_string(&self.create_body(request, plan, &template))
+            .map_err(|e| ProviderError::Permanent(format!("cannot serialise the create request: {e}")))?;
+        // One attempt: after a lost response the next attempt finds the server by label.
+        let (_, response) = self.guard.once(|| self.call(Method::Post, "/server", &[], Some(body.clone()))).await?;
+        let created: ServerDetailsResponse = Self::parse("create server", &response)?;
+        tracing::info!(account = %self.account, uid = %request.identity.uid, server = %created.server.uuid, "created UpCloud server");
+        Ok(observe(&created.server))
+    }
+}
+
+/// A hostname UpCloud accepts: lower-case letters, digits and dashes, dot-separated.
+fn hostname(name: &str, namespace: &str) -> String {
+    let clean = |s: &str| -> String {
+        let s: String = s.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+        let s = s.trim_matches('-').chars().take(63).collect::<String>();
+        if s.is_empty() { "server".into() } else { s }
+    };
+    format!("{}.{}", clean(name), clean(namespace))
+}
+
+/// Classifies an UpCloud error response.
+pub fn classify_error(what: &str, status: u16, retry_after: Option<&str>, body: &str) -> ProviderError {
+    let detail = serde_json::from_str::<ErrorResponse>(body).ok().map(|e| e.error);
+    let text = match &detail {
+        Some(d) => format!("{what}: {} ({})", d.error_message, d.error_code),
+        None => format!("{what}: HTTP {status}"),
+    };
+    if let Some(error) = classify_status(status, retry_after, || text.clone()) {
+        return error;
+    }
+    match status {
+        401 | 403 => ProviderError::Auth(text),
+        404 => ProviderError::NotFound(text),
+        // 402: insufficient credits — nothing a retry fixes.
+        402 => ProviderError::Permanent(text),
+        // 409: the server is busy (e.g. SERVER_STATE_ILLEGAL); it settles by itself.
+        409 => ProviderError::Transient(text),
+        400..=499 => ProviderError::InvalidRequest(text),
+        _ => ProviderError::Permanent(text),
+    }
+}
+
+/// Maps UpCloud's server states.
+pub fn machine_state(state: &str) -> MachineState {
+    match state {
+        "started" => MachineState::Running,
+        "stopped" => MachineState::Stopped,
+        "maintenance" => MachineState::Pending,
+        other => MachineState::Other(other.to_string()),
+    }
+}
+
+fn observe(details: &ServerDetails) -> ServerObservation {
+    let mut addresses: Vec<Address> = Vec::new();
+    // IPv4 first: SSH and status prefer it.
+    for family in ["IPv4", "IPv6"] {
+        for ip in details.ip_addresses.ip_address.iter().filter(|ip| ip.family == family) {
+            let kind = if ip.access == "public" { "ExternalIP" } else { "InternalIP" };
+            addresses.push(Address { kind: kind.into(), address: ip.address.clone() });
+        }
+    }
+    ServerObservation {
+        provider_id: ProviderId::new("upcloud", &details.uuid),
+        state: machine_state(&details.state),
+        addresses,
+        plan: details.plan.clone(),
+        tags: details.labels.label.iter().map(|l| (tag_key(&l.key), l.value.clone())).collect(),
+    }
+}
+
+#[async_trait]
+impl Provider for UpcloudProvider {
+    fn provider_type(&self) -> &'static str {
+        "upcloud"
+    }
+
+    fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
+        // Native plans look like 2xCPU-4GB, DEV-1xCPU-1GB-10GB, HIMEM-4xCPU-32GB…
+        plans::resolve("upcloud", plan, &PLANS, |p| {
+            let core = p.split_once('-').filter(|(prefix, _)| prefix.chars().all(|c| c.is_ascii_uppercase())).map_or(p, |(_, rest)| rest);
+            core.split_once("xCPU-").is_some_and(|(cpus, mem)| {
+                !cpus.is_empty() && cpus.chars().all(|c| c.is_ascii_digit()) && mem.contains("GB") && mem.starts_with(|c: char| c.is_ascii_digit())
+            })
+        })
+    }
+
+    async fn validate_credentials(&self) -> ProviderResult<()> {
+        self.call_retrying(|| Method::Get, "/account", &[], None).await.map(|_| ())
+    }
+
+    async fn ensure_server(&self, request: &ServerRequest) -> ProviderResult<ServerObservation> {
+        let plan = self.resolve_plan(&request.plan)?;
+        let zone = if request.zone.is_empty() { &self.zone } else { &request.zone };
+        if !ZONES.contains(&zone.as_str()) {
+            return Err(ProviderError::InvalidRequest(format!("zone {zone:?} is not an UpCloud zone ({})", ZONES.join(", "))));
+        }
+        let uid_lock = lock(&self.ensuring).entry(request.identity.uid.clone()).or_default().clone();
+        let _guard = uid_lock.lock().await;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.ensure(request, &plan).await {
+                Err(e) if e.is_retryable() && attempt < self.guard.policy.max_attempts => {
+                    let delay = match &e {
+                        ProviderError::Throttled { retry_after } => *retry_after,
+                        _ => self.guard.policy.backoff(attempt),
+                    };
+                    tokio::time::sleep(delay).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn find_server(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
+        self.find(identity).await
+    }
+
+    async fn observe_server(&self, id: &ProviderId) -> ProviderResult<Option<ServerObservation>> {
+        Ok(self.details(id.native_id()).await?.map(|d| observe(&d)))
+    }
+
+    async fn delete_server(&self, id: &ProviderId) -> ProviderResult<DeleteOutcome> {
+        let uuid = id.native_id();
+        let Some(details) = self.details(uuid).await? else { return Ok(DeleteOutcome::Gone) };
+        match details.state.as_str() {
+            "started" | "error" => {
+                let body = serde_json::to_string(&StopServerRequest {
+                    stop_server: StopServer { stop_type: "hard".into(), timeout: None },
+                })
+                .map_err(|e| ProviderError::Permanent(format!("cannot serialise the stop request: {e}")))?;
+                match self.call_retrying(|| Method::Post, &format!("/server/{uuid}/stop"), &[], Some(&body)).await {
+                    Ok(_) => Ok(DeleteOutcome::InProgress),
+                    Err(ProviderError::NotFound(_)) => Ok(DeleteOutcome::Gone),
+                    Err(e) => Err(e),
+                }
+            }
+            "stopped" => {
+                let query = [("storages".to_string(), "1".to_string())];
+                match self.call_retrying(|| Method::Delete, &format!("/server/{uuid}"), &query, None).await {
+                    Ok(_) | Err(ProviderError::NotFound(_)) => Ok(DeleteOutcome::Gone),
+                    Err(e) => Err(e),
+                }
+            }
+            // maintenance: stopping or still being created.
+            _ => Ok(DeleteOutcome::InProgress),
+        }
+    }
+
+    async fn exec(&self, id: &ProviderId, request: ExecRequest) -> ProviderResult<ExecResult> {
+        let observation =
+            self.observe_server(id).await?.ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
+        if observation.state != MachineState::Running {
+            return Err(ProviderError::Transient(format!("machine {id} is {}, not running", observation.state.as_str())));
+        }
+        let address = crate::aws::ssh_address(&observation)
+            .ok_or_else(|| ProviderError::Transient(format!("machine {id} has no address yet")))?;
+        self.ssh.exec(&id.0, &address, request).await
+    }
+
+    async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
+        let listed = self.list(tags).await?;
+        let mut observed = Vec::with_capacity(listed.len());
+        for summary in listed {
+            if let Some(details) = self.details(&summary.uuid).await? {
+                observed.push(observe(&details));
+            }
+        }
+        Ok(observed)
+    }
+
+    fn pinned_host_key(&self, id: &ProviderId) -> Option<String> {
+        self.ssh.pinned_host_key(&id.0)
+    }
+
+    fn pin_host_key(&self, id: &ProviderId, host_key: &str) {
+        self.ssh.pin_host_key(&id.0, host_key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_keys_round_trip() {
+        assert_eq!(label_key(crate::tags::SERVER_UID), "provisioning_server-uid");
+        assert_eq!(tag_key("provisioning_server-uid"), crate::tags::SERVER_UID);
+        assert_eq!(label_key("team.example/x y"), "team_example_x_y");
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        let doc = |code: &str| format!(r#"{{"error":{{"error_code":"{code}","error_message":"m"}}}}"#);
+        assert!(matches!(classify_error("x", 401, None, &doc("AUTHENTICATION_FAILED")), ProviderError::Auth(_)));
+        assert!(matches!(classify_error("x", 404, None, &doc("SERVER_NOT_FOUND")), ProviderError::NotFound(_)));
+        assert!(matches!(classify_error("x", 409, None, &doc("SERVER_STATE_ILLEGAL")), ProviderError::Transient(_)));
+        assert!(matches!(classify_error("x", 429, Some("3"), ""), ProviderError::Throttled { .. }));
+        assert!(matches!(classify_error("x", 400, None, &doc("ZONE_INVALID")), ProviderError::InvalidRequest(_)));
+        assert_eq!(hostname("Web_1", "Prod"), "web-1.prod");
+    }
 }

@@ -1,0 +1,270 @@
+//! The EC2 Query API transport: form-encoded POST, signed with SigV4 (`aws-sigv4`), errors
+//! classified for retry. One call, one attempt: retrying is the caller's decision, because
+//! RunInstances must not be repeated blindly (emulators ignore ClientToken).
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+use aws_sigv4::sign::v4;
+use aws_smithy_runtime_api::client::identity::Identity;
+
+use super::model::{self, ErrorResponse};
+use crate::ratelimit::{classify_status, redact, transport_error};
+use crate::{ProviderConfig, ProviderError, ProviderResult};
+
+/// The EC2 API version spoken.
+pub const API_VERSION: &str = "2016-11-15";
+const CONTENT_TYPE: &str = "application/x-www-form-urlencoded; charset=utf-8";
+
+/// Error codes meaning "these credentials cannot do this" (Permanent until they change).
+const AUTH_CODES: &[&str] = &[
+    "AuthFailure",
+    "UnauthorizedOperation",
+    "InvalidClientTokenId",
+    "SignatureDoesNotMatch",
+    "IncompleteSignature",
+    "MissingAuthenticationToken",
+    "ExpiredToken",
+    "RequestExpired",
+    "OptInRequired",
+    "Blocked",
+    "PendingVerification",
+    "AccessDenied",
+    "AccessDeniedException",
+];
+const THROTTLE_CODES: &[&str] = &["RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException"];
+const TRANSIENT_CODES: &[&str] = &["InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "InsufficientInstanceCapacity"];
+
+/// A signed, serialised EC2 request, ready to send.
+pub struct PreparedRequest {
+    /// Form body.
+    pub body: String,
+    /// Headers to send (content type and the SigV4 headers).
+    pub headers: Vec<(String, String)>,
+}
+
+impl fmt::Debug for PreparedRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The Authorization header carries the access key id and a session token may follow.
+        let names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("PreparedRequest").field("body", &self.body).field("headers", &names).finish()
+    }
+}
+
+/// An EC2 endpoint with the account's credentials.
+pub struct Ec2Client {
+    account: String,
+    endpoint: String,
+    region: String,
+    identity: Identity,
+    secrets: Vec<String>,
+    http: reqwest::Client,
+}
+
+impl fmt::Debug for Ec2Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ec2Client")
+            .field("account", &self.account)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("credentials", &"[redacted]")
+            .finish()
+    }
+}
+
+impl Ec2Client {
+    /// Builds the client; credentials come from `config.credentials`.
+    pub fn new(config: &ProviderConfig, region: &str) -> ProviderResult<Self> {
+        let creds = &config.credentials;
+        let missing = |key: &str| {
+            ProviderError::Auth(format!("the credentials of aws account {:?} hold no {key}", config.name))
+        };
+        let access_key = creds.get("AWS_ACCESS_KEY_ID").filter(|v| !v.is_empty()).ok_or_else(|| missing("AWS_ACCESS_KEY_ID"))?;
+        let secret_key =
+            creds.get("AWS_SECRET_ACCESS_KEY").filter(|v| !v.is_empty()).ok_or_else(|| missing("AWS_SECRET_ACCESS_KEY"))?;
+        let session_token = creds.get("AWS_SESSION_TOKEN").filter(|v| !v.is_empty());
+        let endpoint = if config.endpoint.is_empty() {
+            format!("https://ec2.{region}.amazonaws.com/")
+        } else {
+            config.endpoint.clone()
+        };
+        let url = reqwest::Url::parse(&endpoint)
+            .map_err(|e| ProviderError::InvalidRequest(format!("aws endpoint {endpoint:?} is not a URL: {e}")))?;
+        if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {
+            return Err(ProviderError::InvalidRequest(format!("aws endpoint {endpoint:?} needs http(s) and a host")));
+        }
+        let identity: Identity = aws_credential_types::Credentials::new(
+            access_key,
+            secret_key,
+            session_token.map(str::to_string),
+            None,
+            "provisioning-workspace-secret",
+        )
+        .into();
+        let mut secrets = vec![access_key.to_string(), secret_key.to_string()];
+        secrets.extend(session_token.map(str::to_string));
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| ProviderError::Permanent(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Ec2Client { account: config.name.clone(), endpoint: url.to_string(), region: region.to_string(), identity, secrets, http })
+    }
+
+    /// Serialises and signs one call.
+    pub fn prepare(&self, action: &str, params: &[(String, String)]) -> ProviderResult<PreparedRequest> {
+        let mut form = form_urlencoded::Serializer::new(String::new());
+        form.append_pair("Action", action).append_pair("Version", API_VERSION);
+        for (k, v) in params {
+            form.append_pair(k, v);
+        }
+        let body = form.finish();
+        let base_headers = [("content-type", CONTENT_TYPE)];
+        let signable =
+            SignableRequest::new("POST", &self.endpoint, base_headers.into_iter(), SignableBody::Bytes(body.as_bytes()))
+                .map_err(|e| ProviderError::Permanent(format!("cannot sign {action}: {e}")))?;
+        let params = v4::SigningParams::builder()
+            .identity(&self.identity)
+            .region(&self.region)
+            .name("ec2")
+            .time(SystemTime::now())
+            .settings(SigningSettings::default())
+            .build()
+            .map_err(|e| ProviderError::Permanent(format!("cannot sign {action}: {e}")))?
+            .into();
+        let (instructions, _signature) =
+            sign(signable, &params).map_err(|e| ProviderError::Permanent(format!("cannot sign {action}: {e}")))?.into_parts();
+        let mut headers = vec![("content-type".to_string(), CONTENT_TYPE.to_string())];
+        headers.extend(instructions.headers().map(|(k, v)| (k.to_string(), v.to_string())));
+        Ok(PreparedRequest { body, headers })
+    }
+
+    /// Sends one call and returns the response document, or the classified error.
+    pub async fn call(&self, action: &str, params: &[(String, String)]) -> ProviderResult<String> {
+        let prepared = self.prepare(action, params)?;
+        let mut request = self.http.post(&self.endpoint).body(prepared.body);
+        for (k, v) in &prepared.headers {
+            request = request.header(k.as_str(), v.as_str());
+        }
+        let response = request.send().await.map_err(|e| self.redact_error(transport_error(&format!("EC2 {action}"), &e)))?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let text = response
+            .text()
+            .await
+            .map_err(|e| self.redact_error(transport_error(&format!("EC2 {action} response"), &e)))?;
+        if (200..300).contains(&status) {
+            return Ok(text);
+        }
+        Err(self.redact_error(classify_error(action, status, retry_after.as_deref(), &text)))
+    }
+
+    /// Parses a successful response document.
+    pub fn parse<T: serde::de::DeserializeOwned>(&self, action: &str, xml: &str) -> ProviderResult<T> {
+        // A truncated document is what a dropped connection looks like mid-body.
+        model::parse(xml).map_err(|e| ProviderError::Transient(format!("EC2 {action}: unreadable response: {e}")))
+    }
+
+    fn redact_error(&self, error: ProviderError) -> ProviderError {
+        let secrets: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
+        let clean = |m: &String| redact(m, &secrets);
+        match error {
+            ProviderError::Transient(m) => ProviderError::Transient(clean(&m)),
+            ProviderError::NotFound(m) => ProviderError::NotFound(clean(&m)),
+            ProviderError::Auth(m) => ProviderError::Auth(clean(&m)),
+            ProviderError::InvalidRequest(m) => ProviderError::InvalidRequest(clean(&m)),
+            ProviderError::Permanent(m) => ProviderError::Permanent(clean(&m)),
+            throttled @ ProviderError::Throttled { .. } => throttled,
+        }
+    }
+}
+
+/// Classifies an EC2 error response by HTTP status and error code.
+pub fn classify_error(action: &str, status: u16, retry_after: Option<&str>, body: &str) -> ProviderError {
+    let detail = model::parse::<ErrorResponse>(body).ok().and_then(|e| e.errors.errors.into_iter().next());
+    let (code, message) = match &detail {
+        Some(d) => (d.code.as_str(), d.message.as_str()),
+        None => ("", ""),
+    };
+    let text = if code.is_empty() {
+        format!("EC2 {action}: HTTP {status}")
+    } else {
+        format!("EC2 {action}: {code}: {message}")
+    };
+    if THROTTLE_CODES.contains(&code) {
+        return ProviderError::Throttled {
+            retry_after: retry_after.and_then(crate::ratelimit::parse_retry_after).unwrap_or(Duration::from_secs(1)),
+        };
+    }
+    if AUTH_CODES.contains(&code) || status == 401 || status == 403 {
+        return ProviderError::Auth(text);
+    }
+    if TRANSIENT_CODES.contains(&code) {
+        return ProviderError::Transient(text);
+    }
+    if let Some(error) = classify_status(status, retry_after, || text.clone()) {
+        return error;
+    }
+    if code.starts_with("InvalidInstanceID.NotFound") || code == "InvalidInstanceID.Malformed" {
+        return ProviderError::NotFound(text);
+    }
+    if (400..500).contains(&status) {
+        return ProviderError::InvalidRequest(text);
+    }
+    ProviderError::Permanent(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Credentials;
+
+    fn client() -> Ec2Client {
+        let config = ProviderConfig {
+            name: "acct".into(),
+            credentials: Credentials(
+                [
+                    ("AWS_ACCESS_KEY_ID".to_string(), "AKIDEXAMPLEKEY1".to_string()),
+                    ("AWS_SECRET_ACCESS_KEY".to_string(), "wJalrXUtnFEMIEXAMPLESECRET".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        Ec2Client::new(&config, "eu-north-1").expect("client")
+    }
+
+    #[test]
+    fn requests_are_signed_and_debug_is_clean() {
+        let c = client();
+        let prepared = c.prepare("DescribeInstances", &[("InstanceId.1".into(), "i-1".into())]).expect("prepare");
+        assert!(prepared.body.contains("Action=DescribeInstances") && prepared.body.contains("Version=2016-11-15"));
+        let auth = prepared.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone()).unwrap_or_default();
+        assert!(auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLEKEY1/"), "{auth}");
+        assert!(auth.contains("/eu-north-1/ec2/aws4_request"));
+        let debug = format!("{c:?} {prepared:?}");
+        assert!(!debug.contains("AKIDEXAMPLEKEY1") && !debug.contains("EXAMPLESECRET"), "{debug}");
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        let doc = |code: &str| {
+            format!("<Response><Errors><Error><Code>{code}</Code><Message>m</Message></Error></Errors><RequestID>r</RequestID></Response>")
+        };
+        assert!(matches!(classify_error("X", 401, None, &doc("AuthFailure")), ProviderError::Auth(_)));
+        assert!(matches!(classify_error("X", 403, None, &doc("UnauthorizedOperation")), ProviderError::Auth(_)));
+        assert!(matches!(
+            classify_error("X", 503, Some("2"), &doc("RequestLimitExceeded")),
+            ProviderError::Throttled { retry_after } if retry_after == Duration::from_secs(2)
+        ));
+        assert!(matches!(classify_error("X", 500, None, &doc("InternalError")), ProviderError::Transient(_)));
+        assert!(matches!(classify_error("X", 502, None, "<html>bad gateway</html>"), ProviderError::Transient(_)));
+        assert!(matches!(classify_error("X", 400, None, &doc("InvalidInstanceID.NotFound")), ProviderError::NotFound(_)));
+        assert!(matches!(classify_error("X", 400, None, &doc("InvalidAMIID.Malformed")), ProviderError::InvalidRequest(_)));
+    }
+}

@@ -1,0 +1,472 @@
+//! SSH `exec` for cloud machines (aws, upcloud).
+//!
+//! - The private key is a credential (`SSH_PRIVATE_KEY` in the account's Secret); it never
+//!   appears in errors or `Debug` output.
+//! - The host key is pinned per machine (by provider id, not by address: cloud addresses
+//!   are reused) on first contact, kept in a file under the provider's state directory, and
+//!   exposed so the controller can store it in `status.hostKey`. A changed key is refused.
+//! - Before the first command, the configured assets (the `nu` binary, task scripts) are
+//!   copied over, once per content hash: a marker file on the machine records the hash.
+//! - Output is streamed line by line to `ExecRequest::output`; a timeout returns
+//!   `ExecResult { timed_out: true, .. }`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use russh::ChannelMsg;
+use russh::client;
+use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
+use sha2::{Digest, Sha256};
+
+use crate::{ExecRequest, ExecResult, OutputSink, ProviderConfig, ProviderError, ProviderResult, SshAsset};
+
+/// Most output kept per stream; the rest is still streamed but not returned.
+const MAX_CAPTURE: usize = 4 * 1024 * 1024;
+const DEFAULT_MARKER: &str = "/var/lib/provisioning/assets.sha256";
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Critical sections are single map operations: a poisoned lock still holds valid data.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Host keys pinned per machine, persisted as JSON under the state directory.
+struct KnownHosts {
+    path: Option<PathBuf>,
+    pins: Mutex<BTreeMap<String, String>>,
+}
+
+impl KnownHosts {
+    fn open(path: Option<PathBuf>) -> Self {
+        let pins = path
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
+        KnownHosts { path, pins: Mutex::new(pins) }
+    }
+
+    fn get(&self, machine: &str) -> Option<String> {
+        lock(&self.pins).get(machine).cloned()
+    }
+
+    fn pin(&self, machine: &str, key: &str) {
+        let snapshot = {
+            let mut pins = lock(&self.pins);
+            if pins.get(machine).map(String::as_str) == Some(key) {
+                return;
+            }
+            pins.insert(machine.to_string(), key.to_string());
+            pins.clone()
+        };
+        if let Some(path) = &self.path {
+            // Write-then-rename: a crash never leaves a torn file behind.
+            let tmp = path.with_extension("json.tmp");
+            let written = serde_json::to_vec_pretty(&snapshot)
+                .map_err(std::io::Error::other)
+                .and_then(|bytes| std::fs::write(&tmp, bytes))
+                .and_then(|()| std::fs::rename(&tmp, path));
+            if let Err(e) = written {
+                tracing::warn!(path = %path.display(), error = %e, "cannot persist pinned SSH host keys");
+            }
+        }
+    }
+}
+
+/// The public-key part of an OpenSSH key line (algorithm and base64), without comment.
+fn normalize_key(line: &str) -> String {
+    line.split_whitespace().take(2).collect::<Vec<_>>().join(" ")
+}
+
+struct HostKeyCheck {
+    pinned: Option<String>,
+    offered: Arc<Mutex<Option<String>>>,
+}
+
+impl client::Handler for HostKeyCheck {
+    type Error = russh::Error;
+
+    async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Self::Error> {
+        let PublicKeyOrCertificate::PublicKey { key, .. } = key else {
+            return Ok(false);
+        };
+        let Ok(line) = key.to_openssh() else {
+            return Ok(false);
+        };
+        let line = normalize_key(&line);
+        let accepted = self.pinned.as_ref().is_none_or(|pinned| *pinned == line);
+        *lock(&self.offered) = Some(line);
+        Ok(accepted)
+    }
+}
+
+/// Runs commands on cloud machines over SSH.
+pub struct SshExecutor {
+    account: String,
+    user: String,
+    port: u16,
+    address_override: Option<String>,
+    key: Result<Arc<PrivateKey>, String>,
+    assets: Vec<SshAsset>,
+    assets_marker: String,
+    connect_timeout: Duration,
+    known_hosts: KnownHosts,
+    assets_hash: tokio::sync::OnceCell<String>,
+    /// Machines whose assets are known to be current, with the hash they hold.
+    assets_done: Mutex<HashMap<String, String>>,
+    /// One asset copy per machine at a time.
+    copy_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl fmt::Debug for SshExecutor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SshExecutor")
+            .field("account", &self.account)
+            .field("user", &self.user)
+            .field("port", &self.port)
+            .field("address_override", &self.address_override)
+            .field("key", &self.key.as_ref().map(|_| "[redacted]"))
+            .field("assets", &self.assets.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SshExecutor {
+    /// Builds the executor of an account. A missing or unreadable key is reported at the first
+    /// `exec`, so that accounts without SSH still work for everything else.
+    pub fn new(config: &ProviderConfig, default_user: &str) -> Self {
+        let key = match config.credentials.get("SSH_PRIVATE_KEY") {
+            None => Err(format!("the credentials of account {:?} hold no SSH_PRIVATE_KEY", config.name)),
+            Some(text) => russh::keys::decode_secret_key(text, None).map(Arc::new).map_err(|_| {
+                // The decoder's message may quote key material: say only which key failed.
+                format!("SSH_PRIVATE_KEY of account {:?} is not a readable OpenSSH private key", config.name)
+            }),
+        };
+        let ssh = &config.ssh;
+        let known_hosts_path = (!config.state_dir.as_os_str().is_empty()).then(|| {
+            let _ = std::fs::create_dir_all(&config.state_dir);
+            config.state_dir.join(format!("known-hosts-{}-{}.json", config.provider_type, config.name))
+        });
+        SshExecutor {
+            account: config.name.clone(),
+            user: if ssh.user.is_empty() { default_user.to_string() } else { ssh.user.clone() },
+            port: if ssh.port == 0 { 22 } else { ssh.port },
+            address_override: ssh.address_override.clone(),
+            key,
+            assets: ssh.assets.clone(),
+            assets_marker: if ssh.assets_marker.is_empty() { DEFAULT_MARKER.into() } else { ssh.assets_marker.clone() },
+            connect_timeout: if ssh.connect_timeout.is_zero() { Duration::from_secs(20) } else { ssh.connect_timeout },
+            known_hosts: KnownHosts::open(known_hosts_path),
+            assets_hash: tokio::sync::OnceCell::new(),
+            assets_done: Mutex::new(HashMap::new()),
+            copy_locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The host key pinned for a machine, as an OpenSSH public-key line.
+    pub fn pinned_host_key(&self, machine: &str) -> Option<String> {
+        self.known_hosts.get(machine)
+    }
+
+    /// Pins a host key recorded earlier (status.hostKey).
+    pub fn pin_host_key(&self, machine: &str, key: &str) {
+        self.known_hosts.pin(machine, &normalize_key(key));
+    }
+
+    /// Runs `request` on the machine `machine` (a provider id) reachable at `address`.
+    pub async fn exec(&self, machine: &str, address: &str, request: ExecRequest) -> ProviderResult<ExecResult> {
+        if request.argv.is_empty() {
+            return Err(ProviderError::InvalidRequest("exec needs a program to run".into()));
+        }
+        let command = build_command(&request)?;
+        let host = self.address_override.as_deref().unwrap_or(address);
+        let session = self.connect(machine, host).await?;
+        if !self.assets.is_empty() {
+            self.ensure_assets(machine, &session).await?;
+        }
+        let result = run(&session, &command, request.stdin.as_deref(), request.output.as_ref(), Some(request.timeout)).await;
+        let _ = session.disconnect(russh::Disconnect::ByApplication, "", "en").await;
+        result
+    }
+
+    async fn connect(&self, machine: &str, host: &str) -> ProviderResult<client::Handle<HostKeyCheck>> {
+        let key = self.key.clone().map_err(ProviderError::InvalidRequest)?;
+        let pinned = self.known_hosts.get(machine);
+        let offered = Arc::new(Mutex::new(None));
+        let check = HostKeyCheck { pinned: pinned.clone(), offered: offered.clone() };
+        let config = Arc::new(client::Config {
+            inactivity_timeout: Some(Duration::from_secs(300)),
+            keepalive_interval: Some(Duration::from_secs(30)),
+            ..Default::default()
+        });
+        let target = format!("{}@{host}:{}", self.user, self.port);
+        let connected = tokio::time::timeout(self.connect_timeout, client::connect(config, (host, self.port), check)).await;
+        let mut session = match connected {
+            Err(_) => return Err(ProviderError::Transient(format!("SSH to {target}: no answer within {:?}", self.connect_timeout))),
+            Ok(Err(e)) => {
+                let offered = lock(&offered).clone();
+                if let (Some(pinned), Some(offered)) = (&pinned, &offered)
+                    && pinned != offered
+                {
+                    return Err(ProviderError::Permanent(format!(
+                        "SSH host key of machine {machine} at {host} changed: pinned {}, offered {}; refusing to connect",
+                        fingerprint(pinned),
+                        fingerprint(offered)
+                    )));
+                }
+                // Booting machines refuse or reset connections for a while.
+                return Err(ProviderError::Transient(format!("SSH to {target}: {e}")));
+            }
+            Ok(Ok(session)) => session,
+        };
+        let hash = session.best_supported_rsa_hash().await.ok().flatten().flatten();
+        let auth = tokio::time::timeout(
+            self.connect_timeout,
+            session.authenticate_publickey(self.user.clone(), PrivateKeyWithHashAlg::new(key, hash)),
+        )
+        .await
+        .map_err(|_| ProviderError::Transient(format!("SSH to {target}: authentication timed out")))?
+        .map_err(|e| ProviderError::Transient(format!("SSH to {target}: {e}")))?;
+        if !auth.success() {
+            return Err(ProviderError::Auth(format!("SSH login {target} refused the account's key")));
+        }
+        if pinned.is_none()
+            && let Some(offered) = lock(&offered).clone()
+        {
+            tracing::info!(machine, fingerprint = %fingerprint(&offered), "pinned SSH host key on first contact");
+            self.known_hosts.pin(machine, &offered);
+        }
+        Ok(session)
+    }
+
+    async fn assets_hash(&self) -> ProviderResult<&String> {
+        self.assets_hash
+            .get_or_try_init(|| async {
+                let mut hasher = Sha256::new();
+                for asset in &self.assets {
+                    let content = tokio::fs::read(&asset.local).await.map_err(|e| {
+                        ProviderError::Permanent(format!("cannot read asset {}: {e}", asset.local.display()))
+                    })?;
+                    hasher.update(asset.remote.as_bytes());
+                    hasher.update([0]);
+                    hasher.update(asset.mode.to_le_bytes());
+                    hasher.update((content.len() as u64).to_le_bytes());
+                    hasher.update(&content);
+                }
+                Ok(hex(&hasher.finalize()))
+            })
+            .await
+    }
+
+    /// Copies the assets unless the machine's marker already names their content hash.
+    async fn ensure_assets(&self, machine: &str, session: &client::Handle<HostKeyCheck>) -> ProviderResult<()> {
+        let hash = self.assets_hash().await?.clone();
+        if lock(&self.assets_done).get(machine) == Some(&hash) {
+            return Ok(());
+        }
+        let copy_lock = lock(&self.copy_locks).entry(machine.to_string()).or_default().clone();
+        let _guard = copy_lock.lock().await;
+        if lock(&self.assets_done).get(machine) == Some(&hash) {
+            return Ok(());
+        }
+        let marker = quote(&self.assets_marker);
+        let current = run(session, &format!("cat {marker} 2>/dev/null || true"), None, None, None).await?;
+        if current.stdout.trim() != hash {
+            for asset in &self.assets {
+                let content = tokio::fs::read(&asset.local)
+                    .await
+                    .map_err(|e| ProviderError::Permanent(format!("cannot read asset {}: {e}", asset.local.display())))?;
+                let remote = quote(&asset.remote);
+                let tmp = quote(&format!("{}.provisioning-tmp", asset.remote));
+                let copy = format!(
+                    "mkdir -p \"$(dirname {remote})\" && cat > {tmp} && chmod {:o} {tmp} && mv -f {tmp} {remote}",
+                    asset.mode
+                );
+                let copied = run(session, &copy, Some(&content), None, None).await?;
+                if copied.exit_code != Some(0) {
+                    return Err(ProviderError::Transient(format!(
+                        "copying {} to machine {machine} failed: {}",
+                        asset.remote,
+                        copied.stderr.trim()
+                    )));
+                }
+            }
+            let write_marker = format!("mkdir -p \"$(dirname {marker})\" && printf %s {hash} > {marker}");
+            let written = run(session, &write_marker, None, None, None).await?;
+            if written.exit_code != Some(0) {
+                return Err(ProviderError::Transient(format!(
+                    "recording assets on machine {machine} failed: {}",
+                    written.stderr.trim()
+                )));
+            }
+            tracing::info!(machine, assets = self.assets.len(), hash = %hash, "copied assets");
+        }
+        lock(&self.assets_done).insert(machine.to_string(), hash);
+        Ok(())
+    }
+}
+
+/// `SHA256:<base64>` of an OpenSSH public-key line, as `ssh-keygen -l` prints it.
+pub fn fingerprint(key_line: &str) -> String {
+    russh::keys::PublicKey::from_openssh(key_line)
+        .map(|k| k.fingerprint(russh::keys::HashAlg::Sha256).to_string())
+        .unwrap_or_else(|_| "(unreadable key)".into())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Quotes one word for the remote POSIX shell (SSH passes a single command string).
+pub fn quote(word: &str) -> String {
+    let safe = !word.is_empty()
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c));
+    if safe { word.to_string() } else { format!("'{}'", word.replace('\'', "'\\''")) }
+}
+
+/// The remote command line: `env K=V … argv…`, every word quoted.
+fn build_command(request: &ExecRequest) -> ProviderResult<String> {
+    let mut words = Vec::new();
+    if !request.env.is_empty() {
+        words.push("env".to_string());
+        for (key, value) in &request.env {
+            let valid = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(ProviderError::InvalidRequest(format!("invalid environment variable name {key:?}")));
+            }
+            words.push(quote(&format!("{key}={value}")));
+        }
+    }
+    words.extend(request.argv.iter().map(|w| quote(w)));
+    Ok(words.join(" "))
+}
+
+/// Splits a byte stream into lines, sends each to the sink and keeps a bounded copy.
+#[derive(Default)]
+struct LineStream {
+    pending: Vec<u8>,
+    captured: Vec<u8>,
+}
+
+impl LineStream {
+    fn push(&mut self, data: &[u8], sink: Option<&OutputSink>) {
+        if self.captured.len() < MAX_CAPTURE {
+            let room = MAX_CAPTURE - self.captured.len();
+            self.captured.extend_from_slice(&data[..data.len().min(room)]);
+        }
+        self.pending.extend_from_slice(data);
+        while let Some(pos) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=pos).collect();
+            if let Some(sink) = sink {
+                let _ = sink.send(String::from_utf8_lossy(&line[..line.len() - 1]).trim_end_matches('\r').to_string());
+            }
+        }
+    }
+
+    fn finish(mut self, sink: Option<&OutputSink>) -> String {
+        if !self.pending.is_empty()
+            && let Some(sink) = sink
+        {
+            let _ = sink.send(String::from_utf8_lossy(&self.pending).to_string());
+        }
+        self.pending.clear();
+        String::from_utf8_lossy(&self.captured).to_string()
+    }
+}
+
+/// Runs one command on an open session.
+async fn run(
+    session: &client::Handle<HostKeyCheck>,
+    command: &str,
+    stdin: Option<&[u8]>,
+    sink: Option<&OutputSink>,
+    timeout: Option<Duration>,
+) -> ProviderResult<ExecResult> {
+    let io = |e: russh::Error| ProviderError::Transient(format!("SSH channel: {e}"));
+    let mut channel = session.channel_open_session().await.map_err(io)?;
+    channel.exec(true, command).await.map_err(io)?;
+    if let Some(bytes) = stdin {
+        channel.data(bytes).await.map_err(io)?;
+    }
+    channel.eof().await.map_err(io)?;
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let (mut out, mut err) = (LineStream::default(), LineStream::default());
+    let mut exit_code = None;
+    let mut timed_out = false;
+    loop {
+        let msg = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, channel.wait()).await {
+                Ok(msg) => msg,
+                Err(_) => {
+                    timed_out = true;
+                    // Best effort: OpenSSH delivers the signal; closing the channel hangs up.
+                    let _ = channel.signal(russh::Sig::KILL).await;
+                    let _ = channel.close().await;
+                    break;
+                }
+            },
+            None => channel.wait().await,
+        };
+        match msg {
+            None => break,
+            Some(ChannelMsg::Data { data }) => out.push(&data, sink),
+            Some(ChannelMsg::ExtendedData { data, ext: 1 }) => err.push(&data, sink),
+            Some(ChannelMsg::ExitStatus { exit_status }) => exit_code = Some(i64::from(exit_status)),
+            Some(_) => {}
+        }
+    }
+    Ok(ExecResult {
+        exit_code: if timed_out { None } else { exit_code },
+        timed_out,
+        stdout: out.finish(sink),
+        stderr: err.finish(sink),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_quoted_for_the_remote_shell() {
+        assert_eq!(quote("echo"), "echo");
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), "'it'\\''s'");
+        assert_eq!(quote(""), "''");
+        let request = ExecRequest {
+            argv: vec!["nu".into(), "-c".into(), "print $env.X".into()],
+            stdin: None,
+            env: [("X".to_string(), "1 2".to_string())].into(),
+            timeout: Duration::from_secs(1),
+            output: None,
+        };
+        assert_eq!(build_command(&request).ok().as_deref(), Some("env 'X=1 2' nu -c 'print $env.X'"));
+    }
+
+    #[test]
+    fn lines_are_streamed_and_captured() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut s = LineStream::default();
+        s.push(b"one\ntw", Some(&tx));
+        s.push(b"o\nthree", Some(&tx));
+        let all = s.finish(Some(&tx));
+        assert_eq!(all, "one\ntwo\nthree");
+        let lines: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(lines, ["one", "two", "three"]);
+    }
+
+    #[test]
+    fn debug_hides_the_key() {
+        let config = ProviderConfig {
+            name: "acct".into(),
+            credentials: crate::Credentials([("SSH_PRIVATE_KEY".to_string(), "not-a-key-s3cret".to_string())].into()),
+            ..Default::default()
+        };
+        let exec = SshExecutor::new(&config, "root");
+        let text = format!("{exec:?} {:?}", exec.key.as_ref().err());
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+}

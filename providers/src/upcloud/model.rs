@@ -1,0 +1,287 @@
+//! UpCloud API 1.3 request and response shapes (JSON). UpCloud wraps every list in an
+//! object named after its items (`{"servers": {"server": [...]}}`, `{"labels": {"label":
+//! [...]}}`), which these types follow literally.
+
+use serde::{Deserialize, Serialize};
+
+/// `{"label": [...]}`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LabelList {
+    /// Labels.
+    #[serde(default)]
+    pub label: Vec<Label>,
+}
+
+/// A server label.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Label {
+    /// Key: letters, digits, `-` and `_`.
+    pub key: String,
+    /// Value.
+    pub value: String,
+}
+
+/// `POST /1.3/server` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateServerRequest {
+    /// The server to create.
+    pub server: CreateServer,
+}
+
+/// The `server` object of a create request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateServer {
+    /// Zone, e.g. fi-hel1.
+    pub zone: String,
+    /// Title shown in the hub.
+    pub title: String,
+    /// Hostname.
+    pub hostname: String,
+    /// Plan, e.g. 1xCPU-2GB.
+    pub plan: String,
+    /// `yes`: cloud-init templates need the metadata service.
+    pub metadata: String,
+    /// Labels.
+    pub labels: LabelList,
+    /// Storage devices.
+    pub storage_devices: CreateStorageDevices,
+    /// Network interfaces.
+    pub networking: CreateNetworking,
+    /// The login user and its SSH keys.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub login_user: Option<LoginUser>,
+}
+
+/// `{"storage_device": [...]}` of a create request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateStorageDevices {
+    /// Devices.
+    pub storage_device: Vec<CreateStorageDevice>,
+}
+
+/// A storage device to create.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateStorageDevice {
+    /// `clone` a template, `create` an empty disk or `attach` an existing one.
+    pub action: String,
+    /// Template (or storage) UUID.
+    pub storage: String,
+    /// Title.
+    pub title: String,
+    /// Size in GiB.
+    pub size: u32,
+    /// `maxiops` or `hdd`.
+    pub tier: String,
+}
+
+/// `networking` of a create request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateNetworking {
+    /// `{"interface": [...]}`.
+    pub interfaces: CreateInterfaces,
+}
+
+/// `{"interface": [...]}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateInterfaces {
+    /// Interfaces.
+    pub interface: Vec<CreateInterface>,
+}
+
+/// One interface to create.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateInterface {
+    /// Addresses to assign.
+    pub ip_addresses: CreateIpAddresses,
+    /// `public`, `utility` or `private`.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// `{"ip_address": [...]}` of a create request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateIpAddresses {
+    /// Addresses.
+    pub ip_address: Vec<CreateIpAddress>,
+}
+
+/// An address to assign.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateIpAddress {
+    /// `IPv4` or `IPv6`.
+    pub family: String,
+}
+
+/// `login_user` of a create request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LoginUser {
+    /// User name.
+    pub username: String,
+    /// `{"ssh_key": [...]}`.
+    pub ssh_keys: SshKeys,
+    /// `no`: keys only.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub create_password: Option<String>,
+}
+
+/// `{"ssh_key": [...]}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SshKeys {
+    /// OpenSSH public-key lines.
+    pub ssh_key: Vec<String>,
+}
+
+/// `POST /1.3/server/{uuid}/stop` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StopServerRequest {
+    /// The stop request.
+    pub stop_server: StopServer,
+}
+
+/// `stop_server`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StopServer {
+    /// `soft` (ACPI, then hard after timeout) or `hard`.
+    pub stop_type: String,
+    /// Seconds before a soft stop turns hard (a string in UpCloud's API).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub timeout: Option<String>,
+}
+
+/// `GET /1.3/server` response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServerListResponse {
+    /// `{"server": [...]}`.
+    pub servers: ServerList,
+}
+
+/// `{"server": [...]}`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ServerList {
+    /// Servers.
+    #[serde(default)]
+    pub server: Vec<ServerSummary>,
+}
+
+/// A server as listed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServerSummary {
+    /// UUID.
+    pub uuid: String,
+    /// started, stopped, maintenance or error.
+    pub state: String,
+    /// Plan name or `custom`.
+    #[serde(default)]
+    pub plan: String,
+    /// Zone.
+    #[serde(default)]
+    pub zone: String,
+    /// Title.
+    #[serde(default)]
+    pub title: String,
+    /// Hostname.
+    #[serde(default)]
+    pub hostname: String,
+    /// Labels.
+    #[serde(default)]
+    pub labels: LabelList,
+}
+
+/// `GET /1.3/server/{uuid}` and create/stop responses.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServerDetailsResponse {
+    /// The server.
+    pub server: ServerDetails,
+}
+
+/// Server details.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServerDetails {
+    /// UUID.
+    pub uuid: String,
+    /// started, stopped, maintenance or error.
+    pub state: String,
+    /// Plan.
+    #[serde(default)]
+    pub plan: String,
+    /// Zone.
+    #[serde(default)]
+    pub zone: String,
+    /// Title.
+    #[serde(default)]
+    pub title: String,
+    /// Hostname.
+    #[serde(default)]
+    pub hostname: String,
+    /// Labels.
+    #[serde(default)]
+    pub labels: LabelList,
+    /// Addresses.
+    #[serde(default)]
+    pub ip_addresses: IpAddressList,
+    /// Attached storages.
+    #[serde(default)]
+    pub storage_devices: StorageDeviceList,
+}
+
+/// `{"ip_address": [...]}`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct IpAddressList {
+    /// Addresses.
+    #[serde(default)]
+    pub ip_address: Vec<IpAddress>,
+}
+
+/// An address of a server.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct IpAddress {
+    /// `public`, `utility` or `private`.
+    pub access: String,
+    /// The address.
+    pub address: String,
+    /// `IPv4` or `IPv6`.
+    pub family: String,
+}
+
+/// `{"storage_device": [...]}`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StorageDeviceList {
+    /// Devices.
+    #[serde(default)]
+    pub storage_device: Vec<StorageDevice>,
+}
+
+/// An attached storage.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StorageDevice {
+    /// Storage UUID.
+    pub storage: String,
+    /// Size in GiB.
+    #[serde(default)]
+    pub storage_size: u32,
+    /// Title.
+    #[serde(default)]
+    pub storage_title: String,
+    /// `disk` or `cdrom`.
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    /// e.g. `virtio:0`.
+    #[serde(default)]
+    pub address: String,
+}
+
+/// UpCloud's error document.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// `error`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// Machine-readable code, e.g. SERVER_NOT_FOUND.
+    pub error_code: String,
+    /// Human-readable message.
+    pub error_message: String,
+}
