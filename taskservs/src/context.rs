@@ -140,6 +140,8 @@ pub(crate) fn template_env() -> minijinja::Environment<'static> {
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     env.set_keep_trailing_newline(true);
+    // Config files, not HTML: no escaping by file extension (.yml would JSON-quote strings).
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     env
 }
 
@@ -157,10 +159,11 @@ impl Catalog {
             let render_error = |e: minijinja::Error| TemplateError::Render {
                 service: service.to_string(),
                 template: name.clone(),
-                message: format!("{e:#}"),
+                // Display only: the alternate form dumps every referenced value (passwords too).
+                message: e.to_string(),
             };
             let env = template_env();
-            let text = env.render_str(source, &values).map_err(render_error)?;
+            let text = env.template_from_named_str(name, source).and_then(|t| t.render(&values)).map_err(render_error)?;
             rendered.insert(name.clone(), text);
         }
         Ok(rendered)

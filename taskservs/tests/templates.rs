@@ -1,0 +1,125 @@
+//! Templates rendered from the script context.
+
+use provisioning_taskservs::{
+    AddressInfo, Catalog, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, TemplateError, WorkspaceInfo,
+};
+use serde_json::json;
+
+fn catalog() -> Catalog {
+    Catalog::load(&Catalog::default_dir()).expect("catalog loads")
+}
+
+fn ip(addr: &str) -> Vec<AddressInfo> {
+    vec![AddressInfo { kind: "InternalIP".into(), address: addr.into() }]
+}
+
+fn peer(name: &str, addr: &str, pool: &str) -> PeerInfo {
+    PeerInfo { name: name.into(), addresses: ip(addr), pool: pool.into() }
+}
+
+fn context(service: &str, server: (&str, &str), peers: Vec<PeerInfo>, config: serde_json::Value) -> ScriptContext {
+    let catalog = catalog();
+    let resolved = catalog.validate_request(service, None, &config).expect("valid config");
+    ScriptContext {
+        server: ServerInfo {
+            name: server.0.into(),
+            namespace: "dev".into(),
+            addresses: ip(server.1),
+            hostname: server.0.into(),
+            pool: String::new(),
+        },
+        peers,
+        cluster: ClusterInfo { name: "etcd".into(), servers: vec![] },
+        workspace: WorkspaceInfo { name: "dev".into(), environment: "dev".into(), config: json!({}) },
+        taskserv: TaskServInfo {
+            name: format!("{service}-ts"),
+            service: service.into(),
+            version: resolved.version,
+            previous_version: None,
+        },
+        config: resolved.config,
+        templates: Default::default(),
+    }
+}
+
+#[test]
+fn etcd_initial_cluster_lists_every_member_in_name_order() {
+    let peers = vec![peer("etcd-2", "10.0.0.12", ""), peer("etcd-0", "10.0.0.10", "")];
+    let ctx = context("etcd", ("etcd-1", "10.0.0.11"), peers, json!({})).with_templates(&catalog()).expect("render");
+    let conf = &ctx.templates["etcd.conf.yml"];
+    let yaml: serde_json::Value = serde_yaml_ng::from_str(conf).unwrap_or_else(|e| panic!("{e}:\n{conf}"));
+    assert_eq!(yaml["name"], "etcd-1");
+    assert_eq!(
+        yaml["initial-cluster"],
+        "etcd-0=http://10.0.0.10:2380,etcd-1=http://10.0.0.11:2380,etcd-2=http://10.0.0.12:2380"
+    );
+    assert_eq!(yaml["advertise-client-urls"], "http://10.0.0.11:2379");
+    assert_eq!(yaml["initial-cluster-token"], "etcd-etcd");
+    assert_eq!(yaml["initial-cluster-state"], "new");
+}
+
+#[test]
+fn haproxy_backends_from_pool_peers_or_config() {
+    // From the Cluster's servers of a pool (this server excluded).
+    let mut ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![], json!({"backendPool": "web", "backendPort": 8080}));
+    ctx.cluster.servers = vec![peer("lb-0", "10.0.0.2", "lb"), peer("web-0", "10.0.0.20", "web"), peer("web-1", "10.0.0.21", "web")];
+    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    assert!(cfg.contains("server web-0 10.0.0.20:8080 check"), "{cfg}");
+    assert!(cfg.contains("server web-1 10.0.0.21:8080 check"), "{cfg}");
+    assert!(!cfg.contains("server lb-0"), "{cfg}");
+    // From explicit backends.
+    let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![], json!({"backends": [{"name": "api", "address": "192.0.2.1", "port": 9000}]}));
+    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    assert!(cfg.contains("server api 192.0.2.1:9000 check"), "{cfg}");
+    // From the peers.
+    let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![peer("lb-1", "10.0.0.3", "")], json!({}));
+    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    assert!(cfg.contains("server lb-1 10.0.0.3:80 check"), "{cfg}");
+}
+
+#[test]
+fn every_shipped_template_renders_with_defaults() {
+    let catalog = catalog();
+    let k8s = json!({"bootstrapToken": "abcdef.0123456789abcdef", "certificateKey": "b".repeat(64)});
+    for service in catalog.services() {
+        let name = service.name();
+        let config = if name == "kubernetes" { k8s.clone() } else { json!({}) };
+        let ctx = context(name, ("node-0", "10.0.0.1"), vec![peer("node-1", "10.0.0.2", "")], config);
+        let rendered = catalog.render_templates(name, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(rendered.len(), service.templates.len(), "{name}");
+    }
+}
+
+#[test]
+fn undefined_variables_are_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("svc/templates")).expect("mkdir");
+    std::fs::write(
+        root.join("svc/taskserv.yaml"),
+        "name: svc\ndescription: d\nversions: [\"1\"]\ndefaultVersion: \"1\"\nproviders: [local]\n",
+    )
+    .expect("write");
+    for f in ["install.nu", "check.nu", "remove.nu"] {
+        std::fs::write(root.join("svc").join(f), "def main [] {}\n").expect("write");
+    }
+    std::fs::write(root.join("svc/templates/a.conf"), "port {{ config.prot }}\n").expect("write");
+    let catalog = Catalog::load(root).expect("load");
+    let mut ctx = ScriptContext::default();
+    ctx.taskserv.service = "svc".into();
+    ctx.config = json!({"port": 1});
+    let err = catalog.render_templates("svc", &ctx).expect_err("undefined");
+    assert!(matches!(err, TemplateError::Render { ref template, .. } if template == "a.conf"), "{err}");
+}
+
+#[test]
+fn context_serialises_with_camel_case_fields() {
+    let mut ctx = context("redis", ("r-0", "10.0.0.5"), vec![], json!({}));
+    ctx.taskserv.previous_version = Some("7.0".into());
+    let v = serde_json::to_value(&ctx).expect("json");
+    assert_eq!(v["taskserv"]["previousVersion"], "7.0");
+    assert_eq!(v["server"]["addresses"][0]["type"], "InternalIP");
+    assert_eq!(v["workspace"]["environment"], "dev");
+    let back: ScriptContext = serde_json::from_value(v).expect("round trip");
+    assert_eq!(back, ctx);
+}
