@@ -1,0 +1,172 @@
+//! Controller configuration (TOML file), with built-in defaults.
+//!
+//! ```toml
+//! metrics_addr = "0.0.0.0:8080"
+//! state_dir = "/var/lib/provisioning"
+//! leader_election = true
+//! lease_namespace = "provisioning-system"
+//!
+//! # Settings for namespaces that no Workspace claims (same fields as Workspace.spec).
+//! [default_workspace]
+//! providers = [{ name = "local", type = "local" }]
+//! defaults = { provider = "local", plan = "small", image = "debian-12" }
+//! limits = { maxServers = 50, parallelLimit = 5 }
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use provisioning_crds::{ProviderAccount, ProviderType, WorkspaceSpec};
+use serde::Deserialize;
+
+/// Everything the controller can be told by its config file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Where /metrics, /healthz and /readyz are served; `None` serves nothing.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Directory for provider state (simulated provider store, SSH known hosts…).
+    pub state_dir: PathBuf,
+    /// Settings of namespaces without a Workspace.
+    pub default_workspace: WorkspaceSpec,
+    /// Whether to take a Lease before acting (needed when more than one replica runs).
+    pub leader_election: bool,
+    /// Namespace of the Lease.
+    pub lease_namespace: String,
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// How long a Lease stays valid without renewal, in seconds.
+    pub lease_duration_secs: u64,
+    /// How often the leader renews, in seconds.
+    pub lease_renew_secs: u64,
+    /// How long a Ready object waits before its next resync, in seconds (jittered ±10 %).
+    pub resync_secs: u64,
+    /// How often a Server whose machine is still starting is observed again, in seconds.
+    pub poll_secs: u64,
+    /// Reconciles running at once per kind; 0 means unbounded (the default, see `run`).
+    pub concurrency: u16,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            metrics_addr: None,
+            state_dir: PathBuf::from(".data/providers"),
+            default_workspace: default_workspace(),
+            leader_election: true,
+            lease_namespace: "default".into(),
+            lease_name: "provisioning-controller".into(),
+            lease_duration_secs: 10,
+            lease_renew_secs: 2,
+            resync_secs: 600,
+            poll_secs: 5,
+            concurrency: 0,
+        }
+    }
+}
+
+/// The built-in default workspace: one account `local` of type `local`.
+pub fn default_workspace() -> WorkspaceSpec {
+    WorkspaceSpec {
+        providers: vec![ProviderAccount {
+            name: "local".into(),
+            provider_type: ProviderType::Local,
+            region: String::new(),
+            zone: String::new(),
+            endpoint: String::new(),
+            credentials_secret_ref: None,
+            images: Default::default(),
+            simulation: None,
+            rate_limit: 0,
+        }],
+        ..WorkspaceSpec::default()
+    }
+}
+
+/// A config file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Reading the file failed.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid config {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: toml::de::Error,
+    },
+}
+
+impl ControllerConfig {
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, toml::de::Error> {
+        let mut config: ControllerConfig = toml::from_str(text)?;
+        if config.default_workspace.providers.is_empty() {
+            config.default_workspace.providers = default_workspace().providers;
+        }
+        Ok(config)
+    }
+
+    /// Reads a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })
+    }
+
+    /// Lease validity.
+    pub fn lease_duration(&self) -> Duration {
+        Duration::from_secs(self.lease_duration_secs.max(2))
+    }
+    /// Lease renewal interval.
+    pub fn lease_renew(&self) -> Duration {
+        Duration::from_secs(self.lease_renew_secs.max(1))
+    }
+    /// Resync interval of Ready objects.
+    pub fn resync(&self) -> Duration {
+        Duration::from_secs(self.resync_secs.max(1))
+    }
+    /// Poll interval while waiting for a provider.
+    pub fn poll(&self) -> Duration {
+        Duration::from_secs(self.poll_secs.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_have_one_local_account() {
+        let c = ControllerConfig::from_toml("").expect("empty config parses");
+        assert_eq!(c.default_workspace.providers.len(), 1);
+        assert_eq!(c.default_workspace.providers[0].name, "local");
+        assert_eq!(c.default_workspace.defaults.provider, "local");
+    }
+
+    #[test]
+    fn file_overrides_defaults() {
+        let c = ControllerConfig::from_toml(
+            r#"
+            state_dir = "/tmp/x"
+            metrics_addr = "127.0.0.1:9090"
+            [default_workspace]
+            providers = [{ name = "sim", type = "simulated", simulation = { latencyMs = 5 } }]
+            defaults = { provider = "sim" }
+            limits = { maxServers = 7, parallelLimit = 2 }
+            "#,
+        )
+        .expect("parses");
+        assert_eq!(c.default_workspace.providers[0].provider_type, ProviderType::Simulated);
+        assert_eq!(c.default_workspace.limits.max_servers, 7);
+        assert_eq!(c.default_workspace.defaults.plan, "small");
+        assert!(ControllerConfig::from_toml("nonsense = 1").is_err());
+    }
+}

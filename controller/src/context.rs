@@ -1,0 +1,411 @@
+//! The shared reconcile context: API client, caches, provider registry, per-workspace
+//! semaphores, backoff, metrics and event recording.
+//!
+//! How a TaskServ or Cluster reconciler uses it (see `server/mod.rs` for a full example):
+//! - `ctx.workspace_for(namespace)` → [`EffectiveWorkspace`] (settings, accounts, limits);
+//! - `ctx.provider_for(&ws, account)` → a cached provider built with the Secret's credentials;
+//! - `ctx.provider_call(&ws, &provider, account, "exec", fut)` → runs one provider call under
+//!   the workspace's `parallelLimit` semaphore, timed in metrics, errors classified;
+//!   `ctx.permit(key, limit)` gives a raw permit for other bounded work (per Cluster);
+//! - `ctx.apply_status(&obj, obj.status.as_ref(), &new_status)` → one server-side-apply
+//!   status patch, skipped when nothing changed (zero writes on a no-op resync);
+//! - `ctx.set_annotation(&obj, key, Some(v) | None)` → metadata merge patch;
+//! - `ctx.publish(&obj, EventType::Warning, "Reason", "Action", note)` → events.k8s.io/v1;
+//! - `error_policy` of each kind calls `ctx.backoff(kind, &obj, &err)`.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PartialObjectMeta};
+use kube::discovery::Scope;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use provisioning_crds::{Cluster, ProviderAccount, Server, TaskServ, Workspace};
+use provisioning_providers::{Credentials, ProviderConfig, ProviderError, ProviderResult, SharedProvider, SimulationConfig};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::ControllerConfig;
+use crate::error::{Backoffs, Error};
+use crate::metrics::Metrics;
+use crate::workspaces::{self, EffectiveWorkspace};
+
+/// Field manager of every write the controller makes.
+pub const FIELD_MANAGER: &str = "provisioning-controller";
+
+/// How long credentials read from a Secret are trusted before the Secret is read again.
+const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
+
+/// Caches the controller reads from (filled by watches in `run`).
+#[derive(Clone)]
+pub struct Stores {
+    /// All Workspaces.
+    pub workspaces: Store<Workspace>,
+    /// All Servers.
+    pub servers: Store<Server>,
+    /// TaskServ metadata (for counts).
+    pub taskservs: Store<PartialObjectMeta<TaskServ>>,
+    /// Cluster metadata (for counts).
+    pub clusters: Store<PartialObjectMeta<Cluster>>,
+}
+
+/// Shared state of all reconcilers.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Configuration.
+    pub config: ControllerConfig,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Event recorder (events.k8s.io/v1).
+    pub recorder: Recorder,
+    /// Per-object retry counters.
+    pub backoffs: Backoffs,
+    /// Provider instances per account.
+    pub providers: ProviderRegistry,
+    /// Watch caches.
+    pub stores: Stores,
+    semaphores: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
+    observations: Mutex<HashMap<String, Observed>>,
+    /// Workspace provider-account checks, keyed `workspace/account`: (provider instance
+    /// fingerprint, when, result). Credentials are validated again only when the provider
+    /// instance changes (account spec or Secret changed) or the resync interval passed.
+    pub account_checks: Mutex<HashMap<String, (String, Instant, crate::workspace::status::AccountCheck)>>,
+}
+
+/// When an object's external state was last observed, and under which trigger.
+#[derive(Clone, Debug)]
+struct Observed {
+    at: Instant,
+    fingerprint: String,
+}
+
+impl Context {
+    /// Builds the context.
+    pub fn new(client: Client, config: ControllerConfig, metrics: Arc<Metrics>, stores: Stores, instance: String) -> Self {
+        let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance) };
+        let recorder = Recorder::new(client.clone(), reporter);
+        let providers = ProviderRegistry::new(client.clone(), config.state_dir.clone());
+        Context {
+            client,
+            config,
+            metrics,
+            recorder,
+            backoffs: Backoffs::default(),
+            providers,
+            stores,
+            semaphores: Mutex::new(HashMap::new()),
+            observations: Mutex::new(HashMap::new()),
+            account_checks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The effective workspace of a namespace (from the Workspace cache).
+    pub fn workspace_for(&self, namespace: &str) -> EffectiveWorkspace {
+        let all = self.stores.workspaces.state();
+        workspaces::resolve(namespace, all.iter(), &self.config.default_workspace)
+    }
+
+    /// The provider of `account` in `ws`, built with its credentials.
+    pub async fn provider_for(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
+        self.providers.get(ws, account).await
+    }
+
+    /// A permit of the semaphore `key` sized `limit` (resized when `limit` changes; permits of
+    /// the old size drain naturally). Waiting shows in the `provider_queue_depth` gauge.
+    pub async fn permit(&self, key: &str, limit: u32) -> OwnedSemaphorePermit {
+        let semaphore = {
+            let mut map = self.semaphores.lock().unwrap_or_else(|p| p.into_inner());
+            let limit = limit.max(1);
+            let entry = map.entry(key.to_string()).or_insert_with(|| (limit, Arc::new(Semaphore::new(limit as usize))));
+            if entry.0 != limit {
+                *entry = (limit, Arc::new(Semaphore::new(limit as usize)));
+            }
+            entry.1.clone()
+        };
+        self.metrics.queue_depth.inc();
+        let permit = semaphore.acquire_owned().await;
+        self.metrics.queue_depth.dec();
+        // The semaphore is never closed, so acquiring cannot fail; fall back to a fresh one.
+        match permit {
+            Ok(p) => p,
+            Err(_) => {
+                let fresh = Arc::new(Semaphore::new(1));
+                #[allow(clippy::expect_used)]
+                fresh.acquire_owned().await.expect("fresh semaphore is open")
+            }
+        }
+    }
+
+    /// Runs one provider call under the workspace's parallelLimit, timed and classified.
+    pub async fn provider_call<T, F>(
+        &self,
+        ws: &EffectiveWorkspace,
+        provider: &SharedProvider,
+        account: &str,
+        operation: &'static str,
+        call: F,
+    ) -> Result<T, Error>
+    where
+        F: Future<Output = ProviderResult<T>>,
+    {
+        let _permit = self.permit(&ws.key(), ws.spec.limits.parallel_limit).await;
+        let start = Instant::now();
+        let result = call.await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.category(),
+        };
+        self.metrics.record_provider_call(provider.provider_type(), operation, outcome, start.elapsed().as_secs_f64());
+        result.map_err(|e| Error::provider(account, e))
+    }
+
+    /// Writes `desired` as the object's status by server-side apply (field manager
+    /// [`FIELD_MANAGER`]) unless it equals `current`. Returns whether it wrote.
+    pub async fn apply_status<K, S>(&self, obj: &K, current: Option<&S>, desired: &S) -> Result<bool, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+        S: Serialize + PartialEq,
+    {
+        if current == Some(desired) {
+            return Ok(false);
+        }
+        let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
+        let patch = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "status": desired,
+        });
+        self.dynamic_api(obj)
+            .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+            .await?;
+        self.metrics.record_write(&K::kind(&()));
+        Ok(true)
+    }
+
+    /// Sets (`Some`) or removes (`None`) one annotation with a merge patch.
+    pub async fn set_annotation<K>(&self, obj: &K, key: &str, value: Option<&str>) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    {
+        let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
+        let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+        self.dynamic_api(obj).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        self.metrics.record_write(&K::kind(&()));
+        Ok(())
+    }
+
+    /// An untyped API for `obj`'s kind, in its namespace when it has one (works for both
+    /// namespaced and cluster-scoped kinds).
+    pub fn dynamic_api<K>(&self, obj: &K) -> Api<DynamicObject>
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let resource = ApiResource::erase::<K>(&());
+        match obj.meta().namespace.as_deref() {
+            Some(ns) => Api::dynamic(self.client.clone(), &resource, &Scope::Namespaced).constrain(ns),
+            None => Api::dynamic(self.client.clone(), &resource, &Scope::Cluster),
+        }
+    }
+
+    /// Publishes an event about `obj`. Failures are logged, never fatal: events are best-effort.
+    pub async fn publish<K>(&self, obj: &K, type_: EventType, reason: &str, action: &str, note: Option<String>)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: note.map(|n| crate::conditions::truncate(&n, 1000)),
+            action: action.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::debug!(error = %e, reason, "could not publish event");
+        }
+    }
+
+    /// `error_policy` body shared by every kind: counts the error, logs it with the object's
+    /// reference and returns the jittered per-object backoff.
+    pub fn backoff<K>(&self, kind: &str, obj: &K, error: &Error) -> Action
+    where
+        K: Resource,
+    {
+        let key = object_key(kind, obj);
+        let class = error.class();
+        let delay = self.backoffs.next_delay(&key, class);
+        self.metrics.record_error(kind, error);
+        let root = error.root();
+        match class {
+            crate::error::ErrorClass::InProgress => {
+                tracing::debug!(kind, namespace = obj.meta().namespace.as_deref(), name = obj.meta().name.as_deref(), message = %root, "waiting")
+            }
+            _ => tracing::warn!(
+                kind,
+                namespace = obj.meta().namespace.as_deref(),
+                name = obj.meta().name.as_deref(),
+                category = error.category(),
+                retry_in_ms = delay.as_millis() as u64,
+                error = %root,
+                "reconcile failed"
+            ),
+        }
+        Action::requeue(delay)
+    }
+
+    /// Forgets an object's failures (after a successful reconcile).
+    pub fn reset_backoff<K: Resource>(&self, kind: &str, obj: &K) {
+        self.backoffs.reset(&object_key(kind, obj));
+    }
+
+    /// Whether `key`'s external state was observed within `max_age` under the same
+    /// `fingerprint` (e.g. providerID + reconcile-requested-at); lets a reconcile triggered
+    /// by its own status write skip a provider round trip.
+    pub fn observed_recently(&self, key: &str, fingerprint: &str, max_age: Duration) -> bool {
+        let map = self.observations.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key).is_some_and(|o| o.fingerprint == fingerprint && o.at.elapsed() < max_age)
+    }
+
+    /// Records an observation of `key` (see [`Context::observed_recently`]).
+    pub fn mark_observed(&self, key: &str, fingerprint: &str) {
+        let mut map = self.observations.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(key.to_string(), Observed { at: Instant::now(), fingerprint: fingerprint.to_string() });
+    }
+
+    /// Forgets the observation of `key`.
+    pub fn forget_observed(&self, key: &str) {
+        let mut map = self.observations.lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(key);
+    }
+}
+
+/// `kind/namespace/name` of an object.
+pub fn object_key<K: Resource>(kind: &str, obj: &K) -> String {
+    format!("{kind}/{}/{}", obj.meta().namespace.as_deref().unwrap_or(""), obj.meta().name.as_deref().unwrap_or(""))
+}
+
+/// Whether the paused annotation is `"true"`.
+pub fn is_paused<K: Resource>(obj: &K) -> bool {
+    obj.annotations().get(provisioning_crds::ANNOTATION_PAUSED).is_some_and(|v| v == "true")
+}
+
+struct CachedProvider {
+    fingerprint: String,
+    secret_version: Option<String>,
+    fetched: Instant,
+    provider: SharedProvider,
+}
+
+/// Provider instances per (workspace, account), rebuilt when the account's spec or its
+/// credentials Secret changes. Credentials live only inside the provider instance.
+pub struct ProviderRegistry {
+    client: Client,
+    state_dir: std::path::PathBuf,
+    cache: Mutex<HashMap<String, CachedProvider>>,
+}
+
+impl ProviderRegistry {
+    /// A registry building providers with state under `state_dir`.
+    pub fn new(client: Client, state_dir: std::path::PathBuf) -> Self {
+        ProviderRegistry { client, state_dir, cache: Mutex::new(HashMap::new()) }
+    }
+
+    /// The provider of `account` in `ws`.
+    pub async fn get(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
+        let key = format!("{}/{}", ws.key(), account.name);
+        let fingerprint = format!("{}|{}", ws.namespace, serde_json::to_string(account)?);
+        {
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = cache.get(&key)
+                && c.fingerprint == fingerprint
+                && (account.credentials_secret_ref.is_none() || c.fetched.elapsed() < CREDENTIALS_TTL)
+            {
+                return Ok(c.provider.clone());
+            }
+        }
+        let (credentials, secret_version) = self.credentials(ws, account).await?;
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = cache.get_mut(&key)
+                && c.fingerprint == fingerprint
+                && c.secret_version == secret_version
+            {
+                c.fetched = Instant::now();
+                return Ok(c.provider.clone());
+            }
+        }
+        let config = provider_config(account, credentials, &self.state_dir);
+        let provider = provisioning_providers::build_provider(&config).map_err(|e| match e {
+            ProviderError::InvalidRequest(message) => Error::Stalled { reason: "ProviderUnavailable", message },
+            other => Error::provider(&account.name, other),
+        })?;
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.insert(key, CachedProvider { fingerprint, secret_version, fetched: Instant::now(), provider: provider.clone() });
+        Ok(provider)
+    }
+
+    async fn credentials(
+        &self,
+        ws: &EffectiveWorkspace,
+        account: &ProviderAccount,
+    ) -> Result<(Credentials, Option<String>), Error> {
+        let Some(reference) = &account.credentials_secret_ref else {
+            return Ok((Credentials::default(), None));
+        };
+        let namespace = reference.namespace.clone().unwrap_or_else(|| ws.namespace.clone());
+        let secret = Api::<Secret>::namespaced(self.client.clone(), &namespace).get_opt(&reference.name).await?;
+        let Some(secret) = secret else {
+            return Err(Error::Stalled {
+                reason: "CredentialsNotFound",
+                message: format!(
+                    "Secret {namespace}/{} holding the credentials of provider account {:?} does not exist",
+                    reference.name, account.name
+                ),
+            });
+        };
+        let mut values = std::collections::BTreeMap::new();
+        for (k, v) in secret.data.unwrap_or_default() {
+            if let Ok(s) = String::from_utf8(v.0) {
+                values.insert(k, s);
+            }
+        }
+        for (k, v) in secret.string_data.unwrap_or_default() {
+            values.insert(k, v);
+        }
+        Ok((Credentials(values), secret.metadata.resource_version))
+    }
+}
+
+/// Translates a Workspace account into the provider crate's config.
+pub fn provider_config(account: &ProviderAccount, credentials: Credentials, state_dir: &std::path::Path) -> ProviderConfig {
+    let simulation = account
+        .simulation
+        .as_ref()
+        .map(|s| SimulationConfig {
+            latency: Duration::from_millis(s.latency_ms),
+            jitter_percent: s.jitter_percent,
+            failure_rate: s.failure_rate,
+            required_token: s.required_token.clone(),
+        })
+        .unwrap_or_default();
+    ProviderConfig {
+        name: account.name.clone(),
+        provider_type: account.provider_type.as_str().to_string(),
+        region: account.region.clone(),
+        zone: account.zone.clone(),
+        endpoint: account.endpoint.clone(),
+        credentials,
+        images: account.images.clone(),
+        rate_limit: account.rate_limit,
+        simulation,
+        state_dir: state_dir.to_path_buf(),
+        ..ProviderConfig::default()
+    }
+}

@@ -1,0 +1,274 @@
+//! Reconcile errors, their classification for retry, and the per-object backoff.
+//!
+//! Every reconciler returns [`Error`]; `error_policy` asks [`Error::class`] how to retry and
+//! [`Backoffs`] for how long to wait. TaskServ and Cluster reconcilers reuse both: add a
+//! variant here only when a failure needs a new *class*, otherwise map into an existing one
+//! (`Error::Stalled` for bad spec/environment, `Error::Provider` for provider calls).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use provisioning_providers::ProviderError;
+use rand::Rng;
+
+/// How a failure should be retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The remote asked us to slow down: wait at least `retry_after`.
+    Throttled {
+        /// The wait the remote asked for.
+        retry_after: Duration,
+    },
+    /// May go away by itself: retry soon, backing off.
+    Transient,
+    /// Something referenced does not exist (yet): retry, backing off.
+    NotFound,
+    /// Retrying will not help until the spec or the environment changes: back off hard.
+    Permanent,
+    /// Work in flight (a deletion the provider is still doing): poll at a fixed short pace.
+    InProgress,
+}
+
+impl ErrorClass {
+    /// Stable label for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorClass::Throttled { .. } => "throttled",
+            ErrorClass::Transient => "transient",
+            ErrorClass::NotFound => "not_found",
+            ErrorClass::Permanent => "permanent",
+            ErrorClass::InProgress => "in_progress",
+        }
+    }
+}
+
+/// A failed reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// A provider call failed (the message never contains credentials: providers redact them).
+    #[error("provider account {account}: {source}")]
+    Provider {
+        /// Provider account name.
+        account: String,
+        /// What the provider said.
+        #[source]
+        source: ProviderError,
+    },
+    /// The object cannot make progress without a change of spec or environment. Its status
+    /// already says `Stalled=True` with `message` when this is returned.
+    #[error("{message}")]
+    Stalled {
+        /// CamelCase condition reason.
+        reason: &'static str,
+        /// Human message naming the blocking thing.
+        message: String,
+    },
+    /// The provider is still working on something we wait for (deletion).
+    #[error("{0}")]
+    InProgress(String),
+    /// The finalizer helper failed (adding/removing the finalizer, or the wrapped step).
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// Building or parsing a JSON document failed.
+    #[error("serialization: {0}")]
+    Serialization(#[from] serde_json::Error),
+    /// The object lacks a field the API server always sets (name, uid, namespace).
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+}
+
+impl Error {
+    /// Wraps a provider error with the account it came from.
+    pub fn provider(account: &str, source: ProviderError) -> Self {
+        Error::Provider { account: account.to_string(), source }
+    }
+
+    /// How to retry this error.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Kube(e) => kube_class(e),
+            Error::Provider { source, .. } => match source {
+                ProviderError::Throttled { retry_after } => ErrorClass::Throttled { retry_after: *retry_after },
+                ProviderError::Transient(_) => ErrorClass::Transient,
+                ProviderError::NotFound(_) => ErrorClass::NotFound,
+                ProviderError::Auth(_) | ProviderError::InvalidRequest(_) | ProviderError::Permanent(_) => {
+                    ErrorClass::Permanent
+                }
+            },
+            Error::Stalled { .. } | Error::MissingField(_) | Error::Serialization(_) => ErrorClass::Permanent,
+            Error::InProgress(_) => ErrorClass::InProgress,
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
+                    e.class()
+                }
+                kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
+                    kube_class(e)
+                }
+                _ => ErrorClass::Permanent,
+            },
+        }
+    }
+
+    /// Short, bounded category for metrics labels and condition reasons (never the message).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "KubeApi",
+            Error::Provider { source, .. } => source.category(),
+            Error::Stalled { reason, .. } => reason,
+            Error::InProgress(_) => "InProgress",
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
+                    e.category()
+                }
+                _ => "Finalizer",
+            },
+            Error::Serialization(_) => "Serialization",
+            Error::MissingField(_) => "MissingField",
+        }
+    }
+
+    /// The innermost reconcile error (unwraps the finalizer helper's wrapper).
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
+                    e.root()
+                }
+                _ => self,
+            },
+            _ => self,
+        }
+    }
+}
+
+impl From<kube::runtime::finalizer::Error<Error>> for Error {
+    fn from(e: kube::runtime::finalizer::Error<Error>) -> Self {
+        Error::Finalizer(Box::new(e))
+    }
+}
+
+fn kube_class(e: &kube::Error) -> ErrorClass {
+    match e {
+        kube::Error::Api(status) => match status.code {
+            429 => ErrorClass::Throttled { retry_after: Duration::from_secs(1) },
+            404 => ErrorClass::NotFound,
+            409 | 500..=599 => ErrorClass::Transient,
+            _ => ErrorClass::Permanent,
+        },
+        _ => ErrorClass::Transient,
+    }
+}
+
+/// Base delay and cap of the backoff per class.
+fn backoff_bounds(class: ErrorClass) -> (Duration, Duration) {
+    match class {
+        ErrorClass::Throttled { retry_after } => (retry_after.max(Duration::from_secs(1)), Duration::from_secs(300)),
+        ErrorClass::Transient => (Duration::from_secs(1), Duration::from_secs(300)),
+        ErrorClass::NotFound => (Duration::from_secs(5), Duration::from_secs(300)),
+        // 30 s, 60 s, 2 min, 4 min, 8 min, then 10 min: a Stalled object never storms an API.
+        ErrorClass::Permanent => (Duration::from_secs(30), Duration::from_secs(600)),
+        ErrorClass::InProgress => (Duration::from_secs(2), Duration::from_secs(2)),
+    }
+}
+
+/// The delay before retry number `attempt` (0-based) of an error of `class`, with `jitter`
+/// in `[-1, 1]` spreading it by ±20 %. Pure, so the schedule is unit-tested.
+pub fn backoff_delay(class: ErrorClass, attempt: u32, jitter: f64) -> Duration {
+    let (base, cap) = backoff_bounds(class);
+    let exp = base.saturating_mul(1u32 << attempt.min(20));
+    let delay = exp.min(cap);
+    let factor = 1.0 + 0.2 * jitter.clamp(-1.0, 1.0);
+    let jittered = delay.mul_f64(factor);
+    match class {
+        // Never retry earlier than the remote asked.
+        ErrorClass::Throttled { retry_after } => jittered.max(retry_after),
+        _ => jittered,
+    }
+}
+
+/// Jitters a requeue interval by ±10 % so that objects created together do not resync together.
+pub fn jittered(interval: Duration) -> Duration {
+    let factor = rand::rng().random_range(0.9..=1.1);
+    interval.mul_f64(factor)
+}
+
+/// Per-object retry counters: the n-th consecutive failure of an object waits longer.
+/// Keys are `kind/namespace/name`; a successful reconcile resets the counter.
+#[derive(Default)]
+pub struct Backoffs {
+    attempts: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoffs {
+    /// Records a failure of `key` and returns how long to wait before retrying.
+    pub fn next_delay(&self, key: &str, class: ErrorClass) -> Duration {
+        let attempt = {
+            let mut map = self.attempts.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = map.entry(key.to_string()).or_insert(0);
+            let attempt = *slot;
+            *slot = slot.saturating_add(1);
+            attempt
+        };
+        backoff_delay(class, attempt, rand::rng().random_range(-1.0..=1.0))
+    }
+
+    /// Forgets the failures of `key` (call after a successful reconcile).
+    pub fn reset(&self, key: &str) {
+        let mut map = self.attempts.lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(key);
+    }
+
+    /// How many consecutive failures `key` has had.
+    pub fn attempts(&self, key: &str) -> u32 {
+        let map = self.attempts.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permanent_backoff_grows_to_at_least_five_minutes() {
+        let delays: Vec<Duration> = (0..8).map(|a| backoff_delay(ErrorClass::Permanent, a, -1.0)).collect();
+        assert!(delays.windows(2).all(|w| w[0] <= w[1]), "{delays:?}");
+        assert!(delays[0] >= Duration::from_secs(20));
+        assert!(delays[7] >= Duration::from_secs(300), "{delays:?}");
+    }
+
+    #[test]
+    fn throttled_never_earlier_than_asked() {
+        let d = backoff_delay(ErrorClass::Throttled { retry_after: Duration::from_secs(7) }, 0, -1.0);
+        assert!(d >= Duration::from_secs(7));
+    }
+
+    #[test]
+    fn transient_is_quick_then_capped() {
+        assert!(backoff_delay(ErrorClass::Transient, 0, 0.0) <= Duration::from_secs(2));
+        assert!(backoff_delay(ErrorClass::Transient, 30, 1.0) <= Duration::from_secs(360));
+    }
+
+    #[test]
+    fn counters_reset_on_success() {
+        let b = Backoffs::default();
+        b.next_delay("Server/a/b", ErrorClass::Transient);
+        b.next_delay("Server/a/b", ErrorClass::Transient);
+        assert_eq!(b.attempts("Server/a/b"), 2);
+        b.reset("Server/a/b");
+        assert_eq!(b.attempts("Server/a/b"), 0);
+    }
+
+    #[test]
+    fn provider_errors_classify() {
+        let e = Error::provider("sim", ProviderError::Auth("nope".into()));
+        assert_eq!(e.class(), ErrorClass::Permanent);
+        assert_eq!(e.category(), "AuthFailed");
+        let e = Error::provider("sim", ProviderError::Throttled { retry_after: Duration::from_secs(3) });
+        assert_eq!(e.class(), ErrorClass::Throttled { retry_after: Duration::from_secs(3) });
+    }
+}

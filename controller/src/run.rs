@@ -1,0 +1,166 @@
+//! Wiring: watches, caches, controllers, metrics endpoint and leader election.
+//!
+//! To add the TaskServ/Cluster reconcilers: build their `Controller`s next to the Server
+//! one in [`run`] (same `Context`, same `ctx.backoff` in their `error_policy`), and join
+//! their futures into `controllers`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use kube::runtime::controller::Config as ControllerSettings;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use provisioning_crds::{Cluster, Server, TaskServ, Workspace};
+
+use crate::config::ControllerConfig;
+use crate::context::{Context, Stores};
+use crate::leader::{LeaderElector, LeaseSettings};
+use crate::metrics::{Health, Metrics};
+use crate::{server, workspace, workspaces};
+
+/// A unique identity for this replica (Lease holder, event reporting instance).
+pub fn replica_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "provisioning".into());
+    format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>())
+}
+
+/// Runs the controller until `shutdown` resolves (Ok) or leadership is lost (Err).
+pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let health = Health::default();
+    if let Some(addr) = config.metrics_addr {
+        let bound = crate::metrics::spawn_server(addr, metrics.clone(), health.clone()).await?;
+        tracing::info!(%bound, "serving /metrics, /healthz, /readyz");
+    }
+    let identity = replica_identity();
+    let shutdown = shutdown.shared();
+    let elector = if config.leader_election {
+        let elector = LeaderElector::new(
+            client.clone(),
+            LeaseSettings {
+                namespace: config.lease_namespace.clone(),
+                name: config.lease_name.clone(),
+                identity: identity.clone(),
+                duration: config.lease_duration(),
+                renew: config.lease_renew(),
+            },
+        );
+        tokio::select! {
+            _ = elector.acquire() => {}
+            _ = shutdown.clone() => return Ok(()),
+        }
+        metrics.leader.set(1);
+        Some(elector)
+    } else {
+        None
+    };
+
+    let settings = ControllerSettings::default().concurrency(config.concurrency);
+    let server_controller = Controller::new(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic());
+    let workspace_controller = Controller::new(Api::<Workspace>::all(client.clone()), watcher::Config::default().any_semantic());
+    let taskservs = metadata_store::<TaskServ>(client.clone());
+    let clusters = metadata_store::<Cluster>(client.clone());
+    let stores = Stores {
+        workspaces: workspace_controller.store(),
+        servers: server_controller.store(),
+        taskservs,
+        clusters,
+    };
+    let ctx = Arc::new(Context::new(client.clone(), config.clone(), metrics.clone(), stores.clone(), identity));
+
+    {
+        let stores = stores.clone();
+        let health = health.clone();
+        tokio::spawn(async move {
+            let _ = stores.workspaces.wait_until_ready().await;
+            let _ = stores.servers.wait_until_ready().await;
+            health.set_ready(true);
+        });
+    }
+
+    // Servers re-check when their Workspace's spec or readiness changes (not on count updates).
+    let server_store = stores.servers.clone();
+    let seen_workspaces: Arc<Mutex<HashMap<String, (Option<i64>, bool)>>> = Arc::default();
+    let servers = server_controller
+        .with_config(settings.clone())
+        .watches(Api::<Workspace>::all(client.clone()), watcher::Config::default().any_semantic(), move |ws: Workspace| {
+            let ready = ws.status.as_ref().is_some_and(|s| crate::conditions::is_true(&s.conditions, "Ready"));
+            let fingerprint = (ws.metadata.generation, ready);
+            let changed = {
+                let mut seen = seen_workspaces.lock().unwrap_or_else(|p| p.into_inner());
+                seen.insert(ws.name_any(), fingerprint) != Some(fingerprint)
+            };
+            let namespace = workspaces::claimed_namespace(&ws);
+            let refs: Vec<ObjectRef<Server>> = if changed {
+                server_store
+                    .state()
+                    .iter()
+                    .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                    .map(|s| ObjectRef::from_obj(s.as_ref()))
+                    .collect()
+            } else {
+                vec![]
+            };
+            refs
+        })
+        .graceful_shutdown_on(shutdown.clone())
+        .run(server::reconcile, server::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+
+    // Workspaces recount when resources of their namespace change; debounced so that a burst
+    // of Server updates costs one recount, not one per update.
+    let ws_store = stores.workspaces.clone();
+    let to_workspace = move |namespace: Option<String>| -> Vec<ObjectRef<Workspace>> {
+        let Some(namespace) = namespace else { return vec![] };
+        workspaces::owner_of(&namespace, ws_store.state().iter()).map(|ws| ObjectRef::from_obj(ws.as_ref())).into_iter().collect()
+    };
+    let (m1, m2, m3) = (to_workspace.clone(), to_workspace.clone(), to_workspace);
+    let workspaces = workspace_controller
+        .with_config(settings.debounce(Duration::from_secs(1)))
+        .watches(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Server| m1(s.namespace()))
+        .watches(Api::<TaskServ>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: TaskServ| m2(s.namespace()))
+        .watches(Api::<Cluster>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Cluster| m3(s.namespace()))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(workspace::reconcile, workspace::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+
+    let controllers = futures::future::join(servers, workspaces);
+    match &elector {
+        Some(elector) => {
+            tokio::select! {
+                _ = controllers => {
+                    elector.release().await;
+                    metrics.leader.set(0);
+                    Ok(())
+                }
+                lost = elector.hold() => {
+                    metrics.leader.set(0);
+                    Err(lost.into())
+                }
+            }
+        }
+        None => {
+            controllers.await;
+            Ok(())
+        }
+    }
+}
+
+/// A metadata-only cache of `K` (for counts), filled by a background watch.
+fn metadata_store<K>(client: Client) -> reflector::Store<kube::api::PartialObjectMeta<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(Api::<kube::api::PartialObjectMeta<K>>::all(client), watcher::Config::default().any_semantic()))
+        .default_backoff()
+        .for_each(|_| futures::future::ready(()));
+    tokio::spawn(stream);
+    reader
+}

@@ -1,0 +1,147 @@
+//! Act: the provider calls of a Server reconcile, each under the workspace's parallelLimit.
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+use provisioning_crds::{ANNOTATION_CREATE_PENDING, ANNOTATION_RECONCILE_REQUESTED_AT, LABEL_CLUSTER, Server};
+use provisioning_providers::{DeleteOutcome, ProviderId, ServerIdentity, ServerObservation, ServerRequest, SharedProvider};
+
+use super::plan::{CleanupStep, Step};
+use super::validate::ValidServer;
+use crate::context::Context;
+use crate::error::Error;
+use crate::workspaces::EffectiveWorkspace;
+
+/// What acting found out.
+#[derive(Clone, Debug)]
+pub enum Acted {
+    /// A recent observation is still good: nothing asked.
+    Unchanged,
+    /// The machine as observed (or as created).
+    Machine(ServerObservation),
+    /// `spec.externalID` names no machine.
+    ExternalMissing(ProviderId),
+}
+
+/// The identity tagged onto the Server's machine.
+pub fn identity(server: &Server) -> Result<ServerIdentity, Error> {
+    Ok(ServerIdentity {
+        uid: server.metadata.uid.clone().ok_or(Error::MissingField("metadata.uid"))?,
+        namespace: server.metadata.namespace.clone().ok_or(Error::MissingField("metadata.namespace"))?,
+        name: server.name_any(),
+        cluster: server.labels().get(LABEL_CLUSTER).cloned(),
+    })
+}
+
+/// Fingerprint under which an observation may be reused: same machine, same forced-reconcile token.
+fn fingerprint(server: &Server, id: &ProviderId) -> String {
+    let requested = server.annotations().get(ANNOTATION_RECONCILE_REQUESTED_AT).map(String::as_str).unwrap_or("");
+    format!("{id}|{requested}")
+}
+
+/// Runs `step` for a valid Server.
+pub async fn act(
+    server: &Server,
+    step: Step,
+    valid: &ValidServer,
+    ws: &EffectiveWorkspace,
+    provider: &SharedProvider,
+    ctx: &Context,
+) -> Result<Acted, Error> {
+    let account = valid.account.name.as_str();
+    let uid = server.uid().unwrap_or_default();
+    match step {
+        Step::Observe(id) | Step::Adopt(id) => {
+            let adopted = !server.spec.external_id.is_empty();
+            let running = server.status.as_ref().and_then(|s| s.provider_state.as_deref()) == Some("running");
+            let recorded = server.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(id.0.as_str());
+            let fp = fingerprint(server, &id);
+            if running && recorded && ctx.observed_recently(&uid, &fp, ctx.config.resync().mul_f64(0.8)) {
+                return Ok(Acted::Unchanged);
+            }
+            match ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await? {
+                Some(obs) => {
+                    ctx.mark_observed(&uid, &fingerprint(server, &obs.provider_id));
+                    Ok(Acted::Machine(obs))
+                }
+                None if adopted => Ok(Acted::ExternalMissing(id)),
+                None => {
+                    // Our machine vanished behind our back: make a new one (guarded like any create).
+                    tracing::warn!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %id, "machine vanished; recreating");
+                    ctx.forget_observed(&uid);
+                    create(server, valid, ws, provider, ctx, true).await
+                }
+            }
+        }
+        Step::FindThenCreate => {
+            let who = identity(server)?;
+            match ctx.provider_call(ws, provider, account, "find_server", provider.find_server(&who)).await? {
+                Some(obs) => {
+                    tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "create-pending: found the machine by owner tag");
+                    ctx.mark_observed(&uid, &fingerprint(server, &obs.provider_id));
+                    Ok(Acted::Machine(obs))
+                }
+                None => create(server, valid, ws, provider, ctx, false).await,
+            }
+        }
+        Step::Create => create(server, valid, ws, provider, ctx, true).await,
+    }
+}
+
+async fn create(
+    server: &Server,
+    valid: &ValidServer,
+    ws: &EffectiveWorkspace,
+    provider: &SharedProvider,
+    ctx: &Context,
+    mark_pending: bool,
+) -> Result<Acted, Error> {
+    if mark_pending {
+        // Leak guard: recorded before the call, so a crash mid-call leads to a lookup, not a second machine.
+        ctx.set_annotation(server, ANNOTATION_CREATE_PENDING, Some(&Timestamp::now().to_string())).await?;
+    }
+    let request = ServerRequest {
+        identity: identity(server)?,
+        plan: valid.plan.clone(),
+        zone: valid.zone.clone(),
+        image: valid.image.clone(),
+        ssh_public_key: None,
+        extra_tags: Default::default(),
+    };
+    let obs = ctx
+        .provider_call(ws, provider, &valid.account.name, "ensure_server", provider.ensure_server(&request))
+        .await?;
+    tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "machine created");
+    ctx.mark_observed(&server.uid().unwrap_or_default(), &fingerprint(server, &obs.provider_id));
+    ctx.publish(server, EventType::Normal, "Created", "CreateMachine", Some(format!("created machine {} at provider account {}", obs.provider_id, valid.account.name))).await;
+    Ok(Acted::Machine(obs))
+}
+
+/// Runs the deletion step. `Ok(())` means the machine is gone (or left, for Orphan).
+pub async fn cleanup(
+    server: &Server,
+    step: CleanupStep,
+    account: &str,
+    ws: &EffectiveWorkspace,
+    provider: &SharedProvider,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let id = match step {
+        CleanupStep::Nothing => return Ok(()),
+        CleanupStep::Delete(id) => id,
+        CleanupStep::FindThenDelete => {
+            let who = identity(server)?;
+            match ctx.provider_call(ws, provider, account, "find_server", provider.find_server(&who)).await? {
+                Some(obs) => obs.provider_id,
+                None => return Ok(()),
+            }
+        }
+    };
+    match ctx.provider_call(ws, provider, account, "delete_server", provider.delete_server(&id)).await? {
+        DeleteOutcome::Gone => {
+            ctx.publish(server, EventType::Normal, "Deleted", "DeleteMachine", Some(format!("deleted machine {id}"))).await;
+            Ok(())
+        }
+        DeleteOutcome::InProgress => Err(Error::InProgress(format!("machine {id} is being deleted"))),
+    }
+}

@@ -1,0 +1,50 @@
+//! Dereference: read what a Server refers to (workspace, its rank for maxServers).
+
+use kube::ResourceExt;
+use provisioning_crds::{ANNOTATION_CREATE_PENDING, Server};
+
+use crate::context::Context;
+use crate::workspaces::EffectiveWorkspace;
+
+/// What a Server's reconcile needs from elsewhere.
+#[derive(Clone, Debug)]
+pub struct Refs {
+    /// The workspace of the Server's namespace.
+    pub workspace: EffectiveWorkspace,
+    /// Older Servers in the namespace (for maxServers); `None` when the Server already has,
+    /// or may have, a machine and so already counts.
+    pub rank: Option<usize>,
+}
+
+fn has_machine(server: &Server) -> bool {
+    server.status.as_ref().is_some_and(|s| s.provider_id.is_some())
+        || !server.spec.external_id.is_empty()
+        || server.annotations().contains_key(ANNOTATION_CREATE_PENDING)
+}
+
+/// Reads the workspace and, for a Server without a machine, its rank among the namespace's
+/// Servers (oldest first; deleted ones do not count).
+pub fn dereference(server: &Server, namespace: &str, ctx: &Context) -> Refs {
+    let workspace = ctx.workspace_for(namespace);
+    let rank = if has_machine(server) {
+        None
+    } else {
+        let max = workspace.spec.limits.max_servers as usize;
+        let key = |s: &Server| (s.metadata.creation_timestamp.as_ref().map(|t| t.0), s.name_any());
+        let mine = key(server);
+        let mut in_namespace = 0usize;
+        let mut older = 0usize;
+        for other in ctx.stores.servers.state() {
+            if other.metadata.namespace.as_deref() != Some(namespace) || other.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            in_namespace += 1;
+            if other.uid() != server.uid() && key(&other) < mine {
+                older += 1;
+            }
+        }
+        // Below the limit whatever the order: skip ranking.
+        if in_namespace <= max { Some(0) } else { Some(older) }
+    };
+    Refs { workspace, rank }
+}

@@ -1,0 +1,141 @@
+//! Status (pure): the Server's desired status from what this reconcile learned.
+
+use k8s_openapi::jiff::Timestamp;
+use provisioning_crds::{MachineAddress, ServerStatus, condition};
+use provisioning_providers::ServerObservation;
+
+use crate::conditions::{self, DesiredCondition, Status, Summary};
+
+/// Phases shown to humans.
+pub mod phase {
+    /// Nothing done yet.
+    pub const PENDING: &str = "Pending";
+    /// Machine being created or booting.
+    pub const PROVISIONING: &str = "Provisioning";
+    /// Machine up.
+    pub const RUNNING: &str = "Running";
+    /// Cannot progress without a change.
+    pub const FAILED: &str = "Failed";
+    /// Machine being deleted.
+    pub const DELETING: &str = "Deleting";
+}
+
+/// What the reconcile learned about the machine.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Machine {
+    /// Not asked this time (recent observation reused): keep what the status says.
+    Unchanged,
+    /// Observed now.
+    Observed(ServerObservation),
+    /// Nothing known yet.
+    None,
+}
+
+/// Inputs of [`desired`].
+#[derive(Clone, Debug)]
+pub struct StatusInput<'a> {
+    /// The status as it is.
+    pub previous: Option<&'a ServerStatus>,
+    /// metadata.generation.
+    pub generation: Option<i64>,
+    /// Provider account name, when resolved.
+    pub provider: Option<String>,
+    /// Native plan, when resolved.
+    pub resolved_plan: Option<String>,
+    /// What was learned about the machine.
+    pub machine: Machine,
+    /// Overrides the summary derived from the machine (stalled, errors, initial visit).
+    pub summary: Option<Summary>,
+    /// Paused annotation set.
+    pub paused: bool,
+    /// Clock.
+    pub now: Timestamp,
+}
+
+/// Builds the desired status. Identical inputs give an identical status (no write).
+pub fn desired(input: StatusInput<'_>) -> ServerStatus {
+    let previous = input.previous.cloned().unwrap_or_default();
+    let mut status = previous.clone();
+    status.observed_generation = input.generation;
+    if let Some(provider) = input.provider {
+        status.provider = Some(provider);
+    }
+    if let Some(plan) = input.resolved_plan {
+        status.resolved_plan = Some(plan);
+    }
+    match &input.machine {
+        Machine::Observed(obs) => {
+            status.provider_id = Some(obs.provider_id.0.clone());
+            status.provider_state = Some(obs.state.as_str().to_string());
+            status.addresses = obs
+                .addresses
+                .iter()
+                .map(|a| MachineAddress { address_type: a.kind.clone(), address: a.address.clone() })
+                .collect();
+            if !obs.plan.is_empty() {
+                status.resolved_plan = Some(obs.plan.clone());
+            }
+        }
+        Machine::Unchanged | Machine::None => {}
+    }
+    let running = status.provider_state.as_deref() == Some("running") && status.provider_id.is_some();
+    let summary = input.summary.clone().unwrap_or_else(|| match (&status.provider_id, running) {
+        (Some(id), true) => Summary::ready("Running", format!("machine {id} is running")),
+        (Some(id), false) => Summary::progressing(
+            "Provisioning",
+            format!("waiting for machine {id} to start (state: {})", status.provider_state.as_deref().unwrap_or("unknown")),
+        ),
+        (None, _) => Summary::progressing("Provisioning", "creating the machine"),
+    });
+    let provisioned = match (&status.provider_id, running) {
+        (Some(id), true) => DesiredCondition::new(condition::PROVISIONED, Status::True, "Running", format!("machine {id} is running")),
+        (Some(_), false) => DesiredCondition::new(condition::PROVISIONED, Status::False, "Starting", "the machine is not running yet"),
+        (None, _) if matches!(summary, Summary::Unknown { .. }) => {
+            DesiredCondition::new(condition::PROVISIONED, Status::Unknown, "Initializing", "")
+        }
+        (None, _) => DesiredCondition::new(condition::PROVISIONED, Status::False, "NotCreated", "no machine yet"),
+    };
+    status.phase = Some(
+        match &summary {
+            Summary::Ready { .. } => phase::RUNNING,
+            Summary::Stalled { .. } => phase::FAILED,
+            Summary::Unknown { .. } => phase::PENDING,
+            Summary::Progressing { .. } if status.provider_id.is_some() || running => phase::PROVISIONING,
+            Summary::Progressing { .. } => phase::PROVISIONING,
+        }
+        .to_string(),
+    );
+    let mut wanted = summary.conditions();
+    wanted.push(provisioned);
+    if input.paused {
+        // Paused keeps whatever Ready/Provisioned said; only Reconciling and Paused change.
+        let keep = |t: &str| conditions::find(&previous.conditions, t).cloned();
+        let mut out = Vec::new();
+        for c in [condition::READY, condition::STALLED, condition::PROVISIONED] {
+            if let Some(c) = keep(c) {
+                out.push(DesiredCondition::new(&c.type_, status_word(&c.status), &c.reason, c.message.clone()));
+            } else {
+                out.push(DesiredCondition::new(c, Status::Unknown, "Paused", ""));
+            }
+        }
+        out.insert(1, DesiredCondition::new(condition::RECONCILING, Status::False, "Paused", "reconciliation is paused"));
+        out.push(DesiredCondition::new(
+            condition::PAUSED,
+            Status::True,
+            "Paused",
+            format!("annotation {}=true stops reconciliation", provisioning_crds::ANNOTATION_PAUSED),
+        ));
+        wanted = out;
+        status.phase = previous.phase.clone().or(Some(phase::PENDING.to_string()));
+    }
+    status.conditions = conditions::merge(&previous.conditions, &wanted, input.generation, input.now);
+    status
+}
+
+fn status_word(s: &str) -> Status {
+    match s {
+        "True" => Status::True,
+        "False" => Status::False,
+        _ => Status::Unknown,
+    }
+}

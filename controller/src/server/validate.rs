@@ -1,0 +1,65 @@
+//! Validate (pure): is the Server's spec usable in its workspace?
+
+use provisioning_crds::{ProviderAccount, ServerSpec};
+
+use crate::workspaces::EffectiveWorkspace;
+
+/// What a valid Server asks for, with workspace defaults filled in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidServer {
+    /// The provider account.
+    pub account: ProviderAccount,
+    /// Plan as written (abstract or native).
+    pub plan: String,
+    /// Provider-native plan.
+    pub resolved_plan: String,
+    /// Zone ("" for the account default).
+    pub zone: String,
+    /// Image.
+    pub image: String,
+}
+
+/// Why a Server cannot be provisioned as written. Becomes `Stalled=True` with `message`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// Condition reason: UnknownProvider, UnknownPlan, ServerLimitReached.
+    pub reason: &'static str,
+    /// Exactly what is wrong.
+    pub message: String,
+}
+
+/// Resolves the account a Server uses (its `spec.provider` or the workspace default).
+pub fn account(spec: &ServerSpec, ws: &EffectiveWorkspace) -> Result<ProviderAccount, Invalid> {
+    ws.account(&spec.provider).cloned().map_err(|message| Invalid { reason: "UnknownProvider", message })
+}
+
+/// Checks the workspace's maxServers. `rank` is how many Servers of the namespace are older
+/// than this one (`None` when the Server already has a machine and so is within the limit).
+pub fn within_limit(rank: Option<usize>, ws: &EffectiveWorkspace) -> Result<(), Invalid> {
+    let max = ws.spec.limits.max_servers as usize;
+    match rank {
+        Some(rank) if rank >= max => Err(Invalid {
+            reason: "ServerLimitReached",
+            message: format!(
+                "{} allows at most {max} servers (limits.maxServers) and {rank} older servers already count against it",
+                ws.display()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Validates plan, zone and image against the account; `resolve_plan` is the provider's
+/// plan table (pure: no API call).
+pub fn validate(
+    spec: &ServerSpec,
+    ws: &EffectiveWorkspace,
+    account: ProviderAccount,
+    resolve_plan: impl Fn(&str) -> Result<String, String>,
+) -> Result<ValidServer, Invalid> {
+    let plan = if spec.plan.is_empty() { ws.spec.defaults.plan.clone() } else { spec.plan.clone() };
+    let resolved_plan = resolve_plan(&plan).map_err(|message| Invalid { reason: "UnknownPlan", message })?;
+    let zone = [&spec.zone, &account.zone, &ws.spec.defaults.zone].into_iter().find(|z| !z.is_empty()).cloned().unwrap_or_default();
+    let image = if spec.image.is_empty() { ws.spec.defaults.image.clone() } else { spec.image.clone() };
+    Ok(ValidServer { account, plan, resolved_plan, zone, image })
+}
