@@ -38,16 +38,16 @@ def main [] {
         let peer_endpoints = ($ctx.peers | each {|p| client-url $ctx $p })
         let existing = if ($peer_endpoints | is-empty) { null } else { member-list $peer_endpoints }
         if $existing != null {
-            let mine = ($existing | where {|m| $my_peer_url in ($m | get -o peerURLs | default []) })
-            let unstarted_slot = ($mine | where {|m| ($m | get -o name | default "") == "" } | is-not-empty)
+            let mine = ($existing | where {|m| $my_peer_url in $m.peerURLs })
+            let unstarted_slot = ($mine | where {|m| $m.name == "" } | is-not-empty)
             if $unstarted_slot {
                 log "peers are bootstrapping a cluster that lists this member: joining as a founding member"
             } else {
                 # Replace a stale entry of this server (rebuilt with an empty data dir).
-                let stale = ($existing | where {|m| ($m | get -o name | default "") == $ctx.server.name or ($my_peer_url in ($m | get -o peerURLs | default [])) })
+                let stale = ($existing | where {|m| $m.name == $ctx.server.name or ($my_peer_url in $m.peerURLs) })
                 for m in $stale {
-                    let id = ($m.ID | into int | fmt | get lowerhex | str replace "0x" "")
-                    log $"removing stale member entry ($m | get -o name | default '?') \(($id)\)"
+                    let id = $m.id
+                    log $"removing stale member entry ($m.name) \(($id)\)"
                     let r = (etcdctl $peer_endpoints member remove $id)
                     if $r.exit_code != 0 { fail $"member remove ($id) failed: ($r.stderr)" }
                 }

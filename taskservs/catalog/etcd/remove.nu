@@ -14,8 +14,8 @@ def main [] {
         let peer_endpoints = ($ctx.peers | each {|p| client-url $ctx $p })
         let members = if ($peer_endpoints | is-empty) { null } else { member-list $peer_endpoints }
         if $members != null {
-            for m in ($members | where {|m| ($m | get -o name | default "") == $ctx.server.name }) {
-                let id = ($m.ID | into int | fmt | get lowerhex | str replace "0x" "")
+            for m in ($members | where {|m| $m.name == $ctx.server.name }) {
+                let id = $m.id
                 log $"leaving the cluster \(member ($id)\)"
                 let r = (etcdctl $peer_endpoints member remove $id)
                 if $r.exit_code != 0 { print $"member remove failed \(continuing\): ($r.stderr)" }
