@@ -343,6 +343,10 @@ impl Provider for AwsProvider {
     }
 
     async fn delete_server(&self, id: &ProviderId) -> ProviderResult<DeleteOutcome> {
+        // Already terminated (or never existed): nothing to call.
+        if self.observe_server(id).await?.is_none() {
+            return Ok(DeleteOutcome::Gone);
+        }
         let params = vec![("InstanceId.1".to_string(), id.native_id().to_string())];
         // TerminateInstances is idempotent: repeating it after a lost response is safe.
         let xml = match self.call_retrying("TerminateInstances", &params).await {

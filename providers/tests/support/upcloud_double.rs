@@ -1,0 +1,563 @@
+//! A local test double of UpCloud's REST API v1.3, built from UpCloud's published API
+//! documentation (developers.upcloud.com/1.3: "Servers", "Errors", labels; field names as in
+//! UpCloud's own Go SDK, upcloud-go-api). No UpCloud emulator exists, so this is what the
+//! upcloud provider's contract tests run against.
+//!
+//! Faithful in what the provider relies on:
+//! - HTTP basic auth; a wrong user or password is `401 AUTHENTICATION_FAILED`.
+//! - Every list is wrapped the UpCloud way (`{"servers": {"server": [...]}}`), numbers the
+//!   API sends as strings (`core_number`, `memory_amount`) are strings.
+//! - `POST /1.3/server` is validated: zone, title, hostname, plan, storage devices (clone of a
+//!   public template, size, tier, title), labels (key charset and length, duplicates),
+//!   networking, login user, unknown attributes. Errors come back as
+//!   `{"error": {"error_code": …, "error_message": …}}` with UpCloud's codes and statuses.
+//! - States advance over time: a new server is `maintenance` while it is created, then
+//!   `started`; `stop` takes it through `maintenance` to `stopped`; delete needs `stopped`
+//!   (`409 SERVER_STATE_ILLEGAL` otherwise) and removes the storages only with `?storages=1`.
+//! - `GET /1.3/server?label=key=value` filters by label (several filters are ANDed; `label=key`
+//!   matches the key alone).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+/// UpCloud's public zones.
+pub const ZONES: [&str; 15] = [
+    "fi-hel1", "fi-hel2", "de-fra1", "nl-ams1", "uk-lon1", "es-mad1", "pl-waw1", "se-sto1", "dk-cph1", "no-svg1",
+    "us-chi1", "us-nyc1", "us-sjo1", "sg-sin1", "au-syd1",
+];
+
+/// General Purpose plans: name, cores, memory MiB, storage GiB.
+pub const PLANS: [(&str, u32, u32, u32); 8] = [
+    ("1xCPU-1GB", 1, 1024, 25),
+    ("1xCPU-2GB", 1, 2048, 50),
+    ("2xCPU-4GB", 2, 4096, 80),
+    ("4xCPU-8GB", 4, 8192, 160),
+    ("6xCPU-16GB", 6, 16384, 320),
+    ("8xCPU-32GB", 8, 32768, 640),
+    ("12xCPU-48GB", 12, 49152, 960),
+    ("16xCPU-64GB", 16, 65536, 1280),
+];
+
+/// Public templates (cloud-init: they need `metadata: yes`).
+pub const TEMPLATES: [(&str, &str); 3] = [
+    ("01000000-0000-4000-8000-000020070100", "Debian GNU/Linux 12 (Bookworm)"),
+    ("01000000-0000-4000-8000-000030220200", "Ubuntu Server 22.04 LTS (Jammy Jellyfish)"),
+    ("01000000-0000-4000-8000-000030240200", "Ubuntu Server 24.04 LTS (Noble Numbat)"),
+];
+
+/// Timing and account of the double.
+#[derive(Clone, Debug)]
+pub struct DoubleConfig {
+    /// API user.
+    pub username: String,
+    /// Its password.
+    pub password: String,
+    /// How long a new server stays in `maintenance`.
+    pub create_time: Duration,
+    /// How long a stop takes.
+    pub stop_time: Duration,
+}
+
+impl Default for DoubleConfig {
+    fn default() -> Self {
+        DoubleConfig {
+            username: "api-user".into(),
+            password: "api-password".into(),
+            create_time: Duration::from_millis(400),
+            stop_time: Duration::from_millis(200),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Phase {
+    Creating { until: Instant },
+    Started,
+    Stopping { until: Instant },
+    Stopped,
+}
+
+#[derive(Clone, Debug)]
+struct Server {
+    uuid: String,
+    zone: String,
+    title: String,
+    hostname: String,
+    plan: String,
+    cores: u32,
+    memory: u32,
+    labels: Vec<(String, String)>,
+    phase: Phase,
+    storages: Vec<String>,
+    ips: Vec<(String, String, String)>,
+}
+
+impl Server {
+    fn state(&mut self) -> &'static str {
+        let now = Instant::now();
+        match self.phase {
+            Phase::Creating { until } if now >= until => self.phase = Phase::Started,
+            Phase::Stopping { until } if now >= until => self.phase = Phase::Stopped,
+            _ => {}
+        }
+        match self.phase {
+            Phase::Creating { .. } | Phase::Stopping { .. } => "maintenance",
+            Phase::Started => "started",
+            Phase::Stopped => "stopped",
+        }
+    }
+
+    fn labels_json(&self) -> Value {
+        json!({ "label": self.labels.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>() })
+    }
+
+    fn summary(&mut self) -> Value {
+        let state = self.state();
+        json!({
+            "core_number": self.cores.to_string(),
+            "hostname": self.hostname,
+            "labels": self.labels_json(),
+            "license": 0,
+            "memory_amount": self.memory.to_string(),
+            "plan": self.plan,
+            "progress": "0",
+            "state": state,
+            "tags": {"tag": []},
+            "title": self.title,
+            "uuid": self.uuid,
+            "zone": self.zone,
+        })
+    }
+
+    fn details(&mut self, storages: &HashMap<String, Storage>) -> Value {
+        let mut v = self.summary();
+        v["boot_order"] = json!("disk");
+        v["firewall"] = json!("off");
+        v["host"] = json!(7_653_311_107u64);
+        v["metadata"] = json!("yes");
+        v["nic_model"] = json!("virtio");
+        v["timezone"] = json!("UTC");
+        v["video_model"] = json!("vga");
+        v["remote_access_enabled"] = json!("no");
+        v["ip_addresses"] = json!({ "ip_address": self.ips.iter().map(|(access, address, family)| json!({
+            "access": access, "address": address, "family": family, "part_of_plan": if access == "public" { "yes" } else { "no" }
+        })).collect::<Vec<_>>() });
+        v["storage_devices"] = json!({ "storage_device": self.storages.iter().enumerate().filter_map(|(i, uuid)| storages.get(uuid).map(|s| json!({
+            "address": format!("virtio:{i}"), "part_of_plan": "yes", "storage": uuid, "storage_size": s.size,
+            "storage_tier": s.tier, "storage_title": s.title, "type": "disk", "boot_disk": if i == 0 { "1" } else { "0" }
+        }))).collect::<Vec<_>>() });
+        v
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Storage {
+    title: String,
+    size: u32,
+    tier: String,
+}
+
+#[derive(Default)]
+struct State {
+    servers: BTreeMap<String, Server>,
+    storages: HashMap<String, Storage>,
+    serial: u32,
+}
+
+/// A running double; stops when dropped.
+pub struct UpcloudDouble {
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    /// Requests served (including rejected ones).
+    pub requests: Arc<AtomicU64>,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for UpcloudDouble {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl UpcloudDouble {
+    /// Starts the double on a free port of 127.0.0.1.
+    pub async fn start(config: DoubleConfig) -> UpcloudDouble {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind double");
+        let port = listener.local_addr().expect("addr").port();
+        let state = Arc::new(Mutex::new(State::default()));
+        let requests = Arc::new(AtomicU64::new(0));
+        let task = {
+            let (state, requests) = (state.clone(), requests.clone());
+            tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else { continue };
+                    let (state, requests, config) = (state.clone(), requests.clone(), config.clone());
+                    tokio::spawn(async move {
+                        let service = service_fn(move |req: Request<Incoming>| {
+                            let (state, requests, config) = (state.clone(), requests.clone(), config.clone());
+                            async move {
+                                requests.fetch_add(1, Ordering::SeqCst);
+                                Ok::<_, std::convert::Infallible>(handle(req, &state, &config).await)
+                            }
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                    });
+                }
+            })
+        };
+        UpcloudDouble { endpoint: format!("http://127.0.0.1:{port}"), requests, state, task }
+    }
+
+    /// Servers that exist, in any state.
+    pub fn server_count(&self) -> usize {
+        self.state.lock().map(|s| s.servers.len()).unwrap_or(0)
+    }
+
+    /// Storages that exist (attached or not).
+    pub fn storage_count(&self) -> usize {
+        self.state.lock().map(|s| s.storages.len()).unwrap_or(0)
+    }
+}
+
+fn reply(status: u16, body: Option<Value>) -> Response<Full<Bytes>> {
+    let mut builder = Response::builder().status(status);
+    let bytes = match body {
+        Some(v) => {
+            builder = builder.header("content-type", "application/json; charset=UTF-8");
+            Bytes::from(v.to_string())
+        }
+        None => Bytes::new(),
+    };
+    builder.body(Full::new(bytes)).unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+fn error(status: u16, code: &str, message: &str) -> Response<Full<Bytes>> {
+    reply(status, Some(json!({"error": {"error_code": code, "error_message": message}})))
+}
+
+fn authorized(req: &Request<Incoming>, config: &DoubleConfig) -> bool {
+    let expected = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", config.username, config.password));
+    req.headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic "))
+        .is_some_and(|v| v.trim() == expected)
+}
+
+async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleConfig) -> Response<Full<Bytes>> {
+    if !authorized(&req, config) {
+        return error(401, "AUTHENTICATION_FAILED", "Authentication failed using the given username and password.");
+    }
+    let method = req.method().clone();
+    let path = req.uri().path().trim_end_matches('/').to_string();
+    let query: Vec<(String, String)> =
+        req.uri().query().map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect()).unwrap_or_default();
+    let content_type = req.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return error(400, "REQUEST_INVALID", "The request body could not be read."),
+    };
+    let Some(rest) = path.strip_prefix("/1.3") else {
+        return error(404, "NOT_FOUND", "The requested API version does not exist.");
+    };
+    let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let mut state = match state.lock() {
+        Ok(s) => s,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let parse_body = || -> Result<Value, Response<Full<Bytes>>> {
+        if !content_type.starts_with("application/json") {
+            return Err(error(400, "CONTENT_TYPE_INVALID", "The Content-Type header must be application/json."));
+        }
+        serde_json::from_slice(&body).map_err(|_| error(400, "REQUEST_INVALID", "The request body is not valid JSON."))
+    };
+    match (method.clone(), segments.as_slice()) {
+        (Method::GET, ["account"]) => reply(
+            200,
+            Some(json!({"account": {"credits": 10000, "username": config.username, "resource_limits": {"cores": 200, "memory": 1_048_576}}})),
+        ),
+        (Method::GET, ["zone"]) => reply(
+            200,
+            Some(json!({"zones": {"zone": ZONES.iter().map(|z| json!({"id": z, "description": z, "public": "yes"})).collect::<Vec<_>>()}})),
+        ),
+        (Method::GET, ["plan"]) => reply(
+            200,
+            Some(json!({"plans": {"plan": PLANS.iter().map(|(name, cores, mem, storage)| json!({
+                "core_number": cores, "memory_amount": mem, "name": name, "public_traffic_out": 1024,
+                "storage_size": storage, "storage_tier": "maxiops"
+            })).collect::<Vec<_>>()}})),
+        ),
+        (Method::GET, ["server"]) => {
+            let filters: Vec<(String, Option<String>)> = query
+                .iter()
+                .filter(|(k, _)| k == "label")
+                .map(|(_, v)| match v.split_once('=') {
+                    Some((k, v)) => (k.to_string(), Some(v.to_string())),
+                    None => (v.clone(), None),
+                })
+                .collect();
+            let servers: Vec<Value> = state
+                .servers
+                .values_mut()
+                .filter(|s| {
+                    filters.iter().all(|(fk, fv)| {
+                        s.labels.iter().any(|(k, v)| k.eq_ignore_ascii_case(fk) && fv.as_ref().is_none_or(|fv| fv == v))
+                    })
+                })
+                .map(Server::summary)
+                .collect();
+            reply(200, Some(json!({"servers": {"server": servers}})))
+        }
+        (Method::POST, ["server"]) => match parse_body() {
+            Err(response) => response,
+            Ok(body) => create_server(&mut state, &body, config),
+        },
+        (Method::GET, ["server", uuid]) => {
+            let State { servers, storages, .. } = &mut *state;
+            match servers.get_mut(*uuid) {
+                Some(server) => reply(200, Some(json!({"server": server.details(storages)}))),
+                None => not_found(uuid),
+            }
+        }
+        (Method::POST, ["server", uuid, "stop"]) => {
+            let body = match parse_body() {
+                Ok(b) => b,
+                Err(response) => return response,
+            };
+            let stop_type = body.pointer("/stop_server/stop_type").and_then(Value::as_str).unwrap_or("soft");
+            if !matches!(stop_type, "soft" | "hard") {
+                return error(400, "STOP_TYPE_INVALID", "The stop type is invalid.");
+            }
+            if let Some(timeout) = body.pointer("/stop_server/timeout")
+                && timeout.as_str().is_none_or(|t| t.parse::<u32>().map_or(true, |t| !(1..=600).contains(&t)))
+            {
+                return error(400, "TIMEOUT_INVALID", "The timeout is invalid.");
+            }
+            let State { servers, storages, .. } = &mut *state;
+            let Some(server) = servers.get_mut(*uuid) else { return not_found(uuid) };
+            if server.state() != "started" {
+                return error(409, "SERVER_STATE_ILLEGAL", &format!("The server {uuid} is not in a state in which it can be stopped."));
+            }
+            server.phase = Phase::Stopping { until: Instant::now() + config.stop_time };
+            reply(202, Some(json!({"server": server.details(storages)})))
+        }
+        (Method::DELETE, ["server", uuid]) => {
+            let Some(server) = state.servers.get_mut(*uuid) else { return not_found(uuid) };
+            if server.state() != "stopped" {
+                return error(409, "SERVER_STATE_ILLEGAL", &format!("The server {uuid} is not stopped."));
+            }
+            let delete_storages = query.iter().any(|(k, v)| k == "storages" && (v == "1" || v == "true"));
+            if let Some(server) = state.servers.remove(*uuid)
+                && delete_storages
+            {
+                for storage in server.storages {
+                    state.storages.remove(&storage);
+                }
+            }
+            reply(204, None)
+        }
+        (_, ["account" | "zone" | "plan" | "server"] | ["server", _] | ["server", _, "stop"]) => {
+            error(405, "METHOD_NOT_ALLOWED", &format!("The method {method} is not allowed here."))
+        }
+        _ => error(404, "NOT_FOUND", "The requested resource does not exist."),
+    }
+}
+
+fn not_found(uuid: &str) -> Response<Full<Bytes>> {
+    error(404, "SERVER_NOT_FOUND", &format!("The server {uuid} does not exist."))
+}
+
+fn valid_hostname(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 128
+        && h.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+}
+
+fn valid_label_key(k: &str) -> bool {
+    (2..=32).contains(&k.len())
+        && k.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+const SERVER_ATTRIBUTES: [&str; 25] = [
+    "avoid_host", "host", "boot_order", "core_number", "firewall", "hostname", "labels", "login_user", "memory_amount",
+    "metadata", "networking", "password_delivery", "plan", "server_group", "simple_backup", "storage_devices",
+    "timezone", "title", "user_data", "video_model", "nic_model", "remote_access_enabled", "remote_access_type",
+    "remote_access_password", "zone",
+];
+
+fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Response<Full<Bytes>> {
+    let Some(server) = body.get("server").and_then(Value::as_object) else {
+        return error(400, "SERVER_INVALID", "The request must contain a server object.");
+    };
+    if let Some(unknown) = server.keys().find(|k| !SERVER_ATTRIBUTES.contains(&k.as_str())) {
+        return error(400, "UNKNOWN_ATTRIBUTE", &format!("The attribute {unknown} is unknown."));
+    }
+    let text = |k: &str| server.get(k).and_then(Value::as_str);
+    let Some(zone) = text("zone") else { return error(400, "ZONE_MISSING", "The zone is missing.") };
+    if !ZONES.contains(&zone) {
+        return error(404, "ZONE_NOT_FOUND", &format!("The zone {zone} does not exist."));
+    }
+    let Some(title) = text("title") else { return error(400, "SERVER_TITLE_MISSING", "The server title is missing.") };
+    if title.is_empty() || title.len() > 255 {
+        return error(400, "SERVER_TITLE_INVALID", "The server title is invalid.");
+    }
+    let Some(hostname) = text("hostname") else { return error(400, "HOSTNAME_MISSING", "The hostname is missing.") };
+    if !valid_hostname(hostname) {
+        return error(400, "HOSTNAME_INVALID", &format!("The hostname {hostname} is invalid."));
+    }
+    let plan = text("plan").unwrap_or("custom");
+    let Some((_, cores, memory, _)) = PLANS.iter().find(|(name, ..)| *name == plan) else {
+        return error(400, "PLAN_INVALID", &format!("The plan {plan} does not exist."));
+    };
+    // Labels.
+    let mut labels = Vec::new();
+    if let Some(list) = server.get("labels") {
+        let Some(items) = list.get("label").and_then(Value::as_array) else {
+            return error(400, "LABELS_INVALID", "The labels must be given as {\"label\": [...]}.");
+        };
+        for item in items {
+            let (Some(k), Some(v)) = (item.get("key").and_then(Value::as_str), item.get("value").and_then(Value::as_str)) else {
+                return error(400, "LABELS_INVALID", "Each label needs a key and a value.");
+            };
+            if !valid_label_key(k) {
+                return error(400, "INVALID_LABEL_KEY", &format!("The label key {k} is invalid."));
+            }
+            if v.len() > 255 {
+                return error(400, "INVALID_LABEL_VALUE", &format!("The value of label {k} is too long."));
+            }
+            if labels.iter().any(|(existing, _): &(String, String)| existing.eq_ignore_ascii_case(k)) {
+                return error(400, "DUPLICATE_LABEL_KEYS", &format!("The label key {k} is given twice."));
+            }
+            labels.push((k.to_string(), v.to_string()));
+        }
+    }
+    // Storage devices: a clone of a public template; cloud-init templates need metadata.
+    let Some(devices) = server.get("storage_devices").and_then(|d| d.get("storage_device")).and_then(Value::as_array) else {
+        return error(400, "STORAGE_DEVICES_MISSING", "The storage devices are missing.");
+    };
+    if devices.is_empty() {
+        return error(400, "STORAGE_DEVICES_MISSING", "The storage devices are missing.");
+    }
+    let mut new_storages = Vec::new();
+    for device in devices {
+        let action = device.get("action").and_then(Value::as_str);
+        if !matches!(action, Some("create" | "clone" | "attach")) {
+            return error(400, "ACTION_INVALID", "The storage action is invalid.");
+        }
+        let Some(storage_title) = device.get("title").and_then(Value::as_str) else {
+            return error(400, "STORAGE_TITLE_MISSING", "The storage title is missing.");
+        };
+        let size = device.get("size").and_then(|s| s.as_u64().or_else(|| s.as_str().and_then(|s| s.parse().ok())));
+        let Some(size) = size.filter(|s| (10..=4096).contains(s)) else {
+            return error(400, "SIZE_INVALID", "The storage size is invalid.");
+        };
+        let tier = device.get("tier").and_then(Value::as_str).unwrap_or("maxiops");
+        if !matches!(tier, "maxiops" | "hdd" | "standard") {
+            return error(400, "TIER_INVALID", "The storage tier is invalid.");
+        }
+        if action == Some("clone") {
+            let template = device.get("storage").and_then(Value::as_str).unwrap_or("");
+            if !TEMPLATES.iter().any(|(uuid, _)| *uuid == template) {
+                return error(404, "STORAGE_NOT_FOUND", &format!("The storage {template} does not exist."));
+            }
+            if text("metadata") != Some("yes") {
+                return error(
+                    400,
+                    "METADATA_DISABLED_ON_CLOUD-INIT",
+                    "The metadata service must be enabled for cloud-init templates.",
+                );
+            }
+        }
+        new_storages.push(Storage { title: storage_title.to_string(), size: size as u32, tier: tier.to_string() });
+    }
+    // Networking.
+    let mut ip_kinds = Vec::new();
+    if let Some(networking) = server.get("networking") {
+        let Some(interfaces) = networking.pointer("/interfaces/interface").and_then(Value::as_array) else {
+            return error(400, "NETWORKING_INVALID", "The interfaces must be given as {\"interfaces\": {\"interface\": [...]}}.");
+        };
+        for interface in interfaces {
+            let kind = interface.get("type").and_then(Value::as_str).unwrap_or("");
+            if !matches!(kind, "public" | "utility" | "private") {
+                return error(400, "NETWORK_TYPE_INVALID", "The interface type is invalid.");
+            }
+            let families: Vec<&str> = interface
+                .pointer("/ip_addresses/ip_address")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|ip| ip.get("family").and_then(Value::as_str)).collect())
+                .unwrap_or_default();
+            for family in families {
+                if !matches!(family, "IPv4" | "IPv6") {
+                    return error(400, "IP_ADDRESS_INVALID", "The address family is invalid.");
+                }
+                ip_kinds.push((kind.to_string(), family.to_string()));
+            }
+        }
+    } else {
+        ip_kinds = vec![("public".into(), "IPv4".into()), ("utility".into(), "IPv4".into())];
+    }
+    if let Some(login) = server.get("login_user") {
+        let keys = login.pointer("/ssh_keys/ssh_key").and_then(Value::as_array).cloned().unwrap_or_default();
+        if keys.iter().any(|k| !k.as_str().is_some_and(|k| k.starts_with("ssh-") || k.starts_with("ecdsa-"))) {
+            return error(400, "SSH_KEY_INVALID", "An SSH key is invalid.");
+        }
+    }
+    state.serial += 1;
+    let serial = state.serial;
+    let uuid = format!("00{:06x}-{}", serial, &uuid::Uuid::new_v4().to_string()[9..]);
+    let mut storage_ids = Vec::new();
+    for storage in new_storages {
+        let id = format!("01{:06x}-{}", serial, &uuid::Uuid::new_v4().to_string()[9..]);
+        state.storages.insert(id.clone(), storage);
+        storage_ids.push(id);
+    }
+    let ips = ip_kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, (access, family))| {
+            let address = match (access.as_str(), family.as_str()) {
+                // Documentation ranges: clearly fake, never routed.
+                ("public", "IPv4") => format!("198.51.{}.{}", serial / 250 % 250, serial % 250 + 1),
+                ("public", _) => format!("2001:db8::{serial:x}:{i}"),
+                (_, "IPv4") => format!("10.{}.{}.{}", i + 1, serial / 250 % 250, serial % 250 + 1),
+                _ => format!("fd00::{serial:x}:{i}"),
+            };
+            (access, address, family)
+        })
+        .collect();
+    let mut created = Server {
+        uuid: uuid.clone(),
+        zone: zone.to_string(),
+        title: title.to_string(),
+        hostname: hostname.to_string(),
+        plan: plan.to_string(),
+        cores: *cores,
+        memory: *memory,
+        labels,
+        phase: Phase::Creating { until: Instant::now() + config.create_time },
+        storages: storage_ids,
+        ips,
+    };
+    let details = created.details(&state.storages);
+    state.servers.insert(uuid, created);
+    reply(202, Some(json!({"server": details})))
+}
