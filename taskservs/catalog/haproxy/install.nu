@@ -31,7 +31,7 @@ def main [] {
     svc-start haproxy [/usr/sbin/haproxy -db -f $CONFIG] --unit haproxy --restart=$changed
     wait-port 127.0.0.1 $ctx.config.frontendPort --timeout 30sec
 
-    let backends = ($rendered | lines | where {|l| ($l | str trim) starts-with "server " } | each {|l| $l | str trim | split row " " | get 2 })
+    let backends = ($rendered | lines | where {|l| ($l | str trim) starts-with "server " } | each {|l| let f = ($l | str trim | split row " "); {name: ($f | get 1), address: ($f | get 2)} })
     emit-result {
         version: $version
         packageVersion: (installed-version haproxy)
