@@ -232,6 +232,12 @@ pub struct ProviderConfig {
     pub simulation: SimulationConfig,
     /// Directory for provider state files (simulated store, SSH known hosts…).
     pub state_dir: PathBuf,
+    /// Local provider: the `nu` binary on the Docker host, mounted read-only into every
+    /// container at `/usr/local/bin/nu`.
+    pub nu_binary: Option<PathBuf>,
+    /// Local provider: the taskserv catalog directory on the Docker host, mounted read-only
+    /// into every container at `/opt/provisioning/catalog`.
+    pub catalog_dir: Option<PathBuf>,
     /// How cloud providers (aws, upcloud) reach machines over SSH for `exec`. The private
     /// key itself is a credential: `SSH_PRIVATE_KEY` in [`ProviderConfig::credentials`].
     pub ssh: SshSettings,

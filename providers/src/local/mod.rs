@@ -1,0 +1,369 @@
+//! The local provider: each Server is a Docker container on this machine, through bollard.
+//!
+//! Like Cluster API's Docker provider it keeps no state of its own: containers and networks
+//! are found by their labels. Each container runs the node image built by
+//! [`crate::image::build_node_image`] (there is no registry to pull from), with `docker-init`
+//! as PID 1 and `sleep infinity` as its only child, so services that task scripts start in
+//! the background stay up and are reaped. Containers are not privileged unless the request's
+//! extra tags say `provisioning.dev/privileged: "true"`: the services tested here (etcd,
+//! redis, postgresql, haproxy, containerd as a daemon) run without it; only running
+//! containers *inside* containerd would need it.
+//!
+//! Each Cluster gets one bridge network (`prov_<namespace>_<cluster>`), standalone servers
+//! share one per namespace (`prov_<namespace>`); the network is created on demand and
+//! removed with the last container that used it. Every container joins its network with the
+//! server name as alias, so peers resolve each other by server name.
+
+mod docker;
+mod exec;
+pub mod spec;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::models::{ContainerSummary, ContainerSummaryStateEnum, NetworkCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, ListNetworksOptions, RemoveContainerOptions,
+};
+use tokio::sync::{Mutex, OnceCell};
+
+pub use self::docker::connect;
+pub use self::exec::EXEC_ID_ENV;
+use self::docker::{classify, status_of};
+pub(crate) use self::docker::{classify as classify_docker_error, status_of as docker_status};
+use self::spec::{ContainerSpec, DEFAULT_NODE_IMAGE, Mounts, NetworkSpec, PLAN_LABEL};
+use crate::{
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError,
+    ProviderId, ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, tags,
+};
+
+/// Abstract image names that mean "the node image".
+const NODE_IMAGE_ALIASES: [&str; 5] = ["", "debian", "debian-12", "debian-bookworm", "provisioning-node"];
+
+/// Builds the provider for an account.
+pub fn build(config: &ProviderConfig) -> ProviderResult<SharedProvider> {
+    Ok(Arc::new(LocalProvider::new(config)?))
+}
+
+/// Docker containers on the local engine.
+pub struct LocalProvider {
+    account: String,
+    endpoint: String,
+    images: BTreeMap<String, String>,
+    mounts: Mounts,
+    docker: OnceCell<Docker>,
+    /// Serialises network create/remove with container create in this process, so that the
+    /// last delete of a cluster never removes the network a concurrent create just joined.
+    network_lock: Mutex<()>,
+}
+
+impl LocalProvider {
+    /// A provider for `config`. Nothing is contacted until the first call.
+    pub fn new(config: &ProviderConfig) -> ProviderResult<Self> {
+        let mounts = Mounts { nu_binary: config.nu_binary.clone(), catalog_dir: config.catalog_dir.clone() };
+        mounts.binds()?;
+        Ok(LocalProvider {
+            account: config.name.clone(),
+            endpoint: config.endpoint.clone(),
+            images: config.images.clone(),
+            mounts,
+            docker: OnceCell::new(),
+            network_lock: Mutex::new(()),
+        })
+    }
+
+    /// The engine client, connected on first use (and retried after a failure).
+    async fn docker(&self) -> ProviderResult<&Docker> {
+        self.docker.get_or_try_init(|| connect(&self.endpoint)).await
+    }
+
+    /// The image reference for a requested image name.
+    fn image_for(&self, requested: &str) -> ProviderResult<String> {
+        if let Some(native) = self.images.get(requested) {
+            return Ok(native.clone());
+        }
+        if NODE_IMAGE_ALIASES.contains(&requested) {
+            return Ok(DEFAULT_NODE_IMAGE.to_string());
+        }
+        if requested.contains(':') || requested.contains('/') || requested.contains('@') {
+            return Ok(requested.to_string());
+        }
+        Err(ProviderError::InvalidRequest(format!(
+            "image {requested:?} is unknown to the local provider (use debian-12 for the node image, or a \
+             local image reference name:tag)"
+        )))
+    }
+
+    async fn list(&self, filters: HashMap<String, Vec<String>>) -> ProviderResult<Vec<ContainerSummary>> {
+        let docker = self.docker().await?;
+        docker
+            .list_containers(Some(ListContainersOptions { all: true, filters: Some(filters), ..Default::default() }))
+            .await
+            .map_err(|e| classify("list containers", e))
+    }
+
+    async fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ContainerSummary>> {
+        let filters = spec::label_filter([(tags::SERVER_UID, identity.uid.as_str())]);
+        let mut found = self.list(filters).await?;
+        // Never more than one unless someone copied labels by hand; the oldest is the machine.
+        found.sort_by_key(|c| c.created.unwrap_or(i64::MAX));
+        Ok(found.into_iter().next())
+    }
+
+    /// Finds the network of `spec` by its labels, or creates it. Call with `network_lock`.
+    async fn ensure_network(&self, spec: &NetworkSpec) -> ProviderResult<String> {
+        let docker = self.docker().await?;
+        let existing = self.networks(spec).await?;
+        if let Some(id) = existing.first() {
+            return Ok(id.clone());
+        }
+        let request = NetworkCreateRequest {
+            name: spec.name.clone(),
+            driver: Some("bridge".into()),
+            labels: Some(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+            ..Default::default()
+        };
+        match docker.create_network(request).await {
+            Ok(_) => {}
+            // Created meanwhile by another process: use theirs.
+            Err(e) if status_of(&e) == Some(409) => {}
+            Err(e) => return Err(classify(&format!("create network {}", spec.name), e)),
+        }
+        // Older engines allow two networks of one name; both racers settle on the smallest
+        // id and the other one goes.
+        let mut ids = self.networks(spec).await?;
+        let chosen = ids.first().cloned().ok_or_else(|| {
+            ProviderError::Transient(format!("network {} vanished right after it was created", spec.name))
+        })?;
+        for extra in ids.drain(1..) {
+            if let Err(e) = docker.remove_network(&extra).await {
+                tracing::debug!(network = %extra, error = %e, "duplicate network still in use");
+            }
+        }
+        Ok(chosen)
+    }
+
+    /// Ids of the networks carrying `spec`'s labels (sorted).
+    async fn networks(&self, spec: &NetworkSpec) -> ProviderResult<Vec<String>> {
+        let docker = self.docker().await?;
+        let networks = docker
+            .list_networks(Some(ListNetworksOptions { filters: Some(spec.label_filters()) }))
+            .await
+            .map_err(|e| classify("list networks", e))?;
+        let mut ids: Vec<String> = networks
+            .into_iter()
+            .filter(|n| n.labels.as_ref().is_some_and(|l| spec.labels.iter().all(|(k, v)| l.get(k) == Some(v))))
+            .filter_map(|n| n.id)
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Removes the network of `network` when no container (running or not) uses it any more.
+    async fn remove_network_if_unused(&self, network: &NetworkSpec) -> ProviderResult<()> {
+        let _guard = self.network_lock.lock().await;
+        self.remove_network_if_unused_locked(network).await
+    }
+
+    /// [`Self::remove_network_if_unused`] for callers holding `network_lock`.
+    async fn remove_network_if_unused_locked(&self, network: &NetworkSpec) -> ProviderResult<()> {
+        let namespace = network.labels.get(tags::NAMESPACE).map(String::as_str).unwrap_or_default();
+        let cluster = network.labels.get(tags::CLUSTER).map(String::as_str);
+        let mut filter = vec![(tags::NAMESPACE, namespace)];
+        if let Some(cluster) = cluster {
+            filter.push((tags::CLUSTER, cluster));
+        }
+        let members = self.list(spec::label_filter(filter)).await?;
+        let in_use = members.iter().any(|c| {
+            c.labels.as_ref().is_some_and(|l| l.contains_key(tags::SERVER_UID) && l.get(tags::CLUSTER).map(String::as_str) == cluster)
+        });
+        if in_use {
+            return Ok(());
+        }
+        let docker = self.docker().await?;
+        for id in self.networks(network).await? {
+            match docker.remove_network(&id).await {
+                Ok(()) => tracing::debug!(network = %network.name, "removed the network of the last server"),
+                Err(e) if matches!(status_of(&e), Some(404)) => {}
+                // Joined meanwhile by a container of another process: it stays.
+                Err(e) if matches!(status_of(&e), Some(403 | 409)) => {
+                    tracing::debug!(network = %network.name, error = %e, "network still in use")
+                }
+                Err(e) => return Err(classify(&format!("remove network {}", network.name), e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn create(&self, spec: ContainerSpec) -> ProviderResult<()> {
+        let docker = self.docker().await?;
+        // Checked first so that a missing image leaves no network behind.
+        if !crate::image::node_image_exists(docker, &spec.image).await.map_err(|e| match e {
+            crate::image::ImageError::Docker(e) => e,
+            other => ProviderError::Transient(other.to_string()),
+        })? {
+            return Err(ProviderError::InvalidRequest(format!(
+                "image {} is missing: run `provisioning image build` first",
+                spec.image
+            )));
+        }
+        let _guard = self.network_lock.lock().await;
+        self.ensure_network(&spec.network).await?;
+        let options = CreateContainerOptions { name: Some(spec.name.clone()), ..Default::default() };
+        match docker.create_container(Some(options), spec.body).await {
+            Ok(_) => Ok(()),
+            // Same name: a concurrent ensure_server created it; the caller finds it by label.
+            Err(e) if status_of(&e) == Some(409) => Ok(()),
+            Err(e) => {
+                let error = classify(&format!("create container {}", spec.name), e);
+                if let Err(cleanup) = self.remove_network_if_unused_locked(&spec.network).await {
+                    tracing::warn!(network = %spec.network.name, error = %cleanup, "network left after a failed create");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn start(&self, id: &str) -> ProviderResult<()> {
+        let docker = self.docker().await?;
+        match docker.start_container(id, None).await {
+            Ok(()) => Ok(()),
+            // 304: already started.
+            Err(e) if status_of(&e) == Some(304) => Ok(()),
+            Err(e) => Err(classify(&format!("start container {id}"), e)),
+        }
+    }
+
+    async fn by_id(&self, id: &ProviderId) -> ProviderResult<Option<ContainerSummary>> {
+        let native = id.native_id();
+        if native.is_empty() || !native.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
+            return Ok(None);
+        }
+        let mut filters = spec::label_filter([]);
+        filters.insert("label".into(), vec![tags::SERVER_UID.to_string()]);
+        filters.insert("id".into(), vec![native.to_string()]);
+        let found = self.list(filters).await?;
+        // The id filter matches prefixes; only the exact container counts.
+        Ok(found.into_iter().find(|c| c.id.as_deref() == Some(native)))
+    }
+}
+
+/// Maps a container summary to what the contract reports.
+fn observe(container: &ContainerSummary) -> ServerObservation {
+    let labels: BTreeMap<String, String> =
+        container.labels.clone().unwrap_or_default().into_iter().collect();
+    let state = match container.state {
+        Some(ContainerSummaryStateEnum::CREATED | ContainerSummaryStateEnum::RESTARTING) => MachineState::Pending,
+        Some(ContainerSummaryStateEnum::RUNNING) => MachineState::Running,
+        Some(ContainerSummaryStateEnum::STOPPING) => MachineState::Stopping,
+        Some(ContainerSummaryStateEnum::EXITED) => MachineState::Stopped,
+        Some(ContainerSummaryStateEnum::REMOVING) => MachineState::Terminating,
+        Some(ContainerSummaryStateEnum::PAUSED) => MachineState::Other("paused".into()),
+        Some(ContainerSummaryStateEnum::DEAD) => MachineState::Other("dead".into()),
+        Some(ContainerSummaryStateEnum::EMPTY) | None => MachineState::Other("unknown".into()),
+    };
+    let mut addresses = Vec::new();
+    if state == MachineState::Running {
+        let networks = container.network_settings.as_ref().and_then(|n| n.networks.as_ref());
+        let mut ips: Vec<(&String, String)> = networks
+            .into_iter()
+            .flatten()
+            .filter_map(|(name, ep)| ep.ip_address.clone().filter(|ip| !ip.is_empty()).map(|ip| (name, ip)))
+            .collect();
+        ips.sort();
+        addresses.extend(ips.into_iter().map(|(_, ip)| Address { kind: "InternalIP".into(), address: ip }));
+        if let Some(server) = labels.get(tags::SERVER) {
+            addresses.push(Address { kind: "Hostname".into(), address: server.chars().take(63).collect() });
+        }
+    }
+    ServerObservation {
+        provider_id: ProviderId::new("local", container.id.as_deref().unwrap_or_default()),
+        state,
+        addresses,
+        plan: labels.get(PLAN_LABEL).cloned().unwrap_or_default(),
+        tags: labels,
+    }
+}
+
+#[async_trait]
+impl Provider for LocalProvider {
+    fn provider_type(&self) -> &'static str {
+        "local"
+    }
+
+    fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
+        spec::resolve_plan(plan)
+    }
+
+    async fn validate_credentials(&self) -> ProviderResult<()> {
+        let docker = self.docker().await?;
+        docker.ping().await.map(|_| ()).map_err(|e| classify(&format!("ping (account {})", self.account), e))
+    }
+
+    async fn ensure_server(&self, request: &ServerRequest) -> ProviderResult<ServerObservation> {
+        let image = self.image_for(&request.image)?;
+        let spec = spec::container_spec(request, &image, &self.mounts)?;
+        if self.find(&request.identity).await?.is_none() {
+            self.create(spec).await?;
+        }
+        let container = self.find(&request.identity).await?.ok_or_else(|| {
+            ProviderError::Transient(format!("container of server {} vanished after create", request.identity.name))
+        })?;
+        // A create that was interrupted before start leaves a created container: finish it.
+        // Stopped (exited) containers are reported as such; replacing them is the caller's call.
+        if container.state == Some(ContainerSummaryStateEnum::CREATED) {
+            let id = container.id.clone().unwrap_or_default();
+            self.start(&id).await?;
+            if let Some(started) = self.by_id(&ProviderId::new("local", &id)).await? {
+                return Ok(observe(&started));
+            }
+        }
+        Ok(observe(&container))
+    }
+
+    async fn find_server(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
+        Ok(self.find(identity).await?.as_ref().map(observe))
+    }
+
+    async fn observe_server(&self, id: &ProviderId) -> ProviderResult<Option<ServerObservation>> {
+        Ok(self.by_id(id).await?.as_ref().map(observe))
+    }
+
+    async fn delete_server(&self, id: &ProviderId) -> ProviderResult<DeleteOutcome> {
+        let Some(container) = self.by_id(id).await? else {
+            return Ok(DeleteOutcome::Gone);
+        };
+        let labels = container.labels.clone().unwrap_or_default();
+        let namespace = labels.get(tags::NAMESPACE).cloned().unwrap_or_default();
+        let network = NetworkSpec::new(&namespace, labels.get(tags::CLUSTER).map(String::as_str));
+        let docker = self.docker().await?;
+        // The machine is being destroyed: no graceful stop, and its anonymous volumes go too.
+        let options = RemoveContainerOptions { force: true, v: true, link: false };
+        match docker.remove_container(id.native_id(), Some(options)).await {
+            Ok(()) => {}
+            Err(e) if status_of(&e) == Some(404) => {}
+            // "removal already in progress"
+            Err(e) if status_of(&e) == Some(409) => return Ok(DeleteOutcome::InProgress),
+            Err(e) => return Err(classify(&format!("remove container {id}"), e)),
+        }
+        self.remove_network_if_unused(&network).await?;
+        Ok(DeleteOutcome::Gone)
+    }
+
+    async fn exec(&self, id: &ProviderId, request: ExecRequest) -> ProviderResult<ExecResult> {
+        if self.by_id(id).await?.is_none() {
+            return Err(ProviderError::NotFound(format!("machine {id}")));
+        }
+        exec::run(self.docker().await?, id.native_id(), request).await
+    }
+
+    async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
+        let mut filter: Vec<(&str, &str)> = tags.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut filters = spec::label_filter(filter.drain(..));
+        // Only machines of this provider: containers that carry a server uid.
+        filters.entry("label".into()).or_default().push(tags::SERVER_UID.to_string());
+        Ok(self.list(filters).await?.iter().map(observe).collect())
+    }
+}
