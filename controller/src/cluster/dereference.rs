@@ -1,0 +1,93 @@
+//! Dereference: a Cluster's children (found by the cluster label) and the other Clusters of
+//! its namespace, as planner facts.
+
+use std::collections::BTreeSet;
+
+use kube::api::ListParams;
+use kube::runtime::reflector::Store;
+use kube::{Api, Resource, ResourceExt};
+use provisioning_crds::{Cluster, LABEL_CLUSTER, TaskServ, condition};
+
+use super::plan::{ChildServer, ChildTaskServ, OtherCluster};
+use crate::conditions;
+use crate::context::Context;
+use crate::error::Error;
+
+/// The children of a Cluster.
+pub struct Children {
+    /// Servers labelled with the cluster.
+    pub servers: Vec<ChildServer>,
+    /// TaskServs labelled with the cluster.
+    pub taskservs: Vec<ChildTaskServ>,
+}
+
+fn owned_by(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, uid: &str) -> bool {
+    meta.owner_references.iter().flatten().any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+fn stalled_message(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> Option<String> {
+    conditions::find(conds, condition::STALLED).filter(|c| c.status == "True").map(|c| c.message.clone())
+}
+
+/// Reads the Servers (from the cache) and TaskServs (one labelled list) of `cluster`.
+pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Result<Children, Error> {
+    let name = cluster.name_any();
+    let uid = cluster.uid().unwrap_or_default();
+    let mut servers: Vec<ChildServer> = ctx
+        .stores
+        .servers
+        .state()
+        .iter()
+        .filter(|s| s.namespace().as_deref() == Some(namespace) && s.labels().get(LABEL_CLUSTER) == Some(&name))
+        .map(|s| {
+            let conds = s.status.as_ref().map(|st| st.conditions.clone()).unwrap_or_default();
+            ChildServer {
+                name: s.name_any(),
+                labels: s.labels().clone(),
+                spec: s.spec.clone(),
+                owned: owned_by(s.meta(), &uid),
+                ready: crate::taskserv::dereference::server_ready(s),
+                stalled: stalled_message(&conds),
+                deleting: s.metadata.deletion_timestamp.is_some(),
+            }
+        })
+        .collect();
+    servers.sort_by(|a, b| a.name.cmp(&b.name));
+    let api: Api<TaskServ> = Api::namespaced(ctx.client.clone(), namespace);
+    let list = api.list(&ListParams::default().labels(&format!("{LABEL_CLUSTER}={name}"))).await?;
+    let mut taskservs: Vec<ChildTaskServ> = list
+        .items
+        .iter()
+        .map(|t| {
+            let status = t.status.clone().unwrap_or_default();
+            ChildTaskServ {
+                name: t.name_any(),
+                labels: t.labels().clone(),
+                spec: t.spec.clone(),
+                owned: owned_by(t.meta(), &uid),
+                ready: conditions::is_true(&status.conditions, condition::READY),
+                stalled: stalled_message(&status.conditions),
+                phase: status.phase.clone().unwrap_or_default(),
+                message: conditions::find(&status.conditions, condition::READY).map(|c| c.message.clone()).unwrap_or_default(),
+                servers_in_status: status.servers.iter().map(|s| s.name.clone()).collect::<BTreeSet<_>>(),
+                was_ever_ready: status.last_good_version.is_some(),
+                deleting: t.metadata.deletion_timestamp.is_some(),
+            }
+        })
+        .collect();
+    taskservs.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Children { servers, taskservs })
+}
+
+/// The other Clusters of `namespace`.
+pub fn other_clusters(store: &Store<Cluster>, namespace: &str, own: &str) -> Vec<OtherCluster> {
+    store
+        .state()
+        .iter()
+        .filter(|c| c.namespace().as_deref() == Some(namespace) && c.name_any() != own)
+        .map(|c| OtherCluster {
+            name: c.name_any(),
+            ready: c.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY)),
+        })
+        .collect()
+}

@@ -1,0 +1,126 @@
+//! Validate (pure): a Cluster's services against the catalog, and their dependency closure in
+//! install order. Services the listed ones require but the spec leaves out are added, on the
+//! pools of the services that need them, at their default version.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use provisioning_crds::ClusterSpec;
+use provisioning_taskservs::{Catalog, ResolveError, ValidationError};
+use serde_json::Value;
+
+/// One service of the rollout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServicePlan {
+    /// Catalog name.
+    pub service: String,
+    /// Pools whose servers get it (every pool when the spec names none).
+    pub pools: Vec<String>,
+    /// Version as written ("" = catalog default).
+    pub version: String,
+    /// Config as written.
+    pub config: Option<Value>,
+    /// Services of the rollout this one waits for (hard `requires` and soft `after`).
+    pub after: Vec<String>,
+    /// Listed in the spec (false: brought in as a dependency).
+    pub explicit: bool,
+}
+
+/// Why a Cluster spec is refused (`Stalled` with this reason and message).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidCluster {
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// For humans: names the service, version, field or cycle.
+    pub message: String,
+}
+
+fn invalid(reason: &'static str, message: impl Into<String>) -> InvalidCluster {
+    InvalidCluster { reason, message: message.into() }
+}
+
+/// Validates the spec and returns the services in install order.
+pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec<ServicePlan>, InvalidCluster> {
+    let pool_names: Vec<String> = spec.pools.iter().map(|p| p.name.clone()).collect();
+    let mut seen_pools = BTreeSet::new();
+    for p in &pool_names {
+        if !seen_pools.insert(p) {
+            return Err(invalid("DuplicatePool", format!("pool {p:?} is declared twice")));
+        }
+    }
+    if spec.depends_on.iter().any(|d| d == name) {
+        return Err(invalid("DependencyCycle", format!("Cluster {name} depends on itself")));
+    }
+    let mut listed: BTreeMap<String, ServicePlan> = BTreeMap::new();
+    for (i, t) in spec.taskservs.iter().enumerate() {
+        if listed.contains_key(&t.service) {
+            return Err(invalid("DuplicateService", format!("taskservs[{i}]: service {:?} is listed twice", t.service)));
+        }
+        for p in &t.pools {
+            if !pool_names.contains(p) {
+                return Err(invalid("UnknownPool", format!("taskservs[{i}] ({}): pool {p:?} is not in spec.pools", t.service)));
+            }
+        }
+        let version = if t.version.is_empty() { None } else { Some(t.version.as_str()) };
+        catalog
+            .validate_request(&t.service, version, t.config.as_ref().unwrap_or(&Value::Null))
+            .map_err(|e| match e {
+                ValidationError::UnknownService(s) => {
+                    invalid("UnknownService", format!("unknown service {s:?}: not in the taskserv catalog"))
+                }
+                e @ ValidationError::UnknownVersion { .. } => invalid("UnknownVersion", e.to_string()),
+                e @ ValidationError::InvalidConfig { .. } => invalid("InvalidConfig", e.to_string()),
+            })?;
+        let pools = if t.pools.is_empty() { pool_names.clone() } else { t.pools.clone() };
+        listed.insert(
+            t.service.clone(),
+            ServicePlan {
+                service: t.service.clone(),
+                pools,
+                version: t.version.clone(),
+                config: t.config.clone(),
+                after: Vec::new(),
+                explicit: true,
+            },
+        );
+    }
+    let wanted: Vec<String> = listed.keys().cloned().collect();
+    let order = catalog.resolve(&wanted).map_err(|e| match e {
+        ResolveError::Unknown(s) => invalid("UnknownService", format!("unknown service {s:?}: not in the taskserv catalog")),
+        ResolveError::Cycle(c) => invalid("DependencyCycle", format!("dependency cycle: {c}")),
+    })?;
+    let in_plan: BTreeSet<&String> = order.iter().collect();
+    // Dependencies go on the pools of everything that needs them: walk dependents first.
+    let mut pools_of: BTreeMap<String, BTreeSet<String>> =
+        listed.values().map(|s| (s.service.clone(), s.pools.iter().cloned().collect())).collect();
+    for service in order.iter().rev() {
+        let Some(entry) = catalog.get(service) else { continue };
+        let mine = pools_of.get(service).cloned().unwrap_or_default();
+        for dep in &entry.manifest.requires {
+            pools_of.entry(dep.clone()).or_default().extend(mine.iter().cloned());
+        }
+    }
+    let mut out = Vec::with_capacity(order.len());
+    for service in &order {
+        let manifest = catalog.get(service).map(|s| &s.manifest);
+        let after: Vec<String> = manifest
+            .map(|m| m.requires.iter().chain(m.after.iter()).filter(|d| in_plan.contains(d)).cloned().collect())
+            .unwrap_or_default();
+        let mut plan = listed.remove(service).unwrap_or_else(|| ServicePlan {
+            service: service.clone(),
+            pools: Vec::new(),
+            version: String::new(),
+            config: None,
+            after: Vec::new(),
+            explicit: false,
+        });
+        if !plan.explicit {
+            // Keep spec order of pools for readability.
+            let wanted_pools = pools_of.get(service).cloned().unwrap_or_default();
+            plan.pools = pool_names.iter().filter(|p| wanted_pools.contains(*p)).cloned().collect();
+        }
+        plan.after = after;
+        out.push(plan);
+    }
+    Ok(out)
+}

@@ -1,0 +1,364 @@
+//! The TaskServ reconciler: one catalog service installed on a set of Servers.
+//!
+//! Pipeline per visit: paused check → first-visit status → finalizer (Apply / Cleanup) →
+//! [`dereference`] (Servers and other TaskServs from the caches) → [`validate`] (pure:
+//! service, version, config schema, dependency cycle) → [`plan`] (pure: per-server state
+//! machine, dependencies, health, upgrades and rollback) → [`act`] (script runs as tracked
+//! background tasks) → one status patch, skipped when unchanged → events → requeue.
+//!
+//! Script runs never block a reconcile: they are spawned, bounded by the owning Cluster's
+//! `parallelLimit` (or the workspace's for a standalone TaskServ), and their results come
+//! back through [`act::ScriptRuns`] plus a reconcile trigger.
+
+pub mod act;
+pub mod dereference;
+pub mod plan;
+pub mod validate;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use provisioning_crds::{Cluster, FINALIZER, LABEL_CLUSTER, Server, TaskServ, TaskServStatus, condition};
+use provisioning_providers::ProviderId;
+use provisioning_taskservs::{Catalog, ScriptContext};
+
+use crate::conditions::{self, DesiredCondition, Status};
+use crate::context::{Context, is_paused};
+use crate::error::Error;
+use act::{ProviderExecutor, RunRequest, ScriptRuns, TaskServKey};
+use plan::{Observed, Operation, Plan, ServerFacts};
+use validate::ValidTaskServ;
+
+/// Kind name used in metrics and logs.
+pub const KIND: &str = "TaskServ";
+
+/// What the TaskServ reconciler shares between reconciles.
+pub struct TaskServContext {
+    /// The controller core's context.
+    pub ctx: Arc<Context>,
+    /// The taskserv catalog.
+    pub catalog: Arc<Catalog>,
+    /// Script runs in flight and finished.
+    pub runs: Arc<ScriptRuns>,
+    /// Queues a TaskServ for reconcile (finished runs).
+    pub trigger: UnboundedSender<ObjectRef<TaskServ>>,
+    /// All TaskServs (the controller's own cache).
+    pub taskservs: Store<TaskServ>,
+}
+
+/// Runs the TaskServ controller until `shutdown` resolves.
+pub async fn run(
+    ctx: Arc<Context>,
+    catalog: Arc<Catalog>,
+    settings: ControllerSettings,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let (trigger, triggered) = futures::channel::mpsc::unbounded();
+    let controller = Controller::new(Api::<TaskServ>::all(client.clone()), watcher::Config::default());
+    let store = controller.store();
+    let tctx = Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, taskservs: store.clone() });
+    let selecting = store.clone();
+    controller
+        // A Server coming, going or changing readiness re-plans the TaskServs that select it.
+        .watches(Api::<Server>::all(client), watcher::Config::default(), move |server: Server| {
+            let namespace = server.namespace().unwrap_or_default();
+            let name = server.name_any();
+            let labels = server.labels().clone();
+            selecting
+                .state()
+                .iter()
+                .filter(|t| t.namespace().as_deref() == Some(namespace.as_str()))
+                .filter(|t| {
+                    t.spec.servers.names.contains(&name)
+                        || t.status.as_ref().is_some_and(|s| s.servers.iter().any(|e| e.name == name))
+                        || t.spec.servers.selector.as_ref().is_some_and(|sel| {
+                            !sel.match_labels.is_empty() && sel.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+                        })
+                })
+                .map(|t| ObjectRef::from_obj(t.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_on(triggered)
+        .with_config(settings)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, tctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+/// Tracker key of a TaskServ.
+pub fn key(ts: &TaskServ) -> TaskServKey {
+    format!("{}/{}/{}", ts.namespace().unwrap_or_default(), ts.name_any(), ts.uid().unwrap_or_default())
+}
+
+/// Reconciles one TaskServ.
+pub async fn reconcile(ts: Arc<TaskServ>, tctx: Arc<TaskServContext>) -> Result<Action, Error> {
+    let ctx = &tctx.ctx;
+    let _timer = ctx.metrics.reconcile_timer(KIND);
+    let namespace = ts.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let now = now_seconds();
+    if is_paused(ts.as_ref()) && ts.metadata.deletion_timestamp.is_none() {
+        let mut status = ts.status.clone().unwrap_or_default();
+        let mut desired: Vec<DesiredCondition> = status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ != condition::PAUSED)
+            .map(|c| DesiredCondition::new(&c.type_, status_from(&c.status), &c.reason, c.message.clone()))
+            .collect();
+        desired.push(DesiredCondition::new(condition::PAUSED, Status::True, "Paused", "provisioning.dev/paused is \"true\""));
+        status.conditions = conditions::merge(&status.conditions, &desired, ts.metadata.generation, now);
+        ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &status).await?;
+        ctx.reset_backoff(KIND, ts.as_ref());
+        return Ok(Action::await_change());
+    }
+    if ts.metadata.deletion_timestamp.is_none() && ts.status.as_ref().is_none_or(|s| s.conditions.is_empty()) {
+        // First visit: conditions start as Unknown, never absent.
+        let desired = [
+            DesiredCondition::new(condition::READY, Status::Unknown, "Initializing", "reconciliation started"),
+            DesiredCondition::new(condition::RECONCILING, Status::True, "Initializing", "reconciliation started"),
+            DesiredCondition::new(condition::STALLED, Status::False, "NotStalled", ""),
+            DesiredCondition::new(condition::DEPENDENCIES_READY, Status::Unknown, "Initializing", ""),
+            DesiredCondition::new(condition::INSTALLED, Status::Unknown, "Initializing", ""),
+            DesiredCondition::new(condition::HEALTHY, Status::Unknown, "Initializing", ""),
+        ];
+        let status = TaskServStatus {
+            phase: Some("Pending".into()),
+            observed_generation: ts.metadata.generation,
+            conditions: conditions::merge(&[], &desired, ts.metadata.generation, now),
+            ..ts.status.clone().unwrap_or_default()
+        };
+        ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &status).await?;
+    }
+    let api: Api<TaskServ> = Api::namespaced(ctx.client.clone(), &namespace);
+    let action = finalizer(&api, FINALIZER, ts.clone(), |event| async {
+        match event {
+            Finalizer::Apply(ts) => apply(ts, &namespace, &tctx, false).await,
+            Finalizer::Cleanup(ts) => apply(ts, &namespace, &tctx, true).await,
+        }
+    })
+    .await?;
+    ctx.reset_backoff(KIND, ts.as_ref());
+    Ok(action)
+}
+
+/// `error_policy` of the TaskServ controller.
+pub fn error_policy(ts: Arc<TaskServ>, error: &Error, tctx: Arc<TaskServContext>) -> Action {
+    tctx.ctx.backoff(KIND, ts.as_ref(), error)
+}
+
+fn status_from(s: &str) -> Status {
+    match s {
+        "True" => Status::True,
+        "False" => Status::False,
+        _ => Status::Unknown,
+    }
+}
+
+/// Now, in whole seconds (the API stores seconds).
+pub fn now_seconds() -> Timestamp {
+    let now = Timestamp::now();
+    Timestamp::from_second(now.as_second()).unwrap_or(now)
+}
+
+async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, deleting: bool) -> Result<Action, Error> {
+    let ctx = &tctx.ctx;
+    let servers = dereference::servers(&ctx.stores.servers, namespace);
+    let peers = dereference::peers(&tctx.taskservs, namespace, &ts.name_any());
+    let validated = validate::validate(&ts.spec, &tctx.catalog);
+    let key = key(&ts);
+    let in_flight = tctx.runs.in_flight(&key);
+    let results = tctx.runs.results(&key);
+    let status = ts.status.clone().unwrap_or_default();
+    let health_interval = validated.as_ref().map(|v| v.health_interval).unwrap_or(Duration::from_secs(60));
+    let installed: Vec<String> = status
+        .servers
+        .iter()
+        .filter(|s| s.phase == "Installed" && s.healthy != Some(false))
+        .map(|s| s.name.clone())
+        .collect();
+    let checks_due = tctx.runs.checks_due(&key, installed, health_interval);
+    let name = ts.name_any();
+    let observed = Observed {
+        name: &name,
+        generation: ts.metadata.generation,
+        spec: &ts.spec,
+        status: &status,
+        validated: &validated,
+        servers: &servers,
+        taskservs: &peers,
+        in_flight: &in_flight,
+        results: &results,
+        checks_due: &checks_due,
+        now: now_seconds(),
+    };
+    let (plan, done) = if deleting { plan::plan_removal(&observed) } else { (plan::plan(&observed), false) };
+    let Plan { status: desired, launch, events, requeue } = plan;
+
+    if !launch.is_empty() {
+        let selected = plan::selected_servers(&ts.spec, &servers);
+        let limit = bound(&ts, namespace, ctx).await;
+        for (server, operation) in launch {
+            start_run(&ts, &server, operation, &servers, &selected, validated.as_ref().ok(), &limit, tctx);
+        }
+    }
+    ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &desired).await?;
+    tctx.runs.acknowledge(&key, results.len());
+    for e in events {
+        let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
+        ctx.publish(ts.as_ref(), type_, &e.reason, "Reconcile", Some(e.note)).await;
+    }
+    if deleting {
+        if done {
+            tctx.runs.forget(&key);
+            return Ok(Action::await_change());
+        }
+        return Err(Error::InProgress(format!("removing {} from {} servers", ts.spec.service, desired.servers.len())));
+    }
+    Ok(match requeue {
+        Some(d) => Action::requeue(crate::error::jittered(d)),
+        None => Action::await_change(),
+    })
+}
+
+/// The semaphore bounding this TaskServ's script runs: its Cluster's `parallelLimit`, or the
+/// workspace's for a standalone TaskServ.
+#[derive(Clone, Debug)]
+struct Bound {
+    key: String,
+    limit: u32,
+}
+
+async fn bound(ts: &TaskServ, namespace: &str, ctx: &Context) -> Bound {
+    if let Some(cluster) = ts.labels().get(LABEL_CLUSTER) {
+        let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), namespace);
+        if let Ok(Some(c)) = api.get_opt(cluster).await {
+            return Bound { key: format!("cluster/{namespace}/{cluster}"), limit: c.spec.parallel_limit };
+        }
+    }
+    let ws = ctx.workspace_for(namespace);
+    Bound { key: format!("{}/scripts", ws.key()), limit: ws.spec.limits.parallel_limit }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_run(
+    ts: &Arc<TaskServ>,
+    server: &str,
+    operation: Operation,
+    servers: &[ServerFacts],
+    selected: &BTreeSet<String>,
+    valid: Option<&ValidTaskServ>,
+    limit: &Bound,
+    tctx: &TaskServContext,
+) {
+    let key = key(ts);
+    if !tctx.runs.start(&key, server, &operation) {
+        return;
+    }
+    let ts = ts.clone();
+    let servers = servers.to_vec();
+    let selected = selected.clone();
+    let valid = valid.cloned();
+    let ctx = tctx.ctx.clone();
+    let catalog = tctx.catalog.clone();
+    let runs = tctx.runs.clone();
+    let limit = limit.clone();
+    let trigger = tctx.trigger.clone();
+    let server = server.to_string();
+    tokio::spawn(async move {
+        let object = ObjectRef::from_obj(ts.as_ref());
+        let prepared = prepare(&ts, &server, &operation, &servers, &selected, valid.as_ref(), &ctx, &catalog).await;
+        let result = match prepared {
+            Ok(request) => {
+                let _permit = ctx.permit(&limit.key, limit.limit).await;
+                act::run_operation(&request).await
+            }
+            Err(message) => act::failed_to_start(&server, &operation, message),
+        };
+        tracing::info!(
+            taskserv = %object,
+            server = %server,
+            script = result.operation.script(),
+            succeeded = result.succeeded,
+            "{}",
+            result.message
+        );
+        let outcome = if result.succeeded { "ok" } else { "failed" };
+        ctx.metrics
+            .script_runs
+            .get_or_create(&crate::metrics::ScriptLabels { service: ts.spec.service.clone(), outcome: outcome.into() })
+            .inc();
+        runs.finish(&key, result);
+        act::trigger(&trigger, object);
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn prepare(
+    ts: &TaskServ,
+    server: &str,
+    operation: &Operation,
+    servers: &[ServerFacts],
+    selected: &BTreeSet<String>,
+    valid: Option<&ValidTaskServ>,
+    ctx: &Context,
+    catalog: &Catalog,
+) -> Result<RunRequest, String> {
+    let namespace = ts.namespace().unwrap_or_default();
+    let server_facts = servers.iter().find(|s| s.name == server).ok_or_else(|| format!("Server {server} not found"))?;
+    let server_obj = ctx
+        .stores
+        .servers
+        .get(&ObjectRef::new(server).within(&namespace))
+        .ok_or_else(|| format!("Server {server} not found"))?;
+    let server_status = server_obj.status.clone().unwrap_or_default();
+    let provider_id = server_status.provider_id.clone().ok_or_else(|| format!("Server {server} has no providerID yet"))?;
+    let ws = ctx.workspace_for(&namespace);
+    let account_name = server_status.provider.clone().unwrap_or_else(|| server_obj.spec.provider.clone());
+    let account = ws.account(&account_name).cloned()?;
+    let provider = ctx.provider_for(&ws, &account).await.map_err(|e| e.to_string())?;
+    let (version, previous, config, timeout) = match (operation, valid) {
+        (Operation::Install { version, previous }, Some(v)) => (version.clone(), previous.clone(), v.config.clone(), v.timeout),
+        (_, Some(v)) => (v.version.clone(), None, v.config.clone(), v.timeout),
+        (_, None) => {
+            // Removing an invalid TaskServ still runs remove.nu with what status says.
+            let version = ts.status.as_ref().and_then(|s| s.installed_version.clone()).unwrap_or_default();
+            (version, None, ts.spec.config.clone().unwrap_or_default(), Duration::from_secs(600))
+        }
+    };
+    let parts = dereference::context_parts(ts, server_facts, selected, servers, &ws, &version, previous);
+    let context = ScriptContext {
+        server: parts.server,
+        peers: parts.peers,
+        cluster: parts.cluster,
+        workspace: parts.workspace,
+        taskserv: parts.taskserv,
+        config,
+        templates: Default::default(),
+    }
+    .with_templates(catalog)
+    .map_err(|e| e.to_string())?;
+    let lock_file = match operation {
+        Operation::Check => None,
+        _ => Some(format!("/tmp/provisioning-{}.lock", ts.spec.service)),
+    };
+    Ok(RunRequest {
+        object: ObjectRef::from_obj(ts),
+        key: key(ts),
+        server: server.to_string(),
+        operation: operation.clone(),
+        context,
+        executor: ProviderExecutor { provider, id: ProviderId(provider_id), lock_file },
+        timeout,
+    })
+}

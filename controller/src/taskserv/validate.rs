@@ -1,0 +1,79 @@
+//! Validate (pure): the TaskServ's request against the catalog. Unknown service, unknown
+//! version, a config that breaks the schema and a dependency cycle are all `Stalled`: nothing
+//! runs until the spec (or the catalog) changes.
+
+use std::time::Duration;
+
+use provisioning_crds::TaskServSpec;
+use provisioning_taskservs::{Catalog, ResolveError, ValidationError};
+use serde_json::Value;
+
+/// A request the catalog accepts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidTaskServ {
+    /// Catalog name.
+    pub service: String,
+    /// Version to converge to (the spec's, or the catalog default).
+    pub version: String,
+    /// Config with the schema's defaults filled in.
+    pub config: Value,
+    /// Services that must be installed first (the closure of `requires`, install order).
+    pub dependencies: Vec<String>,
+    /// Time limit of one script run.
+    pub timeout: Duration,
+    /// How often health is re-checked on resync.
+    pub health_interval: Duration,
+}
+
+/// Why a request is refused. Every variant is `Stalled` with this reason and message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidTaskServ {
+    /// The service is not in the catalog.
+    #[error("unknown service {0:?}: not in the taskserv catalog")]
+    UnknownService(String),
+    /// The version is not one the catalog has.
+    #[error("{0}")]
+    UnknownVersion(String),
+    /// The config fails the service's schema.
+    #[error("{0}")]
+    InvalidConfig(String),
+    /// The service's dependencies loop.
+    #[error("dependency cycle: {0}")]
+    DependencyCycle(String),
+}
+
+impl InvalidTaskServ {
+    /// CamelCase condition reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            InvalidTaskServ::UnknownService(_) => "UnknownService",
+            InvalidTaskServ::UnknownVersion(_) => "UnknownVersion",
+            InvalidTaskServ::InvalidConfig(_) => "InvalidConfig",
+            InvalidTaskServ::DependencyCycle(_) => "DependencyCycle",
+        }
+    }
+}
+
+/// Checks a TaskServ spec against the catalog and resolves its dependencies.
+pub fn validate(spec: &TaskServSpec, catalog: &Catalog) -> Result<ValidTaskServ, InvalidTaskServ> {
+    let config = spec.config.clone().unwrap_or(Value::Null);
+    let version = if spec.version.is_empty() { None } else { Some(spec.version.as_str()) };
+    let resolved = catalog.validate_request(&spec.service, version, &config).map_err(|e| match e {
+        ValidationError::UnknownService(s) => InvalidTaskServ::UnknownService(s),
+        e @ ValidationError::UnknownVersion { .. } => InvalidTaskServ::UnknownVersion(e.to_string()),
+        e @ ValidationError::InvalidConfig { .. } => InvalidTaskServ::InvalidConfig(e.to_string()),
+    })?;
+    let order = catalog.resolve(std::slice::from_ref(&spec.service)).map_err(|e| match e {
+        ResolveError::Unknown(s) => InvalidTaskServ::UnknownService(s),
+        ResolveError::Cycle(c) => InvalidTaskServ::DependencyCycle(c),
+    })?;
+    let dependencies = order.into_iter().filter(|s| s != &spec.service).collect();
+    Ok(ValidTaskServ {
+        service: resolved.service,
+        version: resolved.version,
+        config: resolved.config,
+        dependencies,
+        timeout: resolved.timeout,
+        health_interval: resolved.health_interval,
+    })
+}

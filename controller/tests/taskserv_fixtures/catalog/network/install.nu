@@ -1,0 +1,2 @@
+# fixture: never run
+def main [] {}

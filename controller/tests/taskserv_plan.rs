@@ -1,0 +1,524 @@
+//! TaskServ validation and planning (pure) from YAML fixtures and a fixture catalog.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use k8s_openapi::jiff::Timestamp;
+use provisioning_controller::taskserv::plan::{
+    self, Observed, Operation, OperationResult, PeerTaskServ, Plan, ServerFacts, rfc3339,
+};
+use provisioning_controller::taskserv::validate::{self, InvalidTaskServ, ValidTaskServ};
+use provisioning_crds::{ScriptRun, TaskServ, TaskServStatus};
+use provisioning_taskservs::Catalog;
+
+fn catalog() -> Catalog {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/taskserv_fixtures/catalog");
+    Catalog::load(&dir).expect("fixture catalog loads")
+}
+
+fn taskserv(yaml: &str) -> TaskServ {
+    serde_yaml_ng::from_str(yaml).expect("fixture parses")
+}
+
+fn t(s: &str) -> Timestamp {
+    s.parse().expect("timestamp")
+}
+
+fn server(name: &str, ready: bool) -> ServerFacts {
+    ServerFacts { name: name.into(), ready, ..Default::default() }
+}
+
+fn labelled(name: &str, labels: &[(&str, &str)]) -> ServerFacts {
+    ServerFacts {
+        name: name.into(),
+        ready: true,
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    }
+}
+
+const STORE: &str = r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: TaskServ
+metadata: {name: store, namespace: dev, generation: 1}
+spec:
+  service: store
+  servers: {names: [s0, s1]}
+"#;
+
+/// Inputs of one planning pass (owned, so tests can tweak them).
+struct Pass {
+    ts: TaskServ,
+    status: TaskServStatus,
+    validated: Result<ValidTaskServ, InvalidTaskServ>,
+    servers: Vec<ServerFacts>,
+    peers: Vec<PeerTaskServ>,
+    in_flight: BTreeMap<String, Operation>,
+    results: Vec<OperationResult>,
+    checks_due: BTreeSet<String>,
+    now: Timestamp,
+}
+
+impl Pass {
+    fn new(yaml: &str, servers: Vec<ServerFacts>) -> Pass {
+        let ts = taskserv(yaml);
+        let validated = validate::validate(&ts.spec, &catalog());
+        Pass {
+            status: ts.status.clone().unwrap_or_default(),
+            ts,
+            validated,
+            servers,
+            peers: vec![],
+            in_flight: BTreeMap::new(),
+            results: vec![],
+            checks_due: BTreeSet::new(),
+            now: t("2025-01-01T00:00:00Z"),
+        }
+    }
+
+    fn plan(&self) -> Plan {
+        plan::plan(&self.observed())
+    }
+
+    fn observed(&self) -> Observed<'_> {
+        Observed {
+            name: "store",
+            generation: self.ts.metadata.generation,
+            spec: &self.ts.spec,
+            status: &self.status,
+            validated: &self.validated,
+            servers: &self.servers,
+            taskservs: &self.peers,
+            in_flight: &self.in_flight,
+            results: &self.results,
+            checks_due: &self.checks_due,
+            now: self.now,
+        }
+    }
+
+    /// Applies a plan as the reconciler would: status written, launches in flight, results consumed.
+    fn commit(&mut self, plan: &Plan) {
+        self.status = plan.status.clone();
+        self.results.clear();
+        for (server, op) in &plan.launch {
+            if *op != Operation::Check {
+                self.in_flight.insert(server.clone(), op.clone());
+            }
+        }
+    }
+
+    fn finish(&mut self, server: &str, succeeded: bool, healthy: Option<bool>) {
+        let op = self.in_flight.remove(server).expect("operation in flight");
+        self.results.push(result(server, op, succeeded, healthy));
+    }
+}
+
+fn result(server: &str, operation: Operation, succeeded: bool, healthy: Option<bool>) -> OperationResult {
+    OperationResult {
+        server: server.into(),
+        operation: operation.clone(),
+        run: ScriptRun {
+            script: operation.script().into(),
+            started_at: Some("2025-01-01T00:00:00Z".into()),
+            finished_at: Some("2025-01-01T00:00:05Z".into()),
+            exit_code: Some(if succeeded { 0 } else { 3 }),
+            output_tail: Some(if succeeded { "ok".into() } else { "boom: port in use".into() }),
+        },
+        succeeded,
+        healthy,
+        message: if succeeded { "succeeded".into() } else { "exited 3".into() },
+    }
+}
+
+fn cond<'a>(status: &'a TaskServStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+    let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("condition {type_} missing"));
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+fn install(version: &str) -> Operation {
+    Operation::Install { version: version.into(), previous: None }
+}
+
+/// Installs on both servers and returns the pass in the Ready state.
+fn ready_pass() -> Pass {
+    let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
+    let first = p.plan();
+    p.commit(&first);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let done = p.plan();
+    p.commit(&done);
+    assert_eq!(cond(&p.status, "Ready").0, "True", "{:#?}", p.status);
+    p
+}
+
+#[test]
+fn first_pass_installs_on_every_selected_ready_server() {
+    let p = Pass::new(STORE, vec![server("s0", true), server("s1", true), server("other", true)]);
+    let plan = p.plan();
+    assert_eq!(plan.launch, vec![("s0".to_string(), install("1.0")), ("s1".to_string(), install("1.0"))]);
+    let s = &plan.status;
+    assert_eq!(s.phase.as_deref(), Some("Installing"));
+    assert_eq!(s.observed_generation, Some(1));
+    assert_eq!(cond(s, "Ready").0, "False");
+    assert_eq!(cond(s, "Reconciling").0, "True");
+    assert_eq!(cond(s, "Stalled").0, "False");
+    assert_eq!(cond(s, "DependenciesReady").0, "True");
+    assert_eq!(cond(s, "Installed"), ("False", "Installing", "0/2 servers installed"));
+    assert_eq!(s.servers.iter().map(|e| e.phase.as_str()).collect::<Vec<_>>(), ["Installing", "Installing"]);
+    assert!(s.servers[0].last_run.as_ref().is_some_and(|r| r.started_at.as_deref() == Some("2025-01-01T00:00:00Z")));
+}
+
+#[test]
+fn selector_and_names_are_a_union() {
+    let p = Pass::new(
+        r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: TaskServ
+metadata: {name: store, namespace: dev, generation: 1}
+spec:
+  service: store
+  servers: {names: [a], selector: {matchLabels: {role: db}}}
+"#,
+        vec![labelled("a", &[]), labelled("b", &[("role", "db")]), labelled("c", &[("role", "web")])],
+    );
+    let plan = p.plan();
+    let launched: Vec<&str> = plan.launch.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(launched, ["a", "b"]);
+}
+
+#[test]
+fn results_make_it_ready_and_a_resync_writes_nothing() {
+    let mut p = ready_pass();
+    let s = p.status.clone();
+    assert_eq!(s.phase.as_deref(), Some("Ready"));
+    assert_eq!(s.installed_version.as_deref(), Some("1.0"));
+    assert_eq!(s.last_good_version.as_deref(), Some("1.0"));
+    assert_eq!(cond(&s, "Installed").0, "True");
+    assert_eq!(cond(&s, "Healthy").0, "True");
+    assert_eq!(cond(&s, "Reconciling").0, "False");
+    // A later resync with a passing health check changes nothing at all.
+    p.now = t("2025-01-01T01:00:00Z");
+    p.checks_due = ["s0".to_string(), "s1".to_string()].into();
+    let resync = p.plan();
+    assert_eq!(resync.launch, vec![("s0".to_string(), Operation::Check), ("s1".to_string(), Operation::Check)]);
+    assert_eq!(resync.status, s, "no-op resync must not change status");
+    p.checks_due.clear();
+    p.results = vec![result("s0", Operation::Check, true, Some(true)), result("s1", Operation::Check, true, Some(true))];
+    let after = p.plan();
+    assert_eq!(after.status, s, "healthy checks must not change status");
+    assert!(after.events.is_empty(), "{:?}", after.events);
+}
+
+#[test]
+fn ready_transition_emits_events() {
+    let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
+    let first = p.plan();
+    p.commit(&first);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let done = p.plan();
+    let reasons: Vec<&str> = done.events.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(reasons, ["Installed", "Installed", "Ready"]);
+}
+
+#[test]
+fn waits_for_servers_that_are_not_ready() {
+    let p = Pass::new(STORE, vec![server("s0", true)]);
+    let plan = p.plan();
+    assert_eq!(plan.launch, vec![("s0".to_string(), install("1.0"))]);
+    let (_, _, msg) = cond(&plan.status, "Installed");
+    assert!(msg.contains("waiting for Server s1"), "{msg}");
+}
+
+const ORCHESTRATOR: &str = r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: TaskServ
+metadata: {name: orch, namespace: dev, generation: 1}
+spec:
+  service: orchestrator
+  servers: {names: [s0, s1]}
+"#;
+
+#[test]
+fn missing_hard_dependency_waits_naming_it() {
+    let p = Pass::new(ORCHESTRATOR, vec![server("s0", true), server("s1", true)]);
+    assert_eq!(p.validated.as_ref().map(|v| v.dependencies.clone()).ok(), Some(vec!["runtime".to_string()]));
+    let plan = p.plan();
+    assert!(plan.launch.is_empty(), "nothing runs before dependencies: {:?}", plan.launch);
+    let (status, reason, msg) = cond(&plan.status, "DependenciesReady");
+    assert_eq!((status, reason), ("False", "WaitingForDependencies"));
+    assert!(msg.contains("runtime"), "{msg}");
+    assert_eq!(cond(&plan.status, "Stalled").0, "False");
+    assert_eq!(cond(&plan.status, "Reconciling").0, "True");
+    assert_eq!(plan.status.resolved_dependencies, ["runtime"]);
+}
+
+#[test]
+fn dependency_must_be_ready_on_the_same_servers() {
+    let mut p = Pass::new(ORCHESTRATOR, vec![server("s0", true), server("s1", true)]);
+    p.peers = vec![PeerTaskServ {
+        name: "rt".into(),
+        service: "runtime".into(),
+        ready: false,
+        installed_on: ["s0".to_string()].into(),
+    }];
+    let plan = p.plan();
+    assert!(plan.launch.is_empty());
+    assert_eq!(cond(&plan.status, "DependenciesReady").2, "waiting for TaskServ rt (runtime: 1/2 servers installed)");
+    p.peers[0].ready = true;
+    p.peers[0].installed_on.insert("s1".into());
+    let plan = p.plan();
+    assert_eq!(plan.launch.len(), 2);
+    assert_eq!(cond(&plan.status, "DependenciesReady").0, "True");
+}
+
+#[test]
+fn depends_on_names_other_taskservs() {
+    let mut p = Pass::new(
+        r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: TaskServ
+metadata: {name: store, namespace: dev, generation: 1}
+spec: {service: store, servers: {names: [s0]}, dependsOn: [web]}
+"#,
+        vec![server("s0", true)],
+    );
+    let plan = p.plan();
+    assert!(plan.launch.is_empty());
+    assert!(cond(&plan.status, "DependenciesReady").2.contains("TaskServ web not found"));
+    p.peers = vec![PeerTaskServ { name: "web".into(), service: "haproxy".into(), ready: true, installed_on: BTreeSet::new() }];
+    assert_eq!(p.plan().launch.len(), 1);
+}
+
+#[test]
+fn dependency_cycle_is_stalled_naming_the_cycle() {
+    let p = Pass::new(
+        r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: TaskServ
+metadata: {name: loop, namespace: dev, generation: 1}
+spec: {service: loopa, servers: {names: [s0]}}
+"#,
+        vec![server("s0", true)],
+    );
+    let plan = p.plan();
+    assert!(plan.launch.is_empty());
+    let (status, reason, msg) = cond(&plan.status, "Stalled");
+    assert_eq!((status, reason), ("True", "DependencyCycle"));
+    assert!(msg.contains("loopa -> loopb -> loopa"), "{msg}");
+    assert_eq!(cond(&plan.status, "Reconciling").0, "False");
+    assert_eq!(plan.status.phase.as_deref(), Some("Failed"));
+    assert!(plan.events.iter().any(|e| e.warning && e.reason == "DependencyCycle"));
+}
+
+#[test]
+fn bad_input_is_stalled_with_the_message_and_nothing_runs() {
+    let cases = [
+        ("service: nosuch", "UnknownService", "unknown service \"nosuch\""),
+        ("service: store\n  version: \"9.9\"", "UnknownVersion", "service store has no version \"9.9\" (available: 1.0, 2.0)"),
+        ("service: store\n  config: {port: \"$(reboot)\"}", "InvalidConfig", "invalid config for store"),
+        ("service: store\n  config: {bogus: 1}", "InvalidConfig", "bogus"),
+    ];
+    for (spec, reason, message) in cases {
+        let yaml = format!(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: TaskServ\nmetadata: {{name: bad, namespace: dev, generation: 1}}\nspec:\n  {spec}\n  servers: {{names: [s0]}}\n"
+        );
+        let p = Pass::new(&yaml, vec![server("s0", true)]);
+        let plan = p.plan();
+        assert!(plan.launch.is_empty(), "{spec}: nothing may run");
+        let (status, r, msg) = cond(&plan.status, "Stalled");
+        assert_eq!((status, r), ("True", reason), "{spec}");
+        assert!(msg.contains(message), "{spec}: {msg}");
+        assert_eq!(cond(&plan.status, "Ready").0, "False");
+        assert_eq!(cond(&plan.status, "Reconciling").0, "False");
+        // The stall does not repeat its event on the next pass.
+        let mut again = p;
+        again.status = plan.status.clone();
+        let second = again.plan();
+        assert_eq!(second.status, plan.status);
+        assert!(second.events.is_empty());
+    }
+}
+
+#[test]
+fn failing_health_check_goes_unhealthy_then_reinstalls() {
+    let mut p = ready_pass();
+    p.now = t("2025-01-01T01:00:00Z");
+    p.results = vec![result("s1", Operation::Check, false, Some(false))];
+    let plan = p.plan();
+    let (status, reason, msg) = cond(&plan.status, "Healthy");
+    assert_eq!((status, reason), ("False", "HealthCheckFailed"));
+    assert_eq!(msg, "unhealthy on s1");
+    assert_eq!(cond(&plan.status, "Ready").0, "False");
+    let warning = plan.events.iter().find(|e| e.reason == "Unhealthy").expect("Warning event");
+    assert!(warning.warning && warning.note.contains("boom: port in use"), "{warning:?}");
+    // Re-install on the broken server in the same pass.
+    assert_eq!(plan.launch, vec![("s1".to_string(), Operation::Install { version: "1.0".into(), previous: None })]);
+    p.commit(&plan);
+    p.finish("s1", true, Some(true));
+    let healed = p.plan();
+    assert_eq!(cond(&healed.status, "Healthy").0, "True");
+    assert_eq!(cond(&healed.status, "Ready").0, "True");
+}
+
+#[test]
+fn a_server_that_disappears_is_reinstalled_when_back() {
+    let mut p = ready_pass();
+    p.servers[1].ready = false;
+    let plan = p.plan();
+    assert!(plan.launch.is_empty());
+    assert_eq!(cond(&plan.status, "Healthy").0, "False");
+    p.commit(&plan);
+    p.servers[1].ready = true;
+    let back = p.plan();
+    assert_eq!(back.launch, vec![("s1".to_string(), install("1.0"))]);
+}
+
+#[test]
+fn restarted_controller_resumes_from_status_without_running_twice() {
+    let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
+    let first = p.plan();
+    p.commit(&first);
+    // Same process, next pass: runs are in flight, nothing is started again.
+    assert!(p.plan().launch.is_empty());
+    // New process: status says Installing, nothing in flight → run again (idempotent script,
+    // guarded by the per-service lock on the machine).
+    p.in_flight.clear();
+    let resumed = p.plan();
+    assert_eq!(resumed.launch.len(), 2);
+}
+
+#[test]
+fn failed_install_is_retried_after_a_pause_with_a_warning() {
+    let mut p = Pass::new(STORE, vec![server("s0", true)]);
+    p.ts.spec.servers.names = vec!["s0".into()];
+    let first = p.plan();
+    p.commit(&first);
+    p.finish("s0", false, None);
+    p.now = t("2025-01-01T00:00:06Z");
+    let failed = p.plan();
+    assert!(failed.launch.is_empty(), "no hot retry");
+    assert_eq!(failed.status.servers[0].phase, "Failed");
+    assert_eq!(failed.status.servers[0].last_run.as_ref().and_then(|r| r.exit_code), Some(3));
+    let w = failed.events.iter().find(|e| e.reason == "InstallFailed").expect("warning");
+    assert!(w.warning && w.note.contains("boom: port in use"));
+    p.commit(&failed);
+    p.now = t("2025-01-01T00:01:00Z");
+    assert_eq!(p.plan().launch.len(), 1, "retried after the pause");
+}
+
+#[test]
+fn failed_upgrade_rolls_back_to_last_good_version() {
+    let mut p = ready_pass();
+    p.ts.metadata.generation = Some(2);
+    p.ts.spec.version = "2.0".into();
+    p.validated = validate::validate(&p.ts.spec, &catalog());
+    let upgrade = p.plan();
+    assert_eq!(
+        upgrade.launch,
+        vec![
+            ("s0".to_string(), Operation::Install { version: "2.0".into(), previous: Some("1.0".into()) }),
+            ("s1".to_string(), Operation::Install { version: "2.0".into(), previous: Some("1.0".into()) }),
+        ]
+    );
+    p.commit(&upgrade);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", false, Some(false));
+    let failed = p.plan();
+    let (status, reason, msg) = cond(&failed.status, "Stalled");
+    assert_eq!((status, reason), ("True", "UpgradeFailed"));
+    assert!(msg.contains("rolling back to 1.0"), "{msg}");
+    assert_eq!(failed.status.phase.as_deref(), Some("Degraded"));
+    // Both servers go back to 1.0.
+    let rollback: Vec<(String, Operation)> = failed.launch.clone();
+    assert_eq!(
+        rollback,
+        vec![
+            ("s0".to_string(), Operation::Install { version: "1.0".into(), previous: Some("2.0".into()) }),
+            ("s1".to_string(), Operation::Install { version: "1.0".into(), previous: Some("2.0".into()) }),
+        ]
+    );
+    p.commit(&failed);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let rolled = p.plan();
+    assert!(rolled.launch.is_empty(), "the failed version is not retried for this generation");
+    assert_eq!(rolled.status.installed_version.as_deref(), Some("1.0"));
+    assert_eq!(rolled.status.last_good_version.as_deref(), Some("1.0"));
+    assert_eq!(cond(&rolled.status, "Stalled").1, "UpgradeFailed");
+    assert_eq!(cond(&rolled.status, "Installed").0, "True");
+}
+
+#[test]
+fn failed_upgrade_without_rollback_keeps_retrying() {
+    let mut p = ready_pass();
+    p.ts.metadata.generation = Some(2);
+    p.ts.spec.version = "2.0".into();
+    p.ts.spec.rollback_on_failure = false;
+    p.validated = validate::validate(&p.ts.spec, &catalog());
+    let upgrade = p.plan();
+    p.commit(&upgrade);
+    p.finish("s0", false, None);
+    p.finish("s1", false, None);
+    let failed = p.plan();
+    assert_eq!(cond(&failed.status, "Stalled").0, "False");
+    assert!(failed.launch.is_empty());
+    assert_eq!(failed.status.phase.as_deref(), Some("Failed"));
+}
+
+#[test]
+fn deselected_server_is_drained_with_remove() {
+    let mut p = ready_pass();
+    p.ts.metadata.generation = Some(2);
+    p.ts.spec.servers.names = vec!["s0".into()];
+    let plan = p.plan();
+    assert!(plan.launch.contains(&("s1".to_string(), Operation::Remove)), "{:?}", plan.launch);
+    assert_eq!(plan.status.servers.iter().find(|s| s.name == "s1").map(|s| s.phase.as_str()), Some("Removing"));
+    p.commit(&plan);
+    p.finish("s1", true, None);
+    p.finish("s0", true, Some(true));
+    let after = p.plan();
+    assert_eq!(after.status.servers.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["s0"]);
+    assert!(after.events.iter().any(|e| e.reason == "Removed"));
+}
+
+#[test]
+fn spec_change_reinstalls_everywhere_once() {
+    let mut p = ready_pass();
+    p.ts.metadata.generation = Some(2);
+    p.ts.spec.config = Some(serde_json::json!({"port": 2400}));
+    p.validated = validate::validate(&p.ts.spec, &catalog());
+    let plan = p.plan();
+    assert_eq!(plan.launch.len(), 2);
+    p.commit(&plan);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let done = p.plan();
+    assert!(done.launch.is_empty());
+    assert_eq!(cond(&done.status, "Ready").0, "True");
+    p.commit(&done);
+    assert!(p.plan().launch.is_empty());
+}
+
+#[test]
+fn delete_runs_remove_everywhere_then_is_done() {
+    let mut p = ready_pass();
+    let (plan, done) = plan::plan_removal(&p.observed());
+    assert!(!done);
+    assert_eq!(plan.launch, vec![("s0".to_string(), Operation::Remove), ("s1".to_string(), Operation::Remove)]);
+    assert_eq!(plan.status.phase.as_deref(), Some("Removing"));
+    p.commit(&plan);
+    p.finish("s0", true, None);
+    // s1's machine is gone meanwhile: nothing to drain there.
+    p.in_flight.clear();
+    p.servers.retain(|s| s.name != "s1");
+    let (last, done) = plan::plan_removal(&p.observed());
+    assert!(done, "{:#?}", last.status.servers);
+    assert!(last.status.servers.is_empty());
+}
+
+#[test]
+fn times_are_rfc3339_seconds() {
+    assert_eq!(rfc3339(t("2025-01-01T00:00:00.123456Z")), "2025-01-01T00:00:00Z");
+}
