@@ -19,8 +19,19 @@ const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
 const TOMBSTONES: TableDefinition<u64, &[u8]> = TableDefinition::new("tombstones");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
-/// How many events the in-memory history keeps for watch resumption.
-pub const HISTORY_LIMIT: usize = 50_000;
+/// Default number of events the in-memory history keeps for watch resumption.
+pub const DEFAULT_HISTORY_LIMIT: usize = 50_000;
+static HISTORY_LIMIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(DEFAULT_HISTORY_LIMIT);
+
+/// The current history window (events kept for watch resumption).
+pub fn history_limit() -> usize {
+    HISTORY_LIMIT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Changes the history window for this process (tests use a small one to provoke 410 Gone).
+pub fn set_history_limit(events: usize) {
+    HISTORY_LIMIT.store(events.max(16), std::sync::atomic::Ordering::Relaxed);
+}
 /// Max writes folded into one transaction.
 const MAX_BATCH: usize = 2048;
 
@@ -252,7 +263,7 @@ impl State {
 
     fn push_event(&mut self, ev: Arc<Event>) {
         self.history.push_back(ev);
-        while self.history.len() > HISTORY_LIMIT {
+        while self.history.len() > history_limit() {
             if let Some(old) = self.history.pop_front() {
                 self.history_floor = old.rv;
             }
@@ -324,7 +335,7 @@ impl Store {
             // the floor plus deletions: enough for a watcher to resume from its last revision.
             events.sort_by_key(|e| e.rv);
             let mut floor = tomb_floor;
-            let drop = events.len().saturating_sub(HISTORY_LIMIT / 2);
+            let drop = events.len().saturating_sub(history_limit() / 2);
             for e in events.drain(..drop) {
                 floor = floor.max(e.rv);
             }
@@ -338,8 +349,8 @@ impl Store {
                 let mut tombs = txn.open_table(TOMBSTONES)?;
                 let floor = state.history_floor;
                 let count = tombs.len()?;
-                if count > (HISTORY_LIMIT / 2) as u64 {
-                    let cut: Vec<u64> = tombs.iter()?.take((count as usize) - HISTORY_LIMIT / 4).filter_map(|r| r.ok().map(|(k, _)| k.value())).collect();
+                if count > (history_limit() / 2) as u64 {
+                    let cut: Vec<u64> = tombs.iter()?.take((count as usize) - history_limit() / 4).filter_map(|r| r.ok().map(|(k, _)| k.value())).collect();
                     let mut max_cut = floor;
                     for k in cut {
                         tombs.remove(k)?;
