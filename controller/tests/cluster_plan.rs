@@ -1,0 +1,481 @@
+//! Cluster validation and planning (pure) from YAML fixtures and a fixture catalog.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use k8s_openapi::jiff::Timestamp;
+use provisioning_controller::cluster::plan::{self, ChildServer, ChildTaskServ, Observed, OtherCluster, Plan};
+use provisioning_controller::cluster::validate::{self, InvalidCluster, ServicePlan};
+use provisioning_crds::{Cluster, ClusterStatus, Server, TaskServ};
+use provisioning_taskservs::Catalog;
+
+fn catalog() -> Catalog {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/taskserv_fixtures/catalog");
+    Catalog::load(&dir).expect("fixture catalog loads")
+}
+
+fn cluster(yaml: &str) -> Cluster {
+    serde_yaml_ng::from_str(yaml).expect("fixture parses")
+}
+
+fn t(s: &str) -> Timestamp {
+    s.parse().expect("timestamp")
+}
+
+const ETCD: &str = r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: Cluster
+metadata: {name: etcd, namespace: dev, uid: c-1, generation: 1}
+spec:
+  provider: local
+  pools: [{name: members, replicas: 3, plan: small, labels: {tier: data}}]
+  taskservs: [{service: store, config: {port: 2379}}]
+"#;
+
+const K8S: &str = r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: Cluster
+metadata: {name: k8s, namespace: dev, uid: c-2, generation: 1}
+spec:
+  pools:
+  - {name: cp, replicas: 1}
+  - {name: workers, replicas: 2}
+  taskservs: [{service: orchestrator, pools: [cp, workers]}]
+"#;
+
+/// The world as one planning pass sees it; `step` applies a plan's actions to it and lets
+/// children become ready, as the other reconcilers would.
+struct World {
+    cluster: Cluster,
+    status: ClusterStatus,
+    services: Result<Vec<ServicePlan>, InvalidCluster>,
+    servers: Vec<ChildServer>,
+    taskservs: Vec<ChildTaskServ>,
+    clusters: Vec<OtherCluster>,
+    now: Timestamp,
+}
+
+impl World {
+    fn new(yaml: &str) -> World {
+        let cluster = cluster(yaml);
+        let services = validate::validate(&cluster.metadata.name.clone().unwrap_or_default(), &cluster.spec, &catalog());
+        World {
+            status: cluster.status.clone().unwrap_or_default(),
+            cluster,
+            services,
+            servers: vec![],
+            taskservs: vec![],
+            clusters: vec![],
+            now: t("2025-01-01T00:00:00Z"),
+        }
+    }
+
+    fn observed(&self) -> Observed<'_> {
+        Observed {
+            name: self.cluster.metadata.name.as_deref().unwrap_or_default(),
+            uid: self.cluster.metadata.uid.as_deref().unwrap_or_default(),
+            generation: self.cluster.metadata.generation,
+            spec: &self.cluster.spec,
+            status: &self.status,
+            services: &self.services,
+            servers: &self.servers,
+            taskservs: &self.taskservs,
+            clusters: &self.clusters,
+            now: self.now,
+        }
+    }
+
+    fn plan(&self) -> Plan {
+        plan::plan(&self.observed())
+    }
+
+    /// Writes the plan's status and performs its applies and deletes (children start not ready).
+    fn commit(&mut self, plan: &Plan) {
+        self.status = plan.status.clone();
+        for s in &plan.apply_servers {
+            let child = server_child(s);
+            match self.servers.iter_mut().find(|c| c.name == child.name) {
+                Some(c) => {
+                    c.spec = child.spec;
+                    c.labels = child.labels;
+                }
+                None => self.servers.push(child),
+            }
+        }
+        for ts in &plan.apply_taskservs {
+            let child = taskserv_child(ts);
+            match self.taskservs.iter_mut().find(|c| c.name == child.name) {
+                Some(c) => {
+                    c.spec = child.spec;
+                    c.ready = false;
+                }
+                None => self.taskservs.push(child),
+            }
+        }
+        for name in &plan.delete_servers {
+            self.servers.retain(|s| &s.name != name);
+        }
+        for name in &plan.delete_taskservs {
+            self.taskservs.retain(|s| &s.name != name);
+        }
+    }
+
+    fn servers_ready(&mut self) {
+        for s in &mut self.servers {
+            s.ready = true;
+        }
+    }
+
+    fn taskserv_ready(&mut self, name: &str) {
+        let ts = self.taskservs.iter_mut().find(|t| t.name == name).unwrap_or_else(|| panic!("no TaskServ {name}"));
+        ts.ready = true;
+        ts.phase = "Ready".into();
+        ts.was_ever_ready = true;
+        ts.servers_in_status = ts.spec.servers.names.iter().cloned().collect();
+    }
+
+    /// Drives the rollout to Ready: each pass makes existing children ready.
+    fn converge(&mut self) -> Plan {
+        for _ in 0..20 {
+            let plan = self.plan();
+            self.commit(&plan);
+            if self.status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True") {
+                return plan;
+            }
+            self.servers_ready();
+            let names: Vec<String> = self.taskservs.iter().map(|t| t.name.clone()).collect();
+            for n in names {
+                self.taskserv_ready(&n);
+            }
+        }
+        panic!("did not converge: {:#?}", self.status);
+    }
+}
+
+fn server_child(s: &Server) -> ChildServer {
+    ChildServer {
+        name: s.metadata.name.clone().unwrap_or_default(),
+        labels: s.metadata.labels.clone().unwrap_or_default(),
+        spec: s.spec.clone(),
+        owned: true,
+        ready: false,
+        stalled: None,
+        deleting: false,
+    }
+}
+
+fn taskserv_child(ts: &TaskServ) -> ChildTaskServ {
+    ChildTaskServ {
+        name: ts.metadata.name.clone().unwrap_or_default(),
+        labels: ts.metadata.labels.clone().unwrap_or_default(),
+        spec: ts.spec.clone(),
+        owned: true,
+        ready: false,
+        stalled: None,
+        phase: "Installing".into(),
+        message: "installing".into(),
+        servers_in_status: BTreeSet::new(),
+        was_ever_ready: false,
+        deleting: false,
+    }
+}
+
+fn cond<'a>(status: &'a ClusterStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+    let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("condition {type_} missing"));
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+fn step<'a>(status: &'a ClusterStatus, id: &str) -> &'a provisioning_crds::ClusterStep {
+    status.steps.iter().find(|s| s.id == id).unwrap_or_else(|| panic!("step {id} missing: {:#?}", status.steps))
+}
+
+#[test]
+fn pools_become_owned_labelled_servers() {
+    let w = World::new(ETCD);
+    let plan = w.plan();
+    let names: Vec<String> = plan.apply_servers.iter().filter_map(|s| s.metadata.name.clone()).collect();
+    assert_eq!(names, ["etcd-members-0", "etcd-members-1", "etcd-members-2"]);
+    let s = &plan.apply_servers[0];
+    let labels = s.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("provisioning.dev/cluster").map(String::as_str), Some("etcd"));
+    assert_eq!(labels.get("provisioning.dev/pool").map(String::as_str), Some("members"));
+    assert_eq!(labels.get("tier").map(String::as_str), Some("data"));
+    let owner = &s.metadata.owner_references.clone().unwrap_or_default()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("Cluster", "etcd", "c-1"));
+    assert_eq!(owner.controller, Some(true));
+    assert_eq!(s.spec.provider, "local");
+    assert_eq!(s.spec.plan, "small");
+    // No TaskServ before its servers are up.
+    assert!(plan.apply_taskservs.is_empty());
+    assert_eq!(step(&plan.status, "servers/members").state, "Running");
+    assert_eq!(step(&plan.status, "taskserv/store").state, "Pending");
+    assert_eq!(cond(&plan.status, "Reconciling").0, "True");
+    assert_eq!(plan.status.phase.as_deref(), Some("Provisioning"));
+}
+
+#[test]
+fn taskservs_follow_their_servers_with_the_right_spec() {
+    let mut w = World::new(ETCD);
+    let first = w.plan();
+    w.commit(&first);
+    w.servers_ready();
+    let second = w.plan();
+    assert_eq!(step(&second.status, "servers/members").state, "Succeeded");
+    assert_eq!(second.apply_taskservs.len(), 1);
+    let ts = &second.apply_taskservs[0];
+    assert_eq!(ts.metadata.name.as_deref(), Some("etcd-store"));
+    assert_eq!(ts.spec.service, "store");
+    assert_eq!(ts.spec.servers.names, ["etcd-members-0", "etcd-members-1", "etcd-members-2"]);
+    assert_eq!(ts.spec.config, Some(serde_json::json!({"port": 2379})));
+    assert!(ts.spec.rollback_on_failure);
+    assert_eq!(ts.metadata.owner_references.clone().unwrap_or_default()[0].controller, Some(true));
+    assert_eq!(step(&second.status, "taskserv/store").state, "Running");
+}
+
+#[test]
+fn converges_to_ready_and_a_resync_writes_nothing() {
+    let mut w = World::new(ETCD);
+    let last = w.converge();
+    assert_eq!(w.status.phase.as_deref(), Some("Ready"));
+    assert_eq!(cond(&w.status, "ServersReady").0, "True");
+    assert_eq!(cond(&w.status, "TaskServsReady").0, "True");
+    assert_eq!(cond(&w.status, "Stalled").0, "False");
+    assert_eq!(w.status.servers.as_ref().map(|s| s.summary.as_str()), Some("3/3"));
+    assert!(w.status.steps.iter().all(|s| s.state == "Succeeded" && s.started_at.is_some() && s.finished_at.is_some()));
+    assert!(last.events.iter().any(|e| e.reason == "Ready"));
+    // Later resync: identical status, nothing to apply.
+    w.now = t("2025-01-01T02:00:00Z");
+    let resync = w.plan();
+    assert_eq!(resync.status, w.status);
+    assert!(resync.apply_servers.is_empty() && resync.apply_taskservs.is_empty());
+    assert!(resync.delete_servers.is_empty() && resync.delete_taskservs.is_empty());
+    assert!(resync.events.is_empty());
+}
+
+#[test]
+fn step_times_are_kept_across_passes() {
+    let mut w = World::new(ETCD);
+    let first = w.plan();
+    w.commit(&first);
+    let started = step(&w.status, "servers/members").started_at.clone();
+    assert_eq!(started.as_deref(), Some("2025-01-01T00:00:00Z"));
+    w.now = t("2025-01-01T00:00:30Z");
+    let second = w.plan();
+    assert_eq!(step(&second.status, "servers/members").started_at, started);
+    w.commit(&second);
+    w.servers_ready();
+    w.now = t("2025-01-01T00:01:00Z");
+    let third = w.plan();
+    let s = step(&third.status, "servers/members");
+    assert_eq!((s.state.as_str(), s.started_at.clone(), s.finished_at.as_deref()), ("Succeeded", started, Some("2025-01-01T00:01:00Z")));
+    assert!(third.events.iter().any(|e| e.reason == "StepSucceeded" && e.note.starts_with("servers/members")));
+}
+
+#[test]
+fn parallel_limit_bounds_servers_in_flight() {
+    let mut w = World::new(
+        r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: Cluster
+metadata: {name: wide, namespace: dev, uid: c-3, generation: 1}
+spec:
+  pools: [{name: web, replicas: 5}]
+  parallelLimit: 2
+"#,
+    );
+    let first = w.plan();
+    assert_eq!(first.apply_servers.len(), 2);
+    w.commit(&first);
+    // Still two in flight: nothing more.
+    assert!(w.plan().apply_servers.is_empty());
+    // One becomes ready: one more starts.
+    w.servers[0].ready = true;
+    let next = w.plan();
+    assert_eq!(next.apply_servers.iter().filter_map(|s| s.metadata.name.clone()).collect::<Vec<_>>(), ["wide-web-2"]);
+}
+
+#[test]
+fn dependency_closure_is_added_in_install_order() {
+    let w = World::new(K8S);
+    let services = w.services.clone().expect("valid");
+    let order: Vec<&str> = services.iter().map(|s| s.service.as_str()).collect();
+    assert_eq!(order, ["runtime", "orchestrator"]);
+    assert_eq!(services[0].pools, ["cp", "workers"], "the dependency goes where its dependents are");
+    assert!(!services[0].explicit);
+    assert_eq!(services[1].after, ["runtime"]);
+}
+
+#[test]
+fn taskservs_start_in_dependency_order() {
+    let mut w = World::new(K8S);
+    let first = w.plan();
+    w.commit(&first);
+    w.servers_ready();
+    let second = w.plan();
+    let created: Vec<String> = second.apply_taskservs.iter().filter_map(|t| t.metadata.name.clone()).collect();
+    assert_eq!(created, ["k8s-runtime"], "orchestrator waits for runtime");
+    w.commit(&second);
+    w.taskserv_ready("k8s-runtime");
+    let third = w.plan();
+    let created: Vec<String> = third.apply_taskservs.iter().filter_map(|t| t.metadata.name.clone()).collect();
+    assert_eq!(created, ["k8s-orchestrator"]);
+    assert_eq!(third.apply_taskservs[0].spec.depends_on, ["k8s-runtime"]);
+    let ids: Vec<&str> = third.status.steps.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["servers/cp", "servers/workers", "taskserv/runtime", "taskserv/orchestrator"]);
+}
+
+#[test]
+fn depends_on_clusters_must_be_ready_first() {
+    let mut w = World::new(
+        r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: Cluster
+metadata: {name: app, namespace: dev, uid: c-4, generation: 1}
+spec:
+  pools: [{name: web, replicas: 1}]
+  dependsOn: [db]
+"#,
+    );
+    let plan = w.plan();
+    assert!(plan.apply_servers.is_empty());
+    assert_eq!(cond(&plan.status, "Ready").2, "waiting for Cluster db (not found)");
+    assert_eq!(plan.status.phase.as_deref(), Some("Pending"));
+    w.clusters = vec![OtherCluster { name: "db".into(), ready: false }];
+    assert!(w.plan().apply_servers.is_empty());
+    w.clusters[0].ready = true;
+    assert_eq!(w.plan().apply_servers.len(), 1);
+}
+
+#[test]
+fn scale_up_adds_members_and_joins_them() {
+    let mut w = World::new(ETCD);
+    w.converge();
+    w.cluster.metadata.generation = Some(2);
+    w.cluster.spec.pools[0].replicas = 4;
+    let plan = w.plan();
+    let new: Vec<String> = plan.apply_servers.iter().filter_map(|s| s.metadata.name.clone()).collect();
+    assert_eq!(new, ["etcd-members-3"]);
+    let ts = plan.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).expect("TaskServ updated");
+    assert_eq!(ts.spec.servers.names.len(), 4);
+    w.commit(&plan);
+    w.converge();
+    assert_eq!(w.status.servers.as_ref().map(|s| s.summary.as_str()), Some("4/4"));
+}
+
+#[test]
+fn scale_down_drains_before_deleting() {
+    let mut w = World::new(ETCD);
+    w.converge();
+    w.cluster.metadata.generation = Some(2);
+    w.cluster.spec.pools[0].replicas = 2;
+    let plan = w.plan();
+    // The TaskServ lets go of the member first; the Server stays while it is drained.
+    let ts = plan.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).expect("TaskServ updated");
+    assert_eq!(ts.spec.servers.names, ["etcd-members-0", "etcd-members-1"]);
+    assert!(plan.delete_servers.is_empty(), "not before remove.nu ran");
+    assert_eq!(step(&plan.status, "teardown/server/etcd-members-2").message, "draining services from etcd-members-2");
+    w.commit(&plan);
+    // The TaskServ reports the member drained.
+    w.taskservs[0].servers_in_status.remove("etcd-members-2");
+    let next = w.plan();
+    assert_eq!(next.delete_servers, ["etcd-members-2"]);
+    w.commit(&next);
+    w.converge();
+    assert_eq!(w.status.servers.as_ref().map(|s| s.summary.as_str()), Some("2/2"));
+    assert!(w.status.steps.iter().all(|s| !s.id.starts_with("teardown/")));
+}
+
+#[test]
+fn a_member_dying_regresses_the_step_and_recovers() {
+    let mut w = World::new(ETCD);
+    w.converge();
+    w.servers[1].ready = false;
+    w.now = t("2025-01-01T03:00:00Z");
+    let plan = w.plan();
+    assert_eq!(step(&plan.status, "servers/members").state, "Running");
+    assert_eq!(cond(&plan.status, "Ready").0, "False");
+    assert_eq!(plan.status.phase.as_deref(), Some("Degraded"));
+    assert!(plan.events.iter().any(|e| e.reason == "StepRegressed"));
+    assert!(plan.apply_servers.is_empty(), "no duplicate server");
+    w.commit(&plan);
+    w.converge();
+    assert_eq!(w.status.phase.as_deref(), Some("Ready"));
+}
+
+#[test]
+fn rollback_policy_removes_what_a_failed_rollout_added() {
+    let mut w = World::new(&ETCD.replace("taskservs:", "failurePolicy: Rollback\n  taskservs:"));
+    let first = w.plan();
+    w.commit(&first);
+    w.servers_ready();
+    let second = w.plan();
+    w.commit(&second);
+    w.taskservs[0].stalled = Some("invalid config for store".into());
+    w.taskservs[0].servers_in_status = ["etcd-members-0".to_string()].into();
+    let failed = w.plan();
+    assert_eq!(failed.delete_taskservs, ["etcd-store"]);
+    let (status, reason, msg) = cond(&failed.status, "Stalled");
+    assert_eq!((status, reason), ("True", "RolledBack"));
+    assert!(msg.contains("step taskserv/store failed"), "{msg}");
+    assert!(failed.events.iter().any(|e| e.warning && e.reason == "RollingBack"));
+    w.commit(&failed);
+    // Nothing is re-created for this generation.
+    let again = w.plan();
+    assert!(again.apply_taskservs.is_empty() && again.apply_servers.is_empty(), "{again:#?}");
+    assert_eq!(cond(&again.status, "Stalled").1, "RolledBack");
+}
+
+#[test]
+fn retain_policy_keeps_a_stalled_rollout_for_inspection() {
+    let mut w = World::new(ETCD);
+    let first = w.plan();
+    w.commit(&first);
+    w.servers_ready();
+    let second = w.plan();
+    w.commit(&second);
+    w.taskservs[0].stalled = Some("invalid config for store".into());
+    let failed = w.plan();
+    assert!(failed.delete_taskservs.is_empty() && failed.delete_servers.is_empty());
+    assert_eq!(step(&failed.status, "taskserv/store").state, "Failed");
+    assert_eq!(cond(&failed.status, "Stalled").0, "True");
+}
+
+#[test]
+fn invalid_spec_is_stalled_and_creates_nothing() {
+    for (service, reason, text) in [
+        ("{service: nosuch}", "UnknownService", "unknown service \"nosuch\""),
+        ("{service: store, version: \"9\"}", "UnknownVersion", "has no version \"9\""),
+        ("{service: store, config: {port: 0}}", "InvalidConfig", "invalid config for store"),
+        ("{service: loopa}", "DependencyCycle", "loopa -> loopb -> loopa"),
+    ] {
+        let w = World::new(&format!(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: bad, namespace: dev, uid: c-9, generation: 1}}\nspec:\n  pools: [{{name: p, replicas: 1}}]\n  taskservs: [{service}]\n"
+        ));
+        let plan = w.plan();
+        assert!(plan.apply_servers.is_empty() && plan.apply_taskservs.is_empty(), "{service}");
+        let (status, r, msg) = cond(&plan.status, "Stalled");
+        assert_eq!((status, r), ("True", reason), "{service}");
+        assert!(msg.contains(text), "{service}: {msg}");
+    }
+}
+
+#[test]
+fn teardown_goes_in_reverse_dependency_order() {
+    let mut w = World::new(K8S);
+    w.converge();
+    let order: Vec<String> = w.services.clone().expect("valid").iter().map(|s| s.service.clone()).collect();
+    let first = plan::plan_teardown(&w.observed(), &order);
+    assert_eq!(first.delete_taskservs, ["k8s-orchestrator"], "dependents go first");
+    assert!(first.delete_servers.is_empty(), "servers wait for their services");
+    assert_eq!(first.status.phase.as_deref(), Some("Deleting"));
+    assert!(!first.teardown_done);
+    w.commit(&first);
+    let second = plan::plan_teardown(&w.observed(), &order);
+    assert_eq!(second.delete_taskservs, ["k8s-runtime"]);
+    w.commit(&second);
+    let third = plan::plan_teardown(&w.observed(), &order);
+    assert_eq!(third.delete_servers.len(), 3);
+    w.commit(&third);
+    let last = plan::plan_teardown(&w.observed(), &order);
+    assert!(last.teardown_done);
+}
