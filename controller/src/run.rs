@@ -62,6 +62,9 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
     };
 
     let settings = ControllerSettings::default().concurrency(config.concurrency);
+    // A broken catalog is a start-up error naming the file.
+    let catalog = Arc::new(provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?);
+    let settings_for_kinds = settings.clone();
     let server_controller = Controller::new(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic());
     let workspace_controller = Controller::new(Api::<Workspace>::all(client.clone()), watcher::Config::default().any_semantic());
     let taskservs = metadata_store::<TaskServ>(client.clone());
@@ -130,7 +133,9 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
         .run(workspace::reconcile, workspace::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
 
-    let controllers = futures::future::join(servers, workspaces);
+    let taskservs = crate::taskserv::run(ctx.clone(), catalog.clone(), settings_for_kinds.clone(), shutdown.clone());
+    let clusters = crate::cluster::run(ctx.clone(), catalog, settings_for_kinds, shutdown.clone());
+    let controllers = futures::future::join4(servers, workspaces, taskservs, clusters);
     match &elector {
         Some(elector) => {
             tokio::select! {
