@@ -178,9 +178,14 @@ impl Context {
             return Ok(false);
         }
         let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
+        let mut metadata = serde_json::json!({ "name": name });
+        if let Some(ns) = obj.meta().namespace.as_deref() {
+            metadata["namespace"] = ns.into();
+        }
         let patch = serde_json::json!({
             "apiVersion": K::api_version(&()),
             "kind": K::kind(&()),
+            "metadata": metadata,
             "status": desired,
         });
         self.dynamic_api(obj)
@@ -212,6 +217,33 @@ impl Context {
         match obj.meta().namespace.as_deref() {
             Some(ns) => Api::dynamic(self.client.clone(), &resource, &Scope::Namespaced).constrain(ns),
             None => Api::dynamic(self.client.clone(), &resource, &Scope::Cluster),
+        }
+    }
+
+    /// Adds [`provisioning_crds::FINALIZER`] to an object that has no finalizers at all, with a
+    /// merge patch guarded by resourceVersion (409 on a race). Returns whether it wrote.
+    /// Call before `kube::runtime::finalizer`, which handles every other case; this avoids
+    /// its JSON-patch `test` of a missing path, which some API servers reject.
+    pub async fn add_first_finalizer<K>(&self, obj: &K) -> Result<bool, Error>
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        if !obj.meta().finalizers.as_ref().is_none_or(|f| f.is_empty()) || obj.meta().deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
+        let patch = serde_json::json!({ "metadata": {
+            "finalizers": [provisioning_crds::FINALIZER],
+            "resourceVersion": obj.meta().resource_version,
+        }});
+        match self.dynamic_api(obj).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                self.metrics.record_write(&K::kind(&()));
+                Ok(true)
+            }
+            // Our copy is stale; the newer version's watch event brings us back.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(true),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -105,8 +105,12 @@ impl Error {
                 kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
                     e.class()
                 }
+                // Usually a race with our own stale cache (the JSON patch `test` fails): retry soon.
                 kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
-                    kube_class(e)
+                    match kube_class(e) {
+                        ErrorClass::Permanent => ErrorClass::Transient,
+                        other => other,
+                    }
                 }
                 _ => ErrorClass::Permanent,
             },

@@ -1,1 +1,250 @@
-fn main() {}
+//! `provisioning`: the command-line entry point.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use provisioning_controller::config::ControllerConfig;
+use provisioning_controller::dev;
+
+/// Infrastructure as code the Kubernetes way.
+#[derive(Parser)]
+#[command(name = "provisioning", version, about)]
+struct Cli {
+    /// Log format: text or json.
+    #[arg(long, global = true, env = "PROVISIONING_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Embedded control plane + controller in one process; applies manifests and shows progress.
+    Dev {
+        /// Data directory (database, CA, kubeconfig, provider state).
+        #[arg(long, default_value = ".data")]
+        data_dir: PathBuf,
+        /// API server listen address.
+        #[arg(long, default_value = "127.0.0.1:6443")]
+        listen: SocketAddr,
+        /// Manifest file or directory to apply (repeatable).
+        #[arg(long)]
+        apply: Vec<PathBuf>,
+        /// Exit 0 once every applied resource is Ready (non-zero after --timeout).
+        #[arg(long)]
+        exit_when_ready: bool,
+        /// Seconds to wait with --exit-when-ready.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// Controller config file (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// The embedded control plane alone.
+    Apiserver {
+        /// Data directory.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Listen address.
+        #[arg(long, default_value = "127.0.0.1:6443")]
+        listen: SocketAddr,
+    },
+    /// The controller against any API server (KUBECONFIG, --kubeconfig, or in-cluster).
+    Controller {
+        /// Kubeconfig file; default: $KUBECONFIG, ~/.kube/config, then in-cluster config.
+        #[arg(long, env = "KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+        /// Controller config file (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Serve /metrics, /healthz, /readyz here (overrides the config file).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
+        /// Directory for provider state (overrides the config file).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Do not take the leader Lease (single replica only).
+        #[arg(long)]
+        no_leader_election: bool,
+    },
+    /// Prints all CRDs as YAML.
+    Crds,
+    /// The local provider's node image.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+    /// The taskserv catalog.
+    Catalog {
+        #[command(subcommand)]
+        command: CatalogCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Builds the local provider's node image.
+    Build {
+        /// Rebuild even when the image exists.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum CatalogCommand {
+    /// Lists services with versions and dependencies.
+    List,
+    /// Shows one service.
+    Show {
+        /// Service name.
+        name: String,
+    },
+}
+
+fn init_logging(format: &str, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn load_config(path: Option<&PathBuf>) -> anyhow::Result<ControllerConfig> {
+    Ok(match path {
+        Some(p) => ControllerConfig::load(p)?,
+        None => ControllerConfig::default(),
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Dev { data_dir, listen, apply, exit_when_ready, timeout, config } => {
+            init_logging(&cli.log_format, "warn");
+            let config = load_config(config.as_ref())?;
+            dev::run_dev(dev::DevOptions { data_dir, listen, apply, exit_when_ready, timeout: Duration::from_secs(timeout), config })
+                .await
+        }
+        Command::Apiserver { data_dir, listen } => {
+            init_logging(&cli.log_format, "info");
+            provisioning_apiserver::run_cli(data_dir, listen).await?;
+            Ok(0)
+        }
+        Command::Controller { kubeconfig, config, metrics_addr, state_dir, no_leader_election } => {
+            init_logging(&cli.log_format, "info");
+            let mut config = load_config(config.as_ref())?;
+            if metrics_addr.is_some() {
+                config.metrics_addr = metrics_addr;
+            }
+            if let Some(dir) = state_dir {
+                config.state_dir = dir;
+            }
+            if no_leader_election {
+                config.leader_election = false;
+            }
+            if let Ok(ns) = std::env::var("POD_NAMESPACE") {
+                config.lease_namespace = ns;
+            }
+            let client = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
+                Some(path) => dev::client_from_kubeconfig(&path).await?,
+                None => kube::Client::try_default().await.context("no kubeconfig and no in-cluster config")?,
+            };
+            provisioning_controller::run::run(client, config, shutdown_signal()).await?;
+            Ok(0)
+        }
+        Command::Crds => {
+            print!("{}", provisioning_crds::crds_yaml()?);
+            Ok(0)
+        }
+        Command::Image { command: ImageCommand::Build { force } } => {
+            init_logging(&cli.log_format, "info");
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+            let printer = tokio::spawn(async move {
+                while let Some(line) = rx.recv().await {
+                    eprintln!("{line}");
+                }
+            });
+            let opts = provisioning_providers::image::NodeImageOptions { force, progress: Some(tx), ..Default::default() };
+            let result = provisioning_providers::image::build_node_image(&opts).await;
+            drop(opts);
+            let _ = printer.await;
+            let tag = result?;
+            println!("{tag}");
+            Ok(0)
+        }
+        Command::Catalog { command } => {
+            let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?;
+            match command {
+                CatalogCommand::List => {
+                    println!("{:<14} {:<10} {:<24} {}", "SERVICE", "DEFAULT", "VERSIONS", "REQUIRES");
+                    for svc in catalog.services() {
+                        let m = &svc.manifest;
+                        println!("{:<14} {:<10} {:<24} {}", m.name, m.default_version, m.versions.join(","), m.requires.join(","));
+                    }
+                }
+                CatalogCommand::Show { name } => {
+                    let Some(svc) = catalog.get(&name) else {
+                        anyhow::bail!("no service {name:?} in the catalog at {}", catalog.dir().display());
+                    };
+                    let m = &svc.manifest;
+                    println!("name:        {}", m.name);
+                    println!("description: {}", m.description);
+                    println!("versions:    {} (default {})", m.versions.join(", "), m.default_version);
+                    println!("requires:    {}", m.requires.join(", "));
+                    println!("after:       {}", m.after.join(", "));
+                    println!("providers:   {}", m.providers.join(", "));
+                    println!("config schema:\n{}", serde_json::to_string_pretty(&m.config_schema)?);
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    provisioning_controller::install_crypto_provider();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

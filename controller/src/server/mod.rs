@@ -54,6 +54,9 @@ pub async fn reconcile(server: Arc<Server>, ctx: Arc<Context>) -> Result<Action,
         ctx.reset_backoff(KIND, server.as_ref());
         return Ok(Action::await_change());
     }
+    let api: Api<Server> = Api::namespaced(ctx.client.clone(), &namespace);
+    // Finalizer first (its patch is guarded by resourceVersion), then the first status.
+    let added = ctx.add_first_finalizer(server.as_ref()).await?;
     if server.metadata.deletion_timestamp.is_none() && server.status.as_ref().is_none_or(|s| s.conditions.is_empty()) {
         // First visit: conditions start as Unknown, never absent.
         let desired = status::desired(StatusInput {
@@ -68,7 +71,9 @@ pub async fn reconcile(server: Arc<Server>, ctx: Arc<Context>) -> Result<Action,
         });
         write_status(&server, desired, &ctx).await?;
     }
-    let api: Api<Server> = Api::namespaced(ctx.client.clone(), &namespace);
+    if added {
+        return Ok(Action::await_change());
+    }
     let action = finalizer(&api, FINALIZER, server.clone(), |event| async {
         match event {
             Finalizer::Apply(server) => apply(server, &namespace, &ctx).await,
@@ -109,7 +114,12 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         Ok(p) => p,
         Err(e) => return fail(&server, e, Some(account.name.clone()), base, ctx).await,
     };
-    let valid = match validate::validate(&server.spec, ws, account, |plan| provider.resolve_plan(plan).map_err(|e| e.to_string())) {
+    let valid = match validate::validate(&server.spec, ws, account, |plan| {
+        provider.resolve_plan(plan).map_err(|e| match e {
+            provisioning_providers::ProviderError::InvalidRequest(m) => m,
+            other => other.to_string(),
+        })
+    }) {
         Ok(v) => v,
         Err(invalid) => return stall(&server, invalid.reason, invalid.message, base, ctx).await,
     };

@@ -34,6 +34,7 @@ pub const LABEL_WORKSPACE: &str = "provisioning.dev/workspace";
 pub async fn reconcile(ws: Arc<Workspace>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer(KIND);
     let paused = is_paused(ws.as_ref());
+    let added = if paused { false } else { ctx.add_first_finalizer(ws.as_ref()).await? };
     if paused || (ws.metadata.deletion_timestamp.is_none() && ws.status.as_ref().is_none_or(|s| s.conditions.is_empty())) {
         let desired = status::desired(StatusInput {
             previous: ws.status.as_ref(),
@@ -63,6 +64,9 @@ pub async fn reconcile(ws: Arc<Workspace>, ctx: Arc<Context>) -> Result<Action, 
         if paused {
             return Ok(Action::await_change());
         }
+    }
+    if added {
+        return Ok(Action::await_change());
     }
     let api: Api<Workspace> = Api::all(ctx.client.clone());
     let action = finalizer(&api, FINALIZER, ws.clone(), |event| async {
