@@ -112,7 +112,9 @@ pub fn judge(obj: &Value) -> Judgement {
 /// Whether the controller says the work is done: `Ready=True` for the current generation.
 pub fn is_done(obj: &Value) -> bool {
     let generation = obj.pointer("/metadata/generation").and_then(as_integer);
-    let observed = obj.pointer("/status/observedGeneration").and_then(as_integer);
+    let observed = obj
+        .pointer("/status/observedGeneration")
+        .and_then(as_integer);
     condition_is_true(obj, "Ready") && generation.is_some() && generation == observed
 }
 
@@ -231,15 +233,27 @@ mod tests {
     #[test]
     fn a_life_is_in_progress_until_done() {
         let new = json!({"metadata": {"generation": 1}});
-        let first = with_status(1, json!({"observedGeneration": 1, "conditions": [
-            cond("Ready", "Unknown", ""), cond("Reconciling", "True", "first")]}));
-        let ready = with_status(1, json!({"observedGeneration": 1, "conditions": [
-            cond("Ready", "True", "up"), cond("Reconciling", "False", "")]}));
+        let first = with_status(
+            1,
+            json!({"observedGeneration": 1, "conditions": [
+            cond("Ready", "Unknown", ""), cond("Reconciling", "True", "first")]}),
+        );
+        let ready = with_status(
+            1,
+            json!({"observedGeneration": 1, "conditions": [
+            cond("Ready", "True", "up"), cond("Reconciling", "False", "")]}),
+        );
         let verdicts = check_in_progress_until_done(&[new.clone(), first.clone(), ready.clone()])
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(verdicts, [KStatus::InProgress, KStatus::InProgress, KStatus::Current]);
+        assert_eq!(
+            verdicts,
+            [KStatus::InProgress, KStatus::InProgress, KStatus::Current]
+        );
         // A controller that forgets Reconciling=True while working would be caught.
-        let sloppy = with_status(1, json!({"observedGeneration": 1, "conditions": [cond("Ready", "False", "booting")]}));
+        let sloppy = with_status(
+            1,
+            json!({"observedGeneration": 1, "conditions": [cond("Ready", "False", "booting")]}),
+        );
         assert!(check_in_progress_until_done(&[new, sloppy, ready]).is_err());
     }
 
