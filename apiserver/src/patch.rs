@@ -40,7 +40,13 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 
 /// Applies an RFC 6902 JSON patch given as raw JSON.
 pub fn json_patch(target: &mut Value, patch: &Value) -> Result<(), ApiError> {
-    let ops: json_patch::Patch =
+    let mut ops: json_patch::Patch =
         serde_json::from_value(patch.clone()).map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+    // Like kube-apiserver (evanphx/json-patch), `test` of `null` succeeds on a missing path:
+    // kube-rs's finalizer helper sends `test /metadata/finalizers null` before adding the first.
+    ops.0.retain(|op| match op {
+        json_patch::PatchOperation::Test(t) => !(t.value.is_null() && t.path.resolve(target).is_err()),
+        _ => true,
+    });
     json_patch::patch(target, &ops).map_err(|e| ApiError::unprocessable(format!("the server rejected our request due to an error in our request: {e}")))
 }

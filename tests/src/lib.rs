@@ -3,6 +3,8 @@
 //! (`scripts/setup.sh` installs them into `.tools/`); a missing tool fails the test with a
 //! message saying so — these tests never skip.
 
+pub mod docker;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -119,6 +119,7 @@ pub struct ProviderExecutor {
     pub id: ProviderId,
     /// When set, the command runs under `flock` on this file: a run left behind by a killed
     /// controller (a Docker exec outlives its client) finishes before the same step starts again.
+    /// `-o`: daemons the script starts must not inherit (and hold) the lock.
     pub lock_file: Option<String>,
 }
 
@@ -133,7 +134,7 @@ impl ScriptExecutor for ProviderExecutor {
     ) -> Result<ExecOutput, RunError> {
         let argv = match &self.lock_file {
             Some(lock) => {
-                let mut wrapped = vec!["flock".to_string(), "-w".to_string(), timeout.as_secs().to_string(), lock.clone()];
+                let mut wrapped = vec!["flock".to_string(), "-o".to_string(), "-w".to_string(), timeout.as_secs().to_string(), lock.clone()];
                 wrapped.extend(argv);
                 wrapped
             }
@@ -286,4 +287,33 @@ pub fn failed_to_start(server: &str, operation: &Operation, message: String) -> 
 /// Sends a reconcile trigger (a closed channel only means the controller is shutting down).
 pub fn trigger(tx: &UnboundedSender<ObjectRef<TaskServ>>, object: ObjectRef<TaskServ>) {
     let _ = tx.unbounded_send(object);
+}
+
+/// Environment variable naming the `nu` binary to mount into local containers.
+pub const NU_ENV: &str = "PROVISIONING_NU";
+
+/// The `nu` binary on this host: `$PROVISIONING_NU`, else the setup script's
+/// `.tools/bin/nu` next to the catalog's source tree, else `nu` on `PATH`. Absolute, or none.
+pub fn host_nu_binary() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let absolute = |p: PathBuf| std::fs::canonicalize(&p).ok().filter(|p| p.is_file());
+    if let Some(p) = std::env::var_os(NU_ENV).filter(|v| !v.is_empty()) {
+        return absolute(PathBuf::from(p));
+    }
+    let catalog = provisioning_taskservs::Catalog::default_dir();
+    if let Some(root) = catalog.parent().and_then(|p| p.parent())
+        && let Some(p) = absolute(root.join(".tools/bin/nu"))
+    {
+        return Some(p);
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).map(|d| d.join("nu")).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(absolute)
+}
+
+/// The catalog directory on this host, absolute (mounted into local containers).
+pub fn host_catalog_dir() -> Option<std::path::PathBuf> {
+    std::fs::canonicalize(provisioning_taskservs::Catalog::default_dir()).ok()
 }
