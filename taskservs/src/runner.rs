@@ -84,13 +84,16 @@ impl ScriptPaths {
         ScriptPaths { nu: Self::CONTAINER_NU.into(), catalog_dir: Self::CONTAINER_CATALOG.into() }
     }
 
-    /// The argv running `step` of `service`: `[nu, --no-config-file, --stdin, <catalog>/<service>/<step>.nu]`.
-    /// (`--stdin` hands standard input to the script's `main`.)
+    /// The argv running `step` of `service`:
+    /// `[nu, --no-config-file, --no-std-lib, --stdin, <catalog>/<service>/<step>.nu]`.
+    /// `--stdin` hands standard input (the context) to the script's `main`; `--no-std-lib`
+    /// halves nu's start-up (catalog scripts use only `lib/`, never `use std`).
     pub fn argv(&self, service: &str, step: ScriptStep) -> Vec<String> {
         let catalog = self.catalog_dir.trim_end_matches('/');
         vec![
             self.nu.clone(),
             "--no-config-file".into(),
+            "--no-std-lib".into(),
             "--stdin".into(),
             format!("{catalog}/{service}/{}", step.file_name()),
         ]

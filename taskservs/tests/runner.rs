@@ -188,7 +188,7 @@ fn argv_is_nu_and_the_script_path_only() {
     let exec = LocalProcessExecutor::new("/usr/local/bin/nu", "/opt/provisioning/catalog/");
     assert_eq!(
         exec.script_paths().argv("etcd", ScriptStep::Check),
-        ["/usr/local/bin/nu", "--no-config-file", "--stdin", "/opt/provisioning/catalog/etcd/check.nu"]
+        ["/usr/local/bin/nu", "--no-config-file", "--no-std-lib", "--stdin", "/opt/provisioning/catalog/etcd/check.nu"]
     );
 }
 
