@@ -161,6 +161,7 @@ fn server_child(s: &Server) -> ChildServer {
         ready: false,
         stalled: None,
         deleting: false,
+        machine_failed: false,
     }
 }
 
@@ -478,4 +479,22 @@ fn teardown_goes_in_reverse_dependency_order() {
     w.commit(&third);
     let last = plan::plan_teardown(&w.observed(), &order);
     assert!(last.teardown_done);
+}
+
+#[test]
+fn a_member_whose_machine_died_is_replaced() {
+    let mut w = World::new(ETCD);
+    w.converge();
+    w.servers[1].ready = false;
+    w.servers[1].machine_failed = true;
+    let plan = w.plan();
+    assert_eq!(plan.delete_servers, ["etcd-members-1"]);
+    assert!(plan.events.iter().any(|e| e.warning && e.reason == "Remediating"));
+    w.commit(&plan);
+    // Gone: it comes back under the same name.
+    let next = w.plan();
+    assert_eq!(next.apply_servers.iter().filter_map(|s| s.metadata.name.clone()).collect::<Vec<_>>(), ["etcd-members-1"]);
+    w.commit(&next);
+    w.converge();
+    assert_eq!(w.status.phase.as_deref(), Some("Ready"));
 }

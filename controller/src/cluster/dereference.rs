@@ -49,6 +49,9 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
                 ready: crate::taskserv::dereference::server_ready(s),
                 stalled: stalled_message(&conds),
                 deleting: s.metadata.deletion_timestamp.is_some(),
+                machine_failed: s.status.as_ref().and_then(|st| st.provider_state.as_deref()).is_some_and(|state| {
+                    matches!(state, "stopped" | "terminated" | "exited" | "dead")
+                }),
             }
         })
         .collect();

@@ -64,6 +64,8 @@ pub struct ChildServer {
     pub stalled: Option<String>,
     /// Being deleted.
     pub deleting: bool,
+    /// Its machine stopped or vanished at the provider (killed): it gets replaced.
+    pub machine_failed: bool,
 }
 
 /// A TaskServ of the cluster as observed.
@@ -498,6 +500,20 @@ pub fn plan(o: &Observed<'_>) -> Plan {
             if draining { format!("draining services from {}", s.name) } else { format!("deleting Server {}", s.name) },
             &now,
         ));
+    }
+
+    // A member whose machine died is replaced (Cluster API's MachineHealthCheck remediation):
+    // the Server goes (its machine with it) and comes back under the same name, and its
+    // TaskServs re-install there.
+    for s in o.servers.iter().filter(|s| s.owned && s.machine_failed && !s.deleting && desired_names.contains(&s.name)) {
+        if !plan.delete_servers.contains(&s.name) {
+            plan.delete_servers.push(s.name.clone());
+            events.push(PlannedEvent {
+                warning: true,
+                reason: "Remediating".into(),
+                note: format!("the machine of Server {} stopped: replacing the Server", s.name),
+            });
+        }
     }
 
     // failurePolicy: Rollback undoes what a failed rollout added.
