@@ -8,6 +8,7 @@
 //!   (spawn, nu start-up and parsing, context in, result out, runner bookkeeping);
 //! - raw: the same trivial nu invocation with std::process (no runner), so
 //!   trivial - raw is the runner's own cost on top of nu.
+//!
 //! The context is realistic: 3 peers and an etcd-sized rendered template plus a 16 KiB one.
 
 use std::io::Write;

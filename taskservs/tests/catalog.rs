@@ -92,6 +92,9 @@ fn fixture_cycle_is_named() {
     assert_eq!(catalog.resolve(&names(&["soft-a"])).expect("one end only"), ["soft-a"]);
 }
 
+/// (services, extra files, file named in the error, problem named in the error)
+type BrokenCase<'a> = (Vec<(&'a str, String)>, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+
 fn load_err(files: &[(&str, &str)], services: &[(&str, String)]) -> CatalogError {
     let dir = tempfile::tempdir().expect("tempdir");
     for (name, m) in services {
@@ -106,7 +109,7 @@ fn load_err(files: &[(&str, &str)], services: &[(&str, String)]) -> CatalogError
 
 #[test]
 fn broken_manifests_fail_naming_file_and_problem() {
-    let cases: Vec<(Vec<(&str, String)>, Vec<(&str, &str)>, &str, &str)> = vec![
+    let cases: Vec<BrokenCase> = vec![
         (vec![("svc", "name: svc\ndescription: [unclosed\n".into())], vec![], "svc/taskserv.yaml", "invalid manifest"),
         (vec![("svc", manifest("other", ""))], vec![], "svc/taskserv.yaml", "differs from its directory"),
         (vec![("svc", manifest("svc", "colour: blue\n"))], vec![], "svc/taskserv.yaml", "unknown field `colour`"),
