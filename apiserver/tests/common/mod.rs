@@ -95,7 +95,9 @@ pub fn kubectl_path() -> PathBuf {
     if let Ok(p) = std::env::var("PROVISIONING_KUBECTL") {
         return PathBuf::from(p);
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = manifest.canonicalize().unwrap_or_else(|_| manifest.to_path_buf());
+    let root = manifest.parent().map(Path::to_path_buf).unwrap_or_default();
     let p = root.join(".tools/bin/kubectl");
     assert!(p.exists(), "kubectl not found at {} (and PROVISIONING_KUBECTL unset): run scripts/setup.sh", p.display());
     p
