@@ -80,9 +80,15 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
     {
         let stores = stores.clone();
         let health = health.clone();
+        let stores_client = client.clone();
         tokio::spawn(async move {
-            let _ = stores.workspaces.wait_until_ready().await;
-            let _ = stores.servers.wait_until_ready().await;
+            // Ready once the API answers a list of our kinds (the watches are then able to sync).
+            let probe = Api::<Workspace>::all(stores_client);
+            let params = kube::api::ListParams::default().limit(1);
+            while probe.list(&params).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let _ = stores;
             health.set_ready(true);
         });
     }

@@ -106,7 +106,7 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         })
     };
     // Validate (pure) — failures stall without any provider call.
-    let account = match validate::account(&server.spec, ws).and_then(|a| validate::within_limit(refs.rank, ws).map(|_| a)) {
+    let account = match validate::account(&server.spec, ws) {
         Ok(a) => a,
         Err(invalid) => return stall(&server, invalid.reason, invalid.message, base, ctx).await,
     };
@@ -123,6 +123,9 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         Ok(v) => v,
         Err(invalid) => return stall(&server, invalid.reason, invalid.message, base, ctx).await,
     };
+    if let Err(invalid) = validate::within_limit(refs.rank, ws) {
+        return stall(&server, invalid.reason, invalid.message, base, ctx).await;
+    }
     let step = plan::next_step(&server);
     let acted = match act::act(&server, step, &valid, ws, &provider, ctx).await {
         Ok(a) => a,

@@ -107,6 +107,10 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
     );
     let mut wanted = summary.conditions();
     wanted.push(provisioned);
+    if !input.paused && conditions::find(&previous.conditions, condition::PAUSED).is_some() {
+        // Once paused, the condition stays (False) rather than vanishing from the list.
+        wanted.push(DesiredCondition::new(condition::PAUSED, Status::False, "Resumed", ""));
+    }
     if input.paused {
         // Paused keeps whatever Ready/Provisioned said; only Reconciling and Paused change.
         let keep = |t: &str| conditions::find(&previous.conditions, t).cloned();

@@ -115,6 +115,10 @@ pub fn desired(input: StatusInput<'_>) -> WorkspaceStatus {
     );
     let mut wanted = summary.conditions();
     wanted.push(providers_ready);
+    if conditions::find(&previous.conditions, condition::PAUSED).is_some() {
+        // Once paused, the condition stays (False) rather than vanishing from the list.
+        wanted.push(DesiredCondition::new(condition::PAUSED, Status::False, "Resumed", ""));
+    }
     status.conditions = conditions::merge(&previous.conditions, &wanted, input.generation, input.now);
     status
 }

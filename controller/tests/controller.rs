@@ -1,0 +1,426 @@
+//! Controller tests against the embedded API server over real HTTPS, with the controller
+//! running in-process and the simulated provider.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use provisioning_controller::testing::{self, TestEnv, condition, is_ready, server, simulated_workspace, wait_for};
+use provisioning_crds::{Server, Workspace};
+use provisioning_providers::{Provider, ServerIdentity, ServerRequest};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn create_workspace(client: &Client, ws: &Workspace) -> anyhow::Result<()> {
+    Api::<Workspace>::all(client.clone()).create(&PostParams::default(), ws).await?;
+    let name = ws.name_any();
+    let api = Api::<Workspace>::all(client.clone());
+    wait_for(&format!("workspace {name} Ready"), DEADLINE, || {
+        let api = api.clone();
+        let name = name.clone();
+        async move {
+            let ws = api.get(&name).await.ok()?;
+            ws.status.as_ref().filter(|s| provisioning_controller::conditions::is_true(&s.conditions, "Ready")).map(|_| ())
+        }
+    })
+    .await
+}
+
+async fn wait_server(api: &Api<Server>, name: &str, what: &str, check: impl Fn(&Server) -> bool) -> anyhow::Result<Server> {
+    wait_for(&format!("server {name} {what}"), DEADLINE, || {
+        let api = api.clone();
+        let name = name.to_string();
+        let check = &check;
+        async move { api.get(&name).await.ok().filter(|s| check(s)) }
+    })
+    .await
+}
+
+fn free_addr() -> std::net::SocketAddr {
+    #[allow(clippy::unwrap_used)]
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    #[allow(clippy::unwrap_used)]
+    listener.local_addr().unwrap()
+}
+
+async fn scrape(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await?;
+    let code = body.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((code, body))
+}
+
+/// Sum of a metric's samples whose line contains every `filter`.
+fn metric(text: &str, name: &str, filters: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && filters.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// Records every resourceVersion a Server in `namespace` goes through.
+fn record_versions(client: &Client, namespace: &str) -> Arc<Mutex<Vec<(String, String)>>> {
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let sink = seen.clone();
+    let api: Api<Server> = Api::namespaced(client.clone(), namespace);
+    tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default()).applied_objects().boxed();
+        while let Some(Ok(s)) = stream.next().await {
+            let rv = s.resource_version().unwrap_or_default();
+            let mut seen = sink.lock().unwrap_or_else(|p| p.into_inner());
+            if !seen.iter().any(|(n, v)| *n == s.name_any() && *v == rv) {
+                seen.push((s.name_any(), rv));
+            }
+        }
+    });
+    seen
+}
+
+fn versions_of(seen: &Arc<Mutex<Vec<(String, String)>>>, name: &str) -> usize {
+    seen.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|(n, _)| n == name).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_becomes_ready_with_one_machine_and_resync_writes_nothing() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let metrics_addr = free_addr();
+    let mut config = env.config();
+    config.resync_secs = 1;
+    config.metrics_addr = Some(metrics_addr);
+    let controller = env.start_controller(config);
+    create_workspace(&env.client, &simulated_workspace("alpha", 0, 0, 10, 5)).await?;
+    let versions = record_versions(&env.client, "alpha");
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "alpha");
+    api.create(&PostParams::default(), &server("alpha", "s1", json!({"plan": "small"}))).await?;
+    let ready = wait_server(&api, "s1", "Ready without create-pending", |s| {
+        is_ready(s) && !s.annotations().contains_key(provisioning_crds::ANNOTATION_CREATE_PENDING)
+    })
+    .await?;
+    let status = ready.status.clone().unwrap_or_default();
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    assert_eq!(status.observed_generation, ready.metadata.generation);
+    assert_eq!(status.resolved_plan.as_deref(), Some("sim-1cpu-1gb"));
+    assert_eq!(status.provider.as_deref(), Some("sim"));
+    assert!(!status.addresses.is_empty());
+    for t in ["Ready", "Reconciling", "Stalled", "Provisioned"] {
+        assert!(condition(&ready, t).is_some(), "condition {t} present");
+    }
+    assert_eq!(condition(&ready, "Stalled").map(|c| c.0).as_deref(), Some("False"));
+    let machines = testing::machines_in(&env.simulated("sim")?, "alpha").await?;
+    assert_eq!(machines.len(), 1);
+    assert_eq!(Some(machines[0].provider_id.0.clone()), status.provider_id);
+
+    // Writes from create to Ready: every resourceVersion after the creation one.
+    let writes = versions_of(&versions, "s1").saturating_sub(1);
+    eprintln!("writes from create to Ready: {writes}");
+    assert!(writes <= 6, "{writes} writes from create to Ready");
+
+    // Resync: wait until several more reconciles of the Server ran, then compare versions.
+    let rv = ready.resource_version();
+    let (_, text) = scrape(metrics_addr, "/metrics").await?;
+    let before = metric(&text, "provisioning_reconciles_total", &["kind=\"Server\""]);
+    wait_for("three resyncs", DEADLINE, || async {
+        let (_, text) = scrape(metrics_addr, "/metrics").await.ok()?;
+        (metric(&text, "provisioning_reconciles_total", &["kind=\"Server\""]) >= before + 3.0).then_some(())
+    })
+    .await?;
+    assert_eq!(api.get("s1").await?.resource_version(), rv, "a no-op resync wrote");
+    assert_eq!(testing::machines_in(&env.simulated("sim")?, "alpha").await?.len(), 1);
+
+    // Health endpoints.
+    assert_eq!(scrape(metrics_addr, "/healthz").await?.0, 200);
+    wait_for("/readyz 200", DEADLINE, || async { (scrape(metrics_addr, "/readyz").await.ok()?.0 == 200).then_some(()) }).await?;
+    let (_, text) = scrape(metrics_addr, "/metrics").await?;
+    assert!(text.contains("provisioning_provider_call_duration_seconds_count{provider=\"simulated\",operation=\"ensure_server\",outcome=\"ok\"} 1"), "{text}");
+    assert!(!text.contains("s1"), "object names never appear in metrics");
+
+    // Events: a Ready event was recorded.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "alpha");
+    let list = events.list(&Default::default()).await?;
+    assert!(list.items.iter().any(|e| e.reason.as_deref() == Some("Ready")), "Ready event recorded");
+
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_makes_no_provider_call_until_resumed() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    create_workspace(&env.client, &simulated_workspace("paused", 0, 0, 10, 5)).await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "paused");
+    let mut s = server("paused", "p1", json!({}));
+    s.metadata.annotations = Some([(provisioning_crds::ANNOTATION_PAUSED.to_string(), "true".to_string())].into());
+    api.create(&PostParams::default(), &s).await?;
+    let paused = wait_server(&api, "p1", "Paused", |s| condition(s, "Paused").is_some_and(|c| c.0 == "True")).await?;
+    assert_eq!(condition(&paused, "Ready").map(|c| c.0).as_deref(), Some("Unknown"));
+    assert_eq!(testing::machines_in(&env.simulated("sim")?, "paused").await?.len(), 0);
+    let patch = json!({"metadata": {"annotations": {provisioning_crds::ANNOTATION_PAUSED: null}}});
+    api.patch("p1", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    let ready = wait_server(&api, "p1", "Ready", is_ready).await?;
+    assert_eq!(condition(&ready, "Paused").map(|c| c.0).as_deref(), Some("False"));
+    assert_eq!(testing::machines_in(&env.simulated("sim")?, "paused").await?.len(), 1);
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_servers_stall_with_the_reason_and_no_provider_call() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let metrics_addr = free_addr();
+    let mut config = env.config();
+    config.metrics_addr = Some(metrics_addr);
+    let controller = env.start_controller(config);
+    create_workspace(&env.client, &simulated_workspace("beta", 0, 0, 1, 5)).await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "beta");
+    api.create(&PostParams::default(), &server("beta", "first", json!({}))).await?;
+    wait_server(&api, "first", "Ready", is_ready).await?;
+    api.create(&PostParams::default(), &server("beta", "unknown-provider", json!({"provider": "nope"}))).await?;
+    api.create(&PostParams::default(), &server("beta", "bad-plan", json!({"plan": "huge"}))).await?;
+    api.create(&PostParams::default(), &server("beta", "over-limit", json!({}))).await?;
+    let stalled = |s: &Server| condition(s, "Stalled").is_some_and(|c| c.0 == "True");
+    let s = wait_server(&api, "unknown-provider", "Stalled", stalled).await?;
+    assert_eq!(
+        condition(&s, "Stalled").map(|c| c.1).as_deref(),
+        Some("provider \"nope\" is not defined in workspace \"beta\" (accounts: sim)")
+    );
+    assert_eq!(condition(&s, "Ready").map(|c| c.0).as_deref(), Some("False"));
+    assert_eq!(s.status.as_ref().and_then(|st| st.phase.clone()).as_deref(), Some("Failed"));
+    let s = wait_server(&api, "bad-plan", "Stalled", stalled).await?;
+    assert_eq!(
+        condition(&s, "Stalled").map(|c| c.1).as_deref(),
+        Some("plan \"huge\" is not offered by the simulated provider (abstract plans: small, medium, large, xlarge)")
+    );
+    let s = wait_server(&api, "over-limit", "Stalled", stalled).await?;
+    let message = condition(&s, "Stalled").map(|c| c.1).unwrap_or_default();
+    assert!(message.contains("allows at most 1 servers (limits.maxServers)"), "{message}");
+    assert_eq!(testing::machines_in(&env.simulated("sim")?, "beta").await?.len(), 1);
+
+    // No retry storm: the stalled servers' status does not churn and few reconciles fail.
+    let rvs: Vec<String> = futures::future::try_join_all(["unknown-provider", "bad-plan", "over-limit"].map(|n| api.get(n)))
+        .await?
+        .iter()
+        .map(|s| s.resource_version().unwrap_or_default())
+        .collect();
+    // Let the first rounds of backoff happen (trigger each once more via a no-op annotation).
+    for n in ["unknown-provider", "bad-plan", "over-limit"] {
+        let patch = json!({"metadata": {"annotations": {provisioning_crds::ANNOTATION_RECONCILE_REQUESTED_AT: "1"}}});
+        api.patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    wait_for("errors counted", DEADLINE, || async {
+        let (_, text) = scrape(metrics_addr, "/metrics").await.ok()?;
+        (metric(&text, "provisioning_reconcile_errors_total", &["kind=\"Server\""]) >= 6.0).then_some(())
+    })
+    .await?;
+    let (_, text) = scrape(metrics_addr, "/metrics").await?;
+    let errors = metric(&text, "provisioning_reconcile_errors_total", &["kind=\"Server\""]);
+    assert!(errors <= 12.0, "retry storm: {errors} failed reconciles\n{text}");
+    assert_eq!(metric(&text, "provisioning_provider_call_duration_seconds_count", &["operation=\"ensure_server\""]), 1.0);
+    for (n, rv) in ["unknown-provider", "bad-plan", "over-limit"].iter().zip(rvs) {
+        // Only our annotation patch changed the object; status was not rewritten.
+        let now = api.get(n).await?;
+        assert_ne!(now.resource_version().unwrap_or_default(), rv);
+        assert!(condition(&now, "Stalled").is_some_and(|c| c.0 == "True"));
+    }
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_honours_delete_and_orphan() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    create_workspace(&env.client, &simulated_workspace("gamma", 0, 0, 10, 5)).await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "gamma");
+    api.create(&PostParams::default(), &server("gamma", "deleted", json!({}))).await?;
+    api.create(&PostParams::default(), &server("gamma", "orphaned", json!({"deletionPolicy": "Orphan"}))).await?;
+    let deleted = wait_server(&api, "deleted", "Ready", is_ready).await?;
+    let orphaned = wait_server(&api, "orphaned", "Ready", is_ready).await?;
+    assert_eq!(testing::machines_in(&env.simulated("sim")?, "gamma").await?.len(), 2);
+    api.delete("deleted", &DeleteParams::default()).await?;
+    api.delete("orphaned", &DeleteParams::default()).await?;
+    for name in ["deleted", "orphaned"] {
+        let api = api.clone();
+        wait_for(&format!("{name} gone"), DEADLINE, || {
+            let api = api.clone();
+            async move { api.get_opt(name).await.ok().and_then(|o| o.is_none().then_some(())) }
+        })
+        .await?;
+    }
+    let left = testing::machines_in(&env.simulated("sim")?, "gamma").await?;
+    assert_eq!(left.len(), 1);
+    assert_eq!(Some(left[0].provider_id.0.clone()), orphaned.status.and_then(|s| s.provider_id));
+    assert_ne!(Some(left[0].provider_id.0.clone()), deleted.status.and_then(|s| s.provider_id));
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopts_a_machine_by_external_id() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    create_workspace(&env.client, &simulated_workspace("delta", 0, 0, 10, 5)).await?;
+    let provider = env.simulated("sim")?;
+    let existing = provider
+        .ensure_server(&ServerRequest {
+            identity: ServerIdentity { uid: "made-elsewhere".into(), namespace: "delta".into(), name: "legacy".into(), cluster: None },
+            plan: "medium".into(),
+            zone: String::new(),
+            image: "debian-12".into(),
+            ssh_public_key: None,
+            extra_tags: Default::default(),
+        })
+        .await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "delta");
+    api.create(&PostParams::default(), &server("delta", "adopted", json!({"externalID": existing.provider_id.0}))).await?;
+    api.create(&PostParams::default(), &server("delta", "missing", json!({"externalID": "simulated://no-such-machine"}))).await?;
+    let adopted = wait_server(&api, "adopted", "Ready", is_ready).await?;
+    assert_eq!(adopted.status.as_ref().and_then(|s| s.provider_id.clone()), Some(existing.provider_id.0.clone()));
+    assert_eq!(adopted.status.as_ref().and_then(|s| s.resolved_plan.clone()).as_deref(), Some("sim-2cpu-4gb"));
+    let missing = wait_server(&api, "missing", "Stalled", |s| condition(s, "Stalled").is_some_and(|c| c.0 == "True")).await?;
+    let message = condition(&missing, "Stalled").map(|c| c.1).unwrap_or_default();
+    assert!(message.contains("simulated://no-such-machine") && message.contains("spec.externalID"), "{message}");
+    assert_eq!(testing::machines_in(&provider, "delta").await?.len(), 1, "adoption created nothing");
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_pending_guard_finds_the_machine_instead_of_creating_another() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    create_workspace(&env.client, &simulated_workspace("epsilon", 0, 0, 10, 5)).await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "epsilon");
+    let mut s = server("epsilon", "guarded", json!({}));
+    s.metadata.annotations = Some([(provisioning_crds::ANNOTATION_PAUSED.to_string(), "true".to_string())].into());
+    let created = api.create(&PostParams::default(), &s).await?;
+    // A create call that reached the provider but whose result was never recorded.
+    let provider = env.simulated("sim")?;
+    let lost = provider
+        .ensure_server(&ServerRequest {
+            identity: ServerIdentity {
+                uid: created.uid().unwrap_or_default(),
+                namespace: "epsilon".into(),
+                name: "guarded".into(),
+                cluster: None,
+            },
+            plan: "small".into(),
+            zone: String::new(),
+            image: "debian-12".into(),
+            ssh_public_key: None,
+            extra_tags: Default::default(),
+        })
+        .await?;
+    let patch = json!({"metadata": {"annotations": {
+        provisioning_crds::ANNOTATION_PAUSED: null,
+        provisioning_crds::ANNOTATION_CREATE_PENDING: "2026-01-01T00:00:00Z",
+    }}});
+    api.patch("guarded", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    let ready = wait_server(&api, "guarded", "Ready and guard cleared", |s| {
+        is_ready(s) && !s.annotations().contains_key(provisioning_crds::ANNOTATION_CREATE_PENDING)
+    })
+    .await?;
+    assert_eq!(ready.status.and_then(|s| s.provider_id), Some(lost.provider_id.0.clone()));
+    assert_eq!(testing::machines_in(&provider, "epsilon").await?.len(), 1);
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspace_reports_namespace_accounts_counts_and_conflicts() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    let ws: Workspace = serde_json::from_value(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace",
+        "metadata": {"name": "zeta"},
+        "spec": {
+            "providers": [{"name": "sim", "type": "simulated",
+                           "simulation": {"requiredToken": "s3cret"},
+                           "credentialsSecretRef": {"name": "sim-creds"}}],
+            "defaults": {"provider": "sim"}
+        }
+    }))?;
+    let workspaces: Api<Workspace> = Api::all(env.client.clone());
+    workspaces.create(&PostParams::default(), &ws).await?;
+    let stalled = wait_for("zeta Stalled on the missing Secret", DEADLINE, || {
+        let workspaces = workspaces.clone();
+        async move {
+            let ws = workspaces.get("zeta").await.ok()?;
+            let st = ws.status.clone()?;
+            provisioning_controller::conditions::is_true(&st.conditions, "Stalled").then_some(st)
+        }
+    })
+    .await?;
+    assert_eq!(stalled.namespace.as_deref(), Some("zeta"));
+    assert!(!stalled.providers[0].ready);
+    assert!(stalled.providers[0].message.contains("Secret zeta/sim-creds"), "{:?}", stalled.providers);
+    // The namespace was created.
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone()).get("zeta").await?;
+
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sim-creds", "namespace": "zeta"},
+        "stringData": {"SIMULATED_TOKEN": "s3cret"}
+    }))?;
+    Api::<Secret>::namespaced(env.client.clone(), "zeta").create(&PostParams::default(), &secret).await?;
+    let patch = json!({"metadata": {"annotations": {provisioning_crds::ANNOTATION_RECONCILE_REQUESTED_AT: "now"}}});
+    workspaces.patch("zeta", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "zeta");
+    api.create(&PostParams::default(), &server("zeta", "a", json!({}))).await?;
+    api.create(&PostParams::default(), &server("zeta", "b", json!({}))).await?;
+    let ready = wait_for("zeta Ready with 2 servers counted", DEADLINE, || {
+        let workspaces = workspaces.clone();
+        async move {
+            let ws = workspaces.get("zeta").await.ok()?;
+            let st = ws.status.clone()?;
+            (provisioning_controller::conditions::is_true(&st.conditions, "Ready")
+                && st.counts.as_ref().is_some_and(|c| c.servers == 2))
+            .then_some(st)
+        }
+    })
+    .await?;
+    assert!(ready.providers[0].ready);
+    let secret_value_leaked = serde_json::to_string(&ready)?.contains("s3cret");
+    assert!(!secret_value_leaked);
+    wait_server(&api, "a", "Ready", is_ready).await?;
+
+    // A second Workspace claiming the same namespace is Stalled (the newer one).
+    let second: Workspace = serde_json::from_value(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace",
+        "metadata": {"name": "zeta-two"}, "spec": {"namespace": "zeta"}
+    }))?;
+    workspaces.create(&PostParams::default(), &second).await?;
+    let conflict = wait_for("zeta-two Stalled", DEADLINE, || {
+        let workspaces = workspaces.clone();
+        async move {
+            let ws = workspaces.get("zeta-two").await.ok()?;
+            let st = ws.status.clone()?;
+            provisioning_controller::conditions::find(&st.conditions, "Stalled").filter(|c| c.status == "True").cloned()
+        }
+    })
+    .await?;
+    assert_eq!(conflict.reason, "NamespaceConflict");
+    assert_eq!(conflict.message, "namespace \"zeta\" is already claimed by the older workspace \"zeta\"");
+    let first = workspaces.get("zeta").await?;
+    assert!(provisioning_controller::conditions::is_true(&first.status.unwrap_or_default().conditions, "Ready"));
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "default");
+    let notes: BTreeSet<String> = events.list(&Default::default()).await?.items.into_iter().filter_map(|e| e.note).collect();
+    assert!(notes.iter().all(|n| !n.contains("s3cret")), "secrets never in events");
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
