@@ -438,6 +438,9 @@ pub fn provider_config(account: &ProviderAccount, credentials: Credentials, stat
         rate_limit: account.rate_limit,
         simulation,
         state_dir: state_dir.to_path_buf(),
+        // Local provider: `nu` and the catalog are mounted read-only into every container.
+        nu_binary: crate::taskserv::act::host_nu_binary(),
+        catalog_dir: crate::taskserv::act::host_catalog_dir(),
         ..ProviderConfig::default()
     }
 }
