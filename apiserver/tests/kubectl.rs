@@ -21,7 +21,7 @@ spec:
   replicas: 2
 ";
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_end_to_end() -> TestResult {
     let ts = start().await?;
     let kc = ts.server.kubeconfig_path();
