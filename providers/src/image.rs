@@ -65,9 +65,7 @@ pub enum ImageError {
         source: std::io::Error,
     },
     /// No apt source of the host serves the suite.
-    #[error(
-        "no apt source in {apt_dir} serves Debian {suite} (main); configure one on the host or pass a mirror"
-    )]
+    #[error("no apt source in {apt_dir} serves Debian {suite} (main); configure one on the host or pass a mirror")]
     NoMirror {
         /// The apt directory searched.
         apt_dir: PathBuf,
@@ -209,7 +207,12 @@ pub fn parse_deb822(text: &str) -> Vec<AptSource> {
             continue;
         }
         let signed_by = fields.get("signed-by").filter(|v| !v.contains('\n') && v.starts_with('/')).cloned();
-        sources.push(AptSource { uris: words("uris"), suites: words("suites"), components: words("components"), signed_by });
+        sources.push(AptSource {
+            uris: words("uris"),
+            suites: words("suites"),
+            components: words("components"),
+            signed_by,
+        });
     }
     sources
 }
@@ -270,7 +273,8 @@ pub fn host_acquire_settings(apt_dir: &Path) -> Result<Vec<String>, ImageError> 
     files.extend(sorted_entries(&apt_dir.join("apt.conf.d"))?);
     let mut settings = Vec::new();
     for path in files {
-        let text = std::fs::read_to_string(&path).map_err(|source| ImageError::AptConfig { path: path.clone(), source })?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|source| ImageError::AptConfig { path: path.clone(), source })?;
         for line in text.lines().map(str::trim) {
             if line.starts_with("Acquire::") && line.ends_with(';') && !settings.iter().any(|s| s == line) {
                 settings.push(line.to_string());
@@ -324,7 +328,7 @@ impl NodeImageRecipe {
                 let sources = host_apt_sources(&opts.apt_dir)?;
                 let mirror = sources
                     .iter()
-                    .find(|s| s.suites.iter().any(|x| *x == suite) && s.components.iter().any(|c| c == "main"))
+                    .find(|s| s.suites.contains(&suite) && s.components.iter().any(|c| c == "main"))
                     .and_then(|s| s.uris.first().cloned())
                     .ok_or_else(|| ImageError::NoMirror { apt_dir: opts.apt_dir.clone(), suite: suite.clone() })?;
                 let entries = sources
@@ -419,8 +423,11 @@ pub async fn build_node_image(opts: &NodeImageOptions) -> Result<String, ImageEr
         tag_latest(&docker, &tag).await?;
         return Ok(tag);
     }
-    std::fs::create_dir_all(&opts.data_dir)
-        .map_err(|source| ImageError::Io { what: "creating the data directory", path: opts.data_dir.clone(), source })?;
+    std::fs::create_dir_all(&opts.data_dir).map_err(|source| ImageError::Io {
+        what: "creating the data directory",
+        path: opts.data_dir.clone(),
+        source,
+    })?;
     let _lock = BuildLock::acquire(&opts.data_dir.join("node-image.lock"), &progress).await?;
     if !opts.force && node_image_exists(&docker, &tag).await? {
         progress.say(format!("node image {tag} was built meanwhile"));
@@ -430,8 +437,11 @@ pub async fn build_node_image(opts: &NodeImageOptions) -> Result<String, ImageEr
     let work = BuildDir::create(&opts.data_dir)?;
     let rootfs = work.path.join("rootfs");
     let cache = opts.data_dir.join("debootstrap-cache").join(&recipe.suite);
-    std::fs::create_dir_all(&cache)
-        .map_err(|source| ImageError::Io { what: "creating the package cache", path: cache.clone(), source })?;
+    std::fs::create_dir_all(&cache).map_err(|source| ImageError::Io {
+        what: "creating the package cache",
+        path: cache.clone(),
+        source,
+    })?;
 
     progress.say(format!("bootstrapping Debian {} ({VARIANT}) from {}", recipe.suite, recipe.mirror));
     let mut debootstrap = Command::new("debootstrap");
@@ -465,7 +475,12 @@ pub async fn build_node_image(opts: &NodeImageOptions) -> Result<String, ImageEr
 }
 
 /// `tar` of the rootfs streamed into the engine's image import (`docker import`).
-async fn import_rootfs(docker: &Docker, rootfs: &Path, recipe: &NodeImageRecipe, progress: &Progress) -> Result<(), ImageError> {
+async fn import_rootfs(
+    docker: &Docker,
+    rootfs: &Path,
+    recipe: &NodeImageRecipe,
+    progress: &Progress,
+) -> Result<(), ImageError> {
     let tag = recipe.tag();
     let mut tar = Command::new("tar");
     tar.arg("--numeric-owner").arg("-C").arg(rootfs).args(["-cf", "-", "."]);
@@ -559,7 +574,9 @@ async fn run_logged(step: &'static str, command: &mut Command, progress: &Progre
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     let mut child = command.spawn().map_err(|e| ImageError::Command {
         step,
-        status: format!("could not start: {e} (debootstrap and chroot must be installed; scripts/setup.sh installs them)"),
+        status: format!(
+            "could not start: {e} (debootstrap and chroot must be installed; scripts/setup.sh installs them)"
+        ),
         tail: String::new(),
     })?;
     let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
@@ -567,7 +584,8 @@ async fn run_logged(step: &'static str, command: &mut Command, progress: &Progre
     };
     let out = tokio::spawn(collect_tail(stdout, progress.clone()));
     let err = tokio::spawn(collect_tail(stderr, progress.clone()));
-    let status = child.wait().await.map_err(|e| ImageError::Command { step, status: e.to_string(), tail: String::new() })?;
+    let status =
+        child.wait().await.map_err(|e| ImageError::Command { step, status: e.to_string(), tail: String::new() })?;
     let tail = [out.await.unwrap_or_default(), err.await.unwrap_or_default()].join("\n");
     if status.success() { Ok(()) } else { Err(ImageError::Command { step, status: status.to_string(), tail }) }
 }
@@ -594,7 +612,8 @@ fn write_file(root: &Path, relative: &str, mode: u32, content: &str) -> Result<(
         std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
     }
     std::fs::write(&path, content).map_err(|e| io("writing", &path, e))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(|e| io("setting the mode of", &path, e))
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| io("setting the mode of", &path, e))
 }
 
 /// An exclusive lock on a file, held across processes until dropped.
@@ -633,8 +652,11 @@ struct BuildDir {
 impl BuildDir {
     fn create(data_dir: &Path) -> Result<Self, ImageError> {
         let path = data_dir.join(format!("build-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&path)
-            .map_err(|source| ImageError::Io { what: "creating the build directory", path: path.clone(), source })?;
+        std::fs::create_dir_all(&path).map_err(|source| ImageError::Io {
+            what: "creating the build directory",
+            path: path.clone(),
+            source,
+        })?;
         Ok(BuildDir { path })
     }
 }
@@ -705,7 +727,8 @@ deb-src http://m.example/debian bookworm main\ndeb http://m.example/debian bookw
         std::fs::create_dir_all(dir.path().join("sources.list.d")).expect("mkdir");
         std::fs::create_dir_all(dir.path().join("apt.conf.d")).expect("mkdir");
         std::fs::write(dir.path().join("sources.list.d/debian.sources"), sources).expect("write");
-        std::fs::write(dir.path().join("sources.list.d/other.list.disabled"), "deb http://x.example/ y main").expect("w");
+        std::fs::write(dir.path().join("sources.list.d/other.list.disabled"), "deb http://x.example/ y main")
+            .expect("w");
         std::fs::write(dir.path().join("apt.conf.d/99snapshot"), conf).expect("write");
         dir
     }
@@ -716,7 +739,11 @@ deb-src http://m.example/debian bookworm main\ndeb http://m.example/debian bookw
         let opts = NodeImageOptions { apt_dir: dir.path().to_path_buf(), ..Default::default() };
         let recipe = NodeImageRecipe::from_host(&opts).expect("recipe");
         assert_eq!(recipe.mirror, "http://mirror.example/debian");
-        assert!(recipe.apt_sources.contains("Suites: bookworm bookworm-updates\nComponents: main\n"), "{}", recipe.apt_sources);
+        assert!(
+            recipe.apt_sources.contains("Suites: bookworm bookworm-updates\nComponents: main\n"),
+            "{}",
+            recipe.apt_sources
+        );
         assert!(recipe.apt_sources.contains("bookworm-security"));
         assert!(!recipe.apt_sources.contains("off.example") && !recipe.apt_sources.contains("x.example"));
         assert!(recipe.apt_settings.contains("Acquire::Check-Valid-Until \"false\";"));

@@ -66,9 +66,8 @@ async fn node_image() -> String {
 }
 
 fn nu_binary() -> PathBuf {
-    let path = std::env::var_os("PROVISIONING_NU")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".tools/bin/nu"));
+    let path =
+        std::env::var_os("PROVISIONING_NU").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".tools/bin/nu"));
     assert!(path.is_file(), "nu not found at {}; {SETUP_HINT}", path.display());
     path.canonicalize().unwrap_or(path)
 }
@@ -146,6 +145,20 @@ impl Fixture {
         }
     }
 
+    /// The request that made an observed machine (for waiting on it).
+    fn request_for(&self, obs: &ServerObservation) -> ServerRequest {
+        let tag = |k: &str| obs.tags.get(k).cloned().unwrap_or_default();
+        ServerRequest {
+            identity: ServerIdentity {
+                uid: tag(tags::SERVER_UID),
+                namespace: tag(tags::NAMESPACE),
+                name: tag(tags::SERVER),
+                cluster: obs.tags.get(tags::CLUSTER).cloned(),
+            },
+            ..self.request("unused", None, "small")
+        }
+    }
+
     /// Creates a server and waits (with a deadline) until it runs with an address.
     async fn running(&self, request: &ServerRequest) -> ServerObservation {
         let first = self.provider.ensure_server(request).await.expect("ensure_server");
@@ -187,7 +200,11 @@ impl Fixture {
             vec![format!("{}={}", tags::NAMESPACE, self.namespace)],
         )]);
         let containers = docker
-            .list_containers(Some(ListContainersOptions { all: true, filters: Some(filters.clone()), ..Default::default() }))
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters.clone()),
+                ..Default::default()
+            }))
             .await
             .expect("list containers");
         assert!(containers.is_empty(), "containers left: {containers:?}");
@@ -247,7 +264,9 @@ async fn cluster_network_limits_and_peer_names() {
 
     // Limits from the plans.
     let docker = docker().await;
-    for (obs, cpus, memory) in [(&a, 1_000_000_000, 1i64 << 30), (&b, 2_000_000_000, 2 << 30), (&solo, 1_000_000_000, 512 << 20)] {
+    for (obs, cpus, memory) in
+        [(&a, 1_000_000_000, 1i64 << 30), (&b, 2_000_000_000, 2 << 30), (&solo, 1_000_000_000, 512 << 20)]
+    {
         let inspect = docker.inspect_container(obs.provider_id.native_id(), None).await.expect("inspect");
         let host = inspect.host_config.expect("host config");
         assert_eq!(host.nano_cpus, Some(cpus), "{}", obs.plan);
@@ -304,7 +323,10 @@ async fn exec_streams_output_and_honours_timeout() {
     assert_eq!(first.as_deref(), Some("first"));
     let result = task.await.expect("join").expect("exec");
     let done_at = started.elapsed();
-    assert!(done_at - first_at >= Duration::from_millis(1000), "streamed: first line at {first_at:?}, done at {done_at:?}");
+    assert!(
+        done_at - first_at >= Duration::from_millis(1000),
+        "streamed: first line at {first_at:?}, done at {done_at:?}"
+    );
     assert_eq!(result.exit_code, Some(3));
     assert!(!result.timed_out);
     assert_eq!(result.stdout, "first\nsecond\n");
@@ -367,17 +389,24 @@ async fn stdin_is_byte_exact_and_mounts_are_read_only() {
 
     // nu is mounted and runs; the JSON context goes in on stdin as data.
     let nu = f
-        .exec(&server.provider_id, &["nu", "--stdin", "-c", "$in | from json | get evil"], Some(payload.lines().next().unwrap_or("").as_bytes()), Duration::from_secs(30))
+        .exec(
+            &server.provider_id,
+            &["nu", "--stdin", "-c", "$in | from json | get evil"],
+            Some(payload.lines().next().unwrap_or("").as_bytes()),
+            Duration::from_secs(30),
+        )
         .await;
     assert_eq!(nu.exit_code, Some(0), "{nu:?}");
     assert_eq!(nu.stdout.trim(), "; rm -rf /");
-    let write = f.exec(&server.provider_id, &["sh", "-c", "echo x > /usr/local/bin/nu"], None, Duration::from_secs(30)).await;
+    let write =
+        f.exec(&server.provider_id, &["sh", "-c", "echo x > /usr/local/bin/nu"], None, Duration::from_secs(30)).await;
     assert_ne!(write.exit_code, Some(0), "nu is read-only");
     let marker = f
         .exec(&server.provider_id, &["cat", "/opt/provisioning/catalog/marker.txt"], None, Duration::from_secs(30))
         .await;
     assert_eq!(marker.stdout, "catalog");
-    let write = f.exec(&server.provider_id, &["touch", "/opt/provisioning/catalog/new"], None, Duration::from_secs(30)).await;
+    let write =
+        f.exec(&server.provider_id, &["touch", "/opt/provisioning/catalog/new"], None, Duration::from_secs(30)).await;
     assert_ne!(write.exit_code, Some(0), "the catalog is read-only");
     assert!(!f.catalog.path().join("new").exists());
 
@@ -396,10 +425,7 @@ async fn missing_image_and_unreachable_engine_are_classified() {
     };
     let provider = build_provider(&config).expect("build");
     let err = provider.ensure_server(&f.request("x", Some("c"), "small")).await.expect_err("no image");
-    assert!(
-        matches!(&err, ProviderError::InvalidRequest(m) if m.contains("provisioning image build")),
-        "{err:?}"
-    );
+    assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("provisioning image build")), "{err:?}");
     let err = provider.ensure_server(&f.request("x", None, "huge")).await.expect_err("bad plan");
     assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("huge")), "{err:?}");
     f.assert_nothing_left().await;
@@ -407,15 +433,20 @@ async fn missing_image_and_unreachable_engine_are_classified() {
     let gone = ProviderId::new("local", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
     assert_eq!(f.provider.delete_server(&gone).await.expect("delete unknown"), DeleteOutcome::Gone);
     assert_eq!(f.provider.observe_server(&gone).await.expect("observe unknown"), None);
-    let err = f.provider.exec(&gone, ExecRequest {
-        argv: vec!["true".into()],
-        stdin: None,
-        env: BTreeMap::new(),
-        timeout: Duration::from_secs(5),
-        output: None,
-    })
-    .await
-    .expect_err("no machine");
+    let err = f
+        .provider
+        .exec(
+            &gone,
+            ExecRequest {
+                argv: vec!["true".into()],
+                stdin: None,
+                env: BTreeMap::new(),
+                timeout: Duration::from_secs(5),
+                output: None,
+            },
+        )
+        .await
+        .expect_err("no machine");
     assert!(matches!(err, ProviderError::NotFound(_)), "{err:?}");
 
     let config = ProviderConfig {
@@ -441,4 +472,55 @@ async fn image_build_is_cached() {
     let latest = docker.inspect_image("provisioning-node:latest").await.expect("latest tag");
     let tagged = docker.inspect_image(&tag).await.expect("recipe tag");
     assert_eq!(latest.id, tagged.id);
+}
+
+#[tokio::test]
+async fn concurrent_creates_make_one_container_per_server_and_one_network() {
+    let f = fixture("race").await;
+    // Two provider objects stand for two controller processes (no shared lock).
+    let config = ProviderConfig { name: "second".into(), provider_type: "local".into(), ..Default::default() };
+    let second = build_provider(&config).expect("build");
+    let same = f.request("twin", Some("race"), "small");
+    let other_a = f.request("peer-a", Some("race"), "small");
+    let other_b = f.request("peer-b", Some("race"), "small");
+    let (r1, r2, r3, r4) = tokio::join!(
+        f.provider.ensure_server(&same),
+        second.ensure_server(&same),
+        f.provider.ensure_server(&other_a),
+        second.ensure_server(&other_b),
+    );
+    let (r1, r2, r3, r4) = (r1.expect("1"), r2.expect("2"), r3.expect("3"), r4.expect("4"));
+    assert_eq!(r1.provider_id, r2.provider_id, "one machine for one Server");
+    let ns = vec![(tags::NAMESPACE.to_string(), f.namespace.clone())];
+    let machines = f.provider.list_servers(&ns).await.expect("list");
+    assert_eq!(machines.len(), 3, "{machines:?}");
+    let networks = f.networks().await;
+    assert_eq!(networks.len(), 1, "one network per cluster: {networks:?}");
+    for obs in [&r1, &r3, &r4] {
+        f.running(&f.request_for(obs)).await;
+    }
+    // A restarted provider (no state of its own) finds them by label.
+    let fresh = build_provider(&config).expect("fresh");
+    let found = fresh.find_server(&same.identity).await.expect("find").expect("found");
+    assert_eq!(found.provider_id, r1.provider_id);
+    // A killed machine shows as stopped, not gone.
+    let killed = std::process::Command::new(std::env::var("PROVISIONING_DOCKER").unwrap_or_else(|_| "docker".into()))
+        .args(["kill", r3.provider_id.native_id()])
+        .output()
+        .expect("docker kill");
+    assert!(killed.status.success(), "{killed:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let obs = fresh.observe_server(&r3.provider_id).await.expect("observe").expect("still there");
+        if obs.state == MachineState::Stopped {
+            assert!(obs.addresses.is_empty(), "a stopped machine has no address: {obs:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "killed container observed as {obs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for obs in [&r1, &r3, &r4] {
+        f.delete(&obs.provider_id).await;
+    }
+    f.assert_nothing_left().await;
 }

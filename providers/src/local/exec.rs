@@ -135,7 +135,12 @@ async fn kill(docker: &Docker, container: &str, marker: &str) {
         let created = docker
             .create_exec(
                 container,
-                CreateExecOptions { cmd: Some(argv), attach_stdout: Some(true), attach_stderr: Some(true), ..Default::default() },
+                CreateExecOptions {
+                    cmd: Some(argv),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    ..Default::default()
+                },
             )
             .await?;
         if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&created.id, None).await? {

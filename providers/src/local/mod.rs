@@ -30,13 +30,13 @@ use bollard::query_parameters::{
 use tokio::sync::{Mutex, OnceCell};
 
 pub use self::docker::connect;
-pub use self::exec::EXEC_ID_ENV;
 use self::docker::{classify, status_of};
 pub(crate) use self::docker::{classify as classify_docker_error, status_of as docker_status};
+pub use self::exec::EXEC_ID_ENV;
 use self::spec::{ContainerSpec, DEFAULT_NODE_IMAGE, Mounts, NetworkSpec, PLAN_LABEL};
 use crate::{
-    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError,
-    ProviderId, ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, tags,
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId,
+    ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, tags,
 };
 
 /// Abstract image names that mean "the node image".
@@ -115,50 +115,57 @@ impl LocalProvider {
     /// Finds the network of `spec` by its labels, or creates it. Call with `network_lock`.
     async fn ensure_network(&self, spec: &NetworkSpec) -> ProviderResult<String> {
         let docker = self.docker().await?;
-        let existing = self.networks(spec).await?;
-        if let Some(id) = existing.first() {
-            return Ok(id.clone());
-        }
-        let request = NetworkCreateRequest {
-            name: spec.name.clone(),
-            driver: Some("bridge".into()),
-            labels: Some(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
-            ..Default::default()
-        };
-        match docker.create_network(request).await {
-            Ok(_) => {}
-            // Created meanwhile by another process: use theirs.
-            Err(e) if status_of(&e) == Some(409) => {}
-            Err(e) => return Err(classify(&format!("create network {}", spec.name), e)),
-        }
-        // Older engines allow two networks of one name; both racers settle on the smallest
-        // id and the other one goes.
         let mut ids = self.networks(spec).await?;
+        if ids.is_empty() {
+            let request = NetworkCreateRequest {
+                name: spec.name.clone(),
+                driver: Some("bridge".into()),
+                labels: Some(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+                ..Default::default()
+            };
+            match docker.create_network(request).await {
+                Ok(_) => {}
+                // Created meanwhile by another process (newer engines refuse duplicate names).
+                Err(e) if status_of(&e) == Some(409) => {}
+                Err(e) => return Err(classify(&format!("create network {}", spec.name), e)),
+            }
+            ids = self.networks(spec).await?;
+        }
+        // Older engines allow two networks of one name, so two processes racing here may both
+        // create one. Everyone keeps the oldest (a racer that saw only its own saw the oldest)
+        // and removes the others, also when a crashed racer left one behind.
         let chosen = ids.first().cloned().ok_or_else(|| {
             ProviderError::Transient(format!("network {} vanished right after it was created", spec.name))
         })?;
         for extra in ids.drain(1..) {
             if let Err(e) = docker.remove_network(&extra).await {
-                tracing::debug!(network = %extra, error = %e, "duplicate network still in use");
+                tracing::debug!(network = %extra, error = %e, "duplicate network not removed");
             }
         }
         Ok(chosen)
     }
 
-    /// Ids of the networks carrying `spec`'s labels (sorted).
+    /// Ids of the networks carrying `spec`'s labels, oldest first.
     async fn networks(&self, spec: &NetworkSpec) -> ProviderResult<Vec<String>> {
         let docker = self.docker().await?;
         let networks = docker
             .list_networks(Some(ListNetworksOptions { filters: Some(spec.label_filters()) }))
             .await
             .map_err(|e| classify("list networks", e))?;
-        let mut ids: Vec<String> = networks
+        let mut found: Vec<(Option<chrono::DateTime<chrono::FixedOffset>>, String)> = networks
             .into_iter()
             .filter(|n| n.labels.as_ref().is_some_and(|l| spec.labels.iter().all(|(k, v)| l.get(k) == Some(v))))
-            .filter_map(|n| n.id)
+            .filter_map(|n| {
+                let created = n.created.as_deref().and_then(|c| chrono::DateTime::parse_from_rfc3339(c).ok());
+                n.id.map(|id| (created, id))
+            })
             .collect();
-        ids.sort();
-        Ok(ids)
+        // Oldest first: a racer that saw only one network saw the oldest, so everyone keeps it.
+        found.sort_by(|a, b| match (a.0, b.0) {
+            (Some(x), Some(y)) => x.cmp(&y).then_with(|| a.1.cmp(&b.1)),
+            _ => a.1.cmp(&b.1),
+        });
+        Ok(found.into_iter().map(|(_, id)| id).collect())
     }
 
     /// Removes the network of `network` when no container (running or not) uses it any more.
@@ -177,7 +184,9 @@ impl LocalProvider {
         }
         let members = self.list(spec::label_filter(filter)).await?;
         let in_use = members.iter().any(|c| {
-            c.labels.as_ref().is_some_and(|l| l.contains_key(tags::SERVER_UID) && l.get(tags::CLUSTER).map(String::as_str) == cluster)
+            c.labels.as_ref().is_some_and(|l| {
+                l.contains_key(tags::SERVER_UID) && l.get(tags::CLUSTER).map(String::as_str) == cluster
+            })
         });
         if in_use {
             return Ok(());
@@ -210,9 +219,19 @@ impl LocalProvider {
             )));
         }
         let _guard = self.network_lock.lock().await;
-        self.ensure_network(&spec.network).await?;
+        let network_id = self.ensure_network(&spec.network).await?;
+        // Joined by id: older engines allow two networks of one name while a race settles.
+        let mut body = spec.body;
+        if let Some(host) = body.host_config.as_mut() {
+            host.network_mode = Some(network_id.clone());
+        }
+        if let Some(endpoints) = body.networking_config.as_mut().and_then(|n| n.endpoints_config.as_mut()) {
+            if let Some(endpoint) = endpoints.remove(&spec.network.name) {
+                endpoints.insert(network_id, endpoint);
+            }
+        }
         let options = CreateContainerOptions { name: Some(spec.name.clone()), ..Default::default() };
-        match docker.create_container(Some(options), spec.body).await {
+        match docker.create_container(Some(options), body).await {
             Ok(_) => Ok(()),
             // Same name: a concurrent ensure_server created it; the caller finds it by label.
             Err(e) if status_of(&e) == Some(409) => Ok(()),
@@ -226,13 +245,25 @@ impl LocalProvider {
         }
     }
 
-    async fn start(&self, id: &str) -> ProviderResult<()> {
+    /// Starts a created container. While a racing process still removes its duplicate
+    /// network, the engine finds the network name ambiguous: settle the duplicates and retry.
+    async fn start(&self, id: &str, network: &NetworkSpec) -> ProviderResult<()> {
         let docker = self.docker().await?;
-        match docker.start_container(id, None).await {
-            Ok(()) => Ok(()),
-            // 304: already started.
-            Err(e) if status_of(&e) == Some(304) => Ok(()),
-            Err(e) => Err(classify(&format!("start container {id}"), e)),
+        let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match docker.start_container(id, None).await {
+                Ok(()) => return Ok(()),
+                // 304: already started.
+                Err(e) if status_of(&e) == Some(304) => return Ok(()),
+                Err(e) if e.to_string().contains("ambiguous") && tokio::time::Instant::now() < give_up => {
+                    tracing::debug!(container = id, error = %e, "settling duplicate networks before start");
+                    let guard = self.network_lock.lock().await;
+                    self.ensure_network(network).await?;
+                    drop(guard);
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(classify(&format!("start container {id}"), e)),
+            }
         }
     }
 
@@ -252,8 +283,7 @@ impl LocalProvider {
 
 /// Maps a container summary to what the contract reports.
 fn observe(container: &ContainerSummary) -> ServerObservation {
-    let labels: BTreeMap<String, String> =
-        container.labels.clone().unwrap_or_default().into_iter().collect();
+    let labels: BTreeMap<String, String> = container.labels.clone().unwrap_or_default().into_iter().collect();
     let state = match container.state {
         Some(ContainerSummaryStateEnum::CREATED | ContainerSummaryStateEnum::RESTARTING) => MachineState::Pending,
         Some(ContainerSummaryStateEnum::RUNNING) => MachineState::Running,
@@ -306,16 +336,29 @@ impl Provider for LocalProvider {
         let image = self.image_for(&request.image)?;
         let spec = spec::container_spec(request, &image, &self.mounts)?;
         if self.find(&request.identity).await?.is_none() {
-            self.create(spec).await?;
+            self.create(spec.clone()).await?;
         }
-        let container = self.find(&request.identity).await?.ok_or_else(|| {
-            ProviderError::Transient(format!("container of server {} vanished after create", request.identity.name))
-        })?;
+        // After a name conflict the other creator's container may take a moment to be listed.
+        let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let container = loop {
+            match self.find(&request.identity).await? {
+                Some(container) => break container,
+                None if tokio::time::Instant::now() < give_up => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await
+                }
+                None => {
+                    return Err(ProviderError::Transient(format!(
+                        "the container of server {} is not listed after its create",
+                        request.identity.name
+                    )));
+                }
+            }
+        };
         // A create that was interrupted before start leaves a created container: finish it.
         // Stopped (exited) containers are reported as such; replacing them is the caller's call.
         if container.state == Some(ContainerSummaryStateEnum::CREATED) {
             let id = container.id.clone().unwrap_or_default();
-            self.start(&id).await?;
+            self.start(&id, &spec.network).await?;
             if let Some(started) = self.by_id(&ProviderId::new("local", &id)).await? {
                 return Ok(observe(&started));
             }
