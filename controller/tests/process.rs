@@ -1,0 +1,236 @@
+//! The `provisioning controller` binary as a separate process: kill -9 mid-way through 200
+//! Servers, and two replicas with Lease leader election.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use provisioning_controller::testing::{self, TestEnv, is_ready, server, wait_for};
+use provisioning_crds::{Server, Workspace};
+use serde_json::json;
+
+fn free_addr() -> SocketAddr {
+    #[allow(clippy::unwrap_used)]
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn spawn_controller(env: &TestEnv, config: &Path, metrics: SocketAddr) -> anyhow::Result<Child> {
+    let verbose = std::env::var_os("RUST_LOG").is_some();
+    Ok(Command::new(env!("CARGO_BIN_EXE_provisioning"))
+        .arg("controller")
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .arg("--config")
+        .arg(config)
+        .arg("--metrics-addr")
+        .arg(metrics.to_string())
+        .stdout(Stdio::null())
+        .stderr(if verbose { Stdio::inherit() } else { Stdio::null() })
+        .spawn()?)
+}
+
+fn write_config(env: &TestEnv) -> anyhow::Result<std::path::PathBuf> {
+    let path = env.dir.path().join("controller.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "state_dir = {:?}\nleader_election = true\nlease_duration_secs = 10\nlease_renew_secs = 2\n",
+            env.state_dir.display().to_string()
+        ),
+    )?;
+    Ok(path)
+}
+
+async fn scrape(addr: SocketAddr) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    Some(body)
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+async fn workspace(env: &TestEnv, name: &str, latency_ms: u64, failure_rate: f64, parallel: u32) -> anyhow::Result<()> {
+    let ws: Workspace = serde_json::from_value(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": name},
+        "spec": {
+            "providers": [{"name": "sim", "type": "simulated",
+                           "simulation": {"latencyMs": latency_ms, "jitterPercent": 20, "failureRate": failure_rate}}],
+            "defaults": {"provider": "sim"},
+            "limits": {"maxServers": 1000, "parallelLimit": parallel}
+        }
+    }))?;
+    Api::<Workspace>::all(env.client.clone()).create(&PostParams::default(), &ws).await?;
+    Ok(())
+}
+
+async fn create_servers(api: &Api<Server>, namespace: &str, names: impl Iterator<Item = String>) -> anyhow::Result<()> {
+    let names: Vec<String> = names.collect();
+    for chunk in names.chunks(25) {
+        futures::future::try_join_all(chunk.iter().map(|n| {
+            let s = server(namespace, n, json!({}));
+            async move { api.create(&PostParams::default(), &s).await }
+        }))
+        .await?;
+    }
+    Ok(())
+}
+
+/// Every Server Ready with exactly one machine each, tagged with its uid.
+async fn assert_one_machine_each(env: &TestEnv, api: &Api<Server>, namespace: &str, expected: usize) -> anyhow::Result<()> {
+    let servers = api.list(&ListParams::default()).await?.items;
+    assert_eq!(servers.len(), expected);
+    let machines = testing::machines_in(&env.simulated("sim")?, namespace).await?;
+    let mut per_uid: BTreeMap<String, usize> = BTreeMap::new();
+    for m in &machines {
+        *per_uid.entry(m.tags.get(provisioning_providers::tags::SERVER_UID).cloned().unwrap_or_default()).or_default() += 1;
+    }
+    assert_eq!(machines.len(), expected, "one machine per server, no leaks");
+    for s in &servers {
+        assert!(is_ready(s), "{} Ready", s.name_any());
+        assert_eq!(per_uid.get(&s.uid().unwrap_or_default()), Some(&1), "{} has exactly one machine", s.name_any());
+        let id = s.status.as_ref().and_then(|st| st.provider_id.clone()).unwrap_or_default();
+        assert!(machines.iter().any(|m| m.provider_id.0 == id), "{} providerID is its machine", s.name_any());
+    }
+    Ok(())
+}
+
+async fn delete_all_and_check_provider_empty(env: &TestEnv, api: &Api<Server>, namespace: &str) -> anyhow::Result<()> {
+    api.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+    wait_for("all servers gone", Duration::from_secs(180), || async {
+        api.list(&ListParams::default()).await.ok().filter(|l| l.items.is_empty()).map(|_| ())
+    })
+    .await?;
+    assert!(testing::machines_in(&env.simulated("sim")?, namespace).await?.is_empty(), "the provider holds no machine");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_way_through_200_servers_leaks_nothing() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let config = write_config(&env)?;
+    let mut first = spawn_controller(&env, &config, free_addr())?;
+    // Lost responses (failure injected after the create) exercise the create-pending guard too.
+    workspace(&env, "crash", 200, 0.05, 10).await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "crash");
+    wait_for("namespace crash", Duration::from_secs(60), || async {
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone()).get_opt("crash").await.ok().flatten()
+    })
+    .await?;
+    create_servers(&api, "crash", (0..200).map(|i| format!("srv-{i:03}"))).await?;
+    wait_for("some machines being created", Duration::from_secs(120), || async {
+        let n = testing::machines_in(&env.simulated("sim").ok()?, "crash").await.ok()?.len();
+        (n >= 40).then_some(n)
+    })
+    .await?;
+    first.kill()?; // SIGKILL
+    first.wait()?;
+    let ready_at_kill = api.list(&ListParams::default()).await?.items.iter().filter(|s| is_ready(s)).count();
+    eprintln!("killed the controller with {ready_at_kill}/200 Ready");
+    assert!(ready_at_kill < 200, "the kill came mid-way");
+
+    let mut second = spawn_controller(&env, &config, free_addr())?;
+    wait_for("all 200 Ready", Duration::from_secs(300), || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        (items.len() == 200 && items.iter().all(is_ready)).then_some(())
+    })
+    .await?;
+    assert_one_machine_each(&env, &api, "crash", 200).await?;
+    delete_all_and_check_provider_empty(&env, &api, "crash").await?;
+    second.kill()?;
+    second.wait()?;
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_controllers_never_both_act_and_the_standby_takes_over() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let config = write_config(&env)?;
+    let addrs = [free_addr(), free_addr()];
+    let mut children = vec![spawn_controller(&env, &config, addrs[0])?, spawn_controller(&env, &config, addrs[1])?];
+
+    // Sample both replicas' leader gauges and reconcile counters throughout.
+    let samples: std::sync::Arc<std::sync::Mutex<Vec<[(f64, f64); 2]>>> = Default::default();
+    let sampler = {
+        let samples = samples.clone();
+        tokio::spawn(async move {
+            loop {
+                let mut row = [(0.0, 0.0); 2];
+                for (i, addr) in addrs.iter().enumerate() {
+                    if let Some(text) = scrape(*addr).await {
+                        row[i] = (metric(&text, "provisioning_leader "), metric(&text, "provisioning_reconciles_total"));
+                    }
+                }
+                samples.lock().unwrap_or_else(|p| p.into_inner()).push(row);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let leader = wait_for("one leader", Duration::from_secs(60), || async {
+        let a = metric(&scrape(addrs[0]).await?, "provisioning_leader ");
+        let b = metric(&scrape(addrs[1]).await?, "provisioning_leader ");
+        match (a, b) {
+            (1.0, 0.0) => Some(0usize),
+            (0.0, 1.0) => Some(1usize),
+            _ => None,
+        }
+    })
+    .await?;
+    let standby = 1 - leader;
+
+    workspace(&env, "ha", 0, 0.0, 10).await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "ha");
+    wait_for("namespace ha", Duration::from_secs(60), || async {
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone()).get_opt("ha").await.ok().flatten()
+    })
+    .await?;
+    create_servers(&api, "ha", (0..20).map(|i| format!("before-{i:02}"))).await?;
+    wait_for("20 Ready", Duration::from_secs(120), || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        (items.len() == 20 && items.iter().all(is_ready)).then_some(())
+    })
+    .await?;
+    let standby_text = scrape(addrs[standby]).await.unwrap_or_default();
+    assert_eq!(metric(&standby_text, "provisioning_reconciles_total"), 0.0, "the standby never reconciled");
+
+    children[leader].kill()?;
+    children[leader].wait()?;
+    let killed = Instant::now();
+    create_servers(&api, "ha", (0..10).map(|i| format!("after-{i:02}"))).await?;
+    wait_for("standby becomes leader", Duration::from_secs(20), || async {
+        (metric(&scrape(addrs[standby]).await?, "provisioning_leader ") == 1.0).then_some(())
+    })
+    .await?;
+    let takeover = killed.elapsed();
+    eprintln!("takeover after {takeover:?}");
+    assert!(takeover <= Duration::from_secs(15), "took over within 15 s ({takeover:?})");
+    wait_for("30 Ready", Duration::from_secs(120), || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        (items.len() == 30 && items.iter().all(is_ready)).then_some(())
+    })
+    .await?;
+    assert_one_machine_each(&env, &api, "ha", 30).await?;
+
+    sampler.abort();
+    let samples = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(samples.iter().all(|row| !(row[0].0 == 1.0 && row[1].0 == 1.0)), "two leaders at once");
+    // Before the kill, only the leader reconciled.
+    let acted: BTreeSet<usize> = samples.iter().flat_map(|row| (0..2).filter(move |i| row[*i].1 > 0.0)).collect();
+    assert!(acted.contains(&leader));
+    children[standby].kill()?;
+    children[standby].wait()?;
+    env.shutdown().await;
+    Ok(())
+}
