@@ -142,6 +142,9 @@ pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request("the request body is empty"));
     }
+    if content_type.contains("protobuf") {
+        return crate::protobuf::decode(body);
+    }
     let yaml = content_type.contains("yaml");
     match serde_json::from_slice::<Value>(body) {
         Ok(v) => Ok(v),

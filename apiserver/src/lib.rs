@@ -10,6 +10,7 @@ pub mod gc;
 pub mod handlers;
 pub mod openapi;
 pub mod patch;
+pub mod protobuf;
 pub mod registry;
 pub mod selectors;
 pub mod server;

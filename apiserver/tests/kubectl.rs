@@ -162,6 +162,19 @@ async fn kubectl_end_to_end() -> TestResult {
     assert!(out.ok, "{}", out.stderr);
     let out = k(&["get", "secret", "creds", "-o", "jsonpath={.data.AWS_ACCESS_KEY_ID}"], None);
     assert_eq!(out.stdout, "YWJj");
+    // Imperative creates send protobuf bodies.
+    let out = k(&["create", "namespace", "imperative"], None);
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&["create", "secret", "generic", "aws-creds", "-n", "imperative", "--from-literal=AWS_SECRET_ACCESS_KEY=xyz"], None);
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&["create", "configmap", "settings", "-n", "imperative", "--from-literal=a=b"], None);
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&["get", "secret", "aws-creds", "-n", "imperative", "-o", "jsonpath={.data.AWS_SECRET_ACCESS_KEY}"], None);
+    assert_eq!(out.stdout, "eHl6");
+    let out = k(&["delete", "namespace", "imperative"], None);
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&["get", "configmap", "-n", "imperative", "-o", "name"], None);
+    assert!(out.stdout.trim().is_empty(), "{}", out.stdout);
     let out = k(&["delete", "secret", "creds"], None);
     assert!(out.ok, "{}", out.stderr);
     let out = k(&["delete", "srv", "ssa-1"], None);
