@@ -12,6 +12,8 @@
 //!   [`ScriptExecutor`] (the controller adapts a provider's exec; [`LocalProcessExecutor`]
 //!   runs local processes) and returns a [`ScriptOutcome`].
 
+#![warn(missing_docs)]
+
 mod catalog;
 mod context;
 mod error;

@@ -20,7 +20,7 @@ export def --wrapped etcdctl [endpoints: list<string>, ...args: string]: nothing
 }
 
 # The member list seen through one of `endpoints` — records {id (hex), status, name,
-# peerURLs} — or null when none answers. The simple format is parsed because the JSON one
+# peerURLs, clientURLs; a member that never started has no clientURLs} — or null when none answers. The simple format is parsed because the JSON one
 # prints 64-bit ids as numbers, which do not survive a float.
 export def member-list [endpoints: list<string>]: nothing -> any {
     for endpoint in $endpoints {
@@ -28,7 +28,7 @@ export def member-list [endpoints: list<string>]: nothing -> any {
         if $r.exit_code == 0 {
             return ($r.stdout | lines | where {|l| ($l | str trim) != "" } | each {|l|
                 let f = ($l | split row ", ")
-                {id: ($f | get 0), status: ($f | get -o 1 | default ""), name: ($f | get -o 2 | default ""), peerURLs: ($f | get -o 3 | default "" | split row "," | where {|u| $u != "" })}
+                {id: ($f | get 0), status: ($f | get -o 1 | default ""), name: ($f | get -o 2 | default ""), peerURLs: ($f | get -o 3 | default "" | split row "," | where {|u| $u != "" }), clientURLs: ($f | get -o 4 | default "" | split row "," | where {|u| $u != "" })}
             })
         }
     }

@@ -39,9 +39,17 @@ def main [] {
         let existing = if ($peer_endpoints | is-empty) { null } else { member-list $peer_endpoints }
         if $existing != null {
             let mine = ($existing | where {|m| $my_peer_url in $m.peerURLs })
-            let unstarted_slot = ($mine | where {|m| $m.name == "" } | is-not-empty)
+            let unstarted_slot = ($mine | where {|m| $m.clientURLs | is-empty } | is-not-empty)
             if $unstarted_slot {
-                log "peers are bootstrapping a cluster that lists this member: joining as a founding member"
+                # This server is listed but never started: a founding member that comes late,
+                # or one already added with `member add`. Either way it joins the running
+                # cluster as it is ("existing"), with the cluster's own member list.
+                log "the running cluster lists this server as not yet started: joining it"
+                let initial = ($existing | each {|m|
+                    let name = if $m.name != "" { $m.name } else if ($my_peer_url in $m.peerURLs) { $ctx.server.name } else { $m.id }
+                    $m.peerURLs | each {|u| $"($name)=($u)" }
+                } | flatten | str join ",")
+                $config = ($config | upsert "initial-cluster" $initial | upsert "initial-cluster-state" "existing")
             } else {
                 # Replace a stale entry of this server (rebuilt with an empty data dir).
                 let stale = ($existing | where {|m| $m.name == $ctx.server.name or ($my_peer_url in $m.peerURLs) })
@@ -69,6 +77,16 @@ def main [] {
     }
     log (if $changed { "configuration changed: (re)starting etcd" } else { "configuration unchanged" })
     svc-start etcd [/usr/bin/etcd --config-file $CONFIG] --user etcd --unit etcd --restart=$changed
+    if not $initialised {
+        # A member that fails its first start (wrong cluster view) must not leave a half-made
+        # data dir behind: the next run would take it for an initialised member.
+        sleep 2sec
+        if not (svc-running etcd --unit etcd) {
+            rm -rf $"($data_dir)/member"
+            let tail = (try { open --raw (log-file etcd) | decode utf-8 | lines | last 15 | str join "\n" } catch { "" })
+            fail $"etcd exited during its first start; data dir reset for the next attempt. Log tail:\n($tail)"
+        }
+    }
 
     emit-result {
         version: $version
