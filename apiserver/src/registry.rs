@@ -144,7 +144,7 @@ pub fn builtins() -> Vec<ResourceType> {
         PrinterColumn { name: "Message".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: ".message".into() },
     ];
     ev.storage = "/events".into();
-    let mut ev2 = ResourceType::builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"]);
+    let mut ev2 = ResourceType::builtin("events.k8s.io", "v1", "events", "Event", true, &[]);
     ev2.storage = "/events".into();
     ev2.printer_columns = ev.printer_columns.clone();
     let mut lease = ResourceType::builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[]);
