@@ -28,7 +28,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use provisioning_crds::{Cluster, FINALIZER, LABEL_CLUSTER, Server, TaskServ, TaskServStatus, condition};
+use provisioning_crds::{ANNOTATION_RECONCILE_REQUESTED_AT, Cluster, FINALIZER, LABEL_CLUSTER, Server, TaskServ, TaskServStatus, condition};
 use provisioning_providers::ProviderId;
 use provisioning_taskservs::{Catalog, ScriptContext};
 
@@ -214,6 +214,17 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     }
     ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &desired).await?;
     tctx.runs.acknowledge(&key, results.len());
+    // A failed run may mean the machine died under the service: have the Server look at its
+    // machine now rather than at its next resync (it reports a stopped machine, and a Cluster
+    // replaces it).
+    for r in results.iter().filter(|r| !r.succeeded) {
+        if let Some(server) = ctx.stores.servers.get(&ObjectRef::new(&r.server).within(namespace)) {
+            let stamp = now_seconds().to_string();
+            if let Err(e) = ctx.set_annotation(server.as_ref(), ANNOTATION_RECONCILE_REQUESTED_AT, Some(&stamp)).await {
+                tracing::debug!(server = %r.server, error = %e, "could not request a Server reconcile");
+            }
+        }
+    }
     for e in events {
         let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
         ctx.publish(ts.as_ref(), type_, &e.reason, "Reconcile", Some(e.note)).await;
