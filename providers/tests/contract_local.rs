@@ -384,6 +384,9 @@ async fn stdin_is_byte_exact_and_mounts_are_read_only() {
     let echoed = f.exec(&server.provider_id, &["cat"], Some(big.as_bytes()), Duration::from_secs(60)).await;
     assert_eq!(echoed.stdout.len(), big.len());
     assert!(echoed.stdout == big, "large stdin arrives byte-exact");
+    let long_line = "x".repeat(300_000);
+    let echoed = f.exec(&server.provider_id, &["cat"], Some(long_line.as_bytes()), Duration::from_secs(60)).await;
+    assert!(echoed.stdout == long_line, "a 300 kB line arrives whole ({} bytes)", echoed.stdout.len());
     let alive = f.exec(&server.provider_id, &["ls", "/"], None, Duration::from_secs(30)).await;
     assert!(alive.stdout.contains("etc"), "{alive:?}");
 
