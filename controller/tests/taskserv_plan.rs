@@ -522,3 +522,25 @@ fn delete_runs_remove_everywhere_then_is_done() {
 fn times_are_rfc3339_seconds() {
     assert_eq!(rfc3339(t("2025-01-01T00:00:00.123456Z")), "2025-01-01T00:00:00Z");
 }
+
+#[test]
+fn delete_after_a_failed_install_gives_up_after_one_failed_remove() {
+    // Unreachable machines: the install failed, so does the remove; deletion must finish.
+    let mut p = Pass::new(STORE, vec![server("s0", true)]);
+    p.ts.spec.servers.names = vec!["s0".into()];
+    let first = p.plan();
+    p.commit(&first);
+    p.finish("s0", false, None);
+    p.now = t("2025-01-01T00:00:06Z");
+    let failed = p.plan();
+    p.commit(&failed);
+    p.now = t("2025-01-01T00:01:00Z");
+    let (removal, done) = plan::plan_removal(&p.observed());
+    assert!(!done);
+    assert_eq!(removal.launch, vec![("s0".to_string(), Operation::Remove)], "one best-effort remove");
+    p.commit(&removal);
+    p.finish("s0", false, None);
+    let (last, done) = plan::plan_removal(&p.observed());
+    assert!(done, "{:#?}", last.status.servers);
+    assert!(last.events.iter().any(|e| e.warning && e.reason == "RemoveFailed" && e.note.contains("never installed")));
+}

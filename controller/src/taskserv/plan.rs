@@ -605,6 +605,14 @@ pub fn plan_removal(o: &Observed<'_>) -> (Plan, bool) {
             if r.succeeded {
                 entries.remove(&r.server);
                 events.push(PlannedEvent::normal("Removed", format!("{} removed from {}", o.spec.service, r.server)));
+            } else if entries.get(&r.server).is_some_and(|e| e.version.is_none()) {
+                // Never installed there (its install failed too): the cleanup was best effort
+                // and must not block deletion forever (e.g. an unreachable machine).
+                entries.remove(&r.server);
+                events.push(PlannedEvent::warning(
+                    "RemoveFailed",
+                    format!("{} remove failed on {}, where it was never installed; giving up: {}", o.spec.service, r.server, r.message),
+                ));
             } else if let Some(e) = entries.get_mut(&r.server) {
                 e.phase = "Failed".into();
                 e.last_run = Some(r.run.clone());
