@@ -34,3 +34,15 @@ export def member-list [endpoints: list<string>]: nothing -> any {
     }
     null
 }
+
+# `member remove <id>`, retried while etcd refuses with "unhealthy cluster": its strict
+# reconfig check waits until the members it keeps have been connected for a few seconds.
+export def remove-member [endpoints: list<string>, id: string, --timeout: duration = 30sec]: nothing -> record {
+    mut r = (etcdctl $endpoints member remove $id)
+    let deadline = ((date now) + $timeout)
+    while $r.exit_code != 0 and ($r.stderr | str contains "unhealthy cluster") and (date now) < $deadline {
+        sleep 1sec
+        $r = (etcdctl $endpoints member remove $id)
+    }
+    $r
+}

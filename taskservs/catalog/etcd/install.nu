@@ -56,7 +56,7 @@ def main [] {
                 for m in $stale {
                     let id = $m.id
                     log $"removing stale member entry ($m.name) \(($id)\)"
-                    let r = (etcdctl $peer_endpoints member remove $id)
+                    let r = (remove-member $peer_endpoints $id)
                     if $r.exit_code != 0 { fail $"member remove ($id) failed: ($r.stderr)" }
                 }
                 log "adding this server to the running cluster"

@@ -17,8 +17,8 @@ def main [] {
             for m in ($members | where {|m| $m.name == $ctx.server.name }) {
                 let id = $m.id
                 log $"leaving the cluster \(member ($id)\)"
-                let r = (etcdctl $peer_endpoints member remove $id)
-                if $r.exit_code != 0 { print $"member remove failed \(continuing\): ($r.stderr)" }
+                let r = (remove-member $peer_endpoints $id)
+                if $r.exit_code != 0 { print $"member remove failed \(continuing\): ($r.stderr)" } else { print -n $r.stdout }
             }
         }
     }
