@@ -246,11 +246,10 @@ pub fn remove_at(obj: &mut Value, path: &[String]) {
         if let Some(m) = cur.as_object_mut() {
             m.remove(f);
         }
-    } else if last.starts_with("k:") {
-        if let Some(a) = cur.as_array_mut() {
+    } else if last.starts_with("k:")
+        && let Some(a) = cur.as_array_mut() {
             a.retain(|i| !key_match(i, last));
         }
-    }
 }
 
 /// Merges an applied configuration into the live object (maps deep, keyed lists by key,

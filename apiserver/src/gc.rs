@@ -56,11 +56,10 @@ async fn handle_event(core: &Arc<Core>, kind: EventType, e: &Arc<Entry>) {
                     let st = core.store.read();
                     st.by_uid.get(&o.uid).and_then(|k| st.get(k).cloned())
                 };
-                if let Some(owner) = owner {
-                    if owner.deleting {
+                if let Some(owner) = owner
+                    && owner.deleting {
                         process_deleting(core, &owner).await;
                     }
-                }
             }
             if !e.key.namespace.is_empty() {
                 let ns = core.store.get(&ns_key(&e.key.namespace));
@@ -123,11 +122,10 @@ async fn delete_entry(core: &Arc<Core>, e: &Arc<Entry>, propagation: Propagation
         Some(rt) => {
             let ns = if rt.namespaced { Some(e.key.namespace.as_str()) } else { None };
             let opts = DeleteOptions { propagation, dry_run: false, uid: Some(e.uid.clone()), resource_version: None };
-            if let Err(err) = core.delete(&rt, ns, &e.key.name, &opts).await {
-                if err.code != 404 && err.code != 409 {
+            if let Err(err) = core.delete(&rt, ns, &e.key.name, &opts).await
+                && err.code != 404 && err.code != 409 {
                     tracing::warn!(object = %e.key.name, error = %err, "garbage collection delete failed");
                 }
-            }
         }
         None => {
             let _ = core.store.delete(e.key.clone(), Precondition::Revision(e.rv)).await;
@@ -144,11 +142,10 @@ async fn remove_finalizer(core: &Arc<Core>, e: &Arc<Entry>, finalizer: &str) {
     let mut v = e.value();
     if let Some(arr) = v["metadata"]["finalizers"].as_array_mut() {
         arr.retain(|f| f != finalizer);
-        if arr.is_empty() {
-            if let Some(m) = v["metadata"].as_object_mut() {
+        if arr.is_empty()
+            && let Some(m) = v["metadata"].as_object_mut() {
                 m.remove("finalizers");
             }
-        }
     }
     let _ = core.put_internal(e, v).await;
 }
@@ -165,11 +162,10 @@ async fn process_deleting(core: &Arc<Core>, e: &Arc<Entry>) {
                 let mut v = cur.value();
                 if let Some(arr) = v["metadata"]["ownerReferences"].as_array_mut() {
                     arr.retain(|o| o["uid"].as_str() != Some(e.uid.as_str()));
-                    if arr.is_empty() {
-                        if let Some(m) = v["metadata"].as_object_mut() {
+                    if arr.is_empty()
+                        && let Some(m) = v["metadata"].as_object_mut() {
                             m.remove("ownerReferences");
                         }
-                    }
                 }
                 if core.put_internal(&cur, v).await.is_ok() {
                     break;

@@ -183,11 +183,10 @@ pub fn convert_event(mut v: Value, to_events_group: bool) -> Value {
     }
     if to_events_group {
         if let Some(src) = m.remove("source") {
-            if !m.contains_key("reportingController") {
-                if let Some(c) = src.get("component") {
+            if !m.contains_key("reportingController")
+                && let Some(c) = src.get("component") {
                     m.insert("reportingController".into(), c.clone());
                 }
-            }
             m.insert("deprecatedSource".into(), src);
         }
         if let Some(rc) = m.remove("reportingComponent") {
@@ -333,19 +332,18 @@ impl Core {
                 },
             };
             for ((ons, oname), e) in map.range((lower, Bound::Unbounded)) {
-                if let (true, Some(n)) = (rt.namespaced, ns) {
-                    if ons != n {
+                if let (true, Some(n)) = (rt.namespaced, ns)
+                    && ons != n {
                         if ons.as_str() > n {
                             break;
                         }
                         continue;
                     }
-                }
                 if !fields.matches(ons, oname) || !labels.matches(&e.labels) {
                     continue;
                 }
-                if let Some(l) = limit {
-                    if out.len() >= l {
+                if let Some(l) = limit
+                    && out.len() >= l {
                         if more.is_none() {
                             let last: &Arc<Entry> = &out[out.len() - 1];
                             more = Some(json!({"rv": rv, "ns": last.key.namespace, "name": last.key.name}));
@@ -353,7 +351,6 @@ impl Core {
                         remaining += 1;
                         continue;
                     }
-                }
                 out.push(e.clone());
             }
         }
@@ -377,11 +374,10 @@ impl Core {
                 )));
             }
         }
-        if let Some(k) = m.get("kind").and_then(Value::as_str) {
-            if k != rt.kind {
+        if let Some(k) = m.get("kind").and_then(Value::as_str)
+            && k != rt.kind {
                 return Err(ApiError::bad_request(format!("the kind in the data ({k}) does not match the expected kind ({})", rt.kind)));
             }
-        }
         m.insert("apiVersion".into(), json!(want));
         m.insert("kind".into(), json!(rt.kind));
         match m.get("metadata") {
@@ -421,11 +417,10 @@ impl Core {
                 }
                 let deleting = obj["metadata"].get("deletionTimestamp").is_some_and(|v| !v.is_null());
                 obj["status"] = json!({"phase": if deleting { "Terminating" } else { "Active" }});
-                if let Some(o) = old {
-                    if o["status"]["phase"] == "Terminating" {
+                if let Some(o) = old
+                    && o["status"]["phase"] == "Terminating" {
                         obj["status"] = o["status"].clone();
                     }
-                }
             }
             CRDS => self.normalize_crd(obj)?,
             _ => {}
@@ -583,12 +578,11 @@ impl Core {
         };
         // Name.
         let mut name = md.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
-        if name.is_empty() {
-            if let Some(g) = md.get("generateName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+        if name.is_empty()
+            && let Some(g) = md.get("generateName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
                 name = format!("{g}{}", random_suffix());
                 md.insert("name".into(), json!(name));
             }
-        }
         let label_name = rt.storage == NAMESPACES;
         if let Some(c) = validation::validate_name(&name, label_name) {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, vec![c]));
@@ -607,11 +601,10 @@ impl Core {
         if let Some(n) = &namespace {
             self.check_namespace(n)?;
         }
-        if rt.has_status && rt.custom {
-            if let Some(m) = obj.as_object_mut() {
+        if rt.has_status && rt.custom
+            && let Some(m) = obj.as_object_mut() {
                 m.remove("status");
             }
-        }
         self.normalize(rt, obj, None)?;
         self.validate_schema(rt, obj, opts, &mut warnings)?;
         if !applied {
@@ -640,11 +633,10 @@ impl Core {
         let want_rv = obj["metadata"]["resourceVersion"].as_str().filter(|s| !s.is_empty()).map(str::to_string);
         for _ in 0..16 {
             let cur = self.get(rt, ns, name)?;
-            if let Some(w) = &want_rv {
-                if w.parse::<u64>().ok() != Some(cur.rv) {
+            if let Some(w) = &want_rv
+                && w.parse::<u64>().ok() != Some(cur.rv) {
                     return Err(ApiError::conflict(&rt.group, &rt.plural, name));
                 }
-            }
             match self.finish_update(rt, &cur, obj.clone(), status, opts, false).await {
                 Err(e) if e.code == 409 && e.reason == "Conflict" && want_rv.is_none() => continue,
                 other => return other,
@@ -716,11 +708,10 @@ impl Core {
                 Err(e) => return Err(e),
             };
             let old = self.convert(rt, cur.value());
-            if let Some(w) = &want_rv {
-                if w.parse::<u64>().ok() != Some(cur.rv) {
+            if let Some(w) = &want_rv
+                && w.parse::<u64>().ok() != Some(cur.rv) {
                     return Err(ApiError::conflict(&rt.group, &rt.plural, name));
                 }
-            }
             let mut candidate = old.clone();
             match kind {
                 PatchType::Merge | PatchType::Strategic => patch::merge_patch(&mut candidate, &patch_doc),
@@ -781,11 +772,10 @@ impl Core {
         {
             let om = &old["metadata"];
             let nm = new["metadata"].as_object_mut().ok_or_else(|| ApiError::bad_request("metadata must be an object"))?;
-            if let Some(bn) = nm.get("namespace").and_then(Value::as_str) {
-                if rt.namespaced && !bn.is_empty() && Some(bn) != om["namespace"].as_str() {
+            if let Some(bn) = nm.get("namespace").and_then(Value::as_str)
+                && rt.namespaced && !bn.is_empty() && Some(bn) != om["namespace"].as_str() {
                     return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
                 }
-            }
             for k in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"] {
                 match om.get(k) {
                     Some(v) if !v.is_null() => {
@@ -885,19 +875,17 @@ impl Core {
         for _ in 0..16 {
             let cur = self.get(rt, ns, name)?;
             let mut obj = cur.value();
-            if let Some(u) = &opts.uid {
-                if obj["metadata"]["uid"].as_str() != Some(u.as_str()) {
+            if let Some(u) = &opts.uid
+                && obj["metadata"]["uid"].as_str() != Some(u.as_str()) {
                     return Err(ApiError::conflict_with(
                         format!("Precondition failed: UID in precondition: {u}, UID in object meta: {}", obj["metadata"]["uid"].as_str().unwrap_or_default()),
                         json!({"name": name, "group": rt.group, "kind": rt.plural}),
                     ));
                 }
-            }
-            if let Some(r) = &opts.resource_version {
-                if r.parse::<u64>().ok() != Some(cur.rv) {
+            if let Some(r) = &opts.resource_version
+                && r.parse::<u64>().ok() != Some(cur.rv) {
                     return Err(ApiError::conflict(&rt.group, &rt.plural, name));
                 }
-            }
             let mut finalizers = strs(&obj["metadata"]["finalizers"]);
             let already = cur.deleting;
             match opts.propagation {
@@ -976,11 +964,10 @@ impl Core {
         let deleting = new["metadata"].get("deletionTimestamp").is_some_and(|v| !v.is_null());
         if deleting && strs(&new["metadata"]["finalizers"]).is_empty() {
             let r = self.store.delete(cur.key.clone(), Precondition::Revision(cur.rv)).await;
-            if r.is_ok() && &*cur.key.storage == CRDS {
-                if let Ok(e) = &r {
+            if r.is_ok() && &*cur.key.storage == CRDS
+                && let Ok(e) = &r {
                     self.after_crd_delete(e).await;
                 }
-            }
             return r;
         }
         self.store.put(cur.key.clone(), Precondition::Revision(cur.rv), new).await

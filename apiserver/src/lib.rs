@@ -91,13 +91,11 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
         let opts = WriteOptions { field_manager: "provisioning-apiserver".into(), ..Default::default() };
         for ns in gc::default_namespaces() {
             let name = ns["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            if core.get(&ns_rt, None, &name).is_err() {
-                if let Err(e) = core.create(&ns_rt, None, ns, &opts).await {
-                    if e.code != 409 {
+            if core.get(&ns_rt, None, &name).is_err()
+                && let Err(e) = core.create(&ns_rt, None, ns, &opts).await
+                    && e.code != 409 {
                         anyhow::bail!("creating namespace {name}: {e}");
                     }
-                }
-            }
         }
     }
     let kubeconfig = tls::write_kubeconfig(&config.data_dir, addr, &creds)?;

@@ -91,11 +91,10 @@ impl LabelSelector {
             } else {
                 return Err(bad(p));
             }
-            if let Some(Req::Eq(k, _) | Req::Ne(k, _)) = reqs.last() {
-                if !valid_key(k) {
+            if let Some(Req::Eq(k, _) | Req::Ne(k, _)) = reqs.last()
+                && !valid_key(k) {
                     return Err(bad(p));
                 }
-            }
         }
         Ok(LabelSelector(reqs))
     }

@@ -150,11 +150,10 @@ fn constant_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn read_body(req: Request<Incoming>) -> ApiResult<Bytes> {
-    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok()) {
-        if len > MAX_BODY {
+    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok())
+        && len > MAX_BODY {
             return Err(ApiError::too_large());
         }
-    }
     match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) => {
@@ -228,11 +227,10 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
         }
         Target { rt, namespace: None, name: rest.get(1).cloned(), subresource: rest.get(2).cloned(), watch: watch_prefix }
     };
-    if let Some(sub) = &target.subresource {
-        if !(sub == "status" && target.rt.has_status) && !(sub == "finalize" && target.rt.storage == crate::handlers::NAMESPACES) {
+    if let Some(sub) = &target.subresource
+        && !(sub == "status" && target.rt.has_status) && !(sub == "finalize" && target.rt.storage == crate::handlers::NAMESPACES) {
             return Err(ApiError::path_not_found());
         }
-    }
     if target.rt.namespaced && target.namespace.is_none() && target.name.is_some() {
         return Err(ApiError::path_not_found());
     }

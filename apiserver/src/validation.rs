@@ -110,11 +110,10 @@ pub fn process(obj: &mut Value, schema: &Value) -> Outcome {
         }
     }
     for r in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
-        if let Some(r) = r.as_str() {
-            if !m.contains_key(r) && r != "metadata" && r != "apiVersion" && r != "kind" {
+        if let Some(r) = r.as_str()
+            && !m.contains_key(r) && r != "metadata" && r != "apiVersion" && r != "kind" {
                 out.causes.push(Cause::new("FieldValueRequired", r, "Required value"));
             }
-        }
     }
     out
 }
@@ -140,11 +139,10 @@ fn regex_for(pattern: &str) -> Option<Regex> {
 }
 
 fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
-    if v.is_null() {
-        if s.get("nullable").and_then(Value::as_bool) == Some(true) {
+    if v.is_null()
+        && s.get("nullable").and_then(Value::as_bool) == Some(true) {
             return;
         }
-    }
     let int_or_string = s.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
     if int_or_string {
         if !(v.is_string() || type_ok(v, "integer")) {
@@ -155,8 +153,8 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
             ));
             return;
         }
-    } else if let Some(t) = s.get("type").and_then(Value::as_str) {
-        if !type_ok(v, t) {
+    } else if let Some(t) = s.get("type").and_then(Value::as_str)
+        && !type_ok(v, t) {
             let actual = match v {
                 Value::Null => "null",
                 Value::Bool(_) => "boolean",
@@ -172,9 +170,8 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
             ));
             return;
         }
-    }
-    if let Some(e) = s.get("enum").and_then(Value::as_array) {
-        if !e.contains(v) {
+    if let Some(e) = s.get("enum").and_then(Value::as_array)
+        && !e.contains(v) {
             let supported: Vec<String> = e.iter().map(render).collect();
             out.causes.push(Cause::new(
                 "FieldValueNotSupported",
@@ -182,7 +179,6 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
                 format!("Unsupported value: {}: supported values: {}", render(v), supported.join(", ")),
             ));
         }
-    }
     match v {
         Value::Object(m) => {
             let props = s.get("properties").and_then(Value::as_object);
@@ -224,33 +220,29 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
                 }
             }
             for r in s.get("required").and_then(Value::as_array).into_iter().flatten() {
-                if let Some(r) = r.as_str() {
-                    if !m.contains_key(r) {
+                if let Some(r) = r.as_str()
+                    && !m.contains_key(r) {
                         out.causes.push(Cause::new("FieldValueRequired", format!("{path}.{r}"), "Required value"));
                     }
-                }
             }
-            if let Some(max) = s.get("maxProperties").and_then(Value::as_u64) {
-                if m.len() as u64 > max {
+            if let Some(max) = s.get("maxProperties").and_then(Value::as_u64)
+                && m.len() as u64 > max {
                     out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", m.len())));
                 }
-            }
         }
         Value::Array(items) => {
-            if let Some(max) = s.get("maxItems").and_then(Value::as_u64) {
-                if items.len() as u64 > max {
+            if let Some(max) = s.get("maxItems").and_then(Value::as_u64)
+                && items.len() as u64 > max {
                     out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", items.len())));
                 }
-            }
-            if let Some(min) = s.get("minItems").and_then(Value::as_u64) {
-                if (items.len() as u64) < min {
+            if let Some(min) = s.get("minItems").and_then(Value::as_u64)
+                && (items.len() as u64) < min {
                     out.causes.push(Cause::new(
                         "FieldValueInvalid",
                         path,
                         format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
                     ));
                 }
-            }
             if let Some(is) = s.get("items") {
                 for (i, item) in items.iter_mut().enumerate() {
                     walk(item, is, &format!("{path}[{i}]"), out);
@@ -259,38 +251,34 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
         }
         Value::String(st) => {
             let len = st.chars().count() as u64;
-            if let Some(max) = s.get("maxLength").and_then(Value::as_u64) {
-                if len > max {
+            if let Some(max) = s.get("maxLength").and_then(Value::as_u64)
+                && len > max {
                     out.causes.push(Cause::new("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
                 }
-            }
-            if let Some(min) = s.get("minLength").and_then(Value::as_u64) {
-                if len < min {
+            if let Some(min) = s.get("minLength").and_then(Value::as_u64)
+                && len < min {
                     out.causes.push(Cause::new(
                         "FieldValueInvalid",
                         path,
                         format!("Invalid value: {}: {path} in body should be at least {min} chars long", json_str(st)),
                     ));
                 }
-            }
-            if let Some(p) = s.get("pattern").and_then(Value::as_str) {
-                if let Some(re) = regex_for(p) {
-                    if !re.is_match(st) {
+            if let Some(p) = s.get("pattern").and_then(Value::as_str)
+                && let Some(re) = regex_for(p)
+                    && !re.is_match(st) {
                         out.causes.push(Cause::new(
                             "FieldValueInvalid",
                             path,
                             format!("Invalid value: {}: {path} in body should match '{p}'", json_str(st)),
                         ));
                     }
-                }
-            }
         }
         Value::Number(n) => {
             let Some(x) = n.as_f64() else { return };
             let excl_min = s.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
             let excl_max = s.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
-            if let Some(min) = s.get("minimum").and_then(Value::as_f64) {
-                if x < min || (excl_min && x == min) {
+            if let Some(min) = s.get("minimum").and_then(Value::as_f64)
+                && (x < min || (excl_min && x == min)) {
                     let rel = if excl_min { "greater than" } else { "greater than or equal to" };
                     out.causes.push(Cause::new(
                         "FieldValueInvalid",
@@ -298,9 +286,8 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
                         format!("Invalid value: {n}: {path} in body should be {rel} {}", num(min)),
                     ));
                 }
-            }
-            if let Some(max) = s.get("maximum").and_then(Value::as_f64) {
-                if x > max || (excl_max && x == max) {
+            if let Some(max) = s.get("maximum").and_then(Value::as_f64)
+                && (x > max || (excl_max && x == max)) {
                     let rel = if excl_max { "less than" } else { "less than or equal to" };
                     out.causes.push(Cause::new(
                         "FieldValueInvalid",
@@ -308,7 +295,6 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
                         format!("Invalid value: {n}: {path} in body should be {rel} {}", num(max)),
                     ));
                 }
-            }
         }
         _ => {}
     }

@@ -90,11 +90,10 @@ impl Emitter {
 }
 
 fn matches(p: &WatchParams, e: &Entry) -> bool {
-    if let Some(ns) = &p.namespace {
-        if &e.key.namespace != ns {
+    if let Some(ns) = &p.namespace
+        && &e.key.namespace != ns {
             return false;
         }
-    }
     p.fields.matches(&e.key.namespace, &e.key.name) && p.labels.matches(&e.labels)
 }
 
@@ -187,11 +186,10 @@ async fn run(em: &mut Emitter, p: WatchParams) {
                     _ => None,
                 },
             };
-            if let Some(k) = out_kind {
-                if !em.send(k, &e).await {
+            if let Some(k) = out_kind
+                && !em.send(k, &e).await {
                     return;
                 }
-            }
         }
         last = head.max(last);
         let sleep_until = match deadline {

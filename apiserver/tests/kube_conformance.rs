@@ -435,12 +435,11 @@ async fn restart_keeps_objects_and_resource_versions_move_up() -> TestResult {
     let mut stream = api.watch(&WatchParams::default().timeout(5), &list_rv).await?.boxed();
     let mut seen_large = false;
     while let Ok(Ok(Some(ev))) = tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await {
-        if let WatchEvent::Modified(o) | WatchEvent::Added(o) = ev {
-            if o.metadata.name.as_deref() == Some("persist") && o.data["spec"]["plan"] == "large" {
+        if let WatchEvent::Modified(o) | WatchEvent::Added(o) = ev
+            && o.metadata.name.as_deref() == Some("persist") && o.data["spec"]["plan"] == "large" {
                 seen_large = true;
                 break;
             }
-        }
     }
     assert!(seen_large);
     ts.server.shutdown().await;
