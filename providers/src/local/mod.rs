@@ -127,6 +127,15 @@ impl LocalProvider {
                 Ok(_) => {}
                 // Created meanwhile by another process (newer engines refuse duplicate names).
                 Err(e) if status_of(&e) == Some(409) => {}
+                // Docker's address pools hold about 30 bridge networks; they free up as
+                // clusters go, so this is worth retrying.
+                Err(e) if e.to_string().contains("non-overlapping") => {
+                    return Err(ProviderError::Transient(format!(
+                        "create network {}: the Docker engine has no free address pool ({e}); remove unused \
+                         networks (docker network ls)",
+                        spec.name
+                    )));
+                }
                 Err(e) => return Err(classify(&format!("create network {}", spec.name), e)),
             }
             ids = self.networks(spec).await?;
@@ -408,5 +417,63 @@ impl Provider for LocalProvider {
         // Only machines of this provider: containers that carry a server uid.
         filters.entry("label".into()).or_default().push(tags::SERVER_UID.to_string());
         Ok(self.list(filters).await?.iter().map(observe).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bollard::models::{ContainerSummaryNetworkSettings, EndpointSettings};
+
+    fn summary(state: ContainerSummaryStateEnum) -> ContainerSummary {
+        let labels = HashMap::from([
+            (tags::SERVER_UID.to_string(), "u1".to_string()),
+            (tags::SERVER.to_string(), "etcd-0".to_string()),
+            (PLAN_LABEL.to_string(), "cpu1-mem1g".to_string()),
+        ]);
+        let endpoint = EndpointSettings { ip_address: Some("172.20.0.2".into()), ..Default::default() };
+        ContainerSummary {
+            id: Some("abc123".into()),
+            labels: Some(labels),
+            state: Some(state),
+            network_settings: Some(ContainerSummaryNetworkSettings {
+                networks: Some(HashMap::from([("prov_ns_etcd".to_string(), endpoint)])),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn states_and_addresses_map_to_the_contract() {
+        let running = observe(&summary(ContainerSummaryStateEnum::RUNNING));
+        assert_eq!(running.provider_id.0, "local://abc123");
+        assert_eq!(running.state, MachineState::Running);
+        assert_eq!(running.plan, "cpu1-mem1g");
+        let kinds: Vec<(&str, &str)> =
+            running.addresses.iter().map(|a| (a.kind.as_str(), a.address.as_str())).collect();
+        assert_eq!(kinds, [("InternalIP", "172.20.0.2"), ("Hostname", "etcd-0")]);
+        for (state, expected) in [
+            (ContainerSummaryStateEnum::CREATED, MachineState::Pending),
+            (ContainerSummaryStateEnum::EXITED, MachineState::Stopped),
+            (ContainerSummaryStateEnum::REMOVING, MachineState::Terminating),
+            (ContainerSummaryStateEnum::DEAD, MachineState::Other("dead".into())),
+        ] {
+            let obs = observe(&summary(state));
+            assert_eq!(obs.state, expected);
+            assert!(obs.addresses.is_empty(), "only running machines have addresses: {obs:?}");
+        }
+    }
+
+    #[test]
+    fn images_map_to_the_node_image_or_pass_through() {
+        let config = ProviderConfig {
+            images: BTreeMap::from([("custom".to_string(), "mine:1".to_string())]),
+            ..Default::default()
+        };
+        let provider = LocalProvider::new(&config).expect("provider");
+        assert_eq!(provider.image_for("debian-12").ok().as_deref(), Some(DEFAULT_NODE_IMAGE));
+        assert_eq!(provider.image_for("custom").ok().as_deref(), Some("mine:1"));
+        assert_eq!(provider.image_for("alpine:3").ok().as_deref(), Some("alpine:3"));
+        assert!(matches!(provider.image_for("ubuntu-24"), Err(ProviderError::InvalidRequest(_))));
     }
 }
