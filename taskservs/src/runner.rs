@@ -434,3 +434,32 @@ async fn read_lines(pipe: impl AsyncRead + Unpin, output: Option<UnboundedSender
     }
     whole
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_result_line_wins() {
+        let out = "PROVISIONING_RESULT {\"a\":1}\nnoise\nPROVISIONING_RESULT {\"a\":2}\r\ntrailing\n";
+        assert_eq!(parse_result(out), Some(Ok(serde_json::json!({"a": 2}))));
+        assert_eq!(parse_result("no marker\n"), None);
+        assert!(matches!(parse_result("PROVISIONING_RESULT {oops"), Some(Err(_))));
+    }
+
+    #[test]
+    fn tail_is_bounded_in_lines_and_bytes_on_char_boundaries() {
+        let mut tail = OutputTail::default();
+        for i in 0..50 {
+            tail.push(&format!("line {i}"));
+        }
+        assert_eq!(tail.render().lines().count(), TAIL_LINES);
+        let mut tail = OutputTail::default();
+        let wide = "é".repeat(3000); // 6000 bytes, 2 bytes per char
+        tail.push("first");
+        tail.push(&wide);
+        let text = tail.render();
+        assert!(text.len() <= TAIL_BYTES, "{}", text.len());
+        assert!(text.chars().all(|c| c == 'é'));
+    }
+}
