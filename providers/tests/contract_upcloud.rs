@@ -11,7 +11,7 @@ use provisioning_providers::{
     Credentials, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SshSettings, build_provider,
 };
 use support::sshd::Sshd;
-use support::upcloud_double::{DoubleConfig, UpcloudDouble};
+use upcloud_double::{DoubleConfig, UpcloudDouble};
 
 fn config(endpoint: &str, state_dir: &std::path::Path, password: &str, sshd: Option<&Sshd>) -> ProviderConfig {
     let mut credentials = vec![

@@ -3,6 +3,7 @@
 //! (`scripts/setup.sh` installs them into `.tools/`); a missing tool fails the test with a
 //! message saying so — these tests never skip.
 
+pub mod cloud;
 pub mod docker;
 
 use std::path::{Path, PathBuf};

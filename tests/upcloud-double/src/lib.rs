@@ -1,7 +1,8 @@
 //! A local test double of UpCloud's REST API v1.3, built from UpCloud's published API
 //! documentation (developers.upcloud.com/1.3: "Servers", "Errors", labels; field names as in
 //! UpCloud's own Go SDK, upcloud-go-api). No UpCloud emulator exists, so this is what the
-//! upcloud provider's contract tests run against.
+//! upcloud provider's contract tests and the end-to-end test of `examples/upcloud` run
+//! against (in process via [`UpcloudDouble::start`], or as the `upcloud-double` binary).
 //!
 //! Faithful in what the provider relies on:
 //! - HTTP basic auth; a wrong user or password is `401 AUTHENTICATION_FAILED`.
@@ -192,10 +193,17 @@ impl Drop for UpcloudDouble {
 }
 
 impl UpcloudDouble {
-    /// Starts the double on a free port of 127.0.0.1.
+    /// Starts the double on a free port of 127.0.0.1 (panics if it cannot bind: tests only).
     pub async fn start(config: DoubleConfig) -> UpcloudDouble {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind double");
-        let port = listener.local_addr().expect("addr").port();
+        #[allow(clippy::expect_used)]
+        Self::start_on("127.0.0.1:0", config).await.expect("bind the UpCloud double on 127.0.0.1")
+    }
+
+    /// Starts the double on `addr` (`127.0.0.1:0` for a free port). Must run inside a Tokio
+    /// runtime; the server lives until the returned value is dropped.
+    pub async fn start_on(addr: &str, config: DoubleConfig) -> std::io::Result<UpcloudDouble> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
         let state = Arc::new(Mutex::new(State::default()));
         let requests = Arc::new(AtomicU64::new(0));
         let task = {
@@ -217,7 +225,7 @@ impl UpcloudDouble {
                 }
             })
         };
-        UpcloudDouble { endpoint: format!("http://127.0.0.1:{port}"), requests, state, task }
+        Ok(UpcloudDouble { endpoint: format!("http://{local}"), requests, state, task })
     }
 
     /// Servers that exist, in any state.
@@ -228,6 +236,24 @@ impl UpcloudDouble {
     /// Storages that exist (attached or not).
     pub fn storage_count(&self) -> usize {
         self.state.lock().map(|s| s.storages.len()).unwrap_or(0)
+    }
+
+    /// Every server with its current state (`maintenance`, `started`, `stopped`), by UUID.
+    pub fn server_states(&self) -> BTreeMap<String, String> {
+        let Ok(mut state) = self.state.lock() else { return BTreeMap::new() };
+        state.servers.values_mut().map(|s| (s.uuid.clone(), s.state().to_string())).collect()
+    }
+
+    /// Servers carrying the label `key=value`, with their current state
+    /// (`maintenance`, `started`, `stopped`), by UUID.
+    pub fn servers_labelled(&self, key: &str, value: &str) -> BTreeMap<String, String> {
+        let Ok(mut state) = self.state.lock() else { return BTreeMap::new() };
+        state
+            .servers
+            .values_mut()
+            .filter(|s| s.labels.iter().any(|(k, v)| k.eq_ignore_ascii_case(key) && v == value))
+            .map(|s| (s.uuid.clone(), s.state().to_string()))
+            .collect()
     }
 }
 

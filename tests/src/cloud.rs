@@ -1,0 +1,193 @@
+//! Cloud emulators for the end-to-end tests of `examples/aws` and `examples/upcloud`: the moto
+//! server (a real process on a free port of 127.0.0.1) and the UpCloud API 1.3 test double
+//! (the `upcloud-double` crate, served over HTTP on 127.0.0.1 from a runtime owned by the
+//! test); plus rewriting an example so it points at them, and the "no secret anywhere" check.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::{Dev, tool, workspace_root};
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A running `moto_server`; killed when dropped.
+pub struct Moto {
+    child: Child,
+    /// `http://127.0.0.1:<port>/`.
+    pub endpoint: String,
+}
+
+impl Moto {
+    /// Starts `$PROVISIONING_MOTO` or `.tools/bin/moto_server` (fails, never skips, when it is
+    /// missing: run scripts/setup.sh) with extra environment, e.g.
+    /// `INITIAL_NO_AUTH_ACTION_COUNT=0` to make it check credentials.
+    pub fn start(env: &[(&str, &str)]) -> Result<Moto> {
+        let binary = tool("PROVISIONING_MOTO", "moto_server");
+        let port = free_port()?;
+        let mut command = Command::new(binary);
+        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let child = command.spawn().context("spawn moto_server (run scripts/setup.sh)")?;
+        let moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}/") };
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("moto_server did not listen on 127.0.0.1:{port} within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(moto)
+    }
+
+    /// The live (not terminated) instances at moto in `region`, as seen through
+    /// DescribeInstances.
+    pub fn live_instances(&self, region: &str) -> Result<Vec<provisioning_providers::ServerObservation>> {
+        let dir = tempfile::tempdir()?;
+        let config = provisioning_providers::ProviderConfig {
+            name: "e2e-observer".into(),
+            provider_type: "aws".into(),
+            region: region.into(),
+            endpoint: self.endpoint.clone(),
+            credentials: provisioning_providers::Credentials(
+                [
+                    ("AWS_ACCESS_KEY_ID".to_string(), "AKIAE2EOBSERVER00001".to_string()),
+                    ("AWS_SECRET_ACCESS_KEY".to_string(), "e2e-observer".to_string()),
+                ]
+                .into(),
+            ),
+            state_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let provider = provisioning_providers::build_provider(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(provider.list_servers(&[])).map_err(|e| anyhow::anyhow!("DescribeInstances at moto: {e}"))
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The UpCloud API 1.3 test double served on 127.0.0.1 by a runtime of its own; stops when
+/// dropped.
+pub struct Upcloud {
+    /// The double (state inspection).
+    pub double: upcloud_double::UpcloudDouble,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Upcloud {
+    /// Starts the double accepting `username`/`password`.
+    pub fn start(username: &str, password: &str) -> Result<Upcloud> {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+        let config = upcloud_double::DoubleConfig {
+            username: username.into(),
+            password: password.into(),
+            create_time: Duration::from_secs(2),
+            stop_time: Duration::from_secs(1),
+        };
+        let double = runtime.block_on(upcloud_double::UpcloudDouble::start_on("127.0.0.1:0", config))?;
+        Ok(Upcloud { double, runtime: Some(runtime) })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> &str {
+        &self.double.endpoint
+    }
+
+    /// Requests served so far (including refused ones).
+    pub fn requests(&self) -> u64 {
+        self.double.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Upcloud {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            // Stops the accept loop and every connection with it.
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+/// A value unique to this run, to grep for (`e2e-<label>-<hex>`).
+pub fn unique_secret(label: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+    format!("e2e-{label}-{:x}{:x}", nanos, std::process::id())
+}
+
+/// Reads a multi-document YAML file (relative to the workspace root) as JSON values.
+pub fn read_yaml_docs(relative: &str) -> Result<Vec<Value>> {
+    let path = workspace_root().join(relative);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let mut docs = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let value: Value = serde::Deserialize::deserialize(doc).with_context(|| format!("parse {}", path.display()))?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+/// Writes `docs` as one multi-document YAML file `dir/name` and returns its absolute path.
+pub fn write_yaml_docs(dir: &Path, name: &str, docs: &[Value]) -> Result<PathBuf> {
+    let mut text = String::new();
+    for doc in docs {
+        text.push_str("---\n");
+        text.push_str(&serde_yaml_ng::to_string(doc)?);
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+/// The documents of `docs` of `kind`.
+pub fn docs_of_kind<'a>(docs: &'a mut [Value], kind: &str) -> impl Iterator<Item = &'a mut Value> {
+    let kind = kind.to_string();
+    docs.iter_mut().filter(move |d| d["kind"] == kind.as_str())
+}
+
+/// Fails naming the place if any of `secrets` appears in the dev process's log, in any
+/// status of our kinds, or in any event (core/v1 and events.k8s.io/v1).
+pub fn assert_no_secret_anywhere(dev: &Dev, secrets: &[&str]) -> Result<()> {
+    let mut places = vec![("dev process log".to_string(), dev.log())];
+    for kind in ["workspaces", "clusters", "servers", "taskservs"] {
+        places.push((format!("{kind} (all of it, status included)"), dev.kubectl_ok(&["get", kind, "-A", "-o", "json"])?));
+    }
+    places.push(("events (core/v1)".into(), dev.kubectl_ok(&["get", "events", "-A", "-o", "json"])?));
+    places.push(("events (events.k8s.io/v1)".into(), dev.kubectl_ok(&["get", "events.events.k8s.io", "-A", "-o", "json"])?));
+    for (place, text) in &places {
+        for secret in secrets {
+            if text.contains(secret) {
+                bail!("a secret value appears in the {place}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `kubectl get <what> -o json` parsed.
+pub fn get_json(dev: &Dev, args: &[&str]) -> Result<Value> {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", "json"]);
+    Ok(serde_json::from_str(&dev.kubectl_ok(&all)?)?)
+}
+
+/// The condition `type_` of an object's status, if present.
+pub fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+}

@@ -1,0 +1,271 @@
+//! The cloud examples end to end: `examples/aws/kubernetes-cluster.yaml` against the moto EC2
+//! emulator and `examples/upcloud/kubernetes-cluster.yaml` against the UpCloud API 1.3 test
+//! double, applied through `provisioning dev --apply` and driven with the real kubectl.
+//!
+//! Each example is read from the repository and only pointed at the local emulator (the
+//! account's `endpoint`, for moto an AMI it knows, test credentials in the Secret) before it is
+//! applied, so the example itself is what is tested. The taskservs (containerd, kubernetes,
+//! cilium) cannot run on emulated machines; what must hold is `ServersReady` on the Cluster,
+//! one machine per Server at the emulator, and none once the Cluster is deleted. With bad
+//! credentials the Workspace shows the account not ready with the cloud's message, the
+//! Servers are Stalled, and no secret value shows up in the log, any status or any event.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use provisioning_e2e::Dev;
+use provisioning_e2e::cloud::{
+    Moto, Upcloud, assert_no_secret_anywhere, condition, docs_of_kind, get_json, read_yaml_docs, unique_secret,
+    write_yaml_docs,
+};
+use serde_json::{Value, json};
+
+const AWS_EXAMPLE: &str = "examples/aws/kubernetes-cluster.yaml";
+const UPCLOUD_EXAMPLE: &str = "examples/upcloud/kubernetes-cluster.yaml";
+/// An AMI id from moto's default set (moto boots nothing).
+const MOTO_AMI: &str = "ami-1e749f67";
+const AWS_REGION: &str = "eu-north-1";
+const UPCLOUD_USER: &str = "e2e-api-user";
+
+/// The example as users get it, with the emulator's endpoint and test credentials.
+fn example_copy(
+    example: &str,
+    cloud: &str,
+    dir: &Path,
+    endpoint: &str,
+    images: &[(&str, &str)],
+    secret_values: &[(&str, &str)],
+) -> Result<PathBuf> {
+    let mut docs = read_yaml_docs(example)?;
+    // Realistic as shipped: the account talks to the real cloud, the Secret holds placeholders.
+    let mut accounts = 0;
+    for ws in docs_of_kind(&mut docs, "Workspace") {
+        for account in ws["spec"]["providers"].as_array_mut().context("spec.providers")? {
+            ensure!(account["type"] == cloud, "{example}: account {account} is not of type {cloud}");
+            ensure!(
+                account.get("endpoint").is_none_or(|e| e == ""),
+                "{example}: the example must use the real endpoint (none), found {}",
+                account["endpoint"]
+            );
+            account["endpoint"] = json!(endpoint);
+            for (image, native) in images {
+                account["images"][*image] = json!(native);
+            }
+            accounts += 1;
+        }
+    }
+    ensure!(accounts == 1, "{example}: expected one provider account, found {accounts}");
+    let mut secrets = 0;
+    for secret in docs_of_kind(&mut docs, "Secret") {
+        let data = secret["stringData"].as_object_mut().context("Secret stringData")?;
+        for (key, value) in data.iter() {
+            ensure!(value.as_str().is_some_and(|v| v.trim().starts_with('<')), "{example}: Secret key {key} is not a placeholder");
+        }
+        for (key, value) in secret_values {
+            ensure!(data.contains_key(*key), "{example}: the Secret has no {key}");
+            data.insert((*key).to_string(), json!(value));
+        }
+        secrets += 1;
+    }
+    ensure!(secrets == 1, "{example}: expected one Secret, found {secrets}");
+    write_yaml_docs(dir, &format!("{cloud}-kubernetes-cluster.yaml"), &docs)
+}
+
+/// Waits for `ServersReady` on the Cluster `k8s` of `namespace` and checks its Servers: three,
+/// Ready, each with a providerID, plans resolved as the example's pools say. Returns the
+/// providerIDs.
+fn servers_ready(dev: &mut Dev, namespace: &str, plans: (&str, &str)) -> Result<BTreeSet<String>> {
+    dev.wait_until(Duration::from_secs(60), "the Cluster's 3 Servers exist", |d| {
+        Ok(get_json(d, &["srv", "-n", namespace])?["items"].as_array().map_or(0, Vec::len) == 3)
+    })?;
+    dev.kubectl_ok(&["wait", "--for=condition=ServersReady", "pcl/k8s", "-n", namespace, "--timeout=300s"])?;
+    let cluster = get_json(dev, &["pcl", "k8s", "-n", namespace])?;
+    let servers_ready = condition(&cluster, "ServersReady").context("ServersReady")?;
+    ensure!(servers_ready["message"].as_str().is_some_and(|m| m.contains("3/3")), "{servers_ready}");
+    ensure!(cluster["status"]["servers"]["ready"] == 3, "{}", cluster["status"]);
+    let servers = get_json(dev, &["srv", "-n", namespace])?;
+    let mut ids = BTreeSet::new();
+    for server in servers["items"].as_array().context("items")? {
+        let name = server["metadata"]["name"].as_str().unwrap_or_default();
+        ensure!(condition(server, "Ready").is_some_and(|c| c["status"] == "True"), "Server {name} not Ready: {}", server["status"]);
+        let id = server["status"]["providerID"].as_str().filter(|s| !s.is_empty()).context("providerID")?;
+        ids.insert(id.to_string());
+        let pool = server["metadata"]["labels"]["provisioning.dev/pool"].as_str().unwrap_or_default();
+        let want = if name.contains("control-plane") { plans.0 } else { plans.1 };
+        ensure!(server["status"]["resolvedPlan"] == want, "Server {name} (pool {pool}): resolvedPlan {}", server["status"]["resolvedPlan"]);
+    }
+    ensure!(ids.len() == 3, "three distinct machines: {ids:?}");
+    let ws = get_json(dev, &["ws", namespace])?;
+    ensure!(ws["status"]["providers"][0]["ready"] == true, "{}", ws["status"]);
+    Ok(ids)
+}
+
+/// Deletes the Cluster (kubectl waits for its finalizer) and waits until its Servers are gone
+/// from the API and `machines()` reports none left at the emulator.
+fn delete_cluster(dev: &mut Dev, namespace: &str, mut machines: impl FnMut() -> Result<usize>) -> Result<()> {
+    dev.kubectl_ok(&["delete", "pcl", "k8s", "-n", namespace, "--timeout=300s"])?;
+    dev.wait_until(Duration::from_secs(120), "the Cluster's Servers and TaskServs are gone", |d| {
+        let left = get_json(d, &["srv,ts", "-n", namespace])?;
+        Ok(left["items"].as_array().is_none_or(Vec::is_empty))
+    })?;
+    let mut last = usize::MAX;
+    dev.wait_until(Duration::from_secs(60), "no machine left at the emulator", |_| {
+        last = machines()?;
+        Ok(last == 0)
+    })
+    .with_context(|| format!("{last} machine(s) left"))?;
+    Ok(())
+}
+
+#[test]
+fn aws_kubernetes_example_reaches_servers_ready_and_deletes_cleanly() -> Result<()> {
+    let moto = Moto::start(&[])?;
+    let tmp = tempfile::tempdir()?;
+    let secret_key = unique_secret("aws-secret-key");
+    let ssh_key = unique_secret("ssh-key");
+    let manifest = example_copy(
+        AWS_EXAMPLE,
+        "aws",
+        tmp.path(),
+        &moto.endpoint,
+        &[("debian-12", MOTO_AMI)],
+        &[("AWS_ACCESS_KEY_ID", "AKIAE2ETEST000000001"), ("AWS_SECRET_ACCESS_KEY", &secret_key), ("SSH_PRIVATE_KEY", &ssh_key)],
+    )?;
+    let path = manifest.display().to_string();
+    let mut dev = Dev::start(&[&path])?;
+
+    let ids = servers_ready(&mut dev, "k8s-aws", ("t3.medium", "t3.large"))?;
+    let live = moto.live_instances(AWS_REGION)?;
+    let at_moto: BTreeSet<String> = live.iter().map(|o| o.provider_id.0.clone()).collect();
+    ensure!(at_moto == ids, "machines at moto {at_moto:?} != providerIDs {ids:?}");
+    for machine in &live {
+        ensure!(machine.tags.get("provisioning.dev/namespace").map(String::as_str) == Some("k8s-aws"), "{:?}", machine.tags);
+        ensure!(machine.tags.get("provisioning.dev/cluster").map(String::as_str) == Some("k8s"), "{:?}", machine.tags);
+    }
+    assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
+
+    delete_cluster(&mut dev, "k8s-aws", || Ok(moto.live_instances(AWS_REGION)?.len()))?;
+    assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
+    Ok(())
+}
+
+#[test]
+fn upcloud_kubernetes_example_reaches_servers_ready_and_deletes_cleanly() -> Result<()> {
+    let password = unique_secret("upcloud-password");
+    let ssh_key = unique_secret("ssh-key");
+    let upcloud = Upcloud::start(UPCLOUD_USER, &password)?;
+    let tmp = tempfile::tempdir()?;
+    let manifest = example_copy(
+        UPCLOUD_EXAMPLE,
+        "upcloud",
+        tmp.path(),
+        upcloud.endpoint(),
+        &[],
+        &[("UPCLOUD_USERNAME", UPCLOUD_USER), ("UPCLOUD_PASSWORD", &password), ("SSH_PRIVATE_KEY", &ssh_key)],
+    )?;
+    let path = manifest.display().to_string();
+    let mut dev = Dev::start(&[&path])?;
+
+    let ids = servers_ready(&mut dev, "k8s-upcloud", ("2xCPU-4GB", "4xCPU-8GB"))?;
+    let at_double = upcloud.double.server_states();
+    ensure!(at_double.len() == 3, "{} servers at the double: {at_double:?}", at_double.len());
+    ensure!(at_double.values().all(|state| state == "started"), "{at_double:?}");
+    for id in &ids {
+        ensure!(at_double.keys().any(|uuid| id.ends_with(uuid.as_str())), "providerID {id} names no server at the double: {at_double:?}");
+    }
+    assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
+
+    delete_cluster(&mut dev, "k8s-upcloud", || Ok(upcloud.double.server_count() + upcloud.double.storage_count()))?;
+    assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
+    Ok(())
+}
+
+/// Waits until the Workspace `name` reports its one account not ready, and returns the
+/// account's message.
+fn account_refused(dev: &mut Dev, name: &str) -> Result<String> {
+    let mut message = String::new();
+    dev.wait_until(Duration::from_secs(120), &format!("Workspace {name}: account not ready"), |d| {
+        let ws = get_json(d, &["ws", name])?;
+        let account = &ws["status"]["providers"][0];
+        message = account["message"].as_str().unwrap_or_default().to_string();
+        Ok(account["ready"] == false && !message.is_empty())
+    })?;
+    let ws = get_json(dev, &["ws", name])?;
+    let providers = ws["status"]["providers"].as_array().context("status.providers")?;
+    ensure!(providers.len() == 1, "{providers:?}");
+    let stalled = condition(&ws, "Stalled").context("Stalled")?;
+    ensure!(stalled["status"] == "True", "Workspace {name}: {stalled}");
+    ensure!(stalled["message"].as_str().is_some_and(|m| m.contains(&message)), "the Stalled condition carries the cloud's message: {stalled}");
+    ensure!(condition(&ws, "Ready").is_some_and(|c| c["status"] == "False"), "{}", ws["status"]);
+    Ok(message)
+}
+
+/// Waits until the Cluster's three Servers in `namespace` are Stalled, none with a machine.
+fn servers_stalled(dev: &mut Dev, namespace: &str) -> Result<Vec<Value>> {
+    dev.wait_until(Duration::from_secs(120), &format!("the Servers of {namespace} are Stalled"), |d| {
+        let servers = get_json(d, &["srv", "-n", namespace])?;
+        let items = servers["items"].as_array().cloned().unwrap_or_default();
+        Ok(items.len() == 3 && items.iter().all(|s| condition(s, "Stalled").is_some_and(|c| c["status"] == "True")))
+    })?;
+    let servers = get_json(dev, &["srv", "-n", namespace])?;
+    let items = servers["items"].as_array().cloned().unwrap_or_default();
+    for s in &items {
+        ensure!(s["status"]["providerID"].is_null(), "no machine for a refused account: {}", s["status"]);
+    }
+    Ok(items)
+}
+
+#[test]
+fn bad_credentials_stall_with_the_clouds_message_and_no_secret_leaks() -> Result<()> {
+    // moto checks credentials only with INITIAL_NO_AUTH_ACTION_COUNT=0: unknown keys are refused.
+    let moto = Moto::start(&[("INITIAL_NO_AUTH_ACTION_COUNT", "0")])?;
+    let upcloud = Upcloud::start(UPCLOUD_USER, "the-right-password")?;
+    let aws_secret = unique_secret("bad-aws-secret-key");
+    let upcloud_password = unique_secret("bad-upcloud-password");
+    let ssh_key = unique_secret("ssh-key");
+    let tmp = tempfile::tempdir()?;
+    let aws = example_copy(
+        AWS_EXAMPLE,
+        "aws",
+        tmp.path(),
+        &moto.endpoint,
+        &[("debian-12", MOTO_AMI)],
+        &[("AWS_ACCESS_KEY_ID", "AKIAE2EUNKNOWNKEY001"), ("AWS_SECRET_ACCESS_KEY", &aws_secret), ("SSH_PRIVATE_KEY", &ssh_key)],
+    )?;
+    let up = example_copy(
+        UPCLOUD_EXAMPLE,
+        "upcloud",
+        tmp.path(),
+        upcloud.endpoint(),
+        &[],
+        &[("UPCLOUD_USERNAME", UPCLOUD_USER), ("UPCLOUD_PASSWORD", &upcloud_password), ("SSH_PRIVATE_KEY", &ssh_key)],
+    )?;
+    let (aws, up) = (aws.display().to_string(), up.display().to_string());
+    let mut dev = Dev::start(&[&aws, &up])?;
+
+    let aws_message = account_refused(&mut dev, "k8s-aws")?;
+    ensure!(aws_message.contains("AuthFailure") || aws_message.contains("credentials"), "AWS's own message: {aws_message}");
+    let upcloud_message = account_refused(&mut dev, "k8s-upcloud")?;
+    ensure!(upcloud_message.contains("AUTHENTICATION_FAILED"), "UpCloud's own message: {upcloud_message}");
+
+    for namespace in ["k8s-aws", "k8s-upcloud"] {
+        for server in servers_stalled(&mut dev, namespace)? {
+            let stalled = condition(&server, "Stalled").cloned().unwrap_or_default();
+            ensure!(stalled["message"].as_str().is_some_and(|m| !m.is_empty()), "{stalled}");
+        }
+        let cluster = get_json(&dev, &["pcl", "k8s", "-n", namespace])?;
+        ensure!(condition(&cluster, "ServersReady").is_some_and(|c| c["status"] != "True"), "{}", cluster["status"]);
+    }
+    ensure!(upcloud.double.server_count() == 0, "no server created with refused credentials");
+
+    // A refused account costs at most one call per backoff step, not one per reconcile.
+    let before = upcloud.requests();
+    std::thread::sleep(Duration::from_secs(10));
+    let during = upcloud.requests() - before;
+    ensure!(during <= 2, "{during} calls to the UpCloud API within 10 s of a refused account");
+
+    assert_no_secret_anywhere(&dev, &[&aws_secret, &upcloud_password, &ssh_key])?;
+    Ok(())
+}
