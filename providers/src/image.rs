@@ -7,8 +7,9 @@
 //! can `apt-get install` right away), and the tree is imported as `provisioning-node:<hash>`
 //! and tagged `provisioning-node:latest`. The hash covers the whole recipe (suite, packages,
 //! mirror, apt settings, overlay files, recipe version): a build whose tag exists is skipped.
-//! debootstrap's package cache lives under the data directory, so a rebuild after a recipe
-//! change downloads nothing that did not change.
+//! debootstrap's package cache and a tarball of its result live under the data directory,
+//! so a rebuild after a change of the overlay or apt settings skips debootstrap, and one
+//! after a package change downloads only what changed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -385,6 +386,12 @@ impl NodeImageRecipe {
         text
     }
 
+    /// What debootstrap's result depends on (suite, variant, packages, mirror).
+    pub fn base_hash(&self) -> String {
+        let base = format!("{} {VARIANT} {} {}", self.suite, self.packages.join(","), self.mirror);
+        format!("{:016x}", fnv1a64(base.as_bytes()))
+    }
+
     /// 12 hex digits identifying the recipe.
     pub fn hash(&self) -> String {
         format!("{:016x}", fnv1a64(self.canonical().as_bytes()))[..12].to_string()
@@ -443,16 +450,7 @@ pub async fn build_node_image(opts: &NodeImageOptions) -> Result<String, ImageEr
         source,
     })?;
 
-    progress.say(format!("bootstrapping Debian {} ({VARIANT}) from {}", recipe.suite, recipe.mirror));
-    let mut debootstrap = Command::new("debootstrap");
-    debootstrap
-        .arg(format!("--variant={VARIANT}"))
-        .arg(format!("--include={}", recipe.packages.join(",")))
-        .arg(format!("--cache-dir={}", cache.display()))
-        .arg(&recipe.suite)
-        .arg(&rootfs)
-        .arg(&recipe.mirror);
-    run_logged("debootstrap", &mut debootstrap, &progress).await?;
+    bootstrap(&recipe, &rootfs, &cache, &opts.data_dir.join("rootfs-cache"), &progress).await?;
 
     progress.say("configuring the rootfs".to_string());
     write_file(&rootfs, "etc/apt/sources.list.d/provisioning.sources", 0o644, &recipe.apt_sources)?;
@@ -472,6 +470,62 @@ pub async fn build_node_image(opts: &NodeImageOptions) -> Result<String, ImageEr
     tag_latest(&docker, &tag).await?;
     progress.say(format!("built {tag} (also {NODE_IMAGE_LATEST})"));
     Ok(tag)
+}
+
+/// Fills `rootfs` with the bootstrapped system: from the saved tarball of an earlier
+/// debootstrap with the same suite, packages and mirror (seconds), else by running
+/// debootstrap (about a minute) and saving its result for next time. Only the newest
+/// tarball is kept.
+async fn bootstrap(
+    recipe: &NodeImageRecipe,
+    rootfs: &Path,
+    package_cache: &Path,
+    rootfs_cache: &Path,
+    progress: &Progress,
+) -> Result<(), ImageError> {
+    let io = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ImageError::Io { what, path, source }
+    };
+    let saved = rootfs_cache.join(format!("{}.tar", recipe.base_hash()));
+    if saved.is_file() {
+        progress.say(format!("unpacking the bootstrapped Debian {} saved in {}", recipe.suite, saved.display()));
+        std::fs::create_dir_all(rootfs).map_err(io("creating", rootfs))?;
+        let mut untar = Command::new("tar");
+        untar.arg("--numeric-owner").arg("-xpf").arg(&saved).arg("-C").arg(rootfs);
+        return run_logged("unpacking the saved rootfs (tar)", &mut untar, progress).await;
+    }
+    progress.say(format!("bootstrapping Debian {} ({VARIANT}) from {}", recipe.suite, recipe.mirror));
+    let mut debootstrap = Command::new("debootstrap");
+    debootstrap
+        .arg(format!("--variant={VARIANT}"))
+        .arg(format!("--include={}", recipe.packages.join(",")))
+        .arg(format!("--cache-dir={}", package_cache.display()))
+        .arg(&recipe.suite)
+        .arg(rootfs)
+        .arg(&recipe.mirror);
+    run_logged("debootstrap", &mut debootstrap, progress).await?;
+
+    // Saving is an optimisation: failing to save does not fail the build.
+    let partial = rootfs_cache.join(format!(".{}.tar.partial", uuid::Uuid::new_v4().simple()));
+    let save = async {
+        std::fs::create_dir_all(rootfs_cache).map_err(io("creating", rootfs_cache))?;
+        let mut tar = Command::new("tar");
+        tar.arg("--numeric-owner").arg("-cf").arg(&partial).arg("-C").arg(rootfs).arg(".");
+        run_logged("saving the bootstrapped rootfs (tar)", &mut tar, progress).await?;
+        std::fs::rename(&partial, &saved).map_err(io("renaming", &partial))?;
+        for old in sorted_entries(rootfs_cache).unwrap_or_default() {
+            if old != saved {
+                let _ = std::fs::remove_file(old);
+            }
+        }
+        Ok::<(), ImageError>(())
+    };
+    if let Err(e) = save.await {
+        let _ = std::fs::remove_file(&partial);
+        progress.say(format!("could not save the bootstrapped rootfs for later builds: {e}"));
+    }
+    Ok(())
 }
 
 /// `tar` of the rootfs streamed into the engine's image import (`docker import`).

@@ -546,10 +546,10 @@ async fn timings() {
     let opts = NodeImageOptions { data_dir: data.path().to_path_buf(), force: true, ..Default::default() };
     let started = Instant::now();
     let tag = build_node_image(&opts).await.expect("cold build");
-    eprintln!("cold build (empty package cache): {:?}", started.elapsed());
+    eprintln!("cold build (empty data dir): {:?}", started.elapsed());
     let started = Instant::now();
     build_node_image(&opts).await.expect("warm build");
-    eprintln!("rebuild (package cache warm): {:?}", started.elapsed());
+    eprintln!("rebuild (bootstrapped rootfs saved): {:?}", started.elapsed());
     let started = Instant::now();
     assert_eq!(build_node_image(&NodeImageOptions::default()).await.expect("cached"), tag);
     eprintln!("cached (tag exists): {:?}", started.elapsed());
