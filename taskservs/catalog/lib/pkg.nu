@@ -6,19 +6,21 @@ export def has-systemd []: nothing -> bool {
 }
 
 # Runs apt-get with the given arguments, retrying `attempts` times (locks, flaky mirrors).
+# Output streams as it comes (long installs show progress in the logs).
 export def apt-retry [args: list<string>, --attempts: int = 5] {
     mut attempt = 1
     loop {
-        let r = (with-env {DEBIAN_FRONTEND: "noninteractive"} {
-            ^apt-get -o DPkg::Lock::Timeout=120 -o Acquire::Retries=3 ...$args | complete
-        })
-        print -n $r.stdout
-        if $r.exit_code == 0 { return }
-        print --stderr $r.stderr
+        let ok = try {
+            with-env {DEBIAN_FRONTEND: "noninteractive"} {
+                ^apt-get -o DPkg::Lock::Timeout=120 -o Acquire::Retries=3 ...$args
+            }
+            true
+        } catch { false }
+        if $ok { return }
         if $attempt >= $attempts {
-            error make {msg: $"apt-get ($args | str join ' ') failed after ($attempt) attempts \(exit ($r.exit_code)\)"}
+            error make {msg: $"apt-get ($args | str join ' ') failed after ($attempt) attempts"}
         }
-        print $"apt-get failed \(exit ($r.exit_code)\), retrying in ($attempt * 3)s"
+        print $"apt-get failed, retrying in ($attempt * 3)s"
         sleep ($attempt * 3 * 1sec)
         $attempt += 1
     }
