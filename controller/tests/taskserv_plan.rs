@@ -327,6 +327,7 @@ fn bad_input_is_stalled_with_the_message_and_nothing_runs() {
         let p = Pass::new(&yaml, vec![server("s0", true)]);
         let plan = p.plan();
         assert!(plan.launch.is_empty(), "{spec}: nothing may run");
+        assert!(plan.status.servers.is_empty(), "{spec}: no per-server entries");
         let (status, r, msg) = cond(&plan.status, "Stalled");
         assert_eq!((status, r), ("True", reason), "{spec}");
         assert!(msg.contains(message), "{spec}: {msg}");

@@ -32,7 +32,10 @@ fn bad_input_is_stalled_with_its_message_and_nothing_runs() -> Result<()> {
         ("pcl", "bad-cluster", "UnknownVersion", "service redis has no version \"1.0\""),
     ];
     for (kind, name, reason, message) in cases {
-        dev.wait_until(Duration::from_secs(60), &format!("{kind}/{name} Stalled"), |d| Ok(stalled(d, kind, name)?.0 == "True"))?;
+        dev.wait_until(Duration::from_secs(120), &format!("{kind}/{name} Stalled"), |d| {
+            // The namespace appears once the Workspace made it; until then the get fails.
+            Ok(stalled(d, kind, name).is_ok_and(|s| s.0 == "True"))
+        })?;
         let (_, r, m) = stalled(&dev, kind, name)?;
         assert_eq!(r, reason, "{kind}/{name}: {m}");
         assert!(m.contains(message), "{kind}/{name}: {m}");
@@ -49,7 +52,7 @@ fn bad_input_is_stalled_with_its_message_and_nothing_runs() -> Result<()> {
     assert!(leftovers("bad-input", "bad-cluster")?.is_empty());
     // The stall is quiet: no retry storm, one Warning per object.
     std::thread::sleep(Duration::from_secs(3));
-    let warnings = dev.kubectl_ok(&["get", "events", "-n", "bad-input", "-o", "jsonpath={range .items[?(@.type==\"Warning\")]}{.regarding.name}/{.reason}/{.deprecatedCount}{\"\\n\"}{end}"])?;
+    let warnings = dev.kubectl_ok(&["get", "events", "-n", "bad-input", "-o", "jsonpath={range .items[?(@.type==\"Warning\")]}{.involvedObject.name}{.regarding.name}/{.reason}{\"\\n\"}{end}"])?;
     for (_, name, reason, _) in cases {
         assert!(warnings.contains(&format!("{name}/{reason}")), "warning for {name} missing:\n{warnings}");
     }

@@ -370,13 +370,14 @@ pub fn plan(o: &Observed<'_>) -> Plan {
         if o.in_flight.contains_key(name) {
             continue;
         }
+        // An invalid request gets no per-server entries: nothing is planned there.
+        let Some(version) = &effective_version else { continue };
         let server = by_name.get(name.as_str()).copied();
         let entry = entries.entry(name.clone()).or_insert_with(|| TaskServServerStatus {
             name: name.clone(),
             phase: "Pending".into(),
             ..Default::default()
         });
-        let Some(version) = &effective_version else { continue };
         let server_ready = server.is_some_and(|s| s.ready && !s.deleting);
         if !server_ready {
             waiting_servers.push(name.clone());
