@@ -6,6 +6,8 @@ use common.nu *
 
 def main [] {
     let ctx = ($in | read-context)
+    require-command systemctl "kubernetes runs only on machines with systemd"
+    require-command kubeadm "kubernetes is not installed on this server"
     if (^systemctl is-active --quiet kubelet | complete | get exit_code) != 0 { fail "kubelet is not active" }
     let role = (role $ctx)
     if $role != "worker" {

@@ -1,6 +1,6 @@
 # Helpers shared by kubernetes's scripts.
 
-use ../lib/ctx.nu [address-of members]
+use ../lib/ctx.nu [address-of members require-command]
 
 export const ADMIN_CONF = "/etc/kubernetes/admin.conf"
 
@@ -45,5 +45,6 @@ export def minor-of [version: string]: nothing -> string {
 }
 
 export def --wrapped kubectl [...args: string]: nothing -> record {
+    require-command kubectl "kubernetes is not installed on this server"
     ^kubectl --kubeconfig $ADMIN_CONF ...$args | complete
 }

@@ -46,3 +46,11 @@ export def address-of [node: record]: nothing -> string {
 export def members [ctx: record]: nothing -> list<record> {
     [$ctx.server] | append ($ctx | get -o peers | default []) | sort-by name
 }
+
+# Fails with a clear message when an external command is missing (instead of nu's
+# "neither a Nushell built-in or a known external command").
+export def require-command [command: string, hint: string] {
+    if (which $command | where type == "external" | is-empty) {
+        fail $"($command) not found: ($hint)"
+    }
+}

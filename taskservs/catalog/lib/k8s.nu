@@ -1,7 +1,7 @@
 # Helpers for services installed into a Kubernetes cluster (cilium, coredns, rook-ceph): they
 # act once, through the API, from the first control-plane server; other servers do nothing.
 
-use ctx.nu [members]
+use ctx.nu [members require-command]
 
 export const ADMIN_CONF = "/etc/kubernetes/admin.conf"
 
@@ -19,11 +19,13 @@ export def is-api-runner [ctx: record, pool: string]: nothing -> bool {
 
 # kubectl with the admin kubeconfig; returns the `complete` record.
 export def --wrapped kube [...args: string]: nothing -> record {
+    require-command kubectl "kubernetes is not installed on this server"
     ^kubectl --kubeconfig $ADMIN_CONF ...$args | complete
 }
 
 # kubectl apply of a manifest given as text (stdin, never a command line).
 export def kube-apply [manifest: string] {
+    require-command kubectl "kubernetes is not installed on this server"
     let r = ($manifest | ^kubectl --kubeconfig $ADMIN_CONF apply --server-side --force-conflicts -f - | complete)
     print -n $r.stdout
     if $r.exit_code != 0 { error make {msg: $"kubectl apply failed: ($r.stderr)"} }
