@@ -1,0 +1,40 @@
+//! Logic of the cloud-only services that can run without a cloud: which server does what.
+
+mod common;
+
+use common::{crate_dir, nu};
+
+fn nu_eval(script: &str) -> String {
+    let out = std::process::Command::new(nu())
+        .current_dir(crate_dir().join("catalog"))
+        .args(["--no-config-file", "-c", script])
+        .output()
+        .expect("nu runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+const CLUSTER: &str = r#"let base = {config: {controlPlanePool: "control-plane", controlPlaneEndpoint: ""}, peers: [], cluster: {name: "k", servers: [
+  {name: "cp-1", addresses: [{type: InternalIP, address: "10.0.0.2"}], pool: "control-plane"},
+  {name: "cp-0", addresses: [{type: InternalIP, address: "10.0.0.1"}], pool: "control-plane"},
+  {name: "w-0", addresses: [{type: InternalIP, address: "10.0.0.9"}], pool: "workers"}]}}
+"#;
+
+#[test]
+fn kubeadm_roles_first_control_plane_inits_others_join() {
+    let script = format!(
+        "use kubernetes/common.nu *\n{CLUSTER}[cp-0 cp-1 w-0] | each {{|s| role ($base | insert server {{name: $s, addresses: []}}) }} | str join ','"
+    );
+    assert_eq!(nu_eval(&script), "init,control-plane,worker");
+    let script = format!("use kubernetes/common.nu *\n{CLUSTER}api-endpoint ($base | insert server {{name: w-0}})");
+    assert_eq!(nu_eval(&script), "10.0.0.1:6443");
+    assert_eq!(nu_eval("use kubernetes/common.nu *; minor-of 1.31.4"), "v1.31");
+}
+
+#[test]
+fn addons_act_only_from_the_first_control_plane() {
+    let script = format!(
+        "use lib/k8s.nu *\n{CLUSTER}[cp-0 cp-1 w-0] | each {{|s| is-api-runner ($base | insert server {{name: $s}}) control-plane }} | str join ','"
+    );
+    assert_eq!(nu_eval(&script), "true,false,false");
+}
