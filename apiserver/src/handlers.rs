@@ -467,6 +467,12 @@ impl Core {
                 format!("Unsupported value: {}: supported values: \"Cluster\", \"Namespaced\"", other.map(|s| format!("\"{s}\"")).unwrap_or("\"\"".into())),
             )),
         }
+        for (i, v) in versions.iter().enumerate() {
+            if let Some(schema) = v["schema"].get("openAPIV3Schema") {
+                let rules = crate::celrules::Rules::from_schema(schema);
+                causes.extend(rules.compile_errors(&format!("spec.versions[{i}].schema.openAPIV3Schema")));
+            }
+        }
         if !causes.is_empty() {
             return Err(ApiError::invalid("CustomResourceDefinition", "apiextensions.k8s.io", &name, causes));
         }
@@ -509,7 +515,14 @@ impl Core {
     }
 
     /// Prunes, defaults and validates a custom resource; collects warnings.
-    fn validate_schema(&self, rt: &ResourceType, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> ApiResult<()> {
+    fn validate_schema(
+        &self,
+        rt: &ResourceType,
+        obj: &mut Value,
+        old: Option<&Value>,
+        opts: &WriteOptions,
+        warnings: &mut Vec<String>,
+    ) -> ApiResult<()> {
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let mut causes = vec![];
         if let Some(schema) = &rt.schema {
@@ -531,6 +544,13 @@ impl Core {
                 }
             }
             causes.extend(out.causes);
+        }
+        // x-kubernetes-validations (CEL), on the defaulted and pruned object, when the schema
+        // itself is satisfied (types are then what the rules expect).
+        if causes.is_empty()
+            && let Some(rules) = &rt.rules
+        {
+            causes.extend(rules.validate(obj, old));
         }
         if !causes.is_empty() {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, causes));
@@ -606,7 +626,7 @@ impl Core {
                 m.remove("status");
             }
         self.normalize(rt, obj, None)?;
-        self.validate_schema(rt, obj, opts, &mut warnings)?;
+        self.validate_schema(rt, obj, None, opts, &mut warnings)?;
         if !applied {
             apply::record_update(None, obj, &opts.field_manager, &rt.api_version(), rt.schema.as_ref(), Self::scope_for(rt, false), &now);
         }
@@ -814,7 +834,7 @@ impl Core {
         if rt.storage == CRDS && status {
             // The server owns CRD conditions; keep them established.
         }
-        self.validate_schema(rt, &mut new, opts, &mut warnings)?;
+        self.validate_schema(rt, &mut new, Some(&old), opts, &mut warnings)?;
         // Generation moves when anything but metadata (and status, if separate) changes.
         let strip = |v: &Value| -> Value {
             let mut c = v.clone();

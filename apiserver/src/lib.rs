@@ -5,6 +5,7 @@
 //! bearer token, backed by redb on disk (see [`storage`]).
 
 pub mod apply;
+pub mod celrules;
 pub mod error;
 pub mod gc;
 pub mod handlers;

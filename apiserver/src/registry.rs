@@ -55,6 +55,8 @@ pub struct ResourceType {
     pub custom: bool,
     /// Whether this version is the storage version.
     pub storage_version: bool,
+    /// The schema's compiled `x-kubernetes-validations` rules (None when it has none).
+    pub rules: Option<Arc<crate::celrules::Rules>>,
 }
 
 impl ResourceType {
@@ -80,6 +82,7 @@ impl ResourceType {
             storage: format!("{group}/{plural}"),
             custom: false,
             storage_version: true,
+            rules: None,
         }
     }
 
@@ -204,6 +207,8 @@ pub fn from_crd(crd: &Value) -> Vec<ResourceType> {
         if v.get("additionalPrinterColumns").is_none() {
             cols.push(age_column());
         }
+        let schema = v["schema"].get("openAPIV3Schema").cloned();
+        let rules = schema.as_ref().map(crate::celrules::Rules::from_schema).filter(|r| !r.is_empty()).map(Arc::new);
         out.push(ResourceType {
             group: group.clone(),
             version: version.to_string(),
@@ -216,10 +221,11 @@ pub fn from_crd(crd: &Value) -> Vec<ResourceType> {
             categories: categories.clone(),
             has_status: v["subresources"].get("status").is_some(),
             printer_columns: cols,
-            schema: v["schema"].get("openAPIV3Schema").cloned(),
+            schema,
             storage: format!("{group}/{plural}"),
             custom: true,
             storage_version: v["storage"].as_bool().unwrap_or(false),
+            rules,
         });
     }
     out

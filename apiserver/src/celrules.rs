@@ -1,0 +1,570 @@
+//! CRD `x-kubernetes-validations` rules, evaluated with the `cel` crate.
+//!
+//! Rules are collected from a version's `openAPIV3Schema` once per registry build (whenever a CRD
+//! changes); each distinct rule source is parsed once and kept in a process-wide cache. On every
+//! write of a custom resource (create, update, patch, apply, status) the rules are evaluated at
+//! their schema location — the object root, nested objects, array items, map values — with
+//! `self` bound to the (defaulted and pruned) value there and, on update, `oldSelf` bound to the
+//! correlated old value. Rules that reference `oldSelf` are skipped when there is no old value
+//! (create, or an array item of a list that is not `x-kubernetes-list-type: map`), as
+//! kube-apiserver does. Unchanged values on update are not re-validated (validation
+//! ratcheting), except by transition rules.
+//!
+//! ## Cost bound
+//!
+//! The `cel` crate has no runtime cost accounting, so evaluation is bounded before it starts:
+//! each rule's cost is estimated as `n^d`, where `n` is the number of list elements and map
+//! entries inside the values bound to `self`/`oldSelf` (plus one) and `d` is the deepest nesting
+//! of comprehensions (`all`, `exists`, `exists_one`, `map`, `filter`) in the rule (at least 1).
+//! A rule whose estimate exceeds [`RULE_COST_LIMIT`] is not run and the write is rejected
+//! (`... call cost exceeds limit for rule: ...`), like kube-apiserver's per-call limit; the
+//! estimates of all rules of one request are summed against [`REQUEST_COST_BUDGET`] (`validation
+//! failed due to running out of cost budget`). As a backstop, evaluation of one request stops
+//! once [`REQUEST_TIME_BUDGET`] of wall-clock time has been spent. Pairwise rules such as
+//! "names must be unique" (`d = 2`) thus accept lists of up to about 1,000 small items.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use serde_json::Value;
+
+use crate::error::Cause;
+
+/// Largest estimated cost of one rule evaluation.
+pub const RULE_COST_LIMIT: u64 = 1_000_000;
+/// Largest sum of estimated costs of all rule evaluations of one request.
+pub const REQUEST_COST_BUDGET: u64 = 10_000_000;
+/// Wall-clock backstop for all rule evaluations of one request.
+pub const REQUEST_TIME_BUDGET: Duration = Duration::from_secs(2);
+/// Evaluation error texts are cut to this many characters (they may print whole values).
+const MAX_ERROR_CHARS: usize = 300;
+/// Bound on the process-wide program cache (cleared when full).
+const MAX_CACHED_PROGRAMS: usize = 4096;
+
+static ENV: LazyLock<Arc<cel::Env>> = LazyLock::new(|| {
+    let mut env = cel::Env::stdlib();
+    let _ = env.add_extension(cel::extensions::strings);
+    let _ = env.add_extension(cel::extensions::lists);
+    Arc::new(env)
+});
+
+/// A parsed rule source with what the evaluator needs to know about it.
+pub struct Compiled {
+    program: cel::Program,
+    uses_old_self: bool,
+    depth: u32,
+}
+
+type CompileResult = Result<Arc<Compiled>, String>;
+
+static PROGRAMS: LazyLock<Mutex<HashMap<String, CompileResult>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Parses `source` once per process (cached by source text). Never panics.
+pub fn compile(source: &str) -> CompileResult {
+    let mut cache = match PROGRAMS.lock() {
+        Ok(c) => c,
+        Err(p) => p.into_inner(),
+    };
+    if let Some(r) = cache.get(source) {
+        return r.clone();
+    }
+    let env = ENV.clone();
+    let result = match catch_unwind(AssertUnwindSafe(|| env.compile(source))) {
+        Ok(Ok(program)) => {
+            let uses_old_self = program.references().has_variable("oldSelf");
+            let depth = comprehension_depth(program.expression(), 0);
+            Ok(Arc::new(Compiled { program, uses_old_self, depth }))
+        }
+        Ok(Err(e)) => Err(truncate(&e.to_string())),
+        Err(_) => Err("the CEL parser failed on this expression".to_string()),
+    };
+    if cache.len() >= MAX_CACHED_PROGRAMS {
+        cache.clear();
+    }
+    cache.insert(source.to_string(), result.clone());
+    result
+}
+
+/// Deepest nesting of comprehensions (loops) in an expression.
+fn comprehension_depth(e: &IdedExpr, guard: u32) -> u32 {
+    if guard > 200 {
+        return 0;
+    }
+    let d = |x: &IdedExpr| comprehension_depth(x, guard + 1);
+    match &e.expr {
+        Expr::Call(c) => c.target.iter().map(|t| d(t)).chain(c.args.iter().map(d)).max().unwrap_or(0),
+        Expr::Comprehension(c) => d(&c.iter_range)
+            .max(d(&c.accu_init))
+            .max(d(&c.result))
+            .max(1 + d(&c.loop_cond).max(d(&c.loop_step))),
+        Expr::List(l) => l.elements.iter().map(d).max().unwrap_or(0),
+        Expr::Map(m) => m.entries.iter().map(|en| entry_depth(&en.expr, guard)).max().unwrap_or(0),
+        Expr::Struct(s) => s.entries.iter().map(|en| entry_depth(&en.expr, guard)).max().unwrap_or(0),
+        Expr::Select(s) => d(&s.operand),
+        _ => 0,
+    }
+}
+
+fn entry_depth(e: &EntryExpr, guard: u32) -> u32 {
+    match e {
+        EntryExpr::StructField(f) => comprehension_depth(&f.value, guard + 1),
+        EntryExpr::MapEntry(m) => comprehension_depth(&m.key, guard + 1).max(comprehension_depth(&m.value, guard + 1)),
+    }
+}
+
+fn truncate(s: &str) -> String {
+    if s.chars().count() <= MAX_ERROR_CHARS {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(MAX_ERROR_CHARS).collect();
+        t.push_str("...");
+        t
+    }
+}
+
+/// One step from a schema node to a child schema node.
+#[derive(Debug, Clone)]
+enum Step {
+    /// `properties[name]`.
+    Prop(String),
+    /// `items`; with the list-map keys when `x-kubernetes-list-type: map` (old items correlate).
+    Items(Option<Vec<String>>),
+    /// `additionalProperties`.
+    Addl,
+}
+
+/// One `x-kubernetes-validations` entry.
+struct Rule {
+    source: String,
+    compiled: CompileResult,
+    message: String,
+    message_expression: Option<CompileResult>,
+    field_path: Option<String>,
+    reason: String,
+    /// Where the rule sits, e.g. `.properties[spec].x-kubernetes-validations[0]`.
+    schema_path: String,
+}
+
+impl Rule {
+    /// kube-apiserver's `ruleErrorString`.
+    fn error_string(&self) -> String {
+        if self.message.trim().is_empty() { self.source.trim().to_string() } else { self.message.trim().to_string() }
+    }
+    /// kube-apiserver's `ruleMessageOrDefault`.
+    fn message_or_default(&self) -> String {
+        if self.message.trim().is_empty() {
+            format!("failed rule: {}", self.error_string())
+        } else {
+            self.message.trim().to_string()
+        }
+    }
+}
+
+/// The rules attached to one schema node.
+struct Group {
+    steps: Vec<Step>,
+    schema_type: String,
+    rules: Vec<Rule>,
+}
+
+/// The compiled `x-kubernetes-validations` rules of one CRD version's schema.
+#[derive(Default)]
+pub struct Rules {
+    groups: Vec<Group>,
+}
+
+impl std::fmt::Debug for Rules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n: usize = self.groups.iter().map(|g| g.rules.len()).sum();
+        write!(f, "Rules({n})")
+    }
+}
+
+impl Rules {
+    /// Collects and compiles every rule of an `openAPIV3Schema`.
+    pub fn from_schema(schema: &Value) -> Rules {
+        let mut rules = Rules::default();
+        collect(schema, &mut vec![], "", true, &mut rules.groups, 0);
+        rules
+    }
+
+    /// Whether the schema has no rules.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// Rules that do not compile, as causes for a CRD write; `base` is the path of the schema,
+    /// e.g. `spec.versions[0].schema.openAPIV3Schema`.
+    pub fn compile_errors(&self, base: &str) -> Vec<Cause> {
+        let mut out = vec![];
+        for g in &self.groups {
+            for r in &g.rules {
+                if let Err(e) = &r.compiled {
+                    out.push(Cause::new(
+                        "FieldValueInvalid",
+                        format!("{base}{}.rule", r.schema_path),
+                        format!("Invalid value: {}: compilation failed: {e}", json_str(&r.source)),
+                    ));
+                }
+                if let Some(Err(e)) = &r.message_expression {
+                    out.push(Cause::new(
+                        "FieldValueInvalid",
+                        format!("{base}{}.messageExpression", r.schema_path),
+                        format!("Invalid value: {}: messageExpression compilation failed: {e}", json_str(&r.source)),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// Evaluates every rule against `new` (the whole object after defaulting and pruning), with
+    /// `old` the stored object on update.
+    pub fn validate(&self, new: &Value, old: Option<&Value>) -> Vec<Cause> {
+        let mut causes = vec![];
+        let started = Instant::now();
+        let mut spent: u64 = 0;
+        for g in &self.groups {
+            let mut locs = vec![];
+            locate(new, old, &g.steps, String::new(), &mut locs);
+            for (path, nv, ov) in locs {
+                let root = g.steps.is_empty();
+                let field = if root { "<nil>".to_string() } else { path.clone() };
+                let unchanged = ov.is_some_and(|o| o == nv);
+                let mut size: Option<u64> = None;
+                let mut bound: Option<(cel::Value, Option<cel::Value>)> = None;
+                for r in &g.rules {
+                    let compiled = match &r.compiled {
+                        Ok(c) => c.clone(),
+                        Err(e) => {
+                            causes.push(invalid(&field, &g.schema_type, format!("rule compile error: {e}")));
+                            continue;
+                        }
+                    };
+                    if compiled.uses_old_self && ov.is_none() {
+                        continue;
+                    }
+                    if unchanged && !compiled.uses_old_self {
+                        continue;
+                    }
+                    let n = *size.get_or_insert_with(|| 1 + count(nv, 0) + ov.map(|o| count(o, 0)).unwrap_or(0));
+                    let cost = n.saturating_pow(compiled.depth.max(1));
+                    if cost > RULE_COST_LIMIT {
+                        causes.push(invalid(
+                            &field,
+                            &g.schema_type,
+                            format!(
+                                "no further validation rules will be run due to call cost exceeds limit for rule: {}",
+                                r.error_string()
+                            ),
+                        ));
+                        return causes;
+                    }
+                    spent = spent.saturating_add(cost);
+                    if spent > REQUEST_COST_BUDGET || started.elapsed() > REQUEST_TIME_BUDGET {
+                        causes.push(invalid(
+                            &field,
+                            &g.schema_type,
+                            "validation failed due to running out of cost budget, no further validation rules will be run".to_string(),
+                        ));
+                        return causes;
+                    }
+                    let (sv, osv) = bound.get_or_insert_with(|| {
+                        let s = if root { to_cel(&root_view(nv)) } else { to_cel(nv) };
+                        let o = ov.map(|o| if root { to_cel(&root_view(o)) } else { to_cel(o) });
+                        (s, o)
+                    });
+                    let mut ctx = cel::Context::with_env(ENV.clone());
+                    ctx.add_variable_from_value("self", sv.clone());
+                    if let Some(o) = osv {
+                        ctx.add_variable_from_value("oldSelf", o.clone());
+                    }
+                    let field = match &r.field_path {
+                        Some(fp) if !fp.trim_start_matches('.').is_empty() => {
+                            let fp = fp.trim_start_matches('.');
+                            if root { fp.to_string() } else { format!("{path}.{fp}") }
+                        }
+                        _ => field.clone(),
+                    };
+                    match catch_unwind(AssertUnwindSafe(|| compiled.program.execute(&ctx))) {
+                        Ok(Ok(cel::Value::Bool(true))) => {}
+                        Ok(Ok(cel::Value::Bool(false))) => {
+                            let detail = message_from_expression(r, &ctx).unwrap_or_else(|| r.message_or_default());
+                            causes.push(field_error(&field, &g.schema_type, &r.reason, detail));
+                        }
+                        Ok(Ok(other)) => causes.push(invalid(
+                            &field,
+                            &g.schema_type,
+                            format!("rule did not evaluate to a bool but to {} evaluating rule: {}", other.type_of(), r.error_string()),
+                        )),
+                        Ok(Err(e)) => {
+                            let overload = matches!(e, cel::ExecutionError::NoSuchOverload(_));
+                            let e = truncate(&e.to_string());
+                            let msg = if overload {
+                                format!("'{e}': call arguments did not match a supported operator, function or macro signature for rule: {}", r.error_string())
+                            } else {
+                                format!("{e} evaluating rule: {}", r.error_string())
+                            };
+                            causes.push(invalid(&field, &g.schema_type, msg));
+                        }
+                        Err(_) => causes.push(invalid(
+                            &field,
+                            &g.schema_type,
+                            format!("internal error evaluating rule: {}", r.error_string()),
+                        )),
+                    }
+                }
+            }
+        }
+        causes
+    }
+}
+
+/// `messageExpression`'s result when it evaluates to a non-empty single-line string.
+fn message_from_expression(r: &Rule, ctx: &cel::Context) -> Option<String> {
+    let Some(Ok(c)) = &r.message_expression else { return None };
+    match catch_unwind(AssertUnwindSafe(|| c.program.execute(ctx))) {
+        Ok(Ok(cel::Value::String(s))) if !s.trim().is_empty() && !s.contains('\n') => Some(s.trim().to_string()),
+        _ => None,
+    }
+}
+
+fn json_str(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+fn invalid(field: &str, schema_type: &str, detail: String) -> Cause {
+    Cause::new("FieldValueInvalid", field, format!("Invalid value: {}: {detail}", json_str(schema_type)))
+}
+
+/// kube-apiserver's `fieldErrorForReason`.
+fn field_error(field: &str, schema_type: &str, reason: &str, detail: String) -> Cause {
+    match reason {
+        "FieldValueForbidden" => Cause::new("FieldValueForbidden", field, format!("Forbidden: {detail}")),
+        "FieldValueRequired" => Cause::new("FieldValueRequired", field, format!("Required value: {detail}")),
+        "FieldValueDuplicate" => Cause::new("FieldValueDuplicate", field, format!("Duplicate value: {}", json_str(schema_type))),
+        _ => invalid(field, schema_type, detail),
+    }
+}
+
+/// What `self` sees at the object root: `metadata` holds only `name` and `generateName`.
+fn root_view(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(m) = v.as_object_mut()
+        && let Some(md) = m.get("metadata").and_then(Value::as_object)
+    {
+        let mut keep = serde_json::Map::new();
+        for k in ["name", "generateName"] {
+            if let Some(x) = md.get(k) {
+                keep.insert(k.to_string(), x.clone());
+            }
+        }
+        m.insert("metadata".into(), Value::Object(keep));
+    }
+    v
+}
+
+/// Number of list elements and map entries inside a value.
+fn count(v: &Value, depth: u32) -> u64 {
+    if depth > 256 {
+        return 0;
+    }
+    match v {
+        Value::Array(a) => a.len() as u64 + a.iter().map(|x| count(x, depth + 1)).sum::<u64>(),
+        Value::Object(m) => m.len() as u64 + m.values().map(|x| count(x, depth + 1)).sum::<u64>(),
+        _ => 0,
+    }
+}
+
+/// JSON to a CEL value: integers as `int` (`uint` above i64), other numbers as `double`.
+fn to_cel(v: &Value) -> cel::Value {
+    match v {
+        Value::Null => cel::Value::Null,
+        Value::Bool(b) => cel::Value::Bool(*b),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                cel::Value::Int(i)
+            } else if let Some(u) = n.as_u64() {
+                cel::Value::UInt(u)
+            } else {
+                cel::Value::Float(n.as_f64().unwrap_or(0.0))
+            }
+        }
+        Value::String(s) => cel::Value::String(Arc::new(s.clone())),
+        Value::Array(a) => cel::Value::List(Arc::new(a.iter().map(to_cel).collect())),
+        Value::Object(m) => {
+            let map: HashMap<cel::objects::Key, cel::Value> =
+                m.iter().map(|(k, v)| (cel::objects::Key::String(Arc::new(k.clone())), to_cel(v))).collect();
+            cel::Value::Map(cel::objects::Map { map: Arc::new(map) })
+        }
+    }
+}
+
+/// Every value at the schema location `steps`, with its field path and correlated old value.
+fn locate<'a>(v: &'a Value, old: Option<&'a Value>, steps: &[Step], path: String, out: &mut Vec<(String, &'a Value, Option<&'a Value>)>) {
+    if v.is_null() {
+        return;
+    }
+    let Some((step, rest)) = steps.split_first() else {
+        out.push((path, v, old.filter(|o| !o.is_null())));
+        return;
+    };
+    match step {
+        Step::Prop(k) => {
+            if let Some(c) = v.get(k) {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                locate(c, old.and_then(|o| o.get(k)), rest, p, out);
+            }
+        }
+        Step::Addl => {
+            if let Some(m) = v.as_object() {
+                for (k, c) in m {
+                    locate(c, old.and_then(|o| o.get(k)), rest, format!("{path}[{k}]"), out);
+                }
+            }
+        }
+        Step::Items(keys) => {
+            if let Some(a) = v.as_array() {
+                let olds = old.and_then(Value::as_array);
+                for (i, c) in a.iter().enumerate() {
+                    let oc = match (keys, olds) {
+                        (Some(keys), Some(olds)) => {
+                            olds.iter().find(|o| keys.iter().all(|k| o.get(k) == c.get(k)))
+                        }
+                        _ => None,
+                    };
+                    locate(c, oc, rest, format!("{path}[{i}]"), out);
+                }
+            }
+        }
+    }
+}
+
+fn collect(s: &Value, steps: &mut Vec<Step>, schema_path: &str, root: bool, out: &mut Vec<Group>, depth: u32) {
+    if depth > 64 || !s.is_object() {
+        return;
+    }
+    if let Some(vs) = s.get("x-kubernetes-validations").and_then(Value::as_array) {
+        let mut rules = vec![];
+        for (i, v) in vs.iter().enumerate() {
+            let source = v.get("rule").and_then(Value::as_str).unwrap_or_default().to_string();
+            let compiled = compile(&source);
+            let message_expression = v.get("messageExpression").and_then(Value::as_str).filter(|m| !m.trim().is_empty()).map(compile);
+            rules.push(Rule {
+                source,
+                compiled,
+                message: v.get("message").and_then(Value::as_str).unwrap_or_default().to_string(),
+                message_expression,
+                field_path: v.get("fieldPath").and_then(Value::as_str).map(str::to_string),
+                reason: v.get("reason").and_then(Value::as_str).unwrap_or("FieldValueInvalid").to_string(),
+                schema_path: format!("{schema_path}.x-kubernetes-validations[{i}]"),
+            });
+        }
+        if !rules.is_empty() {
+            let schema_type = s.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+            out.push(Group { steps: steps.clone(), schema_type, rules });
+        }
+    }
+    if let Some(props) = s.get("properties").and_then(Value::as_object) {
+        for (k, cs) in props {
+            if root && k == "metadata" {
+                continue;
+            }
+            steps.push(Step::Prop(k.clone()));
+            collect(cs, steps, &format!("{schema_path}.properties[{k}]"), false, out, depth + 1);
+            steps.pop();
+        }
+    }
+    if let Some(items) = s.get("items") {
+        let keys = if s.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map") {
+            s.get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|k| k.as_str().map(str::to_string)).collect::<Vec<_>>())
+        } else {
+            None
+        };
+        steps.push(Step::Items(keys));
+        collect(items, steps, &format!("{schema_path}.items"), false, out, depth + 1);
+        steps.pop();
+    }
+    if let Some(addl) = s.get("additionalProperties").filter(|a| a.is_object()) {
+        steps.push(Step::Addl);
+        collect(addl, steps, &format!("{schema_path}.additionalProperties"), false, out, depth + 1);
+        steps.pop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Value {
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+            "x-kubernetes-validations": [
+                {"rule": "self.pools.all(p, self.pools.exists_one(q, q.name == p.name))", "message": "pool names must be unique"},
+                {"rule": "!has(self.replicas) || self.replicas >= 0"},
+                {"rule": "self.missing == 1"},
+                {"rule": "!has(self.mode) || self.mode == oldSelf.mode", "message": "mode is immutable"}
+            ],
+            "properties": {
+                "replicas": {"type": "integer"},
+                "mode": {"type": "string"},
+                "pools": {"type": "array", "items": {"type": "object",
+                    "x-kubernetes-validations": [{"rule": "self.size > 0", "messageExpression": "'size of ' + self.name + ' must be positive'"}],
+                    "properties": {"name": {"type": "string"}, "size": {"type": "integer"}}}}}}}})
+    }
+
+    fn msgs(c: &[Cause]) -> Vec<String> {
+        c.iter().map(|c| format!("{}: {}", c.field, c.message)).collect()
+    }
+
+    #[test]
+    fn rules_at_every_location() {
+        let rules = Rules::from_schema(&schema());
+        assert!(rules.compile_errors("x").is_empty());
+        let obj = json!({"metadata": {"name": "a"}, "spec": {"replicas": -1, "mode": "a",
+            "pools": [{"name": "p", "size": 1}, {"name": "p", "size": 0}]}});
+        let m = msgs(&rules.validate(&obj, None));
+        assert!(m.contains(&"spec: Invalid value: \"object\": pool names must be unique".to_string()), "{m:?}");
+        assert!(m.contains(&"spec: Invalid value: \"object\": failed rule: !has(self.replicas) || self.replicas >= 0".to_string()), "{m:?}");
+        assert!(m.contains(&"spec: Invalid value: \"object\": No such key: missing evaluating rule: self.missing == 1".to_string()), "{m:?}");
+        assert!(m.contains(&"spec.pools[1]: Invalid value: \"object\": size of p must be positive".to_string()), "{m:?}");
+        assert!(!m.iter().any(|x| x.contains("immutable")), "{m:?}");
+        let old = json!({"spec": {"mode": "b"}});
+        let m = msgs(&rules.validate(&obj, Some(&old)));
+        assert!(m.contains(&"spec: Invalid value: \"object\": mode is immutable".to_string()), "{m:?}");
+    }
+
+    #[test]
+    fn malformed_and_big() {
+        let s = json!({"type": "object", "x-kubernetes-validations": [{"rule": "self.spec.x =="}]});
+        let rules = Rules::from_schema(&s);
+        let e = rules.compile_errors("spec.versions[0].schema.openAPIV3Schema");
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].field, "spec.versions[0].schema.openAPIV3Schema.x-kubernetes-validations[0].rule");
+        assert!(!rules.validate(&json!({}), None).is_empty());
+
+        let rules = Rules::from_schema(&schema());
+        let pools: Vec<Value> = (0..100_000).map(|i| json!({"name": format!("p{i}"), "size": 1})).collect();
+        let obj = json!({"spec": {"pools": pools}});
+        let t = Instant::now();
+        let m = msgs(&rules.validate(&obj, None));
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(m.iter().any(|x| x.contains("call cost exceeds limit")), "{:?}", &m[..m.len().min(3)]);
+    }
+
+    #[test]
+    fn quadratic_rule_at_the_limit_is_fast_enough() {
+        let rules = Rules::from_schema(&schema());
+        let pools: Vec<Value> = (0..200).map(|i| json!({"name": format!("p{i}"), "size": 1})).collect();
+        let obj = json!({"spec": {"pools": pools}});
+        let t = Instant::now();
+        let m = msgs(&rules.validate(&obj, None));
+        eprintln!("200 pools: {:?} {m:?}", t.elapsed());
+        assert!(m.iter().all(|x| !x.contains("unique")), "{m:?}");
+    }
+}
