@@ -466,8 +466,15 @@ pub async fn build_node_image(opts: &NodeImageOptions) -> Result<String, ImageEr
     std::fs::remove_file(&script).map_err(|source| ImageError::Io { what: "removing", path: script, source })?;
 
     progress.say(format!("importing the rootfs as {tag}"));
+    let mut replaced = Vec::new();
+    for existing in [tag.as_str(), NODE_IMAGE_LATEST] {
+        if let Some(id) = docker.inspect_image(existing).await.ok().and_then(|i| i.id) {
+            replaced.push(id);
+        }
+    }
     import_rootfs(&docker, &rootfs, &recipe, &progress).await?;
     tag_latest(&docker, &tag).await?;
+    remove_untagged(&docker, &replaced).await;
     progress.say(format!("built {tag} (also {NODE_IMAGE_LATEST})"));
     Ok(tag)
 }
@@ -598,6 +605,21 @@ async fn import_rootfs(
     match node_image_exists(docker, &tag).await? {
         true => Ok(()),
         false => Err(ImageError::Import { tag, message: "the engine reported no error but has no such image".into() }),
+    }
+}
+
+/// Removes images this build replaced when nothing tags or runs them any more (the engine
+/// refuses otherwise, which is fine).
+async fn remove_untagged(docker: &Docker, ids: &[String]) {
+    for id in ids {
+        let untagged = docker.inspect_image(id).await.is_ok_and(|i| i.repo_tags.unwrap_or_default().is_empty());
+        if untagged {
+            let options =
+                bollard::query_parameters::RemoveImageOptions { force: false, noprune: false, ..Default::default() };
+            if let Err(e) = docker.remove_image(id, Some(options), None).await {
+                tracing::debug!(image = %id, error = %e, "replaced node image kept (still in use)");
+            }
+        }
     }
 }
 
