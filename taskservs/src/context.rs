@@ -152,7 +152,9 @@ impl Catalog {
         service: &str,
         ctx: &ScriptContext,
     ) -> Result<BTreeMap<String, String>, TemplateError> {
-        let entry = self.get(service).ok_or_else(|| TemplateError::UnknownService(service.to_string()))?;
+        let entry = self
+            .get(service)
+            .ok_or_else(|| TemplateError::UnknownService(service.to_string()))?;
         let values = ctx.template_values();
         let mut rendered = BTreeMap::new();
         for (name, source) in &entry.templates {
@@ -163,7 +165,10 @@ impl Catalog {
                 message: e.to_string(),
             };
             let env = template_env();
-            let text = env.template_from_named_str(name, source).and_then(|t| t.render(&values)).map_err(render_error)?;
+            let text = env
+                .template_from_named_str(name, source)
+                .and_then(|t| t.render(&values))
+                .map_err(render_error)?;
             rendered.insert(name.clone(), text);
         }
         Ok(rendered)

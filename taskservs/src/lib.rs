@@ -21,10 +21,14 @@ mod manifest;
 mod runner;
 
 pub use catalog::{CATALOG_ENV, Catalog, CatalogService, ResolvedService};
-pub use context::{AddressInfo, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, WorkspaceInfo};
-pub use error::{CatalogError, ConfigViolation, ResolveError, RunError, TemplateError, ValidationError};
+pub use context::{
+    AddressInfo, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, WorkspaceInfo,
+};
+pub use error::{
+    CatalogError, ConfigViolation, ResolveError, RunError, TemplateError, ValidationError,
+};
 pub use manifest::{HealthSpec, KNOWN_PROVIDERS, REQUIRED_SCRIPTS, TaskServManifest};
 pub use runner::{
-    ExecOutput, LocalProcessExecutor, RESULT_MARKER, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep,
-    TAIL_BYTES, TAIL_LINES, parse_result, run_script,
+    ExecOutput, LocalProcessExecutor, RESULT_MARKER, ScriptExecutor, ScriptOutcome, ScriptPaths,
+    ScriptStep, TAIL_BYTES, TAIL_LINES, parse_result, run_script,
 };

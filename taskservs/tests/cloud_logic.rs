@@ -10,7 +10,11 @@ fn nu_eval(script: &str) -> String {
         .args(["--no-config-file", "-c", script])
         .output()
         .expect("nu runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -26,9 +30,14 @@ fn kubeadm_roles_first_control_plane_inits_others_join() {
         "use kubernetes/common.nu *\n{CLUSTER}[cp-0 cp-1 w-0] | each {{|s| role ($base | insert server {{name: $s, addresses: []}}) }} | str join ','"
     );
     assert_eq!(nu_eval(&script), "init,control-plane,worker");
-    let script = format!("use kubernetes/common.nu *\n{CLUSTER}api-endpoint ($base | insert server {{name: w-0}})");
+    let script = format!(
+        "use kubernetes/common.nu *\n{CLUSTER}api-endpoint ($base | insert server {{name: w-0}})"
+    );
     assert_eq!(nu_eval(&script), "10.0.0.1:6443");
-    assert_eq!(nu_eval("use kubernetes/common.nu *; minor-of 1.31.4"), "v1.31");
+    assert_eq!(
+        nu_eval("use kubernetes/common.nu *; minor-of 1.31.4"),
+        "v1.31"
+    );
 }
 
 #[test]

@@ -9,20 +9,26 @@ fn catalog() -> Catalog {
 
 #[test]
 fn default_version_and_schema_defaults() {
-    let resolved = catalog().validate_request("etcd", None, &json!({})).expect("valid");
+    let resolved = catalog()
+        .validate_request("etcd", None, &json!({}))
+        .expect("valid");
     assert_eq!(resolved.version, "3.4.23");
     assert_eq!(resolved.config["clientPort"], 2379);
     assert_eq!(resolved.config["dataDir"], "/var/lib/etcd/provisioning");
     assert_eq!(resolved.timeout.as_secs(), 300);
     // null config means "no config".
-    let resolved = catalog().validate_request("redis", Some("7.0"), &serde_json::Value::Null).expect("valid");
+    let resolved = catalog()
+        .validate_request("redis", Some("7.0"), &serde_json::Value::Null)
+        .expect("valid");
     assert_eq!(resolved.version, "7.0");
     assert_eq!(resolved.config["port"], 6379);
 }
 
 #[test]
 fn unknown_version_lists_the_available_ones() {
-    let err = catalog().validate_request("redis", Some("6.2"), &json!({})).expect_err("unknown version");
+    let err = catalog()
+        .validate_request("redis", Some("6.2"), &json!({}))
+        .expect_err("unknown version");
     assert_eq!(
         err,
         ValidationError::UnknownVersion {
@@ -31,29 +37,53 @@ fn unknown_version_lists_the_available_ones() {
             available: vec!["7.0.15".into(), "7.0".into()]
         }
     );
-    assert_eq!(err.to_string(), "service redis has no version \"6.2\" (available: 7.0.15, 7.0)");
+    assert_eq!(
+        err.to_string(),
+        "service redis has no version \"6.2\" (available: 7.0.15, 7.0)"
+    );
 }
 
 #[test]
 fn unknown_service() {
-    let err = catalog().validate_request("mongodb", None, &json!({})).expect_err("unknown");
+    let err = catalog()
+        .validate_request("mongodb", None, &json!({}))
+        .expect_err("unknown");
     assert_eq!(err, ValidationError::UnknownService("mongodb".into()));
 }
 
 #[test]
 fn schema_errors_carry_pointer_and_reason() {
     let err = catalog()
-        .validate_request("etcd", None, &json!({"clientPort": "x", "peerPort": 70000, "colour": 1}))
+        .validate_request(
+            "etcd",
+            None,
+            &json!({"clientPort": "x", "peerPort": 70000, "colour": 1}),
+        )
         .expect_err("invalid");
-    let ValidationError::InvalidConfig { service, violations } = &err else { panic!("{err:?}") };
+    let ValidationError::InvalidConfig {
+        service,
+        violations,
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
     assert_eq!(service, "etcd");
     let pointers: Vec<&str> = violations.iter().map(|v| v.pointer.as_str()).collect();
     assert!(pointers.contains(&"/clientPort"), "{violations:?}");
     assert!(pointers.contains(&"/peerPort"), "{violations:?}");
-    assert!(pointers.contains(&""), "additionalProperties is reported on the config itself: {violations:?}");
+    assert!(
+        pointers.contains(&""),
+        "additionalProperties is reported on the config itself: {violations:?}"
+    );
     let text = err.to_string();
-    assert!(text.contains("at /clientPort: \"x\" is not of type \"integer\""), "{text}");
-    assert!(text.contains("at /peerPort: 70000 is greater than the maximum of 65535"), "{text}");
+    assert!(
+        text.contains("at /clientPort: \"x\" is not of type \"integer\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("at /peerPort: 70000 is greater than the maximum of 65535"),
+        "{text}"
+    );
     assert!(text.contains("colour"), "{text}");
 }
 
@@ -62,7 +92,9 @@ fn nested_and_array_pointers() {
     let err = catalog()
         .validate_request("haproxy", None, &json!({"backends": [{"name": "a", "address": "10.0.0.1"}, {"name": "b; rm -rf /", "address": "x"}]}))
         .expect_err("invalid backend name");
-    let ValidationError::InvalidConfig { violations, .. } = err else { panic!() };
+    let ValidationError::InvalidConfig { violations, .. } = err else {
+        panic!()
+    };
     assert_eq!(violations.len(), 1, "{violations:?}");
     assert_eq!(violations[0].pointer, "/backends/1/name");
 }
@@ -71,17 +103,39 @@ fn nested_and_array_pointers() {
 fn hostile_values_the_schema_allows_stay_data() {
     // postgresql's password is free text: the schema accepts anything, the scripts treat it as data.
     let config = json!({"user": "app", "password": "$(reboot); rm -rf / \"'\n"});
-    let resolved = catalog().validate_request("postgresql", None, &config).expect("valid");
+    let resolved = catalog()
+        .validate_request("postgresql", None, &config)
+        .expect("valid");
     assert_eq!(resolved.config["password"], "$(reboot); rm -rf / \"'\n");
     // redis's password is written into redis.conf, so the schema refuses quotes and whitespace.
-    assert!(catalog().validate_request("redis", None, &json!({"password": "a\"b"})).is_err());
-    assert!(catalog().validate_request("redis", None, &json!({"password": "a\nrequirepass x"})).is_err());
+    assert!(
+        catalog()
+            .validate_request("redis", None, &json!({"password": "a\"b"}))
+            .is_err()
+    );
+    assert!(
+        catalog()
+            .validate_request("redis", None, &json!({"password": "a\nrequirepass x"}))
+            .is_err()
+    );
 }
 
 #[test]
 fn required_fields_of_cloud_services() {
-    let err = catalog().validate_request("kubernetes", None, &json!({})).expect_err("token required");
-    assert!(err.to_string().contains("\"bootstrapToken\" is a required property"), "{err}");
+    let err = catalog()
+        .validate_request("kubernetes", None, &json!({}))
+        .expect_err("token required");
+    assert!(
+        err.to_string()
+            .contains("\"bootstrapToken\" is a required property"),
+        "{err}"
+    );
     let ok = json!({"bootstrapToken": "abcdef.0123456789abcdef", "certificateKey": "a".repeat(64)});
-    assert_eq!(catalog().validate_request("kubernetes", Some("1.32.1"), &ok).expect("valid").version, "1.32.1");
+    assert_eq!(
+        catalog()
+            .validate_request("kubernetes", Some("1.32.1"), &ok)
+            .expect("valid")
+            .version,
+        "1.32.1"
+    );
 }
