@@ -17,8 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use provisioning_e2e::Dev;
 use provisioning_e2e::cloud::{
-    Moto, Upcloud, assert_no_secret_anywhere, condition, docs_of_kind, get_json, read_yaml_docs, unique_secret,
-    write_yaml_docs,
+    Moto, Upcloud, assert_no_secret_anywhere, condition, docs_of_kind, get_json, read_yaml_docs, unique_secret, write_yaml_docs,
 };
 use serde_json::{Value, json};
 
@@ -197,7 +196,10 @@ fn account_refused(dev: &mut Dev, name: &str) -> Result<String> {
     ensure!(providers.len() == 1, "{providers:?}");
     let stalled = condition(&ws, "Stalled").context("Stalled")?;
     ensure!(stalled["status"] == "True", "Workspace {name}: {stalled}");
-    ensure!(stalled["message"].as_str().is_some_and(|m| m.contains(&message)), "the Stalled condition carries the cloud's message: {stalled}");
+    ensure!(
+        stalled["message"].as_str().is_some_and(|m| m.contains(&message)),
+        "the Stalled condition carries the cloud's message: {stalled}"
+    );
     ensure!(condition(&ws, "Ready").is_some_and(|c| c["status"] == "False"), "{}", ws["status"]);
     Ok(message)
 }
@@ -271,7 +273,9 @@ fn bad_credentials_stall_with_the_clouds_message_and_no_secret_leaks() -> Result
     for (namespace, message) in [("k8s-aws", "AuthFailure"), ("k8s-upcloud", "AUTHENTICATION_FAILED")] {
         let events = get_json(&dev, &["events.events.k8s.io", "-n", namespace])?;
         let warned = events["items"].as_array().is_some_and(|items| {
-            items.iter().any(|e| e["type"] == "Warning" && e["regarding"]["kind"] == "Server" && e["note"].as_str().is_some_and(|n| n.contains(message)))
+            items.iter().any(|e| {
+                e["type"] == "Warning" && e["regarding"]["kind"] == "Server" && e["note"].as_str().is_some_and(|n| n.contains(message))
+            })
         });
         ensure!(warned, "no Warning event on a Server of {namespace} carries {message:?}: {events}");
     }
