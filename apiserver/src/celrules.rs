@@ -166,6 +166,8 @@ impl Rule {
 /// The rules attached to one schema node.
 struct Group {
     steps: Vec<Step>,
+    /// The schema node the rules sit on (guides JSON-to-CEL conversion).
+    schema: Value,
     schema_type: String,
     rules: Vec<Rule>,
 }
@@ -273,8 +275,9 @@ impl Rules {
                         return causes;
                     }
                     let (sv, osv) = bound.get_or_insert_with(|| {
-                        let s = if root { to_cel(&root_view(nv)) } else { to_cel(nv) };
-                        let o = ov.map(|o| if root { to_cel(&root_view(o)) } else { to_cel(o) });
+                        let sc = Some(&g.schema);
+                        let s = if root { to_cel(&root_view(nv), sc, 0) } else { to_cel(nv, sc, 0) };
+                        let o = ov.map(|o| if root { to_cel(&root_view(o), sc, 0) } else { to_cel(o, sc, 0) });
                         (s, o)
                     });
                     let mut ctx = cel::Context::with_env(ENV.clone());
@@ -379,13 +382,18 @@ fn count(v: &Value, depth: u32) -> u64 {
     }
 }
 
-/// JSON to a CEL value: integers as `int` (`uint` above i64), other numbers as `double`.
-fn to_cel(v: &Value) -> cel::Value {
+/// JSON to a CEL value, guided by the schema where there is one: integers as `int` (`uint`
+/// above i64) except in `type: number` fields, which are always `double`, as in kube-apiserver.
+fn to_cel(v: &Value, schema: Option<&Value>, depth: u32) -> cel::Value {
+    let schema = schema.filter(|_| depth < 256);
     match v {
         Value::Null => cel::Value::Null,
         Value::Bool(b) => cel::Value::Bool(*b),
         Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
+            let double = schema.and_then(|s| s.get("type")).and_then(Value::as_str) == Some("number");
+            if double {
+                cel::Value::Float(n.as_f64().unwrap_or(0.0))
+            } else if let Some(i) = n.as_i64() {
                 cel::Value::Int(i)
             } else if let Some(u) = n.as_u64() {
                 cel::Value::UInt(u)
@@ -394,10 +402,20 @@ fn to_cel(v: &Value) -> cel::Value {
             }
         }
         Value::String(s) => cel::Value::String(Arc::new(s.clone())),
-        Value::Array(a) => cel::Value::List(Arc::new(a.iter().map(to_cel).collect())),
+        Value::Array(a) => {
+            let items = schema.and_then(|s| s.get("items"));
+            cel::Value::List(Arc::new(a.iter().map(|x| to_cel(x, items, depth + 1)).collect()))
+        }
         Value::Object(m) => {
-            let map: HashMap<cel::objects::Key, cel::Value> =
-                m.iter().map(|(k, v)| (cel::objects::Key::String(Arc::new(k.clone())), to_cel(v))).collect();
+            let props = schema.and_then(|s| s.get("properties"));
+            let addl = schema.and_then(|s| s.get("additionalProperties")).filter(|a| a.is_object());
+            let map: HashMap<cel::objects::Key, cel::Value> = m
+                .iter()
+                .map(|(k, x)| {
+                    let cs = props.and_then(|p| p.get(k)).or(addl);
+                    (cel::objects::Key::String(Arc::new(k.clone())), to_cel(x, cs, depth + 1))
+                })
+                .collect();
             cel::Value::Map(cel::objects::Map { map: Arc::new(map) })
         }
     }
@@ -465,7 +483,7 @@ fn collect(s: &Value, steps: &mut Vec<Step>, schema_path: &str, root: bool, out:
         }
         if !rules.is_empty() {
             let schema_type = s.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
-            out.push(Group { steps: steps.clone(), schema_type, rules });
+            out.push(Group { steps: steps.clone(), schema: s.clone(), schema_type, rules });
         }
     }
     if let Some(props) = s.get("properties").and_then(Value::as_object) {
@@ -537,6 +555,16 @@ mod tests {
         let old = json!({"spec": {"mode": "b"}});
         let m = msgs(&rules.validate(&obj, Some(&old)));
         assert!(m.contains(&"spec: Invalid value: \"object\": mode is immutable".to_string()), "{m:?}");
+    }
+
+    #[test]
+    fn numbers_follow_the_schema() {
+        let s = json!({"type": "object", "properties": {"spec": {"type": "object",
+            "x-kubernetes-validations": [{"rule": "self.ratio + 0.5 > 1.0 && self.count + 1 == 3"}],
+            "properties": {"ratio": {"type": "number"}, "count": {"type": "integer"}}}}});
+        let rules = Rules::from_schema(&s);
+        assert!(rules.validate(&json!({"spec": {"ratio": 1, "count": 2}}), None).is_empty());
+        assert_eq!(rules.validate(&json!({"spec": {"ratio": 0, "count": 2}}), None).len(), 1);
     }
 
     #[test]
