@@ -19,19 +19,29 @@ fn requests_through_haproxy_reach_every_app_server() -> Result<()> {
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/web", "ts/web-app", "--timeout=600s"])?;
 
     let lb = server_container(NS, "web-lb-0")?;
-    let ok = docker_ok(&["exec", &lb, "curl", "-fsS", "--max-time", "5", "http://127.0.0.1/healthz"])?;
-    assert_eq!(ok.trim(), "ok");
-    // Round robin: successive requests land on both app servers (their stats pages name them).
-    let mut seen = BTreeSet::new();
+    // Round robin: successive requests land on both app servers, as the balancer's own
+    // statistics (CSV: pxname, svname, …, stot at 7, …, status at 17) show.
+    let stats = |lb: &str| docker_ok(&["exec", lb, "curl", "-fsS", "--max-time", "5", "http://127.0.0.1:8404/stats;csv"]);
+    // Health checks need two passes (rise 2) before a backend takes traffic.
+    dev.wait_until(Duration::from_secs(60), "both app servers UP at the balancer", |_| {
+        let csv = stats(&lb)?;
+        Ok(csv.lines().filter(|l| l.starts_with("servers,web-app-") && l.split(',').nth(17) == Some("UP")).count() == 2)
+    })?;
     for _ in 0..6 {
-        let page = docker_ok(&["exec", &lb, "curl", "-fsS", "--max-time", "5", "http://127.0.0.1/stats"])?;
-        for name in ["web-app-0", "web-app-1"] {
-            if page.contains(name) {
-                seen.insert(name);
-            }
+        let ok = docker_ok(&["exec", &lb, "curl", "-fsS", "--max-time", "5", "http://127.0.0.1/healthz"])?;
+        assert_eq!(ok.trim(), "ok");
+    }
+    let csv = stats(&lb)?;
+    let mut served = BTreeSet::new();
+    for row in csv.lines().filter(|l| l.starts_with("servers,web-app-")) {
+        let cols: Vec<&str> = row.split(',').collect();
+        let sessions: u64 = cols.get(7).and_then(|c| c.parse().ok()).unwrap_or(0);
+        assert_eq!(cols.get(17).copied(), Some("UP"), "{row}");
+        if sessions >= 2 {
+            served.insert(cols[1].to_string());
         }
     }
-    assert_eq!(seen.len(), 2, "both app servers answer through the balancer: {seen:?}");
+    assert_eq!(served.len(), 2, "both app servers answer through the balancer:\n{csv}");
 
     let manifest = provisioning_e2e::workspace_root().join("examples/local/haproxy-web.yaml");
     dev.kubectl_ok(&["delete", "-f", &manifest.to_string_lossy(), "--timeout=300s"])?;
