@@ -446,12 +446,17 @@ fn locate<'a>(v: &'a Value, old: Option<&'a Value>, steps: &[Step], path: String
         }
         Step::Items(keys) => {
             if let Some(a) = v.as_array() {
-                let olds = old.and_then(Value::as_array);
+                // Old items of a list-map, indexed by their key values (linear, not pairwise).
+                let key_of = |item: &Value, keys: &[String]| -> String {
+                    Value::Array(keys.iter().map(|k| item.get(k).cloned().unwrap_or(Value::Null)).collect()).to_string()
+                };
+                let index: Option<HashMap<String, &'a Value>> = match (keys, old.and_then(Value::as_array)) {
+                    (Some(keys), Some(olds)) => Some(olds.iter().map(|o| (key_of(o, keys), o)).collect()),
+                    _ => None,
+                };
                 for (i, c) in a.iter().enumerate() {
-                    let oc = match (keys, olds) {
-                        (Some(keys), Some(olds)) => {
-                            olds.iter().find(|o| keys.iter().all(|k| o.get(k) == c.get(k)))
-                        }
+                    let oc = match (keys, &index) {
+                        (Some(keys), Some(index)) => index.get(&key_of(c, keys)).copied(),
                         _ => None,
                     };
                     locate(c, oc, rest, format!("{path}[{i}]"), out);
@@ -555,6 +560,39 @@ mod tests {
         let old = json!({"spec": {"mode": "b"}});
         let m = msgs(&rules.validate(&obj, Some(&old)));
         assert!(m.contains(&"spec: Invalid value: \"object\": mode is immutable".to_string()), "{m:?}");
+    }
+
+    #[test]
+    fn scalars_and_map_values() {
+        let s = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "mode": {"type": "string", "x-kubernetes-validations": [{"rule": "self.startsWith('m')", "reason": "FieldValueForbidden", "message": "bad mode"}]},
+            "labels": {"type": "object", "additionalProperties": {"type": "string",
+                "x-kubernetes-validations": [{"rule": "size(self) < 4"}]}}}}}});
+        let rules = Rules::from_schema(&s);
+        let mut m = msgs(&rules.validate(&json!({"spec": {"mode": "x", "labels": {"a": "ok", "b": "toolong"}}}), None));
+        m.sort();
+        assert_eq!(
+            m,
+            vec![
+                "spec.labels[b]: Invalid value: \"string\": failed rule: size(self) < 4".to_string(),
+                "spec.mode: Forbidden: bad mode".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn big_list_map_correlation_is_linear() {
+        let s = json!({"type": "object", "properties": {"items": {"type": "array",
+            "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+            "items": {"type": "object", "x-kubernetes-validations": [{"rule": "self.v >= oldSelf.v"}]}}}});
+        let rules = Rules::from_schema(&s);
+        let old: Vec<Value> = (0..40_000).map(|i| json!({"name": format!("n{i}"), "v": 1})).collect();
+        let mut new = old.clone();
+        new[39_999]["v"] = json!(0);
+        let t = Instant::now();
+        let m = msgs(&rules.validate(&json!({"items": new}), Some(&json!({"items": old}))));
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert_eq!(m, vec!["items[39999]: Invalid value: \"object\": failed rule: self.v >= oldSelf.v".to_string()]);
     }
 
     #[test]
