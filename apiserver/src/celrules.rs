@@ -20,8 +20,17 @@
 //! (`... call cost exceeds limit for rule: ...`), like kube-apiserver's per-call limit; the
 //! estimates of all rules of one request are summed against [`REQUEST_COST_BUDGET`] (`validation
 //! failed due to running out of cost budget`). As a backstop, evaluation of one request stops
-//! once [`REQUEST_TIME_BUDGET`] of wall-clock time has been spent. Pairwise rules such as
-//! "names must be unique" (`d = 2`) thus accept lists of up to about 1,000 small items.
+//! once [`REQUEST_TIME_BUDGET`] of wall-clock time has been spent (a rule already running is
+//! not interrupted; at the per-rule limit one evaluation takes about 0.3 s in a release build).
+//! Pairwise rules such as "names must be unique" (`d = 2`) thus accept lists of up to a few
+//! hundred small items; linear rules (`d = 1`) accept anything under the 3 MiB body limit. The
+//! handlers evaluate objects of more than 20,000 nodes on the blocking pool, so a long
+//! evaluation never stalls the async runtime serving other requests.
+//!
+//! Not supported: Kubernetes' own CEL libraries (`quantity()`, `url()`, `ip()`, `cidr()`,
+//! `format()`, kube's list functions such as `isSorted()`/`sum()`), `duration()`/`timestamp()`
+//! (the crate's `chrono` feature is off), `optionalOldSelf`, and static type checking at CRD
+//! creation (the crate only parses, so a misspelled function is reported when the rule runs).
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -368,6 +377,11 @@ fn root_view(v: &Value) -> Value {
         m.insert("metadata".into(), Value::Object(keep));
     }
     v
+}
+
+/// Size of a JSON value in list elements and map entries (decides where rules are evaluated).
+pub fn weight(v: &Value) -> u64 {
+    count(v, 0)
 }
 
 /// Number of list elements and map entries inside a value.

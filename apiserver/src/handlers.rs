@@ -515,14 +515,7 @@ impl Core {
     }
 
     /// Prunes, defaults and validates a custom resource; collects warnings.
-    fn validate_schema(
-        &self,
-        rt: &ResourceType,
-        obj: &mut Value,
-        old: Option<&Value>,
-        opts: &WriteOptions,
-        warnings: &mut Vec<String>,
-    ) -> ApiResult<()> {
+    fn validate_schema(&self, rt: &ResourceType, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> ApiResult<()> {
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let mut causes = vec![];
         if let Some(schema) = &rt.schema {
@@ -545,17 +538,30 @@ impl Core {
             }
             causes.extend(out.causes);
         }
-        // x-kubernetes-validations (CEL), on the defaulted and pruned object, when the schema
-        // itself is satisfied (types are then what the rules expect).
-        if causes.is_empty()
-            && let Some(rules) = &rt.rules
-        {
-            causes.extend(rules.validate(obj, old));
-        }
         if !causes.is_empty() {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, causes));
         }
         Ok(())
+    }
+
+    /// Evaluates the CRD's `x-kubernetes-validations` (CEL) rules on the defaulted, pruned and
+    /// schema-valid object; `old` is the stored object on update (for `oldSelf`). Big objects
+    /// are evaluated on the blocking pool so that a long evaluation never stalls the runtime.
+    async fn validate_rules(rt: &ResourceType, obj: &Value, old: Option<&Value>) -> ApiResult<()> {
+        let Some(rules) = rt.rules.clone() else { return Ok(()) };
+        let causes = if crate::celrules::weight(obj) > 20_000 {
+            let (o, old) = (obj.clone(), old.cloned());
+            tokio::task::spawn_blocking(move || rules.validate(&o, old.as_ref()))
+                .await
+                .map_err(|_| ApiError::internal("evaluating validation rules failed"))?
+        } else {
+            rules.validate(obj, old)
+        };
+        if causes.is_empty() {
+            return Ok(());
+        }
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        Err(ApiError::invalid(&rt.kind, &rt.group, name, causes))
     }
 
     fn scope_for(rt: &ResourceType, status: bool) -> Scope {
@@ -626,7 +632,8 @@ impl Core {
                 m.remove("status");
             }
         self.normalize(rt, obj, None)?;
-        self.validate_schema(rt, obj, None, opts, &mut warnings)?;
+        self.validate_schema(rt, obj, opts, &mut warnings)?;
+        Self::validate_rules(rt, obj, None).await?;
         if !applied {
             apply::record_update(None, obj, &opts.field_manager, &rt.api_version(), rt.schema.as_ref(), Self::scope_for(rt, false), &now);
         }
@@ -834,7 +841,8 @@ impl Core {
         if rt.storage == CRDS && status {
             // The server owns CRD conditions; keep them established.
         }
-        self.validate_schema(rt, &mut new, Some(&old), opts, &mut warnings)?;
+        self.validate_schema(rt, &mut new, opts, &mut warnings)?;
+        Self::validate_rules(rt, &new, Some(&old)).await?;
         // Generation moves when anything but metadata (and status, if separate) changes.
         let strip = |v: &Value| -> Value {
             let mut c = v.clone();
