@@ -78,6 +78,8 @@ pub struct Context {
     /// fingerprint, when, result). Credentials are validated again only when the provider
     /// instance changes (account spec or Secret changed) or the resync interval passed.
     pub account_checks: Mutex<HashMap<String, (String, Instant, crate::workspace::status::AccountCheck)>>,
+    /// The resourceVersion of our last write per object uid (see [`Context::is_stale`]).
+    written: Mutex<HashMap<String, u64>>,
 }
 
 /// When an object's external state was last observed, and under which trigger.
@@ -104,6 +106,7 @@ impl Context {
             semaphores: Mutex::new(HashMap::new()),
             observations: Mutex::new(HashMap::new()),
             account_checks: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
         }
     }
 
@@ -188,9 +191,11 @@ impl Context {
             "metadata": metadata,
             "status": desired,
         });
-        self.dynamic_api(obj)
+        let written = self
+            .dynamic_api(obj)
             .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
             .await?;
+        self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
         Ok(true)
     }
@@ -202,7 +207,8 @@ impl Context {
     {
         let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
         let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-        self.dynamic_api(obj).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        let written = self.dynamic_api(obj).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
         Ok(())
     }
@@ -217,6 +223,38 @@ impl Context {
         match obj.meta().namespace.as_deref() {
             Some(ns) => Api::dynamic(self.client.clone(), &resource, &Scope::Namespaced).constrain(ns),
             None => Api::dynamic(self.client.clone(), &resource, &Scope::Cluster),
+        }
+    }
+
+    /// Whether `obj` (from the watch cache) is older than our own last write to it. The
+    /// API server's resourceVersions are opaque in general; when both parse as integers (etcd
+    /// and the embedded server) a smaller one is an older copy. Reconciling a stale copy
+    /// would redo work already recorded, so reconcilers return early and wait for the watch
+    /// event of the newer version.
+    pub fn is_stale<K: Resource>(&self, obj: &K) -> bool {
+        let (Some(uid), Some(rv)) = (obj.meta().uid.as_deref(), obj.meta().resource_version.as_deref()) else {
+            return false;
+        };
+        let Ok(rv) = rv.parse::<u64>() else { return false };
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.get(uid).is_some_and(|last| rv < *last)
+    }
+
+    /// Forgets what we wrote to an object (it is gone).
+    pub fn forget_written<K: Resource>(&self, obj: &K) {
+        if let Some(uid) = obj.meta().uid.as_deref() {
+            self.written.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        }
+    }
+
+    fn record_written(&self, obj: &DynamicObject) {
+        let (Some(uid), Some(rv)) = (obj.metadata.uid.as_deref(), obj.metadata.resource_version.as_deref()) else {
+            return;
+        };
+        if let Ok(rv) = rv.parse::<u64>() {
+            let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = written.entry(uid.to_string()).or_insert(0);
+            *slot = (*slot).max(rv);
         }
     }
 
@@ -237,7 +275,8 @@ impl Context {
             "resourceVersion": obj.meta().resource_version,
         }});
         match self.dynamic_api(obj).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {
+            Ok(written) => {
+                self.record_written(&written);
                 self.metrics.record_write(&K::kind(&()));
                 Ok(true)
             }

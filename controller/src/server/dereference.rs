@@ -26,8 +26,12 @@ fn has_machine(server: &Server) -> bool {
 /// Servers (oldest first; deleted ones do not count).
 pub fn dereference(server: &Server, namespace: &str, ctx: &Context) -> Refs {
     let workspace = ctx.workspace_for(namespace);
+    let all = ctx.stores.servers.len();
     let rank = if has_machine(server) {
         None
+    } else if all <= workspace.spec.limits.max_servers as usize {
+        // Fewer Servers in the whole cache than the limit: no need to rank.
+        Some(0)
     } else {
         let max = workspace.spec.limits.max_servers as usize;
         let key = |s: &Server| (s.metadata.creation_timestamp.as_ref().map(|t| t.0), s.name_any());

@@ -38,6 +38,10 @@ pub const KIND: &str = "Server";
 /// Reconciles one Server.
 pub async fn reconcile(server: Arc<Server>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer(KIND);
+    if ctx.is_stale(server.as_ref()) {
+        // The cache has not caught up with our last write; its watch event brings us back.
+        return Ok(Action::requeue(std::time::Duration::from_secs(2)));
+    }
     let namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     if is_paused(server.as_ref()) {
         let desired = status::desired(StatusInput {
@@ -163,6 +167,7 @@ async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<
             ctx.publish(server.as_ref(), EventType::Normal, "Orphaned", "DeleteMachine", Some(format!("deletionPolicy Orphan: machine {id} left running"))).await;
         }
         ctx.forget_observed(&server.uid().unwrap_or_default());
+        ctx.forget_written(server.as_ref());
         return Ok(Action::await_change());
     }
     let ws = ctx.workspace_for(namespace);
@@ -173,6 +178,7 @@ async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<
     match act::cleanup(&server, step, &account.name, &ws, &provider, ctx).await {
         Ok(()) => {
             ctx.forget_observed(&server.uid().unwrap_or_default());
+            ctx.forget_written(server.as_ref());
             Ok(Action::await_change())
         }
         Err(e) => {

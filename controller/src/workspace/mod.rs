@@ -33,6 +33,10 @@ pub const LABEL_WORKSPACE: &str = "provisioning.dev/workspace";
 /// Reconciles one Workspace.
 pub async fn reconcile(ws: Arc<Workspace>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer(KIND);
+    if ctx.is_stale(ws.as_ref()) {
+        // The cache has not caught up with our last write; its watch event brings us back.
+        return Ok(Action::requeue(std::time::Duration::from_secs(2)));
+    }
     let paused = is_paused(ws.as_ref());
     let added = if paused { false } else { ctx.add_first_finalizer(ws.as_ref()).await? };
     if paused || (ws.metadata.deletion_timestamp.is_none() && ws.status.as_ref().is_none_or(|s| s.conditions.is_empty())) {
