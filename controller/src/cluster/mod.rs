@@ -72,6 +72,11 @@ pub async fn reconcile(cluster: Arc<Cluster>, cctx: Arc<ClusterContext>) -> Resu
     let _timer = ctx.metrics.reconcile_timer(KIND);
     let namespace = cluster.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let now = now_seconds();
+    if ctx.is_stale(cluster.as_ref()) {
+        // An older copy than our own last write: its status would redo recorded work (and
+        // re-run recorded script runs); the watch event of the newer version follows.
+        return Ok(Action::await_change());
+    }
     if is_paused(cluster.as_ref()) && cluster.metadata.deletion_timestamp.is_none() {
         let mut status = cluster.status.clone().unwrap_or_default();
         let mut desired: Vec<DesiredCondition> = status

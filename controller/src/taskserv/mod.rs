@@ -108,6 +108,11 @@ pub async fn reconcile(ts: Arc<TaskServ>, tctx: Arc<TaskServContext>) -> Result<
     let _timer = ctx.metrics.reconcile_timer(KIND);
     let namespace = ts.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let now = now_seconds();
+    if ctx.is_stale(ts.as_ref()) {
+        // An older copy than our own last write: its status would redo recorded work (and
+        // re-run recorded script runs); the watch event of the newer version follows.
+        return Ok(Action::await_change());
+    }
     if is_paused(ts.as_ref()) && ts.metadata.deletion_timestamp.is_none() {
         let mut status = ts.status.clone().unwrap_or_default();
         let mut desired: Vec<DesiredCondition> = status
