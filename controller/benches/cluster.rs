@@ -81,7 +81,7 @@ kind: Cluster
 metadata: {{name: {name}, namespace: bench}}
 spec:
   provider: sim
-  pools: [{{name: n, replicas: {replicas}}}]
+  pools: [{{name: node, replicas: {replicas}}}]
   taskservs: [{{service: redis}}]
   parallelLimit: {parallel_limit}
 "#
