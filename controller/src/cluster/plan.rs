@@ -613,13 +613,8 @@ pub fn plan(o: &Observed<'_>) -> Plan {
         steps,
     };
     plan.events = events;
-    plan.requeue = Some(if ready {
-        Duration::from_secs(300)
-    } else if stalled.is_some() {
-        Duration::from_secs(300)
-    } else {
-        Duration::from_secs(10)
-    });
+    // Ready or Stalled: children's changes trigger us anyway; else poll while rolling out.
+    plan.requeue = Some(if ready || stalled.is_some() { Duration::from_secs(300) } else { Duration::from_secs(10) });
     plan
 }
 

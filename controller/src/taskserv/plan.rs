@@ -351,10 +351,7 @@ pub fn plan(o: &Observed<'_>) -> Plan {
     let mut waiting_servers: Vec<String> = Vec::new();
 
     // 2. Validation: a refused request runs nothing.
-    let valid = match o.validated {
-        Ok(v) => Some(v),
-        Err(_) => None,
-    };
+    let valid = o.validated.as_ref().ok();
     let blocking = match valid {
         Some(v) => blocking_dependencies(o.name, o.spec, &v.dependencies, &selected, o.taskservs),
         None => Vec::new(),
