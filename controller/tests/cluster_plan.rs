@@ -162,6 +162,7 @@ fn server_child(s: &Server) -> ChildServer {
         stalled: None,
         deleting: false,
         machine_failed: false,
+        pending_since: None,
     }
 }
 
@@ -497,4 +498,21 @@ fn a_member_whose_machine_died_is_replaced() {
     w.commit(&next);
     w.converge();
     assert_eq!(w.status.phase.as_deref(), Some("Ready"));
+}
+
+#[test]
+fn a_member_stuck_starting_is_replaced_after_the_startup_timeout() {
+    let mut w = World::new(ETCD);
+    let first = w.plan();
+    w.commit(&first);
+    w.servers[0].ready = true;
+    w.servers[1].ready = true;
+    w.servers[2].pending_since = Some(t("2025-01-01T00:00:00Z"));
+    w.now = t("2025-01-01T00:01:00Z");
+    assert!(w.plan().delete_servers.is_empty(), "still within the startup timeout");
+    w.now = t("2025-01-01T00:05:00Z");
+    let plan = w.plan();
+    assert_eq!(plan.delete_servers, ["etcd-members-2"]);
+    let e = plan.events.iter().find(|e| e.reason == "Remediating").expect("event");
+    assert!(e.note.contains("did not start within the startup timeout"), "{}", e.note);
 }

@@ -34,6 +34,13 @@ fn etcd_cluster_converges_replicates_heals_and_deletes_cleanly() -> Result<()> {
     let value = docker_ok(&["exec", &m2, "etcdctl", "--endpoints=http://127.0.0.1:2379", "get", "greeting", "--print-value-only"])?;
     assert_eq!(value.trim(), "hello from member 0");
 
+    // A Ready cluster is quiet: over a health-check interval (30 s for etcd; checks run and
+    // pass) no status is written — resourceVersions stay put.
+    let versions = |d: &Dev| d.kubectl_ok(&["get", "pcl,ts,srv", "-o", "jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}"]);
+    let before = versions(&dev)?;
+    std::thread::sleep(Duration::from_secs(40));
+    assert_eq!(versions(&dev)?, before, "no writes on a no-op resync");
+
     // Kill one member: the TaskServ goes Healthy=False, the Server is recreated and rejoins,
     // the Cluster is Ready again.
     let victim = server_container(NS, "etcd-members-1")?;

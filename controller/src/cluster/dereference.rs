@@ -52,6 +52,12 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
                 machine_failed: s.status.as_ref().and_then(|st| st.provider_state.as_deref()).is_some_and(|state| {
                     matches!(state, "stopped" | "terminated" | "exited" | "dead")
                 }),
+                pending_since: s
+                    .status
+                    .as_ref()
+                    .filter(|st| st.provider_state.as_deref() == Some("pending"))
+                    .and_then(|st| conditions::find(&st.conditions, condition::READY))
+                    .map(|c| c.last_transition_time.0),
             }
         })
         .collect();

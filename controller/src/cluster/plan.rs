@@ -44,6 +44,11 @@ pub mod state {
     pub const FAILED: &str = "Failed";
 }
 
+/// How long a member's machine may stay starting before it is replaced (Cluster API's
+/// MachineHealthCheck `nodeStartupTimeout`): a machine whose start was interrupted never
+/// comes up by itself.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(150);
+
 /// Reason of `Stalled` after `failurePolicy: Rollback` undid a failed rollout.
 pub const REASON_ROLLED_BACK: &str = "RolledBack";
 
@@ -66,6 +71,8 @@ pub struct ChildServer {
     pub deleting: bool,
     /// Its machine stopped or vanished at the provider (killed): it gets replaced.
     pub machine_failed: bool,
+    /// Since when its machine has been starting (provider state pending), if it is.
+    pub pending_since: Option<Timestamp>,
 }
 
 /// A TaskServ of the cluster as observed.
@@ -505,13 +512,21 @@ pub fn plan(o: &Observed<'_>) -> Plan {
     // A member whose machine died is replaced (Cluster API's MachineHealthCheck remediation):
     // the Server goes (its machine with it) and comes back under the same name, and its
     // TaskServs re-install there.
-    for s in o.servers.iter().filter(|s| s.owned && s.machine_failed && !s.deleting && desired_names.contains(&s.name)) {
+    for s in o.servers.iter().filter(|s| s.owned && !s.ready && !s.deleting && desired_names.contains(&s.name)) {
+        let stuck = s.pending_since.is_some_and(|t| o.now.duration_since(t).unsigned_abs() > STARTUP_TIMEOUT);
+        let why = if s.machine_failed {
+            "stopped"
+        } else if stuck {
+            "did not start within the startup timeout"
+        } else {
+            continue;
+        };
         if !plan.delete_servers.contains(&s.name) {
             plan.delete_servers.push(s.name.clone());
             events.push(PlannedEvent {
                 warning: true,
                 reason: "Remediating".into(),
-                note: format!("the machine of Server {} stopped: replacing the Server", s.name),
+                note: format!("the machine of Server {} {why}: replacing the Server", s.name),
             });
         }
     }
