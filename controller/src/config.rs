@@ -44,7 +44,8 @@ pub struct ControllerConfig {
     pub resync_secs: u64,
     /// How often a Server whose machine is still starting is observed again, in seconds.
     pub poll_secs: u64,
-    /// Reconciles running at once per kind; 0 means unbounded (the default, see `run`).
+    /// Reconciles running at once per kind (0: unbounded). Bounded so that a burst of
+    /// thousands of objects does not hold thousands of in-flight reconciles in memory.
     pub concurrency: u16,
 }
 
@@ -61,7 +62,7 @@ impl Default for ControllerConfig {
             lease_renew_secs: 2,
             resync_secs: 600,
             poll_secs: 5,
-            concurrency: 0,
+            concurrency: 128,
         }
     }
 }

@@ -73,6 +73,7 @@ pub struct Context {
     /// Watch caches.
     pub stores: Stores,
     semaphores: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
+    waiters: Mutex<HashMap<String, usize>>,
     observations: Mutex<HashMap<String, Observed>>,
     /// Workspace provider-account checks, keyed `workspace/account`: (provider instance
     /// fingerprint, when, result). Credentials are validated again only when the provider
@@ -104,6 +105,7 @@ impl Context {
             providers,
             stores,
             semaphores: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(HashMap::new()),
             observations: Mutex::new(HashMap::new()),
             account_checks: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
@@ -134,7 +136,11 @@ impl Context {
             entry.1.clone()
         };
         self.metrics.queue_depth.inc();
+        *self.waiters.lock().unwrap_or_else(|p| p.into_inner()).entry(key.to_string()).or_insert(0) += 1;
         let permit = semaphore.acquire_owned().await;
+        if let Some(n) = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).get_mut(key) {
+            *n = n.saturating_sub(1);
+        }
         self.metrics.queue_depth.dec();
         // The semaphore is never closed, so acquiring cannot fail; fall back to a fresh one.
         match permit {
@@ -145,6 +151,30 @@ impl Context {
                 fresh.acquire_owned().await.expect("fresh semaphore is open")
             }
         }
+    }
+
+    /// Admission to a workspace's provider queue: at most `parallelLimit` reconciles may wait
+    /// for a permit while `parallelLimit` hold one; the rest are turned away with
+    /// `Error::InProgress` (retried in ~2 s) so that one busy workspace never ties up all
+    /// reconcile workers. Call before any provider step that writes first (create-pending).
+    pub fn admit(&self, ws: &EffectiveWorkspace) -> Result<(), Error> {
+        let limit = ws.spec.limits.parallel_limit.max(1) as usize;
+        let map = self.semaphores.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, semaphore)) = map.get(&ws.key()) {
+            let waiting = self.waiting(&ws.key());
+            if semaphore.available_permits() == 0 && waiting >= limit {
+                return Err(Error::InProgress(format!(
+                    "waiting for a provider slot ({} allows {limit} operations at once)",
+                    ws.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn waiting(&self, key: &str) -> usize {
+        let map = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key).copied().unwrap_or(0)
     }
 
     /// Runs one provider call under the workspace's parallelLimit, timed and classified.

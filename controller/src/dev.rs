@@ -20,11 +20,23 @@ use crate::config::ControllerConfig;
 /// Field manager of `provisioning dev --apply` (like kubectl's `kubectl`).
 pub const APPLY_MANAGER: &str = "provisioning-dev";
 
+/// Requests a client sends at once; more wait in its queue. kube's HTTP/1.1 client opens one
+/// connection per request in flight, so without a bound a burst of reconciles opens
+/// thousands of TLS connections (memory on both sides). Watches release their slot once
+/// their response starts.
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
+
+/// A client for `config` with at most [`MAX_REQUESTS_IN_FLIGHT`] requests in flight.
+pub fn client_from_config(config: kube::Config) -> anyhow::Result<Client> {
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_REQUESTS_IN_FLIGHT)).build())
+}
+
 /// A client for the API server described by a kubeconfig file.
 pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<Client> {
     let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(config)?)
+    client_from_config(config)
 }
 
 /// Applies every CRD of the project (server-side apply) and waits until all are served.

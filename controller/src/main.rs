@@ -176,7 +176,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             let client = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
                 Some(path) => dev::client_from_kubeconfig(&path).await?,
-                None => kube::Client::try_default().await.context("no kubeconfig and no in-cluster config")?,
+                None => dev::client_from_config(kube::Config::infer().await.context("no kubeconfig and no in-cluster config")?)?,
             };
             provisioning_controller::run::run(client, config, shutdown_signal()).await?;
             Ok(0)

@@ -50,6 +50,12 @@ pub async fn act(
 ) -> Result<Acted, Error> {
     let account = valid.account.name.as_str();
     let uid = server.uid().unwrap_or_default();
+    let cached = matches!(&step, Step::Observe(id) | Step::Adopt(id)
+        if server.status.as_ref().and_then(|s| s.provider_state.as_deref()) == Some("running")
+            && ctx.observed_recently(&uid, &fingerprint(server, id), ctx.config.resync().mul_f64(0.8)));
+    if !cached {
+        ctx.admit(ws)?;
+    }
     match step {
         Step::Observe(id) | Step::Adopt(id) => {
             let adopted = !server.spec.external_id.is_empty();

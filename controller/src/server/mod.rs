@@ -224,6 +224,10 @@ async fn fail<F>(server: &Server, error: Error, account: Option<String>, base: F
 where
     F: Fn(Option<Summary>, Option<String>, Option<String>, Machine) -> ServerStatus,
 {
+    if error.class() == ErrorClass::InProgress {
+        // Queued behind the workspace's parallelLimit: not a failure, nothing to record.
+        return Err(error);
+    }
     let message = error.to_string();
     let summary = match error.class() {
         ErrorClass::Permanent => Summary::stalled(error.category(), message.clone()),
