@@ -244,3 +244,31 @@ fn workspace_status_summarises_accounts() {
     let conflict = base(vec![], Some("namespace taken".into()));
     assert_eq!(conditions::find(&conflict.conditions, "Stalled").map(|c| c.reason.as_str()), Some("NamespaceConflict"));
 }
+
+#[test]
+fn an_adopted_machine_keeps_its_observed_plan_when_not_reobserved() {
+    let s = server("adopted");
+    let observed = ServerObservation { plan: "sim-2cpu-4gb".into(), ..running("simulated://sim-legacy-1") };
+    let first = desired(StatusInput {
+        previous: s.status.as_ref(),
+        generation: Some(1),
+        provider: Some("sim".into()),
+        resolved_plan: Some("sim-1cpu-1gb".into()),
+        machine: Machine::Observed(observed),
+        summary: None,
+        paused: false,
+        now: ts("2024-01-01T00:00:00Z"),
+    });
+    assert_eq!(first.resolved_plan.as_deref(), Some("sim-2cpu-4gb"));
+    let cached = desired(StatusInput {
+        previous: Some(&first),
+        generation: Some(1),
+        provider: Some("sim".into()),
+        resolved_plan: Some("sim-1cpu-1gb".into()),
+        machine: Machine::Unchanged,
+        summary: None,
+        paused: false,
+        now: ts("2024-01-02T00:00:00Z"),
+    });
+    assert_eq!(first, cached, "no flip-flop between the spec's plan and the observed one");
+}

@@ -60,7 +60,11 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
     if let Some(provider) = input.provider {
         status.provider = Some(provider);
     }
-    if let Some(plan) = input.resolved_plan {
+    // Once a machine exists, its observed plan is what status reports (adopted machines may
+    // differ from the spec); the spec's resolved plan only fills in before that.
+    if let Some(plan) = input.resolved_plan
+        && (status.provider_id.is_none() || status.resolved_plan.is_none())
+    {
         status.resolved_plan = Some(plan);
     }
     match &input.machine {
