@@ -234,3 +234,48 @@ async fn two_controllers_never_both_act_and_the_standby_takes_over() -> anyhow::
     env.shutdown().await;
     Ok(())
 }
+
+fn write_manifest(dir: &Path, plan: &str) -> anyhow::Result<std::path::PathBuf> {
+    let path = dir.join(format!("manifest-{plan}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {{name: demo}}\nspec:\n  providers: [{{name: sim, type: simulated}}]\n  defaults: {{provider: sim}}\n---\napiVersion: provisioning.dev/v1alpha1\nkind: Server\nmetadata: {{name: web-1, namespace: demo}}\nspec: {{plan: {plan}}}\n---\napiVersion: provisioning.dev/v1alpha1\nkind: Server\nmetadata: {{name: web-2, namespace: demo}}\nspec: {{}}\n"
+        ),
+    )?;
+    Ok(path)
+}
+
+#[test]
+fn dev_applies_manifests_and_exits_when_ready() -> anyhow::Result<()> {
+    let dir = provisioning_controller::testing::tempfile_dir::Dir::new("dev-test")?;
+    let manifest = write_manifest(dir.path(), "small")?;
+    let out = Command::new(env!("CARGO_BIN_EXE_provisioning"))
+        .args(["dev", "--listen", "127.0.0.1:0", "--exit-when-ready", "--timeout", "120", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--apply")
+        .arg(&manifest)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("export KUBECONFIG={}", dir.path().join("data").join("kubeconfig").display())), "{stdout}");
+    assert!(stdout.contains("Server/demo/web-1") && stdout.contains("Running"), "{stdout}");
+    assert!(stdout.contains("all 3 resource(s) Ready"), "{stdout}");
+    Ok(())
+}
+
+#[test]
+fn dev_exits_non_zero_naming_what_is_not_ready() -> anyhow::Result<()> {
+    let dir = provisioning_controller::testing::tempfile_dir::Dir::new("dev-test-bad")?;
+    let manifest = write_manifest(dir.path(), "gigantic")?;
+    let out = Command::new(env!("CARGO_BIN_EXE_provisioning"))
+        .args(["dev", "--listen", "127.0.0.1:0", "--exit-when-ready", "--timeout", "8", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--apply")
+        .arg(&manifest)
+        .output()?;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Server/demo/web-1") && stderr.contains("plan \"gigantic\" is not offered"), "{stderr}");
+    Ok(())
+}
