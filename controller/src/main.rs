@@ -205,7 +205,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?;
             match command {
                 CatalogCommand::List => {
-                    println!("{:<14} {:<10} {:<24} {}", "SERVICE", "DEFAULT", "VERSIONS", "REQUIRES");
+                    println!("{:<14} {:<10} {:<24} REQUIRES", "SERVICE", "DEFAULT", "VERSIONS");
                     for svc in catalog.services() {
                         let m = &svc.manifest;
                         println!("{:<14} {:<10} {:<24} {}", m.name, m.default_version, m.versions.join(","), m.requires.join(","));

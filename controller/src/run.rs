@@ -103,7 +103,9 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
 
     // Servers re-check when their Workspace's spec or readiness changes (not on count updates).
     let server_store = stores.servers.clone();
-    let seen_workspaces: Arc<Mutex<HashMap<String, (Option<i64>, bool)>>> = Arc::default();
+    // Workspace name → (generation, Ready) last seen.
+    type Seen = Mutex<HashMap<String, (Option<i64>, bool)>>;
+    let seen_workspaces: Arc<Seen> = Arc::default();
     let servers = server_controller
         .with_config(settings.clone())
         .watches(Api::<Workspace>::all(client.clone()), watcher::Config::default().any_semantic(), move |ws: Workspace| {

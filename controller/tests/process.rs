@@ -159,10 +159,12 @@ async fn two_controllers_never_both_act_and_the_standby_takes_over() -> anyhow::
     let env = TestEnv::start().await?;
     let config = write_config(&env)?;
     let addrs = [free_addr(), free_addr()];
-    let mut children = vec![spawn_controller(&env, &config, addrs[0])?, spawn_controller(&env, &config, addrs[1])?];
+    let mut children = [spawn_controller(&env, &config, addrs[0])?, spawn_controller(&env, &config, addrs[1])?];
 
     // Sample both replicas' leader gauges and reconcile counters throughout.
-    let samples: std::sync::Arc<std::sync::Mutex<Vec<[(f64, f64); 2]>>> = Default::default();
+    // Per sample: (leader gauge, reconciles) of each replica.
+    type Samples = std::sync::Mutex<Vec<[(f64, f64); 2]>>;
+    let samples: std::sync::Arc<Samples> = Default::default();
     let sampler = {
         let samples = samples.clone();
         tokio::spawn(async move {
