@@ -177,8 +177,9 @@ fn apply_order(kind: &str) -> u8 {
     match kind {
         "Namespace" => 0,
         "CustomResourceDefinition" => 1,
-        "Secret" | "ConfigMap" | "ServiceAccount" => 2,
-        "Workspace" => 3,
+        // Before Secrets: a Workspace creates the namespace its credentials Secret lives in.
+        "Workspace" => 2,
+        "Secret" | "ConfigMap" | "ServiceAccount" => 3,
         _ => 4,
     }
 }
