@@ -403,6 +403,10 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
             continue;
         }
         for p in &applied_fields {
+            // A keyed list item's own path marks membership (shared freely); its fields conflict.
+            if p.last().is_some_and(|t| t.starts_with("k:")) {
+                continue;
+            }
             if e.fields.contains(p) && value_at(live, p) != value_at(applied, p) {
                 conflicts.push((e.manager.clone(), p.clone()));
             }
@@ -436,10 +440,30 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
         .filter(|e| e.manager == req.manager && e.operation == "Apply" && e.subresource == sub)
         .flat_map(|e| e.fields.iter().cloned())
         .collect();
-    let mut removed: Vec<&FieldPath> = previous
+    let is_self = |e: &ManagerEntry| e.manager == req.manager && e.operation == "Apply" && e.subresource == sub;
+    let owned_by_other = |p: &FieldPath| entries.iter().any(|e| !is_self(e) && e.fields.contains(p));
+    // Someone else (another manager, or this manager's other entries) still owns `p` or a field
+    // below it, or this apply sets something below it.
+    let in_use_below = |p: &FieldPath| {
+        entries.iter().filter(|e| !is_self(e)).any(|e| e.fields.iter().any(|q| q.starts_with(p)))
+            || applied_fields.iter().any(|q| q.starts_with(p))
+    };
+    let candidates: Vec<&FieldPath> =
+        previous.iter().filter(|p| !applied_fields.contains(*p)).filter(|p| !owned_by_other(p)).collect();
+    // A keyed list item goes as a whole when nothing in it is still in use; otherwise it stays
+    // (with its key fields) and only this manager's other fields in it go.
+    let removed_items: Vec<&FieldPath> = candidates
         .iter()
-        .filter(|p| !applied_fields.contains(*p))
-        .filter(|p| !entries.iter().any(|e| !(e.manager == req.manager && e.operation == "Apply") && e.fields.contains(*p)))
+        .copied()
+        .filter(|p| p.last().is_some_and(|t| t.starts_with("k:")) && !in_use_below(p))
+        .collect();
+    let mut removed: Vec<&FieldPath> = candidates
+        .into_iter()
+        .filter(|p| !p.last().is_some_and(|t| t.starts_with("k:")) || removed_items.contains(p))
+        // Inside an item removed as a whole: the item's removal takes care of it.
+        .filter(|p| !removed_items.iter().any(|i| i.len() < p.len() && p.starts_with(i)))
+        // Key fields of an item that stays.
+        .filter(|p| !is_key_field(p))
         .collect();
     removed.sort_by_key(|p| std::cmp::Reverse(p.len()));
     for p in removed {
@@ -477,6 +501,13 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
     });
     write_managed(&mut out, &entries);
     Ok(out)
+}
+
+/// Whether `p` names a key field of a keyed list item (`...k:{"type":"Ready"}, f:type`).
+fn is_key_field(p: &FieldPath) -> bool {
+    let [.., item, field] = p.as_slice() else { return false };
+    let (Some(keys), Some(f)) = (item.strip_prefix("k:"), field.strip_prefix("f:")) else { return false };
+    serde_json::from_str::<Map<String, Value>>(keys).is_ok_and(|m| m.contains_key(f))
 }
 
 /// `.spec.plan`-style rendering of a path for conflict messages.
@@ -536,6 +567,41 @@ mod tests {
         let req = ApplyRequest { manager: "m", force: false, scope: Scope::Status, api_version: "v1", schema: Some(&schema), now: "t" };
         let out = apply(&live, &json!({"status": {"conditions": [{"type": "B", "status": "False"}]}}), &req)?;
         assert_eq!(out["status"]["conditions"].as_array().map(Vec::len), Some(2));
+        Ok(())
+    }
+
+    fn conditions_schema() -> Value {
+        json!({"type": "object", "properties": {"status": {"type": "object", "properties": {
+            "conditions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+                "items": {"type": "object"}}}}}})
+    }
+
+    #[test]
+    fn keyed_list_item_dropped_by_sole_owner_is_removed() -> Result<(), ApiError> {
+        let schema = conditions_schema();
+        let req = ApplyRequest { manager: "m", force: false, scope: Scope::Status, api_version: "v1", schema: Some(&schema), now: "t" };
+        let live = json!({"metadata": {"name": "a"}});
+        let a = apply(&live, &json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True"}, {"type": "Paused", "status": "False", "reason": "x"}]}}), &req)?;
+        let b = apply(&a, &json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}), &req)?;
+        assert_eq!(b["status"]["conditions"], json!([{"type": "Ready", "status": "True"}]));
+        let fields = &read_managed(&b)[0].fields;
+        assert!(fields.iter().all(|p| !p.iter().any(|t| t.contains("Paused"))), "{fields:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn keyed_list_item_shared_keeps_other_managers_fields() -> Result<(), ApiError> {
+        let schema = conditions_schema();
+        let req = |m: &'static str| ApplyRequest { manager: m, force: false, scope: Scope::Status, api_version: "v1", schema: Some(&schema), now: "t" };
+        let live = json!({"metadata": {"name": "a"}});
+        let a = apply(&live, &json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True"}, {"type": "Paused", "status": "False", "reason": "x"}]}}), &req("one"))?;
+        let b = apply(&a, &json!({"status": {"conditions": [{"type": "Paused", "message": "hi"}]}}), &req("two"))?;
+        let c = apply(&b, &json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}), &req("one"))?;
+        assert_eq!(c["status"]["conditions"], json!([{"type": "Ready", "status": "True"}, {"type": "Paused", "message": "hi"}]));
+        let d = apply(&c, &json!({"status": {"conditions": []}}), &req("two"))?;
+        assert_eq!(d["status"]["conditions"], json!([{"type": "Ready", "status": "True"}]));
         Ok(())
     }
 }
