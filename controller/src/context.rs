@@ -410,23 +410,54 @@ pub struct ProviderRegistry {
     client: Client,
     state_dir: std::path::PathBuf,
     cache: Mutex<HashMap<String, CachedProvider>>,
+    /// Latest resourceVersion seen by the Secret watch, keyed `namespace/name` (only Secrets
+    /// some provider account refers to). A cached provider built from another version is
+    /// rebuilt on its next use, whatever [`CREDENTIALS_TTL`] says.
+    secret_versions: Mutex<HashMap<String, String>>,
 }
 
 impl ProviderRegistry {
     /// A registry building providers with state under `state_dir`.
     pub fn new(client: Client, state_dir: std::path::PathBuf) -> Self {
-        ProviderRegistry { client, state_dir, cache: Mutex::new(HashMap::new()) }
+        ProviderRegistry { client, state_dir, cache: Mutex::new(HashMap::new()), secret_versions: Mutex::new(HashMap::new()) }
+    }
+
+    /// Records the resourceVersion of Secret `namespace/name` as seen by the watch (`None`
+    /// when it was deleted). Returns whether it differs from the version recorded before,
+    /// i.e. whether providers built from it must re-read it. Only metadata is involved:
+    /// secret values never pass through here.
+    pub fn note_secret(&self, namespace: &str, name: &str, resource_version: Option<&str>) -> bool {
+        let key = format!("{namespace}/{name}");
+        let mut versions = self.secret_versions.lock().unwrap_or_else(|p| p.into_inner());
+        match resource_version {
+            Some(rv) => versions.insert(key, rv.to_string()).as_deref() != Some(rv),
+            None => {
+                versions.insert(key, "deleted".to_string());
+                true
+            }
+        }
+    }
+
+    /// Whether a provider built from Secret version `built_from` is still current (no newer
+    /// version seen by the watch).
+    fn secret_current(&self, secret_key: &str, built_from: Option<&String>) -> bool {
+        let versions = self.secret_versions.lock().unwrap_or_else(|p| p.into_inner());
+        versions.get(secret_key).is_none_or(|latest| Some(latest) == built_from)
     }
 
     /// The provider of `account` in `ws`.
     pub async fn get(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
         let key = format!("{}/{}", ws.key(), account.name);
         let fingerprint = format!("{}|{}", ws.namespace, serde_json::to_string(account)?);
+        let secret_key = account
+            .credentials_secret_ref
+            .as_ref()
+            .map(|r| format!("{}/{}", r.namespace.as_deref().unwrap_or(&ws.namespace), r.name));
         {
             let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(c) = cache.get(&key)
                 && c.fingerprint == fingerprint
-                && (account.credentials_secret_ref.is_none() || c.fetched.elapsed() < CREDENTIALS_TTL)
+                && secret_key.as_deref().is_none_or(|k| c.fetched.elapsed() < CREDENTIALS_TTL && self.secret_current(k, c.secret_version.as_ref()))
             {
                 return Ok(c.provider.clone());
             }

@@ -13,6 +13,8 @@ use futures::{FutureExt, StreamExt};
 use kube::runtime::controller::Config as ControllerSettings;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use provisioning_crds::{Cluster, Server, TaskServ, Workspace};
 
@@ -106,8 +108,11 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
     // Workspace name → (generation, Ready) last seen.
     type Seen = Mutex<HashMap<String, (Option<i64>, bool)>>;
     let seen_workspaces: Arc<Seen> = Arc::default();
+    // Secret changes re-trigger Servers directly (see the Workspace controller's Secret watch).
+    let (server_trigger, server_triggers) = futures::channel::mpsc::unbounded::<ObjectRef<Server>>();
     let servers = server_controller
         .with_config(settings.clone())
+        .reconcile_on(server_triggers)
         .watches(Api::<Workspace>::all(client.clone()), watcher::Config::default().any_semantic(), move |ws: Workspace| {
             let ready = ws.status.as_ref().is_some_and(|s| crate::conditions::is_true(&s.conditions, "Ready"));
             let fingerprint = (ws.metadata.generation, ready);
@@ -140,11 +145,45 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
         workspaces::owner_of(&namespace, ws_store.state().iter()).map(|ws| ObjectRef::from_obj(ws.as_ref())).into_iter().collect()
     };
     let (m1, m2, m3) = (to_workspace.clone(), to_workspace.clone(), to_workspace);
+    // Secrets (metadata only: values are never read by the watch): a credentials Secret's
+    // change marks the providers built from it stale and reconciles the Workspaces using it
+    // at once, instead of after the error backoff; their Stalled Servers are re-triggered.
+    let secret_to_workspaces = {
+        let ws_store = stores.workspaces.clone();
+        let server_store = stores.servers.clone();
+        let ctx = ctx.clone();
+        move |secret: PartialObjectMeta<Secret>| -> Vec<ObjectRef<Workspace>> {
+            let Some(namespace) = secret.namespace() else { return vec![] };
+            let name = secret.name_any();
+            let all = ws_store.state();
+            let (using, namespaces) =
+                workspace::secrets::referrers(&all, &ctx.config.default_workspace.providers, &namespace, &name);
+            let servers: Vec<ObjectRef<Server>> = server_store
+                .state()
+                .iter()
+                .filter(|s| workspace::secrets::server_affected(s, &namespaces, &namespace, &name))
+                .map(|s| ObjectRef::from_obj(s.as_ref()))
+                .collect();
+            if using.is_empty() && servers.is_empty() && namespaces.is_empty() {
+                return vec![];
+            }
+            let version = if secret.metadata.deletion_timestamp.is_some() { None } else { secret.metadata.resource_version.as_deref() };
+            if !ctx.providers.note_secret(&namespace, &name, version) {
+                return vec![];
+            }
+            tracing::debug!(secret = %format!("{namespace}/{name}"), workspaces = using.len(), servers = servers.len(), "credentials Secret changed");
+            for server in servers {
+                let _ = server_trigger.unbounded_send(server);
+            }
+            using.into_iter().map(|ws| ObjectRef::from_obj(ws.as_ref())).collect()
+        }
+    };
     let workspaces = workspace_controller
         .with_config(settings.debounce(Duration::from_secs(1)))
         .watches(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Server| m1(s.namespace()))
         .watches(Api::<TaskServ>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: TaskServ| m2(s.namespace()))
         .watches(Api::<Cluster>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Cluster| m3(s.namespace()))
+        .watches(Api::<PartialObjectMeta<Secret>>::all(client.clone()), watcher::Config::default().any_semantic(), secret_to_workspaces)
         .graceful_shutdown_on(shutdown.clone())
         .run(workspace::reconcile, workspace::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));

@@ -424,3 +424,79 @@ async fn workspace_reports_namespace_accounts_counts_and_conflicts() -> anyhow::
     env.shutdown().await;
     Ok(())
 }
+
+fn is_stalled<T>(conditions: Option<&T>) -> bool
+where
+    T: AsRef<[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]>,
+{
+    conditions.is_some_and(|c| provisioning_controller::conditions::is_true(c.as_ref(), "Stalled"))
+}
+
+/// A fixed credentials Secret is picked up through the Secret watch: Workspace and Server
+/// recover in seconds, not after the error backoff or the credentials cache's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixing_a_credentials_secret_recovers_workspace_and_server_quickly() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), "kappa");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+    namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "kappa"}}))?).await?;
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sim-creds", "namespace": "kappa"},
+        "stringData": {"SIMULATED_TOKEN": "wrong-token"}
+    }))?;
+    secrets.create(&PostParams::default(), &secret).await?;
+    let ws: Workspace = serde_json::from_value(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace",
+        "metadata": {"name": "kappa"},
+        "spec": {
+            "providers": [{"name": "sim", "type": "simulated",
+                           "simulation": {"requiredToken": "right-token"},
+                           "credentialsSecretRef": {"name": "sim-creds"}}],
+            "defaults": {"provider": "sim"}
+        }
+    }))?;
+    let workspaces: Api<Workspace> = Api::all(env.client.clone());
+    workspaces.create(&PostParams::default(), &ws).await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "kappa");
+    api.create(&PostParams::default(), &server("kappa", "s1", json!({}))).await?;
+    wait_for("kappa Stalled on the wrong token", DEADLINE, || {
+        let workspaces = workspaces.clone();
+        async move {
+            let ws = workspaces.get("kappa").await.ok()?;
+            is_stalled(ws.status.as_ref().map(|s| &s.conditions)).then_some(())
+        }
+    })
+    .await?;
+    wait_server(&api, "s1", "Stalled", |s| is_stalled(s.status.as_ref().map(|s| &s.conditions))).await?;
+
+    // Fix the Secret: both become Ready well within the backoff (30 s doubling) and the TTL.
+    let started = std::time::Instant::now();
+    let patch = json!({"stringData": {"SIMULATED_TOKEN": "right-token"}});
+    secrets.patch("sim-creds", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    let fast = Duration::from_secs(30);
+    wait_for("kappa Ready after the Secret fix", fast, || {
+        let workspaces = workspaces.clone();
+        async move {
+            let ws = workspaces.get("kappa").await.ok()?;
+            ws.status.as_ref().filter(|s| provisioning_controller::conditions::is_true(&s.conditions, "Ready")).map(|_| ())
+        }
+    })
+    .await?;
+    let ready = wait_for("s1 Ready after the Secret fix", fast, || {
+        let api = api.clone();
+        async move { api.get("s1").await.ok().filter(is_ready) }
+    })
+    .await?;
+    eprintln!("recovered {:?} after the Secret fix", started.elapsed());
+    let ws = workspaces.get("kappa").await?;
+    for text in [serde_json::to_string(&ws.status)?, serde_json::to_string(&ready.status)?] {
+        assert!(!text.contains("right-token") && !text.contains("wrong-token"), "secret values never in status");
+    }
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.client.clone());
+    let notes: Vec<String> = events.list(&Default::default()).await?.items.into_iter().filter_map(|e| e.note).collect();
+    assert!(notes.iter().all(|n| !n.contains("right-token") && !n.contains("wrong-token")), "secret values never in events");
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}

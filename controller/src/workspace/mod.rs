@@ -5,6 +5,7 @@
 //! counts from caches) → status (pure) → one status patch when changed.
 
 pub mod dereference;
+pub mod secrets;
 pub mod status;
 pub mod validate;
 
