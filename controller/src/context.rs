@@ -527,6 +527,16 @@ pub fn provider_config(account: &ProviderAccount, credentials: Credentials, stat
             required_token: s.required_token.clone(),
         })
         .unwrap_or_default();
+    let nu_binary = crate::taskserv::act::host_nu_binary();
+    let catalog_dir = crate::taskserv::act::host_catalog_dir();
+    // Cloud machines get `nu` and the catalog copied over SSH before their first script, at
+    // the paths the runner uses (the local provider mounts them instead).
+    let mut ssh = provisioning_providers::SshSettings::default();
+    if matches!(account.provider_type, provisioning_crds::ProviderType::Aws | provisioning_crds::ProviderType::Upcloud)
+        && let (Some(nu), Some(catalog)) = (&nu_binary, &catalog_dir)
+    {
+        ssh.assets = provisioning_providers::ssh::task_assets(nu, catalog, "/opt/provisioning/catalog");
+    }
     ProviderConfig {
         name: account.name.clone(),
         provider_type: account.provider_type.as_str().to_string(),
@@ -539,8 +549,9 @@ pub fn provider_config(account: &ProviderAccount, credentials: Credentials, stat
         simulation,
         state_dir: state_dir.to_path_buf(),
         // Local provider: `nu` and the catalog are mounted read-only into every container.
-        nu_binary: crate::taskserv::act::host_nu_binary(),
-        catalog_dir: crate::taskserv::act::host_catalog_dir(),
+        nu_binary,
+        catalog_dir,
+        ssh,
         ..ProviderConfig::default()
     }
 }

@@ -84,6 +84,12 @@ pub trait Provider: Send + Sync {
     /// Pins a host key recorded earlier (from `status.hostKey`), so that a restarted
     /// controller still refuses a machine whose key changed.
     fn pin_host_key(&self, _id: &ProviderId, _host_key: &str) {}
+
+    /// The OpenSSH public key new machines must authorise so that `exec` can log in
+    /// (derived from the account's `SSH_PRIVATE_KEY`); `None` for providers without SSH.
+    fn ssh_public_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A shared provider handle.

@@ -133,7 +133,39 @@ impl fmt::Debug for SshExecutor {
     }
 }
 
+/// The assets every cloud machine needs before its first task script: the `nu` binary at
+/// `/usr/local/bin/nu` and every file of the taskserv catalog under `remote_catalog`.
+pub fn task_assets(nu_binary: &std::path::Path, catalog_dir: &std::path::Path, remote_catalog: &str) -> Vec<SshAsset> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let mut paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for path in paths {
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.is_file() {
+                out.push(path);
+            }
+        }
+    }
+    let mut assets = vec![SshAsset { local: nu_binary.to_path_buf(), remote: "/usr/local/bin/nu".into(), mode: 0o755 }];
+    let mut files = Vec::new();
+    walk(catalog_dir, &mut files);
+    for file in files {
+        if let Ok(rel) = file.strip_prefix(catalog_dir) {
+            let remote = format!("{}/{}", remote_catalog.trim_end_matches('/'), rel.to_string_lossy());
+            assets.push(SshAsset { local: file, remote, mode: 0o644 });
+        }
+    }
+    assets
+}
+
 impl SshExecutor {
+    /// The OpenSSH public key line of the account's private key, for machines to authorise.
+    pub fn public_key(&self) -> Option<String> {
+        self.key.as_ref().ok().and_then(|k| k.public_key().to_openssh().ok())
+    }
+
     /// Builds the executor of an account. A missing or unreadable key is reported at the first
     /// `exec`, so that accounts without SSH still work for everything else.
     pub fn new(config: &ProviderConfig, default_user: &str) -> Self {

@@ -96,8 +96,12 @@ fn servers_ready(dev: &mut Dev, namespace: &str, plans: (&str, &str)) -> Result<
         ensure!(server["status"]["resolvedPlan"] == want, "Server {name} (pool {pool}): resolvedPlan {}", server["status"]["resolvedPlan"]);
     }
     ensure!(ids.len() == 3, "three distinct machines: {ids:?}");
-    let ws = get_json(dev, &["ws", namespace])?;
-    ensure!(ws["status"]["providers"][0]["ready"] == true, "{}", ws["status"]);
+    // The Workspace's account check runs in its own reconcile (re-triggered when its Secret
+    // appears), so it may finish a moment after the Servers.
+    dev.wait_until(Duration::from_secs(60), "the Workspace's provider account is ready", |d| {
+        let ws = get_json(d, &["ws", namespace])?;
+        Ok(ws["status"]["providers"][0]["ready"] == true)
+    })?;
     Ok(ids)
 }
 

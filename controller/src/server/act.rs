@@ -111,7 +111,8 @@ async fn create(
         plan: valid.plan.clone(),
         zone: valid.zone.clone(),
         image: valid.image.clone(),
-        ssh_public_key: None,
+        // Cloud machines authorise the account's SSH key so task scripts can run there.
+        ssh_public_key: provider.ssh_public_key(),
         extra_tags: Default::default(),
     };
     let obs = ctx

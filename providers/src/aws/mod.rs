@@ -382,6 +382,10 @@ impl Provider for AwsProvider {
         Ok(self.describe_tagged(tags).await?.iter().map(observe).collect())
     }
 
+    fn ssh_public_key(&self) -> Option<String> {
+        self.ssh.public_key()
+    }
+
     fn pinned_host_key(&self, id: &ProviderId) -> Option<String> {
         self.ssh.pinned_host_key(&id.0)
     }

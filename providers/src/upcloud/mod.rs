@@ -454,6 +454,10 @@ impl Provider for UpcloudProvider {
         Ok(observed)
     }
 
+    fn ssh_public_key(&self) -> Option<String> {
+        self.ssh.public_key()
+    }
+
     fn pinned_host_key(&self, id: &ProviderId) -> Option<String> {
         self.ssh.pinned_host_key(&id.0)
     }
