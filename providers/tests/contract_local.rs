@@ -536,39 +536,3 @@ async fn concurrent_creates_make_one_container_per_server_and_one_network() {
     }
     f.assert_nothing_left().await;
 }
-
-/// Timings for the README (run with `--ignored --nocapture`): a cold node image build in a
-/// fresh data directory, a rebuild with debootstrap's cache warm, and exec round trips.
-#[tokio::test]
-#[ignore = "rebuilds the node image twice; run by hand for timings"]
-async fn timings() {
-    let data = tempfile::tempdir().expect("tempdir");
-    let opts = NodeImageOptions { data_dir: data.path().to_path_buf(), force: true, ..Default::default() };
-    let started = Instant::now();
-    let tag = build_node_image(&opts).await.expect("cold build");
-    eprintln!("cold build (empty data dir): {:?}", started.elapsed());
-    let started = Instant::now();
-    build_node_image(&opts).await.expect("warm build");
-    eprintln!("rebuild (bootstrapped rootfs saved): {:?}", started.elapsed());
-    let started = Instant::now();
-    assert_eq!(build_node_image(&NodeImageOptions::default()).await.expect("cached"), tag);
-    eprintln!("cached (tag exists): {:?}", started.elapsed());
-
-    let f = fixture("timing").await;
-    let started = Instant::now();
-    let server = f.running(&f.request("timer", None, "small")).await;
-    eprintln!("server running: {:?}", started.elapsed());
-    let mut rounds = Vec::new();
-    for _ in 0..20 {
-        let started = Instant::now();
-        let done = f.exec(&server.provider_id, &["true"], Some(b"{}"), Duration::from_secs(30)).await;
-        assert_eq!(done.exit_code, Some(0));
-        rounds.push(started.elapsed());
-    }
-    rounds.sort();
-    eprintln!("exec round trip (true, with stdin): median {:?}, max {:?}", rounds[10], rounds[19]);
-    let started = Instant::now();
-    f.delete(&server.provider_id).await;
-    eprintln!("delete: {:?}", started.elapsed());
-    f.assert_nothing_left().await;
-}
