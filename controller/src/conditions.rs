@@ -156,6 +156,30 @@ pub fn merge(previous: &[Condition], desired: &[DesiredCondition], generation: O
         .collect()
 }
 
+/// The conditions of a paused object: every current condition kept as it is, plus
+/// `Paused=True` (used by kinds whose reconcile stops before any planning).
+pub fn paused(previous: &[Condition], generation: Option<i64>, now: Timestamp) -> Vec<Condition> {
+    let mut desired: Vec<DesiredCondition> = previous
+        .iter()
+        .filter(|c| c.type_ != provisioning_crds::condition::PAUSED)
+        .map(|c| {
+            let status = match c.status.as_str() {
+                "True" => Status::True,
+                "False" => Status::False,
+                _ => Status::Unknown,
+            };
+            DesiredCondition::new(&c.type_, status, &c.reason, c.message.clone())
+        })
+        .collect();
+    desired.push(DesiredCondition::new(
+        provisioning_crds::condition::PAUSED,
+        Status::True,
+        "Paused",
+        "provisioning.dev/paused is \"true\"",
+    ));
+    merge(previous, &desired, generation, now)
+}
+
 /// The status of condition `type_` in a list.
 pub fn status_of<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a str> {
     conditions.iter().find(|c| c.type_ == type_).map(|c| c.status.as_str())
@@ -189,6 +213,23 @@ mod tests {
 
     fn ts(s: &str) -> Timestamp {
         s.parse().expect("timestamp")
+    }
+
+    #[test]
+    fn paused_keeps_conditions_and_adds_paused_true() {
+        let t0 = ts("2024-01-01T00:00:00Z");
+        let t1 = ts("2024-01-01T00:05:00Z");
+        let ready = merge(&[], &Summary::ready("Ready", "all good").conditions(), Some(2), t0);
+        let paused = paused(&ready, Some(2), t1);
+        assert_eq!(paused.len(), ready.len() + 1);
+        for c in &ready {
+            let kept = find(&paused, &c.type_).expect("kept");
+            assert_eq!((kept.status.as_str(), kept.last_transition_time.0), (c.status.as_str(), t0), "{}", c.type_);
+        }
+        let p = find(&paused, "Paused").expect("Paused");
+        assert_eq!((p.status.as_str(), p.reason.as_str(), p.last_transition_time.0), ("True", "Paused", t1));
+        // Idempotent: pausing again changes nothing.
+        assert_eq!(super::paused(&paused, Some(2), ts("2024-01-01T00:09:00Z")), paused);
     }
 
     #[test]

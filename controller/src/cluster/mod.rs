@@ -79,21 +79,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, cctx: Arc<ClusterContext>) -> Resu
     }
     if is_paused(cluster.as_ref()) && cluster.metadata.deletion_timestamp.is_none() {
         let mut status = cluster.status.clone().unwrap_or_default();
-        let mut desired: Vec<DesiredCondition> = status
-            .conditions
-            .iter()
-            .filter(|c| c.type_ != condition::PAUSED)
-            .map(|c| {
-                let s = match c.status.as_str() {
-                    "True" => Status::True,
-                    "False" => Status::False,
-                    _ => Status::Unknown,
-                };
-                DesiredCondition::new(&c.type_, s, &c.reason, c.message.clone())
-            })
-            .collect();
-        desired.push(DesiredCondition::new(condition::PAUSED, Status::True, "Paused", "provisioning.dev/paused is \"true\""));
-        status.conditions = conditions::merge(&status.conditions, &desired, cluster.metadata.generation, now);
+        status.conditions = conditions::paused(&status.conditions, cluster.metadata.generation, now);
         ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await?;
         ctx.reset_backoff(KIND, cluster.as_ref());
         return Ok(Action::await_change());

@@ -115,14 +115,7 @@ pub async fn reconcile(ts: Arc<TaskServ>, tctx: Arc<TaskServContext>) -> Result<
     }
     if is_paused(ts.as_ref()) && ts.metadata.deletion_timestamp.is_none() {
         let mut status = ts.status.clone().unwrap_or_default();
-        let mut desired: Vec<DesiredCondition> = status
-            .conditions
-            .iter()
-            .filter(|c| c.type_ != condition::PAUSED)
-            .map(|c| DesiredCondition::new(&c.type_, status_from(&c.status), &c.reason, c.message.clone()))
-            .collect();
-        desired.push(DesiredCondition::new(condition::PAUSED, Status::True, "Paused", "provisioning.dev/paused is \"true\""));
-        status.conditions = conditions::merge(&status.conditions, &desired, ts.metadata.generation, now);
+        status.conditions = conditions::paused(&status.conditions, ts.metadata.generation, now);
         ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &status).await?;
         ctx.reset_backoff(KIND, ts.as_ref());
         return Ok(Action::await_change());
@@ -160,14 +153,6 @@ pub async fn reconcile(ts: Arc<TaskServ>, tctx: Arc<TaskServContext>) -> Result<
 /// `error_policy` of the TaskServ controller.
 pub fn error_policy(ts: Arc<TaskServ>, error: &Error, tctx: Arc<TaskServContext>) -> Action {
     tctx.ctx.backoff(KIND, ts.as_ref(), error)
-}
-
-fn status_from(s: &str) -> Status {
-    match s {
-        "True" => Status::True,
-        "False" => Status::False,
-        _ => Status::Unknown,
-    }
 }
 
 /// Now, in whole seconds (the API stores seconds).
