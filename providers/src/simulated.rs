@@ -103,12 +103,29 @@ impl Store {
                 serde_json::to_writer(&mut buf, entry).map_err(|e| ProviderError::Permanent(e.to_string()))?;
                 buf.push(b'\n');
             }
+            // A writer killed mid-write (SIGKILL can cut a write at a page boundary) leaves a
+            // torn last line; start on a fresh line so this entry is not glued to it (the
+            // fragment is then skipped as unreadable, like a create the cloud never finished).
+            if ends_without_newline(&mut file).map_err(io)? {
+                buf.insert(0, b'\n');
+            }
             // One write of whole lines: appends from two processes never interleave mid-line.
             file.write_all(&buf).map_err(io)?;
             catch_up(&mut file, &mut state).map_err(io)?;
         }
         Ok(value)
     }
+}
+
+fn ends_without_newline(file: &mut File) -> std::io::Result<bool> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(false);
+    }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1))?;
+    std::io::Read::read_exact(file, &mut last)?;
+    Ok(last[0] != b'\n')
 }
 
 fn catch_up(file: &mut File, state: &mut StoreState) -> std::io::Result<()> {

@@ -90,3 +90,26 @@ async fn unknown_plan_is_invalid_request() {
     assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("huge")), "{err:?}");
     assert!(p.list_servers(&[]).await.expect("list").is_empty(), "nothing created");
 }
+
+#[tokio::test]
+async fn a_torn_last_line_from_a_killed_writer_loses_no_later_entry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = {
+        let p = build_provider(&config(dir.path(), "torn-src")).expect("build");
+        p.ensure_server(&request("before")).await.expect("create")
+    };
+    // A log whose writer died mid-line: a whole entry, then half of the next one.
+    let log = std::fs::read_to_string(dir.path().join("simulated-torn-src.jsonl")).expect("log");
+    let torn = format!("{log}{{\"op\":\"create\",\"machine\":{{\"id\":\"sim-half");
+    std::fs::write(dir.path().join("simulated-torn.jsonl"), torn).expect("write torn log");
+    let p = build_provider(&config(dir.path(), "torn")).expect("build on torn log");
+    let after = p.ensure_server(&request("after")).await.expect("create after the torn line");
+    assert_eq!(p.find_server(&request("before").identity).await.expect("find").map(|o| o.provider_id), Some(first.provider_id));
+    assert_eq!(p.find_server(&request("after").identity).await.expect("find").map(|o| o.provider_id.clone()), Some(after.provider_id.clone()));
+    // A fresh reader of the same file (another process) sees both.
+    let text = std::fs::read_to_string(dir.path().join("simulated-torn.jsonl")).expect("log");
+    let copy = dir.path().join("simulated-torn-copy.jsonl");
+    std::fs::write(&copy, text).expect("copy");
+    let reader = build_provider(&config(dir.path(), "torn-copy")).expect("build reader");
+    assert_eq!(reader.list_servers(&[]).await.expect("list").len(), 2);
+}
