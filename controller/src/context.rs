@@ -54,6 +54,8 @@ pub struct Stores {
     pub taskservs: Store<PartialObjectMeta<TaskServ>>,
     /// Cluster metadata (for counts).
     pub clusters: Store<PartialObjectMeta<Cluster>>,
+    /// Which of the caches (these and the TaskServ/Cluster controllers' own) have synced.
+    pub synced: crate::sync::CacheSync,
 }
 
 /// Shared state of all reconcilers.
@@ -110,6 +112,13 @@ impl Context {
             account_checks: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Waits until every watch cache holds its initial list (see [`crate::sync`]). Every
+    /// reconcile calls this first: before it, the Workspace cache may be empty and a Server
+    /// would resolve to the controller's default workspace.
+    pub async fn caches_synced(&self) -> Result<(), Error> {
+        self.stores.synced.wait().await
     }
 
     /// The effective workspace of a namespace (from the Workspace cache).

@@ -23,6 +23,7 @@ pub mod leader;
 pub mod metrics;
 pub mod run;
 pub mod server;
+pub mod sync;
 pub mod testing;
 pub mod taskserv;
 pub mod workspace;

@@ -20,6 +20,7 @@ use provisioning_crds::{Cluster, Server, TaskServ, Workspace};
 
 use crate::config::ControllerConfig;
 use crate::context::{Context, Stores};
+use crate::sync::CacheSync;
 use crate::leader::{LeaderElector, LeaseSettings};
 use crate::metrics::{Health, Metrics};
 use crate::{server, workspace, workspaces};
@@ -67,23 +68,32 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
     // A broken catalog is a start-up error naming the file.
     let catalog = Arc::new(provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?);
     let settings_for_kinds = settings.clone();
+    // No reconcile acts before all of these caches hold their initial list (crate::sync).
+    let synced = CacheSync::new(&[cache::WORKSPACES, cache::SERVERS, cache::TASKSERVS, cache::CLUSTERS, cache::TASKSERV_META, cache::CLUSTER_META]);
     // The Server cache drops managedFields: at 10,000 Servers they are most of its memory.
     let (server_reader, server_writer) = reflector::store::<Server>();
-    let server_stream = reflector::reflector(
-        server_writer,
-        watcher(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic())
-            .modify(|s| s.managed_fields_mut().clear()),
-    )
-    .applied_objects();
+    let server_stream = synced
+        .track(
+            cache::SERVERS,
+            reflector::reflector(
+                server_writer,
+                watcher(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic())
+                    .modify(|s| s.managed_fields_mut().clear()),
+            ),
+        )
+        .applied_objects();
     let server_controller = Controller::for_stream(server_stream, server_reader);
-    let workspace_controller = Controller::new(Api::<Workspace>::all(client.clone()), watcher::Config::default().any_semantic());
-    let taskservs = metadata_store::<TaskServ>(client.clone());
-    let clusters = metadata_store::<Cluster>(client.clone());
+    let (workspace_reader, workspace_stream) =
+        tracked_reflector(&synced, cache::WORKSPACES, Api::<Workspace>::all(client.clone()), watcher::Config::default().any_semantic());
+    let workspace_controller = Controller::for_stream(workspace_stream, workspace_reader);
+    let taskservs = metadata_store::<TaskServ>(client.clone(), &synced, cache::TASKSERV_META);
+    let clusters = metadata_store::<Cluster>(client.clone(), &synced, cache::CLUSTER_META);
     let stores = Stores {
         workspaces: workspace_controller.store(),
         servers: server_controller.store(),
         taskservs,
         clusters,
+        synced,
     };
     let ctx = Arc::new(Context::new(client.clone(), config.clone(), metrics.clone(), stores.clone(), identity));
 
@@ -212,13 +222,46 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
     }
 }
 
-/// A metadata-only cache of `K` (for counts), filled by a background watch.
-fn metadata_store<K>(client: Client) -> reflector::Store<kube::api::PartialObjectMeta<K>>
+/// Names of the watch caches (in "waiting for the watch caches to sync: …" messages).
+pub mod cache {
+    /// The Workspace controller's cache.
+    pub const WORKSPACES: &str = "Workspace";
+    /// The Server controller's cache.
+    pub const SERVERS: &str = "Server";
+    /// The TaskServ controller's cache.
+    pub const TASKSERVS: &str = "TaskServ";
+    /// The Cluster controller's cache.
+    pub const CLUSTERS: &str = "Cluster";
+    /// TaskServ metadata (Workspace counts).
+    pub const TASKSERV_META: &str = "TaskServ metadata";
+    /// Cluster metadata (Workspace counts).
+    pub const CLUSTER_META: &str = "Cluster metadata";
+}
+
+/// A cache of `K` and the stream of its applied objects for `Controller::for_stream`, marked
+/// synced in `synced` as `name` at its first initial list.
+pub fn tracked_reflector<K>(
+    synced: &CacheSync,
+    name: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+) -> (reflector::Store<K>, impl futures::Stream<Item = Result<K, watcher::Error>> + Send + use<K>)
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(Api::<kube::api::PartialObjectMeta<K>>::all(client), watcher::Config::default().any_semantic()))
+    let stream = synced.track(name, reflector::reflector(writer, watcher(api, config))).applied_objects();
+    (reader, stream)
+}
+
+/// A metadata-only cache of `K` (for counts), filled by a background watch.
+fn metadata_store<K>(client: Client, synced: &CacheSync, name: &'static str) -> reflector::Store<kube::api::PartialObjectMeta<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = synced
+        .track(name, reflector::reflector(writer, watcher(Api::<kube::api::PartialObjectMeta<K>>::all(client), watcher::Config::default().any_semantic())))
         .default_backoff()
         .for_each(|_| futures::future::ready(()));
     tokio::spawn(stream);

@@ -115,6 +115,18 @@ pub fn simulated(state_dir: &Path, account: &str) -> anyhow::Result<provisioning
     Ok(provisioning_providers::simulated::SimulatedProvider::open(&config)?)
 }
 
+/// The local (Docker) provider as the controller's default workspace builds it: to check
+/// that nothing was created at the wrong provider.
+pub fn local(state_dir: &Path) -> anyhow::Result<provisioning_providers::local::LocalProvider> {
+    let config = provisioning_providers::ProviderConfig {
+        name: "local".into(),
+        provider_type: "local".into(),
+        state_dir: state_dir.to_path_buf(),
+        ..Default::default()
+    };
+    Ok(provisioning_providers::local::LocalProvider::new(&config)?)
+}
+
 /// Every machine of a simulated account in `namespace`.
 pub async fn machines_in(provider: &dyn Provider, namespace: &str) -> anyhow::Result<Vec<ServerObservation>> {
     Ok(provider.list_servers(&[(provisioning_providers::tags::NAMESPACE.to_string(), namespace.to_string())]).await?)

@@ -46,7 +46,7 @@ fn ts(s: &str) -> Timestamp {
 fn validate_fills_workspace_defaults() {
     let ws = effective();
     let s = server("plain");
-    let account = validate::account(&s.spec, &ws).expect("default account");
+    let account = validate::account(&s.spec, &ws, None).expect("default account");
     assert_eq!(account.name, "sim");
     let valid = validate::validate(&s.spec, &ws, account, sim_plans()).expect("valid");
     assert_eq!(valid.plan, "medium");
@@ -59,7 +59,7 @@ fn validate_fills_workspace_defaults() {
 fn validate_passes_native_plans_and_spec_values() {
     let ws = effective();
     let s = server("native-plan");
-    let account = validate::account(&s.spec, &ws).expect("account");
+    let account = validate::account(&s.spec, &ws, None).expect("account");
     let valid = validate::validate(&s.spec, &ws, account, sim_plans()).expect("valid");
     assert_eq!((valid.resolved_plan.as_str(), valid.zone.as_str(), valid.image.as_str()), ("sim-8cpu-16gb", "zone-b", "ubuntu-24.04"));
 }
@@ -67,14 +67,27 @@ fn validate_passes_native_plans_and_spec_values() {
 #[test]
 fn validate_rejects_unknown_provider_and_plan_with_exact_messages() {
     let ws = effective();
-    let err = validate::account(&server("unknown-provider").spec, &ws).expect_err("unknown provider");
+    let err = validate::account(&server("unknown-provider").spec, &ws, None).expect_err("unknown provider");
     assert_eq!(err.reason, "UnknownProvider");
     assert_eq!(err.message, "provider \"upcloud-x\" is not defined in workspace \"dev\" (accounts: sim, aws-main)");
     let s = server("bad-plan");
-    let account = validate::account(&s.spec, &ws).expect("account");
+    let account = validate::account(&s.spec, &ws, None).expect("account");
     let err = validate::validate(&s.spec, &ws, account, sim_plans()).expect_err("bad plan");
     assert_eq!(err.reason, "UnknownPlan");
     assert!(err.message.contains("plan \"gigantic\" is not offered by the simulated provider"), "{}", err.message);
+}
+
+#[test]
+fn a_machine_never_moves_to_another_account() {
+    let ws = effective();
+    let s = server("plain");
+    // The machine was made with the account the Server resolves to: fine.
+    assert_eq!(validate::account(&s.spec, &ws, Some("sim")).expect("same account").name, "sim");
+    // It was made elsewhere (e.g. the controller's default workspace, or spec.provider was
+    // edited afterwards): stall, do not create a second machine at the new account.
+    let err = validate::account(&s.spec, &ws, Some("local")).expect_err("moved");
+    assert_eq!(err.reason, "ProviderChanged");
+    assert!(err.message.contains("\"local\"") && err.message.contains("\"sim\""), "{}", err.message);
 }
 
 #[test]

@@ -53,7 +53,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let controller = Controller::new(Api::<Cluster>::all(client.clone()), watcher::Config::default());
+    let (reader, stream) = crate::run::tracked_reflector(&ctx.stores.synced, crate::run::cache::CLUSTERS, Api::<Cluster>::all(client.clone()), watcher::Config::default());
+    let controller = Controller::for_stream(stream, reader);
     let clusters = controller.store();
     let cctx = Arc::new(ClusterContext { ctx, catalog, clusters });
     controller
@@ -72,6 +73,9 @@ pub async fn reconcile(cluster: Arc<Cluster>, cctx: Arc<ClusterContext>) -> Resu
     let _timer = ctx.metrics.reconcile_timer(KIND);
     let namespace = cluster.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let now = now_seconds();
+    // Nothing acts on a cache that has not synced (a restarted controller would
+    // otherwise resolve a Server to the default workspace: see crate::sync).
+    ctx.caches_synced().await?;
     if ctx.is_stale(cluster.as_ref()) {
         // An older copy than our own last write: its status would redo recorded work (and
         // re-run recorded script runs); the watch event of the newer version follows.

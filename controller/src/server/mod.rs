@@ -38,6 +38,9 @@ pub const KIND: &str = "Server";
 /// Reconciles one Server.
 pub async fn reconcile(server: Arc<Server>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer(KIND);
+    // Nothing acts on a cache that has not synced (a restarted controller would
+    // otherwise resolve a Server to the default workspace: see crate::sync).
+    ctx.caches_synced().await?;
     if ctx.is_stale(server.as_ref()) {
         // The cache has not caught up with our last write; its watch event brings us back.
         return Ok(Action::requeue(std::time::Duration::from_secs(2)));
@@ -110,7 +113,11 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         })
     };
     // Validate (pure) — failures stall without any provider call.
-    let account = match validate::account(&server.spec, ws) {
+    let account = match validate::account(
+        &server.spec,
+        ws,
+        server.status.as_ref().filter(|s| s.provider_id.is_some()).and_then(|s| s.provider.as_deref()),
+    ) {
         Ok(a) => a,
         Err(invalid) => return stall(&server, invalid.reason, invalid.message, base, ctx).await,
     };

@@ -29,8 +29,22 @@ pub struct Invalid {
 }
 
 /// Resolves the account a Server uses (its `spec.provider` or the workspace default).
-pub fn account(spec: &ServerSpec, ws: &EffectiveWorkspace) -> Result<ProviderAccount, Invalid> {
-    ws.account(&spec.provider).cloned().map_err(|message| Invalid { reason: "UnknownProvider", message })
+///
+/// `made_with` is the account recorded in status when the Server already has a machine: a
+/// machine never moves between accounts, so resolving to another one (spec.provider or the
+/// workspace default changed) stalls instead of creating a second machine elsewhere.
+pub fn account(spec: &ServerSpec, ws: &EffectiveWorkspace, made_with: Option<&str>) -> Result<ProviderAccount, Invalid> {
+    let account = ws.account(&spec.provider).cloned().map_err(|message| Invalid { reason: "UnknownProvider", message })?;
+    match made_with {
+        Some(recorded) if recorded != account.name => Err(Invalid {
+            reason: "ProviderChanged",
+            message: format!(
+                "the machine was created with provider account {recorded:?} but the Server now resolves to {:?}; a machine cannot move between accounts: set spec.provider back to {recorded:?}, or delete the Server and create a new one",
+                account.name
+            ),
+        }),
+        _ => Ok(account),
+    }
 }
 
 /// Checks the workspace's maxServers. `rank` is how many Servers of the namespace are older

@@ -65,7 +65,8 @@ pub async fn run(
 ) {
     let client = ctx.client.clone();
     let (trigger, triggered) = futures::channel::mpsc::unbounded();
-    let controller = Controller::new(Api::<TaskServ>::all(client.clone()), watcher::Config::default());
+    let (reader, stream) = crate::run::tracked_reflector(&ctx.stores.synced, crate::run::cache::TASKSERVS, Api::<TaskServ>::all(client.clone()), watcher::Config::default());
+    let controller = Controller::for_stream(stream, reader);
     let store = controller.store();
     let tctx = Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, taskservs: store.clone() });
     let selecting = store.clone();
@@ -108,6 +109,9 @@ pub async fn reconcile(ts: Arc<TaskServ>, tctx: Arc<TaskServContext>) -> Result<
     let _timer = ctx.metrics.reconcile_timer(KIND);
     let namespace = ts.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let now = now_seconds();
+    // Nothing acts on a cache that has not synced (a restarted controller would
+    // otherwise resolve a Server to the default workspace: see crate::sync).
+    ctx.caches_synced().await?;
     if ctx.is_stale(ts.as_ref()) {
         // An older copy than our own last write: its status would redo recorded work (and
         // re-run recorded script runs); the watch event of the newer version follows.

@@ -34,6 +34,9 @@ pub const LABEL_WORKSPACE: &str = "provisioning.dev/workspace";
 /// Reconciles one Workspace.
 pub async fn reconcile(ws: Arc<Workspace>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer(KIND);
+    // Nothing acts on a cache that has not synced (a restarted controller would
+    // otherwise resolve a Server to the default workspace: see crate::sync).
+    ctx.caches_synced().await?;
     if ctx.is_stale(ws.as_ref()) {
         // The cache has not caught up with our last write; its watch event brings us back.
         return Ok(Action::requeue(std::time::Duration::from_secs(2)));
