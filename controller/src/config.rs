@@ -80,6 +80,7 @@ pub fn default_workspace() -> WorkspaceSpec {
             images: Default::default(),
             simulation: None,
             rate_limit: 0,
+            ssh: None,
         }],
         ..WorkspaceSpec::default()
     }

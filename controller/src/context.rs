@@ -539,13 +539,9 @@ pub fn provider_config(account: &ProviderAccount, credentials: Credentials, stat
     let nu_binary = crate::taskserv::act::host_nu_binary();
     let catalog_dir = crate::taskserv::act::host_catalog_dir();
     // Cloud machines get `nu` and the catalog copied over SSH before their first script, at
-    // the paths the runner uses (the local provider mounts them instead).
-    let mut ssh = provisioning_providers::SshSettings::default();
-    if matches!(account.provider_type, provisioning_crds::ProviderType::Aws | provisioning_crds::ProviderType::Upcloud)
-        && let (Some(nu), Some(catalog)) = (&nu_binary, &catalog_dir)
-    {
-        ssh.assets = provisioning_providers::ssh::task_assets(nu, catalog, "/opt/provisioning/catalog");
-    }
+    // the paths the runner uses (the local provider mounts them instead); the account's `ssh`
+    // says how to reach them.
+    let ssh = crate::server::ssh::settings(account, nu_binary.as_deref(), catalog_dir.as_deref());
     ProviderConfig {
         name: account.name.clone(),
         provider_type: account.provider_type.as_str().to_string(),

@@ -175,6 +175,38 @@ pub struct ProviderAccount {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(min = 0, max = 10000))]
     pub rate_limit: u32,
+    /// aws and upcloud: how task scripts reach the machines over SSH. The login key is
+    /// `SSH_PRIVATE_KEY` in the credentials Secret, or a Server's own `spec.sshKeySecretRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh: Option<SshAccess>,
+}
+
+/// How the controller reaches an account's machines over SSH.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SshAccess {
+    /// Login user. Empty: the provider's default (aws: admin, upcloud: root).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 64), regex(pattern = r"^([a-z_][a-z0-9_.-]*)?$"))]
+    pub user: String,
+    /// SSH port. 0: 22.
+    #[serde(default, skip_serializing_if = "is_zero_u16")]
+    pub port: u16,
+    /// Connect to this host instead of the machine's address (a bastion's port forward, a
+    /// test sshd). The host key is still pinned per machine.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 253))]
+    pub address_override: String,
+    /// Absolute directory on the machine that receives `nu` (`bin/nu`), the taskserv catalog
+    /// (`catalog/`) and the copy marker, for login users that cannot write the default
+    /// places. Empty: `/usr/local/bin/nu` and `/opt/provisioning/catalog` (needs root).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 1024), regex(pattern = r"^(/\S*)?$"))]
+    pub remote_dir: String,
+}
+
+fn is_zero_u16(v: &u16) -> bool {
+    *v == 0
 }
 
 fn is_zero(v: &u32) -> bool {

@@ -100,6 +100,7 @@ pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), 
                 env: Default::default(),
                 timeout: Duration::from_secs(60),
                 output: Some(tx),
+                ssh_key: None,
             },
         )
         .await

@@ -21,7 +21,7 @@ use russh::client;
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use sha2::{Digest, Sha256};
 
-use crate::{ExecRequest, ExecResult, OutputSink, ProviderConfig, ProviderError, ProviderResult, SshAsset};
+use crate::{ExecRequest, ExecResult, OutputSink, ProviderConfig, ProviderError, ProviderResult, SshAsset, SshPrivateKey};
 
 /// Most output kept per stream; the rest is still streamed but not returned.
 const MAX_CAPTURE: usize = 4 * 1024 * 1024;
@@ -214,7 +214,18 @@ impl SshExecutor {
         }
         let command = build_command(&request)?;
         let host = self.address_override.as_deref().unwrap_or(address);
-        let session = self.connect(machine, host).await?;
+        let key = match &request.ssh_key {
+            // A Server's own key (spec.sshKeySecretRef) wins over the account's.
+            Some(own) => Login {
+                key: decode_private_key(own).map_err(ProviderError::InvalidRequest)?,
+                whose: "the Server's key (spec.sshKeySecretRef)",
+            },
+            None => Login {
+                key: self.key.clone().map_err(ProviderError::InvalidRequest)?,
+                whose: "the account's SSH_PRIVATE_KEY",
+            },
+        };
+        let session = self.connect(machine, host, key).await?;
         if !self.assets.is_empty() {
             self.ensure_assets(machine, &session).await?;
         }
@@ -223,8 +234,8 @@ impl SshExecutor {
         result
     }
 
-    async fn connect(&self, machine: &str, host: &str) -> ProviderResult<client::Handle<HostKeyCheck>> {
-        let key = self.key.clone().map_err(ProviderError::InvalidRequest)?;
+    async fn connect(&self, machine: &str, host: &str, login: Login) -> ProviderResult<client::Handle<HostKeyCheck>> {
+        let Login { key, whose } = login;
         let pinned = self.known_hosts.get(machine);
         let offered = Arc::new(Mutex::new(None));
         let check = HostKeyCheck { pinned: pinned.clone(), offered: offered.clone() };
@@ -262,7 +273,7 @@ impl SshExecutor {
         .map_err(|_| ProviderError::Transient(format!("SSH to {target}: authentication timed out")))?
         .map_err(|e| ProviderError::Transient(format!("SSH to {target}: {e}")))?;
         if !auth.success() {
-            return Err(ProviderError::Auth(format!("SSH login {target} refused the account's key")));
+            return Err(ProviderError::Auth(format!("SSH login {target} refused {whose}")));
         }
         if pinned.is_none()
             && let Some(offered) = lock(&offered).clone()
@@ -338,6 +349,31 @@ impl SshExecutor {
         lock(&self.assets_done).insert(machine.to_string(), hash);
         Ok(())
     }
+}
+
+/// The key a connection logs in with, and whose it is (for error messages, never the key).
+struct Login {
+    key: Arc<PrivateKey>,
+    whose: &'static str,
+}
+
+fn decode_private_key(key: &SshPrivateKey) -> Result<Arc<PrivateKey>, String> {
+    // The decoder's message may quote key material: never pass it on.
+    russh::keys::decode_secret_key(&key.0, None)
+        .map(Arc::new)
+        .map_err(|_| "the SSH private key is not a readable OpenSSH private key (unencrypted PEM expected)".to_string())
+}
+
+/// The OpenSSH public-key line of a private key (what new machines authorise). The error
+/// says only that the key is unreadable, never what it holds.
+pub fn public_key_of(key: &SshPrivateKey) -> Result<String, String> {
+    let private = decode_private_key(key)?;
+    private.public_key().to_openssh().map_err(|_| "cannot encode the public part of the SSH key".to_string())
+}
+
+/// Whether two OpenSSH public-key lines name the same key (comments ignored).
+pub fn same_key(a: &str, b: &str) -> bool {
+    normalize_key(a) == normalize_key(b)
 }
 
 /// `SHA256:<base64>` of an OpenSSH public-key line, as `ssh-keygen -l` prints it.
@@ -474,6 +510,7 @@ mod tests {
             env: [("X".to_string(), "1 2".to_string())].into(),
             timeout: Duration::from_secs(1),
             output: None,
+            ssh_key: None,
         };
         assert_eq!(build_command(&request).ok().as_deref(), Some("env 'X=1 2' nu -c 'print $env.X'"));
     }
@@ -488,6 +525,16 @@ mod tests {
         assert_eq!(all, "one\ntwo\nthree");
         let lines: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
         assert_eq!(lines, ["one", "two", "three"]);
+    }
+
+    #[test]
+    fn unreadable_keys_are_named_not_quoted() {
+        let err = public_key_of(&SshPrivateKey("-----BEGIN OPENSSH PRIVATE KEY-----\nbm90LWEta2V5LXMzY3JldA==\n".into()));
+        let message = err.err().unwrap_or_default();
+        assert!(message.contains("not a readable"), "{message}");
+        assert!(!message.contains("bm90"), "{message}");
+        assert!(same_key("ssh-ed25519 AAAA x@y", "ssh-ed25519 AAAA"));
+        assert!(!same_key("ssh-ed25519 AAAA", "ssh-ed25519 AAAB"));
     }
 
     #[test]

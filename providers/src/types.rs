@@ -163,6 +163,20 @@ pub struct ExecRequest {
     pub timeout: Duration,
     /// Where output lines go as they come (stdout and stderr, line by line).
     pub output: Option<OutputSink>,
+    /// SSH providers: log in with this key instead of the account's `SSH_PRIVATE_KEY` (a
+    /// Server's own `spec.sshKeySecretRef`). Ignored by providers without SSH.
+    pub ssh_key: Option<SshPrivateKey>,
+}
+
+/// An OpenSSH private key (PEM text). A secret: `Debug` never prints it, and it is never
+/// part of an error message.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SshPrivateKey(pub String);
+
+impl fmt::Debug for SshPrivateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SshPrivateKey([redacted])")
+    }
 }
 
 /// Result of a command.

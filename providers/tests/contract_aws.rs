@@ -93,6 +93,7 @@ fn request(argv: &[&str], timeout: Duration) -> ExecRequest {
         env: Default::default(),
         timeout,
         output: None,
+        ssh_key: None,
     }
 }
 

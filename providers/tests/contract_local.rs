@@ -180,6 +180,7 @@ impl Fixture {
             env: BTreeMap::new(),
             timeout,
             output: None,
+            ssh_key: None,
         };
         self.provider.exec(id, request).await.expect("exec")
     }
@@ -313,6 +314,7 @@ async fn exec_streams_output_and_honours_timeout() {
         env: BTreeMap::from([("GREETING".to_string(), "it's \"quoted\" $(reboot)".to_string())]),
         timeout: Duration::from_secs(30),
         output: Some(tx),
+        ssh_key: None,
     };
     let provider = f.provider.clone();
     let id = server.provider_id.clone();
@@ -344,6 +346,7 @@ async fn exec_streams_output_and_honours_timeout() {
         env: BTreeMap::from([("GREETING".to_string(), "it's \"quoted\" $(reboot)".to_string())]),
         timeout: Duration::from_secs(30),
         output: None,
+        ssh_key: None,
     };
     let printed = f.provider.exec(&server.provider_id, env).await.expect("printenv");
     assert_eq!(printed.stdout, "it's \"quoted\" $(reboot)\n");
@@ -446,6 +449,7 @@ async fn missing_image_and_unreachable_engine_are_classified() {
                 env: BTreeMap::new(),
                 timeout: Duration::from_secs(5),
                 output: None,
+                ssh_key: None,
             },
         )
         .await
@@ -528,6 +532,7 @@ async fn concurrent_creates_make_one_container_per_server_and_one_network() {
         env: BTreeMap::new(),
         timeout: Duration::from_secs(10),
         output: None,
+        ssh_key: None,
     };
     let err = fresh.exec(&r3.provider_id, request).await.expect_err("exec on a stopped machine");
     assert!(err.is_retryable() && err.to_string().contains("not running"), "{err:?}");

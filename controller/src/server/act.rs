@@ -39,11 +39,13 @@ fn fingerprint(server: &Server, id: &ProviderId) -> String {
     format!("{id}|{requested}")
 }
 
-/// Runs `step` for a valid Server.
+/// Runs `step` for a valid Server. `login_key` is the public key a new machine authorises:
+/// the Server's own (`spec.sshKeySecretRef`) or, when `None`, the account's.
 pub async fn act(
     server: &Server,
     step: Step,
     valid: &ValidServer,
+    login_key: Option<&str>,
     ws: &EffectiveWorkspace,
     provider: &SharedProvider,
     ctx: &Context,
@@ -75,7 +77,7 @@ pub async fn act(
                     // Our machine vanished behind our back: make a new one (guarded like any create).
                     tracing::warn!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %id, "machine vanished; recreating");
                     ctx.forget_observed(&uid);
-                    create(server, valid, ws, provider, ctx, true).await
+                    create(server, valid, login_key, ws, provider, ctx, true).await
                 }
             }
         }
@@ -87,16 +89,17 @@ pub async fn act(
                     ctx.mark_observed(&uid, &fingerprint(server, &obs.provider_id));
                     Ok(Acted::Machine(obs))
                 }
-                None => create(server, valid, ws, provider, ctx, false).await,
+                None => create(server, valid, login_key, ws, provider, ctx, false).await,
             }
         }
-        Step::Create => create(server, valid, ws, provider, ctx, true).await,
+        Step::Create => create(server, valid, login_key, ws, provider, ctx, true).await,
     }
 }
 
 async fn create(
     server: &Server,
     valid: &ValidServer,
+    login_key: Option<&str>,
     ws: &EffectiveWorkspace,
     provider: &SharedProvider,
     ctx: &Context,
@@ -111,8 +114,9 @@ async fn create(
         plan: valid.plan.clone(),
         zone: valid.zone.clone(),
         image: valid.image.clone(),
-        // Cloud machines authorise the account's SSH key so task scripts can run there.
-        ssh_public_key: provider.ssh_public_key(),
+        // Cloud machines authorise the SSH key task scripts log in with: the Server's own
+        // (spec.sshKeySecretRef), else the account's.
+        ssh_public_key: login_key.map(str::to_string).or_else(|| provider.ssh_public_key()),
         extra_tags: Default::default(),
     };
     let obs = ctx
@@ -122,6 +126,18 @@ async fn create(
     ctx.mark_observed(&server.uid().unwrap_or_default(), &fingerprint(server, &obs.provider_id));
     ctx.publish(server, EventType::Normal, "Created", "CreateMachine", Some(format!("created machine {} at provider account {}", obs.provider_id, valid.account.name))).await;
     Ok(Acted::Machine(obs))
+}
+
+/// Brings the provider's SSH host key pin for the Server's machine in line with
+/// `status.hostKey` (recorded for that same machine only) and returns the key to record;
+/// `Err` with a message naming both fingerprints when they differ.
+pub fn host_key(server: &Server, machine: &ProviderId, provider: &SharedProvider) -> Result<Option<String>, String> {
+    let recorded = server
+        .status
+        .as_ref()
+        .filter(|s| s.provider_id.as_deref() == Some(machine.0.as_str()))
+        .and_then(|s| s.host_key.as_deref());
+    super::ssh::restore_pin(provider, machine, recorded)
 }
 
 /// Runs the deletion step. `Ok(())` means the machine is gone (or left, for Orphan).

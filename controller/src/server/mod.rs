@@ -15,6 +15,7 @@
 pub mod act;
 pub mod dereference;
 pub mod plan;
+pub mod ssh;
 pub mod status;
 pub mod validate;
 
@@ -26,6 +27,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, ResourceExt};
 use provisioning_crds::{ANNOTATION_CREATE_PENDING, FINALIZER, Server, ServerStatus, condition};
+use provisioning_providers::ProviderId;
 
 use crate::conditions::{self, Summary};
 use crate::context::{Context, is_paused};
@@ -137,8 +139,19 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     if let Err(invalid) = validate::within_limit(refs.rank, ws) {
         return stall(&server, invalid.reason, invalid.message, base, ctx).await;
     }
+    // Dereference the Server's own SSH key (spec.sshKeySecretRef): a missing Secret or key
+    // stalls, naming both, before any machine is made with the wrong key.
+    let login_key = if ssh::uses_ssh(&valid.account) {
+        match ssh::server_key(&ctx.client, &server).await {
+            Ok(key) => key.map(|k| k.public),
+            Err(Error::Stalled { reason, message }) => return stall(&server, reason, message, base, ctx).await,
+            Err(e) => return fail(&server, e, Some(valid.account.name.clone()), base, ctx).await,
+        }
+    } else {
+        None
+    };
     let step = plan::next_step(&server);
-    let acted = match act::act(&server, step, &valid, ws, &provider, ctx).await {
+    let acted = match act::act(&server, step, &valid, login_key.as_deref(), ws, &provider, ctx).await {
         Ok(a) => a,
         Err(e) => return fail(&server, e, Some(valid.account.name.clone()), base, ctx).await,
     };
@@ -150,7 +163,23 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             return stall(&server, "ExternalNotFound", message, base, ctx).await;
         }
     };
-    let desired = base(None, Some(valid.account.name.clone()), Some(valid.resolved_plan.clone()), machine);
+    // The SSH host key: restored into the provider from status when it lost it (a new
+    // controller pod), recorded into status after the first contact. Never re-pinned.
+    let machine_id = match &machine {
+        Machine::Observed(obs) => Some(obs.provider_id.clone()),
+        _ => server.status.as_ref().and_then(|s| s.provider_id.clone()).map(ProviderId),
+    };
+    let host_key = match &machine_id {
+        Some(id) if ssh::uses_ssh(&valid.account) => match act::host_key(&server, id, &provider) {
+            Ok(key) => key,
+            Err(message) => return stall(&server, "HostKeyMismatch", message, base, ctx).await,
+        },
+        _ => None,
+    };
+    let desired = status::record_host_key(
+        base(None, Some(valid.account.name.clone()), Some(valid.resolved_plan.clone()), machine),
+        host_key.as_deref(),
+    );
     let ready = conditions::is_true(&desired.conditions, condition::READY);
     let was_ready = server.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
     let message = conditions::find(&desired.conditions, condition::READY).map(|c| c.message.clone());

@@ -69,6 +69,10 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
     }
     match &input.machine {
         Machine::Observed(obs) => {
+            if previous.provider_id.as_deref() != Some(obs.provider_id.0.as_str()) {
+                // Another machine (re-created after it vanished) has a key of its own.
+                status.host_key = None;
+            }
             status.provider_id = Some(obs.provider_id.0.clone());
             status.provider_state = Some(obs.state.as_str().to_string());
             status.addresses = obs
@@ -140,10 +144,76 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
     status
 }
 
+/// Records the SSH host key the provider pinned for the machine (first contact happens when a
+/// task script runs there). Recorded once per machine: a key that differs later is refused
+/// before it gets here (see `super::ssh::restore_pin`), never written over the recorded one.
+pub fn record_host_key(mut status: ServerStatus, pinned: Option<&str>) -> ServerStatus {
+    if status.host_key.is_none()
+        && status.provider_id.is_some()
+        && let Some(key) = pinned.map(str::trim).filter(|k| !k.is_empty())
+    {
+        status.host_key = Some(key.to_string());
+    }
+    status
+}
+
 fn status_word(s: &str) -> Status {
     match s {
         "True" => Status::True,
         "False" => Status::False,
         _ => Status::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use provisioning_providers::{MachineState, ProviderId};
+
+    use super::*;
+
+    const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA3f0Y9v7tXb1cQm5r8HkS3y0x3oQeU1dN6q7YV1b2c3";
+    const OTHER: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBxq1n3ZzJ0m7c8o2V4r6t8y0u2w4e6q8s0d2f4h6j8k";
+
+    fn observed(id: &str) -> Machine {
+        Machine::Observed(ServerObservation {
+            provider_id: ProviderId(id.into()),
+            state: MachineState::Running,
+            addresses: vec![],
+            plan: "t3.small".into(),
+            tags: Default::default(),
+        })
+    }
+
+    fn after(previous: Option<&ServerStatus>, machine: Machine) -> ServerStatus {
+        desired(StatusInput {
+            previous,
+            generation: Some(1),
+            provider: Some("aws".into()),
+            resolved_plan: Some("t3.small".into()),
+            machine,
+            summary: None,
+            paused: false,
+            now: Timestamp::from_second(1_700_000_000).unwrap_or_default(),
+        })
+    }
+
+    #[test]
+    fn host_key_is_recorded_once_per_machine() {
+        // Before first contact nothing is recorded, and no key without a machine.
+        let first = record_host_key(after(None, observed("aws://i-1")), None);
+        assert_eq!(first.host_key, None);
+        assert_eq!(record_host_key(after(None, Machine::None), Some(KEY)).host_key, None);
+        // First contact: recorded.
+        let pinned = record_host_key(after(Some(&first), observed("aws://i-1")), Some(KEY));
+        assert_eq!(pinned.host_key.as_deref(), Some(KEY));
+        // Kept when nothing new is known, and a recorded key is never written over.
+        assert_eq!(record_host_key(after(Some(&pinned), Machine::Unchanged), None).host_key.as_deref(), Some(KEY));
+        assert_eq!(record_host_key(after(Some(&pinned), observed("aws://i-1")), Some(OTHER)).host_key.as_deref(), Some(KEY));
+        // No-op reconcile: identical status (no write).
+        assert_eq!(record_host_key(after(Some(&pinned), observed("aws://i-1")), Some(KEY)), pinned);
+        // A re-created machine has a key of its own: the old one goes, the new one is recorded.
+        let recreated = after(Some(&pinned), observed("aws://i-2"));
+        assert_eq!(recreated.host_key, None);
+        assert_eq!(record_host_key(recreated, Some(OTHER)).host_key.as_deref(), Some(OTHER));
     }
 }

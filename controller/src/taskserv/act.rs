@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::ObjectRef;
 use provisioning_crds::{ScriptRun, TaskServ};
-use provisioning_providers::{ExecRequest, ProviderId, SharedProvider};
-use provisioning_taskservs::{ExecOutput, RunError, ScriptContext, ScriptExecutor, ScriptOutcome, ScriptStep, run_script};
+use provisioning_providers::{ExecRequest, ProviderId, SharedProvider, SshPrivateKey};
+use provisioning_taskservs::{ExecOutput, RunError, ScriptContext, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep, run_script};
 
 use super::plan::{Operation, OperationResult, rfc3339};
 
@@ -121,6 +121,10 @@ pub struct ProviderExecutor {
     /// controller (a Docker exec outlives its client) finishes before the same step starts again.
     /// `-o`: daemons the script starts must not inherit (and hold) the lock.
     pub lock_file: Option<String>,
+    /// SSH machines: the Server's own login key (`spec.sshKeySecretRef`) instead of the account's.
+    pub ssh_key: Option<SshPrivateKey>,
+    /// Where `nu` and the catalog are on the machine.
+    pub paths: ScriptPaths,
 }
 
 #[async_trait::async_trait]
@@ -140,7 +144,8 @@ impl ScriptExecutor for ProviderExecutor {
             }
             None => argv,
         };
-        let request = ExecRequest { argv, stdin: Some(stdin), env: BTreeMap::new(), timeout, output };
+        let request =
+            ExecRequest { argv, stdin: Some(stdin), env: BTreeMap::new(), timeout, output, ssh_key: self.ssh_key.clone() };
         let result = self.provider.exec(&self.id, request).await.map_err(|e| RunError::Executor(e.to_string()))?;
         Ok(ExecOutput {
             exit_code: result.exit_code,
@@ -148,6 +153,10 @@ impl ScriptExecutor for ProviderExecutor {
             stdout: result.stdout,
             stderr: result.stderr,
         })
+    }
+
+    fn script_paths(&self) -> ScriptPaths {
+        self.paths.clone()
     }
 }
 

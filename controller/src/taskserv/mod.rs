@@ -30,7 +30,7 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use provisioning_crds::{ANNOTATION_RECONCILE_REQUESTED_AT, Cluster, FINALIZER, LABEL_CLUSTER, Server, TaskServ, TaskServStatus, condition};
 use provisioning_providers::ProviderId;
-use provisioning_taskservs::{Catalog, ScriptContext};
+use provisioning_taskservs::{Catalog, ScriptContext, ScriptPaths};
 
 use crate::conditions::{self, DesiredCondition, Status};
 use crate::context::{Context, is_paused};
@@ -286,7 +286,9 @@ fn start_run(
         let result = match prepared {
             Ok(request) => {
                 let _permit = ctx.permit(&limit.key, limit.limit).await;
-                act::run_operation(&request).await
+                let result = act::run_operation(&request).await;
+                request_host_key_record(&ctx, &request.executor, &server, ts.namespace().as_deref().unwrap_or_default()).await;
+                result
             }
             Err(message) => act::failed_to_start(&server, &operation, message),
         };
@@ -306,6 +308,20 @@ fn start_run(
         runs.finish(&key, result);
         act::trigger(&trigger, object);
     });
+}
+
+/// After a script ran over SSH, the provider holds the machine's host key (pinned on first
+/// contact): have the Server reconcile now, so that its status records the key.
+async fn request_host_key_record(ctx: &Context, executor: &ProviderExecutor, server: &str, namespace: &str) {
+    let Some(server_obj) = ctx.stores.servers.get(&ObjectRef::new(server).within(namespace)) else { return };
+    let status = server_obj.status.clone().unwrap_or_default();
+    let unrecorded = status.host_key.is_none() && status.provider_id.as_deref() == Some(executor.id.0.as_str());
+    if unrecorded && executor.provider.pinned_host_key(&executor.id).is_some() {
+        let stamp = now_seconds().to_string();
+        if let Err(e) = ctx.set_annotation(server_obj.as_ref(), ANNOTATION_RECONCILE_REQUESTED_AT, Some(&stamp)).await {
+            tracing::debug!(server, error = %e, "could not request a Server reconcile to record its host key");
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -332,6 +348,18 @@ async fn prepare(
     let account_name = server_status.provider.clone().unwrap_or_else(|| server_obj.spec.provider.clone());
     let account = ws.account(&account_name).cloned()?;
     let provider = ctx.provider_for(&ws, &account).await.map_err(|e| e.to_string())?;
+    let provider_id = ProviderId(provider_id);
+    let (ssh_key, paths) = if crate::server::ssh::uses_ssh(&account) {
+        // Status is the host key checkpoint: a controller that lost its known-hosts file pins
+        // the recorded key again before connecting (a changed key is refused, not re-pinned).
+        let recorded = server_status.host_key.as_deref();
+        crate::server::ssh::restore_pin(&provider, &provider_id, recorded)?;
+        let key = crate::server::ssh::server_key(&ctx.client, &server_obj).await.map_err(|e| e.to_string())?;
+        let (nu, catalog_dir, _) = crate::server::ssh::remote_layout(&account);
+        (key.map(|k| k.private), ScriptPaths { nu, catalog_dir })
+    } else {
+        (None, ScriptPaths::container())
+    };
     let (version, previous, config, timeout) = match (operation, valid) {
         (Operation::Install { version, previous }, Some(v)) => (version.clone(), previous.clone(), v.config.clone(), v.timeout),
         (_, Some(v)) => (v.version.clone(), None, v.config.clone(), v.timeout),
@@ -363,7 +391,7 @@ async fn prepare(
         server: server.to_string(),
         operation: operation.clone(),
         context,
-        executor: ProviderExecutor { provider, id: ProviderId(provider_id), lock_file },
+        executor: ProviderExecutor { provider, id: provider_id, lock_file, ssh_key, paths },
         timeout,
     })
 }

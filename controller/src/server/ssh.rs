@@ -1,0 +1,257 @@
+//! SSH for cloud Servers (aws, upcloud): the login key a Server brings in
+//! `spec.sshKeySecretRef`, the account's SSH settings, and the host key checkpoint
+//! (`status.hostKey`).
+//!
+//! The host key is pinned by the provider on first contact (the first task script run on the
+//! machine) in its state directory; the Server reconciler copies it into `status.hostKey`.
+//! Status is the checkpoint: a controller that lost its state directory pins the recorded key
+//! again before it connects, so a machine offering another key is refused, never re-pinned.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client, ResourceExt};
+use provisioning_crds::{ProviderAccount, ProviderType, Server};
+use provisioning_providers::{ProviderId, SharedProvider, SshAsset, SshPrivateKey, SshSettings, ssh};
+
+use crate::error::Error;
+
+/// The Secret key holding a Server's private key (as in `kubernetes.io/ssh-auth` Secrets).
+pub const SSH_KEY_FIELD: &str = "ssh-privatekey";
+
+/// Where `nu` goes on machines without `ssh.remoteDir` (the local containers' layout).
+pub const DEFAULT_REMOTE_NU: &str = "/usr/local/bin/nu";
+/// Where the catalog goes on machines without `ssh.remoteDir`.
+pub const DEFAULT_REMOTE_CATALOG: &str = "/opt/provisioning/catalog";
+
+/// Whether an account's machines run task scripts over SSH.
+pub fn uses_ssh(account: &ProviderAccount) -> bool {
+    matches!(account.provider_type, ProviderType::Aws | ProviderType::Upcloud)
+}
+
+/// Where `nu`, the catalog and the copy marker live on an account's machines:
+/// `(nu, catalog_dir, marker)`; the marker is empty for the provider default.
+pub fn remote_layout(account: &ProviderAccount) -> (String, String, String) {
+    match account.ssh.as_ref().map(|s| s.remote_dir.trim_end_matches('/')).filter(|d| !d.is_empty()) {
+        Some(dir) => (format!("{dir}/bin/nu"), format!("{dir}/catalog"), format!("{dir}/assets.sha256")),
+        None => (DEFAULT_REMOTE_NU.into(), DEFAULT_REMOTE_CATALOG.into(), String::new()),
+    }
+}
+
+/// The provider's SSH settings for an account: login user, port, address override, and the
+/// assets (`nu` and every catalog file) copied before the first script.
+pub fn settings(account: &ProviderAccount, nu_binary: Option<&std::path::Path>, catalog_dir: Option<&std::path::Path>) -> SshSettings {
+    let mut settings = SshSettings::default();
+    if !uses_ssh(account) {
+        return settings;
+    }
+    let (remote_nu, remote_catalog, marker) = remote_layout(account);
+    if let Some(access) = &account.ssh {
+        settings.user = access.user.clone();
+        settings.port = access.port;
+        settings.address_override = Some(access.address_override.clone()).filter(|a| !a.is_empty());
+    }
+    settings.assets_marker = marker;
+    if let (Some(nu), Some(catalog)) = (nu_binary, catalog_dir) {
+        let mut assets = ssh::task_assets(nu, catalog, &remote_catalog);
+        if let Some(first) = assets.first_mut() {
+            *first = SshAsset { remote: remote_nu, ..first.clone() };
+        }
+        settings.assets = assets;
+    }
+    settings
+}
+
+/// Why a Server's own SSH key cannot be used; becomes `Stalled` with `message` (which names
+/// the Secret and the key, never a value).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyProblem {
+    /// Condition reason.
+    pub reason: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A Server's own login key and its public half (installed on new machines).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerKey {
+    /// The private key (redacted in `Debug`).
+    pub private: SshPrivateKey,
+    /// Its OpenSSH public-key line.
+    pub public: String,
+}
+
+/// The key from the Secret `namespace/name` named by Server `server` (pure: the Secret as
+/// fetched, `None` when it does not exist).
+pub fn key_from_secret(secret: Option<&Secret>, namespace: &str, name: &str, server: &str) -> Result<ServerKey, KeyProblem> {
+    let place = format!("Secret {namespace}/{name} (spec.sshKeySecretRef of Server {server})");
+    let Some(secret) = secret else {
+        return Err(KeyProblem { reason: "SshKeySecretNotFound", message: format!("{place} does not exist") });
+    };
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(SSH_KEY_FIELD))
+        .map(|b| b.0.clone())
+        .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(SSH_KEY_FIELD)).map(|s| s.clone().into_bytes()));
+    let Some(bytes) = bytes else {
+        let mut keys: Vec<&String> = secret.data.iter().flat_map(|d| d.keys()).collect();
+        keys.extend(secret.string_data.iter().flat_map(|d| d.keys()));
+        let keys: Vec<&str> = keys.into_iter().map(String::as_str).collect();
+        return Err(KeyProblem {
+            reason: "SshKeyMissing",
+            message: format!("{place} has no key {SSH_KEY_FIELD:?} (it holds: {})", if keys.is_empty() { "nothing".into() } else { keys.join(", ") }),
+        });
+    };
+    let unreadable = || KeyProblem {
+        reason: "SshKeyUnreadable",
+        message: format!("key {SSH_KEY_FIELD:?} of {place} is not a readable OpenSSH private key (unencrypted PEM expected)"),
+    };
+    let text = String::from_utf8(bytes).map_err(|_| unreadable())?;
+    let private = SshPrivateKey(text);
+    let public = ssh::public_key_of(&private).map_err(|_| unreadable())?;
+    Ok(ServerKey { private, public })
+}
+
+/// Reads a Server's own SSH key; `None` when it names no Secret. A missing Secret or key is
+/// `Error::Stalled` naming both; an API failure is the API error (retried).
+pub async fn server_key(client: &Client, server: &Server) -> Result<Option<ServerKey>, Error> {
+    let Some(reference) = &server.spec.ssh_key_secret_ref else { return Ok(None) };
+    let own_namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let namespace = reference.namespace.clone().filter(|n| !n.is_empty()).unwrap_or(own_namespace);
+    let secret = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&reference.name).await?;
+    key_from_secret(secret.as_ref(), &namespace, &reference.name, &server.name_any())
+        .map(Some)
+        .map_err(|p| Error::Stalled { reason: p.reason, message: p.message })
+}
+
+/// What the recorded host key (`status.hostKey`) and the provider's pin say together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostKeyState {
+    /// No contact yet and nothing recorded.
+    Unknown,
+    /// Pinned by the provider and not recorded yet: record it.
+    FirstContact(String),
+    /// Recorded and pinned alike.
+    Agreed(String),
+    /// Recorded, but the provider lost its pin (new state dir): pin the recorded one again.
+    Restore(String),
+    /// Recorded and pinned differ: refuse to choose.
+    Mismatch {
+        /// `status.hostKey`.
+        recorded: String,
+        /// The provider's pin.
+        pinned: String,
+    },
+}
+
+/// Compares `status.hostKey` with the provider's pin (pure).
+pub fn host_key_state(recorded: Option<&str>, pinned: Option<&str>) -> HostKeyState {
+    let recorded = recorded.map(str::trim).filter(|k| !k.is_empty());
+    match (recorded, pinned) {
+        (None, None) => HostKeyState::Unknown,
+        (None, Some(pinned)) => HostKeyState::FirstContact(pinned.to_string()),
+        (Some(recorded), None) => HostKeyState::Restore(recorded.to_string()),
+        (Some(recorded), Some(pinned)) if ssh::same_key(recorded, pinned) => HostKeyState::Agreed(recorded.to_string()),
+        (Some(recorded), Some(pinned)) => HostKeyState::Mismatch { recorded: recorded.to_string(), pinned: pinned.to_string() },
+    }
+}
+
+/// The message of a [`HostKeyState::Mismatch`] (fingerprints only).
+pub fn mismatch_message(id: &ProviderId, recorded: &str, pinned: &str) -> String {
+    format!(
+        "SSH host key of machine {id}: status.hostKey records {} but the controller has {} pinned; refusing to connect with either. \
+         If the machine's key really changed, remove status.hostKey (kubectl edit --subresource=status) and the machine's entry \
+         from the controller's known-hosts file",
+        ssh::fingerprint(recorded),
+        ssh::fingerprint(pinned)
+    )
+}
+
+/// Brings the provider's pin in line with `status.hostKey` (recorded for machine `id`) and
+/// returns the key to record. Before any script runs on a machine, and on every Server
+/// reconcile. A disagreement is an error message, and nothing is re-pinned.
+pub fn restore_pin(provider: &SharedProvider, id: &ProviderId, recorded: Option<&str>) -> Result<Option<String>, String> {
+    match host_key_state(recorded, provider.pinned_host_key(id).as_deref()) {
+        HostKeyState::Unknown => Ok(None),
+        HostKeyState::FirstContact(key) | HostKeyState::Agreed(key) => Ok(Some(key)),
+        HostKeyState::Restore(key) => {
+            tracing::info!(provider_id = %id, fingerprint = %ssh::fingerprint(&key), "pinned the SSH host key recorded in status");
+            provider.pin_host_key(id, &key);
+            Ok(Some(key))
+        }
+        HostKeyState::Mismatch { recorded, pinned } => Err(mismatch_message(id, &recorded, &pinned)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+
+    use super::*;
+
+    const A: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA3f0Y9v7tXb1cQm5r8HkS3y0x3oQeU1dN6q7YV1b2c3";
+    const B: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBxq1n3ZzJ0m7c8o2V4r6t8y0u2w4e6q8s0d2f4h6j8k";
+
+    #[test]
+    fn host_key_states() {
+        assert_eq!(host_key_state(None, None), HostKeyState::Unknown);
+        assert_eq!(host_key_state(None, Some(A)), HostKeyState::FirstContact(A.into()));
+        assert_eq!(host_key_state(Some(A), None), HostKeyState::Restore(A.into()));
+        assert_eq!(host_key_state(Some(&format!("{A} root@host")), Some(A)), HostKeyState::Agreed(format!("{A} root@host")));
+        assert_eq!(host_key_state(Some(A), Some(B)), HostKeyState::Mismatch { recorded: A.into(), pinned: B.into() });
+        assert_eq!(host_key_state(Some(""), Some(A)), HostKeyState::FirstContact(A.into()));
+        let message = mismatch_message(&ProviderId::new("aws", "i-1"), A, B);
+        assert!(message.contains("aws://i-1") && message.contains("SHA256:") && !message.contains("AAAA"), "{message}");
+    }
+
+    fn secret(data: &[(&str, &[u8])]) -> Secret {
+        Secret {
+            data: Some(data.iter().map(|(k, v)| (k.to_string(), ByteString(v.to_vec()))).collect::<BTreeMap<_, _>>()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn missing_secret_or_key_names_both_and_no_value() {
+        let missing = key_from_secret(None, "ns", "keys", "web-1").err().expect("missing Secret");
+        assert_eq!(missing.reason, "SshKeySecretNotFound");
+        assert!(missing.message.contains("Secret ns/keys") && missing.message.contains("Server web-1"), "{}", missing.message);
+
+        let wrong_key = key_from_secret(Some(&secret(&[("id_ed25519", b"s3cret-value")])), "ns", "keys", "web-1").err().expect("no key");
+        assert_eq!(wrong_key.reason, "SshKeyMissing");
+        assert!(wrong_key.message.contains("\"ssh-privatekey\"") && wrong_key.message.contains("id_ed25519"), "{}", wrong_key.message);
+        assert!(!wrong_key.message.contains("s3cret"), "{}", wrong_key.message);
+
+        let garbage = key_from_secret(Some(&secret(&[(SSH_KEY_FIELD, b"s3cret-value")])), "ns", "keys", "web-1").err().expect("bad key");
+        assert_eq!(garbage.reason, "SshKeyUnreadable");
+        assert!(!garbage.message.contains("s3cret"), "{}", garbage.message);
+    }
+
+    fn account(yaml: &str) -> ProviderAccount {
+        serde_yaml_ng::from_str(yaml).expect("account")
+    }
+
+    #[test]
+    fn remote_layout_and_settings_follow_the_account() {
+        let plain = account("{name: a, type: aws}");
+        assert_eq!(remote_layout(&plain), (DEFAULT_REMOTE_NU.into(), DEFAULT_REMOTE_CATALOG.into(), String::new()));
+        let custom = account("{name: a, type: aws, ssh: {user: ops, port: 2222, addressOverride: 127.0.0.1, remoteDir: /home/ops/prov/}}");
+        assert_eq!(
+            remote_layout(&custom),
+            ("/home/ops/prov/bin/nu".into(), "/home/ops/prov/catalog".into(), "/home/ops/prov/assets.sha256".into())
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nu = dir.path().join("nu");
+        std::fs::write(&nu, b"nu").expect("write");
+        std::fs::create_dir_all(dir.path().join("catalog/x")).expect("mkdir");
+        std::fs::write(dir.path().join("catalog/x/install.nu"), b"x").expect("write");
+        let s = settings(&custom, Some(&nu), Some(&dir.path().join("catalog")));
+        assert_eq!((s.user.as_str(), s.port, s.address_override.as_deref()), ("ops", 2222, Some("127.0.0.1")));
+        let remotes: Vec<&str> = s.assets.iter().map(|a| a.remote.as_str()).collect();
+        assert_eq!(remotes, ["/home/ops/prov/bin/nu", "/home/ops/prov/catalog/x/install.nu"]);
+        assert_eq!(s.assets_marker, "/home/ops/prov/assets.sha256");
+        // Accounts without SSH get nothing to copy.
+        assert!(settings(&account("{name: l, type: local}"), Some(&nu), Some(&dir.path().join("catalog"))).assets.is_empty());
+    }
+}
