@@ -60,6 +60,18 @@ pub struct LocalProvider {
 }
 
 impl LocalProvider {
+    /// Creates the container of `request` (and its network) without starting it: exactly
+    /// what an `ensure_server` cut short by a crash leaves behind. For failure tests; the
+    /// controller itself only calls `ensure_server`, which finishes such a container.
+    pub async fn create_unstarted(&self, request: &ServerRequest) -> ProviderResult<()> {
+        let image = self.image_for(&request.image)?;
+        let spec = spec::container_spec(request, &image, &self.mounts)?;
+        if self.find(&request.identity).await?.is_none() {
+            self.create(spec).await?;
+        }
+        Ok(())
+    }
+
     /// A provider for `config`. Nothing is contacted until the first call.
     pub fn new(config: &ProviderConfig) -> ProviderResult<Self> {
         let mounts = Mounts { nu_binary: config.nu_binary.clone(), catalog_dir: config.catalog_dir.clone() };
