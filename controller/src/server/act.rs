@@ -4,7 +4,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use provisioning_crds::{ANNOTATION_CREATE_PENDING, ANNOTATION_RECONCILE_REQUESTED_AT, LABEL_CLUSTER, Server};
-use provisioning_providers::{DeleteOutcome, ProviderId, ServerIdentity, ServerObservation, ServerRequest, SharedProvider};
+use provisioning_providers::{DeleteOutcome, MachineState, ProviderId, ServerIdentity, ServerObservation, ServerRequest, SharedProvider};
 
 use super::plan::{CleanupStep, Step};
 use super::validate::ValidServer;
@@ -84,6 +84,12 @@ pub async fn act(
         Step::FindThenCreate => {
             let who = identity(server)?;
             match ctx.provider_call(ws, provider, account, "find_server", provider.find_server(&who)).await? {
+                Some(obs) if obs.state == MachineState::Pending => {
+                    // The create was cut short (e.g. a container created but never started
+                    // before a crash): ensure_server finds the same machine and finishes it.
+                    tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "create-pending: found the machine by owner tag, still pending; finishing its create");
+                    create(server, valid, login_key, ws, provider, ctx, false).await
+                }
                 Some(obs) => {
                     tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "create-pending: found the machine by owner tag");
                     ctx.mark_observed(&uid, &fingerprint(server, &obs.provider_id));
