@@ -5,6 +5,7 @@
 
 pub mod cloud;
 pub mod docker;
+pub mod sshd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -65,6 +66,12 @@ impl Dev {
 
     /// Starts `provisioning dev` with the given data dir (reused across restarts).
     pub fn start_in(data_dir: &Path, apply: &[&str]) -> Result<Dev> {
+        Dev::start_in_with_env(data_dir, apply, &[])
+    }
+
+    /// Like [`Dev::start_in`], with extra environment variables for the process (e.g.
+    /// `PROVISIONING_CATALOG`).
+    pub fn start_in_with_env(data_dir: &Path, apply: &[&str], env: &[(&str, &str)]) -> Result<Dev> {
         std::fs::create_dir_all(data_dir)?;
         let kubeconfig = data_dir.join("kubeconfig");
         let _ = std::fs::remove_file(&kubeconfig);
@@ -82,6 +89,9 @@ impl Dev {
             .stderr(log);
         for a in apply {
             cmd.arg("--apply").arg(workspace_root().join(a));
+        }
+        for (key, value) in env {
+            cmd.env(key, value);
         }
         let child = cmd.spawn().context("spawn provisioning dev")?;
         let mut dev = Dev { child: Some(child), data_dir: data_dir.to_path_buf(), _tmp: None, log_path };

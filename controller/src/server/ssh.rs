@@ -84,7 +84,10 @@ pub struct ServerKey {
 pub fn key_from_secret(secret: Option<&Secret>, namespace: &str, name: &str, server: &str) -> Result<ServerKey, KeyProblem> {
     let place = format!("Secret {namespace}/{name} (spec.sshKeySecretRef of Server {server})");
     let Some(secret) = secret else {
-        return Err(KeyProblem { reason: "SshKeySecretNotFound", message: format!("{place} does not exist") });
+        return Err(KeyProblem {
+            reason: "SshKeySecretNotFound",
+            message: format!("{place} does not exist; it must hold the SSH private key under {SSH_KEY_FIELD:?}"),
+        });
     };
     let bytes = secret
         .data
@@ -217,6 +220,7 @@ mod tests {
         let missing = key_from_secret(None, "ns", "keys", "web-1").err().expect("missing Secret");
         assert_eq!(missing.reason, "SshKeySecretNotFound");
         assert!(missing.message.contains("Secret ns/keys") && missing.message.contains("Server web-1"), "{}", missing.message);
+        assert!(missing.message.contains("\"ssh-privatekey\""), "{}", missing.message);
 
         let wrong_key = key_from_secret(Some(&secret(&[("id_ed25519", b"s3cret-value")])), "ns", "keys", "web-1").err().expect("no key");
         assert_eq!(wrong_key.reason, "SshKeyMissing");
