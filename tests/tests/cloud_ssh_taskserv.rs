@@ -13,7 +13,8 @@
 //!   TaskServ reaches Ready;
 //! - the Server's `status.hostKey` is the sshd's host key;
 //! - a Server naming a missing Secret, or a Secret without `ssh-privatekey`, is Stalled with a
-//!   message naming the Secret and the key, and gets no machine;
+//!   message naming the Secret and the key, and gets no machine; once the Secret exists it
+//!   goes on without waiting for its backoff;
 //! - a controller that lost its state dir pins the key recorded in status again (with the sshd
 //!   down, so no contact could have pinned it), and then refuses a machine whose host key
 //!   changed instead of re-pinning; with the right key back the TaskServ is healthy again;
@@ -169,6 +170,15 @@ fn taskserv_runs_over_ssh_with_the_servers_key_and_pins_the_host_key() -> Result
     stalled_naming(&mut dev, "wrong-field", &["Secret ssh-e2e/no-key-field", "ssh-privatekey", "id_ed25519"])?;
     let live = moto.live_instances(REGION)?;
     ensure!(live.len() == 1 && live[0].provider_id.0 == web_id, "machines at moto: {live:?}");
+    // The missing Secret appears: the Server goes on at once (the Secret watch re-triggers it;
+    // its error backoff alone would take 30 s and more).
+    let key_file = sshd.dir.path().join("client_ed25519").display().to_string();
+    dev.kubectl_ok(&["create", "secret", "generic", "absent-ssh", "-n", NAMESPACE, &format!("--from-file=ssh-privatekey={key_file}")])?;
+    let appeared = std::time::Instant::now();
+    dev.wait_until(Duration::from_secs(25), "Server no-secret Ready once its Secret exists", |d| {
+        Ok(condition(&server(d, "no-secret")?, "Ready").is_some_and(|c| c["status"] == "True"))
+    })?;
+    eprintln!("Server no-secret Ready {:.1?} after its Secret appeared", appeared.elapsed());
     assert_no_secret_anywhere(&dev, &secrets)?;
 
     // A new controller without its state dir, and the machine unreachable: the key comes back
