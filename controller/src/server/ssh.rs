@@ -217,17 +217,17 @@ mod tests {
 
     #[test]
     fn missing_secret_or_key_names_both_and_no_value() {
-        let missing = key_from_secret(None, "ns", "keys", "web-1").err().expect("missing Secret");
+        let missing = key_from_secret(None, "ns", "keys", "web-1").expect_err("missing Secret");
         assert_eq!(missing.reason, "SshKeySecretNotFound");
         assert!(missing.message.contains("Secret ns/keys") && missing.message.contains("Server web-1"), "{}", missing.message);
         assert!(missing.message.contains("\"ssh-privatekey\""), "{}", missing.message);
 
-        let wrong_key = key_from_secret(Some(&secret(&[("id_ed25519", b"s3cret-value")])), "ns", "keys", "web-1").err().expect("no key");
+        let wrong_key = key_from_secret(Some(&secret(&[("id_ed25519", b"s3cret-value")])), "ns", "keys", "web-1").expect_err("no key");
         assert_eq!(wrong_key.reason, "SshKeyMissing");
         assert!(wrong_key.message.contains("\"ssh-privatekey\"") && wrong_key.message.contains("id_ed25519"), "{}", wrong_key.message);
         assert!(!wrong_key.message.contains("s3cret"), "{}", wrong_key.message);
 
-        let garbage = key_from_secret(Some(&secret(&[(SSH_KEY_FIELD, b"s3cret-value")])), "ns", "keys", "web-1").err().expect("bad key");
+        let garbage = key_from_secret(Some(&secret(&[(SSH_KEY_FIELD, b"s3cret-value")])), "ns", "keys", "web-1").expect_err("bad key");
         assert_eq!(garbage.reason, "SshKeyUnreadable");
         assert!(!garbage.message.contains("s3cret"), "{}", garbage.message);
     }
