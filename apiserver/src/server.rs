@@ -329,6 +329,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
                     bookmarks: q.flag("allowWatchBookmarks"),
                     timeout: q.get("timeoutSeconds").and_then(|s| s.parse::<u64>().ok()).filter(|s| *s > 0).map(Duration::from_secs),
                     send_initial_events: q.flag("sendInitialEvents"),
+                    partial: partial && table.is_none(),
                     table,
                 };
                 let rx = watch::start(core.clone(), rt.clone(), params);

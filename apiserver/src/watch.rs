@@ -35,6 +35,8 @@ pub struct WatchParams {
     pub send_initial_events: bool,
     /// Table output with this includeObject policy.
     pub table: Option<String>,
+    /// `PartialObjectMetadata` output (metadata-only watches: kube-rs `Api<PartialObjectMeta<K>>`).
+    pub partial: bool,
 }
 
 struct Emitter {
@@ -42,6 +44,7 @@ struct Emitter {
     rt: Arc<ResourceType>,
     tx: mpsc::Sender<Bytes>,
     table: Option<String>,
+    partial: bool,
     sent_headers: bool,
 }
 
@@ -61,6 +64,14 @@ impl Emitter {
                 let t = table::table(&self.rt, &[obj], Some(e.rv.to_string()), None, inc, !self.sent_headers);
                 self.sent_headers = true;
                 line.extend_from_slice(&serde_json::to_vec(&t).unwrap_or_default());
+            }
+            None if self.partial => {
+                let mut md = e.value()["metadata"].take();
+                if let Some(m) = md.as_object_mut() {
+                    m.remove("managedFields");
+                }
+                let obj = json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": md});
+                line.extend_from_slice(&serde_json::to_vec(&obj).unwrap_or_default());
             }
             None => line.extend_from_slice(&self.core.render(&self.rt, e)),
         }
@@ -101,7 +112,7 @@ fn matches(p: &WatchParams, e: &Entry) -> bool {
 pub fn start(core: Arc<Core>, rt: Arc<ResourceType>, p: WatchParams) -> mpsc::Receiver<Bytes> {
     let (tx, rx) = mpsc::channel(1024);
     tokio::spawn(async move {
-        let mut em = Emitter { core: core.clone(), rt: rt.clone(), tx, table: p.table.clone(), sent_headers: false };
+        let mut em = Emitter { core: core.clone(), rt: rt.clone(), tx, table: p.table.clone(), partial: p.partial, sent_headers: false };
         run(&mut em, p).await;
     });
     rx

@@ -445,3 +445,33 @@ async fn restart_keeps_objects_and_resource_versions_move_up() -> TestResult {
     ts.server.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn metadata_only_lists_and_watches_carry_no_data() -> TestResult {
+    use kube::api::PartialObjectMeta;
+    let ts = start().await?;
+    let client = client_for(&ts.server.kubeconfig_path()).await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let meta: Api<PartialObjectMeta<Secret>> = Api::namespaced(client.clone(), "default");
+    let s: Secret = serde_json::from_value(json!({"metadata": {"name": "m1", "labels": {"a": "b"}}, "stringData": {"password": "hunter2"}}))?;
+    secrets.create(&PostParams::default(), &s).await?;
+    let listed = meta.list(&ListParams::default()).await?;
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].metadata.labels.as_ref().and_then(|l| l.get("a")).map(String::as_str), Some("b"));
+    // The raw watch lines are PartialObjectMetadata without the Secret's data.
+    let mut events = meta.watch(&WatchParams::default(), "0").await?.boxed();
+    let first = tokio::time::timeout(Duration::from_secs(5), events.try_next()).await??.ok_or("watch ended")?;
+    match first {
+        WatchEvent::Added(m) => {
+            assert_eq!(m.metadata.name.as_deref(), Some("m1"));
+            let types = m.types.clone().ok_or("no TypeMeta")?;
+            assert_eq!((types.kind.as_str(), types.api_version.as_str()), ("PartialObjectMetadata", "meta.k8s.io/v1"));
+        }
+        other => return Err(format!("unexpected {other:?}").into()),
+    }
+    // A status-only style change (data) still arrives as an event on a metadata watch.
+    secrets.patch("m1", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"password": "other"}}))).await?;
+    let next = tokio::time::timeout(Duration::from_secs(5), events.try_next()).await??.ok_or("watch ended")?;
+    assert!(matches!(next, WatchEvent::Modified(_)), "{next:?}");
+    Ok(())
+}

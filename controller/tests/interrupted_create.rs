@@ -51,8 +51,9 @@ async fn a_container_created_but_never_started_is_finished_not_duplicated() -> a
     let patch = json!({"metadata": {"annotations": {ANNOTATION_PAUSED: null, ANNOTATION_CREATE_PENDING: "2026-11-22T00:00:00Z"}}});
     api.patch("node", &PatchParams::default(), &Patch::Merge(&patch)).await?;
 
-    let ready = wait_for("server node Ready", Duration::from_secs(90), || async {
-        api.get("node").await.ok().filter(is_ready)
+    // Ready is written first, then the guard is removed (the result is recorded by then).
+    let ready = wait_for("server node Ready with the create-pending guard cleared", Duration::from_secs(90), || async {
+        api.get("node").await.ok().filter(|s| is_ready(s) && !s.annotations().contains_key(ANNOTATION_CREATE_PENDING))
     })
     .await?;
     let machines = testing::machines_in(&local, NAMESPACE).await?;
@@ -61,7 +62,6 @@ async fn a_container_created_but_never_started_is_finished_not_duplicated() -> a
     assert_eq!(machines[0].state, MachineState::Running);
     let recorded = ready.status.as_ref().and_then(|st| st.provider_id.clone());
     assert_eq!(recorded.as_deref(), Some(staged.provider_id.0.as_str()));
-    assert!(!ready.annotations().contains_key(ANNOTATION_CREATE_PENDING), "the guard is cleared once recorded");
 
     api.delete("node", &DeleteParams::default()).await?;
     wait_for("server node gone", Duration::from_secs(60), || async {
