@@ -203,6 +203,13 @@ pub struct SshAccess {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 1024), regex(pattern = r"^(/\S*)?$"))]
     pub remote_dir: String,
+    /// Run the asset copy and every task script as root through `sudo -n`, as cloud images
+    /// with a non-root login user (Debian AMIs: `admin`) expect. Unset: true when the login
+    /// user is not root. The user needs passwordless sudo (`NOPASSWD`); a password prompt or a
+    /// missing sudo fails the script run with a message saying so, never waits. `false` runs
+    /// scripts as the login user (set `remoteDir` to a place it can write).
+    #[serde(default, rename = "become", skip_serializing_if = "Option::is_none")]
+    pub become_root: Option<bool>,
 }
 
 fn is_zero_u16(v: &u16) -> bool {

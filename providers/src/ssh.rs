@@ -8,7 +8,13 @@
 //! - Before the first command, the configured assets (the `nu` binary, task scripts) are
 //!   copied over, once per content hash: a marker file on the machine records the hash.
 //! - Output is streamed line by line to `ExecRequest::output`; a timeout returns
-//!   `ExecResult { timed_out: true, .. }`.
+//!   `ExecResult { timed_out: true, .. }`. Every command runs under the machine's own
+//!   `timeout(1)`, which kills the command's whole process group when time is up, also when
+//!   the command runs as root (a signal over SSH cannot reach it) or the controller is gone.
+//! - A non-root login user (cloud images: `admin`, `debian`…) becomes root through `sudo -n`
+//!   for the copy and the commands: stdin, output and exit codes pass through sudo unchanged.
+//!   Sudo is probed first, so a password prompt or a missing sudo is a `Permanent` error
+//!   naming user and host, never a hang or a script failure.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -26,6 +32,8 @@ use crate::{ExecRequest, ExecResult, OutputSink, ProviderConfig, ProviderError, 
 /// Most output kept per stream; the rest is still streamed but not returned.
 const MAX_CAPTURE: usize = 4 * 1024 * 1024;
 const DEFAULT_MARKER: &str = "/var/lib/provisioning/assets.sha256";
+/// How long a command may ignore the TERM of its time limit before `timeout(1)` kills it.
+const KILL_AFTER_SECS: u32 = 5;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Critical sections are single map operations: a poisoned lock still holds valid data.
@@ -108,6 +116,8 @@ pub struct SshExecutor {
     user: String,
     port: u16,
     address_override: Option<String>,
+    /// Copy and run as root through `sudo -n`.
+    become_root: bool,
     key: Result<Arc<PrivateKey>, String>,
     assets: Vec<SshAsset>,
     assets_marker: String,
@@ -127,6 +137,7 @@ impl fmt::Debug for SshExecutor {
             .field("user", &self.user)
             .field("port", &self.port)
             .field("address_override", &self.address_override)
+            .field("become_root", &self.become_root)
             .field("key", &self.key.as_ref().map(|_| "[redacted]"))
             .field("assets", &self.assets.len())
             .finish_non_exhaustive()
@@ -181,9 +192,11 @@ impl SshExecutor {
             let _ = std::fs::create_dir_all(&config.state_dir);
             config.state_dir.join(format!("known-hosts-{}-{}.json", config.provider_type, config.name))
         });
+        let user = if ssh.user.is_empty() { default_user.to_string() } else { ssh.user.clone() };
         SshExecutor {
             account: config.name.clone(),
-            user: if ssh.user.is_empty() { default_user.to_string() } else { ssh.user.clone() },
+            become_root: user != "root" && ssh.become_root.unwrap_or(true),
+            user,
             port: if ssh.port == 0 { 22 } else { ssh.port },
             address_override: ssh.address_override.clone(),
             key,
@@ -212,7 +225,7 @@ impl SshExecutor {
         if request.argv.is_empty() {
             return Err(ProviderError::InvalidRequest("exec needs a program to run".into()));
         }
-        let command = build_command(&request)?;
+        let command = build_command(&request, self.become_root)?;
         let host = self.address_override.as_deref().unwrap_or(address);
         let key = match &request.ssh_key {
             // A Server's own key (spec.sshKeySecretRef) wins over the account's.
@@ -226,12 +239,44 @@ impl SshExecutor {
             },
         };
         let session = self.connect(machine, host, key).await?;
-        if !self.assets.is_empty() {
-            self.ensure_assets(machine, &session).await?;
-        }
-        let result = run(&session, &command, request.stdin.as_deref(), request.output.as_ref(), Some(request.timeout)).await;
+        let result = self.run_prepared(machine, host, &session, &command, request).await;
         let _ = session.disconnect(russh::Disconnect::ByApplication, "", "en").await;
         result
+    }
+
+    /// Checks sudo, copies the assets if needed, then runs `command`.
+    async fn run_prepared(
+        &self,
+        machine: &str,
+        host: &str,
+        session: &client::Handle<HostKeyCheck>,
+        command: &str,
+        request: ExecRequest,
+    ) -> ProviderResult<ExecResult> {
+        if self.become_root {
+            self.check_sudo(machine, host, session).await?;
+        }
+        if !self.assets.is_empty() {
+            self.ensure_assets(machine, session).await?;
+        }
+        run(session, command, request.stdin.as_deref(), request.output.as_ref(), Some(request.timeout)).await
+    }
+
+    /// Fails with a `Permanent` error unless the login user has passwordless sudo. Run before
+    /// every command: a script's own exit code 1 must not be mistaken for sudo's, and the
+    /// probe costs one round trip on the open connection.
+    async fn check_sudo(&self, machine: &str, host: &str, session: &client::Handle<HostKeyCheck>) -> ProviderResult<()> {
+        // `-n`: never prompt; sudo fails at once when it would need a password.
+        let probe = run(session, "command -v sudo >/dev/null 2>&1 || exit 127; sudo -n true", None, None, Some(self.connect_timeout)).await?;
+        match sudo_problem(&probe) {
+            None => Ok(()),
+            Some(problem) => Err(ProviderError::Permanent(format!(
+                "SSH user {user} on {host} (machine {machine}) cannot run task scripts as root: {problem}; \
+                 passwordless sudo is required for a non-root login user (e.g. `{user} ALL=(ALL) NOPASSWD:ALL` \
+                 in /etc/sudoers.d/), or log in as root, or set the account's ssh.become: false",
+                user = self.user
+            ))),
+        }
     }
 
     async fn connect(&self, machine: &str, host: &str, login: Login) -> ProviderResult<client::Handle<HostKeyCheck>> {
@@ -303,6 +348,11 @@ impl SshExecutor {
             .await
     }
 
+    /// A shell snippet as the remote command line: through `sudo -n sh -c` when becoming root.
+    fn as_root(&self, script: &str) -> String {
+        if self.become_root { format!("sudo -n -- sh -c {}", quote(script)) } else { script.to_string() }
+    }
+
     /// Copies the assets unless the machine's marker already names their content hash.
     async fn ensure_assets(&self, machine: &str, session: &client::Handle<HostKeyCheck>) -> ProviderResult<()> {
         let hash = self.assets_hash().await?.clone();
@@ -315,7 +365,7 @@ impl SshExecutor {
             return Ok(());
         }
         let marker = quote(&self.assets_marker);
-        let current = run(session, &format!("cat {marker} 2>/dev/null || true"), None, None, None).await?;
+        let current = run(session, &self.as_root(&format!("cat {marker} 2>/dev/null || true")), None, None, None).await?;
         if current.stdout.trim() != hash {
             for asset in &self.assets {
                 let content = tokio::fs::read(&asset.local)
@@ -327,7 +377,7 @@ impl SshExecutor {
                     "mkdir -p \"$(dirname {remote})\" && cat > {tmp} && chmod {:o} {tmp} && mv -f {tmp} {remote}",
                     asset.mode
                 );
-                let copied = run(session, &copy, Some(&content), None, None).await?;
+                let copied = run(session, &self.as_root(&copy), Some(&content), None, None).await?;
                 if copied.exit_code != Some(0) {
                     return Err(ProviderError::Transient(format!(
                         "copying {} to machine {machine} failed: {}",
@@ -337,7 +387,7 @@ impl SshExecutor {
                 }
             }
             let write_marker = format!("mkdir -p \"$(dirname {marker})\" && printf %s {hash} > {marker}");
-            let written = run(session, &write_marker, None, None, None).await?;
+            let written = run(session, &self.as_root(&write_marker), None, None, None).await?;
             if written.exit_code != Some(0) {
                 return Err(ProviderError::Transient(format!(
                     "recording assets on machine {machine} failed: {}",
@@ -394,9 +444,37 @@ pub fn quote(word: &str) -> String {
     if safe { word.to_string() } else { format!("'{}'", word.replace('\'', "'\\''")) }
 }
 
-/// The remote command line: `env K=V … argv…`, every word quoted.
-fn build_command(request: &ExecRequest) -> ProviderResult<String> {
+/// Why a `sudo -n true` probe failed, from its result; `None` when it succeeded. Only sudo's
+/// own first line is quoted (it holds no secret).
+fn sudo_problem(probe: &ExecResult) -> Option<String> {
+    if probe.timed_out {
+        return Some("`sudo -n true` did not finish in time".into());
+    }
+    match probe.exit_code {
+        Some(0) => None,
+        Some(127) => Some("sudo is not installed on the machine".into()),
+        code => {
+            let said: String = probe.stderr.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("").chars().take(200).collect();
+            let code = code.map_or_else(|| "no exit status".to_string(), |c| format!("exit code {c}"));
+            Some(if said.is_empty() { format!("`sudo -n true` failed ({code})") } else { format!("`sudo -n true` failed ({code}): {said}") })
+        }
+    }
+}
+
+/// The remote command line: `[sudo -n --] timeout -k 5 <limit>s [env K=V …] argv…`, every word
+/// quoted. Nothing secret goes here (the context travels on stdin).
+fn build_command(request: &ExecRequest, become_root: bool) -> ProviderResult<String> {
     let mut words = Vec::new();
+    if become_root {
+        words.extend(["sudo", "-n", "--"].map(String::from));
+    }
+    // The machine enforces the limit on the whole process group (`timeout` signals its group),
+    // also when the controller's signal cannot reach a root process or the controller is gone.
+    if !request.timeout.is_zero() {
+        words.extend(["timeout", "-k"].map(String::from));
+        words.push(format!("{KILL_AFTER_SECS}"));
+        words.push(format!("{}s", request.timeout.as_secs_f64()));
+    }
     if !request.env.is_empty() {
         words.push("env".to_string());
         for (key, value) in &request.env {
@@ -512,7 +590,34 @@ mod tests {
             output: None,
             ssh_key: None,
         };
-        assert_eq!(build_command(&request).ok().as_deref(), Some("env 'X=1 2' nu -c 'print $env.X'"));
+        assert_eq!(build_command(&request, false).ok().as_deref(), Some("timeout -k 5 1s env 'X=1 2' nu -c 'print $env.X'"));
+        let request = ExecRequest { timeout: Duration::from_millis(800), env: BTreeMap::new(), ..request };
+        assert_eq!(build_command(&request, true).ok().as_deref(), Some("sudo -n -- timeout -k 5 0.8s nu -c 'print $env.X'"));
+    }
+
+    #[test]
+    fn a_failed_sudo_probe_says_why() {
+        let probe = |code: Option<i64>, stderr: &str| ExecResult { exit_code: code, timed_out: false, stdout: String::new(), stderr: stderr.into() };
+        assert_eq!(sudo_problem(&probe(Some(0), "")), None);
+        let password = sudo_problem(&probe(Some(1), "sudo: a password is required\n")).unwrap_or_default();
+        assert!(password.contains("sudo: a password is required") && password.contains("exit code 1"), "{password}");
+        let missing = sudo_problem(&probe(Some(127), "sh: 1: sudo: not found")).unwrap_or_default();
+        assert!(missing.contains("not installed"), "{missing}");
+        let hung = ExecResult { timed_out: true, ..probe(None, "") };
+        assert!(sudo_problem(&hung).is_some_and(|p| p.contains("did not finish")));
+    }
+
+    #[test]
+    fn become_root_defaults_to_non_root_users() {
+        let executor = |user: &str, become_root: Option<bool>| {
+            let ssh = crate::SshSettings { user: user.into(), become_root, ..Default::default() };
+            SshExecutor::new(&ProviderConfig { name: "acct".into(), ssh, ..Default::default() }, "admin").become_root
+        };
+        assert!(executor("", None), "the provider default user admin");
+        assert!(executor("debian", None));
+        assert!(!executor("root", None));
+        assert!(!executor("root", Some(true)), "root needs no sudo");
+        assert!(!executor("admin", Some(false)));
     }
 
     #[test]

@@ -273,6 +273,10 @@ pub struct SshSettings {
     pub assets_marker: String,
     /// Connect and handshake timeout; zero for 20 s.
     pub connect_timeout: Duration,
+    /// Whether the asset copy and every command run as root through `sudo -n` (passwordless
+    /// sudo; a prompt or a missing sudo is a `Permanent` error). `None`: when the login user
+    /// is not root. A root login never uses sudo.
+    pub become_root: Option<bool>,
 }
 
 /// A file copied to machines before the first command.

@@ -41,6 +41,7 @@ fn config(endpoint: &str, state_dir: &std::path::Path, sshd: &Sshd, assets: Vec<
             assets,
             assets_marker: state_dir.join("remote/assets.sha256").display().to_string(),
             connect_timeout: Duration::from_secs(10),
+            become_root: None,
         },
         ..Default::default()
     }

@@ -48,6 +48,7 @@ pub fn settings(account: &ProviderAccount, nu_binary: Option<&std::path::Path>, 
         settings.user = access.user.clone();
         settings.port = access.port;
         settings.address_override = Some(access.address_override.clone()).filter(|a| !a.is_empty());
+        settings.become_root = access.become_root;
     }
     settings.assets_marker = marker;
     if let (Some(nu), Some(catalog)) = (nu_binary, catalog_dir) {
@@ -255,6 +256,9 @@ mod tests {
         let remotes: Vec<&str> = s.assets.iter().map(|a| a.remote.as_str()).collect();
         assert_eq!(remotes, ["/home/ops/prov/bin/nu", "/home/ops/prov/catalog/x/install.nu"]);
         assert_eq!(s.assets_marker, "/home/ops/prov/assets.sha256");
+        assert_eq!(s.become_root, None, "unset: the provider decides by user");
+        let no_sudo = account("{name: a, type: upcloud, ssh: {user: ops, become: false}}");
+        assert_eq!(settings(&no_sudo, None, None).become_root, Some(false));
         // Accounts without SSH get nothing to copy.
         assert!(settings(&account("{name: l, type: local}"), Some(&nu), Some(&dir.path().join("catalog"))).assets.is_empty());
     }
