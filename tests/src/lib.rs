@@ -4,6 +4,7 @@
 //! message saying so — these tests never skip.
 
 pub mod cloud;
+pub mod cloud_node;
 pub mod docker;
 pub mod sshd;
 
