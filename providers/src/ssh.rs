@@ -13,8 +13,8 @@
 //!   the command runs as root (a signal over SSH cannot reach it) or the controller is gone.
 //! - A non-root login user (cloud images: `admin`, `debian`…) becomes root through `sudo -n`
 //!   for the copy and the commands: stdin, output and exit codes pass through sudo unchanged.
-//!   Sudo is probed first, so a password prompt or a missing sudo is a `Permanent` error
-//!   naming user and host, never a hang or a script failure.
+//!   Sudo is probed before the first command on a machine, so a password prompt or a missing
+//!   sudo is a `Permanent` error naming user and host, never a hang or a script failure.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -124,6 +124,8 @@ pub struct SshExecutor {
     connect_timeout: Duration,
     known_hosts: KnownHosts,
     assets_hash: tokio::sync::OnceCell<String>,
+    /// Machines where `sudo -n` was seen to work (probed again after a run that sudo refused).
+    sudo_ok: Mutex<std::collections::HashSet<String>>,
     /// Machines whose assets are known to be current, with the hash they hold.
     assets_done: Mutex<HashMap<String, String>>,
     /// One asset copy per machine at a time.
@@ -205,6 +207,7 @@ impl SshExecutor {
             connect_timeout: if ssh.connect_timeout.is_zero() { Duration::from_secs(20) } else { ssh.connect_timeout },
             known_hosts: KnownHosts::open(known_hosts_path),
             assets_hash: tokio::sync::OnceCell::new(),
+            sudo_ok: Mutex::new(Default::default()),
             assets_done: Mutex::new(HashMap::new()),
             copy_locks: Mutex::new(HashMap::new()),
         }
@@ -253,18 +256,25 @@ impl SshExecutor {
         command: &str,
         request: ExecRequest,
     ) -> ProviderResult<ExecResult> {
-        if self.become_root {
+        if self.become_root && !lock(&self.sudo_ok).contains(machine) {
             self.check_sudo(machine, host, session).await?;
+            lock(&self.sudo_ok).insert(machine.to_string());
         }
         if !self.assets.is_empty() {
             self.ensure_assets(machine, session).await?;
         }
-        run(session, command, request.stdin.as_deref(), request.output.as_ref(), Some(request.timeout)).await
+        let result = run(session, command, request.stdin.as_deref(), request.output.as_ref(), Some(request.timeout)).await?;
+        if self.become_root && result.exit_code == Some(1) && result.stderr.trim_start().starts_with("sudo: ") {
+            // Sudo itself refused (its rules changed since the probe): probe again next time,
+            // so the run after this one reports why.
+            lock(&self.sudo_ok).remove(machine);
+        }
+        Ok(result)
     }
 
-    /// Fails with a `Permanent` error unless the login user has passwordless sudo. Run before
-    /// every command: a script's own exit code 1 must not be mistaken for sudo's, and the
-    /// probe costs one round trip on the open connection.
+    /// Fails with a `Permanent` error unless the login user has passwordless sudo. A separate
+    /// probe, because a script's own exit code 1 must not be mistaken for sudo's; run before
+    /// the first command on a machine and again after sudo refused one.
     async fn check_sudo(&self, machine: &str, host: &str, session: &client::Handle<HostKeyCheck>) -> ProviderResult<()> {
         // `-n`: never prompt; sudo fails at once when it would need a password.
         let probe = run(session, "command -v sudo >/dev/null 2>&1 || exit 127; sudo -n true", None, None, Some(self.connect_timeout)).await?;

@@ -11,6 +11,7 @@
 //! - the script runs as root: it writes a root-owned file under `/etc`;
 //! - a machine where sudo wants a password gives the TaskServ a clear error naming user, host
 //!   and the passwordless-sudo requirement, quickly (no prompt, no hang), and nothing runs;
+//!   so does a machine without sudo (provider level: a `Permanent` error);
 //! - through sudo, stdin reaches the command, output streams, exit codes come back, and a
 //!   timeout kills the command's whole (root) process group;
 //! - no private key text in the log, any status or any event.
@@ -152,6 +153,7 @@ fn aws_taskserv_runs_as_root_through_sudo_and_a_sudo_password_is_a_clear_error()
     ];
     let manifest = write_yaml_docs(tmp.path(), "sudo-aws.yaml", &docs)?;
     let mut dev = start_dev(tmp.path(), &manifest)?;
+    let started = Instant::now();
 
     let took = wait_ready(&dev, NAMESPACE, "marker", &[&web])?;
     eprintln!("aws: TaskServ Ready through sudo {took:.1?} after start");
@@ -162,7 +164,7 @@ fn aws_taskserv_runs_as_root_through_sudo_and_a_sudo_password_is_a_clear_error()
 
     // Sudo wants a password: a clear error on the TaskServ, nothing run, no prompt waited on.
     let refusal = sudo_refusal(&mut dev, NAMESPACE, "locked-marker")?;
-    eprintln!("aws: refused: {refusal}");
+    eprintln!("aws: refused ({:.1?} after start): {refusal}", started.elapsed());
     for word in [USER, locked.ip.as_str(), "a password is required", "passwordless sudo is required"] {
         ensure!(refusal.contains(word), "the error should name {word:?}: {refusal}");
     }
@@ -224,11 +226,13 @@ fn upcloud_taskserv_runs_as_root_through_sudo() -> Result<()> {
 /// The provider's `exec` through sudo, without the controller: what the runner relies on.
 #[test]
 fn sudo_exec_passes_stdin_output_exit_codes_and_kills_the_process_group_on_timeout() -> Result<()> {
-    use provisioning_providers::{Credentials, ExecRequest, ProviderConfig, ServerIdentity, ServerRequest, SshSettings, build_provider};
+    use provisioning_providers::{Credentials, ExecRequest, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SshSettings, build_provider};
     let moto = Moto::start(&[])?;
     let tmp = tempfile::tempdir()?;
     let (private, public) = login_key(tmp.path())?;
     let node = CloudNode::start(&public, Sudo::Passwordless)?;
+    let locked = CloudNode::start(&public, Sudo::PasswordRequired)?;
+    let bare = CloudNode::start(&public, Sudo::Missing)?;
     let config = ProviderConfig {
         name: "sudo-exec".into(),
         provider_type: "aws".into(),
@@ -248,6 +252,13 @@ fn sudo_exec_passes_stdin_output_exit_codes_and_kills_the_process_group_on_timeo
         ..Default::default()
     };
     let provider = build_provider(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let at = |node: &CloudNode| {
+        let mut other = config.clone();
+        other.ssh.address_override = Some(node.ip.clone());
+        other.state_dir = tmp.path().join(format!("state-{}", node.ip));
+        build_provider(&other).map_err(|e| anyhow::anyhow!("{e}"))
+    };
+    let (at_locked, at_bare) = (at(&locked)?, at(&bare)?);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let request = |argv: &[&str], timeout: Duration| ExecRequest {
         argv: argv.iter().map(|s| s.to_string()).collect(),
@@ -307,7 +318,40 @@ fn sudo_exec_passes_stdin_output_exit_codes_and_kills_the_process_group_on_timeo
             let r = provider.exec(&id, request(&["true"], Duration::from_secs(30))).await?;
             ensure!(r.exit_code == Some(0), "{r:?}");
         }
-        eprintln!("`true` through SSH + sudo: {:.1?} per exec (connect, probe, run)", started.elapsed() / 10);
+        let with_sudo = started.elapsed() / 10;
+        let mut plain = config.clone();
+        plain.ssh.become_root = Some(false);
+        plain.state_dir = tmp.path().join("state-plain");
+        let plain = build_provider(&plain).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let started = Instant::now();
+        for _ in 0..10 {
+            let r = plain.exec(&id, request(&["id", "-u"], Duration::from_secs(30))).await?;
+            ensure!(r.exit_code == Some(0) && r.stdout.trim() != "0", "ssh.become: false runs as the login user: {r:?}");
+        }
+        eprintln!("one exec of a trivial command (connect, run): {with_sudo:.1?} through sudo (probed on the first contact only), {:.1?} as {USER}", started.elapsed() / 10);
+
+        // Sudo rules that change after the probe: that run fails as sudo says, the next run
+        // probes again and gets the clear error.
+        node.exec("printf 'admin ALL=(ALL) ALL\\n' > /etc/sudoers.d/90-cloud-init-users")?;
+        let refused = provider.exec(&id, request(&["true"], Duration::from_secs(30))).await?;
+        ensure!(refused.exit_code == Some(1) && refused.stderr.contains("a password is required"), "{refused:?}");
+        let err = provider.exec(&id, request(&["true"], Duration::from_secs(30))).await.err().context("the next run probes sudo again")?;
+        ensure!(matches!(&err, ProviderError::Permanent(m) if m.contains("passwordless sudo is required")), "{err:?}");
+
+        // A password prompt or no sudo at all: a Permanent error at once, naming user and host.
+        for (provider, node, says) in [(&at_locked, &locked, "a password is required"), (&at_bare, &bare, "sudo is not installed")] {
+            let started = Instant::now();
+            let err = match provider.exec(&id, request(&["true"], Duration::from_secs(30))).await {
+                Ok(r) => anyhow::bail!("exec on {} without usable sudo succeeded: {r:?}", node.ip),
+                Err(e) => e,
+            };
+            let message = err.to_string();
+            ensure!(matches!(err, ProviderError::Permanent(_)), "{err:?}");
+            for word in [USER, node.ip.as_str(), says, "passwordless sudo is required"] {
+                ensure!(message.contains(word), "the error should name {word:?}: {message}");
+            }
+            ensure!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        }
         provider.delete_server(&id).await.map_err(|e| anyhow::anyhow!("delete: {e}"))?;
         Ok::<_, anyhow::Error>(())
     })?;
