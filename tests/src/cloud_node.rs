@@ -123,6 +123,12 @@ pub fn image() -> Result<String> {
         let committed = committed?;
         ensure!(committed.status.success(), "docker commit {tag}: {}", String::from_utf8_lossy(&committed.stderr));
         eprintln!("built {tag} (node image + openssh-server + sudo) in {:.1?}", started.elapsed());
+        // Images made for earlier node images only take space (one still in use stays).
+        for old in docker_ok(&["images", IMAGE_REPO, "--format", "{{.Repository}}:{{.Tag}}"])?.lines() {
+            if old.trim() != tag {
+                let _ = docker(&["rmi", old.trim()]);
+            }
+        }
     }
     *cached = Some(tag.clone());
     Ok(tag)
