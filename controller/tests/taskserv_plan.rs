@@ -404,6 +404,10 @@ fn failed_install_is_retried_after_a_pause_with_a_warning() {
     assert_eq!(failed.status.servers[0].last_run.as_ref().and_then(|r| r.exit_code), Some(3));
     let w = failed.events.iter().find(|e| e.reason == "InstallFailed").expect("warning");
     assert!(w.warning && w.note.contains("boom: port in use"));
+    // The reason is on the object's conditions too, not only in events.
+    let (status, reason, message) = cond(&failed.status, "Ready");
+    assert_eq!((status, reason), ("False", "InstallFailed"), "{message}");
+    assert!(message.starts_with("0/1 servers installed; install failed on s0: ") && message.contains("boom"), "{message}");
     p.commit(&failed);
     p.now = t("2025-01-01T00:01:00Z");
     assert_eq!(p.plan().launch.len(), 1, "retried after the pause");

@@ -170,8 +170,14 @@ fn aws_taskserv_runs_as_root_through_sudo_and_a_sudo_password_is_a_clear_error()
     }
     ensure!(locked.exec(&format!("test -e {MARKER} && echo yes || echo no"))?.trim() == "no", "the script ran without sudo");
     ensure!(locked.exec("test -e /usr/local/bin/nu && echo yes || echo no")?.trim() == "no", "assets copied without sudo");
-    let ts = get_json(&dev, &["ts", "locked-marker", "-n", NAMESPACE])?;
-    ensure!(!condition(&ts, "Ready").is_some_and(|c| c["status"] == "True"), "a TaskServ that never ran is Ready: {}", ts["status"]);
+    // The reason shows on the TaskServ's Ready condition (what `kubectl wait` and dashboards
+    // see), not only in its per-server status and events.
+    let mut ready = serde_json::Value::Null;
+    dev.wait_until(Duration::from_secs(30), "locked-marker's Ready condition names the sudo problem", |d| {
+        ready = condition(&get_json(d, &["ts", "locked-marker", "-n", NAMESPACE])?, "Ready").cloned().unwrap_or_default();
+        Ok(ready["message"].as_str().is_some_and(|m| m.contains("passwordless sudo is required")))
+    })?;
+    ensure!(ready["status"] == "False" && ready["reason"] == "InstallFailed", "{ready}");
 
     // Deleting the TaskServ runs remove.nu through sudo.
     dev.kubectl_ok(&["delete", "ts", "marker", "-n", NAMESPACE, "--timeout=120s"])?;

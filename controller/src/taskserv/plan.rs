@@ -491,7 +491,23 @@ pub fn plan(o: &Observed<'_>) -> Plan {
         if !waiting_servers.is_empty() {
             msg.push_str(&format!("; waiting for Server {}", waiting_servers.join(", ")));
         }
-        DesiredCondition::new(condition::INSTALLED, Status::False, "Installing", msg)
+        // Why the last install failed, on the object itself (a machine where sudo wants a
+        // password, an unreachable host…), not only in per-server status and events.
+        let failures: Vec<String> = selected
+            .iter()
+            .filter_map(|n| entry_of(n).filter(|e| e.phase == "Failed").map(|e| (n, e)))
+            .map(|(n, e)| {
+                let tail = e.last_run.as_ref().and_then(|r| r.output_tail.as_deref()).unwrap_or_default();
+                let why: String = tail.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("no output").chars().take(400).collect();
+                format!("install failed on {n}: {why}")
+            })
+            .collect();
+        let reason = if failures.is_empty() { "Installing" } else { "InstallFailed" };
+        for failure in failures {
+            msg.push_str("; ");
+            msg.push_str(&failure);
+        }
+        DesiredCondition::new(condition::INSTALLED, Status::False, reason, msg)
     };
     let healthy_cond = if !unhealthy.is_empty() {
         DesiredCondition::new(
