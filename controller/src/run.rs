@@ -190,11 +190,9 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
     };
     let workspaces = workspace_controller
         .with_config(settings.debounce(Duration::from_secs(1)))
-        // Metadata-only: a namespace is all these need, and decoding 10,000 full Servers
-        // per resync only to read their namespace costs memory.
-        .watches(Api::<PartialObjectMeta<Server>>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: PartialObjectMeta<Server>| m1(s.namespace()))
-        .watches(Api::<PartialObjectMeta<TaskServ>>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: PartialObjectMeta<TaskServ>| m2(s.namespace()))
-        .watches(Api::<PartialObjectMeta<Cluster>>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: PartialObjectMeta<Cluster>| m3(s.namespace()))
+        .watches(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Server| m1(s.namespace()))
+        .watches(Api::<TaskServ>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: TaskServ| m2(s.namespace()))
+        .watches(Api::<Cluster>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Cluster| m3(s.namespace()))
         .watches(Api::<PartialObjectMeta<Secret>>::all(client.clone()), watcher::Config::default().any_semantic(), secret_to_workspaces)
         .graceful_shutdown_on(shutdown.clone())
         .run(workspace::reconcile, workspace::error_policy, ctx.clone())

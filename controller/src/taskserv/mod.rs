@@ -26,7 +26,6 @@ use kube::runtime::controller::{Action, Config as ControllerSettings, Controller
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::api::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use provisioning_crds::{ANNOTATION_RECONCILE_REQUESTED_AT, Cluster, FINALIZER, LABEL_CLUSTER, Server, TaskServ, TaskServStatus, condition};
@@ -73,8 +72,7 @@ pub async fn run(
     let selecting = store.clone();
     controller
         // A Server coming, going or changing readiness re-plans the TaskServs that select it.
-        // Metadata-only (name, labels): Server status changes still arrive as events.
-        .watches(Api::<PartialObjectMeta<Server>>::all(client), watcher::Config::default(), move |server: PartialObjectMeta<Server>| {
+        .watches(Api::<Server>::all(client), watcher::Config::default(), move |server: Server| {
             let namespace = server.namespace().unwrap_or_default();
             let name = server.name_any();
             let labels = server.labels().clone();
