@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PartialObjectMeta};
 use kube::discovery::Scope;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use provisioning_crds::{Cluster, ProviderAccount, Server, TaskServ, Workspace};
@@ -66,8 +66,8 @@ pub struct Context {
     pub config: ControllerConfig,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Event recorder (events.k8s.io/v1).
-    pub recorder: Recorder,
+    /// Event publisher (events.k8s.io/v1, series for repeats).
+    pub recorder: crate::events::Publisher,
     /// Per-object retry counters.
     pub backoffs: Backoffs,
     /// Provider instances per account.
@@ -95,8 +95,7 @@ struct Observed {
 impl Context {
     /// Builds the context.
     pub fn new(client: Client, config: ControllerConfig, metrics: Arc<Metrics>, stores: Stores, instance: String) -> Self {
-        let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance) };
-        let recorder = Recorder::new(client.clone(), reporter);
+        let recorder = crate::events::Publisher::new(client.clone(), FIELD_MANAGER, &instance);
         let providers = ProviderRegistry::new(client.clone(), config.state_dir.clone());
         Context {
             client,
@@ -330,14 +329,9 @@ impl Context {
     where
         K: Resource<DynamicType = ()>,
     {
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: note.map(|n| crate::conditions::truncate(&n, 1000)),
-            action: action.to_string(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+        let note = note.map(|n| crate::conditions::truncate(&n, 1000));
+        let what = crate::events::Occurrence { type_, reason, action, note: note.as_deref() };
+        if let Err(e) = self.recorder.publish(&what, &obj.object_ref(&())).await {
             tracing::debug!(error = %e, reason, "could not publish event");
         }
     }

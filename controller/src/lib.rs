@@ -19,6 +19,7 @@ pub mod config;
 pub mod context;
 pub mod dev;
 pub mod error;
+pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod run;

@@ -500,3 +500,56 @@ async fn fixing_a_credentials_secret_recovers_workspace_and_server_quickly() -> 
     env.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn repeated_events_become_one_series_and_little_is_remembered() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use kube::runtime::events::EventType;
+    use provisioning_controller::events::{Occurrence, Publisher};
+    let env = TestEnv::start().await?;
+    let publisher = Publisher::new(env.client.clone(), "provisioning-controller", "test-1");
+    let regarding = ObjectReference {
+        api_version: Some("provisioning.dev/v1alpha1".into()),
+        kind: Some("Server".into()),
+        namespace: Some("default".into()),
+        name: Some("web-1".into()),
+        uid: Some("uid-1".into()),
+        ..Default::default()
+    };
+    let failed = Occurrence { type_: EventType::Warning, reason: "Transient", action: "Provision", note: Some("provider busy") };
+    for _ in 0..3 {
+        publisher.publish(&failed, &regarding).await?;
+    }
+    // Another note is another event; another object too.
+    let other_note = Occurrence { note: Some("provider down"), ..failed.clone() };
+    publisher.publish(&other_note, &regarding).await?;
+    let other_object = ObjectReference { name: Some("web-2".into()), uid: Some("uid-2".into()), ..regarding.clone() };
+    publisher.publish(&failed, &other_object).await?;
+    assert_eq!(publisher.remembered(), 3);
+
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "default");
+    let all = events.list(&Default::default()).await?.items;
+    assert_eq!(all.len(), 3, "{all:#?}");
+    let series = |name: &str, note: &str| {
+        all.iter()
+            .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) && e.note.as_deref() == Some(note))
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+    };
+    assert_eq!(series("web-1", "provider busy"), Some(3), "three occurrences, one Event");
+    assert_eq!(series("web-1", "provider down"), Some(1));
+    assert_eq!(series("web-2", "provider busy"), Some(1));
+    let first = all.iter().find(|e| e.note.as_deref() == Some("provider busy") && e.series.is_some()).expect("series event");
+    assert_eq!(first.reporting_controller.as_deref(), Some("provisioning-controller"));
+    assert_eq!(first.reporting_instance.as_deref(), Some("test-1"));
+    assert_eq!(first.type_.as_deref(), Some("Warning"));
+
+    // An Event deleted meanwhile (server-side TTL or by hand): the next repeat starts a new one.
+    let name = first.metadata.name.clone().unwrap_or_default();
+    events.delete(&name, &Default::default()).await?;
+    publisher.publish(&failed, &regarding).await?;
+    let again = events.list(&Default::default()).await?.items;
+    assert_eq!(again.len(), 3);
+    assert!(again.iter().any(|e| e.note.as_deref() == Some("provider busy") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web-1") && e.series.is_none()));
+    env.shutdown().await;
+    Ok(())
+}
