@@ -100,15 +100,20 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
     {
         let stores = stores.clone();
         let health = health.clone();
-        let stores_client = client.clone();
         tokio::spawn(async move {
-            // Ready once the API answers a list of our kinds (the watches are then able to sync).
-            let probe = Api::<Workspace>::all(stores_client);
-            let params = kube::api::ListParams::default().limit(1);
-            while probe.list(&params).await.is_err() {
-                tokio::time::sleep(Duration::from_millis(500)).await;
+            // Ready once every watch cache holds its initial list (before that nothing is
+            // reconciled). A cache that never syncs is almost always a missing CRD or RBAC
+            // rule: say which, every 30 s, instead of idling silently.
+            let started = std::time::Instant::now();
+            while stores.synced.wait_at_most(Duration::from_secs(30)).await.is_err() {
+                tracing::warn!(
+                    pending = %stores.synced.pending().join(", "),
+                    waited_s = started.elapsed().as_secs(),
+                    "watch caches not synced yet, nothing is reconciled until they are; are the CRDs installed \
+                     (`provisioning crds | kubectl apply -f -`) and may this controller list and watch them?"
+                );
             }
-            let _ = stores;
+            tracing::info!(took_ms = started.elapsed().as_millis() as u64, "watch caches synced");
             health.set_ready(true);
         });
     }

@@ -553,3 +553,44 @@ async fn repeated_events_become_one_series_and_little_is_remembered() -> anyhow:
     env.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_reconciled_until_every_cache_syncs_and_readyz_says_so() -> anyhow::Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let env = TestEnv::start().await?;
+    // A missing CRD (here Cluster's) keeps one watch cache from ever syncing.
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    crds.delete("clusters.provisioning.dev", &DeleteParams::default()).await?;
+    wait_for("Cluster CRD gone", DEADLINE, || async { crds.get_opt("clusters.provisioning.dev").await.ok()?.is_none().then_some(()) }).await?;
+    Api::<Workspace>::all(env.client.clone()).create(&PostParams::default(), &simulated_workspace("gate", 0, 0, 10, 5)).await?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "gate");
+    wait_for("namespace gate", DEADLINE, || async {
+        // The Workspace controller is not running yet: create the namespace by hand.
+        let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({"metadata": {"name": "gate"}})).ok()?;
+        let nss = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone());
+        let _ = nss.create(&PostParams::default(), &ns).await;
+        nss.get_opt("gate").await.ok().flatten()
+    })
+    .await?;
+    api.create(&PostParams::default(), &server("gate", "s1", json!({}))).await?;
+
+    let metrics_addr = free_addr();
+    let mut config = env.config();
+    config.metrics_addr = Some(metrics_addr);
+    let controller = env.start_controller(config);
+    wait_for("/healthz 200", DEADLINE, || async { (scrape(metrics_addr, "/healthz").await.ok()?.0 == 200).then_some(()) }).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_ne!(scrape(metrics_addr, "/readyz").await?.0, 200, "not ready while a cache cannot sync");
+    let s1 = api.get("s1").await?;
+    assert!(s1.status.is_none() && s1.metadata.finalizers.is_none(), "nothing reconciled before every cache synced: {:?}", s1.status);
+    assert!(testing::machines_in(&env.simulated("sim")?, "gate").await?.is_empty(), "no provider call");
+
+    // The CRD comes back: the caches sync, the controller becomes ready and goes on.
+    provisioning_controller::dev::install_crds(&env.client, Duration::from_secs(30)).await?;
+    wait_for("/readyz 200", DEADLINE, || async { (scrape(metrics_addr, "/readyz").await.ok()?.0 == 200).then_some(()) }).await?;
+    wait_server(&api, "s1", "Ready", is_ready).await?;
+    assert_eq!(testing::machines_in(&env.simulated("sim")?, "gate").await?.len(), 1);
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
