@@ -54,10 +54,15 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
                 renew: config.lease_renew(),
             },
         );
+        // A standby replica is ready: healthy and waiting for the Lease (otherwise a
+        // two-replica Deployment never finishes rolling out). The leader is ready again
+        // once its watch caches have synced.
+        health.set_ready(true);
         tokio::select! {
             _ = elector.acquire() => {}
             _ = shutdown.clone() => return Ok(()),
         }
+        health.set_ready(false);
         metrics.leader.set(1);
         Some(elector)
     } else {

@@ -54,6 +54,16 @@ async fn scrape(addr: SocketAddr) -> Option<String> {
     Some(body)
 }
 
+/// The status code of GET /readyz.
+async fn readyz(addr: SocketAddr) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    body.split_whitespace().nth(1).map(str::to_string)
+}
+
 fn metric(text: &str, prefix: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(prefix))
@@ -223,6 +233,10 @@ async fn two_controllers_never_both_act_and_the_standby_takes_over() -> anyhow::
     .await?;
     let standby_text = scrape(addrs[standby]).await.unwrap_or_default();
     assert_eq!(metric(&standby_text, "provisioning_reconciles_total"), 0.0, "the standby never reconciled");
+    // Both replicas are ready (a Deployment of two must finish rolling out).
+    for addr in &addrs {
+        assert_eq!(readyz(*addr).await.as_deref(), Some("200"), "/readyz of {addr}");
+    }
 
     children[leader].kill()?;
     children[leader].wait()?;
