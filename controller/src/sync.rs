@@ -107,7 +107,8 @@ mod tests {
         assert_eq!(gate.pending(), vec!["Server"]);
         gate.mark("Server");
         for w in waiters {
-            assert!(tokio::time::timeout(Duration::from_secs(2), w).await.unwrap().unwrap().is_ok());
+            let woke = tokio::time::timeout(Duration::from_secs(2), w).await.expect("woken in time").expect("waiter task");
+            assert!(woke.is_ok());
         }
         assert!(gate.is_synced());
     }
@@ -115,7 +116,7 @@ mod tests {
     #[tokio::test]
     async fn a_cache_that_never_syncs_is_an_in_progress_error_naming_it() {
         let gate = CacheSync::new(&["Workspace"]);
-        let err = gate.wait_at_most(Duration::from_millis(50)).await.unwrap_err();
+        let err = gate.wait_at_most(Duration::from_millis(50)).await.expect_err("never synced");
         assert!(matches!(err, Error::InProgress(_)));
         assert!(err.to_string().contains("Workspace"), "{err}");
     }
