@@ -45,23 +45,23 @@ fn write_config(env: &TestEnv) -> anyhow::Result<std::path::PathBuf> {
     Ok(path)
 }
 
-async fn scrape(addr: SocketAddr) -> Option<String> {
+/// GET `path` from the controller's metrics server: the whole HTTP response.
+async fn get(addr: SocketAddr, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.ok()?;
     let mut body = String::new();
     stream.read_to_string(&mut body).await.ok()?;
     Some(body)
 }
 
+async fn scrape(addr: SocketAddr) -> Option<String> {
+    get(addr, "/metrics").await
+}
+
 /// The status code of GET /readyz.
 async fn readyz(addr: SocketAddr) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.ok()?;
-    body.split_whitespace().nth(1).map(str::to_string)
+    get(addr, "/readyz").await?.split_whitespace().nth(1).map(str::to_string)
 }
 
 fn metric(text: &str, prefix: &str) -> f64 {
