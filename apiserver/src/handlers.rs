@@ -610,7 +610,9 @@ impl Core {
                 md.insert("name".into(), json!(name));
             }
         let label_name = rt.storage == NAMESPACES;
-        if let Some(c) = validation::validate_name(&name, label_name) {
+        // RBAC objects may have any path-segment name (`system:discovery`), as upstream.
+        let invalid_name = if rt.group == crate::auth::rbac::GROUP { crate::auth::rbac::validate_name(&name) } else { validation::validate_name(&name, label_name) };
+        if let Some(c) = invalid_name {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, vec![c]));
         }
         // Server-owned metadata.

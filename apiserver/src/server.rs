@@ -157,7 +157,7 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
         let ct = content_type(&req);
         let result = async {
             let body = read_body(req).await?;
-            let obj = parse_body(&body, &ct)?;
+            let obj = if ct.contains("protobuf") { crate::auth::proto::decode(&body)? } else { parse_body(&body, &ct)? };
             reviews::create(auth, &core, &user, &attrs, review, obj)
         }
         .await;

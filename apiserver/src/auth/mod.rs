@@ -10,6 +10,7 @@
 //! * Bootstrap roles and ClusterRole aggregation ([`bootstrap`]).
 
 pub mod bootstrap;
+pub mod proto;
 pub mod rbac;
 pub mod reviews;
 pub mod tokens;

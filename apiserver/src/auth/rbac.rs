@@ -25,6 +25,30 @@ pub struct PolicyRule {
     pub non_resource_urls: Vec<String>,
 }
 
+/// kube's `ValidateRBACName` (`path.IsValidPathSegmentName`): anything usable as one URL path
+/// segment, so names such as `system:discovery` are valid.
+pub fn validate_name(name: &str) -> Option<crate::error::Cause> {
+    let bad = |why: &str| {
+        let quoted = serde_json::to_string(name).unwrap_or_default();
+        Some(crate::error::Cause::new("FieldValueInvalid", "metadata.name", format!("Invalid value: {quoted}: {why}")))
+    };
+    if name.is_empty() {
+        return Some(crate::error::Cause::new("FieldValueRequired", "metadata.name", "Required value: name or generateName is required"));
+    }
+    match name {
+        "." => return bad("may not be '.'"),
+        ".." => return bad("may not be '..'"),
+        _ => {}
+    }
+    if name.contains('/') {
+        return bad("may not contain '/'");
+    }
+    if name.contains('%') {
+        return bad("may not contain '%'");
+    }
+    None
+}
+
 fn strs(v: &Value) -> Vec<String> {
     v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()).unwrap_or_default()
 }
