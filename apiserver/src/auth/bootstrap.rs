@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::CLUSTERROLES;
 use super::rbac::{GROUP, PolicyRule};
 use crate::handlers::{Core, WriteOptions};
 
@@ -257,8 +258,18 @@ pub async fn aggregate_once(core: &Core) -> usize {
 /// store (debounced), and one every 30 s in case a pass lost a race.
 pub async fn run_aggregation(core: Arc<Core>) {
     let mut changes = core.store.subscribe();
+    let mut last: Option<(usize, u64)> = None;
     loop {
-        aggregate_once(&core).await;
+        // Only ClusterRole changes matter: skip the pass when their count and newest revision
+        // are what the last pass saw (cheap, so heavy write load elsewhere costs nothing).
+        let fp = {
+            let st = core.store.read();
+            st.objects.get(CLUSTERROLES).map(|m| (m.len(), m.values().map(|e| e.rv).max().unwrap_or(0)))
+        };
+        if fp != last || fp.is_none() {
+            aggregate_once(&core).await;
+            last = fp;
+        }
         tokio::select! {
             _ = core.shutdown.cancelled() => return,
             r = changes.changed() => if r.is_err() { return },

@@ -35,7 +35,7 @@ pub const AUTHENTICATED: &str = "system:authenticated";
 
 /// Storage key of ServiceAccounts (built-in `group/plural` convention).
 pub const SERVICEACCOUNTS: &str = "/serviceaccounts";
-const CLUSTERROLES: &str = "rbac.authorization.k8s.io/clusterroles";
+pub(crate) const CLUSTERROLES: &str = "rbac.authorization.k8s.io/clusterroles";
 const ROLES: &str = "rbac.authorization.k8s.io/roles";
 const CLUSTERROLEBINDINGS: &str = "rbac.authorization.k8s.io/clusterrolebindings";
 const ROLEBINDINGS: &str = "rbac.authorization.k8s.io/rolebindings";

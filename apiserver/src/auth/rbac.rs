@@ -101,7 +101,7 @@ impl PolicyRule {
                 || *r == combined
                 || (!a.subresource.is_empty() && r.strip_prefix("*/").is_some_and(|sub| sub == a.subresource))
         });
-        resource_ok && (self.resource_names.is_empty() || self.resource_names.iter().any(|n| *n == a.name))
+        resource_ok && (self.resource_names.is_empty() || self.resource_names.contains(&a.name))
     }
 }
 
@@ -122,7 +122,7 @@ impl Subject {
     pub fn applies_to(&self, user: &UserInfo, binding_ns: &str) -> bool {
         match self.kind.as_str() {
             "User" => user.name == self.name,
-            "Group" => user.groups.iter().any(|g| *g == self.name),
+            "Group" => user.groups.contains(&self.name),
             "ServiceAccount" => {
                 let ns = if self.namespace.is_empty() { binding_ns } else { self.namespace.as_str() };
                 !ns.is_empty() && user.name == format!("system:serviceaccount:{ns}:{}", self.name)
