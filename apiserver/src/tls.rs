@@ -193,3 +193,23 @@ pub fn write_kubeconfig(dir: &Path, listen: SocketAddr, creds: &Credentials) -> 
     write_private(&path, cfg.as_bytes())?;
     Ok(path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serving_names_cover_in_cluster_names_and_listen_addresses() -> anyhow::Result<()> {
+        let sans = serving_sans("10.1.2.3:6443".parse()?);
+        for name in IN_CLUSTER_NAMES.iter().chain(&["localhost", "127.0.0.1", "10.1.2.3"]) {
+            assert!(sans.iter().any(|s| s == name), "{name} missing from {sans:?}");
+        }
+        // Listening on every address: each local IPv4 address the kernel knows is included.
+        let all = serving_sans("0.0.0.0:6443".parse()?);
+        for a in local_addresses(false) {
+            assert!(all.contains(&a.to_string()), "{a} missing from {all:?}");
+        }
+        assert!(!all.iter().any(|s| s == "0.0.0.0"));
+        Ok(())
+    }
+}

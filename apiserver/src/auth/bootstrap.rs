@@ -153,8 +153,44 @@ pub fn cluster_role_bindings() -> Vec<Value> {
     ]
 }
 
-/// Creates every bootstrap object that does not exist (existing ones are left as the user
-/// changed them). A no-op while the RBAC kinds are not served.
+/// What an existing bootstrap object lacks of its default, as upstream's reconciliation on start
+/// does for objects annotated `rbac.authorization.kubernetes.io/autoupdate: "true"`: missing
+/// rules (roles) or subjects (bindings) are added, nothing a user added is removed. None when
+/// nothing is missing or the user turned autoupdate off.
+pub fn reconciled(existing: &Value, default: &Value) -> Option<Value> {
+    if existing["metadata"]["annotations"]["rbac.authorization.kubernetes.io/autoupdate"].as_str() == Some("false") {
+        return None;
+    }
+    let field = if default.get("subjects").is_some() { "subjects" } else { "rules" };
+    // Aggregated roles get their rules from the aggregation loop.
+    if field == "rules" && default.get("aggregationRule").is_some() {
+        return None;
+    }
+    let have: Vec<Value> = existing[field].as_array().cloned().unwrap_or_default();
+    let missing: Vec<Value> = default[field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| {
+            if field == "rules" {
+                let d = PolicyRule::from_value(d);
+                !have.iter().any(|h| PolicyRule::from_value(h) == d)
+            } else {
+                !have.iter().any(|h| h["kind"] == d["kind"] && h["name"] == d["name"])
+            }
+        })
+        .cloned()
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let mut out = existing.clone();
+    out[field] = Value::Array(have.into_iter().chain(missing).collect());
+    Some(out)
+}
+
+/// Creates every bootstrap object that does not exist and adds what upstream's reconciliation
+/// would add to existing ones ([`reconciled`]). A no-op while the RBAC kinds are not served.
 pub async fn ensure(core: &Core) -> anyhow::Result<()> {
     let reg = core.registry();
     let opts = WriteOptions { field_manager: "provisioning-apiserver".into(), ..Default::default() };
@@ -162,7 +198,11 @@ pub async fn ensure(core: &Core) -> anyhow::Result<()> {
         let Some(rt) = reg.get(GROUP, "v1", plural) else { return Ok(()) };
         for obj in objs {
             let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            if core.get(&rt, None, &name).is_ok() {
+            if let Ok(cur) = core.get(&rt, None, &name) {
+                if let Some(new) = reconciled(&cur.value(), &obj)
+                    && let Err(e) = core.update(&rt, None, &name, new, false, &opts).await {
+                        tracing::warn!(%name, error = %e, "could not add the default rules to bootstrap {plural}");
+                    }
                 continue;
             }
             if let Err(e) = core.create(&rt, None, obj, &opts).await
@@ -304,6 +344,22 @@ mod tests {
         let edit = aggregate_rules(&find("edit"), &all).unwrap_or_default();
         assert!(edit.iter().any(|r| r["resources"] == json!(["serviceaccounts/token"])));
         assert!(aggregate_rules(&find("cluster-admin"), &all).is_none());
+    }
+
+    #[test]
+    fn reconciliation_adds_missing_defaults_only() {
+        let default = cluster_roles().into_iter().find(|r| r["metadata"]["name"] == "system:basic-user").unwrap_or_default();
+        let mut existing = default.clone();
+        existing["rules"] = json!([{"verbs": ["get"], "nonResourceURLs": ["/custom"]}]);
+        let new = reconciled(&existing, &default).unwrap_or_default();
+        assert_eq!(new["rules"].as_array().map(Vec::len), Some(3), "user rule kept, two defaults added");
+        assert!(reconciled(&new, &default).is_none());
+        existing["metadata"]["annotations"]["rbac.authorization.kubernetes.io/autoupdate"] = json!("false");
+        assert!(reconciled(&existing, &default).is_none());
+        let b = cluster_role_bindings().into_iter().next().unwrap_or_default();
+        let mut eb = b.clone();
+        eb["subjects"] = json!([]);
+        assert_eq!(reconciled(&eb, &b).map(|v| v["subjects"].clone()), Some(b["subjects"].clone()));
     }
 
     #[test]

@@ -187,9 +187,12 @@ fn rules_status(auth: &Auth, core: &Core, user: &UserInfo, ns: &str) -> Value {
     let (mut rules, errors) = auth.policy(core).rules_for(user, ns);
     if user.is_master() {
         // kube's privileged-group authorizer reports everything as allowed.
-        let all = |v: Value| PolicyRule::from_value(&v);
-        rules.insert(0, all(json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})));
-        rules.insert(1, all(json!({"verbs": ["*"], "nonResourceURLs": ["*"]})));
+        let everything = [json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}), json!({"verbs": ["*"], "nonResourceURLs": ["*"]})];
+        for (i, v) in everything.iter().enumerate() {
+            let r = PolicyRule::from_value(v);
+            rules.retain(|x| *x != r);
+            rules.insert(i, r);
+        }
     }
     let resource_rules: Vec<Value> = rules
         .iter()
