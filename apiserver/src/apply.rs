@@ -551,6 +551,12 @@ pub fn render_path(p: &FieldPath) -> String {
             s.push_str("[=");
             s.push_str(v);
             s.push(']');
+        } else if let Some(keys) = tok.strip_prefix("k:").and_then(|k| serde_json::from_str::<Map<String, Value>>(k).ok()) {
+            // kube-apiserver's form: `.spec.providers[name="sim"]`.
+            let parts: Vec<String> = keys.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            s.push('[');
+            s.push_str(&parts.join(","));
+            s.push(']');
         } else {
             s.push('[');
             s.push_str(tok.trim_start_matches("k:"));
