@@ -420,8 +420,77 @@ pub struct ApplyRequest<'a> {
     pub now: &'a str,
 }
 
+/// Entries of keyed lists and sets that the applied configuration names twice, rendered as
+/// structured-merge-diff does (`.spec.pools: duplicate entries for key [name="cp"]`).
+fn duplicate_entries(value: &Value, schema: Option<&Value>, path: &mut FieldPath, out: &mut Vec<String>) {
+    match value {
+        Value::Object(m) => {
+            for (k, v) in m {
+                path.push(format!("f:{k}"));
+                let cs = if path.len() == 1 && k == "metadata" { None } else { child_schema(schema, k) };
+                duplicate_entries(v, cs, path, out);
+                path.pop();
+            }
+        }
+        Value::Array(items) => {
+            let keys = list_keys(schema, path);
+            let set = keys.is_none() && is_set(schema);
+            let mut seen = std::collections::HashSet::new();
+            for item in items {
+                let token = match &keys {
+                    Some(k) => item_token(item, k),
+                    None if set => Some(set_token(item)),
+                    None => None,
+                };
+                if let Some(t) = token
+                    && !seen.insert(t.clone())
+                {
+                    let what = if set { format!("value {}", t.trim_start_matches("v:")) } else { format!("key {}", render_path(std::slice::from_ref(&t))) };
+                    out.push(format!("{}: duplicate entries for {what}", render_path(path)));
+                }
+            }
+            if let Some(k) = &keys {
+                let item_schema = schema.and_then(|s| s.get("items"));
+                for item in items {
+                    if let Some(t) = item_token(item, k) {
+                        path.push(t);
+                        duplicate_entries(item, item_schema, path, out);
+                        path.pop();
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Server-side apply of `applied` onto `live`; returns the new object with managedFields set.
 pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Value, ApiError> {
+    // A configuration naming one list entry twice cannot be merged per key; kube-apiserver
+    // refuses it before anything else (an error that is not a Status: 500, reason unset).
+    let mut duplicates = vec![];
+    duplicate_entries(applied, req.schema, &mut vec![], &mut duplicates);
+    if !duplicates.is_empty() {
+        let md = &live["metadata"];
+        let object = format!(
+            "{}/{}; {}, Kind={}",
+            md["namespace"].as_str().unwrap_or_default(),
+            md["name"].as_str().unwrap_or_default(),
+            req.api_version,
+            applied["kind"].as_str().unwrap_or_default()
+        );
+        let detail = if duplicates.len() == 1 {
+            duplicates.remove(0)
+        } else {
+            format!("errors:\n  {}", duplicates.join("\n  "))
+        };
+        return Err(ApiError {
+            code: 500,
+            reason: "",
+            message: format!("failed to create typed patch object ({object}): {detail}"),
+            details: None,
+        });
+    }
     let mut entries = read_managed(live);
     let applied_fields = field_set(applied, req.schema, req.scope);
     let sub = subresource_name(req.scope);
@@ -541,7 +610,7 @@ fn is_key_field(p: &FieldPath) -> bool {
 }
 
 /// `.spec.plan`-style rendering of a path for conflict messages.
-pub fn render_path(p: &FieldPath) -> String {
+pub fn render_path(p: &[String]) -> String {
     let mut s = String::new();
     for tok in p {
         if let Some(f) = tok.strip_prefix("f:") {

@@ -321,14 +321,25 @@ fn list_duplicates(items: &[Value], s: &Value, path: &str, out: &mut Outcome) {
         }
         _ => return,
     };
-    let mut seen: Vec<Value> = Vec::new();
+    // By serialized identity: big lists stay linear.
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
     for (i, item) in items.iter().enumerate() {
         let Some(id) = identity(item) else { continue };
-        if seen.contains(&id) {
-            out.causes.push(Cause::new("FieldValueDuplicate", format!("{path}[{i}]"), format!("Duplicate value: {}", render(&id))));
-        } else {
-            seen.push(id);
+        if !seen.insert(id.to_string()) {
+            out.causes.push(Cause::new("FieldValueDuplicate", format!("{path}[{i}]"), format!("Duplicate value: {}", go_value(&id))));
         }
+    }
+}
+
+/// How kube-apiserver prints a duplicate (`%#v` of the Go value): strings quoted, key maps as
+/// `map[string]interface {}{"name":"a"}`.
+fn go_value(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{}:{}", json_str(k), go_value(v))).collect();
+            format!("map[string]interface {{}}{{{}}}", parts.join(", "))
+        }
+        other => render(other),
     }
 }
 

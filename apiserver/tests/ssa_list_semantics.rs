@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{Value, json};
 
@@ -81,22 +81,30 @@ async fn project_lists_merge_per_entry_and_dry_run_reports_ownership() -> TestRe
     let o = clusters.patch("c1", &PatchParams::apply("team-a"), &Patch::Apply(&shrink)).await?;
     assert_eq!(o.data["spec"]["taskservs"][0]["pools"], json!(["workers"]));
 
-    // Duplicate keys and set members are refused, naming the item.
+    // Duplicate keys and set members are refused, naming the item: a create gets 422...
     let dup = json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Cluster", "metadata": {"name": "dup"},
         "spec": {"pools": [{"name": "a", "replicas": 1}], "taskservs": [{"service": "etcd"}, {"service": "etcd"}]}});
-    let err = clusters.patch("dup", &PatchParams::apply("team-a"), &Patch::Apply(&dup)).await;
+    let err = clusters.create(&PostParams::default(), &serde_json::from_value(dup.clone())?).await;
     match err {
         Err(kube::Error::Api(e)) => {
             assert_eq!(e.code, 422, "{e:?}");
-            assert!(e.message.contains("spec.taskservs[1]") && e.message.contains("Duplicate value"), "{}", e.message);
+            assert!(e.message.contains(r#"spec.taskservs[1]: Duplicate value: map[string]interface {}{"service":"etcd"}"#), "{}", e.message);
         }
         other => return Err(format!("duplicate taskservs accepted: {other:?}").into()),
     }
     let taskservs = api(&client, "TaskServ", "taskservs", Some("default"));
     let ts_dup = json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "TaskServ", "metadata": {"name": "t"},
         "spec": {"service": "redis", "dependsOn": ["etcd", "etcd"]}});
+    let err = taskservs.create(&PostParams::default(), &serde_json::from_value(ts_dup.clone())?).await;
+    assert!(matches!(&err, Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains(r#"spec.dependsOn[1]: Duplicate value: "etcd""#)), "{err:?}");
+    // ...and an apply cannot even be merged (structured-merge-diff's message).
+    let err = clusters.patch("dup", &PatchParams::apply("team-a"), &Patch::Apply(&dup)).await;
+    assert!(
+        matches!(&err, Err(kube::Error::Api(e)) if e.message.ends_with(r#".spec.taskservs: duplicate entries for key [service="etcd"]"#)),
+        "{err:?}"
+    );
     let err = taskservs.patch("t", &PatchParams::apply("team-a"), &Patch::Apply(&ts_dup)).await;
-    assert!(matches!(&err, Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("spec.dependsOn[1]")), "{err:?}");
+    assert!(matches!(&err, Err(kube::Error::Api(e)) if e.message.ends_with(r#".spec.dependsOn: duplicate entries for value "etcd""#)), "{err:?}");
 
     // Dry-run apply of an object that does not exist: created in the answer only.
     let mut new_cluster = cluster(json!([{"name": "p", "replicas": 1}]), json!([]));
