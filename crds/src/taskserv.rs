@@ -45,7 +45,7 @@ pub struct TaskServSpec {
     pub config: Option<serde_json::Value>,
     /// Other TaskServs (by name, same namespace) that must be Ready first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "dns1123_label_list")]
+    #[schemars(schema_with = "dns1123_label_set")]
     pub depends_on: Vec<String>,
     /// A failed upgrade re-installs the last good version.
     #[serde(default = "default_true")]
@@ -62,7 +62,7 @@ fn default_true() -> bool {
 pub struct ServerSelection {
     /// Server names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "dns1123_label_list")]
+    #[schemars(schema_with = "dns1123_label_set")]
     pub names: Vec<String>,
     /// Servers whose labels match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -94,6 +94,7 @@ pub struct TaskServStatus {
     pub resolved_dependencies: Vec<String>,
     /// Per-server state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub servers: Vec<TaskServServerStatus>,
 }
 
