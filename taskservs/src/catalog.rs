@@ -59,6 +59,8 @@ pub enum SecretFormat {
     KubeadmToken,
     /// 64 lower-case hex digits (32 random bytes), e.g. kubeadm's certificate key.
     Hex64,
+    /// A fresh ECDSA P-256 private key, PKCS#8 PEM (a CA key, e.g. kubeadm's).
+    EcP256Pem,
 }
 
 impl SecretFormat {
@@ -68,6 +70,7 @@ impl SecretFormat {
             None | Some("password") => Some(SecretFormat::Password),
             Some("kubeadm-token") => Some(SecretFormat::KubeadmToken),
             Some("hex64") => Some(SecretFormat::Hex64),
+            Some("ec-p256-pem") => Some(SecretFormat::EcP256Pem),
             Some(_) => None,
         }
     }
@@ -128,7 +131,7 @@ fn check_secret_markers(schema: &Value, path: &mut Vec<String>) -> Result<(), St
             && SecretFormat::from_marker(m.as_str()).is_none()
         {
             return Err(format!(
-                "configSchema {}: x-provisioning-generate must be password, kubeadm-token or hex64",
+                "configSchema {}: x-provisioning-generate must be password, kubeadm-token, hex64 or ec-p256-pem",
                 path.join(".")
             ));
         }

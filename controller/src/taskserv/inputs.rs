@@ -91,6 +91,9 @@ pub enum InputsError {
         /// Secret name.
         name: String,
     },
+    /// A key could not be generated.
+    #[error("generating a secret failed: {0}")]
+    Generate(String),
     /// An API call failed (retried with backoff).
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -104,6 +107,7 @@ impl InputsError {
             InputsError::Unusable { .. } => "ConfigFromInvalid",
             InputsError::ForeignGeneratedSecret { .. } => "GeneratedSecretConflict",
             InputsError::Kube(_) => "ApiError",
+            InputsError::Generate(_) => "GenerateFailed",
         }
     }
 }
@@ -231,8 +235,8 @@ pub fn unset_secret_fields(fields: &[SecretField], config: &Value) -> Vec<Secret
     fields.iter().filter(|f| get_path(config, &f.path).is_none_or(Value::is_null)).cloned().collect()
 }
 
-/// A fresh random value in `format` (the OS-seeded thread RNG, a CSPRNG).
-pub fn generate(format: SecretFormat) -> String {
+/// A fresh random value in `format` (the OS-seeded thread RNG, a CSPRNG; keys from aws-lc).
+pub fn generate(format: SecretFormat) -> Result<String, InputsError> {
     const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     const LOWER_ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     const HEX: &[u8] = b"0123456789abcdef";
@@ -240,11 +244,14 @@ pub fn generate(format: SecretFormat) -> String {
     let mut pick = |alphabet: &[u8], n: usize| -> String {
         (0..n).map(|_| alphabet[rng.random_range(0..alphabet.len())] as char).collect()
     };
-    match format {
+    Ok(match format {
         SecretFormat::Password => pick(ALNUM, 32),
         SecretFormat::KubeadmToken => format!("{}.{}", pick(LOWER_ALNUM, 6), pick(LOWER_ALNUM, 16)),
         SecretFormat::Hex64 => pick(HEX, 64),
-    }
+        SecretFormat::EcP256Pem => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map_err(|e| InputsError::Generate(e.to_string()))?
+            .serialize_pem(),
+    })
 }
 
 /// Version of the inputs: `sha256:` and 16 hex digits of a hash over the object's uid (a
@@ -387,7 +394,7 @@ pub async fn resolve(client: &Client, ts: &TaskServ, catalog: &Catalog, generate
             let value = match current {
                 Some(v) => v,
                 None if generate_missing => {
-                    let v = generate(f.format);
+                    let v = generate(f.format)?;
                     new_keys.insert(key.clone(), ByteString(v.clone().into_bytes()));
                     v
                 }
@@ -490,7 +497,7 @@ mod tests {
             json!({"port": 3, "auth": {"user": "app", "password": "from-secret", "mode": "scram"}, "extra": {"token": "tk-123"}})
         );
         // Only Secret values are secret; ConfigMap values are not.
-        assert_eq!(m.secrets, ["from-secret", "3", "tk-123"]);
+        assert_eq!(m.secrets, ["from-secret", "tk-123", "3"]);
     }
 
     #[test]
@@ -519,15 +526,17 @@ mod tests {
 
     #[test]
     fn generated_values_have_their_formats() {
-        let token = generate(SecretFormat::KubeadmToken);
+        let token = generate(SecretFormat::KubeadmToken).expect("token");
         let (a, b) = token.split_once('.').expect("dot");
         assert!(a.len() == 6 && b.len() == 16, "{token}");
         assert!(token.chars().all(|c| c == '.' || c.is_ascii_lowercase() || c.is_ascii_digit()), "{token}");
-        let key = generate(SecretFormat::Hex64);
+        let key = generate(SecretFormat::Hex64).expect("hex");
         assert!(key.len() == 64 && key.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{key}");
-        let pw = generate(SecretFormat::Password);
+        let pw = generate(SecretFormat::Password).expect("password");
         assert!(pw.len() == 32 && pw.chars().all(|c| c.is_ascii_alphanumeric()));
-        assert_ne!(pw, generate(SecretFormat::Password));
+        assert_ne!(pw, generate(SecretFormat::Password).expect("password"));
+        let pem = generate(SecretFormat::EcP256Pem).expect("key");
+        assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"), "not a PKCS#8 PEM key");
     }
 
     #[test]
