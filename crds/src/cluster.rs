@@ -105,6 +105,11 @@ pub struct ClusterTaskServ {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
     pub config: Option<serde_json::Value>,
+    /// Values merged into `config` from Secrets and ConfigMaps of the Cluster's namespace,
+    /// passed as they are to the TaskServ (resolved there; no value is copied).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub config_from: Vec<crate::taskserv::ConfigFromSource>,
 }
 
 /// What a failed rollout leaves behind.
