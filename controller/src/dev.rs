@@ -29,7 +29,11 @@ pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
 /// A client for `config` with at most [`MAX_REQUESTS_IN_FLIGHT`] requests in flight.
 pub fn client_from_config(config: kube::Config) -> anyhow::Result<Client> {
     let builder = kube::client::ClientBuilder::try_from(config)?;
-    Ok(builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_REQUESTS_IN_FLIGHT)).build())
+    // Refused requests are logged with verb/resource/namespace and feed /readyz.
+    Ok(builder
+        .with_layer(&crate::metrics::ApiAccessLayer::default())
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_REQUESTS_IN_FLIGHT))
+        .build())
 }
 
 /// A client for the API server described by a kubeconfig file.
