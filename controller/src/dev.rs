@@ -36,7 +36,11 @@ pub fn client_from_config(mut config: kube::Config) -> anyhow::Result<Client> {
         config.headers.push((hyper::header::USER_AGENT, hyper::header::HeaderValue::from_str(&agent)?));
     }
     let builder = kube::client::ClientBuilder::try_from(config)?;
-    Ok(builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_REQUESTS_IN_FLIGHT)).build())
+    // Refused requests are logged with verb/resource/namespace and feed /readyz.
+    Ok(builder
+        .with_layer(&crate::metrics::ApiAccessLayer::default())
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_REQUESTS_IN_FLIGHT))
+        .build())
 }
 
 /// A client for the API server described by a kubeconfig file.

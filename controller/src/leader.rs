@@ -15,6 +15,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{PostParams, ObjectMeta};
 use kube::{Api, Client};
 
+use crate::metrics::Health;
+
 /// Lease parameters.
 #[derive(Clone, Debug)]
 pub struct LeaseSettings {
@@ -57,9 +59,12 @@ impl LeaderElector {
         LeaderElector { api: Api::namespaced(client, &settings.namespace), settings }
     }
 
-    /// Waits until this replica holds the Lease.
-    pub async fn acquire(&self) {
+    /// Waits until this replica holds the Lease. Meanwhile `health` says whether this standby
+    /// is ready: it is while its Lease checks succeed (it is connected, authenticated and
+    /// allowed to take over), not while they fail.
+    pub async fn acquire(&self, health: &Health) {
         let mut last_holder = String::new();
+        let mut last_error = String::new();
         loop {
             match self.try_acquire_or_renew().await {
                 Ok(Attempt::Held) => {
@@ -67,12 +72,26 @@ impl LeaderElector {
                     return;
                 }
                 Ok(Attempt::HeldByOther(holder)) => {
+                    health.set_ready(true);
+                    last_error.clear();
                     if holder != last_holder {
                         tracing::info!(holder = %holder, "waiting for the leader Lease");
                         last_holder = holder;
                     }
                 }
-                Err(e) => tracing::debug!(error = %e, "lease attempt failed"),
+                Err(e) => {
+                    health.set_ready(false);
+                    // Said once per distinct failure: a standby retries every `renew`.
+                    let message = e.to_string();
+                    if message != last_error {
+                        tracing::warn!(
+                            error = %message,
+                            lease = %format!("{}/{}", self.settings.namespace, self.settings.name),
+                            "cannot read or take the leader Lease; not ready until it works"
+                        );
+                        last_error = message;
+                    }
+                }
             }
             tokio::time::sleep(self.settings.renew).await;
         }
