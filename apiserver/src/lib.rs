@@ -23,6 +23,7 @@ pub mod tls;
 pub mod validation;
 pub mod watch;
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -163,9 +164,15 @@ pub async fn run_cli(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()
 pub async fn run_cli_with(config: ApiServerConfig) -> anyhow::Result<()> {
     install_crypto_provider();
     let running = start(config).await?;
-    println!("apiserver listening on https://{}", tls::client_host(running.addr()));
-    println!("kubeconfig: {}", running.kubeconfig_path().display());
-    println!("try: KUBECONFIG={} kubectl api-resources", running.kubeconfig_path().display());
+    // A closed stdout (a parent that stopped reading) must not take the server down: println!
+    // would panic on EPIPE, so the lines are written and errors ignored.
+    let kubeconfig = running.kubeconfig_path();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "apiserver listening on https://{}", tls::client_host(running.addr()));
+    let _ = writeln!(out, "kubeconfig: {}", kubeconfig.display());
+    let _ = writeln!(out, "try: KUBECONFIG={} kubectl api-resources", kubeconfig.display());
+    let _ = out.flush();
+    drop(out);
     tokio::signal::ctrl_c().await?;
     running.shutdown().await;
     Ok(())
