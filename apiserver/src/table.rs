@@ -178,6 +178,7 @@ fn cell(col: &PrinterColumn, obj: &Value) -> Value {
             let kind = io["kind"].as_str().unwrap_or_default().to_lowercase();
             return json!(format!("{kind}/{}", io["name"].as_str().unwrap_or_default()));
         }
+        path if path.starts_with("#builtin:") => return crate::builtin_cells::cell(&path["#builtin:".len()..], obj),
         _ => {}
     }
     let found = eval(obj, &col.json_path);
