@@ -164,6 +164,13 @@ pub fn builtins() -> Vec<ResourceType> {
     }];
     let mut all = vec![ns, secret, cm, ev, ev2, lease, crd];
     all.extend(workload_builtins());
+    for rt in &mut all {
+        // CRD objects keep their own checks (handlers::normalize_crd): the nested
+        // openAPIV3Schema is recursive and is validated as a schema, not as data.
+        if rt.storage != crate::handlers::CRDS {
+            rt.schema = crate::builtin_schemas::structural(&rt.group, &rt.version, &rt.kind);
+        }
+    }
     all
 }
 
