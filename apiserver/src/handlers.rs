@@ -740,7 +740,9 @@ impl Core {
         if let Some(n) = &namespace {
             self.check_namespace(n)?;
         }
-        if rt.has_status && rt.custom
+        // A create never sets status (upstream's PrepareForCreate clears it for built-ins too;
+        // Namespace and CRD status is then derived in normalize).
+        if rt.has_status
             && let Some(m) = obj.as_object_mut() {
                 m.remove("status");
             }

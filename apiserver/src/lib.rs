@@ -1,11 +1,14 @@
 //! Embedded control plane: a Kubernetes-compatible API server for one machine.
 //!
 //! Serves discovery, OpenAPI v3, built-in kinds (Namespace, Secret, ConfigMap, Event, Lease,
+//! ServiceAccount, Service, Deployment, the RBAC kinds, PodDisruptionBudget, NetworkPolicy,
 //! CustomResourceDefinition) and every resource defined by a stored CRD, over HTTPS with a
 //! bearer token, backed by redb on disk (see [`storage`]).
 
 pub mod apply;
 pub mod auth;
+pub mod builtin_cells;
+pub mod builtin_schemas;
 pub mod celrules;
 pub mod discovery;
 pub mod error;
