@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod auth;
 pub mod celrules;
+pub mod discovery;
 pub mod error;
 pub mod gc;
 pub mod handlers;

@@ -211,6 +211,13 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
                 "compiler": "rustc", "platform": "linux/amd64",
             })));
         }
+        ["api" | "apis"] if get && crate::discovery::wants_aggregated(&accept_header(&req)) => {
+            let doc = if segs[0] == "api" { crate::discovery::core(&reg) } else { crate::discovery::apis(&reg) };
+            let mut r = value_response(200, &doc);
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::discovery::AGGREGATED_CONTENT_TYPE));
+            r.headers_mut().insert(header::VARY, HeaderValue::from_static("Accept"));
+            return Ok(r);
+        }
         ["api"] if get => {
             return Ok(value_response(200, &json!({"kind": "APIVersions", "versions": ["v1"],
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]})));
@@ -258,6 +265,10 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
         return Err(ApiError::path_not_found());
     }
     resource(core, req, target).await
+}
+
+fn accept_header(req: &Request<Incoming>) -> String {
+    req.headers().get(header::ACCEPT).and_then(|h| h.to_str().ok()).unwrap_or_default().to_string()
 }
 
 fn accept_info(req: &Request<Incoming>) -> (Option<String>, bool) {
@@ -343,9 +354,17 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
                 field_str = if field_str.is_empty() { format!("metadata.name={n}") } else { format!("{field_str},metadata.name={n}") };
             }
             let fields = FieldSelector::parse(&field_str)?;
-            if t.watch || q.flag("watch") {
+            let watching = t.watch || q.flag("watch");
+            watch::validate_list_options(watching, |k| q.get(k))?;
+            if watching {
+                let mut resource_version = q.get("resourceVersion").map(str::to_string);
+                // sendInitialEvents=false without a resourceVersion starts at "most recent":
+                // no synthetic ADDED events (reflector.go watchList case 1 with the flag off).
+                if q.get("sendInitialEvents").is_some() && !q.flag("sendInitialEvents") && resource_version.as_deref().unwrap_or_default().is_empty() {
+                    resource_version = Some(core.store.read().rv.to_string());
+                }
                 let params = watch::WatchParams {
-                    resource_version: q.get("resourceVersion").map(str::to_string),
+                    resource_version,
                     namespace: t.namespace.clone(),
                     labels,
                     fields,
