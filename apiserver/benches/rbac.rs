@@ -57,10 +57,7 @@ async fn timed(label: &str, c: &Client) -> BoxResult<()> {
 async fn main() -> BoxResult<()> {
     provisioning_apiserver::install_crypto_provider();
     let dir = tempfile::tempdir()?;
-    let server = provisioning_apiserver::start(provisioning_apiserver::ApiServerConfig {
-        data_dir: dir.path().to_path_buf(),
-        listen: "127.0.0.1:0".parse()?,
-    })
+    let server = provisioning_apiserver::start(provisioning_apiserver::ApiServerConfig::new(dir.path().to_path_buf(), "127.0.0.1:0".parse()?))
     .await?;
     let admin = client(&server.kubeconfig_path()).await?;
     let crd: serde_json::Value = serde_yaml_ng::from_str(include_str!("../tests/fixtures/server-crd.yaml"))?;

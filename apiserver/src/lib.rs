@@ -32,14 +32,53 @@ use anyhow::Context;
 use tokio::task::JoinHandle;
 
 use crate::handlers::{Core, WriteOptions};
+pub use crate::handlers::Limits;
 
-/// Where the server keeps its state and where it listens.
+/// Where the server keeps its state, where it listens, and its limits.
 #[derive(Debug, Clone)]
 pub struct ApiServerConfig {
     /// Data directory: database, CA, serving certificate, token, kubeconfig.
     pub data_dir: PathBuf,
     /// Listen address; port 0 picks a free port.
     pub listen: SocketAddr,
+    /// Event TTL, connection and watch limits, timeouts (kube-apiserver's defaults).
+    pub limits: Limits,
+}
+
+impl ApiServerConfig {
+    /// A configuration with the default limits.
+    pub fn new(data_dir: PathBuf, listen: SocketAddr) -> Self {
+        ApiServerConfig { data_dir, listen, limits: Limits::default() }
+    }
+}
+
+/// Parses a duration as kube-apiserver flags write them: `1h`, `30m`, `90s`, `1h30m`, or
+/// plain seconds.
+pub fn parse_duration(s: &str) -> anyhow::Result<std::time::Duration> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(secs));
+    }
+    let mut total = 0u64;
+    let mut num = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("invalid duration {s:?}: expected e.g. 1h, 30m, 90s"))?;
+        num.clear();
+        total += n * match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => anyhow::bail!("invalid duration {s:?}: unknown unit {c:?} (use h, m or s)"),
+        };
+    }
+    if !num.is_empty() || total == 0 {
+        anyhow::bail!("invalid duration {s:?}: expected e.g. 1h, 30m, 90s");
+    }
+    Ok(std::time::Duration::from_secs(total))
 }
 
 /// A started server.
@@ -90,7 +129,7 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
     let creds = tokio::task::spawn_blocking(move || tls::load_or_create(&dir, addr)).await??;
     let db_path = config.data_dir.join("state.redb");
     let store = tokio::task::spawn_blocking(move || storage::Store::open(&db_path)).await??;
-    let core = Core::new(store);
+    let core = Core::with_limits(store, config.limits.clone());
     let reg = core.registry();
     if let Some(ns_rt) = reg.get("", "v1", "namespaces") {
         let opts = WriteOptions { field_manager: "provisioning-apiserver".into(), ..Default::default() };
@@ -117,8 +156,13 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
 
 /// Runs the server until Ctrl-C, printing where it listens and the kubeconfig path.
 pub async fn run_cli(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
+    run_cli_with(ApiServerConfig::new(data_dir, listen)).await
+}
+
+/// [`run_cli`] with a full configuration (e.g. `--event-ttl`).
+pub async fn run_cli_with(config: ApiServerConfig) -> anyhow::Result<()> {
     install_crypto_provider();
-    let running = start(ApiServerConfig { data_dir, listen }).await?;
+    let running = start(config).await?;
     println!("apiserver listening on https://{}", tls::client_host(running.addr()));
     println!("kubeconfig: {}", running.kubeconfig_path().display());
     println!("try: KUBECONFIG={} kubectl api-resources", running.kubeconfig_path().display());

@@ -334,15 +334,15 @@ pub struct DevOptions {
     pub timeout: Duration,
     /// Controller configuration.
     pub config: ControllerConfig,
+    /// How long the embedded API server keeps Events (`--event-ttl`).
+    pub event_ttl: Duration,
 }
 
 /// Runs `provisioning dev`; returns the process exit code.
 pub async fn run_dev(opts: DevOptions) -> anyhow::Result<i32> {
-    let running = provisioning_apiserver::start(provisioning_apiserver::ApiServerConfig {
-        data_dir: opts.data_dir.clone(),
-        listen: opts.listen,
-    })
-    .await?;
+    let mut api = provisioning_apiserver::ApiServerConfig::new(opts.data_dir.clone(), opts.listen);
+    api.limits.event_ttl = opts.event_ttl;
+    let running = provisioning_apiserver::start(api).await?;
     let kubeconfig = running.kubeconfig_path();
     let client = client_from_kubeconfig(&kubeconfig).await?;
     install_crds(&client, Duration::from_secs(30)).await?;

@@ -25,6 +25,7 @@ pub async fn start() -> Result<TestServer, Box<dyn std::error::Error + Send + Sy
     let server = provisioning_apiserver::start(ApiServerConfig {
         data_dir: dir.path().to_path_buf(),
         listen: "127.0.0.1:0".parse()?,
+        limits: Default::default(),
     })
     .await?;
     Ok(TestServer { dir, server })
@@ -36,6 +37,7 @@ pub async fn restart(ts: TestServer) -> Result<TestServer, Box<dyn std::error::E
     let server = provisioning_apiserver::start(ApiServerConfig {
         data_dir: dir.path().to_path_buf(),
         listen: "127.0.0.1:0".parse()?,
+        limits: Default::default(),
     })
     .await?;
     Ok(TestServer { dir, server })
