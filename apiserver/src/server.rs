@@ -386,6 +386,15 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
         crate::auth::warn_forbidden(&user, &attrs);
         return error_response(&attrs.forbidden(&user, &decision.reason));
     }
+    match path.trim_end_matches('/') {
+        "/.well-known/openid-configuration" => return value_response(200, &auth.signer().openid_configuration()),
+        "/openid/v1/jwks" => {
+            let mut r = value_response(200, &auth.signer().jwks());
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/jwk-set+json"));
+            return r;
+        }
+        _ => {}
+    }
     if let Some(review) = reviews::Review::of(&attrs) {
         if req.method() != Method::POST {
             return error_response(&ApiError::method_not_allowed(format!("method {} is not supported on this path", req.method())));

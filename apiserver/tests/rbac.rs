@@ -27,7 +27,8 @@ pub fn kubeconfig_with_token(admin: &Path, token: &str, name: &str) -> Result<Pa
     Ok(path)
 }
 
-/// YAML of a ServiceAccount (applied with `kubectl apply`, which sends JSON).
+/// YAML of a ServiceAccount (applied with `kubectl apply`, which sends JSON; the `kubectl create`
+/// forms, which send protobuf, are used for the others).
 fn service_account(ns: &str, name: &str) -> String {
     format!("apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: {ns}}}\n")
 }
@@ -95,7 +96,7 @@ async fn service_account_rbac_with_kubectl() -> TestResult {
     })
     .await?;
     ok(&a(&["apply", "-f", "-"], Some(SERVERS)), "apply servers")?;
-    apply(&service_account("demo", "ci"), "create sa")?;
+    ok(&a(&["create", "serviceaccount", "ci", "-n", "demo"], None), "create sa")?;
 
     let token = ok(&a(&["create", "token", "ci", "-n", "demo"], None), "create token")?.trim().to_string();
     assert_eq!(token.split('.').count(), 3, "a JWT");
@@ -127,8 +128,8 @@ async fn service_account_rbac_with_kubectl() -> TestResult {
     ok(&s(&["api-resources"], None), "api-resources")?;
 
     // A RoleBinding in demo: allowed there, not in default.
-    apply(&role(Some("demo"), "server-reader", "{apiGroups: [provisioning.dev], resources: [servers], verbs: [get, list]}"), "create role")?;
-    apply(&binding(Some("demo"), "ci-read", "Role", "server-reader", "demo", "ci"), "create rolebinding")?;
+    ok(&a(&["create", "role", "server-reader", "-n", "demo", "--verb=get,list", "--resource=servers"], None), "create role")?;
+    ok(&a(&["create", "rolebinding", "ci-read", "-n", "demo", "--role=server-reader", "--serviceaccount=demo:ci"], None), "create rolebinding")?;
     eventually("binding effective", Duration::from_secs(30), || async { s(&["get", "servers", "-n", "demo"], None).ok }).await?;
     let listed = ok(&s(&["get", "servers", "-n", "demo", "-o", "name"], None), "list")?;
     assert!(listed.contains("server.provisioning.dev/web") && listed.contains("server.provisioning.dev/db"), "{listed}");
@@ -168,8 +169,8 @@ async fn service_account_rbac_with_kubectl() -> TestResult {
 
     // nonResourceURLs with a `*` suffix.
     denied(&s(&["get", "--raw", "/logs/x"], None), "non-resource", r#"User "system:serviceaccount:demo:ci" cannot get path "/logs/x""#)?;
-    apply(&role(None, "logs-reader", "{nonResourceURLs: [\"/logs/*\"], verbs: [get]}"), "nonresource role")?;
-    apply(&binding(None, "ci-logs", "ClusterRole", "logs-reader", "demo", "ci"), "nonresource binding")?;
+    ok(&a(&["create", "clusterrole", "logs-reader", "--verb=get", "--non-resource-url=/logs/*"], None), "nonresource role")?;
+    ok(&a(&["create", "clusterrolebinding", "ci-logs", "--clusterrole=logs-reader", "--serviceaccount=demo:ci"], None), "nonresource binding")?;
     let out = s(&["get", "--raw", "/logs/x"], None);
     assert!(!out.stderr.contains("Forbidden"), "after the binding the path is not forbidden: {}", out.stderr);
 

@@ -120,6 +120,16 @@ async fn token_request_and_verification() -> TestResult {
     let fresh = must(a(&["create", "token", "ci", "-n", "demo"]), "new token")?;
     assert_eq!(status_with(&admin, &fresh, "t9").await?, 403);
 
+    // Service account issuer discovery, open to every ServiceAccount as upstream: the JWKS
+    // holds the key that verifies the tokens.
+    let fc = client_for(&kubeconfig_with_token(&admin, &fresh, "t10")?).await?;
+    let (code, oidc) = raw(&fc, "GET", "/.well-known/openid-configuration", "application/json", vec![]).await?;
+    assert_eq!((code, oidc["issuer"].as_str()), (200, Some(DEFAULT_ISSUER)), "{oidc}");
+    let (code, jwks) = raw(&fc, "GET", "/openid/v1/jwks", "application/json", vec![]).await?;
+    assert_eq!(code, 200);
+    let header: Value = serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(fresh.split('.').next().unwrap_or_default())?)?;
+    assert_eq!(jwks["keys"][0]["kid"], header["kid"], "the token's kid is published");
+
     // The serving certificate is valid for the in-cluster names (a pod verifies it by them).
     for name in ["kubernetes", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"] {
         let out = a(&["get", "--raw", "/version", &format!("--tls-server-name={name}")]);

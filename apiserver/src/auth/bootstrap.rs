@@ -136,6 +136,11 @@ pub fn cluster_roles() -> Vec<Value> {
             ],
         ),
         cluster_role(
+            "system:service-account-issuer-discovery",
+            &[],
+            vec![json!({"verbs": ["get"], "nonResourceURLs": ["/.well-known/openid-configuration", "/.well-known/openid-configuration/", "/openid/v1/jwks", "/openid/v1/jwks/"]})],
+        ),
+        cluster_role(
             "system:public-info-viewer",
             &[],
             vec![json!({"verbs": ["get"], "nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"]})],
@@ -149,6 +154,7 @@ pub fn cluster_role_bindings() -> Vec<Value> {
         binding("cluster-admin", "cluster-admin", &[super::MASTERS]),
         binding("system:discovery", "system:discovery", &[super::AUTHENTICATED]),
         binding("system:basic-user", "system:basic-user", &[super::AUTHENTICATED]),
+        binding("system:service-account-issuer-discovery", "system:service-account-issuer-discovery", &["system:serviceaccounts"]),
         binding("system:public-info-viewer", "system:public-info-viewer", &[super::AUTHENTICATED, "system:unauthenticated"]),
     ]
 }

@@ -149,6 +149,26 @@ impl Signer {
         }
     }
 
+    /// The public key as a JSON Web Key Set (`/openid/v1/jwks`), so other verifiers (a
+    /// workload identity broker, Vault) can check tokens as they do against a cluster.
+    pub fn jwks(&self) -> serde_json::Value {
+        // An uncompressed P-256 point: 0x04 || x (32 bytes) || y (32 bytes).
+        let point = self.key.public_key().as_ref();
+        let (x, y) = if point.len() == 65 { (b64(&point[1..33]), b64(&point[33..])) } else { (String::new(), String::new()) };
+        serde_json::json!({"keys": [{"use": "sig", "kty": "EC", "kid": self.kid, "crv": "P-256", "alg": "ES256", "x": x, "y": y}]})
+    }
+
+    /// The OpenID provider configuration (`/.well-known/openid-configuration`).
+    pub fn openid_configuration(&self) -> serde_json::Value {
+        serde_json::json!({
+            "issuer": self.issuer,
+            "jwks_uri": format!("{}/openid/v1/jwks", self.issuer),
+            "response_types_supported": ["id_token"],
+            "subject_types_supported": ["public"],
+            "id_token_signing_alg_values_supported": ["ES256"],
+        })
+    }
+
     /// The issuer written into and required of tokens.
     pub fn issuer(&self) -> &str {
         &self.issuer
@@ -256,6 +276,26 @@ mod tests {
         for bad in ["", "a.b", "a.b.c", "....", "eyJhbGciOiJub25lIn0.e30."] {
             assert!(s.verify(bad, &aud(), 1_001).is_err(), "{bad:?} accepted");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn jwks_publishes_the_verifying_key() -> Result<(), TokenError> {
+        let (s, _) = Signer::generate(DEFAULT_ISSUER)?;
+        let jwks = s.jwks();
+        let k = &jwks["keys"][0];
+        assert_eq!((k["kty"].as_str(), k["crv"].as_str(), k["kid"].as_str()), (Some("EC"), Some("P-256"), Some(s.kid.as_str())));
+        let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(k["x"].as_str().unwrap_or_default()).map_err(|_| TokenError::Malformed)?;
+        let y = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(k["y"].as_str().unwrap_or_default()).map_err(|_| TokenError::Malformed)?;
+        let point = [vec![4u8], x, y].concat();
+        // The published coordinates verify a token signed by the key.
+        let t = s.sign(&s.claims("demo", "ci", "u-1", aud(), 1_000, 600))?;
+        let (input, sig) = t.rsplit_once('.').ok_or(TokenError::Malformed)?;
+        let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(sig).map_err(|_| TokenError::Malformed)?;
+        signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, &point)
+            .verify(input.as_bytes(), &sig)
+            .map_err(|_| TokenError::BadSignature)?;
+        assert_eq!(s.openid_configuration()["jwks_uri"], format!("{DEFAULT_ISSUER}/openid/v1/jwks"));
         Ok(())
     }
 
