@@ -118,7 +118,8 @@ async fn patch_bomb_bad_metadata_and_deep_objects_are_refused() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resource_version_from_the_future_is_504() -> TestResult {
     let ts = start().await?;
-    let client = client_for(&ts.server.kubeconfig_path()).await?;
+    // kube-rs retries 504 (as client-go does); this test wants to see the answer itself.
+    let client = client_no_retry(&ts.server.kubeconfig_path()).await?;
     seed(&client, 1).await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let rv: u64 = cms.list(&ListParams::default()).await?.metadata.resource_version.unwrap_or_default().parse()?;
@@ -268,7 +269,7 @@ async fn watch_flood_and_slow_reader() -> TestResult {
         ..Default::default()
     };
     let ts = start_with(limits).await?;
-    let client = client_for(&ts.server.kubeconfig_path()).await?;
+    let client = client_no_retry(&ts.server.kubeconfig_path()).await?;
     seed(&client, 1).await?;
     let addr = ts.server.addr();
     let tls = tls_client_config(ts.dir.path())?;
@@ -361,7 +362,7 @@ async fn watch_flood_and_slow_reader() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_and_writes_when_storage_cannot_commit() -> TestResult {
     let ts = start().await?;
-    let client = client_for(&ts.server.kubeconfig_path()).await?;
+    let client = client_no_retry(&ts.server.kubeconfig_path()).await?;
     seed(&client, 1).await?;
     let readyz = |client: kube::Client| async move {
         let req = http::Request::builder().uri("/readyz").body(Vec::new()).map_err(|e| e.to_string())?;

@@ -83,6 +83,14 @@ pub async fn client_for(kubeconfig: &Path) -> Result<Client, Box<dyn std::error:
     Ok(Client::try_from(config)?)
 }
 
+/// A client without kube-rs's retry of 429/503/504 (tests that expect those answers).
+pub async fn client_no_retry(kubeconfig: &Path) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let mut config = Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+    config.default_retry = false;
+    Ok(Client::try_from(config)?)
+}
+
 pub fn server_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("provisioning.dev", "v1alpha1", "Server"), "servers")
 }
