@@ -234,7 +234,7 @@ async fn get_latencies(api: &Api<DynamicObject>, n: usize) -> BoxResult<Vec<Dura
     Ok(lat)
 }
 
-/// 5. RSS and get latency while 1,000 watchers (each on its own HTTP/1.1 connection, as
+/// Part 5: RSS and get latency while 1,000 watchers (each on its own HTTP/1.1 connection, as
 /// kube-rs clients open them) and 2,000 idle TLS connections are held.
 async fn held_connections(dir: &std::path::Path, admin: &Client, pid: u32) -> BoxResult<()> {
     use tokio::io::AsyncWriteExt;
@@ -289,7 +289,7 @@ async fn held_connections(dir: &std::path::Path, admin: &Client, pid: u32) -> Bo
     Ok(())
 }
 
-/// 6. The Event store after 24 h of simulated controller activity, TTL 1 h: 200 objects,
+/// Part 6: the Event store after 24 h of simulated controller activity, TTL 1 h: 200 objects,
 /// each emitting a new Event every 2 minutes and bumping the count of its last one every
 /// minute, on a simulated clock advanced a minute at a time (`gc::expire_events` runs every
 /// simulated minute, as the server's sweep runs every TTL/10 = 6 min at most 1 min).
