@@ -106,6 +106,13 @@ impl RunningApiServer {
         self.kubeconfig.clone()
     }
 
+    /// Makes the storage writer fail, as a disk error would. Only for tests of /readyz and
+    /// of the 503 answered to writes.
+    #[doc(hidden)]
+    pub fn fail_storage_for_test(&self) {
+        self.core.store.fail_writer_for_test();
+    }
+
     /// Stops accepting requests, ends watches, waits for in-flight requests and closes storage.
     pub async fn shutdown(self) {
         self.core.shutdown.cancel();
