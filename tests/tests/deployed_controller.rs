@@ -71,11 +71,18 @@ fn wait_until(deadline: Duration, what: &str, mut check: impl FnMut() -> Result<
 }
 
 /// The address of Docker's default bridge on this host: what containers reach the host at.
+/// The engine names it as the gateway, or (older engines) only the subnet, whose first
+/// address the bridge takes.
 fn bridge_gateway() -> Result<String> {
-    let out = run_ok(Command::new(docker()).args(["network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}"]))?;
-    let gateway = out.trim().to_string();
-    ensure!(gateway.parse::<std::net::IpAddr>().is_ok(), "no gateway address for Docker's bridge network: {out:?}");
-    Ok(gateway)
+    let out = run_ok(Command::new(docker()).args(["network", "inspect", "bridge", "-f", "{{json .IPAM.Config}}"]))?;
+    let config: Value = serde_json::from_str(out.trim()).with_context(|| format!("IPAM config {out:?}"))?;
+    let first = config.get(0).with_context(|| format!("no IPAM config on Docker's bridge network: {out}"))?;
+    if let Some(gateway) = first["Gateway"].as_str().filter(|g| !g.is_empty()) {
+        return Ok(gateway.to_string());
+    }
+    let subnet = first["Subnet"].as_str().with_context(|| format!("no subnet on Docker's bridge network: {out}"))?;
+    let network: std::net::Ipv4Addr = subnet.split('/').next().unwrap_or_default().parse().with_context(|| format!("subnet {subnet}"))?;
+    Ok(std::net::Ipv4Addr::from(u32::from(network) + 1).to_string())
 }
 
 /// `provisioning apiserver` on a free port of `host`, in a temp data dir.
@@ -305,7 +312,10 @@ fn docker_run_args(
             set_world_readable(&dir)?;
             args.extend(["-v".into(), format!("{}:{}:{}", dir.display(), mount.mount_path, if read_only { "ro" } else { "rw" })]);
         } else if let Some(empty) = &volume.empty_dir {
-            let mut options = "rw,exec,mode=0777".to_string();
+            // An emptyDir is writable by the pod (mode 0777, group fsGroup). This engine
+            // ignores tmpfs `mode=`, so the mount is owned by the pod's user and group.
+            let owner_gid = pod_sc.fs_group.or(gid).unwrap_or(0);
+            let mut options = format!("rw,exec,uid={},gid={owner_gid}", uid.unwrap_or(0));
             if let Some(limit) = &empty.size_limit {
                 options.push_str(&format!(",size={}", memory_bytes(&limit.0)?));
             }
