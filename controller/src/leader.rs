@@ -124,7 +124,7 @@ impl LeaderElector {
             if spec.holder_identity.as_deref() == Some(self.settings.identity.as_str()) {
                 spec.holder_identity = None;
                 spec.lease_duration_seconds = Some(1);
-                let _ = self.api.replace(&self.settings.name, &PostParams::default(), &lease).await;
+                let _ = self.api.replace(&self.settings.name, &lease_write(), &lease).await;
             }
         }
     }
@@ -150,7 +150,7 @@ impl LeaderElector {
                         ..Default::default()
                     }),
                 };
-                match self.api.create(&PostParams::default(), &lease).await {
+                match self.api.create(&lease_write(), &lease).await {
                     Ok(_) => Ok(Attempt::Held),
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldByOther("(a racing replica)".into())),
                     Err(e) => Err(e),
@@ -170,7 +170,7 @@ impl LeaderElector {
                 spec.lease_duration_seconds = Some(duration_secs);
                 spec.renew_time = Some(MicroTime(now));
                 // resourceVersion in the body makes this a compare-and-swap.
-                match self.api.replace(&self.settings.name, &PostParams::default(), &lease).await {
+                match self.api.replace(&self.settings.name, &lease_write(), &lease).await {
                     Ok(_) => Ok(Attempt::Held),
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldByOther("(a racing replica)".into())),
                     Err(e) => Err(e),
@@ -199,4 +199,9 @@ mod tests {
         assert!(expired(&spec, t0 + SignedDuration::from_secs(11)));
         assert!(expired(&LeaseSpec::default(), t0));
     }
+}
+
+/// Lease writes are recorded in managedFields under the controller's field manager.
+fn lease_write() -> PostParams {
+    PostParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() }
 }
