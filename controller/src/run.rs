@@ -248,7 +248,7 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
 /// Whether this identity may list and watch Secrets in every namespace (a
 /// SelfSubjectAccessReview). An API server without the authorization API is taken to allow it
 /// (it has no RBAC to refuse the watch either).
-async fn may_watch_all_secrets(client: &Client) -> bool {
+pub(crate) async fn may_watch_all_secrets(client: &Client) -> bool {
     use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     for verb in ["list", "watch"] {
