@@ -67,19 +67,64 @@ fn joins_pin_the_ca_made_from_the_generated_key_in_a_0600_config() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    openssl(&["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ca.key"], d);
-    // The certificate exactly as install.nu makes it on the first control plane.
     openssl(
-        &["req", "-x509", "-new", "-key", "ca.key", "-sha256", "-days", "1", "-subj", "/CN=kubernetes",
-          "-addext", "basicConstraints=critical,CA:TRUE",
-          "-addext", "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign", "-out", "ca.crt"],
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            "ca.key",
+        ],
         d,
     );
-    openssl(&["x509", "-in", "ca.crt", "-pubkey", "-noout", "-out", "pub.pem"], d);
-    openssl(&["pkey", "-pubin", "-in", "pub.pem", "-outform", "DER", "-out", "pub.der"], d);
+    // The certificate exactly as install.nu makes it on the first control plane.
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-sha256",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=kubernetes",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign",
+            "-out",
+            "ca.crt",
+        ],
+        d,
+    );
+    openssl(
+        &[
+            "x509", "-in", "ca.crt", "-pubkey", "-noout", "-out", "pub.pem",
+        ],
+        d,
+    );
+    openssl(
+        &[
+            "pkey", "-pubin", "-in", "pub.pem", "-outform", "DER", "-out", "pub.der",
+        ],
+        d,
+    );
     // kubeadm's hash: SHA-256 of the certificate's SubjectPublicKeyInfo.
-    let out = std::process::Command::new("sha256sum").arg(d.join("pub.der")).output().expect("sha256sum");
-    let expected = format!("sha256:{}", String::from_utf8_lossy(&out.stdout).split(' ').next().unwrap_or_default());
+    let out = std::process::Command::new("sha256sum")
+        .arg(d.join("pub.der"))
+        .output()
+        .expect("sha256sum");
+    let expected = format!(
+        "sha256:{}",
+        String::from_utf8_lossy(&out.stdout)
+            .split(' ')
+            .next()
+            .unwrap_or_default()
+    );
     let key = d.join("ca.key");
     let hash = nu_eval(&format!(
         "use kubernetes/common.nu *; ca-cert-hash (open --raw '{}' | decode utf-8)",
@@ -92,15 +137,24 @@ fn joins_pin_the_ca_made_from_the_generated_key_in_a_0600_config() {
         "use kubernetes/common.nu *; join-config {ctx} 10.0.0.1:6443 {hash} false 10.0.0.9"
     )))
     .expect("JSON");
-    assert_eq!(worker["discovery"]["bootstrapToken"]["caCertHashes"][0], hash.as_str());
-    assert_eq!(worker["discovery"]["bootstrapToken"]["token"], "abcdef.0123456789abcdef");
+    assert_eq!(
+        worker["discovery"]["bootstrapToken"]["caCertHashes"][0],
+        hash.as_str()
+    );
+    assert_eq!(
+        worker["discovery"]["bootstrapToken"]["token"],
+        "abcdef.0123456789abcdef"
+    );
     assert!(worker.get("controlPlane").is_none(), "{worker}");
     let cp: serde_json::Value = serde_json::from_str(&nu_eval(&format!(
         "use kubernetes/common.nu *; join-config {ctx} 10.0.0.1:6443 {hash} true 10.0.0.2"
     )))
     .expect("JSON");
     assert_eq!(cp["controlPlane"]["certificateKey"], "cafe");
-    assert_eq!(cp["controlPlane"]["localAPIEndpoint"]["advertiseAddress"], "10.0.0.2");
+    assert_eq!(
+        cp["controlPlane"]["localAPIEndpoint"]["advertiseAddress"],
+        "10.0.0.2"
+    );
 
     let file = d.join("sub/join.yaml");
     nu_eval(&format!(

@@ -434,6 +434,7 @@ async fn prepare(
     };
     Ok(RunRequest {
         redactor: valid.map(|v| v.redactor.clone()).unwrap_or_default(),
+        inputs_hash: valid.and_then(|v| v.inputs_hash.clone()),
         object: ObjectRef::from_obj(ts),
         key: key(ts),
         server: server.to_string(),
