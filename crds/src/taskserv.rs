@@ -50,7 +50,7 @@ pub struct TaskServSpec {
     pub config_from: Vec<ConfigFromSource>,
     /// Other TaskServs (by name, same namespace) that must be Ready first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "dns1123_label_list")]
+    #[schemars(schema_with = "dns1123_label_set")]
     pub depends_on: Vec<String>,
     /// A failed upgrade re-installs the last good version.
     #[serde(default = "default_true")]
@@ -122,7 +122,7 @@ pub struct LocalSecretReference {
 pub struct ServerSelection {
     /// Server names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "dns1123_label_list")]
+    #[schemars(schema_with = "dns1123_label_set")]
     pub names: Vec<String>,
     /// Servers whose labels match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,6 +154,7 @@ pub struct TaskServStatus {
     pub resolved_dependencies: Vec<String>,
     /// Per-server state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub servers: Vec<TaskServServerStatus>,
     /// Version of the config inputs in use: a salted hash of the values read through
     /// `configFrom` and of generated secrets (never the values). A change re-runs the install.
