@@ -98,6 +98,23 @@ async fn secrets_are_generated_once_owned_waited_for_and_never_echoed() -> anyho
     let again = tss.get("cache").await?;
     assert_eq!(again.status.as_ref().and_then(|s| s.config_inputs_hash.clone()).unwrap_or_default(), hash);
 
+    // kubeadm's secrets are generated in the formats kubeadm accepts.
+    tss.create(&PostParams::default(), &taskserv("k8s", json!({"service": "kubernetes"}))?).await?;
+    wait_ts(&tss, "k8s", "names its generated Secret", |t| {
+        t.status.as_ref().and_then(|s| s.generated_secret_ref.as_ref()).is_some_and(|r| r.name == "k8s-generated")
+    })
+    .await?;
+    let token = secret_value(&secrets, "k8s-generated", "bootstrapToken").await.unwrap_or_default();
+    let token_ok = token.len() == 23
+        && token.char_indices().all(|(i, c)| if i == 6 { c == '.' } else { c.is_ascii_lowercase() || c.is_ascii_digit() });
+    assert!(token_ok, "bootstrapToken is not [a-z0-9]{{6}}.[a-z0-9]{{16}}");
+    let key = secret_value(&secrets, "k8s-generated", "certificateKey").await.unwrap_or_default();
+    assert!(key.len() == 64 && key.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')), "certificateKey is not 64 hex digits");
+    let ca = secret_value(&secrets, "k8s-generated", "caKey").await.unwrap_or_default();
+    assert!(ca.starts_with("-----BEGIN PRIVATE KEY-----"), "caKey is not a PEM private key");
+    let k8s = tss.get("k8s").await?;
+    assert!(cond(&k8s, "Stalled").is_some_and(|c| c.0 == "False"), "the generated values pass the schema");
+
     // 2. A Secret of that name that is not the TaskServ's is never taken over.
     secrets.create(&PostParams::default(), &secret("other-generated", "password", "users-own")?).await?;
     tss.create(&PostParams::default(), &taskserv("other", json!({"service": "redis"}))?).await?;
