@@ -344,7 +344,11 @@ fn start_run(
                 request_host_key_record(&ctx, &request.executor, &server, ts.namespace().as_deref().unwrap_or_default()).await;
                 result
             }
-            Err(message) => act::failed_to_start(&server, &operation, message),
+            // A template error may quote a rendered value: filter it like script output.
+            Err(message) => {
+                let redacted = valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);
+                act::failed_to_start(&server, &operation, redacted)
+            }
         };
         tracing::info!(
             taskserv = %object,
@@ -441,6 +445,7 @@ async fn prepare(
     };
     Ok(RunRequest {
         redactor: valid.map(|v| v.redactor.clone()).unwrap_or_default(),
+        inputs_hash: valid.and_then(|v| v.inputs_hash.clone()),
         object: ObjectRef::from_obj(ts),
         key: key(ts),
         server: server.to_string(),
