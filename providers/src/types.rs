@@ -255,6 +255,42 @@ pub struct ProviderConfig {
     /// How cloud providers (aws, upcloud) reach machines over SSH for `exec`. The private
     /// key itself is a credential: `SSH_PRIVATE_KEY` in [`ProviderConfig::credentials`].
     pub ssh: SshSettings,
+    /// How new machines are fenced off (aws security groups and subnet, upcloud firewall).
+    pub network: NetworkSettings,
+}
+
+/// How an account's new machines are fenced off at the provider.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkSettings {
+    /// aws: security groups new instances join; empty for the provider's managed group
+    /// (SSH from `ssh_source_cidrs`, all traffic between members, nothing else).
+    pub security_group_ids: Vec<String>,
+    /// aws: subnet for new instances; empty for the default subnet.
+    pub subnet_id: String,
+    /// Sources (CIDR) allowed to reach SSH; empty for any.
+    pub ssh_source_cidrs: Vec<String>,
+    /// upcloud: firewall rules; non-empty turns each new server's firewall on.
+    pub firewall_rules: Vec<FirewallRule>,
+}
+
+/// One firewall rule as an account declares it (see the upcloud provider for the mapping to
+/// UpCloud's `firewall_rule`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FirewallRule {
+    /// `in` or `out`.
+    pub direction: String,
+    /// `accept`, `reject` or `drop`.
+    pub action: String,
+    /// `IPv4` or `IPv6`; empty for IPv4.
+    pub family: String,
+    /// `tcp`, `udp`, `icmp`; empty for any.
+    pub protocol: String,
+    /// Source CIDR or address; empty for any.
+    pub source: String,
+    /// Destination port or `start-end`; empty for any.
+    pub destination_port: String,
+    /// Free text.
+    pub comment: String,
 }
 
 /// How a cloud provider reaches its machines over SSH.

@@ -176,3 +176,67 @@ async fn ssh_pins_host_keys_copies_assets_once_and_times_out() {
 
     provider.delete_server(&id).await.expect("delete");
 }
+
+/// Raw EC2 call through the provider's own signed client (moto answers what it stored).
+async fn raw(provider: &provisioning_providers::aws::AwsProvider, action: &str, params: &[(&str, &str)]) -> String {
+    let params: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    provider.client().call(action, &params).await.unwrap_or_else(|e| panic!("{action}: {e}"))
+}
+
+fn between<'a>(xml: &'a str, open: &str, close: &str) -> Vec<&'a str> {
+    xml.split(open).skip(1).filter_map(|rest| rest.split_once(close).map(|(v, _)| v)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_require_imdsv2_and_join_a_minimal_managed_group() {
+    let moto = Moto::start();
+    let sshd = Sshd::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&moto.endpoint, dir.path(), &sshd, vec![]);
+    cfg.network.ssh_source_cidrs = vec!["203.0.113.7/32".into()];
+    let provider = provisioning_providers::aws::AwsProvider::new(&cfg).expect("build");
+    let shared: SharedProvider = std::sync::Arc::new(provisioning_providers::aws::AwsProvider::new(&cfg).expect("build"));
+    let first = running_machine(&shared, "net-uid-1").await;
+    let second = running_machine(&shared, "net-uid-2").await;
+
+    // Both instances: IMDSv2 required, in the one managed group and no other.
+    let mut groups = Vec::new();
+    for id in [&first, &second] {
+        let xml = raw(&provider, "DescribeInstances", &[("InstanceId.1", id.native_id())]).await;
+        assert_eq!(between(&xml, "<httpTokens>", "</httpTokens>"), ["required"], "{xml}");
+        // Reservation and instance both list the groups: count distinct ids.
+        let group_set = between(&xml, "<groupSet>", "</groupSet>").join("");
+        let mut ids = between(&group_set, "<groupId>", "</groupId>");
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 1, "one security group: {xml}");
+        groups.push(ids[0].to_string());
+    }
+    assert_eq!(groups[0], groups[1], "one managed group per account, reused");
+
+    // The group: found by its name, tagged for cleanup, SSH from the configured source only
+    // and everything from its own members; no 0.0.0.0/0 anywhere.
+    let xml = raw(&provider, "DescribeSecurityGroups", &[("GroupId.1", &groups[0])]).await;
+    assert_eq!(between(&xml, "<groupName>", "</groupName>"), ["provisioning-moto"], "{xml}");
+    let ingress = between(&xml, "<ipPermissions>", "</ipPermissions>").join("");
+    assert!(ingress.contains("<fromPort>22</fromPort>") && ingress.contains("<cidrIp>203.0.113.7/32</cidrIp>"), "{ingress}");
+    assert!(ingress.contains(&format!("<groupId>{}</groupId>", groups[0])), "members reach each other: {ingress}");
+    assert!(!ingress.contains("0.0.0.0/0"), "{ingress}");
+    let tags = between(&xml, "<tagSet>", "</tagSet>").join("");
+    assert!(tags.contains("provisioning.dev/managed") && tags.contains("provisioning.dev/account"), "{xml}");
+
+    // An account naming its own groups and subnet gets exactly those.
+    let vpc_xml = raw(&provider, "DescribeSubnets", &[]).await;
+    let subnet = between(&vpc_xml, "<subnetId>", "</subnetId>").first().map(|s| s.to_string()).expect("moto has default subnets");
+    let mut own = config(&moto.endpoint, dir.path(), &sshd, vec![]);
+    own.network.security_group_ids = vec![groups[0].clone()];
+    own.network.subnet_id = subnet.clone();
+    let own: SharedProvider = std::sync::Arc::new(provisioning_providers::aws::AwsProvider::new(&own).expect("build"));
+    let third = running_machine(&own, "net-uid-3").await;
+    let xml = raw(&provider, "DescribeInstances", &[("InstanceId.1", third.native_id())]).await;
+    assert!(xml.contains(&format!("<subnetId>{subnet}</subnetId>")), "{xml}");
+    assert_eq!(between(&xml, "<httpTokens>", "</httpTokens>"), ["required"]);
+    for id in [first, second, third] {
+        shared.delete_server(&id).await.expect("delete");
+    }
+}

@@ -55,7 +55,7 @@ fn dev_env() -> Vec<(&'static str, String)> {
 fn start_dev(dir: &Path, manifest: &Path) -> Result<Dev> {
     let env = dev_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    Dev::start_in_with_env(&dir.join("data"), &[&manifest.display().to_string()], &env)
+    Dev::start_in_with(&dir.join("data"), &[&manifest.display().to_string()], &env, &["--allow-insecure-endpoints"])
 }
 
 fn wait_ready(dev: &Dev, namespace: &str, taskserv: &str, nodes: &[&CloudNode]) -> Result<Duration> {

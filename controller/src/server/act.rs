@@ -21,6 +21,9 @@ pub enum Acted {
     Machine(ServerObservation),
     /// `spec.externalID` names no machine.
     ExternalMissing(ProviderId),
+    /// `spec.externalID` names a machine this Server may not adopt (see
+    /// [`super::validate::check_adoption`]).
+    AdoptionRefused(super::validate::Invalid),
 }
 
 /// The identity tagged onto the Server's machine.
@@ -69,6 +72,10 @@ pub async fn act(
             }
             match ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await? {
                 Some(obs) => {
+                    if adopted && let Err(refused) = super::validate::check_adoption(&uid, &obs) {
+                        ctx.forget_observed(&uid);
+                        return Ok(Acted::AdoptionRefused(refused));
+                    }
                     ctx.mark_observed(&uid, &fingerprint(server, &obs.provider_id));
                     Ok(Acted::Machine(obs))
                 }
@@ -166,6 +173,16 @@ pub async fn cleanup(
             }
         }
     };
+    if id.0 == server.spec.external_id {
+        // An adopted machine: the ownership check again right before the delete (tags may
+        // have changed since, and status alone is not proof of a successful adoption).
+        let observed = ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await?;
+        let Some(observed) = observed else { return Ok(()) };
+        if let Err(refused) = super::validate::check_adoption(&server.uid().unwrap_or_default(), &observed) {
+            ctx.publish(server, EventType::Warning, refused.reason, "DeleteMachine", Some(format!("{}; the Server is released and the machine left running", refused.message))).await;
+            return Ok(());
+        }
+    }
     match ctx.provider_call(ws, provider, account, "delete_server", provider.delete_server(&id)).await? {
         DeleteOutcome::Gone => {
             ctx.publish(server, EventType::Normal, "Deleted", "DeleteMachine", Some(format!("deleted machine {id}"))).await;

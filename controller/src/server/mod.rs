@@ -162,6 +162,7 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             let message = format!("machine {id} named by spec.externalID does not exist at provider account {:?}", valid.account.name);
             return stall(&server, "ExternalNotFound", message, base, ctx).await;
         }
+        act::Acted::AdoptionRefused(refused) => return stall(&server, refused.reason, refused.message, base, ctx).await,
     };
     // The SSH host key: restored into the provider from status when it lost it (a new
     // controller pod), recorded into status after the first contact. Never re-pinned.
@@ -198,7 +199,7 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
 async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let step = plan::cleanup_step(&server);
     if step == plan::CleanupStep::Nothing {
-        if server.spec.deletion_policy == provisioning_crds::DeletionPolicy::Orphan {
+        if server.spec.effective_deletion_policy() == provisioning_crds::DeletionPolicy::Orphan {
             let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
             ctx.publish(server.as_ref(), EventType::Normal, "Orphaned", "DeleteMachine", Some(format!("deletionPolicy Orphan: machine {id} left running"))).await;
         }

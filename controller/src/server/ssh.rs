@@ -120,11 +120,43 @@ pub fn key_from_secret(secret: Option<&Secret>, namespace: &str, name: &str, ser
 pub async fn server_key(client: &Client, server: &Server) -> Result<Option<ServerKey>, Error> {
     let Some(reference) = &server.spec.ssh_key_secret_ref else { return Ok(None) };
     let own_namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let namespace = reference.namespace.clone().filter(|n| !n.is_empty()).unwrap_or(own_namespace);
+    let namespace = check_key_namespace(reference, &own_namespace, &server.name_any()).map_err(|p| Error::Stalled { reason: p.reason, message: p.message })?;
     let secret = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&reference.name).await?;
     key_from_secret(secret.as_ref(), &namespace, &reference.name, &server.name_any())
         .map(Some)
         .map_err(|p| Error::Stalled { reason: p.reason, message: p.message })
+}
+
+/// The namespace of a Server's `spec.sshKeySecretRef` (pure): the Server's own. A reference
+/// into another namespace is refused before anything is read, so one tenant cannot log in
+/// to machines with (or learn the public half of) another tenant's key.
+pub fn check_key_namespace(reference: &provisioning_crds::SecretReference, own_namespace: &str, server: &str) -> Result<String, KeyProblem> {
+    match reference.namespace.as_deref().filter(|n| !n.is_empty()) {
+        Some(other) if other != own_namespace => Err(KeyProblem {
+            reason: "CrossNamespaceReference",
+            message: format!(
+                "spec.sshKeySecretRef of Server {server} names Secret {other}/{} but a Server may only reference Secrets in its own namespace {own_namespace:?}",
+                reference.name
+            ),
+        }),
+        _ => Ok(own_namespace.to_string()),
+    }
+}
+
+/// The provider state directory of an account in a workspace. SSH accounts (aws, upcloud)
+/// keep their host-key pins there, so the pins are keyed by workspace and account: two
+/// workspaces with an account of the same name never share (or overwrite) each other's pins.
+/// Other providers keep the shared directory (the simulated store lives there).
+pub fn account_state_dir(state_dir: &std::path::Path, ws: &crate::workspaces::EffectiveWorkspace, account: &ProviderAccount) -> std::path::PathBuf {
+    if !uses_ssh(account) || state_dir.as_os_str().is_empty() {
+        return state_dir.to_path_buf();
+    }
+    // Workspace names and namespaces are DNS labels: safe as one path component.
+    let scope = match &ws.name {
+        Some(name) => format!("workspace-{name}"),
+        None => format!("namespace-{}", ws.namespace),
+    };
+    state_dir.join("pins").join(scope)
 }
 
 /// What the recorded host key (`status.hostKey`) and the provider's pin say together.
