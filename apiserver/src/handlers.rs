@@ -514,8 +514,10 @@ impl Core {
         Ok(())
     }
 
-    /// Prunes, defaults and validates a custom resource; collects warnings.
-    fn validate_schema(&self, rt: &ResourceType, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> ApiResult<()> {
+    /// Prunes, defaults and validates a custom resource; collects warnings. Duplicate entries
+    /// of list-maps and sets come back instead of failing: as in kube-apiserver they do not
+    /// block the CEL rules, and the 422 lists both.
+    fn validate_schema(&self, rt: &ResourceType, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> ApiResult<Vec<Cause>> {
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let mut causes = vec![];
         if let Some(schema) = &rt.schema {
@@ -538,18 +540,21 @@ impl Core {
             }
             causes.extend(out.causes);
         }
-        if !causes.is_empty() {
+        if causes.iter().any(|c| c.reason != "FieldValueDuplicate") {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, causes));
         }
-        Ok(())
+        Ok(causes)
     }
 
     /// Evaluates the CRD's `x-kubernetes-validations` (CEL) rules on the defaulted, pruned and
     /// schema-valid object; `old` is the stored object on update (for `oldSelf`). Big objects
     /// are evaluated on the blocking pool so that a long evaluation never stalls the runtime.
-    async fn validate_rules(rt: &ResourceType, obj: &Value, old: Option<&Value>) -> ApiResult<()> {
-        let Some(rules) = rt.rules.clone() else { return Ok(()) };
-        let causes = if crate::celrules::weight(obj) > 20_000 {
+    async fn validate_rules(rt: &ResourceType, obj: &Value, old: Option<&Value>, mut causes: Vec<Cause>) -> ApiResult<()> {
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(rules) = rt.rules.clone() else {
+            return if causes.is_empty() { Ok(()) } else { Err(ApiError::invalid(&rt.kind, &rt.group, name, causes)) };
+        };
+        let rule_causes = if crate::celrules::weight(obj) > 20_000 {
             let (o, old) = (obj.clone(), old.cloned());
             tokio::task::spawn_blocking(move || rules.validate(&o, old.as_ref()))
                 .await
@@ -557,10 +562,10 @@ impl Core {
         } else {
             rules.validate(obj, old)
         };
+        causes.extend(rule_causes);
         if causes.is_empty() {
             return Ok(());
         }
-        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
         Err(ApiError::invalid(&rt.kind, &rt.group, name, causes))
     }
 
@@ -610,7 +615,9 @@ impl Core {
                 md.insert("name".into(), json!(name));
             }
         let label_name = rt.storage == NAMESPACES;
-        if let Some(c) = validation::validate_name(&name, label_name) {
+        // RBAC objects may have any path-segment name (`system:discovery`), as upstream.
+        let invalid_name = if rt.group == crate::auth::rbac::GROUP { crate::auth::rbac::validate_name(&name) } else { validation::validate_name(&name, label_name) };
+        if let Some(c) = invalid_name {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, vec![c]));
         }
         // Server-owned metadata.
@@ -632,8 +639,8 @@ impl Core {
                 m.remove("status");
             }
         self.normalize(rt, obj, None)?;
-        self.validate_schema(rt, obj, opts, &mut warnings)?;
-        Self::validate_rules(rt, obj, None).await?;
+        let list_causes = self.validate_schema(rt, obj, opts, &mut warnings)?;
+        Self::validate_rules(rt, obj, None, list_causes).await?;
         if !applied {
             apply::record_update(None, obj, &opts.field_manager, &rt.api_version(), rt.schema.as_ref(), Self::scope_for(rt, false), &now);
         }
@@ -841,8 +848,8 @@ impl Core {
         if rt.storage == CRDS && status {
             // The server owns CRD conditions; keep them established.
         }
-        self.validate_schema(rt, &mut new, opts, &mut warnings)?;
-        Self::validate_rules(rt, &new, Some(&old)).await?;
+        let list_causes = self.validate_schema(rt, &mut new, opts, &mut warnings)?;
+        Self::validate_rules(rt, &new, Some(&old), list_causes).await?;
         // Generation moves when anything but metadata (and status, if separate) changes.
         let strip = |v: &Value| -> Value {
             let mut c = v.clone();

@@ -5,7 +5,9 @@
 //! bearer token, backed by redb on disk (see [`storage`]).
 
 pub mod apply;
+pub mod auth;
 pub mod celrules;
+pub mod discovery;
 pub mod error;
 pub mod gc;
 pub mod handlers;
@@ -47,6 +49,7 @@ pub struct RunningApiServer {
     core: Arc<Core>,
     server: JoinHandle<()>,
     gc: JoinHandle<()>,
+    aggregation: JoinHandle<()>,
 }
 
 impl RunningApiServer {
@@ -65,6 +68,7 @@ impl RunningApiServer {
         self.core.shutdown.cancel();
         let _ = self.server.await;
         let _ = self.gc.await;
+        let _ = self.aggregation.await;
         let store = self.core.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
@@ -99,11 +103,16 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
                     }
         }
     }
+    auth::bootstrap::ensure(&core).await?;
+    auth::bootstrap::aggregate_once(&core).await;
+    let dir = config.data_dir.clone();
+    let signer = tokio::task::spawn_blocking(move || auth::tokens::Signer::load_or_create(&dir, auth::tokens::DEFAULT_ISSUER)).await??;
     let kubeconfig = tls::write_kubeconfig(&config.data_dir, addr, &creds)?;
-    let token: Arc<str> = Arc::from(creds.token.as_str());
-    let server = tokio::spawn(server::serve(core.clone(), listener, creds.server_config.clone(), token));
+    let authn = Arc::new(auth::Auth::new(&creds.token, signer));
+    let server = tokio::spawn(server::serve(core.clone(), listener, creds.server_config.clone(), authn));
     let gc = tokio::spawn(gc::run(core.clone()));
-    Ok(RunningApiServer { addr, kubeconfig, core, server, gc })
+    let aggregation = tokio::spawn(auth::bootstrap::run_aggregation(core.clone()));
+    Ok(RunningApiServer { addr, kubeconfig, core, server, gc, aggregation })
 }
 
 /// Runs the server until Ctrl-C, printing where it listens and the kubeconfig path.

@@ -99,7 +99,14 @@ impl ResourceType {
         if !self.categories.is_empty() {
             main["categories"] = json!(self.categories);
         }
+        if self.storage.starts_with(crate::auth::VIRTUAL_PREFIX) {
+            main["verbs"] = json!(["create"]);
+        }
         let mut out = vec![main];
+        if self.group.is_empty() && self.plural == "serviceaccounts" {
+            out.push(json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true, "group": "authentication.k8s.io",
+                "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}));
+        }
         if self.has_status {
             out.push(json!({"name": format!("{}/status", self.plural), "singularName": "", "namespaced": self.namespaced,
                 "kind": self.kind, "verbs": ["get", "patch", "update"]}));
@@ -245,6 +252,7 @@ impl Registry {
     pub fn build(crds: &[Value]) -> Self {
         let mut reg = Registry::default();
         let mut all = builtins();
+        all.extend(crate::auth::virtual_types());
         for crd in crds {
             // A CRD being deleted stops serving new objects only once it is gone; keep it.
             all.extend(from_crd(crd));

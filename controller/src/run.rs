@@ -54,12 +54,11 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
                 renew: config.lease_renew(),
             },
         );
-        // A standby replica is ready: healthy and waiting for the Lease (otherwise a
-        // two-replica Deployment never finishes rolling out). The leader is ready again
-        // once its watch caches have synced.
-        health.set_ready(true);
+        // A standby replica is ready while its Lease checks succeed: healthy and waiting
+        // (otherwise a two-replica Deployment never finishes rolling out). The leader is
+        // ready again once its watch caches have synced.
         tokio::select! {
-            _ = elector.acquire() => {}
+            _ = elector.acquire(&health) => {}
             _ = shutdown.clone() => return Ok(()),
         }
         health.set_ready(false);

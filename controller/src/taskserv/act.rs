@@ -13,7 +13,9 @@ use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::ObjectRef;
 use provisioning_crds::{ScriptRun, TaskServ};
 use provisioning_providers::{ExecRequest, ProviderId, SharedProvider, SshPrivateKey};
-use provisioning_taskservs::{ExecOutput, RunError, ScriptContext, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep, run_script};
+use provisioning_taskservs::{
+    ExecOutput, Redactor, RunError, ScriptContext, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep, run_script_redacted,
+};
 
 use super::plan::{Operation, OperationResult, rfc3339};
 
@@ -176,6 +178,8 @@ pub struct RunRequest {
     pub executor: ProviderExecutor,
     /// Time limit per script.
     pub timeout: Duration,
+    /// Filters the secret values of the context from the output (logs, tail, events).
+    pub redactor: Redactor,
 }
 
 fn script_run(outcome: &Result<ScriptOutcome, RunError>, step: ScriptStep, started: String) -> (ScriptRun, String) {
@@ -216,7 +220,9 @@ async fn run_step(req: &RunRequest, step: ScriptStep) -> Result<ScriptOutcome, R
             tracing::info!(taskserv = %object, server = %server, service = %service, step = %step, "{line}");
         }
     });
-    let outcome = run_script(&req.executor, step, &req.context.taskserv.service, &req.context, req.timeout, Some(tx)).await;
+    let outcome =
+        run_script_redacted(&req.executor, step, &req.context.taskserv.service, &req.context, req.timeout, Some(tx), &req.redactor)
+            .await;
     let _ = logger.await;
     outcome
 }

@@ -337,7 +337,13 @@ pub fn plan(o: &Observed<'_>) -> Plan {
     let spec_changed = o.validated.is_ok()
         && o.status.observed_generation.is_some()
         && o.status.observed_generation != o.generation;
-    if spec_changed {
+    // New values behind configFrom (a rotated Secret) or generated secrets: the same.
+    let inputs_hash = match o.validated {
+        Ok(v) => v.inputs_hash.clone(),
+        Err(_) => o.status.config_inputs_hash.clone(),
+    };
+    let inputs_changed = o.validated.is_ok() && o.status.config_inputs_hash.is_some() && o.status.config_inputs_hash != inputs_hash;
+    if spec_changed || inputs_changed {
         for e in entries.values_mut() {
             if e.phase == "Installed" {
                 e.phase = "Pending".into();
@@ -590,6 +596,8 @@ pub fn plan(o: &Observed<'_>) -> Plan {
         last_good_version,
         resolved_dependencies: valid.map(|v| v.dependencies.clone()).unwrap_or_default(),
         servers: entries.into_values().collect(),
+        config_inputs_hash: inputs_hash,
+        generated_secret_ref: o.status.generated_secret_ref.clone(),
     };
 
     let requeue = if stalled.is_some() && !in_flight_now {
