@@ -285,6 +285,7 @@ async fn adopts_a_machine_by_external_id() -> anyhow::Result<()> {
         } else {
             Default::default()
         },
+        host_key: None,
     };
     // Made elsewhere; its owner marked it adoptable.
     let existing = provider.ensure_server(&machine("made-elsewhere", true)).await?;
@@ -356,6 +357,7 @@ async fn create_pending_guard_finds_the_machine_instead_of_creating_another() ->
             image: "debian-12".into(),
             ssh_public_key: None,
             extra_tags: Default::default(),
+            host_key: None,
         })
         .await?;
     let patch = json!({"metadata": {"annotations": {

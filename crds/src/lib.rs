@@ -120,6 +120,7 @@ mod tests {
             ("Cluster.spec.dependsOn", "set"),
             ("Cluster.spec.pools", "map[\"name\"]"),
             ("Cluster.spec.taskservs", "map[\"service\"]"),
+            ("Cluster.spec.taskservs[].configFrom", "atomic"),
             ("Cluster.spec.taskservs[].pools", "set"),
             ("Cluster.status.conditions", "map[\"type\"]"),
             ("Cluster.status.steps", "map[\"id\"]"),
@@ -127,6 +128,7 @@ mod tests {
             // Addresses may repeat a type (two InternalIPs), as on a Node: atomic.
             ("Server.status.addresses", "atomic"),
             ("Server.status.conditions", "map[\"type\"]"),
+            ("TaskServ.spec.configFrom", "atomic"),
             ("TaskServ.spec.dependsOn", "set"),
             ("TaskServ.spec.servers.names", "set"),
             ("TaskServ.status.conditions", "map[\"type\"]"),
@@ -134,6 +136,10 @@ mod tests {
             ("TaskServ.status.resolvedDependencies", "atomic"),
             ("TaskServ.status.servers", "map[\"name\"]"),
             ("Workspace.spec.providers", "map[\"name\"]"),
+            // Evaluation order is the content (firewall rules); the others are short lists.
+            ("Workspace.spec.providers[].firewallRules", "atomic"),
+            ("Workspace.spec.providers[].securityGroupIds", "atomic"),
+            ("Workspace.spec.providers[].sshSourceCidrs", "atomic"),
             ("Workspace.status.conditions", "map[\"type\"]"),
             ("Workspace.status.providers", "map[\"name\"]"),
         ];

@@ -74,6 +74,7 @@ async fn running_machine(provider: &SharedProvider, uid: &str) -> provisioning_p
         image: "debian-12".into(),
         ssh_public_key: Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA3f0Y9v7tXb1cQm5r8HkS3y0x3oQeU1dN6q7YV1b2c3 test".into()),
         extra_tags: Default::default(),
+        host_key: None,
     };
     let created = provider.ensure_server(&request).await.expect("ensure");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -216,6 +217,25 @@ async fn instances_require_imdsv2_and_join_a_minimal_managed_group() {
 
     // The group: found by its name, tagged for cleanup, SSH from the configured source only
     // and everything from its own members; no 0.0.0.0/0 anywhere.
+    // The user data carries the controller-generated host key when the request has one.
+    let (private, public) = provisioning_providers::ssh::generate_host_key().expect("host key");
+    let keyed = ServerRequest {
+        identity: ServerIdentity { uid: "net-uid-keyed".into(), namespace: "ssh".into(), name: "keyed".into(), cluster: None },
+        plan: "small".into(),
+        zone: String::new(),
+        image: "debian-12".into(),
+        ssh_public_key: None,
+        extra_tags: Default::default(),
+        host_key: Some(provisioning_providers::HostKey { private, public: public.clone() }),
+    };
+    let keyed = shared.ensure_server(&keyed).await.expect("create with a host key");
+    let xml = raw(&provider, "DescribeInstanceAttribute", &[("InstanceId", keyed.provider_id.native_id()), ("Attribute", "userData")]).await;
+    let encoded = between(&xml, "<value>", "</value>").first().map(|v| v.to_string()).unwrap_or_default();
+    use base64::Engine as _;
+    let user_data = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(encoded.trim()).expect("base64")).expect("utf-8");
+    assert!(user_data.contains(&format!("ed25519_public: {public}")) && user_data.contains("ssh_deletekeys: true"), "{user_data}");
+    shared.delete_server(&keyed.provider_id).await.expect("delete");
+
     let xml = raw(&provider, "DescribeSecurityGroups", &[("GroupId.1", &groups[0])]).await;
     assert_eq!(between(&xml, "<groupName>", "</groupName>"), ["provisioning-moto"], "{xml}");
     let ingress = between(&xml, "<ipPermissions>", "</ipPermissions>").join("");

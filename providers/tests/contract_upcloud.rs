@@ -111,6 +111,7 @@ async fn the_double_validates_requests_like_upcloud() {
         image: "debian-12".into(),
         ssh_public_key: None,
         extra_tags: Default::default(),
+        host_key: None,
     };
     let err = provider.ensure_server(&request).await.expect_err("unknown zone");
     assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("xx-nowhere1")), "{err:?}");
@@ -154,6 +155,7 @@ async fn firewall_rules_are_attached_to_new_servers() {
         image: "debian-12".into(),
         ssh_public_key: None,
         extra_tags: Default::default(),
+        host_key: None,
     };
     let created = provider.ensure_server(&request).await.expect("create");
     let firewalls = double.firewalls();

@@ -495,7 +495,7 @@ async fn redis_postgresql_haproxy_containerd_lifecycles() {
         if let Some(auth) = auth {
             args.extend(["-e".to_string(), format!("REDISCLI_AUTH={auth}")]);
         }
-        args.extend([lb_c.clone(), "redis-cli".into(), "-h".into(), host.into(), "-p".into(), port.into(), "ping".into()]);
+        args.extend([redis_c.clone(), "redis-cli".into(), "-h".into(), host.into(), "-p".into(), port.into(), "ping".into()]);
         let out = Command::new(docker()).args(&args).output().expect("redis-cli");
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
     };

@@ -58,7 +58,7 @@ fn manifest(dir: &Path, moto: &Moto, sshd: &Sshd, account_key: &str, aws_secret:
                     "name": ACCOUNT, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
                     "credentialsSecretRef": {"name": "aws-creds"},
                     "images": {"debian-12": MOTO_AMI},
-                    "ssh": {"user": sshd.user, "port": sshd.port, "addressOverride": "127.0.0.1", "remoteDir": remote_dir.display().to_string()},
+                    "ssh": {"user": sshd.user, "port": sshd.port, "addressOverride": "127.0.0.1", "hostKeys": "FirstUse", "remoteDir": remote_dir.display().to_string()},
                 }],
             }}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": "web", "namespace": NAMESPACE},

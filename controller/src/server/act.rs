@@ -122,6 +122,13 @@ async fn create(
         // Leak guard: recorded before the call, so a crash mid-call leads to a lookup, not a second machine.
         ctx.set_annotation(server, ANNOTATION_CREATE_PENDING, Some(&Timestamp::now().to_string())).await?;
     }
+    // The machine's SSH host key, generated (and kept in the Server's Secret) before the
+    // machine exists, so it is pinned before the first connection.
+    let host_key = if super::ssh::generates_host_keys(&valid.account) {
+        Some(super::ssh::ensure_generated_host_key(&ctx.client, server).await?)
+    } else {
+        None
+    };
     let request = ServerRequest {
         identity: identity(server)?,
         plan: valid.plan.clone(),
@@ -131,6 +138,7 @@ async fn create(
         // (spec.sshKeySecretRef), else the account's.
         ssh_public_key: login_key.map(str::to_string).or_else(|| provider.ssh_public_key()),
         extra_tags: Default::default(),
+        host_key,
     };
     let obs = ctx
         .provider_call(ws, provider, &valid.account.name, "ensure_server", provider.ensure_server(&request))
@@ -141,10 +149,14 @@ async fn create(
     Ok(Acted::Machine(obs))
 }
 
-/// Brings the provider's SSH host key pin for the Server's machine in line with
-/// `status.hostKey` (recorded for that same machine only) and returns the key to record;
-/// `Err` with a message naming both fingerprints when they differ.
-pub fn host_key(server: &Server, machine: &ProviderId, provider: &SharedProvider) -> Result<Option<String>, String> {
+/// Brings the provider's SSH host key pin for the Server's machine in line with the
+/// generated key (`generated`, when the controller made one) or else `status.hostKey`
+/// (recorded for that same machine only), and returns the key to record; `Err` with a
+/// message naming both fingerprints when they differ.
+pub fn host_key(server: &Server, machine: &ProviderId, provider: &SharedProvider, generated: Option<&str>) -> Result<Option<String>, String> {
+    if let Some(generated) = generated {
+        return super::ssh::pin_generated(provider, machine, generated).map(Some);
+    }
     let recorded = server
         .status
         .as_ref()

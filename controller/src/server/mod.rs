@@ -171,10 +171,19 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         _ => server.status.as_ref().and_then(|s| s.provider_id.clone()).map(ProviderId),
     };
     let host_key = match &machine_id {
-        Some(id) if ssh::uses_ssh(&valid.account) => match act::host_key(&server, id, &provider) {
-            Ok(key) => key,
-            Err(message) => return stall(&server, "HostKeyMismatch", message, base, ctx).await,
-        },
+        Some(id) if ssh::uses_ssh(&valid.account) => {
+            // A generated key (the Server's own Secret) wins over status, which any status
+            // writer could have set.
+            let generated = match ssh::generated_host_key(&ctx.client, &server).await {
+                Ok(key) => key.map(|k| k.public),
+                Err(Error::Stalled { reason, message }) => return stall(&server, reason, message, base, ctx).await,
+                Err(e) => return fail(&server, e, Some(valid.account.name.clone()), base, ctx).await,
+            };
+            match act::host_key(&server, id, &provider, generated.as_deref()) {
+                Ok(key) => key,
+                Err(message) => return stall(&server, "HostKeyMismatch", message, base, ctx).await,
+            }
+        }
         _ => None,
     };
     let desired = status::record_host_key(

@@ -284,9 +284,9 @@ impl AwsProvider {
         if !self.network.subnet_id.is_empty() {
             params.push(("SubnetId".into(), self.network.subnet_id.clone()));
         }
-        if let Some(key) = &request.ssh_public_key {
-            // cloud-init installs the key for the image's default user; no key pair to manage.
-            let user_data = format!("#cloud-config\nssh_authorized_keys:\n  - {}\n", key.trim());
+        // cloud-init installs the login key for the image's default user (no key pair to
+        // manage) and the controller-generated host key.
+        if let Some(user_data) = crate::ssh::cloud_config(request.ssh_public_key.as_deref(), request.host_key.as_ref()) {
             params.push(("UserData".into(), base64::engine::general_purpose::STANDARD.encode(user_data)));
         }
         params

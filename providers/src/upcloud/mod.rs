@@ -401,6 +401,8 @@ impl UpcloudProvider {
                     create_password: Some("no".into()),
                 }),
                 firewall: (!self.firewall.is_empty()).then(|| "on".to_string()),
+                // The login user is set above; the user data carries only the host key.
+                user_data: request.host_key.as_ref().and_then(|k| crate::ssh::cloud_config(None, Some(k))),
             },
         }
     }

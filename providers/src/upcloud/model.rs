@@ -50,6 +50,9 @@ pub struct CreateServer {
     /// The login user and its SSH keys.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub login_user: Option<LoginUser>,
+    /// cloud-init user data (the controller-generated SSH host key).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub user_data: Option<String>,
     /// `on` when the account declares firewall rules (absent: UpCloud's default, off).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub firewall: Option<String>,
