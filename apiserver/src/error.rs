@@ -99,6 +99,26 @@ impl ApiError {
     pub fn too_large() -> Self {
         Self::new(413, "RequestEntityTooLarge", "the request body is larger than the limit of 3145728 bytes")
     }
+    /// 413 RequestEntityTooLarge with a message naming what is too large.
+    pub fn too_large_with(message: impl Into<String>) -> Self {
+        Self::new(413, "RequestEntityTooLarge", message)
+    }
+    /// 504 Timeout for a list or watch from a resourceVersion the store has not reached,
+    /// shaped like kube-apiserver's (clients check the `ResourceVersionTooLarge` cause).
+    pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
+        let mut e = Self::new(504, "Timeout", format!("Timeout: Too large resource version: {requested}, current: {current}"));
+        e.details = Some(json!({
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "retryAfterSeconds": 1,
+        }));
+        e
+    }
+    /// 429 TooManyRequests (watch caps).
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        let mut e = Self::new(429, "TooManyRequests", message);
+        e.details = Some(json!({"retryAfterSeconds": 1}));
+        e
+    }
     /// 415 UnsupportedMediaType.
     pub fn unsupported_media_type(message: impl Into<String>) -> Self {
         Self::new(415, "UnsupportedMediaType", message)

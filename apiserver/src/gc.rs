@@ -10,8 +10,72 @@ use serde_json::{Value, json};
 use crate::handlers::{Core, DeleteOptions, NAMESPACES, Propagation};
 use crate::storage::{Entry, EventType, ObjKey, Precondition};
 
+/// Storage key of Events (served as core/v1 and events.k8s.io/v1).
+pub const EVENTS: &str = "/events";
+
+/// When an Event was last written: the latest of its timestamps. kube-apiserver renews an
+/// Event's etcd lease on every write; this reads the same instant from the object, so expiry
+/// survives a restart.
+pub fn event_last_written(ev: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
+    let mut times: Vec<&Value> = vec![
+        &ev["metadata"]["creationTimestamp"],
+        &ev["lastTimestamp"],
+        &ev["deprecatedLastTimestamp"],
+        &ev["firstTimestamp"],
+        &ev["eventTime"],
+        &ev["series"]["lastObservedTime"],
+    ];
+    if let Some(mf) = ev["metadata"]["managedFields"].as_array() {
+        times.extend(mf.iter().map(|m| &m["time"]));
+    }
+    times
+        .into_iter()
+        .filter_map(|t| t.as_str())
+        .filter_map(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .max()
+}
+
+/// Deletes every Event last written more than `ttl` before `now`; returns how many went.
+/// `now` is a parameter so that a simulation (the bench) can run a day in seconds.
+pub async fn expire_events(core: &Core, now: chrono::DateTime<chrono::Utc>, ttl: Duration) -> usize {
+    let Ok(ttl) = chrono::Duration::from_std(ttl) else { return 0 };
+    let expired: Vec<Arc<Entry>> = {
+        let st = core.store.read();
+        st.objects
+            .get(EVENTS)
+            .map(|m| m.values().filter(|e| event_last_written(&e.value()).is_none_or(|t| t + ttl <= now)).cloned().collect())
+            .unwrap_or_default()
+    };
+    let mut n = 0;
+    // Like an etcd lease running out: finalizers do not hold an expired Event. Deletes go in
+    // groups so that they share commits (the writer folds queued writes into one).
+    for chunk in expired.chunks(256) {
+        let deletes = chunk.iter().map(|e| core.store.delete(e.key.clone(), Precondition::Revision(e.rv)));
+        n += futures::future::join_all(deletes).await.into_iter().filter(Result::is_ok).count();
+    }
+    n
+}
+
+/// Sweeps expired Events until shutdown, at a tenth of the TTL (between 1 s and 1 min).
+async fn run_event_ttl(core: Arc<Core>) {
+    let ttl = core.limits.event_ttl;
+    let every = (ttl / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = core.shutdown.cancelled() => return,
+        }
+        let n = expire_events(&core, chrono::Utc::now(), ttl).await;
+        if n > 0 {
+            tracing::debug!(expired = n, "deleted expired events");
+        }
+    }
+}
+
 /// Runs until shutdown.
 pub async fn run(core: Arc<Core>) {
+    tokio::spawn(run_event_ttl(core.clone()));
     let mut rx = core.store.subscribe();
     let mut last = core.store.current_rv();
     full_scan(&core).await;

@@ -1,6 +1,7 @@
 //! Verb semantics (create, update, patch, delete, get, list) independent of HTTP.
 
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use base64::Engine;
 use bytes::Bytes;
@@ -105,8 +106,53 @@ pub struct Written {
     pub warnings: Vec<String>,
 }
 
+/// The server's limits, with kube-apiserver's defaults where it has one.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Events expire this long after they were last written (kube-apiserver `--event-ttl`, 1 h).
+    pub event_ttl: Duration,
+    /// Open connections at most; when full, the longest-idle connection is closed for a new one.
+    pub max_connections: usize,
+    /// A client must send a request's headers within this (Go's `ReadHeaderTimeout` in kube: 32 s).
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (kube: 90 s).
+    pub idle_timeout: Duration,
+    /// Open watches at most, over all clients (429 beyond).
+    pub max_watches: usize,
+    /// Open watches at most on one connection (one client; 429 beyond).
+    pub max_watches_per_connection: usize,
+    /// A watcher whose buffer stays full this long is dropped (the client re-lists).
+    pub slow_reader_timeout: Duration,
+    /// Bytes of watch events buffered for one watcher before it counts as not reading.
+    pub watch_buffer_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            event_ttl: Duration::from_secs(3600),
+            max_connections: 8192,
+            header_read_timeout: Duration::from_secs(32),
+            idle_timeout: Duration::from_secs(90),
+            max_watches: 10_000,
+            max_watches_per_connection: 1_000,
+            slow_reader_timeout: Duration::from_secs(5),
+            watch_buffer_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// How long a list or watch from a resourceVersion ahead of the store waits for it (as
+/// kube-apiserver's watch cache does) before answering 504 "Too large resource version".
+pub const FRESHNESS_WAIT: Duration = Duration::from_secs(3);
+
+/// One page of a list: entries, the list revision, the continue token, remaining items.
+pub type ListPage = (Vec<Arc<Entry>>, u64, Option<String>, Option<u64>);
+
 /// Shared server state: storage, served types, lifecycle.
 pub struct Core {
+    /// Limits in force.
+    pub limits: Limits,
     /// Durable store.
     pub store: Arc<Store>,
     /// Current registry snapshot.
@@ -134,6 +180,7 @@ fn map_store(rt: &ResourceType, name: &str, e: StoreError) -> ApiError {
         StoreError::Conflict => ApiError::conflict(&rt.group, &rt.plural, name),
         StoreError::NotFound => ApiError::not_found(&rt.group, &rt.plural, name),
         StoreError::Internal(m) => ApiError::internal(m),
+        StoreError::Unavailable(m) => ApiError::unavailable(format!("storage cannot commit writes ({m}); restart the server")),
     }
 }
 
@@ -209,9 +256,15 @@ pub fn convert_event(mut v: Value, to_events_group: bool) -> Value {
 }
 
 impl Core {
-    /// A core over an opened store; the registry is built from stored CRDs.
+    /// A core over an opened store with default limits; the registry is built from stored CRDs.
     pub fn new(store: Arc<Store>) -> Arc<Core> {
+        Self::with_limits(store, Limits::default())
+    }
+
+    /// A core over an opened store with these limits.
+    pub fn with_limits(store: Arc<Store>, limits: Limits) -> Arc<Core> {
         let core = Arc::new(Core {
+            limits,
             store,
             registry: RwLock::new(Arc::new(Registry::default())),
             shutdown: CancellationToken::new(),
@@ -295,6 +348,62 @@ impl Core {
         self.store.get(&Self::key(rt, ns, name)).ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))
     }
 
+    /// Waits (up to [`FRESHNESS_WAIT`]) until the store reached `want`; a 504 like
+    /// kube-apiserver's "Too large resource version" otherwise.
+    pub async fn wait_fresh(&self, want: u64) -> ApiResult<()> {
+        let mut rx = self.store.subscribe();
+        let reached = tokio::time::timeout(FRESHNESS_WAIT, async {
+            loop {
+                if *rx.borrow_and_update() >= want {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        let current = self.store.current_rv();
+        if reached.is_ok() && current >= want {
+            return Ok(());
+        }
+        Err(ApiError::too_large_resource_version(want, current))
+    }
+
+    /// Admission checks every stored object passes, whatever wrote it (create, update, each
+    /// kind of patch): size, nesting depth and metadata (labels and annotations).
+    fn admit(rt: &ResourceType, obj: &Value) -> ApiResult<()> {
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        let depth = validation::depth(obj);
+        if depth > validation::MAX_DEPTH {
+            return Err(ApiError::invalid(
+                &rt.kind,
+                &rt.group,
+                name,
+                vec![Cause::new(
+                    "FieldValueInvalid",
+                    "",
+                    format!(
+                        "Invalid value: the object nests {depth} levels deep, more than the limit of {} (deeper objects cannot be read by every Kubernetes client)",
+                        validation::MAX_DEPTH
+                    ),
+                )],
+            ));
+        }
+        let causes = validation::validate_metadata(&obj["metadata"]);
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(&rt.kind, &rt.group, name, causes));
+        }
+        let size = serde_json::to_vec(obj).map(|b| b.len()).unwrap_or(usize::MAX);
+        if size > validation::MAX_OBJECT_BYTES {
+            return Err(ApiError::too_large_with(format!(
+                "the object {name} would be {size} bytes, more than the limit of {} bytes",
+                validation::MAX_OBJECT_BYTES
+            )));
+        }
+        Ok(())
+    }
+
     /// LIST: matching entries, the list revision and a continue token.
     pub fn list(
         &self,
@@ -304,7 +413,7 @@ impl Core {
         fields: &FieldSelector,
         limit: Option<usize>,
         cont: Option<&str>,
-    ) -> ApiResult<(Vec<Arc<Entry>>, u64, Option<String>, Option<u64>)> {
+    ) -> ApiResult<ListPage> {
         let (start, token_rv) = match cont {
             Some(c) if !c.is_empty() => {
                 let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -339,7 +448,7 @@ impl Core {
                         }
                         continue;
                     }
-                if !fields.matches(ons, oname) || !labels.matches(&e.labels) {
+                if !fields.matches(ons, oname, &e.fields) || !labels.matches(&e.labels) {
                     continue;
                 }
                 if let Some(l) = limit
@@ -514,8 +623,10 @@ impl Core {
         Ok(())
     }
 
-    /// Prunes, defaults and validates a custom resource; collects warnings.
-    fn validate_schema(&self, rt: &ResourceType, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> ApiResult<()> {
+    /// Prunes, defaults and validates a custom resource; collects warnings. Duplicate entries
+    /// of list-maps and sets come back instead of failing: as in kube-apiserver they do not
+    /// block the CEL rules, and the 422 lists both.
+    fn validate_schema(&self, rt: &ResourceType, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> ApiResult<Vec<Cause>> {
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let mut causes = vec![];
         if let Some(schema) = &rt.schema {
@@ -538,18 +649,21 @@ impl Core {
             }
             causes.extend(out.causes);
         }
-        if !causes.is_empty() {
+        if causes.iter().any(|c| c.reason != "FieldValueDuplicate") {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, causes));
         }
-        Ok(())
+        Ok(causes)
     }
 
     /// Evaluates the CRD's `x-kubernetes-validations` (CEL) rules on the defaulted, pruned and
     /// schema-valid object; `old` is the stored object on update (for `oldSelf`). Big objects
     /// are evaluated on the blocking pool so that a long evaluation never stalls the runtime.
-    async fn validate_rules(rt: &ResourceType, obj: &Value, old: Option<&Value>) -> ApiResult<()> {
-        let Some(rules) = rt.rules.clone() else { return Ok(()) };
-        let causes = if crate::celrules::weight(obj) > 20_000 {
+    async fn validate_rules(rt: &ResourceType, obj: &Value, old: Option<&Value>, mut causes: Vec<Cause>) -> ApiResult<()> {
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(rules) = rt.rules.clone() else {
+            return if causes.is_empty() { Ok(()) } else { Err(ApiError::invalid(&rt.kind, &rt.group, name, causes)) };
+        };
+        let rule_causes = if crate::celrules::weight(obj) > 20_000 {
             let (o, old) = (obj.clone(), old.cloned());
             tokio::task::spawn_blocking(move || rules.validate(&o, old.as_ref()))
                 .await
@@ -557,10 +671,10 @@ impl Core {
         } else {
             rules.validate(obj, old)
         };
+        causes.extend(rule_causes);
         if causes.is_empty() {
             return Ok(());
         }
-        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
         Err(ApiError::invalid(&rt.kind, &rt.group, name, causes))
     }
 
@@ -610,7 +724,9 @@ impl Core {
                 md.insert("name".into(), json!(name));
             }
         let label_name = rt.storage == NAMESPACES;
-        if let Some(c) = validation::validate_name(&name, label_name) {
+        // RBAC objects may have any path-segment name (`system:discovery`), as upstream.
+        let invalid_name = if rt.group == crate::auth::rbac::GROUP { crate::auth::rbac::validate_name(&name) } else { validation::validate_name(&name, label_name) };
+        if let Some(c) = invalid_name {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, vec![c]));
         }
         // Server-owned metadata.
@@ -634,8 +750,9 @@ impl Core {
                 m.remove("status");
             }
         self.normalize(rt, obj, None)?;
-        self.validate_schema(rt, obj, opts, &mut warnings)?;
-        Self::validate_rules(rt, obj, None).await?;
+        Self::admit(rt, obj)?;
+        let list_causes = self.validate_schema(rt, obj, opts, &mut warnings)?;
+        Self::validate_rules(rt, obj, None, list_causes).await?;
         if !applied {
             apply::record_update(None, obj, &opts.field_manager, &rt.api_version(), rt.schema.as_ref(), Self::scope_for(rt, false), &now);
         }
@@ -845,8 +962,9 @@ impl Core {
         if rt.storage == CRDS && status {
             // The server owns CRD conditions; keep them established.
         }
-        self.validate_schema(rt, &mut new, opts, &mut warnings)?;
-        Self::validate_rules(rt, &new, Some(&old)).await?;
+        Self::admit(rt, &new)?;
+        let list_causes = self.validate_schema(rt, &mut new, opts, &mut warnings)?;
+        Self::validate_rules(rt, &new, Some(&old), list_causes).await?;
         // Generation moves when anything but metadata (and status, if separate) changes.
         let strip = |v: &Value| -> Value {
             let mut c = v.clone();

@@ -6,9 +6,11 @@
 //! bearer token, backed by redb on disk (see [`storage`]).
 
 pub mod apply;
+pub mod auth;
 pub mod builtin_cells;
 pub mod builtin_schemas;
 pub mod celrules;
+pub mod discovery;
 pub mod error;
 pub mod gc;
 pub mod handlers;
@@ -25,6 +27,7 @@ pub mod tls;
 pub mod validation;
 pub mod watch;
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -34,14 +37,53 @@ use anyhow::Context;
 use tokio::task::JoinHandle;
 
 use crate::handlers::{Core, WriteOptions};
+pub use crate::handlers::Limits;
 
-/// Where the server keeps its state and where it listens.
+/// Where the server keeps its state, where it listens, and its limits.
 #[derive(Debug, Clone)]
 pub struct ApiServerConfig {
     /// Data directory: database, CA, serving certificate, token, kubeconfig.
     pub data_dir: PathBuf,
     /// Listen address; port 0 picks a free port.
     pub listen: SocketAddr,
+    /// Event TTL, connection and watch limits, timeouts (kube-apiserver's defaults).
+    pub limits: Limits,
+}
+
+impl ApiServerConfig {
+    /// A configuration with the default limits.
+    pub fn new(data_dir: PathBuf, listen: SocketAddr) -> Self {
+        ApiServerConfig { data_dir, listen, limits: Limits::default() }
+    }
+}
+
+/// Parses a duration as kube-apiserver flags write them: `1h`, `30m`, `90s`, `1h30m`, or
+/// plain seconds.
+pub fn parse_duration(s: &str) -> anyhow::Result<std::time::Duration> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(secs));
+    }
+    let mut total = 0u64;
+    let mut num = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("invalid duration {s:?}: expected e.g. 1h, 30m, 90s"))?;
+        num.clear();
+        total += n * match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => anyhow::bail!("invalid duration {s:?}: unknown unit {c:?} (use h, m or s)"),
+        };
+    }
+    if !num.is_empty() || total == 0 {
+        anyhow::bail!("invalid duration {s:?}: expected e.g. 1h, 30m, 90s");
+    }
+    Ok(std::time::Duration::from_secs(total))
 }
 
 /// A started server.
@@ -51,6 +93,7 @@ pub struct RunningApiServer {
     core: Arc<Core>,
     server: JoinHandle<()>,
     gc: JoinHandle<()>,
+    aggregation: JoinHandle<()>,
 }
 
 impl RunningApiServer {
@@ -64,11 +107,19 @@ impl RunningApiServer {
         self.kubeconfig.clone()
     }
 
+    /// Makes the storage writer fail, as a disk error would. Only for tests of /readyz and
+    /// of the 503 answered to writes.
+    #[doc(hidden)]
+    pub fn fail_storage_for_test(&self) {
+        self.core.store.fail_writer_for_test();
+    }
+
     /// Stops accepting requests, ends watches, waits for in-flight requests and closes storage.
     pub async fn shutdown(self) {
         self.core.shutdown.cancel();
         let _ = self.server.await;
         let _ = self.gc.await;
+        let _ = self.aggregation.await;
         let store = self.core.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
@@ -90,7 +141,7 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
     let creds = tokio::task::spawn_blocking(move || tls::load_or_create(&dir, addr)).await??;
     let db_path = config.data_dir.join("state.redb");
     let store = tokio::task::spawn_blocking(move || storage::Store::open(&db_path)).await??;
-    let core = Core::new(store);
+    let core = Core::with_limits(store, config.limits.clone());
     let reg = core.registry();
     if let Some(ns_rt) = reg.get("", "v1", "namespaces") {
         let opts = WriteOptions { field_manager: "provisioning-apiserver".into(), ..Default::default() };
@@ -103,20 +154,36 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
                     }
         }
     }
+    auth::bootstrap::ensure(&core).await?;
+    auth::bootstrap::aggregate_once(&core).await;
+    let dir = config.data_dir.clone();
+    let signer = tokio::task::spawn_blocking(move || auth::tokens::Signer::load_or_create(&dir, auth::tokens::DEFAULT_ISSUER)).await??;
     let kubeconfig = tls::write_kubeconfig(&config.data_dir, addr, &creds)?;
-    let token: Arc<str> = Arc::from(creds.token.as_str());
-    let server = tokio::spawn(server::serve(core.clone(), listener, creds.server_config.clone(), token));
+    let authn = Arc::new(auth::Auth::new(&creds.token, signer));
+    let server = tokio::spawn(server::serve(core.clone(), listener, creds.server_config.clone(), authn));
     let gc = tokio::spawn(gc::run(core.clone()));
-    Ok(RunningApiServer { addr, kubeconfig, core, server, gc })
+    let aggregation = tokio::spawn(auth::bootstrap::run_aggregation(core.clone()));
+    Ok(RunningApiServer { addr, kubeconfig, core, server, gc, aggregation })
 }
 
 /// Runs the server until Ctrl-C, printing where it listens and the kubeconfig path.
 pub async fn run_cli(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
+    run_cli_with(ApiServerConfig::new(data_dir, listen)).await
+}
+
+/// [`run_cli`] with a full configuration (e.g. `--event-ttl`).
+pub async fn run_cli_with(config: ApiServerConfig) -> anyhow::Result<()> {
     install_crypto_provider();
-    let running = start(ApiServerConfig { data_dir, listen }).await?;
-    println!("apiserver listening on https://{}", tls::client_host(running.addr()));
-    println!("kubeconfig: {}", running.kubeconfig_path().display());
-    println!("try: KUBECONFIG={} kubectl api-resources", running.kubeconfig_path().display());
+    let running = start(config).await?;
+    // A closed stdout (a parent that stopped reading) must not take the server down: println!
+    // would panic on EPIPE, so the lines are written and errors ignored.
+    let kubeconfig = running.kubeconfig_path();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "apiserver listening on https://{}", tls::client_host(running.addr()));
+    let _ = writeln!(out, "kubeconfig: {}", kubeconfig.display());
+    let _ = writeln!(out, "try: KUBECONFIG={} kubectl api-resources", kubeconfig.display());
+    let _ = out.flush();
+    drop(out);
     tokio::signal::ctrl_c().await?;
     running.shutdown().await;
     Ok(())

@@ -99,7 +99,14 @@ impl ResourceType {
         if !self.categories.is_empty() {
             main["categories"] = json!(self.categories);
         }
+        if self.storage.starts_with(crate::auth::VIRTUAL_PREFIX) {
+            main["verbs"] = json!(["create"]);
+        }
         let mut out = vec![main];
+        if self.group.is_empty() && self.plural == "serviceaccounts" {
+            out.push(json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true, "group": "authentication.k8s.io",
+                "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}));
+        }
         if self.has_status {
             out.push(json!({"name": format!("{}/status", self.plural), "singularName": "", "namespaced": self.namespaced,
                 "kind": self.kind, "verbs": ["get", "patch", "update"]}));
@@ -139,12 +146,27 @@ pub fn builtins() -> Vec<ResourceType> {
         age_column(),
     ];
     let mut ev = ResourceType::builtin("", "v1", "events", "Event", true, &["ev"]);
+    // kube-apiserver's Event printer (pkg/printers/internalversion/printers.go), in its order;
+    // it has no leading Name column: Name comes last, wide only.
+    let col = |name: &str, priority: i64, path: &str, description: &str| PrinterColumn {
+        name: name.into(),
+        type_: "string".into(),
+        format: if path == ".metadata.name" { "name".into() } else { String::new() },
+        description: description.into(),
+        priority,
+        json_path: path.into(),
+    };
     ev.printer_columns = vec![
-        PrinterColumn { name: "Last Seen".into(), type_: "date".into(), format: String::new(), description: String::new(), priority: 0, json_path: "#lastseen".into() },
-        PrinterColumn { name: "Type".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: ".type".into() },
-        PrinterColumn { name: "Reason".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: ".reason".into() },
-        PrinterColumn { name: "Object".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: "#involved".into() },
-        PrinterColumn { name: "Message".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: ".message".into() },
+        col("Last Seen", 0, "#lastseen", "The time at which the most recent occurrence of this event was recorded."),
+        col("Type", 0, ".type", "Type of this event (Normal, Warning), new types could be added in the future"),
+        col("Reason", 0, ".reason", "This should be a short, machine understandable string that gives the reason for the transition into the object's current status."),
+        col("Object", 0, "#involved", "The object that this event is about."),
+        col("Subobject", 1, "#fieldpath", "If referring to a piece of an object instead of an entire object, this string should contain a valid JSON/Go field access statement."),
+        col("Source", 1, "#source", "The component reporting this event. Should be a short machine understandable string."),
+        col("Message", 0, "#message", "A human-readable description of the status of this operation."),
+        col("First Seen", 1, "#firstseen", "The time at which the event was first recorded. (Time of server receipt is in TypeMeta.)"),
+        col("Count", 1, "#count", "The number of times this event has occurred."),
+        col("Name", 1, ".metadata.name", "Name must be unique within a namespace."),
     ];
     ev.storage = "/events".into();
     let mut ev2 = ResourceType::builtin("events.k8s.io", "v1", "events", "Event", true, &[]);
@@ -329,6 +351,7 @@ impl Registry {
     pub fn build(crds: &[Value]) -> Self {
         let mut reg = Registry::default();
         let mut all = builtins();
+        all.extend(crate::auth::virtual_types());
         for crd in crds {
             // A CRD being deleted stops serving new objects only once it is gone; keep it.
             all.extend(from_crd(crd));

@@ -1,7 +1,9 @@
 //! HTTPS listener, authentication and request routing.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,16 +11,17 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{ApiError, ApiResult};
 use crate::handlers::{Core, DeleteOptions, FieldValidation, Output, Propagation, WriteOptions, parse_body};
 use crate::patch::PatchType;
 use crate::registry::ResourceType;
-use crate::selectors::{FieldSelector, LabelSelector};
+use crate::selectors::{FieldLabels, FieldSelector, LabelSelector};
 use crate::{openapi, table, watch};
 
 /// Request bodies above this are refused with 413.
@@ -45,37 +48,264 @@ fn error_response(e: &ApiError) -> Response<Body> {
     value_response(e.code, &e.to_status())
 }
 
-/// Serves HTTPS on `listener` until `core.shutdown` is cancelled.
-pub async fn serve(core: Arc<Core>, listener: TcpListener, tls: Arc<rustls::ServerConfig>, token: Arc<str>) {
+/// One open connection as the accept loop sees it: requests in flight, since when it has been
+/// idle, and a token that closes it (idle timeout, eviction at the connection cap, shutdown).
+struct ConnState {
+    id: u64,
+    in_flight: AtomicUsize,
+    watches: AtomicUsize,
+    idle_since_ms: AtomicU64,
+    close: CancellationToken,
+}
+
+/// Counters shared by every connection.
+struct ServeState {
+    started: tokio::time::Instant,
+    conns: std::sync::Mutex<HashMap<u64, Arc<ConnState>>>,
+    watches: AtomicUsize,
+    all_closed: tokio::sync::Notify,
+}
+
+impl ServeState {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ConnState>>> {
+        match self.conns.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// At the cap: closes the connection idle the longest; false when every one is busy.
+    fn make_room(&self, cap: usize) -> bool {
+        let conns = self.conns();
+        if conns.len() < cap {
+            return true;
+        }
+        let victim = conns
+            .values()
+            .filter(|c| c.in_flight.load(Ordering::SeqCst) == 0 && !c.close.is_cancelled())
+            .min_by_key(|c| c.idle_since_ms.load(Ordering::SeqCst));
+        match victim {
+            Some(v) => {
+                v.close.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Ends a request's bookkeeping when its response body is dropped (finished, or the client
+/// went away): a watch counts as in flight for as long as it streams.
+struct RequestGuard {
+    conn: Arc<ConnState>,
+    serve: Arc<ServeState>,
+    watch: bool,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        if self.watch {
+            self.conn.watches.fetch_sub(1, Ordering::SeqCst);
+            self.serve.watches.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.conn.idle_since_ms.store(self.serve.now_ms(), Ordering::SeqCst);
+        self.conn.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that carries its request's guard.
+struct GuardedBody {
+    inner: Body,
+    _guard: RequestGuard,
+}
+
+impl hyper::body::Body for GuardedBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+fn is_watch_request(req: &Request<Incoming>) -> bool {
+    if req.method() != Method::GET {
+        return false;
+    }
+    let path = req.uri().path();
+    let q = Query::parse(req.uri().query());
+    q.flag("watch") || path.starts_with("/api/v1/watch/") || path.split('/').nth(4) == Some("watch")
+}
+
+/// Serves HTTPS on `listener` until `core.shutdown` is cancelled, holding the connection and
+/// watch limits of `core.limits`.
+pub async fn serve(core: Arc<Core>, listener: TcpListener, tls: Arc<rustls::ServerConfig>, token: Arc<crate::auth::Auth>) {
     let acceptor = TlsAcceptor::from(tls);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let state = Arc::new(ServeState {
+        started: tokio::time::Instant::now(),
+        conns: std::sync::Mutex::new(HashMap::new()),
+        watches: AtomicUsize::new(0),
+        all_closed: tokio::sync::Notify::new(),
+    });
+    let mut next_id = 0u64;
+    let mut backoff = Duration::ZERO;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = core.shutdown.cancelled() => break,
         };
-        let Ok((tcp, _peer)) = accepted else { continue };
+        let tcp = match accepted {
+            Ok((tcp, _peer)) => {
+                backoff = Duration::ZERO;
+                tcp
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off as Go's http.Server does
+                // (5 ms doubling to 1 s) instead of spinning on the error.
+                backoff = if backoff.is_zero() { Duration::from_millis(5) } else { (backoff * 2).min(Duration::from_secs(1)) };
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "accepting a connection failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = core.shutdown.cancelled() => break,
+                }
+                continue;
+            }
+        };
+        if !state.make_room(core.limits.max_connections) {
+            tracing::warn!(cap = core.limits.max_connections, "connection cap reached with every connection busy; refusing one");
+            drop(tcp);
+            continue;
+        }
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let core = core.clone();
-        let token = token.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await else { return };
-            let svc = hyper::service::service_fn(move |req| {
-                let core = core.clone();
-                let token = token.clone();
-                async move { Ok::<_, Infallible>(handle(core, &token, req).await) }
-            });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(tls), svc);
-            let _ = watcher.watch(conn.into_owned()).await;
+        next_id += 1;
+        let conn_state = Arc::new(ConnState {
+            id: next_id,
+            in_flight: AtomicUsize::new(0),
+            watches: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(state.now_ms()),
+            close: core.shutdown.child_token(),
         });
+        state.conns().insert(next_id, conn_state.clone());
+        tokio::spawn(serve_connection(core.clone(), state.clone(), conn_state, acceptor.clone(), tcp, token.clone()));
     }
-    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+    // Shutdown: every connection token is a child of `core.shutdown`, so all are closing now.
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let notified = state.all_closed.notified();
+            if state.conns().is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    })
+    .await;
 }
 
-fn percent_decode(s: &str) -> String {
+async fn serve_connection(
+    core: Arc<Core>,
+    state: Arc<ServeState>,
+    conn_state: Arc<ConnState>,
+    acceptor: TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    token: Arc<crate::auth::Auth>,
+) {
+    let limits = core.limits.clone();
+    let handshake = tokio::select! {
+        r = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)) => r.ok().and_then(Result::ok),
+        _ = conn_state.close.cancelled() => None,
+    };
+    if let Some(tls) = handshake {
+        let svc = {
+            let (core, state, conn) = (core.clone(), state.clone(), conn_state.clone());
+            hyper::service::service_fn(move |req: Request<Incoming>| {
+                let (core, state, conn, token) = (core.clone(), state.clone(), conn.clone(), token.clone());
+                async move {
+                    conn.in_flight.fetch_add(1, Ordering::SeqCst);
+                    let watch = is_watch_request(&req);
+                    let mut refused = None;
+                    if watch {
+                        let total = state.watches.fetch_add(1, Ordering::SeqCst) + 1;
+                        let mine = conn.watches.fetch_add(1, Ordering::SeqCst) + 1;
+                        if total > core.limits.max_watches {
+                            refused = Some(format!("too many watches open on this server (limit {}); try again later", core.limits.max_watches));
+                        } else if mine > core.limits.max_watches_per_connection {
+                            refused = Some(format!(
+                                "too many watches open on this connection (limit {}); try again later",
+                                core.limits.max_watches_per_connection
+                            ));
+                        }
+                    }
+                    let guard = RequestGuard { conn, serve: state, watch };
+                    let resp = match refused {
+                        Some(m) => {
+                            let mut r = error_response(&ApiError::too_many_requests(m));
+                            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                            r
+                        }
+                        None => handle(core, &token, req).await,
+                    };
+                    Ok::<_, Infallible>(resp.map(|inner| GuardedBody { inner, _guard: guard }))
+                }
+            })
+        };
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+        builder.http2().timer(TokioTimer::new());
+        let conn = builder.serve_connection(TokioIo::new(tls), svc).into_owned();
+        tokio::pin!(conn);
+        let check = (limits.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let mut ticker = tokio::time::interval(check);
+        let mut closing_since: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                _ = conn.as_mut() => break,
+                _ = conn_state.close.cancelled(), if closing_since.is_none() => {
+                    conn.as_mut().graceful_shutdown();
+                    closing_since = Some(tokio::time::Instant::now());
+                }
+                _ = ticker.tick() => {
+                    if let Some(t) = closing_since {
+                        // A client that ignores the close gets dropped after a grace period.
+                        if t.elapsed() > Duration::from_secs(5) {
+                            break;
+                        }
+                        continue;
+                    }
+                    let idle_ms = state.now_ms().saturating_sub(conn_state.idle_since_ms.load(Ordering::SeqCst));
+                    if conn_state.in_flight.load(Ordering::SeqCst) == 0 && idle_ms >= limits.idle_timeout.as_millis() as u64 {
+                        conn_state.close.cancel();
+                    }
+                }
+            }
+        }
+    }
+    let empty = {
+        let mut conns = state.conns();
+        conns.remove(&conn_state.id);
+        conns.is_empty()
+    };
+    if empty {
+        state.all_closed.notify_waiters();
+    }
+}
+
+/// Decodes `%XX` escapes and `+` of a path segment or query component.
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -123,30 +353,68 @@ impl Query {
     }
 }
 
-async fn handle(core: Arc<Core>, token: &str, req: Request<Incoming>) -> Response<Body> {
+async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming>) -> Response<Body> {
+    use crate::auth::{Attributes, reviews};
     let path = req.uri().path().to_string();
+    if path == "/readyz" && !core.store.is_ready() {
+        // Not ready while storage cannot commit: load balancers and kubectl see it at once.
+        let mut r = Response::new(full("[-]storage failed: writes cannot be committed\nreadyz check failed"));
+        *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        return r;
+    }
     if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
         let mut r = Response::new(full("ok"));
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         return r;
     }
-    let authorized = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
-        .is_some_and(|t| constant_eq(t.trim().as_bytes(), token.as_bytes()));
-    if !authorized {
-        return error_response(&ApiError::unauthorized());
+    let attrs = Attributes::from_request(req.method(), &path, req.uri().query());
+    let user = match auth.authenticate(&core, req.headers()) {
+        Ok(u) => u,
+        Err(e) => {
+            // The reason names what was wrong with the credential, never the credential.
+            tracing::warn!(reason = %e, verb = %attrs.verb, path = %path, "unauthorized");
+            return error_response(&ApiError::unauthorized());
+        }
+    };
+    let user = match auth.impersonate(&core, user, req.headers()) {
+        Ok(u) => u,
+        Err(e) => return error_response(&e),
+    };
+    let decision = auth.authorize(&core, &user, &attrs);
+    if !decision.allowed {
+        crate::auth::warn_forbidden(&user, &attrs);
+        return error_response(&attrs.forbidden(&user, &decision.reason));
+    }
+    match path.trim_end_matches('/') {
+        "/.well-known/openid-configuration" => return value_response(200, &auth.signer().openid_configuration()),
+        "/openid/v1/jwks" => {
+            let mut r = value_response(200, &auth.signer().jwks());
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/jwk-set+json"));
+            return r;
+        }
+        _ => {}
+    }
+    if let Some(review) = reviews::Review::of(&attrs) {
+        if req.method() != Method::POST {
+            return error_response(&ApiError::method_not_allowed(format!("method {} is not supported on this path", req.method())));
+        }
+        let ct = content_type(&req);
+        let result = async {
+            let body = read_body(req).await?;
+            let obj = if ct.contains("protobuf") { crate::auth::proto::decode(&body)? } else { parse_body(&body, &ct)? };
+            reviews::create(auth, &core, &user, &attrs, review, obj)
+        }
+        .await;
+        return match result {
+            Ok(v) => value_response(201, &v),
+            Err(e) => error_response(&e),
+        };
     }
     match route(core, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
-}
-
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn read_body(req: Request<Incoming>) -> ApiResult<Bytes> {
@@ -187,6 +455,13 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
                 "gitTreeState": "clean", "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24",
                 "compiler": "rustc", "platform": "linux/amd64",
             })));
+        }
+        ["api" | "apis"] if get && crate::discovery::wants_aggregated(&accept_header(&req)) => {
+            let doc = if segs[0] == "api" { crate::discovery::core(&reg) } else { crate::discovery::apis(&reg) };
+            let mut r = value_response(200, &doc);
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::discovery::AGGREGATED_CONTENT_TYPE));
+            r.headers_mut().insert(header::VARY, HeaderValue::from_static("Accept"));
+            return Ok(r);
         }
         ["api"] if get => {
             return Ok(value_response(200, &json!({"kind": "APIVersions", "versions": ["v1"],
@@ -248,6 +523,10 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
         return Err(ApiError::path_not_found());
     }
     resource(core, req, target).await
+}
+
+fn accept_header(req: &Request<Incoming>) -> String {
+    req.headers().get(header::ACCEPT).and_then(|h| h.to_str().ok()).unwrap_or_default().to_string()
 }
 
 fn accept_info(req: &Request<Incoming>) -> (Option<String>, bool) {
@@ -332,21 +611,43 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             if let Some(n) = name {
                 field_str = if field_str.is_empty() { format!("metadata.name={n}") } else { format!("{field_str},metadata.name={n}") };
             }
-            let fields = FieldSelector::parse(&field_str)?;
-            if t.watch || q.flag("watch") {
+            let fields = FieldSelector::parse(&field_str, FieldLabels::for_resource(&rt.storage, &rt.group))?;
+            let watching = t.watch || q.flag("watch");
+            watch::validate_list_options(watching, |k| q.get(k))?;
+            // A list or watch from a revision the store has not reached waits briefly, then
+            // is a 504 as in kube-apiserver: never an answer from a state older than asked for.
+            if let Some(want) = q.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0").and_then(|s| s.parse::<u64>().ok())
+                && q.get("continue").is_none_or(str::is_empty) {
+                    core.wait_fresh(want).await?;
+                }
+            if watching {
+                let mut resource_version = q.get("resourceVersion").map(str::to_string);
+                // sendInitialEvents=false without a resourceVersion starts at "most recent":
+                // no synthetic ADDED events (reflector.go watchList case 1 with the flag off).
+                if q.get("sendInitialEvents").is_some() && !q.flag("sendInitialEvents") && resource_version.as_deref().unwrap_or_default().is_empty() {
+                    resource_version = Some(core.store.read().rv.to_string());
+                }
                 let params = watch::WatchParams {
-                    resource_version: q.get("resourceVersion").map(str::to_string),
+                    resource_version,
                     namespace: t.namespace.clone(),
                     labels,
                     fields,
                     bookmarks: q.flag("allowWatchBookmarks"),
-                    timeout: q.get("timeoutSeconds").and_then(|s| s.parse::<u64>().ok()).filter(|s| *s > 0).map(Duration::from_secs),
+                    // Without timeoutSeconds kube-apiserver ends a watch after a random 30–60 min
+                    // (spreading re-lists); so does this server.
+                    timeout: Some(
+                        q.get("timeoutSeconds")
+                            .and_then(|s| s.parse::<u64>().ok())
+                            .filter(|s| *s > 0)
+                            .map(Duration::from_secs)
+                            .unwrap_or_else(|| Duration::from_secs(1800 + rand::random_range(0..1800))),
+                    ),
                     send_initial_events: q.flag("sendInitialEvents"),
                     partial: partial && table.is_none(),
                     table,
                 };
                 let rx = watch::start(core.clone(), rt.clone(), params);
-                let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx)) });
+                let stream = futures::stream::unfold(rx, |mut rx| async move { rx.next().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx)) });
                 let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
                 r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
                 r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
@@ -408,7 +709,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let dry_q = q.get("dryRun") == Some("All");
             let prop_q = q.get("propagationPolicy").map(str::to_string);
             let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
-            let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default())?;
+            let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), FieldLabels::for_resource(&rt.storage, &rt.group))?;
             let body = read_body(req).await?;
             let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { parse_body(&body, &ct)? };
             let policy = dopts["propagationPolicy"].as_str().map(str::to_string).or(prop_q);

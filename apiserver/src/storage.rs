@@ -32,6 +32,24 @@ pub fn history_limit() -> usize {
 pub fn set_history_limit(events: usize) {
     HISTORY_LIMIT.store(events.max(16), std::sync::atomic::Ordering::Relaxed);
 }
+/// Default bound on the bytes of object JSON the in-memory history holds (besides the count).
+pub const DEFAULT_HISTORY_BYTES: usize = 256 * 1024 * 1024;
+static HISTORY_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(DEFAULT_HISTORY_BYTES);
+
+/// The current bound on history bytes.
+pub fn history_bytes_limit() -> usize {
+    HISTORY_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Changes the bound on history bytes for this process (tests and benches).
+pub fn set_history_bytes_limit(bytes: usize) {
+    HISTORY_BYTES.store(bytes.max(64 * 1024), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Tombstones are pruned once the history floor moved this many revisions past the last prune,
+/// so that pruning costs one range delete per many commits, not one per commit.
+const TOMBSTONE_PRUNE_STEP: u64 = 256;
+
 /// Max writes folded into one transaction.
 const MAX_BATCH: usize = 2048;
 
@@ -84,6 +102,8 @@ pub struct Entry {
     pub finalizers: Vec<String>,
     /// apiVersion as stored.
     pub api_version: String,
+    /// The kind's own selectable fields (Event `involvedObject.*`, `type`, ...), core/v1 names.
+    pub fields: Vec<(String, String)>,
 }
 
 impl Entry {
@@ -101,6 +121,7 @@ impl Entry {
             .as_array()
             .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
             .unwrap_or_default();
+        let fields = crate::selectors::selectable_fields(&key.storage, value);
         Entry {
             key,
             bytes,
@@ -111,6 +132,7 @@ impl Entry {
             deleting: md.get("deletionTimestamp").is_some_and(|v| !v.is_null()),
             finalizers,
             api_version: value["apiVersion"].as_str().unwrap_or_default().to_string(),
+            fields,
         }
     }
 
@@ -179,6 +201,9 @@ pub enum StoreError {
     /// Disk or database failure.
     #[error("storage failure: {0}")]
     Internal(String),
+    /// The writer is gone (stopped or failed): nothing can be committed until a restart.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
 }
 
 enum WriteOp {
@@ -189,6 +214,8 @@ enum WriteOp {
 enum Msg {
     Write(WriteReq),
     Stop,
+    /// Ends the writer as a failure would (tests of readiness and 503 on writes).
+    Fail,
 }
 
 struct WriteReq {
@@ -199,17 +226,25 @@ struct WriteReq {
     reply: oneshot::Sender<Result<Arc<Entry>, StoreError>>,
 }
 
+/// The objects of one storage key by (namespace, name).
+pub type ObjectsOfKind = BTreeMap<(String, String), Arc<Entry>>;
+
+/// A write decided against memory: (previous, new entry, revision) or why not.
+type Staged = (WriteReq, Result<(Option<Arc<Entry>>, Option<Arc<Entry>>, u64), StoreError>);
+
 /// In-memory state, always equal to what is committed on disk.
 #[derive(Default)]
 pub struct State {
     /// Last committed revision.
     pub rv: u64,
     /// storage key -> (namespace, name) -> entry.
-    pub objects: HashMap<Arc<str>, BTreeMap<(String, String), Arc<Entry>>>,
+    pub objects: HashMap<Arc<str>, ObjectsOfKind>,
     /// Recent events, oldest first.
     pub history: VecDeque<Arc<Event>>,
     /// Watches from revisions below this cannot be served (history was dropped).
     pub history_floor: u64,
+    /// Bytes of object JSON referenced by `history` (bounded by [`history_bytes_limit`]).
+    pub history_bytes: usize,
     /// uid -> key of the live object.
     pub by_uid: HashMap<String, ObjKey>,
     /// owner uid -> dependents.
@@ -262,11 +297,13 @@ impl State {
     }
 
     fn push_event(&mut self, ev: Arc<Event>) {
+        self.history_bytes += ev.entry.bytes.len();
         self.history.push_back(ev);
-        while self.history.len() > history_limit() {
-            if let Some(old) = self.history.pop_front() {
-                self.history_floor = old.rv;
-            }
+        // Bounded by count and by bytes: a few huge objects must not pin gigabytes of history.
+        while self.history.len() > history_limit() || (self.history_bytes > history_bytes_limit() && self.history.len() > 1) {
+            let Some(old) = self.history.pop_front() else { break };
+            self.history_bytes = self.history_bytes.saturating_sub(old.entry.bytes.len());
+            self.history_floor = old.rv;
         }
     }
 
@@ -286,6 +323,8 @@ pub struct Store {
     tx: mpsc::UnboundedSender<Msg>,
     rv_watch: watch::Receiver<u64>,
     writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// False while the last commit failed or after the writer ended: /readyz reports it.
+    committing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Store {
@@ -340,7 +379,9 @@ impl Store {
                 floor = floor.max(e.rv);
             }
             state.history_floor = floor;
-            state.history = events.into_iter().filter(|e| e.rv > floor).collect();
+            for e in events.into_iter().filter(|e| e.rv > floor) {
+                state.push_event(e);
+            }
         }
         // Keep the tombstone table bounded.
         {
@@ -360,6 +401,7 @@ impl Store {
                     meta.insert("tombstone_floor", max_cut)?;
                     state.history_floor = state.history_floor.max(max_cut);
                     state.history.retain(|e| e.rv > max_cut);
+                    state.history_bytes = state.history.iter().map(|e| e.entry.bytes.len()).sum();
                 }
             }
             txn.commit()?;
@@ -368,10 +410,30 @@ impl Store {
         let state = Arc::new(RwLock::new(state));
         let (tx, rx) = mpsc::unbounded_channel();
         let st = state.clone();
-        let handle = std::thread::Builder::new()
-            .name("apiserver-writer".into())
-            .spawn(move || writer_loop(db, rx, st, rv_tx))?;
-        Ok(Arc::new(Store { state, tx, rv_watch: rv_rx, writer: std::sync::Mutex::new(Some(handle)) }))
+        let committing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let health = committing.clone();
+        let handle = std::thread::Builder::new().name("apiserver-writer".into()).spawn(move || {
+            writer_loop(db, rx, st, rv_tx, &health);
+            // Whatever ended the loop, nothing commits any more.
+            health.store(false, std::sync::atomic::Ordering::SeqCst);
+        })?;
+        Ok(Arc::new(Store { state, tx, rv_watch: rv_rx, writer: std::sync::Mutex::new(Some(handle)), committing }))
+    }
+
+    /// Whether writes can be committed: the writer runs and its last commit succeeded.
+    pub fn is_ready(&self) -> bool {
+        let alive = match self.writer.lock() {
+            Ok(h) => h.as_ref().is_some_and(|h| !h.is_finished()),
+            Err(_) => false,
+        };
+        alive && self.committing.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Makes the writer thread end as if it had failed. Only for tests of how the server
+    /// reports a store that cannot commit (/readyz, 503 on writes).
+    #[doc(hidden)]
+    pub fn fail_writer_for_test(&self) {
+        let _ = self.tx.send(Msg::Fail);
     }
 
     /// Read access to the in-memory state.
@@ -412,8 +474,8 @@ impl Store {
         let is_delete = matches!(op, WriteOp::Delete);
         self.tx
             .send(Msg::Write(WriteReq { key, pre, op, is_delete, reply }))
-            .map_err(|_| StoreError::Internal("storage is shut down".into()))?;
-        rx.await.map_err(|_| StoreError::Internal("storage writer stopped".into()))?
+            .map_err(|_| StoreError::Unavailable("the storage writer is not running".into()))?;
+        rx.await.map_err(|_| StoreError::Unavailable("the storage writer stopped before committing".into()))?
     }
 
     /// Stops the writer thread after it has drained queued writes and closes the database.
@@ -435,10 +497,27 @@ fn set_rv(value: &mut Value, rv: u64) {
     }
 }
 
-fn writer_loop(db: Database, mut rx: mpsc::UnboundedReceiver<Msg>, state: Arc<RwLock<State>>, rv_tx: watch::Sender<u64>) {
+fn writer_loop(
+    db: Database,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    state: Arc<RwLock<State>>,
+    rv_tx: watch::Sender<u64>,
+    committing: &std::sync::atomic::AtomicBool,
+) {
     let mut stopping = false;
+    let mut pruned_floor = match state.read() {
+        Ok(g) => g.history_floor,
+        Err(p) => p.into_inner().history_floor,
+    };
     while !stopping {
-        let Some(Msg::Write(first)) = rx.blocking_recv() else { break };
+        let first = match rx.blocking_recv() {
+            Some(Msg::Write(r)) => r,
+            Some(Msg::Fail) => {
+                tracing::error!("storage writer ended (simulated failure)");
+                return;
+            }
+            _ => break,
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -447,16 +526,28 @@ fn writer_loop(db: Database, mut rx: mpsc::UnboundedReceiver<Msg>, state: Arc<Rw
                     stopping = true;
                     break;
                 }
+                Ok(Msg::Fail) => {
+                    for r in batch {
+                        let _ = r.reply.send(Err(StoreError::Unavailable("the storage writer failed".into())));
+                    }
+                    return;
+                }
                 Err(_) => break,
             }
         }
         // Decide every write against memory plus the writes earlier in this batch.
-        let mut staged: Vec<(WriteReq, Result<(Option<Arc<Entry>>, Option<Arc<Entry>>, u64), StoreError>)> = vec![];
+        let mut staged: Vec<Staged> = vec![];
         let mut overlay: HashMap<ObjKey, Option<Arc<Entry>>> = HashMap::new();
-        let base_rv = match state.read() {
-            Ok(g) => g.rv,
-            Err(p) => p.into_inner().rv,
+        let (base_rv, history_floor) = match state.read() {
+            Ok(g) => (g.rv, g.history_floor),
+            Err(p) => {
+                let g = p.into_inner();
+                (g.rv, g.history_floor)
+            }
         };
+        // Tombstones older than the in-memory history can serve no watch (a resume from there
+        // is 410 anyway), so they go while running, not only at the next start.
+        let prune_to = (history_floor >= pruned_floor + TOMBSTONE_PRUNE_STEP).then_some(history_floor);
         let mut rv = base_rv;
         {
             let guard = match state.read() {
@@ -518,9 +609,22 @@ fn writer_loop(db: Database, mut rx: mpsc::UnboundedReceiver<Msg>, state: Arc<Rw
                 }
                 let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
                 meta.insert("rv", rv).map_err(|e| e.to_string())?;
+                if let Some(floor) = prune_to {
+                    let old: Vec<u64> =
+                        tombs.range(..=floor).map_err(|e| e.to_string())?.filter_map(|r| r.ok().map(|(k, _)| k.value())).collect();
+                    for k in old {
+                        tombs.remove(k).map_err(|e| e.to_string())?;
+                    }
+                    meta.insert("tombstone_floor", floor).map_err(|e| e.to_string())?;
+                }
             }
             txn.commit().map_err(|e| e.to_string())
         })();
+        committing.store(commit.is_ok(), std::sync::atomic::Ordering::SeqCst);
+        if commit.is_ok()
+            && let Some(f) = prune_to {
+                pruned_floor = f;
+            }
         if let Err(e) = commit {
             tracing::error!(error = %e, "commit failed");
             for (req, _) in staged {

@@ -165,19 +165,7 @@ fn cell(col: &PrinterColumn, obj: &Value) -> Value {
             let n = obj["data"].as_object().map(|m| m.len()).unwrap_or(0) + obj["binaryData"].as_object().map(|m| m.len()).unwrap_or(0);
             return json!(n);
         }
-        "#lastseen" => {
-            let ts = ["lastTimestamp", "deprecatedLastTimestamp", "eventTime"]
-                .iter()
-                .find_map(|k| obj[*k].as_str())
-                .or_else(|| obj["series"]["lastObservedTime"].as_str())
-                .or_else(|| obj["metadata"]["creationTimestamp"].as_str());
-            return ts.map(|t| json!(age(t))).unwrap_or(json!("<unknown>"));
-        }
-        "#involved" => {
-            let io = if obj.get("involvedObject").is_some() { &obj["involvedObject"] } else { &obj["regarding"] };
-            let kind = io["kind"].as_str().unwrap_or_default().to_lowercase();
-            return json!(format!("{kind}/{}", io["name"].as_str().unwrap_or_default()));
-        }
+        "#lastseen" | "#firstseen" | "#count" | "#fieldpath" | "#source" | "#message" | "#involved" => return event_cell(&col.json_path, obj),
         path if path.starts_with("#builtin:") => return crate::builtin_cells::cell(&path["#builtin:".len()..], obj),
         _ => {}
     }
@@ -195,6 +183,44 @@ fn cell(col: &PrinterColumn, obj: &Value) -> Value {
     }
 }
 
+/// Cells of kube-apiserver's Event printer (`printEvent`), for either Event API version.
+fn event_cell(which: &str, obj: &Value) -> Value {
+    let pick = |keys: &[&str]| keys.iter().map(|k| &obj[*k]).find(|v| !v.is_null()).cloned().unwrap_or(Value::Null);
+    let since = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(age);
+    let first = since(&pick(&["firstTimestamp", "deprecatedFirstTimestamp"])).or_else(|| since(&obj["eventTime"]));
+    let io = if obj.get("involvedObject").is_some() { &obj["involvedObject"] } else { &obj["regarding"] };
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    match which {
+        "#lastseen" => {
+            let last = if obj["series"].is_object() {
+                since(&obj["series"]["lastObservedTime"])
+            } else {
+                since(&pick(&["lastTimestamp", "deprecatedLastTimestamp"])).or_else(|| first.clone())
+            };
+            json!(last.unwrap_or_else(|| "<unknown>".into()))
+        }
+        "#firstseen" => json!(first.unwrap_or_else(|| "<unknown>".into())),
+        "#count" => {
+            let n = if obj["series"].is_object() { obj["series"]["count"].as_i64() } else { pick(&["count", "deprecatedCount"]).as_i64() };
+            json!(n.filter(|n| *n > 0).unwrap_or(1))
+        }
+        "#fieldpath" => json!(s(&io["fieldPath"])),
+        "#source" => {
+            let src = if obj.get("source").is_some() { &obj["source"] } else { &obj["deprecatedSource"] };
+            let component = Some(s(&src["component"])).filter(|c| !c.is_empty()).unwrap_or_else(|| s(&obj["reportingController"]).to_string());
+            let component = if component.is_empty() { s(&obj["reportingComponent"]) } else { component };
+            let host = Some(s(&src["host"])).filter(|h| !h.is_empty()).unwrap_or_else(|| s(&obj["reportingInstance"]));
+            json!(if host.is_empty() { component } else { format!("{component}, {host}") })
+        }
+        "#message" => json!(s(&pick(&["message", "note"])).trim()),
+        _ => {
+            let kind = s(&io["kind"]).to_lowercase();
+            let name = s(&io["name"]);
+            json!(if name.is_empty() { kind } else { format!("{kind}/{name}") })
+        }
+    }
+}
+
 fn render(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -202,8 +228,21 @@ fn render(v: &Value) -> String {
     }
 }
 
-/// Column definitions (Name first).
+/// Whether the kind's printer has its own Name column (Events: last, wide only) instead of
+/// the leading one every other kind has.
+fn own_name_column(rt: &ResourceType) -> bool {
+    rt.printer_columns.iter().any(|c| c.format == "name")
+}
+
+/// Column definitions (Name first, unless the kind places it itself).
 pub fn columns(rt: &ResourceType) -> Vec<Value> {
+    if own_name_column(rt) {
+        return rt
+            .printer_columns
+            .iter()
+            .map(|c| json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority}))
+            .collect();
+    }
     let mut cols = vec![json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names", "priority": 0})];
     for c in &rt.printer_columns {
         cols.push(json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority}));
@@ -213,7 +252,7 @@ pub fn columns(rt: &ResourceType) -> Vec<Value> {
 
 /// One Table row for an object. `include_object`: "None", "Metadata" (default) or "Object".
 pub fn row(rt: &ResourceType, obj: &Value, include_object: &str) -> Value {
-    let mut cells = vec![json!(obj["metadata"]["name"].as_str().unwrap_or_default())];
+    let mut cells = if own_name_column(rt) { vec![] } else { vec![json!(obj["metadata"]["name"].as_str().unwrap_or_default())] };
     for c in &rt.printer_columns {
         cells.push(cell(c, obj));
     }

@@ -14,6 +14,116 @@ static SUBDOMAIN: LazyLock<Option<Regex>> =
 static LABEL: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$").ok());
 static PATTERNS: LazyLock<Mutex<HashMap<String, Option<Regex>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
+/// Nesting levels an object may have. kube-rs (serde_json) stops at 128 levels, and a list
+/// adds two (the list and its `items`), so 64 leaves every client room to read any list.
+pub const MAX_DEPTH: usize = 64;
+
+/// Largest stored object, in bytes of JSON (the request body limit; etcd's is 1.5 MiB).
+pub const MAX_OBJECT_BYTES: usize = 3 * 1024 * 1024;
+
+/// Total size of an object's annotations (keys and values), as kube-apiserver limits it.
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+
+static LABEL_VALUE: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$").ok());
+static QUALIFIED_NAME: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$").ok());
+
+/// How many levels of objects and arrays nest in `v` (a scalar is 0, `{}` is 1).
+pub fn depth(v: &Value) -> usize {
+    // Iterative: the value may come from a patch and be deeper than the stack likes.
+    let mut max = 0;
+    let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
+    while let Some((v, d)) = stack.pop() {
+        match v {
+            Value::Object(m) => {
+                max = max.max(d + 1);
+                stack.extend(m.values().map(|c| (c, d + 1)));
+            }
+            Value::Array(a) => {
+                max = max.max(d + 1);
+                stack.extend(a.iter().map(|c| (c, d + 1)));
+            }
+            _ => {}
+        }
+    }
+    max
+}
+
+fn qualified_name_error(key: &str) -> Option<String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() {
+            return Some("prefix part must be non-empty".into());
+        }
+        if p.len() > 253 || !SUBDOMAIN.as_ref().is_some_and(|r| r.is_match(p)) {
+            return Some("prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character".into());
+        }
+    }
+    if name.is_empty() {
+        return Some("name part must be non-empty".into());
+    }
+    if name.len() > 63 {
+        return Some("name part must be no more than 63 characters".into());
+    }
+    if !QUALIFIED_NAME.as_ref().is_some_and(|r| r.is_match(name)) {
+        return Some("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')".into());
+    }
+    None
+}
+
+/// Validates `metadata.labels` and `metadata.annotations` as kube-apiserver does for every
+/// object: maps of strings, qualified-name keys, label values of at most 63 characters, and
+/// annotations of at most 256 KiB in total.
+pub fn validate_metadata(md: &Value) -> Vec<Cause> {
+    let mut causes = vec![];
+    for field in ["labels", "annotations"] {
+        match md.get(field) {
+            None | Some(Value::Null) | Some(Value::Object(_)) => {}
+            Some(_) => causes.push(Cause::new("FieldValueInvalid", format!("metadata.{field}"), "Invalid value: must be a map of strings")),
+        }
+    }
+    if let Some(labels) = md.get("labels").and_then(Value::as_object) {
+        for (k, v) in labels {
+            if let Some(m) = qualified_name_error(k) {
+                causes.push(Cause::new("FieldValueInvalid", "metadata.labels", format!("Invalid value: {}: {m}", json_str(k))));
+            }
+            match v.as_str() {
+                None => causes.push(Cause::new("FieldValueInvalid", format!("metadata.labels[{k}]"), "Invalid value: must be a string")),
+                Some(s) if s.len() > 63 => {
+                    causes.push(Cause::new("FieldValueInvalid", "metadata.labels", format!("Invalid value: {}: must be no more than 63 characters", json_str(s))))
+                }
+                Some(s) if !LABEL_VALUE.as_ref().is_some_and(|r| r.is_match(s)) => causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    "metadata.labels",
+                    format!("Invalid value: {}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')", json_str(s)),
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    if let Some(ann) = md.get("annotations").and_then(Value::as_object) {
+        let mut total = 0usize;
+        for (k, v) in ann {
+            if let Some(m) = qualified_name_error(&k.to_lowercase()) {
+                causes.push(Cause::new("FieldValueInvalid", "metadata.annotations", format!("Invalid value: {}: {m}", json_str(k))));
+            }
+            match v.as_str() {
+                Some(s) => total += k.len() + s.len(),
+                None => {
+                    causes.push(Cause::new("FieldValueInvalid", format!("metadata.annotations[{k}]"), "Invalid value: annotation values must be strings"));
+                    total += k.len();
+                }
+            }
+        }
+        if total > MAX_ANNOTATIONS_BYTES {
+            causes.push(Cause::new("FieldValueTooLong", "metadata.annotations", format!("Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes")));
+        }
+    }
+    causes
+}
+
 /// Validates a name as an RFC 1123 subdomain (or label when `label` is set).
 pub fn validate_name(name: &str, label: bool) -> Option<Cause> {
     if name.is_empty() {
@@ -243,6 +353,7 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
                         format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
                     ));
                 }
+            list_duplicates(items, s, path, out);
             if let Some(is) = s.get("items") {
                 for (i, item) in items.iter_mut().enumerate() {
                     walk(item, is, &format!("{path}[{i}]"), out);
@@ -300,6 +411,48 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
     }
 }
 
+/// kube-apiserver's list-type validation: a `set` holds each value once, a `map` each key
+/// combination once (server-side apply could not tell such entries apart).
+fn list_duplicates(items: &[Value], s: &Value, path: &str, out: &mut Outcome) {
+    let identity: Box<dyn Fn(&Value) -> Option<Value>> = match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
+        Some("set") => Box::new(|v: &Value| Some(v.clone())),
+        Some("map") => {
+            let keys: Vec<String> = s["x-kubernetes-list-map-keys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k.as_str().map(str::to_string))
+                .collect();
+            Box::new(move |v: &Value| {
+                let m: serde_json::Map<String, Value> =
+                    keys.iter().filter_map(|k| v.get(k).map(|x| (k.clone(), x.clone()))).collect();
+                (!m.is_empty()).then_some(Value::Object(m))
+            })
+        }
+        _ => return,
+    };
+    // By serialized identity: big lists stay linear.
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for (i, item) in items.iter().enumerate() {
+        let Some(id) = identity(item) else { continue };
+        if !seen.insert(id.to_string()) {
+            out.causes.push(Cause::new("FieldValueDuplicate", format!("{path}[{i}]"), format!("Duplicate value: {}", go_value(&id))));
+        }
+    }
+}
+
+/// How kube-apiserver prints a duplicate (`%#v` of the Go value): strings quoted, key maps as
+/// `map[string]interface {}{"name":"a"}`.
+fn go_value(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{}:{}", json_str(k), go_value(v))).collect();
+            format!("map[string]interface {{}}{{{}}}", parts.join(", "))
+        }
+        other => render(other),
+    }
+}
+
 fn num(f: f64) -> String {
     if f.fract() == 0.0 { format!("{}", f as i64) } else { f.to_string() }
 }
@@ -334,5 +487,30 @@ mod tests {
         assert!(validate_name("good-name.x", false).is_none());
         assert!(validate_name("Bad_Name", false).is_some());
         assert!(validate_name("a.b", true).is_some());
+    }
+
+    #[test]
+    fn metadata_rules() {
+        assert!(validate_metadata(&json!({"labels": {"app.kubernetes.io/name": "web", "x": ""}, "annotations": {"A/b": "{}"}})).is_empty());
+        let c = validate_metadata(&json!({"annotations": {"a": {"nested": "map"}}}));
+        assert_eq!(c.len(), 1);
+        assert!(c[0].message.contains("must be strings"), "{:?}", c);
+        assert!(!validate_metadata(&json!({"labels": {"a": "has space"}})).is_empty());
+        assert!(!validate_metadata(&json!({"labels": {"-bad": "x"}})).is_empty());
+        assert!(!validate_metadata(&json!({"labels": ["x"]})).is_empty());
+        let big = "x".repeat(MAX_ANNOTATIONS_BYTES);
+        let c = validate_metadata(&json!({"annotations": {"a": big}}));
+        assert!(c.iter().any(|c| c.reason == "FieldValueTooLong"), "{:?}", c);
+    }
+
+    #[test]
+    fn nesting_depth() {
+        assert_eq!(depth(&json!("x")), 0);
+        assert_eq!(depth(&json!({"a": [1, {"b": {}}]})), 4);
+        let mut v = json!(1);
+        for _ in 0..100 {
+            v = json!({"n": v});
+        }
+        assert_eq!(depth(&v), 100);
     }
 }

@@ -2,11 +2,12 @@
 //! bookmarks, timeouts and 410 Expired.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use crate::handlers::Core;
 use crate::registry::ResourceType;
@@ -39,18 +40,69 @@ pub struct WatchParams {
     pub partial: bool,
 }
 
+/// Bytes queued for one watcher and not yet taken by its connection, with a wake-up for the
+/// producer when the reader catches up.
+#[derive(Default)]
+struct Backlog {
+    bytes: AtomicUsize,
+    drained: Notify,
+}
+
+/// The receiving end of a watch: JSON lines until the watch ends.
+pub struct WatchStream {
+    rx: mpsc::Receiver<Bytes>,
+    backlog: Arc<Backlog>,
+}
+
+impl WatchStream {
+    /// The next line, None when the watch ended.
+    pub async fn next(&mut self) -> Option<Bytes> {
+        let b = self.rx.recv().await?;
+        self.backlog.bytes.fetch_sub(b.len(), Ordering::SeqCst);
+        self.backlog.drained.notify_one();
+        Some(b)
+    }
+}
+
 struct Emitter {
     core: Arc<Core>,
     rt: Arc<ResourceType>,
     tx: mpsc::Sender<Bytes>,
+    backlog: Arc<Backlog>,
     table: Option<String>,
     partial: bool,
     sent_headers: bool,
 }
 
 impl Emitter {
+    /// Queues a line; false when the watch must end: the client went away, or it stopped
+    /// reading (its backlog stayed over the byte bound or the queue stayed full for the
+    /// slow-reader timeout), in which case it is dropped like kube-apiserver drops a watcher
+    /// whose buffer is full, and the client re-lists.
     async fn send_raw(&self, line: Vec<u8>) -> bool {
-        self.tx.send(Bytes::from(line)).await.is_ok()
+        let limits = &self.core.limits;
+        let deadline = tokio::time::Instant::now() + limits.slow_reader_timeout;
+        let len = line.len();
+        loop {
+            let queued = self.backlog.bytes.load(Ordering::SeqCst);
+            if queued == 0 || queued + len <= limits.watch_buffer_bytes {
+                break;
+            }
+            let drained = self.backlog.drained.notified();
+            if tokio::time::timeout_at(deadline, drained).await.is_err() {
+                tracing::info!(resource = %self.rt.plural, queued, "dropping a watch whose client stopped reading");
+                return false;
+            }
+        }
+        self.backlog.bytes.fetch_add(len, Ordering::SeqCst);
+        match tokio::time::timeout_at(deadline, self.tx.send(Bytes::from(line))).await {
+            Ok(Ok(())) => true,
+            Ok(Err(_)) => false,
+            Err(_) => {
+                tracing::info!(resource = %self.rt.plural, "dropping a watch whose client stopped reading");
+                false
+            }
+        }
     }
 
     async fn send(&mut self, kind: &str, e: &Entry) -> bool {
@@ -100,22 +152,28 @@ impl Emitter {
     }
 }
 
+/// One change replayed to a watcher: type, the object after, the object before.
+type Change = (EventType, Arc<Entry>, Option<Arc<Entry>>);
+
 fn matches(p: &WatchParams, e: &Entry) -> bool {
     if let Some(ns) = &p.namespace
         && &e.key.namespace != ns {
             return false;
         }
-    p.fields.matches(&e.key.namespace, &e.key.name) && p.labels.matches(&e.labels)
+    p.fields.matches(&e.key.namespace, &e.key.name, &e.fields) && p.labels.matches(&e.labels)
 }
 
 /// Starts a watch; lines of JSON arrive on the returned receiver until it ends.
-pub fn start(core: Arc<Core>, rt: Arc<ResourceType>, p: WatchParams) -> mpsc::Receiver<Bytes> {
-    let (tx, rx) = mpsc::channel(1024);
+pub fn start(core: Arc<Core>, rt: Arc<ResourceType>, p: WatchParams) -> WatchStream {
+    let (tx, rx) = mpsc::channel(256);
+    let backlog = Arc::new(Backlog::default());
+    let em_backlog = backlog.clone();
     tokio::spawn(async move {
-        let mut em = Emitter { core: core.clone(), rt: rt.clone(), tx, table: p.table.clone(), partial: p.partial, sent_headers: false };
+        let mut em =
+            Emitter { core: core.clone(), rt: rt.clone(), tx, backlog: em_backlog, table: p.table.clone(), partial: p.partial, sent_headers: false };
         run(&mut em, p).await;
     });
-    rx
+    WatchStream { rx, backlog }
 }
 
 async fn run(em: &mut Emitter, p: WatchParams) {
@@ -163,7 +221,7 @@ async fn run(em: &mut Emitter, p: WatchParams) {
     let mut next_bookmark = tokio::time::Instant::now() + BOOKMARK_INTERVAL;
     loop {
         // Replay everything after `last`.
-        let batch: Option<(Vec<(EventType, Arc<Entry>, Option<Arc<Entry>>)>, u64)> = {
+        let batch: Option<(Vec<Change>, u64)> = {
             let st = em.core.store.read();
             match st.events_after(last) {
                 None => None,
@@ -238,4 +296,55 @@ pub fn line(kind: &str, obj: &Value) -> Bytes {
     let mut v = serde_json::to_vec(&json!({"type": kind, "object": obj})).unwrap_or_default();
     v.push(b'\n');
     Bytes::from(v)
+}
+
+/// kube-apiserver's `ValidateListOptions` (apimachinery `pkg/apis/meta/internalversion/validation`):
+/// the watch-list parameters (`sendInitialEvents`, `resourceVersionMatch`) in a combination
+/// it refuses get the same 422, so a client never mistakes an ignored parameter for support.
+pub fn validate_list_options<'a>(watch: bool, get: impl Fn(&str) -> Option<&'a str>) -> crate::error::ApiResult<()> {
+    use crate::error::{ApiError, Cause};
+    let rv = get("resourceVersion").unwrap_or_default();
+    let matching = get("resourceVersionMatch").unwrap_or_default();
+    let send_initial = get("sendInitialEvents").is_some();
+    let cont = get("continue").is_some_and(|c| !c.is_empty());
+    let forbidden = |detail: &str| Cause::new("FieldValueForbidden", "resourceVersionMatch", format!("Forbidden: {detail}"));
+    let not_supported = |supported: &str| {
+        Cause::new("FieldValueNotSupported", "resourceVersionMatch", format!("Unsupported value: \"{matching}\": supported values: {supported}"))
+    };
+    let mut causes = vec![];
+    if watch {
+        if send_initial && matching != "NotOlderThan" {
+            causes.push(forbidden("sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"));
+        }
+        if !matching.is_empty() {
+            if !send_initial {
+                causes.push(forbidden("resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"));
+            }
+            if matching != "NotOlderThan" {
+                causes.push(not_supported("\"NotOlderThan\""));
+            }
+            if cont {
+                causes.push(forbidden("resourceVersionMatch is forbidden when continue is provided"));
+            }
+        }
+    } else {
+        if !matching.is_empty() {
+            if rv.is_empty() {
+                causes.push(forbidden("resourceVersionMatch is forbidden unless resourceVersion is provided"));
+            }
+            if cont {
+                causes.push(forbidden("resourceVersionMatch is forbidden when continue is provided"));
+            }
+            if matching != "Exact" && matching != "NotOlderThan" {
+                causes.push(not_supported("\"Exact\", \"NotOlderThan\", \"\""));
+            }
+            if matching == "Exact" && rv == "0" {
+                causes.push(forbidden("resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\""));
+            }
+        }
+        if send_initial {
+            causes.push(Cause::new("FieldValueForbidden", "sendInitialEvents", "Forbidden: sendInitialEvents is forbidden for list"));
+        }
+    }
+    if causes.is_empty() { Ok(()) } else { Err(ApiError::invalid("ListOptions", "meta.k8s.io", "", causes)) }
 }

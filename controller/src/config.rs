@@ -97,13 +97,18 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
-    /// The file is not valid TOML for this schema.
-    #[error("invalid config {path}: {source}")]
+    /// The file is not valid TOML for this schema. One line: where, the offending line
+    /// (which names the key) and why — the parser's own rendering spans several lines.
+    #[error("invalid config {path}:{line}: `{text}`: {message}")]
     Parse {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: toml::de::Error,
+        /// 1-based line of the error (0 when the parser gave no position).
+        line: usize,
+        /// That line of the file, trimmed.
+        text: String,
+        /// The parser's message (names unknown keys and expected types).
+        message: String,
     },
 }
 
@@ -120,7 +125,7 @@ impl ControllerConfig {
     /// Reads a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })
+        Self::from_toml(&text).map_err(|e| parse_error(path, &text, &e))
     }
 
     /// Lease validity.
@@ -141,9 +146,37 @@ impl ControllerConfig {
     }
 }
 
+/// A [`ConfigError::Parse`] with the line of `error` in `text`.
+fn parse_error(path: &Path, text: &str, error: &toml::de::Error) -> ConfigError {
+    let (line, line_text) = match error.span() {
+        Some(span) => {
+            let start = span.start.min(text.len());
+            let line = text.get(..start).map_or(0, |before| before.matches('\n').count()) + 1;
+            (line, text.lines().nth(line - 1).unwrap_or_default().trim().to_string())
+        }
+        None => (0, String::new()),
+    };
+    ConfigError::Parse { path: path.into(), line, text: line_text, message: error.message().trim().replace('\n', " ") }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_file_is_one_line_naming_the_line_and_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "metrics_addr = \"0.0.0.0:8080\"\n\n[[default_providers]]\nname = \"local\"\n").expect("write");
+        let message = ControllerConfig::load(&path).expect_err("rejected").to_string();
+        assert!(!message.contains('\n'), "one line: {message}");
+        assert!(message.contains("config.toml:3:"), "names the line: {message}");
+        assert!(message.contains("default_providers"), "names the key: {message}");
+
+        std::fs::write(&path, "state_dir = \"/x\"\nmetrics_addr = 8080\n").expect("write");
+        let message = ControllerConfig::load(&path).expect_err("rejected").to_string();
+        assert!(message.contains(":2: `metrics_addr = 8080`"), "names the line and key: {message}");
+    }
 
     #[test]
     fn defaults_have_one_local_account() {

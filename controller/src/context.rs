@@ -245,7 +245,7 @@ impl Context {
     {
         let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
         let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-        let written = self.dynamic_api(obj).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        let written = self.dynamic_api(obj).patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch)).await?;
         self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
         Ok(())
@@ -312,7 +312,7 @@ impl Context {
             "finalizers": [provisioning_crds::FINALIZER],
             "resourceVersion": obj.meta().resource_version,
         }});
-        match self.dynamic_api(obj).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match self.dynamic_api(obj).patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch)).await {
             Ok(written) => {
                 self.record_written(&written);
                 self.metrics.record_write(&K::kind(&()));

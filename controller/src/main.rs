@@ -43,6 +43,9 @@ enum Command {
         /// Controller config file (TOML).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// How long Events are kept after their last update (e.g. 1h, 30m, 90s).
+        #[arg(long, default_value = "1h", value_parser = provisioning_apiserver::parse_duration)]
+        event_ttl: Duration,
     },
     /// The embedded control plane alone.
     Apiserver {
@@ -52,6 +55,9 @@ enum Command {
         /// Listen address.
         #[arg(long, default_value = "127.0.0.1:6443")]
         listen: SocketAddr,
+        /// How long Events are kept after their last update (e.g. 1h, 30m, 90s).
+        #[arg(long, default_value = "1h", value_parser = provisioning_apiserver::parse_duration)]
+        event_ttl: Duration,
     },
     /// The controller against any API server (KUBECONFIG, --kubeconfig, or in-cluster).
     Controller {
@@ -148,15 +154,17 @@ async fn shutdown_signal() {
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Dev { data_dir, listen, apply, exit_when_ready, timeout, config } => {
+        Command::Dev { data_dir, listen, apply, exit_when_ready, timeout, config, event_ttl } => {
             init_logging(&cli.log_format, "warn");
             let config = load_config(config.as_ref())?;
-            dev::run_dev(dev::DevOptions { data_dir, listen, apply, exit_when_ready, timeout: Duration::from_secs(timeout), config })
+            dev::run_dev(dev::DevOptions { data_dir, listen, apply, exit_when_ready, timeout: Duration::from_secs(timeout), config, event_ttl })
                 .await
         }
-        Command::Apiserver { data_dir, listen } => {
+        Command::Apiserver { data_dir, listen, event_ttl } => {
             init_logging(&cli.log_format, "info");
-            provisioning_apiserver::run_cli(data_dir, listen).await?;
+            let mut api = provisioning_apiserver::ApiServerConfig::new(data_dir, listen);
+            api.limits.event_ttl = event_ttl;
+            provisioning_apiserver::run_cli_with(api).await?;
             Ok(0)
         }
         Command::Controller { kubeconfig, config, metrics_addr, state_dir, no_leader_election } => {

@@ -64,6 +64,7 @@ impl TestEnv {
         let api = provisioning_apiserver::start(provisioning_apiserver::ApiServerConfig {
             data_dir: dir.path().join("api"),
             listen: "127.0.0.1:0".parse()?,
+            limits: Default::default(),
         })
         .await?;
         let kubeconfig = api.kubeconfig_path();

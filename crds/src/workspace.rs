@@ -51,6 +51,7 @@ pub struct WorkspaceSpec {
     /// default account `local` is used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub providers: Vec<ProviderAccount>,
     /// Limits for this workspace.
     #[serde(default)]
@@ -288,6 +289,7 @@ pub struct WorkspaceStatus {
     pub conditions: Vec<Condition>,
     /// State of each provider account.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub providers: Vec<ProviderAccountStatus>,
     /// How many resources the workspace holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -96,6 +96,8 @@ pub struct OperationResult {
     pub healthy: Option<bool>,
     /// Why it failed (exit code, timeout, executor error), for events.
     pub message: String,
+    /// The config inputs version (`ValidTaskServ::inputs_hash`) the run was given.
+    pub inputs_hash: Option<String>,
 }
 
 /// Everything the planner looks at.
@@ -259,6 +261,11 @@ pub fn plan(o: &Observed<'_>) -> Plan {
                     entry.phase = "Installed".into();
                     entry.version = Some(version.clone());
                     entry.healthy = Some(true);
+                    // A Secret rotated while this install ran: it used the old values.
+                    let current = o.validated.as_ref().ok().and_then(|v| v.inputs_hash.as_ref());
+                    if current.is_some() && r.inputs_hash.as_ref() != current {
+                        entry.phase = "Pending".into();
+                    }
                     events.push(PlannedEvent::normal(
                         "Installed",
                         format!("{} {version} installed on {}", o.spec.service, r.server),
@@ -337,7 +344,13 @@ pub fn plan(o: &Observed<'_>) -> Plan {
     let spec_changed = o.validated.is_ok()
         && o.status.observed_generation.is_some()
         && o.status.observed_generation != o.generation;
-    if spec_changed {
+    // New values behind configFrom (a rotated Secret) or generated secrets: the same.
+    let inputs_hash = match o.validated {
+        Ok(v) => v.inputs_hash.clone(),
+        Err(_) => o.status.config_inputs_hash.clone(),
+    };
+    let inputs_changed = o.validated.is_ok() && o.status.config_inputs_hash.is_some() && o.status.config_inputs_hash != inputs_hash;
+    if spec_changed || inputs_changed {
         for e in entries.values_mut() {
             if e.phase == "Installed" {
                 e.phase = "Pending".into();
@@ -590,6 +603,8 @@ pub fn plan(o: &Observed<'_>) -> Plan {
         last_good_version,
         resolved_dependencies: valid.map(|v| v.dependencies.clone()).unwrap_or_default(),
         servers: entries.into_values().collect(),
+        config_inputs_hash: inputs_hash,
+        generated_secret_ref: o.status.generated_secret_ref.clone(),
     };
 
     let requeue = if stalled.is_some() && !in_flight_now {

@@ -168,6 +168,7 @@ impl ControlPlane {
         let apiserver = provisioning_apiserver::start(provisioning_apiserver::ApiServerConfig {
             data_dir: data.path().join("apiserver"),
             listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+            limits: Default::default(),
         })
         .await
         .unwrap_or_else(|e| panic!("start the embedded control plane: {e}"));
