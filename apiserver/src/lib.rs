@@ -163,9 +163,15 @@ pub async fn run_cli(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()
 pub async fn run_cli_with(config: ApiServerConfig) -> anyhow::Result<()> {
     install_crypto_provider();
     let running = start(config).await?;
-    println!("apiserver listening on https://{}", tls::client_host(running.addr()));
-    println!("kubeconfig: {}", running.kubeconfig_path().display());
-    println!("try: KUBECONFIG={} kubectl api-resources", running.kubeconfig_path().display());
+    // Written without println!: a reader that closes stdout after the line it waits for
+    // (the crash test, a supervisor) must not make the server panic with a broken pipe.
+    let mut out = std::io::stdout().lock();
+    use std::io::Write;
+    let _ = writeln!(out, "apiserver listening on https://{}", tls::client_host(running.addr()));
+    let _ = writeln!(out, "kubeconfig: {}", running.kubeconfig_path().display());
+    let _ = writeln!(out, "try: KUBECONFIG={} kubectl api-resources", running.kubeconfig_path().display());
+    let _ = out.flush();
+    drop(out);
     tokio::signal::ctrl_c().await?;
     running.shutdown().await;
     Ok(())
