@@ -1,7 +1,10 @@
 //! Benchmark of the embedded API server, run as a separate process (the release
 //! `apiserver-standalone` binary) and driven over TLS by kube-rs clients:
 //! durable creates/s from 16 concurrent clients, watch delivery latency with 100 watchers,
-//! list of 10,000 objects, and the server's resident memory holding them.
+//! list of 10,000 objects, and the server's resident memory holding them; then the
+//! limits: RSS and p99 latency of a get while 1,000 watchers are open and 2,000 idle TLS
+//! connections are held; and the Event store after 24 h of simulated controller activity
+//! with the 1 h TTL on (in-process, on a simulated clock: `gc::expire_events` takes "now").
 //!
 //! `cargo bench -p provisioning-apiserver`
 
@@ -85,7 +88,8 @@ async fn main() -> BoxResult<()> {
     let result = run(dir.path(), pid).await;
     let _ = child.kill();
     let _ = child.wait();
-    result
+    result?;
+    simulated_event_day().await
 }
 
 async fn run(dir: &std::path::Path, pid: u32) -> BoxResult<()> {
@@ -201,5 +205,159 @@ async fn run(dir: &std::path::Path, pid: u32) -> BoxResult<()> {
     );
     let rss_after = rss_kib(pid);
     println!("rss after watch test: {:.1} MiB", rss_after as f64 / 1024.0);
+
+    held_connections(dir, &admin, pid).await?;
+    Ok(())
+}
+
+fn tls_config(dir: &std::path::Path) -> BoxResult<Arc<rustls::ClientConfig>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from_pem_file(dir.join("ca.crt"))?)?;
+    Ok(Arc::new(rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth()))
+}
+
+async fn tls_connect(addr: &str, config: Arc<rustls::ClientConfig>) -> BoxResult<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?.to_owned();
+    Ok(tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?)
+}
+
+async fn get_latencies(api: &Api<DynamicObject>, n: usize) -> BoxResult<Vec<Duration>> {
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        api.get(&format!("srv-{:05}", (i * 37) % OBJECTS)).await?;
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    Ok(lat)
+}
+
+/// Part 5: RSS and get latency while 1,000 watchers (each on its own HTTP/1.1 connection, as
+/// kube-rs clients open them) and 2,000 idle TLS connections are held.
+async fn held_connections(dir: &std::path::Path, admin: &Client, pid: u32) -> BoxResult<()> {
+    use tokio::io::AsyncWriteExt;
+    const HELD_WATCHERS: usize = 1_000;
+    const IDLE: usize = 2_000;
+    const GETS: usize = 1_000;
+    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), "default", &server_resource());
+    let before = get_latencies(&api, GETS).await?;
+    let rss_before = rss_kib(pid);
+    let server = std::fs::read_to_string(dir.join("kubeconfig"))?;
+    let host = server
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .ok_or("no server in kubeconfig")?
+        .trim()
+        .replace("localhost", "127.0.0.1");
+    let tls = tls_config(dir)?;
+    let token = std::fs::read_to_string(dir.join("token"))?.trim().to_string();
+    let t = Instant::now();
+    let mut held = Vec::with_capacity(HELD_WATCHERS + IDLE);
+    for i in 0..HELD_WATCHERS {
+        let mut c = tls_connect(&host, tls.clone()).await?;
+        let ns = if i % 2 == 0 { "watched" } else { "default" };
+        let req = format!(
+            "GET /apis/provisioning.dev/v1alpha1/namespaces/{ns}/servers?watch=true&resourceVersion=0&allowWatchBookmarks=true HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\r\n"
+        );
+        c.write_all(req.as_bytes()).await?;
+        held.push(c);
+    }
+    for _ in 0..IDLE {
+        held.push(tls_connect(&host, tls.clone()).await?);
+    }
+    let opened = t.elapsed();
+    // Let the watchers' initial state (5,000 Servers each for half of them) stream out; the
+    // clients do not read, so this is also 500 slow readers being dropped.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rss_held = rss_kib(pid);
+    let during = get_latencies(&api, GETS).await?;
+    println!(
+        "held: {HELD_WATCHERS} watch connections + {IDLE} idle TLS connections opened in {opened:.2?}; server RSS {:.1} MiB (before {:.1} MiB)",
+        rss_held as f64 / 1024.0,
+        rss_before as f64 / 1024.0
+    );
+    println!(
+        "get latency: before p50 {:.2?} p99 {:.2?}; while held p50 {:.2?} p99 {:.2?} (n={GETS})",
+        percentile(&before, 0.5),
+        percentile(&before, 0.99),
+        percentile(&during, 0.5),
+        percentile(&during, 0.99)
+    );
+    drop(held);
+    Ok(())
+}
+
+/// Part 6: the Event store after 24 h of simulated controller activity, TTL 1 h: 200 objects,
+/// each emitting a new Event every 2 minutes and bumping the count of its last one every
+/// minute, on a simulated clock advanced a minute at a time (`gc::expire_events` runs every
+/// simulated minute, as the server's sweep runs every TTL/10 = 6 min at most 1 min).
+async fn simulated_event_day() -> BoxResult<()> {
+    use provisioning_apiserver::storage::{ObjKey, Precondition, Store};
+    const OBJS: usize = 200;
+    const MINUTES: i64 = 24 * 60;
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(&dir.path().join("state.redb"))?;
+    let limits = provisioning_apiserver::Limits { event_ttl: Duration::from_secs(3600), ..Default::default() };
+    let core = provisioning_apiserver::handlers::Core::with_limits(store.clone(), limits.clone());
+    let start = chrono::Utc::now() - chrono::Duration::minutes(MINUTES);
+    let mut written = 0usize;
+    let mut peak = (0usize, 0usize);
+    let wall = Instant::now();
+    for minute in 0..MINUTES {
+        let now = start + chrono::Duration::minutes(minute);
+        let ts = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let mut writes = vec![];
+        for o in 0..OBJS {
+            // Minute 2k: a new Event; minute 2k+1: the same Event seen again (count 2).
+            let seq = minute / 2;
+            let name = format!("srv-{o:03}.{seq:06x}");
+            let count = 1 + minute % 2;
+            let ev = json!({"apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": name, "namespace": "default", "creationTimestamp": ts},
+                "involvedObject": {"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "name": format!("srv-{o:03}"), "namespace": "default"},
+                "reason": "Reconciled", "type": "Normal", "message": format!("server srv-{o:03} reconciled: 3 steps, 0 changes (pass {seq})"),
+                "source": {"component": "provisioning-controller"}, "reportingComponent": "provisioning-controller", "reportingInstance": "ctl-0",
+                "firstTimestamp": ts, "lastTimestamp": ts, "count": count});
+            let key = ObjKey { storage: Arc::from("/events"), namespace: "default".into(), name };
+            let pre = match store.get(&key) {
+                Some(e) => Precondition::Revision(e.rv),
+                None => Precondition::MustNotExist,
+            };
+            let store = store.clone();
+            writes.push(tokio::spawn(async move { store.put(key, pre, ev).await }));
+        }
+        for w in writes {
+            w.await??;
+            written += 1;
+        }
+        provisioning_apiserver::gc::expire_events(&core, now, limits.event_ttl).await;
+        let (n, bytes) = {
+            let st = store.read();
+            st.objects.get("/events").map(|m| (m.len(), m.values().map(|e| e.bytes.len()).sum())).unwrap_or((0, 0))
+        };
+        peak = peak.max((n, bytes));
+    }
+    let (n, bytes) = {
+        let st = store.read();
+        st.objects.get("/events").map(|m| (m.len(), m.values().map(|e| e.bytes.len()).sum::<usize>())).unwrap_or((0, 0))
+    };
+    let (hist, hist_bytes) = {
+        let st = store.read();
+        (st.history.len(), st.history_bytes)
+    };
+    store.close();
+    let file = std::fs::metadata(dir.path().join("state.redb"))?.len();
+    println!(
+        "events: 24 h simulated in {:.1?}: {written} event writes ({} distinct Events); live at the end {n} Events, {:.1} MiB JSON (peak {} / {:.1} MiB); history {hist} events / {:.1} MiB; redb file {:.1} MiB",
+        wall.elapsed(),
+        OBJS as i64 * MINUTES / 2,
+        bytes as f64 / 1048576.0,
+        peak.0,
+        peak.1 as f64 / 1048576.0,
+        hist_bytes as f64 / 1048576.0,
+        file as f64 / 1048576.0
+    );
     Ok(())
 }

@@ -76,10 +76,14 @@ fn list_keys(schema: Option<&Value>, path: &[String]) -> Option<Vec<String>> {
     if keys.is_empty() { None } else { Some(keys) }
 }
 
-fn item_token(item: &Value, keys: &[String]) -> Option<String> {
+/// The `k:{...}` token of a list-map item. A key field the item leaves out takes its schema
+/// default, as in structured-merge-diff (a container port applied without `protocol` is the
+/// stored port with `protocol: TCP`).
+fn item_token(item: &Value, keys: &[String], item_schema: Option<&Value>) -> Option<String> {
     let mut m = Map::new();
     for k in keys {
-        m.insert(k.clone(), item.get(k)?.clone());
+        let v = item.get(k).or_else(|| item_schema?.get("properties")?.get(k)?.get("default"))?;
+        m.insert(k.clone(), v.clone());
     }
     Some(format!("k:{}", Value::Object(m)))
 }
@@ -97,7 +101,7 @@ fn collect(value: &Value, schema: Option<&Value>, path: &mut FieldPath, out: &mu
             Some(keys) if !items.is_empty() => {
                 let item_schema = schema.and_then(|s| s.get("items"));
                 for item in items {
-                    match item_token(item, &keys) {
+                    match item_token(item, &keys, item_schema) {
                         Some(tok) => {
                             path.push(tok);
                             out.insert(path.clone());
@@ -289,7 +293,7 @@ pub fn merge_applied(live: &mut Value, applied: &Value, schema: Option<&Value>, 
                             let item_schema = cs.and_then(|s| s.get("items"));
                             let Some(larr) = lv.as_array_mut() else { continue };
                             for ai in av.as_array().into_iter().flatten() {
-                                let tok = item_token(ai, &keys);
+                                let tok = item_token(ai, &keys, item_schema);
                                 match tok.and_then(|t| larr.iter_mut().find(|li| key_match(li, &t))) {
                                     Some(li) => merge_applied(li, ai, item_schema, path),
                                     None => larr.push(ai.clone()),

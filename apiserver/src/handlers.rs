@@ -146,6 +146,9 @@ impl Default for Limits {
 /// kube-apiserver's watch cache does) before answering 504 "Too large resource version".
 pub const FRESHNESS_WAIT: Duration = Duration::from_secs(3);
 
+/// One page of a list: entries, the list revision, the continue token, remaining items.
+pub type ListPage = (Vec<Arc<Entry>>, u64, Option<String>, Option<u64>);
+
 /// Shared server state: storage, served types, lifecycle.
 pub struct Core {
     /// Limits in force.
@@ -410,7 +413,7 @@ impl Core {
         fields: &FieldSelector,
         limit: Option<usize>,
         cont: Option<&str>,
-    ) -> ApiResult<(Vec<Arc<Entry>>, u64, Option<String>, Option<u64>)> {
+    ) -> ApiResult<ListPage> {
         let (start, token_rv) = match cont {
             Some(c) if !c.is_empty() => {
                 let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -740,7 +743,9 @@ impl Core {
         if let Some(n) = &namespace {
             self.check_namespace(n)?;
         }
-        if rt.has_status && rt.custom
+        // A create never sets status (upstream's PrepareForCreate clears it for built-ins too;
+        // Namespace and CRD status is then derived in normalize).
+        if rt.has_status
             && let Some(m) = obj.as_object_mut() {
                 m.remove("status");
             }

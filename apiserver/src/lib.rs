@@ -1,11 +1,14 @@
 //! Embedded control plane: a Kubernetes-compatible API server for one machine.
 //!
 //! Serves discovery, OpenAPI v3, built-in kinds (Namespace, Secret, ConfigMap, Event, Lease,
+//! ServiceAccount, Service, Deployment, the RBAC kinds, PodDisruptionBudget, NetworkPolicy,
 //! CustomResourceDefinition) and every resource defined by a stored CRD, over HTTPS with a
 //! bearer token, backed by redb on disk (see [`storage`]).
 
 pub mod apply;
 pub mod auth;
+pub mod builtin_cells;
+pub mod builtin_schemas;
 pub mod celrules;
 pub mod discovery;
 pub mod error;
@@ -23,6 +26,7 @@ pub mod tls;
 pub mod validation;
 pub mod watch;
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -102,6 +106,13 @@ impl RunningApiServer {
         self.kubeconfig.clone()
     }
 
+    /// Makes the storage writer fail, as a disk error would. Only for tests of /readyz and
+    /// of the 503 answered to writes.
+    #[doc(hidden)]
+    pub fn fail_storage_for_test(&self) {
+        self.core.store.fail_writer_for_test();
+    }
+
     /// Stops accepting requests, ends watches, waits for in-flight requests and closes storage.
     pub async fn shutdown(self) {
         self.core.shutdown.cancel();
@@ -163,13 +174,13 @@ pub async fn run_cli(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()
 pub async fn run_cli_with(config: ApiServerConfig) -> anyhow::Result<()> {
     install_crypto_provider();
     let running = start(config).await?;
-    // Written without println!: a reader that closes stdout after the line it waits for
-    // (the crash test, a supervisor) must not make the server panic with a broken pipe.
+    // A closed stdout (a parent that stopped reading) must not take the server down: println!
+    // would panic on EPIPE, so the lines are written and errors ignored.
+    let kubeconfig = running.kubeconfig_path();
     let mut out = std::io::stdout().lock();
-    use std::io::Write;
     let _ = writeln!(out, "apiserver listening on https://{}", tls::client_host(running.addr()));
-    let _ = writeln!(out, "kubeconfig: {}", running.kubeconfig_path().display());
-    let _ = writeln!(out, "try: KUBECONFIG={} kubectl api-resources", running.kubeconfig_path().display());
+    let _ = writeln!(out, "kubeconfig: {}", kubeconfig.display());
+    let _ = writeln!(out, "try: KUBECONFIG={} kubectl api-resources", kubeconfig.display());
     let _ = out.flush();
     drop(out);
     tokio::signal::ctrl_c().await?;

@@ -475,6 +475,19 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
         ["apis", g, v] if get => {
             return reg.api_resource_list(g, v).map(|v| value_response(200, &v)).ok_or_else(ApiError::path_not_found);
         }
+        ["openapi", "v2"] if get => {
+            let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            return Ok(match openapi::v2(&reg, accept) {
+                Some(doc) => value_response(200, &doc),
+                None => {
+                    // What kube-openapi answers when no offered type is acceptable.
+                    let mut r = Response::new(full("406 - Not Acceptable\n"));
+                    *r.status_mut() = StatusCode::NOT_ACCEPTABLE;
+                    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+                    r
+                }
+            });
+        }
         ["openapi", "v3"] if get => return Ok(value_response(200, &openapi::index(&reg))),
         ["openapi", "v3", rest @ ..] if get => {
             let gv = rest.join("/");

@@ -226,13 +226,19 @@ struct WriteReq {
     reply: oneshot::Sender<Result<Arc<Entry>, StoreError>>,
 }
 
+/// The objects of one storage key by (namespace, name).
+pub type ObjectsOfKind = BTreeMap<(String, String), Arc<Entry>>;
+
+/// A write decided against memory: (previous, new entry, revision) or why not.
+type Staged = (WriteReq, Result<(Option<Arc<Entry>>, Option<Arc<Entry>>, u64), StoreError>);
+
 /// In-memory state, always equal to what is committed on disk.
 #[derive(Default)]
 pub struct State {
     /// Last committed revision.
     pub rv: u64,
     /// storage key -> (namespace, name) -> entry.
-    pub objects: HashMap<Arc<str>, BTreeMap<(String, String), Arc<Entry>>>,
+    pub objects: HashMap<Arc<str>, ObjectsOfKind>,
     /// Recent events, oldest first.
     pub history: VecDeque<Arc<Event>>,
     /// Watches from revisions below this cannot be served (history was dropped).
@@ -530,7 +536,7 @@ fn writer_loop(
             }
         }
         // Decide every write against memory plus the writes earlier in this batch.
-        let mut staged: Vec<(WriteReq, Result<(Option<Arc<Entry>>, Option<Arc<Entry>>, u64), StoreError>)> = vec![];
+        let mut staged: Vec<Staged> = vec![];
         let mut overlay: HashMap<ObjKey, Option<Arc<Entry>>> = HashMap::new();
         let (base_rv, history_floor) = match state.read() {
             Ok(g) => (g.rv, g.history_floor),

@@ -152,6 +152,9 @@ impl Emitter {
     }
 }
 
+/// One change replayed to a watcher: type, the object after, the object before.
+type Change = (EventType, Arc<Entry>, Option<Arc<Entry>>);
+
 fn matches(p: &WatchParams, e: &Entry) -> bool {
     if let Some(ns) = &p.namespace
         && &e.key.namespace != ns {
@@ -218,7 +221,7 @@ async fn run(em: &mut Emitter, p: WatchParams) {
     let mut next_bookmark = tokio::time::Instant::now() + BOOKMARK_INTERVAL;
     loop {
         // Replay everything after `last`.
-        let batch: Option<(Vec<(EventType, Arc<Entry>, Option<Arc<Entry>>)>, u64)> = {
+        let batch: Option<(Vec<Change>, u64)> = {
             let st = em.core.store.read();
             match st.events_after(last) {
                 None => None,

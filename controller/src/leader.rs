@@ -187,6 +187,11 @@ fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
     renewed.0 + SignedDuration::from_secs(secs) < now
 }
 
+/// Lease writes are recorded in managedFields under the controller's field manager.
+fn lease_write() -> PostParams {
+    PostParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,9 +204,4 @@ mod tests {
         assert!(expired(&spec, t0 + SignedDuration::from_secs(11)));
         assert!(expired(&LeaseSpec::default(), t0));
     }
-}
-
-/// Lease writes are recorded in managedFields under the controller's field manager.
-fn lease_write() -> PostParams {
-    PostParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() }
 }

@@ -9,6 +9,14 @@
 //! exceed `maxServers`. So each cache's watch stream marks it synced on its first
 //! `InitDone`, and every reconcile waits for all of them first.
 //!
+//! One unreadable object must not stop every reconcile (a list that kube-rs cannot decode
+//! fails the whole cache). The API server rules such objects out at admission instead of this
+//! gate decoding items one by one: every object is validated against its CRD's structural
+//! schema (generated from the same Rust types the caches decode into), and nothing nesting
+//! deeper than 64 levels is stored, so the list holding it stays within serde_json's
+//! 128-level limit (`provisioning-apiserver` `validation::MAX_DEPTH`). A cache whose list
+//! still fails is reported by name every 30 s (see `CacheSync::pending`).
+//!
 //! (`Store::wait_until_ready` is not used for this: in kube-runtime 5.0.0 only one of two
 //! tasks awaiting it concurrently is woken, and the Controllers already await it.)
 

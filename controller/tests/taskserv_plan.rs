@@ -109,7 +109,10 @@ impl Pass {
 
     fn finish(&mut self, server: &str, succeeded: bool, healthy: Option<bool>) {
         let op = self.in_flight.remove(server).expect("operation in flight");
-        self.results.push(result(server, op, succeeded, healthy));
+        let mut r = result(server, op, succeeded, healthy);
+        // The run was given the inputs of this pass.
+        r.inputs_hash = self.validated.as_ref().ok().and_then(|v| v.inputs_hash.clone());
+        self.results.push(r);
     }
 }
 
@@ -127,6 +130,7 @@ fn result(server: &str, operation: Operation, succeeded: bool, healthy: Option<b
         succeeded,
         healthy,
         message: if succeeded { "succeeded".into() } else { "exited 3".into() },
+        inputs_hash: None,
     }
 }
 
@@ -593,4 +597,24 @@ fn a_missing_config_source_is_stalled_naming_it_and_runs_nothing() {
     assert_eq!((status, reason), ("True", "ConfigFromMissing"));
     assert!(message.contains("Secret dev/db-creds") && message.contains("password"), "{message}");
     assert!(plan.events.iter().any(|e| e.warning && e.reason == "ConfigFromMissing"));
+}
+
+#[test]
+fn an_install_that_ran_with_values_rotated_meanwhile_runs_again() {
+    let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
+    with_inputs_hash(&mut p, "sha256:aaaa");
+    let first = p.plan();
+    p.commit(&first);
+    // Both installs run with "aaaa"; the Secret is rotated before they finish.
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    with_inputs_hash(&mut p, "sha256:bbbb");
+    let next = p.plan();
+    assert_eq!(next.launch, vec![("s0".to_string(), install("1.0")), ("s1".to_string(), install("1.0"))]);
+    p.commit(&next);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let done = p.plan();
+    assert!(done.launch.is_empty());
+    assert_eq!(cond(&done.status, "Ready").0, "True");
 }

@@ -120,6 +120,8 @@ mod tests {
             ("Cluster.spec.dependsOn", "set"),
             ("Cluster.spec.pools", "map[\"name\"]"),
             ("Cluster.spec.taskservs", "map[\"service\"]"),
+            // configFrom merges in order: the order is the content.
+            ("Cluster.spec.taskservs[].configFrom", "atomic"),
             ("Cluster.spec.taskservs[].pools", "set"),
             ("Cluster.status.conditions", "map[\"type\"]"),
             ("Cluster.status.steps", "map[\"id\"]"),
@@ -127,6 +129,7 @@ mod tests {
             // Addresses may repeat a type (two InternalIPs), as on a Node: atomic.
             ("Server.status.addresses", "atomic"),
             ("Server.status.conditions", "map[\"type\"]"),
+            ("TaskServ.spec.configFrom", "atomic"),
             ("TaskServ.spec.dependsOn", "set"),
             ("TaskServ.spec.servers.names", "set"),
             ("TaskServ.status.conditions", "map[\"type\"]"),

@@ -105,7 +105,9 @@ fn collect_secret_fields(schema: &Value, path: &mut Vec<String>, out: &mut Vec<S
     for (name, property) in properties {
         path.push(name.clone());
         if is_secret_schema(property) {
-            let marker = property.get("x-provisioning-generate").and_then(Value::as_str);
+            let marker = property
+                .get("x-provisioning-generate")
+                .and_then(Value::as_str);
             out.push(SecretField {
                 path: path.clone(),
                 // Checked at load time: an unknown marker never gets here.

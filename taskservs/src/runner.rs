@@ -206,7 +206,16 @@ pub async fn run_script(
     timeout: Duration,
     output: Option<UnboundedSender<String>>,
 ) -> Result<ScriptOutcome, RunError> {
-    run_script_redacted(exec, step, service, ctx, timeout, output, &Redactor::default()).await
+    run_script_redacted(
+        exec,
+        step,
+        service,
+        ctx,
+        timeout,
+        output,
+        &Redactor::default(),
+    )
+    .await
 }
 
 /// [`run_script`] with every output line passed through `redactor` before it is forwarded

@@ -397,6 +397,9 @@ async fn known_secrets_are_redacted_from_streamed_lines_and_the_tail() {
     for text in [&streamed, &outcome.output_tail] {
         assert!(!text.contains("s3cr3t"), "a secret leaked");
         assert!(!text.contains("second-line-of-it"), "a secret line leaked");
-        assert!(text.contains(provisioning_taskservs::REDACTED), "nothing was redacted");
+        assert!(
+            text.contains(provisioning_taskservs::REDACTED),
+            "nothing was redacted"
+        );
     }
 }

@@ -127,8 +127,7 @@ fn haproxy_backends_from_pool_peers_or_config() {
 #[test]
 fn every_shipped_template_renders_with_defaults() {
     let catalog = catalog();
-    let k8s =
-        json!({"bootstrapToken": "abcdef.0123456789abcdef", "certificateKey": "b".repeat(64),
+    let k8s = json!({"bootstrapToken": "abcdef.0123456789abcdef", "certificateKey": "b".repeat(64),
             "caKey": "-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n"});
     for service in catalog.services() {
         let name = service.name();

@@ -151,8 +151,14 @@ fn schema_errors_name_the_path_and_rule_never_the_value() {
         .validate_request("redis", None, &json!({"password": secret, "port": 99999}))
         .expect_err("breaks the pattern");
     let text = err.to_string();
-    assert!(!text.contains("NEVER-IN-A-MESSAGE") && !text.contains("hunter2"), "{text}");
-    assert!(text.contains("/password") && text.contains("match"), "{text}");
+    assert!(
+        !text.contains("NEVER-IN-A-MESSAGE") && !text.contains("hunter2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("/password") && text.contains("match"),
+        "{text}"
+    );
     // Non-secret values are masked too (one rule for all): the path and the limit say enough.
     assert!(text.contains("/port") && !text.contains("99999"), "{text}");
 }

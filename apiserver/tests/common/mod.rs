@@ -31,6 +31,40 @@ pub async fn start() -> Result<TestServer, Box<dyn std::error::Error + Send + Sy
     Ok(TestServer { dir, server })
 }
 
+/// A server with these limits (tests of timeouts, caps and the Event TTL use small ones).
+pub async fn start_with(limits: provisioning_apiserver::Limits) -> Result<TestServer, Box<dyn std::error::Error + Send + Sync>> {
+    provisioning_apiserver::install_crypto_provider();
+    let dir = tempfile::tempdir()?;
+    let mut config = ApiServerConfig::new(dir.path().to_path_buf(), "127.0.0.1:0".parse()?);
+    config.limits = limits;
+    let server = provisioning_apiserver::start(config).await?;
+    Ok(TestServer { dir, server })
+}
+
+/// A rustls client config trusting the test server's CA (for raw TLS connections).
+pub fn tls_client_config(data_dir: &Path) -> Result<std::sync::Arc<rustls::ClientConfig>, Box<dyn std::error::Error + Send + Sync>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from_pem_file(data_dir.join("ca.crt"))?)?;
+    Ok(std::sync::Arc::new(rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth()))
+}
+
+/// A TLS connection to the server speaking HTTP/1.1 (ALPN), for requests written by hand.
+pub async fn tls_connect(
+    addr: std::net::SocketAddr,
+    config: std::sync::Arc<rustls::ClientConfig>,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, Box<dyn std::error::Error + Send + Sync>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?.to_owned();
+    Ok(connector.connect(name, tcp).await?)
+}
+
+/// The bearer token of the test server.
+pub fn token(data_dir: &Path) -> Result<String, std::io::Error> {
+    Ok(std::fs::read_to_string(data_dir.join("token"))?.trim().to_string())
+}
+
 pub async fn restart(ts: TestServer) -> Result<TestServer, Box<dyn std::error::Error + Send + Sync>> {
     let TestServer { dir, server } = ts;
     server.shutdown().await;
@@ -46,6 +80,14 @@ pub async fn restart(ts: TestServer) -> Result<TestServer, Box<dyn std::error::E
 pub async fn client_for(kubeconfig: &Path) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
     let config = Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// A client without kube-rs's retry of 429/503/504 (tests that expect those answers).
+pub async fn client_no_retry(kubeconfig: &Path) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let mut config = Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+    config.default_retry = false;
     Ok(Client::try_from(config)?)
 }
 

@@ -180,6 +180,8 @@ pub struct RunRequest {
     pub timeout: Duration,
     /// Filters the secret values of the context from the output (logs, tail, events).
     pub redactor: Redactor,
+    /// The config inputs version the context carries (recorded with the result).
+    pub inputs_hash: Option<String>,
 }
 
 fn script_run(outcome: &Result<ScriptOutcome, RunError>, step: ScriptStep, started: String) -> (ScriptRun, String) {
@@ -256,6 +258,7 @@ pub async fn run_operation(req: &RunRequest) -> OperationResult {
                 succeeded: install_ok && healthy == Some(true),
                 healthy,
                 message,
+                inputs_hash: req.inputs_hash.clone(),
             }
         }
         Operation::Check => {
@@ -269,13 +272,22 @@ pub async fn run_operation(req: &RunRequest) -> OperationResult {
                 succeeded: ok,
                 healthy: Some(ok),
                 message,
+                inputs_hash: req.inputs_hash.clone(),
             }
         }
         Operation::Remove => {
             let remove = run_step(req, ScriptStep::Remove).await;
             let ok = remove.as_ref().is_ok_and(ScriptOutcome::succeeded);
             let (run, message) = script_run(&remove, ScriptStep::Remove, started);
-            OperationResult { server: req.server.clone(), operation: Operation::Remove, run, succeeded: ok, healthy: None, message }
+            OperationResult {
+                server: req.server.clone(),
+                operation: Operation::Remove,
+                run,
+                succeeded: ok,
+                healthy: None,
+                message,
+                inputs_hash: req.inputs_hash.clone(),
+            }
         }
     }
 }
@@ -296,6 +308,7 @@ pub fn failed_to_start(server: &str, operation: &Operation, message: String) -> 
         succeeded: false,
         healthy: if *operation == Operation::Check { Some(false) } else { None },
         message,
+        inputs_hash: None,
     }
 }
 

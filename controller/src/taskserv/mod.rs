@@ -78,7 +78,9 @@ pub async fn run(
     let tctx = Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, taskservs: store.clone() });
     let selecting = store.clone();
     let (by_secret, by_config_map) = (store.clone(), store.clone());
-    controller
+    // Secrets are granted per namespace by deploy/ (no cluster-wide watch allowed there).
+    let watch_secrets = crate::run::may_watch_all_secrets(&ctx_client).await;
+    let controller = controller
         // A Server coming, going or changing readiness re-plans the TaskServs that select it.
         .watches(Api::<Server>::all(client), watcher::Config::default(), move |server: Server| {
             let namespace = server.namespace().unwrap_or_default();
@@ -101,12 +103,17 @@ pub async fn run(
         // A referenced Secret or ConfigMap changing (metadata-only watches: values are read by
         // the reconcile, never by the watch) re-resolves the config: a rotated password
         // re-runs the install, an awaited Secret that appears lets the TaskServ go on.
-        .watches(Api::<PartialObjectMeta<Secret>>::all(ctx_client.clone()), watcher::Config::default().any_semantic(), move |s| {
+        .watches(Api::<PartialObjectMeta<ConfigMap>>::all(ctx_client.clone()), watcher::Config::default().any_semantic(), move |c| {
+            referrers(&by_config_map, ConfigSourceKind::ConfigMap, c.namespace(), &c.name_any())
+        });
+    let controller = if watch_secrets {
+        controller.watches(Api::<PartialObjectMeta<Secret>>::all(ctx_client), watcher::Config::default().any_semantic(), move |s| {
             referrers(&by_secret, ConfigSourceKind::Secret, s.namespace(), &s.name_any())
         })
-        .watches(Api::<PartialObjectMeta<ConfigMap>>::all(ctx_client), watcher::Config::default().any_semantic(), move |c| {
-            referrers(&by_config_map, ConfigSourceKind::ConfigMap, c.namespace(), &c.name_any())
-        })
+    } else {
+        controller
+    };
+    controller
         .reconcile_on(triggered)
         .with_config(settings)
         .graceful_shutdown_on(shutdown)
@@ -337,7 +344,11 @@ fn start_run(
                 request_host_key_record(&ctx, &request.executor, &server, ts.namespace().as_deref().unwrap_or_default()).await;
                 result
             }
-            Err(message) => act::failed_to_start(&server, &operation, message),
+            // A template error may quote a rendered value: filter it like script output.
+            Err(message) => {
+                let redacted = valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);
+                act::failed_to_start(&server, &operation, redacted)
+            }
         };
         tracing::info!(
             taskserv = %object,
@@ -434,6 +445,7 @@ async fn prepare(
     };
     Ok(RunRequest {
         redactor: valid.map(|v| v.redactor.clone()).unwrap_or_default(),
+        inputs_hash: valid.and_then(|v| v.inputs_hash.clone()),
         object: ObjectRef::from_obj(ts),
         key: key(ts),
         server: server.to_string(),

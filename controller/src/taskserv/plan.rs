@@ -96,6 +96,8 @@ pub struct OperationResult {
     pub healthy: Option<bool>,
     /// Why it failed (exit code, timeout, executor error), for events.
     pub message: String,
+    /// The config inputs version (`ValidTaskServ::inputs_hash`) the run was given.
+    pub inputs_hash: Option<String>,
 }
 
 /// Everything the planner looks at.
@@ -259,6 +261,11 @@ pub fn plan(o: &Observed<'_>) -> Plan {
                     entry.phase = "Installed".into();
                     entry.version = Some(version.clone());
                     entry.healthy = Some(true);
+                    // A Secret rotated while this install ran: it used the old values.
+                    let current = o.validated.as_ref().ok().and_then(|v| v.inputs_hash.as_ref());
+                    if current.is_some() && r.inputs_hash.as_ref() != current {
+                        entry.phase = "Pending".into();
+                    }
                     events.push(PlannedEvent::normal(
                         "Installed",
                         format!("{} {version} installed on {}", o.spec.service, r.server),

@@ -1,0 +1,386 @@
+//! Limits that hold, as kube-apiserver has them, and abuse that stays on 127.0.0.1 and ends
+//! by itself: a JSON Patch bomb, metadata that is not a map of strings, a deep object,
+//! thousands of idle TLS connections, a header that never ends, a watch flood, a reader that
+//! stops reading, a resourceVersion from the future, a store that cannot commit. After each,
+//! the next honest request is answered within 1 s and nothing stored is lost.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The honest request after each abuse: a get answered within 1 s, and every ConfigMap
+/// written so far still there.
+async fn honest(client: &kube::Client, want: usize) -> TestResult {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let t = Instant::now();
+    let cm = cms.get("keep-0").await?;
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(1), "honest get took {took:?}");
+    assert_eq!(cm.data.unwrap_or_default().get("k").map(String::as_str), Some("v"));
+    let n = cms.list(&ListParams::default().labels("keep=yes")).await?.items.len();
+    assert_eq!(n, want, "objects lost");
+    Ok(())
+}
+
+async fn seed(client: &kube::Client, n: usize) -> TestResult {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for i in 0..n {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("keep-{i}"), "labels": {"keep": "yes"}}, "data": {"k": "v"}}))?;
+        cms.create(&PostParams::default(), &cm).await?;
+    }
+    Ok(())
+}
+
+fn nested(levels: usize) -> Value {
+    let mut v = json!("bottom");
+    for _ in 0..levels {
+        v = json!({"n": v});
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_bomb_bad_metadata_and_deep_objects_are_refused() -> TestResult {
+    let ts = start().await?;
+    let client = client_for(&ts.server.kubeconfig_path()).await?;
+    seed(&client, 3).await?;
+    let path = "/api/v1/namespaces/default/configmaps/keep-1";
+
+    // The bomb from the issue: one add, then `copy` of /metadata/annotations into itself.
+    for copies in [18, 22] {
+        let mut ops = vec![json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(64)}})];
+        for i in 0..copies {
+            ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
+        }
+        let (code, body) = raw(&client, "PATCH", path, "application/json-patch+json", serde_json::to_vec(&ops)?).await?;
+        assert_eq!(code, 422, "{copies} copies: {body}");
+        assert!(body["message"].as_str().unwrap_or_default().contains("3145728 bytes"), "{body}");
+        honest(&client, 3).await?;
+    }
+    // Too many operations.
+    let ops: Vec<Value> = (0..10_001).map(|_| json!({"op": "test", "path": "/kind", "value": "ConfigMap"})).collect();
+    let (code, body) = raw(&client, "PATCH", path, "application/json-patch+json", serde_json::to_vec(&ops)?).await?;
+    assert_eq!(code, 413, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("maximum operations in a JSON patch is 10000"), "{body}");
+    // A few copies that stay under the copy limit but make annotation values maps: the same
+    // metadata validation as a create, whatever the patch type.
+    let ops = json!([{"op": "add", "path": "/metadata/annotations", "value": {"a": "x"}},
+        {"op": "copy", "from": "/metadata/annotations", "path": "/metadata/annotations/nested"}]);
+    let (code, body) = raw(&client, "PATCH", path, "application/json-patch+json", serde_json::to_vec(&ops)?).await?;
+    assert_eq!(code, 422, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("annotation values must be strings"), "{body}");
+    for (ct, patch) in [
+        ("application/merge-patch+json", json!({"metadata": {"annotations": {"m": {"x": "y"}}}})),
+        ("application/strategic-merge-patch+json", json!({"metadata": {"labels": {"bad label": "x"}}})),
+        ("application/merge-patch+json", json!({"metadata": {"annotations": {"big": "x".repeat(300 * 1024)}}})),
+    ] {
+        let (code, body) = raw(&client, "PATCH", path, ct, serde_json::to_vec(&patch)?).await?;
+        assert_eq!(code, 422, "{ct} {patch:.80}: {body}");
+    }
+    // Server-side apply is checked the same way.
+    let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keep-1", "annotations": {"m": {"x": "y"}}}});
+    let (code, body) =
+        raw(&client, "PATCH", &format!("{path}?fieldManager=abuse"), "application/apply-patch+yaml", serde_json::to_vec(&applied)?).await?;
+    assert_eq!(code, 422, "{body}");
+    // Creates too.
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "badmeta", "annotations": {"a": 1}}});
+    let (code, body) = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/json", serde_json::to_vec(&cm)?).await?;
+    assert_eq!(code, 422, "{body}");
+    honest(&client, 3).await?;
+
+    // Depth: 64 levels is the limit, with a clear message; an object at the limit stays
+    // readable by kube-rs in a list.
+    let deep = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "deep"}, "extra": nested(100)});
+    let (code, body) = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/json", serde_json::to_vec(&deep)?).await?;
+    assert_eq!(code, 422, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("more than the limit of 64"), "{body}");
+    let ok = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "deep-ok", "labels": {"keep": "yes"}}, "data": {"k": "v"}, "extra": nested(62)});
+    let (code, body) = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/json", serde_json::to_vec(&ok)?).await?;
+    assert_eq!(code, 201, "{body}");
+    let any = kube::core::ApiResource::erase::<ConfigMap>(&());
+    let dynamic: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &any);
+    assert_eq!(dynamic.list(&ListParams::default()).await?.items.len(), 4);
+    // A patch cannot make it deeper than the limit either.
+    let ops = json!([{"op": "add", "path": "/extra2", "value": nested(70)}]);
+    let (code, body) = raw(&client, "PATCH", path, "application/json-patch+json", serde_json::to_vec(&ops)?).await?;
+    assert_eq!(code, 422, "{body}");
+    honest(&client, 4).await?;
+    ts.server.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_version_from_the_future_is_504() -> TestResult {
+    let ts = start().await?;
+    // kube-rs retries 504 (as client-go does); this test wants to see the answer itself.
+    let client = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    seed(&client, 1).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let rv: u64 = cms.list(&ListParams::default()).await?.metadata.resource_version.unwrap_or_default().parse()?;
+    let ahead = rv + 1000;
+    for path in [
+        format!("/api/v1/namespaces/default/configmaps?resourceVersion={ahead}"),
+        format!("/api/v1/namespaces/default/configmaps?resourceVersion={ahead}&resourceVersionMatch=NotOlderThan"),
+        format!("/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={ahead}"),
+    ] {
+        let t = Instant::now();
+        let (code, body) = raw(&client, "GET", &path, "", vec![]).await?;
+        assert_eq!(code, 504, "{path}: {body}");
+        assert_eq!(body["reason"], "Timeout");
+        assert_eq!(body["details"]["causes"][0]["reason"], "ResourceVersionTooLarge", "{body}");
+        assert!(body["message"].as_str().unwrap_or_default().contains("Too large resource version"), "{body}");
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
+    // A revision reached while waiting is served.
+    let writer = {
+        let cms = cms.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "late"}})).map_err(kube::Error::SerdeError)?;
+            cms.create(&PostParams::default(), &cm).await.map(|_| ())
+        })
+    };
+    let (code, body) = raw(&client, "GET", &format!("/api/v1/namespaces/default/configmaps?resourceVersion={}", rv + 1), "", vec![]).await?;
+    assert_eq!(code, 200, "{body}");
+    writer.await??;
+    honest(&client, 1).await?;
+    ts.server.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tls_connections_and_slow_headers() -> TestResult {
+    const IDLE: usize = 2_000;
+    let limits = provisioning_apiserver::Limits {
+        max_connections: 500,
+        idle_timeout: Duration::from_secs(3),
+        header_read_timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let ts = start_with(limits).await?;
+    let client = client_for(&ts.server.kubeconfig_path()).await?;
+    seed(&client, 1).await?;
+    let addr = ts.server.addr();
+    let tls = tls_client_config(ts.dir.path())?;
+    // Thousands of TLS connections that never send a request, opened 50 at a time.
+    let mut idle = Vec::with_capacity(IDLE);
+    while idle.len() < IDLE {
+        let batch: Vec<_> = (0..50).map(|_| tokio::spawn(tls_connect(addr, tls.clone()))).collect();
+        for b in batch {
+            // At the cap the server closes the longest-idle connection, which may be one still
+            // handshaking: those count as closed, not as failures of the test.
+            if let Ok(Ok(c)) = b.await {
+                idle.push(c);
+            }
+            if idle.len() >= IDLE {
+                break;
+            }
+        }
+        if idle.is_empty() {
+            return Err("no TLS connection could be opened".into());
+        }
+    }
+    honest(&client, 1).await?;
+    // The server holds at most its cap: most of the idle ones are closed already, the rest
+    // go after the idle timeout. A read returns EOF (or an error) on a closed connection.
+    let mut closed = 0;
+    for c in idle.iter_mut() {
+        if closed_within(c, Duration::from_millis(5)).await {
+            closed += 1;
+        }
+    }
+    assert!(closed >= IDLE - 500 - 50, "only {closed} of {IDLE} idle connections were closed at a cap of 500");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for c in idle.iter_mut() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(closed_within(c, left).await, "an idle connection outlived the idle timeout");
+    }
+    drop(idle);
+    honest(&client, 1).await?;
+
+    // A header that never ends is cut off by the header-read timeout.
+    let mut slow = tls_connect(addr, tls.clone()).await?;
+    slow.write_all(b"GET /api/v1/namespaces HTTP/1.1\r\nHost: 127.0.0.1\r\n").await?;
+    let t = Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), slow.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return Err("a connection with an unfinished header stayed open for 20 s".into()),
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(15), "header timeout took {:?}", t.elapsed());
+    let text = String::from_utf8_lossy(&got);
+    assert!(got.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+    honest(&client, 1).await?;
+    ts.server.shutdown().await;
+    Ok(())
+}
+
+/// Whether the server closed this connection (EOF or error) within `d`.
+async fn closed_within(c: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>, d: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(tokio::time::timeout(d, c.read(&mut buf)).await, Ok(Ok(0)) | Ok(Err(_)))
+}
+
+/// Sends a watch request by hand on its own HTTP/1.1 connection and returns the connection.
+async fn raw_watch(
+    addr: std::net::SocketAddr,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+    token: &str,
+    path: &str,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut c = tls_connect(addr, tls).await?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nAccept: application/json\r\n\r\n");
+    c.write_all(req.as_bytes()).await?;
+    Ok(c)
+}
+
+/// Reads the response head of a raw request: the status code.
+async fn status_of(c: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut b)).await??;
+        if n == 0 {
+            return Err("connection closed before the response head".into());
+        }
+        head.push(b[0]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    Ok(text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_flood_and_slow_reader() -> TestResult {
+    let limits = provisioning_apiserver::Limits {
+        max_watches: 60,
+        max_watches_per_connection: 5,
+        slow_reader_timeout: Duration::from_secs(1),
+        watch_buffer_bytes: 256 * 1024,
+        ..Default::default()
+    };
+    let ts = start_with(limits).await?;
+    let client = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    seed(&client, 1).await?;
+    let addr = ts.server.addr();
+    let tls = tls_client_config(ts.dir.path())?;
+    let token = token(ts.dir.path())?;
+    let path = "/api/v1/namespaces/default/configmaps?watch=true";
+
+    // A flood: 80 watches on their own connections; beyond the total cap of 60 they get 429.
+    let mut open = vec![];
+    let mut refused = 0;
+    for _ in 0..80 {
+        let mut c = raw_watch(addr, tls.clone(), &token, path).await?;
+        match status_of(&mut c).await? {
+            200 => open.push(c),
+            429 => refused += 1,
+            other => return Err(format!("watch answered {other}").into()),
+        }
+    }
+    assert_eq!((open.len(), refused), (60, 20), "total watch cap");
+    honest(&client, 1).await?;
+    drop(open);
+    // Per connection (HTTP/2 multiplexes many watches on one connection): a kube client's
+    // watches beyond 5 on its connection are refused, and closing them frees the slots.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut streams = vec![];
+    let mut per_conn_refused = 0;
+    eventually("watches freed after the flood", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move { raw(&client, "GET", "/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1", "", vec![]).await.is_ok_and(|(c, _)| c == 200) }
+    })
+    .await?;
+    for _ in 0..8 {
+        match cms.watch(&kube::api::WatchParams::default(), "0").await {
+            Ok(s) => streams.push(s),
+            Err(kube::Error::Api(e)) if e.code == 429 => per_conn_refused += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // kube-rs may spread requests over several HTTP/1.1 connections; with HTTP/2 they share one.
+    assert!(streams.len() + per_conn_refused == 8, "{} open, {per_conn_refused} refused", streams.len());
+    drop(streams);
+
+    // A slow reader: a watch whose client never reads while 40 MiB of changes stream by (more
+    // than loopback socket buffers hold, so the server's side of the watch must fill up).
+    let mut slow = raw_watch(addr, tls.clone(), &token, path).await?;
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let cms = cms.clone();
+            tokio::spawn(async move {
+                for i in 0..40 {
+                    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("big-{w}-{i}")}, "data": {"blob": "x".repeat(256 * 1024)}}))
+                        .map_err(kube::Error::SerdeError)?;
+                    cms.create(&PostParams::default(), &cm).await?;
+                }
+                Ok::<_, kube::Error>(())
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await??;
+    }
+    honest(&client, 1).await?;
+    // The server dropped that watcher: reading now drains what the socket buffers hold and
+    // then ends (the chunked terminator or EOF), instead of streaming on forever.
+    let mut total = 0usize;
+    let mut tail = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(10), slow.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => {
+                total += n;
+                tail.extend_from_slice(&buf[..n]);
+                if tail.len() > 16 {
+                    tail.drain(..tail.len() - 16);
+                }
+                if tail.ends_with(b"0\r\n\r\n") {
+                    break true;
+                }
+            }
+            Err(_) => break false,
+        }
+    };
+    assert!(ended, "the slow reader's watch was not dropped ({total} bytes read)");
+    assert!(total < 40 * 1024 * 1024, "the slow reader got everything ({total} bytes): nothing was dropped");
+    honest(&client, 1).await?;
+    ts.server.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_and_writes_when_storage_cannot_commit() -> TestResult {
+    let ts = start().await?;
+    let client = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    seed(&client, 1).await?;
+    let readyz = |client: kube::Client| async move {
+        let req = http::Request::builder().uri("/readyz").body(Vec::new()).map_err(|e| e.to_string())?;
+        client.send(req.map(kube::client::Body::from)).await.map(|r| r.status().as_u16()).map_err(|e| e.to_string())
+    };
+    assert_eq!(readyz(client.clone()).await?, 200);
+    ts.server.fail_storage_for_test();
+    eventually("readyz 503", Duration::from_secs(5), || {
+        let client = client.clone();
+        async move { readyz(client).await == Ok(503) }
+    })
+    .await?;
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "after"}});
+    let (code, body) = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/json", serde_json::to_vec(&cm)?).await?;
+    assert_eq!(code, 503, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("storage cannot commit"), "{body}");
+    // Reads still work.
+    honest(&client, 1).await?;
+    ts.server.shutdown().await;
+    Ok(())
+}
