@@ -439,7 +439,6 @@ fn duplicate_entries(value: &Value, schema: Option<&Value>, path: &mut FieldPath
         Value::Array(items) => {
             let keys = list_keys(schema, path);
             let set = keys.is_none() && is_set(schema);
-            let item_schema = schema.and_then(|s| s.get("items"));
             let mut seen = std::collections::HashSet::new();
             let item_schema = schema.and_then(|s| s.get("items"));
             for item in items {
