@@ -440,9 +440,10 @@ fn duplicate_entries(value: &Value, schema: Option<&Value>, path: &mut FieldPath
             let keys = list_keys(schema, path);
             let set = keys.is_none() && is_set(schema);
             let mut seen = std::collections::HashSet::new();
+            let item_schema = schema.and_then(|s| s.get("items"));
             for item in items {
                 let token = match &keys {
-                    Some(k) => item_token(item, k),
+                    Some(k) => item_token(item, k, item_schema),
                     None if set => Some(set_token(item)),
                     None => None,
                 };
@@ -454,9 +455,8 @@ fn duplicate_entries(value: &Value, schema: Option<&Value>, path: &mut FieldPath
                 }
             }
             if let Some(k) = &keys {
-                let item_schema = schema.and_then(|s| s.get("items"));
                 for item in items {
-                    if let Some(t) = item_token(item, k) {
+                    if let Some(t) = item_token(item, k, item_schema) {
                         path.push(t);
                         duplicate_entries(item, item_schema, path, out);
                         path.pop();
