@@ -198,7 +198,8 @@ fn upcloud_kubernetes_example_reaches_servers_ready_and_deletes_cleanly() -> Res
 fn account_refused(dev: &mut Dev, name: &str) -> Result<String> {
     let mut message = String::new();
     dev.wait_until(Duration::from_secs(120), &format!("Workspace {name}: account not ready"), |d| {
-        let ws = get_json(d, &["ws", name])?;
+        // Not there yet while `provisioning dev --apply` is still applying.
+        let Ok(ws) = get_json(d, &["ws", name]) else { return Ok(false) };
         let account = &ws["status"]["providers"][0];
         message = account["message"].as_str().unwrap_or_default().to_string();
         Ok(account["ready"] == false && !message.is_empty())
