@@ -221,8 +221,11 @@ fn services_bind_private_addresses_and_keep_stats_local() {
     let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![peer("web-0", "10.0.0.20", "")], json!({}));
     let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("bind 10.0.0.2:80\n    bind 127.0.0.1:80\n"), "{cfg}");
-    assert!(cfg.contains("bind 127.0.0.1:8404"), "{cfg}");
-    assert!(!cfg.contains("*:"), "{cfg}");
+    assert!(cfg.contains("bind 127.0.0.1:8404\n"), "{cfg}");
+    assert!(!cfg.contains("10.0.0.2:8404") && !cfg.contains("*:"), "{cfg}");
+    let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![], json!({"statsBind": "private"}));
+    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    assert!(cfg.contains("bind 127.0.0.1:8404\n    bind 10.0.0.2:8404\n"), "{cfg}");
 
     let ctx = context("redis", ("r-0", "10.0.0.5"), vec![], json!({"password": "pw"}));
     let conf = catalog().render_templates("redis", &ctx).expect("render")["redis.conf"].clone();
