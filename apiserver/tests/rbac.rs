@@ -197,8 +197,11 @@ rules:
         a(&["get", "clusterrole", "view", "-o", "json"], None).stdout.contains("provisioning.dev")
     })
     .await?;
-    let edit = ok(&a(&["get", "clusterrole", "edit", "-o", "json"], None), "edit")?;
-    assert!(edit.contains("provisioning.dev"), "edit aggregates view through its aggregate-to-edit label");
+    // edit aggregates view (view carries aggregate-to-edit), so it follows one pass later.
+    eventually("edit aggregates view through its aggregate-to-edit label", Duration::from_secs(30), || async {
+        a(&["get", "clusterrole", "edit", "-o", "json"], None).stdout.contains("provisioning.dev")
+    })
+    .await?;
     apply(&service_account("default", "viewer"), "viewer sa")?;
     apply(&binding(Some("default"), "viewer", "ClusterRole", "view", "default", "viewer"), "view binding")?;
     let vtoken = ok(&a(&["create", "token", "viewer", "-n", "default"], None), "viewer token")?.trim().to_string();
