@@ -860,7 +860,9 @@ impl Core {
                 }
             let mut candidate = old.clone();
             match kind {
-                PatchType::Merge | PatchType::Strategic => patch::merge_patch(&mut candidate, &patch_doc),
+                PatchType::Merge => patch::merge_patch(&mut candidate, &patch_doc),
+                // Only built-in kinds get here (custom resources were refused above).
+                PatchType::Strategic => crate::strategic::patch(&mut candidate, &patch_doc, rt.schema.as_ref()),
                 PatchType::Json => patch::json_patch(&mut candidate, &patch_doc)?,
                 PatchType::Apply => {
                     let now = now_rfc3339();

@@ -21,6 +21,7 @@ pub mod registry;
 pub mod selectors;
 pub mod server;
 pub mod storage;
+pub mod strategic;
 pub mod table;
 pub mod tls;
 pub mod validation;

@@ -374,7 +374,7 @@ impl Registry {
         }
         for g in group_order {
             let mut vs = group_versions.remove(&g).unwrap_or_default();
-            vs.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+            vs.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
             reg.groups.push((g, vs));
         }
         reg

@@ -1,7 +1,8 @@
 //! The built-in kinds a cluster deployment uses (ServiceAccount, Service, Deployment, RBAC,
 //! PodDisruptionBudget, NetworkPolicy), driven with the real kubectl: `kubectl apply -k
 //! deploy/` with client-side validation against the served OpenAPI, `get` of every kind,
-//! `explain` through `$ref`s, strict validation, server-side apply twice, `/openapi/v2`.
+//! `explain` through `$ref`s, strategic merge patch, strict validation, server-side apply
+//! twice, `/openapi/v2`.
 
 mod common;
 
@@ -39,8 +40,37 @@ async fn deploy_dir_applies_and_builtins_behave_like_a_cluster() -> TestResult {
     let out = k(&["apply", "-k", &deploy], None);
     assert!(out.ok, "apply -k deploy/: {}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("deployment.apps/provisioning-controller created"), "{}", out.stdout);
+    // Unchanged, except that kubectl always sends a PodDisruptionBudget's selector (its Go
+    // field is `patchStrategy:"replace"`), so it prints "configured" there as against a real
+    // cluster; the server still keeps the object as it was.
+    let pdb_rv = || k(&["get", "pdb", "-A", "-o", "jsonpath={.items[*].metadata.resourceVersion}"], None).stdout;
+    let before = pdb_rv();
     let out = k(&["apply", "-k", &deploy], None);
-    assert!(out.ok && !out.stdout.contains("configured"), "second apply changed something: {}\n{}", out.stdout, out.stderr);
+    assert!(out.ok, "{}", out.stderr);
+    let changed: Vec<&str> = out.stdout.lines().filter(|l| l.contains("configured") && !l.starts_with("poddisruptionbudget")).collect();
+    assert!(changed.is_empty(), "second apply changed something: {}\n{}", out.stdout, out.stderr);
+    assert_eq!(pdb_rv(), before, "a no-op patch moved the resourceVersion");
+
+    // A changed image, applied client-side: kubectl sends a strategic merge patch with
+    // `$setElementOrder/containers`; the container is merged by name, nothing else lost.
+    let rendered = k(&["kustomize", &deploy], None);
+    assert!(rendered.ok, "{}", rendered.stderr);
+    let image = k(&["get", "deploy", "-n", "provisioning-system", "provisioning-controller", "-o", "jsonpath={.spec.template.spec.containers[0].image}"], None).stdout;
+    assert!(!image.is_empty());
+    let changed = rendered.stdout.replace(&format!("image: {image}\n"), "image: example/changed:2\n");
+    let out = k(&["apply", "-f", "-"], Some(&changed));
+    assert!(out.ok && out.stdout.contains("deployment.apps/provisioning-controller configured"), "{}\n{}", out.stdout, out.stderr);
+    let out = k(&["get", "deploy", "-n", "provisioning-system", "provisioning-controller", "-o", "json"], None);
+    let d: serde_json::Value = serde_json::from_str(&out.stdout)?;
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "example/changed:2");
+    assert!(c["ports"].as_array().is_some_and(|p| p.len() == 1) && c.get("args").is_some(), "container lost fields: {c}");
+    assert_eq!(d["metadata"]["generation"], 2);
+    assert!(!out.stdout.contains("$setElementOrder"));
+    let out = k(&["patch", "deploy", "-n", "provisioning-system", "provisioning-controller", "-p", r#"{"spec":{"template":{"spec":{"containers":[{"name":"controller","env":[{"name":"EXTRA","value":"1"}]}]}}}}"#], None);
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&["get", "deploy", "-n", "provisioning-system", "provisioning-controller", "-o", "jsonpath={.spec.template.spec.containers[0].env[*].name}"], None);
+    assert!(out.stdout.contains("EXTRA") && out.stdout.split(' ').count() > 1, "env merged by name: {}", out.stdout);
 
     let out = k(&["get", "deploy,sa,svc,role,clusterrole,rolebinding,clusterrolebinding,pdb,netpol", "-A"], None);
     assert!(out.ok, "{}", out.stderr);

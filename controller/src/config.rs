@@ -5,6 +5,8 @@
 //! state_dir = "/var/lib/provisioning"
 //! leader_election = true
 //! lease_namespace = "provisioning-system"
+//! # Accept `http://` provider endpoints (emulators such as moto or a test double only).
+//! allow_insecure_endpoints = false
 //!
 //! # Settings for namespaces that no Workspace claims (same fields as Workspace.spec).
 //! [default_workspace]
@@ -47,6 +49,10 @@ pub struct ControllerConfig {
     /// Reconciles running at once per kind (0: unbounded). Bounded so that a burst of
     /// thousands of objects does not hold thousands of in-flight reconciles in memory.
     pub concurrency: u16,
+    /// Whether provider accounts may name a plain `http://` endpoint. Off by default: an
+    /// account's credentials must never travel unencrypted or to a spoofable host; only
+    /// tests against local emulators (moto, the UpCloud double) turn it on.
+    pub allow_insecure_endpoints: bool,
 }
 
 impl Default for ControllerConfig {
@@ -63,6 +69,7 @@ impl Default for ControllerConfig {
             resync_secs: 600,
             poll_secs: 5,
             concurrency: 128,
+            allow_insecure_endpoints: false,
         }
     }
 }
@@ -81,6 +88,10 @@ pub fn default_workspace() -> WorkspaceSpec {
             simulation: None,
             rate_limit: 0,
             ssh: None,
+            security_group_ids: Vec::new(),
+            subnet_id: String::new(),
+            ssh_source_cidrs: Vec::new(),
+            firewall_rules: Vec::new(),
         }],
         ..WorkspaceSpec::default()
     }

@@ -597,6 +597,8 @@ fn a_missing_config_source_is_stalled_naming_it_and_runs_nothing() {
     assert_eq!((status, reason), ("True", "ConfigFromMissing"));
     assert!(message.contains("Secret dev/db-creds") && message.contains("password"), "{message}");
     assert!(plan.events.iter().any(|e| e.warning && e.reason == "ConfigFromMissing"));
+    // Polled too, not only watched (the Secret watch may be refused by per-namespace RBAC).
+    assert_eq!(plan.requeue, Some(plan::CONFIG_INPUTS_REQUEUE));
 }
 
 #[test]

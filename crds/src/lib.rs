@@ -137,6 +137,10 @@ mod tests {
             ("TaskServ.status.resolvedDependencies", "atomic"),
             ("TaskServ.status.servers", "map[\"name\"]"),
             ("Workspace.spec.providers", "map[\"name\"]"),
+            // Evaluation order is the content (firewall rules); the others are short lists.
+            ("Workspace.spec.providers[].firewallRules", "atomic"),
+            ("Workspace.spec.providers[].securityGroupIds", "atomic"),
+            ("Workspace.spec.providers[].sshSourceCidrs", "atomic"),
             ("Workspace.status.conditions", "map[\"type\"]"),
             ("Workspace.status.providers", "map[\"name\"]"),
         ];

@@ -165,3 +165,43 @@ fn joins_pin_the_ca_made_from_the_generated_key_in_a_0600_config() {
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     assert_eq!(std::fs::read_to_string(&file).expect("read"), "token: x");
 }
+
+/// Downloads a script runs as root are verified: no pin → refused before downloading; a
+/// wrong pin → refused and the file deleted; the right pin → kept (file:// stands in for
+/// the release server).
+#[test]
+fn downloads_need_a_matching_pinned_sha256() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = dir.path().join("release.tar.gz");
+    std::fs::write(&source, b"release bytes").expect("write");
+    let url = format!("file://{}", source.display());
+    let dest = dir.path().join("downloaded");
+    let run = |pin: &str| {
+        std::process::Command::new(nu())
+            .current_dir(crate_dir().join("catalog"))
+            .args(["--no-config-file", "-c", &format!("use lib/k8s.nu *; fetch '{url}' '{}' --sha256 '{pin}'", dest.display())])
+            .output()
+            .expect("nu runs")
+    };
+    let unpinned = run("");
+    assert!(!unpinned.status.success() && String::from_utf8_lossy(&unpinned.stderr).contains("no pinned sha256"));
+    assert!(!dest.exists(), "nothing downloaded without a pin");
+    let wrong = run(&"0".repeat(64));
+    assert!(!wrong.status.success() && String::from_utf8_lossy(&wrong.stderr).contains("sha256 mismatch"));
+    assert!(!dest.exists(), "a mismatching download is deleted");
+    // sha256("release bytes")
+    let right = {
+        use std::io::Write;
+        let mut child = std::process::Command::new("sha256sum")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sha256sum");
+        child.stdin.take().expect("stdin").write_all(b"release bytes").expect("write");
+        let out = child.wait_with_output().expect("sha256sum output");
+        String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string()
+    };
+    let ok = run(&right);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert_eq!(std::fs::read(&dest).expect("downloaded"), b"release bytes");
+}

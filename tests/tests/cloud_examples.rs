@@ -144,7 +144,7 @@ fn aws_kubernetes_example_reaches_servers_ready_and_deletes_cleanly() -> Result<
         &[("debian-12", MOTO_AMI)],
         &[("AWS_ACCESS_KEY_ID", "AKIAE2ETEST000000001"), ("AWS_SECRET_ACCESS_KEY", &secret_key), ("SSH_PRIVATE_KEY", &ssh_key)],
     )?;
-    let mut dev = Dev::start(&[])?;
+    let mut dev = Dev::start_allowing_insecure_endpoints(&[])?;
     apply_once(&dev, &manifest)?;
 
     let ids = servers_ready(&mut dev, "k8s-aws", ("t3.medium", "t3.large"))?;
@@ -176,7 +176,7 @@ fn upcloud_kubernetes_example_reaches_servers_ready_and_deletes_cleanly() -> Res
         &[],
         &[("UPCLOUD_USERNAME", UPCLOUD_USER), ("UPCLOUD_PASSWORD", &password), ("SSH_PRIVATE_KEY", &ssh_key)],
     )?;
-    let mut dev = Dev::start(&[])?;
+    let mut dev = Dev::start_allowing_insecure_endpoints(&[])?;
     apply_once(&dev, &manifest)?;
 
     let ids = servers_ready(&mut dev, "k8s-upcloud", ("2xCPU-4GB", "4xCPU-8GB"))?;
@@ -258,7 +258,7 @@ fn bad_credentials_stall_with_the_clouds_message_and_no_secret_leaks() -> Result
         &[("UPCLOUD_USERNAME", UPCLOUD_USER), ("UPCLOUD_PASSWORD", &upcloud_password), ("SSH_PRIVATE_KEY", &ssh_key)],
     )?;
     let (aws, up) = (aws.display().to_string(), up.display().to_string());
-    let mut dev = Dev::start(&[&aws, &up])?;
+    let mut dev = Dev::start_allowing_insecure_endpoints(&[&aws, &up])?;
 
     let aws_message = account_refused(&mut dev, "k8s-aws")?;
     ensure!(aws_message.contains("AuthFailure"), "AWS's own message: {aws_message}");

@@ -58,7 +58,7 @@ fn manifest(dir: &Path, moto: &Moto, sshd: &Sshd, account_key: &str, aws_secret:
                     "name": ACCOUNT, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
                     "credentialsSecretRef": {"name": "aws-creds"},
                     "images": {"debian-12": MOTO_AMI},
-                    "ssh": {"user": sshd.user, "port": sshd.port, "addressOverride": "127.0.0.1", "remoteDir": remote_dir.display().to_string()},
+                    "ssh": {"user": sshd.user, "port": sshd.port, "addressOverride": "127.0.0.1", "hostKeys": "FirstUse", "remoteDir": remote_dir.display().to_string()},
                 }],
             }}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": "web", "namespace": NAMESPACE},
@@ -126,7 +126,7 @@ fn taskserv_runs_over_ssh_with_the_servers_key_and_pins_the_host_key() -> Result
     secrets.push(aws_secret.clone());
     let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
 
-    let mut dev = Dev::start_in_with_env(&data_dir, &[&path], &env)?;
+    let mut dev = Dev::start_in_with(&data_dir, &[&path], &env, &["--allow-insecure-endpoints"])?;
     let started = std::time::Instant::now();
     if let Err(e) = dev.kubectl_ok(&["wait", "--for=condition=Ready", "ts/marker", "-n", NAMESPACE, "--timeout=240s"]) {
         let ts = dev.kubectl_ok(&["get", "ts", "marker", "-n", NAMESPACE, "-o", "yaml"]).unwrap_or_default();
@@ -186,7 +186,7 @@ fn taskserv_runs_over_ssh_with_the_servers_key_and_pins_the_host_key() -> Result
     dev.stop();
     sshd.stop();
     std::fs::remove_file(data_dir.join("providers").join(format!("known-hosts-aws-{ACCOUNT}.json")))?;
-    let mut dev = Dev::start_in_with_env(&data_dir, &[], &env)?;
+    let mut dev = Dev::start_in_with(&data_dir, &[], &env, &["--allow-insecure-endpoints"])?;
     let restarted = std::time::Instant::now();
     dev.wait_until(Duration::from_secs(60), "the host key pinned again from status.hostKey", |_| {
         Ok(known_hosts(&data_dir)?.get(&web_id).and_then(Value::as_str).is_some_and(|k| key_body(k) == host_key))

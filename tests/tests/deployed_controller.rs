@@ -676,6 +676,14 @@ fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over(
         .map(|o| serde_json::from_value::<ConfigMap>(o.clone()))
         .map(|cm| cm.map(|cm| (cm.metadata.name.clone().unwrap_or_default(), cm)))
         .collect::<Result<_, _>>()?;
+    // The AWS example below talks to moto over plain http: this run (only) allows insecure
+    // endpoints, as the shipped config rightly does not.
+    let mut config_maps = config_maps;
+    for cm in config_maps.values_mut() {
+        if let Some(toml) = cm.data.as_mut().and_then(|d| d.get_mut("config.toml")) {
+            *toml = format!("allow_insecure_endpoints = true\n{toml}");
+        }
+    }
     let spec = deployment.spec.clone();
     let pod = spec.template.spec.clone().context("pod template spec")?;
     let container = pod.containers.first().context("no container")?.clone();

@@ -22,6 +22,10 @@ pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(20);
 pub const WAIT_REQUEUE: Duration = Duration::from_secs(5);
 /// Requeue of a Stalled object (a spec change triggers a reconcile anyway).
 pub const STALLED_REQUEUE: Duration = Duration::from_secs(300);
+/// Requeue while waiting for a Secret/ConfigMap of `configFrom`: the Secret watch triggers at
+/// once where the controller may watch Secrets cluster-wide; where RBAC grants Secrets only
+/// per namespace (deploy/rbac/secrets.yaml) that watch is refused and this poll takes over.
+pub const CONFIG_INPUTS_REQUEUE: Duration = Duration::from_secs(30);
 
 /// Reason of the `Stalled` condition after a failed upgrade was rolled back.
 pub const REASON_UPGRADE_FAILED: &str = "UpgradeFailed";
@@ -607,7 +611,9 @@ pub fn plan(o: &Observed<'_>) -> Plan {
         generated_secret_ref: o.status.generated_secret_ref.clone(),
     };
 
-    let requeue = if stalled.is_some() && !in_flight_now {
+    let requeue = if matches!(o.validated, Err(InvalidTaskServ::ConfigInputs(..))) && !in_flight_now {
+        Some(CONFIG_INPUTS_REQUEUE)
+    } else if stalled.is_some() && !in_flight_now {
         Some(STALLED_REQUEUE)
     } else if in_flight_now {
         // Results trigger the next reconcile; this is only a safety net.
