@@ -19,7 +19,7 @@ NUSHELL_VERSION=0.115.1
 log() { echo "setup: $*" >&2; }
 
 # --- Debian packages ---------------------------------------------------------
-APT_PKGS=(docker.io lua5.1 debootstrap etcd-client openssh-server)
+APT_PKGS=(docker.io lua5.1 debootstrap etcd-client openssh-server openssl)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,7 +2,9 @@
 //!
 //! Field sets are sets of paths; a path is a list of FieldsV1 tokens (`f:spec`, `k:{"name":"a"}`).
 //! Lists are atomic unless the schema marks them `x-kubernetes-list-type: map` (keys from
-//! `x-kubernetes-list-map-keys`); `metadata.ownerReferences` is keyed by uid as in Kubernetes.
+//! `x-kubernetes-list-map-keys`, items `k:{...}`) or `set` (scalar items `v:<json>`), so
+//! several managers can own different entries of one list; `metadata.ownerReferences` is keyed
+//! by uid as in Kubernetes.
 
 use std::collections::BTreeSet;
 
@@ -51,6 +53,16 @@ fn child_schema<'a>(schema: Option<&'a Value>, field: &str) -> Option<&'a Value>
     s.get("additionalProperties").filter(|a| a.is_object())
 }
 
+/// Whether the list at `schema` is a `x-kubernetes-list-type: set`.
+fn is_set(schema: Option<&Value>) -> bool {
+    schema.and_then(|s| s.get("x-kubernetes-list-type")).and_then(Value::as_str) == Some("set")
+}
+
+/// The FieldsV1 token of a set item: `v:` and its JSON.
+fn set_token(item: &Value) -> String {
+    format!("v:{item}")
+}
+
 fn list_keys(schema: Option<&Value>, path: &[String]) -> Option<Vec<String>> {
     if path.len() == 2 && path[0] == "f:metadata" && path[1] == "f:ownerReferences" {
         return Some(vec!["uid".into()]);
@@ -64,10 +76,14 @@ fn list_keys(schema: Option<&Value>, path: &[String]) -> Option<Vec<String>> {
     if keys.is_empty() { None } else { Some(keys) }
 }
 
-fn item_token(item: &Value, keys: &[String]) -> Option<String> {
+/// The `k:{...}` token of a list-map item. A key field the item leaves out takes its schema
+/// default, as in structured-merge-diff (a container port applied without `protocol` is the
+/// stored port with `protocol: TCP`).
+fn item_token(item: &Value, keys: &[String], item_schema: Option<&Value>) -> Option<String> {
     let mut m = Map::new();
     for k in keys {
-        m.insert(k.clone(), item.get(k)?.clone());
+        let v = item.get(k).or_else(|| item_schema?.get("properties")?.get(k)?.get("default"))?;
+        m.insert(k.clone(), v.clone());
     }
     Some(format!("k:{}", Value::Object(m)))
 }
@@ -85,7 +101,7 @@ fn collect(value: &Value, schema: Option<&Value>, path: &mut FieldPath, out: &mu
             Some(keys) if !items.is_empty() => {
                 let item_schema = schema.and_then(|s| s.get("items"));
                 for item in items {
-                    match item_token(item, &keys) {
+                    match item_token(item, &keys, item_schema) {
                         Some(tok) => {
                             path.push(tok);
                             out.insert(path.clone());
@@ -102,6 +118,13 @@ fn collect(value: &Value, schema: Option<&Value>, path: &mut FieldPath, out: &mu
                             out.insert(path.clone());
                         }
                     }
+                }
+            }
+            _ if is_set(schema) && !items.is_empty() => {
+                for item in items {
+                    path.push(set_token(item));
+                    out.insert(path.clone());
+                    path.pop();
                 }
             }
             _ => {
@@ -204,6 +227,9 @@ pub fn from_fields_v1(v: &Value) -> FieldSet {
 }
 
 fn key_match(item: &Value, tok: &str) -> bool {
+    if let Some(v) = tok.strip_prefix("v:") {
+        return serde_json::from_str::<Value>(v).is_ok_and(|v| &v == item);
+    }
     let Some(keys) = tok.strip_prefix("k:").and_then(|j| serde_json::from_str::<Map<String, Value>>(j).ok()) else {
         return false;
     };
@@ -216,7 +242,7 @@ pub fn value_at<'a>(obj: &'a Value, path: &[String]) -> Option<&'a Value> {
     for tok in path {
         cur = if let Some(f) = tok.strip_prefix("f:") {
             cur.get(f)?
-        } else if tok.starts_with("k:") {
+        } else if tok.starts_with("k:") || tok.starts_with("v:") {
             cur.as_array()?.iter().find(|i| key_match(i, tok))?
         } else {
             return None;
@@ -232,7 +258,7 @@ pub fn remove_at(obj: &mut Value, path: &[String]) {
     for tok in parent_path {
         let next = if let Some(f) = tok.strip_prefix("f:") {
             cur.get_mut(f)
-        } else if tok.starts_with("k:") {
+        } else if tok.starts_with("k:") || tok.starts_with("v:") {
             cur.as_array_mut().and_then(|a| a.iter_mut().find(|i| key_match(i, tok)))
         } else {
             None
@@ -246,7 +272,7 @@ pub fn remove_at(obj: &mut Value, path: &[String]) {
         if let Some(m) = cur.as_object_mut() {
             m.remove(f);
         }
-    } else if last.starts_with("k:")
+    } else if (last.starts_with("k:") || last.starts_with("v:"))
         && let Some(a) = cur.as_array_mut() {
             a.retain(|i| !key_match(i, last));
         }
@@ -267,10 +293,17 @@ pub fn merge_applied(live: &mut Value, applied: &Value, schema: Option<&Value>, 
                             let item_schema = cs.and_then(|s| s.get("items"));
                             let Some(larr) = lv.as_array_mut() else { continue };
                             for ai in av.as_array().into_iter().flatten() {
-                                let tok = item_token(ai, &keys);
+                                let tok = item_token(ai, &keys, item_schema);
                                 match tok.and_then(|t| larr.iter_mut().find(|li| key_match(li, &t))) {
                                     Some(li) => merge_applied(li, ai, item_schema, path),
                                     None => larr.push(ai.clone()),
+                                }
+                            }
+                        } else if is_set(cs) {
+                            let Some(larr) = lv.as_array_mut() else { continue };
+                            for ai in av.as_array().into_iter().flatten() {
+                                if !larr.contains(ai) {
+                                    larr.push(ai.clone());
                                 }
                             }
                         } else {
@@ -391,8 +424,77 @@ pub struct ApplyRequest<'a> {
     pub now: &'a str,
 }
 
+/// Entries of keyed lists and sets that the applied configuration names twice, rendered as
+/// structured-merge-diff does (`.spec.pools: duplicate entries for key [name="cp"]`).
+fn duplicate_entries(value: &Value, schema: Option<&Value>, path: &mut FieldPath, out: &mut Vec<String>) {
+    match value {
+        Value::Object(m) => {
+            for (k, v) in m {
+                path.push(format!("f:{k}"));
+                let cs = if path.len() == 1 && k == "metadata" { None } else { child_schema(schema, k) };
+                duplicate_entries(v, cs, path, out);
+                path.pop();
+            }
+        }
+        Value::Array(items) => {
+            let keys = list_keys(schema, path);
+            let set = keys.is_none() && is_set(schema);
+            let mut seen = std::collections::HashSet::new();
+            let item_schema = schema.and_then(|s| s.get("items"));
+            for item in items {
+                let token = match &keys {
+                    Some(k) => item_token(item, k, item_schema),
+                    None if set => Some(set_token(item)),
+                    None => None,
+                };
+                if let Some(t) = token
+                    && !seen.insert(t.clone())
+                {
+                    let what = if set { format!("value {}", t.trim_start_matches("v:")) } else { format!("key {}", render_path(std::slice::from_ref(&t))) };
+                    out.push(format!("{}: duplicate entries for {what}", render_path(path)));
+                }
+            }
+            if let Some(k) = &keys {
+                for item in items {
+                    if let Some(t) = item_token(item, k, item_schema) {
+                        path.push(t);
+                        duplicate_entries(item, item_schema, path, out);
+                        path.pop();
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Server-side apply of `applied` onto `live`; returns the new object with managedFields set.
 pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Value, ApiError> {
+    // A configuration naming one list entry twice cannot be merged per key; kube-apiserver
+    // refuses it before anything else (an error that is not a Status: 500, reason unset).
+    let mut duplicates = vec![];
+    duplicate_entries(applied, req.schema, &mut vec![], &mut duplicates);
+    if !duplicates.is_empty() {
+        let md = &live["metadata"];
+        let object = format!(
+            "{}/{}; {}, Kind={}",
+            md["namespace"].as_str().unwrap_or_default(),
+            md["name"].as_str().unwrap_or_default(),
+            req.api_version,
+            applied["kind"].as_str().unwrap_or_default()
+        );
+        let detail = if duplicates.len() == 1 {
+            duplicates.remove(0)
+        } else {
+            format!("errors:\n  {}", duplicates.join("\n  "))
+        };
+        return Err(ApiError {
+            code: 500,
+            reason: "",
+            message: format!("failed to create typed patch object ({object}): {detail}"),
+            details: None,
+        });
+    }
     let mut entries = read_managed(live);
     let applied_fields = field_set(applied, req.schema, req.scope);
     let sub = subresource_name(req.scope);
@@ -403,8 +505,9 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
             continue;
         }
         for p in &applied_fields {
-            // A keyed list item's own path marks membership (shared freely); its fields conflict.
-            if p.last().is_some_and(|t| t.starts_with("k:")) {
+            // A keyed list item's own path, or a set member, marks membership (shared freely);
+            // a keyed item's fields conflict.
+            if p.last().is_some_and(|t| t.starts_with("k:") || t.starts_with("v:")) {
                 continue;
             }
             if e.fields.contains(p) && value_at(live, p) != value_at(applied, p) {
@@ -511,12 +614,22 @@ fn is_key_field(p: &FieldPath) -> bool {
 }
 
 /// `.spec.plan`-style rendering of a path for conflict messages.
-pub fn render_path(p: &FieldPath) -> String {
+pub fn render_path(p: &[String]) -> String {
     let mut s = String::new();
     for tok in p {
         if let Some(f) = tok.strip_prefix("f:") {
             s.push('.');
             s.push_str(f);
+        } else if let Some(v) = tok.strip_prefix("v:") {
+            s.push_str("[=");
+            s.push_str(v);
+            s.push(']');
+        } else if let Some(keys) = tok.strip_prefix("k:").and_then(|k| serde_json::from_str::<Map<String, Value>>(k).ok()) {
+            // kube-apiserver's form: `.spec.providers[name="sim"]`.
+            let parts: Vec<String> = keys.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            s.push('[');
+            s.push_str(&parts.join(","));
+            s.push(']');
         } else {
             s.push('[');
             s.push_str(tok.trim_start_matches("k:"));
@@ -567,6 +680,39 @@ mod tests {
         let req = ApplyRequest { manager: "m", force: false, scope: Scope::Status, api_version: "v1", schema: Some(&schema), now: "t" };
         let out = apply(&live, &json!({"status": {"conditions": [{"type": "B", "status": "False"}]}}), &req)?;
         assert_eq!(out["status"]["conditions"].as_array().map(Vec::len), Some(2));
+        Ok(())
+    }
+
+    #[test]
+    fn sets_merge_per_member() -> Result<(), ApiError> {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "dependsOn": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}}});
+        let req = |m: &'static str| ApplyRequest { manager: m, force: false, scope: Scope::All, api_version: "v1", schema: Some(&schema), now: "t" };
+        let live = json!({"metadata": {"name": "a"}});
+        let a = apply(&live, &json!({"spec": {"dependsOn": ["etcd", "dns"]}}), &req("one"))?;
+        // Another manager adds a member: no conflict, both kept.
+        let b = apply(&a, &json!({"spec": {"dependsOn": ["redis", "etcd"]}}), &req("two"))?;
+        assert_eq!(b["spec"]["dependsOn"], json!(["etcd", "dns", "redis"]));
+        assert!(to_fields_v1(&read_managed(&b)[1].fields).to_string().contains(r#""v:\"redis\"""#), "{:#}", b["metadata"]);
+        // "one" drops etcd and dns: dns goes, etcd stays (two still owns it).
+        let c = apply(&b, &json!({"spec": {"dependsOn": []}}), &req("one"))?;
+        assert_eq!(c["spec"]["dependsOn"], json!(["etcd", "redis"]));
+        Ok(())
+    }
+
+    #[test]
+    fn map_lists_of_two_managers_do_not_conflict() -> Result<(), ApiError> {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "providers": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                "items": {"type": "object"}}}}}});
+        let req = |m: &'static str| ApplyRequest { manager: m, force: false, scope: Scope::All, api_version: "v1", schema: Some(&schema), now: "t" };
+        let live = json!({"metadata": {"name": "a"}});
+        let a = apply(&live, &json!({"spec": {"providers": [{"name": "local", "type": "local"}]}}), &req("one"))?;
+        let b = apply(&a, &json!({"spec": {"providers": [{"name": "aws", "type": "aws", "region": "r"}]}}), &req("two"))?;
+        assert_eq!(b["spec"]["providers"], json!([{"name": "local", "type": "local"}, {"name": "aws", "type": "aws", "region": "r"}]));
+        // A field of another manager's entry set to a different value does conflict.
+        let err = apply(&b, &json!({"spec": {"providers": [{"name": "aws", "region": "other"}]}}), &req("one"));
+        assert_eq!(err.err().map(|e| e.code), Some(409));
         Ok(())
     }
 

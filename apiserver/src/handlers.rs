@@ -623,8 +623,10 @@ impl Core {
         Ok(())
     }
 
-    /// Prunes, defaults and validates a custom resource; collects warnings.
-    fn validate_schema(&self, rt: &ResourceType, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> ApiResult<()> {
+    /// Prunes, defaults and validates a custom resource; collects warnings. Duplicate entries
+    /// of list-maps and sets come back instead of failing: as in kube-apiserver they do not
+    /// block the CEL rules, and the 422 lists both.
+    fn validate_schema(&self, rt: &ResourceType, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> ApiResult<Vec<Cause>> {
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let mut causes = vec![];
         if let Some(schema) = &rt.schema {
@@ -647,18 +649,21 @@ impl Core {
             }
             causes.extend(out.causes);
         }
-        if !causes.is_empty() {
+        if causes.iter().any(|c| c.reason != "FieldValueDuplicate") {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, causes));
         }
-        Ok(())
+        Ok(causes)
     }
 
     /// Evaluates the CRD's `x-kubernetes-validations` (CEL) rules on the defaulted, pruned and
     /// schema-valid object; `old` is the stored object on update (for `oldSelf`). Big objects
     /// are evaluated on the blocking pool so that a long evaluation never stalls the runtime.
-    async fn validate_rules(rt: &ResourceType, obj: &Value, old: Option<&Value>) -> ApiResult<()> {
-        let Some(rules) = rt.rules.clone() else { return Ok(()) };
-        let causes = if crate::celrules::weight(obj) > 20_000 {
+    async fn validate_rules(rt: &ResourceType, obj: &Value, old: Option<&Value>, mut causes: Vec<Cause>) -> ApiResult<()> {
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(rules) = rt.rules.clone() else {
+            return if causes.is_empty() { Ok(()) } else { Err(ApiError::invalid(&rt.kind, &rt.group, name, causes)) };
+        };
+        let rule_causes = if crate::celrules::weight(obj) > 20_000 {
             let (o, old) = (obj.clone(), old.cloned());
             tokio::task::spawn_blocking(move || rules.validate(&o, old.as_ref()))
                 .await
@@ -666,10 +671,10 @@ impl Core {
         } else {
             rules.validate(obj, old)
         };
+        causes.extend(rule_causes);
         if causes.is_empty() {
             return Ok(());
         }
-        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
         Err(ApiError::invalid(&rt.kind, &rt.group, name, causes))
     }
 
@@ -719,7 +724,9 @@ impl Core {
                 md.insert("name".into(), json!(name));
             }
         let label_name = rt.storage == NAMESPACES;
-        if let Some(c) = validation::validate_name(&name, label_name) {
+        // RBAC objects may have any path-segment name (`system:discovery`), as upstream.
+        let invalid_name = if rt.group == crate::auth::rbac::GROUP { crate::auth::rbac::validate_name(&name) } else { validation::validate_name(&name, label_name) };
+        if let Some(c) = invalid_name {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, vec![c]));
         }
         // Server-owned metadata.
@@ -736,14 +743,16 @@ impl Core {
         if let Some(n) = &namespace {
             self.check_namespace(n)?;
         }
-        if rt.has_status && rt.custom
+        // A create never sets status (upstream's PrepareForCreate clears it for built-ins too;
+        // Namespace and CRD status is then derived in normalize).
+        if rt.has_status
             && let Some(m) = obj.as_object_mut() {
                 m.remove("status");
             }
         self.normalize(rt, obj, None)?;
         Self::admit(rt, obj)?;
-        self.validate_schema(rt, obj, opts, &mut warnings)?;
-        Self::validate_rules(rt, obj, None).await?;
+        let list_causes = self.validate_schema(rt, obj, opts, &mut warnings)?;
+        Self::validate_rules(rt, obj, None, list_causes).await?;
         if !applied {
             apply::record_update(None, obj, &opts.field_manager, &rt.api_version(), rt.schema.as_ref(), Self::scope_for(rt, false), &now);
         }
@@ -851,7 +860,9 @@ impl Core {
                 }
             let mut candidate = old.clone();
             match kind {
-                PatchType::Merge | PatchType::Strategic => patch::merge_patch(&mut candidate, &patch_doc),
+                PatchType::Merge => patch::merge_patch(&mut candidate, &patch_doc),
+                // Only built-in kinds get here (custom resources were refused above).
+                PatchType::Strategic => crate::strategic::patch(&mut candidate, &patch_doc, rt.schema.as_ref()),
                 PatchType::Json => patch::json_patch(&mut candidate, &patch_doc)?,
                 PatchType::Apply => {
                     let now = now_rfc3339();
@@ -948,9 +959,12 @@ impl Core {
             }
         }
         self.normalize(rt, &mut new, Some(&old))?;
+        if rt.storage == CRDS && status {
+            // The server owns CRD conditions; keep them established.
+        }
         Self::admit(rt, &new)?;
-        self.validate_schema(rt, &mut new, opts, &mut warnings)?;
-        Self::validate_rules(rt, &new, Some(&old)).await?;
+        let list_causes = self.validate_schema(rt, &mut new, opts, &mut warnings)?;
+        Self::validate_rules(rt, &new, Some(&old), list_causes).await?;
         // Generation moves when anything but metadata (and status, if separate) changes.
         let strip = |v: &Value| -> Value {
             let mut c = v.clone();

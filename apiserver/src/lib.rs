@@ -1,11 +1,16 @@
 //! Embedded control plane: a Kubernetes-compatible API server for one machine.
 //!
 //! Serves discovery, OpenAPI v3, built-in kinds (Namespace, Secret, ConfigMap, Event, Lease,
+//! ServiceAccount, Service, Deployment, the RBAC kinds, PodDisruptionBudget, NetworkPolicy,
 //! CustomResourceDefinition) and every resource defined by a stored CRD, over HTTPS with a
 //! bearer token, backed by redb on disk (see [`storage`]).
 
 pub mod apply;
+pub mod auth;
+pub mod builtin_cells;
+pub mod builtin_schemas;
 pub mod celrules;
+pub mod discovery;
 pub mod error;
 pub mod gc;
 pub mod handlers;
@@ -16,11 +21,13 @@ pub mod registry;
 pub mod selectors;
 pub mod server;
 pub mod storage;
+pub mod strategic;
 pub mod table;
 pub mod tls;
 pub mod validation;
 pub mod watch;
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -86,6 +93,7 @@ pub struct RunningApiServer {
     core: Arc<Core>,
     server: JoinHandle<()>,
     gc: JoinHandle<()>,
+    aggregation: JoinHandle<()>,
 }
 
 impl RunningApiServer {
@@ -111,6 +119,7 @@ impl RunningApiServer {
         self.core.shutdown.cancel();
         let _ = self.server.await;
         let _ = self.gc.await;
+        let _ = self.aggregation.await;
         let store = self.core.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
@@ -145,11 +154,16 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
                     }
         }
     }
+    auth::bootstrap::ensure(&core).await?;
+    auth::bootstrap::aggregate_once(&core).await;
+    let dir = config.data_dir.clone();
+    let signer = tokio::task::spawn_blocking(move || auth::tokens::Signer::load_or_create(&dir, auth::tokens::DEFAULT_ISSUER)).await??;
     let kubeconfig = tls::write_kubeconfig(&config.data_dir, addr, &creds)?;
-    let token: Arc<str> = Arc::from(creds.token.as_str());
-    let server = tokio::spawn(server::serve(core.clone(), listener, creds.server_config.clone(), token));
+    let authn = Arc::new(auth::Auth::new(&creds.token, signer));
+    let server = tokio::spawn(server::serve(core.clone(), listener, creds.server_config.clone(), authn));
     let gc = tokio::spawn(gc::run(core.clone()));
-    Ok(RunningApiServer { addr, kubeconfig, core, server, gc })
+    let aggregation = tokio::spawn(auth::bootstrap::run_aggregation(core.clone()));
+    Ok(RunningApiServer { addr, kubeconfig, core, server, gc, aggregation })
 }
 
 /// Runs the server until Ctrl-C, printing where it listens and the kubeconfig path.
@@ -161,9 +175,15 @@ pub async fn run_cli(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()
 pub async fn run_cli_with(config: ApiServerConfig) -> anyhow::Result<()> {
     install_crypto_provider();
     let running = start(config).await?;
-    println!("apiserver listening on https://{}", tls::client_host(running.addr()));
-    println!("kubeconfig: {}", running.kubeconfig_path().display());
-    println!("try: KUBECONFIG={} kubectl api-resources", running.kubeconfig_path().display());
+    // A closed stdout (a parent that stopped reading) must not take the server down: println!
+    // would panic on EPIPE, so the lines are written and errors ignored.
+    let kubeconfig = running.kubeconfig_path();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "apiserver listening on https://{}", tls::client_host(running.addr()));
+    let _ = writeln!(out, "kubeconfig: {}", kubeconfig.display());
+    let _ = writeln!(out, "try: KUBECONFIG={} kubectl api-resources", kubeconfig.display());
+    let _ = out.flush();
+    drop(out);
     tokio::signal::ctrl_c().await?;
     running.shutdown().await;
     Ok(())

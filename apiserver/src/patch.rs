@@ -11,7 +11,7 @@ pub enum PatchType {
     Merge,
     /// application/json-patch+json
     Json,
-    /// application/strategic-merge-patch+json (treated as merge patch on built-in kinds)
+    /// application/strategic-merge-patch+json (built-in kinds only, see [`crate::strategic`])
     Strategic,
     /// application/apply-patch+yaml (server-side apply)
     Apply,

@@ -209,9 +209,8 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         }
     }
     if !matches!(kind.as_str(), "ConfigMap" | "Secret" | "Namespace") {
-        return Err(ApiError::unsupported_media_type(format!(
-            "protobuf is not supported for {kind}; send application/json"
-        )));
+        // ServiceAccount, RBAC and review kinds (or a 415 naming the kind).
+        return crate::auth::proto::decode(body);
     }
     let mut v = kind_body(&kind, raw)?;
     v["apiVersion"] = json!(api_version);

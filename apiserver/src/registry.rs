@@ -99,7 +99,14 @@ impl ResourceType {
         if !self.categories.is_empty() {
             main["categories"] = json!(self.categories);
         }
+        if self.storage.starts_with(crate::auth::VIRTUAL_PREFIX) {
+            main["verbs"] = json!(["create"]);
+        }
         let mut out = vec![main];
+        if self.group.is_empty() && self.plural == "serviceaccounts" {
+            out.push(json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true, "group": "authentication.k8s.io",
+                "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}));
+        }
         if self.has_status {
             out.push(json!({"name": format!("{}/status", self.plural), "singularName": "", "namespaced": self.namespaced,
                 "kind": self.kind, "verbs": ["get", "patch", "update"]}));
@@ -177,7 +184,91 @@ pub fn builtins() -> Vec<ResourceType> {
         name: "Created At".into(), type_: "date".into(), format: String::new(), description: String::new(), priority: 0,
         json_path: ".metadata.creationTimestamp".into(),
     }];
-    vec![ns, secret, cm, ev, ev2, lease, crd]
+    let mut all = vec![ns, secret, cm, ev, ev2, lease, crd];
+    all.extend(workload_builtins());
+    for rt in &mut all {
+        // CRD objects keep their own checks (handlers::normalize_crd): the nested
+        // openAPIV3Schema is recursive and is validated as a schema, not as data.
+        if rt.storage != crate::handlers::CRDS {
+            rt.schema = crate::builtin_schemas::structural(&rt.group, &rt.version, &rt.kind);
+        }
+    }
+    all
+}
+
+/// A printer column; `json_path` starting with `#builtin:` is computed in
+/// [`crate::builtin_cells`] (values such as `1/2` or `80/TCP` that no JSONPath yields).
+fn col(name: &str, type_: &str, json_path: &str, priority: i64, description: &str) -> PrinterColumn {
+    PrinterColumn {
+        name: name.into(),
+        type_: type_.into(),
+        format: String::new(),
+        description: description.into(),
+        priority,
+        json_path: json_path.into(),
+    }
+}
+
+/// The kinds a cluster deployment (deploy/) uses: ServiceAccount, Service, Deployment, the
+/// RBAC kinds, PodDisruptionBudget and NetworkPolicy. They are stored and served like any
+/// other kind; nothing acts on them (no kubelet, no endpoints controller), as in a cluster
+/// without nodes. Columns follow kubectl's printers for these kinds (pkg/printers/internalversion).
+fn workload_builtins() -> Vec<ResourceType> {
+    let mut sa = ResourceType::builtin("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"]);
+    sa.printer_columns = vec![col("Secrets", "string", "#builtin:sa-secrets", 0, "Secrets is the list of secrets allowed to be used by pods running using this ServiceAccount."), age_column()];
+    let mut svc = ResourceType::builtin("", "v1", "services", "Service", true, &["svc"]);
+    svc.has_status = true;
+    svc.categories = vec!["all".into()];
+    svc.printer_columns = vec![
+        col("Type", "string", ".spec.type", 0, "The type of the service."),
+        col("Cluster-IP", "string", "#builtin:svc-cluster-ip", 0, "The IP address of the service."),
+        col("External-IP", "string", "#builtin:svc-external-ip", 0, "The external IP address of the service."),
+        col("Port(s)", "string", "#builtin:svc-ports", 0, "The ports of the service."),
+        age_column(),
+        col("Selector", "string", "#builtin:selector-map", 1, "The selector of the service."),
+    ];
+    let mut deploy = ResourceType::builtin("apps", "v1", "deployments", "Deployment", true, &["deploy"]);
+    deploy.has_status = true;
+    deploy.categories = vec!["all".into()];
+    deploy.printer_columns = vec![
+        col("Ready", "string", "#builtin:deploy-ready", 0, "Number of the pod with ready state."),
+        col("Up-to-date", "string", "#builtin:deploy-updated", 0, "Total number of non-terminated pods targeted by this deployment that have the desired template spec."),
+        col("Available", "string", "#builtin:deploy-available", 0, "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment."),
+        age_column(),
+        col("Containers", "string", "#builtin:containers", 1, "Names of each container in the template."),
+        col("Images", "string", "#builtin:images", 1, "Images referenced by each container in the template."),
+        col("Selector", "string", "#builtin:selector", 1, "Label selector for pods. Existing ReplicaSets whose pods are selected by this will be the ones affected by this deployment."),
+    ];
+    // kubectl shows the timestamp itself here, not an age.
+    let created_at = || col("Created At", "string", ".metadata.creationTimestamp", 0, "Time at which the object was created.");
+    let mut role = ResourceType::builtin("rbac.authorization.k8s.io", "v1", "roles", "Role", true, &[]);
+    role.printer_columns = vec![created_at()];
+    let mut crole = ResourceType::builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", false, &[]);
+    crole.printer_columns = vec![created_at()];
+    let binding_cols = || {
+        vec![
+            col("Role", "string", "#builtin:binding-role", 0, "Role to which the binding refers."),
+            age_column(),
+            col("Users", "string", "#builtin:binding-users", 1, "Users in the binding."),
+            col("Groups", "string", "#builtin:binding-groups", 1, "Groups in the binding."),
+            col("ServiceAccounts", "string", "#builtin:binding-sas", 1, "ServiceAccounts in the binding."),
+        ]
+    };
+    let mut rb = ResourceType::builtin("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", true, &[]);
+    rb.printer_columns = binding_cols();
+    let mut crb = ResourceType::builtin("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", false, &[]);
+    crb.printer_columns = binding_cols();
+    let mut pdb = ResourceType::builtin("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true, &["pdb"]);
+    pdb.has_status = true;
+    pdb.printer_columns = vec![
+        col("Min Available", "string", "#builtin:pdb-min", 0, "The minimum number of pods that must be available."),
+        col("Max Unavailable", "string", "#builtin:pdb-max", 0, "The maximum number of pods that may be unavailable."),
+        col("Allowed Disruptions", "integer", ".status.disruptionsAllowed", 0, "Calculated number of pods that may be disrupted at this time."),
+        age_column(),
+    ];
+    let mut netpol = ResourceType::builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true, &["netpol"]);
+    netpol.printer_columns = vec![col("Pod-Selector", "string", "#builtin:netpol-selector", 0, "The pod selector of the NetworkPolicy."), age_column()];
+    vec![sa, svc, deploy, role, crole, rb, crb, pdb, netpol]
 }
 
 /// Resource types derived from one CRD object (one per served version).
@@ -260,6 +351,7 @@ impl Registry {
     pub fn build(crds: &[Value]) -> Self {
         let mut reg = Registry::default();
         let mut all = builtins();
+        all.extend(crate::auth::virtual_types());
         for crd in crds {
             // A CRD being deleted stops serving new objects only once it is gone; keep it.
             all.extend(from_crd(crd));
@@ -282,7 +374,7 @@ impl Registry {
         }
         for g in group_order {
             let mut vs = group_versions.remove(&g).unwrap_or_default();
-            vs.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+            vs.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
             reg.groups.push((g, vs));
         }
         reg

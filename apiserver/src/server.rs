@@ -154,7 +154,7 @@ fn is_watch_request(req: &Request<Incoming>) -> bool {
 
 /// Serves HTTPS on `listener` until `core.shutdown` is cancelled, holding the connection and
 /// watch limits of `core.limits`.
-pub async fn serve(core: Arc<Core>, listener: TcpListener, tls: Arc<rustls::ServerConfig>, token: Arc<str>) {
+pub async fn serve(core: Arc<Core>, listener: TcpListener, tls: Arc<rustls::ServerConfig>, token: Arc<crate::auth::Auth>) {
     let acceptor = TlsAcceptor::from(tls);
     let state = Arc::new(ServeState {
         started: tokio::time::Instant::now(),
@@ -222,7 +222,7 @@ async fn serve_connection(
     conn_state: Arc<ConnState>,
     acceptor: TlsAcceptor,
     tcp: tokio::net::TcpStream,
-    token: Arc<str>,
+    token: Arc<crate::auth::Auth>,
 ) {
     let limits = core.limits.clone();
     let handshake = tokio::select! {
@@ -304,7 +304,8 @@ async fn serve_connection(
     }
 }
 
-fn percent_decode(s: &str) -> String {
+/// Decodes `%XX` escapes and `+` of a path segment or query component.
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -352,7 +353,8 @@ impl Query {
     }
 }
 
-async fn handle(core: Arc<Core>, token: &str, req: Request<Incoming>) -> Response<Body> {
+async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming>) -> Response<Body> {
+    use crate::auth::{Attributes, reviews};
     let path = req.uri().path().to_string();
     if path == "/readyz" && !core.store.is_ready() {
         // Not ready while storage cannot commit: load balancers and kubectl see it at once.
@@ -366,23 +368,53 @@ async fn handle(core: Arc<Core>, token: &str, req: Request<Incoming>) -> Respons
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         return r;
     }
-    let authorized = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
-        .is_some_and(|t| constant_eq(t.trim().as_bytes(), token.as_bytes()));
-    if !authorized {
-        return error_response(&ApiError::unauthorized());
+    let attrs = Attributes::from_request(req.method(), &path, req.uri().query());
+    let user = match auth.authenticate(&core, req.headers()) {
+        Ok(u) => u,
+        Err(e) => {
+            // The reason names what was wrong with the credential, never the credential.
+            tracing::warn!(reason = %e, verb = %attrs.verb, path = %path, "unauthorized");
+            return error_response(&ApiError::unauthorized());
+        }
+    };
+    let user = match auth.impersonate(&core, user, req.headers()) {
+        Ok(u) => u,
+        Err(e) => return error_response(&e),
+    };
+    let decision = auth.authorize(&core, &user, &attrs);
+    if !decision.allowed {
+        crate::auth::warn_forbidden(&user, &attrs);
+        return error_response(&attrs.forbidden(&user, &decision.reason));
+    }
+    match path.trim_end_matches('/') {
+        "/.well-known/openid-configuration" => return value_response(200, &auth.signer().openid_configuration()),
+        "/openid/v1/jwks" => {
+            let mut r = value_response(200, &auth.signer().jwks());
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/jwk-set+json"));
+            return r;
+        }
+        _ => {}
+    }
+    if let Some(review) = reviews::Review::of(&attrs) {
+        if req.method() != Method::POST {
+            return error_response(&ApiError::method_not_allowed(format!("method {} is not supported on this path", req.method())));
+        }
+        let ct = content_type(&req);
+        let result = async {
+            let body = read_body(req).await?;
+            let obj = if ct.contains("protobuf") { crate::auth::proto::decode(&body)? } else { parse_body(&body, &ct)? };
+            reviews::create(auth, &core, &user, &attrs, review, obj)
+        }
+        .await;
+        return match result {
+            Ok(v) => value_response(201, &v),
+            Err(e) => error_response(&e),
+        };
     }
     match route(core, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
-}
-
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn read_body(req: Request<Incoming>) -> ApiResult<Bytes> {
@@ -424,6 +456,13 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
                 "compiler": "rustc", "platform": "linux/amd64",
             })));
         }
+        ["api" | "apis"] if get && crate::discovery::wants_aggregated(&accept_header(&req)) => {
+            let doc = if segs[0] == "api" { crate::discovery::core(&reg) } else { crate::discovery::apis(&reg) };
+            let mut r = value_response(200, &doc);
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::discovery::AGGREGATED_CONTENT_TYPE));
+            r.headers_mut().insert(header::VARY, HeaderValue::from_static("Accept"));
+            return Ok(r);
+        }
         ["api"] if get => {
             return Ok(value_response(200, &json!({"kind": "APIVersions", "versions": ["v1"],
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]})));
@@ -435,6 +474,19 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
         ["apis", g] if get => return reg.api_group(g).map(|v| value_response(200, &v)).ok_or_else(ApiError::path_not_found),
         ["apis", g, v] if get => {
             return reg.api_resource_list(g, v).map(|v| value_response(200, &v)).ok_or_else(ApiError::path_not_found);
+        }
+        ["openapi", "v2"] if get => {
+            let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            return Ok(match openapi::v2(&reg, accept) {
+                Some(doc) => value_response(200, &doc),
+                None => {
+                    // What kube-openapi answers when no offered type is acceptable.
+                    let mut r = Response::new(full("406 - Not Acceptable\n"));
+                    *r.status_mut() = StatusCode::NOT_ACCEPTABLE;
+                    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+                    r
+                }
+            });
         }
         ["openapi", "v3"] if get => return Ok(value_response(200, &openapi::index(&reg))),
         ["openapi", "v3", rest @ ..] if get => {
@@ -471,6 +523,10 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
         return Err(ApiError::path_not_found());
     }
     resource(core, req, target).await
+}
+
+fn accept_header(req: &Request<Incoming>) -> String {
+    req.headers().get(header::ACCEPT).and_then(|h| h.to_str().ok()).unwrap_or_default().to_string()
 }
 
 fn accept_info(req: &Request<Incoming>) -> (Option<String>, bool) {
@@ -556,15 +612,23 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
                 field_str = if field_str.is_empty() { format!("metadata.name={n}") } else { format!("{field_str},metadata.name={n}") };
             }
             let fields = FieldSelector::parse(&field_str, FieldLabels::for_resource(&rt.storage, &rt.group))?;
+            let watching = t.watch || q.flag("watch");
+            watch::validate_list_options(watching, |k| q.get(k))?;
             // A list or watch from a revision the store has not reached waits briefly, then
             // is a 504 as in kube-apiserver: never an answer from a state older than asked for.
             if let Some(want) = q.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0").and_then(|s| s.parse::<u64>().ok())
                 && q.get("continue").is_none_or(str::is_empty) {
                     core.wait_fresh(want).await?;
                 }
-            if t.watch || q.flag("watch") {
+            if watching {
+                let mut resource_version = q.get("resourceVersion").map(str::to_string);
+                // sendInitialEvents=false without a resourceVersion starts at "most recent":
+                // no synthetic ADDED events (reflector.go watchList case 1 with the flag off).
+                if q.get("sendInitialEvents").is_some() && !q.flag("sendInitialEvents") && resource_version.as_deref().unwrap_or_default().is_empty() {
+                    resource_version = Some(core.store.read().rv.to_string());
+                }
                 let params = watch::WatchParams {
-                    resource_version: q.get("resourceVersion").map(str::to_string),
+                    resource_version,
                     namespace: t.namespace.clone(),
                     labels,
                     fields,

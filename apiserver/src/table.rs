@@ -166,6 +166,7 @@ fn cell(col: &PrinterColumn, obj: &Value) -> Value {
             return json!(n);
         }
         "#lastseen" | "#firstseen" | "#count" | "#fieldpath" | "#source" | "#message" | "#involved" => return event_cell(&col.json_path, obj),
+        path if path.starts_with("#builtin:") => return crate::builtin_cells::cell(&path["#builtin:".len()..], obj),
         _ => {}
     }
     let found = eval(obj, &col.json_path);

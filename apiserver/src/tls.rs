@@ -1,8 +1,9 @@
 //! Certificates, bearer token and kubeconfig kept in the data directory.
 //!
 //! The CA key and certificate are generated once and reused so that a kubeconfig written by
-//! an earlier run stays valid; the serving certificate is re-issued on each start because its
-//! subject alternative names depend on the listen address.
+//! an earlier run stays valid; the serving certificate is re-issued from that CA on each start
+//! because its subject alternative names depend on the listen address (so a data dir whose
+//! certificate lacks a name gets one that has it, and existing kubeconfigs keep working).
 
 use std::fs;
 use std::io::Write;
@@ -75,12 +76,7 @@ pub fn load_or_create(dir: &Path, listen: SocketAddr) -> anyhow::Result<Credenti
     };
     let issuer = Issuer::new(ca_params()?, ca_key);
 
-    let mut sans: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
-    let ip = listen.ip();
-    if !ip.is_unspecified() && !sans.contains(&ip.to_string()) {
-        sans.push(ip.to_string());
-    }
-    let mut params = CertificateParams::new(sans)?;
+    let mut params = CertificateParams::new(serving_sans(listen))?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "provisioning-apiserver");
     params.distinguished_name = dn;
@@ -113,6 +109,60 @@ pub fn load_or_create(dir: &Path, listen: SocketAddr) -> anyhow::Result<Credenti
     Ok(Credentials { ca_pem, server_config: Arc::new(cfg), token })
 }
 
+/// The in-cluster names a pod uses for the API server (the `kubernetes` Service).
+pub const IN_CLUSTER_NAMES: [&str; 4] = ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"];
+
+/// Subject alternative names of the serving certificate: loopback, the in-cluster names and
+/// every address the server listens on (all local addresses when it listens on 0.0.0.0/::),
+/// so a client in a container reaching the host by its bridge address can verify it.
+pub fn serving_sans(listen: SocketAddr) -> Vec<String> {
+    let mut sans: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+    sans.extend(IN_CLUSTER_NAMES.iter().map(|s| s.to_string()));
+    let ip = listen.ip();
+    let mut ips = vec![];
+    if ip.is_unspecified() {
+        ips.extend(local_addresses(ip.is_ipv6()));
+    } else {
+        ips.push(ip);
+    }
+    for ip in ips {
+        if !sans.contains(&ip.to_string()) {
+            sans.push(ip.to_string());
+        }
+    }
+    sans
+}
+
+/// Addresses of this host's interfaces, read from procfs (IPv4 from the routing trie's local
+/// host entries; IPv6 too when `v6`). Empty where procfs is unavailable.
+fn local_addresses(v6: bool) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = vec![];
+    if let Ok(trie) = fs::read_to_string("/proc/net/fib_trie") {
+        let mut last: Option<Ipv4Addr> = None;
+        for line in trie.lines() {
+            let t = line.trim();
+            if let Some(addr) = t.strip_prefix("|-- ").or_else(|| t.strip_prefix("+-- ")) {
+                last = addr.split('/').next().and_then(|a| a.parse().ok());
+            } else if t.contains("/32 host LOCAL")
+                && let Some(a) = last
+                && !out.contains(&IpAddr::V4(a)) {
+                    out.push(IpAddr::V4(a));
+                }
+        }
+    }
+    if v6 && let Ok(list) = fs::read_to_string("/proc/net/if_inet6") {
+        for line in list.lines() {
+            let Some(hex) = line.split_whitespace().next() else { continue };
+            let Ok(n) = u128::from_str_radix(hex, 16) else { continue };
+            let a = IpAddr::V6(Ipv6Addr::from(n));
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    out
+}
+
 fn pem_to_der(pem: &str) -> anyhow::Result<Vec<u8>> {
     let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
     Ok(base64::engine::general_purpose::STANDARD.decode(body.trim())?)
@@ -142,4 +192,24 @@ pub fn write_kubeconfig(dir: &Path, listen: SocketAddr, creds: &Credentials) -> 
     let path = dir.join("kubeconfig");
     write_private(&path, cfg.as_bytes())?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serving_names_cover_in_cluster_names_and_listen_addresses() -> anyhow::Result<()> {
+        let sans = serving_sans("10.1.2.3:6443".parse()?);
+        for name in IN_CLUSTER_NAMES.iter().chain(&["localhost", "127.0.0.1", "10.1.2.3"]) {
+            assert!(sans.iter().any(|s| s == name), "{name} missing from {sans:?}");
+        }
+        // Listening on every address: each local IPv4 address the kernel knows is included.
+        let all = serving_sans("0.0.0.0:6443".parse()?);
+        for a in local_addresses(false) {
+            assert!(all.contains(&a.to_string()), "{a} missing from {all:?}");
+        }
+        assert!(!all.iter().any(|s| s == "0.0.0.0"));
+        Ok(())
+    }
 }

@@ -353,6 +353,7 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
                         format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
                     ));
                 }
+            list_duplicates(items, s, path, out);
             if let Some(is) = s.get("items") {
                 for (i, item) in items.iter_mut().enumerate() {
                     walk(item, is, &format!("{path}[{i}]"), out);
@@ -407,6 +408,48 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
                 }
         }
         _ => {}
+    }
+}
+
+/// kube-apiserver's list-type validation: a `set` holds each value once, a `map` each key
+/// combination once (server-side apply could not tell such entries apart).
+fn list_duplicates(items: &[Value], s: &Value, path: &str, out: &mut Outcome) {
+    let identity: Box<dyn Fn(&Value) -> Option<Value>> = match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
+        Some("set") => Box::new(|v: &Value| Some(v.clone())),
+        Some("map") => {
+            let keys: Vec<String> = s["x-kubernetes-list-map-keys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k.as_str().map(str::to_string))
+                .collect();
+            Box::new(move |v: &Value| {
+                let m: serde_json::Map<String, Value> =
+                    keys.iter().filter_map(|k| v.get(k).map(|x| (k.clone(), x.clone()))).collect();
+                (!m.is_empty()).then_some(Value::Object(m))
+            })
+        }
+        _ => return,
+    };
+    // By serialized identity: big lists stay linear.
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for (i, item) in items.iter().enumerate() {
+        let Some(id) = identity(item) else { continue };
+        if !seen.insert(id.to_string()) {
+            out.causes.push(Cause::new("FieldValueDuplicate", format!("{path}[{i}]"), format!("Duplicate value: {}", go_value(&id))));
+        }
+    }
+}
+
+/// How kube-apiserver prints a duplicate (`%#v` of the Go value): strings quoted, key maps as
+/// `map[string]interface {}{"name":"a"}`.
+fn go_value(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{}:{}", json_str(k), go_value(v))).collect();
+            format!("map[string]interface {{}}{{{}}}", parts.join(", "))
+        }
+        other => render(other),
     }
 }
 

@@ -297,3 +297,54 @@ pub fn line(kind: &str, obj: &Value) -> Bytes {
     v.push(b'\n');
     Bytes::from(v)
 }
+
+/// kube-apiserver's `ValidateListOptions` (apimachinery `pkg/apis/meta/internalversion/validation`):
+/// the watch-list parameters (`sendInitialEvents`, `resourceVersionMatch`) in a combination
+/// it refuses get the same 422, so a client never mistakes an ignored parameter for support.
+pub fn validate_list_options<'a>(watch: bool, get: impl Fn(&str) -> Option<&'a str>) -> crate::error::ApiResult<()> {
+    use crate::error::{ApiError, Cause};
+    let rv = get("resourceVersion").unwrap_or_default();
+    let matching = get("resourceVersionMatch").unwrap_or_default();
+    let send_initial = get("sendInitialEvents").is_some();
+    let cont = get("continue").is_some_and(|c| !c.is_empty());
+    let forbidden = |detail: &str| Cause::new("FieldValueForbidden", "resourceVersionMatch", format!("Forbidden: {detail}"));
+    let not_supported = |supported: &str| {
+        Cause::new("FieldValueNotSupported", "resourceVersionMatch", format!("Unsupported value: \"{matching}\": supported values: {supported}"))
+    };
+    let mut causes = vec![];
+    if watch {
+        if send_initial && matching != "NotOlderThan" {
+            causes.push(forbidden("sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"));
+        }
+        if !matching.is_empty() {
+            if !send_initial {
+                causes.push(forbidden("resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"));
+            }
+            if matching != "NotOlderThan" {
+                causes.push(not_supported("\"NotOlderThan\""));
+            }
+            if cont {
+                causes.push(forbidden("resourceVersionMatch is forbidden when continue is provided"));
+            }
+        }
+    } else {
+        if !matching.is_empty() {
+            if rv.is_empty() {
+                causes.push(forbidden("resourceVersionMatch is forbidden unless resourceVersion is provided"));
+            }
+            if cont {
+                causes.push(forbidden("resourceVersionMatch is forbidden when continue is provided"));
+            }
+            if matching != "Exact" && matching != "NotOlderThan" {
+                causes.push(not_supported("\"Exact\", \"NotOlderThan\", \"\""));
+            }
+            if matching == "Exact" && rv == "0" {
+                causes.push(forbidden("resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\""));
+            }
+        }
+        if send_initial {
+            causes.push(Cause::new("FieldValueForbidden", "sendInitialEvents", "Forbidden: sendInitialEvents is forbidden for list"));
+        }
+    }
+    if causes.is_empty() { Ok(()) } else { Err(ApiError::invalid("ListOptions", "meta.k8s.io", "", causes)) }
+}

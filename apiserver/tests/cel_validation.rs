@@ -67,7 +67,7 @@ async fn project_rules_accept_valid_and_reject_violations() -> TestResult {
     ws.create(&pp, &w("ok-default", json!([{"name": "a", "type": "aws"}]), json!({}))?).await?;
     assert_invalid(
         ws.create(&pp, &w("dup", json!([{"name": "a", "type": "aws"}, {"name": "a", "type": "local"}]), json!({"provider": "a"}))?).await,
-        "Workspace.provisioning.dev \"dup\" is invalid: spec: Invalid value: \"object\": provider account names must be unique",
+        "Workspace.provisioning.dev \"dup\" is invalid: [spec.providers[1]: Duplicate value: map[string]interface {}{\"name\":\"a\"}, spec: Invalid value: \"object\": provider account names must be unique]",
     );
     assert_invalid(
         ws.create(&pp, &w("nodefault", json!([{"name": "a", "type": "aws"}]), json!({"provider": "zz"}))?).await,
@@ -104,7 +104,7 @@ async fn project_rules_accept_valid_and_reject_violations() -> TestResult {
     cls.create(&pp, &cluster("good", &["cp", "workers"], &["cp"])?).await?;
     assert_invalid(
         cls.create(&pp, &cluster("dup", &["cp", "cp"], &["cp"])?).await,
-        "Cluster.provisioning.dev \"dup\" is invalid: spec: Invalid value: \"object\": pool names must be unique",
+        "Cluster.provisioning.dev \"dup\" is invalid: [spec.pools[1]: Duplicate value: map[string]interface {}{\"name\":\"cp\"}, spec: Invalid value: \"object\": pool names must be unique]",
     );
     assert_invalid(
         cls.create(&pp, &cluster("stray", &["cp"], &["gpu"])?).await,
@@ -113,22 +113,32 @@ async fn project_rules_accept_valid_and_reject_violations() -> TestResult {
     // Both at once: kube-apiserver lists every failed rule.
     assert_invalid(
         cls.create(&pp, &cluster("both", &["cp", "cp"], &["gpu"])?).await,
-        "Cluster.provisioning.dev \"both\" is invalid: [spec: Invalid value: \"object\": pool names must be unique, spec: Invalid value: \"object\": taskservs[].pools must name pools of spec.pools]",
+        "Cluster.provisioning.dev \"both\" is invalid: [spec.pools[1]: Duplicate value: map[string]interface {}{\"name\":\"cp\"}, spec: Invalid value: \"object\": pool names must be unique, spec: Invalid value: \"object\": taskservs[].pools must name pools of spec.pools]",
     );
-    // Through server-side apply.
+    // Through server-side apply: a configuration naming one pool twice cannot be merged per
+    // key, and is refused before validation as kube-apiserver does.
     let applied = cluster("good", &["cp", "cp"], &["cp"])?;
-    assert_invalid(
-        cls.patch("good", &PatchParams::apply("cel-test").force(), &Patch::Apply(&applied)).await,
-        "Cluster.provisioning.dev \"good\" is invalid: spec: Invalid value: \"object\": pool names must be unique",
-    );
+    match cls.patch("good", &PatchParams::apply("cel-test").force(), &Patch::Apply(&applied)).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 500, "{s:?}");
+            assert_eq!(
+                s.message,
+                "failed to create typed patch object (default/good; provisioning.dev/v1alpha1, Kind=Cluster): .spec.pools: duplicate entries for key [name=\"cp\"]"
+            );
+        }
+        other => return Err(format!("duplicate pools applied: {other:?}").into()),
+    }
     // The Status causes carry the field path.
     let body = serde_json::to_vec(&json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Cluster",
         "metadata": {"name": "raw"}, "spec": {"pools": [{"name": "a", "replicas": 1}, {"name": "a", "replicas": 2}]}}))?;
     let (code, status) = raw(&client, "POST", "/apis/provisioning.dev/v1alpha1/namespaces/default/clusters", "application/json", body).await?;
     assert_eq!(code, 422);
-    assert_eq!(status["details"]["causes"][0]["field"], "spec", "{status}");
-    assert_eq!(status["details"]["causes"][0]["reason"], "FieldValueInvalid", "{status}");
-    assert_eq!(status["details"]["causes"][0]["message"], "Invalid value: \"object\": pool names must be unique", "{status}");
+    // A duplicate key does not block the rules: kube-apiserver reports both.
+    assert_eq!(status["details"]["causes"][0]["field"], "spec.pools[1]", "{status}");
+    assert_eq!(status["details"]["causes"][0]["reason"], "FieldValueDuplicate", "{status}");
+    assert_eq!(status["details"]["causes"][1]["field"], "spec", "{status}");
+    assert_eq!(status["details"]["causes"][1]["reason"], "FieldValueInvalid", "{status}");
+    assert_eq!(status["details"]["causes"][1]["message"], "Invalid value: \"object\": pool names must be unique", "{status}");
     ts.server.shutdown().await;
     Ok(())
 }
@@ -296,7 +306,7 @@ async fn big_lists_do_not_hang() -> TestResult {
     dup[99]["name"] = json!("i0");
     assert_invalid(
         widgets.create(&pp, &widget("w-dup", json!({"items": dup}))?).await,
-        "Widget.cel.test \"w-dup\" is invalid: spec: Invalid value: \"object\": item names must be unique",
+        "Widget.cel.test \"w-dup\" is invalid: [spec.items[99]: Duplicate value: map[string]interface {}{\"name\":\"i0\"}, spec: Invalid value: \"object\": item names must be unique]",
     );
 
     // 40,000 items (under the 3 MiB body limit): the quadratic uniqueness rule would take
@@ -343,7 +353,8 @@ spec:
     let out = kubectl(&kc, &["apply", "-f", "-"], Some(&bad));
     assert!(!out.ok);
     assert!(
-        out.stderr.contains("The Cluster \"web\" is invalid: spec: Invalid value: \"object\": pool names must be unique"),
+        out.stderr.contains("spec: Invalid value: \"object\": pool names must be unique")
+            && out.stderr.contains("spec.pools[1]: Duplicate value: map[string]interface {}{\"name\":\"cp\"}"),
         "{}",
         out.stderr
     );

@@ -5,6 +5,8 @@
 //! state_dir = "/var/lib/provisioning"
 //! leader_election = true
 //! lease_namespace = "provisioning-system"
+//! # Accept `http://` provider endpoints (emulators such as moto or a test double only).
+//! allow_insecure_endpoints = false
 //!
 //! # Settings for namespaces that no Workspace claims (same fields as Workspace.spec).
 //! [default_workspace]
@@ -47,6 +49,10 @@ pub struct ControllerConfig {
     /// Reconciles running at once per kind (0: unbounded). Bounded so that a burst of
     /// thousands of objects does not hold thousands of in-flight reconciles in memory.
     pub concurrency: u16,
+    /// Whether provider accounts may name a plain `http://` endpoint. Off by default: an
+    /// account's credentials must never travel unencrypted or to a spoofable host; only
+    /// tests against local emulators (moto, the UpCloud double) turn it on.
+    pub allow_insecure_endpoints: bool,
 }
 
 impl Default for ControllerConfig {
@@ -63,6 +69,7 @@ impl Default for ControllerConfig {
             resync_secs: 600,
             poll_secs: 5,
             concurrency: 128,
+            allow_insecure_endpoints: false,
         }
     }
 }
@@ -81,6 +88,10 @@ pub fn default_workspace() -> WorkspaceSpec {
             simulation: None,
             rate_limit: 0,
             ssh: None,
+            security_group_ids: Vec::new(),
+            subnet_id: String::new(),
+            ssh_source_cidrs: Vec::new(),
+            firewall_rules: Vec::new(),
         }],
         ..WorkspaceSpec::default()
     }
@@ -97,13 +108,18 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
-    /// The file is not valid TOML for this schema.
-    #[error("invalid config {path}: {source}")]
+    /// The file is not valid TOML for this schema. One line: where, the offending line
+    /// (which names the key) and why — the parser's own rendering spans several lines.
+    #[error("invalid config {path}:{line}: `{text}`: {message}")]
     Parse {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: toml::de::Error,
+        /// 1-based line of the error (0 when the parser gave no position).
+        line: usize,
+        /// That line of the file, trimmed.
+        text: String,
+        /// The parser's message (names unknown keys and expected types).
+        message: String,
     },
 }
 
@@ -120,7 +136,7 @@ impl ControllerConfig {
     /// Reads a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })
+        Self::from_toml(&text).map_err(|e| parse_error(path, &text, &e))
     }
 
     /// Lease validity.
@@ -141,9 +157,37 @@ impl ControllerConfig {
     }
 }
 
+/// A [`ConfigError::Parse`] with the line of `error` in `text`.
+fn parse_error(path: &Path, text: &str, error: &toml::de::Error) -> ConfigError {
+    let (line, line_text) = match error.span() {
+        Some(span) => {
+            let start = span.start.min(text.len());
+            let line = text.get(..start).map_or(0, |before| before.matches('\n').count()) + 1;
+            (line, text.lines().nth(line - 1).unwrap_or_default().trim().to_string())
+        }
+        None => (0, String::new()),
+    };
+    ConfigError::Parse { path: path.into(), line, text: line_text, message: error.message().trim().replace('\n', " ") }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_file_is_one_line_naming_the_line_and_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "metrics_addr = \"0.0.0.0:8080\"\n\n[[default_providers]]\nname = \"local\"\n").expect("write");
+        let message = ControllerConfig::load(&path).expect_err("rejected").to_string();
+        assert!(!message.contains('\n'), "one line: {message}");
+        assert!(message.contains("config.toml:3:"), "names the line: {message}");
+        assert!(message.contains("default_providers"), "names the key: {message}");
+
+        std::fs::write(&path, "state_dir = \"/x\"\nmetrics_addr = 8080\n").expect("write");
+        let message = ControllerConfig::load(&path).expect_err("rejected").to_string();
+        assert!(message.contains(":2: `metrics_addr = 8080`"), "names the line and key: {message}");
+    }
 
     #[test]
     fn defaults_have_one_local_account() {

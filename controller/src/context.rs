@@ -96,7 +96,8 @@ impl Context {
     /// Builds the context.
     pub fn new(client: Client, config: ControllerConfig, metrics: Arc<Metrics>, stores: Stores, instance: String) -> Self {
         let recorder = crate::events::Publisher::new(client.clone(), FIELD_MANAGER, &instance);
-        let providers = ProviderRegistry::new(client.clone(), config.state_dir.clone());
+        let mut providers = ProviderRegistry::new(client.clone(), config.state_dir.clone());
+        providers.allow_insecure_endpoints = config.allow_insecure_endpoints;
         Context {
             client,
             config,
@@ -245,7 +246,7 @@ impl Context {
     {
         let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
         let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-        let written = self.dynamic_api(obj).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        let written = self.dynamic_api(obj).patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch)).await?;
         self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
         Ok(())
@@ -312,7 +313,7 @@ impl Context {
             "finalizers": [provisioning_crds::FINALIZER],
             "resourceVersion": obj.meta().resource_version,
         }});
-        match self.dynamic_api(obj).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match self.dynamic_api(obj).patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch)).await {
             Ok(written) => {
                 self.record_written(&written);
                 self.metrics.record_write(&K::kind(&()));
@@ -417,12 +418,14 @@ pub struct ProviderRegistry {
     /// some provider account refers to). A cached provider built from another version is
     /// rebuilt on its next use, whatever [`CREDENTIALS_TTL`] says.
     secret_versions: Mutex<HashMap<String, String>>,
+    /// Whether `http://` account endpoints are accepted (controller config).
+    pub allow_insecure_endpoints: bool,
 }
 
 impl ProviderRegistry {
     /// A registry building providers with state under `state_dir`.
     pub fn new(client: Client, state_dir: std::path::PathBuf) -> Self {
-        ProviderRegistry { client, state_dir, cache: Mutex::new(HashMap::new()), secret_versions: Mutex::new(HashMap::new()) }
+        ProviderRegistry { client, state_dir, cache: Mutex::new(HashMap::new()), secret_versions: Mutex::new(HashMap::new()), allow_insecure_endpoints: false }
     }
 
     /// Records the resourceVersion of Secret `namespace/name` as seen by the watch (`None`
@@ -450,6 +453,9 @@ impl ProviderRegistry {
 
     /// The provider of `account` in `ws`.
     pub async fn get(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
+        // Tenancy and transport rules first: nothing is read or sent for a refused account.
+        crate::workspace::validate::check_account(account, &ws.namespace, self.allow_insecure_endpoints)
+            .map_err(|r| Error::Stalled { reason: r.reason, message: r.message })?;
         let key = format!("{}/{}", ws.key(), account.name);
         let fingerprint = format!("{}|{}", ws.namespace, serde_json::to_string(account)?);
         let secret_key = account
@@ -476,7 +482,8 @@ impl ProviderRegistry {
                 return Ok(c.provider.clone());
             }
         }
-        let config = provider_config(account, credentials, &self.state_dir);
+        let state_dir = crate::server::ssh::account_state_dir(&self.state_dir, ws, account);
+        let config = provider_config(account, credentials, &state_dir);
         let provider = provisioning_providers::build_provider(&config).map_err(|e| match e {
             ProviderError::InvalidRequest(message) => Error::Stalled { reason: "ProviderUnavailable", message },
             other => Error::provider(&account.name, other),
@@ -551,6 +558,23 @@ pub fn provider_config(account: &ProviderAccount, credentials: Credentials, stat
         nu_binary,
         catalog_dir,
         ssh,
-        ..ProviderConfig::default()
+        network: provisioning_providers::NetworkSettings {
+            security_group_ids: account.security_group_ids.clone(),
+            subnet_id: account.subnet_id.clone(),
+            ssh_source_cidrs: account.ssh_source_cidrs.clone(),
+            firewall_rules: account
+                .firewall_rules
+                .iter()
+                .map(|r| provisioning_providers::FirewallRule {
+                    direction: r.direction.clone(),
+                    action: r.action.clone(),
+                    family: r.family.clone(),
+                    protocol: r.protocol.clone(),
+                    source: r.source.clone(),
+                    destination_port: r.destination_port.clone(),
+                    comment: r.comment.clone(),
+                })
+                .collect(),
+        },
     }
 }

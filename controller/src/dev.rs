@@ -26,10 +26,21 @@ pub const APPLY_MANAGER: &str = "provisioning-dev";
 /// their response starts.
 pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
 
-/// A client for `config` with at most [`MAX_REQUESTS_IN_FLIGHT`] requests in flight.
-pub fn client_from_config(config: kube::Config) -> anyhow::Result<Client> {
+/// A client for `config` with at most [`MAX_REQUESTS_IN_FLIGHT`] requests in flight. Its
+/// User-Agent names the controller: writes that carry no field manager of their own (the
+/// kube-runtime finalizer helper's JSON patches) are recorded under the User-Agent's product,
+/// `provisioning-controller`, as kube-apiserver does, instead of "unknown".
+pub fn client_from_config(mut config: kube::Config) -> anyhow::Result<Client> {
+    if !config.headers.iter().any(|(name, _)| name == hyper::header::USER_AGENT) {
+        let agent = format!("{}/{}", crate::context::FIELD_MANAGER, env!("CARGO_PKG_VERSION"));
+        config.headers.push((hyper::header::USER_AGENT, hyper::header::HeaderValue::from_str(&agent)?));
+    }
     let builder = kube::client::ClientBuilder::try_from(config)?;
-    Ok(builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_REQUESTS_IN_FLIGHT)).build())
+    // Refused requests are logged with verb/resource/namespace and feed /readyz.
+    Ok(builder
+        .with_layer(&crate::metrics::ApiAccessLayer::default())
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_REQUESTS_IN_FLIGHT))
+        .build())
 }
 
 /// A client for the API server described by a kubeconfig file.

@@ -111,7 +111,7 @@ impl Publisher {
             p.count += 1;
             p.last = now;
             let patch = json!({"series": {"count": p.count, "lastObservedTime": MicroTime(now)}});
-            match api.patch(&p.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            match api.patch(&p.name, &PatchParams { field_manager: Some(self.controller.clone()), ..Default::default() }, &Patch::Merge(&patch)).await {
                 Ok(_) => {
                     self.lock().entries.insert(key, p);
                     return Ok(());
@@ -134,7 +134,7 @@ impl Publisher {
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
         };
-        api.create(&PostParams::default(), &event).await?;
+        api.create(&PostParams { field_manager: Some(self.controller.clone()), ..Default::default() }, &event).await?;
         self.lock().entries.insert(key, Published { name, count: 1, last: now });
         Ok(())
     }

@@ -15,6 +15,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{PostParams, ObjectMeta};
 use kube::{Api, Client};
 
+use crate::metrics::Health;
+
 /// Lease parameters.
 #[derive(Clone, Debug)]
 pub struct LeaseSettings {
@@ -57,9 +59,12 @@ impl LeaderElector {
         LeaderElector { api: Api::namespaced(client, &settings.namespace), settings }
     }
 
-    /// Waits until this replica holds the Lease.
-    pub async fn acquire(&self) {
+    /// Waits until this replica holds the Lease. Meanwhile `health` says whether this standby
+    /// is ready: it is while its Lease checks succeed (it is connected, authenticated and
+    /// allowed to take over), not while they fail.
+    pub async fn acquire(&self, health: &Health) {
         let mut last_holder = String::new();
+        let mut last_error = String::new();
         loop {
             match self.try_acquire_or_renew().await {
                 Ok(Attempt::Held) => {
@@ -67,12 +72,26 @@ impl LeaderElector {
                     return;
                 }
                 Ok(Attempt::HeldByOther(holder)) => {
+                    health.set_ready(true);
+                    last_error.clear();
                     if holder != last_holder {
                         tracing::info!(holder = %holder, "waiting for the leader Lease");
                         last_holder = holder;
                     }
                 }
-                Err(e) => tracing::debug!(error = %e, "lease attempt failed"),
+                Err(e) => {
+                    health.set_ready(false);
+                    // Said once per distinct failure: a standby retries every `renew`.
+                    let message = e.to_string();
+                    if message != last_error {
+                        tracing::warn!(
+                            error = %message,
+                            lease = %format!("{}/{}", self.settings.namespace, self.settings.name),
+                            "cannot read or take the leader Lease; not ready until it works"
+                        );
+                        last_error = message;
+                    }
+                }
             }
             tokio::time::sleep(self.settings.renew).await;
         }
@@ -105,7 +124,7 @@ impl LeaderElector {
             if spec.holder_identity.as_deref() == Some(self.settings.identity.as_str()) {
                 spec.holder_identity = None;
                 spec.lease_duration_seconds = Some(1);
-                let _ = self.api.replace(&self.settings.name, &PostParams::default(), &lease).await;
+                let _ = self.api.replace(&self.settings.name, &lease_write(), &lease).await;
             }
         }
     }
@@ -131,7 +150,7 @@ impl LeaderElector {
                         ..Default::default()
                     }),
                 };
-                match self.api.create(&PostParams::default(), &lease).await {
+                match self.api.create(&lease_write(), &lease).await {
                     Ok(_) => Ok(Attempt::Held),
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldByOther("(a racing replica)".into())),
                     Err(e) => Err(e),
@@ -151,7 +170,7 @@ impl LeaderElector {
                 spec.lease_duration_seconds = Some(duration_secs);
                 spec.renew_time = Some(MicroTime(now));
                 // resourceVersion in the body makes this a compare-and-swap.
-                match self.api.replace(&self.settings.name, &PostParams::default(), &lease).await {
+                match self.api.replace(&self.settings.name, &lease_write(), &lease).await {
                     Ok(_) => Ok(Attempt::Held),
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldByOther("(a racing replica)".into())),
                     Err(e) => Err(e),
@@ -166,6 +185,11 @@ fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
     let Some(renewed) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else { return true };
     let secs = i64::from(spec.lease_duration_seconds.unwrap_or(0).max(0));
     renewed.0 + SignedDuration::from_secs(secs) < now
+}
+
+/// Lease writes are recorded in managedFields under the controller's field manager.
+fn lease_write() -> PostParams {
+    PostParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() }
 }
 
 #[cfg(test)]

@@ -46,6 +46,9 @@ enum Command {
         /// How long Events are kept after their last update (e.g. 1h, 30m, 90s).
         #[arg(long, default_value = "1h", value_parser = provisioning_apiserver::parse_duration)]
         event_ttl: Duration,
+        /// Accept plain-http provider endpoints (local emulators only; credentials travel unencrypted).
+        #[arg(long)]
+        allow_insecure_endpoints: bool,
     },
     /// The embedded control plane alone.
     Apiserver {
@@ -76,6 +79,9 @@ enum Command {
         /// Do not take the leader Lease (single replica only).
         #[arg(long)]
         no_leader_election: bool,
+        /// Accept plain-http provider endpoints (local emulators only; credentials travel unencrypted).
+        #[arg(long)]
+        allow_insecure_endpoints: bool,
     },
     /// Prints all CRDs as YAML.
     Crds,
@@ -154,9 +160,10 @@ async fn shutdown_signal() {
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Dev { data_dir, listen, apply, exit_when_ready, timeout, config, event_ttl } => {
+        Command::Dev { data_dir, listen, apply, exit_when_ready, timeout, config, event_ttl, allow_insecure_endpoints } => {
             init_logging(&cli.log_format, "warn");
-            let config = load_config(config.as_ref())?;
+            let mut config = load_config(config.as_ref())?;
+            config.allow_insecure_endpoints |= allow_insecure_endpoints;
             dev::run_dev(dev::DevOptions { data_dir, listen, apply, exit_when_ready, timeout: Duration::from_secs(timeout), config, event_ttl })
                 .await
         }
@@ -167,9 +174,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             provisioning_apiserver::run_cli_with(api).await?;
             Ok(0)
         }
-        Command::Controller { kubeconfig, config, metrics_addr, state_dir, no_leader_election } => {
+        Command::Controller { kubeconfig, config, metrics_addr, state_dir, no_leader_election, allow_insecure_endpoints } => {
             init_logging(&cli.log_format, "info");
             let mut config = load_config(config.as_ref())?;
+            config.allow_insecure_endpoints |= allow_insecure_endpoints;
             if metrics_addr.is_some() {
                 config.metrics_addr = metrics_addr;
             }

@@ -190,13 +190,191 @@ pub struct Health {
 }
 
 impl Health {
-    /// Marks the process ready (or not).
+    /// Marks the process ready (or not) as far as its own work goes (caches synced, or a
+    /// standby whose last Lease check succeeded).
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }
-    /// Whether ready.
+    /// Ready: its own work is ready and the API server answered its last request without
+    /// rejecting its credentials ([`api_access`]).
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst) && api_access() == ApiAccess::Ok
+    }
+    /// Why not ready, for the /readyz body.
+    pub fn reason(&self) -> &'static str {
+        match api_access() {
+            ApiAccess::Unauthorized => "the API server rejects this controller's credentials (401)",
+            ApiAccess::Unreachable => "the API server is unreachable",
+            ApiAccess::Ok if !self.ready.load(Ordering::SeqCst) => "watch caches not synced or leader Lease not checked yet",
+            ApiAccess::Ok => "ok",
+        }
+    }
+}
+
+/// What the last answer (or failure) from the API server says about this process's access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiAccess {
+    /// It answered, and accepted the credentials.
+    Ok,
+    /// It answered 401: no valid token (expired, revoked, empty).
+    Unauthorized,
+    /// The request never got an answer (connection refused, TLS, timeout).
+    Unreachable,
+}
+
+/// Process-wide: every client built by `dev::client_from_config` reports here through
+/// [`ApiAccessLayer`]; clients without the layer leave it `Ok`.
+static API_ACCESS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The API server access seen last.
+pub fn api_access() -> ApiAccess {
+    match API_ACCESS.load(Ordering::SeqCst) {
+        1 => ApiAccess::Unauthorized,
+        2 => ApiAccess::Unreachable,
+        _ => ApiAccess::Ok,
+    }
+}
+
+fn set_api_access(access: ApiAccess) {
+    let value = match access {
+        ApiAccess::Ok => 0,
+        ApiAccess::Unauthorized => 1,
+        ApiAccess::Unreachable => 2,
+    };
+    API_ACCESS.store(value, Ordering::SeqCst);
+}
+
+/// The verb, resource (with subresource) and namespace of an API request, as RBAC sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestAttributes {
+    /// get, list, watch, create, update, patch, delete, deletecollection.
+    pub verb: String,
+    /// `group/resource[/subresource]` (`secrets`, `provisioning.dev/servers/status`).
+    pub resource: String,
+    /// Empty for cluster-scoped requests.
+    pub namespace: String,
+    /// The object's name, empty for collections.
+    pub name: String,
+}
+
+impl RequestAttributes {
+    /// Reads the attributes from a request's method and URI (`/api/v1/...`, `/apis/G/V/...`).
+    pub fn of(method: &http::Method, uri: &http::Uri) -> Self {
+        let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+        let (group, rest): (&str, &[&str]) = match segments.as_slice() {
+            ["api", _version, rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (group, rest),
+            _ => ("", &[][..]),
+        };
+        let mut watch = uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        let rest = match rest {
+            ["watch", tail @ ..] => {
+                watch = true;
+                tail
+            }
+            _ => rest,
+        };
+        let (namespace, resource, name, sub) = match rest {
+            ["namespaces", ns, resource, tail @ ..] => (*ns, *resource, tail.first().copied(), tail.get(1).copied()),
+            ["namespaces", name] => ("", "namespaces", Some(*name), None),
+            [resource, tail @ ..] => ("", *resource, tail.first().copied(), tail.get(1).copied()),
+            [] => ("", "", None, None),
+        };
+        let collection = name.is_none();
+        let verb = match *method {
+            http::Method::GET if watch => "watch",
+            http::Method::GET | http::Method::HEAD if collection => "list",
+            http::Method::GET | http::Method::HEAD => "get",
+            http::Method::POST => "create",
+            http::Method::PUT => "update",
+            http::Method::PATCH => "patch",
+            http::Method::DELETE if collection => "deletecollection",
+            http::Method::DELETE => "delete",
+            _ => method.as_str(),
+        };
+        let mut resource = if group.is_empty() { resource.to_string() } else { format!("{group}/{resource}") };
+        if let Some(sub) = sub {
+            resource = format!("{resource}/{sub}");
+        }
+        RequestAttributes {
+            verb: verb.to_string(),
+            resource,
+            namespace: namespace.to_string(),
+            name: name.unwrap_or_default().to_string(),
+        }
+    }
+}
+
+/// A client layer that logs every request the API server refuses (401/403) with its verb,
+/// resource and namespace — once a minute per distinct request, since watches retry — and
+/// records the access state /readyz reports.
+#[derive(Clone, Default)]
+pub struct ApiAccessLayer {
+    last_logged: Arc<std::sync::Mutex<std::collections::HashMap<(u16, RequestAttributes), Instant>>>,
+}
+
+impl<S> tower::Layer<S> for ApiAccessLayer {
+    type Service = ApiAccessService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        ApiAccessService { inner, layer: self.clone() }
+    }
+}
+
+/// The service [`ApiAccessLayer`] wraps around a client's stack.
+#[derive(Clone)]
+pub struct ApiAccessService<S> {
+    inner: S,
+    layer: ApiAccessLayer,
+}
+
+impl ApiAccessLayer {
+    fn should_log(&self, code: u16, attributes: &RequestAttributes) -> bool {
+        let mut seen = self.last_logged.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match seen.get(&(code, attributes.clone())) {
+            Some(at) if now.duration_since(*at) < std::time::Duration::from_secs(60) => false,
+            _ => {
+                seen.insert((code, attributes.clone()), now);
+                true
+            }
+        }
+    }
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for ApiAccessService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let attributes = RequestAttributes::of(request.method(), request.uri());
+        let answer = self.inner.call(request);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let outcome = answer.await;
+            match &outcome {
+                Ok(response) => {
+                    let code = response.status().as_u16();
+                    set_api_access(if code == 401 { ApiAccess::Unauthorized } else { ApiAccess::Ok });
+                    if (code == 401 || code == 403) && layer.should_log(code, &attributes) {
+                        let RequestAttributes { verb, resource, namespace, name } = &attributes;
+                        let why = if code == 401 { "unauthorized: the API server rejects the credentials" } else { "forbidden by RBAC" };
+                        tracing::warn!(code, %verb, %resource, %namespace, %name, "API request refused ({why})");
+                    }
+                }
+                Err(_) => set_api_access(ApiAccess::Unreachable),
+            }
+            outcome
+        })
     }
 }
 
@@ -228,7 +406,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, hea
                         ),
                         "/healthz" | "/livez" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
                         "/readyz" if health.is_ready() => respond(StatusCode::OK, "text/plain", "ok\n".into()),
-                        "/readyz" => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n".into()),
+                        "/readyz" => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {}\n", health.reason())),
                         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
                     };
                     Ok::<_, Infallible>(response)
@@ -252,6 +430,26 @@ pub async fn spawn_server(addr: SocketAddr, metrics: Arc<Metrics>, health: Healt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_attributes_as_rbac_sees_them() {
+        let of = |m: &str, u: &str| {
+            let a = RequestAttributes::of(&m.parse().expect("method"), &u.parse().expect("uri"));
+            (a.verb, a.resource, a.namespace, a.name)
+        };
+        let t = |v: &str, r: &str, ns: &str, n: &str| (v.to_string(), r.to_string(), ns.to_string(), n.to_string());
+        assert_eq!(of("GET", "/api/v1/namespaces/kube-system/secrets/x"), t("get", "secrets", "kube-system", "x"));
+        assert_eq!(of("GET", "/api/v1/secrets?watch=true&resourceVersion=1"), t("watch", "secrets", "", ""));
+        assert_eq!(of("GET", "/apis/provisioning.dev/v1alpha1/servers?limit=500"), t("list", "provisioning.dev/servers", "", ""));
+        assert_eq!(
+            of("PATCH", "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers/web/status"),
+            t("patch", "provisioning.dev/servers/status", "demo", "web")
+        );
+        assert_eq!(of("PUT", "/apis/coordination.k8s.io/v1/namespaces/p/leases/l"), t("update", "coordination.k8s.io/leases", "p", "l"));
+        assert_eq!(of("POST", "/api/v1/namespaces"), t("create", "namespaces", "", ""));
+        assert_eq!(of("GET", "/api/v1/namespaces/demo"), t("get", "namespaces", "", "demo"));
+        assert_eq!(of("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"), t("deletecollection", "apiextensions.k8s.io/customresourcedefinitions", "", ""));
+    }
 
     #[test]
     fn encodes_without_object_names() {

@@ -54,12 +54,11 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
                 renew: config.lease_renew(),
             },
         );
-        // A standby replica is ready: healthy and waiting for the Lease (otherwise a
-        // two-replica Deployment never finishes rolling out). The leader is ready again
-        // once its watch caches have synced.
-        health.set_ready(true);
+        // A standby replica is ready while its Lease checks succeed: healthy and waiting
+        // (otherwise a two-replica Deployment never finishes rolling out). The leader is
+        // ready again once its watch caches have synced.
         tokio::select! {
-            _ = elector.acquire() => {}
+            _ = elector.acquire(&health) => {}
             _ = shutdown.clone() => return Ok(()),
         }
         health.set_ready(false);
@@ -198,12 +197,26 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
             using.into_iter().map(|ws| ObjectRef::from_obj(ws.as_ref())).collect()
         }
     };
-    let workspaces = workspace_controller
+    let mut workspace_controller = workspace_controller
         .with_config(settings.debounce(Duration::from_secs(1)))
         .watches(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Server| m1(s.namespace()))
         .watches(Api::<TaskServ>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: TaskServ| m2(s.namespace()))
-        .watches(Api::<Cluster>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Cluster| m3(s.namespace()))
-        .watches(Api::<PartialObjectMeta<Secret>>::all(client.clone()), watcher::Config::default().any_semantic(), secret_to_workspaces)
+        .watches(Api::<Cluster>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Cluster| m3(s.namespace()));
+    // deploy/ grants Secrets per namespace only (deploy/rbac/secrets.yaml), so a cluster-wide
+    // Secret watch would be refused forever: watch only where it is allowed everywhere.
+    if may_watch_all_secrets(&client).await {
+        workspace_controller = workspace_controller.watches(
+            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+            secret_to_workspaces,
+        );
+    } else {
+        tracing::info!(
+            "no cluster-wide list/watch on Secrets (least privilege): a changed credentials Secret is picked up at the \
+             next retry or resync of the objects using it, not at once"
+        );
+    }
+    let workspaces = workspace_controller
         .graceful_shutdown_on(shutdown.clone())
         .run(workspace::reconcile, workspace::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
@@ -230,6 +243,36 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
             Ok(())
         }
     }
+}
+
+/// Whether this identity may list and watch Secrets in every namespace (a
+/// SelfSubjectAccessReview). An API server without the authorization API is taken to allow it
+/// (it has no RBAC to refuse the watch either).
+pub(crate) async fn may_watch_all_secrets(client: &Client) -> bool {
+    use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    for verb in ["list", "watch"] {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.into()),
+                    resource: Some("secrets".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match api.create(&kube::api::PostParams::default(), &review).await {
+            Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
+            Ok(_) => return false,
+            Err(e) => {
+                tracing::debug!(error = %e, "no SelfSubjectAccessReview; assuming Secrets may be watched");
+                return true;
+            }
+        }
+    }
+    true
 }
 
 /// Names of the watch caches (in "waiting for the watch caches to sync: …" messages).

@@ -516,3 +516,20 @@ fn a_member_stuck_starting_is_replaced_after_the_startup_timeout() {
     let e = plan.events.iter().find(|e| e.reason == "Remediating").expect("event");
     assert!(e.note.contains("did not start within the startup timeout"), "{}", e.note);
 }
+
+#[test]
+fn config_from_is_passed_through_to_the_taskserv_never_resolved() {
+    let yaml = ETCD.replace(
+        "taskservs: [{service: store, config: {port: 2379}}]",
+        "taskservs: [{service: store, config: {port: 2379}, configFrom: [{kind: Secret, name: creds, key: pw, targetPath: password}]}]",
+    );
+    let mut w = World::new(&yaml);
+    let first = w.plan();
+    w.commit(&first);
+    w.servers_ready();
+    let second = w.plan();
+    let ts = &second.apply_taskservs[0];
+    assert_eq!(ts.spec.config, Some(serde_json::json!({"port": 2379})));
+    assert_eq!(ts.spec.config_from, w.cluster.spec.taskservs[0].config_from);
+    assert_eq!(ts.spec.config_from[0].name, "creds");
+}

@@ -274,26 +274,60 @@ async fn adopts_a_machine_by_external_id() -> anyhow::Result<()> {
     let controller = env.start_controller(env.config());
     create_workspace(&env.client, &simulated_workspace("delta", 0, 0, 10, 5)).await?;
     let provider = env.simulated("sim")?;
-    let existing = provider
-        .ensure_server(&ServerRequest {
-            identity: ServerIdentity { uid: "made-elsewhere".into(), namespace: "delta".into(), name: "legacy".into(), cluster: None },
-            plan: "medium".into(),
-            zone: String::new(),
-            image: "debian-12".into(),
-            ssh_public_key: None,
-            extra_tags: Default::default(),
-        })
-        .await?;
+    let machine = |uid: &str, adoptable: bool| ServerRequest {
+        identity: ServerIdentity { uid: uid.into(), namespace: "delta".into(), name: uid.into(), cluster: None },
+        plan: "medium".into(),
+        zone: String::new(),
+        image: "debian-12".into(),
+        ssh_public_key: None,
+        extra_tags: if adoptable {
+            [(provisioning_providers::tags::ADOPTABLE.to_string(), "true".to_string())].into()
+        } else {
+            Default::default()
+        },
+        host_key: None,
+    };
+    // Made elsewhere; its owner marked it adoptable.
+    let existing = provider.ensure_server(&machine("made-elsewhere", true)).await?;
+    // Someone else's machine, not offered for adoption.
+    let foreign = provider.ensure_server(&machine("someone-elses", false)).await?;
     let api: Api<Server> = Api::namespaced(env.client.clone(), "delta");
     api.create(&PostParams::default(), &server("delta", "adopted", json!({"externalID": existing.provider_id.0}))).await?;
     api.create(&PostParams::default(), &server("delta", "missing", json!({"externalID": "simulated://no-such-machine"}))).await?;
+    api.create(&PostParams::default(), &server("delta", "hijack", json!({"externalID": foreign.provider_id.0, "deletionPolicy": "Delete"})))
+        .await?;
     let adopted = wait_server(&api, "adopted", "Ready", is_ready).await?;
     assert_eq!(adopted.status.as_ref().and_then(|s| s.provider_id.clone()), Some(existing.provider_id.0.clone()));
     assert_eq!(adopted.status.as_ref().and_then(|s| s.resolved_plan.clone()).as_deref(), Some("sim-2cpu-4gb"));
     let missing = wait_server(&api, "missing", "Stalled", |s| condition(s, "Stalled").is_some_and(|c| c.0 == "True")).await?;
     let message = condition(&missing, "Stalled").map(|c| c.1).unwrap_or_default();
     assert!(message.contains("simulated://no-such-machine") && message.contains("spec.externalID"), "{message}");
-    assert_eq!(testing::machines_in(&provider, "delta").await?.len(), 1, "adoption created nothing");
+
+    // A foreign machine is refused with a clear condition, and never recorded as ours.
+    let hijack = wait_server(&api, "hijack", "Stalled", |s| condition(s, "Stalled").is_some_and(|c| c.0 == "True")).await?;
+    let stalled = hijack.status.as_ref().and_then(|s| provisioning_controller::conditions::find(&s.conditions, "Stalled").cloned());
+    let stalled = stalled.ok_or_else(|| anyhow::anyhow!("no Stalled condition"))?;
+    assert_eq!(stalled.reason, "AdoptionRefused");
+    assert!(stalled.message.contains(&foreign.provider_id.0) && stalled.message.contains("provisioning.dev/adoptable"), "{}", stalled.message);
+    assert_eq!(hijack.status.as_ref().and_then(|s| s.provider_id.clone()), None);
+    assert_eq!(testing::machines_in(&provider, "delta").await?.len(), 2, "adoption created nothing");
+
+    // Deleting both: the adopted machine is orphaned by default, the refused one (even with
+    // deletionPolicy Delete) is left alone.
+    for name in ["adopted", "hijack"] {
+        api.delete(name, &DeleteParams::default()).await?;
+        let api = api.clone();
+        wait_for(&format!("{name} gone"), DEADLINE, || {
+            let api = api.clone();
+            async move { api.get_opt(name).await.ok().and_then(|o| o.is_none().then_some(())) }
+        })
+        .await?;
+    }
+    let mut left: Vec<String> = testing::machines_in(&provider, "delta").await?.into_iter().map(|m| m.provider_id.0).collect();
+    left.sort();
+    let mut expected = vec![existing.provider_id.0.clone(), foreign.provider_id.0.clone()];
+    expected.sort();
+    assert_eq!(left, expected, "nothing deleted");
     controller.stop().await;
     env.shutdown().await;
     Ok(())
@@ -323,6 +357,7 @@ async fn create_pending_guard_finds_the_machine_instead_of_creating_another() ->
             image: "debian-12".into(),
             ssh_public_key: None,
             extra_tags: Default::default(),
+            host_key: None,
         })
         .await?;
     let patch = json!({"metadata": {"annotations": {
@@ -590,6 +625,113 @@ async fn nothing_is_reconciled_until_every_cache_syncs_and_readyz_says_so() -> a
     wait_for("/readyz 200", DEADLINE, || async { (scrape(metrics_addr, "/readyz").await.ok()?.0 == 200).then_some(()) }).await?;
     wait_server(&api, "s1", "Ready", is_ready).await?;
     assert_eq!(testing::machines_in(&env.simulated("sim")?, "gate").await?.len(), 1);
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
+
+/// Tenancy: a Workspace may not borrow another namespace's credentials Secret, and its
+/// account endpoints must be https unless the controller allows insecure endpoints; a
+/// refused account sends nothing (a listener standing in for the endpoint sees no
+/// connection) and its Servers stall too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    // The victim's valid credentials, in the victim's namespace.
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "victim"}}))?)
+        .await?;
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "aws-creds", "namespace": "victim"},
+        "stringData": {"AWS_ACCESS_KEY_ID": "AKIAVICTIM0000000001", "AWS_SECRET_ACCESS_KEY": "victim-secret-value"}
+    }))?;
+    Api::<Secret>::namespaced(env.client.clone(), "victim").create(&PostParams::default(), &secret).await?;
+    // Where an attacker would like the credentials sent.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let endpoint = format!("http://{}/", listener.local_addr()?);
+    let ws: Workspace = serde_json::from_value(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": "mallory"},
+        "spec": {"providers": [
+            {"name": "borrowed", "type": "aws", "region": "eu-west-1", "credentialsSecretRef": {"name": "aws-creds", "namespace": "victim"}},
+            {"name": "plaintext", "type": "aws", "region": "eu-west-1", "endpoint": endpoint, "credentialsSecretRef": {"name": "own"}}
+        ], "defaults": {"provider": "borrowed"}}
+    }))?;
+    let workspaces: Api<Workspace> = Api::all(env.client.clone());
+    workspaces.create(&PostParams::default(), &ws).await?;
+    let status = wait_for("mallory Stalled", DEADLINE, || {
+        let workspaces = workspaces.clone();
+        async move {
+            let st = workspaces.get("mallory").await.ok()?.status?;
+            (provisioning_controller::conditions::is_true(&st.conditions, "Stalled") && st.providers.len() == 2).then_some(st)
+        }
+    })
+    .await?;
+    let stalled = provisioning_controller::conditions::find(&status.conditions, "Stalled").map(|c| c.reason.clone());
+    assert_eq!(stalled.as_deref(), Some("ProviderAccountFailed"));
+    let borrowed = &status.providers[0].message;
+    assert!(!status.providers[0].ready && borrowed.contains("victim/aws-creds") && borrowed.contains("own namespace"), "{borrowed}");
+    let plaintext = &status.providers[1].message;
+    assert!(plaintext.contains(&endpoint) && plaintext.contains("https") && plaintext.contains("--allow-insecure-endpoints"), "{plaintext}");
+    assert!(!serde_json::to_string(&status)?.contains("victim-secret-value"));
+
+    // A Server using the borrowed account stalls with the same rule, and so does one naming
+    // another namespace's SSH key Secret.
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "mallory");
+    api.create(&PostParams::default(), &server("mallory", "thief", json!({}))).await?;
+    let thief = wait_server(&api, "thief", "Stalled", |s| condition(s, "Stalled").is_some_and(|c| c.0 == "True")).await?;
+    let message = condition(&thief, "Stalled").map(|c| c.1).unwrap_or_default();
+    assert!(message.contains("victim/aws-creds"), "{message}");
+    let aws_ws: Workspace = serde_json::from_value(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": "keys2"},
+        "spec": {"providers": [{"name": "aws", "type": "aws", "region": "eu-west-1", "endpoint": "https://127.0.0.1:1/",
+                                "credentialsSecretRef": {"name": "mine"}}],
+                 "defaults": {"provider": "aws"}}
+    }))?;
+    workspaces.create(&PostParams::default(), &aws_ws).await?;
+    let keys2: Api<Server> = Api::namespaced(env.client.clone(), "keys2");
+    let mine: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "mine", "namespace": "keys2"},
+        "stringData": {"AWS_ACCESS_KEY_ID": "AKIAKEYS200000000001", "AWS_SECRET_ACCESS_KEY": "x"}
+    }))?;
+    wait_for("namespace keys2", DEADLINE, || {
+        let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone());
+        async move { api.get_opt("keys2").await.ok().flatten().map(|_| ()) }
+    })
+    .await?;
+    Api::<Secret>::namespaced(env.client.clone(), "keys2").create(&PostParams::default(), &mine).await?;
+    keys2
+        .create(&PostParams::default(), &server("keys2", "borrowed-key", json!({"sshKeySecretRef": {"name": "ssh", "namespace": "victim"}})))
+        .await?;
+    let borrowed_key = wait_server(&keys2, "borrowed-key", "Stalled", |s| {
+        s.status.as_ref().and_then(|st| provisioning_controller::conditions::find(&st.conditions, "Stalled")).is_some_and(|c| c.reason == "CrossNamespaceReference")
+    })
+    .await?;
+    let message = condition(&borrowed_key, "Stalled").map(|c| c.1).unwrap_or_default();
+    assert!(message.contains("victim/ssh") && message.contains("sshKeySecretRef"), "{message}");
+
+    // Nothing ever connected to the plain-http endpoint.
+    assert!(matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock), "a request reached the http endpoint");
+    controller.stop().await;
+
+    // The same plain-http account is used when the controller allows insecure endpoints:
+    // the request reaches the listener.
+    let mut config = env.config();
+    config.allow_insecure_endpoints = true;
+    let controller = env.start_controller(config);
+    let patch = json!({"metadata": {"annotations": {provisioning_crds::ANNOTATION_RECONCILE_REQUESTED_AT: "insecure-allowed"}}});
+    workspaces.patch("mallory", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    let own: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "own", "namespace": "mallory"},
+        "stringData": {"AWS_ACCESS_KEY_ID": "AKIAMALLORY000000001", "AWS_SECRET_ACCESS_KEY": "y"}
+    }))?;
+    Api::<Secret>::namespaced(env.client.clone(), "mallory").create(&PostParams::default(), &own).await?;
+    wait_for("a request at the http endpoint", DEADLINE, || {
+        let accepted = listener.accept().is_ok();
+        async move { accepted.then_some(()) }
+    })
+    .await?;
     controller.stop().await;
     env.shutdown().await;
     Ok(())

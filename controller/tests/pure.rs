@@ -114,7 +114,11 @@ fn cleanup_plan_honours_deletion_policy_and_the_guard() {
     assert_eq!(cleanup_step(&server("orphaned")), CleanupStep::Nothing);
     assert_eq!(cleanup_step(&server("pending")), CleanupStep::FindThenDelete);
     assert_eq!(cleanup_step(&server("created")), CleanupStep::Delete(ProviderId("simulated://sim-0001".into())));
-    assert_eq!(cleanup_step(&server("adopted")), CleanupStep::Delete(ProviderId("simulated://sim-legacy-1".into())));
+    // Adopted machines are orphaned unless Delete is written, and deleted only once the
+    // adoption was recorded (it passed the ownership check).
+    assert_eq!(cleanup_step(&server("adopted")), CleanupStep::Nothing);
+    assert_eq!(cleanup_step(&server("adopted-delete")), CleanupStep::Delete(ProviderId("simulated://sim-legacy-2".into())));
+    assert_eq!(cleanup_step(&server("adopted-delete-unverified")), CleanupStep::Nothing);
 }
 
 fn running(id: &str) -> ServerObservation {

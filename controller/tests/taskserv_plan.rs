@@ -109,7 +109,10 @@ impl Pass {
 
     fn finish(&mut self, server: &str, succeeded: bool, healthy: Option<bool>) {
         let op = self.in_flight.remove(server).expect("operation in flight");
-        self.results.push(result(server, op, succeeded, healthy));
+        let mut r = result(server, op, succeeded, healthy);
+        // The run was given the inputs of this pass.
+        r.inputs_hash = self.validated.as_ref().ok().and_then(|v| v.inputs_hash.clone());
+        self.results.push(r);
     }
 }
 
@@ -127,6 +130,7 @@ fn result(server: &str, operation: Operation, succeeded: bool, healthy: Option<b
         succeeded,
         healthy,
         message: if succeeded { "succeeded".into() } else { "exited 3".into() },
+        inputs_hash: None,
     }
 }
 
@@ -548,4 +552,71 @@ fn delete_after_a_failed_install_gives_up_after_one_failed_remove() {
     let (last, done) = plan::plan_removal(&p.observed());
     assert!(done, "{:#?}", last.status.servers);
     assert!(last.events.iter().any(|e| e.warning && e.reason == "RemoveFailed" && e.note.contains("never installed")));
+}
+
+fn with_inputs_hash(p: &mut Pass, hash: &str) {
+    if let Ok(v) = p.validated.as_mut() {
+        v.inputs_hash = Some(hash.to_string());
+    }
+}
+
+#[test]
+fn new_values_behind_config_from_reinstall_everywhere_once() {
+    let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
+    with_inputs_hash(&mut p, "sha256:aaaa");
+    let first = p.plan();
+    assert_eq!(first.status.config_inputs_hash.as_deref(), Some("sha256:aaaa"));
+    p.commit(&first);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let done = p.plan();
+    p.commit(&done);
+    assert_eq!(cond(&p.status, "Ready").0, "True");
+    // A resync with the same values runs nothing.
+    assert!(p.plan().launch.is_empty());
+    // The Secret was rotated: same generation, new hash → install again on both servers.
+    with_inputs_hash(&mut p, "sha256:bbbb");
+    let rotated = p.plan();
+    assert_eq!(rotated.launch, vec![("s0".to_string(), install("1.0")), ("s1".to_string(), install("1.0"))]);
+    assert_eq!(rotated.status.config_inputs_hash.as_deref(), Some("sha256:bbbb"));
+    p.commit(&rotated);
+    // Once: the next pass (hash recorded) starts nothing more.
+    assert!(p.plan().launch.is_empty());
+}
+
+#[test]
+fn a_missing_config_source_is_stalled_naming_it_and_runs_nothing() {
+    let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
+    p.validated = Err(InvalidTaskServ::ConfigInputs(
+        "ConfigFromMissing",
+        "waiting for Secret dev/db-creds (key \"password\", configFrom[0]): the object does not exist".into(),
+    ));
+    let plan = p.plan();
+    assert!(plan.launch.is_empty());
+    let (status, reason, message) = cond(&plan.status, "Stalled");
+    assert_eq!((status, reason), ("True", "ConfigFromMissing"));
+    assert!(message.contains("Secret dev/db-creds") && message.contains("password"), "{message}");
+    assert!(plan.events.iter().any(|e| e.warning && e.reason == "ConfigFromMissing"));
+    // Polled too, not only watched (the Secret watch may be refused by per-namespace RBAC).
+    assert_eq!(plan.requeue, Some(plan::CONFIG_INPUTS_REQUEUE));
+}
+
+#[test]
+fn an_install_that_ran_with_values_rotated_meanwhile_runs_again() {
+    let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
+    with_inputs_hash(&mut p, "sha256:aaaa");
+    let first = p.plan();
+    p.commit(&first);
+    // Both installs run with "aaaa"; the Secret is rotated before they finish.
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    with_inputs_hash(&mut p, "sha256:bbbb");
+    let next = p.plan();
+    assert_eq!(next.launch, vec![("s0".to_string(), install("1.0")), ("s1".to_string(), install("1.0"))]);
+    p.commit(&next);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let done = p.plan();
+    assert!(done.launch.is_empty());
+    assert_eq!(cond(&done.status, "Ready").0, "True");
 }

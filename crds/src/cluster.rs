@@ -39,10 +39,12 @@ pub struct ClusterSpec {
     pub provider: String,
     /// Pools of identical servers.
     #[schemars(length(min = 1, max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub pools: Vec<ServerPool>,
     /// Services to install, with the pools they go on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["service"]))]
     pub taskservs: Vec<ClusterTaskServ>,
     /// Operations in flight at once for this cluster.
     #[serde(default = "default_parallel_limit")]
@@ -53,7 +55,7 @@ pub struct ClusterSpec {
     pub failure_policy: FailurePolicy,
     /// Other Clusters (same namespace) that must be Ready first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "dns1123_label_list")]
+    #[schemars(schema_with = "dns1123_label_set")]
     pub depends_on: Vec<String>,
 }
 
@@ -94,7 +96,7 @@ pub struct ClusterTaskServ {
     pub service: String,
     /// Pools whose servers get the service. Empty: every pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "dns1123_label_list")]
+    #[schemars(schema_with = "dns1123_label_set")]
     pub pools: Vec<String>,
     /// Version. Empty: the catalog default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -103,6 +105,11 @@ pub struct ClusterTaskServ {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
     pub config: Option<serde_json::Value>,
+    /// Values merged into `config` from Secrets and ConfigMaps of the Cluster's namespace,
+    /// passed as they are to the TaskServ (resolved there; no value is copied).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub config_from: Vec<crate::taskserv::ConfigFromSource>,
 }
 
 /// What a failed rollout leaves behind.
@@ -134,9 +141,11 @@ pub struct ClusterStatus {
     pub servers: Option<ClusterServerCounts>,
     /// Phase of each service.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["service"]))]
     pub taskservs: Vec<ClusterTaskServStatus>,
     /// The rollout plan and each step's progress (the checkpoint a restarted controller resumes from).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
     pub steps: Vec<ClusterStep>,
 }
 

@@ -133,6 +133,14 @@ pub fn dns1123_label_list(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// A set of DNS-1123 labels (`x-kubernetes-list-type: set`): server-side apply merges entries
+/// from several managers instead of replacing the whole list, and duplicates are refused.
+pub fn dns1123_label_set(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema = dns1123_label_list(generator);
+    schema.insert("x-kubernetes-list-type".into(), "set".into());
+    schema
+}
+
 /// The `conditions` list of a status, merged by type.
 pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let mut schema = generator.subschema_for::<Vec<Condition>>();

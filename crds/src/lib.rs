@@ -91,6 +91,63 @@ mod tests {
         assert!(missing.is_empty(), "fields without doc comments: {missing:#?}");
     }
 
+    /// Server-side apply merges a list per entry only when the schema says how; every list
+    /// of the API says it, except the few whose order or duplicates carry meaning.
+    #[test]
+    fn lists_declare_their_merge_semantics() {
+        fn walk(path: &str, schema: &serde_json::Value, found: &mut Vec<(String, String)>) {
+            if schema.get("type").and_then(|t| t.as_str()) == Some("array") {
+                let list_type = schema.get("x-kubernetes-list-type").and_then(|t| t.as_str()).unwrap_or("atomic");
+                let keys = schema.get("x-kubernetes-list-map-keys").map(|k| k.to_string()).unwrap_or_default();
+                found.push((path.to_string(), format!("{list_type}{keys}")));
+            }
+            if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
+                for (name, sub) in props {
+                    walk(&format!("{path}.{name}"), sub, found);
+                }
+            }
+            if let Some(items) = schema.get("items") {
+                walk(&format!("{path}[]"), items, found);
+            }
+        }
+        let mut found = Vec::new();
+        for crd in all_crds() {
+            let schema = serde_json::to_value(&crd.spec.versions[0].schema).expect("schema serialises");
+            walk(&crd.spec.names.kind, &schema["openAPIV3Schema"], &mut found);
+        }
+        found.sort();
+        let expected = [
+            ("Cluster.spec.dependsOn", "set"),
+            ("Cluster.spec.pools", "map[\"name\"]"),
+            ("Cluster.spec.taskservs", "map[\"service\"]"),
+            // configFrom merges in order: the order is the content.
+            ("Cluster.spec.taskservs[].configFrom", "atomic"),
+            ("Cluster.spec.taskservs[].pools", "set"),
+            ("Cluster.status.conditions", "map[\"type\"]"),
+            ("Cluster.status.steps", "map[\"id\"]"),
+            ("Cluster.status.taskservs", "map[\"service\"]"),
+            // Addresses may repeat a type (two InternalIPs), as on a Node: atomic.
+            ("Server.status.addresses", "atomic"),
+            ("Server.status.conditions", "map[\"type\"]"),
+            ("TaskServ.spec.configFrom", "atomic"),
+            ("TaskServ.spec.dependsOn", "set"),
+            ("TaskServ.spec.servers.names", "set"),
+            ("TaskServ.status.conditions", "map[\"type\"]"),
+            // Install order: the order is the content.
+            ("TaskServ.status.resolvedDependencies", "atomic"),
+            ("TaskServ.status.servers", "map[\"name\"]"),
+            ("Workspace.spec.providers", "map[\"name\"]"),
+            // Evaluation order is the content (firewall rules); the others are short lists.
+            ("Workspace.spec.providers[].firewallRules", "atomic"),
+            ("Workspace.spec.providers[].securityGroupIds", "atomic"),
+            ("Workspace.spec.providers[].sshSourceCidrs", "atomic"),
+            ("Workspace.status.conditions", "map[\"type\"]"),
+            ("Workspace.status.providers", "map[\"name\"]"),
+        ];
+        let expected: Vec<(String, String)> = expected.iter().map(|(p, t)| (p.to_string(), t.to_string())).collect();
+        assert_eq!(found, expected);
+    }
+
     #[test]
     fn deploy_crds_match_generated() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds/crds.yaml");

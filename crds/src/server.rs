@@ -47,12 +47,26 @@ pub struct ServerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_key_secret_ref: Option<SecretReference>,
     /// What deleting the Server does to the machine: Delete it, or Orphan it (leave it running).
-    #[serde(default)]
-    pub deletion_policy: DeletionPolicy,
-    /// Adopt an existing machine with this provider id instead of creating one.
+    /// Unset: Delete for a machine the Server created, Orphan for an adopted one
+    /// (`externalID`), so deleting the Server never destroys a machine it did not make unless
+    /// `Delete` is written explicitly. (No schema default: it would hide which one was meant.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
+    /// Adopt an existing machine with this provider id instead of creating one. The machine
+    /// must carry this Server's identity tags (`provisioning.dev/server-uid`) or the tag
+    /// `provisioning.dev/adoptable: "true"` (kept while adopted); otherwise the Server stalls
+    /// with `AdoptionRefused` and nothing is changed or deleted.
     #[serde(default, rename = "externalID", skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 256))]
     pub external_id: String,
+}
+
+impl ServerSpec {
+    /// The deletion policy in force: the one written, else Orphan for an adopted machine
+    /// (`externalID` set) and Delete for one the Server creates.
+    pub fn effective_deletion_policy(&self) -> DeletionPolicy {
+        self.deletion_policy.unwrap_or(if self.external_id.is_empty() { DeletionPolicy::Delete } else { DeletionPolicy::Orphan })
+    }
 }
 
 /// What deleting a resource does to what it manages at the provider.
@@ -94,7 +108,9 @@ pub struct ServerStatus {
     /// The machine's state as the provider reports it (pending, running, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_state: Option<String>,
-    /// SSH host key pinned on first contact (cloud providers).
+    /// SSH host key of the machine (cloud providers): the key the controller generated and
+    /// injected at create time, else the one pinned on first contact. Informational: the
+    /// controller never trusts it over a key it generated itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_key: Option<String>,
 }

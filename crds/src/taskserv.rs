@@ -43,9 +43,14 @@ pub struct TaskServSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
     pub config: Option<serde_json::Value>,
+    /// Values merged into `config`, in order, from Secrets and ConfigMaps of the same
+    /// namespace (Flux HelmRelease `valuesFrom` style). Later entries win; `config` is the base.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub config_from: Vec<ConfigFromSource>,
     /// Other TaskServs (by name, same namespace) that must be Ready first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "dns1123_label_list")]
+    #[schemars(schema_with = "dns1123_label_set")]
     pub depends_on: Vec<String>,
     /// A failed upgrade re-installs the last good version.
     #[serde(default = "default_true")]
@@ -56,13 +61,68 @@ fn default_true() -> bool {
     true
 }
 
+/// Kind of object a [`ConfigFromSource`] reads.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ConfigSourceKind {
+    /// A core/v1 Secret: its values are secret (redacted from output, hashed in status).
+    #[default]
+    Secret,
+    /// A core/v1 ConfigMap.
+    ConfigMap,
+}
+
+impl ConfigSourceKind {
+    /// `Secret` or `ConfigMap`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigSourceKind::Secret => "Secret",
+            ConfigSourceKind::ConfigMap => "ConfigMap",
+        }
+    }
+}
+
+/// One entry of `configFrom`: a key of a Secret or ConfigMap in the object's own namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigFromSource {
+    /// `Secret` or `ConfigMap`.
+    pub kind: ConfigSourceKind,
+    /// Name of the Secret or ConfigMap (same namespace; there is no namespace field on purpose).
+    #[schemars(schema_with = "dns1123_subdomain")]
+    pub name: String,
+    /// Key to read. Default `values.yaml`.
+    #[serde(default = "default_values_key")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+    /// Dotted path in `config` the key's value is set at, as a string (`auth.password`).
+    /// Empty: the key holds YAML (a mapping) merged into `config`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 253), regex(pattern = r"^([A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*)?$"))]
+    pub target_path: String,
+    /// A missing object or key is skipped instead of waited for.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+}
+
+fn default_values_key() -> String {
+    "values.yaml".to_string()
+}
+
+/// A reference to a Secret of the object's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalSecretReference {
+    /// The Secret's name.
+    pub name: String,
+}
+
 /// Which Servers a TaskServ is installed on: by name, by labels, or both (union).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServerSelection {
     /// Server names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "dns1123_label_list")]
+    #[schemars(schema_with = "dns1123_label_set")]
     pub names: Vec<String>,
     /// Servers whose labels match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -94,7 +154,15 @@ pub struct TaskServStatus {
     pub resolved_dependencies: Vec<String>,
     /// Per-server state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub servers: Vec<TaskServServerStatus>,
+    /// Version of the config inputs in use: a salted hash of the values read through
+    /// `configFrom` and of generated secrets (never the values). A change re-runs the install.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_inputs_hash: Option<String>,
+    /// The Secret (owned by this TaskServ) holding the secret config fields it generated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated_secret_ref: Option<LocalSecretReference>,
 }
 
 /// State of a TaskServ on one server.

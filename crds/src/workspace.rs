@@ -51,6 +51,7 @@ pub struct WorkspaceSpec {
     /// default account `local` is used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub providers: Vec<ProviderAccount>,
     /// Limits for this workspace.
     #[serde(default)]
@@ -162,7 +163,9 @@ pub struct ProviderAccount {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub endpoint: String,
     /// Secret holding the account's credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-    /// optional AWS_SESSION_TOKEN; or UPCLOUD_USERNAME, UPCLOUD_PASSWORD).
+    /// optional AWS_SESSION_TOKEN; or UPCLOUD_USERNAME, UPCLOUD_PASSWORD). It must live in
+    /// the workspace's own namespace (a `namespace` naming another one is refused). The
+    /// endpoint must be https unless the controller allows insecure endpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<SecretReference>,
     /// Image overrides: abstract image name → provider-native id (e.g. AWS AMI ids).
@@ -179,6 +182,60 @@ pub struct ProviderAccount {
     /// `SSH_PRIVATE_KEY` in the credentials Secret, or a Server's own `spec.sshKeySecretRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh: Option<SshAccess>,
+    /// aws: security groups new instances join (`sg-…`). Empty: a group the controller
+    /// manages for the account (`provisioning-<account>`, tagged `provisioning.dev/account`)
+    /// allowing SSH from `sshSourceCidrs` and all traffic between its members, nothing else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5))]
+    pub security_group_ids: Vec<String>,
+    /// aws: subnet new instances start in (`subnet-…`). Empty: the region's default subnet.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 64))]
+    pub subnet_id: String,
+    /// Source networks (CIDR, e.g. the controller's egress address `203.0.113.7/32`) allowed
+    /// to reach SSH (22/tcp): in the aws managed group, and as the first upcloud firewall
+    /// rules when `firewallRules` is set. Empty: any source (key-only SSH with pinned host keys).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub ssh_source_cidrs: Vec<String>,
+    /// upcloud: server firewall rules (UpCloud API 1.3 `firewall_rule`). Set: every new
+    /// server gets `firewall: on` with the SSH rules of `sshSourceCidrs`, these rules in
+    /// order, and a final rule dropping all other inbound traffic.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub firewall_rules: Vec<FirewallRule>,
+}
+
+/// One UpCloud firewall rule (the fields of API 1.3 `firewall_rule`, camelCase).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FirewallRule {
+    /// `in` or `out`.
+    #[schemars(regex(pattern = r"^(in|out)$"))]
+    pub direction: String,
+    /// `accept`, `reject` or `drop`.
+    #[schemars(regex(pattern = r"^(accept|reject|drop)$"))]
+    pub action: String,
+    /// `IPv4` or `IPv6`. Empty: IPv4.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(regex(pattern = r"^(IPv4|IPv6)?$"))]
+    pub family: String,
+    /// `tcp`, `udp` or `icmp`. Empty: any protocol.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(regex(pattern = r"^(tcp|udp|icmp)?$"))]
+    pub protocol: String,
+    /// Source network (CIDR or single address). Empty: any source.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 64))]
+    pub source: String,
+    /// Destination port or range (`5432`, `8000-8080`). Empty: any port.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(regex(pattern = r"^([0-9]{1,5}(-[0-9]{1,5})?)?$"))]
+    pub destination_port: String,
+    /// Free text shown in UpCloud's console.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 250))]
+    pub comment: String,
 }
 
 /// How the controller reaches an account's machines over SSH.
@@ -210,6 +267,29 @@ pub struct SshAccess {
     /// scripts as the login user (set `remoteDir` to a place it can write).
     #[serde(default, rename = "become", skip_serializing_if = "Option::is_none")]
     pub become_root: Option<bool>,
+    /// How the controller knows a machine's SSH host key. `Generated` (default): it makes an
+    /// ed25519 host key per machine (kept in the Secret `<server>-ssh-host-key`, owned by the
+    /// Server), injects it through cloud-init and pins it before the first connection; a
+    /// machine offering another key is refused. `FirstUse`: trust the key offered at first
+    /// contact (machines whose image ignores cloud-init's `ssh_keys`, test sshds).
+    #[serde(default, skip_serializing_if = "HostKeyPolicy::is_default")]
+    pub host_keys: HostKeyPolicy,
+}
+
+/// How a machine's SSH host key becomes known (see [`SshAccess::host_keys`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum HostKeyPolicy {
+    /// Generated by the controller and injected through cloud-init.
+    #[default]
+    Generated,
+    /// Trusted on first use.
+    FirstUse,
+}
+
+impl HostKeyPolicy {
+    fn is_default(&self) -> bool {
+        *self == HostKeyPolicy::Generated
+    }
 }
 
 fn is_zero_u16(v: &u16) -> bool {
@@ -288,6 +368,7 @@ pub struct WorkspaceStatus {
     pub conditions: Vec<Condition>,
     /// State of each provider account.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub providers: Vec<ProviderAccountStatus>,
     /// How many resources the workspace holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]

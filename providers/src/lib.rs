@@ -40,6 +40,9 @@ pub mod tags {
     pub const SERVER: &str = "provisioning.dev/server";
     /// The owning Cluster's name, when a Cluster owns the Server.
     pub const CLUSTER: &str = "provisioning.dev/cluster";
+    /// Set to `"true"` by a machine's owner to allow a Server of another identity to adopt
+    /// it through `spec.externalID`.
+    pub const ADOPTABLE: &str = "provisioning.dev/adoptable";
 }
 
 /// What every provider implements. All methods are idempotent.

@@ -431,6 +431,39 @@ pub fn public_key_of(key: &SshPrivateKey) -> Result<String, String> {
     private.public_key().to_openssh().map_err(|_| "cannot encode the public part of the SSH key".to_string())
 }
 
+/// A fresh ed25519 SSH host key for a machine: (private key in OpenSSH PEM, public-key line).
+/// The controller makes one per machine and injects it through cloud-init, so the key the
+/// machine will offer is known before the first connection (no trust on first use).
+pub fn generate_host_key() -> Result<(SshPrivateKey, String), String> {
+    use russh::keys::ssh_key::private::Ed25519Keypair;
+    let seed: [u8; 32] = rand::random();
+    let private = PrivateKey::from(Ed25519Keypair::from_seed(&seed));
+    let pem = private.to_openssh(russh::keys::ssh_key::LineEnding::LF).map_err(|_| "cannot encode the generated host key".to_string())?;
+    let public = private.public_key().to_openssh().map_err(|_| "cannot encode the generated host key".to_string())?;
+    Ok((SshPrivateKey(pem.to_string()), public))
+}
+
+/// The cloud-config (user data) for a new machine: the login key for the image's default
+/// user and, when given, the machine's SSH host key (cloud-init's `ssh_keys`; the image's own
+/// host keys are deleted and no others generated, so the machine offers exactly this one).
+pub fn cloud_config(login_key: Option<&str>, host_key: Option<&crate::HostKey>) -> Option<String> {
+    if login_key.is_none() && host_key.is_none() {
+        return None;
+    }
+    let mut text = String::from("#cloud-config\n");
+    if let Some(key) = login_key {
+        text.push_str(&format!("ssh_authorized_keys:\n  - {}\n", key.trim()));
+    }
+    if let Some(host) = host_key {
+        text.push_str("ssh_deletekeys: true\nssh_genkeytypes: []\nssh_keys:\n  ed25519_private: |\n");
+        for line in host.private.0.lines() {
+            text.push_str(&format!("    {line}\n"));
+        }
+        text.push_str(&format!("  ed25519_public: {}\n", host.public.trim()));
+    }
+    Some(text)
+}
+
 /// Whether two OpenSSH public-key lines name the same key (comments ignored).
 pub fn same_key(a: &str, b: &str) -> bool {
     normalize_key(a) == normalize_key(b)
@@ -650,6 +683,22 @@ mod tests {
         assert!(!message.contains("bm90"), "{message}");
         assert!(same_key("ssh-ed25519 AAAA x@y", "ssh-ed25519 AAAA"));
         assert!(!same_key("ssh-ed25519 AAAA", "ssh-ed25519 AAAB"));
+    }
+
+    #[test]
+    fn cloud_config_carries_the_login_key_and_the_generated_host_key() {
+        let (private, public) = generate_host_key().expect("generate");
+        assert_eq!(public_key_of(&private).expect("readable"), public);
+        let host = crate::HostKey { private: private.clone(), public: public.clone() };
+        let text = cloud_config(Some("ssh-ed25519 AAAALOGIN me"), Some(&host)).expect("config");
+        assert!(text.starts_with("#cloud-config\nssh_authorized_keys:\n  - ssh-ed25519 AAAALOGIN me\n"), "{text}");
+        assert!(text.contains("ssh_deletekeys: true\nssh_genkeytypes: []\n"), "{text}");
+        assert!(text.contains(&format!("  ed25519_public: {public}\n")), "{text}");
+        // The PEM is a block scalar: every line indented under ed25519_private.
+        let block: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("  ed25519_private: |")).skip(1).take_while(|l| l.starts_with("    ")).collect();
+        assert_eq!(block.iter().map(|l| &l[4..]).collect::<Vec<_>>().join("\n"), private.0.trim_end());
+        assert_eq!(cloud_config(None, None), None);
+        assert!(!format!("{host:?}").contains("PRIVATE KEY"));
     }
 
     #[test]

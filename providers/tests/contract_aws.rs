@@ -74,6 +74,7 @@ async fn running_machine(provider: &SharedProvider, uid: &str) -> provisioning_p
         image: "debian-12".into(),
         ssh_public_key: Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA3f0Y9v7tXb1cQm5r8HkS3y0x3oQeU1dN6q7YV1b2c3 test".into()),
         extra_tags: Default::default(),
+        host_key: None,
     };
     let created = provider.ensure_server(&request).await.expect("ensure");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -175,4 +176,87 @@ async fn ssh_pins_host_keys_copies_assets_once_and_times_out() {
     assert!(!format!("{err:?}").contains("PRIVATE KEY"));
 
     provider.delete_server(&id).await.expect("delete");
+}
+
+/// Raw EC2 call through the provider's own signed client (moto answers what it stored).
+async fn raw(provider: &provisioning_providers::aws::AwsProvider, action: &str, params: &[(&str, &str)]) -> String {
+    let params: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    provider.client().call(action, &params).await.unwrap_or_else(|e| panic!("{action}: {e}"))
+}
+
+fn between<'a>(xml: &'a str, open: &str, close: &str) -> Vec<&'a str> {
+    xml.split(open).skip(1).filter_map(|rest| rest.split_once(close).map(|(v, _)| v)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_require_imdsv2_and_join_a_minimal_managed_group() {
+    let moto = Moto::start();
+    let sshd = Sshd::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&moto.endpoint, dir.path(), &sshd, vec![]);
+    cfg.network.ssh_source_cidrs = vec!["203.0.113.7/32".into()];
+    let provider = provisioning_providers::aws::AwsProvider::new(&cfg).expect("build");
+    let shared: SharedProvider = std::sync::Arc::new(provisioning_providers::aws::AwsProvider::new(&cfg).expect("build"));
+    let first = running_machine(&shared, "net-uid-1").await;
+    let second = running_machine(&shared, "net-uid-2").await;
+
+    // Both instances: IMDSv2 required, in the one managed group and no other.
+    let mut groups = Vec::new();
+    for id in [&first, &second] {
+        let xml = raw(&provider, "DescribeInstances", &[("InstanceId.1", id.native_id())]).await;
+        assert_eq!(between(&xml, "<httpTokens>", "</httpTokens>"), ["required"], "{xml}");
+        // Reservation and instance both list the groups: count distinct ids.
+        let group_set = between(&xml, "<groupSet>", "</groupSet>").join("");
+        let mut ids = between(&group_set, "<groupId>", "</groupId>");
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 1, "one security group: {xml}");
+        groups.push(ids[0].to_string());
+    }
+    assert_eq!(groups[0], groups[1], "one managed group per account, reused");
+
+    // The group: found by its name, tagged for cleanup, SSH from the configured source only
+    // and everything from its own members; no 0.0.0.0/0 anywhere.
+    // The user data carries the controller-generated host key when the request has one.
+    let (private, public) = provisioning_providers::ssh::generate_host_key().expect("host key");
+    let keyed = ServerRequest {
+        identity: ServerIdentity { uid: "net-uid-keyed".into(), namespace: "ssh".into(), name: "keyed".into(), cluster: None },
+        plan: "small".into(),
+        zone: String::new(),
+        image: "debian-12".into(),
+        ssh_public_key: None,
+        extra_tags: Default::default(),
+        host_key: Some(provisioning_providers::HostKey { private, public: public.clone() }),
+    };
+    let keyed = shared.ensure_server(&keyed).await.expect("create with a host key");
+    let xml = raw(&provider, "DescribeInstanceAttribute", &[("InstanceId", keyed.provider_id.native_id()), ("Attribute", "userData")]).await;
+    let encoded = between(&xml, "<value>", "</value>").first().map(|v| v.to_string()).unwrap_or_default();
+    use base64::Engine as _;
+    let user_data = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(encoded.trim()).expect("base64")).expect("utf-8");
+    assert!(user_data.contains(&format!("ed25519_public: {public}")) && user_data.contains("ssh_deletekeys: true"), "{user_data}");
+    shared.delete_server(&keyed.provider_id).await.expect("delete");
+
+    let xml = raw(&provider, "DescribeSecurityGroups", &[("GroupId.1", &groups[0])]).await;
+    assert_eq!(between(&xml, "<groupName>", "</groupName>"), ["provisioning-moto"], "{xml}");
+    let ingress = between(&xml, "<ipPermissions>", "</ipPermissions>").join("");
+    assert!(ingress.contains("<fromPort>22</fromPort>") && ingress.contains("<cidrIp>203.0.113.7/32</cidrIp>"), "{ingress}");
+    assert!(ingress.contains(&format!("<groupId>{}</groupId>", groups[0])), "members reach each other: {ingress}");
+    assert!(!ingress.contains("0.0.0.0/0"), "{ingress}");
+    let tags = between(&xml, "<tagSet>", "</tagSet>").join("");
+    assert!(tags.contains("provisioning.dev/managed") && tags.contains("provisioning.dev/account"), "{xml}");
+
+    // An account naming its own groups and subnet gets exactly those.
+    let vpc_xml = raw(&provider, "DescribeSubnets", &[]).await;
+    let subnet = between(&vpc_xml, "<subnetId>", "</subnetId>").first().map(|s| s.to_string()).expect("moto has default subnets");
+    let mut own = config(&moto.endpoint, dir.path(), &sshd, vec![]);
+    own.network.security_group_ids = vec![groups[0].clone()];
+    own.network.subnet_id = subnet.clone();
+    let own: SharedProvider = std::sync::Arc::new(provisioning_providers::aws::AwsProvider::new(&own).expect("build"));
+    let third = running_machine(&own, "net-uid-3").await;
+    let xml = raw(&provider, "DescribeInstances", &[("InstanceId.1", third.native_id())]).await;
+    assert!(xml.contains(&format!("<subnetId>{subnet}</subnetId>")), "{xml}");
+    assert_eq!(between(&xml, "<httpTokens>", "</httpTokens>"), ["required"]);
+    for id in [first, second, third] {
+        shared.delete_server(&id).await.expect("delete");
+    }
 }

@@ -142,6 +142,7 @@ impl Fixture {
             image: "debian-12".into(),
             ssh_public_key: None,
             extra_tags: BTreeMap::new(),
+            host_key: None,
         }
     }
 

@@ -24,6 +24,7 @@ fn request(uid: &str) -> ServerRequest {
         image: "debian-12".into(),
         ssh_public_key: None,
         extra_tags: Default::default(),
+        host_key: None,
     }
 }
 

@@ -111,6 +111,7 @@ async fn the_double_validates_requests_like_upcloud() {
         image: "debian-12".into(),
         ssh_public_key: None,
         extra_tags: Default::default(),
+        host_key: None,
     };
     let err = provider.ensure_server(&request).await.expect_err("unknown zone");
     assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("xx-nowhere1")), "{err:?}");
@@ -126,4 +127,66 @@ async fn the_double_validates_requests_like_upcloud() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!((double.server_count(), double.storage_count()), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn firewall_rules_are_attached_to_new_servers() {
+    let double = UpcloudDouble::start(DoubleConfig::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&double.endpoint, dir.path(), "api-password", None);
+    cfg.network.ssh_source_cidrs = vec!["203.0.113.0/28".into()];
+    cfg.network.firewall_rules = vec![
+        provisioning_providers::FirewallRule {
+            direction: "in".into(),
+            action: "accept".into(),
+            protocol: "tcp".into(),
+            source: "10.0.0.0/8".into(),
+            destination_port: "5432".into(),
+            comment: "postgres from the private network".into(),
+            ..Default::default()
+        },
+        provisioning_providers::FirewallRule { direction: "out".into(), action: "accept".into(), ..Default::default() },
+    ];
+    let provider = build_provider(&cfg).expect("build");
+    let request = ServerRequest {
+        identity: ServerIdentity { uid: "fw-1".into(), namespace: "ns".into(), name: "fw1".into(), cluster: None },
+        plan: "small".into(),
+        zone: String::new(),
+        image: "debian-12".into(),
+        ssh_public_key: None,
+        extra_tags: Default::default(),
+        host_key: None,
+    };
+    let created = provider.ensure_server(&request).await.expect("create");
+    let firewalls = double.firewalls();
+    let (state, rules) = firewalls.get(created.provider_id.native_id()).expect("server in the double");
+    assert_eq!(state, "on");
+    let field = |i: usize, k: &str| rules[i][k].as_str().unwrap_or("?").to_string();
+    assert_eq!(rules.len(), 4, "{rules:#?}");
+    // SSH from the configured range first, as an UpCloud address range.
+    assert_eq!(
+        (field(0, "action"), field(0, "source_address_start"), field(0, "source_address_end"), field(0, "destination_port_start")),
+        ("accept".into(), "203.0.113.0".into(), "203.0.113.15".into(), "22".into())
+    );
+    assert_eq!((field(1, "source_address_start"), field(1, "source_address_end")), ("10.0.0.0".into(), "10.255.255.255".into()));
+    assert_eq!((field(1, "family"), field(1, "destination_port_end")), ("IPv4".into(), "5432".into()));
+    assert_eq!((field(2, "direction"), field(2, "action")), ("out".into(), "accept".into()));
+    // Everything else inbound is dropped.
+    assert_eq!((field(3, "direction"), field(3, "action"), field(3, "source_address_start")), ("in".into(), "drop".into(), String::new()));
+    assert_eq!(field(3, "position"), "4");
+
+    // Ensuring again (a lost create response) finds the server and leaves its rules alone.
+    let again = provider.ensure_server(&request).await.expect("ensure again");
+    assert_eq!(again.provider_id, created.provider_id);
+    assert_eq!(double.firewalls().get(created.provider_id.native_id()).map(|(_, r)| r.len()), Some(4));
+
+    // Without rules the firewall stays off; a malformed rule is refused before any call.
+    let plain = build_provider(&config(&double.endpoint, dir.path(), "api-password", None)).expect("build");
+    let other = ServerRequest { identity: ServerIdentity { uid: "fw-2".into(), namespace: "ns".into(), name: "fw2".into(), cluster: None }, ..request.clone() };
+    let created_plain = plain.ensure_server(&other).await.expect("create");
+    assert_eq!(double.firewalls().get(created_plain.provider_id.native_id()).map(|(s, r)| (s.clone(), r.len())), Some(("off".into(), 0)));
+    let mut bad = cfg.clone();
+    bad.network.firewall_rules[0].source = "10.0.0.0/99".into();
+    let Err(err) = build_provider(&bad) else { panic!("a malformed rule must be refused") };
+    assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("firewallRules[0]")), "{err:?}");
 }

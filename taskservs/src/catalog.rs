@@ -40,6 +40,107 @@ impl CatalogService {
     pub fn name(&self) -> &str {
         &self.manifest.name
     }
+
+    /// The config fields the schema marks secret (`writeOnly: true` or
+    /// `x-provisioning-secret: true`), nested objects included, in schema order.
+    pub fn secret_fields(&self) -> Vec<SecretField> {
+        let mut out = Vec::new();
+        collect_secret_fields(&self.manifest.config_schema, &mut Vec::new(), &mut out);
+        out
+    }
+}
+
+/// How a secret field's value is generated when the user leaves it unset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SecretFormat {
+    /// 32 characters of `[A-Za-z0-9]` (the default).
+    Password,
+    /// A kubeadm bootstrap token, `[a-z0-9]{6}.[a-z0-9]{16}`.
+    KubeadmToken,
+    /// 64 lower-case hex digits (32 random bytes), e.g. kubeadm's certificate key.
+    Hex64,
+    /// A fresh ECDSA P-256 private key, PKCS#8 PEM (a CA key, e.g. kubeadm's).
+    EcP256Pem,
+}
+
+impl SecretFormat {
+    /// The format named by `x-provisioning-generate` (absent: [`SecretFormat::Password`]).
+    pub fn from_marker(marker: Option<&str>) -> Option<Self> {
+        match marker {
+            None | Some("password") => Some(SecretFormat::Password),
+            Some("kubeadm-token") => Some(SecretFormat::KubeadmToken),
+            Some("hex64") => Some(SecretFormat::Hex64),
+            Some("ec-p256-pem") => Some(SecretFormat::EcP256Pem),
+            Some(_) => None,
+        }
+    }
+}
+
+/// A config field the schema marks secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretField {
+    /// Property names from the config's root (`["auth", "password"]`).
+    pub path: Vec<String>,
+    /// How to generate it when unset.
+    pub format: SecretFormat,
+}
+
+impl SecretField {
+    /// The dotted path (`auth.password`): the key of the generated Secret.
+    pub fn dotted(&self) -> String {
+        self.path.join(".")
+    }
+}
+
+/// Whether a property schema marks a secret.
+fn is_secret_schema(schema: &Value) -> bool {
+    schema.get("writeOnly").and_then(Value::as_bool) == Some(true)
+        || schema.get("x-provisioning-secret").and_then(Value::as_bool) == Some(true)
+}
+
+fn collect_secret_fields(schema: &Value, path: &mut Vec<String>, out: &mut Vec<SecretField>) {
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    for (name, property) in properties {
+        path.push(name.clone());
+        if is_secret_schema(property) {
+            let marker = property
+                .get("x-provisioning-generate")
+                .and_then(Value::as_str);
+            out.push(SecretField {
+                path: path.clone(),
+                // Checked at load time: an unknown marker never gets here.
+                format: SecretFormat::from_marker(marker).unwrap_or(SecretFormat::Password),
+            });
+        } else {
+            collect_secret_fields(property, path, out);
+        }
+        path.pop();
+    }
+}
+
+/// Checks the secret markers of a schema: `x-provisioning-generate` names a known format.
+/// (A secret field may have a `default`: the controller generates the value whenever the
+/// user leaves it unset, so the default only serves scripts run without the controller.)
+fn check_secret_markers(schema: &Value, path: &mut Vec<String>) -> Result<(), String> {
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+        return Ok(());
+    };
+    for (name, property) in properties {
+        path.push(name.clone());
+        if let Some(m) = property.get("x-provisioning-generate")
+            && SecretFormat::from_marker(m.as_str()).is_none()
+        {
+            return Err(format!(
+                "configSchema {}: x-provisioning-generate must be password, kubeadm-token, hex64 or ec-p256-pem",
+                path.join(".")
+            ));
+        }
+        check_secret_markers(property, path)?;
+        path.pop();
+    }
+    Ok(())
 }
 
 /// What a valid request resolves to: the version to install and the config with schema defaults.
@@ -210,6 +311,28 @@ impl Catalog {
         version: Option<&str>,
         config: &Value,
     ) -> Result<ResolvedService, ValidationError> {
+        self.validate(service, version, config, false)
+    }
+
+    /// [`Catalog::validate_request`] for a config that is not complete yet: values still to
+    /// come from `configFrom` or from generated secrets may be missing (`required` is not
+    /// checked), everything present must be valid. A Cluster checks its services this way.
+    pub fn validate_partial_request(
+        &self,
+        service: &str,
+        version: Option<&str>,
+        config: &Value,
+    ) -> Result<ResolvedService, ValidationError> {
+        self.validate(service, version, config, true)
+    }
+
+    fn validate(
+        &self,
+        service: &str,
+        version: Option<&str>,
+        config: &Value,
+        partial: bool,
+    ) -> Result<ResolvedService, ValidationError> {
         let entry = self
             .services
             .get(service)
@@ -235,9 +358,11 @@ impl Catalog {
         let violations: Vec<ConfigViolation> = entry
             .validator
             .iter_errors(&config)
+            .filter(|e| !(partial && e.kind().keyword() == "required"))
+            // The path and the rule, never the value: it may be a password.
             .map(|e| ConfigViolation {
                 pointer: e.instance_path().as_str().to_string(),
-                reason: e.to_string(),
+                reason: e.masked_with("the value").to_string(),
             })
             .collect();
         if !violations.is_empty() {
@@ -426,6 +551,12 @@ fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogErr
             message: "configSchema must be an object".into(),
         });
     }
+    check_secret_markers(&manifest.config_schema, &mut Vec::new()).map_err(|message| {
+        CatalogError::Schema {
+            path: path.clone(),
+            message,
+        }
+    })?;
     let validator =
         jsonschema::validator_for(&manifest.config_schema).map_err(|e| CatalogError::Schema {
             path: path.clone(),

@@ -18,9 +18,12 @@ mod catalog;
 mod context;
 mod error;
 mod manifest;
+mod redact;
 mod runner;
 
-pub use catalog::{CATALOG_ENV, Catalog, CatalogService, ResolvedService};
+pub use catalog::{
+    CATALOG_ENV, Catalog, CatalogService, ResolvedService, SecretField, SecretFormat,
+};
 pub use context::{
     AddressInfo, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, WorkspaceInfo,
 };
@@ -28,7 +31,8 @@ pub use error::{
     CatalogError, ConfigViolation, ResolveError, RunError, TemplateError, ValidationError,
 };
 pub use manifest::{HealthSpec, KNOWN_PROVIDERS, REQUIRED_SCRIPTS, TaskServManifest};
+pub use redact::{MIN_SECRET_LEN, REDACTED, Redactor};
 pub use runner::{
     ExecOutput, LocalProcessExecutor, RESULT_MARKER, ScriptExecutor, ScriptOutcome, ScriptPaths,
-    ScriptStep, TAIL_BYTES, TAIL_LINES, parse_result, run_script,
+    ScriptStep, TAIL_BYTES, TAIL_LINES, parse_result, run_script, run_script_redacted,
 };

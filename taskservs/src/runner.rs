@@ -15,6 +15,7 @@ use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use crate::context::ScriptContext;
 use crate::error::RunError;
 use crate::manifest::is_valid_service_name;
+use crate::redact::Redactor;
 
 /// Prefix of the stdout line carrying a script's JSON result (see `lib/ctx.nu` `emit-result`).
 pub const RESULT_MARKER: &str = "PROVISIONING_RESULT ";
@@ -205,6 +206,30 @@ pub async fn run_script(
     timeout: Duration,
     output: Option<UnboundedSender<String>>,
 ) -> Result<ScriptOutcome, RunError> {
+    run_script_redacted(
+        exec,
+        step,
+        service,
+        ctx,
+        timeout,
+        output,
+        &Redactor::default(),
+    )
+    .await
+}
+
+/// [`run_script`] with every output line passed through `redactor` before it is forwarded
+/// or kept in the tail (and the result-parse error, which quotes output, too): the values
+/// it knows never leave the runner.
+pub async fn run_script_redacted(
+    exec: &dyn ScriptExecutor,
+    step: ScriptStep,
+    service: &str,
+    ctx: &ScriptContext,
+    timeout: Duration,
+    output: Option<UnboundedSender<String>>,
+    redactor: &Redactor,
+) -> Result<ScriptOutcome, RunError> {
     if !is_valid_service_name(service) {
         return Err(RunError::InvalidService(service.to_string()));
     }
@@ -216,8 +241,10 @@ pub async fn run_script(
     let (line_tx, mut line_rx) = unbounded_channel::<String>();
     let forwarder = {
         let tail = Arc::clone(&tail);
+        let redactor = redactor.clone();
         tokio::spawn(async move {
             while let Some(line) = line_rx.recv().await {
+                let line = redactor.redact(&line);
                 if let Ok(mut t) = tail.lock() {
                     t.push(&line);
                 }
@@ -248,14 +275,14 @@ pub async fn run_script(
         // The executor did not stream: build the tail from what it returned.
         let mut t = OutputTail::default();
         for line in exec_output.stdout.lines().chain(exec_output.stderr.lines()) {
-            t.push(line);
+            t.push(&redactor.redact(line));
         }
         output_tail = t.render();
     }
     let (result, result_error) = match parse_result(&exec_output.stdout) {
         None => (None, None),
         Some(Ok(value)) => (Some(value), None),
-        Some(Err(e)) => (None, Some(e)),
+        Some(Err(e)) => (None, Some(redactor.redact(&e))),
     };
     Ok(ScriptOutcome {
         service: service.to_string(),

@@ -47,3 +47,161 @@ fn addons_act_only_from_the_first_control_plane() {
     );
     assert_eq!(nu_eval(&script), "true,false,false");
 }
+
+fn openssl(args: &[&str], dir: &std::path::Path) -> String {
+    let out = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl runs (installed by scripts/setup.sh)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn joins_pin_the_ca_made_from_the_generated_key_in_a_0600_config() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    openssl(
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            "ca.key",
+        ],
+        d,
+    );
+    // The certificate exactly as install.nu makes it on the first control plane.
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-sha256",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=kubernetes",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign",
+            "-out",
+            "ca.crt",
+        ],
+        d,
+    );
+    openssl(
+        &[
+            "x509", "-in", "ca.crt", "-pubkey", "-noout", "-out", "pub.pem",
+        ],
+        d,
+    );
+    openssl(
+        &[
+            "pkey", "-pubin", "-in", "pub.pem", "-outform", "DER", "-out", "pub.der",
+        ],
+        d,
+    );
+    // kubeadm's hash: SHA-256 of the certificate's SubjectPublicKeyInfo.
+    let out = std::process::Command::new("sha256sum")
+        .arg(d.join("pub.der"))
+        .output()
+        .expect("sha256sum");
+    let expected = format!(
+        "sha256:{}",
+        String::from_utf8_lossy(&out.stdout)
+            .split(' ')
+            .next()
+            .unwrap_or_default()
+    );
+    let key = d.join("ca.key");
+    let hash = nu_eval(&format!(
+        "use kubernetes/common.nu *; ca-cert-hash (open --raw '{}' | decode utf-8)",
+        key.display()
+    ));
+    assert_eq!(hash, expected);
+
+    let ctx = r#"{server: {name: w-0}, config: {bootstrapToken: "abcdef.0123456789abcdef", certificateKey: "cafe"}}"#;
+    let worker: serde_json::Value = serde_json::from_str(&nu_eval(&format!(
+        "use kubernetes/common.nu *; join-config {ctx} 10.0.0.1:6443 {hash} false 10.0.0.9"
+    )))
+    .expect("JSON");
+    assert_eq!(
+        worker["discovery"]["bootstrapToken"]["caCertHashes"][0],
+        hash.as_str()
+    );
+    assert_eq!(
+        worker["discovery"]["bootstrapToken"]["token"],
+        "abcdef.0123456789abcdef"
+    );
+    assert!(worker.get("controlPlane").is_none(), "{worker}");
+    let cp: serde_json::Value = serde_json::from_str(&nu_eval(&format!(
+        "use kubernetes/common.nu *; join-config {ctx} 10.0.0.1:6443 {hash} true 10.0.0.2"
+    )))
+    .expect("JSON");
+    assert_eq!(cp["controlPlane"]["certificateKey"], "cafe");
+    assert_eq!(
+        cp["controlPlane"]["localAPIEndpoint"]["advertiseAddress"],
+        "10.0.0.2"
+    );
+
+    let file = d.join("sub/join.yaml");
+    nu_eval(&format!(
+        "use kubernetes/common.nu *; write-secret-file '{}' 'token: x' | ignore",
+        file.display()
+    ));
+    let meta = std::fs::metadata(&file).expect("written");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "token: x");
+}
+
+/// Downloads a script runs as root are verified: no pin → refused before downloading; a
+/// wrong pin → refused and the file deleted; the right pin → kept (file:// stands in for
+/// the release server).
+#[test]
+fn downloads_need_a_matching_pinned_sha256() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = dir.path().join("release.tar.gz");
+    std::fs::write(&source, b"release bytes").expect("write");
+    let url = format!("file://{}", source.display());
+    let dest = dir.path().join("downloaded");
+    let run = |pin: &str| {
+        std::process::Command::new(nu())
+            .current_dir(crate_dir().join("catalog"))
+            .args(["--no-config-file", "-c", &format!("use lib/k8s.nu *; fetch '{url}' '{}' --sha256 '{pin}'", dest.display())])
+            .output()
+            .expect("nu runs")
+    };
+    let unpinned = run("");
+    assert!(!unpinned.status.success() && String::from_utf8_lossy(&unpinned.stderr).contains("no pinned sha256"));
+    assert!(!dest.exists(), "nothing downloaded without a pin");
+    let wrong = run(&"0".repeat(64));
+    assert!(!wrong.status.success() && String::from_utf8_lossy(&wrong.stderr).contains("sha256 mismatch"));
+    assert!(!dest.exists(), "a mismatching download is deleted");
+    // sha256("release bytes")
+    let right = {
+        use std::io::Write;
+        let mut child = std::process::Command::new("sha256sum")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sha256sum");
+        child.stdin.take().expect("stdin").write_all(b"release bytes").expect("write");
+        let out = child.wait_with_output().expect("sha256sum output");
+        String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string()
+    };
+    let ok = run(&right);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert_eq!(std::fs::read(&dest).expect("downloaded"), b"release bytes");
+}

@@ -250,6 +250,9 @@ async fn etcd_three_member_cluster_lifecycle() {
             (container, node_info(&name, &ip))
         })
         .collect();
+    // The cluster CA key the controller would generate (x-provisioning-generate: ec-p256-pem).
+    let ca_key = ca_key(&nodes[0].0);
+    let etcd_config = json!({"caKey": ca_key});
     let ctx_of = |i: usize| {
         let peers = nodes
             .iter()
@@ -257,7 +260,7 @@ async fn etcd_three_member_cluster_lifecycle() {
             .filter(|(j, _)| *j != i)
             .map(|(_, (_, p))| p.clone())
             .collect();
-        context(&catalog, "etcd", &nodes[i].1, peers, json!({}))
+        context(&catalog, "etcd", &nodes[i].1, peers, etcd_config.clone())
     };
     let contexts: Vec<ScriptContext> = (0..3).map(ctx_of).collect();
 
@@ -286,27 +289,34 @@ async fn etcd_three_member_cluster_lifecycle() {
     // Written through one member, read from another.
     exec_in(
         &nodes[0].0,
-        &[
-            "env",
-            "ETCDCTL_API=3",
-            "etcdctl",
-            "put",
-            "greeting",
-            "hello from etcd-0",
-        ],
+        &etcdctl_tls(&["put", "greeting", "hello from etcd-0"]),
     );
     let got = exec_in(
         &nodes[2].0,
-        &[
-            "env",
-            "ETCDCTL_API=3",
-            "etcdctl",
-            "get",
-            "--print-value-only",
-            "greeting",
-        ],
+        &etcdctl_tls(&["get", "--print-value-only", "greeting"]),
     );
     assert_eq!(got, "hello from etcd-0");
+
+    // TLS only, with client certificates: plain http gets nothing, TLS without a client
+    // certificate is refused, and members listen on their private address, not 0.0.0.0.
+    let ip1 = nodes[1].1.addresses[0].address.clone();
+    let plain = Command::new(docker())
+        .args(["exec", &nodes[0].0, "curl", "-sS", "--max-time", "5", &format!("http://{ip1}:2379/version")])
+        .output()
+        .expect("curl");
+    assert!(!String::from_utf8_lossy(&plain.stdout).contains("etcdserver"), "plain http answered");
+    let no_cert = Command::new(docker())
+        .args(["exec", &nodes[0].0, "curl", "-sS", "--max-time", "5", "--cacert", "/etc/etcd/pki/ca.crt", &format!("https://{ip1}:2379/version")])
+        .output()
+        .expect("curl");
+    assert!(!no_cert.status.success(), "TLS without a client certificate was accepted: {}", String::from_utf8_lossy(&no_cert.stdout));
+    let with_cert = exec_in(
+        &nodes[0].0,
+        &["curl", "-fsS", "--max-time", "5", "--cacert", "/etc/etcd/pki/ca.crt", "--cert", "/etc/etcd/pki/member.crt", "--key", "/etc/etcd/pki/member.key", &format!("https://{ip1}:2379/version")],
+    );
+    assert!(with_cert.contains("etcdserver"), "{with_cert}");
+    let listeners = exec_in(&nodes[1].0, &["cat", "/proc/net/tcp"]);
+    assert!(!listeners.lines().any(|l| l.split_whitespace().nth(1).is_some_and(|a| a == "00000000:094B" || a == "00000000:094C")), "etcd listens on 0.0.0.0:\n{listeners}");
 
     // Re-running install is a no-op.
     let again = step(&nodes[1].0, ScriptStep::Install, &contexts[1]).await;
@@ -332,7 +342,7 @@ async fn etcd_three_member_cluster_lifecycle() {
                 .filter(|(j, _)| *j != i)
                 .map(|(_, (_, p))| p.clone())
                 .collect();
-            context(&catalog, "etcd", &nodes[i].1, peers, json!({}))
+            context(&catalog, "etcd", &nodes[i].1, peers, etcd_config.clone())
         })
         .collect();
     let rejoin = step(&nodes[1].0, ScriptStep::Install, &contexts[1]).await;
@@ -357,14 +367,7 @@ async fn etcd_three_member_cluster_lifecycle() {
     }
     let got = exec_in(
         &nodes[1].0,
-        &[
-            "env",
-            "ETCDCTL_API=3",
-            "etcdctl",
-            "get",
-            "--print-value-only",
-            "greeting",
-        ],
+        &etcdctl_tls(&["get", "--print-value-only", "greeting"]),
     );
     assert_eq!(got, "hello from etcd-0");
 
@@ -373,7 +376,7 @@ async fn etcd_three_member_cluster_lifecycle() {
     assert_ok(&removed);
     let members = exec_in(
         &nodes[0].0,
-        &["env", "ETCDCTL_API=3", "etcdctl", "member", "list"],
+        &etcdctl_tls(&["member", "list"]),
     );
     assert_eq!(
         members.lines().count(),
@@ -383,8 +386,28 @@ async fn etcd_three_member_cluster_lifecycle() {
     );
     assert!(!members.contains("etcd-2"), "{members}");
     let two: Vec<PeerInfo> = vec![nodes[1].1.clone()];
-    let ctx0 = context(&catalog, "etcd", &nodes[0].1, two, json!({}));
+    let ctx0 = context(&catalog, "etcd", &nodes[0].1, two, etcd_config.clone());
     assert_ok(&step(&nodes[0].0, ScriptStep::Check, &ctx0).await);
+}
+
+/// etcdctl (API v3) on a member, over TLS with the member's certificate.
+fn etcdctl_tls<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec![
+        "env",
+        "ETCDCTL_API=3",
+        "etcdctl",
+        "--endpoints=https://127.0.0.1:2379",
+        "--cacert=/etc/etcd/pki/ca.crt",
+        "--cert=/etc/etcd/pki/member.crt",
+        "--key=/etc/etcd/pki/member.key",
+    ];
+    all.extend_from_slice(args);
+    all
+}
+
+/// A fresh P-256 private key (PKCS#8 PEM), made by openssl in `container`.
+fn ca_key(container: &str) -> String {
+    exec_in(container, &["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]) + "\n"
 }
 
 /// Runs futures concurrently and returns their outputs in order.
@@ -414,7 +437,7 @@ async fn redis_postgresql_haproxy_containerd_lifecycles() {
         "redis",
         &node_info("redis-0", &redis_ip),
         vec![],
-        json!({"maxmemory": "64mb"}),
+        json!({"maxmemory": "64mb", "password": hostile}),
     );
     let pg = context(
         &catalog,
@@ -466,21 +489,34 @@ async fn redis_postgresql_haproxy_containerd_lifecycles() {
     ] {
         assert_ok(&step(c, ScriptStep::Check, ctx).await);
     }
-    // Through haproxy to redis.
-    let out = Command::new(docker())
-        .args([
-            "exec",
-            &redis_c,
-            "redis-cli",
-            "-h",
-            &lb_ip,
-            "-p",
-            "80",
-            "ping",
-        ])
+    // Through haproxy to redis, with the (hostile) password; without it redis refuses.
+    let redis_cli = |host: &str, port: &str, auth: Option<&str>| {
+        let mut args = vec!["exec".to_string()];
+        if let Some(auth) = auth {
+            args.extend(["-e".to_string(), format!("REDISCLI_AUTH={auth}")]);
+        }
+        args.extend([redis_c.clone(), "redis-cli".into(), "-h".into(), host.into(), "-p".into(), port.into(), "ping".into()]);
+        let out = Command::new(docker()).args(&args).output().expect("redis-cli");
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    assert_eq!(redis_cli(&lb_ip, "80", Some(hostile)).trim(), "PONG");
+    let unauthenticated = redis_cli(&redis_ip, "6379", None);
+    assert!(unauthenticated.contains("NOAUTH"), "redis answered without a password: {unauthenticated}");
+    assert!(redis_cli(&redis_ip, "6379", Some("wrong")).contains("WRONGPASS"), "a wrong password was accepted");
+    assert_eq!(redis_cli(&redis_ip, "6379", Some(hostile)).trim(), "PONG");
+    // It binds the private address and loopback only, with protected-mode on.
+    let conf = exec_in(&redis_c, &["grep", "-E", "^(bind|protected-mode) ", "/etc/redis/redis.conf"]);
+    assert_eq!(conf, format!("bind {redis_ip} 127.0.0.1\nprotected-mode yes"));
+    let listeners = exec_in(&redis_c, &["cat", "/proc/net/tcp"]);
+    assert!(!listeners.lines().any(|l| l.split_whitespace().nth(1) == Some("00000000:18EB")), "redis listens on 0.0.0.0:\n{listeners}");
+    // haproxy's stats page answers on the balancer's loopback, not on its address.
+    let stats_local = exec_in(&lb_c, &["curl", "-fsS", "--max-time", "5", "http://127.0.0.1:8404/stats;csv"]);
+    assert!(stats_local.contains("servers"), "{stats_local}");
+    let stats_remote = Command::new(docker())
+        .args(["exec", &redis_c, "curl", "-fsS", "--max-time", "5", &format!("http://{lb_ip}:8404/stats;csv")])
         .output()
-        .expect("redis-cli via haproxy");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "PONG");
+        .expect("curl");
+    assert!(!stats_remote.status.success(), "stats reachable on {lb_ip}: {}", String::from_utf8_lossy(&stats_remote.stdout));
     // The hostile password arrived literally: it logs in over TCP, a wrong one does not.
     let login = Command::new(docker())
         .args([

@@ -362,3 +362,44 @@ async fn non_streaming_executor() {
         "hello\nPROVISIONING_RESULT {\"version\":\"1.2.3\"}\nwarn"
     );
 }
+
+#[tokio::test]
+async fn known_secrets_are_redacted_from_streamed_lines_and_the_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("value");
+    let secret = "s3cr3t 'q' \"dq\" $(id) `x` back\\slash\nsecond-line-of-it";
+    let context = ctx("echo", json!({"value": secret, "outFile": out}));
+    let redactor = provisioning_taskservs::Redactor::new([secret]);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let outcome = provisioning_taskservs::run_script_redacted(
+        &executor(),
+        ScriptStep::Install,
+        "echo",
+        &context,
+        Duration::from_secs(30),
+        Some(tx),
+        &redactor,
+    )
+    .await
+    .expect("runs");
+    assert!(outcome.succeeded(), "{}", outcome.summary());
+    // The script did get the value (it wrote it to a file)…
+    assert_eq!(
+        std::fs::read_to_string(&out).expect("value written"),
+        secret
+    );
+    // …but no line of output carries it, in any form.
+    let mut lines = Vec::new();
+    while let Ok(line) = rx.try_recv() {
+        lines.push(line);
+    }
+    let streamed = lines.join("\n");
+    for text in [&streamed, &outcome.output_tail] {
+        assert!(!text.contains("s3cr3t"), "a secret leaked");
+        assert!(!text.contains("second-line-of-it"), "a secret line leaked");
+        assert!(
+            text.contains(provisioning_taskservs::REDACTED),
+            "nothing was redacted"
+        );
+    }
+}

@@ -79,9 +79,17 @@ fn etcd_initial_cluster_lists_every_member_in_name_order() {
     assert_eq!(yaml["name"], "etcd-1");
     assert_eq!(
         yaml["initial-cluster"],
-        "etcd-0=http://10.0.0.10:2380,etcd-1=http://10.0.0.11:2380,etcd-2=http://10.0.0.12:2380"
+        "etcd-0=https://10.0.0.10:2380,etcd-1=https://10.0.0.11:2380,etcd-2=https://10.0.0.12:2380"
     );
-    assert_eq!(yaml["advertise-client-urls"], "http://10.0.0.11:2379");
+    assert_eq!(yaml["advertise-client-urls"], "https://10.0.0.11:2379");
+    // TLS with client certificates for clients and peers; the private address, never 0.0.0.0.
+    assert_eq!(yaml["listen-client-urls"], "https://10.0.0.11:2379,https://127.0.0.1:2379");
+    assert_eq!(yaml["listen-peer-urls"], "https://10.0.0.11:2380");
+    for section in ["client-transport-security", "peer-transport-security"] {
+        assert_eq!(yaml[section]["client-cert-auth"], true, "{conf}");
+        assert_eq!(yaml[section]["trusted-ca-file"], "/etc/etcd/pki/ca.crt", "{conf}");
+    }
+    assert!(!conf.contains("0.0.0.0") && !conf.contains("http://"), "{conf}");
     assert_eq!(yaml["initial-cluster-token"], "etcd-etcd");
     assert_eq!(yaml["initial-cluster-state"], "new");
 }
@@ -127,8 +135,8 @@ fn haproxy_backends_from_pool_peers_or_config() {
 #[test]
 fn every_shipped_template_renders_with_defaults() {
     let catalog = catalog();
-    let k8s =
-        json!({"bootstrapToken": "abcdef.0123456789abcdef", "certificateKey": "b".repeat(64)});
+    let k8s = json!({"bootstrapToken": "abcdef.0123456789abcdef", "certificateKey": "b".repeat(64),
+            "caKey": "-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n"});
     for service in catalog.services() {
         let name = service.name();
         let config = if name == "kubernetes" {
@@ -190,4 +198,53 @@ fn context_serialises_with_camel_case_fields() {
     assert_eq!(v["workspace"]["environment"], "dev");
     let back: ScriptContext = serde_json::from_value(v).expect("round trip");
     assert_eq!(back, ctx);
+}
+
+#[test]
+fn provider_addresses_must_be_ips_in_config_files() {
+    // A provider-reported "address" that is not an IP is refused, not written into the file.
+    for hostile in ["10.0.0.1\n    stats enable", "evil.example", "10.0.0.1 backup", ""] {
+        let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![peer("web-0", hostile, "")], json!({}));
+        let err = catalog().render_templates("haproxy", &ctx).expect_err(hostile);
+        assert!(err.to_string().contains("not an IP address"), "{err}");
+        let ctx = context("etcd", ("etcd-0", "10.0.0.10"), vec![peer("etcd-1", hostile, "")], json!({}));
+        assert!(catalog().render_templates("etcd", &ctx).is_err(), "{hostile:?}");
+    }
+    // IPv6 goes in brackets where a port follows.
+    let ctx = context("haproxy", ("lb-0", "fd00::2"), vec![peer("web-0", "fd00::20", "")], json!({}));
+    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    assert!(cfg.contains("server web-0 [fd00::20]:80 check") && cfg.contains("bind [fd00::2]:80"), "{cfg}");
+}
+
+#[test]
+fn services_bind_private_addresses_and_keep_stats_local() {
+    let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![peer("web-0", "10.0.0.20", "")], json!({}));
+    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    assert!(cfg.contains("bind 10.0.0.2:80\n    bind 127.0.0.1:80\n"), "{cfg}");
+    assert!(cfg.contains("bind 127.0.0.1:8404\n"), "{cfg}");
+    assert!(!cfg.contains("10.0.0.2:8404") && !cfg.contains("*:"), "{cfg}");
+    let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![], json!({"statsBind": "private"}));
+    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    assert!(cfg.contains("bind 127.0.0.1:8404\n    bind 10.0.0.2:8404\n"), "{cfg}");
+
+    let ctx = context("redis", ("r-0", "10.0.0.5"), vec![], json!({"password": "pw"}));
+    let conf = catalog().render_templates("redis", &ctx).expect("render")["redis.conf"].clone();
+    assert!(conf.contains("\nbind 10.0.0.5 127.0.0.1\n") && conf.contains("\nprotected-mode yes\n"), "{conf}");
+
+    let ctx = context("postgresql", ("pg-0", "10.0.0.7"), vec![peer("pg-1", "10.0.0.8", "")], json!({}));
+    let rendered = catalog().render_templates("postgresql", &ctx).expect("render");
+    let hba = &rendered["pg_hba.conf"];
+    assert!(hba.contains("10.0.0.7/32") && hba.contains("10.0.0.8/32"), "{hba}");
+    assert!(!hba.contains("0.0.0.0/0"), "{hba}");
+    assert!(rendered["provisioning.conf"].contains("listen_addresses = '10.0.0.7,localhost'"), "{}", rendered["provisioning.conf"]);
+}
+
+#[test]
+fn a_hostile_redis_password_stays_one_quoted_argument() {
+    let hostile = "p$(reboot); rm -rf / '\"`x`\nline2\\";
+    let ctx = context("redis", ("r-0", "10.0.0.5"), vec![], json!({"password": hostile}));
+    let conf = catalog().render_templates("redis", &ctx).expect("render")["redis.conf"].clone();
+    let line = conf.lines().find(|l| l.starts_with("requirepass ")).unwrap_or_else(|| panic!("{conf}"));
+    assert_eq!(line, r#"requirepass "p$(reboot); rm -rf / '\"`x`\x0aline2\\""#);
+    assert!(!conf.contains("\nline2"), "the newline must not start a directive: {conf}");
 }

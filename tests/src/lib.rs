@@ -73,6 +73,21 @@ impl Dev {
     /// Like [`Dev::start_in`], with extra environment variables for the process (e.g.
     /// `PROVISIONING_CATALOG`).
     pub fn start_in_with_env(data_dir: &Path, apply: &[&str], env: &[(&str, &str)]) -> Result<Dev> {
+        Dev::start_in_with(data_dir, apply, env, &[])
+    }
+
+    /// Starts `provisioning dev` with plain-http provider endpoints allowed
+    /// (`--allow-insecure-endpoints`), as tests against moto and the UpCloud double need.
+    pub fn start_allowing_insecure_endpoints(apply: &[&str]) -> Result<Dev> {
+        let tmp = tempfile::tempdir()?;
+        let data_dir = tmp.path().join("data");
+        let mut dev = Dev::start_in_with(&data_dir, apply, &[], &["--allow-insecure-endpoints"])?;
+        dev._tmp = Some(tmp);
+        Ok(dev)
+    }
+
+    /// Like [`Dev::start_in_with_env`], with extra command-line arguments for `provisioning dev`.
+    pub fn start_in_with(data_dir: &Path, apply: &[&str], env: &[(&str, &str)], args: &[&str]) -> Result<Dev> {
         std::fs::create_dir_all(data_dir)?;
         let kubeconfig = data_dir.join("kubeconfig");
         let _ = std::fs::remove_file(&kubeconfig);
@@ -85,6 +100,7 @@ impl Dev {
             .arg(data_dir)
             .arg("--listen")
             .arg("127.0.0.1:0")
+            .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

@@ -55,7 +55,7 @@ fn dev_env() -> Vec<(&'static str, String)> {
 fn start_dev(dir: &Path, manifest: &Path) -> Result<Dev> {
     let env = dev_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    Dev::start_in_with_env(&dir.join("data"), &[&manifest.display().to_string()], &env)
+    Dev::start_in_with(&dir.join("data"), &[&manifest.display().to_string()], &env, &["--allow-insecure-endpoints"])
 }
 
 fn wait_ready(dev: &Dev, namespace: &str, taskserv: &str, nodes: &[&CloudNode]) -> Result<Duration> {
@@ -134,7 +134,7 @@ fn aws_taskserv_runs_as_root_through_sudo_and_a_sudo_password_is_a_clear_error()
     let account = |name: &str, node: &CloudNode| {
         json!({"name": name, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
             "credentialsSecretRef": {"name": "aws-creds"}, "images": {"debian-12": MOTO_AMI},
-            "ssh": {"user": USER, "addressOverride": node.ip}})
+            "ssh": {"user": USER, "addressOverride": node.ip, "hostKeys": "FirstUse"}})
     };
     let docs = vec![
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
@@ -205,7 +205,7 @@ fn upcloud_taskserv_runs_as_root_through_sudo() -> Result<()> {
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": NAMESPACE},
             "spec": {"defaults": {"provider": "upcloud-sudo", "plan": "small", "image": "debian-12"},
                 "providers": [{"name": "upcloud-sudo", "type": "upcloud", "zone": "de-fra1", "endpoint": upcloud.endpoint(),
-                    "credentialsSecretRef": {"name": "upcloud-creds"}, "ssh": {"user": USER, "addressOverride": node.ip}}]}}),
+                    "credentialsSecretRef": {"name": "upcloud-creds"}, "ssh": {"user": USER, "addressOverride": node.ip, "hostKeys": "FirstUse"}}]}}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": "web", "namespace": NAMESPACE}, "spec": {}}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "TaskServ", "metadata": {"name": "marker", "namespace": NAMESPACE},
             "spec": {"service": "marker", "servers": {"names": ["web"]}, "config": {"path": MARKER}}}),
@@ -282,6 +282,7 @@ fn sudo_exec_passes_stdin_output_exit_codes_and_kills_the_process_group_on_timeo
             image: "debian-12".into(),
             ssh_public_key: Some(public.clone()),
             extra_tags: Default::default(),
+            host_key: None,
         };
         let id = provider.ensure_server(&server).await.map_err(|e| anyhow::anyhow!("ensure_server: {e}"))?.provider_id;
 

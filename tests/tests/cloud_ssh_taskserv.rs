@@ -58,7 +58,7 @@ fn manifest(dir: &Path, moto: &Moto, sshd: &Sshd, account_key: &str, aws_secret:
                     "name": ACCOUNT, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
                     "credentialsSecretRef": {"name": "aws-creds"},
                     "images": {"debian-12": MOTO_AMI},
-                    "ssh": {"user": sshd.user, "port": sshd.port, "addressOverride": "127.0.0.1", "remoteDir": remote_dir.display().to_string()},
+                    "ssh": {"user": sshd.user, "port": sshd.port, "addressOverride": "127.0.0.1", "hostKeys": "FirstUse", "remoteDir": remote_dir.display().to_string()},
                 }],
             }}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": "web", "namespace": NAMESPACE},
@@ -75,7 +75,8 @@ fn manifest(dir: &Path, moto: &Moto, sshd: &Sshd, account_key: &str, aws_secret:
 
 /// The pinned host keys in the controller's known-hosts file (provider id → key line).
 fn known_hosts(data_dir: &Path) -> Result<serde_json::Map<String, Value>> {
-    let path = data_dir.join("providers").join(format!("known-hosts-aws-{ACCOUNT}.json"));
+    // Pins are kept per workspace and account (the Workspace is named like the namespace).
+    let path = data_dir.join("providers").join("pins").join(format!("workspace-{NAMESPACE}")).join(format!("known-hosts-aws-{ACCOUNT}.json"));
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(serde_json::from_str::<Value>(&text)?.as_object().cloned().unwrap_or_default()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Default::default()),
@@ -126,8 +127,12 @@ fn taskserv_runs_over_ssh_with_the_servers_key_and_pins_the_host_key() -> Result
     secrets.push(aws_secret.clone());
     let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
 
-    let mut dev = Dev::start_in_with_env(&data_dir, &[&path], &env)?;
+    let mut dev = Dev::start_in_with(&data_dir, &[&path], &env, &["--allow-insecure-endpoints"])?;
     let started = std::time::Instant::now();
+    // `--apply` may still be creating the last objects: wait for the TaskServ to exist first.
+    dev.wait_until(Duration::from_secs(60), "TaskServ marker created", |d| {
+        Ok(d.kubectl(&["get", "ts", "marker", "-n", NAMESPACE]).map(|o| o.status.success()).unwrap_or(false))
+    })?;
     if let Err(e) = dev.kubectl_ok(&["wait", "--for=condition=Ready", "ts/marker", "-n", NAMESPACE, "--timeout=240s"]) {
         let ts = dev.kubectl_ok(&["get", "ts", "marker", "-n", NAMESPACE, "-o", "yaml"]).unwrap_or_default();
         let srv = dev.kubectl_ok(&["get", "srv", "-n", NAMESPACE, "-o", "yaml"]).unwrap_or_default();
@@ -185,8 +190,8 @@ fn taskserv_runs_over_ssh_with_the_servers_key_and_pins_the_host_key() -> Result
     // from status alone.
     dev.stop();
     sshd.stop();
-    std::fs::remove_file(data_dir.join("providers").join(format!("known-hosts-aws-{ACCOUNT}.json")))?;
-    let mut dev = Dev::start_in_with_env(&data_dir, &[], &env)?;
+    std::fs::remove_file(data_dir.join("providers").join("pins").join(format!("workspace-{NAMESPACE}")).join(format!("known-hosts-aws-{ACCOUNT}.json")))?;
+    let mut dev = Dev::start_in_with(&data_dir, &[], &env, &["--allow-insecure-endpoints"])?;
     let restarted = std::time::Instant::now();
     dev.wait_until(Duration::from_secs(60), "the host key pinned again from status.hostKey", |_| {
         Ok(known_hosts(&data_dir)?.get(&web_id).and_then(Value::as_str).is_some_and(|k| key_body(k) == host_key))

@@ -30,8 +30,8 @@ fn etcd_cluster_converges_replicates_heals_and_deletes_cleanly() -> Result<()> {
     // A key written through one member is read from another.
     let m0 = server_container(NS, "etcd-members-0")?;
     let m2 = server_container(NS, "etcd-members-2")?;
-    docker_ok(&["exec", &m0, "etcdctl", "--endpoints=http://127.0.0.1:2379", "put", "greeting", "hello from member 0"])?;
-    let value = docker_ok(&["exec", &m2, "etcdctl", "--endpoints=http://127.0.0.1:2379", "get", "greeting", "--print-value-only"])?;
+    docker_ok(&["exec", &m0, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "put", "greeting", "hello from member 0"])?;
+    let value = docker_ok(&["exec", &m2, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "get", "greeting", "--print-value-only"])?;
     assert_eq!(value.trim(), "hello from member 0");
 
     // A Ready cluster is quiet: over a health-check interval (30 s for etcd; checks run and
@@ -56,10 +56,10 @@ fn etcd_cluster_converges_replicates_heals_and_deletes_cleanly() -> Result<()> {
     dev.kubectl_ok(&["wait", "--for=condition=Healthy", "ts/etcd-etcd", "--timeout=120s"])?;
     let m1 = server_container(NS, "etcd-members-1")?;
     // `endpoint health` exits non-zero (docker_ok fails) unless the member is healthy.
-    docker_ok(&["exec", &m1, "etcdctl", "--endpoints=http://127.0.0.1:2379", "endpoint", "health"])?;
-    let members = docker_ok(&["exec", &m1, "etcdctl", "--endpoints=http://127.0.0.1:2379", "member", "list"])?;
+    docker_ok(&["exec", &m1, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "endpoint", "health"])?;
+    let members = docker_ok(&["exec", &m1, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "member", "list"])?;
     assert_eq!(members.lines().filter(|l| l.contains("started")).count(), 3, "{members}");
-    let value = docker_ok(&["exec", &m1, "etcdctl", "--endpoints=http://127.0.0.1:2379", "get", "greeting", "--print-value-only"])?;
+    let value = docker_ok(&["exec", &m1, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "get", "greeting", "--print-value-only"])?;
     assert_eq!(value.trim(), "hello from member 0", "the rejoined member has the data");
     assert_eq!(containers(NS, CLUSTER)?.len(), 3, "no extra container");
 

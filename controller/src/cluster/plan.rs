@@ -231,6 +231,7 @@ pub fn desired_taskserv(o: &Observed<'_>, service: &ServicePlan, desired_servers
         version: service.version.clone(),
         servers: ServerSelection { names, selector: None },
         config: service.config.clone(),
+        config_from: service.config_from.clone(),
         depends_on: service.after.iter().map(|d| taskserv_name(o.name, d)).collect(),
         rollback_on_failure: true,
     };

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use provisioning_crds::ClusterSpec;
+use provisioning_crds::{ClusterSpec, ConfigFromSource};
 use provisioning_taskservs::{Catalog, ResolveError, ValidationError};
 use serde_json::Value;
 
@@ -19,6 +19,8 @@ pub struct ServicePlan {
     pub version: String,
     /// Config as written.
     pub config: Option<Value>,
+    /// `configFrom` as written (resolved by the TaskServ, never here).
+    pub config_from: Vec<ConfigFromSource>,
     /// Services of the rollout this one waits for (hard `requires` and soft `after`).
     pub after: Vec<String>,
     /// Listed in the spec (false: brought in as a dependency).
@@ -62,8 +64,9 @@ pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec
             }
         }
         let version = if t.version.is_empty() { None } else { Some(t.version.as_str()) };
+        // Partial: values from configFrom and generated secrets are added by the TaskServ.
         catalog
-            .validate_request(&t.service, version, t.config.as_ref().unwrap_or(&Value::Null))
+            .validate_partial_request(&t.service, version, t.config.as_ref().unwrap_or(&Value::Null))
             .map_err(|e| match e {
                 ValidationError::UnknownService(s) => {
                     invalid("UnknownService", format!("unknown service {s:?}: not in the taskserv catalog"))
@@ -79,6 +82,7 @@ pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec
                 pools,
                 version: t.version.clone(),
                 config: t.config.clone(),
+                config_from: t.config_from.clone(),
                 after: Vec::new(),
                 explicit: true,
             },
@@ -111,6 +115,7 @@ pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec
             pools: Vec::new(),
             version: String::new(),
             config: None,
+            config_from: Vec::new(),
             after: Vec::new(),
             explicit: false,
         });

@@ -21,6 +21,9 @@ pub enum Acted {
     Machine(ServerObservation),
     /// `spec.externalID` names no machine.
     ExternalMissing(ProviderId),
+    /// `spec.externalID` names a machine this Server may not adopt (see
+    /// [`super::validate::check_adoption`]).
+    AdoptionRefused(super::validate::Invalid),
 }
 
 /// The identity tagged onto the Server's machine.
@@ -69,6 +72,10 @@ pub async fn act(
             }
             match ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await? {
                 Some(obs) => {
+                    if adopted && let Err(refused) = super::validate::check_adoption(&uid, &obs) {
+                        ctx.forget_observed(&uid);
+                        return Ok(Acted::AdoptionRefused(refused));
+                    }
                     ctx.mark_observed(&uid, &fingerprint(server, &obs.provider_id));
                     Ok(Acted::Machine(obs))
                 }
@@ -115,6 +122,13 @@ async fn create(
         // Leak guard: recorded before the call, so a crash mid-call leads to a lookup, not a second machine.
         ctx.set_annotation(server, ANNOTATION_CREATE_PENDING, Some(&Timestamp::now().to_string())).await?;
     }
+    // The machine's SSH host key, generated (and kept in the Server's Secret) before the
+    // machine exists, so it is pinned before the first connection.
+    let host_key = if super::ssh::generates_host_keys(&valid.account) {
+        Some(super::ssh::ensure_generated_host_key(&ctx.client, server).await?)
+    } else {
+        None
+    };
     let request = ServerRequest {
         identity: identity(server)?,
         plan: valid.plan.clone(),
@@ -124,6 +138,7 @@ async fn create(
         // (spec.sshKeySecretRef), else the account's.
         ssh_public_key: login_key.map(str::to_string).or_else(|| provider.ssh_public_key()),
         extra_tags: Default::default(),
+        host_key,
     };
     let obs = ctx
         .provider_call(ws, provider, &valid.account.name, "ensure_server", provider.ensure_server(&request))
@@ -134,10 +149,14 @@ async fn create(
     Ok(Acted::Machine(obs))
 }
 
-/// Brings the provider's SSH host key pin for the Server's machine in line with
-/// `status.hostKey` (recorded for that same machine only) and returns the key to record;
-/// `Err` with a message naming both fingerprints when they differ.
-pub fn host_key(server: &Server, machine: &ProviderId, provider: &SharedProvider) -> Result<Option<String>, String> {
+/// Brings the provider's SSH host key pin for the Server's machine in line with the
+/// generated key (`generated`, when the controller made one) or else `status.hostKey`
+/// (recorded for that same machine only), and returns the key to record; `Err` with a
+/// message naming both fingerprints when they differ.
+pub fn host_key(server: &Server, machine: &ProviderId, provider: &SharedProvider, generated: Option<&str>) -> Result<Option<String>, String> {
+    if let Some(generated) = generated {
+        return super::ssh::pin_generated(provider, machine, generated).map(Some);
+    }
     let recorded = server
         .status
         .as_ref()
@@ -166,6 +185,16 @@ pub async fn cleanup(
             }
         }
     };
+    if id.0 == server.spec.external_id {
+        // An adopted machine: the ownership check again right before the delete (tags may
+        // have changed since, and status alone is not proof of a successful adoption).
+        let observed = ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await?;
+        let Some(observed) = observed else { return Ok(()) };
+        if let Err(refused) = super::validate::check_adoption(&server.uid().unwrap_or_default(), &observed) {
+            ctx.publish(server, EventType::Warning, refused.reason, "DeleteMachine", Some(format!("{}; the Server is released and the machine left running", refused.message))).await;
+            return Ok(());
+        }
+    }
     match ctx.provider_call(ws, provider, account, "delete_server", provider.delete_server(&id)).await? {
         DeleteOutcome::Gone => {
             ctx.publish(server, EventType::Normal, "Deleted", "DeleteMachine", Some(format!("deleted machine {id}"))).await;

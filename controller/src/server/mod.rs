@@ -162,6 +162,7 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             let message = format!("machine {id} named by spec.externalID does not exist at provider account {:?}", valid.account.name);
             return stall(&server, "ExternalNotFound", message, base, ctx).await;
         }
+        act::Acted::AdoptionRefused(refused) => return stall(&server, refused.reason, refused.message, base, ctx).await,
     };
     // The SSH host key: restored into the provider from status when it lost it (a new
     // controller pod), recorded into status after the first contact. Never re-pinned.
@@ -170,10 +171,19 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         _ => server.status.as_ref().and_then(|s| s.provider_id.clone()).map(ProviderId),
     };
     let host_key = match &machine_id {
-        Some(id) if ssh::uses_ssh(&valid.account) => match act::host_key(&server, id, &provider) {
-            Ok(key) => key,
-            Err(message) => return stall(&server, "HostKeyMismatch", message, base, ctx).await,
-        },
+        Some(id) if ssh::uses_ssh(&valid.account) => {
+            // A generated key (the Server's own Secret) wins over status, which any status
+            // writer could have set.
+            let generated = match ssh::generated_host_key(&ctx.client, &server).await {
+                Ok(key) => key.map(|k| k.public),
+                Err(Error::Stalled { reason, message }) => return stall(&server, reason, message, base, ctx).await,
+                Err(e) => return fail(&server, e, Some(valid.account.name.clone()), base, ctx).await,
+            };
+            match act::host_key(&server, id, &provider, generated.as_deref()) {
+                Ok(key) => key,
+                Err(message) => return stall(&server, "HostKeyMismatch", message, base, ctx).await,
+            }
+        }
         _ => None,
     };
     let desired = status::record_host_key(
@@ -198,7 +208,7 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
 async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let step = plan::cleanup_step(&server);
     if step == plan::CleanupStep::Nothing {
-        if server.spec.deletion_policy == provisioning_crds::DeletionPolicy::Orphan {
+        if server.spec.effective_deletion_policy() == provisioning_crds::DeletionPolicy::Orphan {
             let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
             ctx.publish(server.as_ref(), EventType::Normal, "Orphaned", "DeleteMachine", Some(format!("deletionPolicy Orphan: machine {id} left running"))).await;
         }

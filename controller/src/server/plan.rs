@@ -43,12 +43,18 @@ pub enum CleanupStep {
 
 /// Decides what deletion does.
 pub fn cleanup_step(server: &Server) -> CleanupStep {
-    if server.spec.deletion_policy == provisioning_crds::DeletionPolicy::Orphan {
+    if server.spec.effective_deletion_policy() == provisioning_crds::DeletionPolicy::Orphan {
         return CleanupStep::Nothing;
     }
     let recorded = server.status.as_ref().and_then(|s| s.provider_id.clone()).filter(|id| !id.is_empty());
     let external = Some(server.spec.external_id.clone()).filter(|id| !id.is_empty());
-    match recorded.or(external) {
+    // An adopted machine is deleted only once its adoption was recorded (it passed the
+    // ownership check); a refused or never-observed externalID deletes nothing.
+    let target = match (recorded, external) {
+        (Some(recorded), Some(external)) if recorded == external => Some(recorded),
+        (recorded, _) => recorded,
+    };
+    match target {
         Some(id) => CleanupStep::Delete(ProviderId(id)),
         None if server.annotations().contains_key(ANNOTATION_CREATE_PENDING) => CleanupStep::FindThenDelete,
         None => CleanupStep::Nothing,

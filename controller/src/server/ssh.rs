@@ -2,15 +2,29 @@
 //! `spec.sshKeySecretRef`, the account's SSH settings, and the host key checkpoint
 //! (`status.hostKey`).
 //!
-//! The host key is pinned by the provider on first contact (the first task script run on the
-//! machine) in its state directory; the Server reconciler copies it into `status.hostKey`.
-//! Status is the checkpoint: a controller that lost its state directory pins the recorded key
-//! again before it connects, so a machine offering another key is refused, never re-pinned.
+//! Host keys (account `ssh.hostKeys`, default `Generated`): before creating a machine the
+//! controller generates an ed25519 host key for it, keeps it in the Secret
+//! `<server>-ssh-host-key` (owned by the Server; Secrets, unlike status, are not writable by
+//! whoever may write status) and hands it to the provider, which injects it through
+//! cloud-init. The pin is made from that Secret before the first connection: a machine that
+//! offers another key is refused, and `status.hostKey` is only a record — it is never used to
+//! restore a pin when a generated key exists.
+//!
+//! Machines without a generated key (adopted ones, accounts with `hostKeys: FirstUse`, or
+//! machines made before) keep trust on first use: the provider pins the key offered at the
+//! first contact in its state directory (keyed by workspace and account) and the Server
+//! reconciler copies it into `status.hostKey`; a controller that lost its state directory pins
+//! the recorded key again, so a changed key is refused, never re-pinned.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::PostParams;
 use kube::{Api, Client, ResourceExt};
-use provisioning_crds::{ProviderAccount, ProviderType, Server};
-use provisioning_providers::{ProviderId, SharedProvider, SshAsset, SshPrivateKey, SshSettings, ssh};
+use provisioning_crds::{HostKeyPolicy, ProviderAccount, ProviderType, Server};
+use provisioning_providers::{HostKey, ProviderId, SharedProvider, SshAsset, SshPrivateKey, SshSettings, ssh};
 
 use crate::error::Error;
 
@@ -120,11 +134,143 @@ pub fn key_from_secret(secret: Option<&Secret>, namespace: &str, name: &str, ser
 pub async fn server_key(client: &Client, server: &Server) -> Result<Option<ServerKey>, Error> {
     let Some(reference) = &server.spec.ssh_key_secret_ref else { return Ok(None) };
     let own_namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let namespace = reference.namespace.clone().filter(|n| !n.is_empty()).unwrap_or(own_namespace);
+    let namespace = check_key_namespace(reference, &own_namespace, &server.name_any()).map_err(|p| Error::Stalled { reason: p.reason, message: p.message })?;
     let secret = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&reference.name).await?;
     key_from_secret(secret.as_ref(), &namespace, &reference.name, &server.name_any())
         .map(Some)
         .map_err(|p| Error::Stalled { reason: p.reason, message: p.message })
+}
+
+/// The namespace of a Server's `spec.sshKeySecretRef` (pure): the Server's own. A reference
+/// into another namespace is refused before anything is read, so one tenant cannot log in
+/// to machines with (or learn the public half of) another tenant's key.
+pub fn check_key_namespace(reference: &provisioning_crds::SecretReference, own_namespace: &str, server: &str) -> Result<String, KeyProblem> {
+    match reference.namespace.as_deref().filter(|n| !n.is_empty()) {
+        Some(other) if other != own_namespace => Err(KeyProblem {
+            reason: "CrossNamespaceReference",
+            message: format!(
+                "spec.sshKeySecretRef of Server {server} names Secret {other}/{} but a Server may only reference Secrets in its own namespace {own_namespace:?}",
+                reference.name
+            ),
+        }),
+        _ => Ok(own_namespace.to_string()),
+    }
+}
+
+/// The provider state directory of an account in a workspace. SSH accounts (aws, upcloud)
+/// keep their host-key pins there, so the pins are keyed by workspace and account: two
+/// workspaces with an account of the same name never share (or overwrite) each other's pins.
+/// Other providers keep the shared directory (the simulated store lives there).
+pub fn account_state_dir(state_dir: &std::path::Path, ws: &crate::workspaces::EffectiveWorkspace, account: &ProviderAccount) -> std::path::PathBuf {
+    if !uses_ssh(account) || state_dir.as_os_str().is_empty() {
+        return state_dir.to_path_buf();
+    }
+    // Workspace names and namespaces are DNS labels: safe as one path component.
+    let scope = match &ws.name {
+        Some(name) => format!("workspace-{name}"),
+        None => format!("namespace-{}", ws.namespace),
+    };
+    state_dir.join("pins").join(scope)
+}
+
+/// Secret keys of a generated host key (the names OpenSSH gives the files).
+const HOST_KEY_PRIVATE: &str = "ssh_host_ed25519_key";
+const HOST_KEY_PUBLIC: &str = "ssh_host_ed25519_key.pub";
+
+/// Whether new machines of an account get a controller-generated host key.
+pub fn generates_host_keys(account: &ProviderAccount) -> bool {
+    uses_ssh(account) && account.ssh.as_ref().is_none_or(|s| s.host_keys == HostKeyPolicy::Generated)
+}
+
+/// Name of the Secret holding a Server's generated host key.
+pub fn host_key_secret_name(server: &str) -> String {
+    format!("{server}-ssh-host-key")
+}
+
+/// The generated host key of `server` from its Secret (pure): `Ok(None)` when there is no
+/// Secret; an error message when the Secret is not owned by this Server (someone else's
+/// Secret must not decide which key is trusted) or unreadable.
+pub fn host_key_from_secret(secret: Option<&Secret>, server: &Server) -> Result<Option<HostKey>, String> {
+    let Some(secret) = secret else { return Ok(None) };
+    let name = secret.name_any();
+    let uid = server.uid().unwrap_or_default();
+    if !secret.owner_references().iter().any(|o| o.uid == uid && o.controller == Some(true)) {
+        return Err(format!("Secret {name} exists but is not owned by Server {}; it is not used as the machine's host key", server.name_any()));
+    }
+    let text = |key: &str| {
+        secret.data.as_ref().and_then(|d| d.get(key)).and_then(|b| String::from_utf8(b.0.clone()).ok())
+    };
+    match (text(HOST_KEY_PRIVATE), text(HOST_KEY_PUBLIC)) {
+        (Some(private), Some(public)) => Ok(Some(HostKey { private: SshPrivateKey(private), public })),
+        _ => Err(format!("Secret {name} lacks {HOST_KEY_PRIVATE} or {HOST_KEY_PUBLIC}")),
+    }
+}
+
+/// Reads a Server's generated host key (`None`: none was generated).
+pub async fn generated_host_key(client: &Client, server: &Server) -> Result<Option<HostKey>, Error> {
+    let namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let secret = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&host_key_secret_name(&server.name_any())).await?;
+    host_key_from_secret(secret.as_ref(), server).map_err(|message| Error::Stalled { reason: "HostKeySecretInvalid", message })
+}
+
+/// The Server's generated host key, made (and stored in its owned Secret) when missing.
+/// Called right before a machine is created, so the key exists before the machine does.
+pub async fn ensure_generated_host_key(client: &Client, server: &Server) -> Result<HostKey, Error> {
+    if let Some(key) = generated_host_key(client, server).await? {
+        return Ok(key);
+    }
+    let namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let (private, public) = ssh::generate_host_key().map_err(|message| Error::Stalled { reason: "HostKeyGeneration", message })?;
+    let owner = OwnerReference {
+        api_version: "provisioning.dev/v1alpha1".into(),
+        kind: "Server".into(),
+        name: server.name_any(),
+        uid: server.uid().ok_or(Error::MissingField("metadata.uid"))?,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(host_key_secret_name(&server.name_any())),
+            namespace: Some(namespace.clone()),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([
+            (HOST_KEY_PRIVATE.to_string(), ByteString(private.0.clone().into_bytes())),
+            (HOST_KEY_PUBLIC.to_string(), ByteString(public.clone().into_bytes())),
+        ])),
+        ..Default::default()
+    };
+    let params = PostParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() };
+    match Api::<Secret>::namespaced(client.clone(), &namespace).create(&params, &secret).await {
+        Ok(_) => Ok(HostKey { private, public }),
+        // Made concurrently: use that one (the next read returns it).
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            generated_host_key(client, server).await?.ok_or_else(|| Error::InProgress("host key Secret being created".into()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Pins the controller-generated host key of machine `id` (pure decision, then the pin): an
+/// earlier pin of another key is a mismatch (refused), `status.hostKey` plays no part.
+pub fn pin_generated(provider: &SharedProvider, id: &ProviderId, generated: &str) -> Result<String, String> {
+    match provider.pinned_host_key(id) {
+        Some(pinned) if ssh::same_key(&pinned, generated) => Ok(generated.to_string()),
+        Some(pinned) => Err(format!(
+            "SSH host key of machine {id}: the controller generated {} for it but {} is pinned; refusing to connect. \
+             If the machine was rebuilt outside the controller, delete its entry from the controller's known-hosts file",
+            ssh::fingerprint(generated),
+            ssh::fingerprint(&pinned)
+        )),
+        None => {
+            tracing::info!(provider_id = %id, fingerprint = %ssh::fingerprint(generated), "pinned the generated SSH host key");
+            provider.pin_host_key(id, generated);
+            Ok(generated.to_string())
+        }
+    }
 }
 
 /// What the recorded host key (`status.hostKey`) and the provider's pin say together.
@@ -231,6 +377,38 @@ mod tests {
         let garbage = key_from_secret(Some(&secret(&[(SSH_KEY_FIELD, b"s3cret-value")])), "ns", "keys", "web-1").expect_err("bad key");
         assert_eq!(garbage.reason, "SshKeyUnreadable");
         assert!(!garbage.message.contains("s3cret"), "{}", garbage.message);
+    }
+
+    #[test]
+    fn generated_host_keys_come_only_from_the_servers_own_secret() {
+        let server: Server = serde_json::from_value(serde_json::json!({
+            "apiVersion": "provisioning.dev/v1alpha1", "kind": "Server",
+            "metadata": {"name": "web-1", "namespace": "ns", "uid": "uid-web-1"}, "spec": {}
+        }))
+        .expect("server");
+        let (private, public) = ssh::generate_host_key().expect("generate");
+        assert!(public.starts_with("ssh-ed25519 ") && private.0.contains("BEGIN OPENSSH PRIVATE KEY"));
+        let mut secret = secret(&[(HOST_KEY_PRIVATE, private.0.as_bytes()), (HOST_KEY_PUBLIC, public.as_bytes())]);
+        secret.metadata.name = Some(host_key_secret_name("web-1"));
+        assert_eq!(host_key_from_secret(None, &server), Ok(None));
+        // Not owned by this Server (anyone could have made it): refused.
+        let refused = host_key_from_secret(Some(&secret), &server).expect_err("foreign");
+        assert!(refused.contains("web-1-ssh-host-key") && refused.contains("not owned"), "{refused}");
+        secret.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "provisioning.dev/v1alpha1".into(),
+            kind: "Server".into(),
+            name: "web-1".into(),
+            uid: "uid-web-1".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]);
+        let key = host_key_from_secret(Some(&secret), &server).expect("owned").expect("present");
+        assert_eq!(key.public, public);
+        assert!(!format!("{key:?}").contains("PRIVATE KEY"), "Debug hides the private half");
+        // Accounts choose: generated by default for SSH providers, never for local.
+        assert!(generates_host_keys(&account("{name: a, type: aws}")));
+        assert!(!generates_host_keys(&account("{name: a, type: upcloud, ssh: {hostKeys: FirstUse}}")));
+        assert!(!generates_host_keys(&account("{name: l, type: local}")));
     }
 
     fn account(yaml: &str) -> ProviderAccount {

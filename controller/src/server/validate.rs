@@ -77,3 +77,64 @@ pub fn validate(
     let image = if spec.image.is_empty() { ws.spec.defaults.image.clone() } else { spec.image.clone() };
     Ok(ValidServer { account, plan, resolved_plan, zone, image })
 }
+
+/// Whether a Server may adopt the machine `observed` named by its `spec.externalID` (pure).
+///
+/// The machine must carry this Server's identity (`provisioning.dev/server-uid` equal to the
+/// Server's uid: it made the machine, or its status was lost) or the explicit tag
+/// `provisioning.dev/adoptable: "true"` its owner put there. Anything else is someone else's
+/// machine: adopting it would let this Server run scripts on it and, with deletionPolicy
+/// Delete, destroy it. Checked on every observation and again before deleting, so the tag
+/// must stay while the machine is adopted.
+pub fn check_adoption(server_uid: &str, observed: &provisioning_providers::ServerObservation) -> Result<(), Invalid> {
+    use provisioning_providers::tags;
+    let owner = observed.tags.get(tags::SERVER_UID).map(String::as_str).filter(|u| !u.is_empty());
+    if owner == Some(server_uid) && !server_uid.is_empty() {
+        return Ok(());
+    }
+    if observed.tags.get(tags::ADOPTABLE).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return Ok(());
+    }
+    let whose = match owner {
+        Some(uid) => format!("it belongs to another Server (tag {}={uid})", tags::SERVER_UID),
+        None => "it carries no identity tag of this Server".to_string(),
+    };
+    Err(Invalid {
+        reason: "AdoptionRefused",
+        message: format!(
+            "refusing to adopt machine {} (spec.externalID): {whose}; tag the machine {}=\"true\" to allow adoption. Nothing was changed or deleted",
+            observed.provider_id,
+            tags::ADOPTABLE
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use provisioning_providers::{MachineState, ProviderId, ServerObservation, tags};
+
+    use super::*;
+
+    fn machine(tags: &[(&str, &str)]) -> ServerObservation {
+        ServerObservation {
+            provider_id: ProviderId("aws://i-0abc".into()),
+            state: MachineState::Running,
+            addresses: vec![],
+            plan: "t3.small".into(),
+            tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn adoption_needs_our_identity_or_the_adoptable_tag() {
+        assert_eq!(check_adoption("uid-1", &machine(&[(tags::SERVER_UID, "uid-1")])), Ok(()));
+        assert_eq!(check_adoption("uid-1", &machine(&[(tags::ADOPTABLE, "true")])), Ok(()));
+        assert_eq!(check_adoption("uid-1", &machine(&[(tags::SERVER_UID, "uid-9"), (tags::ADOPTABLE, "True")])), Ok(()));
+        let foreign = check_adoption("uid-1", &machine(&[(tags::SERVER_UID, "uid-9")])).expect_err("foreign");
+        assert_eq!(foreign.reason, "AdoptionRefused");
+        assert!(foreign.message.contains("aws://i-0abc") && foreign.message.contains("uid-9"), "{}", foreign.message);
+        let untagged = check_adoption("uid-1", &machine(&[("Name", "legacy"), (tags::ADOPTABLE, "yes")])).expect_err("untagged");
+        assert!(untagged.message.contains("provisioning.dev/adoptable"), "{}", untagged.message);
+        assert!(check_adoption("", &machine(&[(tags::SERVER_UID, "")])).is_err());
+    }
+}

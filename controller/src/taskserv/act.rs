@@ -13,7 +13,9 @@ use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::ObjectRef;
 use provisioning_crds::{ScriptRun, TaskServ};
 use provisioning_providers::{ExecRequest, ProviderId, SharedProvider, SshPrivateKey};
-use provisioning_taskservs::{ExecOutput, RunError, ScriptContext, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep, run_script};
+use provisioning_taskservs::{
+    ExecOutput, Redactor, RunError, ScriptContext, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep, run_script_redacted,
+};
 
 use super::plan::{Operation, OperationResult, rfc3339};
 
@@ -176,6 +178,10 @@ pub struct RunRequest {
     pub executor: ProviderExecutor,
     /// Time limit per script.
     pub timeout: Duration,
+    /// Filters the secret values of the context from the output (logs, tail, events).
+    pub redactor: Redactor,
+    /// The config inputs version the context carries (recorded with the result).
+    pub inputs_hash: Option<String>,
 }
 
 fn script_run(outcome: &Result<ScriptOutcome, RunError>, step: ScriptStep, started: String) -> (ScriptRun, String) {
@@ -216,7 +222,9 @@ async fn run_step(req: &RunRequest, step: ScriptStep) -> Result<ScriptOutcome, R
             tracing::info!(taskserv = %object, server = %server, service = %service, step = %step, "{line}");
         }
     });
-    let outcome = run_script(&req.executor, step, &req.context.taskserv.service, &req.context, req.timeout, Some(tx)).await;
+    let outcome =
+        run_script_redacted(&req.executor, step, &req.context.taskserv.service, &req.context, req.timeout, Some(tx), &req.redactor)
+            .await;
     let _ = logger.await;
     outcome
 }
@@ -250,6 +258,7 @@ pub async fn run_operation(req: &RunRequest) -> OperationResult {
                 succeeded: install_ok && healthy == Some(true),
                 healthy,
                 message,
+                inputs_hash: req.inputs_hash.clone(),
             }
         }
         Operation::Check => {
@@ -263,13 +272,22 @@ pub async fn run_operation(req: &RunRequest) -> OperationResult {
                 succeeded: ok,
                 healthy: Some(ok),
                 message,
+                inputs_hash: req.inputs_hash.clone(),
             }
         }
         Operation::Remove => {
             let remove = run_step(req, ScriptStep::Remove).await;
             let ok = remove.as_ref().is_ok_and(ScriptOutcome::succeeded);
             let (run, message) = script_run(&remove, ScriptStep::Remove, started);
-            OperationResult { server: req.server.clone(), operation: Operation::Remove, run, succeeded: ok, healthy: None, message }
+            OperationResult {
+                server: req.server.clone(),
+                operation: Operation::Remove,
+                run,
+                succeeded: ok,
+                healthy: None,
+                message,
+                inputs_hash: req.inputs_hash.clone(),
+            }
         }
     }
 }
@@ -290,6 +308,7 @@ pub fn failed_to_start(server: &str, operation: &Operation, message: String) -> 
         succeeded: false,
         healthy: if *operation == Operation::Check { Some(false) } else { None },
         message,
+        inputs_hash: None,
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod act;
 pub mod dereference;
+pub mod inputs;
 pub mod plan;
 pub mod validate;
 
@@ -21,6 +22,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::PartialObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
 use kube::runtime::events::EventType;
@@ -28,7 +31,10 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use provisioning_crds::{ANNOTATION_RECONCILE_REQUESTED_AT, Cluster, FINALIZER, LABEL_CLUSTER, Server, TaskServ, TaskServStatus, condition};
+use provisioning_crds::{
+    ANNOTATION_RECONCILE_REQUESTED_AT, Cluster, ConfigSourceKind, FINALIZER, LABEL_CLUSTER, LocalSecretReference, Server, TaskServ,
+    TaskServStatus, condition,
+};
 use provisioning_providers::ProviderId;
 use provisioning_taskservs::{Catalog, ScriptContext, ScriptPaths};
 
@@ -64,13 +70,17 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
+    let ctx_client = client.clone();
     let (trigger, triggered) = futures::channel::mpsc::unbounded();
     let (reader, stream) = crate::run::tracked_reflector(&ctx.stores.synced, crate::run::cache::TASKSERVS, Api::<TaskServ>::all(client.clone()), watcher::Config::default());
     let controller = Controller::for_stream(stream, reader);
     let store = controller.store();
     let tctx = Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, taskservs: store.clone() });
     let selecting = store.clone();
-    controller
+    let (by_secret, by_config_map) = (store.clone(), store.clone());
+    // Secrets are granted per namespace by deploy/ (no cluster-wide watch allowed there).
+    let watch_secrets = crate::run::may_watch_all_secrets(&ctx_client).await;
+    let controller = controller
         // A Server coming, going or changing readiness re-plans the TaskServs that select it.
         .watches(Api::<Server>::all(client), watcher::Config::default(), move |server: Server| {
             let namespace = server.namespace().unwrap_or_default();
@@ -90,12 +100,43 @@ pub async fn run(
                 .map(|t| ObjectRef::from_obj(t.as_ref()))
                 .collect::<Vec<_>>()
         })
+        // A referenced Secret or ConfigMap changing (metadata-only watches: values are read by
+        // the reconcile, never by the watch) re-resolves the config: a rotated password
+        // re-runs the install, an awaited Secret that appears lets the TaskServ go on.
+        .watches(Api::<PartialObjectMeta<ConfigMap>>::all(ctx_client.clone()), watcher::Config::default().any_semantic(), move |c| {
+            referrers(&by_config_map, ConfigSourceKind::ConfigMap, c.namespace(), &c.name_any())
+        });
+    let controller = if watch_secrets {
+        controller.watches(Api::<PartialObjectMeta<Secret>>::all(ctx_client), watcher::Config::default().any_semantic(), move |s| {
+            referrers(&by_secret, ConfigSourceKind::Secret, s.namespace(), &s.name_any())
+        })
+    } else {
+        controller
+    };
+    controller
         .reconcile_on(triggered)
         .with_config(settings)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, tctx)
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// The TaskServs of `namespace` that read the Secret/ConfigMap `name` through `configFrom`,
+/// or own it as their generated Secret.
+fn referrers(store: &Store<TaskServ>, kind: ConfigSourceKind, namespace: Option<String>, name: &str) -> Vec<ObjectRef<TaskServ>> {
+    let Some(namespace) = namespace else { return vec![] };
+    store
+        .state()
+        .iter()
+        .filter(|t| t.namespace().as_deref() == Some(namespace.as_str()))
+        .filter(|t| {
+            t.spec.config_from.iter().any(|c| c.kind == kind && c.name == name)
+                || (kind == ConfigSourceKind::Secret
+                    && t.status.as_ref().and_then(|s| s.generated_secret_ref.as_ref()).is_some_and(|r| r.name == name))
+        })
+        .map(|t| ObjectRef::from_obj(t.as_ref()))
+        .collect()
 }
 
 /// Tracker key of a TaskServ.
@@ -169,7 +210,17 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     let ctx = &tctx.ctx;
     let servers = dereference::servers(&ctx.stores.servers, namespace);
     let peers = dereference::peers(&tctx.taskservs, namespace, &ts.name_any());
-    let validated = validate::validate(&ts.spec, &tctx.catalog);
+    // Dereference the config inputs (configFrom, generated secrets). Waiting on the user
+    // (a missing Secret) is a Stalled condition; an API failure is retried with backoff.
+    let mut generated_secret = None;
+    let validated = match inputs::resolve(&ctx.client, &ts, &tctx.catalog, !deleting).await {
+        Ok(resolved) => {
+            generated_secret = resolved.generated_secret.clone();
+            validate::validate_resolved(&ts.spec, resolved.config, resolved.hash, resolved.redactor, &tctx.catalog)
+        }
+        Err(inputs::InputsError::Kube(e)) if !deleting => return Err(Error::Kube(e)),
+        Err(e) => Err(validate::InvalidTaskServ::ConfigInputs(e.reason(), e.to_string())),
+    };
     let key = key(&ts);
     let in_flight = tctx.runs.in_flight(&key);
     let results = tctx.runs.results(&key);
@@ -197,7 +248,10 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
         now: now_seconds(),
     };
     let (plan, done) = if deleting { plan::plan_removal(&observed) } else { (plan::plan(&observed), false) };
-    let Plan { status: desired, launch, events, requeue } = plan;
+    let Plan { status: mut desired, launch, events, requeue } = plan;
+    if let Some(name) = generated_secret {
+        desired.generated_secret_ref = Some(LocalSecretReference { name });
+    }
 
     if !launch.is_empty() {
         let selected = plan::selected_servers(&ts.spec, &servers);
@@ -290,7 +344,11 @@ fn start_run(
                 request_host_key_record(&ctx, &request.executor, &server, ts.namespace().as_deref().unwrap_or_default()).await;
                 result
             }
-            Err(message) => act::failed_to_start(&server, &operation, message),
+            // A template error may quote a rendered value: filter it like script output.
+            Err(message) => {
+                let redacted = valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);
+                act::failed_to_start(&server, &operation, redacted)
+            }
         };
         tracing::info!(
             taskserv = %object,
@@ -386,6 +444,8 @@ async fn prepare(
         _ => Some(format!("/tmp/provisioning-{}.lock", ts.spec.service)),
     };
     Ok(RunRequest {
+        redactor: valid.map(|v| v.redactor.clone()).unwrap_or_default(),
+        inputs_hash: valid.and_then(|v| v.inputs_hash.clone()),
         object: ObjectRef::from_obj(ts),
         key: key(ts),
         server: server.to_string(),

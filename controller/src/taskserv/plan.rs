@@ -22,6 +22,10 @@ pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(20);
 pub const WAIT_REQUEUE: Duration = Duration::from_secs(5);
 /// Requeue of a Stalled object (a spec change triggers a reconcile anyway).
 pub const STALLED_REQUEUE: Duration = Duration::from_secs(300);
+/// Requeue while waiting for a Secret/ConfigMap of `configFrom`: the Secret watch triggers at
+/// once where the controller may watch Secrets cluster-wide; where RBAC grants Secrets only
+/// per namespace (deploy/rbac/secrets.yaml) that watch is refused and this poll takes over.
+pub const CONFIG_INPUTS_REQUEUE: Duration = Duration::from_secs(30);
 
 /// Reason of the `Stalled` condition after a failed upgrade was rolled back.
 pub const REASON_UPGRADE_FAILED: &str = "UpgradeFailed";
@@ -96,6 +100,8 @@ pub struct OperationResult {
     pub healthy: Option<bool>,
     /// Why it failed (exit code, timeout, executor error), for events.
     pub message: String,
+    /// The config inputs version (`ValidTaskServ::inputs_hash`) the run was given.
+    pub inputs_hash: Option<String>,
 }
 
 /// Everything the planner looks at.
@@ -259,6 +265,11 @@ pub fn plan(o: &Observed<'_>) -> Plan {
                     entry.phase = "Installed".into();
                     entry.version = Some(version.clone());
                     entry.healthy = Some(true);
+                    // A Secret rotated while this install ran: it used the old values.
+                    let current = o.validated.as_ref().ok().and_then(|v| v.inputs_hash.as_ref());
+                    if current.is_some() && r.inputs_hash.as_ref() != current {
+                        entry.phase = "Pending".into();
+                    }
                     events.push(PlannedEvent::normal(
                         "Installed",
                         format!("{} {version} installed on {}", o.spec.service, r.server),
@@ -337,7 +348,13 @@ pub fn plan(o: &Observed<'_>) -> Plan {
     let spec_changed = o.validated.is_ok()
         && o.status.observed_generation.is_some()
         && o.status.observed_generation != o.generation;
-    if spec_changed {
+    // New values behind configFrom (a rotated Secret) or generated secrets: the same.
+    let inputs_hash = match o.validated {
+        Ok(v) => v.inputs_hash.clone(),
+        Err(_) => o.status.config_inputs_hash.clone(),
+    };
+    let inputs_changed = o.validated.is_ok() && o.status.config_inputs_hash.is_some() && o.status.config_inputs_hash != inputs_hash;
+    if spec_changed || inputs_changed {
         for e in entries.values_mut() {
             if e.phase == "Installed" {
                 e.phase = "Pending".into();
@@ -590,9 +607,13 @@ pub fn plan(o: &Observed<'_>) -> Plan {
         last_good_version,
         resolved_dependencies: valid.map(|v| v.dependencies.clone()).unwrap_or_default(),
         servers: entries.into_values().collect(),
+        config_inputs_hash: inputs_hash,
+        generated_secret_ref: o.status.generated_secret_ref.clone(),
     };
 
-    let requeue = if stalled.is_some() && !in_flight_now {
+    let requeue = if matches!(o.validated, Err(InvalidTaskServ::ConfigInputs(..))) && !in_flight_now {
+        Some(CONFIG_INPUTS_REQUEUE)
+    } else if stalled.is_some() && !in_flight_now {
         Some(STALLED_REQUEUE)
     } else if in_flight_now {
         // Results trigger the next reconcile; this is only a safety net.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use provisioning_crds::TaskServSpec;
-use provisioning_taskservs::{Catalog, ResolveError, ValidationError};
+use provisioning_taskservs::{Catalog, Redactor, ResolveError, ValidationError};
 use serde_json::Value;
 
 /// A request the catalog accepts.
@@ -23,6 +23,10 @@ pub struct ValidTaskServ {
     pub timeout: Duration,
     /// How often health is re-checked on resync.
     pub health_interval: Duration,
+    /// Version of the `configFrom` and generated inputs (see `inputs::inputs_hash`).
+    pub inputs_hash: Option<String>,
+    /// Filters the secret values of `config` from script output.
+    pub redactor: Redactor,
 }
 
 /// Why a request is refused. Every variant is `Stalled` with this reason and message.
@@ -40,6 +44,10 @@ pub enum InvalidTaskServ {
     /// The service's dependencies loop.
     #[error("dependency cycle: {0}")]
     DependencyCycle(String),
+    /// `configFrom` or the generated secrets cannot be resolved (a Secret missing, a key
+    /// that is not YAML…): the reason and a message naming the object and key.
+    #[error("{1}")]
+    ConfigInputs(&'static str, String),
 }
 
 impl InvalidTaskServ {
@@ -50,13 +58,24 @@ impl InvalidTaskServ {
             InvalidTaskServ::UnknownVersion(_) => "UnknownVersion",
             InvalidTaskServ::InvalidConfig(_) => "InvalidConfig",
             InvalidTaskServ::DependencyCycle(_) => "DependencyCycle",
+            InvalidTaskServ::ConfigInputs(reason, _) => reason,
         }
     }
 }
 
 /// Checks a TaskServ spec against the catalog and resolves its dependencies.
 pub fn validate(spec: &TaskServSpec, catalog: &Catalog) -> Result<ValidTaskServ, InvalidTaskServ> {
-    let config = spec.config.clone().unwrap_or(Value::Null);
+    validate_resolved(spec, spec.config.clone().unwrap_or(Value::Null), None, Redactor::default(), catalog)
+}
+
+/// [`validate`] of the config as resolved from `configFrom` and generated secrets.
+pub fn validate_resolved(
+    spec: &TaskServSpec,
+    config: Value,
+    inputs_hash: Option<String>,
+    redactor: Redactor,
+    catalog: &Catalog,
+) -> Result<ValidTaskServ, InvalidTaskServ> {
     let version = if spec.version.is_empty() { None } else { Some(spec.version.as_str()) };
     let resolved = catalog.validate_request(&spec.service, version, &config).map_err(|e| match e {
         ValidationError::UnknownService(s) => InvalidTaskServ::UnknownService(s),
@@ -75,5 +94,7 @@ pub fn validate(spec: &TaskServSpec, catalog: &Catalog) -> Result<ValidTaskServ,
         dependencies,
         timeout: resolved.timeout,
         health_interval: resolved.health_interval,
+        inputs_hash,
+        redactor,
     })
 }

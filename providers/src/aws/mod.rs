@@ -5,6 +5,14 @@
 //! and emulators ignore ClientToken (sent anyway: real EC2 honours it). Terminated instances
 //! count as gone. Every call goes through the account's rate limiter; transient failures are
 //! retried with jittered backoff, 429/503 honour Retry-After, auth failures are Permanent.
+//!
+//! Safe defaults: instances require IMDSv2 (`MetadataOptions.HttpTokens=required`: no
+//! token-less metadata reads from an SSRF), start in the account's subnet, and join the
+//! account's security groups or, when it names none, a group this provider manages for the
+//! account (`provisioning-<account>`, tagged `provisioning.dev/account` and
+//! `provisioning.dev/managed=true` for cleanup) that allows SSH from the account's
+//! `ssh_source_cidrs` and all traffic between its members, nothing else — never the VPC's
+//! default group.
 
 pub mod api;
 pub mod model;
@@ -16,13 +24,21 @@ use async_trait::async_trait;
 use base64::Engine as _;
 
 use self::api::Ec2Client;
-use self::model::{DescribeInstancesResponse, DescribeRegionsResponse, Instance, RunInstancesResponse, TerminateInstancesResponse};
+use self::model::{
+    CreateSecurityGroupResponse, DescribeInstancesResponse, DescribeRegionsResponse, DescribeSecurityGroupsResponse,
+    DescribeSubnetsResponse, Instance, RunInstancesResponse, TerminateInstancesResponse,
+};
 use crate::ratelimit::{CallGuard, RetryPolicy};
 use crate::ssh::SshExecutor;
 use crate::{
-    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId,
-    ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, plans,
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, NetworkSettings, Provider, ProviderConfig, ProviderError,
+    ProviderId, ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, plans,
 };
+
+/// Tag naming the account a managed security group belongs to.
+pub const TAG_ACCOUNT: &str = "provisioning.dev/account";
+/// Tag marking resources the provider created for an account (safe to delete with it).
+pub const TAG_MANAGED: &str = "provisioning.dev/managed";
 
 /// Abstract plans → EC2 instance types.
 pub const PLANS: [(&str, &str); 4] = [("small", "t3.small"), ("medium", "t3.medium"), ("large", "t3.large"), ("xlarge", "t3.xlarge")];
@@ -58,6 +74,9 @@ pub struct AwsProvider {
     images: BTreeMap<String, String>,
     resolved_images: Mutex<HashMap<String, String>>,
     ssh: SshExecutor,
+    network: NetworkSettings,
+    /// The managed security group's id once known (see [`AwsProvider::security_groups`]).
+    managed_group: tokio::sync::Mutex<Option<String>>,
     /// One ensure per Server uid at a time inside this process.
     ensuring: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -80,6 +99,8 @@ impl AwsProvider {
             images: config.images.clone(),
             resolved_images: Mutex::new(HashMap::new()),
             ssh: SshExecutor::new(config, "admin"),
+            network: config.network.clone(),
+            managed_group: tokio::sync::Mutex::new(None),
             ensuring: Mutex::new(HashMap::new()),
         })
     }
@@ -174,6 +195,69 @@ impl AwsProvider {
         Ok(newest.image_id)
     }
 
+    /// The security groups new instances join: the account's, else the managed group
+    /// (found by name, created with its rules when missing, rules re-added when a crash
+    /// left it without any).
+    async fn security_groups(&self) -> ProviderResult<Vec<String>> {
+        if !self.network.security_group_ids.is_empty() {
+            return Ok(self.network.security_group_ids.clone());
+        }
+        let mut cached = self.managed_group.lock().await;
+        if let Some(id) = cached.as_ref() {
+            return Ok(vec![id.clone()]);
+        }
+        let name = managed_group_name(&self.account);
+        let vpc = match self.network.subnet_id.as_str() {
+            "" => None,
+            subnet => {
+                let xml = self.call_retrying("DescribeSubnets", &[("SubnetId.1".to_string(), subnet.to_string())]).await?;
+                let parsed: DescribeSubnetsResponse = self.client.parse("DescribeSubnets", &xml)?;
+                let vpc = parsed.subnets.items.into_iter().next().map(|s| s.vpc_id);
+                Some(vpc.ok_or_else(|| ProviderError::InvalidRequest(format!("subnet {subnet:?} of account {:?} does not exist", self.account)))?)
+            }
+        };
+        let mut filter = vec![("Filter.1.Name".to_string(), "group-name".to_string()), ("Filter.1.Value.1".to_string(), name.clone())];
+        if let Some(vpc) = &vpc {
+            filter.push(("Filter.2.Name".into(), "vpc-id".into()));
+            filter.push(("Filter.2.Value.1".into(), vpc.clone()));
+        }
+        let xml = self.call_retrying("DescribeSecurityGroups", &filter).await?;
+        let parsed: DescribeSecurityGroupsResponse = self.client.parse("DescribeSecurityGroups", &xml)?;
+        let id = match parsed.groups.items.into_iter().next() {
+            Some(group) if !group.ingress.items.is_empty() => group.group_id,
+            Some(group) => {
+                self.authorize_managed_group(&group.group_id).await?;
+                group.group_id
+            }
+            None => {
+                let mut params = vec![
+                    ("GroupName".to_string(), name.clone()),
+                    ("GroupDescription".to_string(), format!("provisioning account {}: SSH in, traffic between members", self.account)),
+                    ("TagSpecification.1.ResourceType".to_string(), "security-group".to_string()),
+                    ("TagSpecification.1.Tag.1.Key".to_string(), TAG_ACCOUNT.to_string()),
+                    ("TagSpecification.1.Tag.1.Value".to_string(), self.account.clone()),
+                    ("TagSpecification.1.Tag.2.Key".to_string(), TAG_MANAGED.to_string()),
+                    ("TagSpecification.1.Tag.2.Value".to_string(), "true".to_string()),
+                ];
+                if let Some(vpc) = &vpc {
+                    params.push(("VpcId".into(), vpc.clone()));
+                }
+                let xml = self.guard.once(|| self.client.call("CreateSecurityGroup", &params)).await?;
+                let created: CreateSecurityGroupResponse = self.client.parse("CreateSecurityGroup", &xml)?;
+                tracing::info!(account = %self.account, group = %created.group_id, "created the account's security group");
+                self.authorize_managed_group(&created.group_id).await?;
+                created.group_id
+            }
+        };
+        *cached = Some(id.clone());
+        Ok(vec![id])
+    }
+
+    async fn authorize_managed_group(&self, group_id: &str) -> ProviderResult<()> {
+        let params = managed_group_ingress(group_id, &self.network.ssh_source_cidrs);
+        self.call_retrying("AuthorizeSecurityGroupIngress", &params).await.map(|_| ())
+    }
+
     fn run_params(&self, request: &ServerRequest, instance_type: &str, image_id: &str) -> Vec<(String, String)> {
         let mut params = vec![
             ("ImageId".to_string(), image_id.to_string()),
@@ -194,9 +278,15 @@ impl AwsProvider {
         if !request.zone.is_empty() {
             params.push(("Placement.AvailabilityZone".into(), request.zone.clone()));
         }
-        if let Some(key) = &request.ssh_public_key {
-            // cloud-init installs the key for the image's default user; no key pair to manage.
-            let user_data = format!("#cloud-config\nssh_authorized_keys:\n  - {}\n", key.trim());
+        // IMDSv2 only: instance credentials cannot be read by a token-less GET (SSRF).
+        params.push(("MetadataOptions.HttpTokens".into(), "required".into()));
+        params.push(("MetadataOptions.HttpEndpoint".into(), "enabled".into()));
+        if !self.network.subnet_id.is_empty() {
+            params.push(("SubnetId".into(), self.network.subnet_id.clone()));
+        }
+        // cloud-init installs the login key for the image's default user (no key pair to
+        // manage) and the controller-generated host key.
+        if let Some(user_data) = crate::ssh::cloud_config(request.ssh_public_key.as_deref(), request.host_key.as_ref()) {
             params.push(("UserData".into(), base64::engine::general_purpose::STANDARD.encode(user_data)));
         }
         params
@@ -207,7 +297,11 @@ impl AwsProvider {
             return Ok(existing);
         }
         let image_id = self.resolve_image(&request.image).await?;
-        let params = self.run_params(request, instance_type, &image_id);
+        let groups = self.security_groups().await?;
+        let mut params = self.run_params(request, instance_type, &image_id);
+        for (i, group) in groups.iter().enumerate() {
+            params.push((format!("SecurityGroupId.{}", i + 1), group.clone()));
+        }
         // Exactly one attempt: if the response is lost, the caller's next attempt looks the
         // machine up by tag first instead of creating again.
         let xml = self.guard.once(|| self.client.call("RunInstances", &params)).await?;
@@ -235,6 +329,30 @@ struct ImageItem {
     image_id: String,
     #[serde(rename = "creationDate", default)]
     creation_date: String,
+}
+
+/// Name of the security group managed for `account`.
+pub fn managed_group_name(account: &str) -> String {
+    format!("provisioning-{account}")
+}
+
+/// AuthorizeSecurityGroupIngress parameters of the managed group: SSH from `ssh_sources`
+/// (any source when empty) and everything from members of the group itself.
+pub fn managed_group_ingress(group_id: &str, ssh_sources: &[String]) -> Vec<(String, String)> {
+    let mut params = vec![
+        ("GroupId".to_string(), group_id.to_string()),
+        ("IpPermissions.1.IpProtocol".to_string(), "tcp".to_string()),
+        ("IpPermissions.1.FromPort".to_string(), "22".to_string()),
+        ("IpPermissions.1.ToPort".to_string(), "22".to_string()),
+    ];
+    let any = ["0.0.0.0/0".to_string()];
+    let sources = if ssh_sources.is_empty() { &any[..] } else { ssh_sources };
+    for (i, cidr) in sources.iter().enumerate() {
+        params.push((format!("IpPermissions.1.IpRanges.{}.CidrIp", i + 1), cidr.clone()));
+    }
+    params.push(("IpPermissions.2.IpProtocol".to_string(), "-1".to_string()));
+    params.push(("IpPermissions.2.Groups.1.GroupId".to_string(), group_id.to_string()));
+    params
 }
 
 /// Maps EC2's instance state names.

@@ -109,6 +109,57 @@ pub struct StateChange {
     pub current: InstanceState,
 }
 
+/// `DescribeSecurityGroupsResponse`.
+#[derive(Debug, Deserialize)]
+pub struct DescribeSecurityGroupsResponse {
+    /// The groups.
+    #[serde(rename = "securityGroupInfo", default)]
+    pub groups: ItemSet<SecurityGroup>,
+}
+
+/// A security group (only what the provider reads).
+#[derive(Debug, Deserialize)]
+pub struct SecurityGroup {
+    /// `sg-…`.
+    #[serde(rename = "groupId")]
+    pub group_id: String,
+    /// Inbound rules.
+    #[serde(rename = "ipPermissions", default)]
+    pub ingress: ItemSet<IpPermission>,
+}
+
+/// One inbound rule of a security group.
+#[derive(Debug, Deserialize)]
+pub struct IpPermission {
+    /// `tcp`, `udp`, `icmp` or `-1`.
+    #[serde(rename = "ipProtocol", default)]
+    pub protocol: String,
+}
+
+/// `CreateSecurityGroupResponse`.
+#[derive(Debug, Deserialize)]
+pub struct CreateSecurityGroupResponse {
+    /// The new group's id.
+    #[serde(rename = "groupId")]
+    pub group_id: String,
+}
+
+/// `DescribeSubnetsResponse`.
+#[derive(Debug, Deserialize)]
+pub struct DescribeSubnetsResponse {
+    /// The subnets.
+    #[serde(rename = "subnetSet", default)]
+    pub subnets: ItemSet<Subnet>,
+}
+
+/// A subnet (only its VPC).
+#[derive(Debug, Deserialize)]
+pub struct Subnet {
+    /// `vpc-…`.
+    #[serde(rename = "vpcId")]
+    pub vpc_id: String,
+}
+
 /// `DescribeRegionsResponse` (used to validate credentials).
 #[derive(Debug, Deserialize)]
 pub struct DescribeRegionsResponse {

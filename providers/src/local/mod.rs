@@ -246,10 +246,10 @@ impl LocalProvider {
         if let Some(host) = body.host_config.as_mut() {
             host.network_mode = Some(network_id.clone());
         }
-        if let Some(endpoints) = body.networking_config.as_mut().and_then(|n| n.endpoints_config.as_mut()) {
-            if let Some(endpoint) = endpoints.remove(&spec.network.name) {
-                endpoints.insert(network_id, endpoint);
-            }
+        if let Some(endpoints) = body.networking_config.as_mut().and_then(|n| n.endpoints_config.as_mut())
+            && let Some(endpoint) = endpoints.remove(&spec.network.name)
+        {
+            endpoints.insert(network_id, endpoint);
         }
         let options = CreateContainerOptions { name: Some(spec.name.clone()), ..Default::default() };
         match docker.create_container(Some(options), body).await {

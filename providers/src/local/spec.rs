@@ -268,6 +268,7 @@ mod tests {
             image: "debian-12".into(),
             ssh_public_key: None,
             extra_tags: BTreeMap::from([("team".to_string(), "blue".to_string())]),
+            host_key: None,
         };
         let spec = container_spec(&request, "provisioning-node:latest", &Mounts::default()).expect("spec");
         assert_eq!(spec.labels.get(tags::CLUSTER).map(String::as_str), Some("etcd"));

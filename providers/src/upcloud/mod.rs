@@ -9,6 +9,11 @@
 //!
 //! UpCloud label keys allow only letters, digits, `-` and `_`, so the identity tags are
 //! written as `provisioning_server-uid` etc. and mapped back when observed.
+//!
+//! An account with firewall rules creates servers with `firewall: on` and gives each, right
+//! after create (and again when an interrupted create is found by label), the rule set:
+//! SSH accepted from the account's `ssh_source_cidrs`, the account's rules in order, then
+//! a final rule dropping all other inbound traffic.
 
 pub mod model;
 
@@ -98,6 +103,8 @@ pub struct UpcloudProvider {
     guard: CallGuard,
     images: BTreeMap<String, String>,
     ssh: SshExecutor,
+    /// The firewall rule set of every new server (empty: firewall off), already validated.
+    firewall: Vec<UpcloudFirewallRule>,
     ensuring: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -116,6 +123,124 @@ enum Method {
     Get,
     Post,
     Delete,
+}
+
+/// `a.b.c.d/n`, `a::b/n` or a single address as UpCloud's inclusive (start, end) range.
+pub fn address_range(cidr: &str) -> Result<(String, String, &'static str), String> {
+    use std::net::IpAddr;
+    let (addr, prefix) = match cidr.trim().split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (cidr.trim(), None),
+    };
+    let ip: IpAddr = addr.parse().map_err(|_| format!("{cidr:?} is not an IP address or CIDR"))?;
+    let bits = if ip.is_ipv4() { 32 } else { 128 };
+    let prefix: u32 = match prefix {
+        None => bits,
+        Some(p) => p.parse().ok().filter(|p| *p <= bits).ok_or_else(|| format!("{cidr:?} has an invalid prefix length"))?,
+    };
+    Ok(match ip {
+        IpAddr::V4(v4) => {
+            let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+            let start = u32::from(v4) & mask;
+            (std::net::Ipv4Addr::from(start).to_string(), std::net::Ipv4Addr::from(start | !mask).to_string(), "IPv4")
+        }
+        IpAddr::V6(v6) => {
+            let mask = if prefix == 0 { 0 } else { u128::MAX << (128 - prefix) };
+            let start = u128::from(v6) & mask;
+            (std::net::Ipv6Addr::from(start).to_string(), std::net::Ipv6Addr::from(start | !mask).to_string(), "IPv6")
+        }
+    })
+}
+
+/// The rule set of an account's servers (see the module docs); `Ok(vec![])` when the account
+/// declares no rules (firewall stays off). A malformed rule is an `InvalidRequest` naming it.
+pub fn firewall_rules(network: &crate::NetworkSettings) -> ProviderResult<Vec<UpcloudFirewallRule>> {
+    if network.firewall_rules.is_empty() {
+        return Ok(Vec::new());
+    }
+    let invalid = |i: usize, why: String| ProviderError::InvalidRequest(format!("firewallRules[{i}]: {why}"));
+    let mut rules = Vec::new();
+    for cidr in &network.ssh_source_cidrs {
+        let (start, end, family) = address_range(cidr).map_err(|e| ProviderError::InvalidRequest(format!("sshSourceCidrs: {e}")))?;
+        rules.push(UpcloudFirewallRule {
+            direction: "in".into(),
+            action: "accept".into(),
+            family: Some(family.into()),
+            protocol: Some("tcp".into()),
+            source_address_start: Some(start),
+            source_address_end: Some(end),
+            destination_port_start: Some("22".into()),
+            destination_port_end: Some("22".into()),
+            comment: Some("provisioning: SSH from the controller".into()),
+            ..Default::default()
+        });
+    }
+    if network.ssh_source_cidrs.is_empty() {
+        rules.push(UpcloudFirewallRule {
+            direction: "in".into(),
+            action: "accept".into(),
+            family: Some("IPv4".into()),
+            protocol: Some("tcp".into()),
+            destination_port_start: Some("22".into()),
+            destination_port_end: Some("22".into()),
+            comment: Some("provisioning: SSH (set sshSourceCidrs to narrow)".into()),
+            ..Default::default()
+        });
+    }
+    for (i, rule) in network.firewall_rules.iter().enumerate() {
+        if !matches!(rule.direction.as_str(), "in" | "out") {
+            return Err(invalid(i, format!("direction {:?} must be in or out", rule.direction)));
+        }
+        if !matches!(rule.action.as_str(), "accept" | "reject" | "drop") {
+            return Err(invalid(i, format!("action {:?} must be accept, reject or drop", rule.action)));
+        }
+        if !matches!(rule.protocol.as_str(), "" | "tcp" | "udp" | "icmp") {
+            return Err(invalid(i, format!("protocol {:?} must be tcp, udp or icmp", rule.protocol)));
+        }
+        let mut out = UpcloudFirewallRule {
+            direction: rule.direction.clone(),
+            action: rule.action.clone(),
+            protocol: Some(rule.protocol.clone()).filter(|p| !p.is_empty()),
+            comment: Some(rule.comment.clone()).filter(|c| !c.is_empty()),
+            ..Default::default()
+        };
+        let mut family = match rule.family.as_str() {
+            "" => None,
+            f @ ("IPv4" | "IPv6") => Some(f.to_string()),
+            other => return Err(invalid(i, format!("family {other:?} must be IPv4 or IPv6"))),
+        };
+        if !rule.source.is_empty() {
+            let (start, end, f) = address_range(&rule.source).map_err(|e| invalid(i, e))?;
+            out.source_address_start = Some(start);
+            out.source_address_end = Some(end);
+            family = Some(f.to_string());
+        }
+        if !rule.destination_port.is_empty() {
+            let (start, end) = rule.destination_port.split_once('-').unwrap_or((&rule.destination_port, &rule.destination_port));
+            let port = |p: &str| p.parse::<u16>().ok().filter(|p| *p > 0).map(|p| p.to_string());
+            let (Some(start), Some(end)) = (port(start), port(end)) else {
+                return Err(invalid(i, format!("destinationPort {:?} must be a port or start-end", rule.destination_port)));
+            };
+            out.destination_port_start = Some(start);
+            out.destination_port_end = Some(end);
+        }
+        // UpCloud wants a family whenever a protocol or an address is given.
+        if family.is_none() && (out.protocol.is_some() || out.source_address_start.is_some()) {
+            family = Some("IPv4".into());
+        }
+        out.family = family;
+        rules.push(out);
+    }
+    rules.push(UpcloudFirewallRule {
+        direction: "in".into(),
+        action: "drop".into(),
+        comment: Some("provisioning: drop everything else".into()),
+        ..Default::default()
+    });
+    for (i, rule) in rules.iter_mut().enumerate() {
+        rule.position = Some((i + 1).to_string());
+    }
+    Ok(rules)
 }
 
 impl UpcloudProvider {
@@ -147,6 +272,7 @@ impl UpcloudProvider {
             guard: CallGuard::new("upcloud", &config.name, rate, RetryPolicy::default()),
             images: config.images.clone(),
             ssh: SshExecutor::new(config, "root"),
+            firewall: firewall_rules(&config.network)?,
             ensuring: Mutex::new(HashMap::new()),
         })
     }
@@ -274,12 +400,59 @@ impl UpcloudProvider {
                     ssh_keys: SshKeys { ssh_key: vec![key.trim().to_string()] },
                     create_password: Some("no".into()),
                 }),
+                firewall: (!self.firewall.is_empty()).then(|| "on".to_string()),
+                // The login user is set above; the user data carries only the host key.
+                user_data: request.host_key.as_ref().and_then(|k| crate::ssh::cloud_config(None, Some(k))),
             },
         }
     }
 
+    /// Gives server `uuid` the account's firewall rules unless it has exactly them already
+    /// (an interrupted earlier attempt may have left part of them: those go first).
+    async fn ensure_firewall(&self, uuid: &str) -> ProviderResult<()> {
+        if self.firewall.is_empty() {
+            return Ok(());
+        }
+        let path = format!("/server/{uuid}/firewall_rule");
+        let (_, body) = self.call_retrying(|| Method::Get, &path, &[], None).await?;
+        let existing: FirewallRuleListResponse = Self::parse("firewall rules", &body)?;
+        let normalized = |rules: &[UpcloudFirewallRule]| -> Vec<UpcloudFirewallRule> {
+            // UpCloud reports unset fields as empty strings.
+            let clean = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+            rules
+                .iter()
+                .map(|r| UpcloudFirewallRule {
+                    position: clean(&r.position),
+                    direction: r.direction.clone(),
+                    action: r.action.clone(),
+                    family: clean(&r.family),
+                    protocol: clean(&r.protocol),
+                    source_address_start: clean(&r.source_address_start),
+                    source_address_end: clean(&r.source_address_end),
+                    destination_port_start: clean(&r.destination_port_start),
+                    destination_port_end: clean(&r.destination_port_end),
+                    comment: clean(&r.comment),
+                })
+                .collect()
+        };
+        if normalized(&existing.firewall_rules.firewall_rule) == normalized(&self.firewall) {
+            return Ok(());
+        }
+        for position in (1..=existing.firewall_rules.firewall_rule.len()).rev() {
+            self.call_retrying(|| Method::Delete, &format!("{path}/{position}"), &[], None).await?;
+        }
+        for rule in &self.firewall {
+            let body = serde_json::to_string(&FirewallRuleRequest { firewall_rule: rule.clone() })
+                .map_err(|e| ProviderError::Permanent(format!("cannot serialise a firewall rule: {e}")))?;
+            self.call_retrying(|| Method::Post, &path, &[], Some(&body)).await?;
+        }
+        Ok(())
+    }
+
     async fn ensure(&self, request: &ServerRequest, plan: &str) -> ProviderResult<ServerObservation> {
         if let Some(existing) = self.find(&request.identity).await? {
+            // Found by label: possibly created by an attempt that never set its rules.
+            self.ensure_firewall(existing.provider_id.native_id()).await?;
             return Ok(existing);
         }
         let template = self.template(&request.image)?;
@@ -289,6 +462,7 @@ impl UpcloudProvider {
         let (_, response) = self.guard.once(|| self.call(Method::Post, "/server", &[], Some(body.clone()))).await?;
         let created: ServerDetailsResponse = Self::parse("create server", &response)?;
         tracing::info!(account = %self.account, uid = %request.identity.uid, server = %created.server.uuid, "created UpCloud server");
+        self.ensure_firewall(&created.server.uuid).await?;
         Ok(observe(&created.server))
     }
 }

@@ -50,6 +50,68 @@ pub struct CreateServer {
     /// The login user and its SSH keys.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub login_user: Option<LoginUser>,
+    /// cloud-init user data (the controller-generated SSH host key).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub user_data: Option<String>,
+    /// `on` when the account declares firewall rules (absent: UpCloud's default, off).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub firewall: Option<String>,
+}
+
+/// `POST /1.3/server/{uuid}/firewall_rule` body and response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FirewallRuleRequest {
+    /// The rule.
+    pub firewall_rule: UpcloudFirewallRule,
+}
+
+/// `GET /1.3/server/{uuid}/firewall_rule`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FirewallRuleListResponse {
+    /// `{"firewall_rule": [...]}`.
+    #[serde(default)]
+    pub firewall_rules: FirewallRuleList,
+}
+
+/// `{"firewall_rule": [...]}`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FirewallRuleList {
+    /// Rules in evaluation order.
+    #[serde(default)]
+    pub firewall_rule: Vec<UpcloudFirewallRule>,
+}
+
+/// A server firewall rule (API 1.3 `firewall_rule`; every value is a string, absent when unset).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpcloudFirewallRule {
+    /// 1-based position in evaluation order.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub position: Option<String>,
+    /// `in` or `out`.
+    pub direction: String,
+    /// `accept`, `reject` or `drop`.
+    pub action: String,
+    /// `IPv4` or `IPv6`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub family: Option<String>,
+    /// `tcp`, `udp` or `icmp`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub protocol: Option<String>,
+    /// First source address.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub source_address_start: Option<String>,
+    /// Last source address.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub source_address_end: Option<String>,
+    /// First destination port.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub destination_port_start: Option<String>,
+    /// Last destination port.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub destination_port_end: Option<String>,
+    /// Free text.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub comment: Option<String>,
 }
 
 /// `{"storage_device": [...]}` of a create request.

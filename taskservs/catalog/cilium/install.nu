@@ -17,7 +17,8 @@ def main [] {
     if not ($have | str contains $cli) {
         log $"installing cilium CLI ($cli)"
         let tarball = "/tmp/cilium-linux-amd64.tar.gz"
-        fetch $"https://github.com/cilium/cilium-cli/releases/download/($cli)/cilium-linux-amd64.tar.gz" $tarball
+        let pinned = ($ctx.config.cliSha256? | default {} | get -o $cli | default "")
+        fetch $"https://github.com/cilium/cilium-cli/releases/download/($cli)/cilium-linux-amd64.tar.gz" $tarball --sha256 $pinned
         ^tar -xzf $tarball -C /usr/local/bin cilium
         rm -f $tarball
     }

@@ -20,6 +20,9 @@ def main [] {
     let package_version = (upstream-version (installed-version etcd-server))
     if $package_version != $version { fail $"etcd-server ($package_version) is installed, ($version) was requested" }
 
+    # TLS first: etcdctl needs the member certificate to talk to the peers below.
+    let pki_changed = (ensure-pki $ctx (address-of $ctx.server))
+
     let data_dir = $ctx.config.dataDir
     let initialised = ($"($data_dir)/member" | path exists)
     mut config = ($ctx.templates."etcd.conf.yml" | from yaml)
@@ -71,7 +74,7 @@ def main [] {
         ^chmod 0700 $data_dir
     }
 
-    let changed = (write-if-changed $CONFIG ($config | to yaml) --mode "0644")
+    let changed = (write-if-changed $CONFIG ($config | to yaml) --mode "0644") or $pki_changed
     if (has-systemd) {
         write-if-changed /etc/default/etcd $"DAEMON_ARGS=\"--config-file ($CONFIG)\"\n" | ignore
     }

@@ -48,3 +48,39 @@ export def --wrapped kubectl [...args: string]: nothing -> record {
     require-command kubectl "kubernetes is not installed on this server"
     ^kubectl --kubeconfig $ADMIN_CONF ...$args | complete
 }
+
+# Writes a file only root may read, never readable by others even for a moment (created
+# empty with mode 0600 first, then filled: an overwrite keeps the mode). True when changed.
+export def write-secret-file [path: string, content: string]: nothing -> bool {
+    mkdir ($path | path dirname)
+    if not ($path | path exists) { ^install -m 0600 /dev/null $path }
+    ^chmod 0600 $path
+    let current = (open --raw $path | decode utf-8)
+    if $current == $content { return false }
+    $content | save --force --raw $path
+    true
+}
+
+# "sha256:<hex>" of the CA's public key (SubjectPublicKeyInfo, DER) from its private key, as
+# `kubeadm join --discovery-token-ca-cert-hash` wants it. The key goes through stdin.
+export def ca-cert-hash [ca_key: string]: nothing -> string {
+    let der = ($ca_key | ^openssl pkey -pubout -outform DER)
+    let hex = ($der | ^sha256sum | split row " " | first)
+    if ($hex | str length) != 64 { error make {msg: "could not compute the CA public key hash (is caKey a private key?)"} }
+    $"sha256:($hex)"
+}
+
+# The JoinConfiguration of this server (JSON is YAML): the token, the pinned CA hash and, for
+# a control plane, the certificate key. Written to a 0600 file, never passed on a command line.
+export def join-config [ctx: record, endpoint: string, ca_hash: string, control_plane: bool, advertise: string]: nothing -> string {
+    let base = {
+        apiVersion: "kubeadm.k8s.io/v1beta4"
+        kind: JoinConfiguration
+        discovery: {bootstrapToken: {apiServerEndpoint: $endpoint, token: $ctx.config.bootstrapToken, caCertHashes: [$ca_hash]}}
+        nodeRegistration: {name: $ctx.server.name, criSocket: "unix:///run/containerd/containerd.sock"}
+    }
+    let config = if $control_plane {
+        $base | insert controlPlane {certificateKey: $ctx.config.certificateKey, localAPIEndpoint: {advertiseAddress: $advertise, bindPort: 6443}}
+    } else { $base }
+    $config | to json
+}

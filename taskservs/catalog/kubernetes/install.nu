@@ -56,19 +56,24 @@ def main [] {
         }
         ^systemctl restart kubelet
     } else if $role == "init" {
-        write-template $ctx "kubeadm-init.yaml" /etc/kubernetes/kubeadm-init.yaml --mode "0600" | ignore
+        # The cluster CA from the generated caKey, so joining servers can pin it by hash.
+        write-secret-file /etc/kubernetes/pki/ca.key $ctx.config.caKey | ignore
+        if not ("/etc/kubernetes/pki/ca.crt" | path exists) {
+            ^openssl req -x509 -new -key /etc/kubernetes/pki/ca.key -sha256 -days 3650 -subj "/CN=kubernetes" -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign" -out /etc/kubernetes/pki/ca.crt
+        }
+        # The rendered config holds the token and certificate key: 0600 from the start.
+        write-secret-file /etc/kubernetes/kubeadm-init.yaml ($ctx.templates | get "kubeadm-init.yaml") | ignore
         log "kubeadm init"
-        ^kubeadm init --config /etc/kubernetes/kubeadm-init.yaml --upload-certs
+        # --skip-*-print: kubeadm would print the token, the certificate key and whole join
+        # commands into the output that goes to logs and status.
+        ^kubeadm init --config /etc/kubernetes/kubeadm-init.yaml --upload-certs --skip-token-print --skip-certificate-key-print
     } else {
         wait-port ($endpoint | split row ":" | first) ($endpoint | split row ":" | last | into int) --timeout 600sec
-        let join = [join $endpoint --token $ctx.config.bootstrapToken --discovery-token-unsafe-skip-ca-verification --node-name $ctx.server.name]
-        if $role == "control-plane" {
-            log "kubeadm join (control plane)"
-            ^kubeadm ...$join --control-plane --certificate-key $ctx.config.certificateKey --apiserver-advertise-address (address-of $ctx.server)
-        } else {
-            log "kubeadm join (worker)"
-            ^kubeadm ...$join
-        }
+        let ca_hash = (ca-cert-hash $ctx.config.caKey)
+        let control_plane = ($role == "control-plane")
+        write-secret-file /etc/kubernetes/kubeadm-join.yaml (join-config $ctx $endpoint $ca_hash $control_plane (address-of $ctx.server)) | ignore
+        log $"kubeadm join \(($role)\)"
+        ^kubeadm join --config /etc/kubernetes/kubeadm-join.yaml
     }
     emit-result {
         version: $version

@@ -31,7 +31,18 @@ export def kube-apply [manifest: string] {
     if $r.exit_code != 0 { error make {msg: $"kubectl apply failed: ($r.stderr)"} }
 }
 
-# Downloads a URL to a file (with retries), failing loudly.
-export def fetch [url: string, dest: string] {
+# Downloads a URL to a file (with retries) and checks its SHA-256 against `sha256`, failing
+# loudly: scripts run as root, so nothing downloaded is used unverified. A mismatch deletes
+# the file. An empty `sha256` (no pin known for this version) refuses before downloading.
+export def fetch [url: string, dest: string, --sha256: string = ""] {
+    let want = ($sha256 | str trim | str downcase)
+    if not ($want =~ '^[0-9a-f]{64}$') {
+        error make {msg: $"no pinned sha256 for ($url): refusing to download it as root; set the checksum in the service's config \(see its taskserv.yaml\)"}
+    }
     ^curl -fsSL --retry 5 --retry-delay 2 -o $dest $url
+    let got = (open --raw $dest | hash sha256)
+    if $got != $want {
+        rm -f $dest
+        error make {msg: $"sha256 mismatch for ($url): got ($got), pinned ($want); the file was deleted"}
+    }
 }

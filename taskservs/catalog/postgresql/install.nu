@@ -38,10 +38,14 @@ def main [] {
     let user = $ctx.config.user
     if $user != "" {
         log $"ensuring role ($user)"
-        let sql = "SELECT format('CREATE ROLE %I LOGIN', :'role') WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'role') \\gexec
-SELECT format('ALTER ROLE %I PASSWORD %L', :'role', :'password') \\gexec
+        # The password reaches psql on stdin (a `\set` line, hex-encoded so that no quoting
+        # can break it), never on a command line where `ps` would show it.
+        let password_hex = ($ctx.config.password | encode hex)
+        let sql = $"\\set password_hex '($password_hex)'
+SELECT format\('CREATE ROLE %I LOGIN', :'role'\) WHERE NOT EXISTS \(SELECT 1 FROM pg_roles WHERE rolname = :'role'\) \\gexec
+SELECT format\('ALTER ROLE %I PASSWORD %L', :'role', convert_from\(decode\(:'password_hex', 'hex'\), 'UTF8'\)\) \\gexec
 "
-        let r = (psql-run $sql {role: $user, password: $ctx.config.password})
+        let r = (psql-run $sql {role: $user})
         if $r.exit_code != 0 { fail $"creating role ($user) failed: ($r.stderr)" }
     }
     let database = $ctx.config.database

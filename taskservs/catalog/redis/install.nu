@@ -14,6 +14,8 @@ def main [] {
     let version = $ctx.taskserv.version
     if $version not-in ["7.0.15" "7.0"] { fail $"redis ($version) is not installable here: Debian bookworm ships 7.0.15" }
 
+    # Secure by default: no password, no redis (the controller generates one when unset).
+    if ($ctx.config.password? | default "" | is-empty) { fail "redis requires config.password (the controller generates one into the TaskServ's Secret when it is unset)" }
     log "installing redis-server"
     apt-install redis-server
     let package_version = (upstream-version (installed-version redis-server))

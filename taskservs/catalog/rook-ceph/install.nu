@@ -14,7 +14,8 @@ def main [] {
     for file in [crds.yaml common.yaml operator.yaml] {
         log $"applying rook ($version) ($file)"
         let dest = $"/tmp/rook-($version)-($file)"
-        fetch $"($base)/($file)" $dest
+        let pinned = ($ctx.config.manifestSha256? | default {} | get -o $"v($version)/($file)" | default "")
+        fetch $"($base)/($file)" $dest --sha256 $pinned
         kube-apply (open --raw $dest | decode utf-8)
     }
     let r = (kube -n rook-ceph rollout status deployment/rook-ceph-operator --timeout=600s)

@@ -17,6 +17,13 @@
 //!   (`409 SERVER_STATE_ILLEGAL` otherwise) and removes the storages only with `?storages=1`.
 //! - `GET /1.3/server?label=key=value` filters by label (several filters are ANDed; `label=key`
 //!   matches the key alone).
+//! - Server firewall ("Firewall" in the API docs): `firewall` is `on` or `off` at create
+//!   (`400 FIREWALL_INVALID` otherwise) and in the details; `GET`/`POST
+//!   /1.3/server/{uuid}/firewall_rule` lists rules (`{"firewall_rules": {"firewall_rule":
+//!   [...]}}`, every value a string, unset ones empty) and adds one (`201`, `{"firewall_rule":
+//!   {…}}`, at `position` or last; direction and action required, a family whenever a
+//!   protocol, address or port is given); `DELETE …/firewall_rule/{position}` removes one
+//!   (`204`) and renumbers the rest.
 
 // Handlers return ready-made error responses through `Result`'s error side.
 #![allow(clippy::result_large_err)]
@@ -105,6 +112,8 @@ struct Server {
     phase: Phase,
     storages: Vec<String>,
     ips: Vec<(String, String, String)>,
+    firewall: String,
+    firewall_rules: Vec<Value>,
 }
 
 impl Server {
@@ -147,7 +156,7 @@ impl Server {
     fn details(&mut self, storages: &HashMap<String, Storage>) -> Value {
         let mut v = self.summary();
         v["boot_order"] = json!("disk");
-        v["firewall"] = json!("off");
+        v["firewall"] = json!(self.firewall);
         v["host"] = json!(7_653_311_107u64);
         v["metadata"] = json!("yes");
         v["nic_model"] = json!("virtio");
@@ -245,6 +254,12 @@ impl UpcloudDouble {
     pub fn server_states(&self) -> BTreeMap<String, String> {
         let Ok(mut state) = self.state.lock() else { return BTreeMap::new() };
         state.servers.values_mut().map(|s| (s.uuid.clone(), s.state().to_string())).collect()
+    }
+
+    /// The firewall setting (`on`/`off`) and rules of every server, by uuid.
+    pub fn firewalls(&self) -> BTreeMap<String, (String, Vec<Value>)> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.servers.values().map(|s| (s.uuid.clone(), (s.firewall.clone(), s.firewall_rules.clone()))).collect()
     }
 
     /// Servers carrying the label `key=value`, with their current state
@@ -397,10 +412,119 @@ async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleCon
             }
             reply(204, None)
         }
+        (Method::GET, ["server", uuid, "firewall_rule"]) => match state.servers.get(*uuid) {
+            Some(server) => reply(200, Some(json!({"firewall_rules": {"firewall_rule": server.firewall_rules}}))),
+            None => not_found(uuid),
+        },
+        (Method::POST, ["server", uuid, "firewall_rule"]) => {
+            let body = match parse_body() {
+                Ok(b) => b,
+                Err(response) => return response,
+            };
+            let Some(server) = state.servers.get_mut(*uuid) else { return not_found(uuid) };
+            match firewall_rule(&body, server.firewall_rules.len()) {
+                Err(response) => response,
+                Ok((position, rule)) => {
+                    server.firewall_rules.insert(position - 1, rule);
+                    renumber(&mut server.firewall_rules);
+                    reply(201, Some(json!({"firewall_rule": server.firewall_rules[position - 1]})))
+                }
+            }
+        }
+        (Method::DELETE, ["server", uuid, "firewall_rule", position]) => {
+            let Some(server) = state.servers.get_mut(*uuid) else { return not_found(uuid) };
+            match position.parse::<usize>().ok().filter(|p| (1..=server.firewall_rules.len()).contains(p)) {
+                None => error(404, "FIREWALL_RULE_NOT_FOUND", &format!("The firewall rule {position} does not exist.")),
+                Some(p) => {
+                    server.firewall_rules.remove(p - 1);
+                    renumber(&mut server.firewall_rules);
+                    reply(204, None)
+                }
+            }
+        }
+        (_, ["server", _, "firewall_rule"] | ["server", _, "firewall_rule", _]) => {
+            error(405, "METHOD_NOT_ALLOWED", &format!("The method {method} is not allowed here."))
+        }
         (_, ["account" | "zone" | "plan" | "server"] | ["server", _] | ["server", _, "stop"]) => {
             error(405, "METHOD_NOT_ALLOWED", &format!("The method {method} is not allowed here."))
         }
         _ => error(404, "NOT_FOUND", "The requested resource does not exist."),
+    }
+}
+
+/// The attributes of a firewall rule; the API sends every one back, unset ones as "".
+const FIREWALL_RULE_ATTRIBUTES: [&str; 15] = [
+    "action", "comment", "destination_address_end", "destination_address_start", "destination_port_end",
+    "destination_port_start", "direction", "family", "icmp_type", "position", "protocol", "source_address_end",
+    "source_address_start", "source_port_end", "source_port_start",
+];
+
+/// Validates the body of `POST …/firewall_rule`: the position to insert at (1-based) and the
+/// rule as the API stores it.
+fn firewall_rule(body: &Value, existing: usize) -> Result<(usize, Value), Response<Full<Bytes>>> {
+    let Some(rule) = body.get("firewall_rule").and_then(Value::as_object) else {
+        return Err(error(400, "FIREWALL_RULE_INVALID", "The request must contain a firewall_rule object."));
+    };
+    if let Some(unknown) = rule.keys().find(|k| !FIREWALL_RULE_ATTRIBUTES.contains(&k.as_str())) {
+        return Err(error(400, "UNKNOWN_ATTRIBUTE", &format!("The attribute {unknown} is unknown.")));
+    }
+    let text = |k: &str| rule.get(k).and_then(Value::as_str).unwrap_or("");
+    if rule.values().any(|v| !v.is_string()) {
+        return Err(error(400, "FIREWALL_RULE_INVALID", "Every firewall rule attribute is a string."));
+    }
+    if !matches!(text("direction"), "in" | "out") {
+        return Err(error(400, "DIRECTION_INVALID", "The direction is missing or invalid."));
+    }
+    if !matches!(text("action"), "accept" | "reject" | "drop") {
+        return Err(error(400, "ACTION_INVALID", "The action is missing or invalid."));
+    }
+    if !matches!(text("protocol"), "" | "tcp" | "udp" | "icmp") {
+        return Err(error(400, "PROTOCOL_INVALID", "The protocol is invalid."));
+    }
+    let family = text("family");
+    if !matches!(family, "" | "IPv4" | "IPv6") {
+        return Err(error(400, "FAMILY_INVALID", "The address family is invalid."));
+    }
+    let needs_family = ["protocol", "source_address_start", "source_address_end", "destination_address_start", "destination_address_end", "destination_port_start", "destination_port_end"]
+        .iter()
+        .any(|k| !text(k).is_empty());
+    if needs_family && family.is_empty() {
+        return Err(error(400, "FAMILY_MISSING", "The address family is missing."));
+    }
+    for key in ["source_address_start", "source_address_end", "destination_address_start", "destination_address_end"] {
+        let value = text(key);
+        let ok = match family {
+            "IPv4" => value.is_empty() || value.parse::<std::net::Ipv4Addr>().is_ok(),
+            _ => value.is_empty() || value.parse::<std::net::Ipv6Addr>().is_ok(),
+        };
+        if !ok {
+            return Err(error(400, "ADDRESS_INVALID", &format!("The {key} {value} is invalid.")));
+        }
+    }
+    for key in ["source_port_start", "source_port_end", "destination_port_start", "destination_port_end"] {
+        let value = text(key);
+        if !value.is_empty() && value.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(error(400, "PORT_INVALID", &format!("The {key} {value} is invalid.")));
+        }
+    }
+    if existing >= 1000 {
+        return Err(error(409, "FIREWALL_RULE_LIMIT_REACHED", "A server can have at most 1000 firewall rules."));
+    }
+    let position = match text("position") {
+        "" => existing + 1,
+        p => match p.parse::<usize>().ok().filter(|p| (1..=existing + 1).contains(p)) {
+            Some(p) => p,
+            None => return Err(error(400, "POSITION_INVALID", "The position is invalid.")),
+        },
+    };
+    let stored: serde_json::Map<String, Value> =
+        FIREWALL_RULE_ATTRIBUTES.iter().map(|k| (k.to_string(), json!(text(k)))).collect();
+    Ok((position, Value::Object(stored)))
+}
+
+fn renumber(rules: &mut [Value]) {
+    for (i, rule) in rules.iter_mut().enumerate() {
+        rule["position"] = json!((i + 1).to_string());
     }
 }
 
@@ -550,6 +674,10 @@ fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Resp
             return error(400, "SSH_KEY_INVALID", "An SSH key is invalid.");
         }
     }
+    let firewall = text("firewall").unwrap_or("off");
+    if !matches!(firewall, "on" | "off") {
+        return error(400, "FIREWALL_INVALID", "The firewall attribute must be on or off.");
+    }
     state.serial += 1;
     let serial = state.serial;
     let uuid = format!("00{:06x}-{}", serial, &uuid::Uuid::new_v4().to_string()[9..]);
@@ -585,6 +713,8 @@ fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Resp
         phase: Phase::Creating { until: Instant::now() + config.create_time },
         storages: storage_ids,
         ips,
+        firewall: firewall.to_string(),
+        firewall_rules: Vec::new(),
     };
     let details = created.details(&state.storages);
     state.servers.insert(uuid, created);

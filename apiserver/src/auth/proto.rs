@@ -1,0 +1,317 @@
+//! Protobuf request bodies of the review kinds, TokenRequest, ServiceAccount and the RBAC kinds.
+//!
+//! kubectl's typed clients (`kubectl create token|serviceaccount|role|rolebinding|clusterrole|
+//! clusterrolebinding`, `kubectl auth can-i`, `kubectl auth whoami`) send these as
+//! `application/vnd.kubernetes.protobuf`; the fields are decoded into the JSON the handlers read
+//! (field numbers from k8s.io/api authentication/v1, authorization/v1, rbac/v1 and core/v1).
+
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+
+fn bad() -> ApiError {
+    ApiError::bad_request("the protobuf body could not be decoded")
+}
+
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Skip,
+}
+
+/// Iterates the fields of one protobuf message.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn varint(&mut self) -> Result<u64, ApiError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *self.buf.get(self.pos).ok_or_else(bad)?;
+            self.pos += 1;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(bad())
+    }
+
+    fn skip(&mut self, n: usize) -> Result<(), ApiError> {
+        self.pos = self.pos.checked_add(n).filter(|p| *p <= self.buf.len()).ok_or_else(bad)?;
+        Ok(())
+    }
+
+    fn next_field(&mut self) -> Result<Option<(u64, Field<'a>)>, ApiError> {
+        if self.pos >= self.buf.len() {
+            return Ok(None);
+        }
+        let key = self.varint()?;
+        let f = match key & 7 {
+            0 => Field::Varint(self.varint()?),
+            1 => {
+                self.skip(8)?;
+                Field::Skip
+            }
+            2 => {
+                let len = usize::try_from(self.varint()?).map_err(|_| bad())?;
+                let start = self.pos;
+                self.skip(len)?;
+                Field::Bytes(&self.buf[start..self.pos])
+            }
+            5 => {
+                self.skip(4)?;
+                Field::Skip
+            }
+            _ => return Err(bad()),
+        };
+        Ok(Some((key >> 3, f)))
+    }
+}
+
+fn fields(buf: &[u8]) -> Result<Vec<(u64, Field<'_>)>, ApiError> {
+    let mut r = Reader { buf, pos: 0 };
+    let mut out = vec![];
+    while let Some(f) = r.next_field()? {
+        out.push(f);
+    }
+    Ok(out)
+}
+
+fn text(b: &[u8]) -> Result<String, ApiError> {
+    String::from_utf8(b.to_vec()).map_err(|_| bad())
+}
+
+/// How to turn one message into JSON: field number -> (JSON name, kind).
+#[derive(Clone, Copy)]
+enum Kind {
+    Str,
+    Strs,
+    Int,
+    Bool,
+    Msg(&'static [(u64, &'static str, Kind)]),
+    /// repeated message
+    Msgs(&'static [(u64, &'static str, Kind)]),
+    /// map<string, string>
+    StrMap,
+    /// map<string, ExtraValue{repeated string items = 1}>
+    Extra,
+}
+
+const META: &[(u64, &str, Kind)] = &[
+    (1, "name", Kind::Str),
+    (2, "generateName", Kind::Str),
+    (3, "namespace", Kind::Str),
+    (11, "labels", Kind::StrMap),
+    (12, "annotations", Kind::StrMap),
+    (14, "finalizers", Kind::Strs),
+];
+const POLICY_RULE: &[(u64, &str, Kind)] = &[
+    (1, "verbs", Kind::Strs),
+    (2, "apiGroups", Kind::Strs),
+    (3, "resources", Kind::Strs),
+    (4, "resourceNames", Kind::Strs),
+    (5, "nonResourceURLs", Kind::Strs),
+];
+const LABEL_SELECTOR: &[(u64, &str, Kind)] = &[
+    (1, "matchLabels", Kind::StrMap),
+    (2, "matchExpressions", Kind::Msgs(&[(1, "key", Kind::Str), (2, "operator", Kind::Str), (3, "values", Kind::Strs)])),
+];
+const SUBJECT: &[(u64, &str, Kind)] = &[(1, "kind", Kind::Str), (2, "apiGroup", Kind::Str), (3, "name", Kind::Str), (4, "namespace", Kind::Str)];
+const ROLE_REF: &[(u64, &str, Kind)] = &[(1, "apiGroup", Kind::Str), (2, "kind", Kind::Str), (3, "name", Kind::Str)];
+const ROLE: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Msg(META)), (2, "rules", Kind::Msgs(POLICY_RULE))];
+const CLUSTER_ROLE: &[(u64, &str, Kind)] = &[
+    (1, "metadata", Kind::Msg(META)),
+    (2, "rules", Kind::Msgs(POLICY_RULE)),
+    (3, "aggregationRule", Kind::Msg(&[(1, "clusterRoleSelectors", Kind::Msgs(LABEL_SELECTOR))])),
+];
+const BINDING: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Msg(META)), (2, "subjects", Kind::Msgs(SUBJECT)), (3, "roleRef", Kind::Msg(ROLE_REF))];
+const SERVICE_ACCOUNT: &[(u64, &str, Kind)] = &[
+    (1, "metadata", Kind::Msg(META)),
+    (2, "secrets", Kind::Msgs(&[(1, "kind", Kind::Str), (2, "namespace", Kind::Str), (3, "name", Kind::Str)])),
+    (3, "imagePullSecrets", Kind::Msgs(&[(1, "name", Kind::Str)])),
+    (4, "automountServiceAccountToken", Kind::Bool),
+];
+const RESOURCE_ATTRS: &[(u64, &str, Kind)] = &[
+    (1, "namespace", Kind::Str),
+    (2, "verb", Kind::Str),
+    (3, "group", Kind::Str),
+    (4, "version", Kind::Str),
+    (5, "resource", Kind::Str),
+    (6, "subresource", Kind::Str),
+    (7, "name", Kind::Str),
+];
+const NON_RESOURCE_ATTRS: &[(u64, &str, Kind)] = &[(1, "path", Kind::Str), (2, "verb", Kind::Str)];
+const SSAR_SPEC: &[(u64, &str, Kind)] = &[(1, "resourceAttributes", Kind::Msg(RESOURCE_ATTRS)), (2, "nonResourceAttributes", Kind::Msg(NON_RESOURCE_ATTRS))];
+const SAR_SPEC: &[(u64, &str, Kind)] = &[
+    (1, "resourceAttributes", Kind::Msg(RESOURCE_ATTRS)),
+    (2, "nonResourceAttributes", Kind::Msg(NON_RESOURCE_ATTRS)),
+    (3, "user", Kind::Str),
+    (4, "groups", Kind::Strs),
+    (5, "extra", Kind::Extra),
+    (6, "uid", Kind::Str),
+];
+const SSRR_SPEC: &[(u64, &str, Kind)] = &[(1, "namespace", Kind::Str)];
+const TOKEN_REQUEST_SPEC: &[(u64, &str, Kind)] = &[
+    (1, "audiences", Kind::Strs),
+    (3, "boundObjectRef", Kind::Msg(&[(1, "kind", Kind::Str), (2, "apiVersion", Kind::Str), (3, "name", Kind::Str), (4, "uid", Kind::Str)])),
+    (4, "expirationSeconds", Kind::Int),
+];
+const TOKEN_REVIEW_SPEC: &[(u64, &str, Kind)] = &[(1, "token", Kind::Str), (2, "audiences", Kind::Strs)];
+
+fn message(buf: &[u8], schema: &[(u64, &str, Kind)]) -> Result<Value, ApiError> {
+    let mut m = Map::new();
+    for (n, f) in fields(buf)? {
+        let Some((_, name, kind)) = schema.iter().find(|(num, _, _)| *num == n) else { continue };
+        match (kind, f) {
+            (Kind::Str, Field::Bytes(b)) => {
+                m.insert(name.to_string(), json!(text(b)?));
+            }
+            (Kind::Strs, Field::Bytes(b)) => {
+                let e = m.entry(name.to_string()).or_insert_with(|| json!([]));
+                if let Some(a) = e.as_array_mut() {
+                    a.push(json!(text(b)?));
+                }
+            }
+            (Kind::Int, Field::Varint(v)) => {
+                m.insert(name.to_string(), json!(v as i64));
+            }
+            (Kind::Bool, Field::Varint(v)) => {
+                m.insert(name.to_string(), json!(v != 0));
+            }
+            (Kind::Msg(inner), Field::Bytes(b)) => {
+                m.insert(name.to_string(), message(b, inner)?);
+            }
+            (Kind::Msgs(inner), Field::Bytes(b)) => {
+                let item = message(b, inner)?;
+                let e = m.entry(name.to_string()).or_insert_with(|| json!([]));
+                if let Some(a) = e.as_array_mut() {
+                    a.push(item);
+                }
+            }
+            (Kind::StrMap, Field::Bytes(b)) => {
+                let (mut k, mut v) = (String::new(), String::new());
+                for (en, ef) in fields(b)? {
+                    match (en, ef) {
+                        (1, Field::Bytes(x)) => k = text(x)?,
+                        (2, Field::Bytes(x)) => v = text(x)?,
+                        _ => {}
+                    }
+                }
+                let e = m.entry(name.to_string()).or_insert_with(|| json!({}));
+                e[k] = json!(v);
+            }
+            (Kind::Extra, Field::Bytes(b)) => {
+                let (mut key, mut items) = (String::new(), vec![]);
+                for (en, ef) in fields(b)? {
+                    match (en, ef) {
+                        (1, Field::Bytes(k)) => key = text(k)?,
+                        (2, Field::Bytes(v)) => {
+                            for (_, item) in fields(v)? {
+                                if let Field::Bytes(s) = item {
+                                    items.push(json!(text(s)?));
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let e = m.entry(name.to_string()).or_insert_with(|| json!({}));
+                e[key] = Value::Array(items);
+            }
+            _ => return Err(bad()),
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+/// Decodes a `k8s\0`-prefixed protobuf body of a review kind or TokenRequest into JSON.
+pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
+    let rest = body.strip_prefix(b"k8s\x00").ok_or_else(bad)?;
+    let (mut api_version, mut kind, mut raw): (String, String, &[u8]) = (String::new(), String::new(), &[]);
+    for (n, f) in fields(rest)? {
+        match (n, f) {
+            (1, Field::Bytes(tm)) => {
+                for (tn, tf) in fields(tm)? {
+                    match (tn, tf) {
+                        (1, Field::Bytes(s)) => api_version = text(s)?,
+                        (2, Field::Bytes(s)) => kind = text(s)?,
+                        _ => {}
+                    }
+                }
+            }
+            (2, Field::Bytes(s)) => raw = s,
+            _ => {}
+        }
+    }
+    let spec: Option<&[(u64, &str, Kind)]> = match kind.as_str() {
+        "SelfSubjectAccessReview" => Some(SSAR_SPEC),
+        "SubjectAccessReview" | "LocalSubjectAccessReview" => Some(SAR_SPEC),
+        "SelfSubjectRulesReview" => Some(SSRR_SPEC),
+        "TokenRequest" => Some(TOKEN_REQUEST_SPEC),
+        "TokenReview" => Some(TOKEN_REVIEW_SPEC),
+        "SelfSubjectReview" => None,
+        _ => {
+            // Stored kinds whose identities and permissions this module evaluates
+            // (`kubectl create serviceaccount|role|rolebinding|clusterrole|clusterrolebinding`).
+            let whole: &[(u64, &str, Kind)] = match kind.as_str() {
+                "ServiceAccount" => SERVICE_ACCOUNT,
+                "Role" => ROLE,
+                "ClusterRole" => CLUSTER_ROLE,
+                "RoleBinding" | "ClusterRoleBinding" => BINDING,
+                other => return Err(ApiError::unsupported_media_type(format!("protobuf is not supported for {other}; send application/json"))),
+            };
+            let mut v = message(raw, whole)?;
+            v["apiVersion"] = json!(api_version);
+            v["kind"] = json!(kind);
+            return Ok(v);
+        }
+    };
+    let mut top: Vec<(u64, &str, Kind)> = vec![(1, "metadata", Kind::Msg(META))];
+    if let Some(s) = spec {
+        top.push((2, "spec", Kind::Msg(s)));
+    }
+    let mut v = message(raw, &top)?;
+    v["apiVersion"] = json!(api_version);
+    v["kind"] = json!(kind);
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(n: u64, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![((n << 3) | 2) as u8, payload.len() as u8];
+        out.extend_from_slice(payload);
+        out
+    }
+
+    #[test]
+    fn decodes_a_self_subject_access_review() -> Result<(), ApiError> {
+        let attrs = [field(1, b"demo"), field(2, b"list"), field(3, b"provisioning.dev"), field(5, b"servers")].concat();
+        let spec = field(1, &attrs);
+        let obj = [field(1, &[]), field(2, &spec)].concat();
+        let tm = [field(1, b"authorization.k8s.io/v1"), field(2, b"SelfSubjectAccessReview")].concat();
+        let body = [b"k8s\x00".to_vec(), field(1, &tm), field(2, &obj)].concat();
+        let v = decode(&body)?;
+        assert_eq!(v["kind"], "SelfSubjectAccessReview");
+        assert_eq!(v["spec"]["resourceAttributes"], json!({"namespace": "demo", "verb": "list", "group": "provisioning.dev", "resource": "servers"}));
+        assert!(decode(b"k8s\x00\xff").is_err());
+        // A RoleBinding as `kubectl create rolebinding` sends it.
+        let subject = [field(1, b"ServiceAccount"), field(3, b"ci"), field(4, b"demo")].concat();
+        let role_ref = [field(1, b"rbac.authorization.k8s.io"), field(2, b"Role"), field(3, b"reader")].concat();
+        let label = [field(1, b"team"), field(2, b"a")].concat();
+        let meta = [field(1, b"ci-read"), field(3, b"demo"), field(11, &label)].concat();
+        let obj = [field(1, &meta), field(2, &subject), field(3, &role_ref)].concat();
+        let tm = [field(1, b"rbac.authorization.k8s.io/v1"), field(2, b"RoleBinding")].concat();
+        let v = decode(&[b"k8s\x00".to_vec(), field(1, &tm), field(2, &obj)].concat())?;
+        assert_eq!(v["metadata"], json!({"name": "ci-read", "namespace": "demo", "labels": {"team": "a"}}));
+        assert_eq!(v["subjects"], json!([{"kind": "ServiceAccount", "name": "ci", "namespace": "demo"}]));
+        assert_eq!(v["roleRef"]["name"], "reader");
+        assert!(decode(b"nope").is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,384 @@
+//! RBAC evaluation as kube-apiserver's RBAC authorizer does it: bindings select roles, roles
+//! hold rules, a request is allowed when any rule of any applicable role covers it.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use super::{Attributes, UserInfo};
+
+/// The API group of the RBAC kinds.
+pub const GROUP: &str = "rbac.authorization.k8s.io";
+
+/// One `PolicyRule`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyRule {
+    /// Verbs (`*` = all).
+    pub verbs: Vec<String>,
+    /// API groups (`""` = core, `*` = all).
+    pub api_groups: Vec<String>,
+    /// Resources, `plural/subresource`, `*`, `*/subresource`.
+    pub resources: Vec<String>,
+    /// Names the rule is limited to (empty = all).
+    pub resource_names: Vec<String>,
+    /// Non-resource paths (`*` suffix = prefix match).
+    pub non_resource_urls: Vec<String>,
+}
+
+/// kube's `ValidateRBACName` (`path.IsValidPathSegmentName`): anything usable as one URL path
+/// segment, so names such as `system:discovery` are valid.
+pub fn validate_name(name: &str) -> Option<crate::error::Cause> {
+    let bad = |why: &str| {
+        let quoted = serde_json::to_string(name).unwrap_or_default();
+        Some(crate::error::Cause::new("FieldValueInvalid", "metadata.name", format!("Invalid value: {quoted}: {why}")))
+    };
+    if name.is_empty() {
+        return Some(crate::error::Cause::new("FieldValueRequired", "metadata.name", "Required value: name or generateName is required"));
+    }
+    match name {
+        "." => return bad("may not be '.'"),
+        ".." => return bad("may not be '..'"),
+        _ => {}
+    }
+    if name.contains('/') {
+        return bad("may not contain '/'");
+    }
+    if name.contains('%') {
+        return bad("may not contain '%'");
+    }
+    None
+}
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()).unwrap_or_default()
+}
+
+impl PolicyRule {
+    /// Reads a rule from its JSON form.
+    pub fn from_value(v: &Value) -> Self {
+        PolicyRule {
+            verbs: strs(&v["verbs"]),
+            api_groups: strs(&v["apiGroups"]),
+            resources: strs(&v["resources"]),
+            resource_names: strs(&v["resourceNames"]),
+            non_resource_urls: strs(&v["nonResourceURLs"]),
+        }
+    }
+
+    /// The JSON form, omitting empty lists as the API does.
+    pub fn to_value(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        m.insert("verbs".into(), json!(self.verbs));
+        for (k, l) in [
+            ("apiGroups", &self.api_groups),
+            ("resources", &self.resources),
+            ("resourceNames", &self.resource_names),
+            ("nonResourceURLs", &self.non_resource_urls),
+        ] {
+            if !l.is_empty() {
+                m.insert(k.into(), json!(l));
+            }
+        }
+        Value::Object(m)
+    }
+
+    /// Whether this rule allows the request described by `a`.
+    pub fn allows(&self, a: &Attributes) -> bool {
+        if !self.verbs.iter().any(|v| v == "*" || *v == a.verb) {
+            return false;
+        }
+        if !a.resource_request {
+            return self.non_resource_urls.iter().any(|u| {
+                u == "*" || *u == a.path || u.strip_suffix('*').is_some_and(|prefix| a.path.starts_with(prefix))
+            });
+        }
+        if !self.api_groups.iter().any(|g| g == "*" || *g == a.api_group) {
+            return false;
+        }
+        let combined = if a.subresource.is_empty() { a.resource.clone() } else { format!("{}/{}", a.resource, a.subresource) };
+        let resource_ok = self.resources.iter().any(|r| {
+            r == "*"
+                || *r == combined
+                || (!a.subresource.is_empty() && r.strip_prefix("*/").is_some_and(|sub| sub == a.subresource))
+        });
+        resource_ok && (self.resource_names.is_empty() || self.resource_names.contains(&a.name))
+    }
+}
+
+/// One subject of a binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subject {
+    /// User, Group or ServiceAccount.
+    pub kind: String,
+    /// Name.
+    pub name: String,
+    /// Namespace (ServiceAccounts).
+    pub namespace: String,
+}
+
+impl Subject {
+    /// Whether the subject names `user`. `binding_ns` is the RoleBinding's namespace, which a
+    /// ServiceAccount subject without namespace defaults to.
+    pub fn applies_to(&self, user: &UserInfo, binding_ns: &str) -> bool {
+        match self.kind.as_str() {
+            "User" => user.name == self.name,
+            "Group" => user.groups.contains(&self.name),
+            "ServiceAccount" => {
+                let ns = if self.namespace.is_empty() { binding_ns } else { self.namespace.as_str() };
+                !ns.is_empty() && user.name == format!("system:serviceaccount:{ns}:{}", self.name)
+            }
+            _ => false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        if self.kind == "ServiceAccount" && !self.namespace.is_empty() {
+            format!("{} {:?}", self.kind, format!("{}/{}", self.namespace, self.name))
+        } else {
+            format!("{} {:?}", self.kind, self.name)
+        }
+    }
+}
+
+/// A RoleBinding (namespace set) or ClusterRoleBinding (namespace empty).
+#[derive(Debug, Clone)]
+pub struct Binding {
+    /// metadata.name
+    pub name: String,
+    /// metadata.namespace ("" for ClusterRoleBindings).
+    pub namespace: String,
+    /// roleRef.kind: Role or ClusterRole.
+    pub role_kind: String,
+    /// roleRef.name
+    pub role_name: String,
+    /// subjects
+    pub subjects: Vec<Subject>,
+}
+
+impl Binding {
+    /// Reads a binding from its JSON form.
+    pub fn from_value(v: &Value) -> Self {
+        Binding {
+            name: v["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            namespace: v["metadata"]["namespace"].as_str().unwrap_or_default().to_string(),
+            role_kind: v["roleRef"]["kind"].as_str().unwrap_or_default().to_string(),
+            role_name: v["roleRef"]["name"].as_str().unwrap_or_default().to_string(),
+            subjects: v["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| Subject {
+                    kind: s["kind"].as_str().unwrap_or_default().to_string(),
+                    name: s["name"].as_str().unwrap_or_default().to_string(),
+                    namespace: s["namespace"].as_str().unwrap_or_default().to_string(),
+                })
+                .collect(),
+        }
+    }
+
+    fn describe(&self, subject: &Subject) -> String {
+        if self.namespace.is_empty() {
+            format!("ClusterRoleBinding {:?} of {} {:?} to {}", self.name, self.role_kind, self.role_name, subject.describe())
+        } else {
+            format!("RoleBinding {:?} of {} {:?} to {}", format!("{}/{}", self.name, self.namespace), self.role_kind, self.role_name, subject.describe())
+        }
+    }
+}
+
+/// The outcome of an authorization check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request is allowed.
+    pub allowed: bool,
+    /// Why (the binding that allowed it), or the errors met while looking (missing roles).
+    pub reason: String,
+}
+
+/// A snapshot of every Role, ClusterRole and binding.
+#[derive(Debug, Default)]
+pub struct Policy {
+    cluster_roles: HashMap<String, Vec<PolicyRule>>,
+    roles: HashMap<(String, String), Vec<PolicyRule>>,
+    cluster_bindings: Vec<Binding>,
+    bindings: HashMap<String, Vec<Binding>>,
+}
+
+fn rules_of(v: &Value) -> Vec<PolicyRule> {
+    v["rules"].as_array().into_iter().flatten().map(PolicyRule::from_value).collect()
+}
+
+impl Policy {
+    /// Builds a policy from the JSON of stored objects.
+    pub fn from_values<'a>(
+        cluster_roles: impl IntoIterator<Item = &'a Value>,
+        roles: impl IntoIterator<Item = &'a Value>,
+        cluster_bindings: impl IntoIterator<Item = &'a Value>,
+        bindings: impl IntoIterator<Item = &'a Value>,
+    ) -> Self {
+        let mut p = Policy::default();
+        for cr in cluster_roles {
+            p.cluster_roles.insert(cr["metadata"]["name"].as_str().unwrap_or_default().to_string(), rules_of(cr));
+        }
+        for r in roles {
+            let md = &r["metadata"];
+            let key = (md["namespace"].as_str().unwrap_or_default().to_string(), md["name"].as_str().unwrap_or_default().to_string());
+            p.roles.insert(key, rules_of(r));
+        }
+        p.cluster_bindings = cluster_bindings.into_iter().map(Binding::from_value).collect();
+        for b in bindings {
+            let b = Binding::from_value(b);
+            p.bindings.entry(b.namespace.clone()).or_default().push(b);
+        }
+        p
+    }
+
+    fn role_rules(&self, b: &Binding) -> Result<&[PolicyRule], String> {
+        let found = match b.role_kind.as_str() {
+            "ClusterRole" => self.cluster_roles.get(&b.role_name),
+            "Role" if !b.namespace.is_empty() => self.roles.get(&(b.namespace.clone(), b.role_name.clone())),
+            _ => None,
+        };
+        found.map(Vec::as_slice).ok_or_else(|| format!("{}.{GROUP} {:?} not found", b.role_kind.to_lowercase(), b.role_name))
+    }
+
+    /// Visits (binding, subject, rules) of every binding that applies to `user` in `namespace`
+    /// (cluster bindings always, RoleBindings of `namespace` when it is set); `f` returns true to stop.
+    fn visit(&self, user: &UserInfo, namespace: &str, errors: &mut Vec<String>, mut f: impl FnMut(&Binding, &Subject, &[PolicyRule]) -> bool) {
+        let ns_bindings = if namespace.is_empty() { None } else { self.bindings.get(namespace) };
+        for b in self.cluster_bindings.iter().chain(ns_bindings.into_iter().flatten()) {
+            let Some(subject) = b.subjects.iter().find(|s| s.applies_to(user, &b.namespace)) else { continue };
+            match self.role_rules(b) {
+                Ok(rules) => {
+                    if f(b, subject, rules) {
+                        return;
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+    }
+
+    /// Decides a request.
+    pub fn authorize(&self, user: &UserInfo, a: &Attributes) -> Decision {
+        let mut errors = vec![];
+        let mut reason = None;
+        self.visit(user, &a.namespace, &mut errors, |b, s, rules| {
+            if rules.iter().any(|r| r.allows(a)) {
+                reason = Some(format!("RBAC: allowed by {}", b.describe(s)));
+                return true;
+            }
+            false
+        });
+        match reason {
+            Some(reason) => Decision { allowed: true, reason },
+            None => {
+                let reason = match errors.len() {
+                    0 => String::new(),
+                    1 => format!("RBAC: {}", errors[0]),
+                    _ => format!("RBAC: [{}]", errors.join(", ")),
+                };
+                Decision { allowed: false, reason }
+            }
+        }
+    }
+
+    /// Every rule that applies to `user` in `namespace`, plus errors met (missing roles).
+    pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> (Vec<PolicyRule>, Vec<String>) {
+        let mut errors = vec![];
+        let mut out: Vec<PolicyRule> = vec![];
+        self.visit(user, namespace, &mut errors, |_, _, rules| {
+            for r in rules {
+                if !out.contains(r) {
+                    out.push(r.clone());
+                }
+            }
+            false
+        });
+        (out, errors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(ns: &str, name: &str) -> UserInfo {
+        UserInfo::service_account(ns, name, "uid-1")
+    }
+
+    fn res(verb: &str, group: &str, resource: &str, sub: &str, ns: &str, name: &str) -> Attributes {
+        Attributes {
+            verb: verb.into(),
+            resource_request: true,
+            api_group: group.into(),
+            api_version: "v1".into(),
+            resource: resource.into(),
+            subresource: sub.into(),
+            namespace: ns.into(),
+            name: name.into(),
+            path: String::new(),
+        }
+    }
+
+    fn nonres(verb: &str, path: &str) -> Attributes {
+        Attributes { verb: verb.into(), path: path.into(), ..Default::default() }
+    }
+
+    fn rule(v: Value) -> PolicyRule {
+        PolicyRule::from_value(&v)
+    }
+
+    #[test]
+    fn rule_matching_follows_upstream() {
+        let r = rule(json!({"verbs": ["get", "list"], "apiGroups": ["provisioning.dev"], "resources": ["servers"]}));
+        assert!(r.allows(&res("list", "provisioning.dev", "servers", "", "demo", "")));
+        assert!(!r.allows(&res("watch", "provisioning.dev", "servers", "", "demo", "")));
+        assert!(!r.allows(&res("get", "", "servers", "", "demo", "a")));
+        // A subresource needs its own entry.
+        assert!(!r.allows(&res("get", "provisioning.dev", "servers", "status", "demo", "a")));
+        let r = rule(json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*/status"]}));
+        assert!(r.allows(&res("update", "x", "servers", "status", "demo", "a")));
+        assert!(!r.allows(&res("update", "x", "servers", "", "demo", "a")));
+        let r = rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["one"]}));
+        assert!(r.allows(&res("get", "", "secrets", "", "demo", "one")));
+        assert!(!r.allows(&res("get", "", "secrets", "", "demo", "two")));
+        assert!(!r.allows(&res("list", "", "secrets", "", "demo", "")));
+        let r = rule(json!({"verbs": ["get"], "nonResourceURLs": ["/healthz", "/apis/*"]}));
+        assert!(r.allows(&nonres("get", "/healthz")));
+        assert!(r.allows(&nonres("get", "/apis/provisioning.dev/v1")));
+        assert!(!r.allows(&nonres("get", "/api")));
+        assert!(!r.allows(&nonres("post", "/healthz")));
+        // Non-resource rules never cover resource requests.
+        assert!(!r.allows(&res("get", "", "pods", "", "", "")));
+    }
+
+    fn policy() -> Policy {
+        let crs = [json!({"metadata": {"name": "server-reader"}, "rules": [{"verbs": ["get", "list", "watch"], "apiGroups": ["provisioning.dev"], "resources": ["servers"]}]})];
+        let roles = [json!({"metadata": {"name": "status-writer", "namespace": "demo"}, "rules": [{"verbs": ["update"], "apiGroups": ["provisioning.dev"], "resources": ["servers/status"]}]})];
+        let crbs = [json!({"metadata": {"name": "dangling"}, "roleRef": {"kind": "ClusterRole", "name": "gone"}, "subjects": [{"kind": "Group", "name": "system:serviceaccounts"}]})];
+        let rbs = [
+            json!({"metadata": {"name": "read", "namespace": "demo"}, "roleRef": {"kind": "ClusterRole", "name": "server-reader"}, "subjects": [{"kind": "ServiceAccount", "name": "ci"}]}),
+            json!({"metadata": {"name": "status", "namespace": "demo"}, "roleRef": {"kind": "Role", "name": "status-writer"}, "subjects": [{"kind": "User", "name": "system:serviceaccount:demo:ci"}]}),
+        ];
+        Policy::from_values(&crs, &roles, &crbs, &rbs)
+    }
+
+    #[test]
+    fn bindings_apply_only_in_their_namespace() {
+        let p = policy();
+        let d = p.authorize(&sa("demo", "ci"), &res("list", "provisioning.dev", "servers", "", "demo", ""));
+        assert!(d.allowed);
+        assert_eq!(d.reason, r#"RBAC: allowed by RoleBinding "read/demo" of ClusterRole "server-reader" to ServiceAccount "ci""#);
+        let d = p.authorize(&sa("demo", "ci"), &res("list", "provisioning.dev", "servers", "", "other", ""));
+        assert!(!d.allowed);
+        assert_eq!(d.reason, r#"RBAC: clusterrole.rbac.authorization.k8s.io "gone" not found"#);
+        assert!(!p.authorize(&sa("other", "ci"), &res("list", "provisioning.dev", "servers", "", "demo", "")).allowed);
+        assert!(p.authorize(&sa("demo", "ci"), &res("update", "provisioning.dev", "servers", "status", "demo", "a")).allowed);
+        assert!(!p.authorize(&sa("demo", "ci"), &res("update", "provisioning.dev", "servers", "", "demo", "a")).allowed);
+        // Cluster scope: RoleBindings never apply.
+        assert!(!p.authorize(&sa("demo", "ci"), &res("list", "provisioning.dev", "servers", "", "", "")).allowed);
+        let (rules, errors) = p.rules_for(&sa("demo", "ci"), "demo");
+        assert_eq!(rules.len(), 2);
+        assert_eq!(errors.len(), 1);
+    }
+}

@@ -1,0 +1,567 @@
+//! Dereference of config inputs: `spec.configFrom` (Secrets and ConfigMaps of the TaskServ's
+//! namespace) merged into `spec.config`, then the secret fields of the service's schema that
+//! are still unset, generated once into a Secret the TaskServ owns.
+//!
+//! Values stay in memory and on the script's stdin: the status gets a salted hash of them
+//! ([`inputs_hash`]), error messages name the object, key and path but never a value, and
+//! every secret value feeds the [`Redactor`] that filters script output.
+//!
+//! The merge ([`merge`]) and the generation helpers are pure and unit-tested; [`resolve`]
+//! does the API reads and the one write (the generated Secret).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use provisioning_crds::{ConfigFromSource, ConfigSourceKind, TaskServ};
+use provisioning_taskservs::{Catalog, Redactor, SecretField, SecretFormat};
+use rand::Rng;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Label on generated Secrets naming the TaskServ that owns them.
+pub const LABEL_GENERATED_FOR: &str = "provisioning.dev/generated-for";
+/// Field manager of the generated-Secret writes.
+const FIELD_MANAGER: &str = "provisioning-controller";
+
+/// Name of the Secret holding a TaskServ's generated secret fields.
+pub fn generated_secret_name(taskserv: &str) -> String {
+    format!("{taskserv}-generated")
+}
+
+/// What a `configFrom` entry read: the entry and the value of its key (`None`: the object
+/// or the key does not exist).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SourceValue {
+    /// The entry.
+    pub source: ConfigFromSource,
+    /// The key's text.
+    pub value: Option<String>,
+}
+
+impl std::fmt::Debug for SourceValue {
+    // Never print a value: a Debug of the inputs must be safe to log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceValue").field("source", &self.source).field("present", &self.value.is_some()).finish()
+    }
+}
+
+/// Why the inputs cannot be resolved. Messages name the object, key and path, never a value.
+#[derive(Debug, thiserror::Error)]
+pub enum InputsError {
+    /// A non-optional Secret/ConfigMap or key does not exist (yet): wait for it.
+    #[error("waiting for {kind} {namespace}/{name} (key {key:?}, configFrom[{index}]): {what} does not exist")]
+    Missing {
+        /// Secret or ConfigMap.
+        kind: &'static str,
+        /// Namespace.
+        namespace: String,
+        /// Object name.
+        name: String,
+        /// Key.
+        key: String,
+        /// Position in configFrom.
+        index: usize,
+        /// "the object" or "the key".
+        what: &'static str,
+    },
+    /// The key's text cannot be used: not UTF-8, not YAML, not a mapping, or the target path
+    /// runs into a value that is not a mapping.
+    #[error("configFrom[{index}] ({kind} {name}, key {key:?}): {problem}")]
+    Unusable {
+        /// Position in configFrom.
+        index: usize,
+        /// Secret or ConfigMap.
+        kind: &'static str,
+        /// Object name.
+        name: String,
+        /// Key.
+        key: String,
+        /// What is wrong (never the value).
+        problem: String,
+    },
+    /// The generated-secret Secret exists but belongs to something else.
+    #[error("Secret {namespace}/{name} exists and is not owned by this TaskServ: rename it or delete it")]
+    ForeignGeneratedSecret {
+        /// Namespace.
+        namespace: String,
+        /// Secret name.
+        name: String,
+    },
+    /// A key could not be generated.
+    #[error("generating a secret failed: {0}")]
+    Generate(String),
+    /// An API call failed (retried with backoff).
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl InputsError {
+    /// CamelCase condition reason (`Stalled`) for the errors that wait on the user.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            InputsError::Missing { .. } => "ConfigFromMissing",
+            InputsError::Unusable { .. } => "ConfigFromInvalid",
+            InputsError::ForeignGeneratedSecret { .. } => "GeneratedSecretConflict",
+            InputsError::Kube(_) => "ApiError",
+            InputsError::Generate(_) => "GenerateFailed",
+        }
+    }
+}
+
+/// The outcome of [`merge`]: the config and the values that came from Secrets.
+#[derive(Clone, Default, PartialEq)]
+pub struct Merged {
+    /// `config` with every entry applied in order.
+    pub config: Value,
+    /// Every string read from a Secret (whole values and the string leaves of merged YAML).
+    pub secrets: Vec<String>,
+}
+
+impl std::fmt::Debug for Merged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Merged").field("secrets", &self.secrets.len()).finish_non_exhaustive()
+    }
+}
+
+/// Merges `sources` into `base` in order (later entries win). An entry with `targetPath`
+/// sets that dotted path to the key's text; without it the key's text is YAML whose mapping
+/// is deep-merged (mappings merge key by key, anything else replaces). A missing object or
+/// key is skipped when `optional`, an error otherwise.
+pub fn merge(base: Option<&Value>, sources: &[SourceValue], namespace: &str) -> Result<Merged, InputsError> {
+    let mut config = match base {
+        Some(v) if !v.is_null() => v.clone(),
+        _ => Value::Object(Default::default()),
+    };
+    let mut secrets = Vec::new();
+    for (index, sv) in sources.iter().enumerate() {
+        let s = &sv.source;
+        let kind = s.kind.as_str();
+        let unusable = |problem: String| InputsError::Unusable { index, kind, name: s.name.clone(), key: s.key.clone(), problem };
+        let Some(text) = &sv.value else {
+            if s.optional {
+                continue;
+            }
+            return Err(InputsError::Missing {
+                kind,
+                namespace: namespace.to_string(),
+                name: s.name.clone(),
+                key: s.key.clone(),
+                index,
+                what: "the key",
+            });
+        };
+        let is_secret = s.kind == ConfigSourceKind::Secret;
+        if s.target_path.is_empty() {
+            let parsed: Value = match serde_yaml_ng::from_str(text) {
+                Ok(v) => v,
+                // The parser's message may quote the text: only a ConfigMap's is shown.
+                Err(e) if !is_secret => return Err(unusable(format!("not valid YAML: {e}"))),
+                Err(_) => return Err(unusable("not valid YAML (details withheld: the value is secret)".into())),
+            };
+            if !parsed.is_object() {
+                return Err(unusable("holds no YAML mapping to merge (set targetPath to use the value as one field)".into()));
+            }
+            if is_secret {
+                string_leaves(&parsed, &mut secrets);
+            }
+            deep_merge(&mut config, parsed);
+        } else {
+            let path: Vec<&str> = s.target_path.split('.').collect();
+            if path.iter().any(|p| p.is_empty()) {
+                return Err(unusable(format!("targetPath {:?} has an empty segment", s.target_path)));
+            }
+            set_path(&mut config, &path, Value::String(text.clone()))
+                .map_err(|at| unusable(format!("targetPath {:?}: {at} is not a mapping", s.target_path)))?;
+            if is_secret {
+                secrets.push(text.clone());
+            }
+        }
+    }
+    Ok(Merged { config, secrets })
+}
+
+fn string_leaves(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(items) => items.iter().for_each(|v| string_leaves(v, out)),
+        Value::Object(map) => map.values().for_each(|v| string_leaves(v, out)),
+        Value::Number(n) => out.push(n.to_string()),
+        _ => {}
+    }
+}
+
+fn deep_merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                match a.get_mut(&k) {
+                    Some(existing) if existing.is_object() && v.is_object() => deep_merge(existing, v),
+                    _ => {
+                        a.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// Sets `path` in `config` to `value`, creating mappings on the way. `Err(prefix)` when a
+/// segment on the way holds something that is not a mapping.
+pub fn set_path(config: &mut Value, path: &[&str], value: Value) -> Result<(), String> {
+    let mut node = config;
+    for (i, segment) in path.iter().enumerate() {
+        let Value::Object(map) = node else { return Err(path[..i].join(".")) };
+        if i + 1 == path.len() {
+            map.insert((*segment).to_string(), value);
+            return Ok(());
+        }
+        node = map.entry((*segment).to_string()).or_insert_with(|| Value::Object(Default::default()));
+    }
+    Ok(())
+}
+
+/// The value at `path`, if any.
+pub fn get_path<'a>(config: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(config, |node, segment| node.get(segment))
+}
+
+/// The secret fields `config` leaves unset (absent or null).
+pub fn unset_secret_fields(fields: &[SecretField], config: &Value) -> Vec<SecretField> {
+    fields.iter().filter(|f| get_path(config, &f.path).is_none_or(Value::is_null)).cloned().collect()
+}
+
+/// A fresh random value in `format` (the OS-seeded thread RNG, a CSPRNG; keys from aws-lc).
+pub fn generate(format: SecretFormat) -> Result<String, InputsError> {
+    const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    const LOWER_ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    const HEX: &[u8] = b"0123456789abcdef";
+    let mut rng = rand::rng();
+    let mut pick = |alphabet: &[u8], n: usize| -> String {
+        (0..n).map(|_| alphabet[rng.random_range(0..alphabet.len())] as char).collect()
+    };
+    Ok(match format {
+        SecretFormat::Password => pick(ALNUM, 32),
+        SecretFormat::KubeadmToken => format!("{}.{}", pick(LOWER_ALNUM, 6), pick(LOWER_ALNUM, 16)),
+        SecretFormat::Hex64 => pick(HEX, 64),
+        SecretFormat::EcP256Pem => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map_err(|e| InputsError::Generate(e.to_string()))?
+            .serialize_pem(),
+    })
+}
+
+/// Version of the inputs: `sha256:` and 16 hex digits of a hash over the object's uid (a
+/// salt, so equal passwords of two objects do not look equal) and every input in order.
+/// `None` when there are no inputs besides the spec.
+pub fn inputs_hash(uid: &str, sources: &[SourceValue], generated: &BTreeMap<String, String>) -> Option<String> {
+    if sources.is_empty() && generated.is_empty() {
+        return None;
+    }
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        // Length-prefixed, so no two different input lists hash the same bytes.
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    field(uid.as_bytes());
+    for sv in sources {
+        let s = &sv.source;
+        field(s.kind.as_str().as_bytes());
+        field(s.name.as_bytes());
+        field(s.key.as_bytes());
+        field(s.target_path.as_bytes());
+        match &sv.value {
+            Some(v) => field(v.as_bytes()),
+            None => field(b"\0absent"),
+        }
+    }
+    for (k, v) in generated {
+        field(k.as_bytes());
+        field(v.as_bytes());
+    }
+    let digest = h.finalize();
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    Some(format!("sha256:{hex}"))
+}
+
+/// Everything a TaskServ's config is made of, resolved.
+#[derive(Clone, Default, PartialEq)]
+pub struct ResolvedInputs {
+    /// `config` merged with `configFrom` and the generated secrets (before schema defaults).
+    pub config: Value,
+    /// Filters every value known to be secret from script output.
+    pub redactor: Redactor,
+    /// [`inputs_hash`], for status.
+    pub hash: Option<String>,
+    /// The generated-secret Secret, when the TaskServ has one.
+    pub generated_secret: Option<String>,
+}
+
+impl std::fmt::Debug for ResolvedInputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResolvedInputs")
+            .field("hash", &self.hash)
+            .field("generated_secret", &self.generated_secret)
+            .finish_non_exhaustive()
+    }
+}
+
+fn secret_text(secret: &Secret, key: &str) -> Option<Result<String, ()>> {
+    if let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(key)) {
+        return Some(String::from_utf8(bytes.0.clone()).map_err(|_| ()));
+    }
+    secret.string_data.as_ref().and_then(|d| d.get(key)).map(|s| Ok(s.clone()))
+}
+
+/// Reads every `configFrom` entry of `ts` (same namespace only: the entries have no
+/// namespace field), merges, and — when `generate` — creates or extends the TaskServ's
+/// generated Secret with the unset secret fields of its service.
+pub async fn resolve(client: &Client, ts: &TaskServ, catalog: &Catalog, generate_missing: bool) -> Result<ResolvedInputs, InputsError> {
+    let namespace = ts.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let mut sources = Vec::with_capacity(ts.spec.config_from.len());
+    for (index, source) in ts.spec.config_from.iter().enumerate() {
+        let kind = source.kind.as_str();
+        let not_utf8 = || InputsError::Unusable {
+            index,
+            kind,
+            name: source.name.clone(),
+            key: source.key.clone(),
+            problem: "the value is not UTF-8 text".into(),
+        };
+        let (exists, value) = match source.kind {
+            ConfigSourceKind::Secret => match secrets.get_opt(&source.name).await? {
+                None => (false, None),
+                Some(s) => (true, secret_text(&s, &source.key).transpose().map_err(|_| not_utf8())?),
+            },
+            ConfigSourceKind::ConfigMap => match config_maps.get_opt(&source.name).await? {
+                None => (false, None),
+                Some(cm) => {
+                    let text = cm.data.as_ref().and_then(|d| d.get(&source.key)).cloned();
+                    let binary = cm.binary_data.as_ref().and_then(|d| d.get(&source.key));
+                    match (text, binary) {
+                        (Some(t), _) => (true, Some(t)),
+                        (None, Some(b)) => (true, Some(String::from_utf8(b.0.clone()).map_err(|_| not_utf8())?)),
+                        (None, None) => (true, None),
+                    }
+                }
+            },
+        };
+        if !exists && !source.optional {
+            return Err(InputsError::Missing {
+                kind,
+                namespace: namespace.clone(),
+                name: source.name.clone(),
+                key: source.key.clone(),
+                index,
+                what: "the object",
+            });
+        }
+        sources.push(SourceValue { source: source.clone(), value });
+    }
+    let merged = merge(ts.spec.config.as_ref(), &sources, &namespace)?;
+    let mut config = merged.config;
+    let mut known_secrets = merged.secrets;
+
+    let fields = catalog.get(&ts.spec.service).map(|s| s.secret_fields()).unwrap_or_default();
+    // Inline values of secret fields are secret too (redacted from output).
+    for f in &fields {
+        if let Some(Value::String(v)) = get_path(&config, &f.path) {
+            known_secrets.push(v.clone());
+        }
+    }
+    let unset = unset_secret_fields(&fields, &config);
+    let name = generated_secret_name(&ts.name_any());
+    let mut generated: BTreeMap<String, String> = BTreeMap::new();
+    let mut generated_secret = None;
+    if !unset.is_empty() {
+        let existing = secrets.get_opt(&name).await?;
+        let uid = ts.uid().unwrap_or_default();
+        if let Some(s) = &existing
+            && !s.owner_references().iter().any(|o| o.uid == uid)
+        {
+            return Err(InputsError::ForeignGeneratedSecret { namespace, name });
+        }
+        let mut new_keys: BTreeMap<String, ByteString> = BTreeMap::new();
+        for f in &unset {
+            let key = f.dotted();
+            let current = existing.as_ref().and_then(|s| secret_text(s, &key)).and_then(Result::ok);
+            let value = match current {
+                Some(v) => v,
+                None if generate_missing => {
+                    let v = generate(f.format)?;
+                    new_keys.insert(key.clone(), ByteString(v.clone().into_bytes()));
+                    v
+                }
+                // Removing: nothing to generate, the scripts get the schema default.
+                None => continue,
+            };
+            let path: Vec<&str> = f.path.iter().map(String::as_str).collect();
+            // A secret field's parents are mappings of the schema; a config that put a
+            // scalar there fails validation anyway.
+            let _ = set_path(&mut config, &path, Value::String(value.clone()));
+            known_secrets.push(value.clone());
+            generated.insert(key, value);
+        }
+        if !new_keys.is_empty() {
+            write_generated(&secrets, ts, &name, existing.is_some(), new_keys).await?;
+        }
+        if existing.is_some() || !generated.is_empty() {
+            generated_secret = Some(name);
+        }
+    }
+    Ok(ResolvedInputs {
+        config,
+        redactor: Redactor::new(&known_secrets),
+        hash: inputs_hash(&ts.uid().unwrap_or_default(), &sources, &generated),
+        generated_secret,
+    })
+}
+
+async fn write_generated(
+    api: &Api<Secret>,
+    ts: &TaskServ,
+    name: &str,
+    exists: bool,
+    data: BTreeMap<String, ByteString>,
+) -> Result<(), InputsError> {
+    if exists {
+        // Adds the new keys only: values generated earlier are never replaced.
+        let patch = serde_json::json!({"data": data});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        return Ok(());
+    }
+    let owner = OwnerReference {
+        api_version: "provisioning.dev/v1alpha1".into(),
+        kind: "TaskServ".into(),
+        name: ts.name_any(),
+        uid: ts.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: ts.namespace(),
+            labels: Some(BTreeMap::from([(LABEL_GENERATED_FOR.to_string(), ts.name_any())])),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &secret).await {
+        Ok(_) => Ok(()),
+        // A concurrent reconcile created it first: the next pass reads its values.
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(InputsError::Kube(kube::Error::Api(e))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn src(kind: ConfigSourceKind, name: &str, key: &str, target: &str, optional: bool, value: Option<&str>) -> SourceValue {
+        SourceValue {
+            source: ConfigFromSource {
+                kind,
+                name: name.into(),
+                key: key.into(),
+                target_path: target.into(),
+                optional,
+            },
+            value: value.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn merges_in_order_with_target_paths_and_deep_yaml() {
+        let base = json!({"port": 1, "auth": {"user": "app", "password": "inline"}});
+        let sources = [
+            src(ConfigSourceKind::ConfigMap, "cm", "values.yaml", "", false, Some("port: 2\nauth: {mode: scram}\n")),
+            src(ConfigSourceKind::Secret, "s", "pw", "auth.password", false, Some("from-secret")),
+            src(ConfigSourceKind::Secret, "s2", "values.yaml", "", false, Some("port: 3\nextra: {token: tk-123}\n")),
+        ];
+        let m = merge(Some(&base), &sources, "ns").expect("merges");
+        assert_eq!(
+            m.config,
+            json!({"port": 3, "auth": {"user": "app", "password": "from-secret", "mode": "scram"}, "extra": {"token": "tk-123"}})
+        );
+        // Only Secret values are secret; ConfigMap values are not.
+        assert_eq!(m.secrets, ["from-secret", "tk-123", "3"]);
+    }
+
+    #[test]
+    fn optional_entries_are_skipped_and_missing_ones_name_object_and_key() {
+        let sources = [src(ConfigSourceKind::Secret, "gone", "pw", "password", true, None)];
+        assert_eq!(merge(None, &sources, "ns").expect("optional").config, json!({}));
+        let sources = [src(ConfigSourceKind::Secret, "db", "pw", "password", false, None)];
+        let e = merge(None, &sources, "ns").expect_err("missing");
+        assert_eq!(e.reason(), "ConfigFromMissing");
+        let msg = e.to_string();
+        assert!(msg.contains("Secret ns/db") && msg.contains("\"pw\""), "{msg}");
+    }
+
+    #[test]
+    fn unusable_values_are_refused_without_quoting_them() {
+        let secret = "not: [valid yaml SECRETVALUE";
+        let e = merge(None, &[src(ConfigSourceKind::Secret, "s", "v", "", false, Some(secret))], "ns").expect_err("bad yaml");
+        assert!(!e.to_string().contains("SECRETVALUE"), "{e}");
+        let e = merge(None, &[src(ConfigSourceKind::Secret, "s", "v", "", false, Some("SECRETVALUE"))], "ns").expect_err("scalar");
+        assert!(!e.to_string().contains("SECRETVALUE"), "{e}");
+        let base = json!({"auth": "scalar"});
+        let e = merge(Some(&base), &[src(ConfigSourceKind::Secret, "s", "v", "auth.password", false, Some("SECRETVALUE"))], "ns")
+            .expect_err("path through a scalar");
+        assert!(e.to_string().contains("auth is not a mapping") && !e.to_string().contains("SECRETVALUE"), "{e}");
+    }
+
+    #[test]
+    fn generated_values_have_their_formats() {
+        let token = generate(SecretFormat::KubeadmToken).expect("token");
+        let (a, b) = token.split_once('.').expect("dot");
+        assert!(a.len() == 6 && b.len() == 16, "{token}");
+        assert!(token.chars().all(|c| c == '.' || c.is_ascii_lowercase() || c.is_ascii_digit()), "{token}");
+        let key = generate(SecretFormat::Hex64).expect("hex");
+        assert!(key.len() == 64 && key.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{key}");
+        let pw = generate(SecretFormat::Password).expect("password");
+        assert!(pw.len() == 32 && pw.chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(pw, generate(SecretFormat::Password).expect("password"));
+        let pem = generate(SecretFormat::EcP256Pem).expect("key");
+        assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"), "not a PKCS#8 PEM key");
+    }
+
+    #[test]
+    fn the_hash_changes_with_a_value_and_is_salted_by_the_uid() {
+        let one = [src(ConfigSourceKind::Secret, "s", "pw", "password", false, Some("a"))];
+        let two = [src(ConfigSourceKind::Secret, "s", "pw", "password", false, Some("b"))];
+        let none = BTreeMap::new();
+        let h1 = inputs_hash("uid-1", &one, &none).expect("hash");
+        assert!(h1.starts_with("sha256:") && h1.len() == 7 + 16, "{h1}");
+        assert_ne!(Some(h1.clone()), inputs_hash("uid-1", &two, &none));
+        assert_ne!(Some(h1.clone()), inputs_hash("uid-2", &one, &none));
+        assert_eq!(Some(h1), inputs_hash("uid-1", &one, &none));
+        assert_eq!(inputs_hash("uid-1", &[], &none), None);
+    }
+
+    #[test]
+    fn unset_secret_fields_are_absent_or_null() {
+        let fields = vec![
+            SecretField { path: vec!["password".into()], format: SecretFormat::Password },
+            SecretField { path: vec!["auth".into(), "token".into()], format: SecretFormat::Hex64 },
+        ];
+        let unset = unset_secret_fields(&fields, &json!({"password": null, "auth": {"token": "x"}}));
+        assert_eq!(unset, fields[..1]);
+        let mut config = json!({});
+        set_path(&mut config, &["auth", "token"], json!("v")).expect("set");
+        assert_eq!(config, json!({"auth": {"token": "v"}}));
+    }
+}

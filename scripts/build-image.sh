@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds the controller image from the repository's Dockerfile and tags it exactly as
+# deploy/controller/deployment.yaml names it (prints that reference on stdout).
+#
+#   scripts/build-image.sh              # build here, no registry needed
+#   scripts/build-image.sh --registry   # plain `docker build` (base and toolchain pulled)
+#
+# Without --registry nothing is pulled: the binary is built on this host (cargo profile
+# `image`), nu comes from .tools/bin/nu (scripts/setup.sh), both are handed to the Dockerfile
+# through PREBUILT, and when the base image (debian:12-slim) is not present it is bootstrapped
+# with debootstrap from the host's own apt mirror and imported under that name. Every step is
+# cached: a second run with nothing changed takes seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DOCKER=${PROVISIONING_DOCKER:-docker}
+log() { echo "build-image: $*" >&2; }
+
+IMAGE=$(awk '$1 == "image:" || ($1 == "-" && $2 == "image:") { print $NF; exit }' deploy/controller/deployment.yaml)
+[ -n "$IMAGE" ] || { log "no image: in deploy/controller/deployment.yaml"; exit 1; }
+BASE=$(awk -F= '/^ARG BASE=/ { print $2; exit }' Dockerfile)
+[ -n "$BASE" ] || { log "no ARG BASE= in Dockerfile"; exit 1; }
+
+if [ "${1:-}" = "--registry" ]; then
+  "$DOCKER" build -t "$IMAGE" .
+  echo "$IMAGE"
+  exit 0
+fi
+
+# Debian release of the base: debian:12-slim -> bookworm.
+case "$BASE" in
+  debian:12*|debian:bookworm*) SUITE=bookworm ;;
+  debian:13*|debian:trixie*) SUITE=trixie ;;
+  *) log "do not know how to bootstrap base $BASE locally; pull it or use --registry"; exit 1 ;;
+esac
+
+# The first apt mirror of the host that serves $SUITE main (deb822 or one-line format).
+host_mirror() {
+  local f
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk -v suite="$SUITE" '
+      BEGIN { RS = ""; FS = "\n" }
+      {
+        uris = ""; ok_suite = 0; ok_type = 0; ok_comp = 0
+        for (i = 1; i <= NF; i++) {
+          if ($i ~ /^URIs:/) { sub(/^URIs:[ \t]*/, "", $i); split($i, u, /[ \t]+/); uris = u[1] }
+          if ($i ~ /^Types:/ && $i ~ /(^|[ \t])deb([ \t]|$)/) ok_type = 1
+          if ($i ~ /^Suites:/ && $i ~ ("[ \t]" suite "([ \t]|$)")) ok_suite = 1
+          if ($i ~ /^Components:/ && $i ~ /[ \t]main([ \t]|$)/) ok_comp = 1
+        }
+        if (uris != "" && ok_suite && ok_type && ok_comp) { print uris; exit }
+      }' "$f"
+  done
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    awk -v suite="$SUITE" '$1 == "deb" { i = 2; if ($2 ~ /^\[/) { while ($i !~ /\]$/) i++; i++ } if ($(i+1) == suite) { print $i; exit } }' "$f"
+  done
+}
+
+# The base, bootstrapped like the official slim image (minbase, no docs/man/locales) when
+# the engine does not have it.
+CACHE=${PROVISIONING_DATA_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/provisioning}
+if ! "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
+  MIRROR=$(host_mirror | head -n 1)
+  [ -n "$MIRROR" ] || { log "no apt source on this host serves Debian $SUITE main; cannot bootstrap $BASE"; exit 1; }
+  log "$BASE not present: bootstrapping Debian $SUITE (minbase) from $MIRROR"
+  command -v debootstrap >/dev/null || { log "debootstrap missing (apt-get install debootstrap)"; exit 1; }
+  mkdir -p "$CACHE/debootstrap-cache/$SUITE"
+  ROOTFS=$(mktemp -d "${TMPDIR:-/tmp}/provisioning-base.XXXXXX")
+  trap 'rm -rf "$ROOTFS"' EXIT
+  debootstrap --variant=minbase --cache-dir="$CACHE/debootstrap-cache/$SUITE" "$SUITE" "$ROOTFS" "$MIRROR" >&2
+  # What the official slim variant leaves out, and apt's downloaded lists.
+  rm -rf "$ROOTFS"/usr/share/doc/* "$ROOTFS"/usr/share/man/* "$ROOTFS"/usr/share/info/* \
+         "$ROOTFS"/usr/share/locale/* "$ROOTFS"/usr/share/groff/* "$ROOTFS"/usr/share/lintian/* \
+         "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/cache/apt/*.bin "$ROOTFS"/var/cache/apt/archives/*.deb \
+         "$ROOTFS"/var/log/*.log "$ROOTFS"/var/log/apt/*
+  tar --numeric-owner -C "$ROOTFS" -cf - . | "$DOCKER" import -c 'CMD ["bash"]' -m "local bootstrap of $BASE (Debian $SUITE minbase)" - "$BASE" >&2
+  rm -rf "$ROOTFS"
+  trap - EXIT
+fi
+
+# The binary (cargo's own cache makes this a no-op when nothing changed), nu and the CA roots.
+START=$(date +%s)
+cargo build --locked --profile image -p provisioning-controller --bin provisioning >&2
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+NU=${PROVISIONING_NU:-$ROOT/.tools/bin/nu}
+[ -x "$NU" ] || { log "nu not found at $NU (run scripts/setup.sh)"; exit 1; }
+STAGE=$ROOT/.image-build
+mkdir -p "$STAGE"
+# Copy only on change, so the build context (and the engine's layer cache) stays the same.
+update() { cmp -s "$1" "$2" 2>/dev/null || cp "$1" "$2"; }
+update "$TARGET/image/provisioning" "$STAGE/provisioning"
+if [ ! -f "$STAGE/nu" ] || [ "$NU" -nt "$STAGE/nu" ]; then
+  cp "$NU" "$STAGE/nu.tmp" && strip "$STAGE/nu.tmp" 2>/dev/null || true
+  mv "$STAGE/nu.tmp" "$STAGE/nu"
+fi
+update /etc/ssl/certs/ca-certificates.crt "$STAGE/ca-certificates.crt"
+
+"$DOCKER" build -q --build-arg "BUILDER=$BASE" --build-arg PREBUILT=.image-build -t "$IMAGE" . >&2
+SIZE=$("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE")
+log "$IMAGE: $((SIZE / 1000000)) MB, built in $(( $(date +%s) - START )) s"
+echo "$IMAGE"
