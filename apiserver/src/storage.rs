@@ -663,3 +663,46 @@ fn writer_loop(
 fn req_is_delete(req: &WriteReq) -> bool {
     req.is_delete
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key(name: &str) -> ObjKey {
+        ObjKey { storage: Arc::from("/configmaps"), namespace: "default".into(), name: name.into() }
+    }
+
+    /// History is bounded by bytes as well as count, and tombstones below the history floor
+    /// are pruned while running (not only at the next start). One test: the limits are
+    /// process-wide.
+    #[tokio::test]
+    async fn history_and_tombstones_stay_bounded() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("state.redb");
+        let store = Store::open(&path)?;
+        set_history_bytes_limit(64 * 1024);
+        let blob = "x".repeat(4096);
+        for i in 0..100 {
+            store.put(key(&format!("big-{i}")), Precondition::MustNotExist, json!({"metadata": {"name": format!("big-{i}")}, "data": {"b": blob}})).await?;
+        }
+        {
+            let st = store.read();
+            assert!(st.history_bytes <= 64 * 1024 + 8192, "history holds {} bytes", st.history_bytes);
+            assert!(st.history_floor > 0 && st.history.len() < 100, "nothing was dropped from the history");
+        }
+        set_history_bytes_limit(DEFAULT_HISTORY_BYTES);
+        set_history_limit(16);
+        for i in 0..600 {
+            let e = store.put(key(&format!("t-{i}")), Precondition::MustNotExist, json!({"metadata": {"name": format!("t-{i}")}})).await?;
+            store.delete(e.key.clone(), Precondition::Revision(e.rv)).await?;
+        }
+        store.close();
+        set_history_limit(DEFAULT_HISTORY_LIMIT);
+        let db = Database::open(&path)?;
+        let txn = db.begin_read()?;
+        let tombs = txn.open_table(TOMBSTONES)?.len()?;
+        assert!(tombs < 400, "{tombs} of 600 tombstones kept: not pruned while running");
+        Ok(())
+    }
+}
