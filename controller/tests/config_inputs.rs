@@ -153,8 +153,10 @@ async fn secrets_are_generated_once_owned_waited_for_and_never_echoed() -> anyho
     .await?;
 
     // 4. A secret field that breaks its schema: refused by path and rule, never echoed.
-    secrets.create(&PostParams::default(), &secret("bad-creds", "password", "bad\"QUOTED-VALUE-42")?).await?;
-    let spec = json!({"service": "redis", "configFrom": [{"kind": "Secret", "name": "bad-creds", "key": "password", "targetPath": "password"}]});
+    // (redis takes any characters in its password, escaped in redis.conf: the violation here is
+    // the type — a list where a string belongs — merged from the Secret's YAML.)
+    secrets.create(&PostParams::default(), &secret("bad-creds", "values.yaml", "password: [\"bad\\\"QUOTED-VALUE-42\"]")?).await?;
+    let spec = json!({"service": "redis", "configFrom": [{"kind": "Secret", "name": "bad-creds", "key": "values.yaml"}]});
     tss.create(&PostParams::default(), &taskserv("bad", spec)?).await?;
     let bad = wait_ts(&tss, "bad", "refused", |t| cond(t, "Stalled").is_some_and(|c| c.1 == "InvalidConfig")).await?;
     let message = cond(&bad, "Stalled").map(|c| c.2).unwrap_or_default();
