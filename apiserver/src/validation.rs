@@ -411,10 +411,13 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
     }
 }
 
+/// What identifies a list item for duplicate detection (None: not comparable).
+type ItemIdentity = Box<dyn Fn(&Value) -> Option<Value>>;
+
 /// kube-apiserver's list-type validation: a `set` holds each value once, a `map` each key
 /// combination once (server-side apply could not tell such entries apart).
 fn list_duplicates(items: &[Value], s: &Value, path: &str, out: &mut Outcome) {
-    let identity: Box<dyn Fn(&Value) -> Option<Value>> = match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
+    let identity: ItemIdentity = match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
         Some("set") => Box::new(|v: &Value| Some(v.clone())),
         Some("map") => {
             let keys: Vec<String> = s["x-kubernetes-list-map-keys"]
