@@ -55,7 +55,7 @@ fn kubectl_server_side_apply_after_dev_apply() -> Result<()> {
 
     // The same files, now applied by kubectl: no conflict with provisioning-dev.
     let examples = workspace_root().join("examples/simulated");
-    for file in ["workspace.yaml", "servers.yaml"] {
+    for file in ["10-workspace.yaml", "20-servers.yaml"] {
         let path = examples.join(file);
         dev.kubectl_ok(&["apply", "--server-side", "-f", &path.to_string_lossy()])?;
     }
@@ -84,7 +84,7 @@ fn kubectl_server_side_apply_after_dev_apply() -> Result<()> {
     )?;
     dev.kubectl_ok(&["apply", "--server-side", "--field-manager=team-b", "-f", &extra])?;
     // kubectl re-applies its file (which does not name `extra`): team-b's entry stays.
-    dev.kubectl_ok(&["apply", "--server-side", "-f", &examples.join("workspace.yaml").to_string_lossy()])?;
+    dev.kubectl_ok(&["apply", "--server-side", "-f", &examples.join("10-workspace.yaml").to_string_lossy()])?;
     let names = dev.kubectl_ok(&["get", "workspace", "demo", "-o", "jsonpath={.spec.providers[*].name}"])?;
     assert_eq!(names.split_whitespace().collect::<Vec<_>>(), ["sim", "extra"], "{names}");
 
