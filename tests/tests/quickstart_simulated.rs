@@ -32,6 +32,10 @@ fn quickstart_servers_become_ready_and_delete_cleanly() -> anyhow::Result<()> {
     // Each Server has a providerID; the simulated store holds exactly 3 machines.
     let ids = dev.kubectl_ok(&["get", "srv", "-n", "demo", "-o", "jsonpath={.items[*].status.providerID}"])?;
     assert_eq!(ids.split_whitespace().count(), 3, "{ids}");
+    // Every machine is at the Workspace's account, none at the controller's default (a Server
+    // reconciled before the Workspace reached the cache once got a local Docker container).
+    let accounts = dev.kubectl_ok(&["get", "srv", "-n", "demo", "-o", "jsonpath={.items[*].status.provider}"])?;
+    assert_eq!(accounts.split_whitespace().collect::<Vec<_>>(), ["sim", "sim", "sim"], "{accounts}");
     let store = machines_in_store(&dev)?;
     assert_eq!(store, 3, "one machine per Server at the provider");
 

@@ -1,7 +1,8 @@
 //! Dereference: read what a Server refers to (workspace, its rank for maxServers).
 
 use kube::ResourceExt;
-use provisioning_crds::{ANNOTATION_CREATE_PENDING, Server};
+use kube::api::{Api, ListParams};
+use provisioning_crds::{ANNOTATION_CREATE_PENDING, Server, Workspace};
 
 use crate::context::Context;
 use crate::workspaces::EffectiveWorkspace;
@@ -51,4 +52,18 @@ pub fn dereference(server: &Server, namespace: &str, ctx: &Context) -> Refs {
         if in_namespace <= max { Some(0) } else { Some(older) }
     };
     Refs { workspace, rank }
+}
+
+/// Whether the Workspace cache is behind for a Server about to get its first machine under the
+/// controller's default settings: a Workspace claiming the namespace exists in the API but the
+/// cache has not seen it yet (its create raced the Server's, as one `kubectl apply -f DIR` of
+/// an example does). Creating then would make the machine at the wrong provider account, so
+/// the API is asked (one list, only before a default-workspace machine exists).
+pub async fn workspace_cache_behind(server: &Server, refs: &Refs, ctx: &Context) -> Result<bool, crate::error::Error> {
+    if refs.workspace.name.is_some() || has_machine(server) {
+        return Ok(false);
+    }
+    let live = Api::<Workspace>::all(ctx.client.clone()).list(&ListParams::default()).await?;
+    let live: Vec<std::sync::Arc<Workspace>> = live.items.into_iter().map(std::sync::Arc::new).collect();
+    Ok(crate::workspaces::owner_of(&refs.workspace.namespace, live.iter()).is_some())
 }

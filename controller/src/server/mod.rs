@@ -101,6 +101,10 @@ pub fn error_policy(server: Arc<Server>, error: &Error, ctx: Arc<Context>) -> Ac
 
 async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let refs = dereference::dereference(&server, namespace, ctx);
+    if dereference::workspace_cache_behind(&server, &refs, ctx).await? {
+        tracing::debug!("a Workspace claims the namespace but the cache has not seen it yet; waiting before any create");
+        return Ok(Action::requeue(std::time::Duration::from_secs(1)));
+    }
     let ws = &refs.workspace;
     let base = |summary: Option<Summary>, provider: Option<String>, plan: Option<String>, machine: Machine| {
         status::desired(StatusInput {
