@@ -34,6 +34,16 @@ pub fn kubectl_bin() -> PathBuf {
     tool("PROVISIONING_KUBECTL", "kubectl")
 }
 
+/// kubectl for the API server of `kubeconfig`, with its own discovery cache next to the
+/// kubeconfig: tests run in parallel and API servers get random ports, so the shared
+/// `~/.kube/cache` (keyed by host:port) could hand one server's cached discovery to another.
+pub fn kubectl_command(kubeconfig: &Path) -> Command {
+    let mut cmd = Command::new(kubectl_bin());
+    let cache = kubeconfig.parent().unwrap_or(Path::new(".")).join("kubectl-cache");
+    cmd.env("KUBECONFIG", kubeconfig).arg("--cache-dir").arg(cache);
+    cmd
+}
+
 /// The `provisioning` binary built by `cargo build`.
 pub fn provisioning_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("PROVISIONING_BIN").map(PathBuf::from) {
@@ -127,17 +137,26 @@ impl Dev {
 
     /// Runs kubectl against this control plane.
     pub fn kubectl(&self, args: &[&str]) -> Result<Output> {
-        Ok(Command::new(kubectl_bin()).env("KUBECONFIG", self.kubeconfig()).args(args).output()?)
+        Ok(kubectl_command(&self.kubeconfig()).args(args).output()?)
     }
 
     /// Runs kubectl and fails unless it succeeds; returns stdout.
     pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
         let out = self.kubectl(args)?;
         if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // A NotFound that should not happen: repeat once at -v=6 so the report shows the
+            // requests kubectl made and what the server answered.
+            let trace = if stderr.contains("NotFound") {
+                let mut verbose = vec!["-v=6"];
+                verbose.extend_from_slice(args);
+                self.kubectl(&verbose).map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default()
+            } else {
+                String::new()
+            };
             bail!(
-                "kubectl {args:?} failed: {}{}\n--- dev log tail ---\n{}",
+                "kubectl {args:?} failed: {}{stderr}\n{trace}\n--- dev log tail ---\n{}",
                 String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr),
                 self.log_tail(40)
             );
         }

@@ -25,7 +25,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, HTTPGetAction, PodSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use provisioning_e2e::cloud::{docs_of_kind, read_yaml_docs, unique_secret, write_yaml_docs};
-use provisioning_e2e::{kubectl_bin, provisioning_bin, tool, workspace_root};
+use provisioning_e2e::{kubectl_bin, kubectl_command, provisioning_bin, tool, workspace_root};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "provisioning-system";
@@ -159,18 +159,12 @@ impl ControlPlane {
     }
 
     fn kubectl(&self, args: &[&str]) -> Result<Output> {
-        run(Command::new(kubectl_bin())
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args))
+        run(kubectl_command(&self.kubeconfig).args(args))
     }
 
     fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
         run_ok(
-            Command::new(kubectl_bin())
-                .arg("--kubeconfig")
-                .arg(&self.kubeconfig)
-                .args(args),
+            kubectl_command(&self.kubeconfig).args(args),
         )
     }
 
