@@ -26,6 +26,7 @@ pub mod run;
 pub mod server;
 pub mod sync;
 pub mod testing;
+pub mod trace;
 pub mod taskserv;
 pub mod workspace;
 pub mod workspaces;

@@ -83,6 +83,28 @@ enum Command {
         #[arg(long)]
         allow_insecure_endpoints: bool,
     },
+    /// An object and everything it owns as a tree (Workspace → Clusters → pools → Servers →
+    /// TaskServs per server), with READY, STATUS, AGE and the message that explains the state.
+    Trace {
+        /// KIND/NAME: workspace/NAME, cluster/NAME, server/NAME or taskserv/NAME (short names work).
+        object: String,
+        /// Namespace (default: the kubeconfig context's); ignored for a Workspace.
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Redraw whenever something in the tree changes (Ctrl-C to stop).
+        #[arg(short = 'w', long)]
+        watch: bool,
+        /// Output: wide (adds the Cluster's running and next steps) or json.
+        #[arg(short = 'o', long, default_value = "")]
+        output: String,
+        /// Kubeconfig file; default: $KUBECONFIG (merged, as kubectl does), ~/.kube/config,
+        /// then in-cluster config.
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Kubeconfig context (default: the current one).
+        #[arg(long)]
+        context: Option<String>,
+    },
     /// Prints all CRDs as YAML.
     Crds,
     /// The local provider's node image.
@@ -195,6 +217,29 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 None => dev::client_from_config(kube::Config::infer().await.context("no kubeconfig and no in-cluster config")?)?,
             };
             provisioning_controller::run::run(client, config, shutdown_signal()).await?;
+            Ok(0)
+        }
+        Command::Trace { object, namespace, watch, output, kubeconfig, context } => {
+            init_logging(&cli.log_format, "warn");
+            let root = provisioning_controller::trace::Root::parse(&object)?;
+            let format = provisioning_controller::trace::Format::parse(&output)?;
+            let options = kube::config::KubeConfigOptions { context, ..Default::default() };
+            let config = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
+                Some(path) => {
+                    let kc = kube::config::Kubeconfig::read_from(&path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                    kube::Config::from_custom_kubeconfig(kc, &options).await.with_context(|| format!("kubeconfig {}", path.display()))?
+                }
+                None => match kube::Config::from_kubeconfig(&options).await {
+                    Ok(config) => config,
+                    Err(e) if options.context.is_none() => {
+                        kube::Config::incluster().map_err(|_| anyhow::anyhow!("no usable kubeconfig ({e}) and no in-cluster config"))?
+                    }
+                    Err(e) => return Err(anyhow::Error::from(e).context("kubeconfig")),
+                },
+            };
+            let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
+            let client = dev::client_from_config(config)?;
+            provisioning_controller::trace::run(client, root, namespace, format, watch).await?;
             Ok(0)
         }
         Command::Crds => {
