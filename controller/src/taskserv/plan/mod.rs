@@ -6,15 +6,29 @@
 //! their results come back here as [`OperationResult`]s. Status is the checkpoint: an entry in
 //! `Installing` with no run in flight (the controller restarted) is simply run again — the
 //! scripts are idempotent and the runner holds a per-service lock on the server.
+//!
+//! [`plan`] runs named pure steps over typed states ([`ServerPhase`] per server, [`Phase`] for
+//! the object; the same strings on the wire as ever): [`record`] folds finished runs into
+//! status, [`servers`] decides the runs per selected server and drains deselected ones, and
+//! [`summary`] derives conditions (through [`conditions::Summary`]), phase, events and requeue.
+//! [`plan_removal`] (in [`removal`]) plans deletion.
+
+mod record;
+mod removal;
+mod servers;
+mod summary;
+
+pub use removal::plan_removal;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use provisioning_crds::{MachineAddress, ScriptRun, TaskServSpec, TaskServServerStatus, TaskServStatus, condition};
+use provisioning_crds::{MachineAddress, ScriptRun, TaskServSpec, TaskServServerStatus, TaskServStatus};
 
-use crate::conditions::{self, DesiredCondition, Status};
 use super::validate::{InvalidTaskServ, ValidTaskServ};
+pub use crate::planning::PlannedEvent;
+use crate::planning::{cycle_message, depends_on_cycle};
 
 /// Pause before a failed install is tried again.
 pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(20);
@@ -29,6 +43,83 @@ pub const CONFIG_INPUTS_REQUEUE: Duration = Duration::from_secs(30);
 
 /// Reason of the `Stalled` condition after a failed upgrade was rolled back.
 pub const REASON_UPGRADE_FAILED: &str = "UpgradeFailed";
+
+/// The state of the service on one server (`status.servers[].phase`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerPhase {
+    /// Nothing run yet, or to be run again (spec or inputs changed, machine came back).
+    Pending,
+    /// `install.nu` started.
+    Installing,
+    /// Installed and checked.
+    Installed,
+    /// The last install or remove failed (retried after [`RETRY_FAILED_AFTER`]).
+    Failed,
+    /// `remove.nu` started (the server left the selection, or the TaskServ is deleted).
+    Removing,
+}
+
+impl ServerPhase {
+    /// As written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerPhase::Pending => "Pending",
+            ServerPhase::Installing => "Installing",
+            ServerPhase::Installed => "Installed",
+            ServerPhase::Failed => "Failed",
+            ServerPhase::Removing => "Removing",
+        }
+    }
+    /// The phase of an entry (`None` for a string this version does not write).
+    pub fn of(entry: &TaskServServerStatus) -> Option<ServerPhase> {
+        [ServerPhase::Pending, ServerPhase::Installing, ServerPhase::Installed, ServerPhase::Failed, ServerPhase::Removing]
+            .into_iter()
+            .find(|p| p.as_str() == entry.phase)
+    }
+    /// Whether `entry` is in this phase.
+    pub fn is(self, entry: &TaskServServerStatus) -> bool {
+        entry.phase == self.as_str()
+    }
+    /// Puts `entry` in this phase.
+    pub fn set(self, entry: &mut TaskServServerStatus) {
+        entry.phase = self.as_str().to_string();
+    }
+    /// A new entry for `server` in this phase.
+    fn entry(self, server: &str) -> TaskServServerStatus {
+        TaskServServerStatus { name: server.to_string(), phase: self.as_str().to_string(), ..Default::default() }
+    }
+}
+
+/// The TaskServ's phase (`status.phase`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting (servers, dependencies) with nothing running.
+    Pending,
+    /// Scripts running.
+    Installing,
+    /// Installed and healthy everywhere.
+    Ready,
+    /// Rolled back after a failed upgrade, or unhealthy after having been Ready.
+    Degraded,
+    /// Invalid request, or failed installs.
+    Failed,
+    /// Being deleted.
+    Removing,
+}
+
+impl Phase {
+    /// As written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Installing => "Installing",
+            Phase::Ready => "Ready",
+            Phase::Degraded => "Degraded",
+            Phase::Failed => "Failed",
+            Phase::Removing => "Removing",
+        }
+    }
+}
 
 /// What the planner knows about one Server of the namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -131,26 +222,6 @@ pub struct Observed<'a> {
     pub now: Timestamp,
 }
 
-/// An Event to publish.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlannedEvent {
-    /// Warning or Normal.
-    pub warning: bool,
-    /// CamelCase reason.
-    pub reason: String,
-    /// For humans (may carry a script's output tail; never secrets).
-    pub note: String,
-}
-
-impl PlannedEvent {
-    fn normal(reason: &str, note: impl Into<String>) -> Self {
-        PlannedEvent { warning: false, reason: reason.into(), note: note.into() }
-    }
-    fn warning(reason: &str, note: impl Into<String>) -> Self {
-        PlannedEvent { warning: true, reason: reason.into(), note: note.into() }
-    }
-}
-
 /// The outcome of planning.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
@@ -179,6 +250,25 @@ pub fn selected_servers(spec: &TaskServSpec, servers: &[ServerFacts]) -> BTreeSe
     out
 }
 
+/// A dependency that keeps the TaskServ from installing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blocker {
+    /// Nothing provides it (no TaskServ of the service, or no TaskServ of the name): waiting,
+    /// it may still be created.
+    Missing(String),
+    /// It exists but is not Ready (on the selected servers).
+    NotReady(String),
+}
+
+impl Blocker {
+    /// The message naming the dependency.
+    pub fn message(&self) -> &str {
+        match self {
+            Blocker::Missing(m) | Blocker::NotReady(m) => m,
+        }
+    }
+}
+
 /// Dependencies that are not ready yet, each with a message naming it.
 pub fn blocking_dependencies(
     own_name: &str,
@@ -187,12 +277,24 @@ pub fn blocking_dependencies(
     selected: &BTreeSet<String>,
     taskservs: &[PeerTaskServ],
 ) -> Vec<String> {
+    blockers(own_name, spec, dependencies, selected, taskservs).iter().map(|b| b.message().to_string()).collect()
+}
+
+/// Dependencies that are not ready yet: hard catalog dependencies (on the same servers), then
+/// `dependsOn`.
+pub fn blockers(
+    own_name: &str,
+    spec: &TaskServSpec,
+    dependencies: &[String],
+    selected: &BTreeSet<String>,
+    taskservs: &[PeerTaskServ],
+) -> Vec<Blocker> {
     let mut blocking = Vec::new();
     for service in dependencies {
         let providers: Vec<&PeerTaskServ> =
             taskservs.iter().filter(|t| &t.service == service && t.name != own_name).collect();
         if providers.is_empty() {
-            blocking.push(format!("missing dependency {service}: no TaskServ installs it in this namespace"));
+            blocking.push(Blocker::Missing(format!("missing dependency {service}: no TaskServ installs it in this namespace")));
             continue;
         }
         // A hard dependency lives on the same machines (containerd under kubernetes).
@@ -201,22 +303,34 @@ pub fn blocking_dependencies(
             let best = providers.iter().max_by_key(|p| selected.intersection(&p.installed_on).count()).copied();
             if let Some(p) = best {
                 let done = selected.intersection(&p.installed_on).count();
-                blocking.push(format!(
+                blocking.push(Blocker::NotReady(format!(
                     "waiting for TaskServ {} ({service}: {done}/{} servers installed)",
                     p.name,
                     selected.len()
-                ));
+                )));
             }
         }
     }
     for name in &spec.depends_on {
         match taskservs.iter().find(|t| &t.name == name) {
-            None => blocking.push(format!("missing dependency: TaskServ {name} not found")),
-            Some(t) if !t.ready => blocking.push(format!("waiting for TaskServ {name} to be Ready")),
+            None => blocking.push(Blocker::Missing(format!("missing dependency: TaskServ {name} not found"))),
+            Some(t) if !t.ready => blocking.push(Blocker::NotReady(format!("waiting for TaskServ {name} to be Ready"))),
             Some(_) => {}
         }
     }
     blocking
+}
+
+/// Refuses a TaskServ whose `dependsOn` closes a cycle through it. `graph` holds every
+/// TaskServ of the namespace (this one included) with its `dependsOn`. The reconciler folds
+/// the error into the validation result, so the planner reports it as `Stalled` with reason
+/// `DependencyCycle` (and one Warning event) naming the cycle, e.g. `dependsOn cycle:
+/// TaskServ a → b → a`, instead of both waiting for each other forever.
+pub fn check_depends_on(own_name: &str, graph: &BTreeMap<String, Vec<String>>) -> Result<(), InvalidTaskServ> {
+    match depends_on_cycle(own_name, graph) {
+        Some(cycle) => Err(InvalidTaskServ::DependsOnCycle(cycle_message("TaskServ", &cycle))),
+        None => Ok(()),
+    }
 }
 
 /// RFC 3339 text, whole seconds (the API stores seconds; finer would differ on every pass).
@@ -233,488 +347,43 @@ fn tail_lines(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// What planning builds up as its steps run.
+struct Work {
+    /// Per-server status entries, by server.
+    entries: BTreeMap<String, TaskServServerStatus>,
+    /// Events so far.
+    events: Vec<PlannedEvent>,
+    /// Operations to start now.
+    launch: Vec<(String, Operation)>,
+    /// The rolled-back upgrade's message (this generation stays rolled back).
+    upgrade_failure: Option<String>,
+    /// A rollback starts at once, without the pause between failed attempts.
+    rollback_now: bool,
+}
+
 /// Plans one reconcile of a TaskServ that is not being deleted.
 pub fn plan(o: &Observed<'_>) -> Plan {
-    let now = o.now;
-    let mut events = Vec::new();
-    let mut entries: BTreeMap<String, TaskServServerStatus> =
-        o.status.servers.iter().map(|s| (s.name.clone(), s.clone())).collect();
-    let last_good = o.status.last_good_version.clone();
-
-    // An upgrade that failed and was rolled back stays rolled back for this generation.
-    let mut upgrade_failure: Option<String> = conditions::find(&o.status.conditions, condition::STALLED)
-        .filter(|c| c.status == "True" && c.reason == REASON_UPGRADE_FAILED && c.observed_generation == o.generation)
-        .map(|c| c.message.clone());
-
-    let desired_version = o.validated.as_ref().ok().map(|v| v.version.clone());
-    // A rollback starts at once, without the pause between failed attempts.
-    let mut rollback_now = false;
-
-    // 1. Record finished operations.
-    for r in o.results {
-        let entry = entries.entry(r.server.clone()).or_insert_with(|| TaskServServerStatus {
-            name: r.server.clone(),
-            phase: "Pending".into(),
-            ..Default::default()
-        });
-        let tail = r.run.output_tail.clone().unwrap_or_default();
-        match &r.operation {
-            Operation::Install { version, .. } => {
-                entry.last_run = Some(r.run.clone());
-                if r.succeeded {
-                    entry.phase = "Installed".into();
-                    entry.version = Some(version.clone());
-                    entry.healthy = Some(true);
-                    // A Secret rotated while this install ran: it used the old values.
-                    let current = o.validated.as_ref().ok().and_then(|v| v.inputs_hash.as_ref());
-                    if current.is_some() && r.inputs_hash.as_ref() != current {
-                        entry.phase = "Pending".into();
-                    }
-                    events.push(PlannedEvent::normal(
-                        "Installed",
-                        format!("{} {version} installed on {}", o.spec.service, r.server),
-                    ));
-                } else {
-                    entry.phase = "Failed".into();
-                    entry.healthy = r.healthy.map(|_| false);
-                    if r.healthy.is_some() {
-                        // install.nu succeeded but the check after it failed.
-                        entry.version = Some(version.clone());
-                    }
-                    events.push(PlannedEvent::warning(
-                        "InstallFailed",
-                        format!(
-                            "{} {version} failed on {}: {}\n{}",
-                            o.spec.service,
-                            r.server,
-                            r.message,
-                            tail_lines(&tail, 10)
-                        ),
-                    ));
-                    let is_upgrade = last_good.as_ref().is_some_and(|g| g != version);
-                    if o.spec.rollback_on_failure
-                        && is_upgrade
-                        && desired_version.as_ref() == Some(version)
-                        && upgrade_failure.is_none()
-                    {
-                        let good = last_good.clone().unwrap_or_default();
-                        let msg = format!(
-                            "upgrade of {} to {version} failed on {}: {}; rolling back to {good}",
-                            o.spec.service, r.server, r.message
-                        );
-                        events.push(PlannedEvent::warning("RollingBack", msg.clone()));
-                        upgrade_failure = Some(msg);
-                        rollback_now = true;
-                    }
-                }
-            }
-            Operation::Check => {
-                let healthy = r.healthy.unwrap_or(false);
-                if !healthy {
-                    entry.last_run = Some(r.run.clone());
-                    if entry.healthy != Some(false) {
-                        events.push(PlannedEvent::warning(
-                            "Unhealthy",
-                            format!(
-                                "{} health check failed on {}: {}\n{}",
-                                o.spec.service,
-                                r.server,
-                                r.message,
-                                tail_lines(&tail, 10)
-                            ),
-                        ));
-                    }
-                }
-                entry.healthy = Some(healthy);
-            }
-            Operation::Remove => {
-                if r.succeeded {
-                    events.push(PlannedEvent::normal("Removed", format!("{} removed from {}", o.spec.service, r.server)));
-                    entries.remove(&r.server);
-                } else {
-                    entry.phase = "Failed".into();
-                    entry.last_run = Some(r.run.clone());
-                    events.push(PlannedEvent::warning(
-                        "RemoveFailed",
-                        format!("{} remove failed on {}: {}\n{}", o.spec.service, r.server, r.message, tail_lines(&tail, 10)),
-                    ));
-                }
-            }
-        }
-    }
-
-    // A spec change (config, version, servers) re-runs install everywhere: scripts converge
-    // config and peers idempotently. Marking entries Pending makes that survive a restart.
-    let spec_changed = o.validated.is_ok()
-        && o.status.observed_generation.is_some()
-        && o.status.observed_generation != o.generation;
-    // New values behind configFrom (a rotated Secret) or generated secrets: the same.
-    let inputs_hash = match o.validated {
-        Ok(v) => v.inputs_hash.clone(),
-        Err(_) => o.status.config_inputs_hash.clone(),
+    let mut work = Work {
+        entries: o.status.servers.iter().map(|s| (s.name.clone(), s.clone())).collect(),
+        events: Vec::new(),
+        launch: Vec::new(),
+        upgrade_failure: summary::upgrade_failure(o),
+        rollback_now: false,
     };
-    let inputs_changed = o.validated.is_ok() && o.status.config_inputs_hash.is_some() && o.status.config_inputs_hash != inputs_hash;
-    if spec_changed || inputs_changed {
-        for e in entries.values_mut() {
-            if e.phase == "Installed" {
-                e.phase = "Pending".into();
-            }
-        }
-    }
-
+    record::record_results(o, &mut work);
+    let inputs_hash = servers::mark_changed_for_reinstall(o, &mut work.entries);
     let selected = selected_servers(o.spec, o.servers);
-    let by_name: BTreeMap<&str, &ServerFacts> = o.servers.iter().map(|s| (s.name.as_str(), s)).collect();
-    let mut launch: Vec<(String, Operation)> = Vec::new();
-    let mut waiting_servers: Vec<String> = Vec::new();
-
-    // 2. Validation: a refused request runs nothing.
     let valid = o.validated.as_ref().ok();
     let blocking = match valid {
-        Some(v) => blocking_dependencies(o.name, o.spec, &v.dependencies, &selected, o.taskservs),
+        Some(v) => blockers(o.name, o.spec, &v.dependencies, &selected, o.taskservs),
         None => Vec::new(),
     };
-    let effective_version: Option<String> = match (valid, &upgrade_failure) {
-        (Some(_), Some(_)) if last_good.is_some() => last_good.clone(),
+    let effective_version: Option<String> = match (valid, &work.upgrade_failure) {
+        (Some(_), Some(_)) if o.status.last_good_version.is_some() => o.status.last_good_version.clone(),
         (Some(v), _) => Some(v.version.clone()),
         (None, _) => None,
     };
-
-    // 3. Selected servers.
-    for name in &selected {
-        if o.in_flight.contains_key(name) {
-            continue;
-        }
-        // An invalid request gets no per-server entries: nothing is planned there.
-        let Some(version) = &effective_version else { continue };
-        let server = by_name.get(name.as_str()).copied();
-        let entry = entries.entry(name.clone()).or_insert_with(|| TaskServServerStatus {
-            name: name.clone(),
-            phase: "Pending".into(),
-            ..Default::default()
-        });
-        let server_ready = server.is_some_and(|s| s.ready && !s.deleting);
-        if !server_ready {
-            waiting_servers.push(name.clone());
-            if entry.phase == "Installed" {
-                // The machine went away under the service (killed, recreated): re-install.
-                entry.phase = "Pending".into();
-                entry.healthy = Some(false);
-            } else if entry.phase == "Installing" {
-                entry.phase = "Pending".into();
-            }
-            continue;
-        }
-        if !blocking.is_empty() {
-            continue;
-        }
-        let failed_recently = !rollback_now
-            && entry.phase == "Failed"
-            && entry
-                .last_run
-                .as_ref()
-                .and_then(|r| parse_time(&r.finished_at))
-                .is_some_and(|t| now.duration_since(t).unsigned_abs() < RETRY_FAILED_AFTER);
-        let needs_install = entry.phase != "Installed"
-            || entry.version.as_ref() != Some(version)
-            || entry.healthy == Some(false);
-        if needs_install {
-            if failed_recently {
-                continue;
-            }
-            let previous = entry.version.clone().filter(|v| v != version);
-            entry.phase = "Installing".into();
-            entry.last_run = Some(ScriptRun {
-                script: "install".into(),
-                started_at: Some(rfc3339(now)),
-                ..Default::default()
-            });
-            launch.push((name.clone(), Operation::Install { version: version.clone(), previous }));
-        } else if o.checks_due.contains(name) {
-            launch.push((name.clone(), Operation::Check));
-        }
-    }
-
-    // 4. Servers that left the selection: drain them with remove.nu.
-    let leaving: Vec<String> = entries.keys().filter(|n| !selected.contains(*n)).cloned().collect();
-    for name in leaving {
-        if o.in_flight.contains_key(&name) {
-            continue;
-        }
-        let server = by_name.get(name.as_str()).copied();
-        match server {
-            Some(s) if s.ready => {
-                if let Some(entry) = entries.get_mut(&name) {
-                    if entry.phase == "Pending" && entry.version.is_none() {
-                        entries.remove(&name);
-                        continue;
-                    }
-                    entry.phase = "Removing".into();
-                    entry.last_run =
-                        Some(ScriptRun { script: "remove".into(), started_at: Some(rfc3339(now)), ..Default::default() });
-                }
-                launch.push((name, Operation::Remove));
-            }
-            // Nothing to drain on a machine that is gone.
-            _ => {
-                entries.remove(&name);
-            }
-        }
-    }
-
-    // 5. Summaries and conditions.
-    let total = selected.len();
-    let entry_of = |n: &String| entries.get(n);
-    let installed: Vec<&String> = selected
-        .iter()
-        .filter(|n| {
-            entry_of(n).is_some_and(|e| e.phase == "Installed" && e.version.is_some() && e.version == effective_version)
-        })
-        .collect();
-    let unhealthy: Vec<&String> =
-        selected.iter().filter(|n| entry_of(n).is_some_and(|e| e.healthy == Some(false))).collect();
-    let in_flight_now = o.in_flight.keys().any(|k| selected.contains(k) || entries.contains_key(k)) || !launch.is_empty();
-    let all_installed = total > 0 && installed.len() == total;
-    let healthy = all_installed && unhealthy.is_empty();
-
-    let mut conds = Vec::new();
-    let stalled: Option<(String, String)> = match (o.validated, &upgrade_failure) {
-        (Err(e), _) => Some((e.reason().to_string(), e.to_string())),
-        (Ok(_), Some(msg)) => Some((REASON_UPGRADE_FAILED.to_string(), msg.clone())),
-        _ => None,
-    };
-    let deps_cond = match (valid, blocking.is_empty()) {
-        (None, _) => DesiredCondition::new(condition::DEPENDENCIES_READY, Status::Unknown, "NotResolved", "the request is invalid"),
-        (Some(_), true) => DesiredCondition::new(condition::DEPENDENCIES_READY, Status::True, "DependenciesReady", "all dependencies are Ready"),
-        (Some(_), false) => DesiredCondition::new(
-            condition::DEPENDENCIES_READY,
-            Status::False,
-            "WaitingForDependencies",
-            blocking.join("; "),
-        ),
-    };
-    let installed_cond = if valid.is_none() {
-        DesiredCondition::new(condition::INSTALLED, Status::Unknown, "NotResolved", "nothing is run for an invalid request")
-    } else if total == 0 {
-        DesiredCondition::new(condition::INSTALLED, Status::False, "NoServersSelected", "no Server matches spec.servers")
-    } else if all_installed {
-        DesiredCondition::new(
-            condition::INSTALLED,
-            Status::True,
-            "Installed",
-            format!("{} {} installed on {total}/{total} servers", o.spec.service, effective_version.clone().unwrap_or_default()),
-        )
-    } else {
-        let mut msg = format!("{}/{total} servers installed", installed.len());
-        if !waiting_servers.is_empty() {
-            msg.push_str(&format!("; waiting for Server {}", waiting_servers.join(", ")));
-        }
-        // Why the last install failed, on the object itself (a machine where sudo wants a
-        // password, an unreachable host…), not only in per-server status and events.
-        let failures: Vec<String> = selected
-            .iter()
-            .filter_map(|n| entry_of(n).filter(|e| e.phase == "Failed").map(|e| (n, e)))
-            .map(|(n, e)| {
-                let tail = e.last_run.as_ref().and_then(|r| r.output_tail.as_deref()).unwrap_or_default();
-                let why: String = tail.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("no output").chars().take(400).collect();
-                format!("install failed on {n}: {why}")
-            })
-            .collect();
-        let reason = if failures.is_empty() { "Installing" } else { "InstallFailed" };
-        for failure in failures {
-            msg.push_str("; ");
-            msg.push_str(&failure);
-        }
-        DesiredCondition::new(condition::INSTALLED, Status::False, reason, msg)
-    };
-    let healthy_cond = if !unhealthy.is_empty() {
-        DesiredCondition::new(
-            condition::HEALTHY,
-            Status::False,
-            "HealthCheckFailed",
-            format!("unhealthy on {}", unhealthy.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")),
-        )
-    } else if all_installed {
-        DesiredCondition::new(condition::HEALTHY, Status::True, "HealthCheckPassed", "health checks pass on every server")
-    } else {
-        DesiredCondition::new(condition::HEALTHY, Status::Unknown, "NotInstalled", "not installed everywhere yet")
-    };
-    let ready = stalled.is_none() && blocking.is_empty() && all_installed && healthy;
-    let reconciling = stalled.is_none() && !ready && (in_flight_now || total > 0);
-    let ready_cond = if ready {
-        DesiredCondition::new(condition::READY, Status::True, "Ready", installed_cond.message.clone())
-    } else if let Some((reason, msg)) = &stalled {
-        DesiredCondition::new(condition::READY, Status::False, reason, msg.clone())
-    } else if !blocking.is_empty() {
-        DesiredCondition::new(condition::READY, Status::False, "WaitingForDependencies", deps_cond.message.clone())
-    } else if !unhealthy.is_empty() {
-        DesiredCondition::new(condition::READY, Status::False, "HealthCheckFailed", healthy_cond.message.clone())
-    } else {
-        DesiredCondition::new(condition::READY, Status::False, &installed_cond.reason, installed_cond.message.clone())
-    };
-    conds.push(ready_cond);
-    conds.push(if reconciling {
-        DesiredCondition::new(condition::RECONCILING, Status::True, "Progressing", conds[0].message.clone())
-    } else {
-        DesiredCondition::new(condition::RECONCILING, Status::False, "Idle", "no work in flight")
-    });
-    conds.push(match &stalled {
-        Some((reason, msg)) => DesiredCondition::new(condition::STALLED, Status::True, reason, msg.clone()),
-        None => DesiredCondition::new(condition::STALLED, Status::False, "Progressing", "not stalled"),
-    });
-    conds.push(deps_cond);
-    conds.push(installed_cond);
-    conds.push(healthy_cond);
-
-    let phase = if ready {
-        "Ready"
-    } else if valid.is_none() {
-        "Failed"
-    } else if upgrade_failure.is_some() || (!unhealthy.is_empty() && o.status.last_good_version.is_some()) {
-        "Degraded"
-    } else if in_flight_now {
-        "Installing"
-    } else if entries.values().any(|e| e.phase == "Failed") {
-        "Failed"
-    } else {
-        "Pending"
-    };
-
-    // Events on summary transitions.
-    let was_ready = conditions::is_true(&o.status.conditions, condition::READY);
-    let was_stalled_msg = conditions::find(&o.status.conditions, condition::STALLED)
-        .filter(|c| c.status == "True")
-        .map(|c| c.message.clone());
-    if ready && !was_ready {
-        events.push(PlannedEvent::normal("Ready", conds[0].message.clone()));
-    }
-    if let Some((reason, msg)) = &stalled
-        && was_stalled_msg.as_ref() != Some(msg)
-    {
-        events.push(PlannedEvent::warning(reason, msg.clone()));
-    }
-
-    let installed_version = match &effective_version {
-        Some(v) if all_installed => Some(v.clone()),
-        _ => o.status.installed_version.clone(),
-    };
-    let last_good_version = if ready { effective_version.clone() } else { o.status.last_good_version.clone() };
-
-    let status = TaskServStatus {
-        phase: Some(phase.to_string()),
-        observed_generation: o.generation,
-        conditions: conditions::merge(&o.status.conditions, &conds, o.generation, now),
-        installed_version,
-        last_good_version,
-        resolved_dependencies: valid.map(|v| v.dependencies.clone()).unwrap_or_default(),
-        servers: entries.into_values().collect(),
-        config_inputs_hash: inputs_hash,
-        generated_secret_ref: o.status.generated_secret_ref.clone(),
-    };
-
-    let requeue = if matches!(o.validated, Err(InvalidTaskServ::ConfigInputs(..))) && !in_flight_now {
-        Some(CONFIG_INPUTS_REQUEUE)
-    } else if stalled.is_some() && !in_flight_now {
-        Some(STALLED_REQUEUE)
-    } else if in_flight_now {
-        // Results trigger the next reconcile; this is only a safety net.
-        Some(Duration::from_secs(30))
-    } else if ready {
-        valid.map(|v| v.health_interval)
-    } else {
-        Some(WAIT_REQUEUE)
-    };
-
-    Plan { status, launch, events, requeue }
-}
-
-/// Plans one pass of deletion: `remove.nu` on every server where the service is (or may be)
-/// installed; entries of servers that are gone are dropped. Done when `status.servers` is empty
-/// and nothing is in flight.
-pub fn plan_removal(o: &Observed<'_>) -> (Plan, bool) {
-    let now = o.now;
-    let mut events = Vec::new();
-    let mut entries: BTreeMap<String, TaskServServerStatus> =
-        o.status.servers.iter().map(|s| (s.name.clone(), s.clone())).collect();
-    for r in o.results {
-        if r.operation == Operation::Remove {
-            if r.succeeded {
-                entries.remove(&r.server);
-                events.push(PlannedEvent::normal("Removed", format!("{} removed from {}", o.spec.service, r.server)));
-            } else if entries.get(&r.server).is_some_and(|e| e.version.is_none()) {
-                // Never installed there (its install failed too): the cleanup was best effort
-                // and must not block deletion forever (e.g. an unreachable machine).
-                entries.remove(&r.server);
-                events.push(PlannedEvent::warning(
-                    "RemoveFailed",
-                    format!("{} remove failed on {}, where it was never installed; giving up: {}", o.spec.service, r.server, r.message),
-                ));
-            } else if let Some(e) = entries.get_mut(&r.server) {
-                e.phase = "Failed".into();
-                e.last_run = Some(r.run.clone());
-                events.push(PlannedEvent::warning(
-                    "RemoveFailed",
-                    format!(
-                        "{} remove failed on {}: {}\n{}",
-                        o.spec.service,
-                        r.server,
-                        r.message,
-                        tail_lines(r.run.output_tail.as_deref().unwrap_or_default(), 10)
-                    ),
-                ));
-            }
-        }
-    }
-    let by_name: BTreeMap<&str, &ServerFacts> = o.servers.iter().map(|s| (s.name.as_str(), s)).collect();
-    let mut launch = Vec::new();
-    let names: Vec<String> = entries.keys().cloned().collect();
-    for name in names {
-        if o.in_flight.contains_key(&name) {
-            continue;
-        }
-        let Some(entry) = entries.get_mut(&name) else { continue };
-        let never_installed = entry.version.is_none() && entry.phase == "Pending";
-        match by_name.get(name.as_str()) {
-            Some(s) if s.ready && !never_installed => {
-                let failed_recently = entry.phase == "Failed"
-                    && entry
-                        .last_run
-                        .as_ref()
-                        .and_then(|r| parse_time(&r.finished_at))
-                        .is_some_and(|t| now.duration_since(t).unsigned_abs() < RETRY_FAILED_AFTER);
-                if failed_recently {
-                    continue;
-                }
-                entry.phase = "Removing".into();
-                entry.last_run =
-                    Some(ScriptRun { script: "remove".into(), started_at: Some(rfc3339(now)), ..Default::default() });
-                launch.push((name.clone(), Operation::Remove));
-            }
-            // No machine (or nothing ever installed): nothing to drain.
-            _ => {
-                entries.remove(&name);
-            }
-        }
-    }
-    let done = entries.is_empty() && launch.is_empty() && o.in_flight.is_empty();
-    let msg = format!("removing {} from {} servers", o.spec.service, entries.len());
-    let conds = [
-        DesiredCondition::new(condition::READY, Status::False, "Deleting", msg.clone()),
-        DesiredCondition::new(condition::RECONCILING, Status::True, "Deleting", msg),
-        DesiredCondition::new(condition::STALLED, Status::False, "Deleting", "not stalled"),
-    ];
-    let mut kept = conditions::merge(&o.status.conditions, &conds, o.generation, now);
-    // Keep the kind-specific conditions as they were.
-    for c in &o.status.conditions {
-        if !kept.iter().any(|k| k.type_ == c.type_) {
-            kept.push(c.clone());
-        }
-    }
-    let status = TaskServStatus {
-        phase: Some("Removing".into()),
-        observed_generation: o.generation,
-        conditions: kept,
-        servers: entries.into_values().collect(),
-        ..o.status.clone()
-    };
-    (Plan { status, launch, events, requeue: Some(Duration::from_secs(5)) }, done)
+    let waiting_servers = servers::plan_selected(o, &mut work, &selected, blocking.is_empty(), effective_version.as_deref());
+    servers::drain_leaving(o, &mut work, &selected);
+    summary::summarize(o, work, summary::Facts { selected, blocking, waiting_servers, effective_version, inputs_hash })
 }
