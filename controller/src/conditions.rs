@@ -5,7 +5,8 @@
 //! list: `lastTransitionTime` is kept from the previous list unless the status flipped, so a
 //! no-op reconcile yields an identical list and therefore no write.
 //!
-//! TaskServ/Cluster reconcilers: build `Vec<DesiredCondition>` with [`Summary::conditions`]
+//! TaskServ/Cluster planners: build `Vec<DesiredCondition>` with [`Summary::worded`] (their
+//! own [`Wording`] of the quiet Reconciling/Stalled conditions, kept as they were on the wire)
 //! plus `DesiredCondition::new(condition::INSTALLED, ..)` etc., then call [`merge`].
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -111,6 +112,11 @@ impl Summary {
 
     /// The three kstatus conditions, Ready first.
     pub fn conditions(&self) -> Vec<DesiredCondition> {
+        self.worded(&Wording::KSTATUS)
+    }
+
+    /// The three kstatus conditions, Ready first, with a kind's own words on the quiet side.
+    pub fn worded(&self, w: &Wording) -> Vec<DesiredCondition> {
         use Status::*;
         let (ready, reconciling, stalled, reason, message) = match self {
             Summary::Unknown { reason, message } => (Unknown, True, False, reason, message),
@@ -118,17 +124,49 @@ impl Summary {
             Summary::Ready { reason, message } => (True, False, False, reason, message),
             Summary::Stalled { reason, message } => (False, False, True, reason, message),
         };
-        let quiet = |status: Status, active: &str| -> (String, String) {
-            if status == True { (reason.clone(), message.clone()) } else { (active.to_string(), String::new()) }
+        let (rec_reason, rec_message) = match (reconciling, stalled) {
+            (True, _) => (w.progressing_reason.unwrap_or(reason.as_str()), message.as_str()),
+            (_, True) => w.idle_when_stalled,
+            _ => w.idle,
         };
-        let (rec_reason, rec_message) = quiet(reconciling, "Idle");
-        let (st_reason, st_message) = quiet(stalled, "NotStalled");
+        let (st_reason, st_message) = if stalled == True { (reason.as_str(), message.as_str()) } else { w.not_stalled };
         vec![
             DesiredCondition::new(condition::READY, ready, reason, message.clone()),
-            DesiredCondition::new(condition::RECONCILING, reconciling, &rec_reason, rec_message),
-            DesiredCondition::new(condition::STALLED, stalled, &st_reason, st_message),
+            DesiredCondition::new(condition::RECONCILING, reconciling, rec_reason, rec_message),
+            DesiredCondition::new(condition::STALLED, stalled, st_reason, st_message),
         ]
     }
+
+    /// Ready=False with nothing in flight and nothing stalled: waiting for the outside world
+    /// (no Server selected yet). Reconciling and Stalled are both quiet.
+    pub fn waiting(reason: &str, message: impl Into<String>, w: &Wording) -> Vec<DesiredCondition> {
+        vec![
+            DesiredCondition::new(condition::READY, Status::False, reason, message),
+            DesiredCondition::new(condition::RECONCILING, Status::False, w.idle.0, w.idle.1),
+            DesiredCondition::new(condition::STALLED, Status::False, w.not_stalled.0, w.not_stalled.1),
+        ]
+    }
+}
+
+/// How a kind words the conditions of a [`Summary`] that are not the point: `(reason,
+/// message)` of Reconciling=False and Stalled=False, and the reason of Reconciling=True. Kinds
+/// keep the words they have always written, so nothing changes on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wording {
+    /// Reconciling=False while Ready (or waiting).
+    pub idle: (&'static str, &'static str),
+    /// Reconciling=False while Stalled.
+    pub idle_when_stalled: (&'static str, &'static str),
+    /// Stalled=False.
+    pub not_stalled: (&'static str, &'static str),
+    /// Reason of Reconciling=True; `None`: the summary's own reason.
+    pub progressing_reason: Option<&'static str>,
+}
+
+impl Wording {
+    /// Server and Workspace: `Idle`, `NotStalled`, empty messages.
+    pub const KSTATUS: Wording =
+        Wording { idle: ("Idle", ""), idle_when_stalled: ("Idle", ""), not_stalled: ("NotStalled", ""), progressing_reason: None };
 }
 
 /// Merges desired conditions into the previous list: the result holds exactly the desired

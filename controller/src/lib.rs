@@ -22,6 +22,7 @@ pub mod error;
 pub mod events;
 pub mod leader;
 pub mod metrics;
+pub mod planning;
 pub mod run;
 pub mod server;
 pub mod sync;

@@ -100,3 +100,18 @@ pub fn other_clusters(store: &Store<Cluster>, namespace: &str, own: &str) -> Vec
         })
         .collect()
 }
+
+/// Every Cluster of `own`'s namespace with the names its `dependsOn` lists (`own` as
+/// reconciled, the others as cached): the graph
+/// [`plan::check_depends_on`](super::plan::check_depends_on) looks for cycles in.
+pub fn depends_on_graph(store: &Store<Cluster>, own: &Cluster) -> std::collections::BTreeMap<String, Vec<String>> {
+    let namespace = own.namespace();
+    let mut graph: std::collections::BTreeMap<String, Vec<String>> = store
+        .state()
+        .iter()
+        .filter(|c| c.namespace() == namespace)
+        .map(|c| (c.name_any(), c.spec.depends_on.clone()))
+        .collect();
+    graph.insert(own.name_any(), own.spec.depends_on.clone());
+    graph
+}

@@ -127,7 +127,8 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     let uid = cluster.uid().unwrap_or_default();
     let children = dereference::children(&cluster, namespace, ctx).await?;
     let others = dereference::other_clusters(&cctx.clusters, namespace, &name);
-    let services = validate::validate(&name, &cluster.spec, &cctx.catalog);
+    let graph = dereference::depends_on_graph(&cctx.clusters, &cluster);
+    let services = validate::validate(&name, &cluster.spec, &cctx.catalog).and_then(|s| plan::check_depends_on(&name, &graph).map(|()| s));
     let status = cluster.status.clone().unwrap_or_default();
     let observed = Observed {
         name: &name,

@@ -1,7 +1,7 @@
 //! Dereference: read what a TaskServ refers to from the caches — the Servers of its namespace
 //! and the other TaskServs (dependency candidates) — and turn them into planner facts.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
@@ -51,6 +51,21 @@ pub fn peers(store: &Store<TaskServ>, namespace: &str, own_name: &str) -> Vec<Pe
             }
         })
         .collect()
+}
+
+/// Every TaskServ of `own`'s namespace with the names its `dependsOn` lists (`own` as
+/// reconciled, the others as cached): the graph
+/// [`plan::check_depends_on`](super::plan::check_depends_on) looks for cycles in.
+pub fn depends_on_graph(store: &Store<TaskServ>, own: &TaskServ) -> BTreeMap<String, Vec<String>> {
+    let namespace = own.namespace();
+    let mut graph: BTreeMap<String, Vec<String>> = store
+        .state()
+        .iter()
+        .filter(|t| t.namespace() == namespace)
+        .map(|t| (t.name_any(), t.spec.depends_on.clone()))
+        .collect();
+    graph.insert(own.name_any(), own.spec.depends_on.clone());
+    graph
 }
 
 fn addresses(server: &ServerFacts) -> Vec<AddressInfo> {

@@ -221,6 +221,8 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
         Err(inputs::InputsError::Kube(e)) if !deleting => return Err(Error::Kube(e)),
         Err(e) => Err(validate::InvalidTaskServ::ConfigInputs(e.reason(), e.to_string())),
     };
+    let graph = dereference::depends_on_graph(&tctx.taskservs, &ts);
+    let validated = validated.and_then(|v| plan::check_depends_on(&ts.name_any(), &graph).map(|()| v));
     let key = key(&ts);
     let in_flight = tctx.runs.in_flight(&key);
     let results = tctx.runs.results(&key);

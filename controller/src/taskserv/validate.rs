@@ -44,6 +44,10 @@ pub enum InvalidTaskServ {
     /// The service's dependencies loop.
     #[error("dependency cycle: {0}")]
     DependencyCycle(String),
+    /// TaskServs' `dependsOn` lists loop through this one (see
+    /// [`check_depends_on`](super::plan::check_depends_on)); the message names the cycle.
+    #[error("{0}")]
+    DependsOnCycle(String),
     /// `configFrom` or the generated secrets cannot be resolved (a Secret missing, a key
     /// that is not YAML…): the reason and a message naming the object and key.
     #[error("{1}")]
@@ -57,7 +61,7 @@ impl InvalidTaskServ {
             InvalidTaskServ::UnknownService(_) => "UnknownService",
             InvalidTaskServ::UnknownVersion(_) => "UnknownVersion",
             InvalidTaskServ::InvalidConfig(_) => "InvalidConfig",
-            InvalidTaskServ::DependencyCycle(_) => "DependencyCycle",
+            InvalidTaskServ::DependencyCycle(_) | InvalidTaskServ::DependsOnCycle(_) => crate::planning::REASON_DEPENDENCY_CYCLE,
             InvalidTaskServ::ConfigInputs(reason, _) => reason,
         }
     }

@@ -1,0 +1,431 @@
+//! Plan (pure): a Cluster's desired children, the step plan and the next actions.
+//!
+//! Pools become Servers named `<cluster>-<pool>-<index>`; services (with their dependency
+//! closure) become TaskServs named `<cluster>-<service>`; both carry the cluster and pool
+//! labels and a controller ownerReference. The rollout is a list of steps — one per pool
+//! (`servers/<pool>`), then one per service in install order (`taskserv/<service>`) — whose
+//! state and times live in `status.steps`: that list is the checkpoint a restarted controller
+//! resumes from (everything in it is re-derived from the children it finds, so resuming never
+//! repeats a finished step). `parallelLimit` bounds how many of the cluster's Servers are
+//! being brought up at once. Deleting the Cluster tears down in reverse dependency order.
+//!
+//! [`plan`] runs named pure steps over typed states ([`StepState`], [`StepKind`], [`Phase`];
+//! the same strings on the wire as ever): [`steps`] plans the pools, the services, scale-down
+//! and the remediation of dead members; [`summary`] applies `failurePolicy` and derives
+//! conditions (through [`conditions::Summary`]), phase, events and requeue. [`plan_teardown`]
+//! (in [`teardown`]) plans deletion.
+
+mod steps;
+mod summary;
+mod teardown;
+
+pub use teardown::plan_teardown;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
+use provisioning_crds::{
+    API_VERSION, ClusterSpec, ClusterStatus, ClusterStep, LABEL_CLUSTER, LABEL_POOL, Server, ServerSelection, ServerSpec,
+    TaskServ, TaskServSpec,
+};
+
+use super::validate::{InvalidCluster, ServicePlan};
+pub use crate::planning::PlannedEvent;
+use crate::planning::{REASON_DEPENDENCY_CYCLE, cycle_message, depends_on_cycle};
+
+/// Kind of a rollout step (`status.steps[].kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// Bring a pool's Servers up.
+    Servers,
+    /// Install a service.
+    TaskServ,
+    /// Take something down (on delete or scale down).
+    Teardown,
+}
+
+impl StepKind {
+    /// As written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepKind::Servers => "Servers",
+            StepKind::TaskServ => "TaskServ",
+            StepKind::Teardown => "Teardown",
+        }
+    }
+}
+
+/// State of a rollout step (`status.steps[].state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepState {
+    /// Not started: waits for earlier steps.
+    Pending,
+    /// In progress.
+    Running,
+    /// Done.
+    Succeeded,
+    /// Failed; the message says why.
+    Failed,
+}
+
+impl StepState {
+    /// As written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepState::Pending => "Pending",
+            StepState::Running => "Running",
+            StepState::Succeeded => "Succeeded",
+            StepState::Failed => "Failed",
+        }
+    }
+    /// The state of a recorded step (`None` for a string this version does not write).
+    pub fn of(step: &ClusterStep) -> Option<StepState> {
+        [StepState::Pending, StepState::Running, StepState::Succeeded, StepState::Failed]
+            .into_iter()
+            .find(|s| s.as_str() == step.state)
+    }
+}
+
+/// The Cluster's phase (`status.phase`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the Clusters it depends on.
+    Pending,
+    /// Servers coming up.
+    Provisioning,
+    /// Services installing.
+    Installing,
+    /// Everything Ready.
+    Ready,
+    /// Was Ready, a member is not.
+    Degraded,
+    /// Invalid spec, failed or rolled-back rollout.
+    Failed,
+    /// Being torn down.
+    Deleting,
+}
+
+impl Phase {
+    /// As written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Provisioning => "Provisioning",
+            Phase::Installing => "Installing",
+            Phase::Ready => "Ready",
+            Phase::Degraded => "Degraded",
+            Phase::Failed => "Failed",
+            Phase::Deleting => "Deleting",
+        }
+    }
+}
+
+/// How long a member's machine may stay starting before it is replaced (Cluster API's
+/// MachineHealthCheck `nodeStartupTimeout`): a machine whose start was interrupted never
+/// comes up by itself.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(150);
+
+/// Reason of `Stalled` after `failurePolicy: Rollback` undid a failed rollout.
+pub const REASON_ROLLED_BACK: &str = "RolledBack";
+
+/// A Server of the cluster as observed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChildServer {
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Spec.
+    pub spec: ServerSpec,
+    /// Whether this Cluster is its controller owner.
+    pub owned: bool,
+    /// Ready=True.
+    pub ready: bool,
+    /// Stalled=True, with its message.
+    pub stalled: Option<String>,
+    /// Being deleted.
+    pub deleting: bool,
+    /// Its machine stopped or vanished at the provider (killed): it gets replaced.
+    pub machine_failed: bool,
+    /// Since when its machine has been starting (provider state pending), if it is.
+    pub pending_since: Option<Timestamp>,
+}
+
+/// A TaskServ of the cluster as observed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChildTaskServ {
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Spec.
+    pub spec: TaskServSpec,
+    /// Whether this Cluster is its controller owner.
+    pub owned: bool,
+    /// Ready=True.
+    pub ready: bool,
+    /// Stalled=True, with its message.
+    pub stalled: Option<String>,
+    /// status.phase.
+    pub phase: String,
+    /// The Ready condition's message.
+    pub message: String,
+    /// Servers listed in its status (installed, installing or being drained).
+    pub servers_in_status: BTreeSet<String>,
+    /// It has been Ready before (status.lastGoodVersion is set).
+    pub was_ever_ready: bool,
+    /// Being deleted.
+    pub deleting: bool,
+}
+
+/// Another Cluster of the namespace (for `dependsOn`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtherCluster {
+    /// Name.
+    pub name: String,
+    /// Ready=True.
+    pub ready: bool,
+}
+
+/// Everything the planner looks at.
+#[derive(Clone, Debug)]
+pub struct Observed<'a> {
+    /// Cluster name.
+    pub name: &'a str,
+    /// Cluster uid (for ownerReferences).
+    pub uid: &'a str,
+    /// metadata.generation.
+    pub generation: Option<i64>,
+    /// Spec.
+    pub spec: &'a ClusterSpec,
+    /// Current status.
+    pub status: &'a ClusterStatus,
+    /// Validation result: services in install order.
+    pub services: &'a Result<Vec<ServicePlan>, InvalidCluster>,
+    /// Servers labelled with this cluster.
+    pub servers: &'a [ChildServer],
+    /// TaskServs labelled with this cluster.
+    pub taskservs: &'a [ChildTaskServ],
+    /// Other Clusters of the namespace.
+    pub clusters: &'a [OtherCluster],
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// The outcome of planning.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Servers to create or update (server-side apply).
+    pub apply_servers: Vec<Server>,
+    /// Servers to delete, by name.
+    pub delete_servers: Vec<String>,
+    /// TaskServs to create or update (server-side apply).
+    pub apply_taskservs: Vec<TaskServ>,
+    /// TaskServs to delete, by name.
+    pub delete_taskservs: Vec<String>,
+    /// Status to write (equal to the old one on a no-op pass).
+    pub status: ClusterStatus,
+    /// Events.
+    pub events: Vec<PlannedEvent>,
+    /// When to look again.
+    pub requeue: Option<Duration>,
+    /// Deleting: everything is gone, the finalizer may go.
+    pub teardown_done: bool,
+}
+
+/// Name of the `index`-th Server of `pool`.
+pub fn server_name(cluster: &str, pool: &str, index: u32) -> String {
+    format!("{cluster}-{pool}-{index}")
+}
+
+/// Name of the TaskServ of `service`.
+pub fn taskserv_name(cluster: &str, service: &str) -> String {
+    format!("{cluster}-{service}")
+}
+
+fn owner_reference(o: &Observed<'_>) -> OwnerReference {
+    OwnerReference {
+        api_version: API_VERSION.to_string(),
+        kind: "Cluster".to_string(),
+        name: o.name.to_string(),
+        uid: o.uid.to_string(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// The desired Servers of every pool, in pool order then index order.
+pub fn desired_servers(o: &Observed<'_>) -> Vec<Server> {
+    let mut out = Vec::new();
+    for pool in &o.spec.pools {
+        for i in 0..pool.replicas {
+            let mut labels = pool.labels.clone();
+            labels.insert(LABEL_CLUSTER.to_string(), o.name.to_string());
+            labels.insert(LABEL_POOL.to_string(), pool.name.clone());
+            let spec = ServerSpec {
+                provider: o.spec.provider.clone(),
+                plan: pool.plan.clone(),
+                zone: pool.zone.clone(),
+                image: pool.image.clone(),
+                ..Default::default()
+            };
+            let mut server = Server::new(&server_name(o.name, &pool.name, i), spec);
+            server.metadata = ObjectMeta {
+                name: server.metadata.name.clone(),
+                labels: Some(labels),
+                owner_references: Some(vec![owner_reference(o)]),
+                ..Default::default()
+            };
+            out.push(server);
+        }
+    }
+    out
+}
+
+/// The desired TaskServ of one service.
+pub fn desired_taskserv(o: &Observed<'_>, service: &ServicePlan, desired_servers: &[Server]) -> TaskServ {
+    let names: Vec<String> = desired_servers
+        .iter()
+        .filter(|s| {
+            s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).is_some_and(|p| service.pools.contains(p))
+        })
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    let spec = TaskServSpec {
+        service: service.service.clone(),
+        version: service.version.clone(),
+        servers: ServerSelection { names, selector: None },
+        config: service.config.clone(),
+        config_from: service.config_from.clone(),
+        depends_on: service.after.iter().map(|d| taskserv_name(o.name, d)).collect(),
+        rollback_on_failure: true,
+    };
+    let mut ts = TaskServ::new(&taskserv_name(o.name, &service.service), spec);
+    let mut labels = BTreeMap::new();
+    labels.insert(LABEL_CLUSTER.to_string(), o.name.to_string());
+    ts.metadata = ObjectMeta {
+        name: ts.metadata.name.clone(),
+        labels: Some(labels),
+        owner_references: Some(vec![owner_reference(o)]),
+        ..Default::default()
+    };
+    ts
+}
+
+fn labels_cover(want: &Option<BTreeMap<String, String>>, have: &BTreeMap<String, String>) -> bool {
+    want.iter().flatten().all(|(k, v)| have.get(k) == Some(v))
+}
+
+fn index_of(name: &str) -> u32 {
+    name.rsplit('-').next().and_then(|i| i.parse().ok()).unwrap_or(u32::MAX)
+}
+
+/// A step as planned this pass, before its times are merged in ([`Planned::into_step`]).
+#[derive(Clone, Debug)]
+struct Planned {
+    id: String,
+    kind: StepKind,
+    target: String,
+    state: StepState,
+    message: String,
+}
+
+impl Planned {
+    fn new(id: String, kind: StepKind, target: String, state: StepState, message: String) -> Self {
+        Planned { id, kind, target, state, message }
+    }
+
+    /// Keeps a step's times across passes: set `startedAt` when it starts, `finishedAt` when
+    /// it ends, and restart both when a finished step regresses (a member died).
+    fn into_step(self, previous: &[ClusterStep], now: &str) -> ClusterStep {
+        let old = previous.iter().find(|s| s.id == self.id);
+        let old_state = old.and_then(StepState::of);
+        let started_at = match (self.state, old) {
+            (StepState::Pending, _) => None,
+            (state, Some(o))
+                if o.started_at.is_some() && !(old_state == Some(StepState::Succeeded) && state == StepState::Running) =>
+            {
+                o.started_at.clone()
+            }
+            _ => Some(now.to_string()),
+        };
+        let finished_at = match (self.state, old) {
+            (StepState::Succeeded | StepState::Failed, Some(o)) if old_state == Some(self.state) && o.finished_at.is_some() => {
+                o.finished_at.clone()
+            }
+            (StepState::Succeeded | StepState::Failed, _) => Some(now.to_string()),
+            _ => None,
+        };
+        ClusterStep {
+            id: self.id,
+            kind: self.kind.as_str().to_string(),
+            target: self.target,
+            state: self.state.as_str().to_string(),
+            started_at,
+            finished_at,
+            message: self.message,
+        }
+    }
+}
+
+/// Events for steps whose state changed since the previous pass.
+fn step_events(previous: &[ClusterStep], steps: &[ClusterStep], events: &mut Vec<PlannedEvent>) {
+    for s in steps {
+        let before = previous.iter().find(|p| p.id == s.id);
+        if before.is_some_and(|p| p.state == s.state) {
+            continue;
+        }
+        let before = before.and_then(StepState::of);
+        let note = format!("{}: {}", s.id, s.message);
+        match StepState::of(s) {
+            Some(StepState::Running) if before != Some(StepState::Succeeded) => events.push(PlannedEvent::normal("StepStarted", note)),
+            Some(StepState::Running) => events.push(PlannedEvent::warning("StepRegressed", note)),
+            Some(StepState::Succeeded) => events.push(PlannedEvent::normal("StepSucceeded", note)),
+            Some(StepState::Failed) => events.push(PlannedEvent::warning("StepFailed", note)),
+            _ => {}
+        }
+    }
+}
+
+/// Refuses a Cluster whose `dependsOn` closes a cycle through it. `graph` holds every Cluster
+/// of the namespace (this one included) with its `dependsOn`. The reconciler folds the error
+/// into the validation result, so the planner reports it as `Stalled` with reason
+/// `DependencyCycle` (and one Warning event) naming the cycle, e.g. `dependsOn cycle: Cluster
+/// a → b → a`, instead of both waiting for each other forever.
+pub fn check_depends_on(own_name: &str, graph: &BTreeMap<String, Vec<String>>) -> Result<(), InvalidCluster> {
+    match depends_on_cycle(own_name, graph) {
+        Some(cycle) => Err(InvalidCluster { reason: REASON_DEPENDENCY_CYCLE, message: cycle_message("Cluster", &cycle) }),
+        None => Ok(()),
+    }
+}
+
+/// An empty plan whose status is the current one.
+fn empty_plan(o: &Observed<'_>, requeue: Option<Duration>) -> Plan {
+    Plan {
+        apply_servers: Vec::new(),
+        delete_servers: Vec::new(),
+        apply_taskservs: Vec::new(),
+        delete_taskservs: Vec::new(),
+        status: o.status.clone(),
+        events: Vec::new(),
+        requeue,
+        teardown_done: false,
+    }
+}
+
+/// Plans one reconcile of a Cluster that is not being deleted.
+pub fn plan(o: &Observed<'_>) -> Plan {
+    let services = match o.services {
+        Ok(s) => s,
+        Err(e) => return summary::invalid(o, e),
+    };
+    let mut plan = empty_plan(o, None);
+    let mut r = steps::Rollout::start(o);
+    r.pools(o, &mut plan);
+    r.services(o, services, &mut plan);
+    r.scale_down(o, services, &mut plan);
+    r.remediate(o, &mut plan);
+    summary::summarize(o, services, r, plan)
+}

@@ -1,0 +1,265 @@
+//! The rollout steps of one pass: pools (`servers/<pool>`), services in install order
+//! (`taskserv/<service>`), scale-down and removed services (`teardown/…`), and the
+//! replacement of members whose machine died.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server, condition};
+
+use crate::cluster::validate::ServicePlan;
+use super::{
+    ChildServer, ChildTaskServ, Observed, Plan, Planned, PlannedEvent, REASON_ROLLED_BACK, STARTUP_TIMEOUT, StepKind,
+    StepState, desired_servers, desired_taskserv, index_of, labels_cover, taskserv_name,
+};
+
+/// What the steps of one pass build up and the summary reads.
+pub(super) struct Rollout {
+    /// `now` in RFC 3339 seconds (step times).
+    pub now: String,
+    /// Clusters of `dependsOn` that are not Ready, each named (`Cluster db (not found)`).
+    pub waiting_for: Vec<String>,
+    /// Some of them do not exist.
+    pub dependency_missing: bool,
+    /// The message of a rollout rolled back under failurePolicy Rollback (this generation).
+    pub rolled_back: Option<String>,
+    /// The desired Servers.
+    pub desired: Vec<Server>,
+    /// Their names.
+    pub desired_names: BTreeSet<String>,
+    /// Steps of this pass, in order.
+    pub steps: Vec<ClusterStep>,
+    /// State of each step by id.
+    pub state: BTreeMap<String, StepState>,
+    /// Failed steps whose failure is a Stalled child (nothing changes until its spec does).
+    pub stalled_steps: BTreeSet<String>,
+    /// Ready desired Servers.
+    pub ready_count: u32,
+    /// Owned Servers no longer desired (scale down).
+    pub extra_servers: usize,
+    /// Owned TaskServs no longer desired.
+    pub drained_taskservs: usize,
+    /// The services' entries of `status.taskservs`.
+    pub taskserv_statuses: Vec<ClusterTaskServStatus>,
+    /// Events so far.
+    pub events: Vec<PlannedEvent>,
+    /// Desired Servers being brought up (bounded by `parallelLimit`).
+    in_progress: usize,
+}
+
+impl Rollout {
+    /// Observes what gates the rollout: other Clusters, a rollback, the desired Servers.
+    pub fn start(o: &Observed<'_>) -> Rollout {
+        // Clusters this one depends on must be Ready before anything starts.
+        let mut dependency_missing = false;
+        let waiting_for: Vec<String> = o
+            .spec
+            .depends_on
+            .iter()
+            .filter_map(|d| match o.clusters.iter().find(|c| &c.name == d) {
+                None => {
+                    dependency_missing = true;
+                    Some(format!("Cluster {d} (not found)"))
+                }
+                Some(c) if !c.ready => Some(format!("Cluster {d}")),
+                Some(_) => None,
+            })
+            .collect();
+        // A rollout rolled back under failurePolicy Rollback stays so until the spec changes.
+        let rolled_back = crate::conditions::find(&o.status.conditions, condition::STALLED)
+            .filter(|c| c.status == "True" && c.reason == REASON_ROLLED_BACK && c.observed_generation == o.generation)
+            .map(|c| c.message.clone());
+        let desired = desired_servers(o);
+        let desired_names: BTreeSet<String> = desired.iter().filter_map(|s| s.metadata.name.clone()).collect();
+        let in_progress = desired_names.iter().filter(|n| o.servers.iter().any(|s| &s.name == *n && !s.ready)).count();
+        Rollout {
+            now: crate::taskserv::plan::rfc3339(o.now),
+            waiting_for,
+            dependency_missing,
+            rolled_back,
+            desired,
+            desired_names,
+            steps: Vec::new(),
+            state: BTreeMap::new(),
+            stalled_steps: BTreeSet::new(),
+            ready_count: 0,
+            extra_servers: 0,
+            drained_taskservs: 0,
+            taskserv_statuses: Vec::new(),
+            events: Vec::new(),
+            in_progress,
+        }
+    }
+
+    /// Nothing new starts: waiting for other Clusters, or rolled back.
+    fn blocked(&self) -> bool {
+        !self.waiting_for.is_empty() || self.rolled_back.is_some()
+    }
+
+    /// Why a step that cannot start waits.
+    fn blocked_message(&self) -> String {
+        self.rolled_back.clone().unwrap_or_else(|| format!("waiting for {}", self.waiting_for.join(", ")))
+    }
+
+    fn push(&mut self, o: &Observed<'_>, step: Planned) {
+        self.state.insert(step.id.clone(), step.state);
+        self.steps.push(step.into_step(&o.status.steps, &self.now));
+    }
+
+    /// A step has succeeded this pass.
+    pub fn succeeded(&self, id: &str) -> bool {
+        self.state.get(id) == Some(&StepState::Succeeded)
+    }
+
+    /// Servers, pool by pool: create missing ones (within `parallelLimit`), update drifted
+    /// ones, one step per pool.
+    pub fn pools(&mut self, o: &Observed<'_>, plan: &mut Plan) {
+        let limit = o.spec.parallel_limit.max(1) as usize;
+        let blocked = self.blocked();
+        let by_name: BTreeMap<&str, &ChildServer> = o.servers.iter().map(|s| (s.name.as_str(), s)).collect();
+        for pool in &o.spec.pools {
+            let pool_servers: Vec<Server> = self
+                .desired
+                .iter()
+                .filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_POOL)) == Some(&pool.name))
+                .cloned()
+                .collect();
+            let (mut ready, mut failed, mut any_exists) = (0u32, Vec::new(), false);
+            for want in &pool_servers {
+                let name = want.metadata.name.clone().unwrap_or_default();
+                match by_name.get(name.as_str()) {
+                    Some(have) => {
+                        any_exists = true;
+                        ready += u32::from(have.ready);
+                        if let Some(msg) = &have.stalled {
+                            failed.push(format!("Server {name}: {msg}"));
+                        }
+                        let drifted = have.spec != want.spec || !labels_cover(&want.metadata.labels, &have.labels);
+                        if drifted && !have.deleting && !blocked {
+                            plan.apply_servers.push(want.clone());
+                        }
+                    }
+                    None if !blocked && self.in_progress < limit => {
+                        plan.apply_servers.push(want.clone());
+                        self.in_progress += 1;
+                    }
+                    None => {}
+                }
+            }
+            self.ready_count += ready;
+            let total = pool_servers.len() as u32;
+            let id = format!("servers/{}", pool.name);
+            let (state, msg) = if !failed.is_empty() {
+                // Only a Stalled Server fails a pool.
+                self.stalled_steps.insert(id.clone());
+                (StepState::Failed, failed.join("; "))
+            } else if ready == total {
+                (StepState::Succeeded, format!("{ready}/{total} servers ready"))
+            } else if blocked && ready == 0 && !any_exists {
+                (StepState::Pending, self.blocked_message())
+            } else {
+                (StepState::Running, format!("{ready}/{total} servers ready"))
+            };
+            self.push(o, Planned::new(id, StepKind::Servers, format!("pool {}", pool.name), state, msg));
+        }
+    }
+
+    /// Services in install order: each TaskServ is created once its pools and the services it
+    /// comes after have succeeded, and kept as desired.
+    pub fn services(&mut self, o: &Observed<'_>, services: &[ServicePlan], plan: &mut Plan) {
+        let blocked = self.blocked();
+        for svc in services {
+            let id = format!("taskserv/{}", svc.service);
+            let name = taskserv_name(o.name, &svc.service);
+            let prereqs_done = svc.pools.iter().all(|p| self.succeeded(&format!("servers/{p}")))
+                && svc.after.iter().all(|d| self.succeeded(&format!("taskserv/{d}")));
+            let want = desired_taskserv(o, svc, &self.desired);
+            let have = o.taskservs.iter().find(|t| t.name == name);
+            match have {
+                Some(h) => {
+                    let drifted = h.spec != want.spec || !labels_cover(&want.metadata.labels, &h.labels);
+                    if drifted && !h.deleting && !blocked {
+                        plan.apply_taskservs.push(want.clone());
+                    }
+                }
+                None if prereqs_done && !blocked => plan.apply_taskservs.push(want.clone()),
+                None => {}
+            }
+            let (state, msg) = match have {
+                None if prereqs_done && !blocked => (StepState::Running, format!("creating TaskServ {name}")),
+                None if blocked => (StepState::Pending, self.blocked_message()),
+                None => (StepState::Pending, "waiting for earlier steps".to_string()),
+                Some(h) if h.stalled.is_some() => {
+                    self.stalled_steps.insert(id.clone());
+                    (StepState::Failed, format!("TaskServ {name}: {}", h.stalled.clone().unwrap_or_default()))
+                }
+                Some(h) if h.phase == "Failed" => (StepState::Failed, format!("TaskServ {name}: {}", h.message)),
+                Some(h) if h.ready && h.spec == want.spec => (StepState::Succeeded, format!("TaskServ {name} Ready")),
+                Some(h) => (StepState::Running, format!("TaskServ {name}: {}", h.message)),
+            };
+            self.taskserv_statuses.push(ClusterTaskServStatus {
+                service: svc.service.clone(),
+                phase: have.map(|h| h.phase.clone()).filter(|p| !p.is_empty()).unwrap_or_else(|| "Pending".into()),
+            });
+            self.push(o, Planned::new(id, StepKind::TaskServ, format!("TaskServ {name}"), state, msg));
+        }
+    }
+
+    /// Scale down and removed services: drain, then delete.
+    pub fn scale_down(&mut self, o: &Observed<'_>, services: &[ServicePlan], plan: &mut Plan) {
+        let wanted_ts: BTreeSet<String> = services.iter().map(|s| taskserv_name(o.name, &s.service)).collect();
+        let mut drained_ts: Vec<&ChildTaskServ> = o.taskservs.iter().filter(|t| t.owned && !wanted_ts.contains(&t.name)).collect();
+        drained_ts.sort_by_key(|t| t.name.clone());
+        self.drained_taskservs = drained_ts.len();
+        for t in &drained_ts {
+            // Nothing may still depend on it.
+            let needed =
+                o.taskservs.iter().any(|u| u.name != t.name && wanted_ts.contains(&u.name) && u.spec.depends_on.contains(&t.name));
+            if !needed && !t.deleting {
+                plan.delete_taskservs.push(t.name.clone());
+            }
+            let id = format!("teardown/taskserv/{}", t.spec.service);
+            let msg = format!("removing TaskServ {} (no longer in spec)", t.name);
+            self.push(o, Planned::new(id, StepKind::Teardown, format!("TaskServ {}", t.name), StepState::Running, msg));
+        }
+        let mut extra: Vec<&ChildServer> =
+            o.servers.iter().filter(|s| s.owned && !self.desired_names.contains(&s.name)).collect();
+        extra.sort_by_key(|s| (s.labels.get(LABEL_POOL).cloned(), std::cmp::Reverse(index_of(&s.name))));
+        self.extra_servers = extra.len();
+        for s in &extra {
+            // Drained once no TaskServ lists it any more (their remove.nu has run).
+            let still_used =
+                o.taskservs.iter().any(|t| t.servers_in_status.contains(&s.name) || t.spec.servers.names.contains(&s.name));
+            let in_new_spec = plan.apply_taskservs.iter().any(|t| t.spec.servers.names.contains(&s.name));
+            let draining = still_used && !in_new_spec;
+            if !still_used && !s.deleting {
+                plan.delete_servers.push(s.name.clone());
+            }
+            let msg = if draining { format!("draining services from {}", s.name) } else { format!("deleting Server {}", s.name) };
+            let id = format!("teardown/server/{}", s.name);
+            self.push(o, Planned::new(id, StepKind::Teardown, format!("Server {}", s.name), StepState::Running, msg));
+        }
+    }
+
+    /// A member whose machine died is replaced (Cluster API's MachineHealthCheck
+    /// remediation): the Server goes (its machine with it) and comes back under the same
+    /// name, and its TaskServs re-install there.
+    pub fn remediate(&mut self, o: &Observed<'_>, plan: &mut Plan) {
+        for s in o.servers.iter().filter(|s| s.owned && !s.ready && !s.deleting && self.desired_names.contains(&s.name)) {
+            let stuck = s.pending_since.is_some_and(|t| o.now.duration_since(t).unsigned_abs() > STARTUP_TIMEOUT);
+            let why = if s.machine_failed {
+                "stopped"
+            } else if stuck {
+                "did not start within the startup timeout"
+            } else {
+                continue;
+            };
+            if !plan.delete_servers.contains(&s.name) {
+                plan.delete_servers.push(s.name.clone());
+                self.events.push(PlannedEvent::warning(
+                    "Remediating",
+                    format!("the machine of Server {} {why}: replacing the Server", s.name),
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Steps 2–4: entries to re-run after a spec or inputs change, the runs to start on the
+//! selected servers, and the draining of servers that left the selection.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use provisioning_crds::{ScriptRun, TaskServServerStatus};
+
+use super::{Observed, Operation, RETRY_FAILED_AFTER, ServerFacts, ServerPhase, Work, parse_time, rfc3339};
+
+/// A spec change (config, version, servers) re-runs install everywhere: scripts converge
+/// config and peers idempotently. Marking entries Pending makes that survive a restart. New
+/// values behind configFrom (a rotated Secret) or generated secrets: the same. Returns the
+/// inputs version to record.
+pub(super) fn mark_changed_for_reinstall(o: &Observed<'_>, entries: &mut BTreeMap<String, TaskServServerStatus>) -> Option<String> {
+    let spec_changed =
+        o.validated.is_ok() && o.status.observed_generation.is_some() && o.status.observed_generation != o.generation;
+    let inputs_hash = match o.validated {
+        Ok(v) => v.inputs_hash.clone(),
+        Err(_) => o.status.config_inputs_hash.clone(),
+    };
+    let inputs_changed =
+        o.validated.is_ok() && o.status.config_inputs_hash.is_some() && o.status.config_inputs_hash != inputs_hash;
+    if spec_changed || inputs_changed {
+        for e in entries.values_mut().filter(|e| ServerPhase::Installed.is(e)) {
+            ServerPhase::Pending.set(e);
+        }
+    }
+    inputs_hash
+}
+
+/// Decides the run on each selected server (install, re-install, periodic check) and returns
+/// the servers that are not ready to run scripts. Nothing is planned for an invalid request
+/// (`version` is `None`); nothing installs while a dependency blocks (`deps_clear` false).
+pub(super) fn plan_selected(
+    o: &Observed<'_>,
+    work: &mut Work,
+    selected: &BTreeSet<String>,
+    deps_clear: bool,
+    version: Option<&str>,
+) -> Vec<String> {
+    let by_name: BTreeMap<&str, &ServerFacts> = o.servers.iter().map(|s| (s.name.as_str(), s)).collect();
+    let mut waiting_servers = Vec::new();
+    // An invalid request gets no per-server entries: nothing is planned there.
+    let Some(version) = version else { return waiting_servers };
+    for name in selected.iter().filter(|n| !o.in_flight.contains_key(*n)) {
+        let entry = work.entries.entry(name.clone()).or_insert_with(|| ServerPhase::Pending.entry(name));
+        let server_ready = by_name.get(name.as_str()).is_some_and(|s| s.ready && !s.deleting);
+        if !server_ready {
+            waiting_servers.push(name.clone());
+            if ServerPhase::Installed.is(entry) {
+                // The machine went away under the service (killed, recreated): re-install.
+                ServerPhase::Pending.set(entry);
+                entry.healthy = Some(false);
+            } else if ServerPhase::Installing.is(entry) {
+                ServerPhase::Pending.set(entry);
+            }
+            continue;
+        }
+        if !deps_clear {
+            continue;
+        }
+        let needs_install = !ServerPhase::Installed.is(entry)
+            || entry.version.as_deref() != Some(version)
+            || entry.healthy == Some(false);
+        if needs_install {
+            if !work.rollback_now && failed_recently(entry, o) {
+                continue;
+            }
+            let previous = entry.version.clone().filter(|v| v != version);
+            ServerPhase::Installing.set(entry);
+            entry.last_run = Some(started("install", o));
+            work.launch.push((name.clone(), Operation::Install { version: version.to_string(), previous }));
+        } else if o.checks_due.contains(name) {
+            work.launch.push((name.clone(), Operation::Check));
+        }
+    }
+    waiting_servers
+}
+
+/// Servers that left the selection: drained with remove.nu where the machine is up; entries
+/// of machines that are gone (or where nothing was ever installed) are dropped.
+pub(super) fn drain_leaving(o: &Observed<'_>, work: &mut Work, selected: &BTreeSet<String>) {
+    let leaving: Vec<String> = work.entries.keys().filter(|n| !selected.contains(*n)).cloned().collect();
+    for name in leaving.into_iter().filter(|n| !o.in_flight.contains_key(n)) {
+        let server_ready = o.servers.iter().any(|s| s.name == name && s.ready);
+        if !server_ready {
+            // Nothing to drain on a machine that is gone.
+            work.entries.remove(&name);
+            continue;
+        }
+        if let Some(entry) = work.entries.get_mut(&name) {
+            if ServerPhase::Pending.is(entry) && entry.version.is_none() {
+                work.entries.remove(&name);
+                continue;
+            }
+            ServerPhase::Removing.set(entry);
+            entry.last_run = Some(started("remove", o));
+        }
+        work.launch.push((name, Operation::Remove));
+    }
+}
+
+/// The entry failed less than [`RETRY_FAILED_AFTER`] ago: wait before trying again.
+pub(super) fn failed_recently(entry: &TaskServServerStatus, o: &Observed<'_>) -> bool {
+    ServerPhase::Failed.is(entry)
+        && entry
+            .last_run
+            .as_ref()
+            .and_then(|r| parse_time(&r.finished_at))
+            .is_some_and(|t| o.now.duration_since(t).unsigned_abs() < RETRY_FAILED_AFTER)
+}
+
+/// The `lastRun` of a script started now.
+pub(super) fn started(script: &str, o: &Observed<'_>) -> ScriptRun {
+    ScriptRun { script: script.into(), started_at: Some(rfc3339(o.now)), ..Default::default() }
+}
