@@ -26,6 +26,7 @@ pub mod table;
 pub mod tls;
 pub mod validation;
 pub mod watch;
+pub mod wire;
 
 use std::io::Write;
 use std::net::SocketAddr;

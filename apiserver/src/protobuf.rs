@@ -2,85 +2,23 @@
 //!
 //! kubectl's typed clients (`kubectl create configmap|secret|namespace`) send built-in kinds as
 //! `application/vnd.kubernetes.protobuf`. Only those kinds are decoded, into the same JSON
-//! the server stores; responses are always JSON (kubectl accepts it).
+//! the server stores; responses are always JSON (kubectl accepts it). The wire format is read
+//! by [`crate::wire`]; other kinds go to [`crate::auth::proto`].
 
 use base64::Engine;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-enum Field<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    Skip,
-}
-
-fn bad() -> ApiError {
-    ApiError::bad_request("the protobuf body could not be decoded")
-}
-
-impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, pos: 0 }
-    }
-    fn varint(&mut self) -> Result<u64, ApiError> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = *self.buf.get(self.pos).ok_or_else(bad)?;
-            self.pos += 1;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(bad())
-    }
-    fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, ApiError> {
-        if self.pos >= self.buf.len() {
-            return Ok(None);
-        }
-        let key = self.varint()?;
-        let (num, wire) = (key >> 3, key & 7);
-        let f = match wire {
-            0 => Field::Varint(self.varint()?),
-            1 => {
-                self.pos = self.pos.checked_add(8).filter(|p| *p <= self.buf.len()).ok_or_else(bad)?;
-                Field::Skip
-            }
-            2 => {
-                let len = usize::try_from(self.varint()?).map_err(|_| bad())?;
-                let end = self.pos.checked_add(len).filter(|e| *e <= self.buf.len()).ok_or_else(bad)?;
-                let s = &self.buf[self.pos..end];
-                self.pos = end;
-                Field::Bytes(s)
-            }
-            5 => {
-                self.pos = self.pos.checked_add(4).filter(|p| *p <= self.buf.len()).ok_or_else(bad)?;
-                Field::Skip
-            }
-            _ => return Err(bad()),
-        };
-        Ok(Some((num, f)))
-    }
-}
-
-fn string(b: &[u8]) -> Result<String, ApiError> {
-    String::from_utf8(b.to_vec()).map_err(|_| bad())
-}
+use crate::wire::{Field, Reader, bad, text};
 
 fn map_entry(b: &[u8], bytes_value: bool) -> Result<(String, Value), ApiError> {
     let mut r = Reader::new(b);
     let (mut k, mut v) = (String::new(), Value::String(String::new()));
-    while let Some((n, f)) = r.next()? {
+    while let Some((n, f)) = r.next_field()? {
         match (n, f) {
-            (1, Field::Bytes(s)) => k = string(s)?,
+            (1, Field::Bytes(s)) => k = text(s)?,
             (2, Field::Bytes(s)) if bytes_value => v = json!(base64::engine::general_purpose::STANDARD.encode(s)),
-            (2, Field::Bytes(s)) => v = json!(string(s)?),
+            (2, Field::Bytes(s)) => v = json!(text(s)?),
             _ => {}
         }
     }
@@ -90,12 +28,12 @@ fn map_entry(b: &[u8], bytes_value: bool) -> Result<(String, Value), ApiError> {
 fn owner_ref(b: &[u8]) -> Result<Value, ApiError> {
     let mut r = Reader::new(b);
     let mut m = Map::new();
-    while let Some((n, f)) = r.next()? {
+    while let Some((n, f)) = r.next_field()? {
         match (n, f) {
-            (1, Field::Bytes(s)) => drop(m.insert("kind".into(), json!(string(s)?))),
-            (3, Field::Bytes(s)) => drop(m.insert("name".into(), json!(string(s)?))),
-            (4, Field::Bytes(s)) => drop(m.insert("uid".into(), json!(string(s)?))),
-            (5, Field::Bytes(s)) => drop(m.insert("apiVersion".into(), json!(string(s)?))),
+            (1, Field::Bytes(s)) => drop(m.insert("kind".into(), json!(text(s)?))),
+            (3, Field::Bytes(s)) => drop(m.insert("name".into(), json!(text(s)?))),
+            (4, Field::Bytes(s)) => drop(m.insert("uid".into(), json!(text(s)?))),
+            (5, Field::Bytes(s)) => drop(m.insert("apiVersion".into(), json!(text(s)?))),
             (6, Field::Varint(v)) => drop(m.insert("controller".into(), json!(v != 0))),
             (7, Field::Varint(v)) => drop(m.insert("blockOwnerDeletion".into(), json!(v != 0))),
             _ => {}
@@ -111,12 +49,12 @@ fn object_meta(b: &[u8]) -> Result<Value, ApiError> {
     let mut annotations = Map::new();
     let mut owners = vec![];
     let mut finalizers = vec![];
-    while let Some((n, f)) = r.next()? {
+    while let Some((n, f)) = r.next_field()? {
         match (n, f) {
-            (1, Field::Bytes(s)) => drop(m.insert("name".into(), json!(string(s)?))),
-            (2, Field::Bytes(s)) => drop(m.insert("generateName".into(), json!(string(s)?))),
-            (3, Field::Bytes(s)) => drop(m.insert("namespace".into(), json!(string(s)?))),
-            (6, Field::Bytes(s)) => drop(m.insert("resourceVersion".into(), json!(string(s)?))),
+            (1, Field::Bytes(s)) => drop(m.insert("name".into(), json!(text(s)?))),
+            (2, Field::Bytes(s)) => drop(m.insert("generateName".into(), json!(text(s)?))),
+            (3, Field::Bytes(s)) => drop(m.insert("namespace".into(), json!(text(s)?))),
+            (6, Field::Bytes(s)) => drop(m.insert("resourceVersion".into(), json!(text(s)?))),
             (11, Field::Bytes(s)) => {
                 let (k, v) = map_entry(s, false)?;
                 labels.insert(k, v);
@@ -126,7 +64,7 @@ fn object_meta(b: &[u8]) -> Result<Value, ApiError> {
                 annotations.insert(k, v);
             }
             (13, Field::Bytes(s)) => owners.push(owner_ref(s)?),
-            (14, Field::Bytes(s)) => finalizers.push(json!(string(s)?)),
+            (14, Field::Bytes(s)) => finalizers.push(json!(text(s)?)),
             _ => {}
         }
     }
@@ -151,7 +89,7 @@ fn kind_body(kind: &str, b: &[u8]) -> Result<Value, ApiError> {
     let mut data = Map::new();
     let mut binary = Map::new();
     let mut string_data = Map::new();
-    while let Some((n, f)) = r.next()? {
+    while let Some((n, f)) = r.next_field()? {
         match (kind, n, f) {
             (_, 1, Field::Bytes(s)) => drop(obj.insert("metadata".into(), object_meta(s)?)),
             ("ConfigMap", 2, Field::Bytes(s)) => {
@@ -167,7 +105,7 @@ fn kind_body(kind: &str, b: &[u8]) -> Result<Value, ApiError> {
                 let (k, v) = map_entry(s, true)?;
                 data.insert(k, v);
             }
-            ("Secret", 3, Field::Bytes(s)) => drop(obj.insert("type".into(), json!(string(s)?))),
+            ("Secret", 3, Field::Bytes(s)) => drop(obj.insert("type".into(), json!(text(s)?))),
             ("Secret", 4, Field::Bytes(s)) => {
                 let (k, v) = map_entry(s, false)?;
                 string_data.insert(k, v);
@@ -192,14 +130,14 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     let rest = body.strip_prefix(b"k8s\x00").ok_or_else(bad)?;
     let mut r = Reader::new(rest);
     let (mut api_version, mut kind, mut raw): (String, String, &[u8]) = (String::new(), String::new(), &[]);
-    while let Some((n, f)) = r.next()? {
+    while let Some((n, f)) = r.next_field()? {
         match (n, f) {
             (1, Field::Bytes(tm)) => {
                 let mut t = Reader::new(tm);
-                while let Some((tn, tf)) = t.next()? {
+                while let Some((tn, tf)) = t.next_field()? {
                     match (tn, tf) {
-                        (1, Field::Bytes(s)) => api_version = string(s)?,
-                        (2, Field::Bytes(s)) => kind = string(s)?,
+                        (1, Field::Bytes(s)) => api_version = text(s)?,
+                        (2, Field::Bytes(s)) => kind = text(s)?,
                         _ => {}
                     }
                 }

@@ -3,7 +3,8 @@
 //!
 //! How a TaskServ or Cluster reconciler uses it (see `server/mod.rs` for a full example):
 //! - `ctx.workspace_for(namespace)` → [`EffectiveWorkspace`] (settings, accounts, limits);
-//! - `ctx.provider_for(&ws, account)` → a cached provider built with the Secret's credentials;
+//! - `ctx.provider_for(&ws, account)` → a cached provider built with the Secret's credentials
+//!   (the registry and how an account becomes a provider live in [`crate::accounts`]);
 //! - `ctx.provider_call(&ws, &provider, account, "exec", fut)` → runs one provider call under
 //!   the workspace's `parallelLimit` semaphore, timed in metrics, errors classified;
 //!   `ctx.permit(key, limit)` gives a raw permit for other bounded work (per Cluster);
@@ -19,7 +20,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PartialObjectMeta};
 use kube::discovery::Scope;
 use kube::runtime::controller::Action;
@@ -27,21 +27,20 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use provisioning_crds::{Cluster, ProviderAccount, Server, TaskServ, Workspace};
-use provisioning_providers::{Credentials, ProviderConfig, ProviderError, ProviderResult, SharedProvider, SimulationConfig};
+use provisioning_providers::{ProviderResult, SharedProvider};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::accounts::{AccountChecks, ProviderRegistry};
 use crate::config::ControllerConfig;
 use crate::error::{Backoffs, Error};
+use crate::host::HostPaths;
 use crate::metrics::Metrics;
 use crate::workspaces::{self, EffectiveWorkspace};
 
 /// Field manager of every write the controller makes.
 pub const FIELD_MANAGER: &str = "provisioning-controller";
-
-/// How long credentials read from a Secret are trusted before the Secret is read again.
-const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
 
 /// Caches the controller reads from (filled by watches in `run`).
 #[derive(Clone)]
@@ -77,10 +76,8 @@ pub struct Context {
     semaphores: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
     waiters: Mutex<HashMap<String, usize>>,
     observations: Mutex<HashMap<String, Observed>>,
-    /// Workspace provider-account checks, keyed `workspace/account`: (provider instance
-    /// fingerprint, when, result). Credentials are validated again only when the provider
-    /// instance changes (account spec or Secret changed) or the resync interval passed.
-    pub account_checks: Mutex<HashMap<String, (String, Instant, crate::workspace::status::AccountCheck)>>,
+    /// Workspace provider-account checks (see [`AccountChecks`]).
+    pub account_checks: AccountChecks,
     /// The resourceVersion of our last write per object uid (see [`Context::is_stale`]).
     written: Mutex<HashMap<String, u64>>,
 }
@@ -93,10 +90,11 @@ struct Observed {
 }
 
 impl Context {
-    /// Builds the context.
-    pub fn new(client: Client, config: ControllerConfig, metrics: Arc<Metrics>, stores: Stores, instance: String) -> Self {
+    /// Builds the context. `host` is resolved once at start-up ([`HostPaths::resolve`]) and
+    /// handed to every provider built.
+    pub fn new(client: Client, config: ControllerConfig, metrics: Arc<Metrics>, stores: Stores, instance: String, host: HostPaths) -> Self {
         let recorder = crate::events::Publisher::new(client.clone(), FIELD_MANAGER, &instance);
-        let mut providers = ProviderRegistry::new(client.clone(), config.state_dir.clone());
+        let mut providers = ProviderRegistry::new(client.clone(), config.state_dir.clone(), host);
         providers.allow_insecure_endpoints = config.allow_insecure_endpoints;
         Context {
             client,
@@ -399,182 +397,4 @@ pub fn object_key<K: Resource>(kind: &str, obj: &K) -> String {
 /// Whether the paused annotation is `"true"`.
 pub fn is_paused<K: Resource>(obj: &K) -> bool {
     obj.annotations().get(provisioning_crds::ANNOTATION_PAUSED).is_some_and(|v| v == "true")
-}
-
-struct CachedProvider {
-    fingerprint: String,
-    secret_version: Option<String>,
-    fetched: Instant,
-    provider: SharedProvider,
-}
-
-/// Provider instances per (workspace, account), rebuilt when the account's spec or its
-/// credentials Secret changes. Credentials live only inside the provider instance.
-pub struct ProviderRegistry {
-    client: Client,
-    state_dir: std::path::PathBuf,
-    cache: Mutex<HashMap<String, CachedProvider>>,
-    /// Latest resourceVersion seen by the Secret watch, keyed `namespace/name` (only Secrets
-    /// some provider account refers to). A cached provider built from another version is
-    /// rebuilt on its next use, whatever [`CREDENTIALS_TTL`] says.
-    secret_versions: Mutex<HashMap<String, String>>,
-    /// Whether `http://` account endpoints are accepted (controller config).
-    pub allow_insecure_endpoints: bool,
-}
-
-impl ProviderRegistry {
-    /// A registry building providers with state under `state_dir`.
-    pub fn new(client: Client, state_dir: std::path::PathBuf) -> Self {
-        ProviderRegistry { client, state_dir, cache: Mutex::new(HashMap::new()), secret_versions: Mutex::new(HashMap::new()), allow_insecure_endpoints: false }
-    }
-
-    /// Records the resourceVersion of Secret `namespace/name` as seen by the watch (`None`
-    /// when it was deleted). Returns whether it differs from the version recorded before,
-    /// i.e. whether providers built from it must re-read it. Only metadata is involved:
-    /// secret values never pass through here.
-    pub fn note_secret(&self, namespace: &str, name: &str, resource_version: Option<&str>) -> bool {
-        let key = format!("{namespace}/{name}");
-        let mut versions = self.secret_versions.lock().unwrap_or_else(|p| p.into_inner());
-        match resource_version {
-            Some(rv) => versions.insert(key, rv.to_string()).as_deref() != Some(rv),
-            None => {
-                versions.insert(key, "deleted".to_string());
-                true
-            }
-        }
-    }
-
-    /// Whether a provider built from Secret version `built_from` is still current (no newer
-    /// version seen by the watch).
-    fn secret_current(&self, secret_key: &str, built_from: Option<&String>) -> bool {
-        let versions = self.secret_versions.lock().unwrap_or_else(|p| p.into_inner());
-        versions.get(secret_key).is_none_or(|latest| Some(latest) == built_from)
-    }
-
-    /// The provider of `account` in `ws`.
-    pub async fn get(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
-        // Tenancy and transport rules first: nothing is read or sent for a refused account.
-        crate::workspace::validate::check_account(account, &ws.namespace, self.allow_insecure_endpoints)
-            .map_err(|r| Error::Stalled { reason: r.reason, message: r.message })?;
-        let key = format!("{}/{}", ws.key(), account.name);
-        let fingerprint = format!("{}|{}", ws.namespace, serde_json::to_string(account)?);
-        let secret_key = account
-            .credentials_secret_ref
-            .as_ref()
-            .map(|r| format!("{}/{}", r.namespace.as_deref().unwrap_or(&ws.namespace), r.name));
-        {
-            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(c) = cache.get(&key)
-                && c.fingerprint == fingerprint
-                && secret_key.as_deref().is_none_or(|k| c.fetched.elapsed() < CREDENTIALS_TTL && self.secret_current(k, c.secret_version.as_ref()))
-            {
-                return Ok(c.provider.clone());
-            }
-        }
-        let (credentials, secret_version) = self.credentials(ws, account).await?;
-        {
-            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(c) = cache.get_mut(&key)
-                && c.fingerprint == fingerprint
-                && c.secret_version == secret_version
-            {
-                c.fetched = Instant::now();
-                return Ok(c.provider.clone());
-            }
-        }
-        let state_dir = crate::server::ssh::account_state_dir(&self.state_dir, ws, account);
-        let config = provider_config(account, credentials, &state_dir);
-        let provider = provisioning_providers::build_provider(&config).map_err(|e| match e {
-            ProviderError::InvalidRequest(message) => Error::Stalled { reason: "ProviderUnavailable", message },
-            other => Error::provider(&account.name, other),
-        })?;
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        cache.insert(key, CachedProvider { fingerprint, secret_version, fetched: Instant::now(), provider: provider.clone() });
-        Ok(provider)
-    }
-
-    async fn credentials(
-        &self,
-        ws: &EffectiveWorkspace,
-        account: &ProviderAccount,
-    ) -> Result<(Credentials, Option<String>), Error> {
-        let Some(reference) = &account.credentials_secret_ref else {
-            return Ok((Credentials::default(), None));
-        };
-        let namespace = reference.namespace.clone().unwrap_or_else(|| ws.namespace.clone());
-        let secret = Api::<Secret>::namespaced(self.client.clone(), &namespace).get_opt(&reference.name).await?;
-        let Some(secret) = secret else {
-            return Err(Error::Stalled {
-                reason: "CredentialsNotFound",
-                message: format!(
-                    "Secret {namespace}/{} holding the credentials of provider account {:?} does not exist",
-                    reference.name, account.name
-                ),
-            });
-        };
-        let mut values = std::collections::BTreeMap::new();
-        for (k, v) in secret.data.unwrap_or_default() {
-            if let Ok(s) = String::from_utf8(v.0) {
-                values.insert(k, s);
-            }
-        }
-        for (k, v) in secret.string_data.unwrap_or_default() {
-            values.insert(k, v);
-        }
-        Ok((Credentials(values), secret.metadata.resource_version))
-    }
-}
-
-/// Translates a Workspace account into the provider crate's config.
-pub fn provider_config(account: &ProviderAccount, credentials: Credentials, state_dir: &std::path::Path) -> ProviderConfig {
-    let simulation = account
-        .simulation
-        .as_ref()
-        .map(|s| SimulationConfig {
-            latency: Duration::from_millis(s.latency_ms),
-            jitter_percent: s.jitter_percent,
-            failure_rate: s.failure_rate,
-            required_token: s.required_token.clone(),
-        })
-        .unwrap_or_default();
-    let nu_binary = crate::taskserv::act::host_nu_binary();
-    let catalog_dir = crate::taskserv::act::host_catalog_dir();
-    // Cloud machines get `nu` and the catalog copied over SSH before their first script, at
-    // the paths the runner uses (the local provider mounts them instead); the account's `ssh`
-    // says how to reach them.
-    let ssh = crate::server::ssh::settings(account, nu_binary.as_deref(), catalog_dir.as_deref());
-    ProviderConfig {
-        name: account.name.clone(),
-        provider_type: account.provider_type.as_str().to_string(),
-        region: account.region.clone(),
-        zone: account.zone.clone(),
-        endpoint: account.endpoint.clone(),
-        credentials,
-        images: account.images.clone(),
-        rate_limit: account.rate_limit,
-        simulation,
-        state_dir: state_dir.to_path_buf(),
-        // Local provider: `nu` and the catalog are mounted read-only into every container.
-        nu_binary,
-        catalog_dir,
-        ssh,
-        network: provisioning_providers::NetworkSettings {
-            security_group_ids: account.security_group_ids.clone(),
-            subnet_id: account.subnet_id.clone(),
-            ssh_source_cidrs: account.ssh_source_cidrs.clone(),
-            firewall_rules: account
-                .firewall_rules
-                .iter()
-                .map(|r| provisioning_providers::FirewallRule {
-                    direction: r.direction.clone(),
-                    action: r.action.clone(),
-                    family: r.family.clone(),
-                    protocol: r.protocol.clone(),
-                    source: r.source.clone(),
-                    destination_port: r.destination_port.clone(),
-                    comment: r.comment.clone(),
-                })
-                .collect(),
-        },
-    }
 }

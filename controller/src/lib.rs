@@ -8,11 +8,15 @@
 //! - [`error`]: `Error` with `class()` (Throttled/Transient/NotFound/Permanent) and
 //!   `category()`, and the per-object jittered backoff;
 //! - [`workspaces`]: namespace → effective workspace (or controller defaults);
+//! - [`accounts`]: provider accounts → cached provider instances (credentials, tenancy and
+//!   endpoint rules, provider config); [`host`]: the `nu` binary and catalog on this host,
+//!   resolved once at start-up;
 //! - [`metrics`], [`leader`], [`config`], [`run`].
 //!
 //! Kinds: [`workspace`] and [`server`], each split by pipeline step (dereference, validate,
 //! plan, act, status).
 
+pub mod accounts;
 pub mod cluster;
 pub mod conditions;
 pub mod config;
@@ -20,6 +24,7 @@ pub mod context;
 pub mod dev;
 pub mod error;
 pub mod events;
+pub mod host;
 pub mod leader;
 pub mod metrics;
 pub mod planning;

@@ -254,8 +254,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     eprintln!("{line}");
                 }
             });
-            let opts = provisioning_providers::image::NodeImageOptions { force, progress: Some(tx), ..Default::default() };
-            let result = provisioning_providers::image::build_node_image(&opts).await;
+            let opts = provisioning_providers::local::image::NodeImageOptions { force, progress: Some(tx), ..Default::default() };
+            let result = provisioning_providers::local::image::build_node_image(&opts).await;
             drop(opts);
             let _ = printer.await;
             let tag = result?;

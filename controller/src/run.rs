@@ -99,7 +99,10 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
         clusters,
         synced,
     };
-    let ctx = Arc::new(Context::new(client.clone(), config.clone(), metrics.clone(), stores.clone(), identity));
+    // Host paths handed to providers: resolved (and a missing one reported) once, here.
+    let host = crate::host::HostPaths::resolve();
+    host.log_problems();
+    let ctx = Arc::new(Context::new(client.clone(), config.clone(), metrics.clone(), stores.clone(), identity, host));
 
     {
         let stores = stores.clone();

@@ -13,12 +13,6 @@ pub const ANNOTATION_RECONCILE_REQUESTED_AT: &str = "provisioning.dev/reconcile-
 /// Annotation: written before a provider create call, cleared once its result is recorded.
 pub const ANNOTATION_CREATE_PENDING: &str = "provisioning.dev/create-pending";
 
-/// Provider tag / label: the Server's uid.
-pub const LABEL_SERVER_UID: &str = "provisioning.dev/server-uid";
-/// Provider tag / label: the Server's namespace.
-pub const LABEL_NAMESPACE: &str = "provisioning.dev/namespace";
-/// Provider tag / label: the Server's name.
-pub const LABEL_SERVER: &str = "provisioning.dev/server";
 /// Provider tag / label and Kubernetes label: the owning Cluster's name.
 pub const LABEL_CLUSTER: &str = "provisioning.dev/cluster";
 /// Kubernetes label on Servers a Cluster creates: the pool name.
@@ -148,6 +142,3 @@ pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     schema.insert("x-kubernetes-list-map-keys".into(), serde_json::json!(["type"]));
     schema
 }
-
-/// The printer column showing the Ready condition.
-pub const READY_COLUMN_PATH: &str = ".status.conditions[?(@.type==\"Ready\")].status";

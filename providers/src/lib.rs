@@ -11,7 +11,6 @@
 pub mod aws;
 pub mod contract;
 pub mod error;
-pub mod image;
 pub mod local;
 pub mod plans;
 pub mod ratelimit;

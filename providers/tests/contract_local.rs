@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bollard::Docker;
 use bollard::query_parameters::{ListContainersOptions, ListNetworksOptions, ListVolumesOptions};
 use provisioning_providers::contract::{ContractOptions, run};
-use provisioning_providers::image::{NodeImageOptions, build_node_image};
+use provisioning_providers::local::image::{NodeImageOptions, build_node_image};
 use provisioning_providers::local::connect;
 use provisioning_providers::{
     DeleteOutcome, ExecRequest, ExecResult, MachineState, ProviderConfig, ProviderError, ProviderId, ServerIdentity,

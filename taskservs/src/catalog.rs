@@ -599,7 +599,7 @@ fn load_templates(dir: &Path) -> Result<BTreeMap<String, String>, CatalogError> 
         };
         let source = std::fs::read_to_string(&path).map_err(io(&path))?;
         // Parse now so a broken template is a start-up error, not a failed install.
-        let mut env = crate::context::template_env();
+        let mut env = crate::templates::template_env();
         env.add_template_owned(name.clone(), source.clone())
             .map_err(|e| CatalogError::Template {
                 path: path.clone(),

@@ -7,7 +7,8 @@
 //! - [`Catalog::validate_request`] checks service, version and config (JSON schema) and
 //!   returns a [`ResolvedService`].
 //! - [`ScriptContext`] is what a script reads on stdin; [`ScriptContext::with_templates`]
-//!   renders the service's `templates/*` into it.
+//!   renders the service's `templates/*` into it (minijinja, strict, with the `ip`, `ip_host`
+//!   and `conf_quote` filters; see `templates.rs`).
 //! - [`run_script`] runs one step (install/check/remove) as a fresh `nu` process through a
 //!   [`ScriptExecutor`] (the controller adapts a provider's exec; [`LocalProcessExecutor`]
 //!   runs local processes) and returns a [`ScriptOutcome`].
@@ -20,6 +21,7 @@ mod error;
 mod manifest;
 mod redact;
 mod runner;
+mod templates;
 
 pub use catalog::{
     CATALOG_ENV, Catalog, CatalogService, ResolvedService, SecretField, SecretFormat,

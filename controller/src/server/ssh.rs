@@ -1,6 +1,7 @@
 //! SSH for cloud Servers (aws, upcloud): the login key a Server brings in
-//! `spec.sshKeySecretRef`, the account's SSH settings, and the host key checkpoint
-//! (`status.hostKey`).
+//! `spec.sshKeySecretRef` and the host key checkpoint (`status.hostKey`). The account's SSH
+//! settings (user, port, assets to copy) are part of its provider config, in
+//! [`crate::accounts`].
 //!
 //! Host keys (account `ssh.hostKeys`, default `Generated`): before creating a machine the
 //! controller generates an ed25519 host key for it, keeps it in the Secret
@@ -23,57 +24,17 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::PostParams;
 use kube::{Api, Client, ResourceExt};
-use provisioning_crds::{HostKeyPolicy, ProviderAccount, ProviderType, Server};
-use provisioning_providers::{HostKey, ProviderId, SharedProvider, SshAsset, SshPrivateKey, SshSettings, ssh};
+use provisioning_crds::{HostKeyPolicy, ProviderAccount, Server};
+use provisioning_providers::{HostKey, ProviderId, SharedProvider, SshPrivateKey, ssh};
 
 use crate::error::Error;
 
+// Where task scripts and their assets live on an account's machines is the account's business
+// (crate::accounts); re-exported for the Server and TaskServ reconcilers that ask it here.
+pub use crate::accounts::{remote_layout, uses_ssh};
+
 /// The Secret key holding a Server's private key (as in `kubernetes.io/ssh-auth` Secrets).
 pub const SSH_KEY_FIELD: &str = "ssh-privatekey";
-
-/// Where `nu` goes on machines without `ssh.remoteDir` (the local containers' layout).
-pub const DEFAULT_REMOTE_NU: &str = "/usr/local/bin/nu";
-/// Where the catalog goes on machines without `ssh.remoteDir`.
-pub const DEFAULT_REMOTE_CATALOG: &str = "/opt/provisioning/catalog";
-
-/// Whether an account's machines run task scripts over SSH.
-pub fn uses_ssh(account: &ProviderAccount) -> bool {
-    matches!(account.provider_type, ProviderType::Aws | ProviderType::Upcloud)
-}
-
-/// Where `nu`, the catalog and the copy marker live on an account's machines:
-/// `(nu, catalog_dir, marker)`; the marker is empty for the provider default.
-pub fn remote_layout(account: &ProviderAccount) -> (String, String, String) {
-    match account.ssh.as_ref().map(|s| s.remote_dir.trim_end_matches('/')).filter(|d| !d.is_empty()) {
-        Some(dir) => (format!("{dir}/bin/nu"), format!("{dir}/catalog"), format!("{dir}/assets.sha256")),
-        None => (DEFAULT_REMOTE_NU.into(), DEFAULT_REMOTE_CATALOG.into(), String::new()),
-    }
-}
-
-/// The provider's SSH settings for an account: login user, port, address override, and the
-/// assets (`nu` and every catalog file) copied before the first script.
-pub fn settings(account: &ProviderAccount, nu_binary: Option<&std::path::Path>, catalog_dir: Option<&std::path::Path>) -> SshSettings {
-    let mut settings = SshSettings::default();
-    if !uses_ssh(account) {
-        return settings;
-    }
-    let (remote_nu, remote_catalog, marker) = remote_layout(account);
-    if let Some(access) = &account.ssh {
-        settings.user = access.user.clone();
-        settings.port = access.port;
-        settings.address_override = Some(access.address_override.clone()).filter(|a| !a.is_empty());
-        settings.become_root = access.become_root;
-    }
-    settings.assets_marker = marker;
-    if let (Some(nu), Some(catalog)) = (nu_binary, catalog_dir) {
-        let mut assets = ssh::task_assets(nu, catalog, &remote_catalog);
-        if let Some(first) = assets.first_mut() {
-            *first = SshAsset { remote: remote_nu, ..first.clone() };
-        }
-        settings.assets = assets;
-    }
-    settings
-}
 
 /// Why a Server's own SSH key cannot be used; becomes `Stalled` with `message` (which names
 /// the Secret and the key, never a value).
@@ -155,22 +116,6 @@ pub fn check_key_namespace(reference: &provisioning_crds::SecretReference, own_n
         }),
         _ => Ok(own_namespace.to_string()),
     }
-}
-
-/// The provider state directory of an account in a workspace. SSH accounts (aws, upcloud)
-/// keep their host-key pins there, so the pins are keyed by workspace and account: two
-/// workspaces with an account of the same name never share (or overwrite) each other's pins.
-/// Other providers keep the shared directory (the simulated store lives there).
-pub fn account_state_dir(state_dir: &std::path::Path, ws: &crate::workspaces::EffectiveWorkspace, account: &ProviderAccount) -> std::path::PathBuf {
-    if !uses_ssh(account) || state_dir.as_os_str().is_empty() {
-        return state_dir.to_path_buf();
-    }
-    // Workspace names and namespaces are DNS labels: safe as one path component.
-    let scope = match &ws.name {
-        Some(name) => format!("workspace-{name}"),
-        None => format!("namespace-{}", ws.namespace),
-    };
-    state_dir.join("pins").join(scope)
 }
 
 /// Secret keys of a generated host key (the names OpenSSH gives the files).
@@ -413,31 +358,5 @@ mod tests {
 
     fn account(yaml: &str) -> ProviderAccount {
         serde_yaml_ng::from_str(yaml).expect("account")
-    }
-
-    #[test]
-    fn remote_layout_and_settings_follow_the_account() {
-        let plain = account("{name: a, type: aws}");
-        assert_eq!(remote_layout(&plain), (DEFAULT_REMOTE_NU.into(), DEFAULT_REMOTE_CATALOG.into(), String::new()));
-        let custom = account("{name: a, type: aws, ssh: {user: ops, port: 2222, addressOverride: 127.0.0.1, remoteDir: /home/ops/prov/}}");
-        assert_eq!(
-            remote_layout(&custom),
-            ("/home/ops/prov/bin/nu".into(), "/home/ops/prov/catalog".into(), "/home/ops/prov/assets.sha256".into())
-        );
-        let dir = tempfile::tempdir().expect("tempdir");
-        let nu = dir.path().join("nu");
-        std::fs::write(&nu, b"nu").expect("write");
-        std::fs::create_dir_all(dir.path().join("catalog/x")).expect("mkdir");
-        std::fs::write(dir.path().join("catalog/x/install.nu"), b"x").expect("write");
-        let s = settings(&custom, Some(&nu), Some(&dir.path().join("catalog")));
-        assert_eq!((s.user.as_str(), s.port, s.address_override.as_deref()), ("ops", 2222, Some("127.0.0.1")));
-        let remotes: Vec<&str> = s.assets.iter().map(|a| a.remote.as_str()).collect();
-        assert_eq!(remotes, ["/home/ops/prov/bin/nu", "/home/ops/prov/catalog/x/install.nu"]);
-        assert_eq!(s.assets_marker, "/home/ops/prov/assets.sha256");
-        assert_eq!(s.become_root, None, "unset: the provider decides by user");
-        let no_sudo = account("{name: a, type: upcloud, ssh: {user: ops, become: false}}");
-        assert_eq!(settings(&no_sudo, None, None).become_root, Some(false));
-        // Accounts without SSH get nothing to copy.
-        assert!(settings(&account("{name: l, type: local}"), Some(&nu), Some(&dir.path().join("catalog"))).assets.is_empty());
     }
 }

@@ -316,36 +316,3 @@ pub fn failed_to_start(server: &str, operation: &Operation, message: String) -> 
 pub fn trigger(tx: &UnboundedSender<ObjectRef<TaskServ>>, object: ObjectRef<TaskServ>) {
     let _ = tx.unbounded_send(object);
 }
-
-/// Environment variable naming the `nu` binary to mount into local containers.
-pub const NU_ENV: &str = "PROVISIONING_NU";
-
-/// The `nu` binary on this host: `$PROVISIONING_NU`, else the setup script's `.tools/bin/nu`
-/// of the checkout holding this binary or the catalog, else `nu` on `PATH`. Absolute, or none.
-pub fn host_nu_binary() -> Option<std::path::PathBuf> {
-    use std::path::PathBuf;
-    let absolute = |p: PathBuf| std::fs::canonicalize(&p).ok().filter(|p| p.is_file());
-    if let Some(p) = std::env::var_os(NU_ENV).filter(|v| !v.is_empty()) {
-        return absolute(PathBuf::from(p));
-    }
-    // The setup script's `.tools/bin/nu` in a checkout holding this binary (target/…) or the
-    // catalog's source tree.
-    let exe = std::env::current_exe().ok();
-    let catalog = provisioning_taskservs::Catalog::default_dir();
-    let roots = exe.iter().flat_map(|e| e.ancestors()).chain(catalog.ancestors());
-    for root in roots {
-        if let Some(p) = absolute(root.join(".tools/bin/nu")) {
-            return Some(p);
-        }
-    }
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).map(|d| d.join("nu")).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .find_map(absolute)
-}
-
-/// The catalog directory on this host, absolute (mounted into local containers).
-pub fn host_catalog_dir() -> Option<std::path::PathBuf> {
-    std::fs::canonicalize(provisioning_taskservs::Catalog::default_dir()).ok()
-}

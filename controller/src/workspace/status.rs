@@ -5,16 +5,7 @@ use provisioning_crds::{ProviderAccountStatus, WorkspaceCounts, WorkspaceStatus,
 
 use crate::conditions::{self, DesiredCondition, Status, Summary};
 
-/// How one provider account check ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AccountCheck {
-    /// Credentials accepted.
-    Ready,
-    /// Will not work until spec or Secret changes (auth failure, missing Secret, unknown type).
-    Failed(String),
-    /// Could not tell this time (transient provider error).
-    Retrying(String),
-}
+pub use crate::accounts::AccountCheck;
 
 /// Inputs of [`desired`].
 #[derive(Clone, Debug)]

@@ -1,10 +1,11 @@
 //! Argo CD: every health and action fixture through a real Lua 5.1 interpreter without the
-//! `string`, `math` and `io` libraries, and the `argocd-cm` patch in sync with the files.
+//! `string`, `math` and `io` libraries, the per-kind script copies and the `argocd-cm` patch
+//! generated from the one source in `deploy/argocd/src`, and the patch in sync with the files.
 
 use std::collections::BTreeSet;
 
 use provisioning_deploy_checks::argocd::{
-    self, ActionTests, GROUP, HealthTests, KindCustomization, UPDATE_ENV,
+    self, ActionTests, GROUP, HealthTests, KindCustomization, REGENERATE, UPDATE_ENV,
 };
 use provisioning_deploy_checks::kinds::crd_names;
 use provisioning_deploy_checks::lua::Lua51;
@@ -235,18 +236,40 @@ fn scripts_do_not_name_libraries_argo_withholds() {
 }
 
 #[test]
+fn generated_copies_and_patch_match_the_one_source() {
+    // One customization per CRD kind, all from deploy/argocd/src.
+    let kinds: Vec<String> = crd_names()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|n| n.kind)
+        .collect();
+    let source = argocd::load_source().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        source.actions.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["pause", "reconcile", "resume"]
+    );
+    let files = argocd::generated_files(&kinds, &source);
+    if std::env::var_os(UPDATE_ENV).is_some() {
+        argocd::write_generated(&files).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let drift = argocd::drifted(&files);
+    assert!(
+        drift.is_empty(),
+        "generated Argo CD files differ from deploy/argocd/src (edit the source, then run {REGENERATE}):\n{}",
+        drift.join("\n")
+    );
+}
+
+#[test]
 fn argocd_cm_patch_is_generated_from_the_files() {
     let kinds = customizations();
     let generated = argocd::generate_cm_patch(&kinds);
     let path = argocd::cm_patch_path();
-    if std::env::var_os(UPDATE_ENV).is_some() {
-        std::fs::write(&path, &generated).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    }
     let committed =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert!(
         committed == generated,
-        "{} drifted from deploy/argocd/resource_customizations; regenerate with {UPDATE_ENV}=1 cargo test -p provisioning-deploy-checks --test argocd",
+        "{} drifted from deploy/argocd/resource_customizations; regenerate with {REGENERATE}",
         path.display()
     );
 

@@ -2,7 +2,7 @@
 //!
 //! Like Cluster API's Docker provider it keeps no state of its own: containers and networks
 //! are found by their labels. Each container runs the node image built by
-//! [`crate::image::build_node_image`] (there is no registry to pull from), with `docker-init`
+//! [`image::build_node_image`] (there is no registry to pull from), with `docker-init`
 //! as PID 1 and `sleep infinity` as its only child, so services that task scripts start in
 //! the background stay up and are reaped. Containers are not privileged unless the request's
 //! extra tags say `provisioning.dev/privileged: "true"`: the services tested here (etcd,
@@ -16,6 +16,7 @@
 
 mod docker;
 mod exec;
+pub mod image;
 pub mod spec;
 
 use std::collections::{BTreeMap, HashMap};
@@ -31,7 +32,6 @@ use tokio::sync::{Mutex, OnceCell};
 
 pub use self::docker::connect;
 use self::docker::{classify, status_of};
-pub(crate) use self::docker::{classify as classify_docker_error, status_of as docker_status};
 pub use self::exec::EXEC_ID_ENV;
 use self::spec::{ContainerSpec, DEFAULT_NODE_IMAGE, Mounts, NetworkSpec, PLAN_LABEL};
 use crate::{
@@ -230,8 +230,8 @@ impl LocalProvider {
     async fn create(&self, spec: ContainerSpec) -> ProviderResult<()> {
         let docker = self.docker().await?;
         // Checked first so that a missing image leaves no network behind.
-        if !crate::image::node_image_exists(docker, &spec.image).await.map_err(|e| match e {
-            crate::image::ImageError::Docker(e) => e,
+        if !image::node_image_exists(docker, &spec.image).await.map_err(|e| match e {
+            image::ImageError::Docker(e) => e,
             other => ProviderError::Transient(other.to_string()),
         })? {
             return Err(ProviderError::InvalidRequest(format!(

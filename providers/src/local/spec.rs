@@ -21,7 +21,7 @@ pub const NETWORK_SCOPE_LABEL: &str = "provisioning.dev/network-scope";
 pub const PRIVILEGED_TAG: &str = "provisioning.dev/privileged";
 
 /// The node image every abstract image name maps to.
-pub const DEFAULT_NODE_IMAGE: &str = crate::image::NODE_IMAGE_LATEST;
+pub const DEFAULT_NODE_IMAGE: &str = super::image::NODE_IMAGE_LATEST;
 
 /// Where `nu` is mounted in every container.
 pub const NU_MOUNT: &str = "/usr/local/bin/nu";
@@ -69,7 +69,7 @@ pub fn short_uid(uid: &str) -> String {
     if uid.len() == 36 && first.len() == 8 && first.chars().all(|c| c.is_ascii_hexdigit()) {
         first.to_ascii_lowercase()
     } else {
-        format!("{:08x}", crate::image::fnv1a64(uid.as_bytes()) as u32)
+        format!("{:08x}", super::image::fnv1a64(uid.as_bytes()) as u32)
     }
 }
 

@@ -1,3 +1,4 @@
+-- Generated from deploy/argocd/src/health.lua by scripts/gen-argocd.sh: edit that file, not this copy.
 -- Health of a provisioning.dev resource, judged from the kstatus conditions the controller writes.
 -- Runs without the `string` and `math` libraries (argocd-cm checks do not get them by default).
 local function condition(conditionType)

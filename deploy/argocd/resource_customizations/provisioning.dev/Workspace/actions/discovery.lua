@@ -1,3 +1,4 @@
+-- Generated from deploy/argocd/src/actions/discovery.lua by scripts/gen-argocd.sh: edit that file, not this copy.
 -- Actions offered on a provisioning.dev resource: reconcile now, pause and resume.
 local paused = obj.metadata.annotations ~= nil and obj.metadata.annotations["provisioning.dev/paused"] == "true"
 local deleting = obj.metadata.deletionTimestamp ~= nil

@@ -40,15 +40,15 @@ pub const BASE_PACKAGES: [&str; 5] = ["ca-certificates", "procps", "iproute2", "
 const RECIPE_VERSION: &str = "1";
 const VARIANT: &str = "minbase";
 /// Runs inside the rootfs as the last step.
-const FINISH_SCRIPT: &str = include_str!("../image/finish.sh");
+const FINISH_SCRIPT: &str = include_str!("../../image/finish.sh");
 /// Files laid over the bootstrapped rootfs: (path in the image, mode, content).
 const OVERLAY: [(&str, u32, &str); 3] = [
-    ("usr/sbin/policy-rc.d", 0o755, include_str!("../image/overlay/usr/sbin/policy-rc.d")),
-    ("etc/apt/apt.conf.d/01provisioning", 0o644, include_str!("../image/overlay/etc/apt/apt.conf.d/01provisioning")),
+    ("usr/sbin/policy-rc.d", 0o755, include_str!("../../image/overlay/usr/sbin/policy-rc.d")),
+    ("etc/apt/apt.conf.d/01provisioning", 0o644, include_str!("../../image/overlay/etc/apt/apt.conf.d/01provisioning")),
     (
         "etc/dpkg/dpkg.cfg.d/01provisioning-nodoc",
         0o644,
-        include_str!("../image/overlay/etc/dpkg/dpkg.cfg.d/01provisioning-nodoc"),
+        include_str!("../../image/overlay/etc/dpkg/dpkg.cfg.d/01provisioning-nodoc"),
     ),
 ];
 /// The only keyring a `Signed-By` may name in the image (debootstrap installs it).
@@ -412,8 +412,8 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 pub async fn node_image_exists(docker: &Docker, tag: &str) -> Result<bool, ImageError> {
     match docker.inspect_image(tag).await {
         Ok(_) => Ok(true),
-        Err(e) if crate::local::docker_status(&e) == Some(404) => Ok(false),
-        Err(e) => Err(ImageError::Docker(crate::local::classify_docker_error("inspect image", e))),
+        Err(e) if super::docker::status_of(&e) == Some(404) => Ok(false),
+        Err(e) => Err(ImageError::Docker(super::docker::classify("inspect image", e))),
     }
 }
 
@@ -423,7 +423,7 @@ pub async fn node_image_exists(docker: &Docker, tag: &str) -> Result<bool, Image
 pub async fn build_node_image(opts: &NodeImageOptions) -> Result<String, ImageError> {
     let recipe = NodeImageRecipe::from_host(opts)?;
     let tag = recipe.tag();
-    let docker = crate::local::connect(&opts.docker_endpoint).await?;
+    let docker = super::docker::connect(&opts.docker_endpoint).await?;
     let progress = Progress(opts.progress.clone());
     if !opts.force && node_image_exists(&docker, &tag).await? {
         progress.say(format!("node image {tag} exists (recipe unchanged); nothing to build"));
@@ -628,7 +628,7 @@ async fn tag_latest(docker: &Docker, tag: &str) -> Result<(), ImageError> {
     docker
         .tag_image(tag, Some(options))
         .await
-        .map_err(|e| ImageError::Docker(crate::local::classify_docker_error("tag image", e)))
+        .map_err(|e| ImageError::Docker(super::docker::classify("tag image", e)))
 }
 
 /// Progress lines to the caller's sink and to the log.

@@ -1,0 +1,188 @@
+//! Provider accounts: a Workspace's `ProviderAccount` (plus its credentials Secret) turned
+//! into a provider instance, cached per account.
+//!
+//! - [`ProviderRegistry`]: provider instances per (workspace, account), rebuilt when the
+//!   account's spec or its Secret changes; credentials live only inside the instance;
+//! - [`rules`]: tenancy and endpoint rules checked before anything is read or sent;
+//! - [`build`]: the provider crate's config for an account (host paths from
+//!   [`crate::host`], SSH settings, state directory, remote layout of `nu` and the catalog);
+//! - [`AccountCheck`] and [`AccountChecks`]: the Workspace reconciler's memo of credential
+//!   checks per provider instance.
+//!
+//! Shared by every kind: imports no kind module.
+
+pub mod build;
+pub mod rules;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
+use provisioning_crds::ProviderAccount;
+use provisioning_providers::{Credentials, ProviderError, SharedProvider};
+
+pub use self::build::{DEFAULT_REMOTE_CATALOG, DEFAULT_REMOTE_NU, account_state_dir, provider_config, remote_layout, ssh_settings, uses_ssh};
+pub use self::rules::{AccountRefused, check_account, check_endpoint};
+use crate::error::Error;
+use crate::host::HostPaths;
+use crate::workspaces::EffectiveWorkspace;
+
+/// How long credentials read from a Secret are trusted before the Secret is read again.
+const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
+
+/// How one provider account check ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AccountCheck {
+    /// Credentials accepted.
+    Ready,
+    /// Will not work until spec or Secret changes (auth failure, missing Secret, unknown type).
+    Failed(String),
+    /// Could not tell this time (transient provider error).
+    Retrying(String),
+}
+
+/// Provider-account checks, keyed `workspace/account`: (provider instance fingerprint, when,
+/// result). Credentials are validated again only when the provider instance changes (account
+/// spec or Secret changed) or the resync interval passed.
+pub type AccountChecks = Mutex<HashMap<String, (String, Instant, AccountCheck)>>;
+
+struct CachedProvider {
+    fingerprint: String,
+    secret_version: Option<String>,
+    fetched: Instant,
+    provider: SharedProvider,
+}
+
+/// Provider instances per (workspace, account), rebuilt when the account's spec or its
+/// credentials Secret changes. Credentials live only inside the provider instance.
+pub struct ProviderRegistry {
+    client: Client,
+    state_dir: PathBuf,
+    host: HostPaths,
+    cache: Mutex<HashMap<String, CachedProvider>>,
+    /// Latest resourceVersion seen by the Secret watch, keyed `namespace/name` (only Secrets
+    /// some provider account refers to). A cached provider built from another version is
+    /// rebuilt on its next use, whatever [`CREDENTIALS_TTL`] says.
+    secret_versions: Mutex<HashMap<String, String>>,
+    /// Whether `http://` account endpoints are accepted (controller config).
+    pub allow_insecure_endpoints: bool,
+}
+
+impl ProviderRegistry {
+    /// A registry building providers with state under `state_dir`, handing them the host
+    /// paths resolved at start-up.
+    pub fn new(client: Client, state_dir: PathBuf, host: HostPaths) -> Self {
+        ProviderRegistry {
+            client,
+            state_dir,
+            host,
+            cache: Mutex::new(HashMap::new()),
+            secret_versions: Mutex::new(HashMap::new()),
+            allow_insecure_endpoints: false,
+        }
+    }
+
+    /// The host paths providers are built with.
+    pub fn host(&self) -> &HostPaths {
+        &self.host
+    }
+
+    /// Records the resourceVersion of Secret `namespace/name` as seen by the watch (`None`
+    /// when it was deleted). Returns whether it differs from the version recorded before,
+    /// i.e. whether providers built from it must re-read it. Only metadata is involved:
+    /// secret values never pass through here.
+    pub fn note_secret(&self, namespace: &str, name: &str, resource_version: Option<&str>) -> bool {
+        let key = format!("{namespace}/{name}");
+        let mut versions = self.secret_versions.lock().unwrap_or_else(|p| p.into_inner());
+        match resource_version {
+            Some(rv) => versions.insert(key, rv.to_string()).as_deref() != Some(rv),
+            None => {
+                versions.insert(key, "deleted".to_string());
+                true
+            }
+        }
+    }
+
+    /// Whether a provider built from Secret version `built_from` is still current (no newer
+    /// version seen by the watch).
+    fn secret_current(&self, secret_key: &str, built_from: Option<&String>) -> bool {
+        let versions = self.secret_versions.lock().unwrap_or_else(|p| p.into_inner());
+        versions.get(secret_key).is_none_or(|latest| Some(latest) == built_from)
+    }
+
+    /// The provider of `account` in `ws`.
+    pub async fn get(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
+        // Tenancy and transport rules first: nothing is read or sent for a refused account.
+        check_account(account, &ws.namespace, self.allow_insecure_endpoints)
+            .map_err(|r| Error::Stalled { reason: r.reason, message: r.message })?;
+        let key = format!("{}/{}", ws.key(), account.name);
+        let fingerprint = format!("{}|{}", ws.namespace, serde_json::to_string(account)?);
+        let secret_key = account
+            .credentials_secret_ref
+            .as_ref()
+            .map(|r| format!("{}/{}", r.namespace.as_deref().unwrap_or(&ws.namespace), r.name));
+        {
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = cache.get(&key)
+                && c.fingerprint == fingerprint
+                && secret_key.as_deref().is_none_or(|k| c.fetched.elapsed() < CREDENTIALS_TTL && self.secret_current(k, c.secret_version.as_ref()))
+            {
+                return Ok(c.provider.clone());
+            }
+        }
+        let (credentials, secret_version) = self.credentials(ws, account).await?;
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = cache.get_mut(&key)
+                && c.fingerprint == fingerprint
+                && c.secret_version == secret_version
+            {
+                c.fetched = Instant::now();
+                return Ok(c.provider.clone());
+            }
+        }
+        let state_dir = account_state_dir(&self.state_dir, ws, account);
+        let config = provider_config(account, credentials, &state_dir, &self.host);
+        let provider = provisioning_providers::build_provider(&config).map_err(|e| match e {
+            ProviderError::InvalidRequest(message) => Error::Stalled { reason: "ProviderUnavailable", message },
+            other => Error::provider(&account.name, other),
+        })?;
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.insert(key, CachedProvider { fingerprint, secret_version, fetched: Instant::now(), provider: provider.clone() });
+        Ok(provider)
+    }
+
+    async fn credentials(
+        &self,
+        ws: &EffectiveWorkspace,
+        account: &ProviderAccount,
+    ) -> Result<(Credentials, Option<String>), Error> {
+        let Some(reference) = &account.credentials_secret_ref else {
+            return Ok((Credentials::default(), None));
+        };
+        let namespace = reference.namespace.clone().unwrap_or_else(|| ws.namespace.clone());
+        let secret = Api::<Secret>::namespaced(self.client.clone(), &namespace).get_opt(&reference.name).await?;
+        let Some(secret) = secret else {
+            return Err(Error::Stalled {
+                reason: "CredentialsNotFound",
+                message: format!(
+                    "Secret {namespace}/{} holding the credentials of provider account {:?} does not exist",
+                    reference.name, account.name
+                ),
+            });
+        };
+        let mut values = std::collections::BTreeMap::new();
+        for (k, v) in secret.data.unwrap_or_default() {
+            if let Ok(s) = String::from_utf8(v.0) {
+                values.insert(k, s);
+            }
+        }
+        for (k, v) in secret.string_data.unwrap_or_default() {
+            values.insert(k, v);
+        }
+        Ok((Credentials(values), secret.metadata.resource_version))
+    }
+}
