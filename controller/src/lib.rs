@@ -22,11 +22,14 @@ pub mod error;
 pub mod events;
 pub mod leader;
 pub mod metrics;
+pub mod permissions;
+pub mod reconcile;
 pub mod run;
 pub mod server;
 pub mod sync;
-pub mod testing;
 pub mod taskserv;
+pub mod testing;
+pub mod time;
 pub mod workspace;
 pub mod workspaces;
 

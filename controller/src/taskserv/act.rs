@@ -3,13 +3,13 @@
 //! A reconcile never waits for a script. It registers the run in [`ScriptRuns`] (so a second
 //! reconcile of the same object does not start it again), spawns it under the cluster's or
 //! workspace's semaphore, and returns. When the run ends its [`OperationResult`] is parked in
-//! the tracker and the object is queued for reconcile; that reconcile records it in status.
+//! the tracker and the object is queued for reconcile (a [`crate::reconcile::Trigger`]);
+//! that reconcile records it in status.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::ObjectRef;
 use provisioning_crds::{ScriptRun, TaskServ};
 use provisioning_providers::{ExecRequest, ProviderId, SharedProvider, SshPrivateKey};
@@ -310,11 +310,6 @@ pub fn failed_to_start(server: &str, operation: &Operation, message: String) -> 
         message,
         inputs_hash: None,
     }
-}
-
-/// Sends a reconcile trigger (a closed channel only means the controller is shutting down).
-pub fn trigger(tx: &UnboundedSender<ObjectRef<TaskServ>>, object: ObjectRef<TaskServ>) {
-    let _ = tx.unbounded_send(object);
 }
 
 /// Environment variable naming the `nu` binary to mount into local containers.
