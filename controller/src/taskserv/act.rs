@@ -73,6 +73,18 @@ impl ScriptRuns {
         true
     }
 
+    /// Frees the server's slot of a run that never started (its preparation is retried by a
+    /// later reconcile); records no result.
+    pub fn release(&self, key: &str, server: &str) {
+        let mut s = self.lock();
+        if let Some(runs) = s.in_flight.get_mut(key) {
+            runs.remove(server);
+            if runs.is_empty() {
+                s.in_flight.remove(key);
+            }
+        }
+    }
+
     /// Records the end of a run.
     pub fn finish(&self, key: &str, result: OperationResult) {
         let mut s = self.lock();

@@ -38,7 +38,7 @@ use provisioning_taskservs::{Catalog, ScriptContext, ScriptPaths};
 
 use crate::conditions::{self, DesiredCondition, Status};
 use crate::context::Context;
-use crate::error::{AtStep, Error, Step};
+use crate::error::{AtStep, Error, ErrorClass, Step};
 use crate::permissions::may_watch_all_secrets;
 use crate::reconcile::{Reconciled, Trigger, error_policy, reconcile};
 use crate::sync::{cache, tracked_reflector};
@@ -333,18 +333,39 @@ fn start_run(
     let server = server.to_string();
     tokio::spawn(async move {
         let object = ObjectRef::from_obj(ts.as_ref());
+        // A template error may quote a rendered value: filter it like script output.
+        let redact = |message: String| valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);
+        let backoff_key = format!("{key}/{server}/prepare");
         let prepared = prepare(&ts, &server, &operation, &servers, &selected, valid.as_ref(), &ctx, &catalog).await;
-        let result = match prepared {
+        let result = match prepared.map_err(|e| (e.retry(), e)) {
             Ok(request) => {
+                ctx.backoffs.reset(&backoff_key);
                 let _permit = ctx.permit(&limit.key, limit.limit).await;
                 let result = act::run_operation(&request).await;
                 request_host_key_record(&ctx, &server_trigger, &request.executor, &server, ts.namespace().as_deref().unwrap_or_default());
                 result
             }
-            // A template error may quote a rendered value: filter it like script output.
-            Err(message) => {
-                let redacted = valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);
-                act::failed_to_start(&server, &operation, redacted)
+            Err((Retry::Transient(class), error)) => {
+                // Not a failed install: hold the server's slot for the backoff (so no reconcile
+                // starts the run again sooner), then free it and reconcile, which starts the run
+                // again with the inputs of that moment.
+                let delay = ctx.backoffs.next_delay(&backoff_key, class);
+                tracing::warn!(
+                    taskserv = %object,
+                    server = %server,
+                    script = operation.script(),
+                    retry_in_ms = delay.as_millis() as u64,
+                    error = %redact(error.to_string()),
+                    "could not prepare the script run; retrying"
+                );
+                tokio::time::sleep(delay).await;
+                runs.release(&key, &server);
+                trigger.send(object);
+                return;
+            }
+            Err((Retry::Permanent, error)) => {
+                ctx.backoffs.reset(&backoff_key);
+                act::failed_to_start(&server, &operation, redact(error.to_string()))
             }
         };
         tracing::info!(
@@ -384,6 +405,49 @@ fn look_at_machine(ctx: &Context, servers: &Trigger<Server>, server: &Server) {
     servers.send(ObjectRef::from_obj(server));
 }
 
+/// Why a script run could not be prepared (before any script ran).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The Server the run is for is not in the cache.
+    #[error("Server {0} not found")]
+    ServerNotFound(String),
+    /// The Server has no machine yet.
+    #[error("Server {0} has no providerID yet")]
+    NoMachine(String),
+    /// An input is wrong: an unknown provider account, a changed host key, a template that
+    /// does not render. The message says which.
+    #[error("{0}")]
+    Invalid(String),
+    /// A call failed: the API (reading the credentials or the SSH key Secret), or building
+    /// the provider. Retried or not by the error's class.
+    #[error("{0}")]
+    Call(#[from] Error),
+}
+
+/// How a failed preparation is handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// May pass by itself (an API 5xx or timeout, throttling): retried after the backoff of
+    /// the class; nothing is recorded as failed.
+    Transient(ErrorClass),
+    /// Needs a change (missing input, wrong spec or environment): recorded as a failed run
+    /// whose message is the clear condition the user sees.
+    Permanent,
+}
+
+impl PrepareError {
+    /// How this failure is handled.
+    pub fn retry(&self) -> Retry {
+        match self {
+            PrepareError::ServerNotFound(_) | PrepareError::NoMachine(_) | PrepareError::Invalid(_) => Retry::Permanent,
+            PrepareError::Call(e) => match e.class() {
+                ErrorClass::Permanent | ErrorClass::NotFound => Retry::Permanent,
+                class @ (ErrorClass::Transient | ErrorClass::Throttled { .. } | ErrorClass::InProgress) => Retry::Transient(class),
+            },
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn prepare(
     ts: &TaskServ,
@@ -394,27 +458,25 @@ async fn prepare(
     valid: Option<&ValidTaskServ>,
     ctx: &Context,
     catalog: &Catalog,
-) -> Result<RunRequest, String> {
+) -> Result<RunRequest, PrepareError> {
     let namespace = ts.namespace().unwrap_or_default();
-    let server_facts = servers.iter().find(|s| s.name == server).ok_or_else(|| format!("Server {server} not found"))?;
-    let server_obj = ctx
-        .stores
-        .servers
-        .get(&ObjectRef::new(server).within(&namespace))
-        .ok_or_else(|| format!("Server {server} not found"))?;
+    let missing = || PrepareError::ServerNotFound(server.to_string());
+    let server_facts = servers.iter().find(|s| s.name == server).ok_or_else(missing)?;
+    let server_obj = ctx.stores.servers.get(&ObjectRef::new(server).within(&namespace)).ok_or_else(missing)?;
     let server_status = server_obj.status.clone().unwrap_or_default();
-    let provider_id = server_status.provider_id.clone().ok_or_else(|| format!("Server {server} has no providerID yet"))?;
+    let provider_id = server_status.provider_id.clone().ok_or_else(|| PrepareError::NoMachine(server.to_string()))?;
     let ws = ctx.workspace_for(&namespace);
     let account_name = server_status.provider.clone().unwrap_or_else(|| server_obj.spec.provider.clone());
-    let account = ws.account(&account_name).cloned()?;
-    let provider = ctx.provider_for(&ws, &account).await.map_err(|e| e.to_string())?;
+    let account = ws.account(&account_name).cloned().map_err(PrepareError::Invalid)?;
+    // Reads the credentials Secret: an API failure there is a Call error, retried.
+    let provider = ctx.provider_for(&ws, &account).await?;
     let provider_id = ProviderId(provider_id);
     let (ssh_key, paths) = if crate::server::ssh::uses_ssh(&account) {
         // Status is the host key checkpoint: a controller that lost its known-hosts file pins
         // the recorded key again before connecting (a changed key is refused, not re-pinned).
         let recorded = server_status.host_key.as_deref();
-        crate::server::ssh::restore_pin(&provider, &provider_id, recorded)?;
-        let key = crate::server::ssh::server_key(&ctx.client, &server_obj).await.map_err(|e| e.to_string())?;
+        crate::server::ssh::restore_pin(&provider, &provider_id, recorded).map_err(PrepareError::Invalid)?;
+        let key = crate::server::ssh::server_key(&ctx.client, &server_obj).await?;
         let (nu, catalog_dir, _) = crate::server::ssh::remote_layout(&account);
         (key.map(|k| k.private), ScriptPaths { nu, catalog_dir })
     } else {
@@ -440,7 +502,7 @@ async fn prepare(
         templates: Default::default(),
     }
     .with_templates(catalog)
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| PrepareError::Invalid(e.to_string()))?;
     let lock_file = match operation {
         Operation::Check => None,
         _ => Some(format!("/tmp/provisioning-{}.lock", ts.spec.service)),
@@ -456,4 +518,38 @@ async fn prepare(
         executor: ProviderExecutor { provider, id: provider_id, lock_file, ssh_key, paths },
         timeout,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> Error {
+        Error::Kube(kube::Error::Api(kube::core::Status::failure("boom", "InternalError").with_code(code).boxed()))
+    }
+
+    #[test]
+    fn a_transient_credentials_read_is_retried_not_a_failed_install() {
+        // The credentials Secret read failing with a 5xx, a timeout, or being throttled.
+        for e in [api_error(503), api_error(500), api_error(429)] {
+            assert!(matches!(PrepareError::Call(e).retry(), Retry::Transient(_)));
+        }
+        let timeout = Error::Kube(kube::Error::Service(Box::new(std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out"))));
+        assert_eq!(PrepareError::Call(timeout).retry(), Retry::Transient(ErrorClass::Transient));
+        let busy = Error::InProgress("waiting for a parallelLimit slot".into());
+        assert_eq!(PrepareError::Call(busy).retry(), Retry::Transient(ErrorClass::InProgress));
+    }
+
+    #[test]
+    fn missing_or_wrong_inputs_are_recorded_with_their_message() {
+        let missing = Error::Stalled { reason: "CredentialsNotFound", message: "Secret team-a/creds does not exist".into() };
+        let e = PrepareError::Call(missing);
+        assert_eq!(e.retry(), Retry::Permanent);
+        assert_eq!(e.to_string(), "Secret team-a/creds does not exist", "the message users saw before");
+        assert_eq!(PrepareError::Call(api_error(403)).retry(), Retry::Permanent);
+        assert_eq!(PrepareError::ServerNotFound("web-0".into()).retry(), Retry::Permanent);
+        assert_eq!(PrepareError::ServerNotFound("web-0".into()).to_string(), "Server web-0 not found");
+        assert_eq!(PrepareError::NoMachine("web-0".into()).to_string(), "Server web-0 has no providerID yet");
+        assert_eq!(PrepareError::Invalid("host key changed".into()).retry(), Retry::Permanent);
+    }
 }
