@@ -1,17 +1,22 @@
 //! Provisioning's reconcilers and the shared controller core.
 //!
-//! The core, reusable by every kind (TaskServ and Cluster reconcilers build on it):
+//! The core, shared by every kind:
+//! - [`reconcile`]: the reconcile skeleton every kind runs through (span, cache gate, stale
+//!   check, paused check, first finalizer and status, finalizer) and [`reconcile::Trigger`]
+//!   for in-process reconcile requests;
 //! - [`context::Context`]: client, caches, provider registry, per-workspace semaphores,
 //!   status patching (server-side apply, compare first), annotations, events, backoff;
 //! - [`conditions`]: kstatus conditions (`Summary` → Ready/Reconciling/Stalled) merged so
 //!   `lastTransitionTime` moves only on a flip;
-//! - [`error`]: `Error` with `class()` (Throttled/Transient/NotFound/Permanent) and
-//!   `category()`, and the per-object jittered backoff;
+//! - [`error`]: `Error` with `class()` (Throttled/Transient/NotFound/Permanent), `category()`
+//!   and `step()` (the pipeline step that failed), and the per-object jittered backoff;
+//! - [`sync`]: the tracked watch caches and the gate that waits for all of them;
+//! - [`time`]: whole-second timestamps and jittered requeues;
 //! - [`workspaces`]: namespace → effective workspace (or controller defaults);
-//! - [`metrics`], [`leader`], [`config`], [`run`].
+//! - [`permissions`], [`metrics`], [`leader`], [`config`], and [`run`], which only composes.
 //!
-//! Kinds: [`workspace`] and [`server`], each split by pipeline step (dereference, validate,
-//! plan, act, status).
+//! Kinds: [`workspace`], [`server`], [`taskserv`] and [`cluster`], each split by pipeline
+//! step (dereference, validate, plan, act, status) and each wiring its own controller.
 
 pub mod cluster;
 pub mod conditions;

@@ -153,6 +153,8 @@ pub async fn run(
         .await;
 }
 
+// Over 80 lines on purpose: one linear pipeline (dereference → validate → act → status)
+// whose early exits each record their step; split up, its order would be hard to follow.
 async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let refs = dereference::dereference(&server, namespace, ctx);
     if dereference::workspace_cache_behind(&server, &refs, ctx).await.at(Step::Dereference)? {
