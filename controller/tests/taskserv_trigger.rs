@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use provisioning_controller::testing::{TestEnv, is_ready, server, simulated_workspace, wait_for};
 use provisioning_crds::{ANNOTATION_RECONCILE_REQUESTED_AT, Server, TaskServ, Workspace};
@@ -35,9 +36,10 @@ async fn a_failed_run_pokes_the_server_in_process_without_writing_to_it() -> any
     let controller = env.start_controller(env.config());
     Api::<Workspace>::all(env.client.clone()).create(&PostParams::default(), &simulated_workspace(NS, 0, 0, 10, 5)).await?;
     let servers: Api<Server> = Api::namespaced(env.client.clone(), NS);
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
     wait_for("namespace made by the Workspace", DEADLINE, || {
-        let servers = servers.clone();
-        async move { servers.list(&ListParams::default()).await.ok().map(|_| ()) }
+        let namespaces = namespaces.clone();
+        async move { namespaces.get_opt(NS).await.ok().flatten().map(|_| ()) }
     })
     .await?;
     servers.create(&PostParams::default(), &server(NS, "web", json!({"plan": "small"}))).await?;
