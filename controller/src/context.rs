@@ -336,7 +336,7 @@ impl Context {
     }
 
     /// `error_policy` body shared by every kind: counts the error, logs it with the object's
-    /// reference and returns the jittered per-object backoff.
+    /// reference and the failing pipeline step, and returns the jittered per-object backoff.
     pub fn backoff<K>(&self, kind: &str, obj: &K, error: &Error) -> Action
     where
         K: Resource,
@@ -346,14 +346,16 @@ impl Context {
         let delay = self.backoffs.next_delay(&key, class);
         self.metrics.record_error(kind, error);
         let root = error.root();
+        let step = error.step().map(|s| s.as_str()).unwrap_or("reconcile");
         match class {
             crate::error::ErrorClass::InProgress => {
-                tracing::debug!(kind, namespace = obj.meta().namespace.as_deref(), name = obj.meta().name.as_deref(), message = %root, "waiting")
+                tracing::debug!(kind, namespace = obj.meta().namespace.as_deref(), name = obj.meta().name.as_deref(), step, message = %root, "waiting")
             }
             _ => tracing::warn!(
                 kind,
                 namespace = obj.meta().namespace.as_deref(),
                 name = obj.meta().name.as_deref(),
+                step,
                 category = error.category(),
                 retry_in_ms = delay.as_millis() as u64,
                 error = %root,

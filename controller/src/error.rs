@@ -79,6 +79,76 @@ pub enum Error {
     /// The object lacks a field the API server always sets (name, uid, namespace).
     #[error("object has no {0}")]
     MissingField(&'static str),
+    /// `error` happened in pipeline step `step`. The message is the inner error's (condition
+    /// messages stay as they were); the step is logged with it (see [`Error::step`]).
+    #[error("{error}")]
+    At {
+        /// The step that failed.
+        step: Step,
+        /// What failed.
+        error: Box<Error>,
+    },
+}
+
+/// The pipeline steps of a reconcile (see [`crate::reconcile`]), named in logs when one fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Waiting for the watch caches (crate::sync).
+    CacheSync,
+    /// Writing the Paused condition.
+    Paused,
+    /// Adding or removing the finalizer.
+    Finalizer,
+    /// Writing the first-visit status.
+    FirstStatus,
+    /// Reading what the object refers to (other objects, Secrets, provider accounts).
+    Dereference,
+    /// Checking the spec against the environment.
+    Validate,
+    /// Deciding what to do.
+    Plan,
+    /// Doing it (provider calls, child objects, script runs, namespaces).
+    Act,
+    /// Writing status.
+    Status,
+    /// Cleaning up a deleted object.
+    Cleanup,
+}
+
+impl Step {
+    /// Stable lower-case name (log field `step`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::CacheSync => "cache-sync",
+            Step::Paused => "paused",
+            Step::Finalizer => "finalizer",
+            Step::FirstStatus => "first-status",
+            Step::Dereference => "dereference",
+            Step::Validate => "validate",
+            Step::Plan => "plan",
+            Step::Act => "act",
+            Step::Status => "status",
+            Step::Cleanup => "cleanup",
+        }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Attaches the failing pipeline step to an error: `api.get(..).await.at(Step::Dereference)?`.
+pub trait AtStep<T> {
+    /// The error, marked as failed in `step`.
+    fn at(self, step: Step) -> Result<T, Error>;
+}
+
+impl<T, E: Into<Error>> AtStep<T> for Result<T, E> {
+    fn at(self, step: Step) -> Result<T, Error> {
+        self.map_err(|e| e.into().at(step))
+    }
 }
 
 impl Error {
@@ -87,9 +157,32 @@ impl Error {
         Error::Provider { account: account.to_string(), source }
     }
 
+    /// This error, marked as failed in `step` (an error already marked keeps its step).
+    pub fn at(self, step: Step) -> Self {
+        match self {
+            Error::At { .. } => self,
+            other => Error::At { step, error: Box::new(other) },
+        }
+    }
+
+    /// The pipeline step that failed, when known (the finalizer helper's `Apply`/`Cleanup`
+    /// wrapper counts as the step its closure failed in).
+    pub fn step(&self) -> Option<Step> {
+        match self {
+            Error::At { step, .. } => Some(*step),
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e) => e.step(),
+                kube::runtime::finalizer::Error::CleanupFailed(e) => e.step().or(Some(Step::Cleanup)),
+                _ => Some(Step::Finalizer),
+            },
+            _ => None,
+        }
+    }
+
     /// How to retry this error.
     pub fn class(&self) -> ErrorClass {
         match self {
+            Error::At { error, .. } => error.class(),
             Error::Kube(e) => kube_class(e),
             Error::Provider { source, .. } => match source {
                 ProviderError::Throttled { retry_after } => ErrorClass::Throttled { retry_after: *retry_after },
@@ -120,6 +213,7 @@ impl Error {
     /// Short, bounded category for metrics labels and condition reasons (never the message).
     pub fn category(&self) -> &'static str {
         match self {
+            Error::At { error, .. } => error.category(),
             Error::Kube(_) => "KubeApi",
             Error::Provider { source, .. } => source.category(),
             Error::Stalled { reason, .. } => reason,
@@ -138,6 +232,7 @@ impl Error {
     /// The innermost reconcile error (unwraps the finalizer helper's wrapper).
     pub fn root(&self) -> &Error {
         match self {
+            Error::At { error, .. } => error.root(),
             Error::Finalizer(inner) => match inner.as_ref() {
                 kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
                     e.root()
@@ -192,12 +287,6 @@ pub fn backoff_delay(class: ErrorClass, attempt: u32, jitter: f64) -> Duration {
         ErrorClass::Throttled { retry_after } => jittered.max(retry_after),
         _ => jittered,
     }
-}
-
-/// Jitters a requeue interval by ±10 % so that objects created together do not resync together.
-pub fn jittered(interval: Duration) -> Duration {
-    let factor = rand::rng().random_range(0.9..=1.1);
-    interval.mul_f64(factor)
 }
 
 /// Per-object retry counters: the n-th consecutive failure of an object waits longer.

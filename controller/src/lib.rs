@@ -1,20 +1,26 @@
 //! Provisioning's reconcilers and the shared controller core.
 //!
-//! The core, reusable by every kind (TaskServ and Cluster reconcilers build on it):
+//! The core, shared by every kind:
+//! - [`reconcile`]: the reconcile skeleton every kind runs through (span, cache gate, stale
+//!   check, paused check, first finalizer and status, finalizer) and [`reconcile::Trigger`]
+//!   for in-process reconcile requests;
 //! - [`context::Context`]: client, caches, provider registry, per-workspace semaphores,
 //!   status patching (server-side apply, compare first), annotations, events, backoff;
 //! - [`conditions`]: kstatus conditions (`Summary` → Ready/Reconciling/Stalled) merged so
 //!   `lastTransitionTime` moves only on a flip;
-//! - [`error`]: `Error` with `class()` (Throttled/Transient/NotFound/Permanent) and
-//!   `category()`, and the per-object jittered backoff;
+//! - [`error`]: `Error` with `class()` (Throttled/Transient/NotFound/Permanent), `category()`
+//!   and `step()` (the pipeline step that failed), and the per-object jittered backoff;
+//! - [`sync`]: the tracked watch caches and the gate that waits for all of them;
+//! - [`time`]: whole-second timestamps and jittered requeues;
 //! - [`workspaces`]: namespace → effective workspace (or controller defaults);
 //! - [`accounts`]: provider accounts → cached provider instances (credentials, tenancy and
 //!   endpoint rules, provider config); [`host`]: the `nu` binary and catalog on this host,
 //!   resolved once at start-up;
-//! - [`metrics`], [`leader`], [`config`], [`run`].
+//! - [`trace`]: the `provisioning trace` tree;
+//! - [`permissions`], [`metrics`], [`leader`], [`config`], and [`run`], which only composes.
 //!
-//! Kinds: [`workspace`] and [`server`], each split by pipeline step (dereference, validate,
-//! plan, act, status).
+//! Kinds: [`workspace`], [`server`], [`taskserv`] and [`cluster`], each split by pipeline
+//! step (dereference, validate, plan, act, status) and each wiring its own controller.
 
 pub mod accounts;
 pub mod cluster;
@@ -27,13 +33,16 @@ pub mod events;
 pub mod host;
 pub mod leader;
 pub mod metrics;
+pub mod permissions;
 pub mod planning;
+pub mod reconcile;
 pub mod run;
 pub mod server;
 pub mod sync;
-pub mod testing;
-pub mod trace;
 pub mod taskserv;
+pub mod testing;
+pub mod time;
+pub mod trace;
 pub mod workspace;
 pub mod workspaces;
 

@@ -19,13 +19,18 @@
 //!
 //! (`Store::wait_until_ready` is not used for this: in kube-runtime 5.0.0 only one of two
 //! tasks awaiting it concurrently is woken, and the Controllers already await it.)
+//!
+//! The tracked caches themselves are built here too: [`tracked_reflector`] for a kind's
+//! controller, [`metadata_store`] for the metadata-only caches, named by [`cache`].
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use kube::runtime::watcher;
+use kube::api::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
 use tokio::sync::watch;
 
 use crate::error::Error;
@@ -93,6 +98,54 @@ impl CacheSync {
             }
         })
     }
+}
+
+/// Names of the watch caches (in "waiting for the watch caches to sync: …" messages).
+pub mod cache {
+    /// The Workspace controller's cache.
+    pub const WORKSPACES: &str = "Workspace";
+    /// The Server controller's cache.
+    pub const SERVERS: &str = "Server";
+    /// The TaskServ controller's cache.
+    pub const TASKSERVS: &str = "TaskServ";
+    /// The Cluster controller's cache.
+    pub const CLUSTERS: &str = "Cluster";
+    /// TaskServ metadata (Workspace counts).
+    pub const TASKSERV_META: &str = "TaskServ metadata";
+    /// Cluster metadata (Workspace counts).
+    pub const CLUSTER_META: &str = "Cluster metadata";
+    /// Every cache the gate waits for.
+    pub const ALL: &[&str] = &[WORKSPACES, SERVERS, TASKSERVS, CLUSTERS, TASKSERV_META, CLUSTER_META];
+}
+
+/// A cache of `K` and the stream of its applied objects for `Controller::for_stream`, marked
+/// synced in `synced` as `name` at its first initial list.
+pub fn tracked_reflector<K>(
+    synced: &CacheSync,
+    name: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+) -> (reflector::Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + use<K>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = synced.track(name, reflector::reflector(writer, watcher(api, config))).applied_objects();
+    (reader, stream)
+}
+
+/// A metadata-only cache of `K` (for counts), filled by a background watch.
+pub fn metadata_store<K>(client: Client, synced: &CacheSync, name: &'static str) -> reflector::Store<PartialObjectMeta<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = synced
+        .track(name, reflector::reflector(writer, watcher(Api::<PartialObjectMeta<K>>::all(client), watcher::Config::default().any_semantic())))
+        .default_backoff()
+        .for_each(|_| futures::future::ready(()));
+    tokio::spawn(stream);
+    reader
 }
 
 #[cfg(test)]

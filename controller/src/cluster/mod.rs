@@ -1,6 +1,7 @@
 //! The Cluster reconciler: pools of Servers plus the TaskServs to install on them.
 //!
-//! Pipeline per visit: paused check → first-visit status → finalizer (Apply / Cleanup) →
+//! Pipeline per visit (after the shared opening of [`crate::reconcile`]: cache gate, stale
+//! check, paused check, first finalizer and status) → finalizer (Apply / Cleanup) →
 //! [`dereference`] (children by label, other Clusters) → [`validate`] (pure: services,
 //! versions, configs, dependency closure) → [`plan`] (pure: desired children, step plan,
 //! parallelLimit window, scale down, rollback, teardown) → [`act`] (children by server-side
@@ -19,17 +20,18 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use provisioning_crds::{Cluster, ClusterStatus, FINALIZER, Server, TaskServ, condition};
+use provisioning_crds::{Cluster, ClusterStatus, Server, TaskServ, condition};
 use provisioning_taskservs::Catalog;
 
 use crate::conditions::{self, DesiredCondition, Status};
-use crate::context::{Context, is_paused};
-use crate::error::Error;
-use crate::taskserv::now_seconds;
+use crate::context::Context;
+use crate::error::{AtStep, Error, Step};
+use crate::reconcile::{Reconciled, error_policy, reconcile};
+use crate::sync::{cache, tracked_reflector};
+use crate::time::now_seconds;
 use plan::Observed;
 
 /// Kind name used in metrics and logs.
@@ -53,7 +55,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (reader, stream) = crate::run::tracked_reflector(&ctx.stores.synced, crate::run::cache::CLUSTERS, Api::<Cluster>::all(client.clone()), watcher::Config::default());
+    let (reader, stream) = tracked_reflector(&ctx.stores.synced, cache::CLUSTERS, Api::<Cluster>::all(client.clone()), watcher::Config::default());
     let controller = Controller::for_stream(stream, reader);
     let clusters = controller.store();
     let cctx = Arc::new(ClusterContext { ctx, catalog, clusters });
@@ -62,33 +64,36 @@ pub async fn run(
         .owns(Api::<TaskServ>::all(client), watcher::Config::default())
         .with_config(settings)
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, cctx)
+        .run(reconcile::<Cluster>, error_policy::<Cluster>, cctx)
         .for_each(|_| futures::future::ready(()))
         .await;
 }
 
-/// Reconciles one Cluster.
-pub async fn reconcile(cluster: Arc<Cluster>, cctx: Arc<ClusterContext>) -> Result<Action, Error> {
-    let ctx = &cctx.ctx;
-    let _timer = ctx.metrics.reconcile_timer(KIND);
-    let namespace = cluster.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let now = now_seconds();
-    // Nothing acts on a cache that has not synced (a restarted controller would
-    // otherwise resolve a Server to the default workspace: see crate::sync).
-    ctx.caches_synced().await?;
-    if ctx.is_stale(cluster.as_ref()) {
-        // An older copy than our own last write: its status would redo recorded work (and
-        // re-run recorded script runs); the watch event of the newer version follows.
-        return Ok(Action::await_change());
+impl Reconciled for Cluster {
+    const KIND: &'static str = KIND;
+    // Teardown goes on while paused: it only deletes the Cluster's own children.
+    const PAUSE_HOLDS_DELETION: bool = false;
+    type Ctx = ClusterContext;
+
+    fn core(cctx: &ClusterContext) -> &Context {
+        &cctx.ctx
     }
-    if is_paused(cluster.as_ref()) && cluster.metadata.deletion_timestamp.is_none() {
-        let mut status = cluster.status.clone().unwrap_or_default();
-        status.conditions = conditions::paused(&status.conditions, cluster.metadata.generation, now);
-        ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await?;
-        ctx.reset_backoff(KIND, cluster.as_ref());
-        return Ok(Action::await_change());
+
+    fn api(&self, ctx: &Context) -> Api<Cluster> {
+        Api::namespaced(ctx.client.clone(), self.metadata.namespace.as_deref().unwrap_or_default())
     }
-    if cluster.metadata.deletion_timestamp.is_none() && cluster.status.as_ref().is_none_or(|s| s.conditions.is_empty()) {
+
+    fn first_visit(&self) -> bool {
+        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
+    }
+
+    async fn write_paused(&self, cctx: &ClusterContext) -> Result<(), Error> {
+        let mut status = self.status.clone().unwrap_or_default();
+        status.conditions = conditions::paused(&status.conditions, self.metadata.generation, now_seconds());
+        cctx.ctx.apply_status(self, self.status.as_ref(), &status).await.map(drop)
+    }
+
+    async fn write_first_status(&self, cctx: &ClusterContext) -> Result<(), Error> {
         let desired = [
             DesiredCondition::new(condition::READY, Status::Unknown, "Initializing", "reconciliation started"),
             DesiredCondition::new(condition::RECONCILING, Status::True, "Initializing", "reconciliation started"),
@@ -98,34 +103,29 @@ pub async fn reconcile(cluster: Arc<Cluster>, cctx: Arc<ClusterContext>) -> Resu
         ];
         let status = ClusterStatus {
             phase: Some("Pending".into()),
-            observed_generation: cluster.metadata.generation,
-            conditions: conditions::merge(&[], &desired, cluster.metadata.generation, now),
-            ..cluster.status.clone().unwrap_or_default()
+            observed_generation: self.metadata.generation,
+            conditions: conditions::merge(&[], &desired, self.metadata.generation, now_seconds()),
+            ..self.status.clone().unwrap_or_default()
         };
-        ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await?;
+        cctx.ctx.apply_status(self, self.status.as_ref(), &status).await.map(drop)
     }
-    let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let action = finalizer(&api, FINALIZER, cluster.clone(), |event| async {
-        match event {
-            Finalizer::Apply(c) => apply(c, &namespace, &cctx, false).await,
-            Finalizer::Cleanup(c) => apply(c, &namespace, &cctx, true).await,
-        }
-    })
-    .await?;
-    ctx.reset_backoff(KIND, cluster.as_ref());
-    Ok(action)
-}
 
-/// `error_policy` of the Cluster controller.
-pub fn error_policy(cluster: Arc<Cluster>, error: &Error, cctx: Arc<ClusterContext>) -> Action {
-    cctx.ctx.backoff(KIND, cluster.as_ref(), error)
+    async fn apply(self: Arc<Self>, cctx: &ClusterContext) -> Result<Action, Error> {
+        let namespace = self.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        apply(self, &namespace, cctx, false).await
+    }
+
+    async fn cleanup(self: Arc<Self>, cctx: &ClusterContext) -> Result<Action, Error> {
+        let namespace = self.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        apply(self, &namespace, cctx, true).await
+    }
 }
 
 async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, deleting: bool) -> Result<Action, Error> {
     let ctx = &cctx.ctx;
     let name = cluster.name_any();
     let uid = cluster.uid().unwrap_or_default();
-    let children = dereference::children(&cluster, namespace, ctx).await?;
+    let children = dereference::children(&cluster, namespace, ctx).await.at(Step::Dereference)?;
     let others = dereference::other_clusters(&cctx.clusters, namespace, &name);
     let graph = dereference::depends_on_graph(&cctx.clusters, &cluster);
     let services = validate::validate(&name, &cluster.spec, &cctx.catalog).and_then(|s| plan::check_depends_on(&name, &graph).map(|()| s));
@@ -151,8 +151,8 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     } else {
         plan::plan(&observed)
     };
-    act::act(&plan, namespace, ctx).await?;
-    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &plan.status).await?;
+    act::act(&plan, namespace, ctx).await.at(Step::Act)?;
+    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &plan.status).await.at(Step::Status)?;
     for e in &plan.events {
         let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
         ctx.publish(cluster.as_ref(), type_, &e.reason, "Rollout", Some(e.note.clone())).await;
@@ -165,10 +165,11 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
             "tearing down: {} TaskServs and {} Servers left",
             children.taskservs.len(),
             children.servers.len()
-        )));
+        ))
+        .at(Step::Cleanup));
     }
     Ok(match plan.requeue {
-        Some(d) => Action::requeue(crate::error::jittered(d)),
+        Some(d) => Action::requeue(crate::time::jittered(d)),
         None => Action::await_change(),
     })
 }

@@ -1,6 +1,7 @@
 //! The Server reconciler: one machine at one provider.
 //!
-//! Pipeline per visit: paused check → first-visit status → finalizer (Apply / Cleanup) →
+//! Pipeline per visit (after the shared opening of [`crate::reconcile`]: cache gate, stale
+//! check, paused check, first finalizer and status) → finalizer (Apply / Cleanup) →
 //! [`dereference`] (workspace, maxServers rank) → [`validate`] (pure: account, plan, limit)
 //! → [`plan`] (pure: observe / adopt / find-then-create / create) → [`act`] (provider calls
 //! under the workspace's parallelLimit) → [`status`] (pure) → one status patch, skipped
@@ -19,39 +20,53 @@ pub mod ssh;
 pub mod status;
 pub mod validate;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedReceiver;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::{Api, ResourceExt};
-use provisioning_crds::{ANNOTATION_CREATE_PENDING, FINALIZER, Server, ServerStatus, condition};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use provisioning_crds::{ANNOTATION_CREATE_PENDING, Server, ServerStatus, Workspace, condition};
 use provisioning_providers::ProviderId;
 
 use crate::conditions::{self, Summary};
-use crate::context::{Context, is_paused};
-use crate::error::{Error, ErrorClass};
+use crate::context::Context;
+use crate::error::{AtStep, Error, ErrorClass, Step};
+use crate::reconcile::{Reconciled, error_policy, reconcile};
+use crate::sync::{CacheSync, cache};
 use status::{Machine, StatusInput};
 
 /// Kind name used in metrics and logs.
 pub const KIND: &str = "Server";
 
-/// Reconciles one Server.
-pub async fn reconcile(server: Arc<Server>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _timer = ctx.metrics.reconcile_timer(KIND);
-    // Nothing acts on a cache that has not synced (a restarted controller would
-    // otherwise resolve a Server to the default workspace: see crate::sync).
-    ctx.caches_synced().await?;
-    if ctx.is_stale(server.as_ref()) {
-        // The cache has not caught up with our last write; its watch event brings us back.
-        return Ok(Action::requeue(std::time::Duration::from_secs(2)));
+impl Reconciled for Server {
+    const KIND: &'static str = KIND;
+    // Cleanup deletes the machine: a paused Server keeps it until resumed.
+    const PAUSE_HOLDS_DELETION: bool = true;
+    type Ctx = Context;
+
+    fn core(ctx: &Context) -> &Context {
+        ctx
     }
-    let namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    if is_paused(server.as_ref()) {
+
+    fn api(&self, ctx: &Context) -> Api<Server> {
+        api(self, ctx)
+    }
+
+    fn first_visit(&self) -> bool {
+        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
+    }
+
+    async fn write_paused(&self, ctx: &Context) -> Result<(), Error> {
         let desired = status::desired(StatusInput {
-            previous: server.status.as_ref(),
-            generation: server.metadata.generation,
+            previous: self.status.as_ref(),
+            generation: self.metadata.generation,
             provider: None,
             resolved_plan: None,
             machine: Machine::Unchanged,
@@ -59,18 +74,13 @@ pub async fn reconcile(server: Arc<Server>, ctx: Arc<Context>) -> Result<Action,
             paused: true,
             now: Timestamp::now(),
         });
-        write_status(&server, desired, &ctx).await?;
-        ctx.reset_backoff(KIND, server.as_ref());
-        return Ok(Action::await_change());
+        write_status(self, desired, ctx).await.map(drop)
     }
-    let api: Api<Server> = Api::namespaced(ctx.client.clone(), &namespace);
-    // Finalizer first (its patch is guarded by resourceVersion), then the first status.
-    let added = ctx.add_first_finalizer(server.as_ref()).await?;
-    if server.metadata.deletion_timestamp.is_none() && server.status.as_ref().is_none_or(|s| s.conditions.is_empty()) {
-        // First visit: conditions start as Unknown, never absent.
+
+    async fn write_first_status(&self, ctx: &Context) -> Result<(), Error> {
         let desired = status::desired(StatusInput {
             previous: None,
-            generation: server.metadata.generation,
+            generation: self.metadata.generation,
             provider: None,
             resolved_plan: None,
             machine: Machine::None,
@@ -78,30 +88,76 @@ pub async fn reconcile(server: Arc<Server>, ctx: Arc<Context>) -> Result<Action,
             paused: false,
             now: Timestamp::now(),
         });
-        write_status(&server, desired, &ctx).await?;
+        write_status(self, desired, ctx).await.map(drop)
     }
-    if added {
-        return Ok(Action::await_change());
+
+    async fn apply(self: Arc<Self>, ctx: &Context) -> Result<Action, Error> {
+        let namespace = self.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        apply(self, &namespace, ctx).await
     }
-    let action = finalizer(&api, FINALIZER, server.clone(), |event| async {
-        match event {
-            Finalizer::Apply(server) => apply(server, &namespace, &ctx).await,
-            Finalizer::Cleanup(server) => cleanup(server, &namespace, &ctx).await,
-        }
-    })
-    .await?;
-    ctx.reset_backoff(KIND, server.as_ref());
-    Ok(action)
+
+    async fn cleanup(self: Arc<Self>, ctx: &Context) -> Result<Action, Error> {
+        let namespace = self.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        cleanup(self, &namespace, ctx).await
+    }
 }
 
-/// `error_policy` of the Server controller: per-object jittered backoff by error class.
-pub fn error_policy(server: Arc<Server>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff(KIND, server.as_ref(), error)
+/// The Server controller over its cache (managedFields dropped: at 10,000 Servers they are
+/// most of its memory), marked synced in `synced` as [`cache::SERVERS`]. Its store is the
+/// Server cache of [`crate::context::Stores`]; [`run`] runs it.
+pub fn controller(client: &Client, synced: &CacheSync) -> Controller<Server> {
+    let (reader, writer) = reflector::store::<Server>();
+    let watch = watcher(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic())
+        .modify(|s| s.managed_fields_mut().clear());
+    let stream = synced.track(cache::SERVERS, reflector::reflector(writer, watch)).applied_objects();
+    Controller::for_stream(stream, reader)
 }
 
+/// Runs the Server controller until `shutdown` resolves. Servers re-check when their
+/// Workspace's spec or readiness changes (not on its count updates), and when `triggers`
+/// names them (a credentials Secret changed, a TaskServ saw a script fail on the machine).
+pub async fn run(
+    controller: Controller<Server>,
+    ctx: Arc<Context>,
+    triggers: UnboundedReceiver<ObjectRef<Server>>,
+    settings: ControllerSettings,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let server_store = ctx.stores.servers.clone();
+    // Workspace name → (generation, Ready) last seen.
+    let seen_workspaces: Mutex<HashMap<String, (Option<i64>, bool)>> = Mutex::default();
+    controller
+        .with_config(settings)
+        .reconcile_on(triggers)
+        .watches(Api::<Workspace>::all(ctx.client.clone()), watcher::Config::default().any_semantic(), move |ws: Workspace| {
+            let ready = ws.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
+            let fingerprint = (ws.metadata.generation, ready);
+            let changed = {
+                let mut seen = seen_workspaces.lock().unwrap_or_else(|p| p.into_inner());
+                seen.insert(ws.name_any(), fingerprint) != Some(fingerprint)
+            };
+            if !changed {
+                return vec![];
+            }
+            let namespace = crate::workspaces::claimed_namespace(&ws);
+            server_store
+                .state()
+                .iter()
+                .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                .map(|s| ObjectRef::from_obj(s.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile::<Server>, error_policy::<Server>, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+// Over 80 lines on purpose: one linear pipeline (dereference → validate → act → status)
+// whose early exits each record their step; split up, its order would be hard to follow.
 async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let refs = dereference::dereference(&server, namespace, ctx);
-    if dereference::workspace_cache_behind(&server, &refs, ctx).await? {
+    if dereference::workspace_cache_behind(&server, &refs, ctx).await.at(Step::Dereference)? {
         tracing::debug!("a Workspace claims the namespace but the cache has not seen it yet; waiting before any create");
         return Ok(Action::requeue(std::time::Duration::from_secs(1)));
     }
@@ -125,11 +181,11 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         server.status.as_ref().filter(|s| s.provider_id.is_some()).and_then(|s| s.provider.as_deref()),
     ) {
         Ok(a) => a,
-        Err(invalid) => return stall(&server, invalid.reason, invalid.message, base, ctx).await,
+        Err(invalid) => return stall(&server, Step::Validate, invalid.reason, invalid.message, base, ctx).await,
     };
     let provider = match ctx.provider_for(ws, &account).await {
         Ok(p) => p,
-        Err(e) => return fail(&server, e, Some(account.name.clone()), base, ctx).await,
+        Err(e) => return fail(&server, Step::Dereference, e, Some(account.name.clone()), base, ctx).await,
     };
     let valid = match validate::validate(&server.spec, ws, account, |plan| {
         provider.resolve_plan(plan).map_err(|e| match e {
@@ -138,18 +194,18 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         })
     }) {
         Ok(v) => v,
-        Err(invalid) => return stall(&server, invalid.reason, invalid.message, base, ctx).await,
+        Err(invalid) => return stall(&server, Step::Validate, invalid.reason, invalid.message, base, ctx).await,
     };
     if let Err(invalid) = validate::within_limit(refs.rank, ws) {
-        return stall(&server, invalid.reason, invalid.message, base, ctx).await;
+        return stall(&server, Step::Validate, invalid.reason, invalid.message, base, ctx).await;
     }
     // Dereference the Server's own SSH key (spec.sshKeySecretRef): a missing Secret or key
     // stalls, naming both, before any machine is made with the wrong key.
     let login_key = if ssh::uses_ssh(&valid.account) {
         match ssh::server_key(&ctx.client, &server).await {
             Ok(key) => key.map(|k| k.public),
-            Err(Error::Stalled { reason, message }) => return stall(&server, reason, message, base, ctx).await,
-            Err(e) => return fail(&server, e, Some(valid.account.name.clone()), base, ctx).await,
+            Err(Error::Stalled { reason, message }) => return stall(&server, Step::Dereference, reason, message, base, ctx).await,
+            Err(e) => return fail(&server, Step::Dereference, e, Some(valid.account.name.clone()), base, ctx).await,
         }
     } else {
         None
@@ -157,16 +213,18 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     let step = plan::next_step(&server);
     let acted = match act::act(&server, step, &valid, login_key.as_deref(), ws, &provider, ctx).await {
         Ok(a) => a,
-        Err(e) => return fail(&server, e, Some(valid.account.name.clone()), base, ctx).await,
+        Err(e) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
     };
     let machine = match acted {
         act::Acted::Unchanged => Machine::Unchanged,
         act::Acted::Machine(obs) => Machine::Observed(obs),
         act::Acted::ExternalMissing(id) => {
             let message = format!("machine {id} named by spec.externalID does not exist at provider account {:?}", valid.account.name);
-            return stall(&server, "ExternalNotFound", message, base, ctx).await;
+            return stall(&server, Step::Act, "ExternalNotFound", message, base, ctx).await;
         }
-        act::Acted::AdoptionRefused(refused) => return stall(&server, refused.reason, refused.message, base, ctx).await,
+        act::Acted::AdoptionRefused(refused) => {
+            return stall(&server, Step::Act, refused.reason, refused.message, base, ctx).await;
+        }
     };
     // The SSH host key: restored into the provider from status when it lost it (a new
     // controller pod), recorded into status after the first contact. Never re-pinned.
@@ -180,12 +238,12 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             // writer could have set.
             let generated = match ssh::generated_host_key(&ctx.client, &server).await {
                 Ok(key) => key.map(|k| k.public),
-                Err(Error::Stalled { reason, message }) => return stall(&server, reason, message, base, ctx).await,
-                Err(e) => return fail(&server, e, Some(valid.account.name.clone()), base, ctx).await,
+                Err(Error::Stalled { reason, message }) => return stall(&server, Step::Act, reason, message, base, ctx).await,
+                Err(e) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
             };
             match act::host_key(&server, id, &provider, generated.as_deref()) {
                 Ok(key) => key,
-                Err(message) => return stall(&server, "HostKeyMismatch", message, base, ctx).await,
+                Err(message) => return stall(&server, Step::Act, "HostKeyMismatch", message, base, ctx).await,
             }
         }
         _ => None,
@@ -198,15 +256,15 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     let was_ready = server.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
     let message = conditions::find(&desired.conditions, condition::READY).map(|c| c.message.clone());
     let has_id = desired.provider_id.is_some();
-    write_status(&server, desired, ctx).await?;
+    write_status(&server, desired, ctx).await.at(Step::Status)?;
     if has_id && server.annotations().contains_key(ANNOTATION_CREATE_PENDING) {
         // The result is recorded: the guard can go.
-        ctx.set_annotation(server.as_ref(), ANNOTATION_CREATE_PENDING, None).await?;
+        ctx.set_annotation(server.as_ref(), ANNOTATION_CREATE_PENDING, None).await.at(Step::Status)?;
     }
     if ready && !was_ready {
         ctx.publish(server.as_ref(), EventType::Normal, "Ready", "Provision", message).await;
     }
-    Ok(if ready { Action::requeue(crate::error::jittered(ctx.config.resync())) } else { Action::requeue(ctx.config.poll()) })
+    Ok(if ready { Action::requeue(crate::time::jittered(ctx.config.resync())) } else { Action::requeue(ctx.config.poll()) })
 }
 
 async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
@@ -224,7 +282,7 @@ async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<
     // The account the machine was made with (status), else what the spec names now.
     let account_name = server.status.as_ref().and_then(|s| s.provider.clone()).unwrap_or_else(|| server.spec.provider.clone());
     let account = ws.account(&account_name).cloned().map_err(|message| Error::Stalled { reason: "UnknownProvider", message })?;
-    let provider = ctx.provider_for(&ws, &account).await?;
+    let provider = ctx.provider_for(&ws, &account).await.at(Step::Dereference)?;
     match act::cleanup(&server, step, &account.name, &ws, &provider, ctx).await {
         Ok(()) => {
             ctx.forget_observed(&server.uid().unwrap_or_default());
@@ -255,28 +313,28 @@ async fn write_status(server: &Server, desired: ServerStatus, ctx: &Context) -> 
 
 /// Writes Stalled with `message`, emits a Warning on the flip, and returns the error that
 /// makes `error_policy` back off (30 s doubling to 10 min): no retry storm.
-async fn stall<F>(server: &Server, reason: &'static str, message: String, base: F, ctx: &Context) -> Result<Action, Error>
+async fn stall<F>(server: &Server, step: Step, reason: &'static str, message: String, base: F, ctx: &Context) -> Result<Action, Error>
 where
     F: Fn(Option<Summary>, Option<String>, Option<String>, Machine) -> ServerStatus,
 {
     let desired = base(Some(Summary::stalled(reason, message.clone())), None, None, Machine::Unchanged);
     let was_stalled = server.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::STALLED));
-    write_status(server, desired, ctx).await?;
+    write_status(server, desired, ctx).await.at(Step::Status)?;
     if !was_stalled {
         ctx.publish(server, EventType::Warning, reason, "Validate", Some(message.clone())).await;
     }
-    Err(Error::Stalled { reason, message })
+    Err(Error::Stalled { reason, message }.at(step))
 }
 
 /// Records a failed step in status (Stalled for permanent errors, Reconciling otherwise),
 /// emits a Warning event carrying the error, and returns it for backoff.
-async fn fail<F>(server: &Server, error: Error, account: Option<String>, base: F, ctx: &Context) -> Result<Action, Error>
+async fn fail<F>(server: &Server, step: Step, error: Error, account: Option<String>, base: F, ctx: &Context) -> Result<Action, Error>
 where
     F: Fn(Option<Summary>, Option<String>, Option<String>, Machine) -> ServerStatus,
 {
     if error.class() == ErrorClass::InProgress {
         // Queued behind the workspace's parallelLimit: not a failure, nothing to record.
-        return Err(error);
+        return Err(error.at(step));
     }
     let message = error.to_string();
     let summary = match error.class() {
@@ -284,7 +342,7 @@ where
         _ => Summary::progressing(error.category(), message.clone()),
     };
     let desired = base(Some(summary), account, None, Machine::Unchanged);
-    write_status(server, desired, ctx).await?;
+    write_status(server, desired, ctx).await.at(Step::Status)?;
     ctx.publish(server, EventType::Warning, error.category(), "Provision", Some(message)).await;
-    Err(error)
+    Err(error.at(step))
 }

@@ -3,13 +3,13 @@
 //! A reconcile never waits for a script. It registers the run in [`ScriptRuns`] (so a second
 //! reconcile of the same object does not start it again), spawns it under the cluster's or
 //! workspace's semaphore, and returns. When the run ends its [`OperationResult`] is parked in
-//! the tracker and the object is queued for reconcile; that reconcile records it in status.
+//! the tracker and the object is queued for reconcile (a [`crate::reconcile::Trigger`]);
+//! that reconcile records it in status.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::ObjectRef;
 use provisioning_crds::{ScriptRun, TaskServ};
 use provisioning_providers::{ExecRequest, ProviderId, SharedProvider, SshPrivateKey};
@@ -71,6 +71,18 @@ impl ScriptRuns {
         }
         runs.insert(server.to_string(), op.clone());
         true
+    }
+
+    /// Frees the server's slot of a run that never started (its preparation is retried by a
+    /// later reconcile); records no result.
+    pub fn release(&self, key: &str, server: &str) {
+        let mut s = self.lock();
+        if let Some(runs) = s.in_flight.get_mut(key) {
+            runs.remove(server);
+            if runs.is_empty() {
+                s.in_flight.remove(key);
+            }
+        }
     }
 
     /// Records the end of a run.
@@ -310,9 +322,4 @@ pub fn failed_to_start(server: &str, operation: &Operation, message: String) -> 
         message,
         inputs_hash: None,
     }
-}
-
-/// Sends a reconcile trigger (a closed channel only means the controller is shutting down).
-pub fn trigger(tx: &UnboundedSender<ObjectRef<TaskServ>>, object: ObjectRef<TaskServ>) {
-    let _ = tx.unbounded_send(object);
 }

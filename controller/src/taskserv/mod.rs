@@ -1,6 +1,7 @@
 //! The TaskServ reconciler: one catalog service installed on a set of Servers.
 //!
-//! Pipeline per visit: paused check → first-visit status → finalizer (Apply / Cleanup) →
+//! Pipeline per visit (after the shared opening of [`crate::reconcile`]: cache gate, stale
+//! check, paused check, first finalizer and status) → finalizer (Apply / Cleanup) →
 //! [`dereference`] (Servers and other TaskServs from the caches) → [`validate`] (pure:
 //! service, version, config schema, dependency cycle) → [`plan`] (pure: per-server state
 //! machine, dependencies, health, upgrades and rollback) → [`act`] (script runs as tracked
@@ -21,26 +22,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::PartialObjectMeta;
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use provisioning_crds::{
-    ANNOTATION_RECONCILE_REQUESTED_AT, Cluster, ConfigSourceKind, FINALIZER, LABEL_CLUSTER, LocalSecretReference, Server, TaskServ,
+    Cluster, ConfigSourceKind, LABEL_CLUSTER, LocalSecretReference, Server, TaskServ,
     TaskServStatus, condition,
 };
 use provisioning_providers::ProviderId;
 use provisioning_taskservs::{Catalog, ScriptContext, ScriptPaths};
 
 use crate::conditions::{self, DesiredCondition, Status};
-use crate::context::{Context, is_paused};
-use crate::error::Error;
+use crate::context::Context;
+use crate::error::{AtStep, Error, ErrorClass, Step};
+use crate::permissions::may_watch_all_secrets;
+use crate::reconcile::{Reconciled, Trigger, error_policy, reconcile};
+use crate::sync::{cache, tracked_reflector};
+use crate::time::now_seconds;
 use act::{ProviderExecutor, RunRequest, ScriptRuns, TaskServKey};
 use plan::{Observed, Operation, Plan, ServerFacts};
 use validate::ValidTaskServ;
@@ -57,29 +59,34 @@ pub struct TaskServContext {
     /// Script runs in flight and finished.
     pub runs: Arc<ScriptRuns>,
     /// Queues a TaskServ for reconcile (finished runs).
-    pub trigger: UnboundedSender<ObjectRef<TaskServ>>,
+    pub trigger: Trigger<TaskServ>,
+    /// Queues a Server for reconcile (its machine is to be looked at now).
+    pub servers: Trigger<Server>,
     /// All TaskServs (the controller's own cache).
     pub taskservs: Store<TaskServ>,
 }
 
-/// Runs the TaskServ controller until `shutdown` resolves.
+/// Runs the TaskServ controller until `shutdown` resolves. `servers` asks the Server
+/// reconciler to look at a Server now (a script failed on its machine, or its host key is
+/// to be recorded).
 pub async fn run(
     ctx: Arc<Context>,
     catalog: Arc<Catalog>,
+    servers: Trigger<Server>,
     settings: ControllerSettings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
     let ctx_client = client.clone();
-    let (trigger, triggered) = futures::channel::mpsc::unbounded();
-    let (reader, stream) = crate::run::tracked_reflector(&ctx.stores.synced, crate::run::cache::TASKSERVS, Api::<TaskServ>::all(client.clone()), watcher::Config::default());
+    let (trigger, triggered) = Trigger::new();
+    let (reader, stream) = tracked_reflector(&ctx.stores.synced, cache::TASKSERVS, Api::<TaskServ>::all(client.clone()), watcher::Config::default());
     let controller = Controller::for_stream(stream, reader);
     let store = controller.store();
-    let tctx = Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, taskservs: store.clone() });
+    let tctx = Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, servers, taskservs: store.clone() });
     let selecting = store.clone();
     let (by_secret, by_config_map) = (store.clone(), store.clone());
     // Secrets are granted per namespace by deploy/ (no cluster-wide watch allowed there).
-    let watch_secrets = crate::run::may_watch_all_secrets(&ctx_client).await;
+    let watch_secrets = may_watch_all_secrets(&ctx_client).await;
     let controller = controller
         // A Server coming, going or changing readiness re-plans the TaskServs that select it.
         .watches(Api::<Server>::all(client), watcher::Config::default(), move |server: Server| {
@@ -117,7 +124,7 @@ pub async fn run(
         .reconcile_on(triggered)
         .with_config(settings)
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, tctx)
+        .run(reconcile::<TaskServ>, error_policy::<TaskServ>, tctx)
         .for_each(|_| futures::future::ready(()))
         .await;
 }
@@ -144,29 +151,32 @@ pub fn key(ts: &TaskServ) -> TaskServKey {
     format!("{}/{}/{}", ts.namespace().unwrap_or_default(), ts.name_any(), ts.uid().unwrap_or_default())
 }
 
-/// Reconciles one TaskServ.
-pub async fn reconcile(ts: Arc<TaskServ>, tctx: Arc<TaskServContext>) -> Result<Action, Error> {
-    let ctx = &tctx.ctx;
-    let _timer = ctx.metrics.reconcile_timer(KIND);
-    let namespace = ts.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let now = now_seconds();
-    // Nothing acts on a cache that has not synced (a restarted controller would
-    // otherwise resolve a Server to the default workspace: see crate::sync).
-    ctx.caches_synced().await?;
-    if ctx.is_stale(ts.as_ref()) {
-        // An older copy than our own last write: its status would redo recorded work (and
-        // re-run recorded script runs); the watch event of the newer version follows.
-        return Ok(Action::await_change());
+impl Reconciled for TaskServ {
+    const KIND: &'static str = KIND;
+    // Removal goes on while paused: the scripts it runs are the object's own cleanup.
+    const PAUSE_HOLDS_DELETION: bool = false;
+    type Ctx = TaskServContext;
+
+    fn core(tctx: &TaskServContext) -> &Context {
+        &tctx.ctx
     }
-    if is_paused(ts.as_ref()) && ts.metadata.deletion_timestamp.is_none() {
-        let mut status = ts.status.clone().unwrap_or_default();
-        status.conditions = conditions::paused(&status.conditions, ts.metadata.generation, now);
-        ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &status).await?;
-        ctx.reset_backoff(KIND, ts.as_ref());
-        return Ok(Action::await_change());
+
+    fn api(&self, ctx: &Context) -> Api<TaskServ> {
+        Api::namespaced(ctx.client.clone(), self.metadata.namespace.as_deref().unwrap_or_default())
     }
-    if ts.metadata.deletion_timestamp.is_none() && ts.status.as_ref().is_none_or(|s| s.conditions.is_empty()) {
-        // First visit: conditions start as Unknown, never absent.
+
+    fn first_visit(&self) -> bool {
+        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
+    }
+
+    async fn write_paused(&self, tctx: &TaskServContext) -> Result<(), Error> {
+        let mut status = self.status.clone().unwrap_or_default();
+        status.conditions = conditions::paused(&status.conditions, self.metadata.generation, now_seconds());
+        tctx.ctx.apply_status(self, self.status.as_ref(), &status).await.map(drop)
+    }
+
+    async fn write_first_status(&self, tctx: &TaskServContext) -> Result<(), Error> {
+        // Conditions start as Unknown, never absent.
         let desired = [
             DesiredCondition::new(condition::READY, Status::Unknown, "Initializing", "reconciliation started"),
             DesiredCondition::new(condition::RECONCILING, Status::True, "Initializing", "reconciliation started"),
@@ -177,33 +187,22 @@ pub async fn reconcile(ts: Arc<TaskServ>, tctx: Arc<TaskServContext>) -> Result<
         ];
         let status = TaskServStatus {
             phase: Some("Pending".into()),
-            observed_generation: ts.metadata.generation,
-            conditions: conditions::merge(&[], &desired, ts.metadata.generation, now),
-            ..ts.status.clone().unwrap_or_default()
+            observed_generation: self.metadata.generation,
+            conditions: conditions::merge(&[], &desired, self.metadata.generation, now_seconds()),
+            ..self.status.clone().unwrap_or_default()
         };
-        ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &status).await?;
+        tctx.ctx.apply_status(self, self.status.as_ref(), &status).await.map(drop)
     }
-    let api: Api<TaskServ> = Api::namespaced(ctx.client.clone(), &namespace);
-    let action = finalizer(&api, FINALIZER, ts.clone(), |event| async {
-        match event {
-            Finalizer::Apply(ts) => apply(ts, &namespace, &tctx, false).await,
-            Finalizer::Cleanup(ts) => apply(ts, &namespace, &tctx, true).await,
-        }
-    })
-    .await?;
-    ctx.reset_backoff(KIND, ts.as_ref());
-    Ok(action)
-}
 
-/// `error_policy` of the TaskServ controller.
-pub fn error_policy(ts: Arc<TaskServ>, error: &Error, tctx: Arc<TaskServContext>) -> Action {
-    tctx.ctx.backoff(KIND, ts.as_ref(), error)
-}
+    async fn apply(self: Arc<Self>, tctx: &TaskServContext) -> Result<Action, Error> {
+        let namespace = self.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        apply(self, &namespace, tctx, false).await
+    }
 
-/// Now, in whole seconds (the API stores seconds).
-pub fn now_seconds() -> Timestamp {
-    let now = Timestamp::now();
-    Timestamp::from_second(now.as_second()).unwrap_or(now)
+    async fn cleanup(self: Arc<Self>, tctx: &TaskServContext) -> Result<Action, Error> {
+        let namespace = self.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        apply(self, &namespace, tctx, true).await
+    }
 }
 
 async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, deleting: bool) -> Result<Action, Error> {
@@ -218,7 +217,7 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
             generated_secret = resolved.generated_secret.clone();
             validate::validate_resolved(&ts.spec, resolved.config, resolved.hash, resolved.redactor, &tctx.catalog)
         }
-        Err(inputs::InputsError::Kube(e)) if !deleting => return Err(Error::Kube(e)),
+        Err(inputs::InputsError::Kube(e)) if !deleting => return Err(Error::Kube(e).at(Step::Dereference)),
         Err(e) => Err(validate::InvalidTaskServ::ConfigInputs(e.reason(), e.to_string())),
     };
     let graph = dereference::depends_on_graph(&tctx.taskservs, &ts);
@@ -262,17 +261,14 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
             start_run(&ts, &server, operation, &servers, &selected, validated.as_ref().ok(), &limit, tctx);
         }
     }
-    ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &desired).await?;
+    ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &desired).await.at(Step::Status)?;
     tctx.runs.acknowledge(&key, results.len());
     // A failed run may mean the machine died under the service: have the Server look at its
     // machine now rather than at its next resync (it reports a stopped machine, and a Cluster
-    // replaces it).
+    // replaces it). In process: no write to the Server.
     for r in results.iter().filter(|r| !r.succeeded) {
         if let Some(server) = ctx.stores.servers.get(&ObjectRef::new(&r.server).within(namespace)) {
-            let stamp = now_seconds().to_string();
-            if let Err(e) = ctx.set_annotation(server.as_ref(), ANNOTATION_RECONCILE_REQUESTED_AT, Some(&stamp)).await {
-                tracing::debug!(server = %r.server, error = %e, "could not request a Server reconcile");
-            }
+            look_at_machine(ctx, &tctx.servers, &server);
         }
     }
     for e in events {
@@ -284,10 +280,10 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
             tctx.runs.forget(&key);
             return Ok(Action::await_change());
         }
-        return Err(Error::InProgress(format!("removing {} from {} servers", ts.spec.service, desired.servers.len())));
+        return Err(Error::InProgress(format!("removing {} from {} servers", ts.spec.service, desired.servers.len())).at(Step::Cleanup));
     }
     Ok(match requeue {
-        Some(d) => Action::requeue(crate::error::jittered(d)),
+        Some(d) => Action::requeue(crate::time::jittered(d)),
         None => Action::await_change(),
     })
 }
@@ -335,21 +331,43 @@ fn start_run(
     let runs = tctx.runs.clone();
     let limit = limit.clone();
     let trigger = tctx.trigger.clone();
+    let server_trigger = tctx.servers.clone();
     let server = server.to_string();
     tokio::spawn(async move {
         let object = ObjectRef::from_obj(ts.as_ref());
+        // A template error may quote a rendered value: filter it like script output.
+        let redact = |message: String| valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);
+        let backoff_key = format!("{key}/{server}/prepare");
         let prepared = prepare(&ts, &server, &operation, &servers, &selected, valid.as_ref(), &ctx, &catalog).await;
-        let result = match prepared {
+        let result = match prepared.map_err(|e| (e.retry(), e)) {
             Ok(request) => {
+                ctx.backoffs.reset(&backoff_key);
                 let _permit = ctx.permit(&limit.key, limit.limit).await;
                 let result = act::run_operation(&request).await;
-                request_host_key_record(&ctx, &request.executor, &server, ts.namespace().as_deref().unwrap_or_default()).await;
+                request_host_key_record(&ctx, &server_trigger, &request.executor, &server, ts.namespace().as_deref().unwrap_or_default());
                 result
             }
-            // A template error may quote a rendered value: filter it like script output.
-            Err(message) => {
-                let redacted = valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);
-                act::failed_to_start(&server, &operation, redacted)
+            Err((Retry::Transient(class), error)) => {
+                // Not a failed install: hold the server's slot for the backoff (so no reconcile
+                // starts the run again sooner), then free it and reconcile, which starts the run
+                // again with the inputs of that moment.
+                let delay = ctx.backoffs.next_delay(&backoff_key, class);
+                tracing::warn!(
+                    taskserv = %object,
+                    server = %server,
+                    script = operation.script(),
+                    retry_in_ms = delay.as_millis() as u64,
+                    error = %redact(error.to_string()),
+                    "could not prepare the script run; retrying"
+                );
+                tokio::time::sleep(delay).await;
+                runs.release(&key, &server);
+                trigger.send(object);
+                return;
+            }
+            Err((Retry::Permanent, error)) => {
+                ctx.backoffs.reset(&backoff_key);
+                act::failed_to_start(&server, &operation, redact(error.to_string()))
             }
         };
         tracing::info!(
@@ -366,20 +384,68 @@ fn start_run(
             .get_or_create(&crate::metrics::ScriptLabels { service: ts.spec.service.clone(), outcome: outcome.into() })
             .inc();
         runs.finish(&key, result);
-        act::trigger(&trigger, object);
+        trigger.send(object);
     });
 }
 
 /// After a script ran over SSH, the provider holds the machine's host key (pinned on first
 /// contact): have the Server reconcile now, so that its status records the key.
-async fn request_host_key_record(ctx: &Context, executor: &ProviderExecutor, server: &str, namespace: &str) {
+fn request_host_key_record(ctx: &Context, servers: &Trigger<Server>, executor: &ProviderExecutor, server: &str, namespace: &str) {
     let Some(server_obj) = ctx.stores.servers.get(&ObjectRef::new(server).within(namespace)) else { return };
     let status = server_obj.status.clone().unwrap_or_default();
     let unrecorded = status.host_key.is_none() && status.provider_id.as_deref() == Some(executor.id.0.as_str());
     if unrecorded && executor.provider.pinned_host_key(&executor.id).is_some() {
-        let stamp = now_seconds().to_string();
-        if let Err(e) = ctx.set_annotation(server_obj.as_ref(), ANNOTATION_RECONCILE_REQUESTED_AT, Some(&stamp)).await {
-            tracing::debug!(server, error = %e, "could not request a Server reconcile to record its host key");
+        servers.send(ObjectRef::from_obj(server_obj.as_ref()));
+    }
+}
+
+/// Has the Server reconciler look at `server`'s machine now: its last observation is
+/// forgotten (else a recent one would be reused) and the Server is queued in process. No API
+/// write: the user's `reconcile-requested-at` annotation is left to the user.
+fn look_at_machine(ctx: &Context, servers: &Trigger<Server>, server: &Server) {
+    ctx.forget_observed(&server.uid().unwrap_or_default());
+    servers.send(ObjectRef::from_obj(server));
+}
+
+/// Why a script run could not be prepared (before any script ran).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The Server the run is for is not in the cache.
+    #[error("Server {0} not found")]
+    ServerNotFound(String),
+    /// The Server has no machine yet.
+    #[error("Server {0} has no providerID yet")]
+    NoMachine(String),
+    /// An input is wrong: an unknown provider account, a changed host key, a template that
+    /// does not render. The message says which.
+    #[error("{0}")]
+    Invalid(String),
+    /// A call failed: the API (reading the credentials or the SSH key Secret), or building
+    /// the provider. Retried or not by the error's class.
+    #[error("{0}")]
+    Call(#[from] Error),
+}
+
+/// How a failed preparation is handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// May pass by itself (an API 5xx or timeout, throttling): retried after the backoff of
+    /// the class; nothing is recorded as failed.
+    Transient(ErrorClass),
+    /// Needs a change (missing input, wrong spec or environment): recorded as a failed run
+    /// whose message is the clear condition the user sees.
+    Permanent,
+}
+
+impl PrepareError {
+    /// How this failure is handled.
+    pub fn retry(&self) -> Retry {
+        match self {
+            PrepareError::ServerNotFound(_) | PrepareError::NoMachine(_) | PrepareError::Invalid(_) => Retry::Permanent,
+            PrepareError::Call(e) => match e.class() {
+                ErrorClass::Permanent | ErrorClass::NotFound => Retry::Permanent,
+                class @ (ErrorClass::Transient | ErrorClass::Throttled { .. } | ErrorClass::InProgress) => Retry::Transient(class),
+            },
         }
     }
 }
@@ -394,27 +460,25 @@ async fn prepare(
     valid: Option<&ValidTaskServ>,
     ctx: &Context,
     catalog: &Catalog,
-) -> Result<RunRequest, String> {
+) -> Result<RunRequest, PrepareError> {
     let namespace = ts.namespace().unwrap_or_default();
-    let server_facts = servers.iter().find(|s| s.name == server).ok_or_else(|| format!("Server {server} not found"))?;
-    let server_obj = ctx
-        .stores
-        .servers
-        .get(&ObjectRef::new(server).within(&namespace))
-        .ok_or_else(|| format!("Server {server} not found"))?;
+    let missing = || PrepareError::ServerNotFound(server.to_string());
+    let server_facts = servers.iter().find(|s| s.name == server).ok_or_else(missing)?;
+    let server_obj = ctx.stores.servers.get(&ObjectRef::new(server).within(&namespace)).ok_or_else(missing)?;
     let server_status = server_obj.status.clone().unwrap_or_default();
-    let provider_id = server_status.provider_id.clone().ok_or_else(|| format!("Server {server} has no providerID yet"))?;
+    let provider_id = server_status.provider_id.clone().ok_or_else(|| PrepareError::NoMachine(server.to_string()))?;
     let ws = ctx.workspace_for(&namespace);
     let account_name = server_status.provider.clone().unwrap_or_else(|| server_obj.spec.provider.clone());
-    let account = ws.account(&account_name).cloned()?;
-    let provider = ctx.provider_for(&ws, &account).await.map_err(|e| e.to_string())?;
+    let account = ws.account(&account_name).cloned().map_err(PrepareError::Invalid)?;
+    // Reads the credentials Secret: an API failure there is a Call error, retried.
+    let provider = ctx.provider_for(&ws, &account).await?;
     let provider_id = ProviderId(provider_id);
     let (ssh_key, paths) = if crate::server::ssh::uses_ssh(&account) {
         // Status is the host key checkpoint: a controller that lost its known-hosts file pins
         // the recorded key again before connecting (a changed key is refused, not re-pinned).
         let recorded = server_status.host_key.as_deref();
-        crate::server::ssh::restore_pin(&provider, &provider_id, recorded)?;
-        let key = crate::server::ssh::server_key(&ctx.client, &server_obj).await.map_err(|e| e.to_string())?;
+        crate::server::ssh::restore_pin(&provider, &provider_id, recorded).map_err(PrepareError::Invalid)?;
+        let key = crate::server::ssh::server_key(&ctx.client, &server_obj).await?;
         let (nu, catalog_dir, _) = crate::server::ssh::remote_layout(&account);
         (key.map(|k| k.private), ScriptPaths { nu, catalog_dir })
     } else {
@@ -440,7 +504,7 @@ async fn prepare(
         templates: Default::default(),
     }
     .with_templates(catalog)
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| PrepareError::Invalid(e.to_string()))?;
     let lock_file = match operation {
         Operation::Check => None,
         _ => Some(format!("/tmp/provisioning-{}.lock", ts.spec.service)),
@@ -456,4 +520,38 @@ async fn prepare(
         executor: ProviderExecutor { provider, id: provider_id, lock_file, ssh_key, paths },
         timeout,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> Error {
+        Error::Kube(kube::Error::Api(kube::core::Status::failure("boom", "InternalError").with_code(code).boxed()))
+    }
+
+    #[test]
+    fn a_transient_credentials_read_is_retried_not_a_failed_install() {
+        // The credentials Secret read failing with a 5xx, a timeout, or being throttled.
+        for e in [api_error(503), api_error(500), api_error(429)] {
+            assert!(matches!(PrepareError::Call(e).retry(), Retry::Transient(_)));
+        }
+        let timeout = Error::Kube(kube::Error::Service(Box::new(std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out"))));
+        assert_eq!(PrepareError::Call(timeout).retry(), Retry::Transient(ErrorClass::Transient));
+        let busy = Error::InProgress("waiting for a parallelLimit slot".into());
+        assert_eq!(PrepareError::Call(busy).retry(), Retry::Transient(ErrorClass::InProgress));
+    }
+
+    #[test]
+    fn missing_or_wrong_inputs_are_recorded_with_their_message() {
+        let missing = Error::Stalled { reason: "CredentialsNotFound", message: "Secret team-a/creds does not exist".into() };
+        let e = PrepareError::Call(missing);
+        assert_eq!(e.retry(), Retry::Permanent);
+        assert_eq!(e.to_string(), "Secret team-a/creds does not exist", "the message users saw before");
+        assert_eq!(PrepareError::Call(api_error(403)).retry(), Retry::Permanent);
+        assert_eq!(PrepareError::ServerNotFound("web-0".into()).retry(), Retry::Permanent);
+        assert_eq!(PrepareError::ServerNotFound("web-0".into()).to_string(), "Server web-0 not found");
+        assert_eq!(PrepareError::NoMachine("web-0".into()).to_string(), "Server web-0 has no providerID yet");
+        assert_eq!(PrepareError::Invalid("host key changed".into()).retry(), Retry::Permanent);
+    }
 }

@@ -1,6 +1,7 @@
 //! The Workspace reconciler: namespace, provider accounts, counts.
 //!
-//! Pipeline: paused check → first-visit status → finalizer (Apply / Cleanup) → validate
+//! Pipeline (after the shared opening of [`crate::reconcile`]: cache gate, stale check, paused
+//! check, first finalizer and status) → finalizer (Apply / Cleanup) → validate
 //! (pure: namespace ownership) → act (ensure the namespace) → dereference (provider accounts,
 //! counts from caches) → status (pure) → one status patch when changed.
 
@@ -9,20 +10,27 @@ pub mod secrets;
 pub mod status;
 pub mod validate;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
-use kube::runtime::controller::Action;
+use kube::api::{PartialObjectMeta, PostParams};
+use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::{Api, ResourceExt};
-use provisioning_crds::{FINALIZER, Workspace, condition};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use provisioning_crds::{Cluster, Server, TaskServ, Workspace, condition};
 
 use crate::conditions;
-use crate::context::{Context, is_paused};
-use crate::error::Error;
+use crate::context::Context;
+use crate::error::{AtStep, Error, Step};
+use crate::permissions::may_watch_all_secrets;
+use crate::reconcile::{Reconciled, Trigger, error_policy, reconcile};
+use crate::sync::{CacheSync, cache, tracked_reflector};
 use status::{AccountCheck, StatusInput};
 
 /// Kind name used in metrics and logs.
@@ -31,69 +39,146 @@ pub const KIND: &str = "Workspace";
 /// Label put on namespaces a Workspace created.
 pub const LABEL_WORKSPACE: &str = "provisioning.dev/workspace";
 
-/// Reconciles one Workspace.
-pub async fn reconcile(ws: Arc<Workspace>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _timer = ctx.metrics.reconcile_timer(KIND);
-    // Nothing acts on a cache that has not synced (a restarted controller would
-    // otherwise resolve a Server to the default workspace: see crate::sync).
-    ctx.caches_synced().await?;
-    if ctx.is_stale(ws.as_ref()) {
-        // The cache has not caught up with our last write; its watch event brings us back.
-        return Ok(Action::requeue(std::time::Duration::from_secs(2)));
+impl Reconciled for Workspace {
+    const KIND: &'static str = KIND;
+    const PAUSE_HOLDS_DELETION: bool = true;
+    type Ctx = Context;
+
+    fn core(ctx: &Context) -> &Context {
+        ctx
     }
-    let paused = is_paused(ws.as_ref());
-    let added = if paused { false } else { ctx.add_first_finalizer(ws.as_ref()).await? };
-    if paused || (ws.metadata.deletion_timestamp.is_none() && ws.status.as_ref().is_none_or(|s| s.conditions.is_empty())) {
-        let desired = status::desired(StatusInput {
-            previous: ws.status.as_ref(),
-            generation: ws.metadata.generation,
-            namespace: None,
-            conflict: None,
-            accounts: vec![],
-            counts: None,
-            paused,
-            now: Timestamp::now(),
-        });
-        let desired = if paused {
-            desired
-        } else {
-            // First visit: Unknown conditions.
-            let mut d = desired;
-            d.phase = Some("Pending".into());
-            d.conditions = conditions::merge(
-                &[],
-                &conditions::Summary::Unknown { reason: "Initializing".into(), message: "reconciliation started".into() }.conditions(),
-                ws.metadata.generation,
-                Timestamp::now(),
-            );
-            d
-        };
-        ctx.apply_status(ws.as_ref(), ws.status.as_ref(), &desired).await?;
-        if paused {
-            return Ok(Action::await_change());
-        }
+
+    fn api(&self, ctx: &Context) -> Api<Workspace> {
+        Api::all(ctx.client.clone())
     }
-    if added {
-        return Ok(Action::await_change());
+
+    fn first_visit(&self) -> bool {
+        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
     }
-    let api: Api<Workspace> = Api::all(ctx.client.clone());
-    let action = finalizer(&api, FINALIZER, ws.clone(), |event| async {
-        match event {
-            Finalizer::Apply(ws) => apply(ws, &ctx).await,
-            Finalizer::Cleanup(ws) => {
-                ctx.publish(ws.as_ref(), EventType::Normal, "Deleted", "Delete", Some("workspace released; its namespace is kept".into())).await;
-                Ok(Action::await_change())
-            }
-        }
-    })
-    .await?;
-    ctx.reset_backoff(KIND, ws.as_ref());
-    Ok(action)
+
+    async fn write_paused(&self, ctx: &Context) -> Result<(), Error> {
+        let desired = status::desired(idle_input(self, true));
+        ctx.apply_status(self, self.status.as_ref(), &desired).await.map(drop)
+    }
+
+    async fn write_first_status(&self, ctx: &Context) -> Result<(), Error> {
+        // First visit: Unknown conditions.
+        let mut desired = status::desired(idle_input(self, false));
+        desired.phase = Some("Pending".into());
+        desired.conditions = conditions::merge(
+            &[],
+            &conditions::Summary::Unknown { reason: "Initializing".into(), message: "reconciliation started".into() }.conditions(),
+            self.metadata.generation,
+            Timestamp::now(),
+        );
+        ctx.apply_status(self, self.status.as_ref(), &desired).await.map(drop)
+    }
+
+    async fn apply(self: Arc<Self>, ctx: &Context) -> Result<Action, Error> {
+        apply(self, ctx).await
+    }
+
+    async fn cleanup(self: Arc<Self>, ctx: &Context) -> Result<Action, Error> {
+        ctx.publish(self.as_ref(), EventType::Normal, "Deleted", "Delete", Some("workspace released; its namespace is kept".into())).await;
+        Ok(Action::await_change())
+    }
 }
 
-/// `error_policy` of the Workspace controller.
-pub fn error_policy(ws: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff(KIND, ws.as_ref(), error)
+/// Status input of a Workspace before anything is known (paused, or its first visit).
+fn idle_input(ws: &Workspace, paused: bool) -> StatusInput<'_> {
+    StatusInput {
+        previous: ws.status.as_ref(),
+        generation: ws.metadata.generation,
+        namespace: None,
+        conflict: None,
+        accounts: vec![],
+        counts: None,
+        paused,
+        now: Timestamp::now(),
+    }
+}
+
+/// The Workspace controller over its cache, marked synced in `synced` as
+/// [`cache::WORKSPACES`]. Its store is the Workspace cache of [`crate::context::Stores`];
+/// [`run`] runs it.
+pub fn controller(client: &Client, synced: &CacheSync) -> Controller<Workspace> {
+    let (reader, stream) =
+        tracked_reflector(synced, cache::WORKSPACES, Api::<Workspace>::all(client.clone()), watcher::Config::default().any_semantic());
+    Controller::for_stream(stream, reader)
+}
+
+/// Runs the Workspace controller until `shutdown` resolves. Workspaces recount when
+/// resources of their namespace change, debounced so that a burst of Server updates costs
+/// one recount, not one per update; a credentials Secret's change reconciles the Workspaces
+/// using it and re-triggers their Stalled Servers through `servers`.
+pub async fn run(
+    controller: Controller<Workspace>,
+    ctx: Arc<Context>,
+    servers: Trigger<Server>,
+    settings: ControllerSettings,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let ws_store = ctx.stores.workspaces.clone();
+    let to_workspace = move |namespace: Option<String>| -> Vec<ObjectRef<Workspace>> {
+        let Some(namespace) = namespace else { return vec![] };
+        crate::workspaces::owner_of(&namespace, ws_store.state().iter()).map(|ws| ObjectRef::from_obj(ws.as_ref())).into_iter().collect()
+    };
+    let (m1, m2, m3) = (to_workspace.clone(), to_workspace.clone(), to_workspace);
+    let mut controller = controller
+        .with_config(settings.debounce(Duration::from_secs(1)))
+        .watches(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Server| m1(s.namespace()))
+        .watches(Api::<TaskServ>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: TaskServ| m2(s.namespace()))
+        .watches(Api::<Cluster>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Cluster| m3(s.namespace()));
+    // deploy/ grants Secrets per namespace only (deploy/rbac/secrets.yaml), so a cluster-wide
+    // Secret watch would be refused forever: watch only where it is allowed everywhere.
+    if may_watch_all_secrets(&client).await {
+        let on_secret = on_secret_change(ctx.clone(), servers);
+        controller =
+            controller.watches(Api::<PartialObjectMeta<Secret>>::all(client.clone()), watcher::Config::default().any_semantic(), on_secret);
+    } else {
+        tracing::info!(
+            "no cluster-wide list/watch on Secrets (least privilege): a changed credentials Secret is picked up at the \
+             next retry or resync of the objects using it, not at once"
+        );
+    }
+    controller
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile::<Workspace>, error_policy::<Workspace>, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+/// Maps a Secret change (metadata only: values are never read by the watch) to the
+/// Workspaces using it: marks the providers built from it stale, and re-triggers the Servers
+/// it concerns (see [`secrets`]) instead of leaving them to the error backoff.
+fn on_secret_change(ctx: Arc<Context>, servers: Trigger<Server>) -> impl Fn(PartialObjectMeta<Secret>) -> Vec<ObjectRef<Workspace>> {
+    move |secret: PartialObjectMeta<Secret>| {
+        let Some(namespace) = secret.namespace() else { return vec![] };
+        let name = secret.name_any();
+        let all = ctx.stores.workspaces.state();
+        let (using, namespaces) = secrets::referrers(&all, &ctx.config.default_workspace.providers, &namespace, &name);
+        let affected: Vec<ObjectRef<Server>> = ctx
+            .stores
+            .servers
+            .state()
+            .iter()
+            .filter(|s| secrets::server_affected(s, &namespaces, &namespace, &name))
+            .map(|s| ObjectRef::from_obj(s.as_ref()))
+            .collect();
+        if using.is_empty() && affected.is_empty() && namespaces.is_empty() {
+            return vec![];
+        }
+        let version = if secret.metadata.deletion_timestamp.is_some() { None } else { secret.metadata.resource_version.as_deref() };
+        if !ctx.providers.note_secret(&namespace, &name, version) {
+            return vec![];
+        }
+        tracing::debug!(secret = %format!("{namespace}/{name}"), workspaces = using.len(), servers = affected.len(), "credentials Secret changed");
+        for server in affected {
+            servers.send(server);
+        }
+        using.into_iter().map(|ws| ObjectRef::from_obj(ws.as_ref())).collect()
+    }
 }
 
 async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
@@ -104,7 +189,7 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
     };
     let (accounts, counts) = match &namespace {
         Some(ns) => {
-            ensure_namespace(ns, &ws, ctx).await?;
+            ensure_namespace(ns, &ws, ctx).await.at(Step::Act)?;
             let effective = dereference::effective(&ws, ns, ctx);
             (dereference::check_accounts(&effective, ctx).await, Some(dereference::counts(ns, ctx)))
         }
@@ -125,7 +210,7 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
     let (was_ready, was_stalled) = (was(condition::READY), was(condition::STALLED));
     let ready = conditions::is_true(&desired.conditions, condition::READY);
     let stalled = conditions::find(&desired.conditions, condition::STALLED).filter(|c| c.status == "True").cloned();
-    ctx.apply_status(ws.as_ref(), ws.status.as_ref(), &desired).await?;
+    ctx.apply_status(ws.as_ref(), ws.status.as_ref(), &desired).await.at(Step::Status)?;
     if ready && !was_ready {
         ctx.publish(ws.as_ref(), EventType::Normal, "Ready", "Reconcile", Some("workspace ready".into())).await;
     }
@@ -134,9 +219,9 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
             ctx.publish(ws.as_ref(), EventType::Warning, &stalled.reason, "Reconcile", Some(stalled.message.clone())).await;
         }
         // Waits for a change of spec or Secret; backs off like any permanent error.
-        return Err(Error::Stalled { reason: "WorkspaceStalled", message: stalled.message });
+        return Err(Error::Stalled { reason: "WorkspaceStalled", message: stalled.message }.at(Step::Validate));
     }
-    Ok(if retrying { Action::requeue(ctx.config.poll()) } else { Action::requeue(crate::error::jittered(ctx.config.resync())) })
+    Ok(if retrying { Action::requeue(ctx.config.poll()) } else { Action::requeue(crate::time::jittered(ctx.config.resync())) })
 }
 
 async fn ensure_namespace(namespace: &str, ws: &Workspace, ctx: &Context) -> Result<(), Error> {

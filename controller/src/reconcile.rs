@@ -1,0 +1,197 @@
+//! The reconcile skeleton every kind (Workspace, Server, TaskServ, Cluster) runs through.
+//!
+//! One visit of one object:
+//! 1. a tracing span `reconcile{kind, object, generation}` around everything below (as
+//!    kube-rs's controller-rs example does), and the reconcile timer of [`crate::metrics`];
+//! 2. the cache gate: nothing acts before every watch cache holds its initial list
+//!    ([`crate::sync`]);
+//! 3. the stale check: a cached copy older than our own last write is not acted on; it is
+//!    looked at again after [`STALE_REQUEUE`] (its watch event usually comes first);
+//! 4. the paused check: a paused object gets its Paused status and nothing else;
+//! 5. the first finalizer (a guarded merge patch, see [`Context::add_first_finalizer`]) and
+//!    the first-visit status (conditions start Unknown, never absent); after adding the
+//!    finalizer the visit ends and the watch event of the patch brings the object back;
+//! 6. `kube::runtime::finalizer` with the kind's `apply` / `cleanup`;
+//! 7. the per-object backoff is reset after a successful visit.
+//!
+//! A failure carries the pipeline step it happened in ([`Step`], via [`Error::At`]), which
+//! [`error_policy`] logs; the error's message (what conditions and events show) is unchanged.
+//!
+//! Kinds implement [`Reconciled`] and hand [`reconcile`] and [`error_policy`] to their
+//! `Controller`. [`Trigger`] queues objects for reconcile from inside the process (no API
+//! write), e.g. a TaskServ asking the Server reconciler to look at a machine now.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource};
+use provisioning_crds::FINALIZER;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::Instrument;
+
+use crate::context::{Context, is_paused};
+use crate::error::{AtStep, Error, Step};
+pub use crate::time::STALE_REQUEUE;
+
+/// A kind reconciled through the skeleton: the hooks that differ between kinds.
+pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// Kind name used in metrics, logs and backoff keys.
+    const KIND: &'static str;
+    /// Whether a paused object that is being deleted stays paused (its cleanup waits for the
+    /// resume: Server, whose cleanup deletes a machine, and Workspace) or is cleaned up anyway
+    /// (TaskServ, Cluster).
+    const PAUSE_HOLDS_DELETION: bool;
+    /// What the kind's reconciles share (the controller's context).
+    type Ctx: Send + Sync + 'static;
+
+    /// The controller core inside the kind's context.
+    fn core(ctx: &Self::Ctx) -> &Context;
+
+    /// The API of this object (namespaced or cluster-wide), for the finalizer.
+    fn api(&self, ctx: &Context) -> Api<Self>;
+
+    /// Whether the object has no status conditions yet (its first visit).
+    fn first_visit(&self) -> bool;
+
+    /// Writes the status of a paused object.
+    fn write_paused(&self, ctx: &Self::Ctx) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Writes the first-visit status (conditions Unknown, reason Initializing).
+    fn write_first_status(&self, ctx: &Self::Ctx) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Reconciles an object that is not being deleted (the finalizer is in place).
+    fn apply(self: Arc<Self>, ctx: &Self::Ctx) -> impl Future<Output = Result<Action, Error>> + Send;
+
+    /// Cleans up an object being deleted; the finalizer is removed once this returns `Ok`.
+    fn cleanup(self: Arc<Self>, ctx: &Self::Ctx) -> impl Future<Output = Result<Action, Error>> + Send;
+}
+
+/// Reconciles one object of kind `K` (the `reconcile` of its `Controller`).
+pub async fn reconcile<K: Reconciled>(obj: Arc<K>, ctx: Arc<K::Ctx>) -> Result<Action, Error> {
+    let span = tracing::info_span!(
+        "reconcile",
+        kind = K::KIND,
+        object = %ObjectRef::from_obj(obj.as_ref()),
+        generation = obj.meta().generation,
+    );
+    visit(obj, &ctx).instrument(span).await
+}
+
+/// `error_policy` of every kind: per-object jittered backoff by error class, logged with the
+/// failing step.
+pub fn error_policy<K: Reconciled>(obj: Arc<K>, error: &Error, ctx: Arc<K::Ctx>) -> Action {
+    K::core(&ctx).backoff(K::KIND, obj.as_ref(), error)
+}
+
+async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error> {
+    let core = K::core(ctx);
+    let _timer = core.metrics.reconcile_timer(K::KIND);
+    // Nothing acts on a cache that has not synced (a restarted controller would
+    // otherwise resolve a Server to the default workspace: see crate::sync).
+    core.caches_synced().await.at(Step::CacheSync)?;
+    if core.is_stale(obj.as_ref()) {
+        // An older copy than our own last write: acting on it would redo recorded work (and
+        // re-run recorded script runs). The watch event of the newer version usually brings
+        // the object back first; the requeue is the safety net.
+        tracing::debug!("cached copy older than our last write; looking again shortly");
+        return Ok(Action::requeue(STALE_REQUEUE));
+    }
+    let deleting = obj.meta().deletion_timestamp.is_some();
+    if is_paused(obj.as_ref()) && (K::PAUSE_HOLDS_DELETION || !deleting) {
+        obj.write_paused(ctx).await.at(Step::Paused)?;
+        core.reset_backoff(K::KIND, obj.as_ref());
+        return Ok(Action::await_change());
+    }
+    // Finalizer first (its patch is guarded by resourceVersion), then the first status.
+    let added = core.add_first_finalizer(obj.as_ref()).await.at(Step::Finalizer)?;
+    if !deleting && obj.first_visit() {
+        obj.write_first_status(ctx).await.at(Step::FirstStatus)?;
+    }
+    if added {
+        return Ok(Action::await_change());
+    }
+    let api = obj.api(core);
+    let action = finalizer(&api, FINALIZER, obj.clone(), |event| async {
+        match event {
+            Finalizer::Apply(obj) => obj.apply(ctx).await,
+            Finalizer::Cleanup(obj) => obj.cleanup(ctx).await,
+        }
+    })
+    .await?;
+    core.reset_backoff(K::KIND, obj.as_ref());
+    Ok(action)
+}
+
+/// Queues objects of kind `K` for reconcile from inside the process: no API write, and no
+/// watch event needed. Sending never blocks; a closed channel only means the controller is
+/// shutting down.
+pub struct Trigger<K: Resource> {
+    tx: UnboundedSender<ObjectRef<K>>,
+}
+
+impl<K: Resource> Clone for Trigger<K> {
+    fn clone(&self) -> Self {
+        Trigger { tx: self.tx.clone() }
+    }
+}
+
+impl<K: Resource> Debug for Trigger<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trigger").finish_non_exhaustive()
+    }
+}
+
+impl<K: Resource> Trigger<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    /// A trigger and the stream its `Controller` takes with `reconcile_on`.
+    pub fn new() -> (Self, UnboundedReceiver<ObjectRef<K>>) {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        (Trigger { tx }, rx)
+    }
+
+    /// Queues `object` for reconcile.
+    pub fn send(&self, object: ObjectRef<K>) {
+        let _ = self.tx.unbounded_send(object);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use provisioning_crds::Server;
+
+    #[tokio::test]
+    async fn a_trigger_queues_the_object_and_survives_a_closed_controller() {
+        let (trigger, mut triggered) = Trigger::<Server>::new();
+        trigger.clone().send(ObjectRef::new("web-0").within("team-a"));
+        let got = triggered.next().await.expect("one trigger");
+        assert_eq!(got, ObjectRef::new("web-0").within("team-a"));
+        drop(triggered);
+        trigger.send(ObjectRef::new("web-1").within("team-a"));
+    }
+
+    #[test]
+    fn the_failing_step_is_kept_and_the_message_unchanged() {
+        let inner = Error::Stalled { reason: "UnknownProvider", message: "no account \"x\"".into() };
+        let e = inner.at(Step::Validate).at(Step::Act);
+        assert_eq!(e.step(), Some(Step::Validate), "the innermost step wins");
+        assert_eq!(e.to_string(), "no account \"x\"");
+        assert_eq!(e.category(), "UnknownProvider");
+        assert_eq!(e.class(), crate::error::ErrorClass::Permanent);
+        assert!(matches!(e.root(), Error::Stalled { .. }));
+        let wrapped: Error = kube::runtime::finalizer::Error::ApplyFailed(e).into();
+        assert_eq!(wrapped.step(), Some(Step::Validate));
+        let plain: Error = kube::runtime::finalizer::Error::<Error>::CleanupFailed(Error::InProgress("x".into())).into();
+        assert_eq!(plain.step(), Some(Step::Cleanup));
+        assert_eq!(Error::MissingField("metadata.uid").step(), None);
+    }
+}
