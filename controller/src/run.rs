@@ -127,6 +127,9 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
     // Workspace name → (generation, Ready) last seen.
     type Seen = Mutex<HashMap<String, (Option<i64>, bool)>>;
     let seen_workspaces: Arc<Seen> = Arc::default();
+    // Workspace name → its cost total last seen: a change re-checks the Servers waiting for
+    // budget (Servers deleted), and only those.
+    let seen_costs: Arc<Mutex<HashMap<String, Option<String>>>> = Arc::default();
     // Secret changes re-trigger Servers directly (see the Workspace controller's Secret watch).
     let (server_trigger, server_triggers) = futures::channel::mpsc::unbounded::<ObjectRef<Server>>();
     let servers = server_controller
@@ -140,11 +143,17 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
                 seen.insert(ws.name_any(), fingerprint) != Some(fingerprint)
             };
             let namespace = workspaces::claimed_namespace(&ws);
-            let refs: Vec<ObjectRef<Server>> = if changed {
+            let cost = ws.status.as_ref().and_then(|s| s.cost.as_ref()).map(|c| c.summary.clone());
+            let cost_changed = {
+                let mut seen = seen_costs.lock().unwrap_or_else(|p| p.into_inner());
+                seen.insert(ws.name_any(), cost.clone()).is_some_and(|before| before != cost)
+            };
+            let refs: Vec<ObjectRef<Server>> = if changed || cost_changed {
                 server_store
                     .state()
                     .iter()
                     .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                    .filter(|s| changed || server::budget::waiting_for_budget(s))
                     .map(|s| ObjectRef::from_obj(s.as_ref()))
                     .collect()
             } else {

@@ -116,6 +116,18 @@ pub async fn reconcile(cluster: Arc<Cluster>, cctx: Arc<ClusterContext>) -> Resu
     Ok(action)
 }
 
+/// The status with the cost of the Cluster's Servers (from the Server cache: their
+/// `status.cost`).
+fn with_cost(mut status: ClusterStatus, children: &[plan::ChildServer], namespace: &str, ctx: &Context) -> ClusterStatus {
+    let servers = ctx.stores.servers.state();
+    let mine = servers
+        .iter()
+        .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|s| children.iter().any(|c| Some(&c.name) == s.metadata.name.as_ref()));
+    status.cost = Some(crate::cost::total(mine.map(|s| s.as_ref())));
+    status
+}
+
 /// `error_policy` of the Cluster controller.
 pub fn error_policy(cluster: Arc<Cluster>, error: &Error, cctx: Arc<ClusterContext>) -> Action {
     cctx.ctx.backoff(KIND, cluster.as_ref(), error)
@@ -151,7 +163,8 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         plan::plan(&observed)
     };
     act::act(&plan, namespace, ctx).await?;
-    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &plan.status).await?;
+    let status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
+    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await?;
     for e in &plan.events {
         let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
         ctx.publish(cluster.as_ref(), type_, &e.reason, "Rollout", Some(e.note.clone())).await;

@@ -627,6 +627,7 @@ pub fn plan(o: &Observed<'_>) -> Plan {
         }),
         taskservs: ts_statuses,
         steps,
+        cost: o.status.cost.clone(),
     };
     plan.events = events;
     // Ready or Stalled: children's changes trigger us anyway; else poll while rolling out.

@@ -2,7 +2,7 @@
 //!
 //! Pipeline per visit: paused check → first-visit status → finalizer (Apply / Cleanup) →
 //! [`dereference`] (workspace, maxServers rank) → [`validate`] (pure: account, plan, limit)
-//! → [`plan`] (pure: observe / adopt / find-then-create / create) → [`act`] (provider calls
+//! → [`budget`] (cost from the price table; monthly budget before a create) → [`plan`] (pure: observe / adopt / find-then-create / create) → [`act`] (provider calls
 //! under the workspace's parallelLimit) → [`status`] (pure) → one status patch, skipped
 //! when unchanged → requeue (poll while starting, long and jittered when Ready).
 //!
@@ -13,6 +13,7 @@
 //! worker count, bounds provider calls in flight.
 
 pub mod act;
+pub mod budget;
 pub mod dereference;
 pub mod plan;
 pub mod ssh;
@@ -143,6 +144,14 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     if let Err(invalid) = validate::within_limit(refs.rank, ws) {
         return stall(&server, invalid.reason, invalid.message, base, ctx).await;
     }
+    // Cost, and the monthly budget before any machine is made (see budget).
+    let cost = match budget::gate(&server, ws, &valid, &provider, ctx).await {
+        Ok(cost) => cost,
+        Err((invalid, cost)) => {
+            let with_cost = |s, a, p, m| status::record_cost(base(s, a, p, m), &cost);
+            return stall(&server, invalid.reason, invalid.message, with_cost, ctx).await;
+        }
+    };
     // Dereference the Server's own SSH key (spec.sshKeySecretRef): a missing Secret or key
     // stalls, naming both, before any machine is made with the wrong key.
     let login_key = if ssh::uses_ssh(&valid.account) {
@@ -194,6 +203,12 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         base(None, Some(valid.account.name.clone()), Some(valid.resolved_plan.clone()), machine),
         host_key.as_deref(),
     );
+    // An adopted or observed machine may run another plan than the spec's: price that one.
+    let cost = match desired.resolved_plan.as_deref() {
+        Some(plan) if plan != valid.resolved_plan => crate::cost::server_cost(&provider.price(plan, &valid.zone)),
+        _ => cost,
+    };
+    let desired = status::record_cost(desired, &cost);
     let ready = conditions::is_true(&desired.conditions, condition::READY);
     let was_ready = server.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
     let message = conditions::find(&desired.conditions, condition::READY).map(|c| c.message.clone());
