@@ -201,7 +201,7 @@ mod tests {
         let older = server("older", 1, false, "t3.small");
         let younger = server("younger", 9, false, "t3.small");
         let limit = budget("20", UnknownCostPolicy::Allow);
-        assert!(matches!(check(&me, &own(&me), Some(&limit), &[older.clone()], "ws"), Verdict::Refused(_)));
+        assert!(matches!(check(&me, &own(&me), Some(&limit), std::slice::from_ref(&older), "ws"), Verdict::Refused(_)));
         assert_eq!(check(&me, &own(&me), Some(&limit), &[younger, me.clone()], "ws"), Verdict::Within);
         let mut stalled = (*older).clone();
         if let Some(s) = stalled.status.as_mut() {
