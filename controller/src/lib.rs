@@ -27,6 +27,7 @@ pub mod cluster;
 pub mod conditions;
 pub mod config;
 pub mod context;
+pub mod cost;
 pub mod dev;
 pub mod error;
 pub mod events;

@@ -21,6 +21,7 @@ use crate::common::*;
     doc = "Pools of Servers plus the TaskServs to install on them, in dependency order.",
     printcolumn(name = "Provider", type_ = "string", json_path = ".spec.provider"),
     printcolumn(name = "Servers", type_ = "string", json_path = ".status.servers.summary"),
+    printcolumn(name = "Cost", type_ = "string", json_path = ".status.cost.summary"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -147,6 +148,9 @@ pub struct ClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
     pub steps: Vec<ClusterStep>,
+    /// What the cluster's Servers with a machine cost at list prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::CostTotal>,
 }
 
 /// Server counts of a cluster.

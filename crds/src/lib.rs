@@ -4,12 +4,14 @@
 
 mod cluster;
 mod common;
+mod cost;
 mod server;
 mod taskserv;
 mod workspace;
 
 pub use cluster::*;
 pub use common::*;
+pub use cost::*;
 pub use server::*;
 pub use taskserv::*;
 pub use workspace::*;
@@ -124,6 +126,7 @@ mod tests {
             ("Cluster.spec.taskservs[].configFrom", "atomic"),
             ("Cluster.spec.taskservs[].pools", "set"),
             ("Cluster.status.conditions", "map[\"type\"]"),
+            ("Cluster.status.cost.otherCurrencies", "map[\"currency\"]"),
             ("Cluster.status.steps", "map[\"id\"]"),
             ("Cluster.status.taskservs", "map[\"service\"]"),
             // Addresses may repeat a type (two InternalIPs), as on a Node: atomic.
@@ -142,6 +145,7 @@ mod tests {
             ("Workspace.spec.providers[].securityGroupIds", "atomic"),
             ("Workspace.spec.providers[].sshSourceCidrs", "atomic"),
             ("Workspace.status.conditions", "map[\"type\"]"),
+            ("Workspace.status.cost.otherCurrencies", "map[\"currency\"]"),
             ("Workspace.status.providers", "map[\"name\"]"),
         ];
         let expected: Vec<(String, String)> = expected.iter().map(|(p, t)| (p.to_string(), t.to_string())).collect();

@@ -20,6 +20,7 @@ use crate::common::*;
     printcolumn(name = "Provider", type_ = "string", json_path = ".status.provider"),
     printcolumn(name = "Plan", type_ = "string", json_path = ".status.resolvedPlan", priority = 1),
     printcolumn(name = "Address", type_ = "string", json_path = ".status.addresses[0].address"),
+    printcolumn(name = "Cost", type_ = "string", json_path = ".status.cost.summary"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -113,4 +114,7 @@ pub struct ServerStatus {
     /// controller never trusts it over a key it generated itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_key: Option<String>,
+    /// What the machine costs at list prices (or would cost, before it is created).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::ServerCost>,
 }

@@ -20,6 +20,7 @@ use crate::common::*;
     printcolumn(name = "Namespace", type_ = "string", json_path = ".status.namespace"),
     printcolumn(name = "Environment", type_ = "string", json_path = ".spec.environment"),
     printcolumn(name = "Servers", type_ = "integer", json_path = ".status.counts.servers"),
+    printcolumn(name = "Cost", type_ = "string", json_path = ".status.cost.summary"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -334,11 +335,16 @@ pub struct WorkspaceLimits {
     #[serde(default = "default_parallel_limit")]
     #[schemars(range(min = 1, max = 1000))]
     pub parallel_limit: u32,
+    /// Monthly budget at list prices: a new Server whose machine would take the namespace's
+    /// monthly total over it is refused before any provider call (Stalled, BudgetExceeded).
+    /// Unset: no budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monthly_budget: Option<crate::MonthlyBudget>,
 }
 
 impl Default for WorkspaceLimits {
     fn default() -> Self {
-        Self { max_servers: default_max_servers(), parallel_limit: default_parallel_limit() }
+        Self { max_servers: default_max_servers(), parallel_limit: default_parallel_limit(), monthly_budget: None }
     }
 }
 
@@ -373,6 +379,9 @@ pub struct WorkspaceStatus {
     /// How many resources the workspace holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counts: Option<WorkspaceCounts>,
+    /// What the namespace's Servers with a machine cost at list prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::CostTotal>,
 }
 
 /// State of one provider account.

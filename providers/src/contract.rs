@@ -38,8 +38,19 @@ fn fail(step: &str, e: ProviderError) -> ContractViolation {
 /// Runs every check of the contract. Leaves no machine behind when it passes.
 pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), ContractViolation> {
     // Plans: abstract names resolve, unknown names are invalid requests naming the plan.
+    // Prices: each abstract plan has a list price (never decreasing with size) or a reason
+    // naming what the price table lacks; never a made-up figure.
+    let mut last_monthly = 0;
     for plan in crate::plans::ABSTRACT_PLANS {
-        provider.resolve_plan(plan).map_err(|e| fail("resolve_plan", e))?;
+        let native = provider.resolve_plan(plan).map_err(|e| fail("resolve_plan", e))?;
+        match provider.price(&native, &opts.zone) {
+            Ok(price) => {
+                check(price.monthly_micros >= last_monthly, format!("price of {plan} ({native}) is below the smaller plan's"))?;
+                check(price.currency.len() == 3, format!("price of {plan} has currency {:?}", price.currency))?;
+                last_monthly = price.monthly_micros;
+            }
+            Err(why) => check(!why.is_empty(), format!("price of {plan} ({native}) is missing without a reason"))?,
+        }
     }
     match provider.resolve_plan("no-such-plan-xyz") {
         Err(ProviderError::InvalidRequest(msg)) => check(msg.contains("no-such-plan-xyz"), "plan error names the plan")?,

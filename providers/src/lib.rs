@@ -13,6 +13,7 @@ pub mod contract;
 pub mod error;
 pub mod local;
 pub mod plans;
+pub mod prices;
 pub mod ratelimit;
 pub mod simulated;
 pub mod ssh;
@@ -91,6 +92,13 @@ pub trait Provider: Send + Sync {
     /// (derived from the account's `SSH_PRIVATE_KEY`); `None` for providers without SSH.
     fn ssh_public_key(&self) -> Option<String> {
         None
+    }
+
+    /// The list price of a machine of native plan `plan` in `zone` (empty: the account's
+    /// region or zone), from the provider's price table (no API call). `Err` says why there
+    /// is none (a plan, region or zone the table does not cover); never a guessed figure.
+    fn price(&self, plan: &str, _zone: &str) -> Result<prices::Price, prices::NoPrice> {
+        Err(format!("the {} provider has no price table (plan {plan:?})", self.provider_type()))
     }
 }
 

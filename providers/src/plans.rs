@@ -1,4 +1,5 @@
-//! Abstract plan names shared by every provider.
+//! Abstract plan names shared by every provider. Each provider's table maps them to native
+//! plans; the list prices of those native plans are in [`crate::prices`].
 
 /// The abstract sizes a Server may ask for.
 pub const ABSTRACT_PLANS: [&str; 4] = ["small", "medium", "large", "xlarge"];

@@ -242,6 +242,10 @@ impl Provider for SimulatedProvider {
         "simulated"
     }
 
+    fn price(&self, _plan: &str, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        Ok(crate::prices::simulated())
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         plans::resolve("simulated", plan, &PLANS, |p| PLANS.iter().any(|(_, native)| *native == p))
     }

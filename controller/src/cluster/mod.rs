@@ -121,6 +121,18 @@ impl Reconciled for Cluster {
     }
 }
 
+/// The status with the cost of the Cluster's Servers (from the Server cache: their
+/// `status.cost`).
+fn with_cost(mut status: ClusterStatus, children: &[plan::ChildServer], namespace: &str, ctx: &Context) -> ClusterStatus {
+    let servers = ctx.stores.servers.state();
+    let mine = servers
+        .iter()
+        .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|s| children.iter().any(|c| Some(&c.name) == s.metadata.name.as_ref()));
+    status.cost = Some(crate::cost::total(mine.map(|s| s.as_ref())));
+    status
+}
+
 async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, deleting: bool) -> Result<Action, Error> {
     let ctx = &cctx.ctx;
     let name = cluster.name_any();
@@ -152,7 +164,8 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         plan::plan(&observed)
     };
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
-    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &plan.status).await.at(Step::Status)?;
+    let status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
+    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await.at(Step::Status)?;
     for e in &plan.events {
         let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
         ctx.publish(cluster.as_ref(), type_, &e.reason, "Rollout", Some(e.note.clone())).await;

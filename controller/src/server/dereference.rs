@@ -17,7 +17,8 @@ pub struct Refs {
     pub rank: Option<usize>,
 }
 
-fn has_machine(server: &Server) -> bool {
+/// Whether the Server has, or may have, a machine (recorded id, adoption, create in flight).
+pub fn has_machine(server: &Server) -> bool {
     server.status.as_ref().is_some_and(|s| s.provider_id.is_some())
         || !server.spec.external_id.is_empty()
         || server.annotations().contains_key(ANNOTATION_CREATE_PENDING)

@@ -3,7 +3,7 @@
 //! Pipeline per visit (after the shared opening of [`crate::reconcile`]: cache gate, stale
 //! check, paused check, first finalizer and status) → finalizer (Apply / Cleanup) →
 //! [`dereference`] (workspace, maxServers rank) → [`validate`] (pure: account, plan, limit)
-//! → [`plan`] (pure: observe / adopt / find-then-create / create) → [`act`] (provider calls
+//! → [`budget`] (cost from the price table; monthly budget before a create) → [`plan`] (pure: observe / adopt / find-then-create / create) → [`act`] (provider calls
 //! under the workspace's parallelLimit) → [`status`] (pure) → one status patch, skipped
 //! when unchanged → requeue (poll while starting, long and jittered when Ready).
 //!
@@ -14,6 +14,7 @@
 //! worker count, bounds provider calls in flight.
 
 pub mod act;
+pub mod budget;
 pub mod dereference;
 pub mod plan;
 pub mod ssh;
@@ -126,6 +127,9 @@ pub async fn run(
     let server_store = ctx.stores.servers.clone();
     // Workspace name → (generation, Ready) last seen.
     let seen_workspaces: Mutex<HashMap<String, (Option<i64>, bool)>> = Mutex::default();
+    // Workspace name → its cost total last seen: a change re-checks the Servers waiting for
+    // budget (Servers deleted), and only those.
+    let seen_costs: Mutex<HashMap<String, Option<String>>> = Mutex::default();
     controller
         .with_config(settings)
         .reconcile_on(triggers)
@@ -136,7 +140,12 @@ pub async fn run(
                 let mut seen = seen_workspaces.lock().unwrap_or_else(|p| p.into_inner());
                 seen.insert(ws.name_any(), fingerprint) != Some(fingerprint)
             };
-            if !changed {
+            let cost = ws.status.as_ref().and_then(|s| s.cost.as_ref()).map(|c| c.summary.clone());
+            let cost_changed = {
+                let mut seen = seen_costs.lock().unwrap_or_else(|p| p.into_inner());
+                seen.insert(ws.name_any(), cost.clone()).is_some_and(|before| before != cost)
+            };
+            if !changed && !cost_changed {
                 return vec![];
             }
             let namespace = crate::workspaces::claimed_namespace(&ws);
@@ -144,6 +153,7 @@ pub async fn run(
                 .state()
                 .iter()
                 .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                .filter(|s| changed || budget::waiting_for_budget(s))
                 .map(|s| ObjectRef::from_obj(s.as_ref()))
                 .collect::<Vec<_>>()
         })
@@ -199,6 +209,14 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     if let Err(invalid) = validate::within_limit(refs.rank, ws) {
         return stall(&server, Step::Validate, invalid.reason, invalid.message, base, ctx).await;
     }
+    // Cost, and the monthly budget before any machine is made (see budget).
+    let cost = match budget::gate(&server, ws, &valid, &provider, ctx).await {
+        Ok(cost) => cost,
+        Err((invalid, cost)) => {
+            let with_cost = |s, a, p, m| status::record_cost(base(s, a, p, m), &cost);
+            return stall(&server, Step::Validate, invalid.reason, invalid.message, with_cost, ctx).await;
+        }
+    };
     // Dereference the Server's own SSH key (spec.sshKeySecretRef): a missing Secret or key
     // stalls, naming both, before any machine is made with the wrong key.
     let login_key = if ssh::uses_ssh(&valid.account) {
@@ -252,6 +270,12 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         base(None, Some(valid.account.name.clone()), Some(valid.resolved_plan.clone()), machine),
         host_key.as_deref(),
     );
+    // An adopted or observed machine may run another plan than the spec's: price that one.
+    let cost = match desired.resolved_plan.as_deref() {
+        Some(plan) if plan != valid.resolved_plan => crate::cost::server_cost(&provider.price(plan, &valid.zone)),
+        _ => cost,
+    };
+    let desired = status::record_cost(desired, &cost);
     let ready = conditions::is_true(&desired.conditions, condition::READY);
     let was_ready = server.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
     let message = conditions::find(&desired.conditions, condition::READY).map(|c| c.message.clone());

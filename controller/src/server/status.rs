@@ -1,7 +1,7 @@
 //! Status (pure): the Server's desired status from what this reconcile learned.
 
 use k8s_openapi::jiff::Timestamp;
-use provisioning_crds::{MachineAddress, ServerStatus, condition};
+use provisioning_crds::{MachineAddress, ServerCost, ServerStatus, condition};
 use provisioning_providers::ServerObservation;
 
 use crate::conditions::{self, DesiredCondition, Status, Summary};
@@ -154,6 +154,12 @@ pub fn record_host_key(mut status: ServerStatus, pinned: Option<&str>) -> Server
     {
         status.host_key = Some(key.to_string());
     }
+    status
+}
+
+/// Records the machine's cost (what it would cost, before it exists).
+pub fn record_cost(mut status: ServerStatus, cost: &ServerCost) -> ServerStatus {
+    status.cost = Some(cost.clone());
     status
 }
 

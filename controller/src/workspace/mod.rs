@@ -1,9 +1,9 @@
-//! The Workspace reconciler: namespace, provider accounts, counts.
+//! The Workspace reconciler: namespace, provider accounts, counts, cost.
 //!
 //! Pipeline (after the shared opening of [`crate::reconcile`]: cache gate, stale check, paused
 //! check, first finalizer and status) → finalizer (Apply / Cleanup) → validate
 //! (pure: namespace ownership) → act (ensure the namespace) → dereference (provider accounts,
-//! counts from caches) → status (pure) → one status patch when changed.
+//! counts and cost from caches) → status (pure) → one status patch when changed.
 
 pub mod dereference;
 pub mod secrets;
@@ -196,6 +196,7 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
         None => (vec![], None),
     };
     let retrying = accounts.iter().any(|(_, c)| matches!(c, AccountCheck::Retrying(_)));
+    let cost = namespace.as_deref().map(|ns| crate::cost::namespace_total(ns, &ctx.stores.servers.state()));
     let desired = status::desired(StatusInput {
         previous: ws.status.as_ref(),
         generation: ws.metadata.generation,
@@ -206,6 +207,7 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
         paused: false,
         now: Timestamp::now(),
     });
+    let desired = status::record_cost(desired, cost);
     let was = |t: &str| ws.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, t));
     let (was_ready, was_stalled) = (was(condition::READY), was(condition::STALLED));
     let ready = conditions::is_true(&desired.conditions, condition::READY);

@@ -1,7 +1,7 @@
 //! Status (pure): the Workspace's desired status.
 
 use k8s_openapi::jiff::Timestamp;
-use provisioning_crds::{ProviderAccountStatus, WorkspaceCounts, WorkspaceStatus, condition};
+use provisioning_crds::{CostTotal, ProviderAccountStatus, WorkspaceCounts, WorkspaceStatus, condition};
 
 use crate::conditions::{self, DesiredCondition, Status, Summary};
 
@@ -111,6 +111,14 @@ pub fn desired(input: StatusInput<'_>) -> WorkspaceStatus {
         wanted.push(DesiredCondition::new(condition::PAUSED, Status::False, "Resumed", ""));
     }
     status.conditions = conditions::merge(&previous.conditions, &wanted, input.generation, input.now);
+    status
+}
+
+/// Records the namespace's cost total (kept as it was when the namespace is not resolved).
+pub fn record_cost(mut status: WorkspaceStatus, cost: Option<CostTotal>) -> WorkspaceStatus {
+    if cost.is_some() {
+        status.cost = cost;
+    }
     status
 }
 

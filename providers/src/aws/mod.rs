@@ -401,6 +401,11 @@ impl Provider for AwsProvider {
         "aws"
     }
 
+    fn price(&self, plan: &str, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        // Instances are billed by region; the availability zone does not change the price.
+        crate::prices::aws(&self.region, plan)
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         // EC2 instance types are family.size (t3.small, m7i.2xlarge…): pass those through.
         plans::resolve("aws", plan, &PLANS, |p| {

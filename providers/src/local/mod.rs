@@ -344,6 +344,10 @@ impl Provider for LocalProvider {
         "local"
     }
 
+    fn price(&self, _plan: &str, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        Ok(crate::prices::local())
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         spec::resolve_plan(plan)
     }

@@ -533,6 +533,11 @@ impl Provider for UpcloudProvider {
         "upcloud"
     }
 
+    fn price(&self, plan: &str, zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        let zone = if zone.is_empty() { &self.zone } else { zone };
+        crate::prices::upcloud(zone, plan, &ZONES)
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         // Native plans look like 2xCPU-4GB, DEV-1xCPU-1GB-10GB, HIMEM-4xCPU-32GB…
         plans::resolve("upcloud", plan, &PLANS, |p| {

@@ -133,6 +133,7 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
         servers: Some(ClusterServerCounts { desired: desired_count, ready: ready_count, summary: format!("{ready_count}/{desired_count}") }),
         taskservs: r.taskserv_statuses,
         steps: r.steps,
+        cost: o.status.cost.clone(),
     };
     plan.events = events;
     // Ready or Stalled: children's changes trigger us anyway; else poll while rolling out.
