@@ -28,7 +28,8 @@ async fn client(kubeconfig: &std::path::Path) -> BoxResult<Client> {
 }
 
 async fn post(c: &Client, path: &str, body: serde_json::Value) -> BoxResult<serde_json::Value> {
-    let req = http::Request::builder().method("POST").uri(path).header("content-type", "application/json").body(serde_json::to_vec(&body)?)?;
+    let req =
+        http::Request::builder().method("POST").uri(path).header("content-type", "application/json").body(serde_json::to_vec(&body)?)?;
     Ok(c.request::<serde_json::Value>(req).await?)
 }
 
@@ -57,8 +58,9 @@ async fn timed(label: &str, c: &Client) -> BoxResult<()> {
 async fn main() -> BoxResult<()> {
     provisioning_apiserver::install_crypto_provider();
     let dir = tempfile::tempdir()?;
-    let server = provisioning_apiserver::start(provisioning_apiserver::ApiServerConfig::new(dir.path().to_path_buf(), "127.0.0.1:0".parse()?))
-    .await?;
+    let server =
+        provisioning_apiserver::start(provisioning_apiserver::ApiServerConfig::new(dir.path().to_path_buf(), "127.0.0.1:0".parse()?))
+            .await?;
     let admin = client(&server.kubeconfig_path()).await?;
     let crd: serde_json::Value = serde_yaml_ng::from_str(include_str!("../tests/fixtures/server-crd.yaml"))?;
     post(&admin, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd).await?;
@@ -76,7 +78,12 @@ async fn main() -> BoxResult<()> {
             "metadata": {"name": format!("s-{i}")}, "spec": {"plan": "small"}}))?;
         api.create(&PostParams::default(), &obj).await?;
     }
-    post(&admin, "/api/v1/namespaces/demo/serviceaccounts", json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ci"}})).await?;
+    post(
+        &admin,
+        "/api/v1/namespaces/demo/serviceaccounts",
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ci"}}),
+    )
+    .await?;
     let rbac = "/apis/rbac.authorization.k8s.io/v1";
     post(&admin, &format!("{rbac}/namespaces/demo/roles"), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "reader"}, "rules": [{"apiGroups": ["provisioning.dev"], "resources": ["servers"], "verbs": ["get", "list"]}]})).await?;
@@ -86,13 +93,24 @@ async fn main() -> BoxResult<()> {
             "metadata": {"name": format!("other-{i}")}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
             "subjects": [{"kind": "User", "name": format!("user-{i}")}]})).await?;
     }
-    post(&admin, &format!("{rbac}/namespaces/demo/rolebindings"), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+    post(
+        &admin,
+        &format!("{rbac}/namespaces/demo/rolebindings"),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": "ci"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": "ci", "namespace": "demo"}]})).await?;
-    let tr = post(&admin, "/api/v1/namespaces/demo/serviceaccounts/ci/token", json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}})).await?;
+        "subjects": [{"kind": "ServiceAccount", "name": "ci", "namespace": "demo"}]}),
+    )
+    .await?;
+    let tr = post(
+        &admin,
+        "/api/v1/namespaces/demo/serviceaccounts/ci/token",
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}),
+    )
+    .await?;
     let token = tr["status"]["token"].as_str().ok_or("no token in TokenRequest")?;
     let text = std::fs::read_to_string(server.kubeconfig_path())?;
-    let sa_text: Vec<String> = text.lines().map(|l| if l.trim_start().starts_with("token: ") { format!("    token: {token}") } else { l.to_string() }).collect();
+    let sa_text: Vec<String> =
+        text.lines().map(|l| if l.trim_start().starts_with("token: ") { format!("    token: {token}") } else { l.to_string() }).collect();
     let sa_kc = dir.path().join("sa-kubeconfig");
     std::fs::write(&sa_kc, sa_text.join("\n") + "\n")?;
     let sa = client(&sa_kc).await?;

@@ -273,9 +273,10 @@ pub fn remove_at(obj: &mut Value, path: &[String]) {
             m.remove(f);
         }
     } else if (last.starts_with("k:") || last.starts_with("v:"))
-        && let Some(a) = cur.as_array_mut() {
-            a.retain(|i| !key_match(i, last));
-        }
+        && let Some(a) = cur.as_array_mut()
+    {
+        a.retain(|i| !key_match(i, last));
+    }
 }
 
 /// Merges an applied configuration into the live object (maps deep, keyed lists by key,
@@ -450,7 +451,11 @@ fn duplicate_entries(value: &Value, schema: Option<&Value>, path: &mut FieldPath
                 if let Some(t) = token
                     && !seen.insert(t.clone())
                 {
-                    let what = if set { format!("value {}", t.trim_start_matches("v:")) } else { format!("key {}", render_path(std::slice::from_ref(&t))) };
+                    let what = if set {
+                        format!("value {}", t.trim_start_matches("v:"))
+                    } else {
+                        format!("key {}", render_path(std::slice::from_ref(&t)))
+                    };
                     out.push(format!("{}: duplicate entries for {what}", render_path(path)));
                 }
             }
@@ -483,11 +488,7 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
             req.api_version,
             applied["kind"].as_str().unwrap_or_default()
         );
-        let detail = if duplicates.len() == 1 {
-            duplicates.remove(0)
-        } else {
-            format!("errors:\n  {}", duplicates.join("\n  "))
-        };
+        let detail = if duplicates.len() == 1 { duplicates.remove(0) } else { format!("errors:\n  {}", duplicates.join("\n  ")) };
         return Err(ApiError {
             code: 500,
             reason: "",
@@ -551,15 +552,11 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
         entries.iter().filter(|e| !is_self(e)).any(|e| e.fields.iter().any(|q| q.starts_with(p)))
             || applied_fields.iter().any(|q| q.starts_with(p))
     };
-    let candidates: Vec<&FieldPath> =
-        previous.iter().filter(|p| !applied_fields.contains(*p)).filter(|p| !owned_by_other(p)).collect();
+    let candidates: Vec<&FieldPath> = previous.iter().filter(|p| !applied_fields.contains(*p)).filter(|p| !owned_by_other(p)).collect();
     // A keyed list item goes as a whole when nothing in it is still in use; otherwise it stays
     // (with its key fields) and only this manager's other fields in it go.
-    let removed_items: Vec<&FieldPath> = candidates
-        .iter()
-        .copied()
-        .filter(|p| p.last().is_some_and(|t| t.starts_with("k:")) && !in_use_below(p))
-        .collect();
+    let removed_items: Vec<&FieldPath> =
+        candidates.iter().copied().filter(|p| p.last().is_some_and(|t| t.starts_with("k:")) && !in_use_below(p)).collect();
     let mut removed: Vec<&FieldPath> = candidates
         .into_iter()
         .filter(|p| !p.last().is_some_and(|t| t.starts_with("k:")) || removed_items.contains(p))
@@ -687,7 +684,14 @@ mod tests {
     fn sets_merge_per_member() -> Result<(), ApiError> {
         let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
             "dependsOn": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}}});
-        let req = |m: &'static str| ApplyRequest { manager: m, force: false, scope: Scope::All, api_version: "v1", schema: Some(&schema), now: "t" };
+        let req = |m: &'static str| ApplyRequest {
+            manager: m,
+            force: false,
+            scope: Scope::All,
+            api_version: "v1",
+            schema: Some(&schema),
+            now: "t",
+        };
         let live = json!({"metadata": {"name": "a"}});
         let a = apply(&live, &json!({"spec": {"dependsOn": ["etcd", "dns"]}}), &req("one"))?;
         // Another manager adds a member: no conflict, both kept.
@@ -705,7 +709,14 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
             "providers": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
                 "items": {"type": "object"}}}}}});
-        let req = |m: &'static str| ApplyRequest { manager: m, force: false, scope: Scope::All, api_version: "v1", schema: Some(&schema), now: "t" };
+        let req = |m: &'static str| ApplyRequest {
+            manager: m,
+            force: false,
+            scope: Scope::All,
+            api_version: "v1",
+            schema: Some(&schema),
+            now: "t",
+        };
         let live = json!({"metadata": {"name": "a"}});
         let a = apply(&live, &json!({"spec": {"providers": [{"name": "local", "type": "local"}]}}), &req("one"))?;
         let b = apply(&a, &json!({"spec": {"providers": [{"name": "aws", "type": "aws", "region": "r"}]}}), &req("two"))?;
@@ -727,8 +738,12 @@ mod tests {
         let schema = conditions_schema();
         let req = ApplyRequest { manager: "m", force: false, scope: Scope::Status, api_version: "v1", schema: Some(&schema), now: "t" };
         let live = json!({"metadata": {"name": "a"}});
-        let a = apply(&live, &json!({"status": {"conditions": [
-            {"type": "Ready", "status": "True"}, {"type": "Paused", "status": "False", "reason": "x"}]}}), &req)?;
+        let a = apply(
+            &live,
+            &json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True"}, {"type": "Paused", "status": "False", "reason": "x"}]}}),
+            &req,
+        )?;
         let b = apply(&a, &json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}), &req)?;
         assert_eq!(b["status"]["conditions"], json!([{"type": "Ready", "status": "True"}]));
         let fields = &read_managed(&b)[0].fields;
@@ -739,10 +754,21 @@ mod tests {
     #[test]
     fn keyed_list_item_shared_keeps_other_managers_fields() -> Result<(), ApiError> {
         let schema = conditions_schema();
-        let req = |m: &'static str| ApplyRequest { manager: m, force: false, scope: Scope::Status, api_version: "v1", schema: Some(&schema), now: "t" };
+        let req = |m: &'static str| ApplyRequest {
+            manager: m,
+            force: false,
+            scope: Scope::Status,
+            api_version: "v1",
+            schema: Some(&schema),
+            now: "t",
+        };
         let live = json!({"metadata": {"name": "a"}});
-        let a = apply(&live, &json!({"status": {"conditions": [
-            {"type": "Ready", "status": "True"}, {"type": "Paused", "status": "False", "reason": "x"}]}}), &req("one"))?;
+        let a = apply(
+            &live,
+            &json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True"}, {"type": "Paused", "status": "False", "reason": "x"}]}}),
+            &req("one"),
+        )?;
         let b = apply(&a, &json!({"status": {"conditions": [{"type": "Paused", "message": "hi"}]}}), &req("two"))?;
         let c = apply(&b, &json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}), &req("one"))?;
         assert_eq!(c["status"]["conditions"], json!([{"type": "Ready", "status": "True"}, {"type": "Paused", "message": "hi"}]));

@@ -8,23 +8,14 @@ pub fn cell(name: &str, obj: &Value) -> Value {
     let spec = &obj["spec"];
     let status = &obj["status"];
     match name {
-        "sa-secrets" => json!(
-            obj["secrets"]
-                .as_array()
-                .map(Vec::len)
-                .unwrap_or(0)
-                .to_string()
-        ),
+        "sa-secrets" => json!(obj["secrets"].as_array().map(Vec::len).unwrap_or(0).to_string()),
         "svc-cluster-ip" => json!(non_empty(spec["clusterIP"].as_str()).unwrap_or("<none>")),
         "svc-external-ip" => json!(service_external_ip(obj)),
         "svc-ports" => json!(service_ports(spec)),
         "selector-map" => json!(format_map(&spec["selector"])),
         "deploy-ready" => {
             let want = spec["replicas"].as_i64().unwrap_or(1);
-            json!(format!(
-                "{}/{want}",
-                status["readyReplicas"].as_i64().unwrap_or(0)
-            ))
+            json!(format!("{}/{want}", status["readyReplicas"].as_i64().unwrap_or(0)))
         }
         "deploy-updated" => json!(status["updatedReplicas"].as_i64().unwrap_or(0)),
         "deploy-available" => json!(status["availableReplicas"].as_i64().unwrap_or(0)),
@@ -34,11 +25,7 @@ pub fn cell(name: &str, obj: &Value) -> Value {
         "netpol-selector" => json!(format_label_selector(&spec["podSelector"])),
         "binding-role" => {
             let r = &obj["roleRef"];
-            json!(format!(
-                "{}/{}",
-                r["kind"].as_str().unwrap_or_default(),
-                r["name"].as_str().unwrap_or_default()
-            ))
+            json!(format!("{}/{}", r["kind"].as_str().unwrap_or_default(), r["name"].as_str().unwrap_or_default()))
         }
         "binding-users" => json!(subjects(obj, "User")),
         "binding-groups" => json!(subjects(obj, "Group")),
@@ -80,12 +67,7 @@ fn int_or_string(v: &Value) -> String {
 }
 
 fn join_field(list: &Value, field: &str) -> String {
-    let parts: Vec<&str> = list
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c[field].as_str())
-        .collect();
+    let parts: Vec<&str> = list.as_array().into_iter().flatten().filter_map(|c| c[field].as_str()).collect();
     parts.join(",")
 }
 
@@ -94,10 +76,7 @@ fn format_map(m: &Value) -> String {
     let Some(map) = m.as_object().filter(|m| !m.is_empty()) else {
         return "<none>".into();
     };
-    let mut parts: Vec<String> = map
-        .iter()
-        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-        .collect();
+    let mut parts: Vec<String> = map.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect();
     parts.sort();
     parts.join(",")
 }
@@ -106,21 +85,13 @@ fn format_map(m: &Value) -> String {
 fn format_label_selector(sel: &Value) -> String {
     let mut parts: Vec<String> = vec![];
     if let Some(ml) = sel["matchLabels"].as_object() {
-        let mut v: Vec<String> = ml
-            .iter()
-            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-            .collect();
+        let mut v: Vec<String> = ml.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect();
         v.sort();
         parts.extend(v);
     }
     for e in sel["matchExpressions"].as_array().into_iter().flatten() {
         let key = e["key"].as_str().unwrap_or_default();
-        let values: Vec<&str> = e["values"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let values: Vec<&str> = e["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
         let s = match e["operator"].as_str().unwrap_or_default() {
             "In" => format!("{key} in ({})", values.join(",")),
             "NotIn" => format!("{key} notin ({})", values.join(",")),
@@ -130,21 +101,12 @@ fn format_label_selector(sel: &Value) -> String {
         };
         parts.push(s);
     }
-    if parts.is_empty() {
-        "<none>".into()
-    } else {
-        parts.join(",")
-    }
+    if parts.is_empty() { "<none>".into() } else { parts.join(",") }
 }
 
 fn service_external_ip(obj: &Value) -> String {
     let spec = &obj["spec"];
-    let external: Vec<&str> = spec["externalIPs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let external: Vec<&str> = spec["externalIPs"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     match spec["type"].as_str().unwrap_or("ClusterIP") {
         "ClusterIP" | "NodePort" => {
             if external.is_empty() {
@@ -158,23 +120,12 @@ fn service_external_ip(obj: &Value) -> String {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .filter_map(|i| {
-                    non_empty(i["ip"].as_str())
-                        .or_else(|| non_empty(i["hostname"].as_str()))
-                        .map(str::to_string)
-                })
+                .filter_map(|i| non_empty(i["ip"].as_str()).or_else(|| non_empty(i["hostname"].as_str())).map(str::to_string))
                 .collect();
             ips.extend(external.iter().map(|s| s.to_string()));
-            if ips.is_empty() {
-                "<pending>".into()
-            } else {
-                ips.join(",")
-            }
+            if ips.is_empty() { "<pending>".into() } else { ips.join(",") }
         }
-        "ExternalName" => spec["externalName"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
+        "ExternalName" => spec["externalName"].as_str().unwrap_or_default().to_string(),
         _ => "<unknown>".into(),
     }
 }
@@ -193,11 +144,7 @@ fn service_ports(spec: &Value) -> String {
             }
         })
         .collect();
-    if parts.is_empty() {
-        "<none>".into()
-    } else {
-        parts.join(",")
-    }
+    if parts.is_empty() { "<none>".into() } else { parts.join(",") }
 }
 
 #[cfg(test)]
@@ -215,13 +162,7 @@ mod tests {
         assert_eq!(cell("svc-ports", &s), json!("80:30080/TCP,53/UDP"));
         assert_eq!(cell("svc-external-ip", &s), json!("<none>"));
         assert_eq!(cell("svc-cluster-ip", &s), json!("<none>"));
-        assert_eq!(
-            cell("pdb-min", &json!({"spec": {"minAvailable": 1}})),
-            json!("1")
-        );
-        assert_eq!(
-            cell("pdb-max", &json!({"spec": {"minAvailable": 1}})),
-            json!("N/A")
-        );
+        assert_eq!(cell("pdb-min", &json!({"spec": {"minAvailable": 1}})), json!("1"));
+        assert_eq!(cell("pdb-max", &json!({"spec": {"minAvailable": 1}})), json!("N/A"));
     }
 }

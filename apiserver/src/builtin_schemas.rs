@@ -41,10 +41,7 @@ pub fn get() -> &'static BuiltinSchemas {
 
 /// The definition name of a built-in kind.
 pub fn definition_name(group: &str, version: &str, kind: &str) -> Option<&'static str> {
-    get()
-        .kinds
-        .get(&(group.to_string(), version.to_string(), kind.to_string()))
-        .map(String::as_str)
+    get().kinds.get(&(group.to_string(), version.to_string(), kind.to_string())).map(String::as_str)
 }
 
 /// The self-contained (inlined) schema of a built-in kind, used for validation and
@@ -100,142 +97,38 @@ fn add<T: JsonSchema>(g: &mut schemars::SchemaGenerator) -> String {
 }
 
 fn kinds() -> Vec<Kind> {
-    let k = |group, version, kind, add| Kind {
-        group,
-        version,
-        kind,
-        add,
-    };
+    let k = |group, version, kind, add| Kind { group, version, kind, add };
     vec![
         k("", "v1", "Namespace", add::<api::core::v1::Namespace>),
         k("", "v1", "Secret", add::<api::core::v1::Secret>),
         k("", "v1", "ConfigMap", add::<api::core::v1::ConfigMap>),
         k("", "v1", "Event", add::<api::core::v1::Event>),
-        k(
-            "",
-            "v1",
-            "ServiceAccount",
-            add::<api::core::v1::ServiceAccount>,
-        ),
+        k("", "v1", "ServiceAccount", add::<api::core::v1::ServiceAccount>),
         k("", "v1", "Service", add::<api::core::v1::Service>),
-        k(
-            "events.k8s.io",
-            "v1",
-            "Event",
-            add::<api::events::v1::Event>,
-        ),
-        k(
-            "coordination.k8s.io",
-            "v1",
-            "Lease",
-            add::<api::coordination::v1::Lease>,
-        ),
-        k(
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-            add::<apiext::CustomResourceDefinition>,
-        ),
+        k("events.k8s.io", "v1", "Event", add::<api::events::v1::Event>),
+        k("coordination.k8s.io", "v1", "Lease", add::<api::coordination::v1::Lease>),
+        k("apiextensions.k8s.io", "v1", "CustomResourceDefinition", add::<apiext::CustomResourceDefinition>),
         k("apps", "v1", "Deployment", add::<api::apps::v1::Deployment>),
-        k(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "Role",
-            add::<api::rbac::v1::Role>,
-        ),
-        k(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "ClusterRole",
-            add::<api::rbac::v1::ClusterRole>,
-        ),
-        k(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "RoleBinding",
-            add::<api::rbac::v1::RoleBinding>,
-        ),
-        k(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "ClusterRoleBinding",
-            add::<api::rbac::v1::ClusterRoleBinding>,
-        ),
-        k(
-            "policy",
-            "v1",
-            "PodDisruptionBudget",
-            add::<api::policy::v1::PodDisruptionBudget>,
-        ),
-        k(
-            "networking.k8s.io",
-            "v1",
-            "NetworkPolicy",
-            add::<api::networking::v1::NetworkPolicy>,
-        ),
+        k("rbac.authorization.k8s.io", "v1", "Role", add::<api::rbac::v1::Role>),
+        k("rbac.authorization.k8s.io", "v1", "ClusterRole", add::<api::rbac::v1::ClusterRole>),
+        k("rbac.authorization.k8s.io", "v1", "RoleBinding", add::<api::rbac::v1::RoleBinding>),
+        k("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", add::<api::rbac::v1::ClusterRoleBinding>),
+        k("policy", "v1", "PodDisruptionBudget", add::<api::policy::v1::PodDisruptionBudget>),
+        k("networking.k8s.io", "v1", "NetworkPolicy", add::<api::networking::v1::NetworkPolicy>),
     ]
 }
 
 /// List semantics as upstream tags them: (definition, property, list type, map keys,
 /// patch strategy, patch merge key).
-type ListTag = (
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static [&'static str],
-    Option<&'static str>,
-    Option<&'static str>,
-);
+type ListTag = (&'static str, &'static str, &'static str, &'static [&'static str], Option<&'static str>, Option<&'static str>);
 
 const LIST_TAGS: &[ListTag] = &[
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "containers",
-        "map",
-        &["name"],
-        Some("merge"),
-        Some("name"),
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "initContainers",
-        "map",
-        &["name"],
-        Some("merge"),
-        Some("name"),
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "ephemeralContainers",
-        "map",
-        &["name"],
-        Some("merge"),
-        Some("name"),
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "volumes",
-        "map",
-        &["name"],
-        Some("merge,retainKeys"),
-        Some("name"),
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "imagePullSecrets",
-        "map",
-        &["name"],
-        Some("merge"),
-        Some("name"),
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "hostAliases",
-        "map",
-        &["ip"],
-        Some("merge"),
-        Some("ip"),
-    ),
+    ("io.k8s.api.core.v1.PodSpec", "containers", "map", &["name"], Some("merge"), Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "initContainers", "map", &["name"], Some("merge"), Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "ephemeralContainers", "map", &["name"], Some("merge"), Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "volumes", "map", &["name"], Some("merge,retainKeys"), Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "imagePullSecrets", "map", &["name"], Some("merge"), Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "hostAliases", "map", &["ip"], Some("merge"), Some("ip")),
     (
         "io.k8s.api.core.v1.PodSpec",
         "topologySpreadConstraints",
@@ -244,406 +137,61 @@ const LIST_TAGS: &[ListTag] = &[
         Some("merge"),
         Some("topologyKey"),
     ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "resourceClaims",
-        "map",
-        &["name"],
-        Some("merge,retainKeys"),
-        Some("name"),
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "schedulingGates",
-        "map",
-        &["name"],
-        Some("merge"),
-        Some("name"),
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "tolerations",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "readinessGates",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "ports",
-        "map",
-        &["containerPort", "protocol"],
-        Some("merge"),
-        Some("containerPort"),
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "env",
-        "map",
-        &["name"],
-        Some("merge"),
-        Some("name"),
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "volumeMounts",
-        "map",
-        &["mountPath"],
-        Some("merge"),
-        Some("mountPath"),
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "volumeDevices",
-        "map",
-        &["devicePath"],
-        Some("merge"),
-        Some("devicePath"),
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "args",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "command",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "envFrom",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "resizePolicy",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.Capabilities",
-        "add",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.Capabilities",
-        "drop",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.PodSecurityContext",
-        "supplementalGroups",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.PodSecurityContext",
-        "sysctls",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceSpec",
-        "ports",
-        "map",
-        &["port", "protocol"],
-        Some("merge"),
-        Some("port"),
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceSpec",
-        "externalIPs",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceSpec",
-        "clusterIPs",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceSpec",
-        "ipFamilies",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceSpec",
-        "loadBalancerSourceRanges",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceAccount",
-        "secrets",
-        "map",
-        &["name"],
-        Some("merge"),
-        Some("name"),
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceAccount",
-        "imagePullSecrets",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.NamespaceStatus",
-        "conditions",
-        "map",
-        &["type"],
-        Some("merge"),
-        Some("type"),
-    ),
-    (
-        "io.k8s.api.core.v1.NamespaceSpec",
-        "finalizers",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceStatus",
-        "conditions",
-        "map",
-        &["type"],
-        Some("merge"),
-        Some("type"),
-    ),
-    (
-        "io.k8s.api.apps.v1.DeploymentStatus",
-        "conditions",
-        "map",
-        &["type"],
-        Some("merge"),
-        Some("type"),
-    ),
-    (
-        "io.k8s.api.policy.v1.PodDisruptionBudgetStatus",
-        "conditions",
-        "map",
-        &["type"],
-        Some("merge"),
-        Some("type"),
-    ),
-    (
-        "io.k8s.api.rbac.v1.Role",
-        "rules",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.rbac.v1.ClusterRole",
-        "rules",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.rbac.v1.RoleBinding",
-        "subjects",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.rbac.v1.ClusterRoleBinding",
-        "subjects",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.rbac.v1.AggregationRule",
-        "clusterRoleSelectors",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.rbac.v1.PolicyRule",
-        "verbs",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.rbac.v1.PolicyRule",
-        "apiGroups",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.rbac.v1.PolicyRule",
-        "resources",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.rbac.v1.PolicyRule",
-        "resourceNames",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.rbac.v1.PolicyRule",
-        "nonResourceURLs",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.networking.v1.NetworkPolicySpec",
-        "ingress",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.networking.v1.NetworkPolicySpec",
-        "egress",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.networking.v1.NetworkPolicySpec",
-        "policyTypes",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.networking.v1.NetworkPolicyIngressRule",
-        "ports",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.networking.v1.NetworkPolicyIngressRule",
-        "from",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.networking.v1.NetworkPolicyEgressRule",
-        "ports",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.api.networking.v1.NetworkPolicyEgressRule",
-        "to",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector",
-        "matchExpressions",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement",
-        "values",
-        "atomic",
-        &[],
-        None,
-        None,
-    ),
-    (
-        "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
-        "finalizers",
-        "set",
-        &[],
-        Some("merge"),
-        None,
-    ),
-    (
-        "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
-        "ownerReferences",
-        "map",
-        &["uid"],
-        Some("merge"),
-        Some("uid"),
-    ),
+    ("io.k8s.api.core.v1.PodSpec", "resourceClaims", "map", &["name"], Some("merge,retainKeys"), Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "schedulingGates", "map", &["name"], Some("merge"), Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "tolerations", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.PodSpec", "readinessGates", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.Container", "ports", "map", &["containerPort", "protocol"], Some("merge"), Some("containerPort")),
+    ("io.k8s.api.core.v1.Container", "env", "map", &["name"], Some("merge"), Some("name")),
+    ("io.k8s.api.core.v1.Container", "volumeMounts", "map", &["mountPath"], Some("merge"), Some("mountPath")),
+    ("io.k8s.api.core.v1.Container", "volumeDevices", "map", &["devicePath"], Some("merge"), Some("devicePath")),
+    ("io.k8s.api.core.v1.Container", "args", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.Container", "command", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.Container", "envFrom", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.Container", "resizePolicy", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.Capabilities", "add", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.Capabilities", "drop", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.PodSecurityContext", "supplementalGroups", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.PodSecurityContext", "sysctls", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.ServiceSpec", "ports", "map", &["port", "protocol"], Some("merge"), Some("port")),
+    ("io.k8s.api.core.v1.ServiceSpec", "externalIPs", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.ServiceSpec", "clusterIPs", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.ServiceSpec", "ipFamilies", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.ServiceSpec", "loadBalancerSourceRanges", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.ServiceAccount", "secrets", "map", &["name"], Some("merge"), Some("name")),
+    ("io.k8s.api.core.v1.ServiceAccount", "imagePullSecrets", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.NamespaceStatus", "conditions", "map", &["type"], Some("merge"), Some("type")),
+    ("io.k8s.api.core.v1.NamespaceSpec", "finalizers", "atomic", &[], None, None),
+    ("io.k8s.api.core.v1.ServiceStatus", "conditions", "map", &["type"], Some("merge"), Some("type")),
+    ("io.k8s.api.apps.v1.DeploymentStatus", "conditions", "map", &["type"], Some("merge"), Some("type")),
+    ("io.k8s.api.policy.v1.PodDisruptionBudgetStatus", "conditions", "map", &["type"], Some("merge"), Some("type")),
+    ("io.k8s.api.rbac.v1.Role", "rules", "atomic", &[], None, None),
+    ("io.k8s.api.rbac.v1.ClusterRole", "rules", "atomic", &[], None, None),
+    ("io.k8s.api.rbac.v1.RoleBinding", "subjects", "atomic", &[], None, None),
+    ("io.k8s.api.rbac.v1.ClusterRoleBinding", "subjects", "atomic", &[], None, None),
+    ("io.k8s.api.rbac.v1.AggregationRule", "clusterRoleSelectors", "atomic", &[], None, None),
+    ("io.k8s.api.rbac.v1.PolicyRule", "verbs", "atomic", &[], None, None),
+    ("io.k8s.api.rbac.v1.PolicyRule", "apiGroups", "atomic", &[], None, None),
+    ("io.k8s.api.rbac.v1.PolicyRule", "resources", "atomic", &[], None, None),
+    ("io.k8s.api.rbac.v1.PolicyRule", "resourceNames", "atomic", &[], None, None),
+    ("io.k8s.api.rbac.v1.PolicyRule", "nonResourceURLs", "atomic", &[], None, None),
+    ("io.k8s.api.networking.v1.NetworkPolicySpec", "ingress", "atomic", &[], None, None),
+    ("io.k8s.api.networking.v1.NetworkPolicySpec", "egress", "atomic", &[], None, None),
+    ("io.k8s.api.networking.v1.NetworkPolicySpec", "policyTypes", "atomic", &[], None, None),
+    ("io.k8s.api.networking.v1.NetworkPolicyIngressRule", "ports", "atomic", &[], None, None),
+    ("io.k8s.api.networking.v1.NetworkPolicyIngressRule", "from", "atomic", &[], None, None),
+    ("io.k8s.api.networking.v1.NetworkPolicyEgressRule", "ports", "atomic", &[], None, None),
+    ("io.k8s.api.networking.v1.NetworkPolicyEgressRule", "to", "atomic", &[], None, None),
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector", "matchExpressions", "atomic", &[], None, None),
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement", "values", "atomic", &[], None, None),
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "finalizers", "set", &[], Some("merge"), None),
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "ownerReferences", "map", &["uid"], Some("merge"), Some("uid")),
 ];
 
 /// Defaults upstream publishes in its OpenAPI (`+default` markers) that matter here: list-map
 /// keys, so that server-side apply of a port without `protocol` finds the stored one.
-const DEFAULTS: &[(&str, &str, &str)] = &[
-    ("io.k8s.api.core.v1.ContainerPort", "protocol", "TCP"),
-    ("io.k8s.api.core.v1.ServicePort", "protocol", "TCP"),
-];
+const DEFAULTS: &[(&str, &str, &str)] =
+    &[("io.k8s.api.core.v1.ContainerPort", "protocol", "TCP"), ("io.k8s.api.core.v1.ServicePort", "protocol", "TCP")];
 
 /// Definitions upstream marks `x-kubernetes-map-type: atomic` (replaced whole by apply).
 const ATOMIC_STRUCTS: &[&str] = &[
@@ -665,30 +213,17 @@ fn generate() -> BuiltinSchemas {
     let mut kinds = BTreeMap::new();
     for k in self::kinds() {
         let name = (k.add)(&mut g);
-        kinds.insert(
-            (
-                k.group.to_string(),
-                k.version.to_string(),
-                k.kind.to_string(),
-            ),
-            name,
-        );
+        kinds.insert((k.group.to_string(), k.version.to_string(), k.kind.to_string()), name);
     }
     let mut definitions = g.take_definitions(true);
     for ((group, version, kind), name) in &kinds {
         if let Some(m) = definitions.get_mut(name).and_then(Value::as_object_mut) {
-            m.insert(
-                "x-kubernetes-group-version-kind".into(),
-                json!([{"group": group, "version": version, "kind": kind}]),
-            );
+            m.insert("x-kubernetes-group-version-kind".into(), json!([{"group": group, "version": version, "kind": kind}]));
         }
     }
     for (def, prop, list_type, keys, strategy, merge_key) in LIST_TAGS {
-        let Some(p) = definitions
-            .get_mut(*def)
-            .and_then(|d| d.get_mut("properties"))
-            .and_then(|p| p.get_mut(*prop))
-            .and_then(Value::as_object_mut)
+        let Some(p) =
+            definitions.get_mut(*def).and_then(|d| d.get_mut("properties")).and_then(|p| p.get_mut(*prop)).and_then(Value::as_object_mut)
         else {
             continue;
         };
@@ -704,7 +239,9 @@ fn generate() -> BuiltinSchemas {
         }
     }
     for (def, prop, value) in DEFAULTS {
-        if let Some(p) = definitions.get_mut(*def).and_then(|d| d.get_mut("properties")).and_then(|p| p.get_mut(*prop)).and_then(Value::as_object_mut) {
+        if let Some(p) =
+            definitions.get_mut(*def).and_then(|d| d.get_mut("properties")).and_then(|p| p.get_mut(*prop)).and_then(Value::as_object_mut)
+        {
             p.insert("default".into(), json!(value));
         }
     }
@@ -720,11 +257,7 @@ fn generate() -> BuiltinSchemas {
             structural.insert(name.clone(), inline(s, &definitions, &mut stack));
         }
     }
-    BuiltinSchemas {
-        definitions,
-        kinds,
-        structural,
-    }
+    BuiltinSchemas { definitions, kinds, structural }
 }
 
 /// Resolves every `$ref` (directly or as a one-element `allOf`), keeping the referring
@@ -736,11 +269,7 @@ fn inline(s: &Value, defs: &Map<String, Value>, stack: &mut Vec<String>) -> Valu
         return s.clone();
     };
     let target = m.get("$ref").and_then(Value::as_str).or_else(|| {
-        m.get("allOf")
-            .and_then(Value::as_array)
-            .filter(|a| a.len() == 1)
-            .and_then(|a| a[0].get("$ref"))
-            .and_then(Value::as_str)
+        m.get("allOf").and_then(Value::as_array).filter(|a| a.len() == 1).and_then(|a| a[0].get("$ref")).and_then(Value::as_str)
     });
     if let Some(r) = target {
         let name = r.strip_prefix(REF_PREFIX).unwrap_or(r).to_string();
@@ -767,12 +296,8 @@ fn inline(s: &Value, defs: &Map<String, Value>, stack: &mut Vec<String>) -> Valu
     for (k, v) in m {
         match k.as_str() {
             "properties" => {
-                let props: Map<String, Value> = v
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(pk, pv)| (pk.clone(), inline(pv, defs, stack)))
-                    .collect();
+                let props: Map<String, Value> =
+                    v.as_object().into_iter().flatten().map(|(pk, pv)| (pk.clone(), inline(pv, defs, stack))).collect();
                 out.insert(k.clone(), Value::Object(props));
             }
             "items" | "additionalProperties" if v.is_object() => {
@@ -786,10 +311,7 @@ fn inline(s: &Value, defs: &Map<String, Value>, stack: &mut Vec<String>) -> Valu
     let free_form = !out.contains_key("properties")
         && !out.contains_key("additionalProperties")
         && !out.contains_key("x-kubernetes-int-or-string")
-        && matches!(
-            out.get("type").and_then(Value::as_str),
-            Some("object") | None
-        );
+        && matches!(out.get("type").and_then(Value::as_str), Some("object") | None);
     if free_form {
         out.insert("x-kubernetes-preserve-unknown-fields".into(), json!(true));
     }
@@ -802,14 +324,8 @@ mod tests {
 
     #[test]
     fn deployment_schema_has_upstream_names_and_list_tags() {
-        assert_eq!(
-            definition_name("apps", "v1", "Deployment"),
-            Some("io.k8s.api.apps.v1.Deployment")
-        );
-        assert_eq!(
-            definition_name("rbac.authorization.k8s.io", "v1", "Role"),
-            Some("io.k8s.api.rbac.v1.Role")
-        );
+        assert_eq!(definition_name("apps", "v1", "Deployment"), Some("io.k8s.api.apps.v1.Deployment"));
+        assert_eq!(definition_name("rbac.authorization.k8s.io", "v1", "Role"), Some("io.k8s.api.rbac.v1.Role"));
         let mut defs = Map::new();
         closure("io.k8s.api.apps.v1.Deployment", &mut defs);
         assert!(defs.contains_key("io.k8s.api.core.v1.PodTemplateSpec"));
@@ -818,8 +334,7 @@ mod tests {
         assert_eq!(pod["x-kubernetes-list-type"], "map");
         assert_eq!(pod["x-kubernetes-patch-merge-key"], "name");
         let s = structural("apps", "v1", "Deployment").unwrap_or_default();
-        let containers = &s["properties"]["spec"]["properties"]["template"]["properties"]["spec"]["properties"]
-            ["containers"];
+        let containers = &s["properties"]["spec"]["properties"]["template"]["properties"]["spec"]["properties"]["containers"];
         assert_eq!(containers["type"], "array");
         assert_eq!(containers["x-kubernetes-list-map-keys"], json!(["name"]));
         assert_eq!(containers["items"]["properties"]["image"]["type"], "string");

@@ -105,10 +105,7 @@ fn comprehension_depth(e: &IdedExpr, guard: u32) -> u32 {
     let d = |x: &IdedExpr| comprehension_depth(x, guard + 1);
     match &e.expr {
         Expr::Call(c) => c.target.iter().map(|t| d(t)).chain(c.args.iter().map(d)).max().unwrap_or(0),
-        Expr::Comprehension(c) => d(&c.iter_range)
-            .max(d(&c.accu_init))
-            .max(d(&c.result))
-            .max(1 + d(&c.loop_cond).max(d(&c.loop_step))),
+        Expr::Comprehension(c) => d(&c.iter_range).max(d(&c.accu_init)).max(d(&c.result)).max(1 + d(&c.loop_cond).max(d(&c.loop_step))),
         Expr::List(l) => l.elements.iter().map(d).max().unwrap_or(0),
         Expr::Map(m) => m.entries.iter().map(|en| entry_depth(&en.expr, guard)).max().unwrap_or(0),
         Expr::Struct(s) => s.entries.iter().map(|en| entry_depth(&en.expr, guard)).max().unwrap_or(0),
@@ -164,11 +161,7 @@ impl Rule {
     }
     /// kube-apiserver's `ruleMessageOrDefault`.
     fn message_or_default(&self) -> String {
-        if self.message.trim().is_empty() {
-            format!("failed rule: {}", self.error_string())
-        } else {
-            self.message.trim().to_string()
-        }
+        if self.message.trim().is_empty() { format!("failed rule: {}", self.error_string()) } else { self.message.trim().to_string() }
     }
 }
 
@@ -316,17 +309,18 @@ impl Rules {
                             let overload = matches!(e, cel::ExecutionError::NoSuchOverload(_));
                             let e = truncate(&e.to_string());
                             let msg = if overload {
-                                format!("'{e}': call arguments did not match a supported operator, function or macro signature for rule: {}", r.error_string())
+                                format!(
+                                    "'{e}': call arguments did not match a supported operator, function or macro signature for rule: {}",
+                                    r.error_string()
+                                )
                             } else {
                                 format!("{e} evaluating rule: {}", r.error_string())
                             };
                             causes.push(invalid(&field, &g.schema_type, msg));
                         }
-                        Err(_) => causes.push(invalid(
-                            &field,
-                            &g.schema_type,
-                            format!("internal error evaluating rule: {}", r.error_string()),
-                        )),
+                        Err(_) => {
+                            causes.push(invalid(&field, &g.schema_type, format!("internal error evaluating rule: {}", r.error_string())))
+                        }
                     }
                 }
             }
@@ -567,8 +561,14 @@ mod tests {
             "pools": [{"name": "p", "size": 1}, {"name": "p", "size": 0}]}});
         let m = msgs(&rules.validate(&obj, None));
         assert!(m.contains(&"spec: Invalid value: \"object\": pool names must be unique".to_string()), "{m:?}");
-        assert!(m.contains(&"spec: Invalid value: \"object\": failed rule: !has(self.replicas) || self.replicas >= 0".to_string()), "{m:?}");
-        assert!(m.contains(&"spec: Invalid value: \"object\": No such key: missing evaluating rule: self.missing == 1".to_string()), "{m:?}");
+        assert!(
+            m.contains(&"spec: Invalid value: \"object\": failed rule: !has(self.replicas) || self.replicas >= 0".to_string()),
+            "{m:?}"
+        );
+        assert!(
+            m.contains(&"spec: Invalid value: \"object\": No such key: missing evaluating rule: self.missing == 1".to_string()),
+            "{m:?}"
+        );
         assert!(m.contains(&"spec.pools[1]: Invalid value: \"object\": size of p must be positive".to_string()), "{m:?}");
         assert!(!m.iter().any(|x| x.contains("immutable")), "{m:?}");
         let old = json!({"spec": {"mode": "b"}});

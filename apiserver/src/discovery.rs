@@ -151,8 +151,12 @@ mod tests {
         assert_eq!(ns["subresources"][0]["subresource"], "status");
         let apis = apis(&reg);
         let names: Vec<&str> = apis["items"].as_array().into_iter().flatten().filter_map(|i| i["metadata"]["name"].as_str()).collect();
-        let legacy: Vec<String> = reg.api_group_list()["groups"].as_array().into_iter().flatten()
-            .filter_map(|g| g["name"].as_str().map(str::to_string)).collect();
+        let legacy: Vec<String> = reg.api_group_list()["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|g| g["name"].as_str().map(str::to_string))
+            .collect();
         assert_eq!(names, legacy);
     }
 }

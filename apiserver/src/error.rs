@@ -130,10 +130,8 @@ impl ApiError {
     /// 422 Invalid with causes; message formatted like kube-apiserver.
     pub fn invalid(kind: &str, group: &str, name: &str, causes: Vec<Cause>) -> Self {
         let qualified = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
-        let parts: Vec<String> = causes
-            .iter()
-            .map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) })
-            .collect();
+        let parts: Vec<String> =
+            causes.iter().map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) }).collect();
         let joined = if parts.len() == 1 { parts[0].clone() } else { format!("[{}]", parts.join(", ")) };
         let mut e = Self::new(422, "Invalid", format!("{qualified} \"{name}\" is invalid: {joined}"));
         e.details = Some(json!({

@@ -121,9 +121,10 @@ async fn handle_event(core: &Arc<Core>, kind: EventType, e: &Arc<Entry>) {
                     st.by_uid.get(&o.uid).and_then(|k| st.get(k).cloned())
                 };
                 if let Some(owner) = owner
-                    && owner.deleting {
-                        process_deleting(core, &owner).await;
-                    }
+                    && owner.deleting
+                {
+                    process_deleting(core, &owner).await;
+                }
             }
             if !e.key.namespace.is_empty() {
                 let ns = core.store.get(&ns_key(&e.key.namespace));
@@ -187,9 +188,11 @@ async fn delete_entry(core: &Arc<Core>, e: &Arc<Entry>, propagation: Propagation
             let ns = if rt.namespaced { Some(e.key.namespace.as_str()) } else { None };
             let opts = DeleteOptions { propagation, dry_run: false, uid: Some(e.uid.clone()), resource_version: None };
             if let Err(err) = core.delete(&rt, ns, &e.key.name, &opts).await
-                && err.code != 404 && err.code != 409 {
-                    tracing::warn!(object = %e.key.name, error = %err, "garbage collection delete failed");
-                }
+                && err.code != 404
+                && err.code != 409
+            {
+                tracing::warn!(object = %e.key.name, error = %err, "garbage collection delete failed");
+            }
         }
         None => {
             let _ = core.store.delete(e.key.clone(), Precondition::Revision(e.rv)).await;
@@ -207,9 +210,10 @@ async fn remove_finalizer(core: &Arc<Core>, e: &Arc<Entry>, finalizer: &str) {
     if let Some(arr) = v["metadata"]["finalizers"].as_array_mut() {
         arr.retain(|f| f != finalizer);
         if arr.is_empty()
-            && let Some(m) = v["metadata"].as_object_mut() {
-                m.remove("finalizers");
-            }
+            && let Some(m) = v["metadata"].as_object_mut()
+        {
+            m.remove("finalizers");
+        }
     }
     let _ = core.put_internal(e, v).await;
 }
@@ -227,9 +231,10 @@ async fn process_deleting(core: &Arc<Core>, e: &Arc<Entry>) {
                 if let Some(arr) = v["metadata"]["ownerReferences"].as_array_mut() {
                     arr.retain(|o| o["uid"].as_str() != Some(e.uid.as_str()));
                     if arr.is_empty()
-                        && let Some(m) = v["metadata"].as_object_mut() {
-                            m.remove("ownerReferences");
-                        }
+                        && let Some(m) = v["metadata"].as_object_mut()
+                    {
+                        m.remove("ownerReferences");
+                    }
                 }
                 if core.put_internal(&cur, v).await.is_ok() {
                     break;

@@ -231,9 +231,10 @@ pub fn convert_event(mut v: Value, to_events_group: bool) -> Value {
     if to_events_group {
         if let Some(src) = m.remove("source") {
             if !m.contains_key("reportingController")
-                && let Some(c) = src.get("component") {
-                    m.insert("reportingController".into(), c.clone());
-                }
+                && let Some(c) = src.get("component")
+            {
+                m.insert("reportingController".into(), c.clone());
+            }
             m.insert("deprecatedSource".into(), src);
         }
         if let Some(rc) = m.remove("reportingComponent") {
@@ -328,9 +329,9 @@ impl Core {
         let key = ObjKey { storage: Arc::from(NAMESPACES), namespace: String::new(), name: ns.to_string() };
         match self.store.get(&key) {
             None => Err(ApiError::not_found("", "namespaces", ns)),
-            Some(e) if e.deleting => Err(ApiError::forbidden(format!(
-                "unable to create new content in namespace {ns} because it is being terminated"
-            ))),
+            Some(e) if e.deleting => {
+                Err(ApiError::forbidden(format!("unable to create new content in namespace {ns} because it is being terminated")))
+            }
             Some(_) => Ok(()),
         }
     }
@@ -442,24 +443,26 @@ impl Core {
             };
             for ((ons, oname), e) in map.range((lower, Bound::Unbounded)) {
                 if let (true, Some(n)) = (rt.namespaced, ns)
-                    && ons != n {
-                        if ons.as_str() > n {
-                            break;
-                        }
-                        continue;
+                    && ons != n
+                {
+                    if ons.as_str() > n {
+                        break;
                     }
+                    continue;
+                }
                 if !fields.matches(ons, oname, &e.fields) || !labels.matches(&e.labels) {
                     continue;
                 }
                 if let Some(l) = limit
-                    && out.len() >= l {
-                        if more.is_none() {
-                            let last: &Arc<Entry> = &out[out.len() - 1];
-                            more = Some(json!({"rv": rv, "ns": last.key.namespace, "name": last.key.name}));
-                        }
-                        remaining += 1;
-                        continue;
+                    && out.len() >= l
+                {
+                    if more.is_none() {
+                        let last: &Arc<Entry> = &out[out.len() - 1];
+                        more = Some(json!({"rv": rv, "ns": last.key.namespace, "name": last.key.name}));
                     }
+                    remaining += 1;
+                    continue;
+                }
                 out.push(e.clone());
             }
         }
@@ -474,9 +477,8 @@ impl Core {
         };
         let want = rt.api_version();
         if let Some(av) = m.get("apiVersion").and_then(Value::as_str) {
-            let same_group = av == want
-                || (rt.group.is_empty() && av == rt.version)
-                || av.split_once('/').is_some_and(|(g, _)| g == rt.group);
+            let same_group =
+                av == want || (rt.group.is_empty() && av == rt.version) || av.split_once('/').is_some_and(|(g, _)| g == rt.group);
             if !same_group {
                 return Err(ApiError::bad_request(format!(
                     "the API version in the data ({av}) does not match the expected API version ({want})"
@@ -484,9 +486,10 @@ impl Core {
             }
         }
         if let Some(k) = m.get("kind").and_then(Value::as_str)
-            && k != rt.kind {
-                return Err(ApiError::bad_request(format!("the kind in the data ({k}) does not match the expected kind ({})", rt.kind)));
-            }
+            && k != rt.kind
+        {
+            return Err(ApiError::bad_request(format!("the kind in the data ({k}) does not match the expected kind ({})", rt.kind)));
+        }
         m.insert("apiVersion".into(), json!(want));
         m.insert("kind".into(), json!(rt.kind));
         match m.get("metadata") {
@@ -527,9 +530,10 @@ impl Core {
                 let deleting = obj["metadata"].get("deletionTimestamp").is_some_and(|v| !v.is_null());
                 obj["status"] = json!({"phase": if deleting { "Terminating" } else { "Active" }});
                 if let Some(o) = old
-                    && o["status"]["phase"] == "Terminating" {
-                        obj["status"] = o["status"].clone();
-                    }
+                    && o["status"]["phase"] == "Terminating"
+                {
+                    obj["status"] = o["status"].clone();
+                }
             }
             CRDS => self.normalize_crd(obj)?,
             _ => {}
@@ -561,19 +565,33 @@ impl Core {
         }
         let versions = obj["spec"]["versions"].as_array().cloned().unwrap_or_default();
         if versions.is_empty() {
-            causes.push(Cause::new("FieldValueRequired", "spec.versions", "Required value: must have exactly one version marked as storage version"));
+            causes.push(Cause::new(
+                "FieldValueRequired",
+                "spec.versions",
+                "Required value: must have exactly one version marked as storage version",
+            ));
         }
-        let storage: Vec<String> =
-            versions.iter().filter(|v| v["storage"].as_bool() == Some(true)).filter_map(|v| v["name"].as_str().map(str::to_string)).collect();
+        let storage: Vec<String> = versions
+            .iter()
+            .filter(|v| v["storage"].as_bool() == Some(true))
+            .filter_map(|v| v["name"].as_str().map(str::to_string))
+            .collect();
         if !versions.is_empty() && storage.len() != 1 {
-            causes.push(Cause::new("FieldValueInvalid", "spec.versions", "Invalid value: must have exactly one version marked as storage version"));
+            causes.push(Cause::new(
+                "FieldValueInvalid",
+                "spec.versions",
+                "Invalid value: must have exactly one version marked as storage version",
+            ));
         }
         match obj["spec"]["scope"].as_str() {
             Some("Namespaced") | Some("Cluster") => {}
             other => causes.push(Cause::new(
                 "FieldValueNotSupported",
                 "spec.scope",
-                format!("Unsupported value: {}: supported values: \"Cluster\", \"Namespaced\"", other.map(|s| format!("\"{s}\"")).unwrap_or("\"\"".into())),
+                format!(
+                    "Unsupported value: {}: supported values: \"Cluster\", \"Namespaced\"",
+                    other.map(|s| format!("\"{s}\"")).unwrap_or("\"\"".into())
+                ),
             )),
         }
         for (i, v) in versions.iter().enumerate() {
@@ -626,7 +644,13 @@ impl Core {
     /// Prunes, defaults and validates a custom resource; collects warnings. Duplicate entries
     /// of list-maps and sets come back instead of failing: as in kube-apiserver they do not
     /// block the CEL rules, and the 422 lists both.
-    fn validate_schema(&self, rt: &ResourceType, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> ApiResult<Vec<Cause>> {
+    fn validate_schema(
+        &self,
+        rt: &ResourceType,
+        obj: &mut Value,
+        opts: &WriteOptions,
+        warnings: &mut Vec<String>,
+    ) -> ApiResult<Vec<Cause>> {
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let mut causes = vec![];
         if let Some(schema) = &rt.schema {
@@ -693,7 +717,14 @@ impl Core {
         self.create_inner(rt, ns, &mut obj, opts, false).await
     }
 
-    async fn create_inner(&self, rt: &ResourceType, ns: Option<&str>, obj: &mut Value, opts: &WriteOptions, applied: bool) -> ApiResult<Written> {
+    async fn create_inner(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        obj: &mut Value,
+        opts: &WriteOptions,
+        applied: bool,
+    ) -> ApiResult<Written> {
         Self::check_type(rt, obj)?;
         let mut warnings = vec![];
         let md = obj["metadata"].as_object_mut().ok_or_else(|| ApiError::bad_request("metadata must be an object"))?;
@@ -719,18 +750,25 @@ impl Core {
         // Name.
         let mut name = md.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
         if name.is_empty()
-            && let Some(g) = md.get("generateName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-                name = format!("{g}{}", random_suffix());
-                md.insert("name".into(), json!(name));
-            }
+            && let Some(g) = md.get("generateName").and_then(Value::as_str).filter(|s| !s.is_empty())
+        {
+            name = format!("{g}{}", random_suffix());
+            md.insert("name".into(), json!(name));
+        }
         let label_name = rt.storage == NAMESPACES;
         // RBAC objects may have any path-segment name (`system:discovery`), as upstream.
-        let invalid_name = if rt.group == crate::auth::rbac::GROUP { crate::auth::rbac::validate_name(&name) } else { validation::validate_name(&name, label_name) };
+        let invalid_name = if rt.group == crate::auth::rbac::GROUP {
+            crate::auth::rbac::validate_name(&name)
+        } else {
+            validation::validate_name(&name, label_name)
+        };
         if let Some(c) = invalid_name {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, vec![c]));
         }
         // Server-owned metadata.
-        for k in ["uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "generation"] {
+        for k in
+            ["uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "generation"]
+        {
             md.remove(k);
         }
         if !applied {
@@ -746,9 +784,10 @@ impl Core {
         // A create never sets status (upstream's PrepareForCreate clears it for built-ins too;
         // Namespace and CRD status is then derived in normalize).
         if rt.has_status
-            && let Some(m) = obj.as_object_mut() {
-                m.remove("status");
-            }
+            && let Some(m) = obj.as_object_mut()
+        {
+            m.remove("status");
+        }
         self.normalize(rt, obj, None)?;
         Self::admit(rt, obj)?;
         let list_causes = self.validate_schema(rt, obj, opts, &mut warnings)?;
@@ -768,21 +807,28 @@ impl Core {
     }
 
     /// PUT: replaces an object (main resource or status).
-    pub async fn update(&self, rt: &ResourceType, ns: Option<&str>, name: &str, mut obj: Value, status: bool, opts: &WriteOptions) -> ApiResult<Written> {
+    pub async fn update(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        mut obj: Value,
+        status: bool,
+        opts: &WriteOptions,
+    ) -> ApiResult<Written> {
         Self::check_type(rt, &mut obj)?;
         let body_name = obj["metadata"]["name"].as_str().unwrap_or_default();
         if !body_name.is_empty() && body_name != name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({body_name}) does not match the name on the URL ({name})"
-            )));
+            return Err(ApiError::bad_request(format!("the name of the object ({body_name}) does not match the name on the URL ({name})")));
         }
         let want_rv = obj["metadata"]["resourceVersion"].as_str().filter(|s| !s.is_empty()).map(str::to_string);
         for _ in 0..16 {
             let cur = self.get(rt, ns, name)?;
             if let Some(w) = &want_rv
-                && w.parse::<u64>().ok() != Some(cur.rv) {
-                    return Err(ApiError::conflict(&rt.group, &rt.plural, name));
-                }
+                && w.parse::<u64>().ok() != Some(cur.rv)
+            {
+                return Err(ApiError::conflict(&rt.group, &rt.plural, name));
+            }
             match self.finish_update(rt, &cur, obj.clone(), status, opts, false).await {
                 Err(e) if e.code == 409 && e.reason == "Conflict" && want_rv.is_none() => continue,
                 other => return other,
@@ -855,9 +901,10 @@ impl Core {
             };
             let old = self.convert(rt, cur.value());
             if let Some(w) = &want_rv
-                && w.parse::<u64>().ok() != Some(cur.rv) {
-                    return Err(ApiError::conflict(&rt.group, &rt.plural, name));
-                }
+                && w.parse::<u64>().ok() != Some(cur.rv)
+            {
+                return Err(ApiError::conflict(&rt.group, &rt.plural, name));
+            }
             let mut candidate = old.clone();
             match kind {
                 PatchType::Merge => patch::merge_patch(&mut candidate, &patch_doc),
@@ -878,7 +925,14 @@ impl Core {
                 }
             }
             match self.finish_update(rt, &cur, candidate, status, opts, kind == PatchType::Apply).await {
-                Err(e) if e.code == 409 && e.reason == "Conflict" && want_rv.is_none() && e.details.as_ref().is_some_and(|d| d.get("causes").is_none()) => continue,
+                Err(e)
+                    if e.code == 409
+                        && e.reason == "Conflict"
+                        && want_rv.is_none()
+                        && e.details.as_ref().is_some_and(|d| d.get("causes").is_none()) =>
+                {
+                    continue;
+                }
                 other => return other,
             }
         }
@@ -887,7 +941,15 @@ impl Core {
 
     /// Shared tail of update and patch: status/spec separation, immutable metadata,
     /// generation, validation, managedFields, finalizer-driven removal, no-op detection.
-    async fn finish_update(&self, rt: &ResourceType, cur: &Arc<Entry>, mut new: Value, status: bool, opts: &WriteOptions, applied: bool) -> ApiResult<Written> {
+    async fn finish_update(
+        &self,
+        rt: &ResourceType,
+        cur: &Arc<Entry>,
+        mut new: Value,
+        status: bool,
+        opts: &WriteOptions,
+        applied: bool,
+    ) -> ApiResult<Written> {
         let old = self.convert(rt, cur.value());
         let name = cur.key.name.clone();
         Self::check_type(rt, &mut new)?;
@@ -921,10 +983,22 @@ impl Core {
             let om = &old["metadata"];
             let nm = new["metadata"].as_object_mut().ok_or_else(|| ApiError::bad_request("metadata must be an object"))?;
             if let Some(bn) = nm.get("namespace").and_then(Value::as_str)
-                && rt.namespaced && !bn.is_empty() && Some(bn) != om["namespace"].as_str() {
-                    return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
-                }
-            for k in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"] {
+                && rt.namespaced
+                && !bn.is_empty()
+                && Some(bn) != om["namespace"].as_str()
+            {
+                return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+            }
+            for k in [
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "resourceVersion",
+            ] {
                 match om.get(k) {
                     Some(v) if !v.is_null() => {
                         nm.insert(k.into(), v.clone());
@@ -954,7 +1028,11 @@ impl Core {
                     &rt.kind,
                     &rt.group,
                     &name,
-                    vec![Cause::new("FieldValueForbidden", "metadata.finalizers", "Forbidden: no new finalizers can be added if the object is being deleted")],
+                    vec![Cause::new(
+                        "FieldValueForbidden",
+                        "metadata.finalizers",
+                        "Forbidden: no new finalizers can be added if the object is being deleted",
+                    )],
                 ));
             }
         }
@@ -982,7 +1060,15 @@ impl Core {
         }
         if !applied {
             let now = now_rfc3339();
-            apply::record_update(Some(&old), &mut new, &opts.field_manager, &rt.api_version(), rt.schema.as_ref(), Self::scope_for(rt, status), &now);
+            apply::record_update(
+                Some(&old),
+                &mut new,
+                &opts.field_manager,
+                &rt.api_version(),
+                rt.schema.as_ref(),
+                Self::scope_for(rt, status),
+                &now,
+            );
         }
         // No-op writes keep the revision (controllers must not trigger themselves).
         let without_times = |v: &Value| -> Value {
@@ -1026,20 +1112,27 @@ impl Core {
             let cur = self.get(rt, ns, name)?;
             let mut obj = cur.value();
             if let Some(u) = &opts.uid
-                && obj["metadata"]["uid"].as_str() != Some(u.as_str()) {
-                    return Err(ApiError::conflict_with(
-                        format!("Precondition failed: UID in precondition: {u}, UID in object meta: {}", obj["metadata"]["uid"].as_str().unwrap_or_default()),
-                        json!({"name": name, "group": rt.group, "kind": rt.plural}),
-                    ));
-                }
+                && obj["metadata"]["uid"].as_str() != Some(u.as_str())
+            {
+                return Err(ApiError::conflict_with(
+                    format!(
+                        "Precondition failed: UID in precondition: {u}, UID in object meta: {}",
+                        obj["metadata"]["uid"].as_str().unwrap_or_default()
+                    ),
+                    json!({"name": name, "group": rt.group, "kind": rt.plural}),
+                ));
+            }
             if let Some(r) = &opts.resource_version
-                && r.parse::<u64>().ok() != Some(cur.rv) {
-                    return Err(ApiError::conflict(&rt.group, &rt.plural, name));
-                }
+                && r.parse::<u64>().ok() != Some(cur.rv)
+            {
+                return Err(ApiError::conflict(&rt.group, &rt.plural, name));
+            }
             let mut finalizers = strs(&obj["metadata"]["finalizers"]);
             let already = cur.deleting;
             match opts.propagation {
-                Propagation::Foreground if !finalizers.iter().any(|f| f == "foregroundDeletion") => finalizers.push("foregroundDeletion".into()),
+                Propagation::Foreground if !finalizers.iter().any(|f| f == "foregroundDeletion") => {
+                    finalizers.push("foregroundDeletion".into())
+                }
                 Propagation::Orphan if !finalizers.iter().any(|f| f == "orphan") => finalizers.push("orphan".into()),
                 _ => {}
             }
@@ -1099,7 +1192,8 @@ impl Core {
     async fn after_crd_delete(&self, crd: &Entry) {
         self.rebuild_registry().await;
         let v = crd.value();
-        let storage = format!("{}/{}", v["spec"]["group"].as_str().unwrap_or_default(), v["spec"]["names"]["plural"].as_str().unwrap_or_default());
+        let storage =
+            format!("{}/{}", v["spec"]["group"].as_str().unwrap_or_default(), v["spec"]["names"]["plural"].as_str().unwrap_or_default());
         let keys: Vec<(ObjKey, u64)> = {
             let st = self.store.read();
             st.objects.get(storage.as_str()).map(|m| m.values().map(|e| (e.key.clone(), e.rv)).collect()).unwrap_or_default()
@@ -1114,10 +1208,12 @@ impl Core {
         let deleting = new["metadata"].get("deletionTimestamp").is_some_and(|v| !v.is_null());
         if deleting && strs(&new["metadata"]["finalizers"]).is_empty() {
             let r = self.store.delete(cur.key.clone(), Precondition::Revision(cur.rv)).await;
-            if r.is_ok() && &*cur.key.storage == CRDS
-                && let Ok(e) = &r {
-                    self.after_crd_delete(e).await;
-                }
+            if r.is_ok()
+                && &*cur.key.storage == CRDS
+                && let Ok(e) = &r
+            {
+                self.after_crd_delete(e).await;
+            }
             return r;
         }
         self.store.put(cur.key.clone(), Precondition::Revision(cur.rv), new).await

@@ -37,8 +37,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::task::JoinHandle;
 
-use crate::handlers::{Core, WriteOptions};
 pub use crate::handlers::Limits;
+use crate::handlers::{Core, WriteOptions};
 
 /// Where the server keeps its state, where it listens, and its limits.
 #[derive(Debug, Clone)]
@@ -150,9 +150,10 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
             let name = ns["metadata"]["name"].as_str().unwrap_or_default().to_string();
             if core.get(&ns_rt, None, &name).is_err()
                 && let Err(e) = core.create(&ns_rt, None, ns, &opts).await
-                    && e.code != 409 {
-                        anyhow::bail!("creating namespace {name}: {e}");
-                    }
+                && e.code != 409
+            {
+                anyhow::bail!("creating namespace {name}: {e}");
+            }
         }
     }
     auth::bootstrap::ensure(&core).await?;

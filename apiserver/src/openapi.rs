@@ -10,11 +10,7 @@ use crate::builtin_schemas;
 use crate::registry::{Registry, ResourceType};
 
 fn gv_path(group: &str, version: &str) -> String {
-    if group.is_empty() {
-        format!("api/{version}")
-    } else {
-        format!("apis/{group}/{version}")
-    }
+    if group.is_empty() { format!("api/{version}") } else { format!("apis/{group}/{version}") }
 }
 
 /// Schema name for a kind: reversed group, version, kind (`dev.provisioning.v1alpha1.Server`).
@@ -34,10 +30,7 @@ pub fn index(reg: &Registry) -> Value {
         let doc = document(reg, &p).unwrap_or(Value::Null);
         let mut h = std::collections::hash_map::DefaultHasher::new();
         doc.to_string().hash(&mut h);
-        paths.insert(
-            p.clone(),
-            json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={:016X}", h.finish())}),
-        );
+        paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={:016X}", h.finish())}));
     }
     json!({"paths": paths})
 }
@@ -59,24 +52,15 @@ pub fn document(reg: &Registry, gv: &str) -> Option<Value> {
     for rt in list {
         // Built-in kinds: the upstream definitions, under upstream names, with every
         // definition they reference, so `kubectl explain` and validation can walk the `$ref`s.
-        let builtin = if rt.custom {
-            None
-        } else {
-            builtin_schemas::definition_name(&group, &version, &rt.kind)
-        };
+        let builtin = if rt.custom { None } else { builtin_schemas::definition_name(&group, &version, &rt.kind) };
         if let Some(def) = builtin {
             builtin_schemas::closure(def, &mut schemas);
             add_paths(&mut paths, rt, &group, &version, def);
             continue;
         }
-        let mut s = rt.schema.clone().unwrap_or_else(
-            || json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
-        );
+        let mut s = rt.schema.clone().unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
         if let Some(m) = s.as_object_mut() {
-            m.insert(
-                "x-kubernetes-group-version-kind".into(),
-                json!([{"group": group, "version": version, "kind": rt.kind}]),
-            );
+            m.insert("x-kubernetes-group-version-kind".into(), json!([{"group": group, "version": version, "kind": rt.kind}]));
             let props = m.entry("properties").or_insert_with(|| json!({}));
             if let Some(p) = props.as_object_mut() {
                 p.insert("metadata".into(), json!({"allOf": [{"$ref": format!("#/components/schemas/{meta_name}")}], "default": {},
@@ -98,13 +82,7 @@ pub fn document(reg: &Registry, gv: &str) -> Option<Value> {
 }
 
 /// The item and collection paths of one resource, their operations referring to `name`.
-fn add_paths(
-    paths: &mut Map<String, Value>,
-    rt: &ResourceType,
-    group: &str,
-    version: &str,
-    name: &str,
-) {
+fn add_paths(paths: &mut Map<String, Value>, rt: &ResourceType, group: &str, version: &str, name: &str) {
     let prefix = format!("/{}", gv_path(group, version));
     let item = if rt.namespaced {
         format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", rt.plural)
@@ -120,20 +98,22 @@ fn add_paths(
         {"name": "force", "in": "query", "schema": {"type": "boolean", "uniqueItems": true}},
     ]);
     let ok = json!({"200": {"description": "OK", "content": {"application/json": {"schema": reference}}}});
-    paths.insert(item, json!({
+    paths.insert(
+        item,
+        json!({
             "get": {"x-kubernetes-action": "get", "x-kubernetes-group-version-kind": gvk, "responses": ok},
             "put": {"x-kubernetes-action": "put", "x-kubernetes-group-version-kind": gvk, "parameters": params, "responses": ok},
             "patch": {"x-kubernetes-action": "patch", "x-kubernetes-group-version-kind": gvk, "parameters": params, "responses": ok},
             "delete": {"x-kubernetes-action": "delete", "x-kubernetes-group-version-kind": gvk, "responses": ok},
-        }));
-    let coll = if rt.namespaced {
-        format!("{prefix}/namespaces/{{namespace}}/{}", rt.plural)
-    } else {
-        format!("{prefix}/{}", rt.plural)
-    };
-    paths.insert(coll, json!({
+        }),
+    );
+    let coll = if rt.namespaced { format!("{prefix}/namespaces/{{namespace}}/{}", rt.plural) } else { format!("{prefix}/{}", rt.plural) };
+    paths.insert(
+        coll,
+        json!({
             "post": {"x-kubernetes-action": "post", "x-kubernetes-group-version-kind": gvk, "parameters": params, "responses": ok},
-        }));
+        }),
+    );
 }
 
 /// The media types `/openapi/v2` can answer; kube-apiserver also offers protobuf
@@ -163,11 +143,7 @@ pub fn v2(reg: &Registry, accept: &str) -> Option<Value> {
         let Some(doc) = document(reg, &gv_path(g, v)) else {
             continue;
         };
-        for (name, s) in doc["components"]["schemas"]
-            .as_object()
-            .into_iter()
-            .flatten()
-        {
+        for (name, s) in doc["components"]["schemas"].as_object().into_iter().flatten() {
             definitions.entry(name.clone()).or_insert_with(|| to_v2(s));
         }
         for (p, ops) in doc["paths"].as_object().into_iter().flatten() {
@@ -178,9 +154,7 @@ pub fn v2(reg: &Registry, accept: &str) -> Option<Value> {
                     "x-kubernetes-group-version-kind": op["x-kubernetes-group-version-kind"],
                     "consumes": ["*/*"], "produces": ["application/json"], "schemes": ["https"],
                 });
-                if let Some(reference) =
-                    op["responses"]["200"]["content"]["application/json"]["schema"].get("$ref")
-                {
+                if let Some(reference) = op["responses"]["200"]["content"]["application/json"]["schema"].get("$ref") {
                     o["responses"] = json!({"200": {"description": "OK", "schema": {"$ref": to_v2_ref(reference)}}});
                 }
                 let params: Vec<Value> = op["parameters"]
@@ -198,8 +172,11 @@ pub fn v2(reg: &Registry, accept: &str) -> Option<Value> {
         }
     }
     // Swagger 2.0 has no int-or-string marker; upstream publishes IntOrString this way.
-    definitions.insert("io.k8s.apimachinery.pkg.util.intstr.IntOrString".into(), json!({
-        "description": "IntOrString is a type that can hold an int32 or a string.", "type": "string", "format": "int-or-string"}));
+    definitions.insert(
+        "io.k8s.apimachinery.pkg.util.intstr.IntOrString".into(),
+        json!({
+        "description": "IntOrString is a type that can hold an int32 or a string.", "type": "string", "format": "int-or-string"}),
+    );
     Some(json!({
         "swagger": "2.0",
         "info": {"title": "Kubernetes", "version": "v1.37.0"},
@@ -229,10 +206,7 @@ fn to_v2(s: &Value) -> Value {
                     "$ref" => {
                         out.insert(k.clone(), to_v2_ref(v));
                     }
-                    "allOf"
-                        if v.as_array()
-                            .is_some_and(|a| a.len() == 1 && a[0].get("$ref").is_some()) =>
-                    {
+                    "allOf" if v.as_array().is_some_and(|a| a.len() == 1 && a[0].get("$ref").is_some()) => {
                         out.insert("$ref".into(), to_v2_ref(&v[0]["$ref"]));
                     }
                     _ => {

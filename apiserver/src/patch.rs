@@ -48,11 +48,12 @@ pub const MAX_JSON_PATCH_COPY_BYTES: usize = 3 * 1024 * 1024;
 /// Applies an RFC 6902 JSON patch given as raw JSON.
 pub fn json_patch(target: &mut Value, patch: &Value) -> Result<(), ApiError> {
     if let Some(n) = patch.as_array().map(Vec::len)
-        && n > MAX_JSON_PATCH_OPERATIONS {
-            return Err(ApiError::too_large_with(format!(
-                "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {n}"
-            )));
-        }
+        && n > MAX_JSON_PATCH_OPERATIONS
+    {
+        return Err(ApiError::too_large_with(format!(
+            "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {n}"
+        )));
+    }
     let mut ops: json_patch::Patch =
         serde_json::from_value(patch.clone()).map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
     // Like kube-apiserver (evanphx/json-patch), `test` of `null` succeeds on a missing path:
@@ -61,20 +62,22 @@ pub fn json_patch(target: &mut Value, patch: &Value) -> Result<(), ApiError> {
         json_patch::PatchOperation::Test(t) => !(t.value.is_null() && t.path.resolve(target).is_err()),
         _ => true,
     });
-    let rejected = |e: json_patch::PatchError| ApiError::unprocessable(format!("the server rejected our request due to an error in our request: {e}"));
+    let rejected =
+        |e: json_patch::PatchError| ApiError::unprocessable(format!("the server rejected our request due to an error in our request: {e}"));
     // One operation at a time so that the copied bytes are counted before each copy is made;
     // `target` is the caller's scratch copy, so a failure halfway leaves nothing behind.
     let mut copied = 0usize;
     for op in &ops.0 {
         if let json_patch::PatchOperation::Copy(c) = op
-            && let Ok(from) = c.from.resolve(target) {
-                copied = copied.saturating_add(serde_json::to_vec(from).map(|b| b.len()).unwrap_or(usize::MAX));
-                if copied > MAX_JSON_PATCH_COPY_BYTES {
-                    return Err(ApiError::unprocessable(format!(
-                        "the server rejected our request due to an error in our request: the copy operations of this JSON patch copy more than the limit of {MAX_JSON_PATCH_COPY_BYTES} bytes"
-                    )));
-                }
+            && let Ok(from) = c.from.resolve(target)
+        {
+            copied = copied.saturating_add(serde_json::to_vec(from).map(|b| b.len()).unwrap_or(usize::MAX));
+            if copied > MAX_JSON_PATCH_COPY_BYTES {
+                return Err(ApiError::unprocessable(format!(
+                    "the server rejected our request due to an error in our request: the copy operations of this JSON patch copy more than the limit of {MAX_JSON_PATCH_COPY_BYTES} bytes"
+                )));
             }
+        }
         json_patch::patch(target, std::slice::from_ref(op)).map_err(rejected)?;
     }
     Ok(())
@@ -109,8 +112,11 @@ mod tests {
     #[test]
     fn ordinary_patch_still_applies() -> Result<(), ApiError> {
         let mut obj = json!({"metadata": {"finalizers": ["a"]}});
-        json_patch(&mut obj, &json!([{"op": "test", "path": "/metadata/labels", "value": null}, {"op": "add", "path": "/metadata/labels", "value": {"x": "y"}},
-            {"op": "copy", "from": "/metadata/finalizers", "path": "/metadata/f2"}]))?;
+        json_patch(
+            &mut obj,
+            &json!([{"op": "test", "path": "/metadata/labels", "value": null}, {"op": "add", "path": "/metadata/labels", "value": {"x": "y"}},
+            {"op": "copy", "from": "/metadata/finalizers", "path": "/metadata/f2"}]),
+        )?;
         assert_eq!(obj["metadata"]["labels"]["x"], "y");
         assert_eq!(obj["metadata"]["f2"], json!(["a"]));
         Ok(())

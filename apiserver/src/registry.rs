@@ -131,18 +131,46 @@ pub fn builtins() -> Vec<ResourceType> {
     let mut ns = ResourceType::builtin("", "v1", "namespaces", "Namespace", false, &["ns"]);
     ns.has_status = true;
     ns.printer_columns = vec![
-        PrinterColumn { name: "Status".into(), type_: "string".into(), format: String::new(), description: "The status of the namespace".into(), priority: 0, json_path: ".status.phase".into() },
+        PrinterColumn {
+            name: "Status".into(),
+            type_: "string".into(),
+            format: String::new(),
+            description: "The status of the namespace".into(),
+            priority: 0,
+            json_path: ".status.phase".into(),
+        },
         age_column(),
     ];
     let mut secret = ResourceType::builtin("", "v1", "secrets", "Secret", true, &[]);
     secret.printer_columns = vec![
-        PrinterColumn { name: "Type".into(), type_: "string".into(), format: String::new(), description: "Type of the secret".into(), priority: 0, json_path: ".type".into() },
-        PrinterColumn { name: "Data".into(), type_: "string".into(), format: String::new(), description: "Number of keys".into(), priority: 0, json_path: "#datacount".into() },
+        PrinterColumn {
+            name: "Type".into(),
+            type_: "string".into(),
+            format: String::new(),
+            description: "Type of the secret".into(),
+            priority: 0,
+            json_path: ".type".into(),
+        },
+        PrinterColumn {
+            name: "Data".into(),
+            type_: "string".into(),
+            format: String::new(),
+            description: "Number of keys".into(),
+            priority: 0,
+            json_path: "#datacount".into(),
+        },
         age_column(),
     ];
     let mut cm = ResourceType::builtin("", "v1", "configmaps", "ConfigMap", true, &["cm"]);
     cm.printer_columns = vec![
-        PrinterColumn { name: "Data".into(), type_: "string".into(), format: String::new(), description: "Number of keys".into(), priority: 0, json_path: "#datacount".into() },
+        PrinterColumn {
+            name: "Data".into(),
+            type_: "string".into(),
+            format: String::new(),
+            description: "Number of keys".into(),
+            priority: 0,
+            json_path: "#datacount".into(),
+        },
         age_column(),
     ];
     let mut ev = ResourceType::builtin("", "v1", "events", "Event", true, &["ev"]);
@@ -159,9 +187,19 @@ pub fn builtins() -> Vec<ResourceType> {
     ev.printer_columns = vec![
         col("Last Seen", 0, "#lastseen", "The time at which the most recent occurrence of this event was recorded."),
         col("Type", 0, ".type", "Type of this event (Normal, Warning), new types could be added in the future"),
-        col("Reason", 0, ".reason", "This should be a short, machine understandable string that gives the reason for the transition into the object's current status."),
+        col(
+            "Reason",
+            0,
+            ".reason",
+            "This should be a short, machine understandable string that gives the reason for the transition into the object's current status.",
+        ),
         col("Object", 0, "#involved", "The object that this event is about."),
-        col("Subobject", 1, "#fieldpath", "If referring to a piece of an object instead of an entire object, this string should contain a valid JSON/Go field access statement."),
+        col(
+            "Subobject",
+            1,
+            "#fieldpath",
+            "If referring to a piece of an object instead of an entire object, this string should contain a valid JSON/Go field access statement.",
+        ),
         col("Source", 1, "#source", "The component reporting this event. Should be a short machine understandable string."),
         col("Message", 0, "#message", "A human-readable description of the status of this operation."),
         col("First Seen", 1, "#firstseen", "The time at which the event was first recorded. (Time of server receipt is in TypeMeta.)"),
@@ -174,14 +212,32 @@ pub fn builtins() -> Vec<ResourceType> {
     ev2.printer_columns = ev.printer_columns.clone();
     let mut lease = ResourceType::builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[]);
     lease.printer_columns = vec![
-        PrinterColumn { name: "Holder".into(), type_: "string".into(), format: String::new(), description: String::new(), priority: 0, json_path: ".spec.holderIdentity".into() },
+        PrinterColumn {
+            name: "Holder".into(),
+            type_: "string".into(),
+            format: String::new(),
+            description: String::new(),
+            priority: 0,
+            json_path: ".spec.holderIdentity".into(),
+        },
         age_column(),
     ];
-    let mut crd = ResourceType::builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"]);
+    let mut crd = ResourceType::builtin(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        false,
+        &["crd", "crds"],
+    );
     crd.has_status = true;
     crd.categories = vec!["api-extensions".into()];
     crd.printer_columns = vec![PrinterColumn {
-        name: "Created At".into(), type_: "date".into(), format: String::new(), description: String::new(), priority: 0,
+        name: "Created At".into(),
+        type_: "date".into(),
+        format: String::new(),
+        description: String::new(),
+        priority: 0,
         json_path: ".metadata.creationTimestamp".into(),
     }];
     let mut all = vec![ns, secret, cm, ev, ev2, lease, crd];
@@ -215,7 +271,16 @@ fn col(name: &str, type_: &str, json_path: &str, priority: i64, description: &st
 /// without nodes. Columns follow kubectl's printers for these kinds (pkg/printers/internalversion).
 fn workload_builtins() -> Vec<ResourceType> {
     let mut sa = ResourceType::builtin("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"]);
-    sa.printer_columns = vec![col("Secrets", "string", "#builtin:sa-secrets", 0, "Secrets is the list of secrets allowed to be used by pods running using this ServiceAccount."), age_column()];
+    sa.printer_columns = vec![
+        col(
+            "Secrets",
+            "string",
+            "#builtin:sa-secrets",
+            0,
+            "Secrets is the list of secrets allowed to be used by pods running using this ServiceAccount.",
+        ),
+        age_column(),
+    ];
     let mut svc = ResourceType::builtin("", "v1", "services", "Service", true, &["svc"]);
     svc.has_status = true;
     svc.categories = vec!["all".into()];
@@ -232,12 +297,30 @@ fn workload_builtins() -> Vec<ResourceType> {
     deploy.categories = vec!["all".into()];
     deploy.printer_columns = vec![
         col("Ready", "string", "#builtin:deploy-ready", 0, "Number of the pod with ready state."),
-        col("Up-to-date", "string", "#builtin:deploy-updated", 0, "Total number of non-terminated pods targeted by this deployment that have the desired template spec."),
-        col("Available", "string", "#builtin:deploy-available", 0, "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment."),
+        col(
+            "Up-to-date",
+            "string",
+            "#builtin:deploy-updated",
+            0,
+            "Total number of non-terminated pods targeted by this deployment that have the desired template spec.",
+        ),
+        col(
+            "Available",
+            "string",
+            "#builtin:deploy-available",
+            0,
+            "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.",
+        ),
         age_column(),
         col("Containers", "string", "#builtin:containers", 1, "Names of each container in the template."),
         col("Images", "string", "#builtin:images", 1, "Images referenced by each container in the template."),
-        col("Selector", "string", "#builtin:selector", 1, "Label selector for pods. Existing ReplicaSets whose pods are selected by this will be the ones affected by this deployment."),
+        col(
+            "Selector",
+            "string",
+            "#builtin:selector",
+            1,
+            "Label selector for pods. Existing ReplicaSets whose pods are selected by this will be the ones affected by this deployment.",
+        ),
     ];
     // kubectl shows the timestamp itself here, not an age.
     let created_at = || col("Created At", "string", ".metadata.creationTimestamp", 0, "Time at which the object was created.");
@@ -263,11 +346,18 @@ fn workload_builtins() -> Vec<ResourceType> {
     pdb.printer_columns = vec![
         col("Min Available", "string", "#builtin:pdb-min", 0, "The minimum number of pods that must be available."),
         col("Max Unavailable", "string", "#builtin:pdb-max", 0, "The maximum number of pods that may be unavailable."),
-        col("Allowed Disruptions", "integer", ".status.disruptionsAllowed", 0, "Calculated number of pods that may be disrupted at this time."),
+        col(
+            "Allowed Disruptions",
+            "integer",
+            ".status.disruptionsAllowed",
+            0,
+            "Calculated number of pods that may be disrupted at this time.",
+        ),
         age_column(),
     ];
     let mut netpol = ResourceType::builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true, &["netpol"]);
-    netpol.printer_columns = vec![col("Pod-Selector", "string", "#builtin:netpol-selector", 0, "The pod selector of the NetworkPolicy."), age_column()];
+    netpol.printer_columns =
+        vec![col("Pod-Selector", "string", "#builtin:netpol-selector", 0, "The pod selector of the NetworkPolicy."), age_column()];
     vec![sa, svc, deploy, role, crole, rb, crb, pdb, netpol]
 }
 

@@ -92,9 +92,10 @@ impl LabelSelector {
                 return Err(bad(p));
             }
             if let Some(Req::Eq(k, _) | Req::Ne(k, _)) = reqs.last()
-                && !valid_key(k) {
-                    return Err(bad(p));
-                }
+                && !valid_key(k)
+            {
+                return Err(bad(p));
+            }
         }
         Ok(LabelSelector(reqs))
     }
@@ -166,10 +167,7 @@ impl FieldLabels {
             FieldLabels::EventsGroupEvent => match label {
                 "reason" | "type" => Some(label.to_string()),
                 "reportingController" => Some("reportingComponent".to_string()),
-                _ => label
-                    .strip_prefix("regarding.")
-                    .filter(|f| INVOLVED.contains(f))
-                    .map(|f| format!("involvedObject.{f}")),
+                _ => label.strip_prefix("regarding.").filter(|f| INVOLVED.contains(f)).map(|f| format!("involvedObject.{f}")),
             },
         }
     }
@@ -184,7 +182,8 @@ pub fn selectable_fields(storage: &str, obj: &serde_json::Value) -> Vec<(String,
         "/events" => {
             let io = if obj.get("involvedObject").is_some() { &obj["involvedObject"] } else { &obj["regarding"] };
             let mut out: Vec<(String, String)> = INVOLVED.iter().map(|f| (format!("involvedObject.{f}"), s(&io[*f]))).collect();
-            let reporting = [&obj["reportingComponent"], &obj["reportingController"]].iter().map(|v| s(v)).find(|v| !v.is_empty()).unwrap_or_default();
+            let reporting =
+                [&obj["reportingComponent"], &obj["reportingController"]].iter().map(|v| s(v)).find(|v| !v.is_empty()).unwrap_or_default();
             let source = [&obj["source"]["component"], &obj["deprecatedSource"]["component"]]
                 .iter()
                 .map(|v| s(v))

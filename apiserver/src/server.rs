@@ -242,7 +242,8 @@ async fn serve_connection(
                         let total = state.watches.fetch_add(1, Ordering::SeqCst) + 1;
                         let mine = conn.watches.fetch_add(1, Ordering::SeqCst) + 1;
                         if total > core.limits.max_watches {
-                            refused = Some(format!("too many watches open on this server (limit {}); try again later", core.limits.max_watches));
+                            refused =
+                                Some(format!("too many watches open on this server (limit {}); try again later", core.limits.max_watches));
                         } else if mine > core.limits.max_watches_per_connection {
                             refused = Some(format!(
                                 "too many watches open on this connection (limit {}); try again later",
@@ -419,9 +420,10 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
 
 async fn read_body(req: Request<Incoming>) -> ApiResult<Bytes> {
     if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok())
-        && len > MAX_BODY {
-            return Err(ApiError::too_large());
-        }
+        && len > MAX_BODY
+    {
+        return Err(ApiError::too_large());
+    }
     match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) => {
@@ -449,12 +451,15 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
     let reg = core.registry();
     match segs.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["version"] if get => {
-            return Ok(value_response(200, &json!({
-                "major": "1", "minor": "37", "emulationMajor": "1", "emulationMinor": "37",
-                "gitVersion": "v1.37.0+provisioning", "gitCommit": "0000000000000000000000000000000000000000",
-                "gitTreeState": "clean", "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24",
-                "compiler": "rustc", "platform": "linux/amd64",
-            })));
+            return Ok(value_response(
+                200,
+                &json!({
+                    "major": "1", "minor": "37", "emulationMajor": "1", "emulationMinor": "37",
+                    "gitVersion": "v1.37.0+provisioning", "gitCommit": "0000000000000000000000000000000000000000",
+                    "gitTreeState": "clean", "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24",
+                    "compiler": "rustc", "platform": "linux/amd64",
+                }),
+            ));
         }
         ["api" | "apis"] if get && crate::discovery::wants_aggregated(&accept_header(&req)) => {
             let doc = if segs[0] == "api" { crate::discovery::core(&reg) } else { crate::discovery::apis(&reg) };
@@ -464,8 +469,11 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
             return Ok(r);
         }
         ["api"] if get => {
-            return Ok(value_response(200, &json!({"kind": "APIVersions", "versions": ["v1"],
-                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]})));
+            return Ok(value_response(
+                200,
+                &json!({"kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]}),
+            ));
         }
         ["apis"] if get => return Ok(value_response(200, &reg.api_group_list())),
         ["api", "v1"] if get => {
@@ -516,9 +524,11 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
         Target { rt, namespace: None, name: rest.get(1).cloned(), subresource: rest.get(2).cloned(), watch: watch_prefix }
     };
     if let Some(sub) = &target.subresource
-        && !(sub == "status" && target.rt.has_status) && !(sub == "finalize" && target.rt.storage == crate::handlers::NAMESPACES) {
-            return Err(ApiError::path_not_found());
-        }
+        && !(sub == "status" && target.rt.has_status)
+        && !(sub == "finalize" && target.rt.storage == crate::handlers::NAMESPACES)
+    {
+        return Err(ApiError::path_not_found());
+    }
     if target.rt.namespaced && target.namespace.is_none() && target.name.is_some() {
         return Err(ApiError::path_not_found());
     }
@@ -617,14 +627,18 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             // A list or watch from a revision the store has not reached waits briefly, then
             // is a 504 as in kube-apiserver: never an answer from a state older than asked for.
             if let Some(want) = q.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0").and_then(|s| s.parse::<u64>().ok())
-                && q.get("continue").is_none_or(str::is_empty) {
-                    core.wait_fresh(want).await?;
-                }
+                && q.get("continue").is_none_or(str::is_empty)
+            {
+                core.wait_fresh(want).await?;
+            }
             if watching {
                 let mut resource_version = q.get("resourceVersion").map(str::to_string);
                 // sendInitialEvents=false without a resourceVersion starts at "most recent":
                 // no synthetic ADDED events (reflector.go watchList case 1 with the flag off).
-                if q.get("sendInitialEvents").is_some() && !q.flag("sendInitialEvents") && resource_version.as_deref().unwrap_or_default().is_empty() {
+                if q.get("sendInitialEvents").is_some()
+                    && !q.flag("sendInitialEvents")
+                    && resource_version.as_deref().unwrap_or_default().is_empty()
+                {
                     resource_version = Some(core.store.read().rv.to_string());
                 }
                 let params = watch::WatchParams {
@@ -647,7 +661,8 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
                     table,
                 };
                 let rx = watch::start(core.clone(), rt.clone(), params);
-                let stream = futures::stream::unfold(rx, |mut rx| async move { rx.next().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx)) });
+                let stream =
+                    futures::stream::unfold(rx, |mut rx| async move { rx.next().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx)) });
                 let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
                 r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
                 r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
@@ -674,7 +689,10 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
                 if let Some(c) = cont {
                     meta["continue"] = json!(c);
                 }
-                return Ok(value_response(200, &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items})));
+                return Ok(value_response(
+                    200,
+                    &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items}),
+                ));
             }
             Ok(json_response(200, core.list_body(&rt, &entries, rv, cont.as_deref(), remaining)))
         }
@@ -709,13 +727,18 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let dry_q = q.get("dryRun") == Some("All");
             let prop_q = q.get("propagationPolicy").map(str::to_string);
             let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
-            let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), FieldLabels::for_resource(&rt.storage, &rt.group))?;
+            let fields =
+                FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), FieldLabels::for_resource(&rt.storage, &rt.group))?;
             let body = read_body(req).await?;
             let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { parse_body(&body, &ct)? };
             let policy = dopts["propagationPolicy"].as_str().map(str::to_string).or(prop_q);
             let propagation = match policy.as_deref() {
                 None | Some("") | Some("Background") => {
-                    if dopts["orphanDependents"].as_bool() == Some(true) { Propagation::Orphan } else { Propagation::Background }
+                    if dopts["orphanDependents"].as_bool() == Some(true) {
+                        Propagation::Orphan
+                    } else {
+                        Propagation::Background
+                    }
                 }
                 Some("Foreground") => Propagation::Foreground,
                 Some("Orphan") => Propagation::Orphan,

@@ -117,10 +117,8 @@ impl Entry {
             .as_array()
             .map(|a| a.iter().filter_map(|o| Some(OwnerRef { uid: o["uid"].as_str()?.to_string() })).collect())
             .unwrap_or_default();
-        let finalizers = md["finalizers"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
-            .unwrap_or_default();
+        let finalizers =
+            md["finalizers"].as_array().map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect()).unwrap_or_default();
         let fields = crate::selectors::selectable_fields(&key.storage, value);
         Entry {
             key,
@@ -391,7 +389,8 @@ impl Store {
                 let floor = state.history_floor;
                 let count = tombs.len()?;
                 if count > (history_limit() / 2) as u64 {
-                    let cut: Vec<u64> = tombs.iter()?.take((count as usize) - history_limit() / 4).filter_map(|r| r.ok().map(|(k, _)| k.value())).collect();
+                    let cut: Vec<u64> =
+                        tombs.iter()?.take((count as usize) - history_limit() / 4).filter_map(|r| r.ok().map(|(k, _)| k.value())).collect();
                     let mut max_cut = floor;
                     for k in cut {
                         tombs.remove(k)?;
@@ -622,9 +621,10 @@ fn writer_loop(
         })();
         committing.store(commit.is_ok(), std::sync::atomic::Ordering::SeqCst);
         if commit.is_ok()
-            && let Some(f) = prune_to {
-                pruned_floor = f;
-            }
+            && let Some(f) = prune_to
+        {
+            pruned_floor = f;
+        }
         if let Err(e) = commit {
             tracing::error!(error = %e, "commit failed");
             for (req, _) in staged {
@@ -684,7 +684,13 @@ mod tests {
         set_history_bytes_limit(64 * 1024);
         let blob = "x".repeat(4096);
         for i in 0..100 {
-            store.put(key(&format!("big-{i}")), Precondition::MustNotExist, json!({"metadata": {"name": format!("big-{i}")}, "data": {"b": blob}})).await?;
+            store
+                .put(
+                    key(&format!("big-{i}")),
+                    Precondition::MustNotExist,
+                    json!({"metadata": {"name": format!("big-{i}")}, "data": {"b": blob}}),
+                )
+                .await?;
         }
         {
             let st = store.read();

@@ -165,7 +165,9 @@ fn cell(col: &PrinterColumn, obj: &Value) -> Value {
             let n = obj["data"].as_object().map(|m| m.len()).unwrap_or(0) + obj["binaryData"].as_object().map(|m| m.len()).unwrap_or(0);
             return json!(n);
         }
-        "#lastseen" | "#firstseen" | "#count" | "#fieldpath" | "#source" | "#message" | "#involved" => return event_cell(&col.json_path, obj),
+        "#lastseen" | "#firstseen" | "#count" | "#fieldpath" | "#source" | "#message" | "#involved" => {
+            return event_cell(&col.json_path, obj);
+        }
         path if path.starts_with("#builtin:") => return crate::builtin_cells::cell(&path["#builtin:".len()..], obj),
         _ => {}
     }
@@ -207,7 +209,8 @@ fn event_cell(which: &str, obj: &Value) -> Value {
         "#fieldpath" => json!(s(&io["fieldPath"])),
         "#source" => {
             let src = if obj.get("source").is_some() { &obj["source"] } else { &obj["deprecatedSource"] };
-            let component = Some(s(&src["component"])).filter(|c| !c.is_empty()).unwrap_or_else(|| s(&obj["reportingController"]).to_string());
+            let component =
+                Some(s(&src["component"])).filter(|c| !c.is_empty()).unwrap_or_else(|| s(&obj["reportingController"]).to_string());
             let component = if component.is_empty() { s(&obj["reportingComponent"]) } else { component };
             let host = Some(s(&src["host"])).filter(|h| !h.is_empty()).unwrap_or_else(|| s(&obj["reportingInstance"]));
             json!(if host.is_empty() { component } else { format!("{component}, {host}") })
@@ -243,7 +246,9 @@ pub fn columns(rt: &ResourceType) -> Vec<Value> {
             .map(|c| json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority}))
             .collect();
     }
-    let mut cols = vec![json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names", "priority": 0})];
+    let mut cols = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names", "priority": 0}),
+    ];
     for c in &rt.printer_columns {
         cols.push(json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority}));
     }

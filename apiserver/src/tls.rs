@@ -110,7 +110,8 @@ pub fn load_or_create(dir: &Path, listen: SocketAddr) -> anyhow::Result<Credenti
 }
 
 /// The in-cluster names a pod uses for the API server (the `kubernetes` Service).
-pub const IN_CLUSTER_NAMES: [&str; 4] = ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"];
+pub const IN_CLUSTER_NAMES: [&str; 4] =
+    ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"];
 
 /// Subject alternative names of the serving certificate: loopback, the in-cluster names and
 /// every address the server listens on (all local addresses when it listens on 0.0.0.0/::),
@@ -145,9 +146,10 @@ fn local_addresses(v6: bool) -> Vec<IpAddr> {
                 last = addr.split('/').next().and_then(|a| a.parse().ok());
             } else if t.contains("/32 host LOCAL")
                 && let Some(a) = last
-                && !out.contains(&IpAddr::V4(a)) {
-                    out.push(IpAddr::V4(a));
-                }
+                && !out.contains(&IpAddr::V4(a))
+            {
+                out.push(IpAddr::V4(a));
+            }
         }
     }
     if v6 && let Ok(list) = fs::read_to_string("/proc/net/if_inet6") {

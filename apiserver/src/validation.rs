@@ -112,13 +112,21 @@ pub fn validate_metadata(md: &Value) -> Vec<Cause> {
             match v.as_str() {
                 Some(s) => total += k.len() + s.len(),
                 None => {
-                    causes.push(Cause::new("FieldValueInvalid", format!("metadata.annotations[{k}]"), "Invalid value: annotation values must be strings"));
+                    causes.push(Cause::new(
+                        "FieldValueInvalid",
+                        format!("metadata.annotations[{k}]"),
+                        "Invalid value: annotation values must be strings",
+                    ));
                     total += k.len();
                 }
             }
         }
         if total > MAX_ANNOTATIONS_BYTES {
-            causes.push(Cause::new("FieldValueTooLong", "metadata.annotations", format!("Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes")));
+            causes.push(Cause::new(
+                "FieldValueTooLong",
+                "metadata.annotations",
+                format!("Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes"),
+            ));
         }
     }
     causes
@@ -221,9 +229,13 @@ pub fn process(obj: &mut Value, schema: &Value) -> Outcome {
     }
     for r in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
         if let Some(r) = r.as_str()
-            && !m.contains_key(r) && r != "metadata" && r != "apiVersion" && r != "kind" {
-                out.causes.push(Cause::new("FieldValueRequired", r, "Required value"));
-            }
+            && !m.contains_key(r)
+            && r != "metadata"
+            && r != "apiVersion"
+            && r != "kind"
+        {
+            out.causes.push(Cause::new("FieldValueRequired", r, "Required value"));
+        }
     }
     out
 }
@@ -249,10 +261,9 @@ fn regex_for(pattern: &str) -> Option<Regex> {
 }
 
 fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
-    if v.is_null()
-        && s.get("nullable").and_then(Value::as_bool) == Some(true) {
-            return;
-        }
+    if v.is_null() && s.get("nullable").and_then(Value::as_bool) == Some(true) {
+        return;
+    }
     let int_or_string = s.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
     if int_or_string {
         if !(v.is_string() || type_ok(v, "integer")) {
@@ -264,31 +275,33 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
             return;
         }
     } else if let Some(t) = s.get("type").and_then(Value::as_str)
-        && !type_ok(v, t) {
-            let actual = match v {
-                Value::Null => "null",
-                Value::Bool(_) => "boolean",
-                Value::Number(_) => "number",
-                Value::String(_) => "string",
-                Value::Array(_) => "array",
-                Value::Object(_) => "object",
-            };
-            out.causes.push(Cause::new(
-                "FieldValueTypeInvalid",
-                path,
-                format!("Invalid value: \"{actual}\": {path} in body must be of type {t}: \"{actual}\""),
-            ));
-            return;
-        }
+        && !type_ok(v, t)
+    {
+        let actual = match v {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        };
+        out.causes.push(Cause::new(
+            "FieldValueTypeInvalid",
+            path,
+            format!("Invalid value: \"{actual}\": {path} in body must be of type {t}: \"{actual}\""),
+        ));
+        return;
+    }
     if let Some(e) = s.get("enum").and_then(Value::as_array)
-        && !e.contains(v) {
-            let supported: Vec<String> = e.iter().map(render).collect();
-            out.causes.push(Cause::new(
-                "FieldValueNotSupported",
-                path,
-                format!("Unsupported value: {}: supported values: {}", render(v), supported.join(", ")),
-            ));
-        }
+        && !e.contains(v)
+    {
+        let supported: Vec<String> = e.iter().map(render).collect();
+        out.causes.push(Cause::new(
+            "FieldValueNotSupported",
+            path,
+            format!("Unsupported value: {}: supported values: {}", render(v), supported.join(", ")),
+        ));
+    }
     match v {
         Value::Object(m) => {
             let props = s.get("properties").and_then(Value::as_object);
@@ -331,28 +344,32 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
             }
             for r in s.get("required").and_then(Value::as_array).into_iter().flatten() {
                 if let Some(r) = r.as_str()
-                    && !m.contains_key(r) {
-                        out.causes.push(Cause::new("FieldValueRequired", format!("{path}.{r}"), "Required value"));
-                    }
+                    && !m.contains_key(r)
+                {
+                    out.causes.push(Cause::new("FieldValueRequired", format!("{path}.{r}"), "Required value"));
+                }
             }
             if let Some(max) = s.get("maxProperties").and_then(Value::as_u64)
-                && m.len() as u64 > max {
-                    out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", m.len())));
-                }
+                && m.len() as u64 > max
+            {
+                out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", m.len())));
+            }
         }
         Value::Array(items) => {
             if let Some(max) = s.get("maxItems").and_then(Value::as_u64)
-                && items.len() as u64 > max {
-                    out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", items.len())));
-                }
+                && items.len() as u64 > max
+            {
+                out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", items.len())));
+            }
             if let Some(min) = s.get("minItems").and_then(Value::as_u64)
-                && (items.len() as u64) < min {
-                    out.causes.push(Cause::new(
-                        "FieldValueInvalid",
-                        path,
-                        format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
-                    ));
-                }
+                && (items.len() as u64) < min
+            {
+                out.causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    path,
+                    format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
+                ));
+            }
             list_duplicates(items, s, path, out);
             if let Some(is) = s.get("items") {
                 for (i, item) in items.iter_mut().enumerate() {
@@ -363,49 +380,54 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
         Value::String(st) => {
             let len = st.chars().count() as u64;
             if let Some(max) = s.get("maxLength").and_then(Value::as_u64)
-                && len > max {
-                    out.causes.push(Cause::new("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
-                }
+                && len > max
+            {
+                out.causes.push(Cause::new("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
+            }
             if let Some(min) = s.get("minLength").and_then(Value::as_u64)
-                && len < min {
-                    out.causes.push(Cause::new(
-                        "FieldValueInvalid",
-                        path,
-                        format!("Invalid value: {}: {path} in body should be at least {min} chars long", json_str(st)),
-                    ));
-                }
+                && len < min
+            {
+                out.causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    path,
+                    format!("Invalid value: {}: {path} in body should be at least {min} chars long", json_str(st)),
+                ));
+            }
             if let Some(p) = s.get("pattern").and_then(Value::as_str)
                 && let Some(re) = regex_for(p)
-                    && !re.is_match(st) {
-                        out.causes.push(Cause::new(
-                            "FieldValueInvalid",
-                            path,
-                            format!("Invalid value: {}: {path} in body should match '{p}'", json_str(st)),
-                        ));
-                    }
+                && !re.is_match(st)
+            {
+                out.causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    path,
+                    format!("Invalid value: {}: {path} in body should match '{p}'", json_str(st)),
+                ));
+            }
         }
         Value::Number(n) => {
             let Some(x) = n.as_f64() else { return };
             let excl_min = s.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
             let excl_max = s.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
             if let Some(min) = s.get("minimum").and_then(Value::as_f64)
-                && (x < min || (excl_min && x == min)) {
-                    let rel = if excl_min { "greater than" } else { "greater than or equal to" };
-                    out.causes.push(Cause::new(
-                        "FieldValueInvalid",
-                        path,
-                        format!("Invalid value: {n}: {path} in body should be {rel} {}", num(min)),
-                    ));
-                }
+                && (x < min || (excl_min && x == min))
+            {
+                let rel = if excl_min { "greater than" } else { "greater than or equal to" };
+                out.causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    path,
+                    format!("Invalid value: {n}: {path} in body should be {rel} {}", num(min)),
+                ));
+            }
             if let Some(max) = s.get("maximum").and_then(Value::as_f64)
-                && (x > max || (excl_max && x == max)) {
-                    let rel = if excl_max { "less than" } else { "less than or equal to" };
-                    out.causes.push(Cause::new(
-                        "FieldValueInvalid",
-                        path,
-                        format!("Invalid value: {n}: {path} in body should be {rel} {}", num(max)),
-                    ));
-                }
+                && (x > max || (excl_max && x == max))
+            {
+                let rel = if excl_max { "less than" } else { "less than or equal to" };
+                out.causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    path,
+                    format!("Invalid value: {n}: {path} in body should be {rel} {}", num(max)),
+                ));
+            }
         }
         _ => {}
     }
@@ -420,15 +442,10 @@ fn list_duplicates(items: &[Value], s: &Value, path: &str, out: &mut Outcome) {
     let identity: ItemIdentity = match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
         Some("set") => Box::new(|v: &Value| Some(v.clone())),
         Some("map") => {
-            let keys: Vec<String> = s["x-kubernetes-list-map-keys"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|k| k.as_str().map(str::to_string))
-                .collect();
+            let keys: Vec<String> =
+                s["x-kubernetes-list-map-keys"].as_array().into_iter().flatten().filter_map(|k| k.as_str().map(str::to_string)).collect();
             Box::new(move |v: &Value| {
-                let m: serde_json::Map<String, Value> =
-                    keys.iter().filter_map(|k| v.get(k).map(|x| (k.clone(), x.clone()))).collect();
+                let m: serde_json::Map<String, Value> = keys.iter().filter_map(|k| v.get(k).map(|x| (k.clone(), x.clone()))).collect();
                 (!m.is_empty()).then_some(Value::Object(m))
             })
         }

@@ -157,9 +157,10 @@ type Change = (EventType, Arc<Entry>, Option<Arc<Entry>>);
 
 fn matches(p: &WatchParams, e: &Entry) -> bool {
     if let Some(ns) = &p.namespace
-        && &e.key.namespace != ns {
-            return false;
-        }
+        && &e.key.namespace != ns
+    {
+        return false;
+    }
     p.fields.matches(&e.key.namespace, &e.key.name, &e.fields) && p.labels.matches(&e.labels)
 }
 
@@ -169,8 +170,15 @@ pub fn start(core: Arc<Core>, rt: Arc<ResourceType>, p: WatchParams) -> WatchStr
     let backlog = Arc::new(Backlog::default());
     let em_backlog = backlog.clone();
     tokio::spawn(async move {
-        let mut em =
-            Emitter { core: core.clone(), rt: rt.clone(), tx, backlog: em_backlog, table: p.table.clone(), partial: p.partial, sent_headers: false };
+        let mut em = Emitter {
+            core: core.clone(),
+            rt: rt.clone(),
+            tx,
+            backlog: em_backlog,
+            table: p.table.clone(),
+            partial: p.partial,
+            sent_headers: false,
+        };
         run(&mut em, p).await;
     });
     WatchStream { rx, backlog }
@@ -191,11 +199,8 @@ async fn run(em: &mut Emitter, p: WatchParams) {
         match requested {
             Some(r) if !p.send_initial_events && r < st.history_floor => Err(r),
             _ if initial_state => {
-                let items = st
-                    .objects
-                    .get(storage.as_str())
-                    .map(|m| m.values().filter(|e| matches(&p, e)).cloned().collect())
-                    .unwrap_or_default();
+                let items =
+                    st.objects.get(storage.as_str()).map(|m| m.values().filter(|e| matches(&p, e)).cloned().collect()).unwrap_or_default();
                 Ok((items, st.rv))
             }
             _ => Ok((vec![], requested.unwrap_or(st.rv))),
@@ -256,9 +261,10 @@ async fn run(em: &mut Emitter, p: WatchParams) {
                 },
             };
             if let Some(k) = out_kind
-                && !em.send(k, &e).await {
-                    return;
-                }
+                && !em.send(k, &e).await
+            {
+                return;
+            }
         }
         last = head.max(last);
         let sleep_until = match deadline {
@@ -309,7 +315,11 @@ pub fn validate_list_options<'a>(watch: bool, get: impl Fn(&str) -> Option<&'a s
     let cont = get("continue").is_some_and(|c| !c.is_empty());
     let forbidden = |detail: &str| Cause::new("FieldValueForbidden", "resourceVersionMatch", format!("Forbidden: {detail}"));
     let not_supported = |supported: &str| {
-        Cause::new("FieldValueNotSupported", "resourceVersionMatch", format!("Unsupported value: \"{matching}\": supported values: {supported}"))
+        Cause::new(
+            "FieldValueNotSupported",
+            "resourceVersionMatch",
+            format!("Unsupported value: \"{matching}\": supported values: {supported}"),
+        )
     };
     let mut causes = vec![];
     if watch {

@@ -55,7 +55,19 @@ async fn deploy_dir_applies_and_builtins_behave_like_a_cluster() -> TestResult {
     // `$setElementOrder/containers`; the container is merged by name, nothing else lost.
     let rendered = k(&["kustomize", &deploy], None);
     assert!(rendered.ok, "{}", rendered.stderr);
-    let image = k(&["get", "deploy", "-n", "provisioning-system", "provisioning-controller", "-o", "jsonpath={.spec.template.spec.containers[0].image}"], None).stdout;
+    let image = k(
+        &[
+            "get",
+            "deploy",
+            "-n",
+            "provisioning-system",
+            "provisioning-controller",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ],
+        None,
+    )
+    .stdout;
     assert!(!image.is_empty());
     let changed = rendered.stdout.replace(&format!("image: {image}\n"), "image: example/changed:2\n");
     let out = k(&["apply", "-f", "-"], Some(&changed));
@@ -67,9 +79,31 @@ async fn deploy_dir_applies_and_builtins_behave_like_a_cluster() -> TestResult {
     assert!(c["ports"].as_array().is_some_and(|p| p.len() == 1) && c.get("args").is_some(), "container lost fields: {c}");
     assert_eq!(d["metadata"]["generation"], 2);
     assert!(!out.stdout.contains("$setElementOrder"));
-    let out = k(&["patch", "deploy", "-n", "provisioning-system", "provisioning-controller", "-p", r#"{"spec":{"template":{"spec":{"containers":[{"name":"controller","env":[{"name":"EXTRA","value":"1"}]}]}}}}"#], None);
+    let out = k(
+        &[
+            "patch",
+            "deploy",
+            "-n",
+            "provisioning-system",
+            "provisioning-controller",
+            "-p",
+            r#"{"spec":{"template":{"spec":{"containers":[{"name":"controller","env":[{"name":"EXTRA","value":"1"}]}]}}}}"#,
+        ],
+        None,
+    );
     assert!(out.ok, "{}", out.stderr);
-    let out = k(&["get", "deploy", "-n", "provisioning-system", "provisioning-controller", "-o", "jsonpath={.spec.template.spec.containers[0].env[*].name}"], None);
+    let out = k(
+        &[
+            "get",
+            "deploy",
+            "-n",
+            "provisioning-system",
+            "provisioning-controller",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].env[*].name}",
+        ],
+        None,
+    );
     assert!(out.stdout.contains("EXTRA") && out.stdout.split(' ').count() > 1, "env merged by name: {}", out.stdout);
 
     let out = k(&["get", "deploy,sa,svc,role,clusterrole,rolebinding,clusterrolebinding,pdb,netpol", "-A"], None);
@@ -113,7 +147,11 @@ spec:
     let out = k(&["apply", "-f", "-"], Some(extra));
     assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
     let out = k(&["get", "pdb,netpol", "-n", "provisioning-system"], None);
-    assert!(out.stdout.contains("poddisruptionbudget.policy/pc") && out.stdout.contains("networkpolicy.networking.k8s.io/pc"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("poddisruptionbudget.policy/pc") && out.stdout.contains("networkpolicy.networking.k8s.io/pc"),
+        "{}",
+        out.stdout
+    );
     assert!(out.stdout.contains("MIN AVAILABLE") && out.stdout.contains("POD-SELECTOR") && out.stdout.contains("app=x"), "{}", out.stdout);
 
     // explain walks $refs from Deployment down to Container.
@@ -128,14 +166,24 @@ spec:
     let out = k(&["apply", "--server-side", "--validate=strict", "-f", "-"], Some(BAD_DEPLOYMENT));
     assert!(!out.ok && out.stderr.contains("unknown field \"spec.template.spec.containers[0].bogusField\""), "{}", out.stderr);
     let out = k(&["create", "--validate=warn", "--dry-run=server", "-f", "-"], Some(BAD_DEPLOYMENT));
-    assert!(out.ok && out.stderr.contains("unknown field \"spec.template.spec.containers[0].bogusField\""), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.ok && out.stderr.contains("unknown field \"spec.template.spec.containers[0].bogusField\""),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
     let wrong_type = BAD_DEPLOYMENT.replace("bogusField: 1", "ports: [{containerPort: \"http\"}]");
     let out = k(&["create", "--validate=false", "-f", "-"], Some(&wrong_type));
-    assert!(!out.ok && out.stderr.contains("is invalid") && out.stderr.contains("spec.template.spec.containers[0].ports[0].containerPort"), "{}", out.stderr);
+    assert!(
+        !out.ok && out.stderr.contains("is invalid") && out.stderr.contains("spec.template.spec.containers[0].ports[0].containerPort"),
+        "{}",
+        out.stderr
+    );
 
     // Server-side apply, twice: the second is a no-op (same resourceVersion), and a dry run
     // changes nothing either.
-    let ssa = BAD_DEPLOYMENT.replace("bad", "ssa").replace("        bogusField: 1\n", "        ports: [{containerPort: 8080, name: http}]\n");
+    let ssa =
+        BAD_DEPLOYMENT.replace("bad", "ssa").replace("        bogusField: 1\n", "        ports: [{containerPort: 8080, name: http}]\n");
     let out = k(&["apply", "--server-side", "-f", "-"], Some(&ssa));
     assert!(out.ok, "{}", out.stderr);
     let rv = |k: &dyn Fn(&[&str], Option<&str>) -> KubectlOut| {
@@ -153,7 +201,20 @@ spec:
     assert!(out.ok, "{}", out.stderr);
     let after = rv(&k);
     assert!(after.ends_with(" 2"), "generation after a spec change: {after}");
-    let out = k(&["patch", "deploy", "ssa", "-n", "default", "--subresource=status", "--type=merge", "-p", r#"{"status":{"replicas":1,"readyReplicas":1}}"#], None);
+    let out = k(
+        &[
+            "patch",
+            "deploy",
+            "ssa",
+            "-n",
+            "default",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"replicas":1,"readyReplicas":1}}"#,
+        ],
+        None,
+    );
     assert!(out.ok, "{}", out.stderr);
     assert!(rv(&k).ends_with(" 2"));
     let out = k(&["get", "deploy", "ssa", "-n", "default", "-o", "jsonpath={.status.readyReplicas}"], None);

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::Client;
 use serde_json::{Value, json};
 
 fn ar(kind: &str, plural: &str) -> ApiResource {
@@ -131,7 +131,8 @@ async fn project_rules_accept_valid_and_reject_violations() -> TestResult {
     // The Status causes carry the field path.
     let body = serde_json::to_vec(&json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Cluster",
         "metadata": {"name": "raw"}, "spec": {"pools": [{"name": "a", "replicas": 1}, {"name": "a", "replicas": 2}]}}))?;
-    let (code, status) = raw(&client, "POST", "/apis/provisioning.dev/v1alpha1/namespaces/default/clusters", "application/json", body).await?;
+    let (code, status) =
+        raw(&client, "POST", "/apis/provisioning.dev/v1alpha1/namespaces/default/clusters", "application/json", body).await?;
     assert_eq!(code, 422);
     // A duplicate key does not block the rules: kube-apiserver reports both.
     assert_eq!(status["details"]["causes"][0]["field"], "spec.pools[1]", "{status}");
@@ -275,8 +276,7 @@ async fn malformed_rule_rejects_the_crd() -> TestResult {
     }
     assert!(matches!(crds.get("widgets.cel.test").await, Err(kube::Error::Api(ref s)) if s.code == 404));
     // Same for a bad messageExpression; and the server still serves afterwards.
-    let crd: CustomResourceDefinition =
-        serde_json::from_value(widget_crd(json!([{"rule": "true", "messageExpression": "'a' +"}])))?;
+    let crd: CustomResourceDefinition = serde_json::from_value(widget_crd(json!([{"rule": "true", "messageExpression": "'a' +"}])))?;
     let err = crds.create(&PostParams::default(), &crd).await.err().ok_or("accepted")?;
     assert!(matches!(err, kube::Error::Api(ref s) if s.code == 422 && s.message.contains("messageExpression")), "{err:?}");
     let widgets = install_widgets(&client, json!([{"rule": "self.size < 5"}])).await?;
@@ -358,10 +358,15 @@ spec:
         "{}",
         out.stderr
     );
-    let out = kubectl(&kc, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&good.replace("pools: [cp, workers]", "pools: [gpu]")));
+    let out = kubectl(
+        &kc,
+        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+        Some(&good.replace("pools: [cp, workers]", "pools: [gpu]")),
+    );
     assert!(!out.ok);
     assert!(
-        out.stderr.contains("The Cluster \"web\" is invalid: spec: Invalid value: \"object\": taskservs[].pools must name pools of spec.pools"),
+        out.stderr
+            .contains("The Cluster \"web\" is invalid: spec: Invalid value: \"object\": taskservs[].pools must name pools of spec.pools"),
         "{}",
         out.stderr
     );

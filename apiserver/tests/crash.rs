@@ -51,9 +51,10 @@ async fn kill_9_loses_no_acknowledged_write_and_watch_resumes() -> TestResult {
     let watcher = tokio::spawn(async move {
         while let Ok(Some(ev)) = stream.try_next().await {
             if let WatchEvent::Added(o) | WatchEvent::Modified(o) = ev
-                && let (Some(rv), Ok(mut l)) = (o.metadata.resource_version, ls.lock()) {
-                    *l = rv;
-                }
+                && let (Some(rv), Ok(mut l)) = (o.metadata.resource_version, ls.lock())
+            {
+                *l = rv;
+            }
         }
     });
 

@@ -19,7 +19,12 @@ use serde_json::{Value, json};
 const KINDS: [(&str, &str, bool, &str); 4] = [
     ("Server", "servers", true, r#"{"plan": "small"}"#),
     ("TaskServ", "taskservs", true, r#"{"service": "etcd", "servers": {"names": ["web-1"]}}"#),
-    ("Cluster", "clusters", true, r#"{"provider": "local", "pools": [{"name": "members", "replicas": 1, "plan": "small"}], "taskservs": []}"#),
+    (
+        "Cluster",
+        "clusters",
+        true,
+        r#"{"provider": "local", "pools": [{"name": "members", "replicas": 1, "plan": "small"}], "taskservs": []}"#,
+    ),
     ("Workspace", "workspaces", false, r#"{"namespace": "dev"}"#),
 ];
 
@@ -69,7 +74,8 @@ async fn event_field_selectors_table_and_kubectl() -> TestResult {
     let mut refs = vec![];
     for (kind, plural, namespaced, spec) in KINDS {
         let ar = resource(kind, plural);
-        let api: Api<DynamicObject> = if namespaced { Api::namespaced_with(client.clone(), "default", &ar) } else { Api::all_with(client.clone(), &ar) };
+        let api: Api<DynamicObject> =
+            if namespaced { Api::namespaced_with(client.clone(), "default", &ar) } else { Api::all_with(client.clone(), &ar) };
         let name = format!("{}-1", kind.to_lowercase());
         let name = if kind == "Server" { "web-1".to_string() } else { name };
         let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": kind,
@@ -97,7 +103,8 @@ async fn event_field_selectors_table_and_kubectl() -> TestResult {
         "regarding": regarding, "reason": "PlanUnavailable", "type": "Warning", "note": "plan small is not offered in zone z",
         "action": "Provision", "reportingController": "provisioning.dev/controller", "reportingInstance": "ctl-0",
         "eventTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)});
-    let (code, body) = raw(&client, "POST", "/apis/events.k8s.io/v1/namespaces/default/events", "application/json", serde_json::to_vec(&warning)?).await?;
+    let (code, body) =
+        raw(&client, "POST", "/apis/events.k8s.io/v1/namespaces/default/events", "application/json", serde_json::to_vec(&warning)?).await?;
     assert_eq!(code, 201, "{body}");
 
     // Every core/v1 field label, in list.
@@ -177,10 +184,7 @@ async fn event_field_selectors_table_and_kubectl() -> TestResult {
     drop(stream);
 
     // The Event table: upstream's columns in upstream's order (Name last, wide only).
-    let req = http::Request::builder()
-        .uri(events)
-        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
-        .body(Vec::new())?;
+    let req = http::Request::builder().uri(events).header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io").body(Vec::new())?;
     let resp = client.send(req.map(kube::client::Body::from)).await?;
     use http_body_util::BodyExt;
     let table: Value = serde_json::from_slice(&resp.into_body().collect().await?.to_bytes())?;
@@ -191,7 +195,16 @@ async fn event_field_selectors_table_and_kubectl() -> TestResult {
         .map(|c| (c["name"].as_str().unwrap_or_default().to_string(), c["priority"].as_i64().unwrap_or(0)))
         .collect();
     let want: Vec<(String, i64)> = [
-        ("Last Seen", 0), ("Type", 0), ("Reason", 0), ("Object", 0), ("Subobject", 1), ("Source", 1), ("Message", 0), ("First Seen", 1), ("Count", 1), ("Name", 1),
+        ("Last Seen", 0),
+        ("Type", 0),
+        ("Reason", 0),
+        ("Object", 0),
+        ("Subobject", 1),
+        ("Source", 1),
+        ("Message", 0),
+        ("First Seen", 1),
+        ("Count", 1),
+        ("Name", 1),
     ]
     .iter()
     .map(|(n, p)| (n.to_string(), *p))
@@ -228,7 +241,12 @@ async fn event_field_selectors_table_and_kubectl() -> TestResult {
     assert_eq!(header, ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], "{}", out.stdout);
     let out = k(&["get", "events", "-o", "wide"]);
     let header: Vec<&str> = out.stdout.lines().next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "SUBOBJECT", "SOURCE", "MESSAGE", "FIRST", "SEEN", "COUNT", "NAME"], "{}", out.stdout);
+    assert_eq!(
+        header,
+        ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "SUBOBJECT", "SOURCE", "MESSAGE", "FIRST", "SEEN", "COUNT", "NAME"],
+        "{}",
+        out.stdout
+    );
     let out = k(&["get", "events", "--field-selector", "involvedObject.kind=Cluster", "-o", "name"]);
     assert_eq!(out.stdout.trim(), "event/cluster-1.ev1", "{} {}", out.stdout, out.stderr);
     let out = k(&["get", "events", "--field-selector", "nonsense=1"]);
@@ -256,7 +274,10 @@ async fn event_field_selectors_table_and_kubectl() -> TestResult {
     // The initial list arrives first; then write one Normal and one Warning.
     let first = tokio::time::timeout(Duration::from_secs(20), rx.recv()).await?.ok_or("kubectl -w printed nothing")?;
     assert!(first.contains("LAST SEEN") || first.contains("Warning"), "{first}");
-    for ev in [core_event("web-1.ev4", &server_ref, "Rechecked", "Normal", "fine"), core_event("web-1.ev5", &server_ref, "DiskFull", "Warning", "disk full")] {
+    for ev in [
+        core_event("web-1.ev4", &server_ref, "Rechecked", "Normal", "fine"),
+        core_event("web-1.ev5", &server_ref, "DiskFull", "Warning", "disk full"),
+    ] {
         let (code, body) = raw(&client, "POST", events, "application/json", serde_json::to_vec(&ev)?).await?;
         assert_eq!(code, 201, "{body}");
     }
@@ -271,7 +292,10 @@ async fn event_field_selectors_table_and_kubectl() -> TestResult {
     let _ = child.kill();
     let _ = child.wait();
     assert!(seen.iter().any(|l| l.contains("DiskFull")), "kubectl get events -w did not show the new Warning: {seen:?}");
-    assert!(!seen.iter().any(|l| l.contains("Rechecked") || l.contains("ServerProvisioned")), "a Normal event passed type=Warning: {seen:?}");
+    assert!(
+        !seen.iter().any(|l| l.contains("Rechecked") || l.contains("ServerProvisioned")),
+        "a Normal event passed type=Warning: {seen:?}"
+    );
     ts.server.shutdown().await;
     Ok(())
 }

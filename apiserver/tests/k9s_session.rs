@@ -74,7 +74,8 @@ async fn send(client: &Client, method: &str, path: &str, accept: &str, body: Opt
     let status = resp.status().as_u16();
     let content_type = resp.headers().get("content-type").and_then(|h| h.to_str().ok()).unwrap_or_default().to_string();
     let raw = resp.into_body().collect().await?.to_bytes();
-    let body = serde_json::from_slice(&raw).map_err(|e| format!("{method} {path}: body is not JSON ({e}): {}", String::from_utf8_lossy(&raw)))?;
+    let body =
+        serde_json::from_slice(&raw).map_err(|e| format!("{method} {path}: body is not JSON ({e}): {}", String::from_utf8_lossy(&raw)))?;
     Ok(Answer { status, content_type, body })
 }
 
@@ -96,7 +97,10 @@ fn is_aggregated(content_type: &str) -> bool {
     let params: Vec<(String, String)> =
         parts.filter_map(|p| p.split_once('=').map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))).collect();
     let param = |k: &str| params.iter().find(|(pk, _)| pk == k).map(|(_, v)| v.as_str());
-    base == "application/json" && param("g") == Some("apidiscovery.k8s.io") && param("v") == Some("v2") && param("as") == Some("APIGroupDiscoveryList")
+    base == "application/json"
+        && param("g") == Some("apidiscovery.k8s.io")
+        && param("v") == Some("v2")
+        && param("as") == Some("APIGroupDiscoveryList")
 }
 
 /// k9s `makeSAR` plus one verb: POST a SelfSubjectAccessReview and require `allowed`.
@@ -132,8 +136,13 @@ struct WatchList {
 /// Opens a watch-list exactly as the reflector does and reads until the bookmark annotated
 /// `k8s.io/initial-events-end` (or fails on anything else: an ERROR, the end, the deadline).
 async fn watch_list(client: &Client, path: &str) -> Res<WatchList> {
-    let uri = format!("{path}?allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&timeoutSeconds=300&watch=true");
-    let req = http::Request::builder().uri(&uri).header("accept", ACCEPT_JSON).header("user-agent", USER_AGENT).body(kube::client::Body::from(vec![]))?;
+    let uri =
+        format!("{path}?allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&timeoutSeconds=300&watch=true");
+    let req = http::Request::builder()
+        .uri(&uri)
+        .header("accept", ACCEPT_JSON)
+        .header("user-agent", USER_AGENT)
+        .body(kube::client::Body::from(vec![]))?;
     let resp = client.send(req).await?;
     if resp.status() != 200 {
         let raw = resp.into_body().collect().await?.to_bytes();
@@ -209,7 +218,14 @@ async fn fixture(client: &Client) -> Res<String> {
         let name = crd.metadata.name.clone().unwrap_or_default();
         crds.patch(&name, &PatchParams::apply("provisioning-controller").force(), &Patch::Apply(&crd)).await?;
     }
-    let ns = send(client, "POST", "/api/v1/namespaces", ACCEPT_JSON, Some(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}))).await?;
+    let ns = send(
+        client,
+        "POST",
+        "/api/v1/namespaces",
+        ACCEPT_JSON,
+        Some(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}})),
+    )
+    .await?;
     ok("create namespace", &ns, 201)?;
     let server = json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": "web", "namespace": "demo"},
         "spec": {"plan": "small"}});
@@ -358,7 +374,12 @@ async fn k9s_session_replayed() -> TestResult {
 
     // 5c. A watch-list the server cannot honour is refused (422), never silently served as
     // a plain watch: the reflector would wait for a bookmark that never comes.
-    let bad = get(&client, "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers?watch=true&sendInitialEvents=true&allowWatchBookmarks=true", ACCEPT_JSON).await?;
+    let bad = get(
+        &client,
+        "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers?watch=true&sendInitialEvents=true&allowWatchBookmarks=true",
+        ACCEPT_JSON,
+    )
+    .await?;
     ok("watch-list without resourceVersionMatch", &bad, 422)?;
     assert_eq!(bad.body["reason"], "Invalid");
     let bad = get(&client, "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers?sendInitialEvents=true", ACCEPT_JSON).await?;
@@ -368,7 +389,8 @@ async fn k9s_session_replayed() -> TestResult {
     can_i(&client, "demo", "provisioning.dev", "servers", &["get"]).await?;
     let obj = get(&client, "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers/web", ACCEPT_JSON).await?;
     ok("get server", &obj, 200)?;
-    let selector = format!("involvedObject.kind%3DServer%2CinvolvedObject.name%3Dweb%2CinvolvedObject.namespace%3Ddemo%2CinvolvedObject.uid%3D{uid}");
+    let selector =
+        format!("involvedObject.kind%3DServer%2CinvolvedObject.name%3Dweb%2CinvolvedObject.namespace%3Ddemo%2CinvolvedObject.uid%3D{uid}");
     let events = get(&client, &format!("/api/v1/namespaces/demo/events?fieldSelector={selector}&limit=500"), ACCEPT_JSON).await?;
     ok("describe's event search", &events, 200)?;
     let reasons: Vec<&str> = events.body["items"].as_array().into_iter().flatten().filter_map(|e| e["reason"].as_str()).collect();
@@ -381,7 +403,8 @@ async fn k9s_session_replayed() -> TestResult {
     let ev_table = get(&client, "/apis/events.k8s.io/v1/namespaces/demo/events?includeObject=Metadata", ACCEPT_TABLE).await?;
     ok("Table of events.k8s.io events", &ev_table, 200)?;
     assert_eq!(ev_table.body["kind"], "Table");
-    let columns: Vec<&str> = ev_table.body["columnDefinitions"].as_array().into_iter().flatten().filter_map(|c| c["name"].as_str()).collect();
+    let columns: Vec<&str> =
+        ev_table.body["columnDefinitions"].as_array().into_iter().flatten().filter_map(|c| c["name"].as_str()).collect();
     for c in ["Type", "Reason", "Object", "Message"] {
         assert!(columns.contains(&c), "events Table lacks column {c}: {columns:?}");
     }

@@ -70,14 +70,11 @@ async fn crd_lifecycle_status_generation_and_validation() -> TestResult {
     assert_eq!(s.data["spec"]["image"], "debian-12");
     assert_eq!(s.metadata.generation, Some(1));
     // Status via /status does not bump generation; status on main resource is ignored.
-    let st = api
-        .patch_status("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Running"}})))
-        .await?;
+    let st = api.patch_status("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Running"}}))).await?;
     assert_eq!(st.metadata.generation, Some(1));
     assert_eq!(st.data["status"]["phase"], "Running");
-    let m = api
-        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"plan": "large"}, "status": {"phase": "Hacked"}})))
-        .await?;
+    let m =
+        api.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"plan": "large"}, "status": {"phase": "Hacked"}}))).await?;
     assert_eq!(m.metadata.generation, Some(2));
     assert_eq!(m.data["status"]["phase"], "Running");
     // No-op patch keeps the resourceVersion.
@@ -85,7 +82,11 @@ async fn crd_lifecycle_status_generation_and_validation() -> TestResult {
     assert_eq!(again.metadata.resource_version, m.metadata.resource_version);
     // JSON patch.
     let j = api
-        .patch("web", &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(json!([{"op": "replace", "path": "/spec/plan", "value": "medium"}]))?))
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(json!([{"op": "replace", "path": "/spec/plan", "value": "medium"}]))?),
+        )
         .await?;
     assert_eq!(j.data["spec"]["plan"], "medium");
     // Invalid values -> 422 with causes and the kube-apiserver message shape.
@@ -163,7 +164,8 @@ async fn server_side_apply_managers_conflicts_force() -> TestResult {
     let s = api.patch_status("a", &PatchParams::apply("other").force(), &Patch::Apply(&c2)).await?;
     assert_eq!(s.data["status"]["conditions"].as_array().map(Vec::len), Some(2));
     // Apply creates when missing.
-    let newcfg = json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": "fresh"}, "spec": {"plan": "small"}});
+    let newcfg =
+        json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": "fresh"}, "spec": {"plan": "small"}});
     let created = api.patch("fresh", &PatchParams::apply("alice"), &Patch::Apply(&newcfg)).await?;
     assert!(created.metadata.uid.is_some());
     ts.server.shutdown().await;
@@ -177,7 +179,8 @@ async fn selectors_paging_and_watch_semantics() -> TestResult {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..25 {
         let tier = if i % 2 == 0 { "front" } else { "back" };
-        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("c{i:02}"), "labels": {"tier": tier, "n": i.to_string()}}}))?;
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("c{i:02}"), "labels": {"tier": tier, "n": i.to_string()}}}))?;
         cms.create(&PostParams::default(), &cm).await?;
     }
     let front = cms.list(&ListParams::default().labels("tier=front")).await?;
@@ -323,7 +326,8 @@ async fn finalizers_gc_and_namespace_deletion() -> TestResult {
     // Orphan.
     let owner = api.create(&PostParams::default(), &server_obj("owner", "small")?).await?;
     let uid = owner.metadata.uid.clone().unwrap_or_default();
-    let child2: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "dep2", "ownerReferences": [{"apiVersion": "provisioning.dev/v1alpha1",
+    let child2: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "dep2", "ownerReferences": [{"apiVersion": "provisioning.dev/v1alpha1",
         "kind": "Server", "name": "owner", "uid": uid}]}}))?;
     cms.create(&PostParams::default(), &child2).await?;
     api.delete("owner", &DeleteParams::orphan()).await?;
@@ -436,10 +440,12 @@ async fn restart_keeps_objects_and_resource_versions_move_up() -> TestResult {
     let mut seen_large = false;
     while let Ok(Ok(Some(ev))) = tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await {
         if let WatchEvent::Modified(o) | WatchEvent::Added(o) = ev
-            && o.metadata.name.as_deref() == Some("persist") && o.data["spec"]["plan"] == "large" {
-                seen_large = true;
-                break;
-            }
+            && o.metadata.name.as_deref() == Some("persist")
+            && o.data["spec"]["plan"] == "large"
+        {
+            seen_large = true;
+            break;
+        }
     }
     assert!(seen_large);
     ts.server.shutdown().await;
@@ -453,7 +459,8 @@ async fn metadata_only_lists_and_watches_carry_no_data() -> TestResult {
     let client = client_for(&ts.server.kubeconfig_path()).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     let meta: Api<PartialObjectMeta<Secret>> = Api::namespaced(client.clone(), "default");
-    let s: Secret = serde_json::from_value(json!({"metadata": {"name": "m1", "labels": {"a": "b"}}, "stringData": {"password": "hunter2"}}))?;
+    let s: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "m1", "labels": {"a": "b"}}, "stringData": {"password": "hunter2"}}))?;
     secrets.create(&PostParams::default(), &s).await?;
     let listed = meta.list(&ListParams::default()).await?;
     assert_eq!(listed.items.len(), 1);

@@ -104,8 +104,15 @@ async fn kubectl_end_to_end() -> TestResult {
 
     // Status patch through the subresource, then wait for the condition.
     let out = k(
-        &["patch", "srv", "web-1", "--subresource=status", "--type=merge", "-p",
-          r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True","reason":"Up","message":"ok","lastTransitionTime":"2025-01-01T00:00:00Z"}]}}"#],
+        &[
+            "patch",
+            "srv",
+            "web-1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True","reason":"Up","message":"ok","lastTransitionTime":"2025-01-01T00:00:00Z"}]}}"#,
+        ],
         None,
     );
     assert!(out.ok, "{}", out.stderr);

@@ -31,7 +31,8 @@ async fn honest(client: &kube::Client, want: usize) -> TestResult {
 async fn seed(client: &kube::Client, n: usize) -> TestResult {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..n {
-        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("keep-{i}"), "labels": {"keep": "yes"}}, "data": {"k": "v"}}))?;
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("keep-{i}"), "labels": {"keep": "yes"}}, "data": {"k": "v"}}))?;
         cms.create(&PostParams::default(), &cm).await?;
     }
     Ok(())
@@ -97,7 +98,8 @@ async fn patch_bomb_bad_metadata_and_deep_objects_are_refused() -> TestResult {
     // Depth: 64 levels is the limit, with a clear message; an object at the limit stays
     // readable by kube-rs in a list.
     let deep = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "deep"}, "extra": nested(100)});
-    let (code, body) = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/json", serde_json::to_vec(&deep)?).await?;
+    let (code, body) =
+        raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/json", serde_json::to_vec(&deep)?).await?;
     assert_eq!(code, 422, "{body}");
     assert!(body["message"].as_str().unwrap_or_default().contains("more than the limit of 64"), "{body}");
     let ok = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "deep-ok", "labels": {"keep": "yes"}}, "data": {"k": "v"}, "extra": nested(62)});
@@ -146,7 +148,8 @@ async fn resource_version_from_the_future_is_504() -> TestResult {
             cms.create(&PostParams::default(), &cm).await.map(|_| ())
         })
     };
-    let (code, body) = raw(&client, "GET", &format!("/api/v1/namespaces/default/configmaps?resourceVersion={}", rv + 1), "", vec![]).await?;
+    let (code, body) =
+        raw(&client, "GET", &format!("/api/v1/namespaces/default/configmaps?resourceVersion={}", rv + 1), "", vec![]).await?;
     assert_eq!(code, 200, "{body}");
     writer.await??;
     honest(&client, 1).await?;
@@ -245,7 +248,9 @@ async fn raw_watch(
 }
 
 /// Reads the response head of a raw request: the status code.
-async fn status_of(c: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
+async fn status_of(
+    c: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
     let mut head = Vec::new();
     let mut b = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -297,7 +302,11 @@ async fn watch_flood_and_slow_reader() -> TestResult {
     let mut per_conn_refused = 0;
     eventually("watches freed after the flood", Duration::from_secs(10), || {
         let client = client.clone();
-        async move { raw(&client, "GET", "/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1", "", vec![]).await.is_ok_and(|(c, _)| c == 200) }
+        async move {
+            raw(&client, "GET", "/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1", "", vec![])
+                .await
+                .is_ok_and(|(c, _)| c == 200)
+        }
     })
     .await?;
     for _ in 0..8 {
@@ -319,8 +328,10 @@ async fn watch_flood_and_slow_reader() -> TestResult {
             let cms = cms.clone();
             tokio::spawn(async move {
                 for i in 0..40 {
-                    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("big-{w}-{i}")}, "data": {"blob": "x".repeat(256 * 1024)}}))
-                        .map_err(kube::Error::SerdeError)?;
+                    let cm: ConfigMap = serde_json::from_value(
+                        json!({"metadata": {"name": format!("big-{w}-{i}")}, "data": {"blob": "x".repeat(256 * 1024)}}),
+                    )
+                    .map_err(kube::Error::SerdeError)?;
                     cms.create(&PostParams::default(), &cm).await?;
                 }
                 Ok::<_, kube::Error>(())

@@ -26,11 +26,7 @@ async fn project_crds_are_established_and_discoverable() -> TestResult {
             let name = name.clone();
             async move {
                 crds.get(&name).await.is_ok_and(|c| {
-                    c.status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
+                    c.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Established" && c.status == "True")
                 })
             }
         })

@@ -16,10 +16,8 @@ use serde_json::{Value, json};
 /// A copy of the admin kubeconfig whose user presents `token` instead.
 pub fn kubeconfig_with_token(admin: &Path, token: &str, name: &str) -> Result<PathBuf, Box<dyn std::error::Error + Send + Sync>> {
     let text = std::fs::read_to_string(admin)?;
-    let replaced: Vec<String> = text
-        .lines()
-        .map(|l| if l.trim_start().starts_with("token: ") { format!("    token: {token}") } else { l.to_string() })
-        .collect();
+    let replaced: Vec<String> =
+        text.lines().map(|l| if l.trim_start().starts_with("token: ") { format!("    token: {token}") } else { l.to_string() }).collect();
     let dir = admin.parent().ok_or("kubeconfig has no parent dir")?.join(name);
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("kubeconfig");
@@ -36,7 +34,9 @@ fn service_account(ns: &str, name: &str) -> String {
 /// YAML of a Role (namespace set) or ClusterRole with one rule.
 fn role(ns: Option<&str>, name: &str, rule: &str) -> String {
     match ns {
-        Some(ns) => format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {name}, namespace: {ns}}}\nrules:\n- {rule}\n"),
+        Some(ns) => {
+            format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {name}, namespace: {ns}}}\nrules:\n- {rule}\n")
+        }
         None => format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: \"{name}\"}}\nrules:\n- {rule}\n"),
     }
 }
@@ -46,8 +46,12 @@ fn binding(ns: Option<&str>, name: &str, role_kind: &str, role: &str, sa_ns: &st
     let subjects = format!("subjects:\n- {{kind: ServiceAccount, name: {sa}, namespace: {sa_ns}}}\n");
     let role_ref = format!("roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: {role_kind}, name: \"{role}\"}}\n");
     match ns {
-        Some(ns) => format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {name}, namespace: {ns}}}\n{role_ref}{subjects}"),
-        None => format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: {name}}}\n{role_ref}{subjects}"),
+        Some(ns) => format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {name}, namespace: {ns}}}\n{role_ref}{subjects}"
+        ),
+        None => {
+            format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: {name}}}\n{role_ref}{subjects}")
+        }
     }
 }
 
@@ -129,38 +133,63 @@ async fn service_account_rbac_with_kubectl() -> TestResult {
 
     // A RoleBinding in demo: allowed there, not in default.
     ok(&a(&["create", "role", "server-reader", "-n", "demo", "--verb=get,list", "--resource=servers"], None), "create role")?;
-    ok(&a(&["create", "rolebinding", "ci-read", "-n", "demo", "--role=server-reader", "--serviceaccount=demo:ci"], None), "create rolebinding")?;
+    ok(
+        &a(&["create", "rolebinding", "ci-read", "-n", "demo", "--role=server-reader", "--serviceaccount=demo:ci"], None),
+        "create rolebinding",
+    )?;
     eventually("binding effective", Duration::from_secs(30), || async { s(&["get", "servers", "-n", "demo"], None).ok }).await?;
     let listed = ok(&s(&["get", "servers", "-n", "demo", "-o", "name"], None), "list")?;
     assert!(listed.contains("server.provisioning.dev/web") && listed.contains("server.provisioning.dev/db"), "{listed}");
-    denied(&s(&["get", "servers", "-n", "default"], None), "other namespace", r#"cannot list resource "servers" in API group "provisioning.dev" in the namespace "default""#)?;
+    denied(
+        &s(&["get", "servers", "-n", "default"], None),
+        "other namespace",
+        r#"cannot list resource "servers" in API group "provisioning.dev" in the namespace "default""#,
+    )?;
     denied(&s(&["get", "servers", "-A"], None), "all namespaces", "at the cluster scope")?;
     denied(&s(&["delete", "server", "web", "-n", "demo"], None), "delete", r#"cannot delete resource "servers""#)?;
 
     // Watch needs its own verb (both ?watch=1 and the /watch/ path).
-    let (code, body) = raw(&sc, "GET", "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers?watch=1&timeoutSeconds=1", "application/json", vec![]).await?;
+    let (code, body) =
+        raw(&sc, "GET", "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers?watch=1&timeoutSeconds=1", "application/json", vec![])
+            .await?;
     assert_eq!(code, 403, "{body}");
     assert!(body["message"].as_str().unwrap_or_default().contains(r#"cannot watch resource "servers""#), "{body}");
-    let (code, _) = raw(&sc, "GET", "/apis/provisioning.dev/v1alpha1/watch/namespaces/demo/servers?timeoutSeconds=1", "application/json", vec![]).await?;
+    let (code, _) =
+        raw(&sc, "GET", "/apis/provisioning.dev/v1alpha1/watch/namespaces/demo/servers?timeoutSeconds=1", "application/json", vec![])
+            .await?;
     assert_eq!(code, 403);
     apply(&role(Some("demo"), "server-watcher", "{apiGroups: [provisioning.dev], resources: [servers], verbs: [watch]}"), "watch role")?;
     apply(&binding(Some("demo"), "ci-watch", "Role", "server-watcher", "demo", "ci"), "watch binding")?;
-    let (code, _) = raw(&sc, "GET", "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers?watch=1&timeoutSeconds=1", "application/json", vec![]).await?;
+    let (code, _) =
+        raw(&sc, "GET", "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers?watch=1&timeoutSeconds=1", "application/json", vec![])
+            .await?;
     assert_eq!(code, 200);
 
     // resourceNames: one Secret but not another, and no list.
     ok(&a(&["create", "secret", "generic", "one", "-n", "demo", "--from-literal=k=v"], None), "secret one")?;
     ok(&a(&["create", "secret", "generic", "two", "-n", "demo", "--from-literal=k=v"], None), "secret two")?;
-    apply(&role(Some("demo"), "secret-one", "{apiGroups: [\"\"], resources: [secrets], resourceNames: [one], verbs: [get]}"), "named role")?;
+    apply(
+        &role(Some("demo"), "secret-one", "{apiGroups: [\"\"], resources: [secrets], resourceNames: [one], verbs: [get]}"),
+        "named role",
+    )?;
     apply(&binding(Some("demo"), "ci-secret", "Role", "secret-one", "demo", "ci"), "named binding")?;
     ok(&s(&["get", "secret", "one", "-n", "demo"], None), "get named secret")?;
     denied(&s(&["get", "secret", "two", "-n", "demo"], None), "other secret", r#"secrets "two" is forbidden"#)?;
     denied(&s(&["get", "secrets", "-n", "demo"], None), "list secrets", r#"cannot list resource "secrets""#)?;
 
     // The status subresource is separate from the resource.
-    apply(&role(Some("demo"), "status-writer", "{apiGroups: [provisioning.dev], resources: [servers/status], verbs: [get, patch]}"), "status role")?;
+    apply(
+        &role(Some("demo"), "status-writer", "{apiGroups: [provisioning.dev], resources: [servers/status], verbs: [get, patch]}"),
+        "status role",
+    )?;
     apply(&binding(Some("demo"), "ci-status", "Role", "status-writer", "demo", "ci"), "status binding")?;
-    ok(&s(&["patch", "server", "web", "-n", "demo", "--subresource=status", "--type=merge", "-p", r#"{"status":{"phase":"Ready"}}"#], None), "patch status")?;
+    ok(
+        &s(
+            &["patch", "server", "web", "-n", "demo", "--subresource=status", "--type=merge", "-p", r#"{"status":{"phase":"Ready"}}"#],
+            None,
+        ),
+        "patch status",
+    )?;
     denied(
         &s(&["patch", "server", "web", "-n", "demo", "--type=merge", "-p", r#"{"spec":{"plan":"large"}}"#], None),
         "patch spec",
@@ -170,7 +199,10 @@ async fn service_account_rbac_with_kubectl() -> TestResult {
     // nonResourceURLs with a `*` suffix.
     denied(&s(&["get", "--raw", "/logs/x"], None), "non-resource", r#"User "system:serviceaccount:demo:ci" cannot get path "/logs/x""#)?;
     ok(&a(&["create", "clusterrole", "logs-reader", "--verb=get", "--non-resource-url=/logs/*"], None), "nonresource role")?;
-    ok(&a(&["create", "clusterrolebinding", "ci-logs", "--clusterrole=logs-reader", "--serviceaccount=demo:ci"], None), "nonresource binding")?;
+    ok(
+        &a(&["create", "clusterrolebinding", "ci-logs", "--clusterrole=logs-reader", "--serviceaccount=demo:ci"], None),
+        "nonresource binding",
+    )?;
     let out = s(&["get", "--raw", "/logs/x"], None);
     assert!(!out.stderr.contains("Forbidden"), "after the binding the path is not forbidden: {}", out.stderr);
 
@@ -206,7 +238,8 @@ rules:
     apply(&binding(Some("default"), "viewer", "ClusterRole", "view", "default", "viewer"), "view binding")?;
     let vtoken = ok(&a(&["create", "token", "viewer", "-n", "default"], None), "viewer token")?.trim().to_string();
     let v_kc = kubeconfig_with_token(&admin, &vtoken, "viewer")?;
-    eventually("view covers servers", Duration::from_secs(30), || async { kubectl(&v_kc, &["get", "servers", "-n", "default"], None).ok }).await?;
+    eventually("view covers servers", Duration::from_secs(30), || async { kubectl(&v_kc, &["get", "servers", "-n", "default"], None).ok })
+        .await?;
 
     // Impersonation: the admin may impersonate; can-i answers for the ServiceAccount.
     let can = |args: &[&str]| a(&[&["auth", "can-i"][..], args].concat(), None).stdout.trim().to_string();
@@ -247,12 +280,15 @@ rules:
         let ssar = json!({"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1", "metadata": {"creationTimestamp": null},
             "spec": {"resourceAttributes": {"namespace": "demo", "verb": verb, "group": "provisioning.dev", "version": "v1alpha1", "resource": "servers"}},
             "status": {"allowed": false}});
-        let (code, body) = raw(&sc, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "application/json", serde_json::to_vec(&ssar)?).await?;
+        let (code, body) =
+            raw(&sc, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "application/json", serde_json::to_vec(&ssar)?)
+                .await?;
         assert_eq!(code, 201, "{body}");
         assert_eq!(body["status"]["allowed"], json!(allowed), "{verb}: {body}");
     }
     let ssar = json!({"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1", "spec": {}});
-    let (code, _) = raw(&sc, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "application/json", serde_json::to_vec(&ssar)?).await?;
+    let (code, _) =
+        raw(&sc, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "application/json", serde_json::to_vec(&ssar)?).await?;
     assert_eq!(code, 422, "neither resource nor non-resource attributes");
     let (code, _) = raw(&sc, "GET", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "application/json", vec![]).await?;
     assert_eq!(code, 403, "a review cannot be listed (not even asked: no list permission)");
@@ -266,10 +302,12 @@ rules:
     let sar = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
         "spec": {"user": "system:serviceaccount:demo:ci", "groups": ["system:serviceaccounts"],
         "resourceAttributes": {"namespace": "demo", "verb": "get", "group": "", "resource": "secrets", "name": "one"}}});
-    let (code, body) = raw(&c, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", "application/json", serde_json::to_vec(&sar)?).await?;
+    let (code, body) =
+        raw(&c, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", "application/json", serde_json::to_vec(&sar)?).await?;
     assert_eq!((code, body["status"]["allowed"].clone()), (201, json!(true)), "{body}");
     assert!(body["status"]["reason"].as_str().unwrap_or_default().contains(r#"RoleBinding "ci-secret/demo""#), "{body}");
-    let (code, _) = raw(&sc, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", "application/json", serde_json::to_vec(&sar)?).await?;
+    let (code, _) =
+        raw(&sc, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", "application/json", serde_json::to_vec(&sar)?).await?;
     assert_eq!(code, 403);
 
     ts.server.shutdown().await;

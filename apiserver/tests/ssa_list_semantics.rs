@@ -7,8 +7,8 @@ mod common;
 
 use common::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 async fn install_project_crds(client: &Client) -> TestResult {
@@ -88,7 +88,11 @@ async fn project_lists_merge_per_entry_and_dry_run_reports_ownership() -> TestRe
     match err {
         Err(kube::Error::Api(e)) => {
             assert_eq!(e.code, 422, "{e:?}");
-            assert!(e.message.contains(r#"spec.taskservs[1]: Duplicate value: map[string]interface {}{"service":"etcd"}"#), "{}", e.message);
+            assert!(
+                e.message.contains(r#"spec.taskservs[1]: Duplicate value: map[string]interface {}{"service":"etcd"}"#),
+                "{}",
+                e.message
+            );
         }
         other => return Err(format!("duplicate taskservs accepted: {other:?}").into()),
     }
@@ -96,7 +100,10 @@ async fn project_lists_merge_per_entry_and_dry_run_reports_ownership() -> TestRe
     let ts_dup = json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "TaskServ", "metadata": {"name": "t"},
         "spec": {"service": "redis", "dependsOn": ["etcd", "etcd"]}});
     let err = taskservs.create(&PostParams::default(), &serde_json::from_value(ts_dup.clone())?).await;
-    assert!(matches!(&err, Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains(r#"spec.dependsOn[1]: Duplicate value: "etcd""#)), "{err:?}");
+    assert!(
+        matches!(&err, Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains(r#"spec.dependsOn[1]: Duplicate value: "etcd""#)),
+        "{err:?}"
+    );
     // ...and an apply cannot even be merged (structured-merge-diff's message).
     let err = clusters.patch("dup", &PatchParams::apply("team-a"), &Patch::Apply(&dup)).await;
     assert!(
@@ -104,7 +111,10 @@ async fn project_lists_merge_per_entry_and_dry_run_reports_ownership() -> TestRe
         "{err:?}"
     );
     let err = taskservs.patch("t", &PatchParams::apply("team-a"), &Patch::Apply(&ts_dup)).await;
-    assert!(matches!(&err, Err(kube::Error::Api(e)) if e.message.ends_with(r#".spec.dependsOn: duplicate entries for value "etcd""#)), "{err:?}");
+    assert!(
+        matches!(&err, Err(kube::Error::Api(e)) if e.message.ends_with(r#".spec.dependsOn: duplicate entries for value "etcd""#)),
+        "{err:?}"
+    );
 
     // Dry-run apply of an object that does not exist: created in the answer only.
     let mut new_cluster = cluster(json!([{"name": "p", "replicas": 1}]), json!([]));

@@ -74,7 +74,9 @@ async fn reflector_store_becomes_ready() -> TestResult {
     let client = client_for(&ts.server.kubeconfig_path()).await?;
     install_crd(&client).await?;
     let ar = server_resource();
-    for (populated, (what, cfg)) in [(false, configs()[0].clone()), (false, configs()[1].clone()), (true, configs()[0].clone()), (true, configs()[1].clone())] {
+    for (populated, (what, cfg)) in
+        [(false, configs()[0].clone()), (false, configs()[1].clone()), (true, configs()[0].clone()), (true, configs()[1].clone())]
+    {
         if populated {
             let _ = servers(&client, "default").create(&PostParams::default(), &server_obj("s1", "small")?).await;
             let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c1"}, "data": {"k": "v"}}))?;

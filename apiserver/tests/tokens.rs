@@ -20,7 +20,11 @@ fn claims_of(token: &str) -> Result<Value, Box<dyn std::error::Error + Send + Sy
     Ok(serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload)?)?)
 }
 
-fn kubeconfig_with_token(admin: &std::path::Path, token: &str, name: &str) -> Result<std::path::PathBuf, Box<dyn std::error::Error + Send + Sync>> {
+fn kubeconfig_with_token(
+    admin: &std::path::Path,
+    token: &str,
+    name: &str,
+) -> Result<std::path::PathBuf, Box<dyn std::error::Error + Send + Sync>> {
     let text = std::fs::read_to_string(admin)?;
     let replaced: Vec<String> =
         text.lines().map(|l| if l.trim_start().starts_with("token: ") { format!("    token: {token}") } else { l.to_string() }).collect();
@@ -81,7 +85,8 @@ async fn token_request_and_verification() -> TestResult {
     // TokenReview reports it for the audience it was made for.
     let ac = client_for(&admin).await?;
     let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": vault, "audiences": ["vault"]}});
-    let (code, body) = raw(&ac, "POST", "/apis/authentication.k8s.io/v1/tokenreviews", "application/json", serde_json::to_vec(&review)?).await?;
+    let (code, body) =
+        raw(&ac, "POST", "/apis/authentication.k8s.io/v1/tokenreviews", "application/json", serde_json::to_vec(&review)?).await?;
     assert_eq!(code, 201);
     assert_eq!(body["status"]["authenticated"], true, "{body}");
     assert_eq!(body["status"]["user"]["username"], "system:serviceaccount:demo:ci");
@@ -127,7 +132,8 @@ async fn token_request_and_verification() -> TestResult {
     assert_eq!((code, oidc["issuer"].as_str()), (200, Some(DEFAULT_ISSUER)), "{oidc}");
     let (code, jwks) = raw(&fc, "GET", "/openid/v1/jwks", "application/json", vec![]).await?;
     assert_eq!(code, 200);
-    let header: Value = serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(fresh.split('.').next().unwrap_or_default())?)?;
+    let header: Value =
+        serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(fresh.split('.').next().unwrap_or_default())?)?;
     assert_eq!(jwks["keys"][0]["kid"], header["kid"], "the token's kid is published");
 
     // The serving certificate is valid for the in-cluster names (a pod verifies it by them).

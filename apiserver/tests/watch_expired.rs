@@ -43,4 +43,3 @@ async fn too_old_resource_version_is_410() -> TestResult {
     ts.server.shutdown().await;
     Ok(())
 }
-

@@ -39,13 +39,8 @@ fn etcd() -> Result<()> {
         ready.as_secs_f64(),
         up.as_secs_f64()
     );
-    let steps = dev.kubectl_ok(&[
-        "get",
-        "pcl",
-        "etcd",
-        "-o",
-        "jsonpath={range .status.steps[*]}{.id} {.startedAt} {.finishedAt}{\"\\n\"}{end}",
-    ])?;
+    let steps =
+        dev.kubectl_ok(&["get", "pcl", "etcd", "-o", "jsonpath={range .status.steps[*]}{.id} {.startedAt} {.finishedAt}{\"\\n\"}{end}"])?;
     println!("etcd: steps\n{steps}");
     dev.kubectl_ok(&["delete", "cluster", "etcd", "--timeout=300s"])?;
     dev.wait_until(Duration::from_secs(120), "etcd leftovers gone", |_| {

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PartialObjectMeta};
+use kube::api::{ApiResource, DynamicObject, PartialObjectMeta, Patch, PatchParams};
 use kube::discovery::Scope;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -170,10 +170,7 @@ impl Context {
         if let Some((_, semaphore)) = map.get(&ws.key()) {
             let waiting = self.waiting(&ws.key());
             if semaphore.available_permits() == 0 && waiting >= limit {
-                return Err(Error::InProgress(format!(
-                    "waiting for a provider slot ({} allows {limit} operations at once)",
-                    ws.display()
-                )));
+                return Err(Error::InProgress(format!("waiting for a provider slot ({} allows {limit} operations at once)", ws.display())));
             }
         }
         Ok(())
@@ -228,10 +225,7 @@ impl Context {
             "metadata": metadata,
             "status": desired,
         });
-        let written = self
-            .dynamic_api(obj)
-            .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
-            .await?;
+        let written = self.dynamic_api(obj).patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
         self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
         Ok(true)
@@ -244,7 +238,10 @@ impl Context {
     {
         let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
         let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-        let written = self.dynamic_api(obj).patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch)).await?;
+        let written = self
+            .dynamic_api(obj)
+            .patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
+            .await?;
         self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
         Ok(())
@@ -311,7 +308,11 @@ impl Context {
             "finalizers": [provisioning_crds::FINALIZER],
             "resourceVersion": obj.meta().resource_version,
         }});
-        match self.dynamic_api(obj).patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch)).await {
+        match self
+            .dynamic_api(obj)
+            .patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
+            .await
+        {
             Ok(written) => {
                 self.record_written(&written);
                 self.metrics.record_write(&K::kind(&()));

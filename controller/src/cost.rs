@@ -84,11 +84,7 @@ pub fn total<'a>(servers: impl IntoIterator<Item = &'a Server>) -> CostTotal {
         summary: if parts.is_empty() { "none".into() } else { parts.join(" + ") },
         priced,
         unpriced,
-        message: if unknown.is_empty() {
-            String::new()
-        } else {
-            format!("not in the total (cost unknown): {}", unknown.join(", "))
-        },
+        message: if unknown.is_empty() { String::new() } else { format!("not in the total (cost unknown): {}", unknown.join(", ")) },
     }
 }
 

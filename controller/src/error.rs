@@ -188,16 +188,12 @@ impl Error {
                 ProviderError::Throttled { retry_after } => ErrorClass::Throttled { retry_after: *retry_after },
                 ProviderError::Transient(_) => ErrorClass::Transient,
                 ProviderError::NotFound(_) => ErrorClass::NotFound,
-                ProviderError::Auth(_) | ProviderError::InvalidRequest(_) | ProviderError::Permanent(_) => {
-                    ErrorClass::Permanent
-                }
+                ProviderError::Auth(_) | ProviderError::InvalidRequest(_) | ProviderError::Permanent(_) => ErrorClass::Permanent,
             },
             Error::Stalled { .. } | Error::MissingField(_) | Error::Serialization(_) => ErrorClass::Permanent,
             Error::InProgress(_) => ErrorClass::InProgress,
             Error::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
-                    e.class()
-                }
+                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e.class(),
                 // Usually a race with our own stale cache (the JSON patch `test` fails): retry soon.
                 kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
                     match kube_class(e) {
@@ -219,9 +215,7 @@ impl Error {
             Error::Stalled { reason, .. } => reason,
             Error::InProgress(_) => "InProgress",
             Error::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
-                    e.category()
-                }
+                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e.category(),
                 _ => "Finalizer",
             },
             Error::Serialization(_) => "Serialization",
@@ -234,9 +228,7 @@ impl Error {
         match self {
             Error::At { error, .. } => error.root(),
             Error::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
-                    e.root()
-                }
+                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e.root(),
                 _ => self,
             },
             _ => self,

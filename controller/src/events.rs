@@ -111,7 +111,10 @@ impl Publisher {
             p.count += 1;
             p.last = now;
             let patch = json!({"series": {"count": p.count, "lastObservedTime": MicroTime(now)}});
-            match api.patch(&p.name, &PatchParams { field_manager: Some(self.controller.clone()), ..Default::default() }, &Patch::Merge(&patch)).await {
+            match api
+                .patch(&p.name, &PatchParams { field_manager: Some(self.controller.clone()), ..Default::default() }, &Patch::Merge(&patch))
+                .await
+            {
                 Ok(_) => {
                     self.lock().entries.insert(key, p);
                     return Ok(());

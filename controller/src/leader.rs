@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{PostParams, ObjectMeta};
+use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
 use crate::metrics::Health;

@@ -141,8 +141,8 @@ enum CatalogCommand {
 }
 
 fn init_logging(format: &str, default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
@@ -186,8 +186,16 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             init_logging(&cli.log_format, "warn");
             let mut config = load_config(config.as_ref())?;
             config.allow_insecure_endpoints |= allow_insecure_endpoints;
-            dev::run_dev(dev::DevOptions { data_dir, listen, apply, exit_when_ready, timeout: Duration::from_secs(timeout), config, event_ttl })
-                .await
+            dev::run_dev(dev::DevOptions {
+                data_dir,
+                listen,
+                apply,
+                exit_when_ready,
+                timeout: Duration::from_secs(timeout),
+                config,
+                event_ttl,
+            })
+            .await
         }
         Command::Apiserver { data_dir, listen, event_ttl } => {
             init_logging(&cli.log_format, "info");
@@ -226,7 +234,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let options = kube::config::KubeConfigOptions { context, ..Default::default() };
             let config = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
                 Some(path) => {
-                    let kc = kube::config::Kubeconfig::read_from(&path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                    let kc =
+                        kube::config::Kubeconfig::read_from(&path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
                     kube::Config::from_custom_kubeconfig(kc, &options).await.with_context(|| format!("kubeconfig {}", path.display()))?
                 }
                 None => match kube::Config::from_kubeconfig(&options).await {

@@ -98,8 +98,7 @@ impl Default for Metrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let reconcile_duration = HistogramFamily::<KindLabels>::new_with_constructor(reconcile_histogram as fn() -> Histogram);
         let in_flight = Family::<KindLabels, Gauge>::default();
-        let provider_calls =
-            HistogramFamily::<ProviderCallLabels>::new_with_constructor(provider_histogram as fn() -> Histogram);
+        let provider_calls = HistogramFamily::<ProviderCallLabels>::new_with_constructor(provider_histogram as fn() -> Histogram);
         let queue_depth = Gauge::default();
         let api_writes = Family::<KindLabels, Counter>::default();
         let script_runs = Family::<ScriptLabels, Counter>::default();
@@ -153,18 +152,14 @@ impl Metrics {
 
     /// Counts a failed reconcile.
     pub fn record_error(&self, kind: &str, error: &crate::Error) {
-        let labels = ErrorLabels {
-            kind: kind.to_string(),
-            category: error.category().to_string(),
-            class: error.class().label().to_string(),
-        };
+        let labels =
+            ErrorLabels { kind: kind.to_string(), category: error.category().to_string(), class: error.class().label().to_string() };
         self.errors.get_or_create(&labels).inc();
     }
 
     /// Records a provider call.
     pub fn record_provider_call(&self, provider: &str, operation: &str, outcome: &str, seconds: f64) {
-        let labels =
-            ProviderCallLabels { provider: provider.into(), operation: operation.into(), outcome: outcome.into() };
+        let labels = ProviderCallLabels { provider: provider.into(), operation: operation.into(), outcome: outcome.into() };
         self.provider_calls.get_or_create(&labels).observe(seconds);
     }
 
@@ -296,12 +291,7 @@ impl RequestAttributes {
         if let Some(sub) = sub {
             resource = format!("{resource}/{sub}");
         }
-        RequestAttributes {
-            verb: verb.to_string(),
-            resource,
-            namespace: namespace.to_string(),
-            name: name.unwrap_or_default().to_string(),
-        }
+        RequestAttributes { verb: verb.to_string(), resource, namespace: namespace.to_string(), name: name.unwrap_or_default().to_string() }
     }
 }
 
@@ -399,11 +389,9 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, hea
                 let health = health.clone();
                 async move {
                     let response = match req.uri().path() {
-                        "/metrics" => respond(
-                            StatusCode::OK,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            metrics.encode(),
-                        ),
+                        "/metrics" => {
+                            respond(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode())
+                        }
                         "/healthz" | "/livez" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
                         "/readyz" if health.is_ready() => respond(StatusCode::OK, "text/plain", "ok\n".into()),
                         "/readyz" => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {}\n", health.reason())),
@@ -412,9 +400,8 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, hea
                     Ok::<_, Infallible>(response)
                 }
             });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ =
+                hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
         });
     }
 }
@@ -448,7 +435,10 @@ mod tests {
         assert_eq!(of("PUT", "/apis/coordination.k8s.io/v1/namespaces/p/leases/l"), t("update", "coordination.k8s.io/leases", "p", "l"));
         assert_eq!(of("POST", "/api/v1/namespaces"), t("create", "namespaces", "", ""));
         assert_eq!(of("GET", "/api/v1/namespaces/demo"), t("get", "namespaces", "", "demo"));
-        assert_eq!(of("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"), t("deletecollection", "apiextensions.k8s.io/customresourcedefinitions", "", ""));
+        assert_eq!(
+            of("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"),
+            t("deletecollection", "apiextensions.k8s.io/customresourcedefinitions", "", "")
+        );
     }
 
     #[test]

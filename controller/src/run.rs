@@ -25,9 +25,7 @@ use crate::{cluster, server, taskserv, workspace};
 
 /// A unique identity for this replica (Lease holder, event reporting instance).
 pub fn replica_identity() -> String {
-    let host = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "provisioning".into());
+    let host = std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_else(|_| "provisioning".into());
     format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>())
 }
 

@@ -141,7 +141,10 @@ where
 {
     let (reader, writer) = reflector::store();
     let stream = synced
-        .track(name, reflector::reflector(writer, watcher(Api::<PartialObjectMeta<K>>::all(client), watcher::Config::default().any_semantic())))
+        .track(
+            name,
+            reflector::reflector(writer, watcher(Api::<PartialObjectMeta<K>>::all(client), watcher::Config::default().any_semantic())),
+        )
         .default_backoff()
         .for_each(|_| futures::future::ready(()));
     tokio::spawn(stream);
@@ -157,10 +160,14 @@ mod tests {
         let gate = CacheSync::new(&["Workspace", "Server"]);
         assert!(!gate.is_synced());
         // Several reconciles waiting at once all wake (unlike Store::wait_until_ready).
-        let waiters: Vec<_> = (0..3).map(|_| tokio::spawn({
-            let g = gate.clone();
-            async move { g.wait().await }
-        })).collect();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                tokio::spawn({
+                    let g = gate.clone();
+                    async move { g.wait().await }
+                })
+            })
+            .collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
         gate.mark("Workspace");
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -58,7 +58,8 @@ impl TestEnv {
     pub async fn start() -> anyhow::Result<TestEnv> {
         crate::install_crypto_provider();
         if std::env::var_os("RUST_LOG").is_some() {
-            let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
+            let _ =
+                tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
         }
         let dir = tempfile_dir::Dir::new("provisioning-test")?;
         let api = provisioning_apiserver::start(provisioning_apiserver::ApiServerConfig {
@@ -76,11 +77,7 @@ impl TestEnv {
 
     /// A controller config for tests: provider state in the temp dir, short resync.
     pub fn config(&self) -> ControllerConfig {
-        ControllerConfig {
-            state_dir: self.state_dir.clone(),
-            leader_election: false,
-            ..ControllerConfig::default()
-        }
+        ControllerConfig { state_dir: self.state_dir.clone(), leader_election: false, ..ControllerConfig::default() }
     }
 
     /// Runs the controller in this process until the returned handle is stopped.
@@ -166,7 +163,13 @@ where
 }
 
 /// A Workspace manifest with one simulated account `sim`.
-pub fn simulated_workspace(name: &str, latency_ms: u64, jitter_percent: u32, max_servers: u32, parallel_limit: u32) -> provisioning_crds::Workspace {
+pub fn simulated_workspace(
+    name: &str,
+    latency_ms: u64,
+    jitter_percent: u32,
+    max_servers: u32,
+    parallel_limit: u32,
+) -> provisioning_crds::Workspace {
     let value = serde_json::json!({
         "apiVersion": "provisioning.dev/v1alpha1",
         "kind": "Workspace",
@@ -201,9 +204,5 @@ pub fn is_ready(server: &provisioning_crds::Server) -> bool {
 
 /// The status and message of condition `type_`.
 pub fn condition(server: &provisioning_crds::Server, type_: &str) -> Option<(String, String)> {
-    server
-        .status
-        .as_ref()
-        .and_then(|s| crate::conditions::find(&s.conditions, type_))
-        .map(|c| (c.status.clone(), c.message.clone()))
+    server.status.as_ref().and_then(|s| crate::conditions::find(&s.conditions, type_)).map(|c| (c.status.clone(), c.message.clone()))
 }

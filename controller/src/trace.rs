@@ -200,7 +200,8 @@ fn cluster_subtree(out: &mut Vec<Row>, depth: usize, cluster: &Value, objs: &Obj
     out.push(row);
     let servers: Vec<&Value> = objs.servers.iter().filter(|v| labels_match(v, LABEL_CLUSTER, cname)).collect();
     let taskservs: Vec<&Value> = objs.taskservs.iter().filter(|v| labels_match(v, LABEL_CLUSTER, cname)).collect();
-    let mut pools: Vec<String> = cluster["spec"]["pools"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str().map(str::to_string)).collect();
+    let mut pools: Vec<String> =
+        cluster["spec"]["pools"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str().map(str::to_string)).collect();
     for srv in &servers {
         let p = srv["metadata"]["labels"][LABEL_POOL].as_str().unwrap_or_default().to_string();
         if !pools.contains(&p) {
@@ -208,8 +209,14 @@ fn cluster_subtree(out: &mut Vec<Row>, depth: usize, cluster: &Value, objs: &Obj
         }
     }
     for pool in pools {
-        let members: Vec<&Value> = servers.iter().copied().filter(|v| v["metadata"]["labels"][LABEL_POOL].as_str().unwrap_or_default() == pool).collect();
-        let desired = cluster["spec"]["pools"].as_array().into_iter().flatten().find(|p| p["name"] == pool.as_str()).and_then(|p| p["replicas"].as_u64());
+        let members: Vec<&Value> =
+            servers.iter().copied().filter(|v| v["metadata"]["labels"][LABEL_POOL].as_str().unwrap_or_default() == pool).collect();
+        let desired = cluster["spec"]["pools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == pool.as_str())
+            .and_then(|p| p["replicas"].as_u64());
         let ready = members.iter().filter(|m| condition(m, "Ready").is_some_and(|c| c["status"] == "True")).count();
         let want = desired.map_or(members.len(), |d| usize::try_from(d).unwrap_or(usize::MAX));
         out.push(Row {
@@ -390,7 +397,11 @@ pub async fn fetch(client: &Client, root: &Root, namespace: &str) -> anyhow::Res
     let mut objs = Objects::default();
     if let Root::Workspace(name) = root {
         let api: Api<Workspace> = Api::all(client.clone());
-        let ws = api.get_opt(name).await.with_context(|| format!("reading Workspace {name}"))?.with_context(|| format!("Workspace {name:?} not found"))?;
+        let ws = api
+            .get_opt(name)
+            .await
+            .with_context(|| format!("reading Workspace {name}"))?
+            .with_context(|| format!("Workspace {name:?} not found"))?;
         ns = crate::workspaces::claimed_namespace(&ws);
         objs.workspace = Some(serde_json::to_value(ws)?);
     }
@@ -512,18 +523,28 @@ mod tests {
             {"id": "a", "kind": "CreateServer", "target": "etcd-members-1", "state": "Done"},
             {"id": "b", "kind": "CreateServer", "target": "etcd-members-2", "state": "Running"},
             {"id": "c", "kind": "InstallTaskServ", "target": "etcd", "state": "Pending"}]);
-        let member = |n: &str, ready: &str| obj(n, json!({LABEL_CLUSTER: "etcd", LABEL_POOL: "members"}), "Running", vec![cond("Ready", ready, "")]);
+        let member =
+            |n: &str, ready: &str| obj(n, json!({LABEL_CLUSTER: "etcd", LABEL_POOL: "members"}), "Running", vec![cond("Ready", ready, "")]);
         let mut ts_etcd = obj("etcd-etcd", json!({LABEL_CLUSTER: "etcd"}), "Installing", vec![cond("Ready", "False", "installing")]);
         ts_etcd["status"]["servers"] = json!([{"name": "etcd-members-1", "phase": "Installed", "healthy": true},
             {"name": "etcd-members-2", "phase": "Failed", "lastRun": {"script": "install.nu", "outputTail": "ok\nboom: disk full\n"}}]);
         let mut redis = obj("redis", json!({}), "Ready", vec![cond("Ready", "True", "")]);
         redis["spec"]["servers"] = json!({"names": ["solo"]});
-        let orphan = obj("lonely", json!({}), "Pending", vec![cond("Ready", "False", "waiting for server ghost"), cond("Stalled", "True", "Server ghost not found")]);
+        let orphan = obj(
+            "lonely",
+            json!({}),
+            "Pending",
+            vec![cond("Ready", "False", "waiting for server ghost"), cond("Stalled", "True", "Server ghost not found")],
+        );
         Objects {
             namespace: "demo".into(),
             workspace: Some(obj("demo", json!({}), "Ready", vec![cond("Ready", "False", "2 of 5 servers ready")])),
             clusters: vec![cluster],
-            servers: vec![member("etcd-members-2", "False"), member("etcd-members-1", "True"), obj("solo", json!({}), "Running", vec![cond("Ready", "True", "")])],
+            servers: vec![
+                member("etcd-members-2", "False"),
+                member("etcd-members-1", "True"),
+                obj("solo", json!({}), "Running", vec![cond("Ready", "True", "")]),
+            ],
             taskservs: vec![ts_etcd, redis, orphan],
         }
     }
@@ -532,18 +553,21 @@ mod tests {
     fn workspace_tree_nests_clusters_pools_servers_and_taskservs_per_server() -> anyhow::Result<()> {
         let rows = build(&Root::Workspace("demo".into()), &sample())?;
         let shape: Vec<(usize, &str)> = rows.iter().map(|r| (r.depth, r.object.as_str())).collect();
-        assert_eq!(shape, vec![
-            (0, "Workspace/demo"),
-            (1, "Cluster/etcd"),
-            (2, "Pool/members"),
-            (3, "Server/etcd-members-1"),
-            (4, "TaskServ/etcd-etcd"),
-            (3, "Server/etcd-members-2"),
-            (4, "TaskServ/etcd-etcd"),
-            (1, "Server/solo"),
-            (2, "TaskServ/redis"),
-            (1, "TaskServ/lonely"),
-        ]);
+        assert_eq!(
+            shape,
+            vec![
+                (0, "Workspace/demo"),
+                (1, "Cluster/etcd"),
+                (2, "Pool/members"),
+                (3, "Server/etcd-members-1"),
+                (4, "TaskServ/etcd-etcd"),
+                (3, "Server/etcd-members-2"),
+                (4, "TaskServ/etcd-etcd"),
+                (1, "Server/solo"),
+                (2, "TaskServ/redis"),
+                (1, "TaskServ/lonely"),
+            ]
+        );
         assert_eq!(rows[2].status, "1/3 ready");
         assert_eq!(rows[2].ready, "False");
         // The TaskServ under each server shows its state there, and a failure's last line.

@@ -99,8 +99,12 @@ mod tests {
 
     #[test]
     fn oldest_claimant_owns_the_namespace() {
-        let a = ws("apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: a, creationTimestamp: '2024-01-02T00:00:00Z'}\nspec: {namespace: shared}");
-        let b = ws("apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: b, creationTimestamp: '2024-01-01T00:00:00Z'}\nspec: {namespace: shared}");
+        let a = ws(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: a, creationTimestamp: '2024-01-02T00:00:00Z'}\nspec: {namespace: shared}",
+        );
+        let b = ws(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: b, creationTimestamp: '2024-01-01T00:00:00Z'}\nspec: {namespace: shared}",
+        );
         let all = [a, b];
         assert_eq!(owner_of("shared", &all).map(|w| w.name_any()).as_deref(), Some("b"));
         assert!(owner_of("other", &all).is_none());
@@ -108,7 +112,9 @@ mod tests {
 
     #[test]
     fn namespace_defaults_to_the_name_and_defaults_apply_elsewhere() {
-        let dev = ws("apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: dev}\nspec:\n  providers: [{name: sim, type: simulated}]\n  defaults: {provider: sim}");
+        let dev = ws(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: dev}\nspec:\n  providers: [{name: sim, type: simulated}]\n  defaults: {provider: sim}",
+        );
         let defaults = crate::config::default_workspace();
         let eff = resolve("dev", [&dev], &defaults);
         assert_eq!(eff.name.as_deref(), Some("dev"));

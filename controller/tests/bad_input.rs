@@ -18,20 +18,11 @@ fn free_addr() -> anyhow::Result<SocketAddr> {
 async fn get(addr: SocketAddr, path: &str) -> Option<(String, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await.ok()?;
     let code = response.split_whitespace().nth(1)?.to_string();
-    let body = response
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
     Some((code, body))
 }
 
@@ -40,10 +31,7 @@ fn a_malformed_config_is_one_line_naming_line_and_key_and_a_non_zero_exit() -> a
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("config.toml");
     // What deploy/ shipped before: a key the controller does not know.
-    std::fs::write(
-        &config,
-        "# Provider accounts\n[[default_providers]]\nname = \"local\"\ntype = \"local\"\n",
-    )?;
+    std::fs::write(&config, "# Provider accounts\n[[default_providers]]\nname = \"local\"\ntype = \"local\"\n")?;
     let out = Command::new(env!("CARGO_BIN_EXE_provisioning"))
         .args(["controller", "--kubeconfig", "/nonexistent", "--config"])
         .arg(&config)
@@ -51,36 +39,18 @@ fn a_malformed_config_is_one_line_naming_line_and_key_and_a_non_zero_exit() -> a
         .stdin(Stdio::null())
         .output()?;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "exit status {}: {stderr}",
-        out.status
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "an error exit, not a signal or panic code: {stderr}"
-    );
+    assert!(!out.status.success(), "exit status {}: {stderr}", out.status);
+    assert_eq!(out.status.code(), Some(1), "an error exit, not a signal or panic code: {stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one line:\n{stderr}");
-    assert!(
-        lines[0].contains("config.toml:2:"),
-        "names the line: {stderr}"
-    );
-    assert!(
-        lines[0].contains("default_providers"),
-        "names the key: {stderr}"
-    );
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("backtrace"),
-        "{stderr}"
-    );
+    assert!(lines[0].contains("config.toml:2:"), "names the line: {stderr}");
+    assert!(lines[0].contains("default_providers"), "names the key: {stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rejected_credentials_are_logged_and_not_ready_while_the_process_stays_up()
--> anyhow::Result<()> {
+async fn rejected_credentials_are_logged_and_not_ready_while_the_process_stays_up() -> anyhow::Result<()> {
     let env = TestEnv::start().await?;
     // The admin kubeconfig with a token the server never issued.
     let text = std::fs::read_to_string(&env.kubeconfig)?;
@@ -89,10 +59,7 @@ async fn rejected_credentials_are_logged_and_not_ready_while_the_process_stays_u
     let bad = env.dir.path().join("bad-kubeconfig");
     std::fs::write(&bad, serde_yaml_ng::to_string(&kubeconfig)?)?;
     let config = env.dir.path().join("controller.toml");
-    std::fs::write(
-        &config,
-        format!("state_dir = {:?}\n", env.state_dir.display().to_string()),
-    )?;
+    std::fs::write(&config, format!("state_dir = {:?}\n", env.state_dir.display().to_string()))?;
     let log = env.dir.path().join("controller.log");
     let metrics = free_addr()?;
     let mut child = Command::new(env!("CARGO_BIN_EXE_provisioning"))
@@ -113,37 +80,22 @@ async fn rejected_credentials_are_logged_and_not_ready_while_the_process_stays_u
     let outcome = async {
         loop {
             let logged = std::fs::read_to_string(&log).unwrap_or_default();
-            let refused = logged
-                .lines()
-                .find(|l| l.contains("API request refused") && l.contains("code=401"));
+            let refused = logged.lines().find(|l| l.contains("API request refused") && l.contains("code=401"));
             let readyz = get(metrics, "/readyz").await;
             if let (Some(line), Some((code, body))) = (refused, &readyz) {
-                anyhow::ensure!(
-                    line.contains("verb=") && line.contains("resource="),
-                    "names verb and resource: {line}"
-                );
+                anyhow::ensure!(line.contains("verb=") && line.contains("resource="), "names verb and resource: {line}");
                 anyhow::ensure!(!line.contains("not-a-token"), "never the token: {line}");
                 anyhow::ensure!(code == "503", "/readyz must be 503, got {code}: {body}");
                 anyhow::ensure!(body.contains("401"), "/readyz says why: {body}");
                 break;
             }
-            anyhow::ensure!(
-                child.try_wait()?.is_none(),
-                "the process exited instead of staying up unready:\n{logged}"
-            );
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "no refusal logged / readyz {readyz:?} within 60 s:\n{logged}"
-            );
+            anyhow::ensure!(child.try_wait()?.is_none(), "the process exited instead of staying up unready:\n{logged}");
+            anyhow::ensure!(Instant::now() < deadline, "no refusal logged / readyz {readyz:?} within 60 s:\n{logged}");
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         // Still up and still unready a little later (not crash-looping, not flapping).
         tokio::time::sleep(Duration::from_secs(3)).await;
-        anyhow::ensure!(
-            child.try_wait()?.is_none(),
-            "exited:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        anyhow::ensure!(child.try_wait()?.is_none(), "exited:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
         let (code, _) = get(metrics, "/readyz").await.unwrap_or_default();
         anyhow::ensure!(code == "503", "/readyz {code}");
         let (code, _) = get(metrics, "/healthz").await.unwrap_or_default();

@@ -30,12 +30,7 @@ fn secret(name: &str, key: &str, value: &str) -> anyhow::Result<Secret> {
 
 /// (status, reason, message) of a condition, once the TaskServ has it.
 fn cond(ts: &TaskServ, type_: &str) -> Option<(String, String, String)> {
-    ts.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    ts.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 async fn wait_ts(api: &Api<TaskServ>, name: &str, what: &str, check: impl Fn(&TaskServ) -> bool) -> anyhow::Result<TaskServ> {
@@ -129,10 +124,9 @@ async fn secrets_are_generated_once_owned_waited_for_and_never_echoed() -> anyho
     let spec = json!({"service": "postgresql", "config": {"user": "app"},
         "configFrom": [{"kind": "Secret", "name": "db-creds", "key": "password", "targetPath": "password"}]});
     tss.create(&PostParams::default(), &taskserv("db", spec)?).await?;
-    let db = wait_ts(&tss, "db", "waiting for db-creds", |t| {
-        cond(t, "Stalled").is_some_and(|c| c.0 == "True" && c.1 == "ConfigFromMissing")
-    })
-    .await?;
+    let db =
+        wait_ts(&tss, "db", "waiting for db-creds", |t| cond(t, "Stalled").is_some_and(|c| c.0 == "True" && c.1 == "ConfigFromMissing"))
+            .await?;
     let message = cond(&db, "Stalled").map(|c| c.2).unwrap_or_default();
     assert!(message.contains("Secret inputs/db-creds") && message.contains("\"password\""), "{message}");
     secrets.create(&PostParams::default(), &secret("db-creds", "password", "db-pass-VALUE-1")?).await?;

@@ -140,7 +140,12 @@ async fn server_becomes_ready_with_one_machine_and_resync_writes_nothing() -> an
     assert_eq!(scrape(metrics_addr, "/healthz").await?.0, 200);
     wait_for("/readyz 200", DEADLINE, || async { (scrape(metrics_addr, "/readyz").await.ok()?.0 == 200).then_some(()) }).await?;
     let (_, text) = scrape(metrics_addr, "/metrics").await?;
-    assert!(text.contains("provisioning_provider_call_duration_seconds_count{provider=\"simulated\",operation=\"ensure_server\",outcome=\"ok\"} 1"), "{text}");
+    assert!(
+        text.contains(
+            "provisioning_provider_call_duration_seconds_count{provider=\"simulated\",operation=\"ensure_server\",outcome=\"ok\"} 1"
+        ),
+        "{text}"
+    );
     assert!(!text.contains("s1"), "object names never appear in metrics");
 
     // Events: a Ready event was recorded.
@@ -294,8 +299,11 @@ async fn adopts_a_machine_by_external_id() -> anyhow::Result<()> {
     let api: Api<Server> = Api::namespaced(env.client.clone(), "delta");
     api.create(&PostParams::default(), &server("delta", "adopted", json!({"externalID": existing.provider_id.0}))).await?;
     api.create(&PostParams::default(), &server("delta", "missing", json!({"externalID": "simulated://no-such-machine"}))).await?;
-    api.create(&PostParams::default(), &server("delta", "hijack", json!({"externalID": foreign.provider_id.0, "deletionPolicy": "Delete"})))
-        .await?;
+    api.create(
+        &PostParams::default(),
+        &server("delta", "hijack", json!({"externalID": foreign.provider_id.0, "deletionPolicy": "Delete"})),
+    )
+    .await?;
     let adopted = wait_server(&api, "adopted", "Ready", is_ready).await?;
     assert_eq!(adopted.status.as_ref().and_then(|s| s.provider_id.clone()), Some(existing.provider_id.0.clone()));
     assert_eq!(adopted.status.as_ref().and_then(|s| s.resolved_plan.clone()).as_deref(), Some("sim-2cpu-4gb"));
@@ -308,7 +316,11 @@ async fn adopts_a_machine_by_external_id() -> anyhow::Result<()> {
     let stalled = hijack.status.as_ref().and_then(|s| provisioning_controller::conditions::find(&s.conditions, "Stalled").cloned());
     let stalled = stalled.ok_or_else(|| anyhow::anyhow!("no Stalled condition"))?;
     assert_eq!(stalled.reason, "AdoptionRefused");
-    assert!(stalled.message.contains(&foreign.provider_id.0) && stalled.message.contains("provisioning.dev/adoptable"), "{}", stalled.message);
+    assert!(
+        stalled.message.contains(&foreign.provider_id.0) && stalled.message.contains("provisioning.dev/adoptable"),
+        "{}",
+        stalled.message
+    );
     assert_eq!(hijack.status.as_ref().and_then(|s| s.provider_id.clone()), None);
     assert_eq!(testing::machines_in(&provider, "delta").await?.len(), 2, "adoption created nothing");
 
@@ -422,9 +434,8 @@ async fn workspace_reports_namespace_accounts_counts_and_conflicts() -> anyhow::
         async move {
             let ws = workspaces.get("zeta").await.ok()?;
             let st = ws.status.clone()?;
-            (provisioning_controller::conditions::is_true(&st.conditions, "Ready")
-                && st.counts.as_ref().is_some_and(|c| c.servers == 2))
-            .then_some(st)
+            (provisioning_controller::conditions::is_true(&st.conditions, "Ready") && st.counts.as_ref().is_some_and(|c| c.servers == 2))
+                .then_some(st)
         }
     })
     .await?;
@@ -584,7 +595,9 @@ async fn repeated_events_become_one_series_and_little_is_remembered() -> anyhow:
     publisher.publish(&failed, &regarding).await?;
     let again = events.list(&Default::default()).await?.items;
     assert_eq!(again.len(), 3);
-    assert!(again.iter().any(|e| e.note.as_deref() == Some("provider busy") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web-1") && e.series.is_none()));
+    assert!(again.iter().any(|e| e.note.as_deref() == Some("provider busy")
+        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web-1")
+        && e.series.is_none()));
     env.shutdown().await;
     Ok(())
 }
@@ -596,7 +609,8 @@ async fn nothing_is_reconciled_until_every_cache_syncs_and_readyz_says_so() -> a
     // A missing CRD (here Cluster's) keeps one watch cache from ever syncing.
     let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
     crds.delete("clusters.provisioning.dev", &DeleteParams::default()).await?;
-    wait_for("Cluster CRD gone", DEADLINE, || async { crds.get_opt("clusters.provisioning.dev").await.ok()?.is_none().then_some(()) }).await?;
+    wait_for("Cluster CRD gone", DEADLINE, || async { crds.get_opt("clusters.provisioning.dev").await.ok()?.is_none().then_some(()) })
+        .await?;
     Api::<Workspace>::all(env.client.clone()).create(&PostParams::default(), &simulated_workspace("gate", 0, 0, 10, 5)).await?;
     let api: Api<Server> = Api::namespaced(env.client.clone(), "gate");
     wait_for("namespace gate", DEADLINE, || async {
@@ -673,7 +687,10 @@ async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Res
     let borrowed = &status.providers[0].message;
     assert!(!status.providers[0].ready && borrowed.contains("victim/aws-creds") && borrowed.contains("own namespace"), "{borrowed}");
     let plaintext = &status.providers[1].message;
-    assert!(plaintext.contains(&endpoint) && plaintext.contains("https") && plaintext.contains("--allow-insecure-endpoints"), "{plaintext}");
+    assert!(
+        plaintext.contains(&endpoint) && plaintext.contains("https") && plaintext.contains("--allow-insecure-endpoints"),
+        "{plaintext}"
+    );
     assert!(!serde_json::to_string(&status)?.contains("victim-secret-value"));
 
     // A Server using the borrowed account stalls with the same rule, and so does one naming
@@ -702,10 +719,16 @@ async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Res
     .await?;
     Api::<Secret>::namespaced(env.client.clone(), "keys2").create(&PostParams::default(), &mine).await?;
     keys2
-        .create(&PostParams::default(), &server("keys2", "borrowed-key", json!({"sshKeySecretRef": {"name": "ssh", "namespace": "victim"}})))
+        .create(
+            &PostParams::default(),
+            &server("keys2", "borrowed-key", json!({"sshKeySecretRef": {"name": "ssh", "namespace": "victim"}})),
+        )
         .await?;
     let borrowed_key = wait_server(&keys2, "borrowed-key", "Stalled", |s| {
-        s.status.as_ref().and_then(|st| provisioning_controller::conditions::find(&st.conditions, "Stalled")).is_some_and(|c| c.reason == "CrossNamespaceReference")
+        s.status
+            .as_ref()
+            .and_then(|st| provisioning_controller::conditions::find(&st.conditions, "Stalled"))
+            .is_some_and(|c| c.reason == "CrossNamespaceReference")
     })
     .await?;
     let message = condition(&borrowed_key, "Stalled").map(|c| c.1).unwrap_or_default();

@@ -65,10 +65,7 @@ async fn readyz(addr: SocketAddr) -> Option<String> {
 }
 
 fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
+    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok())).sum()
 }
 
 async fn workspace(env: &TestEnv, name: &str, latency_ms: u64, failure_rate: f64, parallel: u32) -> anyhow::Result<()> {
@@ -114,7 +111,17 @@ async fn assert_one_machine_each(env: &TestEnv, api: &Api<Server>, namespace: &s
         let missing: Vec<String> = servers
             .iter()
             .filter(|s| !per_uid.contains_key(&s.uid().unwrap_or_default()))
-            .map(|s| format!("{} {:?} in-log:{}", s.name_any(), s.status.as_ref().and_then(|st| st.provider_id.clone()), s.status.as_ref().and_then(|st| st.provider_id.clone()).is_some_and(|id| log.contains(id.trim_start_matches("simulated://")))))
+            .map(|s| {
+                format!(
+                    "{} {:?} in-log:{}",
+                    s.name_any(),
+                    s.status.as_ref().and_then(|st| st.provider_id.clone()),
+                    s.status
+                        .as_ref()
+                        .and_then(|st| st.provider_id.clone())
+                        .is_some_and(|id| log.contains(id.trim_start_matches("simulated://")))
+                )
+            })
             .collect();
         eprintln!("log: {creates} creates, unreadable lines: {unreadable:?}\nmissing: {missing:#?}");
     }
@@ -173,7 +180,11 @@ async fn kill_9_mid_way_through_200_servers_leaks_nothing() -> anyhow::Result<()
     // controller resolved some Servers to its default workspace (account `local`) and made
     // Docker containers for them.
     let elsewhere = testing::machines_in(&testing::local(&env.state_dir)?, "crash").await?;
-    assert!(elsewhere.is_empty(), "machines created at the default (local) provider: {:?}", elsewhere.iter().map(|m| &m.provider_id.0).collect::<Vec<_>>());
+    assert!(
+        elsewhere.is_empty(),
+        "machines created at the default (local) provider: {:?}",
+        elsewhere.iter().map(|m| &m.provider_id.0).collect::<Vec<_>>()
+    );
     delete_all_and_check_provider_empty(&env, &api, "crash").await?;
     second.kill()?;
     second.wait()?;

@@ -19,9 +19,7 @@ fn workspace(name: &str) -> Arc<Workspace> {
 
 fn servers() -> Vec<Server> {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/servers.yaml")).expect("fixture");
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).expect("server fixture parses"))
-        .collect()
+    serde_yaml_ng::Deserializer::from_str(&text).map(|doc| serde::Deserialize::deserialize(doc).expect("server fixture parses")).collect()
 }
 
 fn server(name: &str) -> Server {

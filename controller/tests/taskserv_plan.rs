@@ -4,9 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use k8s_openapi::jiff::Timestamp;
-use provisioning_controller::taskserv::plan::{
-    self, Observed, Operation, OperationResult, PeerTaskServ, Plan, ServerFacts, rfc3339,
-};
+use provisioning_controller::taskserv::plan::{self, Observed, Operation, OperationResult, PeerTaskServ, Plan, ServerFacts, rfc3339};
 use provisioning_controller::taskserv::validate::{self, InvalidTaskServ, ValidTaskServ};
 use provisioning_crds::{ScriptRun, TaskServ, TaskServStatus};
 use provisioning_taskservs::Catalog;
@@ -261,12 +259,7 @@ fn missing_hard_dependency_waits_naming_it() {
 #[test]
 fn dependency_must_be_ready_on_the_same_servers() {
     let mut p = Pass::new(ORCHESTRATOR, vec![server("s0", true), server("s1", true)]);
-    p.peers = vec![PeerTaskServ {
-        name: "rt".into(),
-        service: "runtime".into(),
-        ready: false,
-        installed_on: ["s0".to_string()].into(),
-    }];
+    p.peers = vec![PeerTaskServ { name: "rt".into(), service: "runtime".into(), ready: false, installed_on: ["s0".to_string()].into() }];
     let plan = p.plan();
     assert!(plan.launch.is_empty());
     assert_eq!(cond(&plan.status, "DependenciesReady").2, "waiting for TaskServ rt (runtime: 1/2 servers installed)");

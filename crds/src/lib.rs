@@ -53,11 +53,8 @@ mod tests {
             assert_eq!(names.categories.as_deref(), Some(&["provisioning".to_string()][..]));
             let version = &crd.spec.versions[0];
             assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
-            let cols: Vec<_> = version
-                .additional_printer_columns
-                .as_ref()
-                .map(|c| c.iter().map(|c| c.name.clone()).collect())
-                .unwrap_or_default();
+            let cols: Vec<_> =
+                version.additional_printer_columns.as_ref().map(|c| c.iter().map(|c| c.name.clone()).collect()).unwrap_or_default();
             for required in ["Phase", "Ready", "Age"] {
                 assert!(cols.iter().any(|c| c == required), "{} lacks column {required}: {cols:?}", names.kind);
             }

@@ -195,6 +195,9 @@ fn main() {
         println!("100 servers against moto, 20 in flight:");
         println!("  moto latency floor (300 raw pre-signed calls)          {:>8.0} ms", floor.as_secs_f64() * 1e3);
         println!("  aws provider (ensure + observe until running)          {:>8.0} ms", with_provider.as_secs_f64() * 1e3);
-        println!("  ratio                                                  {:>8.2} (target ≤ 1.5)", with_provider.as_secs_f64() / floor.as_secs_f64());
+        println!(
+            "  ratio                                                  {:>8.2} (target ≤ 1.5)",
+            with_provider.as_secs_f64() / floor.as_secs_f64()
+        );
     });
 }

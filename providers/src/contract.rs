@@ -141,10 +141,7 @@ pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), 
     let again = provider.delete_server(&first.provider_id).await.map_err(|e| fail("delete again", e))?;
     check(again == DeleteOutcome::Gone, "deleting a deleted machine is Gone")?;
     let after = provider.observe_server(&first.provider_id).await.map_err(|e| fail("observe after delete", e))?;
-    check(
-        after.as_ref().is_none_or(|o| o.state == MachineState::Terminated),
-        format!("deleted machine observed as {after:?}"),
-    )?;
+    check(after.as_ref().is_none_or(|o| o.state == MachineState::Terminated), format!("deleted machine observed as {after:?}"))?;
     let left = provider.find_server(&identity).await.map_err(|e| fail("find after delete", e))?;
     check(left.is_none(), format!("find_server after delete: {left:?}"))?;
     Ok(())

@@ -43,11 +43,7 @@ impl RateLimiter {
     /// A limiter allowing `calls_per_second` (at least 1).
     pub fn new(calls_per_second: u32) -> Self {
         let rate = f64::from(calls_per_second.max(1));
-        RateLimiter {
-            rate,
-            burst: rate,
-            state: Mutex::new(BucketState { tokens: rate, refilled_at: Instant::now(), paused_until: None }),
-        }
+        RateLimiter { rate, burst: rate, state: Mutex::new(BucketState { tokens: rate, refilled_at: Instant::now(), paused_until: None }) }
     }
 
     /// The limiter of one provider account, shared by every provider object built for it.
@@ -196,11 +192,7 @@ pub struct CallGuard {
 impl CallGuard {
     /// A guard for one account.
     pub fn new(provider_type: &str, account: &str, calls_per_second: u32, policy: RetryPolicy) -> Self {
-        CallGuard {
-            limiter: RateLimiter::for_account(provider_type, account, calls_per_second),
-            auth: AuthGate::default(),
-            policy,
-        }
+        CallGuard { limiter: RateLimiter::for_account(provider_type, account, calls_per_second), auth: AuthGate::default(), policy }
     }
 
     /// Runs `op` once through the limiter and the auth gate, without retrying.
@@ -266,9 +258,7 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Maps an HTTP status that says "slow down" or "try again" to an error, if it is one.
 pub fn classify_status(status: u16, retry_after: Option<&str>, detail: impl FnOnce() -> String) -> Option<ProviderError> {
     match status {
-        429 | 503 => Some(ProviderError::Throttled {
-            retry_after: retry_after.and_then(parse_retry_after).unwrap_or(DEFAULT_RETRY_AFTER),
-        }),
+        429 | 503 => Some(ProviderError::Throttled { retry_after: retry_after.and_then(parse_retry_after).unwrap_or(DEFAULT_RETRY_AFTER) }),
         500..=599 => Some(ProviderError::Transient(format!("HTTP {status}: {}", detail()))),
         _ => None,
     }

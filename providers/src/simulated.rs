@@ -22,16 +22,12 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError,
-    ProviderId, ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SimulationConfig, plans,
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId, ProviderResult,
+    ServerIdentity, ServerObservation, ServerRequest, SimulationConfig, plans,
 };
 
-const PLANS: [(&str, &str); 4] = [
-    ("small", "sim-1cpu-1gb"),
-    ("medium", "sim-2cpu-4gb"),
-    ("large", "sim-4cpu-8gb"),
-    ("xlarge", "sim-8cpu-16gb"),
-];
+const PLANS: [(&str, &str); 4] =
+    [("small", "sim-1cpu-1gb"), ("medium", "sim-2cpu-4gb"), ("large", "sim-4cpu-8gb"), ("xlarge", "sim-8cpu-16gb")];
 
 /// A machine in the store.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -78,8 +74,7 @@ impl Store {
             return Ok(store.clone());
         }
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| ProviderError::Permanent(format!("cannot create {}: {e}", parent.display())))?;
+            std::fs::create_dir_all(parent).map_err(|e| ProviderError::Permanent(format!("cannot create {}: {e}", parent.display())))?;
         }
         let store = Arc::new(Store {
             path: path.to_path_buf(),
@@ -226,11 +221,7 @@ impl SimulatedProvider {
 
     fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
         self.store.with_state(|state| {
-            let found = state
-                .machines
-                .values()
-                .find(|m| m.tags.get(crate::tags::SERVER_UID) == Some(&identity.uid))
-                .map(Self::observe);
+            let found = state.machines.values().find(|m| m.tags.get(crate::tags::SERVER_UID) == Some(&identity.uid)).map(Self::observe);
             Ok((found, vec![]))
         })
     }
@@ -259,12 +250,9 @@ impl Provider for SimulatedProvider {
         let plan = self.resolve_plan(&request.plan)?;
         self.delay().await;
         self.maybe_fail("ensure_server")?;
-        let lose_response = self.settings.failure_rate > 0.0
-            && rand::rng().random_bool((self.settings.failure_rate / 2.0).clamp(0.0, 1.0));
+        let lose_response = self.settings.failure_rate > 0.0 && rand::rng().random_bool((self.settings.failure_rate / 2.0).clamp(0.0, 1.0));
         let observation = self.store.with_state(|state| {
-            if let Some(existing) =
-                state.machines.values().find(|m| m.tags.get(crate::tags::SERVER_UID) == Some(&request.identity.uid))
-            {
+            if let Some(existing) = state.machines.values().find(|m| m.tags.get(crate::tags::SERVER_UID) == Some(&request.identity.uid)) {
                 return Ok((Self::observe(existing), vec![]));
             }
             let serial = state.next_serial + 1;
@@ -330,12 +318,7 @@ impl Provider for SimulatedProvider {
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
         self.check_auth()?;
         self.store.with_state(|state| {
-            let found = state
-                .machines
-                .values()
-                .filter(|m| tags.iter().all(|(k, v)| m.tags.get(k) == Some(v)))
-                .map(Self::observe)
-                .collect();
+            let found = state.machines.values().filter(|m| tags.iter().all(|(k, v)| m.tags.get(k) == Some(v))).map(Self::observe).collect();
             Ok((found, vec![]))
         })
     }

@@ -236,10 +236,7 @@ impl SshExecutor {
                 key: decode_private_key(own).map_err(ProviderError::InvalidRequest)?,
                 whose: "the Server's key (spec.sshKeySecretRef)",
             },
-            None => Login {
-                key: self.key.clone().map_err(ProviderError::InvalidRequest)?,
-                whose: "the account's SSH_PRIVATE_KEY",
-            },
+            None => Login { key: self.key.clone().map_err(ProviderError::InvalidRequest)?, whose: "the account's SSH_PRIVATE_KEY" },
         };
         let session = self.connect(machine, host, key).await?;
         let result = self.run_prepared(machine, host, &session, &command, request).await;
@@ -277,7 +274,8 @@ impl SshExecutor {
     /// the first command on a machine and again after sudo refused one.
     async fn check_sudo(&self, machine: &str, host: &str, session: &client::Handle<HostKeyCheck>) -> ProviderResult<()> {
         // `-n`: never prompt; sudo fails at once when it would need a password.
-        let probe = run(session, "command -v sudo >/dev/null 2>&1 || exit 127; sudo -n true", None, None, Some(self.connect_timeout)).await?;
+        let probe =
+            run(session, "command -v sudo >/dev/null 2>&1 || exit 127; sudo -n true", None, None, Some(self.connect_timeout)).await?;
         match sudo_problem(&probe) {
             None => Ok(()),
             Some(problem) => Err(ProviderError::Permanent(format!(
@@ -344,9 +342,9 @@ impl SshExecutor {
             .get_or_try_init(|| async {
                 let mut hasher = Sha256::new();
                 for asset in &self.assets {
-                    let content = tokio::fs::read(&asset.local).await.map_err(|e| {
-                        ProviderError::Permanent(format!("cannot read asset {}: {e}", asset.local.display()))
-                    })?;
+                    let content = tokio::fs::read(&asset.local)
+                        .await
+                        .map_err(|e| ProviderError::Permanent(format!("cannot read asset {}: {e}", asset.local.display())))?;
                     hasher.update(asset.remote.as_bytes());
                     hasher.update([0]);
                     hasher.update(asset.mode.to_le_bytes());
@@ -383,10 +381,8 @@ impl SshExecutor {
                     .map_err(|e| ProviderError::Permanent(format!("cannot read asset {}: {e}", asset.local.display())))?;
                 let remote = quote(&asset.remote);
                 let tmp = quote(&format!("{}.provisioning-tmp", asset.remote));
-                let copy = format!(
-                    "mkdir -p \"$(dirname {remote})\" && cat > {tmp} && chmod {:o} {tmp} && mv -f {tmp} {remote}",
-                    asset.mode
-                );
+                let copy =
+                    format!("mkdir -p \"$(dirname {remote})\" && cat > {tmp} && chmod {:o} {tmp} && mv -f {tmp} {remote}", asset.mode);
                 let copied = run(session, &self.as_root(&copy), Some(&content), None, None).await?;
                 if copied.exit_code != Some(0) {
                     return Err(ProviderError::Transient(format!(
@@ -399,10 +395,7 @@ impl SshExecutor {
             let write_marker = format!("mkdir -p \"$(dirname {marker})\" && printf %s {hash} > {marker}");
             let written = run(session, &self.as_root(&write_marker), None, None, None).await?;
             if written.exit_code != Some(0) {
-                return Err(ProviderError::Transient(format!(
-                    "recording assets on machine {machine} failed: {}",
-                    written.stderr.trim()
-                )));
+                return Err(ProviderError::Transient(format!("recording assets on machine {machine} failed: {}", written.stderr.trim())));
             }
             tracing::info!(machine, assets = self.assets.len(), hash = %hash, "copied assets");
         }
@@ -482,8 +475,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Quotes one word for the remote POSIX shell (SSH passes a single command string).
 pub fn quote(word: &str) -> String {
-    let safe = !word.is_empty()
-        && word.chars().all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c));
+    let safe = !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c));
     if safe { word.to_string() } else { format!("'{}'", word.replace('\'', "'\\''")) }
 }
 
@@ -499,7 +491,11 @@ fn sudo_problem(probe: &ExecResult) -> Option<String> {
         code => {
             let said: String = probe.stderr.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("").chars().take(200).collect();
             let code = code.map_or_else(|| "no exit status".to_string(), |c| format!("exit code {c}"));
-            Some(if said.is_empty() { format!("`sudo -n true` failed ({code})") } else { format!("`sudo -n true` failed ({code}): {said}") })
+            Some(if said.is_empty() {
+                format!("`sudo -n true` failed ({code})")
+            } else {
+                format!("`sudo -n true` failed ({code}): {said}")
+            })
         }
     }
 }
@@ -607,12 +603,7 @@ async fn run(
             Some(_) => {}
         }
     }
-    Ok(ExecResult {
-        exit_code: if timed_out { None } else { exit_code },
-        timed_out,
-        stdout: out.finish(sink),
-        stderr: err.finish(sink),
-    })
+    Ok(ExecResult { exit_code: if timed_out { None } else { exit_code }, timed_out, stdout: out.finish(sink), stderr: err.finish(sink) })
 }
 
 #[cfg(test)]
@@ -640,7 +631,12 @@ mod tests {
 
     #[test]
     fn a_failed_sudo_probe_says_why() {
-        let probe = |code: Option<i64>, stderr: &str| ExecResult { exit_code: code, timed_out: false, stdout: String::new(), stderr: stderr.into() };
+        let probe = |code: Option<i64>, stderr: &str| ExecResult {
+            exit_code: code,
+            timed_out: false,
+            stdout: String::new(),
+            stderr: stderr.into(),
+        };
         assert_eq!(sudo_problem(&probe(Some(0), "")), None);
         let password = sudo_problem(&probe(Some(1), "sudo: a password is required\n")).unwrap_or_default();
         assert!(password.contains("sudo: a password is required") && password.contains("exit code 1"), "{password}");
@@ -695,7 +691,8 @@ mod tests {
         assert!(text.contains("ssh_deletekeys: true\nssh_genkeytypes: []\n"), "{text}");
         assert!(text.contains(&format!("  ed25519_public: {public}\n")), "{text}");
         // The PEM is a block scalar: every line indented under ed25519_private.
-        let block: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("  ed25519_private: |")).skip(1).take_while(|l| l.starts_with("    ")).collect();
+        let block: Vec<&str> =
+            text.lines().skip_while(|l| !l.starts_with("  ed25519_private: |")).skip(1).take_while(|l| l.starts_with("    ")).collect();
         assert_eq!(block.iter().map(|l| &l[4..]).collect::<Vec<_>>().join("\n"), private.0.trim_end());
         assert_eq!(cloud_config(None, None), None);
         assert!(!format!("{host:?}").contains("PRIVATE KEY"));

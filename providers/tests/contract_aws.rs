@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use provisioning_providers::contract::{ContractOptions, run};
 use provisioning_providers::{
-    Credentials, ExecRequest, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SharedProvider, SshAsset,
-    SshSettings, build_provider,
+    Credentials, ExecRequest, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SharedProvider, SshAsset, SshSettings,
+    build_provider,
 };
 use support::moto::Moto;
 use support::sshd::Sshd;
@@ -229,7 +229,8 @@ async fn instances_require_imdsv2_and_join_a_minimal_managed_group() {
         host_key: Some(provisioning_providers::HostKey { private, public: public.clone() }),
     };
     let keyed = shared.ensure_server(&keyed).await.expect("create with a host key");
-    let xml = raw(&provider, "DescribeInstanceAttribute", &[("InstanceId", keyed.provider_id.native_id()), ("Attribute", "userData")]).await;
+    let xml =
+        raw(&provider, "DescribeInstanceAttribute", &[("InstanceId", keyed.provider_id.native_id()), ("Attribute", "userData")]).await;
     let encoded = between(&xml, "<value>", "</value>").first().map(|v| v.to_string()).unwrap_or_default();
     use base64::Engine as _;
     let user_data = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(encoded.trim()).expect("base64")).expect("utf-8");

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use bollard::Docker;
 use bollard::query_parameters::{ListContainersOptions, ListNetworksOptions, ListVolumesOptions};
 use provisioning_providers::contract::{ContractOptions, run};
-use provisioning_providers::local::image::{NodeImageOptions, build_node_image};
 use provisioning_providers::local::connect;
+use provisioning_providers::local::image::{NodeImageOptions, build_node_image};
 use provisioning_providers::{
-    DeleteOutcome, ExecRequest, ExecResult, MachineState, ProviderConfig, ProviderError, ProviderId, ServerIdentity,
-    ServerObservation, ServerRequest, SharedProvider, build_provider, tags,
+    DeleteOutcome, ExecRequest, ExecResult, MachineState, ProviderConfig, ProviderError, ProviderId, ServerIdentity, ServerObservation,
+    ServerRequest, SharedProvider, build_provider, tags,
 };
 use tokio::sync::OnceCell;
 
@@ -66,8 +66,7 @@ async fn node_image() -> String {
 }
 
 fn nu_binary() -> PathBuf {
-    let path =
-        std::env::var_os("PROVISIONING_NU").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".tools/bin/nu"));
+    let path = std::env::var_os("PROVISIONING_NU").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".tools/bin/nu"));
     assert!(path.is_file(), "nu not found at {}; {SETUP_HINT}", path.display());
     path.canonicalize().unwrap_or(path)
 }
@@ -197,33 +196,20 @@ impl Fixture {
     /// Asserts no container, network or volume carries the namespace label.
     async fn assert_nothing_left(&self) {
         let docker = docker().await;
-        let filters = std::collections::HashMap::from([(
-            "label".to_string(),
-            vec![format!("{}={}", tags::NAMESPACE, self.namespace)],
-        )]);
+        let filters = std::collections::HashMap::from([("label".to_string(), vec![format!("{}={}", tags::NAMESPACE, self.namespace)])]);
         let containers = docker
-            .list_containers(Some(ListContainersOptions {
-                all: true,
-                filters: Some(filters.clone()),
-                ..Default::default()
-            }))
+            .list_containers(Some(ListContainersOptions { all: true, filters: Some(filters.clone()), ..Default::default() }))
             .await
             .expect("list containers");
         assert!(containers.is_empty(), "containers left: {containers:?}");
-        let networks = docker
-            .list_networks(Some(ListNetworksOptions { filters: Some(filters.clone()) }))
-            .await
-            .expect("list networks");
+        let networks = docker.list_networks(Some(ListNetworksOptions { filters: Some(filters.clone()) })).await.expect("list networks");
         assert!(networks.is_empty(), "networks left: {networks:?}");
         let volumes = docker.list_volumes(Some(ListVolumesOptions { filters: Some(filters) })).await.expect("volumes");
         assert!(volumes.volumes.unwrap_or_default().is_empty(), "volumes left");
     }
 
     async fn networks(&self) -> Vec<bollard::models::Network> {
-        let filters = std::collections::HashMap::from([(
-            "label".to_string(),
-            vec![format!("{}={}", tags::NAMESPACE, self.namespace)],
-        )]);
+        let filters = std::collections::HashMap::from([("label".to_string(), vec![format!("{}={}", tags::NAMESPACE, self.namespace)])]);
         docker().await.list_networks(Some(ListNetworksOptions { filters: Some(filters) })).await.expect("networks")
     }
 }
@@ -266,9 +252,7 @@ async fn cluster_network_limits_and_peer_names() {
 
     // Limits from the plans.
     let docker = docker().await;
-    for (obs, cpus, memory) in
-        [(&a, 1_000_000_000, 1i64 << 30), (&b, 2_000_000_000, 2 << 30), (&solo, 1_000_000_000, 512 << 20)]
-    {
+    for (obs, cpus, memory) in [(&a, 1_000_000_000, 1i64 << 30), (&b, 2_000_000_000, 2 << 30), (&solo, 1_000_000_000, 512 << 20)] {
         let inspect = docker.inspect_container(obs.provider_id.native_id(), None).await.expect("inspect");
         let host = inspect.host_config.expect("host config");
         assert_eq!(host.nano_cpus, Some(cpus), "{}", obs.plan);
@@ -326,10 +310,7 @@ async fn exec_streams_output_and_honours_timeout() {
     assert_eq!(first.as_deref(), Some("first"));
     let result = task.await.expect("join").expect("exec");
     let done_at = started.elapsed();
-    assert!(
-        done_at - first_at >= Duration::from_millis(1000),
-        "streamed: first line at {first_at:?}, done at {done_at:?}"
-    );
+    assert!(done_at - first_at >= Duration::from_millis(1000), "streamed: first line at {first_at:?}, done at {done_at:?}");
     assert_eq!(result.exit_code, Some(3));
     assert!(!result.timed_out);
     assert_eq!(result.stdout, "first\nsecond\n");
@@ -354,9 +335,7 @@ async fn exec_streams_output_and_honours_timeout() {
 
     // A timeout kills the command and everything it started.
     let started = Instant::now();
-    let slow = f
-        .exec(&server.provider_id, &["sh", "-c", "sleep 301 & sleep 302; echo never"], None, Duration::from_secs(1))
-        .await;
+    let slow = f.exec(&server.provider_id, &["sh", "-c", "sleep 301 & sleep 302; echo never"], None, Duration::from_secs(1)).await;
     assert!(slow.timed_out, "{slow:?}");
     assert_eq!(slow.exit_code, None);
     assert!(!slow.stdout.contains("never"));
@@ -405,15 +384,11 @@ async fn stdin_is_byte_exact_and_mounts_are_read_only() {
         .await;
     assert_eq!(nu.exit_code, Some(0), "{nu:?}");
     assert_eq!(nu.stdout.trim(), "; rm -rf /");
-    let write =
-        f.exec(&server.provider_id, &["sh", "-c", "echo x > /usr/local/bin/nu"], None, Duration::from_secs(30)).await;
+    let write = f.exec(&server.provider_id, &["sh", "-c", "echo x > /usr/local/bin/nu"], None, Duration::from_secs(30)).await;
     assert_ne!(write.exit_code, Some(0), "nu is read-only");
-    let marker = f
-        .exec(&server.provider_id, &["cat", "/opt/provisioning/catalog/marker.txt"], None, Duration::from_secs(30))
-        .await;
+    let marker = f.exec(&server.provider_id, &["cat", "/opt/provisioning/catalog/marker.txt"], None, Duration::from_secs(30)).await;
     assert_eq!(marker.stdout, "catalog");
-    let write =
-        f.exec(&server.provider_id, &["touch", "/opt/provisioning/catalog/new"], None, Duration::from_secs(30)).await;
+    let write = f.exec(&server.provider_id, &["touch", "/opt/provisioning/catalog/new"], None, Duration::from_secs(30)).await;
     assert_ne!(write.exit_code, Some(0), "the catalog is read-only");
     assert!(!f.catalog.path().join("new").exists());
 

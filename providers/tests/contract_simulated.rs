@@ -3,17 +3,10 @@
 use std::time::Duration;
 
 use provisioning_providers::contract::{ContractOptions, run};
-use provisioning_providers::{
-    Credentials, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SimulationConfig, build_provider,
-};
+use provisioning_providers::{Credentials, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SimulationConfig, build_provider};
 
 fn config(dir: &std::path::Path, name: &str) -> ProviderConfig {
-    ProviderConfig {
-        name: name.into(),
-        provider_type: "simulated".into(),
-        state_dir: dir.to_path_buf(),
-        ..Default::default()
-    }
+    ProviderConfig { name: name.into(), provider_type: "simulated".into(), state_dir: dir.to_path_buf(), ..Default::default() }
 }
 
 fn request(uid: &str) -> ServerRequest {
@@ -106,7 +99,10 @@ async fn a_torn_last_line_from_a_killed_writer_loses_no_later_entry() {
     let p = build_provider(&config(dir.path(), "torn")).expect("build on torn log");
     let after = p.ensure_server(&request("after")).await.expect("create after the torn line");
     assert_eq!(p.find_server(&request("before").identity).await.expect("find").map(|o| o.provider_id), Some(first.provider_id));
-    assert_eq!(p.find_server(&request("after").identity).await.expect("find").map(|o| o.provider_id.clone()), Some(after.provider_id.clone()));
+    assert_eq!(
+        p.find_server(&request("after").identity).await.expect("find").map(|o| o.provider_id.clone()),
+        Some(after.provider_id.clone())
+    );
     // A fresh reader of the same file (another process) sees both.
     let text = std::fs::read_to_string(dir.path().join("simulated-torn.jsonl")).expect("log");
     let copy = dir.path().join("simulated-torn-copy.jsonl");

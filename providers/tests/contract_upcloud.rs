@@ -7,17 +7,13 @@ mod support;
 use std::time::Duration;
 
 use provisioning_providers::contract::{ContractOptions, run};
-use provisioning_providers::{
-    Credentials, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SshSettings, build_provider,
-};
+use provisioning_providers::{Credentials, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SshSettings, build_provider};
 use support::sshd::Sshd;
 use upcloud_double::{DoubleConfig, UpcloudDouble};
 
 fn config(endpoint: &str, state_dir: &std::path::Path, password: &str, sshd: Option<&Sshd>) -> ProviderConfig {
-    let mut credentials = vec![
-        ("UPCLOUD_USERNAME".to_string(), "api-user".to_string()),
-        ("UPCLOUD_PASSWORD".to_string(), password.to_string()),
-    ];
+    let mut credentials =
+        vec![("UPCLOUD_USERNAME".to_string(), "api-user".to_string()), ("UPCLOUD_PASSWORD".to_string(), password.to_string())];
     if let Some(sshd) = sshd {
         credentials.push(("SSH_PRIVATE_KEY".to_string(), sshd.client_key.clone()));
     }
@@ -182,7 +178,10 @@ async fn firewall_rules_are_attached_to_new_servers() {
 
     // Without rules the firewall stays off; a malformed rule is refused before any call.
     let plain = build_provider(&config(&double.endpoint, dir.path(), "api-password", None)).expect("build");
-    let other = ServerRequest { identity: ServerIdentity { uid: "fw-2".into(), namespace: "ns".into(), name: "fw2".into(), cluster: None }, ..request.clone() };
+    let other = ServerRequest {
+        identity: ServerIdentity { uid: "fw-2".into(), namespace: "ns".into(), name: "fw2".into(), cluster: None },
+        ..request.clone()
+    };
     let created_plain = plain.ensure_server(&other).await.expect("create");
     assert_eq!(double.firewalls().get(created_plain.provider_id.native_id()).map(|(s, r)| (s.clone(), r.len())), Some(("off".into(), 0)));
     let mut bad = cfg.clone();

@@ -145,7 +145,11 @@ async fn hundred_servers_converge_through_twenty_percent_faults() {
     let total = stats.requests.load(std::sync::atomic::Ordering::SeqCst);
     eprintln!(
         "requests {total}, injected {injected} (500: {:?}, 503: {:?}, 429: {:?}, dropped: {:?}, lost responses: {:?}), RunInstances {}",
-        stats.injected_500, stats.injected_503, stats.injected_429, stats.dropped_before, stats.dropped_after,
+        stats.injected_500,
+        stats.injected_503,
+        stats.injected_429,
+        stats.dropped_before,
+        stats.dropped_after,
         stats.action("RunInstances")
     );
     assert!(injected as f64 > total as f64 * 0.1, "faults were injected: {injected} of {total}");
@@ -158,11 +162,9 @@ async fn hundred_servers_converge_through_twenty_percent_faults() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_create_response_makes_no_second_machine() {
     let moto = Moto::start();
-    let proxy = FaultProxy::start(
-        &moto.endpoint,
-        FaultConfig { lose_first_response_of: Some("Action=RunInstances".into()), ..Default::default() },
-    )
-    .await;
+    let proxy =
+        FaultProxy::start(&moto.endpoint, FaultConfig { lose_first_response_of: Some("Action=RunInstances".into()), ..Default::default() })
+            .await;
     let dir = tempfile::tempdir().expect("tempdir");
     let provider = build_provider(&config("lossy", &proxy.endpoint, dir.path())).expect("build");
     let observer = build_provider(&config("observer", &moto.endpoint, dir.path())).expect("build");

@@ -16,9 +16,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use provisioning_taskservs::{
-    LocalProcessExecutor, PeerInfo, ScriptContext, ScriptStep, run_script,
-};
+use provisioning_taskservs::{LocalProcessExecutor, PeerInfo, ScriptContext, ScriptStep, run_script};
 
 const RUNS: usize = 30;
 const SLEEP_MS: u64 = 200;
@@ -28,11 +26,7 @@ fn nu() -> PathBuf {
         Some(p) if !p.is_empty() => PathBuf::from(p),
         _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/bin/nu"),
     };
-    assert!(
-        path.is_file(),
-        "nu not found at {}: run scripts/setup.sh",
-        path.display()
-    );
+    assert!(path.is_file(), "nu not found at {}: run scripts/setup.sh", path.display());
     path
 }
 
@@ -41,19 +35,10 @@ fn context(ms: u64) -> ScriptContext {
     ctx.server.name = "bench-0".into();
     ctx.taskserv.service = "bench".into();
     ctx.taskserv.version = "1.0".into();
-    ctx.peers = (1..=3)
-        .map(|i| PeerInfo {
-            name: format!("bench-{i}"),
-            ..Default::default()
-        })
-        .collect();
+    ctx.peers = (1..=3).map(|i| PeerInfo { name: format!("bench-{i}"), ..Default::default() }).collect();
     ctx.config = serde_json::json!({"ms": ms, "clientPort": 2379});
-    ctx.templates
-        .insert("etcd.conf.yml".into(), "name: x\n".repeat(20));
-    ctx.templates.insert(
-        "big.conf".into(),
-        "# filler line for a bigger context\n".repeat(16 * 1024 / 36),
-    );
+    ctx.templates.insert("etcd.conf.yml".into(), "name: x\n".repeat(20));
+    ctx.templates.insert("big.conf".into(), "# filler line for a bigger context\n".repeat(16 * 1024 / 36));
     ctx
 }
 
@@ -65,11 +50,7 @@ struct Stats {
 
 fn stats(mut samples: Vec<Duration>) -> Stats {
     samples.sort();
-    Stats {
-        median: samples[samples.len() / 2],
-        p90: samples[samples.len() * 9 / 10],
-        min: samples[0],
-    }
+    Stats { median: samples[samples.len() / 2], p90: samples[samples.len() * 9 / 10], min: samples[0] }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -81,29 +62,14 @@ fn main() {
     let nu = nu();
     let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/runner");
     let exec = LocalProcessExecutor::new(nu.to_string_lossy(), fixtures.to_string_lossy());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let timeout = Duration::from_secs(30);
 
     let run = |service: &str, ctx: &ScriptContext| -> Duration {
         let started = Instant::now();
-        let outcome = runtime
-            .block_on(run_script(
-                &exec,
-                ScriptStep::Install,
-                service,
-                ctx,
-                timeout,
-                None,
-            ))
-            .expect("runs");
+        let outcome = runtime.block_on(run_script(&exec, ScriptStep::Install, service, ctx, timeout, None)).expect("runs");
         let took = started.elapsed();
-        assert!(
-            outcome.succeeded() && outcome.result.is_some(),
-            "{outcome:?}"
-        );
+        assert!(outcome.succeeded() && outcome.result.is_some(), "{outcome:?}");
         took
     };
 
@@ -129,12 +95,7 @@ fn main() {
                 .stderr(Stdio::piped())
                 .spawn()
                 .expect("spawn");
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(&stdin)
-                .expect("write");
+            child.stdin.take().expect("stdin").write_all(&stdin).expect("write");
             let out = child.wait_with_output().expect("wait");
             assert!(out.status.success());
             started.elapsed()
@@ -146,42 +107,15 @@ fn main() {
     let s = stats(sleeper);
     let r = stats(raw);
     let sleep = Duration::from_millis(SLEEP_MS);
-    println!(
-        "runner overhead benchmark: {RUNS} runs each, context {context_bytes} bytes, nu {}",
-        nu.display()
-    );
+    println!("runner overhead benchmark: {RUNS} runs each, context {context_bytes} bytes, nu {}", nu.display());
     println!("{:<44} {:>9} {:>9} {:>9}", "case", "median", "p90", "min");
-    let row = |name: &str, st: &Stats| {
-        println!(
-            "{name:<44} {:>7.1}ms {:>7.1}ms {:>7.1}ms",
-            ms(st.median),
-            ms(st.p90),
-            ms(st.min)
-        )
-    };
+    let row = |name: &str, st: &Stats| println!("{name:<44} {:>7.1}ms {:>7.1}ms {:>7.1}ms", ms(st.median), ms(st.p90), ms(st.min));
     row("trivial step via run_script (whole step)", &t);
     row("raw nu process, same script and stdin", &r);
-    row(
-        &format!("sleeper step via run_script ({SLEEP_MS} ms work)"),
-        &s,
-    );
-    let overhead = Stats {
-        median: s.median.saturating_sub(sleep),
-        p90: s.p90.saturating_sub(sleep),
-        min: s.min.saturating_sub(sleep),
-    };
+    row(&format!("sleeper step via run_script ({SLEEP_MS} ms work)"), &s);
+    let overhead = Stats { median: s.median.saturating_sub(sleep), p90: s.p90.saturating_sub(sleep), min: s.min.saturating_sub(sleep) };
     row("=> overhead beyond the script's work", &overhead);
-    println!(
-        "runner's own cost on top of nu (trivial - raw, medians): {:.1} ms",
-        ms(t.median) - ms(r.median)
-    );
-    let verdict = if overhead.median < Duration::from_millis(50) {
-        "PASS"
-    } else {
-        "FAIL"
-    };
-    println!(
-        "target: overhead < 50 ms per step: {verdict} ({:.1} ms median)",
-        ms(overhead.median)
-    );
+    println!("runner's own cost on top of nu (trivial - raw, medians): {:.1} ms", ms(t.median) - ms(r.median));
+    let verdict = if overhead.median < Duration::from_millis(50) { "PASS" } else { "FAIL" };
+    println!("target: overhead < 50 ms per step: {verdict} ({:.1} ms median)", ms(overhead.median));
 }

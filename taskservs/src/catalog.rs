@@ -105,9 +105,7 @@ fn collect_secret_fields(schema: &Value, path: &mut Vec<String>, out: &mut Vec<S
     for (name, property) in properties {
         path.push(name.clone());
         if is_secret_schema(property) {
-            let marker = property
-                .get("x-provisioning-generate")
-                .and_then(Value::as_str);
+            let marker = property.get("x-provisioning-generate").and_then(Value::as_str);
             out.push(SecretField {
                 path: path.clone(),
                 // Checked at load time: an unknown marker never gets here.
@@ -198,11 +196,7 @@ impl Catalog {
         entries.sort();
         let mut services = BTreeMap::new();
         for service_dir in entries {
-            let dir_name = service_dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
+            let dir_name = service_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
             if dir_name == "lib" || dir_name.starts_with('.') {
                 continue;
             }
@@ -212,24 +206,15 @@ impl Catalog {
         // Dependencies must name services of this catalog.
         for service in services.values() {
             let path = service.dir.join("taskserv.yaml");
-            for (field, deps) in [
-                ("requires", &service.manifest.requires),
-                ("after", &service.manifest.after),
-            ] {
+            for (field, deps) in [("requires", &service.manifest.requires), ("after", &service.manifest.after)] {
                 for dep in deps {
                     if !services.contains_key(dep) {
-                        return Err(CatalogError::Invalid {
-                            path,
-                            problem: format!("{field} names {dep:?}, which is not in the catalog"),
-                        });
+                        return Err(CatalogError::Invalid { path, problem: format!("{field} names {dep:?}, which is not in the catalog") });
                     }
                 }
             }
         }
-        Ok(Catalog {
-            dir: dir.to_path_buf(),
-            services,
-        })
+        Ok(Catalog { dir: dir.to_path_buf(), services })
     }
 
     /// The directory the catalog was loaded from.
@@ -258,10 +243,7 @@ impl Catalog {
             if plan.contains(&name) {
                 continue;
             }
-            let service = self
-                .services
-                .get(&name)
-                .ok_or_else(|| ResolveError::Unknown(name.clone()))?;
+            let service = self.services.get(&name).ok_or_else(|| ResolveError::Unknown(name.clone()))?;
             queue.extend(service.manifest.requires.iter().cloned());
             plan.insert(name);
         }
@@ -272,10 +254,7 @@ impl Catalog {
                 let manifest = &self.services[name].manifest;
                 let hard = manifest.requires.iter();
                 let soft = manifest.after.iter().filter(|a| plan.contains(*a));
-                (
-                    name.as_str(),
-                    hard.chain(soft).map(String::as_str).collect(),
-                )
+                (name.as_str(), hard.chain(soft).map(String::as_str).collect())
             })
             .collect();
         if let Some(cycle) = find_cycle(&deps) {
@@ -285,10 +264,7 @@ impl Catalog {
         let mut remaining = deps.clone();
         let mut order = Vec::with_capacity(plan.len());
         while !remaining.is_empty() {
-            let ready: Option<&str> = remaining
-                .iter()
-                .find(|(_, d)| d.is_empty())
-                .map(|(n, _)| *n);
+            let ready: Option<&str> = remaining.iter().find(|(_, d)| d.is_empty()).map(|(n, _)| *n);
             let Some(next) = ready else {
                 // Unreachable after find_cycle; report rather than loop.
                 let names: Vec<&str> = remaining.keys().copied().collect();
@@ -305,12 +281,7 @@ impl Catalog {
 
     /// Checks a request against the catalog: the service exists, the version is one the catalog
     /// has (none = the default), the config (schema defaults filled in) satisfies the schema.
-    pub fn validate_request(
-        &self,
-        service: &str,
-        version: Option<&str>,
-        config: &Value,
-    ) -> Result<ResolvedService, ValidationError> {
+    pub fn validate_request(&self, service: &str, version: Option<&str>, config: &Value) -> Result<ResolvedService, ValidationError> {
         self.validate(service, version, config, false)
     }
 
@@ -326,17 +297,8 @@ impl Catalog {
         self.validate(service, version, config, true)
     }
 
-    fn validate(
-        &self,
-        service: &str,
-        version: Option<&str>,
-        config: &Value,
-        partial: bool,
-    ) -> Result<ResolvedService, ValidationError> {
-        let entry = self
-            .services
-            .get(service)
-            .ok_or_else(|| ValidationError::UnknownService(service.to_string()))?;
+    fn validate(&self, service: &str, version: Option<&str>, config: &Value, partial: bool) -> Result<ResolvedService, ValidationError> {
+        let entry = self.services.get(service).ok_or_else(|| ValidationError::UnknownService(service.to_string()))?;
         let manifest = &entry.manifest;
         let version = match version {
             None | Some("") => manifest.default_version.clone(),
@@ -349,27 +311,17 @@ impl Catalog {
                 });
             }
         };
-        let mut config = if config.is_null() {
-            Value::Object(Default::default())
-        } else {
-            config.clone()
-        };
+        let mut config = if config.is_null() { Value::Object(Default::default()) } else { config.clone() };
         apply_defaults(&manifest.config_schema, &mut config);
         let violations: Vec<ConfigViolation> = entry
             .validator
             .iter_errors(&config)
             .filter(|e| !(partial && e.kind().keyword() == "required"))
             // The path and the rule, never the value: it may be a password.
-            .map(|e| ConfigViolation {
-                pointer: e.instance_path().as_str().to_string(),
-                reason: e.masked_with("the value").to_string(),
-            })
+            .map(|e| ConfigViolation { pointer: e.instance_path().as_str().to_string(), reason: e.masked_with("the value").to_string() })
             .collect();
         if !violations.is_empty() {
-            return Err(ValidationError::InvalidConfig {
-                service: service.to_string(),
-                violations,
-            });
+            return Err(ValidationError::InvalidConfig { service: service.to_string(), violations });
         }
         Ok(ResolvedService {
             service: service.to_string(),
@@ -429,18 +381,14 @@ fn find_cycle(deps: &BTreeMap<&str, BTreeSet<&str>>) -> Option<Vec<String>> {
 
 /// Fills in `default`s of object properties (recursively) that the config leaves out.
 fn apply_defaults(schema: &Value, config: &mut Value) {
-    let (Some(properties), Value::Object(object)) =
-        (schema.get("properties").and_then(Value::as_object), config)
-    else {
+    let (Some(properties), Value::Object(object)) = (schema.get("properties").and_then(Value::as_object), config) else {
         return;
     };
     for (key, property_schema) in properties {
         if !object.contains_key(key) {
             if let Some(default) = property_schema.get("default") {
                 object.insert(key.clone(), default.clone());
-            } else if property_schema.get("type").and_then(Value::as_str) == Some("object")
-                && property_schema.get("properties").is_some()
-            {
+            } else if property_schema.get("type").and_then(Value::as_str) == Some("object") && property_schema.get("properties").is_some() {
                 // A nested object with defaults of its own gets them even when left out.
                 let mut nested = Value::Object(Default::default());
                 apply_defaults(property_schema, &mut nested);
@@ -457,36 +405,19 @@ fn apply_defaults(schema: &Value, config: &mut Value) {
 
 fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogError> {
     let path = dir.join("taskserv.yaml");
-    let invalid = |problem: String| CatalogError::Invalid {
-        path: path.clone(),
-        problem,
-    };
+    let invalid = |problem: String| CatalogError::Invalid { path: path.clone(), problem };
     if !path.is_file() {
-        return Err(invalid(
-            "missing taskserv.yaml (every catalog directory but lib/ is a service)".into(),
-        ));
+        return Err(invalid("missing taskserv.yaml (every catalog directory but lib/ is a service)".into()));
     }
-    let text = std::fs::read_to_string(&path).map_err(|source| CatalogError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(&path).map_err(|source| CatalogError::Io { path: path.clone(), source })?;
     let manifest: TaskServManifest =
-        serde_yaml_ng::from_str(&text).map_err(|e| CatalogError::Parse {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        serde_yaml_ng::from_str(&text).map_err(|e| CatalogError::Parse { path: path.clone(), message: e.to_string() })?;
 
     if manifest.name != dir_name {
-        return Err(invalid(format!(
-            "name {:?} differs from its directory {dir_name:?}",
-            manifest.name
-        )));
+        return Err(invalid(format!("name {:?} differs from its directory {dir_name:?}", manifest.name)));
     }
     if !is_valid_service_name(&manifest.name) {
-        return Err(invalid(format!(
-            "name {:?} must be lower-case letters, digits and '-'",
-            manifest.name
-        )));
+        return Err(invalid(format!("name {:?} must be lower-case letters, digits and '-'", manifest.name)));
     }
     if manifest.description.trim().is_empty() {
         return Err(invalid("description is empty".into()));
@@ -497,9 +428,7 @@ fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogErr
     let mut seen = BTreeSet::new();
     for v in &manifest.versions {
         if v.trim().is_empty() || !seen.insert(v) {
-            return Err(invalid(format!(
-                "versions has an empty or repeated entry {v:?}"
-            )));
+            return Err(invalid(format!("versions has an empty or repeated entry {v:?}")));
         }
     }
     if !manifest.versions.contains(&manifest.default_version) {
@@ -514,10 +443,7 @@ fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogErr
     }
     for p in &manifest.providers {
         if !KNOWN_PROVIDERS.contains(&p.as_str()) {
-            return Err(invalid(format!(
-                "unknown provider {p:?} (known: {})",
-                KNOWN_PROVIDERS.join(", ")
-            )));
+            return Err(invalid(format!("unknown provider {p:?} (known: {})", KNOWN_PROVIDERS.join(", "))));
         }
     }
     for dep in manifest.requires.iter().chain(&manifest.after) {
@@ -532,44 +458,23 @@ fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogErr
         return Err(invalid("health.intervalSeconds must be > 0".into()));
     }
     if manifest.health.script != "check.nu" {
-        return Err(invalid(format!(
-            "health.script is {:?}; the check step runs check.nu",
-            manifest.health.script
-        )));
+        return Err(invalid(format!("health.script is {:?}; the check step runs check.nu", manifest.health.script)));
     }
     for script in REQUIRED_SCRIPTS {
         if !dir.join(script).is_file() {
-            return Err(CatalogError::Invalid {
-                path: dir.join(script),
-                problem: "script is missing".into(),
-            });
+            return Err(CatalogError::Invalid { path: dir.join(script), problem: "script is missing".into() });
         }
     }
     if !manifest.config_schema.is_object() {
-        return Err(CatalogError::Schema {
-            path: path.clone(),
-            message: "configSchema must be an object".into(),
-        });
+        return Err(CatalogError::Schema { path: path.clone(), message: "configSchema must be an object".into() });
     }
-    check_secret_markers(&manifest.config_schema, &mut Vec::new()).map_err(|message| {
-        CatalogError::Schema {
-            path: path.clone(),
-            message,
-        }
-    })?;
-    let validator =
-        jsonschema::validator_for(&manifest.config_schema).map_err(|e| CatalogError::Schema {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+    check_secret_markers(&manifest.config_schema, &mut Vec::new())
+        .map_err(|message| CatalogError::Schema { path: path.clone(), message })?;
+    let validator = jsonschema::validator_for(&manifest.config_schema)
+        .map_err(|e| CatalogError::Schema { path: path.clone(), message: e.to_string() })?;
 
     let templates = load_templates(&dir.join("templates"))?;
-    Ok(CatalogService {
-        manifest,
-        dir: dir.to_path_buf(),
-        templates,
-        validator: Arc::new(validator),
-    })
+    Ok(CatalogService { manifest, dir: dir.to_path_buf(), templates, validator: Arc::new(validator) })
 }
 
 fn load_templates(dir: &Path) -> Result<BTreeMap<String, String>, CatalogError> {
@@ -587,24 +492,14 @@ fn load_templates(dir: &Path) -> Result<BTreeMap<String, String>, CatalogError> 
         if !path.is_file() {
             continue;
         }
-        let Some(name) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .map(str::to_string)
-        else {
-            return Err(CatalogError::Invalid {
-                path,
-                problem: "template file name is not UTF-8".into(),
-            });
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            return Err(CatalogError::Invalid { path, problem: "template file name is not UTF-8".into() });
         };
         let source = std::fs::read_to_string(&path).map_err(io(&path))?;
         // Parse now so a broken template is a start-up error, not a failed install.
         let mut env = crate::templates::template_env();
         env.add_template_owned(name.clone(), source.clone())
-            .map_err(|e| CatalogError::Template {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| CatalogError::Template { path: path.clone(), message: e.to_string() })?;
         templates.insert(name, source);
     }
     Ok(templates)

@@ -137,14 +137,8 @@ impl ScriptContext {
 
 impl Catalog {
     /// Renders every `templates/*` file of `service` with the context's values.
-    pub fn render_templates(
-        &self,
-        service: &str,
-        ctx: &ScriptContext,
-    ) -> Result<BTreeMap<String, String>, TemplateError> {
-        let entry = self
-            .get(service)
-            .ok_or_else(|| TemplateError::UnknownService(service.to_string()))?;
+    pub fn render_templates(&self, service: &str, ctx: &ScriptContext) -> Result<BTreeMap<String, String>, TemplateError> {
+        let entry = self.get(service).ok_or_else(|| TemplateError::UnknownService(service.to_string()))?;
         crate::templates::render(service, &entry.templates, &ctx.template_values())
     }
 }

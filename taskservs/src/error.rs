@@ -71,11 +71,7 @@ pub struct ConfigViolation {
 
 impl std::fmt::Display for ConfigViolation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let at = if self.pointer.is_empty() {
-            "/"
-        } else {
-            &self.pointer
-        };
+        let at = if self.pointer.is_empty() { "/" } else { &self.pointer };
         write!(f, "at {at}: {}", self.reason)
     }
 }
@@ -156,12 +152,6 @@ pub enum RunError {
 impl RunError {
     /// Whether trying again later may help (transport trouble), as opposed to a bug in the request.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            RunError::Spawn { .. }
-                | RunError::Io(_)
-                | RunError::Executor(_)
-                | RunError::ExecutorHung(_)
-        )
+        matches!(self, RunError::Spawn { .. } | RunError::Io(_) | RunError::Executor(_) | RunError::ExecutorHung(_))
     }
 }

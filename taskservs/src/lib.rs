@@ -23,18 +23,12 @@ mod redact;
 mod runner;
 mod templates;
 
-pub use catalog::{
-    CATALOG_ENV, Catalog, CatalogService, ResolvedService, SecretField, SecretFormat,
-};
-pub use context::{
-    AddressInfo, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, WorkspaceInfo,
-};
-pub use error::{
-    CatalogError, ConfigViolation, ResolveError, RunError, TemplateError, ValidationError,
-};
+pub use catalog::{CATALOG_ENV, Catalog, CatalogService, ResolvedService, SecretField, SecretFormat};
+pub use context::{AddressInfo, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, WorkspaceInfo};
+pub use error::{CatalogError, ConfigViolation, ResolveError, RunError, TemplateError, ValidationError};
 pub use manifest::{HealthSpec, KNOWN_PROVIDERS, REQUIRED_SCRIPTS, TaskServManifest};
 pub use redact::{MIN_SECRET_LEN, REDACTED, Redactor};
 pub use runner::{
-    ExecOutput, LocalProcessExecutor, RESULT_MARKER, ScriptExecutor, ScriptOutcome, ScriptPaths,
-    ScriptStep, TAIL_BYTES, TAIL_LINES, parse_result, run_script, run_script_redacted,
+    ExecOutput, LocalProcessExecutor, RESULT_MARKER, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep, TAIL_BYTES, TAIL_LINES,
+    parse_result, run_script, run_script_redacted,
 };

@@ -53,10 +53,7 @@ pub struct HealthSpec {
 
 impl Default for HealthSpec {
     fn default() -> Self {
-        HealthSpec {
-            script: default_health_script(),
-            interval_seconds: default_interval_seconds(),
-        }
+        HealthSpec { script: default_health_script(), interval_seconds: default_interval_seconds() }
     }
 }
 
@@ -77,8 +74,6 @@ fn default_interval_seconds() -> u64 {
 pub fn is_valid_service_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
 }

@@ -22,9 +22,7 @@ pub struct Redactor {
 impl std::fmt::Debug for Redactor {
     // The patterns are the secrets: a Debug print shows how many, never which.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Redactor")
-            .field("patterns", &self.patterns.len())
-            .finish()
+        f.debug_struct("Redactor").field("patterns", &self.patterns.len()).finish()
     }
 }
 
@@ -85,11 +83,7 @@ mod tests {
         assert_eq!(r.redact("password is hunter2."), "password is [redacted].");
         // JSON-escaped (a context echoed back) and line by line.
         let json = serde_json::to_string(hostile).unwrap_or_default();
-        assert!(
-            !r.redact(&json).contains("second-line"),
-            "{}",
-            r.redact(&json)
-        );
+        assert!(!r.redact(&json).contains("second-line"), "{}", r.redact(&json));
         assert!(!r.redact(&json).contains("$(id)"));
         assert_eq!(r.redact("p'a\"s$(id)`x`\\y"), REDACTED);
         assert_eq!(r.redact("x second-line y"), "x [redacted] y");
@@ -102,9 +96,6 @@ mod tests {
     #[test]
     fn a_secret_containing_another_is_replaced_whole() {
         let r = Redactor::new(["secret", "secret-and-more"]);
-        assert_eq!(
-            r.redact("secret-and-more / secret"),
-            "[redacted] / [redacted]"
-        );
+        assert_eq!(r.redact("secret-and-more / secret"), "[redacted] / [redacted]");
     }
 }

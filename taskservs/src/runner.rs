@@ -82,10 +82,7 @@ impl ScriptPaths {
 
     /// The layout of local containers: `/usr/local/bin/nu` and `/opt/provisioning/catalog`.
     pub fn container() -> Self {
-        ScriptPaths {
-            nu: Self::CONTAINER_NU.into(),
-            catalog_dir: Self::CONTAINER_CATALOG.into(),
-        }
+        ScriptPaths { nu: Self::CONTAINER_NU.into(), catalog_dir: Self::CONTAINER_CATALOG.into() }
     }
 
     /// The argv running `step` of `service`:
@@ -174,9 +171,7 @@ impl ScriptOutcome {
     }
     /// Wall-clock time of the run.
     pub fn duration(&self) -> Duration {
-        (self.finished_at - self.started_at)
-            .to_std()
-            .unwrap_or_default()
+        (self.finished_at - self.started_at).to_std().unwrap_or_default()
     }
     /// One line for status and events: "install of etcd exited 3" / "timed out after …".
     pub fn summary(&self) -> String {
@@ -206,16 +201,7 @@ pub async fn run_script(
     timeout: Duration,
     output: Option<UnboundedSender<String>>,
 ) -> Result<ScriptOutcome, RunError> {
-    run_script_redacted(
-        exec,
-        step,
-        service,
-        ctx,
-        timeout,
-        output,
-        &Redactor::default(),
-    )
-    .await
+    run_script_redacted(exec, step, service, ctx, timeout, output, &Redactor::default()).await
 }
 
 /// [`run_script`] with every output line passed through `redactor` before it is forwarded
@@ -257,11 +243,7 @@ pub async fn run_script_redacted(
     };
 
     let started_at = Utc::now();
-    let result = tokio::time::timeout(
-        timeout + EXECUTOR_GRACE,
-        exec.exec(argv, stdin, timeout, Some(line_tx)),
-    )
-    .await;
+    let result = tokio::time::timeout(timeout + EXECUTOR_GRACE, exec.exec(argv, stdin, timeout, Some(line_tx))).await;
     let finished_at = Utc::now();
     // The executor dropped its sender when it returned; give stragglers a moment.
     let _ = tokio::time::timeout(Duration::from_secs(2), forwarder).await;
@@ -299,10 +281,7 @@ pub async fn run_script_redacted(
 
 /// The JSON of the last `PROVISIONING_RESULT ` line of `stdout`, if there is one.
 pub fn parse_result(stdout: &str) -> Option<Result<Value, String>> {
-    let line = stdout
-        .lines()
-        .rev()
-        .find_map(|l| l.trim_end_matches('\r').strip_prefix(RESULT_MARKER))?;
+    let line = stdout.lines().rev().find_map(|l| l.trim_end_matches('\r').strip_prefix(RESULT_MARKER))?;
     Some(serde_json::from_str(line.trim()).map_err(|e| format!("{e} in {:?}", truncate(line, 200))))
 }
 
@@ -326,11 +305,7 @@ struct OutputTail {
 
 impl OutputTail {
     fn push(&mut self, line: &str) {
-        let line = if line.len() > TAIL_BYTES {
-            &line[line.len() - tail_cut(line, TAIL_BYTES)..]
-        } else {
-            line
-        };
+        let line = if line.len() > TAIL_BYTES { &line[line.len() - tail_cut(line, TAIL_BYTES)..] } else { line };
         self.bytes += line.len() + 1;
         self.lines.push_back(line.to_string());
         while self.lines.len() > TAIL_LINES || (self.bytes > TAIL_BYTES && self.lines.len() > 1) {
@@ -340,11 +315,7 @@ impl OutputTail {
         }
     }
     fn render(&self) -> String {
-        self.lines
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join("\n")
+        self.lines.iter().map(String::as_str).collect::<Vec<_>>().join("\n")
     }
 }
 
@@ -368,13 +339,7 @@ pub struct LocalProcessExecutor {
 impl LocalProcessExecutor {
     /// An executor whose scripts are `<catalog_dir>/<service>/<step>.nu` run by `nu`.
     pub fn new(nu: impl Into<String>, catalog_dir: impl Into<String>) -> Self {
-        LocalProcessExecutor {
-            paths: ScriptPaths {
-                nu: nu.into(),
-                catalog_dir: catalog_dir.into(),
-            },
-            env: Vec::new(),
-        }
+        LocalProcessExecutor { paths: ScriptPaths { nu: nu.into(), catalog_dir: catalog_dir.into() }, env: Vec::new() }
     }
 
     /// Adds an environment variable for every command.
@@ -405,10 +370,7 @@ impl ScriptExecutor for LocalProcessExecutor {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        let mut child = command.spawn().map_err(|source| RunError::Spawn {
-            program: program.clone(),
-            source,
-        })?;
+        let mut child = command.spawn().map_err(|source| RunError::Spawn { program: program.clone(), source })?;
         let pid = child.id();
 
         let mut child_stdin = child.stdin.take();
@@ -420,14 +382,8 @@ impl ScriptExecutor for LocalProcessExecutor {
             }
             drop(child_stdin);
         });
-        let stdout = child
-            .stdout
-            .take()
-            .map(|pipe| tokio::spawn(read_lines(pipe, output.clone())));
-        let stderr = child
-            .stderr
-            .take()
-            .map(|pipe| tokio::spawn(read_lines(pipe, output)));
+        let stdout = child.stdout.take().map(|pipe| tokio::spawn(read_lines(pipe, output.clone())));
+        let stderr = child.stderr.take().map(|pipe| tokio::spawn(read_lines(pipe, output)));
 
         let (status, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
             Ok(status) => (Some(status?), false),
@@ -441,30 +397,19 @@ impl ScriptExecutor for LocalProcessExecutor {
         // A daemon started by the script may hold the pipes open: don't wait for it forever.
         let collect = |task: Option<tokio::task::JoinHandle<String>>| async move {
             match task {
-                Some(mut task) => {
-                    match tokio::time::timeout(Duration::from_secs(2), &mut task).await {
-                        Ok(Ok(text)) => text,
-                        _ => {
-                            task.abort();
-                            String::new()
-                        }
+                Some(mut task) => match tokio::time::timeout(Duration::from_secs(2), &mut task).await {
+                    Ok(Ok(text)) => text,
+                    _ => {
+                        task.abort();
+                        String::new()
                     }
-                }
+                },
                 None => String::new(),
             }
         };
         let stdout = collect(stdout).await;
         let stderr = collect(stderr).await;
-        Ok(ExecOutput {
-            exit_code: if timed_out {
-                None
-            } else {
-                status.and_then(|s| s.code()).map(i64::from)
-            },
-            timed_out,
-            stdout,
-            stderr,
-        })
+        Ok(ExecOutput { exit_code: if timed_out { None } else { status.and_then(|s| s.code()).map(i64::from) }, timed_out, stdout, stderr })
     }
 
     fn script_paths(&self) -> ScriptPaths {
@@ -478,17 +423,11 @@ fn kill_group(pid: Option<u32>) {
         return;
     };
     // The group may already be gone; nothing to do then.
-    let _ = nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
 }
 
 /// Reads lines (lossy UTF-8), forwards each, and returns the whole text (bounded).
-async fn read_lines(
-    pipe: impl AsyncRead + Unpin,
-    output: Option<UnboundedSender<String>>,
-) -> String {
+async fn read_lines(pipe: impl AsyncRead + Unpin, output: Option<UnboundedSender<String>>) -> String {
     let mut reader = BufReader::new(pipe);
     let mut whole = String::new();
     let mut buf = Vec::new();
@@ -518,14 +457,10 @@ mod tests {
 
     #[test]
     fn the_last_result_line_wins() {
-        let out =
-            "PROVISIONING_RESULT {\"a\":1}\nnoise\nPROVISIONING_RESULT {\"a\":2}\r\ntrailing\n";
+        let out = "PROVISIONING_RESULT {\"a\":1}\nnoise\nPROVISIONING_RESULT {\"a\":2}\r\ntrailing\n";
         assert_eq!(parse_result(out), Some(Ok(serde_json::json!({"a": 2}))));
         assert_eq!(parse_result("no marker\n"), None);
-        assert!(matches!(
-            parse_result("PROVISIONING_RESULT {oops"),
-            Some(Err(_))
-        ));
+        assert!(matches!(parse_result("PROVISIONING_RESULT {oops"), Some(Err(_))));
     }
 
     #[test]

@@ -23,10 +23,7 @@ pub(crate) fn render(
             message: e.to_string(),
         };
         let env = template_env();
-        let text = env
-            .template_from_named_str(name, source)
-            .and_then(|t| t.render(values))
-            .map_err(render_error)?;
+        let text = env.template_from_named_str(name, source).and_then(|t| t.render(values)).map_err(render_error)?;
         rendered.insert(name.clone(), text);
     }
     Ok(rendered)

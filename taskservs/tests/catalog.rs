@@ -20,20 +20,7 @@ fn names(list: &[&str]) -> Vec<String> {
 fn shipped_catalog_loads_with_every_service() {
     let catalog = real_catalog();
     let found: Vec<&str> = catalog.services().map(|s| s.name()).collect();
-    assert_eq!(
-        found,
-        [
-            "cilium",
-            "containerd",
-            "coredns",
-            "etcd",
-            "haproxy",
-            "kubernetes",
-            "postgresql",
-            "redis",
-            "rook-ceph"
-        ]
-    );
+    assert_eq!(found, ["cilium", "containerd", "coredns", "etcd", "haproxy", "kubernetes", "postgresql", "redis", "rook-ceph"]);
     for service in catalog.services() {
         let m = &service.manifest;
         assert!(m.versions.contains(&m.default_version), "{}", m.name);
@@ -41,20 +28,10 @@ fn shipped_catalog_loads_with_every_service() {
     }
     // Runnable-here services support the local provider; cloud-only ones do not claim it.
     for local in ["etcd", "redis", "postgresql", "haproxy", "containerd"] {
-        assert!(
-            catalog
-                .get(local)
-                .is_some_and(|s| s.manifest.providers.iter().any(|p| p == "local")),
-            "{local}"
-        );
+        assert!(catalog.get(local).is_some_and(|s| s.manifest.providers.iter().any(|p| p == "local")), "{local}");
     }
     for cloud in ["kubernetes", "cilium", "coredns", "rook-ceph"] {
-        assert!(
-            catalog
-                .get(cloud)
-                .is_some_and(|s| !s.manifest.providers.iter().any(|p| p == "local")),
-            "{cloud}"
-        );
+        assert!(catalog.get(cloud).is_some_and(|s| !s.manifest.providers.iter().any(|p| p == "local")), "{cloud}");
     }
 }
 
@@ -63,22 +40,14 @@ fn default_dir_is_the_crate_catalog() {
     // PROVISIONING_CATALOG is not set in tests.
     if std::env::var_os("PROVISIONING_CATALOG").is_none() {
         assert!(Catalog::default_dir().ends_with("catalog"));
-        assert!(
-            Catalog::default_dir()
-                .join("etcd")
-                .join("taskserv.yaml")
-                .is_file()
-        );
+        assert!(Catalog::default_dir().join("etcd").join("taskserv.yaml").is_file());
     }
 }
 
 #[test]
 fn cilium_brings_containerd_then_kubernetes() {
     let catalog = real_catalog();
-    assert_eq!(
-        catalog.resolve(&names(&["cilium"])).expect("resolve"),
-        ["containerd", "kubernetes", "cilium"]
-    );
+    assert_eq!(catalog.resolve(&names(&["cilium"])).expect("resolve"), ["containerd", "kubernetes", "cilium"]);
 }
 
 #[test]
@@ -86,84 +55,42 @@ fn soft_ordering_applies_only_when_both_are_present() {
     let catalog = real_catalog();
     // rook-ceph is after cilium and coredns; coredns after cilium.
     assert_eq!(
-        catalog
-            .resolve(&names(&["rook-ceph", "coredns", "cilium"]))
-            .expect("resolve"),
+        catalog.resolve(&names(&["rook-ceph", "coredns", "cilium"])).expect("resolve"),
         ["containerd", "kubernetes", "cilium", "coredns", "rook-ceph"]
     );
     // Without cilium in the plan, coredns does not pull it in.
-    assert_eq!(
-        catalog.resolve(&names(&["coredns"])).expect("resolve"),
-        ["containerd", "kubernetes", "coredns"]
-    );
+    assert_eq!(catalog.resolve(&names(&["coredns"])).expect("resolve"), ["containerd", "kubernetes", "coredns"]);
 }
 
 #[test]
 fn resolution_is_deterministic_whatever_the_request_order() {
     let catalog = real_catalog();
-    let a = catalog
-        .resolve(&names(&["redis", "etcd", "cilium", "postgresql"]))
-        .expect("resolve");
-    let b = catalog
-        .resolve(&names(&["postgresql", "cilium", "etcd", "redis", "redis"]))
-        .expect("resolve");
+    let a = catalog.resolve(&names(&["redis", "etcd", "cilium", "postgresql"])).expect("resolve");
+    let b = catalog.resolve(&names(&["postgresql", "cilium", "etcd", "redis", "redis"])).expect("resolve");
     assert_eq!(a, b);
-    assert_eq!(
-        a,
-        [
-            "containerd",
-            "etcd",
-            "kubernetes",
-            "cilium",
-            "postgresql",
-            "redis"
-        ]
-    );
+    assert_eq!(a, ["containerd", "etcd", "kubernetes", "cilium", "postgresql", "redis"]);
 }
 
 #[test]
 fn unknown_service_is_named() {
     let catalog = real_catalog();
-    assert_eq!(
-        catalog.resolve(&names(&["etcd", "nosuch"])),
-        Err(ResolveError::Unknown("nosuch".into()))
-    );
+    assert_eq!(catalog.resolve(&names(&["etcd", "nosuch"])), Err(ResolveError::Unknown("nosuch".into())));
 }
 
 #[test]
 fn fixture_cycle_is_named() {
-    let catalog =
-        Catalog::load(&fixture("cycle")).expect("cycle fixture loads (cycles are a resolve error)");
+    let catalog = Catalog::load(&fixture("cycle")).expect("cycle fixture loads (cycles are a resolve error)");
     let err = catalog.resolve(&names(&["app"])).expect_err("cycle");
-    assert_eq!(
-        err,
-        ResolveError::Cycle("alpha -> beta -> gamma -> alpha".into())
-    );
-    assert_eq!(
-        err.to_string(),
-        "dependency cycle: alpha -> beta -> gamma -> alpha"
-    );
+    assert_eq!(err, ResolveError::Cycle("alpha -> beta -> gamma -> alpha".into()));
+    assert_eq!(err.to_string(), "dependency cycle: alpha -> beta -> gamma -> alpha");
     // A soft-ordering loop counts once both ends are in the plan.
-    let err = catalog
-        .resolve(&names(&["soft-a", "soft-b"]))
-        .expect_err("soft cycle");
-    assert_eq!(
-        err,
-        ResolveError::Cycle("soft-a -> soft-b -> soft-a".into())
-    );
-    assert_eq!(
-        catalog.resolve(&names(&["soft-a"])).expect("one end only"),
-        ["soft-a"]
-    );
+    let err = catalog.resolve(&names(&["soft-a", "soft-b"])).expect_err("soft cycle");
+    assert_eq!(err, ResolveError::Cycle("soft-a -> soft-b -> soft-a".into()));
+    assert_eq!(catalog.resolve(&names(&["soft-a"])).expect("one end only"), ["soft-a"]);
 }
 
 /// (services, extra files, file named in the error, problem named in the error)
-type BrokenCase<'a> = (
-    Vec<(&'a str, String)>,
-    Vec<(&'a str, &'a str)>,
-    &'a str,
-    &'a str,
-);
+type BrokenCase<'a> = (Vec<(&'a str, String)>, Vec<(&'a str, &'a str)>, &'a str, &'a str);
 
 fn load_err(files: &[(&str, &str)], services: &[(&str, String)]) -> CatalogError {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -180,89 +107,39 @@ fn load_err(files: &[(&str, &str)], services: &[(&str, String)]) -> CatalogError
 #[test]
 fn broken_manifests_fail_naming_file_and_problem() {
     let cases: Vec<BrokenCase> = vec![
+        (vec![("svc", "name: svc\ndescription: [unclosed\n".into())], vec![], "svc/taskserv.yaml", "invalid manifest"),
+        (vec![("svc", manifest("other", ""))], vec![], "svc/taskserv.yaml", "differs from its directory"),
+        (vec![("svc", manifest("svc", "colour: blue\n"))], vec![], "svc/taskserv.yaml", "unknown field `colour`"),
         (
-            vec![("svc", "name: svc\ndescription: [unclosed\n".into())],
-            vec![],
-            "svc/taskserv.yaml",
-            "invalid manifest",
-        ),
-        (
-            vec![("svc", manifest("other", ""))],
-            vec![],
-            "svc/taskserv.yaml",
-            "differs from its directory",
-        ),
-        (
-            vec![("svc", manifest("svc", "colour: blue\n"))],
-            vec![],
-            "svc/taskserv.yaml",
-            "unknown field `colour`",
-        ),
-        (
-            vec![(
-                "svc",
-                manifest("svc", "").replace("defaultVersion: \"1.0\"", "defaultVersion: \"9\""),
-            )],
+            vec![("svc", manifest("svc", "").replace("defaultVersion: \"1.0\"", "defaultVersion: \"9\""))],
             vec![],
             "svc/taskserv.yaml",
             "defaultVersion \"9\" is not one of versions [1.0, 2.0]",
         ),
+        (vec![("svc", manifest("svc", "requires: [ghost]\n"))], vec![], "svc/taskserv.yaml", "requires names \"ghost\""),
         (
-            vec![("svc", manifest("svc", "requires: [ghost]\n"))],
-            vec![],
-            "svc/taskserv.yaml",
-            "requires names \"ghost\"",
-        ),
-        (
-            vec![(
-                "svc",
-                manifest("svc", "").replace("[local]", "[local, azure]"),
-            )],
+            vec![("svc", manifest("svc", "").replace("[local]", "[local, azure]"))],
             vec![],
             "svc/taskserv.yaml",
             "unknown provider \"azure\"",
         ),
         (
-            vec![(
-                "svc",
-                manifest(
-                    "svc",
-                    "configSchema: {type: object, properties: {a: {type: 12}}}\n",
-                ),
-            )],
+            vec![("svc", manifest("svc", "configSchema: {type: object, properties: {a: {type: 12}}}\n"))],
             vec![],
             "svc/taskserv.yaml",
             "configSchema does not compile",
         ),
-        (
-            vec![("svc", manifest("svc", ""))],
-            vec![("svc/templates/x.conf", "{% if %}")],
-            "svc/templates/x.conf",
-            "template does not parse",
-        ),
-        (
-            vec![],
-            vec![("svc/install.nu", "")],
-            "svc/taskserv.yaml",
-            "missing taskserv.yaml",
-        ),
+        (vec![("svc", manifest("svc", ""))], vec![("svc/templates/x.conf", "{% if %}")], "svc/templates/x.conf", "template does not parse"),
+        (vec![], vec![("svc/install.nu", "")], "svc/taskserv.yaml", "missing taskserv.yaml"),
     ];
     for (services, files, file, problem) in cases {
         let err = load_err(&files, &services).to_string();
-        assert!(
-            err.contains(file) && err.contains(problem),
-            "expected {file} / {problem} in: {err}"
-        );
+        assert!(err.contains(file) && err.contains(problem), "expected {file} / {problem} in: {err}");
     }
     // A missing script is named by its own path.
     let dir = tempfile::tempdir().expect("tempdir");
     write_service(dir.path(), "svc", &manifest("svc", ""));
     std::fs::remove_file(dir.path().join("svc/check.nu")).expect("rm");
-    let err = Catalog::load(dir.path())
-        .expect_err("missing script")
-        .to_string();
-    assert!(
-        err.contains("svc/check.nu") && err.contains("script is missing"),
-        "{err}"
-    );
+    let err = Catalog::load(dir.path()).expect_err("missing script").to_string();
+    assert!(err.contains("svc/check.nu") && err.contains("script is missing"), "{err}");
 }

@@ -10,11 +10,7 @@ fn nu_eval(script: &str) -> String {
         .args(["--no-config-file", "-c", script])
         .output()
         .expect("nu runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -30,14 +26,9 @@ fn kubeadm_roles_first_control_plane_inits_others_join() {
         "use kubernetes/common.nu *\n{CLUSTER}[cp-0 cp-1 w-0] | each {{|s| role ($base | insert server {{name: $s, addresses: []}}) }} | str join ','"
     );
     assert_eq!(nu_eval(&script), "init,control-plane,worker");
-    let script = format!(
-        "use kubernetes/common.nu *\n{CLUSTER}api-endpoint ($base | insert server {{name: w-0}})"
-    );
+    let script = format!("use kubernetes/common.nu *\n{CLUSTER}api-endpoint ($base | insert server {{name: w-0}})");
     assert_eq!(nu_eval(&script), "10.0.0.1:6443");
-    assert_eq!(
-        nu_eval("use kubernetes/common.nu *; minor-of 1.31.4"),
-        "v1.31"
-    );
+    assert_eq!(nu_eval("use kubernetes/common.nu *; minor-of 1.31.4"), "v1.31");
 }
 
 #[test]
@@ -49,16 +40,9 @@ fn addons_act_only_from_the_first_control_plane() {
 }
 
 fn openssl(args: &[&str], dir: &std::path::Path) -> String {
-    let out = std::process::Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl runs (installed by scripts/setup.sh)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        std::process::Command::new("openssl").current_dir(dir).args(args).output().expect("openssl runs (installed by scripts/setup.sh)");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -67,18 +51,7 @@ fn joins_pin_the_ca_made_from_the_generated_key_in_a_0600_config() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    openssl(
-        &[
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-            "ca.key",
-        ],
-        d,
-    );
+    openssl(&["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ca.key"], d);
     // The certificate exactly as install.nu makes it on the first control plane.
     openssl(
         &[
@@ -101,66 +74,30 @@ fn joins_pin_the_ca_made_from_the_generated_key_in_a_0600_config() {
         ],
         d,
     );
-    openssl(
-        &[
-            "x509", "-in", "ca.crt", "-pubkey", "-noout", "-out", "pub.pem",
-        ],
-        d,
-    );
-    openssl(
-        &[
-            "pkey", "-pubin", "-in", "pub.pem", "-outform", "DER", "-out", "pub.der",
-        ],
-        d,
-    );
+    openssl(&["x509", "-in", "ca.crt", "-pubkey", "-noout", "-out", "pub.pem"], d);
+    openssl(&["pkey", "-pubin", "-in", "pub.pem", "-outform", "DER", "-out", "pub.der"], d);
     // kubeadm's hash: SHA-256 of the certificate's SubjectPublicKeyInfo.
-    let out = std::process::Command::new("sha256sum")
-        .arg(d.join("pub.der"))
-        .output()
-        .expect("sha256sum");
-    let expected = format!(
-        "sha256:{}",
-        String::from_utf8_lossy(&out.stdout)
-            .split(' ')
-            .next()
-            .unwrap_or_default()
-    );
+    let out = std::process::Command::new("sha256sum").arg(d.join("pub.der")).output().expect("sha256sum");
+    let expected = format!("sha256:{}", String::from_utf8_lossy(&out.stdout).split(' ').next().unwrap_or_default());
     let key = d.join("ca.key");
-    let hash = nu_eval(&format!(
-        "use kubernetes/common.nu *; ca-cert-hash (open --raw '{}' | decode utf-8)",
-        key.display()
-    ));
+    let hash = nu_eval(&format!("use kubernetes/common.nu *; ca-cert-hash (open --raw '{}' | decode utf-8)", key.display()));
     assert_eq!(hash, expected);
 
     let ctx = r#"{server: {name: w-0}, config: {bootstrapToken: "abcdef.0123456789abcdef", certificateKey: "cafe"}}"#;
-    let worker: serde_json::Value = serde_json::from_str(&nu_eval(&format!(
-        "use kubernetes/common.nu *; join-config {ctx} 10.0.0.1:6443 {hash} false 10.0.0.9"
-    )))
-    .expect("JSON");
-    assert_eq!(
-        worker["discovery"]["bootstrapToken"]["caCertHashes"][0],
-        hash.as_str()
-    );
-    assert_eq!(
-        worker["discovery"]["bootstrapToken"]["token"],
-        "abcdef.0123456789abcdef"
-    );
+    let worker: serde_json::Value =
+        serde_json::from_str(&nu_eval(&format!("use kubernetes/common.nu *; join-config {ctx} 10.0.0.1:6443 {hash} false 10.0.0.9")))
+            .expect("JSON");
+    assert_eq!(worker["discovery"]["bootstrapToken"]["caCertHashes"][0], hash.as_str());
+    assert_eq!(worker["discovery"]["bootstrapToken"]["token"], "abcdef.0123456789abcdef");
     assert!(worker.get("controlPlane").is_none(), "{worker}");
-    let cp: serde_json::Value = serde_json::from_str(&nu_eval(&format!(
-        "use kubernetes/common.nu *; join-config {ctx} 10.0.0.1:6443 {hash} true 10.0.0.2"
-    )))
-    .expect("JSON");
+    let cp: serde_json::Value =
+        serde_json::from_str(&nu_eval(&format!("use kubernetes/common.nu *; join-config {ctx} 10.0.0.1:6443 {hash} true 10.0.0.2")))
+            .expect("JSON");
     assert_eq!(cp["controlPlane"]["certificateKey"], "cafe");
-    assert_eq!(
-        cp["controlPlane"]["localAPIEndpoint"]["advertiseAddress"],
-        "10.0.0.2"
-    );
+    assert_eq!(cp["controlPlane"]["localAPIEndpoint"]["advertiseAddress"], "10.0.0.2");
 
     let file = d.join("sub/join.yaml");
-    nu_eval(&format!(
-        "use kubernetes/common.nu *; write-secret-file '{}' 'token: x' | ignore",
-        file.display()
-    ));
+    nu_eval(&format!("use kubernetes/common.nu *; write-secret-file '{}' 'token: x' | ignore", file.display()));
     let meta = std::fs::metadata(&file).expect("written");
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     assert_eq!(std::fs::read_to_string(&file).expect("read"), "token: x");

@@ -13,9 +13,8 @@ use std::time::Duration;
 
 use common::{crate_dir, nu};
 use provisioning_taskservs::{
-    AddressInfo, Catalog, ClusterInfo, ExecOutput, LocalProcessExecutor, PeerInfo, RunError,
-    ScriptContext, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep, ServerInfo,
-    TaskServInfo, WorkspaceInfo, run_script,
+    AddressInfo, Catalog, ClusterInfo, ExecOutput, LocalProcessExecutor, PeerInfo, RunError, ScriptContext, ScriptExecutor, ScriptOutcome,
+    ScriptPaths, ScriptStep, ServerInfo, TaskServInfo, WorkspaceInfo, run_script,
 };
 use serde_json::{Value, json};
 
@@ -23,22 +22,13 @@ const IMAGE: &str = "provisioning-node:latest";
 const STEP_TIMEOUT: Duration = Duration::from_secs(300);
 
 fn docker() -> String {
-    std::env::var("PROVISIONING_DOCKER")
-        .ok()
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| "docker".into())
+    std::env::var("PROVISIONING_DOCKER").ok().filter(|d| !d.is_empty()).unwrap_or_else(|| "docker".into())
 }
 
 fn docker_out(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(docker())
-        .args(args)
-        .output()
-        .map_err(|e| format!("docker {args:?}: {e}"))?;
+    let out = Command::new(docker()).args(args).output().map_err(|e| format!("docker {args:?}: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "docker {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        return Err(format!("docker {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -53,39 +43,19 @@ static LABS: AtomicUsize = AtomicUsize::new(0);
 
 impl Lab {
     fn new(tag: &str) -> Lab {
-        docker_out(&["info", "--format", "{{.ServerVersion}}"])
-            .expect("Docker must run: run scripts/setup.sh");
-        docker_out(&["image", "inspect", "--format", "{{.Id}}", IMAGE]).unwrap_or_else(|e| {
-            panic!("node image {IMAGE} missing (run `provisioning image build`): {e}")
-        });
-        let network = format!(
-            "tstest-{}-{}-{tag}",
-            std::process::id(),
-            LABS.fetch_add(1, Ordering::SeqCst)
-        );
-        docker_out(&[
-            "network",
-            "create",
-            "--label",
-            "provisioning.dev/test=taskservs",
-            &network,
-        ])
-        .expect("network");
-        Lab {
-            network,
-            containers: Vec::new(),
-        }
+        docker_out(&["info", "--format", "{{.ServerVersion}}"]).expect("Docker must run: run scripts/setup.sh");
+        docker_out(&["image", "inspect", "--format", "{{.Id}}", IMAGE])
+            .unwrap_or_else(|e| panic!("node image {IMAGE} missing (run `provisioning image build`): {e}"));
+        let network = format!("tstest-{}-{}-{tag}", std::process::id(), LABS.fetch_add(1, Ordering::SeqCst));
+        docker_out(&["network", "create", "--label", "provisioning.dev/test=taskservs", &network]).expect("network");
+        Lab { network, containers: Vec::new() }
     }
 
     /// Starts a node container; returns (name, IP).
     fn node(&mut self, name: &str) -> (String, String) {
         let container = format!("{}-{name}", self.network);
         let nu_mount = format!("{}:{}:ro", nu().display(), ScriptPaths::CONTAINER_NU);
-        let catalog_mount = format!(
-            "{}:{}:ro",
-            crate_dir().join("catalog").display(),
-            ScriptPaths::CONTAINER_CATALOG
-        );
+        let catalog_mount = format!("{}:{}:ro", crate_dir().join("catalog").display(), ScriptPaths::CONTAINER_CATALOG);
         docker_out(&[
             "run",
             "-d",
@@ -108,13 +78,7 @@ impl Lab {
         ])
         .expect("container starts");
         self.containers.push(container.clone());
-        let ip = docker_out(&[
-            "inspect",
-            "-f",
-            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-            &container,
-        ])
-        .expect("inspect");
+        let ip = docker_out(&["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", &container]).expect("inspect");
         (container, ip)
     }
 }
@@ -136,10 +100,7 @@ struct DockerExec {
 
 impl DockerExec {
     fn new(container: &str) -> Self {
-        DockerExec {
-            container: container.into(),
-            local: LocalProcessExecutor::new("unused", "unused"),
-        }
+        DockerExec { container: container.into(), local: LocalProcessExecutor::new("unused", "unused") }
     }
 }
 
@@ -160,26 +121,11 @@ impl ScriptExecutor for DockerExec {
 }
 
 fn node_info(name: &str, ip: &str) -> PeerInfo {
-    PeerInfo {
-        name: name.into(),
-        addresses: vec![AddressInfo {
-            kind: "InternalIP".into(),
-            address: ip.into(),
-        }],
-        pool: String::new(),
-    }
+    PeerInfo { name: name.into(), addresses: vec![AddressInfo { kind: "InternalIP".into(), address: ip.into() }], pool: String::new() }
 }
 
-fn context(
-    catalog: &Catalog,
-    service: &str,
-    me: &PeerInfo,
-    peers: Vec<PeerInfo>,
-    config: Value,
-) -> ScriptContext {
-    let resolved = catalog
-        .validate_request(service, None, &config)
-        .expect("valid request");
+fn context(catalog: &Catalog, service: &str, me: &PeerInfo, peers: Vec<PeerInfo>, config: Value) -> ScriptContext {
+    let resolved = catalog.validate_request(service, None, &config).expect("valid request");
     ScriptContext {
         server: ServerInfo {
             name: me.name.clone(),
@@ -189,21 +135,9 @@ fn context(
             pool: me.pool.clone(),
         },
         peers,
-        cluster: ClusterInfo {
-            name: "lab".into(),
-            servers: vec![],
-        },
-        workspace: WorkspaceInfo {
-            name: "test".into(),
-            environment: "test".into(),
-            config: json!({}),
-        },
-        taskserv: TaskServInfo {
-            name: service.into(),
-            service: service.into(),
-            version: resolved.version,
-            previous_version: None,
-        },
+        cluster: ClusterInfo { name: "lab".into(), servers: vec![] },
+        workspace: WorkspaceInfo { name: "test".into(), environment: "test".into(), config: json!({}) },
+        taskserv: TaskServInfo { name: service.into(), service: service.into(), version: resolved.version, previous_version: None },
         config: resolved.config,
         templates: Default::default(),
     }
@@ -212,25 +146,11 @@ fn context(
 }
 
 async fn step(container: &str, step: ScriptStep, ctx: &ScriptContext) -> ScriptOutcome {
-    run_script(
-        &DockerExec::new(container),
-        step,
-        &ctx.taskserv.service,
-        ctx,
-        STEP_TIMEOUT,
-        None,
-    )
-    .await
-    .expect("script runs")
+    run_script(&DockerExec::new(container), step, &ctx.taskserv.service, ctx, STEP_TIMEOUT, None).await.expect("script runs")
 }
 
 fn assert_ok(outcome: &ScriptOutcome) {
-    assert!(
-        outcome.succeeded(),
-        "{}:\n{}",
-        outcome.summary(),
-        outcome.output_tail
-    );
+    assert!(outcome.succeeded(), "{}:\n{}", outcome.summary(), outcome.output_tail);
 }
 
 fn exec_in(container: &str, args: &[&str]) -> String {
@@ -254,12 +174,7 @@ async fn etcd_three_member_cluster_lifecycle() {
     let ca_key = ca_key(&nodes[0].0);
     let etcd_config = json!({"caKey": ca_key});
     let ctx_of = |i: usize| {
-        let peers = nodes
-            .iter()
-            .enumerate()
-            .filter(|(j, _)| *j != i)
-            .map(|(_, (_, p))| p.clone())
-            .collect();
+        let peers = nodes.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, p))| p.clone()).collect();
         context(&catalog, "etcd", &nodes[i].1, peers, etcd_config.clone())
     };
     let contexts: Vec<ScriptContext> = (0..3).map(ctx_of).collect();
@@ -287,14 +202,8 @@ async fn etcd_three_member_cluster_lifecycle() {
         assert_ok(&healthy);
     }
     // Written through one member, read from another.
-    exec_in(
-        &nodes[0].0,
-        &etcdctl_tls(&["put", "greeting", "hello from etcd-0"]),
-    );
-    let got = exec_in(
-        &nodes[2].0,
-        &etcdctl_tls(&["get", "--print-value-only", "greeting"]),
-    );
+    exec_in(&nodes[0].0, &etcdctl_tls(&["put", "greeting", "hello from etcd-0"]));
+    let got = exec_in(&nodes[2].0, &etcdctl_tls(&["get", "--print-value-only", "greeting"]));
     assert_eq!(got, "hello from etcd-0");
 
     // TLS only, with client certificates: plain http gets nothing, TLS without a client
@@ -306,26 +215,47 @@ async fn etcd_three_member_cluster_lifecycle() {
         .expect("curl");
     assert!(!String::from_utf8_lossy(&plain.stdout).contains("etcdserver"), "plain http answered");
     let no_cert = Command::new(docker())
-        .args(["exec", &nodes[0].0, "curl", "-sS", "--max-time", "5", "--cacert", "/etc/etcd/pki/ca.crt", &format!("https://{ip1}:2379/version")])
+        .args([
+            "exec",
+            &nodes[0].0,
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "--cacert",
+            "/etc/etcd/pki/ca.crt",
+            &format!("https://{ip1}:2379/version"),
+        ])
         .output()
         .expect("curl");
     assert!(!no_cert.status.success(), "TLS without a client certificate was accepted: {}", String::from_utf8_lossy(&no_cert.stdout));
     let with_cert = exec_in(
         &nodes[0].0,
-        &["curl", "-fsS", "--max-time", "5", "--cacert", "/etc/etcd/pki/ca.crt", "--cert", "/etc/etcd/pki/member.crt", "--key", "/etc/etcd/pki/member.key", &format!("https://{ip1}:2379/version")],
+        &[
+            "curl",
+            "-fsS",
+            "--max-time",
+            "5",
+            "--cacert",
+            "/etc/etcd/pki/ca.crt",
+            "--cert",
+            "/etc/etcd/pki/member.crt",
+            "--key",
+            "/etc/etcd/pki/member.key",
+            &format!("https://{ip1}:2379/version"),
+        ],
     );
     assert!(with_cert.contains("etcdserver"), "{with_cert}");
     let listeners = exec_in(&nodes[1].0, &["cat", "/proc/net/tcp"]);
-    assert!(!listeners.lines().any(|l| l.split_whitespace().nth(1).is_some_and(|a| a == "00000000:094B" || a == "00000000:094C")), "etcd listens on 0.0.0.0:\n{listeners}");
+    assert!(
+        !listeners.lines().any(|l| l.split_whitespace().nth(1).is_some_and(|a| a == "00000000:094B" || a == "00000000:094C")),
+        "etcd listens on 0.0.0.0:\n{listeners}"
+    );
 
     // Re-running install is a no-op.
     let again = step(&nodes[1].0, ScriptStep::Install, &contexts[1]).await;
     assert_ok(&again);
-    assert!(
-        again.output_tail.contains("configuration unchanged"),
-        "{}",
-        again.output_tail
-    );
+    assert!(again.output_tail.contains("configuration unchanged"), "{}", again.output_tail);
 
     // A member lost with its data (container gone) comes back on a new machine with a new
     // address: its install replaces the stale member entry and it catches up.
@@ -336,24 +266,13 @@ async fn etcd_three_member_cluster_lifecycle() {
     nodes[1] = (container, node_info("etcd-1", &ip));
     let contexts: Vec<ScriptContext> = (0..3)
         .map(|i| {
-            let peers = nodes
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, (_, p))| p.clone())
-                .collect();
+            let peers = nodes.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, p))| p.clone()).collect();
             context(&catalog, "etcd", &nodes[i].1, peers, etcd_config.clone())
         })
         .collect();
     let rejoin = step(&nodes[1].0, ScriptStep::Install, &contexts[1]).await;
     assert_ok(&rejoin);
-    assert!(
-        rejoin
-            .output_tail
-            .contains("removing stale member entry etcd-1"),
-        "{}",
-        rejoin.output_tail
-    );
+    assert!(rejoin.output_tail.contains("removing stale member entry etcd-1"), "{}", rejoin.output_tail);
     for (i, (container, _)) in nodes.iter().enumerate() {
         let mut healthy = step(container, ScriptStep::Check, &contexts[i]).await;
         for _ in 0..20 {
@@ -365,25 +284,14 @@ async fn etcd_three_member_cluster_lifecycle() {
         }
         assert_ok(&healthy);
     }
-    let got = exec_in(
-        &nodes[1].0,
-        &etcdctl_tls(&["get", "--print-value-only", "greeting"]),
-    );
+    let got = exec_in(&nodes[1].0, &etcdctl_tls(&["get", "--print-value-only", "greeting"]));
     assert_eq!(got, "hello from etcd-0");
 
     // Removing a member makes it leave the cluster; the other two stay healthy.
     let removed = step(&nodes[2].0, ScriptStep::Remove, &contexts[2]).await;
     assert_ok(&removed);
-    let members = exec_in(
-        &nodes[0].0,
-        &etcdctl_tls(&["member", "list"]),
-    );
-    assert_eq!(
-        members.lines().count(),
-        2,
-        "{members}\nremove output:\n{}",
-        removed.output_tail
-    );
+    let members = exec_in(&nodes[0].0, &etcdctl_tls(&["member", "list"]));
+    assert_eq!(members.lines().count(), 2, "{members}\nremove output:\n{}", removed.output_tail);
     assert!(!members.contains("etcd-2"), "{members}");
     let two: Vec<PeerInfo> = vec![nodes[1].1.clone()];
     let ctx0 = context(&catalog, "etcd", &nodes[0].1, two, etcd_config.clone());
@@ -411,9 +319,7 @@ fn ca_key(container: &str) -> String {
 }
 
 /// Runs futures concurrently and returns their outputs in order.
-async fn futures_join<F: std::future::Future<Output = T> + Send + 'static, T: Send + 'static>(
-    futures: impl Iterator<Item = F>,
-) -> Vec<T> {
+async fn futures_join<F: std::future::Future<Output = T> + Send + 'static, T: Send + 'static>(futures: impl Iterator<Item = F>) -> Vec<T> {
     let handles: Vec<_> = futures.map(tokio::spawn).collect();
     let mut out = Vec::new();
     for h in handles {
@@ -432,13 +338,7 @@ async fn redis_postgresql_haproxy_containerd_lifecycles() {
     let (ctr_c, ctr_ip) = lab.node("ctr-0");
 
     let hostile = "p$(reboot); rm -rf / '\"`x`\nline2";
-    let redis = context(
-        &catalog,
-        "redis",
-        &node_info("redis-0", &redis_ip),
-        vec![],
-        json!({"maxmemory": "64mb", "password": hostile}),
-    );
+    let redis = context(&catalog, "redis", &node_info("redis-0", &redis_ip), vec![], json!({"maxmemory": "64mb", "password": hostile}));
     let pg = context(
         &catalog,
         "postgresql",
@@ -453,22 +353,12 @@ async fn redis_postgresql_haproxy_containerd_lifecycles() {
         vec![],
         json!({"mode": "tcp", "backendPort": 6379, "backends": [{"name": "redis-0", "address": redis_ip}]}),
     );
-    let ctr = context(
-        &catalog,
-        "containerd",
-        &node_info("ctr-0", &ctr_ip),
-        vec![],
-        json!({}),
-    );
+    let ctr = context(&catalog, "containerd", &node_info("ctr-0", &ctr_ip), vec![], json!({}));
 
     let installs = futures_join(
-        [
-            (redis_c.clone(), redis.clone()),
-            (pg_c.clone(), pg.clone()),
-            (ctr_c.clone(), ctr.clone()),
-        ]
-        .into_iter()
-        .map(|(c, ctx)| async move { step(&c, ScriptStep::Install, &ctx).await }),
+        [(redis_c.clone(), redis.clone()), (pg_c.clone(), pg.clone()), (ctr_c.clone(), ctr.clone())]
+            .into_iter()
+            .map(|(c, ctx)| async move { step(&c, ScriptStep::Install, &ctx).await }),
     )
     .await;
     for outcome in &installs {
@@ -481,12 +371,7 @@ async fn redis_postgresql_haproxy_containerd_lifecycles() {
     assert_ok(&lb_install);
     assert_eq!(lb_install.reported_version(), Some("2.6"));
 
-    for (c, ctx) in [
-        (&redis_c, &redis),
-        (&pg_c, &pg),
-        (&lb_c, &lb),
-        (&ctr_c, &ctr),
-    ] {
+    for (c, ctx) in [(&redis_c, &redis), (&pg_c, &pg), (&lb_c, &lb), (&ctr_c, &ctr)] {
         assert_ok(&step(c, ScriptStep::Check, ctx).await);
     }
     // Through haproxy to redis, with the (hostile) password; without it redis refuses.
@@ -536,18 +421,10 @@ async fn redis_postgresql_haproxy_containerd_lifecycles() {
         ])
         .output()
         .expect("psql");
-    assert_eq!(
-        String::from_utf8_lossy(&login.stdout).trim(),
-        "app",
-        "{}",
-        String::from_utf8_lossy(&login.stderr)
-    );
+    assert_eq!(String::from_utf8_lossy(&login.stdout).trim(), "app", "{}", String::from_utf8_lossy(&login.stderr));
 
     // A killed daemon is unhealthy; install brings it back.
-    exec_in(
-        &redis_c,
-        &["sh", "-c", "kill $(cat /run/provisioning/redis.pid)"],
-    );
+    exec_in(&redis_c, &["sh", "-c", "kill $(cat /run/provisioning/redis.pid)"]);
     let mut check = step(&redis_c, ScriptStep::Check, &redis).await;
     for _ in 0..20 {
         if !check.succeeded() {
@@ -560,18 +437,9 @@ async fn redis_postgresql_haproxy_containerd_lifecycles() {
     assert_ok(&step(&redis_c, ScriptStep::Install, &redis).await);
     assert_ok(&step(&redis_c, ScriptStep::Check, &redis).await);
 
-    for (c, ctx) in [
-        (&lb_c, &lb),
-        (&redis_c, &redis),
-        (&pg_c, &pg),
-        (&ctr_c, &ctr),
-    ] {
+    for (c, ctx) in [(&lb_c, &lb), (&redis_c, &redis), (&pg_c, &pg), (&ctr_c, &ctr)] {
         assert_ok(&step(c, ScriptStep::Remove, ctx).await);
-        assert!(
-            !step(c, ScriptStep::Check, ctx).await.succeeded(),
-            "{} healthy after remove",
-            ctx.taskserv.service
-        );
+        assert!(!step(c, ScriptStep::Check, ctx).await.succeeded(), "{} healthy after remove", ctx.taskserv.service);
         // Remove is idempotent.
         assert_ok(&step(c, ScriptStep::Remove, ctx).await);
     }

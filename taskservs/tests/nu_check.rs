@@ -7,10 +7,7 @@ use std::path::{Path, PathBuf};
 use common::{crate_dir, nu};
 
 fn nu_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("read_dir")
-        .map(|e| e.expect("entry").path())
-        .collect();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).expect("read_dir").map(|e| e.expect("entry").path()).collect();
     entries.sort();
     for path in entries {
         if path.is_dir() {
@@ -37,23 +34,13 @@ fn nu_check(files: &[PathBuf]) -> Vec<(String, String)> {
     } | str join "\n""#;
     let output = std::process::Command::new(nu())
         .args(["--no-config-file", "-c", script])
-        .env(
-            "NU_CHECK_FILES",
-            serde_json::to_string(&list).expect("json"),
-        )
+        .env("NU_CHECK_FILES", serde_json::to_string(&list).expect("json"))
         .output()
         .expect("nu runs");
-    assert!(
-        output.status.success(),
-        "nu failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "nu failed: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout)
         .lines()
-        .filter_map(|l| {
-            l.split_once('\t')
-                .map(|(f, v)| (f.to_string(), v.trim().to_string()))
-        })
+        .filter_map(|l| l.split_once('\t').map(|(f, v)| (f.to_string(), v.trim().to_string())))
         .collect()
 }
 
@@ -64,11 +51,7 @@ fn every_script_parses() {
     nu_files(&crate_dir().join("tests").join("fixtures"), &mut files);
     assert!(files.len() > 40, "found only {} .nu files", files.len());
     let verdicts = nu_check(&files);
-    assert_eq!(
-        verdicts.len(),
-        files.len(),
-        "one verdict per file: {verdicts:?}"
-    );
+    assert_eq!(verdicts.len(), files.len(), "one verdict per file: {verdicts:?}");
     let bad: Vec<&(String, String)> = verdicts.iter().filter(|(_, v)| v != "true").collect();
     assert!(bad.is_empty(), "nu-check did not print true for: {bad:?}");
 }
@@ -79,13 +62,7 @@ fn nu_check_output_is_read_not_its_exit_code() {
     let dir = tempfile::tempdir().expect("tempdir");
     let broken = dir.path().join("broken.nu");
     std::fs::write(&broken, "def main [] {\n  let x = (\n}\n").expect("write");
-    assert_eq!(
-        nu_check(&[broken]),
-        [(
-            dir.path().join("broken.nu").to_string_lossy().into_owned(),
-            "false".to_string()
-        )]
-    );
+    assert_eq!(nu_check(&[broken]), [(dir.path().join("broken.nu").to_string_lossy().into_owned(), "false".to_string())]);
 }
 
 #[test]
@@ -99,16 +76,8 @@ fn every_service_uses_the_shared_context_reader() {
         }
         for step in ["install.nu", "check.nu", "remove.nu"] {
             let text = std::fs::read_to_string(dir.join(step)).expect("script");
-            assert!(
-                text.contains("($in | read-context)"),
-                "{}/{step} does not read its context",
-                dir.display()
-            );
-            assert!(
-                text.contains("emit-result"),
-                "{}/{step} reports no result",
-                dir.display()
-            );
+            assert!(text.contains("($in | read-context)"), "{}/{step} does not read its context", dir.display());
+            assert!(text.contains("emit-result"), "{}/{step} reports no result", dir.display());
         }
     }
 }

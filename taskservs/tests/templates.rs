@@ -1,8 +1,7 @@
 //! Templates rendered from the script context.
 
 use provisioning_taskservs::{
-    AddressInfo, Catalog, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo,
-    TemplateError, WorkspaceInfo,
+    AddressInfo, Catalog, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, TemplateError, WorkspaceInfo,
 };
 use serde_json::json;
 
@@ -11,30 +10,16 @@ fn catalog() -> Catalog {
 }
 
 fn ip(addr: &str) -> Vec<AddressInfo> {
-    vec![AddressInfo {
-        kind: "InternalIP".into(),
-        address: addr.into(),
-    }]
+    vec![AddressInfo { kind: "InternalIP".into(), address: addr.into() }]
 }
 
 fn peer(name: &str, addr: &str, pool: &str) -> PeerInfo {
-    PeerInfo {
-        name: name.into(),
-        addresses: ip(addr),
-        pool: pool.into(),
-    }
+    PeerInfo { name: name.into(), addresses: ip(addr), pool: pool.into() }
 }
 
-fn context(
-    service: &str,
-    server: (&str, &str),
-    peers: Vec<PeerInfo>,
-    config: serde_json::Value,
-) -> ScriptContext {
+fn context(service: &str, server: (&str, &str), peers: Vec<PeerInfo>, config: serde_json::Value) -> ScriptContext {
     let catalog = catalog();
-    let resolved = catalog
-        .validate_request(service, None, &config)
-        .expect("valid config");
+    let resolved = catalog.validate_request(service, None, &config).expect("valid config");
     ScriptContext {
         server: ServerInfo {
             name: server.0.into(),
@@ -44,15 +29,8 @@ fn context(
             pool: String::new(),
         },
         peers,
-        cluster: ClusterInfo {
-            name: "etcd".into(),
-            servers: vec![],
-        },
-        workspace: WorkspaceInfo {
-            name: "dev".into(),
-            environment: "dev".into(),
-            config: json!({}),
-        },
+        cluster: ClusterInfo { name: "etcd".into(), servers: vec![] },
+        workspace: WorkspaceInfo { name: "dev".into(), environment: "dev".into(), config: json!({}) },
         taskserv: TaskServInfo {
             name: format!("{service}-ts"),
             service: service.into(),
@@ -66,21 +44,12 @@ fn context(
 
 #[test]
 fn etcd_initial_cluster_lists_every_member_in_name_order() {
-    let peers = vec![
-        peer("etcd-2", "10.0.0.12", ""),
-        peer("etcd-0", "10.0.0.10", ""),
-    ];
-    let ctx = context("etcd", ("etcd-1", "10.0.0.11"), peers, json!({}))
-        .with_templates(&catalog())
-        .expect("render");
+    let peers = vec![peer("etcd-2", "10.0.0.12", ""), peer("etcd-0", "10.0.0.10", "")];
+    let ctx = context("etcd", ("etcd-1", "10.0.0.11"), peers, json!({})).with_templates(&catalog()).expect("render");
     let conf = &ctx.templates["etcd.conf.yml"];
-    let yaml: serde_json::Value =
-        serde_yaml_ng::from_str(conf).unwrap_or_else(|e| panic!("{e}:\n{conf}"));
+    let yaml: serde_json::Value = serde_yaml_ng::from_str(conf).unwrap_or_else(|e| panic!("{e}:\n{conf}"));
     assert_eq!(yaml["name"], "etcd-1");
-    assert_eq!(
-        yaml["initial-cluster"],
-        "etcd-0=https://10.0.0.10:2380,etcd-1=https://10.0.0.11:2380,etcd-2=https://10.0.0.12:2380"
-    );
+    assert_eq!(yaml["initial-cluster"], "etcd-0=https://10.0.0.10:2380,etcd-1=https://10.0.0.11:2380,etcd-2=https://10.0.0.12:2380");
     assert_eq!(yaml["advertise-client-urls"], "https://10.0.0.11:2379");
     // TLS with client certificates for clients and peers; the private address, never 0.0.0.0.
     assert_eq!(yaml["listen-client-urls"], "https://10.0.0.11:2379,https://127.0.0.1:2379");
@@ -97,37 +66,19 @@ fn etcd_initial_cluster_lists_every_member_in_name_order() {
 #[test]
 fn haproxy_backends_from_pool_peers_or_config() {
     // From the Cluster's servers of a pool (this server excluded).
-    let mut ctx = context(
-        "haproxy",
-        ("lb-0", "10.0.0.2"),
-        vec![],
-        json!({"backendPool": "web", "backendPort": 8080}),
-    );
-    ctx.cluster.servers = vec![
-        peer("lb-0", "10.0.0.2", "lb"),
-        peer("web-0", "10.0.0.20", "web"),
-        peer("web-1", "10.0.0.21", "web"),
-    ];
+    let mut ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![], json!({"backendPool": "web", "backendPort": 8080}));
+    ctx.cluster.servers = vec![peer("lb-0", "10.0.0.2", "lb"), peer("web-0", "10.0.0.20", "web"), peer("web-1", "10.0.0.21", "web")];
     let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("server web-0 10.0.0.20:8080 check"), "{cfg}");
     assert!(cfg.contains("server web-1 10.0.0.21:8080 check"), "{cfg}");
     assert!(!cfg.contains("server lb-0"), "{cfg}");
     // From explicit backends.
-    let ctx = context(
-        "haproxy",
-        ("lb-0", "10.0.0.2"),
-        vec![],
-        json!({"backends": [{"name": "api", "address": "192.0.2.1", "port": 9000}]}),
-    );
+    let ctx =
+        context("haproxy", ("lb-0", "10.0.0.2"), vec![], json!({"backends": [{"name": "api", "address": "192.0.2.1", "port": 9000}]}));
     let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("server api 192.0.2.1:9000 check"), "{cfg}");
     // From the peers.
-    let ctx = context(
-        "haproxy",
-        ("lb-0", "10.0.0.2"),
-        vec![peer("lb-1", "10.0.0.3", "")],
-        json!({}),
-    );
+    let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![peer("lb-1", "10.0.0.3", "")], json!({}));
     let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("server lb-1 10.0.0.3:80 check"), "{cfg}");
 }
@@ -139,20 +90,9 @@ fn every_shipped_template_renders_with_defaults() {
             "caKey": "-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n"});
     for service in catalog.services() {
         let name = service.name();
-        let config = if name == "kubernetes" {
-            k8s.clone()
-        } else {
-            json!({})
-        };
-        let ctx = context(
-            name,
-            ("node-0", "10.0.0.1"),
-            vec![peer("node-1", "10.0.0.2", "")],
-            config,
-        );
-        let rendered = catalog
-            .render_templates(name, &ctx)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let config = if name == "kubernetes" { k8s.clone() } else { json!({}) };
+        let ctx = context(name, ("node-0", "10.0.0.1"), vec![peer("node-1", "10.0.0.2", "")], config);
+        let rendered = catalog.render_templates(name, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(rendered.len(), service.templates.len(), "{name}");
     }
 }
@@ -170,22 +110,13 @@ fn undefined_variables_are_errors() {
     for f in ["install.nu", "check.nu", "remove.nu"] {
         std::fs::write(root.join("svc").join(f), "def main [] {}\n").expect("write");
     }
-    std::fs::write(
-        root.join("svc/templates/a.conf"),
-        "port {{ config.prot }}\n",
-    )
-    .expect("write");
+    std::fs::write(root.join("svc/templates/a.conf"), "port {{ config.prot }}\n").expect("write");
     let catalog = Catalog::load(root).expect("load");
     let mut ctx = ScriptContext::default();
     ctx.taskserv.service = "svc".into();
     ctx.config = json!({"port": 1});
-    let err = catalog
-        .render_templates("svc", &ctx)
-        .expect_err("undefined");
-    assert!(
-        matches!(err, TemplateError::Render { ref template, .. } if template == "a.conf"),
-        "{err}"
-    );
+    let err = catalog.render_templates("svc", &ctx).expect_err("undefined");
+    assert!(matches!(err, TemplateError::Render { ref template, .. } if template == "a.conf"), "{err}");
 }
 
 #[test]

@@ -70,7 +70,8 @@ fn alive(pid: &str) -> bool {
 
 /// Removes containers left by test processes that are gone.
 fn remove_leftovers() -> Result<()> {
-    let listed = docker_ok(&["ps", "-a", "--filter", &format!("label={LABEL}"), "--format", &format!("{{{{.ID}}}} {{{{.Label \"{LABEL}\"}}}}")])?;
+    let listed =
+        docker_ok(&["ps", "-a", "--filter", &format!("label={LABEL}"), "--format", &format!("{{{{.ID}}}} {{{{.Label \"{LABEL}\"}}}}")])?;
     for line in listed.lines() {
         let mut words = line.split_whitespace();
         let (Some(id), owner) = (words.next(), words.next().unwrap_or("")) else { continue };

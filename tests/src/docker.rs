@@ -47,11 +47,8 @@ pub fn leftovers(namespace: &str, cluster: &str) -> Result<Vec<String>> {
     let ns = format!("label=provisioning.dev/namespace={namespace}");
     let cl = format!("label=provisioning.dev/cluster={cluster}");
     let mut out = Vec::new();
-    for (what, args) in [
-        ("container", vec!["ps", "-aq"]),
-        ("network", vec!["network", "ls", "-q"]),
-        ("volume", vec!["volume", "ls", "-q"]),
-    ] {
+    for (what, args) in [("container", vec!["ps", "-aq"]), ("network", vec!["network", "ls", "-q"]), ("volume", vec!["volume", "ls", "-q"])]
+    {
         let mut args = args;
         args.extend(["--filter", ns.as_str(), "--filter", cl.as_str()]);
         for id in lines(&docker_ok(&args)?) {

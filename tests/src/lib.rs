@@ -130,7 +130,9 @@ impl Dev {
         // `--apply` runs after the API is up: tests start only once every object is there
         // (a test's first kubectl could otherwise run before its Namespace exists).
         if !apply.is_empty() {
-            dev.wait_until(Duration::from_secs(120), "the --apply manifests applied", |d| Ok(d.log().contains(" object(s); Ctrl-C to stop")))?;
+            dev.wait_until(Duration::from_secs(120), "the --apply manifests applied", |d| {
+                Ok(d.log().contains(" object(s); Ctrl-C to stop"))
+            })?;
         }
         Ok(dev)
     }

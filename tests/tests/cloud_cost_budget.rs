@@ -38,15 +38,15 @@ fn manifest(dir: &Path, moto: &Moto) -> Result<String> {
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "aws-creds", "namespace": NAMESPACE}, "type": "Opaque",
             "stringData": {"AWS_ACCESS_KEY_ID": "AKIAE2ECOSTBUDGET001", "AWS_SECRET_ACCESS_KEY": "e2e-cost-budget"}}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": NAMESPACE},
-            "spec": {
-                "defaults": {"provider": ACCOUNT, "plan": "small", "image": "debian-12"},
-                "providers": [{
-                    "name": ACCOUNT, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
-                    "credentialsSecretRef": {"name": "aws-creds"},
-                    "images": {"debian-12": MOTO_AMI},
-                }],
-                "limits": {"monthlyBudget": {"amount": "40", "currency": "USD"}},
-            }}),
+        "spec": {
+            "defaults": {"provider": ACCOUNT, "plan": "small", "image": "debian-12"},
+            "providers": [{
+                "name": ACCOUNT, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
+                "credentialsSecretRef": {"name": "aws-creds"},
+                "images": {"debian-12": MOTO_AMI},
+            }],
+            "limits": {"monthlyBudget": {"amount": "40", "currency": "USD"}},
+        }}),
         server_doc("a"),
         server_doc("b"),
     ];
@@ -158,7 +158,16 @@ fn scenario(dev: &mut Dev, moto: &Moto, dir: &Path) -> Result<()> {
     // A third Server would make 47.31 > 40: refused before any provider call.
     apply_server(dev, dir, "c")?;
     wait_budget_exceeded(dev, "c", "$47.31", "$40.00")?;
-    let events = dev.kubectl_ok(&["get", "events", "-n", NAMESPACE, "--field-selector", "involvedObject.name=c,reason=BudgetExceeded,type=Warning", "-o", "name"])?;
+    let events = dev.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        NAMESPACE,
+        "--field-selector",
+        "involvedObject.name=c,reason=BudgetExceeded,type=Warning",
+        "-o",
+        "name",
+    ])?;
     ensure!(!events.trim().is_empty(), "a Warning event BudgetExceeded for Server c");
     ensure!(live_count(moto)? == 2, "no instance was created for the refused Server");
 

@@ -65,7 +65,11 @@ fn wait_ready(dev: &Dev, namespace: &str, taskserv: &str, nodes: &[&CloudNode]) 
         let srv = dev.kubectl_ok(&["get", "srv", "-n", namespace, "-o", "yaml"]).unwrap_or_default();
         let logs: Vec<String> = nodes
             .iter()
-            .map(|n| provisioning_e2e::docker::docker(&["logs", &n.id]).map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default())
+            .map(|n| {
+                provisioning_e2e::docker::docker(&["logs", &n.id])
+                    .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                    .unwrap_or_default()
+            })
             .collect();
         return Err(e.context(format!("TaskServ:\n{ts}\nServers:\n{srv}\nsshd logs:\n{}\n{}", logs.join("\n"), dev.log_tail(80))));
     }
@@ -77,7 +81,9 @@ fn wait_ready(dev: &Dev, namespace: &str, taskserv: &str, nodes: &[&CloudNode]) 
 fn assert_ran_as_root(node: &CloudNode, server: &str) -> Result<()> {
     let written = node.exec(&format!("cat {MARKER}")).with_context(|| format!("the install script wrote no {MARKER}"))?;
     ensure!(written == format!("{server} 1.0\n"), "marker file holds {written:?}");
-    let owner = node.exec(&format!("stat -c '%U' {MARKER} /usr/local/bin/nu /opt/provisioning/catalog/marker/install.nu /var/lib/provisioning/assets.sha256"))?;
+    let owner = node.exec(&format!(
+        "stat -c '%U' {MARKER} /usr/local/bin/nu /opt/provisioning/catalog/marker/install.nu /var/lib/provisioning/assets.sha256"
+    ))?;
     ensure!(owner.lines().all(|l| l == "root") && owner.lines().count() == 4, "not all root-owned: {owner:?}");
     ensure!(node.exec("stat -c '%a' /usr/local/bin/nu")?.trim() == "755", "nu is not executable");
     // Without sudo the copy could not have happened: admin cannot write there.
@@ -232,7 +238,9 @@ fn upcloud_taskserv_runs_as_root_through_sudo() -> Result<()> {
 /// The provider's `exec` through sudo, without the controller: what the runner relies on.
 #[test]
 fn sudo_exec_passes_stdin_output_exit_codes_and_kills_the_process_group_on_timeout() -> Result<()> {
-    use provisioning_providers::{Credentials, ExecRequest, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SshSettings, build_provider};
+    use provisioning_providers::{
+        Credentials, ExecRequest, ProviderConfig, ProviderError, ServerIdentity, ServerRequest, SshSettings, build_provider,
+    };
     let moto = Moto::start(&[])?;
     let tmp = tempfile::tempdir()?;
     let (private, public) = login_key(tmp.path())?;

@@ -52,15 +52,15 @@ fn manifest(dir: &Path, moto: &Moto, sshd: &Sshd, account_key: &str, aws_secret:
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "no-key-field", "namespace": NAMESPACE}, "type": "Opaque",
             "stringData": {"id_ed25519": "not the field the controller reads"}}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": NAMESPACE},
-            "spec": {
-                "defaults": {"provider": ACCOUNT, "plan": "small", "image": "debian-12"},
-                "providers": [{
-                    "name": ACCOUNT, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
-                    "credentialsSecretRef": {"name": "aws-creds"},
-                    "images": {"debian-12": MOTO_AMI},
-                    "ssh": {"user": sshd.user, "port": sshd.port, "addressOverride": "127.0.0.1", "hostKeys": "FirstUse", "remoteDir": remote_dir.display().to_string()},
-                }],
-            }}),
+        "spec": {
+            "defaults": {"provider": ACCOUNT, "plan": "small", "image": "debian-12"},
+            "providers": [{
+                "name": ACCOUNT, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
+                "credentialsSecretRef": {"name": "aws-creds"},
+                "images": {"debian-12": MOTO_AMI},
+                "ssh": {"user": sshd.user, "port": sshd.port, "addressOverride": "127.0.0.1", "hostKeys": "FirstUse", "remoteDir": remote_dir.display().to_string()},
+            }],
+        }}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": "web", "namespace": NAMESPACE},
             "spec": {"sshKeySecretRef": {"name": "web-ssh"}}}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": "no-secret", "namespace": NAMESPACE},
@@ -76,7 +76,8 @@ fn manifest(dir: &Path, moto: &Moto, sshd: &Sshd, account_key: &str, aws_secret:
 /// The pinned host keys in the controller's known-hosts file (provider id → key line).
 fn known_hosts(data_dir: &Path) -> Result<serde_json::Map<String, Value>> {
     // Pins are kept per workspace and account (the Workspace is named like the namespace).
-    let path = data_dir.join("providers").join("pins").join(format!("workspace-{NAMESPACE}")).join(format!("known-hosts-aws-{ACCOUNT}.json"));
+    let path =
+        data_dir.join("providers").join("pins").join(format!("workspace-{NAMESPACE}")).join(format!("known-hosts-aws-{ACCOUNT}.json"));
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(serde_json::from_str::<Value>(&text)?.as_object().cloned().unwrap_or_default()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Default::default()),
@@ -118,10 +119,7 @@ fn taskserv_runs_over_ssh_with_the_servers_key_and_pins_the_host_key() -> Result
     let catalog = workspace_root().join("tests/ssh-catalog").display().to_string();
     // Verbose logs: streamed script output is logged at info, and the secret check below is
     // only as strong as what the log holds.
-    let env = [
-        ("PROVISIONING_CATALOG", catalog.as_str()),
-        ("RUST_LOG", "info,provisioning_controller=debug,provisioning_providers=debug"),
-    ];
+    let env = [("PROVISIONING_CATALOG", catalog.as_str()), ("RUST_LOG", "info,provisioning_controller=debug,provisioning_providers=debug")];
     let mut secrets: Vec<String> = key_lines(&sshd.client_key);
     secrets.extend(key_lines(&account_key));
     secrets.push(aws_secret.clone());
@@ -190,7 +188,9 @@ fn taskserv_runs_over_ssh_with_the_servers_key_and_pins_the_host_key() -> Result
     // from status alone.
     dev.stop();
     sshd.stop();
-    std::fs::remove_file(data_dir.join("providers").join("pins").join(format!("workspace-{NAMESPACE}")).join(format!("known-hosts-aws-{ACCOUNT}.json")))?;
+    std::fs::remove_file(
+        data_dir.join("providers").join("pins").join(format!("workspace-{NAMESPACE}")).join(format!("known-hosts-aws-{ACCOUNT}.json")),
+    )?;
     let mut dev = Dev::start_in_with(&data_dir, &[], &env, &["--allow-insecure-endpoints"])?;
     let restarted = std::time::Instant::now();
     dev.wait_until(Duration::from_secs(60), "the host key pinned again from status.hostKey", |_| {

@@ -54,11 +54,7 @@ fn run_ok(cmd: &mut Command) -> Result<String> {
 }
 
 /// Waits for `check` to hold, polling every 500 ms, failing after `deadline`.
-fn wait_until(
-    deadline: Duration,
-    what: &str,
-    mut check: impl FnMut() -> Result<bool>,
-) -> Result<Duration> {
+fn wait_until(deadline: Duration, what: &str, mut check: impl FnMut() -> Result<bool>) -> Result<Duration> {
     let start = Instant::now();
     let mut last_error = String::new();
     loop {
@@ -78,30 +74,14 @@ fn wait_until(
 /// The engine names it as the gateway, or (older engines) only the subnet, whose first
 /// address the bridge takes.
 fn bridge_gateway() -> Result<String> {
-    let out = run_ok(Command::new(docker()).args([
-        "network",
-        "inspect",
-        "bridge",
-        "-f",
-        "{{json .IPAM.Config}}",
-    ]))?;
-    let config: Value =
-        serde_json::from_str(out.trim()).with_context(|| format!("IPAM config {out:?}"))?;
-    let first = config
-        .get(0)
-        .with_context(|| format!("no IPAM config on Docker's bridge network: {out}"))?;
+    let out = run_ok(Command::new(docker()).args(["network", "inspect", "bridge", "-f", "{{json .IPAM.Config}}"]))?;
+    let config: Value = serde_json::from_str(out.trim()).with_context(|| format!("IPAM config {out:?}"))?;
+    let first = config.get(0).with_context(|| format!("no IPAM config on Docker's bridge network: {out}"))?;
     if let Some(gateway) = first["Gateway"].as_str().filter(|g| !g.is_empty()) {
         return Ok(gateway.to_string());
     }
-    let subnet = first["Subnet"]
-        .as_str()
-        .with_context(|| format!("no subnet on Docker's bridge network: {out}"))?;
-    let network: std::net::Ipv4Addr = subnet
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .parse()
-        .with_context(|| format!("subnet {subnet}"))?;
+    let subnet = first["Subnet"].as_str().with_context(|| format!("no subnet on Docker's bridge network: {out}"))?;
+    let network: std::net::Ipv4Addr = subnet.split('/').next().unwrap_or_default().parse().with_context(|| format!("subnet {subnet}"))?;
     Ok(std::net::Ipv4Addr::from(u32::from(network) + 1).to_string())
 }
 
@@ -128,33 +108,19 @@ impl ControlPlane {
             .stderr(out)
             .spawn()
             .context("spawn provisioning apiserver")?;
-        let mut plane = ControlPlane {
-            child,
-            kubeconfig: PathBuf::new(),
-            log,
-            _dir: dir,
-        };
-        wait_until(
-            Duration::from_secs(60),
-            "the apiserver's kubeconfig",
-            || {
-                let text = std::fs::read_to_string(&plane.log)?;
-                if let Some(path) = text.lines().find_map(|l| l.strip_prefix("kubeconfig: ")) {
-                    plane.kubeconfig = PathBuf::from(path.trim());
-                    return Ok(plane.kubeconfig.exists());
-                }
-                if let Some(status) = plane.child.try_wait()? {
-                    bail!("apiserver exited ({status}):\n{text}");
-                }
-                Ok(false)
-            },
-        )?;
-        wait_until(Duration::from_secs(60), "the API answering", || {
-            Ok(plane
-                .kubectl(&["get", "--raw", "/readyz"])?
-                .status
-                .success())
+        let mut plane = ControlPlane { child, kubeconfig: PathBuf::new(), log, _dir: dir };
+        wait_until(Duration::from_secs(60), "the apiserver's kubeconfig", || {
+            let text = std::fs::read_to_string(&plane.log)?;
+            if let Some(path) = text.lines().find_map(|l| l.strip_prefix("kubeconfig: ")) {
+                plane.kubeconfig = PathBuf::from(path.trim());
+                return Ok(plane.kubeconfig.exists());
+            }
+            if let Some(status) = plane.child.try_wait()? {
+                bail!("apiserver exited ({status}):\n{text}");
+            }
+            Ok(false)
         })?;
+        wait_until(Duration::from_secs(60), "the API answering", || Ok(plane.kubectl(&["get", "--raw", "/readyz"])?.status.success()))?;
         Ok(plane)
     }
 
@@ -163,30 +129,14 @@ impl ControlPlane {
     }
 
     fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
-        run_ok(
-            kubectl_command(&self.kubeconfig).args(args),
-        )
+        run_ok(kubectl_command(&self.kubeconfig).args(args))
     }
 
     /// The API server's URL and CA bundle (PEM), from the admin kubeconfig.
     fn server_and_ca(&self) -> Result<(String, Vec<u8>)> {
-        let server = self.kubectl_ok(&[
-            "config",
-            "view",
-            "--raw",
-            "-o",
-            "jsonpath={.clusters[0].cluster.server}",
-        ])?;
-        let ca = self.kubectl_ok(&[
-            "config",
-            "view",
-            "--raw",
-            "-o",
-            "jsonpath={.clusters[0].cluster.certificate-authority-data}",
-        ])?;
-        let ca = base64::engine::general_purpose::STANDARD
-            .decode(ca.trim())
-            .context("certificate-authority-data")?;
+        let server = self.kubectl_ok(&["config", "view", "--raw", "-o", "jsonpath={.clusters[0].cluster.server}"])?;
+        let ca = self.kubectl_ok(&["config", "view", "--raw", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}"])?;
+        let ca = base64::engine::general_purpose::STANDARD.decode(ca.trim()).context("certificate-authority-data")?;
         Ok((server.trim().to_string(), ca))
     }
 }
@@ -214,14 +164,9 @@ impl MotoOnBridge {
             .stderr(Stdio::null())
             .spawn()
             .context("spawn moto_server")?;
-        let moto = MotoOnBridge {
-            child,
-            endpoint: format!("http://{host}:{port}/"),
-        };
+        let moto = MotoOnBridge { child, endpoint: format!("http://{host}:{port}/") };
         let addr: std::net::SocketAddr = format!("{host}:{port}").parse()?;
-        wait_until(Duration::from_secs(60), "moto listening", || {
-            Ok(std::net::TcpStream::connect(addr).is_ok())
-        })?;
+        wait_until(Duration::from_secs(60), "moto listening", || Ok(std::net::TcpStream::connect(addr).is_ok()))?;
         Ok(moto)
     }
 }
@@ -235,11 +180,7 @@ impl Drop for MotoOnBridge {
 
 /// `kubectl kustomize deploy/`, parsed.
 fn rendered_deploy() -> Result<Vec<Value>> {
-    let text = run_ok(
-        Command::new(kubectl_bin())
-            .arg("kustomize")
-            .arg(workspace_root().join("deploy")),
-    )?;
+    let text = run_ok(Command::new(kubectl_bin()).arg("kustomize").arg(workspace_root().join("deploy")))?;
     let mut docs = Vec::new();
     for doc in serde_yaml_ng::Deserializer::from_str(&text) {
         let value: Value = serde::Deserialize::deserialize(doc)?;
@@ -264,15 +205,10 @@ fn memory_bytes(quantity: &str) -> Result<u64> {
     ];
     for (suffix, factor) in units {
         if let Some(number) = quantity.strip_suffix(suffix) {
-            return Ok(number
-                .parse::<u64>()
-                .with_context(|| format!("memory quantity {quantity}"))?
-                * factor);
+            return Ok(number.parse::<u64>().with_context(|| format!("memory quantity {quantity}"))? * factor);
         }
     }
-    quantity
-        .parse::<u64>()
-        .with_context(|| format!("memory quantity {quantity}"))
+    quantity.parse::<u64>().with_context(|| format!("memory quantity {quantity}"))
 }
 
 /// One replica of the Deployment's pod, as docker arguments.
@@ -303,25 +239,11 @@ fn docker_run_args(
     api: &InCluster,
     label: &str,
 ) -> Result<PodRun> {
-    ensure!(
-        pod.containers.len() == 1,
-        "one container expected, found {}",
-        pod.containers.len()
-    );
-    ensure!(
-        pod.init_containers.as_ref().is_none_or(Vec::is_empty),
-        "init containers are not run by this test"
-    );
+    ensure!(pod.containers.len() == 1, "one container expected, found {}", pod.containers.len());
+    ensure!(pod.init_containers.as_ref().is_none_or(Vec::is_empty), "init containers are not run by this test");
     let container: &Container = &pod.containers[0];
     let files = tempfile::tempdir()?;
-    let mut args: Vec<String> = vec![
-        "run".into(),
-        "-d".into(),
-        "--name".into(),
-        pod_name.into(),
-        "--label".into(),
-        label.into(),
-    ];
+    let mut args: Vec<String> = vec!["run".into(), "-d".into(), "--name".into(), pod_name.into(), "--label".into(), label.into()];
     args.extend(["--hostname".into(), pod_name.into()]);
 
     // Security context: the container's fields override the pod's.
@@ -330,10 +252,7 @@ fn docker_run_args(
     let uid = sc.run_as_user.or(pod_sc.run_as_user);
     let gid = sc.run_as_group.or(pod_sc.run_as_group);
     if sc.run_as_non_root.or(pod_sc.run_as_non_root) == Some(true) {
-        ensure!(
-            uid.is_some_and(|u| u != 0),
-            "runAsNonRoot needs a non-zero runAsUser (the kubelet checks the image's user otherwise)"
-        );
+        ensure!(uid.is_some_and(|u| u != 0), "runAsNonRoot needs a non-zero runAsUser (the kubelet checks the image's user otherwise)");
     }
     match (uid, gid) {
         (Some(u), Some(g)) => args.extend(["--user".into(), format!("{u}:{g}")]),
@@ -352,10 +271,7 @@ fn docker_run_args(
     if sc.allow_privilege_escalation == Some(false) {
         args.extend(["--security-opt".into(), "no-new-privileges".into()]);
     }
-    ensure!(
-        sc.privileged != Some(true),
-        "privileged containers are not run by this test"
-    );
+    ensure!(sc.privileged != Some(true), "privileged containers are not run by this test");
     if let Some(caps) = &sc.capabilities {
         for c in caps.drop.iter().flatten() {
             args.extend(["--cap-drop".into(), c.clone()]);
@@ -392,10 +308,7 @@ fn docker_run_args(
                 match field {
                     Some("metadata.name") => pod_name.to_string(),
                     Some("metadata.namespace") => NAMESPACE.to_string(),
-                    other => bail!(
-                        "env {}: valueFrom {other:?} is not supported by this test",
-                        var.name
-                    ),
+                    other => bail!("env {}: valueFrom {other:?} is not supported by this test", var.name),
                 }
             }
             (None, None) => String::new(),
@@ -403,46 +316,23 @@ fn docker_run_args(
         };
         args.extend(["-e".into(), format!("{}={value}", var.name)]);
     }
-    ensure!(
-        container.env_from.as_ref().is_none_or(Vec::is_empty),
-        "envFrom is not supported by this test"
-    );
+    ensure!(container.env_from.as_ref().is_none_or(Vec::is_empty), "envFrom is not supported by this test");
 
     // Volumes.
-    let volumes: BTreeMap<String, _> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .map(|v| (v.name.clone(), v.clone()))
-        .collect();
+    let volumes: BTreeMap<String, _> = pod.volumes.iter().flatten().map(|v| (v.name.clone(), v.clone())).collect();
     for mount in container.volume_mounts.iter().flatten() {
-        let volume = volumes
-            .get(&mount.name)
-            .with_context(|| format!("volumeMount {} names no volume", mount.name))?;
+        let volume = volumes.get(&mount.name).with_context(|| format!("volumeMount {} names no volume", mount.name))?;
         let read_only = mount.read_only == Some(true);
-        ensure!(
-            mount.sub_path.is_none(),
-            "subPath mounts are not supported by this test"
-        );
+        ensure!(mount.sub_path.is_none(), "subPath mounts are not supported by this test");
         if let Some(source) = &volume.config_map {
-            let cm = config_maps
-                .get(&source.name)
-                .with_context(|| format!("volume {}: no ConfigMap {}", mount.name, source.name))?;
+            let cm = config_maps.get(&source.name).with_context(|| format!("volume {}: no ConfigMap {}", mount.name, source.name))?;
             let dir = files.path().join(&mount.name);
             std::fs::create_dir_all(&dir)?;
             for (key, value) in cm.data.iter().flatten() {
                 std::fs::write(dir.join(key), value)?;
             }
             set_world_readable(&dir)?;
-            args.extend([
-                "-v".into(),
-                format!(
-                    "{}:{}:{}",
-                    dir.display(),
-                    mount.mount_path,
-                    if read_only { "ro" } else { "rw" }
-                ),
-            ]);
+            args.extend(["-v".into(), format!("{}:{}:{}", dir.display(), mount.mount_path, if read_only { "ro" } else { "rw" })]);
         } else if let Some(empty) = &volume.empty_dir {
             // An emptyDir is writable by the pod (mode 0777, group fsGroup). This engine
             // ignores tmpfs `mode=`, so the mount is owned by the pod's user and group.
@@ -453,10 +343,7 @@ fn docker_run_args(
             }
             args.extend(["--tmpfs".into(), format!("{}:{options}", mount.mount_path)]);
         } else {
-            bail!(
-                "volume {}: only configMap and emptyDir volumes are supported by this test",
-                mount.name
-            );
+            bail!("volume {}: only configMap and emptyDir volumes are supported by this test", mount.name);
         }
     }
 
@@ -468,17 +355,11 @@ fn docker_run_args(
         std::fs::write(sa.join("ca.crt"), &api.ca)?;
         std::fs::write(sa.join("namespace"), NAMESPACE)?;
         set_world_readable(&sa)?;
-        args.extend([
-            "-v".into(),
-            format!("{}:{SERVICE_ACCOUNT_DIR}:ro", sa.display()),
-        ]);
+        args.extend(["-v".into(), format!("{}:{SERVICE_ACCOUNT_DIR}:ro", sa.display())]);
     }
 
     // Image, command (ENTRYPOINT) and args (CMD).
-    let image = container
-        .image
-        .clone()
-        .context("the container has no image")?;
+    let image = container.image.clone().context("the container has no image")?;
     let command = container.command.clone().unwrap_or_default();
     if let Some((entrypoint, rest)) = command.split_first() {
         args.extend(["--entrypoint".into(), entrypoint.clone(), image]);
@@ -487,11 +368,7 @@ fn docker_run_args(
         args.push(image);
     }
     args.extend(container.args.iter().flatten().cloned());
-    Ok(PodRun {
-        name: pod_name.to_string(),
-        args,
-        _files: files,
-    })
+    Ok(PodRun { name: pod_name.to_string(), args, _files: files })
 }
 
 /// The mounted files are read by uid 65532, not by the test's user.
@@ -513,76 +390,40 @@ struct Replicas {
 impl Replicas {
     fn logs(&self, name: &str) -> String {
         match run(Command::new(docker()).args(["logs", name])) {
-            Ok(out) => format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
+            Ok(out) => format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
             Err(e) => format!("(no logs: {e})"),
         }
     }
 
     fn ip(&self, name: &str) -> Result<String> {
-        let out = run_ok(Command::new(docker()).args([
-            "inspect",
-            "-f",
-            "{{.NetworkSettings.IPAddress}}",
-            name,
-        ]))?;
+        let out = run_ok(Command::new(docker()).args(["inspect", "-f", "{{.NetworkSettings.IPAddress}}", name]))?;
         let ip = out.trim().to_string();
-        ensure!(
-            !ip.is_empty(),
-            "container {name} has no address (not running?)\n{}",
-            self.logs(name)
-        );
+        ensure!(!ip.is_empty(), "container {name} has no address (not running?)\n{}", self.logs(name));
         Ok(ip)
     }
 
     fn running(&self, name: &str) -> bool {
-        run_ok(Command::new(docker()).args(["inspect", "-f", "{{.State.Running}}", name]))
-            .is_ok_and(|o| o.trim() == "true")
+        run_ok(Command::new(docker()).args(["inspect", "-f", "{{.State.Running}}", name])).is_ok_and(|o| o.trim() == "true")
     }
 }
 
 impl Drop for Replicas {
     fn drop(&mut self) {
-        let _ = run(Command::new(docker())
-            .args(["rm", "-f"])
-            .args(self.runs.iter().map(|r| r.name.as_str())));
-        let _ = run(Command::new(docker()).args([
-            "container",
-            "prune",
-            "-f",
-            "--filter",
-            &format!("label={}", self.label),
-        ]));
+        let _ = run(Command::new(docker()).args(["rm", "-f"]).args(self.runs.iter().map(|r| r.name.as_str())));
+        let _ = run(Command::new(docker()).args(["container", "prune", "-f", "--filter", &format!("label={}", self.label)]));
     }
 }
 
 /// An HTTP GET of `path` on `ip:port`; the status code.
 fn http_get(ip: &str, port: u16, path: &str) -> Result<(u16, String)> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect_timeout(
-        &format!("{ip}:{port}").parse()?,
-        Duration::from_secs(2),
-    )?;
+    let mut stream = std::net::TcpStream::connect_timeout(&format!("{ip}:{port}").parse()?, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n"
-    )?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n")?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .context("no status line")?
-        .parse()?;
-    let body = response
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
+    let code = response.split_whitespace().nth(1).context("no status line")?.parse()?;
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
     Ok((code, body))
 }
 
@@ -598,32 +439,14 @@ fn probe_target(container: &Container, probe: &HTTPGetAction) -> Result<(u16, St
             .map(|p| p.container_port)
             .with_context(|| format!("probe port {name} is not a container port"))?,
     };
-    ensure!(
-        probe.scheme.as_deref().is_none_or(|s| s == "HTTP"),
-        "only HTTP probes are supported by this test"
-    );
-    Ok((
-        u16::try_from(port)?,
-        probe.path.clone().unwrap_or_else(|| "/".into()),
-    ))
+    ensure!(probe.scheme.as_deref().is_none_or(|s| s == "HTTP"), "only HTTP probes are supported by this test");
+    Ok((u16::try_from(port)?, probe.path.clone().unwrap_or_else(|| "/".into())))
 }
 
 /// The holder of the controller's Lease.
 fn lease_holder(plane: &ControlPlane) -> Result<String> {
-    let out = plane.kubectl(&[
-        "get",
-        "lease",
-        "provisioning-controller",
-        "-n",
-        NAMESPACE,
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ])?;
-    Ok(if out.status.success() {
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    } else {
-        String::new()
-    })
+    let out = plane.kubectl(&["get", "lease", "provisioning-controller", "-n", NAMESPACE, "-o", "jsonpath={.spec.holderIdentity}"])?;
+    Ok(if out.status.success() { String::from_utf8_lossy(&out.stdout).trim().to_string() } else { String::new() })
 }
 
 /// The AWS example pointed at moto (endpoint, an AMI moto knows, test credentials), written
@@ -631,10 +454,7 @@ fn lease_holder(plane: &ControlPlane) -> Result<String> {
 fn aws_example(dir: &Path, endpoint: &str) -> Result<PathBuf> {
     let mut docs = read_yaml_docs("examples/aws/kubernetes-cluster.yaml")?;
     for ws in docs_of_kind(&mut docs, "Workspace") {
-        for account in ws["spec"]["providers"]
-            .as_array_mut()
-            .context("spec.providers")?
-        {
+        for account in ws["spec"]["providers"].as_array_mut().context("spec.providers")? {
             account["endpoint"] = json!(endpoint);
             account["images"]["debian-12"] = json!(MOTO_AMI);
         }
@@ -642,10 +462,7 @@ fn aws_example(dir: &Path, endpoint: &str) -> Result<PathBuf> {
     for secret in docs_of_kind(&mut docs, "Secret") {
         let data = secret["stringData"].as_object_mut().context("stringData")?;
         data.insert("AWS_ACCESS_KEY_ID".into(), json!("AKIAE2ETEST000000002"));
-        data.insert(
-            "AWS_SECRET_ACCESS_KEY".into(),
-            json!(unique_secret("aws-secret-key")),
-        );
+        data.insert("AWS_SECRET_ACCESS_KEY".into(), json!(unique_secret("aws-secret-key")));
         data.insert("SSH_PRIVATE_KEY".into(), json!(unique_secret("ssh-key")));
     }
     let out = dir.join("aws");
@@ -657,13 +474,8 @@ fn aws_example(dir: &Path, endpoint: &str) -> Result<PathBuf> {
 #[test]
 fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over() -> Result<()> {
     let objects = rendered_deploy()?;
-    let deployment: Deployment = serde_json::from_value(
-        objects
-            .iter()
-            .find(|o| o["kind"] == "Deployment")
-            .cloned()
-            .context("no Deployment in deploy/")?,
-    )?;
+    let deployment: Deployment =
+        serde_json::from_value(objects.iter().find(|o| o["kind"] == "Deployment").cloned().context("no Deployment in deploy/")?)?;
     let config_maps: BTreeMap<String, ConfigMap> = objects
         .iter()
         .filter(|o| o["kind"] == "ConfigMap")
@@ -682,55 +494,28 @@ fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over(
     let pod = spec.template.spec.clone().context("pod template spec")?;
     let container = pod.containers.first().context("no container")?.clone();
     let image = container.image.clone().context("no image")?;
-    let service_account = pod
-        .service_account_name
-        .clone()
-        .context("no serviceAccountName")?;
+    let service_account = pod.service_account_name.clone().context("no serviceAccountName")?;
     let replicas = spec.replicas.unwrap_or(1);
+    ensure!(replicas == 2, "deploy/ runs {replicas} replicas; this test expects the two it ships");
     ensure!(
-        replicas == 2,
-        "deploy/ runs {replicas} replicas; this test expects the two it ships"
-    );
-    ensure!(
-        run(Command::new(docker()).args(["image", "inspect", &image]))?
-            .status
-            .success(),
+        run(Command::new(docker()).args(["image", "inspect", &image]))?.status.success(),
         "image {image} is missing: run scripts/build-image.sh (scripts/test.sh does)"
     );
 
     let gateway = bridge_gateway()?;
     let plane = ControlPlane::start(&gateway)?;
-    plane.kubectl_ok(&[
-        "apply",
-        "-k",
-        &workspace_root().join("deploy").display().to_string(),
-    ])?;
-    let token = plane
-        .kubectl_ok(&["create", "token", &service_account, "-n", NAMESPACE])?
-        .trim()
-        .to_string();
+    plane.kubectl_ok(&["apply", "-k", &workspace_root().join("deploy").display().to_string()])?;
+    let token = plane.kubectl_ok(&["create", "token", &service_account, "-n", NAMESPACE])?.trim().to_string();
     ensure!(!token.is_empty(), "kubectl create token returned nothing");
     let (server, ca) = plane.server_and_ca()?;
-    let port: u16 = server
-        .rsplit(':')
-        .next()
-        .context("server URL without port")?
-        .trim_end_matches('/')
-        .parse()?;
-    let in_cluster = InCluster {
-        token,
-        ca,
-        host: gateway.clone(),
-        port,
-    };
+    let port: u16 = server.rsplit(':').next().context("server URL without port")?.trim_end_matches('/').parse()?;
+    let in_cluster = InCluster { token, ca, host: gateway.clone(), port };
 
     // Least privilege, as the control plane's authorizer sees it.
     let subject = format!("--as=system:serviceaccount:{NAMESPACE}:{service_account}");
-    for (verb, resource, namespace) in [
-        ("get", "secrets", "kube-system"),
-        ("list", "secrets", "kube-system"),
-        ("delete", "customresourcedefinitions", ""),
-    ] {
+    for (verb, resource, namespace) in
+        [("get", "secrets", "kube-system"), ("list", "secrets", "kube-system"), ("delete", "customresourcedefinitions", "")]
+    {
         let mut args = vec!["auth", "can-i", verb, resource, subject.as_str()];
         if !namespace.is_empty() {
             args.extend(["-n", namespace]);
@@ -746,10 +531,7 @@ fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over(
 
     // The two replicas, as the kubelet would start them.
     let label = format!("provisioning-e2e-deployed={}", std::process::id());
-    let mut pods = Replicas {
-        runs: Vec::new(),
-        label: label.clone(),
-    };
+    let mut pods = Replicas { runs: Vec::new(), label: label.clone() };
     for i in 0..replicas {
         let name = format!("provisioning-controller-e2e-{}-{i}", std::process::id());
         let _ = run(Command::new(docker()).args(["rm", "-f", &name]));
@@ -760,92 +542,39 @@ fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over(
     let names: Vec<String> = pods.runs.iter().map(|r| r.name.clone()).collect();
 
     // The probes, as written, answer 200 on both replicas.
-    let readiness = container
-        .readiness_probe
-        .as_ref()
-        .and_then(|p| p.http_get.clone())
-        .context("no httpGet readinessProbe")?;
-    let liveness = container
-        .liveness_probe
-        .as_ref()
-        .and_then(|p| p.http_get.clone())
-        .context("no httpGet livenessProbe")?;
+    let readiness = container.readiness_probe.as_ref().and_then(|p| p.http_get.clone()).context("no httpGet readinessProbe")?;
+    let liveness = container.liveness_probe.as_ref().and_then(|p| p.http_get.clone()).context("no httpGet livenessProbe")?;
     let (ready_port, ready_path) = probe_target(&container, &readiness)?;
     let (live_port, live_path) = probe_target(&container, &liveness)?;
     for name in &names {
-        wait_until(
-            Duration::from_secs(90),
-            &format!("{name} ready ({ready_path} 200)"),
-            || {
-                ensure!(pods.running(name), "{name} exited:\n{}", pods.logs(name));
-                let ip = pods.ip(name)?;
-                Ok(http_get(&ip, ready_port, &ready_path)?.0 == 200
-                    && http_get(&ip, live_port, &live_path)?.0 == 200)
-            },
-        )
+        wait_until(Duration::from_secs(90), &format!("{name} ready ({ready_path} 200)"), || {
+            ensure!(pods.running(name), "{name} exited:\n{}", pods.logs(name));
+            let ip = pods.ip(name)?;
+            Ok(http_get(&ip, ready_port, &ready_path)?.0 == 200 && http_get(&ip, live_port, &live_path)?.0 == 200)
+        })
         .with_context(|| pods.logs(name))?;
     }
 
     // Exactly one leads.
-    let leader_of = |holder: &str| {
-        names
-            .iter()
-            .find(|n| holder.starts_with(&format!("{n}-")))
-            .cloned()
-    };
-    wait_until(Duration::from_secs(60), "a leader", || {
-        Ok(leader_of(&lease_holder(&plane)?).is_some())
-    })?;
+    let leader_of = |holder: &str| names.iter().find(|n| holder.starts_with(&format!("{n}-"))).cloned();
+    wait_until(Duration::from_secs(60), "a leader", || Ok(leader_of(&lease_holder(&plane)?).is_some()))?;
     let leader = leader_of(&lease_holder(&plane)?).context("no leader")?;
     let leading = |name: &str| -> Result<bool> {
         let (_, metrics) = http_get(&pods.ip(name)?, ready_port, "/metrics")?;
         Ok(metrics.lines().any(|l| l.trim() == "provisioning_leader 1"))
     };
-    let leaders: Vec<&String> = names
-        .iter()
-        .filter(|n| leading(n).unwrap_or(false))
-        .collect();
-    ensure!(
-        leaders == vec![&leader],
-        "exactly one replica must lead; leader gauge says {leaders:?}, the Lease says {leader}"
-    );
+    let leaders: Vec<&String> = names.iter().filter(|n| leading(n).unwrap_or(false)).collect();
+    ensure!(leaders == vec![&leader], "exactly one replica must lead; leader gauge says {leaders:?}, the Lease says {leader}");
 
     // The examples reach Ready, reconciled by the deployed controller with its own token.
     let moto = MotoOnBridge::start(&gateway)?;
     let tmp = tempfile::tempdir()?;
     let aws = aws_example(tmp.path(), &moto.endpoint)?;
-    plane.kubectl_ok(&[
-        "apply",
-        "-f",
-        &workspace_root()
-            .join("examples/simulated")
-            .display()
-            .to_string(),
-    ])?;
+    plane.kubectl_ok(&["apply", "-f", &workspace_root().join("examples/simulated").display().to_string()])?;
     plane.kubectl_ok(&["apply", "-f", &aws.display().to_string()])?;
-    let waited = plane.kubectl(&[
-        "wait",
-        "--for=condition=Ready",
-        "srv",
-        "--all",
-        "-n",
-        "demo",
-        "--timeout=180s",
-    ])?;
-    ensure!(
-        waited.status.success(),
-        "simulated Servers not Ready: {}\n{}",
-        String::from_utf8_lossy(&waited.stderr),
-        pods.logs(&leader)
-    );
-    let waited = plane.kubectl(&[
-        "wait",
-        "--for=condition=ServersReady",
-        "pcl/k8s",
-        "-n",
-        "k8s-aws",
-        "--timeout=300s",
-    ])?;
+    let waited = plane.kubectl(&["wait", "--for=condition=Ready", "srv", "--all", "-n", "demo", "--timeout=180s"])?;
+    ensure!(waited.status.success(), "simulated Servers not Ready: {}\n{}", String::from_utf8_lossy(&waited.stderr), pods.logs(&leader));
+    let waited = plane.kubectl(&["wait", "--for=condition=ServersReady", "pcl/k8s", "-n", "k8s-aws", "--timeout=300s"])?;
     ensure!(
         waited.status.success(),
         "AWS (moto) Cluster not ServersReady: {}\n{}",
@@ -854,21 +583,12 @@ fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over(
     );
 
     // Killing the leader's container hands over within 15 s.
-    let standby = names
-        .iter()
-        .find(|n| **n != leader)
-        .context("no standby")?
-        .clone();
+    let standby = names.iter().find(|n| **n != leader).context("no standby")?.clone();
     run_ok(Command::new(docker()).args(["kill", &leader]))?;
-    let took = wait_until(
-        Duration::from_secs(30),
-        "the standby taking the Lease",
-        || Ok(leader_of(&lease_holder(&plane)?).as_deref() == Some(standby.as_str())),
-    )?;
-    ensure!(
-        took < Duration::from_secs(15),
-        "handover took {took:?} (limit 15 s)"
-    );
+    let took = wait_until(Duration::from_secs(30), "the standby taking the Lease", || {
+        Ok(leader_of(&lease_holder(&plane)?).as_deref() == Some(standby.as_str()))
+    })?;
+    ensure!(took < Duration::from_secs(15), "handover took {took:?} (limit 15 s)");
     wait_until(Duration::from_secs(60), "the new leader ready", || {
         let ip = pods.ip(&standby)?;
         Ok(http_get(&ip, ready_port, &ready_path)?.0 == 200 && leading(&standby)?)
@@ -877,10 +597,7 @@ fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over(
     // The RBAC in deploy/ was enough: no request of the controller was refused.
     for name in &names {
         let logs = pods.logs(name);
-        ensure!(
-            !logs.contains("API request refused"),
-            "{name}: the control plane refused a request:\n{logs}"
-        );
+        ensure!(!logs.contains("API request refused"), "{name}: the control plane refused a request:\n{logs}");
         ensure!(!logs.contains("panicked"), "{name} panicked:\n{logs}");
     }
     eprintln!("handover took {took:?}");

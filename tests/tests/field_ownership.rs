@@ -107,7 +107,15 @@ fn kubectl_server_side_apply_after_dev_apply() -> Result<()> {
         "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata:\n  name: demo\nspec:\n  limits:\n    parallelLimit: 3\n",
     )?;
     let dry = dev.kubectl_ok(&[
-        "apply", "--server-side", "--dry-run=server", "--field-manager=argocd-controller", "--force-conflicts", "-f", &change, "-o", "json",
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager=argocd-controller",
+        "--force-conflicts",
+        "-f",
+        &change,
+        "-o",
+        "json",
         "--show-managed-fields",
     ])?;
     let dry: Value = serde_json::from_str(&dry)?;
@@ -121,7 +129,15 @@ fn kubectl_server_side_apply_after_dev_apply() -> Result<()> {
     assert!(owners(&after, &["f:spec"]).iter().all(|m| m != "argocd-controller"));
     // The real apply records exactly what the dry run showed.
     let real = dev.kubectl_ok(&[
-        "apply", "--server-side", "--field-manager=argocd-controller", "--force-conflicts", "-f", &change, "-o", "json", "--show-managed-fields",
+        "apply",
+        "--server-side",
+        "--field-manager=argocd-controller",
+        "--force-conflicts",
+        "-f",
+        &change,
+        "-o",
+        "json",
+        "--show-managed-fields",
     ])?;
     let real: Value = serde_json::from_str(&real)?;
     let real_entry = managed_fields(&real).into_iter().find(|e| e["manager"] == "argocd-controller").unwrap_or_default();

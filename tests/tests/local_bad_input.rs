@@ -39,7 +39,8 @@ fn bad_input_is_stalled_with_its_message_and_nothing_runs() -> Result<()> {
         let (_, r, m) = stalled(&dev, kind, name)?;
         assert_eq!(r, reason, "{kind}/{name}: {m}");
         assert!(m.contains(message), "{kind}/{name}: {m}");
-        let ready = dev.kubectl_ok(&["get", kind, name, "-n", "bad-input", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"])?;
+        let ready =
+            dev.kubectl_ok(&["get", kind, name, "-n", "bad-input", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"])?;
         assert_eq!(ready, "False");
     }
     // kubectl wait understands it too.
@@ -52,7 +53,14 @@ fn bad_input_is_stalled_with_its_message_and_nothing_runs() -> Result<()> {
     assert!(leftovers("bad-input", "bad-cluster")?.is_empty());
     // The stall is quiet: no retry storm, one Warning per object.
     std::thread::sleep(Duration::from_secs(3));
-    let warnings = dev.kubectl_ok(&["get", "events", "-n", "bad-input", "-o", "jsonpath={range .items[?(@.type==\"Warning\")]}{.involvedObject.name}{.regarding.name}/{.reason}{\"\\n\"}{end}"])?;
+    let warnings = dev.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        "bad-input",
+        "-o",
+        "jsonpath={range .items[?(@.type==\"Warning\")]}{.involvedObject.name}{.regarding.name}/{.reason}{\"\\n\"}{end}",
+    ])?;
     for (_, name, reason, _) in cases {
         assert!(warnings.contains(&format!("{name}/{reason}")), "warning for {name} missing:\n{warnings}");
     }

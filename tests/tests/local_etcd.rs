@@ -22,7 +22,13 @@ fn etcd_cluster_converges_replicates_heals_and_deletes_cleanly() -> Result<()> {
     let servers = dev.kubectl_ok(&["get", "srv", "-l", "provisioning.dev/cluster=etcd", "-o", "name"])?;
     assert_eq!(servers.lines().count(), 3, "{servers}");
     assert_eq!(containers(NS, CLUSTER)?.len(), 3, "one container per Server");
-    let ts = dev.kubectl_ok(&["get", "ts", "etcd-etcd", "-o", "jsonpath={.status.conditions[?(@.type==\"Healthy\")].status} {.status.installedVersion}"])?;
+    let ts = dev.kubectl_ok(&[
+        "get",
+        "ts",
+        "etcd-etcd",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Healthy\")].status} {.status.installedVersion}",
+    ])?;
     assert_eq!(ts, "True 3.4.23");
     let steps = dev.kubectl_ok(&["get", "pcl", "etcd", "-o", "jsonpath={range .status.steps[*]}{.id}={.state};{end}"])?;
     assert_eq!(steps, "servers/members=Succeeded;taskserv/etcd=Succeeded;");
@@ -30,13 +36,37 @@ fn etcd_cluster_converges_replicates_heals_and_deletes_cleanly() -> Result<()> {
     // A key written through one member is read from another.
     let m0 = server_container(NS, "etcd-members-0")?;
     let m2 = server_container(NS, "etcd-members-2")?;
-    docker_ok(&["exec", &m0, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "put", "greeting", "hello from member 0"])?;
-    let value = docker_ok(&["exec", &m2, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "get", "greeting", "--print-value-only"])?;
+    docker_ok(&[
+        "exec",
+        &m0,
+        "etcdctl",
+        "--endpoints=https://127.0.0.1:2379",
+        "--cacert=/etc/etcd/pki/ca.crt",
+        "--cert=/etc/etcd/pki/member.crt",
+        "--key=/etc/etcd/pki/member.key",
+        "put",
+        "greeting",
+        "hello from member 0",
+    ])?;
+    let value = docker_ok(&[
+        "exec",
+        &m2,
+        "etcdctl",
+        "--endpoints=https://127.0.0.1:2379",
+        "--cacert=/etc/etcd/pki/ca.crt",
+        "--cert=/etc/etcd/pki/member.crt",
+        "--key=/etc/etcd/pki/member.key",
+        "get",
+        "greeting",
+        "--print-value-only",
+    ])?;
     assert_eq!(value.trim(), "hello from member 0");
 
     // A Ready cluster is quiet: over a health-check interval (30 s for etcd; checks run and
     // pass) no status is written — resourceVersions stay put.
-    let versions = |d: &Dev| d.kubectl_ok(&["get", "pcl,ts,srv", "-o", "jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}"]);
+    let versions = |d: &Dev| {
+        d.kubectl_ok(&["get", "pcl,ts,srv", "-o", "jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}"])
+    };
     let before = versions(&dev)?;
     std::thread::sleep(Duration::from_secs(40));
     assert_eq!(versions(&dev)?, before, "no writes on a no-op resync");
@@ -56,10 +86,41 @@ fn etcd_cluster_converges_replicates_heals_and_deletes_cleanly() -> Result<()> {
     dev.kubectl_ok(&["wait", "--for=condition=Healthy", "ts/etcd-etcd", "--timeout=120s"])?;
     let m1 = server_container(NS, "etcd-members-1")?;
     // `endpoint health` exits non-zero (docker_ok fails) unless the member is healthy.
-    docker_ok(&["exec", &m1, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "endpoint", "health"])?;
-    let members = docker_ok(&["exec", &m1, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "member", "list"])?;
+    docker_ok(&[
+        "exec",
+        &m1,
+        "etcdctl",
+        "--endpoints=https://127.0.0.1:2379",
+        "--cacert=/etc/etcd/pki/ca.crt",
+        "--cert=/etc/etcd/pki/member.crt",
+        "--key=/etc/etcd/pki/member.key",
+        "endpoint",
+        "health",
+    ])?;
+    let members = docker_ok(&[
+        "exec",
+        &m1,
+        "etcdctl",
+        "--endpoints=https://127.0.0.1:2379",
+        "--cacert=/etc/etcd/pki/ca.crt",
+        "--cert=/etc/etcd/pki/member.crt",
+        "--key=/etc/etcd/pki/member.key",
+        "member",
+        "list",
+    ])?;
     assert_eq!(members.lines().filter(|l| l.contains("started")).count(), 3, "{members}");
-    let value = docker_ok(&["exec", &m1, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "get", "greeting", "--print-value-only"])?;
+    let value = docker_ok(&[
+        "exec",
+        &m1,
+        "etcdctl",
+        "--endpoints=https://127.0.0.1:2379",
+        "--cacert=/etc/etcd/pki/ca.crt",
+        "--cert=/etc/etcd/pki/member.crt",
+        "--key=/etc/etcd/pki/member.key",
+        "get",
+        "greeting",
+        "--print-value-only",
+    ])?;
     assert_eq!(value.trim(), "hello from member 0", "the rejoined member has the data");
     assert_eq!(containers(NS, CLUSTER)?.len(), 3, "no extra container");
 

@@ -34,7 +34,17 @@ fn killed_mid_rollout_the_rollout_finishes_without_duplicates() -> Result<()> {
         server_container(NS, &format!("etcd-members-{i}"))?;
     }
     let m0 = server_container(NS, "etcd-members-0")?;
-    let members = docker_ok(&["exec", &m0, "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/pki/ca.crt", "--cert=/etc/etcd/pki/member.crt", "--key=/etc/etcd/pki/member.key", "member", "list"])?;
+    let members = docker_ok(&[
+        "exec",
+        &m0,
+        "etcdctl",
+        "--endpoints=https://127.0.0.1:2379",
+        "--cacert=/etc/etcd/pki/ca.crt",
+        "--cert=/etc/etcd/pki/member.crt",
+        "--key=/etc/etcd/pki/member.key",
+        "member",
+        "list",
+    ])?;
     assert_eq!(members.lines().filter(|l| l.contains("started")).count(), 3, "{members}");
 
     second.kubectl_ok(&["delete", "cluster", "etcd", "--timeout=300s"])?;

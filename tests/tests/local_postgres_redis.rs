@@ -24,7 +24,11 @@ fn postgres_and_redis_answer() -> Result<()> {
         let name = dev.kubectl_ok(&["get", "ts", ts, "-o", "jsonpath={.status.generatedSecretRef.name}"])?;
         assert_eq!(name, format!("{ts}-generated"));
         let b64 = dev.kubectl_ok(&["get", "secret", &name, "-o", "jsonpath={.data.password}"])?;
-        let out = std::process::Command::new("base64").arg("-d").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn()
+        let out = std::process::Command::new("base64")
+            .arg("-d")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
             .and_then(|mut child| {
                 use std::io::Write;
                 if let Some(mut stdin) = child.stdin.take() {

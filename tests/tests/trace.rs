@@ -74,7 +74,10 @@ fn trace_shows_the_tree_of_every_kind_and_redraws_live() -> Result<()> {
     ensure!(cluster.lines().nth(1).is_some_and(|l| l.starts_with("Cluster/etcd")) && cluster.lines().count() == 9, "{cluster}");
     ensure!(cluster.lines().next().is_some_and(|l| l.trim_end().ends_with("STEPS")), "{cluster}");
     let server = trace_ok(&dev, &["srv/solo", "-n", "tracing"])?;
-    ensure!(names_and_ready(&server).iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>() == ["Server/solo", "└─TaskServ/cache"], "{server}");
+    ensure!(
+        names_and_ready(&server).iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>() == ["Server/solo", "└─TaskServ/cache"],
+        "{server}"
+    );
     let ts = trace_ok(&dev, &["ts/cache", "-n", "tracing"])?;
     ensure!(ts.contains("└─Server/solo") && ts.contains("(service: Installed)"), "{ts}");
 
@@ -109,7 +112,16 @@ fn trace_shows_the_tree_of_every_kind_and_redraws_live() -> Result<()> {
             ensure!(Instant::now() < deadline, "trace -w drew nothing");
             std::thread::sleep(Duration::from_millis(100));
         }
-        dev.kubectl_ok(&["patch", "cluster", "etcd", "-n", "tracing", "--type=json", "-p", r#"[{"op":"replace","path":"/spec/pools/0/replicas","value":4}]"#])?;
+        dev.kubectl_ok(&[
+            "patch",
+            "cluster",
+            "etcd",
+            "-n",
+            "tracing",
+            "--type=json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/pools/0/replicas","value":4}]"#,
+        ])?;
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let text = std::fs::read_to_string(&out_path)?;
@@ -134,7 +146,8 @@ fn trace_shows_the_tree_of_every_kind_and_redraws_live() -> Result<()> {
     let plugins: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(workspace_root().join("deploy/k9s/plugins.yaml"))?)?;
     let kubeconfig: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(dev.kubeconfig())?)?;
     let context = kubeconfig["current-context"].as_str().context("kubeconfig has no current-context")?;
-    for (plugin, resource, name) in [("provisioning-trace", "clusters", "etcd"), ("provisioning-trace-workspace", "workspaces", "tracing")] {
+    for (plugin, resource, name) in [("provisioning-trace", "clusters", "etcd"), ("provisioning-trace-workspace", "workspaces", "tracing")]
+    {
         let p = &plugins["plugins"][plugin];
         ensure!(p["command"] == "provisioning", "{plugin}: {p:?}");
         let args: Vec<String> = p["args"]
@@ -143,11 +156,17 @@ fn trace_shows_the_tree_of_every_kind_and_redraws_live() -> Result<()> {
             .iter()
             .filter_map(Value::as_str)
             .filter(|a| *a != "--watch")
-            .map(|a| a.replace("$RESOURCE_NAME", resource).replace("$NAMESPACE", "tracing").replace("$NAME", name).replace("$CONTEXT", context))
+            .map(|a| {
+                a.replace("$RESOURCE_NAME", resource).replace("$NAMESPACE", "tracing").replace("$NAME", name).replace("$CONTEXT", context)
+            })
             .collect();
         let out = Command::new(provisioning_bin()).args(&args).env("KUBECONFIG", dev.kubeconfig()).output()?;
         let stdout = String::from_utf8_lossy(&out.stdout);
-        ensure!(out.status.success() && stdout.contains("Server/etcd-members-3"), "{plugin} {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        ensure!(
+            out.status.success() && stdout.contains("Server/etcd-members-3"),
+            "{plugin} {args:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(())
 }

@@ -53,11 +53,7 @@ pub fn cluster_roles() -> Vec<Value> {
     let to_edit = ("rbac.authorization.k8s.io/aggregate-to-edit", "true");
     let to_view = ("rbac.authorization.k8s.io/aggregate-to-view", "true");
     vec![
-        cluster_role(
-            "cluster-admin",
-            &[],
-            vec![rule(&["*"], &["*"], &["*"]), json!({"verbs": ["*"], "nonResourceURLs": ["*"]})],
-        ),
+        cluster_role("cluster-admin", &[], vec![rule(&["*"], &["*"], &["*"]), json!({"verbs": ["*"], "nonResourceURLs": ["*"]})]),
         aggregated("admin", &[], to_admin.0),
         aggregated("edit", &[to_admin], to_edit.0),
         aggregated("view", &[to_edit], to_view.0),
@@ -80,13 +76,32 @@ pub fn cluster_roles() -> Vec<Value> {
                 rule(
                     WRITE,
                     &[""],
-                    &["configmaps", "events", "persistentvolumeclaims", "replicationcontrollers", "replicationcontrollers/scale", "secrets", "serviceaccounts", "services", "services/proxy"],
+                    &[
+                        "configmaps",
+                        "events",
+                        "persistentvolumeclaims",
+                        "replicationcontrollers",
+                        "replicationcontrollers/scale",
+                        "secrets",
+                        "serviceaccounts",
+                        "services",
+                        "services/proxy",
+                    ],
                 ),
                 rule(&["create"], &[""], &["serviceaccounts/token"]),
                 rule(
                     WRITE,
                     &["apps"],
-                    &["daemonsets", "deployments", "deployments/rollback", "deployments/scale", "replicasets", "replicasets/scale", "statefulsets", "statefulsets/scale"],
+                    &[
+                        "daemonsets",
+                        "deployments",
+                        "deployments/rollback",
+                        "deployments/scale",
+                        "replicasets",
+                        "replicasets/scale",
+                        "statefulsets",
+                        "statefulsets/scale",
+                    ],
                 ),
                 rule(WRITE, &["autoscaling"], &["horizontalpodautoscalers"]),
                 rule(WRITE, &["batch"], &["cronjobs", "jobs"]),
@@ -101,19 +116,53 @@ pub fn cluster_roles() -> Vec<Value> {
                 rule(
                     READ,
                     &[""],
-                    &["configmaps", "endpoints", "persistentvolumeclaims", "persistentvolumeclaims/status", "pods", "replicationcontrollers", "replicationcontrollers/scale", "serviceaccounts", "services", "services/status"],
+                    &[
+                        "configmaps",
+                        "endpoints",
+                        "persistentvolumeclaims",
+                        "persistentvolumeclaims/status",
+                        "pods",
+                        "replicationcontrollers",
+                        "replicationcontrollers/scale",
+                        "serviceaccounts",
+                        "services",
+                        "services/status",
+                    ],
                 ),
                 rule(
                     READ,
                     &[""],
-                    &["bindings", "events", "limitranges", "namespaces/status", "pods/log", "pods/status", "replicationcontrollers/status", "resourcequotas", "resourcequotas/status"],
+                    &[
+                        "bindings",
+                        "events",
+                        "limitranges",
+                        "namespaces/status",
+                        "pods/log",
+                        "pods/status",
+                        "replicationcontrollers/status",
+                        "resourcequotas",
+                        "resourcequotas/status",
+                    ],
                 ),
                 rule(READ, &[""], &["namespaces"]),
                 rule(READ, &["discovery.k8s.io"], &["endpointslices"]),
                 rule(
                     READ,
                     &["apps"],
-                    &["controllerrevisions", "daemonsets", "daemonsets/status", "deployments", "deployments/scale", "deployments/status", "replicasets", "replicasets/scale", "replicasets/status", "statefulsets", "statefulsets/scale", "statefulsets/status"],
+                    &[
+                        "controllerrevisions",
+                        "daemonsets",
+                        "daemonsets/status",
+                        "deployments",
+                        "deployments/scale",
+                        "deployments/status",
+                        "replicasets",
+                        "replicasets/scale",
+                        "replicasets/status",
+                        "statefulsets",
+                        "statefulsets/scale",
+                        "statefulsets/status",
+                    ],
                 ),
                 rule(READ, &["autoscaling"], &["horizontalpodautoscalers", "horizontalpodautoscalers/status"]),
                 rule(READ, &["batch"], &["cronjobs", "cronjobs/status", "jobs", "jobs/status"]),
@@ -125,7 +174,9 @@ pub fn cluster_roles() -> Vec<Value> {
         cluster_role(
             "system:discovery",
             &[],
-            vec![json!({"verbs": ["get"], "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"]})],
+            vec![
+                json!({"verbs": ["get"], "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"]}),
+            ],
         ),
         cluster_role(
             "system:basic-user",
@@ -138,7 +189,9 @@ pub fn cluster_roles() -> Vec<Value> {
         cluster_role(
             "system:service-account-issuer-discovery",
             &[],
-            vec![json!({"verbs": ["get"], "nonResourceURLs": ["/.well-known/openid-configuration", "/.well-known/openid-configuration/", "/openid/v1/jwks", "/openid/v1/jwks/"]})],
+            vec![
+                json!({"verbs": ["get"], "nonResourceURLs": ["/.well-known/openid-configuration", "/.well-known/openid-configuration/", "/openid/v1/jwks", "/openid/v1/jwks/"]}),
+            ],
         ),
         cluster_role(
             "system:public-info-viewer",
@@ -206,15 +259,17 @@ pub async fn ensure(core: &Core) -> anyhow::Result<()> {
             let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
             if let Ok(cur) = core.get(&rt, None, &name) {
                 if let Some(new) = reconciled(&cur.value(), &obj)
-                    && let Err(e) = core.update(&rt, None, &name, new, false, &opts).await {
-                        tracing::warn!(%name, error = %e, "could not add the default rules to bootstrap {plural}");
-                    }
+                    && let Err(e) = core.update(&rt, None, &name, new, false, &opts).await
+                {
+                    tracing::warn!(%name, error = %e, "could not add the default rules to bootstrap {plural}");
+                }
                 continue;
             }
             if let Err(e) = core.create(&rt, None, obj, &opts).await
-                && e.code != 409 {
-                    anyhow::bail!("creating bootstrap {plural} {name}: {e}");
-                }
+                && e.code != 409
+            {
+                anyhow::bail!("creating bootstrap {plural} {name}: {e}");
+            }
         }
     }
     Ok(())
@@ -332,7 +387,10 @@ mod tests {
     use super::*;
 
     fn labels(v: &Value) -> BTreeMap<String, String> {
-        v["metadata"]["labels"].as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect()).unwrap_or_default()
+        v["metadata"]["labels"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect())
+            .unwrap_or_default()
     }
 
     #[test]

@@ -133,7 +133,13 @@ impl Attributes {
             Some("apis") if segs.len() >= 4 => (segs[1].as_str(), segs[2].as_str(), &segs[3..]),
             _ => return non_resource(),
         };
-        let mut a = Attributes { resource_request: true, api_group: group.into(), api_version: version.into(), path: path.into(), ..Default::default() };
+        let mut a = Attributes {
+            resource_request: true,
+            api_group: group.into(),
+            api_version: version.into(),
+            path: path.into(),
+            ..Default::default()
+        };
         let mut watch_path = false;
         if rest.first().map(String::as_str) == Some("watch") {
             watch_path = true;
@@ -170,14 +176,16 @@ impl Attributes {
             a.verb = "watch".into();
         }
         // A list or watch narrowed to one name by field selector is authorized for that name.
-        if matches!(a.verb.as_str(), "list" | "watch" | "deletecollection") && a.name.is_empty()
-            && let Some((_, fs)) = q.iter().find(|(k, _)| k == "fieldSelector") {
-                for term in fs.split(',') {
-                    if let Some(n) = term.strip_prefix("metadata.name=").map(|n| n.trim_start_matches('=')) {
-                        a.name = n.to_string();
-                    }
+        if matches!(a.verb.as_str(), "list" | "watch" | "deletecollection")
+            && a.name.is_empty()
+            && let Some((_, fs)) = q.iter().find(|(k, _)| k == "fieldSelector")
+        {
+            for term in fs.split(',') {
+                if let Some(n) = term.strip_prefix("metadata.name=").map(|n| n.trim_start_matches('=')) {
+                    a.name = n.to_string();
                 }
             }
+        }
         a
     }
 
@@ -199,7 +207,12 @@ impl Attributes {
                 self.namespace
             )
         } else {
-            format!("User {who:?} cannot {} resource {:?} in API group {:?} at the cluster scope", self.verb, self.resource_with_sub(), self.api_group)
+            format!(
+                "User {who:?} cannot {} resource {:?} in API group {:?} at the cluster scope",
+                self.verb,
+                self.resource_with_sub(),
+                self.api_group
+            )
         };
         // Same escaping as upstream: the message may be rendered as HTML by proxies.
         let msg = msg.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
@@ -306,7 +319,10 @@ impl Auth {
         let who = format!("{}/{}", k.namespace, sa.name);
         let live = {
             let st = core.store.read();
-            st.objects.get(SERVICEACCOUNTS).and_then(|m| m.get(&(k.namespace.clone(), sa.name.clone()))).map(|e| (e.uid.clone(), e.deleting))
+            st.objects
+                .get(SERVICEACCOUNTS)
+                .and_then(|m| m.get(&(k.namespace.clone(), sa.name.clone())))
+                .map(|e| (e.uid.clone(), e.deleting))
         };
         match live {
             Some((uid, false)) if uid == sa.uid => {}
@@ -407,9 +423,10 @@ impl Auth {
             Err(p) => p.into_inner(),
         };
         if let Some((cached, p)) = cache.as_ref()
-            && *cached == fp {
-                return p.clone();
-            }
+            && *cached == fp
+        {
+            return p.clone();
+        }
         let vals = |k: &str| -> Vec<Value> { st.objects.get(k).map(|m| m.values().map(|e| e.value()).collect()).unwrap_or_default() };
         let (crs, rs, crbs, rbs) = (vals(CLUSTERROLES), vals(ROLES), vals(CLUSTERROLEBINDINGS), vals(ROLEBINDINGS));
         let p = Arc::new(Policy::from_values(&crs, &rs, &crbs, &rbs));
@@ -476,12 +493,23 @@ mod tests {
     #[test]
     fn request_attributes_follow_request_info_factory() {
         let a = Attributes::from_request(&Method::GET, "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers", None);
-        assert_eq!((a.verb.as_str(), a.api_group.as_str(), a.resource.as_str(), a.namespace.as_str()), ("list", "provisioning.dev", "servers", "demo"));
-        let a = Attributes::from_request(&Method::GET, "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers", Some("watch=1&resourceVersion=5"));
+        assert_eq!(
+            (a.verb.as_str(), a.api_group.as_str(), a.resource.as_str(), a.namespace.as_str()),
+            ("list", "provisioning.dev", "servers", "demo")
+        );
+        let a = Attributes::from_request(
+            &Method::GET,
+            "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers",
+            Some("watch=1&resourceVersion=5"),
+        );
         assert_eq!(a.verb, "watch");
         let a = Attributes::from_request(&Method::GET, "/api/v1/watch/namespaces/demo/configmaps/x", None);
         assert_eq!((a.verb.as_str(), a.name.as_str()), ("watch", "x"));
-        let a = Attributes::from_request(&Method::GET, "/api/v1/namespaces/demo/configmaps", Some("fieldSelector=metadata.name%3Dx&watch=true"));
+        let a = Attributes::from_request(
+            &Method::GET,
+            "/api/v1/namespaces/demo/configmaps",
+            Some("fieldSelector=metadata.name%3Dx&watch=true"),
+        );
         assert_eq!((a.verb.as_str(), a.name.as_str()), ("watch", "x"));
         let a = Attributes::from_request(&Method::PUT, "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers/web/status", None);
         assert_eq!((a.verb.as_str(), a.subresource.as_str(), a.name.as_str()), ("update", "status", "web"));
@@ -492,7 +520,10 @@ mod tests {
         let a = Attributes::from_request(&Method::PUT, "/api/v1/namespaces/demo/finalize", None);
         assert_eq!((a.resource.as_str(), a.name.as_str(), a.subresource.as_str()), ("namespaces", "demo", "finalize"));
         let a = Attributes::from_request(&Method::POST, "/api/v1/namespaces/demo/serviceaccounts/ci/token", None);
-        assert_eq!((a.verb.as_str(), a.resource.as_str(), a.subresource.as_str(), a.name.as_str()), ("create", "serviceaccounts", "token", "ci"));
+        assert_eq!(
+            (a.verb.as_str(), a.resource.as_str(), a.subresource.as_str(), a.name.as_str()),
+            ("create", "serviceaccounts", "token", "ci")
+        );
         for p in ["/apis", "/api", "/apis/provisioning.dev", "/apis/provisioning.dev/v1", "/version", "/openapi/v3"] {
             let a = Attributes::from_request(&Method::GET, p, None);
             assert!(!a.resource_request, "{p}");
@@ -516,7 +547,11 @@ mod tests {
             a.forbidden(&u, "").message,
             r#"secrets "tok" is forbidden: User "system:serviceaccount:ns:sa" cannot get resource "secrets" in API group "" in the namespace "kube-system""#
         );
-        let a = Attributes::from_request(&Method::DELETE, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/servers.provisioning.dev", None);
+        let a = Attributes::from_request(
+            &Method::DELETE,
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/servers.provisioning.dev",
+            None,
+        );
         assert_eq!(
             a.forbidden(&u, "").message,
             r#"customresourcedefinitions.apiextensions.k8s.io "servers.provisioning.dev" is forbidden: User "system:serviceaccount:ns:sa" cannot delete resource "customresourcedefinitions" in API group "apiextensions.k8s.io" at the cluster scope"#

@@ -45,7 +45,8 @@ const LABEL_SELECTOR: &[(u64, &str, Kind)] = &[
     (1, "matchLabels", Kind::StrMap),
     (2, "matchExpressions", Kind::Msgs(&[(1, "key", Kind::Str), (2, "operator", Kind::Str), (3, "values", Kind::Strs)])),
 ];
-const SUBJECT: &[(u64, &str, Kind)] = &[(1, "kind", Kind::Str), (2, "apiGroup", Kind::Str), (3, "name", Kind::Str), (4, "namespace", Kind::Str)];
+const SUBJECT: &[(u64, &str, Kind)] =
+    &[(1, "kind", Kind::Str), (2, "apiGroup", Kind::Str), (3, "name", Kind::Str), (4, "namespace", Kind::Str)];
 const ROLE_REF: &[(u64, &str, Kind)] = &[(1, "apiGroup", Kind::Str), (2, "kind", Kind::Str), (3, "name", Kind::Str)];
 const ROLE: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Msg(META)), (2, "rules", Kind::Msgs(POLICY_RULE))];
 const CLUSTER_ROLE: &[(u64, &str, Kind)] = &[
@@ -53,7 +54,8 @@ const CLUSTER_ROLE: &[(u64, &str, Kind)] = &[
     (2, "rules", Kind::Msgs(POLICY_RULE)),
     (3, "aggregationRule", Kind::Msg(&[(1, "clusterRoleSelectors", Kind::Msgs(LABEL_SELECTOR))])),
 ];
-const BINDING: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Msg(META)), (2, "subjects", Kind::Msgs(SUBJECT)), (3, "roleRef", Kind::Msg(ROLE_REF))];
+const BINDING: &[(u64, &str, Kind)] =
+    &[(1, "metadata", Kind::Msg(META)), (2, "subjects", Kind::Msgs(SUBJECT)), (3, "roleRef", Kind::Msg(ROLE_REF))];
 const SERVICE_ACCOUNT: &[(u64, &str, Kind)] = &[
     (1, "metadata", Kind::Msg(META)),
     (2, "secrets", Kind::Msgs(&[(1, "kind", Kind::Str), (2, "namespace", Kind::Str), (3, "name", Kind::Str)])),
@@ -70,7 +72,8 @@ const RESOURCE_ATTRS: &[(u64, &str, Kind)] = &[
     (7, "name", Kind::Str),
 ];
 const NON_RESOURCE_ATTRS: &[(u64, &str, Kind)] = &[(1, "path", Kind::Str), (2, "verb", Kind::Str)];
-const SSAR_SPEC: &[(u64, &str, Kind)] = &[(1, "resourceAttributes", Kind::Msg(RESOURCE_ATTRS)), (2, "nonResourceAttributes", Kind::Msg(NON_RESOURCE_ATTRS))];
+const SSAR_SPEC: &[(u64, &str, Kind)] =
+    &[(1, "resourceAttributes", Kind::Msg(RESOURCE_ATTRS)), (2, "nonResourceAttributes", Kind::Msg(NON_RESOURCE_ATTRS))];
 const SAR_SPEC: &[(u64, &str, Kind)] = &[
     (1, "resourceAttributes", Kind::Msg(RESOURCE_ATTRS)),
     (2, "nonResourceAttributes", Kind::Msg(NON_RESOURCE_ATTRS)),
@@ -82,7 +85,11 @@ const SAR_SPEC: &[(u64, &str, Kind)] = &[
 const SSRR_SPEC: &[(u64, &str, Kind)] = &[(1, "namespace", Kind::Str)];
 const TOKEN_REQUEST_SPEC: &[(u64, &str, Kind)] = &[
     (1, "audiences", Kind::Strs),
-    (3, "boundObjectRef", Kind::Msg(&[(1, "kind", Kind::Str), (2, "apiVersion", Kind::Str), (3, "name", Kind::Str), (4, "uid", Kind::Str)])),
+    (
+        3,
+        "boundObjectRef",
+        Kind::Msg(&[(1, "kind", Kind::Str), (2, "apiVersion", Kind::Str), (3, "name", Kind::Str), (4, "uid", Kind::Str)]),
+    ),
     (4, "expirationSeconds", Kind::Int),
 ];
 const TOKEN_REVIEW_SPEC: &[(u64, &str, Kind)] = &[(1, "token", Kind::Str), (2, "audiences", Kind::Strs)];
@@ -187,7 +194,9 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
                 "Role" => ROLE,
                 "ClusterRole" => CLUSTER_ROLE,
                 "RoleBinding" | "ClusterRoleBinding" => BINDING,
-                other => return Err(ApiError::unsupported_media_type(format!("protobuf is not supported for {other}; send application/json"))),
+                other => {
+                    return Err(ApiError::unsupported_media_type(format!("protobuf is not supported for {other}; send application/json")));
+                }
             };
             let mut v = message(raw, whole)?;
             v["apiVersion"] = json!(api_version);
@@ -224,7 +233,10 @@ mod tests {
         let body = [b"k8s\x00".to_vec(), field(1, &tm), field(2, &obj)].concat();
         let v = decode(&body)?;
         assert_eq!(v["kind"], "SelfSubjectAccessReview");
-        assert_eq!(v["spec"]["resourceAttributes"], json!({"namespace": "demo", "verb": "list", "group": "provisioning.dev", "resource": "servers"}));
+        assert_eq!(
+            v["spec"]["resourceAttributes"],
+            json!({"namespace": "demo", "verb": "list", "group": "provisioning.dev", "resource": "servers"})
+        );
         assert!(decode(b"k8s\x00\xff").is_err());
         // A RoleBinding as `kubectl create rolebinding` sends it.
         let subject = [field(1, b"ServiceAccount"), field(3, b"ci"), field(4, b"demo")].concat();

@@ -88,18 +88,17 @@ impl PolicyRule {
             return false;
         }
         if !a.resource_request {
-            return self.non_resource_urls.iter().any(|u| {
-                u == "*" || *u == a.path || u.strip_suffix('*').is_some_and(|prefix| a.path.starts_with(prefix))
-            });
+            return self
+                .non_resource_urls
+                .iter()
+                .any(|u| u == "*" || *u == a.path || u.strip_suffix('*').is_some_and(|prefix| a.path.starts_with(prefix)));
         }
         if !self.api_groups.iter().any(|g| g == "*" || *g == a.api_group) {
             return false;
         }
         let combined = if a.subresource.is_empty() { a.resource.clone() } else { format!("{}/{}", a.resource, a.subresource) };
         let resource_ok = self.resources.iter().any(|r| {
-            r == "*"
-                || *r == combined
-                || (!a.subresource.is_empty() && r.strip_prefix("*/").is_some_and(|sub| sub == a.subresource))
+            r == "*" || *r == combined || (!a.subresource.is_empty() && r.strip_prefix("*/").is_some_and(|sub| sub == a.subresource))
         });
         resource_ok && (self.resource_names.is_empty() || self.resource_names.contains(&a.name))
     }
@@ -180,7 +179,13 @@ impl Binding {
         if self.namespace.is_empty() {
             format!("ClusterRoleBinding {:?} of {} {:?} to {}", self.name, self.role_kind, self.role_name, subject.describe())
         } else {
-            format!("RoleBinding {:?} of {} {:?} to {}", format!("{}/{}", self.name, self.namespace), self.role_kind, self.role_name, subject.describe())
+            format!(
+                "RoleBinding {:?} of {} {:?} to {}",
+                format!("{}/{}", self.name, self.namespace),
+                self.role_kind,
+                self.role_name,
+                subject.describe()
+            )
         }
     }
 }
@@ -243,7 +248,13 @@ impl Policy {
 
     /// Visits (binding, subject, rules) of every binding that applies to `user` in `namespace`
     /// (cluster bindings always, RoleBindings of `namespace` when it is set); `f` returns true to stop.
-    fn visit(&self, user: &UserInfo, namespace: &str, errors: &mut Vec<String>, mut f: impl FnMut(&Binding, &Subject, &[PolicyRule]) -> bool) {
+    fn visit(
+        &self,
+        user: &UserInfo,
+        namespace: &str,
+        errors: &mut Vec<String>,
+        mut f: impl FnMut(&Binding, &Subject, &[PolicyRule]) -> bool,
+    ) {
         let ns_bindings = if namespace.is_empty() { None } else { self.bindings.get(namespace) };
         for b in self.cluster_bindings.iter().chain(ns_bindings.into_iter().flatten()) {
             let Some(subject) = b.subjects.iter().find(|s| s.applies_to(user, &b.namespace)) else { continue };
@@ -353,9 +364,15 @@ mod tests {
     }
 
     fn policy() -> Policy {
-        let crs = [json!({"metadata": {"name": "server-reader"}, "rules": [{"verbs": ["get", "list", "watch"], "apiGroups": ["provisioning.dev"], "resources": ["servers"]}]})];
-        let roles = [json!({"metadata": {"name": "status-writer", "namespace": "demo"}, "rules": [{"verbs": ["update"], "apiGroups": ["provisioning.dev"], "resources": ["servers/status"]}]})];
-        let crbs = [json!({"metadata": {"name": "dangling"}, "roleRef": {"kind": "ClusterRole", "name": "gone"}, "subjects": [{"kind": "Group", "name": "system:serviceaccounts"}]})];
+        let crs = [
+            json!({"metadata": {"name": "server-reader"}, "rules": [{"verbs": ["get", "list", "watch"], "apiGroups": ["provisioning.dev"], "resources": ["servers"]}]}),
+        ];
+        let roles = [
+            json!({"metadata": {"name": "status-writer", "namespace": "demo"}, "rules": [{"verbs": ["update"], "apiGroups": ["provisioning.dev"], "resources": ["servers/status"]}]}),
+        ];
+        let crbs = [
+            json!({"metadata": {"name": "dangling"}, "roleRef": {"kind": "ClusterRole", "name": "gone"}, "subjects": [{"kind": "Group", "name": "system:serviceaccounts"}]}),
+        ];
         let rbs = [
             json!({"metadata": {"name": "read", "namespace": "demo"}, "roleRef": {"kind": "ClusterRole", "name": "server-reader"}, "subjects": [{"kind": "ServiceAccount", "name": "ci"}]}),
             json!({"metadata": {"name": "status", "namespace": "demo"}, "roleRef": {"kind": "Role", "name": "status-writer"}, "subjects": [{"kind": "User", "name": "system:serviceaccount:demo:ci"}]}),

@@ -122,9 +122,11 @@ pub fn create(auth: &Auth, core: &Core, user: &UserInfo, a: &Attributes, review:
         return Err(ApiError::bad_request(format!("the body of a {kind} must be a JSON object")));
     }
     if let Some(k) = body["kind"].as_str()
-        && !k.is_empty() && k != kind {
-            return Err(ApiError::bad_request(format!("expected a {kind}, got kind {k:?}")));
-        }
+        && !k.is_empty()
+        && k != kind
+    {
+        return Err(ApiError::bad_request(format!("expected a {kind}, got kind {k:?}")));
+    }
     body["kind"] = json!(kind);
     body["apiVersion"] = json!(api_version);
     if !body["metadata"].is_object() {
@@ -187,7 +189,8 @@ fn rules_status(auth: &Auth, core: &Core, user: &UserInfo, ns: &str) -> Value {
     let (mut rules, errors) = auth.policy(core).rules_for(user, ns);
     if user.is_master() {
         // kube's privileged-group authorizer reports everything as allowed.
-        let everything = [json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}), json!({"verbs": ["*"], "nonResourceURLs": ["*"]})];
+        let everything =
+            [json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}), json!({"verbs": ["*"], "nonResourceURLs": ["*"]})];
         for (i, v) in everything.iter().enumerate() {
             let r = PolicyRule::from_value(v);
             rules.retain(|x| *x != r);
@@ -226,10 +229,20 @@ fn token_request(auth: &Auth, core: &Core, a: &Attributes, mut body: Value) -> A
         v => v.as_i64().ok_or_else(|| invalid(review, name, "spec.expirationSeconds", "must be an integer"))?,
     };
     if seconds < tokens::MIN_EXPIRATION_SECONDS {
-        return Err(invalid(review, name, "spec.expirationSeconds", &format!("Invalid value: {seconds}: may not specify a duration less than 10 minutes")));
+        return Err(invalid(
+            review,
+            name,
+            "spec.expirationSeconds",
+            &format!("Invalid value: {seconds}: may not specify a duration less than 10 minutes"),
+        ));
     }
     if seconds > tokens::MAX_EXPIRATION_SECONDS {
-        return Err(invalid(review, name, "spec.expirationSeconds", &format!("Invalid value: {seconds}: may not specify a duration larger than 2^32 seconds")));
+        return Err(invalid(
+            review,
+            name,
+            "spec.expirationSeconds",
+            &format!("Invalid value: {seconds}: may not specify a duration larger than 2^32 seconds"),
+        ));
     }
     if !spec["boundObjectRef"].is_null() {
         return Err(invalid(review, name, "spec.boundObjectRef", "binding tokens to objects is not supported by this control plane"));
@@ -240,15 +253,18 @@ fn token_request(auth: &Auth, core: &Core, a: &Attributes, mut body: Value) -> A
     }
     let uid = {
         let st = core.store.read();
-        st.objects.get(SERVICEACCOUNTS).and_then(|m| m.get(&(ns.to_string(), name.to_string()))).filter(|e| !e.deleting).map(|e| e.uid.clone())
+        st.objects
+            .get(SERVICEACCOUNTS)
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+            .filter(|e| !e.deleting)
+            .map(|e| e.uid.clone())
     };
     let uid = uid.ok_or_else(|| ApiError::not_found("", "serviceaccounts", name))?;
     let now = chrono::Utc::now().timestamp();
     let claims = auth.signer().claims(ns, name, &uid, audiences.clone(), now, seconds);
     let token = auth.signer().sign(&claims).map_err(|e| ApiError::internal(format!("signing the token: {e}")))?;
-    let expires = chrono::DateTime::from_timestamp(claims.exp, 0)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_default();
+    let expires =
+        chrono::DateTime::from_timestamp(claims.exp, 0).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)).unwrap_or_default();
     body["metadata"]["name"] = json!(name);
     body["metadata"]["namespace"] = json!(ns);
     body["spec"] = json!({"audiences": audiences, "expirationSeconds": seconds, "boundObjectRef": null});

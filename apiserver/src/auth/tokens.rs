@@ -285,8 +285,12 @@ mod tests {
         let jwks = s.jwks();
         let k = &jwks["keys"][0];
         assert_eq!((k["kty"].as_str(), k["crv"].as_str(), k["kid"].as_str()), (Some("EC"), Some("P-256"), Some(s.kid.as_str())));
-        let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(k["x"].as_str().unwrap_or_default()).map_err(|_| TokenError::Malformed)?;
-        let y = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(k["y"].as_str().unwrap_or_default()).map_err(|_| TokenError::Malformed)?;
+        let x = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(k["x"].as_str().unwrap_or_default())
+            .map_err(|_| TokenError::Malformed)?;
+        let y = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(k["y"].as_str().unwrap_or_default())
+            .map_err(|_| TokenError::Malformed)?;
         let point = [vec![4u8], x, y].concat();
         // The published coordinates verify a token signed by the key.
         let t = s.sign(&s.claims("demo", "ci", "u-1", aud(), 1_000, 600))?;

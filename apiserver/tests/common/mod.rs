@@ -98,8 +98,7 @@ pub fn server_resource() -> ApiResource {
 pub async fn install_crd(client: &Client) -> TestResult {
     let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
         serde_yaml_ng::from_str(FIXTURE_CRD)?;
-    let api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(client.clone());
+    let api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(client.clone());
     api.create(&PostParams::default(), &crd).await?;
     Ok(())
 }

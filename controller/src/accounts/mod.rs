@@ -24,7 +24,9 @@ use kube::{Api, Client};
 use provisioning_crds::ProviderAccount;
 use provisioning_providers::{Credentials, ProviderError, SharedProvider};
 
-pub use self::build::{DEFAULT_REMOTE_CATALOG, DEFAULT_REMOTE_NU, account_state_dir, provider_config, remote_layout, ssh_settings, uses_ssh};
+pub use self::build::{
+    DEFAULT_REMOTE_CATALOG, DEFAULT_REMOTE_NU, account_state_dir, provider_config, remote_layout, ssh_settings, uses_ssh,
+};
 pub use self::rules::{AccountRefused, check_account, check_endpoint};
 use crate::error::Error;
 use crate::host::HostPaths;
@@ -120,15 +122,15 @@ impl ProviderRegistry {
             .map_err(|r| Error::Stalled { reason: r.reason, message: r.message })?;
         let key = format!("{}/{}", ws.key(), account.name);
         let fingerprint = format!("{}|{}", ws.namespace, serde_json::to_string(account)?);
-        let secret_key = account
-            .credentials_secret_ref
-            .as_ref()
-            .map(|r| format!("{}/{}", r.namespace.as_deref().unwrap_or(&ws.namespace), r.name));
+        let secret_key =
+            account.credentials_secret_ref.as_ref().map(|r| format!("{}/{}", r.namespace.as_deref().unwrap_or(&ws.namespace), r.name));
         {
             let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(c) = cache.get(&key)
                 && c.fingerprint == fingerprint
-                && secret_key.as_deref().is_none_or(|k| c.fetched.elapsed() < CREDENTIALS_TTL && self.secret_current(k, c.secret_version.as_ref()))
+                && secret_key
+                    .as_deref()
+                    .is_none_or(|k| c.fetched.elapsed() < CREDENTIALS_TTL && self.secret_current(k, c.secret_version.as_ref()))
             {
                 return Ok(c.provider.clone());
             }
@@ -155,11 +157,7 @@ impl ProviderRegistry {
         Ok(provider)
     }
 
-    async fn credentials(
-        &self,
-        ws: &EffectiveWorkspace,
-        account: &ProviderAccount,
-    ) -> Result<(Credentials, Option<String>), Error> {
+    async fn credentials(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<(Credentials, Option<String>), Error> {
         let Some(reference) = &account.credentials_secret_ref else {
             return Ok((Credentials::default(), None));
         };

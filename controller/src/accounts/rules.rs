@@ -85,7 +85,11 @@ mod tests {
         let http = account("{name: a, type: upcloud, endpoint: 'http://127.0.0.1:8080/'}");
         let refused = check_account(&http, "ns", false).expect_err("http");
         assert_eq!(refused.reason, "InsecureEndpoint");
-        assert!(refused.message.contains("http://127.0.0.1:8080/") && refused.message.contains("--allow-insecure-endpoints"), "{}", refused.message);
+        assert!(
+            refused.message.contains("http://127.0.0.1:8080/") && refused.message.contains("--allow-insecure-endpoints"),
+            "{}",
+            refused.message
+        );
         assert_eq!(check_account(&http, "ns", true), Ok(()));
         for bad in ["ftp://x/", "127.0.0.1:8080", "https://", "http:///path"] {
             let a = account(&format!("{{name: a, type: aws, endpoint: '{bad}'}}"));

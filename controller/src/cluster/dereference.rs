@@ -49,9 +49,11 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
                 ready: crate::taskserv::dereference::server_ready(s),
                 stalled: stalled_message(&conds),
                 deleting: s.metadata.deletion_timestamp.is_some(),
-                machine_failed: s.status.as_ref().and_then(|st| st.provider_state.as_deref()).is_some_and(|state| {
-                    matches!(state, "stopped" | "terminated" | "exited" | "dead")
-                }),
+                machine_failed: s
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.provider_state.as_deref())
+                    .is_some_and(|state| matches!(state, "stopped" | "terminated" | "exited" | "dead")),
                 pending_since: s
                     .status
                     .as_ref()
@@ -106,12 +108,8 @@ pub fn other_clusters(store: &Store<Cluster>, namespace: &str, own: &str) -> Vec
 /// [`plan::check_depends_on`](super::plan::check_depends_on) looks for cycles in.
 pub fn depends_on_graph(store: &Store<Cluster>, own: &Cluster) -> std::collections::BTreeMap<String, Vec<String>> {
     let namespace = own.namespace();
-    let mut graph: std::collections::BTreeMap<String, Vec<String>> = store
-        .state()
-        .iter()
-        .filter(|c| c.namespace() == namespace)
-        .map(|c| (c.name_any(), c.spec.depends_on.clone()))
-        .collect();
+    let mut graph: std::collections::BTreeMap<String, Vec<String>> =
+        store.state().iter().filter(|c| c.namespace() == namespace).map(|c| (c.name_any(), c.spec.depends_on.clone())).collect();
     graph.insert(own.name_any(), own.spec.depends_on.clone());
     graph
 }

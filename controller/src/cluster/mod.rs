@@ -55,7 +55,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (reader, stream) = tracked_reflector(&ctx.stores.synced, cache::CLUSTERS, Api::<Cluster>::all(client.clone()), watcher::Config::default());
+    let (reader, stream) =
+        tracked_reflector(&ctx.stores.synced, cache::CLUSTERS, Api::<Cluster>::all(client.clone()), watcher::Config::default());
     let controller = Controller::for_stream(stream, reader);
     let clusters = controller.store();
     let cctx = Arc::new(ClusterContext { ctx, catalog, clusters });

@@ -65,15 +65,11 @@ pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec
         }
         let version = if t.version.is_empty() { None } else { Some(t.version.as_str()) };
         // Partial: values from configFrom and generated secrets are added by the TaskServ.
-        catalog
-            .validate_partial_request(&t.service, version, t.config.as_ref().unwrap_or(&Value::Null))
-            .map_err(|e| match e {
-                ValidationError::UnknownService(s) => {
-                    invalid("UnknownService", format!("unknown service {s:?}: not in the taskserv catalog"))
-                }
-                e @ ValidationError::UnknownVersion { .. } => invalid("UnknownVersion", e.to_string()),
-                e @ ValidationError::InvalidConfig { .. } => invalid("InvalidConfig", e.to_string()),
-            })?;
+        catalog.validate_partial_request(&t.service, version, t.config.as_ref().unwrap_or(&Value::Null)).map_err(|e| match e {
+            ValidationError::UnknownService(s) => invalid("UnknownService", format!("unknown service {s:?}: not in the taskserv catalog")),
+            e @ ValidationError::UnknownVersion { .. } => invalid("UnknownVersion", e.to_string()),
+            e @ ValidationError::InvalidConfig { .. } => invalid("InvalidConfig", e.to_string()),
+        })?;
         let pools = if t.pools.is_empty() { pool_names.clone() } else { t.pools.clone() };
         listed.insert(
             t.service.clone(),

@@ -140,12 +140,17 @@ async fn create(
         extra_tags: Default::default(),
         host_key,
     };
-    let obs = ctx
-        .provider_call(ws, provider, &valid.account.name, "ensure_server", provider.ensure_server(&request))
-        .await?;
+    let obs = ctx.provider_call(ws, provider, &valid.account.name, "ensure_server", provider.ensure_server(&request)).await?;
     tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "machine created");
     ctx.mark_observed(&server.uid().unwrap_or_default(), &fingerprint(server, &obs.provider_id));
-    ctx.publish(server, EventType::Normal, "Created", "CreateMachine", Some(format!("created machine {} at provider account {}", obs.provider_id, valid.account.name))).await;
+    ctx.publish(
+        server,
+        EventType::Normal,
+        "Created",
+        "CreateMachine",
+        Some(format!("created machine {} at provider account {}", obs.provider_id, valid.account.name)),
+    )
+    .await;
     Ok(Acted::Machine(obs))
 }
 
@@ -153,15 +158,17 @@ async fn create(
 /// generated key (`generated`, when the controller made one) or else `status.hostKey`
 /// (recorded for that same machine only), and returns the key to record; `Err` with a
 /// message naming both fingerprints when they differ.
-pub fn host_key(server: &Server, machine: &ProviderId, provider: &SharedProvider, generated: Option<&str>) -> Result<Option<String>, String> {
+pub fn host_key(
+    server: &Server,
+    machine: &ProviderId,
+    provider: &SharedProvider,
+    generated: Option<&str>,
+) -> Result<Option<String>, String> {
     if let Some(generated) = generated {
         return super::ssh::pin_generated(provider, machine, generated).map(Some);
     }
-    let recorded = server
-        .status
-        .as_ref()
-        .filter(|s| s.provider_id.as_deref() == Some(machine.0.as_str()))
-        .and_then(|s| s.host_key.as_deref());
+    let recorded =
+        server.status.as_ref().filter(|s| s.provider_id.as_deref() == Some(machine.0.as_str())).and_then(|s| s.host_key.as_deref());
     super::ssh::restore_pin(provider, machine, recorded)
 }
 
@@ -191,7 +198,14 @@ pub async fn cleanup(
         let observed = ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await?;
         let Some(observed) = observed else { return Ok(()) };
         if let Err(refused) = super::validate::check_adoption(&server.uid().unwrap_or_default(), &observed) {
-            ctx.publish(server, EventType::Warning, refused.reason, "DeleteMachine", Some(format!("{}; the Server is released and the machine left running", refused.message))).await;
+            ctx.publish(
+                server,
+                EventType::Warning,
+                refused.reason,
+                "DeleteMachine",
+                Some(format!("{}; the Server is released and the machine left running", refused.message)),
+            )
+            .await;
             return Ok(());
         }
     }

@@ -106,7 +106,9 @@ fn refuse_or_note(budget: &MonthlyBudget, why: String) -> Verdict {
     let message = format!("monthly budget {} {} could not be checked: {why}", budget.amount, budget.currency);
     match budget.unknown_cost {
         UnknownCostPolicy::Allow => Verdict::Unchecked(format!("{message} (allowed: unknownCost is Allow)")),
-        UnknownCostPolicy::Refuse => Verdict::Refused(Invalid { reason: BUDGET_UNCHECKED, message: format!("{message} (refused: unknownCost is Refuse)") }),
+        UnknownCostPolicy::Refuse => {
+            Verdict::Refused(Invalid { reason: BUDGET_UNCHECKED, message: format!("{message} (refused: unknownCost is Refuse)") })
+        }
     }
 }
 
@@ -126,7 +128,8 @@ pub async fn gate(
         return Ok(own);
     }
     let namespace = server.metadata.namespace.as_deref();
-    let others: Vec<Arc<Server>> = ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace.as_deref() == namespace).collect();
+    let others: Vec<Arc<Server>> =
+        ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace.as_deref() == namespace).collect();
     match check(server, &own, budget, &others, &ws.display()) {
         Verdict::NotApplicable | Verdict::Within => Ok(own),
         Verdict::Refused(invalid) => Err((invalid, own)),
@@ -192,7 +195,10 @@ mod tests {
         assert_eq!(check(&next, &own(&next), Some(&budget("47.31", UnknownCostPolicy::Allow)), &running, "ws"), Verdict::Within);
         assert_eq!(check(&next, &own(&next), None, &running, "ws"), Verdict::NotApplicable);
         // Machines that exist are never judged.
-        assert_eq!(check(&running[0], &own(&running[0]), Some(&budget("1", UnknownCostPolicy::Refuse)), &running, "ws"), Verdict::NotApplicable);
+        assert_eq!(
+            check(&running[0], &own(&running[0]), Some(&budget("1", UnknownCostPolicy::Refuse)), &running, "ws"),
+            Verdict::NotApplicable
+        );
     }
 
     #[test]

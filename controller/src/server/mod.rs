@@ -108,8 +108,8 @@ impl Reconciled for Server {
 /// Server cache of [`crate::context::Stores`]; [`run`] runs it.
 pub fn controller(client: &Client, synced: &CacheSync) -> Controller<Server> {
     let (reader, writer) = reflector::store::<Server>();
-    let watch = watcher(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic())
-        .modify(|s| s.managed_fields_mut().clear());
+    let watch =
+        watcher(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic()).modify(|s| s.managed_fields_mut().clear());
     let stream = synced.track(cache::SERVERS, reflector::reflector(writer, watch)).applied_objects();
     Controller::for_stream(stream, reader)
 }
@@ -296,7 +296,14 @@ async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<
     if step == plan::CleanupStep::Nothing {
         if server.spec.effective_deletion_policy() == provisioning_crds::DeletionPolicy::Orphan {
             let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
-            ctx.publish(server.as_ref(), EventType::Normal, "Orphaned", "DeleteMachine", Some(format!("deletionPolicy Orphan: machine {id} left running"))).await;
+            ctx.publish(
+                server.as_ref(),
+                EventType::Normal,
+                "Orphaned",
+                "DeleteMachine",
+                Some(format!("deletionPolicy Orphan: machine {id} left running")),
+            )
+            .await;
         }
         ctx.forget_observed(&server.uid().unwrap_or_default());
         ctx.forget_written(server.as_ref());

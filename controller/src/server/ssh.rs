@@ -77,7 +77,10 @@ pub fn key_from_secret(secret: Option<&Secret>, namespace: &str, name: &str, ser
         let keys: Vec<&str> = keys.into_iter().map(String::as_str).collect();
         return Err(KeyProblem {
             reason: "SshKeyMissing",
-            message: format!("{place} has no key {SSH_KEY_FIELD:?} (it holds: {})", if keys.is_empty() { "nothing".into() } else { keys.join(", ") }),
+            message: format!(
+                "{place} has no key {SSH_KEY_FIELD:?} (it holds: {})",
+                if keys.is_empty() { "nothing".into() } else { keys.join(", ") }
+            ),
         });
     };
     let unreadable = || KeyProblem {
@@ -95,7 +98,8 @@ pub fn key_from_secret(secret: Option<&Secret>, namespace: &str, name: &str, ser
 pub async fn server_key(client: &Client, server: &Server) -> Result<Option<ServerKey>, Error> {
     let Some(reference) = &server.spec.ssh_key_secret_ref else { return Ok(None) };
     let own_namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let namespace = check_key_namespace(reference, &own_namespace, &server.name_any()).map_err(|p| Error::Stalled { reason: p.reason, message: p.message })?;
+    let namespace = check_key_namespace(reference, &own_namespace, &server.name_any())
+        .map_err(|p| Error::Stalled { reason: p.reason, message: p.message })?;
     let secret = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&reference.name).await?;
     key_from_secret(secret.as_ref(), &namespace, &reference.name, &server.name_any())
         .map(Some)
@@ -105,7 +109,11 @@ pub async fn server_key(client: &Client, server: &Server) -> Result<Option<Serve
 /// The namespace of a Server's `spec.sshKeySecretRef` (pure): the Server's own. A reference
 /// into another namespace is refused before anything is read, so one tenant cannot log in
 /// to machines with (or learn the public half of) another tenant's key.
-pub fn check_key_namespace(reference: &provisioning_crds::SecretReference, own_namespace: &str, server: &str) -> Result<String, KeyProblem> {
+pub fn check_key_namespace(
+    reference: &provisioning_crds::SecretReference,
+    own_namespace: &str,
+    server: &str,
+) -> Result<String, KeyProblem> {
     match reference.namespace.as_deref().filter(|n| !n.is_empty()) {
         Some(other) if other != own_namespace => Err(KeyProblem {
             reason: "CrossNamespaceReference",
@@ -140,11 +148,12 @@ pub fn host_key_from_secret(secret: Option<&Secret>, server: &Server) -> Result<
     let name = secret.name_any();
     let uid = server.uid().unwrap_or_default();
     if !secret.owner_references().iter().any(|o| o.uid == uid && o.controller == Some(true)) {
-        return Err(format!("Secret {name} exists but is not owned by Server {}; it is not used as the machine's host key", server.name_any()));
+        return Err(format!(
+            "Secret {name} exists but is not owned by Server {}; it is not used as the machine's host key",
+            server.name_any()
+        ));
     }
-    let text = |key: &str| {
-        secret.data.as_ref().and_then(|d| d.get(key)).and_then(|b| String::from_utf8(b.0.clone()).ok())
-    };
+    let text = |key: &str| secret.data.as_ref().and_then(|d| d.get(key)).and_then(|b| String::from_utf8(b.0.clone()).ok());
     match (text(HOST_KEY_PRIVATE), text(HOST_KEY_PUBLIC)) {
         (Some(private), Some(public)) => Ok(Some(HostKey { private: SshPrivateKey(private), public })),
         _ => Err(format!("Secret {name} lacks {HOST_KEY_PRIVATE} or {HOST_KEY_PUBLIC}")),

@@ -75,11 +75,8 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
             }
             status.provider_id = Some(obs.provider_id.0.clone());
             status.provider_state = Some(obs.state.as_str().to_string());
-            status.addresses = obs
-                .addresses
-                .iter()
-                .map(|a| MachineAddress { address_type: a.kind.clone(), address: a.address.clone() })
-                .collect();
+            status.addresses =
+                obs.addresses.iter().map(|a| MachineAddress { address_type: a.kind.clone(), address: a.address.clone() }).collect();
             if !obs.plan.is_empty() {
                 status.resolved_plan = Some(obs.plan.clone());
             }

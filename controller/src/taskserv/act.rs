@@ -105,9 +105,7 @@ impl ScriptRuns {
         let s = self.lock();
         installed
             .into_iter()
-            .filter(|server| {
-                s.last_check.get(&(key.to_string(), server.clone())).is_none_or(|t| t.elapsed() >= interval)
-            })
+            .filter(|server| s.last_check.get(&(key.to_string(), server.clone())).is_none_or(|t| t.elapsed() >= interval))
             .collect()
     }
 
@@ -152,21 +150,16 @@ impl ScriptExecutor for ProviderExecutor {
     ) -> Result<ExecOutput, RunError> {
         let argv = match &self.lock_file {
             Some(lock) => {
-                let mut wrapped = vec!["flock".to_string(), "-o".to_string(), "-w".to_string(), timeout.as_secs().to_string(), lock.clone()];
+                let mut wrapped =
+                    vec!["flock".to_string(), "-o".to_string(), "-w".to_string(), timeout.as_secs().to_string(), lock.clone()];
                 wrapped.extend(argv);
                 wrapped
             }
             None => argv,
         };
-        let request =
-            ExecRequest { argv, stdin: Some(stdin), env: BTreeMap::new(), timeout, output, ssh_key: self.ssh_key.clone() };
+        let request = ExecRequest { argv, stdin: Some(stdin), env: BTreeMap::new(), timeout, output, ssh_key: self.ssh_key.clone() };
         let result = self.provider.exec(&self.id, request).await.map_err(|e| RunError::Executor(e.to_string()))?;
-        Ok(ExecOutput {
-            exit_code: result.exit_code,
-            timed_out: result.timed_out,
-            stdout: result.stdout,
-            stderr: result.stderr,
-        })
+        Ok(ExecOutput { exit_code: result.exit_code, timed_out: result.timed_out, stdout: result.stdout, stderr: result.stderr })
     }
 
     fn script_paths(&self) -> ScriptPaths {
@@ -202,9 +195,7 @@ fn script_run(outcome: &Result<ScriptOutcome, RunError>, step: ScriptStep, start
             ScriptRun {
                 script: step.as_str().to_string(),
                 started_at: Some(rfc3339(k8s_openapi::jiff::Timestamp::from_second(o.started_at.timestamp()).unwrap_or_default())),
-                finished_at: Some(rfc3339(
-                    k8s_openapi::jiff::Timestamp::from_second(o.finished_at.timestamp()).unwrap_or_default(),
-                )),
+                finished_at: Some(rfc3339(k8s_openapi::jiff::Timestamp::from_second(o.finished_at.timestamp()).unwrap_or_default())),
                 exit_code: o.exit_code.map(|c| c as i32),
                 output_tail: Some(o.output_tail.clone()),
             },
@@ -235,8 +226,7 @@ async fn run_step(req: &RunRequest, step: ScriptStep) -> Result<ScriptOutcome, R
         }
     });
     let outcome =
-        run_script_redacted(&req.executor, step, &req.context.taskserv.service, &req.context, req.timeout, Some(tx), &req.redactor)
-            .await;
+        run_script_redacted(&req.executor, step, &req.context.taskserv.service, &req.context, req.timeout, Some(tx), &req.redactor).await;
     let _ = logger.await;
     outcome
 }

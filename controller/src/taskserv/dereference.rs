@@ -58,12 +58,8 @@ pub fn peers(store: &Store<TaskServ>, namespace: &str, own_name: &str) -> Vec<Pe
 /// [`plan::check_depends_on`](super::plan::check_depends_on) looks for cycles in.
 pub fn depends_on_graph(store: &Store<TaskServ>, own: &TaskServ) -> BTreeMap<String, Vec<String>> {
     let namespace = own.namespace();
-    let mut graph: BTreeMap<String, Vec<String>> = store
-        .state()
-        .iter()
-        .filter(|t| t.namespace() == namespace)
-        .map(|t| (t.name_any(), t.spec.depends_on.clone()))
-        .collect();
+    let mut graph: BTreeMap<String, Vec<String>> =
+        store.state().iter().filter(|t| t.namespace() == namespace).map(|t| (t.name_any(), t.spec.depends_on.clone())).collect();
     graph.insert(own.name_any(), own.spec.depends_on.clone());
     graph
 }
@@ -77,11 +73,7 @@ fn addresses(server: &ServerFacts) -> Vec<AddressInfo> {
 }
 
 fn peer_info(server: &ServerFacts) -> PeerInfo {
-    PeerInfo {
-        name: server.name.clone(),
-        addresses: addresses(server),
-        pool: server.labels.get(LABEL_POOL).cloned().unwrap_or_default(),
-    }
+    PeerInfo { name: server.name.clone(), addresses: addresses(server), pool: server.labels.get(LABEL_POOL).cloned().unwrap_or_default() }
 }
 
 /// The parts of a script context that come from the cluster's objects.
@@ -130,11 +122,6 @@ pub fn context_parts(
             environment: ws.spec.environment.as_str().to_string(),
             config: ws.spec.config.clone().unwrap_or(serde_json::Value::Object(Default::default())),
         },
-        taskserv: TaskServInfo {
-            name: ts.name_any(),
-            service: ts.spec.service.clone(),
-            version: version.to_string(),
-            previous_version,
-        },
+        taskserv: TaskServInfo { name: ts.name_any(), service: ts.spec.service.clone(), version: version.to_string(), previous_version },
     }
 }

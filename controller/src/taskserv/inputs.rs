@@ -241,16 +241,15 @@ pub fn generate(format: SecretFormat) -> Result<String, InputsError> {
     const LOWER_ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     const HEX: &[u8] = b"0123456789abcdef";
     let mut rng = rand::rng();
-    let mut pick = |alphabet: &[u8], n: usize| -> String {
-        (0..n).map(|_| alphabet[rng.random_range(0..alphabet.len())] as char).collect()
-    };
+    let mut pick =
+        |alphabet: &[u8], n: usize| -> String { (0..n).map(|_| alphabet[rng.random_range(0..alphabet.len())] as char).collect() };
     Ok(match format {
         SecretFormat::Password => pick(ALNUM, 32),
         SecretFormat::KubeadmToken => format!("{}.{}", pick(LOWER_ALNUM, 6), pick(LOWER_ALNUM, 16)),
         SecretFormat::Hex64 => pick(HEX, 64),
-        SecretFormat::EcP256Pem => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-            .map_err(|e| InputsError::Generate(e.to_string()))?
-            .serialize_pem(),
+        SecretFormat::EcP256Pem => {
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| InputsError::Generate(e.to_string()))?.serialize_pem()
+        }
     })
 }
 
@@ -303,10 +302,7 @@ pub struct ResolvedInputs {
 
 impl std::fmt::Debug for ResolvedInputs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResolvedInputs")
-            .field("hash", &self.hash)
-            .field("generated_secret", &self.generated_secret)
-            .finish_non_exhaustive()
+        f.debug_struct("ResolvedInputs").field("hash", &self.hash).field("generated_secret", &self.generated_secret).finish_non_exhaustive()
     }
 }
 
@@ -472,13 +468,7 @@ mod tests {
 
     fn src(kind: ConfigSourceKind, name: &str, key: &str, target: &str, optional: bool, value: Option<&str>) -> SourceValue {
         SourceValue {
-            source: ConfigFromSource {
-                kind,
-                name: name.into(),
-                key: key.into(),
-                target_path: target.into(),
-                optional,
-            },
+            source: ConfigFromSource { kind, name: name.into(), key: key.into(), target_path: target.into(), optional },
             value: value.map(str::to_string),
         }
     }

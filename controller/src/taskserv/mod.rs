@@ -29,10 +29,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use provisioning_crds::{
-    Cluster, ConfigSourceKind, LABEL_CLUSTER, LocalSecretReference, Server, TaskServ,
-    TaskServStatus, condition,
-};
+use provisioning_crds::{Cluster, ConfigSourceKind, LABEL_CLUSTER, LocalSecretReference, Server, TaskServ, TaskServStatus, condition};
 use provisioning_providers::ProviderId;
 use provisioning_taskservs::{Catalog, ScriptContext, ScriptPaths};
 
@@ -79,10 +76,12 @@ pub async fn run(
     let client = ctx.client.clone();
     let ctx_client = client.clone();
     let (trigger, triggered) = Trigger::new();
-    let (reader, stream) = tracked_reflector(&ctx.stores.synced, cache::TASKSERVS, Api::<TaskServ>::all(client.clone()), watcher::Config::default());
+    let (reader, stream) =
+        tracked_reflector(&ctx.stores.synced, cache::TASKSERVS, Api::<TaskServ>::all(client.clone()), watcher::Config::default());
     let controller = Controller::for_stream(stream, reader);
     let store = controller.store();
-    let tctx = Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, servers, taskservs: store.clone() });
+    let tctx =
+        Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, servers, taskservs: store.clone() });
     let selecting = store.clone();
     let (by_secret, by_config_map) = (store.clone(), store.clone());
     // Secrets are granted per namespace by deploy/ (no cluster-wide watch allowed there).
@@ -227,12 +226,8 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     let results = tctx.runs.results(&key);
     let status = ts.status.clone().unwrap_or_default();
     let health_interval = validated.as_ref().map(|v| v.health_interval).unwrap_or(Duration::from_secs(60));
-    let installed: Vec<String> = status
-        .servers
-        .iter()
-        .filter(|s| s.phase == "Installed" && s.healthy != Some(false))
-        .map(|s| s.name.clone())
-        .collect();
+    let installed: Vec<String> =
+        status.servers.iter().filter(|s| s.phase == "Installed" && s.healthy != Some(false)).map(|s| s.name.clone()).collect();
     let checks_due = tctx.runs.checks_due(&key, installed, health_interval);
     let name = ts.name_any();
     let observed = Observed {

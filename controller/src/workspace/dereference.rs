@@ -31,9 +31,7 @@ pub async fn check_accounts(ws: &EffectiveWorkspace, ctx: &Context) -> Vec<(Stri
                 let fingerprint = format!("{:p}", std::sync::Arc::as_ptr(&provider));
                 let memo = {
                     let map = ctx.account_checks.lock().unwrap_or_else(|p| p.into_inner());
-                    map.get(&key)
-                        .filter(|(fp, at, _)| *fp == fingerprint && at.elapsed() < ctx.config.resync())
-                        .map(|(_, _, c)| c.clone())
+                    map.get(&key).filter(|(fp, at, _)| *fp == fingerprint && at.elapsed() < ctx.config.resync()).map(|(_, _, c)| c.clone())
                 };
                 match memo {
                     Some(check) => check,

@@ -42,7 +42,12 @@ pub fn desired(input: StatusInput<'_>) -> WorkspaceStatus {
             })
             .collect();
         wanted.insert(1, DesiredCondition::new(condition::RECONCILING, Status::False, "Paused", "reconciliation is paused"));
-        wanted.push(DesiredCondition::new(condition::PAUSED, Status::True, "Paused", "annotation provisioning.dev/paused=true stops reconciliation"));
+        wanted.push(DesiredCondition::new(
+            condition::PAUSED,
+            Status::True,
+            "Paused",
+            "annotation provisioning.dev/paused=true stops reconciliation",
+        ));
         status.conditions = conditions::merge(&previous.conditions, &wanted, input.generation, input.now);
         return status;
     }
@@ -85,7 +90,10 @@ pub fn desired(input: StatusInput<'_>) -> WorkspaceStatus {
     } else if !retrying.is_empty() {
         Summary::progressing("ValidatingProviders", retrying.join("; "))
     } else {
-        Summary::ready("Ready", format!("namespace {:?} with {} provider account(s) ready", input.namespace.clone().unwrap_or_default(), input.accounts.len()))
+        Summary::ready(
+            "Ready",
+            format!("namespace {:?} with {} provider account(s) ready", input.namespace.clone().unwrap_or_default(), input.accounts.len()),
+        )
     };
     let providers_ready = if input.conflict.is_some() {
         DesiredCondition::new(condition::PROVIDERS_READY, Status::Unknown, "NamespaceConflict", "")

@@ -118,33 +118,20 @@ pub fn load_customizations() -> Result<Vec<KindCustomization>, String> {
 }
 
 fn load_kind(dir: &Path) -> Result<KindCustomization, String> {
-    let kind = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let kind = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let health_lua = read(&dir.join("health.lua"))?;
     let actions_dir = dir.join("actions");
     let discovery_lua = read(&actions_dir.join("discovery.lua"))?;
     let mut actions = BTreeMap::new();
-    let entries =
-        std::fs::read_dir(&actions_dir).map_err(|e| format!("{}: {e}", actions_dir.display()))?;
+    let entries = std::fs::read_dir(&actions_dir).map_err(|e| format!("{}: {e}", actions_dir.display()))?;
     for entry in entries {
         let entry = entry.map_err(|e| format!("{}: {e}", actions_dir.display()))?;
         let script = entry.path().join("action.lua");
         if script.is_file() {
-            actions.insert(
-                entry.file_name().to_string_lossy().into_owned(),
-                read(&script)?,
-            );
+            actions.insert(entry.file_name().to_string_lossy().into_owned(), read(&script)?);
         }
     }
-    Ok(KindCustomization {
-        kind,
-        dir: dir.to_path_buf(),
-        health_lua,
-        discovery_lua,
-        actions,
-    })
+    Ok(KindCustomization { kind, dir: dir.to_path_buf(), health_lua, discovery_lua, actions })
 }
 
 /// A YAML literal block scalar (`|`) holding `text`, its lines indented by `indent` spaces.
@@ -192,15 +179,9 @@ pub fn generate_cm_patch(kinds: &[KindCustomization]) -> String {
          data:\n",
     );
     for kind in kinds {
-        out.push_str(&format!(
-            "  resource.customizations.health.{GROUP}_{}: ",
-            kind.kind
-        ));
+        out.push_str(&format!("  resource.customizations.health.{GROUP}_{}: ", kind.kind));
         out.push_str(&block_scalar(&kind.health_lua, 4));
-        out.push_str(&format!(
-            "  resource.customizations.actions.{GROUP}_{}: ",
-            kind.kind
-        ));
+        out.push_str(&format!("  resource.customizations.actions.{GROUP}_{}: ", kind.kind));
         out.push_str(&block_scalar(&actions_document(kind), 4));
     }
     out
@@ -220,12 +201,9 @@ pub fn load_source() -> Result<SharedScripts, String> {
     let dir = source_dir();
     let actions_dir = dir.join("actions");
     let mut actions = BTreeMap::new();
-    let entries =
-        std::fs::read_dir(&actions_dir).map_err(|e| format!("{}: {e}", actions_dir.display()))?;
+    let entries = std::fs::read_dir(&actions_dir).map_err(|e| format!("{}: {e}", actions_dir.display()))?;
     for entry in entries {
-        let path = entry
-            .map_err(|e| format!("{}: {e}", actions_dir.display()))?
-            .path();
+        let path = entry.map_err(|e| format!("{}: {e}", actions_dir.display()))?.path();
         let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
         match stem {
             Some(name) if path.extension().is_some_and(|e| e == "lua") && name != "discovery" => {
@@ -234,11 +212,7 @@ pub fn load_source() -> Result<SharedScripts, String> {
             _ => {}
         }
     }
-    Ok(SharedScripts {
-        health_lua: read(&dir.join("health.lua"))?,
-        discovery_lua: read(&actions_dir.join("discovery.lua"))?,
-        actions,
-    })
+    Ok(SharedScripts { health_lua: read(&dir.join("health.lua"))?, discovery_lua: read(&actions_dir.join("discovery.lua"))?, actions })
 }
 
 /// The first line of every generated copy: where to edit instead.
@@ -253,11 +227,7 @@ pub fn kind_from_source(kind: &str, src: &SharedScripts) -> KindCustomization {
         dir: group_dir().join(kind),
         health_lua: copy_header("health.lua") + &src.health_lua,
         discovery_lua: copy_header("actions/discovery.lua") + &src.discovery_lua,
-        actions: src
-            .actions
-            .iter()
-            .map(|(name, script)| (name.clone(), copy_header(&format!("actions/{name}.lua")) + script))
-            .collect(),
+        actions: src.actions.iter().map(|(name, script)| (name.clone(), copy_header(&format!("actions/{name}.lua")) + script)).collect(),
     }
 }
 
@@ -266,8 +236,7 @@ pub fn kind_from_source(kind: &str, src: &SharedScripts) -> KindCustomization {
 pub fn generated_files(kinds: &[String], src: &SharedScripts) -> Vec<(PathBuf, String)> {
     let mut sorted = kinds.to_vec();
     sorted.sort();
-    let customizations: Vec<KindCustomization> =
-        sorted.iter().map(|k| kind_from_source(k, src)).collect();
+    let customizations: Vec<KindCustomization> = sorted.iter().map(|k| kind_from_source(k, src)).collect();
     let mut files = Vec::new();
     for kind in &customizations {
         files.push((kind.dir.join("health.lua"), kind.health_lua.clone()));
@@ -317,8 +286,7 @@ mod tests {
     fn block_scalars_round_trip_through_yaml() {
         let text = "local a = 1\n\n  indented: \"quoted\" # not a comment\nreturn a\n";
         let doc = format!("key: {}", block_scalar(text, 2));
-        let parsed: BTreeMap<String, String> =
-            serde_yaml_ng::from_str(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
+        let parsed: BTreeMap<String, String> = serde_yaml_ng::from_str(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
         assert_eq!(parsed.get("key").map(String::as_str), Some(text));
     }
 
@@ -350,10 +318,7 @@ mod tests {
             actions: BTreeMap::from([("pause".to_string(), "return obj\n".to_string())]),
         };
         let files = generated_files(&["Server".into(), "Cluster".into()], &src);
-        let names: Vec<String> = files
-            .iter()
-            .map(|(p, _)| p.strip_prefix(argocd_dir()).unwrap_or(p).display().to_string())
-            .collect();
+        let names: Vec<String> = files.iter().map(|(p, _)| p.strip_prefix(argocd_dir()).unwrap_or(p).display().to_string()).collect();
         let prefix = "resource_customizations/provisioning.dev";
         assert_eq!(
             names,

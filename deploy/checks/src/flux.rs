@@ -68,11 +68,7 @@ pub struct StatusEvaluator {
 }
 
 fn compile(kind: &str, field: &'static str, source: &str) -> Result<cel::Program, ParseError> {
-    cel::Program::compile(source).map_err(|e| ParseError {
-        kind: kind.to_owned(),
-        field,
-        message: e.to_string(),
-    })
+    cel::Program::compile(source).map_err(|e| ParseError { kind: kind.to_owned(), field, message: e.to_string() })
 }
 
 impl StatusEvaluator {
@@ -86,12 +82,7 @@ impl StatusEvaluator {
                 .filter(|s| !s.is_empty())
                 .map(|s| compile(&exprs.kind, "inProgress", s))
                 .transpose()?,
-            failed: exprs
-                .failed
-                .as_deref()
-                .filter(|s| !s.is_empty())
-                .map(|s| compile(&exprs.kind, "failed", s))
-                .transpose()?,
+            failed: exprs.failed.as_deref().filter(|s| !s.is_empty()).map(|s| compile(&exprs.kind, "failed", s)).transpose()?,
         })
     }
 
@@ -107,9 +98,7 @@ impl StatusEvaluator {
         }
         match program.execute(&context) {
             Ok(cel::Value::Bool(b)) => Ok(b),
-            Ok(other) => Err(format!(
-                "expression did not evaluate to a boolean: {other:?}"
-            )),
+            Ok(other) => Err(format!("expression did not evaluate to a boolean: {other:?}")),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -131,15 +120,11 @@ impl StatusEvaluator {
     pub fn evaluate(&self, obj: &Value) -> FluxVerdict {
         if let Some(observed) = obj.pointer("/status/observedGeneration") {
             let Some(observed) = observed.as_i64() else {
-                return FluxVerdict::Unknown(format!(
-                    ".status.observedGeneration accessor error: {observed} is not an int64"
-                ));
+                return FluxVerdict::Unknown(format!(".status.observedGeneration accessor error: {observed} is not an int64"));
             };
             if let Some(generation) = obj.pointer("/metadata/generation") {
                 let Some(generation) = generation.as_i64() else {
-                    return FluxVerdict::Unknown(format!(
-                        ".metadata.generation accessor error: {generation} is not an int64"
-                    ));
+                    return FluxVerdict::Unknown(format!(".metadata.generation accessor error: {generation} is not an int64"));
                 };
                 if observed != generation {
                     return FluxVerdict::InProgress;
@@ -178,8 +163,8 @@ pub fn read_health_check_exprs(path: &std::path::Path) -> Result<Vec<HealthCheck
             continue;
         }
         if let Some(list) = value.pointer("/spec/healthCheckExprs") {
-            let parsed: Vec<HealthCheckExpr> = serde_json::from_value(list.clone())
-                .map_err(|e| format!("{}: healthCheckExprs: {e}", path.display()))?;
+            let parsed: Vec<HealthCheckExpr> =
+                serde_json::from_value(list.clone()).map_err(|e| format!("{}: healthCheckExprs: {e}", path.display()))?;
             exprs.extend(parsed);
         }
     }
@@ -207,10 +192,7 @@ mod tests {
     fn order_and_defaults_match_flux() {
         let e = evaluator("data.current", "data.inProgress", "data.failed");
         let obj = |c: bool, i: bool, f: bool| json!({"data": {"current": c, "inProgress": i, "failed": f}});
-        assert_eq!(
-            e.evaluate(&obj(false, false, false)),
-            FluxVerdict::InProgress
-        );
+        assert_eq!(e.evaluate(&obj(false, false, false)), FluxVerdict::InProgress);
         assert_eq!(e.evaluate(&obj(true, true, true)), FluxVerdict::InProgress);
         assert_eq!(e.evaluate(&obj(true, false, true)), FluxVerdict::Failed);
         assert_eq!(e.evaluate(&obj(true, false, false)), FluxVerdict::Current);
@@ -231,14 +213,8 @@ mod tests {
             "status.conditions.filter(e, e.type == 'Ready').all(e, e.status == 'False')",
         );
         assert!(matches!(e.evaluate(&json!({})), FluxVerdict::Unknown(_)));
-        assert!(matches!(
-            e.evaluate(&json!({"status": {}})),
-            FluxVerdict::Unknown(_)
-        ));
+        assert!(matches!(e.evaluate(&json!({"status": {}})), FluxVerdict::Unknown(_)));
         // An empty list: `all` is vacuously true, so this naive pair calls it Failed.
-        assert_eq!(
-            e.evaluate(&json!({"metadata": {"generation": 1}, "status": {"conditions": []}})),
-            FluxVerdict::Failed
-        );
+        assert_eq!(e.evaluate(&json!({"metadata": {"generation": 1}, "status": {"conditions": []}})), FluxVerdict::Failed);
     }
 }

@@ -50,11 +50,7 @@ pub fn load(path: &std::path::Path) -> Result<PluginFile, String> {
 
 /// Whether k9s can bind `key`: a lowercase letter or digit, or Shift-/Ctrl-/Alt- and a letter.
 pub fn is_valid_shortcut(key: &str) -> bool {
-    let single = |s: &str| {
-        s.len() == 1
-            && s.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-    };
+    let single = |s: &str| s.len() == 1 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     let upper = |s: &str| s.len() == 1 && s.chars().all(|c| c.is_ascii_uppercase());
     match key.split_once('-') {
         None => single(key),
@@ -66,8 +62,8 @@ pub fn is_valid_shortcut(key: &str) -> bool {
 /// Keys k9s itself binds in every resource view (a plugin there would be ignored or shadow
 /// a built-in): describe, edit, yaml, logs, delete, kill, wide, faults, save, sort by name/age…
 pub const RESERVED_KEYS: [&str; 17] = [
-    "a", "d", "e", "l", "s", "y", "Ctrl-A", "Ctrl-D", "Ctrl-E", "Ctrl-K", "Ctrl-Q", "Ctrl-R",
-    "Ctrl-S", "Ctrl-W", "Ctrl-Z", "Shift-A", "Shift-N",
+    "a", "d", "e", "l", "s", "y", "Ctrl-A", "Ctrl-D", "Ctrl-E", "Ctrl-K", "Ctrl-Q", "Ctrl-R", "Ctrl-S", "Ctrl-W", "Ctrl-Z", "Shift-A",
+    "Shift-N",
 ];
 
 #[cfg(test)]
@@ -79,9 +75,7 @@ mod tests {
         for good in ["r", "1", "Shift-R", "Ctrl-P", "Alt-X"] {
             assert!(is_valid_shortcut(good), "{good}");
         }
-        for bad in [
-            "", "R", "shift-r", "Shift-r", "Ctrl-", "Ctrl-PP", "Super-R", "Shift+R", "rr",
-        ] {
+        for bad in ["", "R", "shift-r", "Shift-r", "Ctrl-", "Ctrl-PP", "Super-R", "Shift+R", "rr"] {
             assert!(!is_valid_shortcut(bad), "{bad}");
         }
     }

@@ -58,28 +58,18 @@ pub fn crd_names() -> Result<Vec<CrdNames>, String> {
     let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries {
         let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
-        if path
-            .extension()
-            .is_none_or(|ext| ext != "yaml" && ext != "yml")
-        {
+        if path.extension().is_none_or(|ext| ext != "yaml" && ext != "yml") {
             continue;
         }
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         for document in serde_yaml_ng::Deserializer::from_str(&text) {
-            let value = serde_yaml_ng::Value::deserialize(document)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let value = serde_yaml_ng::Value::deserialize(document).map_err(|e| format!("{}: {e}", path.display()))?;
             if value.get("kind").and_then(|k| k.as_str()) != Some("CustomResourceDefinition") {
                 continue;
             }
-            let crd: Crd =
-                serde_yaml_ng::from_value(value).map_err(|e| format!("{}: {e}", path.display()))?;
+            let crd: Crd = serde_yaml_ng::from_value(value).map_err(|e| format!("{}: {e}", path.display()))?;
             debug_assert_eq!(crd.kind, "CustomResourceDefinition");
-            let singular = if crd.spec.names.singular.is_empty() {
-                crd.spec.names.kind.to_lowercase()
-            } else {
-                crd.spec.names.singular
-            };
+            let singular = if crd.spec.names.singular.is_empty() { crd.spec.names.kind.to_lowercase() } else { crd.spec.names.singular };
             names.push(CrdNames {
                 kind: crd.spec.names.kind,
                 plural: crd.spec.names.plural,
@@ -104,17 +94,12 @@ pub fn crd_schema(kind: &str) -> Result<serde_json::Value, String> {
     let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries {
         let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
-        if path
-            .extension()
-            .is_none_or(|ext| ext != "yaml" && ext != "yml")
-        {
+        if path.extension().is_none_or(|ext| ext != "yaml" && ext != "yml") {
             continue;
         }
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         for document in serde_yaml_ng::Deserializer::from_str(&text) {
-            let value = serde_json::Value::deserialize(document)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let value = serde_json::Value::deserialize(document).map_err(|e| format!("{}: {e}", path.display()))?;
             if value.pointer("/spec/names/kind").and_then(|k| k.as_str()) == Some(kind) {
                 return value
                     .pointer("/spec/versions/0/schema/openAPIV3Schema")

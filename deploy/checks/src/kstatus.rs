@@ -33,55 +33,32 @@ pub struct Judgement {
 
 /// The condition of type `condition_type` in `status.conditions`, if any.
 pub fn condition<'a>(obj: &'a Value, condition_type: &str) -> Option<&'a Value> {
-    obj.pointer("/status/conditions")?
-        .as_array()?
-        .iter()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some(condition_type))
+    obj.pointer("/status/conditions")?.as_array()?.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(condition_type))
 }
 
 fn condition_is_true(obj: &Value, condition_type: &str) -> bool {
-    condition(obj, condition_type)
-        .and_then(|c| c.get("status"))
-        .and_then(Value::as_str)
-        == Some("True")
+    condition(obj, condition_type).and_then(|c| c.get("status")).and_then(Value::as_str) == Some("True")
 }
 
 fn condition_message(obj: &Value, condition_type: &str) -> String {
-    condition(obj, condition_type)
-        .and_then(|c| c.get("message"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
+    condition(obj, condition_type).and_then(|c| c.get("message")).and_then(Value::as_str).unwrap_or_default().to_owned()
 }
 
 /// An integer that may have been serialized as a number or a numeric string.
 fn as_integer(value: &Value) -> Option<i64> {
-    value
-        .as_i64()
-        .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
+    value.as_i64().or_else(|| value.as_str().and_then(|s| s.parse().ok()))
 }
 
 /// Judges one object snapshot.
 pub fn judge(obj: &Value) -> Judgement {
-    if obj
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null())
-    {
-        return Judgement {
-            status: KStatus::Terminating,
-            message: "being deleted".into(),
-        };
+    if obj.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null()) {
+        return Judgement { status: KStatus::Terminating, message: "being deleted".into() };
     }
     let generation = obj.pointer("/metadata/generation").and_then(as_integer);
-    let observed = obj
-        .pointer("/status/observedGeneration")
-        .and_then(as_integer);
+    let observed = obj.pointer("/status/observedGeneration").and_then(as_integer);
     match (generation, observed) {
         (_, None) => {
-            return Judgement {
-                status: KStatus::InProgress,
-                message: "status.observedGeneration not written yet".into(),
-            };
+            return Judgement { status: KStatus::InProgress, message: "status.observedGeneration not written yet".into() };
         }
         (Some(generation), Some(observed)) if observed < generation => {
             return Judgement {
@@ -92,29 +69,18 @@ pub fn judge(obj: &Value) -> Judgement {
         _ => {}
     }
     if condition_is_true(obj, "Reconciling") {
-        return Judgement {
-            status: KStatus::InProgress,
-            message: condition_message(obj, "Reconciling"),
-        };
+        return Judgement { status: KStatus::InProgress, message: condition_message(obj, "Reconciling") };
     }
     if condition_is_true(obj, "Stalled") {
-        return Judgement {
-            status: KStatus::Failed,
-            message: condition_message(obj, "Stalled"),
-        };
+        return Judgement { status: KStatus::Failed, message: condition_message(obj, "Stalled") };
     }
-    Judgement {
-        status: KStatus::Current,
-        message: condition_message(obj, "Ready"),
-    }
+    Judgement { status: KStatus::Current, message: condition_message(obj, "Ready") }
 }
 
 /// Whether the controller says the work is done: `Ready=True` for the current generation.
 pub fn is_done(obj: &Value) -> bool {
     let generation = obj.pointer("/metadata/generation").and_then(as_integer);
-    let observed = obj
-        .pointer("/status/observedGeneration")
-        .and_then(as_integer);
+    let observed = obj.pointer("/status/observedGeneration").and_then(as_integer);
     condition_is_true(obj, "Ready") && generation.is_some() && generation == observed
 }
 
@@ -154,10 +120,7 @@ mod tests {
 
     #[test]
     fn deletion_wins_over_everything() {
-        let mut obj = with_status(
-            1,
-            json!({"observedGeneration": 1, "conditions": [cond("Ready", "True", "")]}),
-        );
+        let mut obj = with_status(1, json!({"observedGeneration": 1, "conditions": [cond("Ready", "True", "")]}));
         obj["metadata"]["deletionTimestamp"] = json!("2024-05-01T12:00:00Z");
         assert_eq!(judge(&obj).status, KStatus::Terminating);
     }
@@ -170,15 +133,9 @@ mod tests {
 
     #[test]
     fn observed_generation_behind_is_in_progress_even_when_ready() {
-        let obj = with_status(
-            2,
-            json!({"observedGeneration": 1, "conditions": [cond("Ready", "True", "ok")]}),
-        );
+        let obj = with_status(2, json!({"observedGeneration": 1, "conditions": [cond("Ready", "True", "ok")]}));
         assert_eq!(judge(&obj).status, KStatus::InProgress);
-        let obj = with_status(
-            2,
-            json!({"observedGeneration": "1", "conditions": [cond("Ready", "True", "ok")]}),
-        );
+        let obj = with_status(2, json!({"observedGeneration": "1", "conditions": [cond("Ready", "True", "ok")]}));
         assert_eq!(judge(&obj).status, KStatus::InProgress);
     }
 
@@ -189,13 +146,7 @@ mod tests {
             json!({"observedGeneration": 1, "conditions": [
             cond("Reconciling", "True", "booting"), cond("Stalled", "True", "bad plan")]}),
         );
-        assert_eq!(
-            judge(&obj),
-            Judgement {
-                status: KStatus::InProgress,
-                message: "booting".into()
-            }
-        );
+        assert_eq!(judge(&obj), Judgement { status: KStatus::InProgress, message: "booting".into() });
     }
 
     #[test]
@@ -205,13 +156,7 @@ mod tests {
             json!({"observedGeneration": 1, "conditions": [
             cond("Reconciling", "False", ""), cond("Stalled", "True", "bad plan")]}),
         );
-        assert_eq!(
-            judge(&obj),
-            Judgement {
-                status: KStatus::Failed,
-                message: "bad plan".into()
-            }
-        );
+        assert_eq!(judge(&obj), Judgement { status: KStatus::Failed, message: "bad plan".into() });
     }
 
     #[test]
@@ -221,13 +166,7 @@ mod tests {
             json!({"observedGeneration": 1, "conditions": [
             cond("Ready", "True", "running"), cond("Reconciling", "False", ""), cond("Stalled", "False", "")]}),
         );
-        assert_eq!(
-            judge(&obj),
-            Judgement {
-                status: KStatus::Current,
-                message: "running".into()
-            }
-        );
+        assert_eq!(judge(&obj), Judgement { status: KStatus::Current, message: "running".into() });
     }
 
     #[test]
@@ -243,26 +182,16 @@ mod tests {
             json!({"observedGeneration": 1, "conditions": [
             cond("Ready", "True", "up"), cond("Reconciling", "False", "")]}),
         );
-        let verdicts = check_in_progress_until_done(&[new.clone(), first.clone(), ready.clone()])
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            verdicts,
-            [KStatus::InProgress, KStatus::InProgress, KStatus::Current]
-        );
+        let verdicts = check_in_progress_until_done(&[new.clone(), first.clone(), ready.clone()]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(verdicts, [KStatus::InProgress, KStatus::InProgress, KStatus::Current]);
         // A controller that forgets Reconciling=True while working would be caught.
-        let sloppy = with_status(
-            1,
-            json!({"observedGeneration": 1, "conditions": [cond("Ready", "False", "booting")]}),
-        );
+        let sloppy = with_status(1, json!({"observedGeneration": 1, "conditions": [cond("Ready", "False", "booting")]}));
         assert!(check_in_progress_until_done(&[new, sloppy, ready]).is_err());
     }
 
     #[test]
     fn malformed_conditions_do_not_panic() {
-        let obj = with_status(
-            1,
-            json!({"observedGeneration": 1, "conditions": [{"type": "Ready"}, {"status": "True"}, 3, null]}),
-        );
+        let obj = with_status(1, json!({"observedGeneration": 1, "conditions": [{"type": "Ready"}, {"status": "True"}, 3, null]}));
         assert_eq!(judge(&obj).status, KStatus::Current);
         let obj = with_status(1, json!({"observedGeneration": 1, "conditions": "broken"}));
         assert_eq!(judge(&obj).status, KStatus::Current);

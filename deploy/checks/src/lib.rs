@@ -15,11 +15,7 @@ use std::path::PathBuf;
 /// The cargo workspace root (this crate lives in `deploy/checks`).
 pub fn workspace_root() -> PathBuf {
     let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest_dir
-        .ancestors()
-        .nth(2)
-        .map(PathBuf::from)
-        .unwrap_or(manifest_dir)
+    manifest_dir.ancestors().nth(2).map(PathBuf::from).unwrap_or(manifest_dir)
 }
 
 /// The `deploy/` directory.

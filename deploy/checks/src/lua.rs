@@ -17,15 +17,10 @@ pub const FIXED_EPOCH_SECONDS: i64 = 1_714_564_800;
 #[derive(Debug, thiserror::Error)]
 pub enum LuaError {
     /// No Lua 5.1 interpreter: tests must fail, not skip (CI installs it via scripts/setup.sh).
-    #[error(
-        "no Lua 5.1 interpreter found (looked at $LUA51, lua5.1 on PATH, .tools/bin, /usr/bin); run scripts/setup.sh: {0}"
-    )]
+    #[error("no Lua 5.1 interpreter found (looked at $LUA51, lua5.1 on PATH, .tools/bin, /usr/bin); run scripts/setup.sh: {0}")]
     NotFound(String),
     #[error("could not run {binary}: {source}")]
-    Spawn {
-        binary: PathBuf,
-        source: std::io::Error,
-    },
+    Spawn { binary: PathBuf, source: std::io::Error },
     #[error("{binary} is not Lua 5.1: {version}")]
     WrongVersion { binary: PathBuf, version: String },
     #[error("the Lua harness failed (exit {status}): {stderr}")]
@@ -36,11 +31,7 @@ pub enum LuaError {
     #[error("script {name} raised: {message}")]
     Script { name: String, message: String },
     #[error("script {name} returned {found}, expected {expected}")]
-    ReturnType {
-        name: String,
-        expected: &'static str,
-        found: String,
-    },
+    ReturnType { name: String, expected: &'static str, found: String },
 }
 
 /// A located, version-checked Lua 5.1 interpreter.
@@ -71,14 +62,7 @@ pub struct ResourceAction {
 }
 
 /// The statuses Argo CD accepts from a health script; anything else becomes `Unknown`.
-pub const VALID_HEALTH_STATUSES: [&str; 6] = [
-    "Unknown",
-    "Progressing",
-    "Suspended",
-    "Healthy",
-    "Degraded",
-    "Missing",
-];
+pub const VALID_HEALTH_STATUSES: [&str; 6] = ["Unknown", "Progressing", "Suspended", "Healthy", "Degraded", "Missing"];
 
 impl Lua51 {
     /// Finds the interpreter: `$LUA51`, then `lua5.1` on `PATH`, then the project's `.tools/bin`,
@@ -97,34 +81,12 @@ impl Lua51 {
             .iter()
             .find(|candidate| candidate.is_file())
             .cloned()
-            .ok_or_else(|| {
-                LuaError::NotFound(
-                    candidates
-                        .iter()
-                        .map(|c| c.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                )
-            })?;
-        let output =
-            Command::new(&binary)
-                .arg("-v")
-                .output()
-                .map_err(|source| LuaError::Spawn {
-                    binary: binary.clone(),
-                    source,
-                })?;
+            .ok_or_else(|| LuaError::NotFound(candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")))?;
+        let output = Command::new(&binary).arg("-v").output().map_err(|source| LuaError::Spawn { binary: binary.clone(), source })?;
         // lua5.1 -v prints its banner on stdout or stderr depending on the build.
-        let version = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let version = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         if !version.contains("Lua 5.1") {
-            return Err(LuaError::WrongVersion {
-                binary,
-                version: version.trim().to_owned(),
-            });
+            return Err(LuaError::WrongVersion { binary, version: version.trim().to_owned() });
         }
         Ok(Self { binary })
     }
@@ -145,22 +107,11 @@ impl Lua51 {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|source| LuaError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
+            .map_err(|source| LuaError::Spawn { binary: self.binary.clone(), source })?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(harness.as_bytes())
-                .map_err(|source| LuaError::Spawn {
-                    binary: self.binary.clone(),
-                    source,
-                })?;
+            stdin.write_all(harness.as_bytes()).map_err(|source| LuaError::Spawn { binary: self.binary.clone(), source })?;
         }
-        let output = child.wait_with_output().map_err(|source| LuaError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
+        let output = child.wait_with_output().map_err(|source| LuaError::Spawn { binary: self.binary.clone(), source })?;
         if !output.status.success() {
             return Err(LuaError::Harness {
                 status: output.status.to_string(),
@@ -168,13 +119,9 @@ impl Lua51 {
             });
         }
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let reply: Value = serde_json::from_str(&stdout)
-            .map_err(|_| LuaError::Output(stdout.clone().into_owned()))?;
+        let reply: Value = serde_json::from_str(&stdout).map_err(|_| LuaError::Output(stdout.clone().into_owned()))?;
         if let Some(message) = reply.get("error") {
-            return Err(LuaError::Script {
-                name: name.to_owned(),
-                message: message.as_str().unwrap_or_default().to_owned(),
-            });
+            return Err(LuaError::Script { name: name.to_owned(), message: message.as_str().unwrap_or_default().to_owned() });
         }
         Ok(reply.get("result").cloned().unwrap_or(Value::Null))
     }
@@ -189,29 +136,20 @@ impl Lua51 {
                 found: result.to_string(),
             });
         }
-        let health: HealthStatus =
-            serde_json::from_value(result.clone()).map_err(|_| LuaError::ReturnType {
-                name: name.to_owned(),
-                expected: "a table with status and message",
-                found: result.to_string(),
-            })?;
+        let health: HealthStatus = serde_json::from_value(result.clone()).map_err(|_| LuaError::ReturnType {
+            name: name.to_owned(),
+            expected: "a table with status and message",
+            found: result.to_string(),
+        })?;
         if !VALID_HEALTH_STATUSES.contains(&health.status.as_str()) {
             // Argo CD's own behaviour for an invalid status code.
-            return Ok(HealthStatus {
-                status: "Unknown".into(),
-                message: "Lua returned an invalid health status".into(),
-            });
+            return Ok(HealthStatus { status: "Unknown".into(), message: "Lua returned an invalid health status".into() });
         }
         Ok(health)
     }
 
     /// Runs a discovery script: a table of action name to `{disabled, displayName, iconClass}`.
-    pub fn discovery(
-        &self,
-        name: &str,
-        script: &str,
-        obj: &Value,
-    ) -> Result<Vec<ResourceAction>, LuaError> {
+    pub fn discovery(&self, name: &str, script: &str, obj: &Value) -> Result<Vec<ResourceAction>, LuaError> {
         let result = self.run(name, script, obj)?;
         let mut actions = Vec::new();
         match result {
@@ -219,35 +157,17 @@ impl Lua51 {
             Value::Array(items) if items.is_empty() => {}
             Value::Object(map) => {
                 for (action_name, spec) in map {
-                    let mut action = ResourceAction {
-                        name: action_name.clone(),
-                        disabled: false,
-                        display_name: None,
-                        icon_class: None,
-                    };
+                    let mut action = ResourceAction { name: action_name.clone(), disabled: false, display_name: None, icon_class: None };
                     if let Value::Object(fields) = spec {
-                        action.disabled = fields
-                            .get("disabled")
-                            .and_then(Value::as_bool)
-                            .unwrap_or(false);
-                        action.display_name = fields
-                            .get("displayName")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned);
-                        action.icon_class = fields
-                            .get("iconClass")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned);
+                        action.disabled = fields.get("disabled").and_then(Value::as_bool).unwrap_or(false);
+                        action.display_name = fields.get("displayName").and_then(Value::as_str).map(str::to_owned);
+                        action.icon_class = fields.get("iconClass").and_then(Value::as_str).map(str::to_owned);
                     }
                     actions.push(action);
                 }
             }
             other => {
-                return Err(LuaError::ReturnType {
-                    name: name.to_owned(),
-                    expected: "a table of actions",
-                    found: other.to_string(),
-                });
+                return Err(LuaError::ReturnType { name: name.to_owned(), expected: "a table of actions", found: other.to_string() });
             }
         }
         actions.sort_by(|a, b| a.name.cmp(&b.name));
@@ -263,21 +183,14 @@ impl Lua51 {
                 let original = obj.as_object().cloned().unwrap_or_default();
                 Ok(Value::Object(clean_returned_obj(new_obj, &original)))
             }
-            other => Err(LuaError::ReturnType {
-                name: name.to_owned(),
-                expected: "the modified object",
-                found: other.to_string(),
-            }),
+            other => Err(LuaError::ReturnType { name: name.to_owned(), expected: "the modified object", found: other.to_string() }),
         }
     }
 }
 
 /// Argo CD's `cleanReturnedObj`: Lua cannot tell an empty map from an empty list, so where the
 /// original held a map and the script returned `[]`, the map comes back.
-fn clean_returned_obj(
-    mut new_obj: Map<String, Value>,
-    original: &Map<String, Value>,
-) -> Map<String, Value> {
+fn clean_returned_obj(mut new_obj: Map<String, Value>, original: &Map<String, Value>) -> Map<String, Value> {
     for (key, old_value) in original {
         let Some(new_value) = new_obj.get_mut(key) else {
             continue;
@@ -287,9 +200,7 @@ fn clean_returned_obj(
                 let cleaned = clean_returned_obj(std::mem::take(new_map), old_map);
                 *new_map = cleaned;
             }
-            (new_value @ Value::Array(_), Value::Object(old_map))
-                if new_value.as_array().is_some_and(Vec::is_empty) =>
-            {
+            (new_value @ Value::Array(_), Value::Object(old_map)) if new_value.as_array().is_some_and(Vec::is_empty) => {
                 *new_value = Value::Object(old_map.clone());
             }
             (Value::Array(new_items), Value::Array(old_items)) => {
@@ -334,19 +245,12 @@ fn lua_value(value: &Value) -> String {
         },
         Value::String(s) => lua_string(s),
         Value::Array(items) => {
-            let fields: Vec<String> = items
-                .iter()
-                .enumerate()
-                .map(|(i, item)| format!("[{}]={}", i + 1, lua_value(item)))
-                .collect();
+            let fields: Vec<String> = items.iter().enumerate().map(|(i, item)| format!("[{}]={}", i + 1, lua_value(item))).collect();
             format!("{{{}}}", fields.join(","))
         }
         Value::Object(map) => {
-            let fields: Vec<String> = map
-                .iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| format!("[{}]={}", lua_string(k), lua_value(v)))
-                .collect();
+            let fields: Vec<String> =
+                map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| format!("[{}]={}", lua_string(k), lua_value(v))).collect();
             format!("{{{}}}", fields.join(","))
         }
     }
@@ -470,10 +374,7 @@ mod tests {
             "return obj.metadata.name:upper()",
         ] {
             let outcome = lua.run("probe", probe, &json!({"metadata": {"name": "a"}}));
-            assert!(
-                matches!(outcome, Err(LuaError::Script { .. })),
-                "{probe} should fail in the sandbox, got {outcome:?}"
-            );
+            assert!(matches!(outcome, Err(LuaError::Script { .. })), "{probe} should fail in the sandbox, got {outcome:?}");
         }
     }
 
@@ -487,10 +388,7 @@ mod tests {
                 &json!({"metadata": {"name": "abc"}}),
             )
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            result,
-            json!({"n": 3, "s": "g2", "d": "2024-05-01T12:00:00Z", "l": 3})
-        );
+        assert_eq!(result, json!({"n": 3, "s": "g2", "d": "2024-05-01T12:00:00Z", "l": 3}));
     }
 
     #[test]
@@ -500,23 +398,14 @@ mod tests {
             "metadata": {"name": "weird \"name\"\n\\ é", "generation": 7, "labels": {}},
             "spec": {"ratio": 0.25, "list": [1, "two", {"three": true}], "empty": []}
         });
-        let result = lua
-            .action("probe", "return obj", &obj)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let result = lua.action("probe", "return obj", &obj).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(result, obj);
     }
 
     #[test]
     fn script_errors_are_reported() {
         let lua = lua();
-        let outcome = lua.run(
-            "broken",
-            "return obj.status.conditions[1]",
-            &json!({"metadata": {}}),
-        );
-        assert!(
-            matches!(outcome, Err(LuaError::Script { .. })),
-            "{outcome:?}"
-        );
+        let outcome = lua.run("broken", "return obj.status.conditions[1]", &json!({"metadata": {}}));
+        assert!(matches!(outcome, Err(LuaError::Script { .. })), "{outcome:?}");
     }
 }

@@ -21,8 +21,7 @@ struct SnapshotFile {
 pub fn load() -> Result<Vec<Snapshot>, String> {
     let path = crate::deploy_dir().join("checks/fixtures/status_snapshots.yaml");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let file: SnapshotFile =
-        serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file: SnapshotFile = serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(file.snapshots)
 }
 

@@ -26,19 +26,12 @@ fn skipped(path: &Path) -> bool {
 }
 
 /// API groups that are not Kubernetes types (kustomize's and Flux's own kinds).
-const OTHER_TOOLS: &[&str] = &[
-    "kustomize.config.k8s.io/",
-    "kustomize.toolkit.fluxcd.io/",
-    "source.toolkit.fluxcd.io/",
-    "argoproj.io/",
-];
+const OTHER_TOOLS: &[&str] = &["kustomize.config.k8s.io/", "kustomize.toolkit.fluxcd.io/", "source.toolkit.fluxcd.io/", "argoproj.io/"];
 
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     for entry in entries {
-        let path = entry
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .path();
+        let path = entry.unwrap_or_else(|e| panic!("{}: {e}", dir.display())).path();
         if path.is_dir() {
             yaml_files(&path, out);
         } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") && !skipped(&path) {
@@ -79,8 +72,7 @@ fn dropped_fields(original: &Value, round_trip: &Value, at: &str, out: &mut Vec<
 
 /// Parses `object` as `T`, failing on any field `T` does not have.
 fn strict<T: DeserializeOwned + serde::Serialize>(object: &Value, origin: &str) {
-    let typed: T =
-        serde_json::from_value(object.clone()).unwrap_or_else(|e| panic!("{origin}: {e}"));
+    let typed: T = serde_json::from_value(object.clone()).unwrap_or_else(|e| panic!("{origin}: {e}"));
     let round_trip = serde_json::to_value(&typed).unwrap_or_else(|e| panic!("{origin}: {e}"));
     let mut dropped = Vec::new();
     dropped_fields(object, &round_trip, "", &mut dropped);
@@ -89,16 +81,9 @@ fn strict<T: DeserializeOwned + serde::Serialize>(object: &Value, origin: &str) 
 
 /// Checks one object as its Kubernetes type; returns its kind.
 fn check_object(object: &Value, origin: &str) -> String {
-    let api_version = object["apiVersion"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{origin}: no apiVersion"));
-    let kind = object["kind"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{origin}: no kind"));
-    let origin = format!(
-        "{origin} ({api_version} {kind} {})",
-        object["metadata"]["name"].as_str().unwrap_or("?")
-    );
+    let api_version = object["apiVersion"].as_str().unwrap_or_else(|| panic!("{origin}: no apiVersion"));
+    let kind = object["kind"].as_str().unwrap_or_else(|| panic!("{origin}: no kind"));
+    let origin = format!("{origin} ({api_version} {kind} {})", object["metadata"]["name"].as_str().unwrap_or("?"));
     match (api_version, kind) {
         ("v1", "Namespace") => strict::<Namespace>(object, &origin),
         ("v1", "ConfigMap") => strict::<ConfigMap>(object, &origin),
@@ -110,14 +95,10 @@ fn check_object(object: &Value, origin: &str) -> String {
         ("policy/v1", "PodDisruptionBudget") => strict::<PodDisruptionBudget>(object, &origin),
         ("networking.k8s.io/v1", "NetworkPolicy") => strict::<NetworkPolicy>(object, &origin),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => strict::<ClusterRole>(object, &origin),
-        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
-            strict::<ClusterRoleBinding>(object, &origin)
-        }
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => strict::<ClusterRoleBinding>(object, &origin),
         ("rbac.authorization.k8s.io/v1", "Role") => strict::<Role>(object, &origin),
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => strict::<RoleBinding>(object, &origin),
-        ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
-            strict::<CustomResourceDefinition>(object, &origin)
-        }
+        ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => strict::<CustomResourceDefinition>(object, &origin),
         _ if OTHER_TOOLS.iter().any(|g| api_version.starts_with(g)) => {}
         _ => panic!("{origin}: no Kubernetes type known to this test; add it to check_object"),
     }
@@ -130,8 +111,7 @@ fn every_object_under_deploy_parses_as_its_type_with_no_unknown_fields() {
     yaml_files(&deploy_dir(), &mut files);
     let mut kinds = Vec::new();
     for file in &files {
-        let text =
-            std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         for object in documents(&text, &file.display().to_string()) {
             if object.get("kind").is_none() {
                 continue; // not a Kubernetes object (e.g. a kustomize patch fragment)
@@ -139,17 +119,8 @@ fn every_object_under_deploy_parses_as_its_type_with_no_unknown_fields() {
             kinds.push(check_object(&object, &file.display().to_string()));
         }
     }
-    for expected in [
-        "Deployment",
-        "PodDisruptionBudget",
-        "NetworkPolicy",
-        "ClusterRole",
-        "CustomResourceDefinition",
-    ] {
-        assert!(
-            kinds.iter().any(|k| k == expected),
-            "no {expected} under deploy/ (found {kinds:?})"
-        );
+    for expected in ["Deployment", "PodDisruptionBudget", "NetworkPolicy", "ClusterRole", "CustomResourceDefinition"] {
+        assert!(kinds.iter().any(|k| k == expected), "no {expected} under deploy/ (found {kinds:?})");
     }
 }
 
@@ -174,20 +145,9 @@ fn kubectl() -> PathBuf {
 
 /// `kubectl kustomize deploy/` with the real kubectl, parsed.
 fn rendered() -> Vec<Value> {
-    let out = Command::new(kubectl())
-        .arg("kustomize")
-        .arg(deploy_dir())
-        .output()
-        .expect("run kubectl kustomize");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize deploy/ failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    documents(
-        &String::from_utf8_lossy(&out.stdout),
-        "kubectl kustomize deploy/",
-    )
+    let out = Command::new(kubectl()).arg("kustomize").arg(deploy_dir()).output().expect("run kubectl kustomize");
+    assert!(out.status.success(), "kubectl kustomize deploy/ failed: {}", String::from_utf8_lossy(&out.stderr));
+    documents(&String::from_utf8_lossy(&out.stdout), "kubectl kustomize deploy/")
 }
 
 #[test]
@@ -197,19 +157,9 @@ fn kustomize_renders_deploy_and_every_rendered_object_is_valid() {
         check_object(object, "kubectl kustomize deploy/");
         // Every namespaced object lands in the controller's namespace.
         let kind = object["kind"].as_str().unwrap_or_default();
-        let cluster_scoped = [
-            "Namespace",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "CustomResourceDefinition",
-        ]
-        .contains(&kind);
+        let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"].contains(&kind);
         if !cluster_scoped {
-            assert_eq!(
-                object["metadata"]["namespace"], "provisioning-system",
-                "{kind} {}",
-                object["metadata"]["name"]
-            );
+            assert_eq!(object["metadata"]["namespace"], "provisioning-system", "{kind} {}", object["metadata"]["name"]);
         }
     }
 }
@@ -223,15 +173,10 @@ fn controller_config_maps_load_and_match_the_deployment() {
     let configs: Vec<provisioning_controller::config::ControllerConfig> = objects
         .iter()
         .filter(|o| o["kind"] == "ConfigMap")
-        .filter_map(|o| {
-            o["data"]["config.toml"]
-                .as_str()
-                .map(|t| (o["metadata"]["name"].clone(), t.to_string()))
-        })
+        .filter_map(|o| o["data"]["config.toml"].as_str().map(|t| (o["metadata"]["name"].clone(), t.to_string())))
         .map(|(name, text)| {
-            provisioning_controller::config::ControllerConfig::from_toml(&text).unwrap_or_else(
-                |e| panic!("ConfigMap {name}: the controller rejects its config.toml: {e}"),
-            )
+            provisioning_controller::config::ControllerConfig::from_toml(&text)
+                .unwrap_or_else(|e| panic!("ConfigMap {name}: the controller rejects its config.toml: {e}"))
         })
         .collect();
     assert_eq!(configs.len(), 1, "one controller ConfigMap expected");
@@ -250,43 +195,13 @@ fn controller_config_maps_load_and_match_the_deployment() {
         .find(|p| p.name.as_deref() == Some("http-metrics"))
         .map(|p| p.container_port)
         .expect("an http-metrics port");
-    let addr = config
-        .metrics_addr
-        .expect("metrics_addr is set (the probes need it)");
-    assert_eq!(
-        i32::from(addr.port()),
-        port,
-        "metrics_addr serves the probes' port"
-    );
-    assert!(
-        addr.ip().is_unspecified(),
-        "metrics_addr must listen on all addresses, not {addr}: the kubelet probes the pod IP"
-    );
-    let state_mount = container
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|m| m.name == "state")
-        .expect("a state volume mount");
-    assert_eq!(
-        Path::new(&state_mount.mount_path),
-        config.state_dir,
-        "state_dir is on the state volume"
-    );
-    let config_mount = container
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|m| m.name == "config")
-        .expect("config mount");
+    let addr = config.metrics_addr.expect("metrics_addr is set (the probes need it)");
+    assert_eq!(i32::from(addr.port()), port, "metrics_addr serves the probes' port");
+    assert!(addr.ip().is_unspecified(), "metrics_addr must listen on all addresses, not {addr}: the kubelet probes the pod IP");
+    let state_mount = container.volume_mounts.iter().flatten().find(|m| m.name == "state").expect("a state volume mount");
+    assert_eq!(Path::new(&state_mount.mount_path), config.state_dir, "state_dir is on the state volume");
+    let config_mount = container.volume_mounts.iter().flatten().find(|m| m.name == "config").expect("config mount");
     let args = container.args.clone().unwrap_or_default();
-    let config_arg = args
-        .iter()
-        .position(|a| a == "--config")
-        .and_then(|i| args.get(i + 1))
-        .expect("--config arg");
-    assert!(
-        config_arg.starts_with(&format!("{}/", config_mount.mount_path)),
-        "--config {config_arg} is under the config mount"
-    );
+    let config_arg = args.iter().position(|a| a == "--config").and_then(|i| args.get(i + 1)).expect("--config arg");
+    assert!(config_arg.starts_with(&format!("{}/", config_mount.mount_path)), "--config {config_arg} is under the config mount");
 }

@@ -11,9 +11,7 @@ use provisioning_deploy_checks::snapshots;
 fn example() -> serde_json::Value {
     let path = flux::flux_dir().join("kustomization-example.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let first = serde_yaml_ng::Deserializer::from_str(&text)
-        .next()
-        .unwrap_or_else(|| panic!("{} is empty", path.display()));
+    let first = serde_yaml_ng::Deserializer::from_str(&text).next().unwrap_or_else(|| panic!("{} is empty", path.display()));
     serde::Deserialize::deserialize(first).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -32,36 +30,21 @@ fn evaluators() -> Vec<(String, String, StatusEvaluator)> {
 #[test]
 fn the_example_kustomization_waits_and_covers_every_kind() {
     let kustomization = example();
-    assert_eq!(
-        kustomization["apiVersion"],
-        "kustomize.toolkit.fluxcd.io/v1"
-    );
+    assert_eq!(kustomization["apiVersion"], "kustomize.toolkit.fluxcd.io/v1");
     assert_eq!(kustomization["kind"], "Kustomization");
     assert_eq!(kustomization["spec"]["wait"], true);
     for field in ["interval", "timeout", "sourceRef", "path"] {
-        assert!(
-            !kustomization["spec"][field].is_null(),
-            "spec.{field} is required"
-        );
+        assert!(!kustomization["spec"][field].is_null(), "spec.{field} is required");
     }
-    let exprs = kustomization["spec"]["healthCheckExprs"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no healthCheckExprs"));
+    let exprs = kustomization["spec"]["healthCheckExprs"].as_array().unwrap_or_else(|| panic!("no healthCheckExprs"));
     for e in exprs {
         for field in ["apiVersion", "kind", "current", "inProgress", "failed"] {
-            assert!(
-                e[field].as_str().is_some_and(|s| !s.is_empty()),
-                "{e}: {field}"
-            );
+            assert!(e[field].as_str().is_some_and(|s| !s.is_empty()), "{e}: {field}");
         }
     }
-    let covered: BTreeSet<(String, String)> =
-        evaluators().into_iter().map(|(a, k, _)| (a, k)).collect();
+    let covered: BTreeSet<(String, String)> = evaluators().into_iter().map(|(a, k, _)| (a, k)).collect();
     let names = crd_names().unwrap_or_else(|e| panic!("{e}"));
-    let expected: BTreeSet<(String, String)> = names
-        .iter()
-        .map(|n| (format!("{}/v1alpha1", n.group), n.kind.clone()))
-        .collect();
+    let expected: BTreeSet<(String, String)> = names.iter().map(|n| (format!("{}/v1alpha1", n.group), n.kind.clone())).collect();
     assert_eq!(covered, expected);
 }
 
@@ -75,18 +58,12 @@ fn health_check_exprs_give_the_expected_verdict_for_every_snapshot() {
         let obj = snapshots::object(snapshot).unwrap_or_else(|e| panic!("{e}"));
         let kind = obj["kind"].as_str().unwrap_or_default();
         let Some((_, _, evaluator)) = evaluators.iter().find(|(_, k, _)| k == kind) else {
-            failures.push(format!(
-                "{}: no healthCheckExprs for kind {kind}",
-                snapshot.path
-            ));
+            failures.push(format!("{}: no healthCheckExprs for kind {kind}", snapshot.path));
             continue;
         };
         let verdict = evaluator.evaluate(&obj);
         if verdict.name() != snapshot.flux {
-            failures.push(format!(
-                "{} ({}): expected {}, got {verdict:?}",
-                snapshot.path, snapshot.stage, snapshot.flux
-            ));
+            failures.push(format!("{} ({}): expected {}, got {verdict:?}", snapshot.path, snapshot.stage, snapshot.flux));
         }
         // The waits-forever trap: once there is a status, no expression may fail to evaluate.
         if obj.get("status").is_some() {
@@ -97,12 +74,7 @@ fn health_check_exprs_give_the_expected_verdict_for_every_snapshot() {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -140,16 +112,10 @@ fn expressions_survive_arbitrarily_missing_status_fields() {
                 }
             }
             for (field, outcome) in evaluator.evaluate_each(&obj) {
-                assert!(
-                    outcome.is_ok(),
-                    "{kind} {field} errors on {obj}: {outcome:?}"
-                );
+                assert!(outcome.is_ok(), "{kind} {field} errors on {obj}: {outcome:?}");
             }
             let verdict = evaluator.evaluate(&obj);
-            assert!(
-                !matches!(verdict, flux::FluxVerdict::Unknown(_)),
-                "{kind}: {verdict:?} on {obj}"
-            );
+            assert!(!matches!(verdict, flux::FluxVerdict::Unknown(_)), "{kind}: {verdict:?} on {obj}");
         }
     }
 }

@@ -20,10 +20,7 @@ const NAMESPACE: &str = "gitops";
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("provisioning.dev", "v1alpha1", kind),
-        plural,
-    )
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("provisioning.dev", "v1alpha1", kind), plural)
 }
 
 /// Records every version of one object the API server stores until `stop` says so.
@@ -41,11 +38,7 @@ async fn record(api: Api<DynamicObject>, name: &str, stop: impl Fn(&Value) -> bo
             for o in objects {
                 let v = serde_json::to_value(&o).unwrap_or_else(|e| panic!("{e}"));
                 let rv = v.pointer("/metadata/resourceVersion").cloned();
-                if life
-                    .last()
-                    .and_then(|l| l.pointer("/metadata/resourceVersion").cloned())
-                    != rv
-                {
+                if life.last().and_then(|l| l.pointer("/metadata/resourceVersion").cloned()) != rv {
                     life.push(v.clone());
                 }
                 if stop(&v) {
@@ -55,28 +48,18 @@ async fn record(api: Api<DynamicObject>, name: &str, stop: impl Fn(&Value) -> bo
         }
     })
     .await;
-    assert!(
-        outcome.is_ok(),
-        "{name}: deadline passed; recorded statuses:\n{}",
-        render(&life)
-    );
+    assert!(outcome.is_ok(), "{name}: deadline passed; recorded statuses:\n{}", render(&life));
     life
 }
 
 fn render(life: &[Value]) -> String {
-    life.iter()
-        .map(|o| format!("gen={} {}", o["metadata"]["generation"], o["status"]))
-        .collect::<Vec<_>>()
-        .join("\n")
+    life.iter().map(|o| format!("gen={} {}", o["metadata"]["generation"], o["status"])).collect::<Vec<_>>().join("\n")
 }
 
 fn evaluator(kind: &str) -> StatusEvaluator {
     let path = flux::flux_dir().join("kustomization-example.yaml");
     let exprs = flux::read_health_check_exprs(&path).unwrap_or_else(|e| panic!("{e}"));
-    let found = exprs
-        .iter()
-        .find(|e| e.kind == kind)
-        .unwrap_or_else(|| panic!("no {kind} exprs"));
+    let found = exprs.iter().find(|e| e.kind == kind).unwrap_or_else(|| panic!("no {kind} exprs"));
     StatusEvaluator::new(found).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -108,16 +91,9 @@ fn manifests() -> (Value, Value, Value) {
 }
 
 async fn apply(api: &Api<DynamicObject>, manifest: &Value) -> Value {
-    let name = manifest["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let name = manifest["metadata"]["name"].as_str().unwrap_or_default().to_owned();
     let applied = api
-        .patch(
-            &name,
-            &PatchParams::apply("gitops-checks").force(),
-            &Patch::Apply(manifest),
-        )
+        .patch(&name, &PatchParams::apply("gitops-checks").force(), &Patch::Apply(manifest))
         .await
         .unwrap_or_else(|e| panic!("apply {name}: {e}"));
     serde_json::to_value(applied).unwrap_or_else(|e| panic!("{e}"))
@@ -133,11 +109,8 @@ async fn install_crds(client: &kube::Client) {
     let path = provisioning_deploy_checks::deploy_dir().join("crds/crds.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     for document in serde_yaml_ng::Deserializer::from_str(&text) {
-        let crd: DynamicObject =
-            serde::Deserialize::deserialize(document).unwrap_or_else(|e| panic!("{e}"));
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .unwrap_or_else(|e| panic!("create CRD: {e}"));
+        let crd: DynamicObject = serde::Deserialize::deserialize(document).unwrap_or_else(|e| panic!("{e}"));
+        crds.create(&PostParams::default(), &crd).await.unwrap_or_else(|e| panic!("create CRD: {e}"));
     }
     let servers: Api<DynamicObject> = Api::all_with(client.clone(), &resource("Server", "servers"));
     let served = tokio::time::timeout(DEADLINE, async {
@@ -146,10 +119,7 @@ async fn install_crds(client: &kube::Client) {
         }
     })
     .await;
-    assert!(
-        served.is_ok(),
-        "the API server never served servers.provisioning.dev"
-    );
+    assert!(served.is_ok(), "the API server never served servers.provisioning.dev");
 }
 
 /// The embedded control plane and the controller, running in this process.
@@ -172,11 +142,8 @@ impl ControlPlane {
         })
         .await
         .unwrap_or_else(|e| panic!("start the embedded control plane: {e}"));
-        let kubeconfig = kube::config::Kubeconfig::read_from(apiserver.kubeconfig_path())
-            .unwrap_or_else(|e| panic!("{e}"));
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let kubeconfig = kube::config::Kubeconfig::read_from(apiserver.kubeconfig_path()).unwrap_or_else(|e| panic!("{e}"));
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap_or_else(|e| panic!("{e}"));
         let client = kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
         install_crds(&client).await;
 
@@ -190,40 +157,25 @@ impl ControlPlane {
         let controller = tokio::spawn({
             let client = client.clone();
             async move {
-                let run =
-                    provisioning_controller::run::run(client, controller_config, async move {
-                        let _ = stop_rx.await;
-                    });
+                let run = provisioning_controller::run::run(client, controller_config, async move {
+                    let _ = stop_rx.await;
+                });
                 if let Err(e) = run.await {
                     eprintln!("controller: {e}");
                 }
             }
         });
-        Self {
-            apiserver,
-            client,
-            stop_tx,
-            controller,
-            _data: data,
-        }
+        Self { apiserver, client, stop_tx, controller, _data: data }
     }
 
     /// The namespace and the Workspace with its simulated provider account.
     async fn workspace(&self) {
         let namespaces: Api<DynamicObject> = Api::all_with(
             self.client.clone(),
-            &ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("", "v1", "Namespace"),
-                "namespaces",
-            ),
+            &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Namespace"), "namespaces"),
         );
-        apply(
-            &namespaces,
-            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
-        )
-        .await;
-        let workspaces: Api<DynamicObject> =
-            Api::all_with(self.client.clone(), &resource("Workspace", "workspaces"));
+        apply(&namespaces, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})).await;
+        let workspaces: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource("Workspace", "workspaces"));
         apply(&workspaces, &manifests().0).await;
     }
 
@@ -240,8 +192,7 @@ async fn the_controllers_status_is_in_progress_until_done_and_failed_for_a_bad_p
     let plane = ControlPlane::start().await;
     let client = plane.client.clone();
     plane.workspace().await;
-    let servers: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), NAMESPACE, &resource("Server", "servers"));
+    let servers: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource("Server", "servers"));
     let (_, good, bad) = manifests();
 
     // Stage "new": what the API server returns on apply, before any reconcile.
@@ -249,8 +200,7 @@ async fn the_controllers_status_is_in_progress_until_done_and_failed_for_a_bad_p
     let bad_new = apply(&servers, &bad).await;
     let (good_life, bad_life) = tokio::join!(
         record(servers.clone(), "web-1", kstatus::is_done),
-        record(servers.clone(), "bad-plan", |o| kstatus::judge(o).status
-            == KStatus::Failed),
+        record(servers.clone(), "bad-plan", |o| kstatus::judge(o).status == KStatus::Failed),
     );
     let mut good_life = [vec![good_new], good_life].concat();
     let bad_life = [vec![bad_new], bad_life].concat();
@@ -265,124 +215,57 @@ async fn the_controllers_status_is_in_progress_until_done_and_failed_for_a_bad_p
 
     plane.stop().await;
 
-    eprintln!(
-        "web-1, every stored version:\n{}\nbad-plan:\n{}",
-        render(&good_life),
-        render(&bad_life)
-    );
+    eprintln!("web-1, every stored version:\n{}\nbad-plan:\n{}", render(&good_life), render(&bad_life));
 
     // The judge: InProgress, never Current, until the controller says Ready for this generation.
-    let first_life: Vec<Value> = good_life
-        .iter()
-        .take_while(|o| o["metadata"]["generation"] == 1)
-        .cloned()
-        .collect();
-    let verdicts = kstatus::check_in_progress_until_done(&first_life)
-        .unwrap_or_else(|e| panic!("{e}\nrecorded:\n{}", render(&good_life)));
+    let first_life: Vec<Value> = good_life.iter().take_while(|o| o["metadata"]["generation"] == 1).cloned().collect();
+    let verdicts = kstatus::check_in_progress_until_done(&first_life).unwrap_or_else(|e| panic!("{e}\nrecorded:\n{}", render(&good_life)));
     assert_eq!(verdicts.first(), Some(&KStatus::InProgress), "new");
-    assert_eq!(
-        verdicts.last(),
-        Some(&KStatus::Current),
-        "Ready:\n{}",
-        render(&good_life)
-    );
+    assert_eq!(verdicts.last(), Some(&KStatus::Current), "Ready:\n{}", render(&good_life));
+    assert!(verdicts.len() >= 3, "expected new, provisioning and Ready stages:\n{}", render(&good_life));
     assert!(
-        verdicts.len() >= 3,
-        "expected new, provisioning and Ready stages:\n{}",
-        render(&good_life)
-    );
-    assert!(
-        first_life
-            .iter()
-            .any(|o| kstatus::condition(o, "Reconciling").is_some_and(|c| c["status"] == "True")),
+        first_life.iter().any(|o| kstatus::condition(o, "Reconciling").is_some_and(|c| c["status"] == "True")),
         "a provisioning stage with Reconciling=True:\n{}",
         render(&first_life)
     );
-    assert_eq!(
-        kstatus::judge(&changed_now).status,
-        KStatus::InProgress,
-        "spec changed: {}",
-        changed_now["status"]
-    );
+    assert_eq!(kstatus::judge(&changed_now).status, KStatus::InProgress, "spec changed: {}", changed_now["status"]);
     let second_life: Vec<Value> = good_life.iter().skip(first_life.len()).cloned().collect();
-    let verdicts = kstatus::check_in_progress_until_done(&second_life)
-        .unwrap_or_else(|e| panic!("{e}\nrecorded:\n{}", render(&second_life)));
+    let verdicts =
+        kstatus::check_in_progress_until_done(&second_life).unwrap_or_else(|e| panic!("{e}\nrecorded:\n{}", render(&second_life)));
     assert_eq!(verdicts.last(), Some(&KStatus::Current));
 
     // The bad plan: Failed, with a message naming the plan; never Current on the way.
     for obj in &bad_life {
-        assert_ne!(
-            kstatus::judge(obj).status,
-            KStatus::Current,
-            "bad plan judged Current: {}",
-            obj["status"]
-        );
+        assert_ne!(kstatus::judge(obj).status, KStatus::Current, "bad plan judged Current: {}", obj["status"]);
     }
     let failed = kstatus::judge(bad_life.last().unwrap_or(&Value::Null));
     assert_eq!(failed.status, KStatus::Failed);
-    assert!(
-        failed.message.contains("gigantic"),
-        "the Stalled message should name the plan: {}",
-        failed.message
-    );
+    assert!(failed.message.contains("gigantic"), "the Stalled message should name the plan: {}", failed.message);
 
     // The same snapshots through Flux's expressions: never Current before done, Failed at the end.
     let evaluator = evaluator("Server");
-    for obj in first_life
-        .iter()
-        .take(first_life.len() - 1)
-        .chain(std::iter::once(&changed_now))
-    {
+    for obj in first_life.iter().take(first_life.len() - 1).chain(std::iter::once(&changed_now)) {
         let verdict = evaluator.evaluate(obj);
-        assert!(
-            verdict != FluxVerdict::Current && verdict != FluxVerdict::Failed,
-            "Flux: {verdict:?} on {}",
-            obj["status"]
-        );
+        assert!(verdict != FluxVerdict::Current && verdict != FluxVerdict::Failed, "Flux: {verdict:?} on {}", obj["status"]);
         if obj.get("status").is_some() {
-            assert!(
-                !matches!(verdict, FluxVerdict::Unknown(_)),
-                "Flux expression error on {}: {verdict:?}",
-                obj["status"]
-            );
+            assert!(!matches!(verdict, FluxVerdict::Unknown(_)), "Flux expression error on {}: {verdict:?}", obj["status"]);
         }
     }
-    assert_eq!(
-        evaluator.evaluate(first_life.last().unwrap_or(&Value::Null)),
-        FluxVerdict::Current
-    );
-    assert_eq!(
-        evaluator.evaluate(bad_life.last().unwrap_or(&Value::Null)),
-        FluxVerdict::Failed
-    );
+    assert_eq!(evaluator.evaluate(first_life.last().unwrap_or(&Value::Null)), FluxVerdict::Current);
+    assert_eq!(evaluator.evaluate(bad_life.last().unwrap_or(&Value::Null)), FluxVerdict::Failed);
 
     // And through Argo CD's health.lua in the Lua 5.1 sandbox.
     let lua = Lua51::locate().unwrap_or_else(|e| panic!("{e}"));
     let script_path = argocd::group_dir().join("Server/health.lua");
-    let script = std::fs::read_to_string(&script_path)
-        .unwrap_or_else(|e| panic!("{}: {e}", script_path.display()));
-    let health = |obj: &Value| {
-        lua.health("Server/health.lua", &script, obj)
-            .unwrap_or_else(|e| panic!("{e}"))
-    };
-    for obj in first_life
-        .iter()
-        .take(first_life.len() - 1)
-        .chain(std::iter::once(&changed_now))
-    {
+    let script = std::fs::read_to_string(&script_path).unwrap_or_else(|e| panic!("{}: {e}", script_path.display()));
+    let health = |obj: &Value| lua.health("Server/health.lua", &script, obj).unwrap_or_else(|e| panic!("{e}"));
+    for obj in first_life.iter().take(first_life.len() - 1).chain(std::iter::once(&changed_now)) {
         assert_eq!(health(obj).status, "Progressing", "{}", obj["status"]);
     }
-    assert_eq!(
-        health(first_life.last().unwrap_or(&Value::Null)).status,
-        "Healthy"
-    );
+    assert_eq!(health(first_life.last().unwrap_or(&Value::Null)).status, "Healthy");
     let degraded = health(bad_life.last().unwrap_or(&Value::Null));
     assert_eq!(degraded.status, "Degraded");
-    assert!(
-        degraded.message.contains("gigantic"),
-        "{}",
-        degraded.message
-    );
+    assert!(degraded.message.contains("gigantic"), "{}", degraded.message);
 }
 
 /// Servers of a Cluster's pool, as the API server has them now.
@@ -394,25 +277,14 @@ async fn pool_servers(servers: &Api<DynamicObject>, cluster: &str, pool: &str) -
         .unwrap_or_else(|e| panic!("list servers: {e}"))
         .items
         .into_iter()
-        .filter(|s| {
-            s.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with(&prefix))
-        })
+        .filter(|s| s.metadata.name.as_deref().is_some_and(|n| n.starts_with(&prefix)))
         .map(|s| serde_json::to_value(s).unwrap_or_else(|e| panic!("{e}")))
         .collect()
 }
 
 fn servers_counts(obj: &Value) -> (u64, u64) {
-    let desired = obj
-        .pointer("/status/servers/desired")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    let ready = obj
-        .pointer("/status/servers/ready")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
+    let desired = obj.pointer("/status/servers/desired").and_then(Value::as_u64).unwrap_or(0);
+    let ready = obj.pointer("/status/servers/ready").and_then(Value::as_u64).unwrap_or(0);
     (desired, ready)
 }
 
@@ -421,10 +293,8 @@ async fn a_clusters_status_is_in_progress_until_its_servers_are_ready_and_failed
     let plane = ControlPlane::start().await;
     let client = plane.client.clone();
     plane.workspace().await;
-    let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), NAMESPACE, &resource("Cluster", "clusters"));
-    let servers: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), NAMESPACE, &resource("Server", "servers"));
+    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource("Cluster", "clusters"));
+    let servers: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource("Server", "servers"));
 
     // On the Workspace's default (simulated) provider account; no taskservs.
     let good = json!({
@@ -450,9 +320,7 @@ async fn a_clusters_status_is_in_progress_until_its_servers_are_ready_and_failed
     let bad_new = apply(&clusters, &bad).await;
     let (good_life, bad_life) = tokio::join!(
         record(clusters.clone(), "web", kstatus::is_done),
-        record(clusters.clone(), "bad-service", |o| kstatus::judge(o)
-            .status
-            == KStatus::Failed),
+        record(clusters.clone(), "bad-service", |o| kstatus::judge(o).status == KStatus::Failed),
     );
     let first_life = [vec![good_new], good_life].concat();
     let bad_life = [vec![bad_new], bad_life].concat();
@@ -476,10 +344,7 @@ async fn a_clusters_status_is_in_progress_until_its_servers_are_ready_and_failed
     );
 
     // When the controller says done, the pool's Servers really are all Ready.
-    for (life, servers_now, replicas) in [
-        (&first_life, &first_servers, 2u64),
-        (&second_life, &second_servers, 3u64),
-    ] {
+    for (life, servers_now, replicas) in [(&first_life, &first_servers, 2u64), (&second_life, &second_servers, 3u64)] {
         assert_eq!(servers_now.len() as u64, replicas, "servers of pool app");
         for s in servers_now.iter() {
             assert!(
@@ -491,35 +356,19 @@ async fn a_clusters_status_is_in_progress_until_its_servers_are_ready_and_failed
         }
         let done = life.last().unwrap_or(&Value::Null);
         assert!(kstatus::is_done(done), "{}", render(life));
-        assert_eq!(
-            servers_counts(done),
-            (replicas, replicas),
-            "{}",
-            done["status"]
-        );
+        assert_eq!(servers_counts(done), (replicas, replicas), "{}", done["status"]);
     }
 
     // The judge: InProgress, never Current, until Ready for this generation — and nothing is
     // Current while the status counts fewer Ready servers than the pool wants.
-    let verdicts = kstatus::check_in_progress_until_done(&first_life)
-        .unwrap_or_else(|e| panic!("{e}\nrecorded:\n{}", render(&first_life)));
+    let verdicts = kstatus::check_in_progress_until_done(&first_life).unwrap_or_else(|e| panic!("{e}\nrecorded:\n{}", render(&first_life)));
     assert_eq!(verdicts.first(), Some(&KStatus::InProgress), "new");
-    assert_eq!(
-        verdicts.last(),
-        Some(&KStatus::Current),
-        "Ready:\n{}",
-        render(&first_life)
-    );
+    assert_eq!(verdicts.last(), Some(&KStatus::Current), "Ready:\n{}", render(&first_life));
     assert_eq!(verdicts.len(), first_life.len(), "recording stops at done");
-    assert!(
-        verdicts.len() >= 3,
-        "expected new, provisioning and Ready stages:\n{}",
-        render(&first_life)
-    );
+    assert!(verdicts.len() >= 3, "expected new, provisioning and Ready stages:\n{}", render(&first_life));
     assert!(
         first_life.iter().any(|o| {
-            kstatus::condition(o, "Reconciling").is_some_and(|c| c["status"] == "True")
-                && o["status"]["phase"] == "Provisioning"
+            kstatus::condition(o, "Reconciling").is_some_and(|c| c["status"] == "True") && o["status"]["phase"] == "Provisioning"
         }),
         "a provisioning stage (phase Provisioning, Reconciling=True):\n{}",
         render(&first_life)
@@ -527,12 +376,7 @@ async fn a_clusters_status_is_in_progress_until_its_servers_are_ready_and_failed
     for (life, replicas) in [(&first_life, 2u64), (&second_life, 3u64)] {
         for obj in life.iter() {
             if kstatus::judge(obj).status == KStatus::Current {
-                assert_eq!(
-                    servers_counts(obj),
-                    (replicas, replicas),
-                    "judged Current before its servers are all Ready: {}",
-                    obj["status"]
-                );
+                assert_eq!(servers_counts(obj), (replicas, replicas), "judged Current before its servers are all Ready: {}", obj["status"]);
             }
         }
     }
@@ -548,12 +392,11 @@ async fn a_clusters_status_is_in_progress_until_its_servers_are_ready_and_failed
         changed_now["metadata"]["generation"], changed_now["status"]["observedGeneration"],
         "spec changed: observedGeneration behind"
     );
-    let verdicts = kstatus::check_in_progress_until_done(&second_life)
-        .unwrap_or_else(|e| panic!("{e}\nrecorded:\n{}", render(&second_life)));
+    let verdicts =
+        kstatus::check_in_progress_until_done(&second_life).unwrap_or_else(|e| panic!("{e}\nrecorded:\n{}", render(&second_life)));
     assert_eq!(verdicts.last(), Some(&KStatus::Current));
     assert!(
-        second_life.iter().any(|o| o["status"]["observedGeneration"]
-            == o["metadata"]["generation"]
+        second_life.iter().any(|o| o["status"]["observedGeneration"] == o["metadata"]["generation"]
             && kstatus::condition(o, "Reconciling").is_some_and(|c| c["status"] == "True"))
             || second_life.len() == 2,
         "after the change, a Reconciling stage (or straight to Ready):\n{}",
@@ -562,26 +405,14 @@ async fn a_clusters_status_is_in_progress_until_its_servers_are_ready_and_failed
 
     // The invalid spec: Failed with a message naming the service; never Current on the way.
     for obj in &bad_life {
-        assert_ne!(
-            kstatus::judge(obj).status,
-            KStatus::Current,
-            "invalid Cluster judged Current: {}",
-            obj["status"]
-        );
+        assert_ne!(kstatus::judge(obj).status, KStatus::Current, "invalid Cluster judged Current: {}", obj["status"]);
     }
     let failed = kstatus::judge(bad_life.last().unwrap_or(&Value::Null));
     assert_eq!(failed.status, KStatus::Failed);
-    assert!(
-        failed.message.contains("no-such-service"),
-        "the Stalled message should name the service: {}",
-        failed.message
-    );
+    assert!(failed.message.contains("no-such-service"), "the Stalled message should name the service: {}", failed.message);
 
     // Everything not done, for Flux and Argo: all but the last of each life.
-    let not_done: Vec<&Value> = first_life[..first_life.len() - 1]
-        .iter()
-        .chain(second_life[..second_life.len() - 1].iter())
-        .collect();
+    let not_done: Vec<&Value> = first_life[..first_life.len() - 1].iter().chain(second_life[..second_life.len() - 1].iter()).collect();
 
     // Flux's expressions: never current (nor failed) before done, current at Ready, failed when Stalled.
     let evaluator = evaluator("Cluster");
@@ -594,64 +425,32 @@ async fn a_clusters_status_is_in_progress_until_its_servers_are_ready_and_failed
             obj["status"]
         );
         if obj.get("status").is_some() {
-            assert!(
-                !matches!(verdict, FluxVerdict::Unknown(_)),
-                "Flux expression error on {}: {verdict:?}",
-                obj["status"]
-            );
+            assert!(!matches!(verdict, FluxVerdict::Unknown(_)), "Flux expression error on {}: {verdict:?}", obj["status"]);
         }
     }
     for life in [&first_life, &second_life] {
-        assert_eq!(
-            evaluator.evaluate(life.last().unwrap_or(&Value::Null)),
-            FluxVerdict::Current
-        );
+        assert_eq!(evaluator.evaluate(life.last().unwrap_or(&Value::Null)), FluxVerdict::Current);
     }
     for obj in &bad_life {
-        assert_ne!(
-            evaluator.evaluate(obj),
-            FluxVerdict::Current,
-            "{}",
-            obj["status"]
-        );
+        assert_ne!(evaluator.evaluate(obj), FluxVerdict::Current, "{}", obj["status"]);
     }
-    assert_eq!(
-        evaluator.evaluate(bad_life.last().unwrap_or(&Value::Null)),
-        FluxVerdict::Failed
-    );
+    assert_eq!(evaluator.evaluate(bad_life.last().unwrap_or(&Value::Null)), FluxVerdict::Failed);
 
     // Argo CD's Cluster/health.lua in the Lua 5.1 sandbox.
     let lua = Lua51::locate().unwrap_or_else(|e| panic!("{e}"));
     let script_path = argocd::group_dir().join("Cluster/health.lua");
-    let script = std::fs::read_to_string(&script_path)
-        .unwrap_or_else(|e| panic!("{}: {e}", script_path.display()));
-    let health = |obj: &Value| {
-        lua.health("Cluster/health.lua", &script, obj)
-            .unwrap_or_else(|e| panic!("{e}"))
-    };
+    let script = std::fs::read_to_string(&script_path).unwrap_or_else(|e| panic!("{}: {e}", script_path.display()));
+    let health = |obj: &Value| lua.health("Cluster/health.lua", &script, obj).unwrap_or_else(|e| panic!("{e}"));
     for obj in &not_done {
-        assert_eq!(
-            health(obj).status,
-            "Progressing",
-            "gen={} {}",
-            obj["metadata"]["generation"],
-            obj["status"]
-        );
+        assert_eq!(health(obj).status, "Progressing", "gen={} {}", obj["metadata"]["generation"], obj["status"]);
     }
     for life in [&first_life, &second_life] {
-        assert_eq!(
-            health(life.last().unwrap_or(&Value::Null)).status,
-            "Healthy"
-        );
+        assert_eq!(health(life.last().unwrap_or(&Value::Null)).status, "Healthy");
     }
     for obj in &bad_life {
         assert_ne!(health(obj).status, "Healthy", "{}", obj["status"]);
     }
     let degraded = health(bad_life.last().unwrap_or(&Value::Null));
     assert_eq!(degraded.status, "Degraded");
-    assert!(
-        degraded.message.contains("no-such-service"),
-        "{}",
-        degraded.message
-    );
+    assert!(degraded.message.contains("no-such-service"), "{}", degraded.message);
 }

@@ -77,18 +77,11 @@ impl Ec2Client {
     /// Builds the client; credentials come from `config.credentials`.
     pub fn new(config: &ProviderConfig, region: &str) -> ProviderResult<Self> {
         let creds = &config.credentials;
-        let missing = |key: &str| {
-            ProviderError::Auth(format!("the credentials of aws account {:?} hold no {key}", config.name))
-        };
+        let missing = |key: &str| ProviderError::Auth(format!("the credentials of aws account {:?} hold no {key}", config.name));
         let access_key = creds.get("AWS_ACCESS_KEY_ID").filter(|v| !v.is_empty()).ok_or_else(|| missing("AWS_ACCESS_KEY_ID"))?;
-        let secret_key =
-            creds.get("AWS_SECRET_ACCESS_KEY").filter(|v| !v.is_empty()).ok_or_else(|| missing("AWS_SECRET_ACCESS_KEY"))?;
+        let secret_key = creds.get("AWS_SECRET_ACCESS_KEY").filter(|v| !v.is_empty()).ok_or_else(|| missing("AWS_SECRET_ACCESS_KEY"))?;
         let session_token = creds.get("AWS_SESSION_TOKEN").filter(|v| !v.is_empty());
-        let endpoint = if config.endpoint.is_empty() {
-            format!("https://ec2.{region}.amazonaws.com/")
-        } else {
-            config.endpoint.clone()
-        };
+        let endpoint = if config.endpoint.is_empty() { format!("https://ec2.{region}.amazonaws.com/") } else { config.endpoint.clone() };
         let url = reqwest::Url::parse(&endpoint)
             .map_err(|e| ProviderError::InvalidRequest(format!("aws endpoint {endpoint:?} is not a URL: {e}")))?;
         if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {
@@ -121,9 +114,8 @@ impl Ec2Client {
         }
         let body = form.finish();
         let base_headers = [("content-type", CONTENT_TYPE)];
-        let signable =
-            SignableRequest::new("POST", &self.endpoint, base_headers.into_iter(), SignableBody::Bytes(body.as_bytes()))
-                .map_err(|e| ProviderError::Permanent(format!("cannot sign {action}: {e}")))?;
+        let signable = SignableRequest::new("POST", &self.endpoint, base_headers.into_iter(), SignableBody::Bytes(body.as_bytes()))
+            .map_err(|e| ProviderError::Permanent(format!("cannot sign {action}: {e}")))?;
         let params = v4::SigningParams::builder()
             .identity(&self.identity)
             .region(&self.region)
@@ -149,15 +141,8 @@ impl Ec2Client {
         }
         let response = request.send().await.map_err(|e| self.redact_error(transport_error(&format!("EC2 {action}"), &e)))?;
         let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let text = response
-            .text()
-            .await
-            .map_err(|e| self.redact_error(transport_error(&format!("EC2 {action} response"), &e)))?;
+        let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let text = response.text().await.map_err(|e| self.redact_error(transport_error(&format!("EC2 {action} response"), &e)))?;
         if (200..300).contains(&status) {
             return Ok(text);
         }
@@ -191,11 +176,7 @@ pub fn classify_error(action: &str, status: u16, retry_after: Option<&str>, body
         Some(d) => (d.code.as_str(), d.message.as_str()),
         None => ("", ""),
     };
-    let text = if code.is_empty() {
-        format!("EC2 {action}: HTTP {status}")
-    } else {
-        format!("EC2 {action}: {code}: {message}")
-    };
+    let text = if code.is_empty() { format!("EC2 {action}: HTTP {status}") } else { format!("EC2 {action}: {code}: {message}") };
     if THROTTLE_CODES.contains(&code) {
         return ProviderError::Throttled {
             retry_after: retry_after.and_then(crate::ratelimit::parse_retry_after).unwrap_or(Duration::from_secs(1)),

@@ -31,8 +31,8 @@ use self::model::{
 use crate::ratelimit::{CallGuard, RetryPolicy};
 use crate::ssh::SshExecutor;
 use crate::{
-    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, NetworkSettings, Provider, ProviderConfig, ProviderError,
-    ProviderId, ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, plans,
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, NetworkSettings, Provider, ProviderConfig, ProviderError, ProviderId,
+    ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, plans,
 };
 
 /// Tag naming the account a managed security group belongs to.
@@ -213,7 +213,9 @@ impl AwsProvider {
                 let xml = self.call_retrying("DescribeSubnets", &[("SubnetId.1".to_string(), subnet.to_string())]).await?;
                 let parsed: DescribeSubnetsResponse = self.client.parse("DescribeSubnets", &xml)?;
                 let vpc = parsed.subnets.items.into_iter().next().map(|s| s.vpc_id);
-                Some(vpc.ok_or_else(|| ProviderError::InvalidRequest(format!("subnet {subnet:?} of account {:?} does not exist", self.account)))?)
+                Some(vpc.ok_or_else(|| {
+                    ProviderError::InvalidRequest(format!("subnet {subnet:?} of account {:?} does not exist", self.account))
+                })?)
             }
         };
         let mut filter = vec![("Filter.1.Name".to_string(), "group-name".to_string()), ("Filter.1.Value.1".to_string(), name.clone())];
@@ -306,11 +308,8 @@ impl AwsProvider {
         // machine up by tag first instead of creating again.
         let xml = self.guard.once(|| self.client.call("RunInstances", &params)).await?;
         let parsed: RunInstancesResponse = self.client.parse("RunInstances", &xml)?;
-        let instance = parsed
-            .instances
-            .items
-            .first()
-            .ok_or_else(|| ProviderError::Transient("EC2 RunInstances returned no instance".into()))?;
+        let instance =
+            parsed.instances.items.first().ok_or_else(|| ProviderError::Transient("EC2 RunInstances returned no instance".into()))?;
         tracing::info!(account = %self.account, uid = %request.identity.uid, instance = %instance.instance_id, "created EC2 instance");
         Ok(observe(instance))
     }
@@ -455,11 +454,9 @@ impl Provider for AwsProvider {
     async fn observe_server(&self, id: &ProviderId) -> ProviderResult<Option<ServerObservation>> {
         let params = vec![("InstanceId.1".to_string(), id.native_id().to_string())];
         match self.describe(params).await {
-            Ok(instances) => Ok(instances
-                .iter()
-                .find(|i| i.instance_id == id.native_id())
-                .map(observe)
-                .filter(|o| o.state != MachineState::Terminated)),
+            Ok(instances) => {
+                Ok(instances.iter().find(|i| i.instance_id == id.native_id()).map(observe).filter(|o| o.state != MachineState::Terminated))
+            }
             Err(ProviderError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }
@@ -478,12 +475,7 @@ impl Provider for AwsProvider {
             Err(e) => return Err(e),
         };
         let parsed: TerminateInstancesResponse = self.client.parse("TerminateInstances", &xml)?;
-        let state = parsed
-            .instances
-            .items
-            .iter()
-            .find(|c| c.instance_id == id.native_id())
-            .map(|c| machine_state(&c.current.name));
+        let state = parsed.instances.items.iter().find(|c| c.instance_id == id.native_id()).map(|c| machine_state(&c.current.name));
         Ok(match state {
             None | Some(MachineState::Terminated) => DeleteOutcome::Gone,
             Some(_) => DeleteOutcome::InProgress,
@@ -491,13 +483,11 @@ impl Provider for AwsProvider {
     }
 
     async fn exec(&self, id: &ProviderId, request: ExecRequest) -> ProviderResult<ExecResult> {
-        let observation =
-            self.observe_server(id).await?.ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
+        let observation = self.observe_server(id).await?.ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
         if observation.state != MachineState::Running {
             return Err(ProviderError::Transient(format!("machine {id} is {}, not running", observation.state.as_str())));
         }
-        let address = ssh_address(&observation)
-            .ok_or_else(|| ProviderError::Transient(format!("machine {id} has no address yet")))?;
+        let address = ssh_address(&observation).ok_or_else(|| ProviderError::Transient(format!("machine {id} has no address yet")))?;
         self.ssh.exec(&id.0, &address, request).await
     }
 
@@ -528,8 +518,7 @@ mod tests {
             name: "a".into(),
             provider_type: "aws".into(),
             credentials: crate::Credentials(
-                [("AWS_ACCESS_KEY_ID".to_string(), "AKID1".to_string()), ("AWS_SECRET_ACCESS_KEY".to_string(), "S".to_string())]
-                    .into(),
+                [("AWS_ACCESS_KEY_ID".to_string(), "AKID1".to_string()), ("AWS_SECRET_ACCESS_KEY".to_string(), "S".to_string())].into(),
             ),
             ..Default::default()
         };

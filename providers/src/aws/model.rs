@@ -254,8 +254,7 @@ mod tests {
     #[test]
     fn parses_empty_sets_and_errors() {
         let parsed: DescribeInstancesResponse =
-            parse("<DescribeInstancesResponse><requestId>x</requestId><reservationSet/></DescribeInstancesResponse>")
-                .expect("parse");
+            parse("<DescribeInstancesResponse><requestId>x</requestId><reservationSet/></DescribeInstancesResponse>").expect("parse");
         assert!(parsed.reservations.items.is_empty());
         let err: ErrorResponse = parse(
             "<Response><Errors><Error><Code>AuthFailure</Code><Message>AWS was not able to validate the provided access credentials</Message></Error></Errors><RequestID>r</RequestID></Response>",

@@ -99,12 +99,7 @@ pub async fn run(docker: &Docker, container: &str, request: ExecRequest) -> Prov
         Ok(result) => result?,
         Err(_elapsed) => {
             kill(docker, container, &marker).await;
-            return Ok(ExecResult {
-                exit_code: None,
-                timed_out: true,
-                stdout: stdout.into_string(),
-                stderr: stderr.into_string(),
-            });
+            return Ok(ExecResult { exit_code: None, timed_out: true, stdout: stdout.into_string(), stderr: stderr.into_string() });
         }
     };
     let exit_code = exit_code(docker, &exec_id).await?;
@@ -135,12 +130,7 @@ async fn kill(docker: &Docker, container: &str, marker: &str) {
         let created = docker
             .create_exec(
                 container,
-                CreateExecOptions {
-                    cmd: Some(argv),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    ..Default::default()
-                },
+                CreateExecOptions { cmd: Some(argv), attach_stdout: Some(true), attach_stderr: Some(true), ..Default::default() },
             )
             .await?;
         if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&created.id, None).await? {

@@ -45,11 +45,7 @@ const FINISH_SCRIPT: &str = include_str!("../../image/finish.sh");
 const OVERLAY: [(&str, u32, &str); 3] = [
     ("usr/sbin/policy-rc.d", 0o755, include_str!("../../image/overlay/usr/sbin/policy-rc.d")),
     ("etc/apt/apt.conf.d/01provisioning", 0o644, include_str!("../../image/overlay/etc/apt/apt.conf.d/01provisioning")),
-    (
-        "etc/dpkg/dpkg.cfg.d/01provisioning-nodoc",
-        0o644,
-        include_str!("../../image/overlay/etc/dpkg/dpkg.cfg.d/01provisioning-nodoc"),
-    ),
+    ("etc/dpkg/dpkg.cfg.d/01provisioning-nodoc", 0o644, include_str!("../../image/overlay/etc/dpkg/dpkg.cfg.d/01provisioning-nodoc")),
 ];
 /// The only keyring a `Signed-By` may name in the image (debootstrap installs it).
 const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
@@ -200,20 +196,14 @@ pub fn parse_deb822(text: &str) -> Vec<AptSource> {
                 last = Some(key);
             }
         }
-        let words = |k: &str| -> Vec<String> {
-            fields.get(k).map(|v| v.split_whitespace().map(str::to_string).collect()).unwrap_or_default()
-        };
+        let words =
+            |k: &str| -> Vec<String> { fields.get(k).map(|v| v.split_whitespace().map(str::to_string).collect()).unwrap_or_default() };
         let enabled = fields.get("enabled").is_none_or(|v| !v.eq_ignore_ascii_case("no"));
         if !enabled || !words("types").iter().any(|t| t == "deb") {
             continue;
         }
         let signed_by = fields.get("signed-by").filter(|v| !v.contains('\n') && v.starts_with('/')).cloned();
-        sources.push(AptSource {
-            uris: words("uris"),
-            suites: words("suites"),
-            components: words("components"),
-            signed_by,
-        });
+        sources.push(AptSource { uris: words("uris"), suites: words("suites"), components: words("components"), signed_by });
     }
     sources
 }
@@ -245,9 +235,7 @@ pub fn parse_one_line(text: &str) -> Vec<AptSource> {
 
 /// Reads the host's apt sources (`sources.list`, `sources.list.d/*.list|*.sources`).
 pub fn host_apt_sources(apt_dir: &Path) -> Result<Vec<AptSource>, ImageError> {
-    let read = |path: &Path| {
-        std::fs::read_to_string(path).map_err(|source| ImageError::AptConfig { path: path.to_path_buf(), source })
-    };
+    let read = |path: &Path| std::fs::read_to_string(path).map_err(|source| ImageError::AptConfig { path: path.to_path_buf(), source });
     let mut sources = Vec::new();
     let main_list = apt_dir.join("sources.list");
     if main_list.exists() {
@@ -274,8 +262,7 @@ pub fn host_acquire_settings(apt_dir: &Path) -> Result<Vec<String>, ImageError> 
     files.extend(sorted_entries(&apt_dir.join("apt.conf.d"))?);
     let mut settings = Vec::new();
     for path in files {
-        let text =
-            std::fs::read_to_string(&path).map_err(|source| ImageError::AptConfig { path: path.clone(), source })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| ImageError::AptConfig { path: path.clone(), source })?;
         for line in text.lines().map(str::trim) {
             if line.starts_with("Acquire::") && line.ends_with(';') && !settings.iter().any(|s| s == line) {
                 settings.push(line.to_string());
@@ -363,8 +350,7 @@ impl NodeImageRecipe {
             .join("\n");
         let mut settings = if opts.mirror.is_some() { Vec::new() } else { host_acquire_settings(&opts.apt_dir)? };
         settings.insert(0, "// From the apt configuration of the host that built this image.".to_string());
-        let mut packages: Vec<String> =
-            BASE_PACKAGES.iter().map(|p| p.to_string()).chain(opts.extra_packages.iter().cloned()).collect();
+        let mut packages: Vec<String> = BASE_PACKAGES.iter().map(|p| p.to_string()).chain(opts.extra_packages.iter().cloned()).collect();
         packages.sort();
         packages.dedup();
         Ok(NodeImageRecipe { suite, packages, mirror, apt_sources, apt_settings: settings.join("\n") + "\n" })
@@ -444,11 +430,7 @@ pub async fn build_node_image(opts: &NodeImageOptions) -> Result<String, ImageEr
     let work = BuildDir::create(&opts.data_dir)?;
     let rootfs = work.path.join("rootfs");
     let cache = opts.data_dir.join("debootstrap-cache").join(&recipe.suite);
-    std::fs::create_dir_all(&cache).map_err(|source| ImageError::Io {
-        what: "creating the package cache",
-        path: cache.clone(),
-        source,
-    })?;
+    std::fs::create_dir_all(&cache).map_err(|source| ImageError::Io { what: "creating the package cache", path: cache.clone(), source })?;
 
     bootstrap(&recipe, &rootfs, &cache, &opts.data_dir.join("rootfs-cache"), &progress).await?;
 
@@ -536,21 +518,13 @@ async fn bootstrap(
 }
 
 /// `tar` of the rootfs streamed into the engine's image import (`docker import`).
-async fn import_rootfs(
-    docker: &Docker,
-    rootfs: &Path,
-    recipe: &NodeImageRecipe,
-    progress: &Progress,
-) -> Result<(), ImageError> {
+async fn import_rootfs(docker: &Docker, rootfs: &Path, recipe: &NodeImageRecipe, progress: &Progress) -> Result<(), ImageError> {
     let tag = recipe.tag();
     let mut tar = Command::new("tar");
     tar.arg("--numeric-owner").arg("-C").arg(rootfs).args(["-cf", "-", "."]);
     tar.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
-    let mut child = tar.spawn().map_err(|e| ImageError::Command {
-        step: "tar",
-        status: format!("could not start: {e}"),
-        tail: String::new(),
-    })?;
+    let mut child =
+        tar.spawn().map_err(|e| ImageError::Command { step: "tar", status: format!("could not start: {e}"), tail: String::new() })?;
     let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(ImageError::Command { step: "tar", status: "no pipes".into(), tail: String::new() });
     };
@@ -590,11 +564,7 @@ async fn import_rootfs(
             Err(e) => failure = Some(e.to_string()),
         }
     }
-    let status = child.wait().await.map_err(|e| ImageError::Command {
-        step: "tar",
-        status: e.to_string(),
-        tail: String::new(),
-    })?;
+    let status = child.wait().await.map_err(|e| ImageError::Command { step: "tar", status: e.to_string(), tail: String::new() })?;
     let tail = stderr_tail.await.unwrap_or_default();
     if !status.success() {
         return Err(ImageError::Command { step: "tar", status: status.to_string(), tail });
@@ -614,8 +584,7 @@ async fn remove_untagged(docker: &Docker, ids: &[String]) {
     for id in ids {
         let untagged = docker.inspect_image(id).await.is_ok_and(|i| i.repo_tags.unwrap_or_default().is_empty());
         if untagged {
-            let options =
-                bollard::query_parameters::RemoveImageOptions { force: false, noprune: false, ..Default::default() };
+            let options = bollard::query_parameters::RemoveImageOptions { force: false, noprune: false, ..Default::default() };
             if let Err(e) = docker.remove_image(id, Some(options), None).await {
                 tracing::debug!(image = %id, error = %e, "replaced node image kept (still in use)");
             }
@@ -625,10 +594,7 @@ async fn remove_untagged(docker: &Docker, ids: &[String]) {
 
 async fn tag_latest(docker: &Docker, tag: &str) -> Result<(), ImageError> {
     let options = TagImageOptions { repo: Some(NODE_IMAGE_REPO.into()), tag: Some("latest".into()) };
-    docker
-        .tag_image(tag, Some(options))
-        .await
-        .map_err(|e| ImageError::Docker(super::docker::classify("tag image", e)))
+    docker.tag_image(tag, Some(options)).await.map_err(|e| ImageError::Docker(super::docker::classify("tag image", e)))
 }
 
 /// Progress lines to the caller's sink and to the log.
@@ -650,9 +616,7 @@ async fn run_logged(step: &'static str, command: &mut Command, progress: &Progre
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     let mut child = command.spawn().map_err(|e| ImageError::Command {
         step,
-        status: format!(
-            "could not start: {e} (debootstrap and chroot must be installed; scripts/setup.sh installs them)"
-        ),
+        status: format!("could not start: {e} (debootstrap and chroot must be installed; scripts/setup.sh installs them)"),
         tail: String::new(),
     })?;
     let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
@@ -660,8 +624,7 @@ async fn run_logged(step: &'static str, command: &mut Command, progress: &Progre
     };
     let out = tokio::spawn(collect_tail(stdout, progress.clone()));
     let err = tokio::spawn(collect_tail(stderr, progress.clone()));
-    let status =
-        child.wait().await.map_err(|e| ImageError::Command { step, status: e.to_string(), tail: String::new() })?;
+    let status = child.wait().await.map_err(|e| ImageError::Command { step, status: e.to_string(), tail: String::new() })?;
     let tail = [out.await.unwrap_or_default(), err.await.unwrap_or_default()].join("\n");
     if status.success() { Ok(()) } else { Err(ImageError::Command { step, status: status.to_string(), tail }) }
 }
@@ -688,8 +651,7 @@ fn write_file(root: &Path, relative: &str, mode: u32, content: &str) -> Result<(
         std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
     }
     std::fs::write(&path, content).map_err(|e| io("writing", &path, e))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| io("setting the mode of", &path, e))
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(|e| io("setting the mode of", &path, e))
 }
 
 /// An exclusive lock on a file, held across processes until dropped.
@@ -697,12 +659,11 @@ struct BuildLock(#[allow(dead_code)] std::fs::File);
 
 impl BuildLock {
     async fn acquire(path: &Path, progress: &Progress) -> Result<Self, ImageError> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .map_err(|source| ImageError::Io { what: "opening the lock file", path: path.to_path_buf(), source })?;
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(|source| ImageError::Io {
+            what: "opening the lock file",
+            path: path.to_path_buf(),
+            source,
+        })?;
         loop {
             match file.try_lock() {
                 Ok(()) => return Ok(BuildLock(file)),
@@ -803,8 +764,7 @@ deb-src http://m.example/debian bookworm main\ndeb http://m.example/debian bookw
         std::fs::create_dir_all(dir.path().join("sources.list.d")).expect("mkdir");
         std::fs::create_dir_all(dir.path().join("apt.conf.d")).expect("mkdir");
         std::fs::write(dir.path().join("sources.list.d/debian.sources"), sources).expect("write");
-        std::fs::write(dir.path().join("sources.list.d/other.list.disabled"), "deb http://x.example/ y main")
-            .expect("w");
+        std::fs::write(dir.path().join("sources.list.d/other.list.disabled"), "deb http://x.example/ y main").expect("w");
         std::fs::write(dir.path().join("apt.conf.d/99snapshot"), conf).expect("write");
         dir
     }
@@ -815,11 +775,7 @@ deb-src http://m.example/debian bookworm main\ndeb http://m.example/debian bookw
         let opts = NodeImageOptions { apt_dir: dir.path().to_path_buf(), ..Default::default() };
         let recipe = NodeImageRecipe::from_host(&opts).expect("recipe");
         assert_eq!(recipe.mirror, "http://mirror.example/debian");
-        assert!(
-            recipe.apt_sources.contains("Suites: bookworm bookworm-updates\nComponents: main\n"),
-            "{}",
-            recipe.apt_sources
-        );
+        assert!(recipe.apt_sources.contains("Suites: bookworm bookworm-updates\nComponents: main\n"), "{}", recipe.apt_sources);
         assert!(recipe.apt_sources.contains("bookworm-security"));
         assert!(!recipe.apt_sources.contains("off.example") && !recipe.apt_sources.contains("x.example"));
         assert!(recipe.apt_settings.contains("Acquire::Check-Valid-Until \"false\";"));

@@ -25,9 +25,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{ContainerSummary, ContainerSummaryStateEnum, NetworkCreateRequest};
-use bollard::query_parameters::{
-    CreateContainerOptions, ListContainersOptions, ListNetworksOptions, RemoveContainerOptions,
-};
+use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, ListNetworksOptions, RemoveContainerOptions};
 use tokio::sync::{Mutex, OnceCell};
 
 pub use self::docker::connect;
@@ -35,8 +33,8 @@ use self::docker::{classify, status_of};
 pub use self::exec::EXEC_ID_ENV;
 use self::spec::{ContainerSpec, DEFAULT_NODE_IMAGE, Mounts, NetworkSpec, PLAN_LABEL};
 use crate::{
-    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId,
-    ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, tags,
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId, ProviderResult,
+    ServerIdentity, ServerObservation, ServerRequest, SharedProvider, tags,
 };
 
 /// Abstract image names that mean "the node image".
@@ -155,9 +153,10 @@ impl LocalProvider {
         // Older engines allow two networks of one name, so two processes racing here may both
         // create one. Everyone keeps the oldest (a racer that saw only its own saw the oldest)
         // and removes the others, also when a crashed racer left one behind.
-        let chosen = ids.first().cloned().ok_or_else(|| {
-            ProviderError::Transient(format!("network {} vanished right after it was created", spec.name))
-        })?;
+        let chosen = ids
+            .first()
+            .cloned()
+            .ok_or_else(|| ProviderError::Transient(format!("network {} vanished right after it was created", spec.name)))?;
         for extra in ids.drain(1..) {
             if let Err(e) = docker.remove_network(&extra).await {
                 tracing::debug!(network = %extra, error = %e, "duplicate network not removed");
@@ -205,9 +204,7 @@ impl LocalProvider {
         }
         let members = self.list(spec::label_filter(filter)).await?;
         let in_use = members.iter().any(|c| {
-            c.labels.as_ref().is_some_and(|l| {
-                l.contains_key(tags::SERVER_UID) && l.get(tags::CLUSTER).map(String::as_str) == cluster
-            })
+            c.labels.as_ref().is_some_and(|l| l.contains_key(tags::SERVER_UID) && l.get(tags::CLUSTER).map(String::as_str) == cluster)
         });
         if in_use {
             return Ok(());
@@ -234,10 +231,7 @@ impl LocalProvider {
             image::ImageError::Docker(e) => e,
             other => ProviderError::Transient(other.to_string()),
         })? {
-            return Err(ProviderError::InvalidRequest(format!(
-                "image {} is missing: run `provisioning image build` first",
-                spec.image
-            )));
+            return Err(ProviderError::InvalidRequest(format!("image {} is missing: run `provisioning image build` first", spec.image)));
         }
         let _guard = self.network_lock.lock().await;
         let network_id = self.ensure_network(&spec.network).await?;
@@ -368,9 +362,7 @@ impl Provider for LocalProvider {
         let container = loop {
             match self.find(&request.identity).await? {
                 Some(container) => break container,
-                None if tokio::time::Instant::now() < give_up => {
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await
-                }
+                None if tokio::time::Instant::now() < give_up => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
                 None => {
                     return Err(ProviderError::Transient(format!(
                         "the container of server {} is not listed after its create",
@@ -465,8 +457,7 @@ mod tests {
         assert_eq!(running.provider_id.0, "local://abc123");
         assert_eq!(running.state, MachineState::Running);
         assert_eq!(running.plan, "cpu1-mem1g");
-        let kinds: Vec<(&str, &str)> =
-            running.addresses.iter().map(|a| (a.kind.as_str(), a.address.as_str())).collect();
+        let kinds: Vec<(&str, &str)> = running.addresses.iter().map(|a| (a.kind.as_str(), a.address.as_str())).collect();
         assert_eq!(kinds, [("InternalIP", "172.20.0.2"), ("Hostname", "etcd-0")]);
         for (state, expected) in [
             (ContainerSummaryStateEnum::CREATED, MachineState::Pending),
@@ -482,10 +473,7 @@ mod tests {
 
     #[test]
     fn images_map_to_the_node_image_or_pass_through() {
-        let config = ProviderConfig {
-            images: BTreeMap::from([("custom".to_string(), "mine:1".to_string())]),
-            ..Default::default()
-        };
+        let config = ProviderConfig { images: BTreeMap::from([("custom".to_string(), "mine:1".to_string())]), ..Default::default() };
         let provider = LocalProvider::new(&config).expect("provider");
         assert_eq!(provider.image_for("debian-12").ok().as_deref(), Some(DEFAULT_NODE_IMAGE));
         assert_eq!(provider.image_for("custom").ok().as_deref(), Some("mine:1"));

@@ -9,8 +9,7 @@ use crate::{ProviderError, ServerIdentity, ServerRequest, plans, tags};
 
 /// Abstract plans → native `cpu<N>-mem<size>` plans. The machine has 2 cores, so nothing
 /// asks for more than 2 CPUs.
-pub const PLANS: [(&str, &str); 4] =
-    [("small", "cpu1-mem1g"), ("medium", "cpu2-mem2g"), ("large", "cpu2-mem4g"), ("xlarge", "cpu2-mem8g")];
+pub const PLANS: [(&str, &str); 4] = [("small", "cpu1-mem1g"), ("medium", "cpu2-mem2g"), ("large", "cpu2-mem4g"), ("xlarge", "cpu2-mem8g")];
 
 /// Label holding the native plan of a container.
 pub const PLAN_LABEL: &str = "provisioning.dev/plan";
@@ -153,9 +152,10 @@ impl Mounts {
 }
 
 fn checked_host_path(path: &Path) -> Result<String, ProviderError> {
-    let text = path.to_str().filter(|t| !t.contains(':') && path.is_absolute()).ok_or_else(|| {
-        ProviderError::InvalidRequest(format!("mount source {} must be an absolute path without ':'", path.display()))
-    })?;
+    let text = path
+        .to_str()
+        .filter(|t| !t.contains(':') && path.is_absolute())
+        .ok_or_else(|| ProviderError::InvalidRequest(format!("mount source {} must be an absolute path without ':'", path.display())))?;
     // A missing source would make Docker create an empty directory in its place.
     if !path.exists() {
         return Err(ProviderError::InvalidRequest(format!("mount source {text} does not exist")));
@@ -185,8 +185,7 @@ pub struct ContainerSpec {
 pub fn container_spec(request: &ServerRequest, image: &str, mounts: &Mounts) -> Result<ContainerSpec, ProviderError> {
     let identity = &request.identity;
     let plan = resolve_plan(&request.plan)?;
-    let resources = parse_plan(&plan)
-        .ok_or_else(|| ProviderError::InvalidRequest(format!("plan {plan:?} has no CPU and memory size")))?;
+    let resources = parse_plan(&plan).ok_or_else(|| ProviderError::InvalidRequest(format!("plan {plan:?} has no CPU and memory size")))?;
     let network = NetworkSpec::for_identity(identity);
     let mut labels: BTreeMap<String, String> = request.extra_tags.clone();
     labels.extend(identity.tags());
@@ -213,9 +212,7 @@ pub fn container_spec(request: &ServerRequest, image: &str, mounts: &Mounts) -> 
         cmd: Some(vec!["sleep".into(), "infinity".into()]),
         labels: Some(labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
         host_config: Some(host_config),
-        networking_config: Some(NetworkingConfig {
-            endpoints_config: Some(HashMap::from([(network.name.clone(), endpoint)])),
-        }),
+        networking_config: Some(NetworkingConfig { endpoints_config: Some(HashMap::from([(network.name.clone(), endpoint)])) }),
         ..Default::default()
     };
     Ok(ContainerSpec { name: container_name(identity), plan, network, image: image.to_string(), labels, body })

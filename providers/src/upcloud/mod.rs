@@ -28,28 +28,21 @@ use self::model::*;
 use crate::ratelimit::{CallGuard, RetryPolicy, classify_status, redact, transport_error};
 use crate::ssh::SshExecutor;
 use crate::{
-    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId,
-    ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, plans,
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId, ProviderResult,
+    ServerIdentity, ServerObservation, ServerRequest, SharedProvider, plans,
 };
 
 /// Abstract plans → UpCloud General Purpose plans.
-pub const PLANS: [(&str, &str); 4] =
-    [("small", "1xCPU-2GB"), ("medium", "2xCPU-4GB"), ("large", "4xCPU-8GB"), ("xlarge", "6xCPU-16GB")];
+pub const PLANS: [(&str, &str); 4] = [("small", "1xCPU-2GB"), ("medium", "2xCPU-4GB"), ("large", "4xCPU-8GB"), ("xlarge", "6xCPU-16GB")];
 
 /// Storage included in each plan (GiB); the boot disk gets this size.
-pub const PLAN_STORAGE_GB: [(&str, u32); 6] = [
-    ("1xCPU-1GB", 25),
-    ("1xCPU-2GB", 50),
-    ("2xCPU-4GB", 80),
-    ("4xCPU-8GB", 160),
-    ("6xCPU-16GB", 320),
-    ("8xCPU-32GB", 640),
-];
+pub const PLAN_STORAGE_GB: [(&str, u32); 6] =
+    [("1xCPU-1GB", 25), ("1xCPU-2GB", 50), ("2xCPU-4GB", 80), ("4xCPU-8GB", 160), ("6xCPU-16GB", 320), ("8xCPU-32GB", 640)];
 
 /// Public zones.
 pub const ZONES: [&str; 15] = [
-    "fi-hel1", "fi-hel2", "de-fra1", "nl-ams1", "uk-lon1", "es-mad1", "pl-waw1", "se-sto1", "dk-cph1", "no-svg1",
-    "us-chi1", "us-nyc1", "us-sjo1", "sg-sin1", "au-syd1",
+    "fi-hel1", "fi-hel2", "de-fra1", "nl-ams1", "uk-lon1", "es-mad1", "pl-waw1", "se-sto1", "dk-cph1", "no-svg1", "us-chi1", "us-nyc1",
+    "us-sjo1", "sg-sin1", "au-syd1",
 ];
 
 /// Abstract images → public template UUIDs (overridable with `ProviderConfig::images`).
@@ -246,8 +239,7 @@ pub fn firewall_rules(network: &crate::NetworkSettings) -> ProviderResult<Vec<Up
 impl UpcloudProvider {
     /// Builds the provider; fails on missing credentials or a malformed endpoint.
     pub fn new(config: &ProviderConfig) -> ProviderResult<Self> {
-        let missing =
-            |key: &str| ProviderError::Auth(format!("the credentials of upcloud account {:?} hold no {key}", config.name));
+        let missing = |key: &str| ProviderError::Auth(format!("the credentials of upcloud account {:?} hold no {key}", config.name));
         let username = config.credentials.get("UPCLOUD_USERNAME").filter(|v| !v.is_empty()).ok_or_else(|| missing("UPCLOUD_USERNAME"))?;
         let password = config.credentials.get("UPCLOUD_PASSWORD").filter(|v| !v.is_empty()).ok_or_else(|| missing("UPCLOUD_PASSWORD"))?;
         let endpoint = if config.endpoint.is_empty() { DEFAULT_ENDPOINT.to_string() } else { config.endpoint.clone() };
@@ -297,19 +289,21 @@ impl UpcloudProvider {
         let what = format!("UpCloud {path}");
         let response = request.send().await.map_err(|e| ProviderError::Transient(self.clean(&transport_error(&what, &e).to_string())))?;
         let status = response.status().as_u16();
-        let retry_after =
-            response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = response
-            .text()
-            .await
-            .map_err(|e| ProviderError::Transient(self.clean(&transport_error(&what, &e).to_string())))?;
+        let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let text = response.text().await.map_err(|e| ProviderError::Transient(self.clean(&transport_error(&what, &e).to_string())))?;
         if (200..300).contains(&status) {
             return Ok((status, text));
         }
         Err(classify_error(&what, status, retry_after.as_deref(), &self.clean(&text)))
     }
 
-    async fn call_retrying(&self, method: fn() -> Method, path: &str, query: &[(String, String)], body: Option<&str>) -> ProviderResult<(u16, String)> {
+    async fn call_retrying(
+        &self,
+        method: fn() -> Method,
+        path: &str,
+        query: &[(String, String)],
+        body: Option<&str>,
+    ) -> ProviderResult<(u16, String)> {
         self.guard.retry(|| self.call(method(), path, query, body.map(str::to_string))).await
     }
 
@@ -326,8 +320,7 @@ impl UpcloudProvider {
     }
 
     async fn list(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerSummary>> {
-        let query: Vec<(String, String)> =
-            tags.iter().map(|(k, v)| ("label".to_string(), format!("{}={v}", label_key(k)))).collect();
+        let query: Vec<(String, String)> = tags.iter().map(|(k, v)| ("label".to_string(), format!("{}={v}", label_key(k)))).collect();
         let (_, body) = self.call_retrying(|| Method::Get, "/server", &query, None).await?;
         let listed: ServerListResponse = Self::parse("server list", &body)?;
         // Filter again locally: the label filter is the API's, the guarantee is ours.
@@ -394,7 +387,9 @@ impl UpcloudProvider {
                         tier: "maxiops".into(),
                     }],
                 },
-                networking: CreateNetworking { interfaces: CreateInterfaces { interface: vec![interface("public"), interface("utility")] } },
+                networking: CreateNetworking {
+                    interfaces: CreateInterfaces { interface: vec![interface("public"), interface("utility")] },
+                },
                 login_user: request.ssh_public_key.as_ref().map(|key| LoginUser {
                     username: "root".into(),
                     ssh_keys: SshKeys { ssh_key: vec![key.trim().to_string()] },
@@ -543,7 +538,10 @@ impl Provider for UpcloudProvider {
         plans::resolve("upcloud", plan, &PLANS, |p| {
             let core = p.split_once('-').filter(|(prefix, _)| prefix.chars().all(|c| c.is_ascii_uppercase())).map_or(p, |(_, rest)| rest);
             core.split_once("xCPU-").is_some_and(|(cpus, mem)| {
-                !cpus.is_empty() && cpus.chars().all(|c| c.is_ascii_digit()) && mem.contains("GB") && mem.starts_with(|c: char| c.is_ascii_digit())
+                !cpus.is_empty()
+                    && cpus.chars().all(|c| c.is_ascii_digit())
+                    && mem.contains("GB")
+                    && mem.starts_with(|c: char| c.is_ascii_digit())
             })
         })
     }
@@ -589,10 +587,9 @@ impl Provider for UpcloudProvider {
         let Some(details) = self.details(uuid).await? else { return Ok(DeleteOutcome::Gone) };
         match details.state.as_str() {
             "started" | "error" => {
-                let body = serde_json::to_string(&StopServerRequest {
-                    stop_server: StopServer { stop_type: "hard".into(), timeout: None },
-                })
-                .map_err(|e| ProviderError::Permanent(format!("cannot serialise the stop request: {e}")))?;
+                let body =
+                    serde_json::to_string(&StopServerRequest { stop_server: StopServer { stop_type: "hard".into(), timeout: None } })
+                        .map_err(|e| ProviderError::Permanent(format!("cannot serialise the stop request: {e}")))?;
                 match self.call_retrying(|| Method::Post, &format!("/server/{uuid}/stop"), &[], Some(&body)).await {
                     Ok(_) => Ok(DeleteOutcome::InProgress),
                     Err(ProviderError::NotFound(_)) => Ok(DeleteOutcome::Gone),
@@ -612,13 +609,12 @@ impl Provider for UpcloudProvider {
     }
 
     async fn exec(&self, id: &ProviderId, request: ExecRequest) -> ProviderResult<ExecResult> {
-        let observation =
-            self.observe_server(id).await?.ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
+        let observation = self.observe_server(id).await?.ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
         if observation.state != MachineState::Running {
             return Err(ProviderError::Transient(format!("machine {id} is {}, not running", observation.state.as_str())));
         }
-        let address = crate::aws::ssh_address(&observation)
-            .ok_or_else(|| ProviderError::Transient(format!("machine {id} has no address yet")))?;
+        let address =
+            crate::aws::ssh_address(&observation).ok_or_else(|| ProviderError::Transient(format!("machine {id} has no address yet")))?;
         self.ssh.exec(&id.0, &address, request).await
     }
 

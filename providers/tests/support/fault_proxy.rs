@@ -91,7 +91,8 @@ fn response(status: u16, retry_after: Option<&str>, body: &str) -> Response<Full
 }
 
 const INTERNAL_ERROR: &str = "<Response><Errors><Error><Code>InternalError</Code><Message>injected</Message></Error></Errors><RequestID>fault</RequestID></Response>";
-const UNAVAILABLE: &str = "<Response><Errors><Error><Code>Unavailable</Code><Message>injected</Message></Error></Errors><RequestID>fault</RequestID></Response>";
+const UNAVAILABLE: &str =
+    "<Response><Errors><Error><Code>Unavailable</Code><Message>injected</Message></Error></Errors><RequestID>fault</RequestID></Response>";
 const THROTTLED: &str = "<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>fault</RequestID></Response>";
 
 impl FaultProxy {

@@ -16,9 +16,8 @@ pub struct Moto {
 /// The moto binary: `$PROVISIONING_MOTO`, else `.tools/bin/moto_server`. Panics (never skips)
 /// when it is missing.
 pub fn moto_binary() -> PathBuf {
-    let candidate = std::env::var_os("PROVISIONING_MOTO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| super::repo_root().join(".tools/bin/moto_server"));
+    let candidate =
+        std::env::var_os("PROVISIONING_MOTO").map(PathBuf::from).unwrap_or_else(|| super::repo_root().join(".tools/bin/moto_server"));
     assert!(
         candidate.exists(),
         "moto_server not found at {}: run scripts/setup.sh (it installs moto[server] into .tools/)",

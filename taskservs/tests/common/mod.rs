@@ -20,11 +20,7 @@ pub fn nu() -> PathBuf {
         Some(p) if !p.is_empty() => PathBuf::from(p),
         _ => crate_dir().join("..").join(".tools").join("bin").join("nu"),
     };
-    assert!(
-        candidate.is_file(),
-        "nu not found at {} (set PROVISIONING_NU): run scripts/setup.sh",
-        candidate.display()
-    );
+    assert!(candidate.is_file(), "nu not found at {} (set PROVISIONING_NU): run scripts/setup.sh", candidate.display());
     candidate
 }
 

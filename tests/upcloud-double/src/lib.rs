@@ -44,8 +44,8 @@ use serde_json::{Value, json};
 
 /// UpCloud's public zones.
 pub const ZONES: [&str; 15] = [
-    "fi-hel1", "fi-hel2", "de-fra1", "nl-ams1", "uk-lon1", "es-mad1", "pl-waw1", "se-sto1", "dk-cph1", "no-svg1",
-    "us-chi1", "us-nyc1", "us-sjo1", "sg-sin1", "au-syd1",
+    "fi-hel1", "fi-hel2", "de-fra1", "nl-ams1", "uk-lon1", "es-mad1", "pl-waw1", "se-sto1", "dk-cph1", "no-svg1", "us-chi1", "us-nyc1",
+    "us-sjo1", "sg-sin1", "au-syd1",
 ];
 
 /// General Purpose plans: name, cores, memory MiB, storage GiB.
@@ -330,7 +330,9 @@ async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleCon
     match (method.clone(), segments.as_slice()) {
         (Method::GET, ["account"]) => reply(
             200,
-            Some(json!({"account": {"credits": 10000, "username": config.username, "resource_limits": {"cores": 200, "memory": 1_048_576}}})),
+            Some(
+                json!({"account": {"credits": 10000, "username": config.username, "resource_limits": {"cores": 200, "memory": 1_048_576}}}),
+            ),
         ),
         (Method::GET, ["zone"]) => reply(
             200,
@@ -356,9 +358,9 @@ async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleCon
                 .servers
                 .values_mut()
                 .filter(|s| {
-                    filters.iter().all(|(fk, fv)| {
-                        s.labels.iter().any(|(k, v)| k.eq_ignore_ascii_case(fk) && fv.as_ref().is_none_or(|fv| fv == v))
-                    })
+                    filters
+                        .iter()
+                        .all(|(fk, fv)| s.labels.iter().any(|(k, v)| k.eq_ignore_ascii_case(fk) && fv.as_ref().is_none_or(|fv| fv == v)))
                 })
                 .map(Server::summary)
                 .collect();
@@ -454,9 +456,21 @@ async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleCon
 
 /// The attributes of a firewall rule; the API sends every one back, unset ones as "".
 const FIREWALL_RULE_ATTRIBUTES: [&str; 15] = [
-    "action", "comment", "destination_address_end", "destination_address_start", "destination_port_end",
-    "destination_port_start", "direction", "family", "icmp_type", "position", "protocol", "source_address_end",
-    "source_address_start", "source_port_end", "source_port_start",
+    "action",
+    "comment",
+    "destination_address_end",
+    "destination_address_start",
+    "destination_port_end",
+    "destination_port_start",
+    "direction",
+    "family",
+    "icmp_type",
+    "position",
+    "protocol",
+    "source_address_end",
+    "source_address_start",
+    "source_port_end",
+    "source_port_start",
 ];
 
 /// Validates the body of `POST …/firewall_rule`: the position to insert at (1-based) and the
@@ -485,9 +499,17 @@ fn firewall_rule(body: &Value, existing: usize) -> Result<(usize, Value), Respon
     if !matches!(family, "" | "IPv4" | "IPv6") {
         return Err(error(400, "FAMILY_INVALID", "The address family is invalid."));
     }
-    let needs_family = ["protocol", "source_address_start", "source_address_end", "destination_address_start", "destination_address_end", "destination_port_start", "destination_port_end"]
-        .iter()
-        .any(|k| !text(k).is_empty());
+    let needs_family = [
+        "protocol",
+        "source_address_start",
+        "source_address_end",
+        "destination_address_start",
+        "destination_address_end",
+        "destination_port_start",
+        "destination_port_end",
+    ]
+    .iter()
+    .any(|k| !text(k).is_empty());
     if needs_family && family.is_empty() {
         return Err(error(400, "FAMILY_MISSING", "The address family is missing."));
     }
@@ -517,8 +539,7 @@ fn firewall_rule(body: &Value, existing: usize) -> Result<(usize, Value), Respon
             None => return Err(error(400, "POSITION_INVALID", "The position is invalid.")),
         },
     };
-    let stored: serde_json::Map<String, Value> =
-        FIREWALL_RULE_ATTRIBUTES.iter().map(|k| (k.to_string(), json!(text(k)))).collect();
+    let stored: serde_json::Map<String, Value> = FIREWALL_RULE_ATTRIBUTES.iter().map(|k| (k.to_string(), json!(text(k)))).collect();
     Ok((position, Value::Object(stored)))
 }
 
@@ -551,10 +572,31 @@ fn valid_label_key(k: &str) -> bool {
 }
 
 const SERVER_ATTRIBUTES: [&str; 25] = [
-    "avoid_host", "host", "boot_order", "core_number", "firewall", "hostname", "labels", "login_user", "memory_amount",
-    "metadata", "networking", "password_delivery", "plan", "server_group", "simple_backup", "storage_devices",
-    "timezone", "title", "user_data", "video_model", "nic_model", "remote_access_enabled", "remote_access_type",
-    "remote_access_password", "zone",
+    "avoid_host",
+    "host",
+    "boot_order",
+    "core_number",
+    "firewall",
+    "hostname",
+    "labels",
+    "login_user",
+    "memory_amount",
+    "metadata",
+    "networking",
+    "password_delivery",
+    "plan",
+    "server_group",
+    "simple_backup",
+    "storage_devices",
+    "timezone",
+    "title",
+    "user_data",
+    "video_model",
+    "nic_model",
+    "remote_access_enabled",
+    "remote_access_type",
+    "remote_access_password",
+    "zone",
 ];
 
 fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Response<Full<Bytes>> {
@@ -633,11 +675,7 @@ fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Resp
                 return error(404, "STORAGE_NOT_FOUND", &format!("The storage {template} does not exist."));
             }
             if text("metadata") != Some("yes") {
-                return error(
-                    400,
-                    "METADATA_DISABLED_ON_CLOUD-INIT",
-                    "The metadata service must be enabled for cloud-init templates.",
-                );
+                return error(400, "METADATA_DISABLED_ON_CLOUD-INIT", "The metadata service must be enabled for cloud-init templates.");
             }
         }
         new_storages.push(Storage { title: storage_title.to_string(), size: size as u32, tier: tier.to_string() });

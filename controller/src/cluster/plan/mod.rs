@@ -27,8 +27,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use provisioning_crds::{
-    API_VERSION, ClusterSpec, ClusterStatus, ClusterStep, LABEL_CLUSTER, LABEL_POOL, Server, ServerSelection, ServerSpec,
-    TaskServ, TaskServSpec,
+    API_VERSION, ClusterSpec, ClusterStatus, ClusterStep, LABEL_CLUSTER, LABEL_POOL, Server, ServerSelection, ServerSpec, TaskServ,
+    TaskServSpec,
 };
 
 use super::validate::{InvalidCluster, ServicePlan};
@@ -82,9 +82,7 @@ impl StepState {
     }
     /// The state of a recorded step (`None` for a string this version does not write).
     pub fn of(step: &ClusterStep) -> Option<StepState> {
-        [StepState::Pending, StepState::Running, StepState::Succeeded, StepState::Failed]
-            .into_iter()
-            .find(|s| s.as_str() == step.state)
+        [StepState::Pending, StepState::Running, StepState::Succeeded, StepState::Failed].into_iter().find(|s| s.as_str() == step.state)
     }
 }
 
@@ -288,9 +286,7 @@ pub fn desired_servers(o: &Observed<'_>) -> Vec<Server> {
 pub fn desired_taskserv(o: &Observed<'_>, service: &ServicePlan, desired_servers: &[Server]) -> TaskServ {
     let names: Vec<String> = desired_servers
         .iter()
-        .filter(|s| {
-            s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).is_some_and(|p| service.pools.contains(p))
-        })
+        .filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).is_some_and(|p| service.pools.contains(p)))
         .filter_map(|s| s.metadata.name.clone())
         .collect();
     let spec = TaskServSpec {
@@ -344,9 +340,7 @@ impl Planned {
         let old_state = old.and_then(StepState::of);
         let started_at = match (self.state, old) {
             (StepState::Pending, _) => None,
-            (state, Some(o))
-                if o.started_at.is_some() && !(old_state == Some(StepState::Succeeded) && state == StepState::Running) =>
-            {
+            (state, Some(o)) if o.started_at.is_some() && !(old_state == Some(StepState::Succeeded) && state == StepState::Running) => {
                 o.started_at.clone()
             }
             _ => Some(now.to_string()),

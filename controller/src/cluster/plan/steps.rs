@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server, condition};
 
-use crate::cluster::validate::ServicePlan;
 use super::{
-    ChildServer, ChildTaskServ, Observed, Plan, Planned, PlannedEvent, REASON_ROLLED_BACK, STARTUP_TIMEOUT, StepKind,
-    StepState, desired_servers, desired_taskserv, index_of, labels_cover, taskserv_name,
+    ChildServer, ChildTaskServ, Observed, Plan, Planned, PlannedEvent, REASON_ROLLED_BACK, STARTUP_TIMEOUT, StepKind, StepState,
+    desired_servers, desired_taskserv, index_of, labels_cover, taskserv_name,
 };
+use crate::cluster::validate::ServicePlan;
 
 /// What the steps of one pass build up and the summary reads.
 pub(super) struct Rollout {
@@ -212,8 +212,7 @@ impl Rollout {
         self.drained_taskservs = drained_ts.len();
         for t in &drained_ts {
             // Nothing may still depend on it.
-            let needed =
-                o.taskservs.iter().any(|u| u.name != t.name && wanted_ts.contains(&u.name) && u.spec.depends_on.contains(&t.name));
+            let needed = o.taskservs.iter().any(|u| u.name != t.name && wanted_ts.contains(&u.name) && u.spec.depends_on.contains(&t.name));
             if !needed && !t.deleting {
                 plan.delete_taskservs.push(t.name.clone());
             }
@@ -221,14 +220,12 @@ impl Rollout {
             let msg = format!("removing TaskServ {} (no longer in spec)", t.name);
             self.push(o, Planned::new(id, StepKind::Teardown, format!("TaskServ {}", t.name), StepState::Running, msg));
         }
-        let mut extra: Vec<&ChildServer> =
-            o.servers.iter().filter(|s| s.owned && !self.desired_names.contains(&s.name)).collect();
+        let mut extra: Vec<&ChildServer> = o.servers.iter().filter(|s| s.owned && !self.desired_names.contains(&s.name)).collect();
         extra.sort_by_key(|s| (s.labels.get(LABEL_POOL).cloned(), std::cmp::Reverse(index_of(&s.name))));
         self.extra_servers = extra.len();
         for s in &extra {
             // Drained once no TaskServ lists it any more (their remove.nu has run).
-            let still_used =
-                o.taskservs.iter().any(|t| t.servers_in_status.contains(&s.name) || t.spec.servers.names.contains(&s.name));
+            let still_used = o.taskservs.iter().any(|t| t.servers_in_status.contains(&s.name) || t.spec.servers.names.contains(&s.name));
             let in_new_spec = plan.apply_taskservs.iter().any(|t| t.spec.servers.names.contains(&s.name));
             let draining = still_used && !in_new_spec;
             if !still_used && !s.deleting {
@@ -255,10 +252,8 @@ impl Rollout {
             };
             if !plan.delete_servers.contains(&s.name) {
                 plan.delete_servers.push(s.name.clone());
-                self.events.push(PlannedEvent::warning(
-                    "Remediating",
-                    format!("the machine of Server {} {why}: replacing the Server", s.name),
-                ));
+                self.events
+                    .push(PlannedEvent::warning("Remediating", format!("the machine of Server {} {why}: replacing the Server", s.name)));
             }
         }
     }

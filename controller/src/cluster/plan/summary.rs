@@ -8,18 +8,14 @@ use std::time::Duration;
 use provisioning_crds::{ClusterServerCounts, ClusterStatus, FailurePolicy, condition};
 
 use super::steps::Rollout;
-use crate::cluster::validate::{InvalidCluster, ServicePlan};
 use super::{ChildTaskServ, Observed, Phase, Plan, PlannedEvent, REASON_ROLLED_BACK, StepState, empty_plan, step_events};
+use crate::cluster::validate::{InvalidCluster, ServicePlan};
 use crate::conditions::{self, DesiredCondition, Status, Summary, Wording};
 use crate::planning::{REASON_DEPENDENCY_CYCLE, REASON_DEPENDENCY_MISSING};
 
 /// The Cluster's words on the quiet side of Ready/Reconciling/Stalled.
-pub(super) const WORDING: Wording = Wording {
-    idle: ("Idle", ""),
-    idle_when_stalled: ("Stalled", ""),
-    not_stalled: ("NotStalled", ""),
-    progressing_reason: None,
-};
+pub(super) const WORDING: Wording =
+    Wording { idle: ("Idle", ""), idle_when_stalled: ("Stalled", ""), not_stalled: ("NotStalled", ""), progressing_reason: None };
 
 /// Requeue of a Ready or Stalled Cluster: children's changes trigger it anyway.
 const SETTLED_REQUEUE: Duration = Duration::from_secs(300);
@@ -66,8 +62,7 @@ fn apply_failure_policy(o: &Observed<'_>, r: &mut Rollout, plan: &mut Plan) -> O
         return Some((REASON_ROLLED_BACK.to_string(), msg));
     }
     // Stalled when a failure will not heal by itself: a Stalled child.
-    let stalled_child =
-        failed.iter().any(|s| r.stalled_steps.contains(&s.id)) || o.servers.iter().any(|sv| sv.stalled.is_some());
+    let stalled_child = failed.iter().any(|s| r.stalled_steps.contains(&s.id)) || o.servers.iter().any(|sv| sv.stalled.is_some());
     stalled_child.then(|| ("StepFailed".to_string(), msg))
 }
 
@@ -130,7 +125,11 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
         phase: Some(phase.as_str().to_string()),
         observed_generation: o.generation,
         conditions: conditions::merge(&o.status.conditions, &conds, o.generation, o.now),
-        servers: Some(ClusterServerCounts { desired: desired_count, ready: ready_count, summary: format!("{ready_count}/{desired_count}") }),
+        servers: Some(ClusterServerCounts {
+            desired: desired_count,
+            ready: ready_count,
+            summary: format!("{ready_count}/{desired_count}"),
+        }),
         taskservs: r.taskserv_statuses,
         steps: r.steps,
         cost: o.status.cost.clone(),

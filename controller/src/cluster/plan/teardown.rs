@@ -26,12 +26,8 @@ pub fn plan_teardown(o: &Observed<'_>, install_order: &[String]) -> Plan {
     rest.sort_by_key(|t| t.name.clone());
     order.splice(0..0, rest);
     for t in &order {
-        let dependents: Vec<&str> = o
-            .taskservs
-            .iter()
-            .filter(|u| u.name != t.name && (u.spec.depends_on.contains(&t.name)))
-            .map(|u| u.name.as_str())
-            .collect();
+        let dependents: Vec<&str> =
+            o.taskservs.iter().filter(|u| u.name != t.name && (u.spec.depends_on.contains(&t.name))).map(|u| u.name.as_str()).collect();
         let msg = if dependents.is_empty() {
             if !t.deleting {
                 plan.delete_taskservs.push(t.name.clone());

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use provisioning_crds::{MachineAddress, ScriptRun, TaskServSpec, TaskServServerStatus, TaskServStatus};
+use provisioning_crds::{MachineAddress, ScriptRun, TaskServServerStatus, TaskServSpec, TaskServStatus};
 
 use super::validate::{InvalidTaskServ, ValidTaskServ};
 pub use crate::planning::PlannedEvent;
@@ -291,8 +291,7 @@ pub fn blockers(
 ) -> Vec<Blocker> {
     let mut blocking = Vec::new();
     for service in dependencies {
-        let providers: Vec<&PeerTaskServ> =
-            taskservs.iter().filter(|t| &t.service == service && t.name != own_name).collect();
+        let providers: Vec<&PeerTaskServ> = taskservs.iter().filter(|t| &t.service == service && t.name != own_name).collect();
         if providers.is_empty() {
             blocking.push(Blocker::Missing(format!("missing dependency {service}: no TaskServ installs it in this namespace")));
             continue;

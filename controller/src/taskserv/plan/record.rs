@@ -53,8 +53,7 @@ fn install_failed(o: &Observed<'_>, work: &mut Work, r: &OperationResult, versio
     let desired_version = o.validated.as_ref().ok().map(|v| v.version.as_str());
     if o.spec.rollback_on_failure && is_upgrade && desired_version == Some(version) && work.upgrade_failure.is_none() {
         let good = last_good.unwrap_or_default();
-        let msg =
-            format!("upgrade of {} to {version} failed on {}: {}; rolling back to {good}", o.spec.service, r.server, r.message);
+        let msg = format!("upgrade of {} to {version} failed on {}: {}; rolling back to {good}", o.spec.service, r.server, r.message);
         work.events.push(PlannedEvent::warning("RollingBack", msg.clone()));
         work.upgrade_failure = Some(msg);
         work.rollback_now = true;

@@ -22,8 +22,7 @@ const DELETING: Wording = Wording {
 /// and nothing is in flight.
 pub fn plan_removal(o: &Observed<'_>) -> (Plan, bool) {
     let mut events = Vec::new();
-    let mut entries: BTreeMap<String, TaskServServerStatus> =
-        o.status.servers.iter().map(|s| (s.name.clone(), s.clone())).collect();
+    let mut entries: BTreeMap<String, TaskServServerStatus> = o.status.servers.iter().map(|s| (s.name.clone(), s.clone())).collect();
     for r in o.results {
         if r.operation == Operation::Remove {
             if r.succeeded {

@@ -12,14 +12,12 @@ use super::{Observed, Operation, RETRY_FAILED_AFTER, ServerFacts, ServerPhase, W
 /// values behind configFrom (a rotated Secret) or generated secrets: the same. Returns the
 /// inputs version to record.
 pub(super) fn mark_changed_for_reinstall(o: &Observed<'_>, entries: &mut BTreeMap<String, TaskServServerStatus>) -> Option<String> {
-    let spec_changed =
-        o.validated.is_ok() && o.status.observed_generation.is_some() && o.status.observed_generation != o.generation;
+    let spec_changed = o.validated.is_ok() && o.status.observed_generation.is_some() && o.status.observed_generation != o.generation;
     let inputs_hash = match o.validated {
         Ok(v) => v.inputs_hash.clone(),
         Err(_) => o.status.config_inputs_hash.clone(),
     };
-    let inputs_changed =
-        o.validated.is_ok() && o.status.config_inputs_hash.is_some() && o.status.config_inputs_hash != inputs_hash;
+    let inputs_changed = o.validated.is_ok() && o.status.config_inputs_hash.is_some() && o.status.config_inputs_hash != inputs_hash;
     if spec_changed || inputs_changed {
         for e in entries.values_mut().filter(|e| ServerPhase::Installed.is(e)) {
             ServerPhase::Pending.set(e);
@@ -59,9 +57,7 @@ pub(super) fn plan_selected(
         if !deps_clear {
             continue;
         }
-        let needs_install = !ServerPhase::Installed.is(entry)
-            || entry.version.as_deref() != Some(version)
-            || entry.healthy == Some(false);
+        let needs_install = !ServerPhase::Installed.is(entry) || entry.version.as_deref() != Some(version) || entry.healthy == Some(false);
         if needs_install {
             if !work.rollback_now && failed_recently(entry, o) {
                 continue;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use provisioning_crds::{TaskServStatus, condition};
 
 use super::{
-    Blocker, CONFIG_INPUTS_REQUEUE, Observed, Phase, Plan, PlannedEvent, REASON_UPGRADE_FAILED, STALLED_REQUEUE, ServerPhase,
-    WAIT_REQUEUE, Work,
+    Blocker, CONFIG_INPUTS_REQUEUE, Observed, Phase, Plan, PlannedEvent, REASON_UPGRADE_FAILED, STALLED_REQUEUE, ServerPhase, WAIT_REQUEUE,
+    Work,
 };
 use crate::conditions::{self, DesiredCondition, Status, Summary, Wording};
 use crate::planning::REASON_DEPENDENCY_MISSING;
@@ -59,9 +59,7 @@ fn progress<'f>(o: &Observed<'_>, work: &Work, f: &'f Facts) -> Progress<'f> {
         .selected
         .iter()
         .filter(|n| {
-            work.entries.get(*n).is_some_and(|e| {
-                ServerPhase::Installed.is(e) && e.version.is_some() && e.version == f.effective_version
-            })
+            work.entries.get(*n).is_some_and(|e| ServerPhase::Installed.is(e) && e.version.is_some() && e.version == f.effective_version)
         })
         .count();
     let unhealthy = f.selected.iter().filter(|n| work.entries.get(*n).is_some_and(|e| e.healthy == Some(false))).collect();
@@ -165,8 +163,7 @@ fn installed_condition(o: &Observed<'_>, work: &Work, f: &Facts, p: &Progress<'_
         .filter_map(|n| work.entries.get(n).filter(|e| ServerPhase::Failed.is(e)).map(|e| (n, e)))
         .map(|(n, e)| {
             let tail = e.last_run.as_ref().and_then(|r| r.output_tail.as_deref()).unwrap_or_default();
-            let why: String =
-                tail.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("no output").chars().take(400).collect();
+            let why: String = tail.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("no output").chars().take(400).collect();
             format!("install failed on {n}: {why}")
         })
         .collect();
