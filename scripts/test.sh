@@ -9,7 +9,16 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 source .tools/env
 export RUST_BACKTRACE=1
+# Gates: formatting (rustfmt.toml) and every clippy lint as an error (the crates deny
+# clippy::unwrap_used outside tests, so that is enforced here too).
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    rustup component add "$component" >&2 || { echo "test.sh: cargo ${component/rustfmt/fmt} is missing and rustup could not add it" >&2; exit 1; }
+  fi
+done
+cargo fmt --check
 cargo build --workspace --all-targets
+cargo clippy --workspace --all-targets -- -D warnings
 if ./target/debug/provisioning image build --help >/dev/null 2>&1; then
   ./target/debug/provisioning image build
 fi

@@ -2,6 +2,10 @@
 //! Cluster. Types only (serde + schemars + kube derive); the CRD YAML in `deploy/crds/` is
 //! generated from them by `provisioning crds`.
 
+// kube's `#[kube(printcolumn(name = .., type_ = .., json_path = ..))]` repeats the same keys per
+// column by design; clippy reads each repetition as a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
 mod cluster;
 mod common;
 mod cost;

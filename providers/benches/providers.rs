@@ -9,7 +9,7 @@
 //! Needs moto (`scripts/setup.sh`); fails, never skips, when it is missing.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod support;
 
 use std::hint::black_box;
