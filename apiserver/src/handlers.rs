@@ -17,10 +17,7 @@ use crate::selectors::{FieldSelector, LabelSelector};
 use crate::storage::{Entry, ObjKey, Precondition, Store, StoreError};
 use crate::validation;
 
-/// Storage key of namespaces.
-pub const NAMESPACES: &str = "/namespaces";
-/// Storage key of CRDs.
-pub const CRDS: &str = "apiextensions.k8s.io/customresourcedefinitions";
+pub use crate::registry::{CRDS, NAMESPACES};
 
 /// How unknown fields are treated (`fieldValidation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -24,6 +24,7 @@ pub mod storage;
 pub mod strategic;
 pub mod table;
 pub mod tls;
+pub mod urlpath;
 pub mod validation;
 pub mod watch;
 pub mod wire;

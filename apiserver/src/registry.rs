@@ -5,6 +5,44 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+/// Storage key of namespaces.
+pub const NAMESPACES: &str = "/namespaces";
+/// Storage key of CRDs.
+pub const CRDS: &str = "apiextensions.k8s.io/customresourcedefinitions";
+
+/// Marks the storage key of create-only virtual resources (reviews): nothing is stored there.
+pub const VIRTUAL_PREFIX: &str = "virtual:";
+
+/// The review resources served for discovery: create-only, never stored.
+pub fn virtual_types() -> Vec<ResourceType> {
+    let mk = |group: &str, plural: &str, kind: &str, namespaced: bool| ResourceType {
+        group: group.into(),
+        version: "v1".into(),
+        plural: plural.into(),
+        singular: kind.to_lowercase(),
+        kind: kind.into(),
+        list_kind: format!("{kind}List"),
+        namespaced,
+        short_names: vec![],
+        categories: vec![],
+        has_status: false,
+        printer_columns: vec![],
+        schema: None,
+        storage: format!("{VIRTUAL_PREFIX}{group}/{plural}"),
+        custom: false,
+        storage_version: true,
+        rules: None,
+    };
+    vec![
+        mk("authentication.k8s.io", "selfsubjectreviews", "SelfSubjectReview", false),
+        mk("authentication.k8s.io", "tokenreviews", "TokenReview", false),
+        mk("authorization.k8s.io", "localsubjectaccessreviews", "LocalSubjectAccessReview", true),
+        mk("authorization.k8s.io", "selfsubjectaccessreviews", "SelfSubjectAccessReview", false),
+        mk("authorization.k8s.io", "selfsubjectrulesreviews", "SelfSubjectRulesReview", false),
+        mk("authorization.k8s.io", "subjectaccessreviews", "SubjectAccessReview", false),
+    ]
+}
+
 /// One printer column (from a CRD's additionalPrinterColumns or the defaults).
 #[derive(Debug, Clone)]
 pub struct PrinterColumn {
@@ -99,7 +137,7 @@ impl ResourceType {
         if !self.categories.is_empty() {
             main["categories"] = json!(self.categories);
         }
-        if self.storage.starts_with(crate::auth::VIRTUAL_PREFIX) {
+        if self.storage.starts_with(VIRTUAL_PREFIX) {
             main["verbs"] = json!(["create"]);
         }
         let mut out = vec![main];
@@ -245,7 +283,7 @@ pub fn builtins() -> Vec<ResourceType> {
     for rt in &mut all {
         // CRD objects keep their own checks (handlers::normalize_crd): the nested
         // openAPIV3Schema is recursive and is validated as a schema, not as data.
-        if rt.storage != crate::handlers::CRDS {
+        if rt.storage != CRDS {
             rt.schema = crate::builtin_schemas::structural(&rt.group, &rt.version, &rt.kind);
         }
     }
@@ -441,7 +479,7 @@ impl Registry {
     pub fn build(crds: &[Value]) -> Self {
         let mut reg = Registry::default();
         let mut all = builtins();
-        all.extend(crate::auth::virtual_types());
+        all.extend(virtual_types());
         for crd in crds {
             // A CRD being deleted stops serving new objects only once it is gone; keep it.
             all.extend(from_crd(crd));

@@ -23,7 +23,6 @@ use serde_json::{Value, json};
 
 use crate::error::ApiError;
 use crate::handlers::Core;
-use crate::registry::ResourceType;
 use rbac::{Decision, Policy};
 
 /// User name of the admin token's identity.
@@ -116,8 +115,8 @@ fn query_pairs(q: Option<&str>) -> Vec<(String, String)> {
         .split('&')
         .filter(|p| !p.is_empty())
         .map(|p| match p.split_once('=') {
-            Some((k, v)) => (crate::server::percent_decode(k), crate::server::percent_decode(v)),
-            None => (crate::server::percent_decode(p), String::new()),
+            Some((k, v)) => (crate::urlpath::percent_decode(k), crate::urlpath::percent_decode(v)),
+            None => (crate::urlpath::percent_decode(p), String::new()),
         })
         .collect()
 }
@@ -127,7 +126,7 @@ impl Attributes {
     pub fn from_request(method: &Method, path: &str, query: Option<&str>) -> Self {
         let lower = method.as_str().to_ascii_lowercase();
         let non_resource = || Attributes { verb: lower.clone(), path: path.to_string(), ..Default::default() };
-        let segs: Vec<String> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).map(crate::server::percent_decode).collect();
+        let segs: Vec<String> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).map(crate::urlpath::percent_decode).collect();
         let (group, version, mut rest): (&str, &str, &[String]) = match segs.first().map(String::as_str) {
             Some("api") if segs.len() >= 3 => ("", segs[1].as_str(), &segs[2..]),
             Some("apis") if segs.len() >= 4 => (segs[1].as_str(), segs[2].as_str(), &segs[3..]),
@@ -350,7 +349,7 @@ impl Auth {
         for (k, v) in headers {
             if let Some(key) = k.as_str().strip_prefix("impersonate-extra-") {
                 let value = v.to_str().map_err(|_| ApiError::bad_request(format!("header {k} is not valid text")))?;
-                extra.entry(crate::server::percent_decode(key)).or_default().push(value.to_string());
+                extra.entry(crate::urlpath::percent_decode(key)).or_default().push(value.to_string());
             }
         }
         if users.is_empty() {
@@ -453,38 +452,7 @@ pub fn warn_forbidden(user: &UserInfo, a: &Attributes) {
     }
 }
 
-/// Marks the storage key of create-only virtual resources (reviews): nothing is stored there.
-pub const VIRTUAL_PREFIX: &str = "virtual:";
-
-/// The review resources served for discovery: create-only, never stored.
-pub fn virtual_types() -> Vec<ResourceType> {
-    let mk = |group: &str, plural: &str, kind: &str, namespaced: bool| ResourceType {
-        group: group.into(),
-        version: "v1".into(),
-        plural: plural.into(),
-        singular: kind.to_lowercase(),
-        kind: kind.into(),
-        list_kind: format!("{kind}List"),
-        namespaced,
-        short_names: vec![],
-        categories: vec![],
-        has_status: false,
-        printer_columns: vec![],
-        schema: None,
-        storage: format!("{VIRTUAL_PREFIX}{group}/{plural}"),
-        custom: false,
-        storage_version: true,
-        rules: None,
-    };
-    vec![
-        mk("authentication.k8s.io", "selfsubjectreviews", "SelfSubjectReview", false),
-        mk("authentication.k8s.io", "tokenreviews", "TokenReview", false),
-        mk("authorization.k8s.io", "localsubjectaccessreviews", "LocalSubjectAccessReview", true),
-        mk("authorization.k8s.io", "selfsubjectaccessreviews", "SelfSubjectAccessReview", false),
-        mk("authorization.k8s.io", "selfsubjectrulesreviews", "SelfSubjectRulesReview", false),
-        mk("authorization.k8s.io", "subjectaccessreviews", "SubjectAccessReview", false),
-    ]
-}
+pub use crate::registry::{VIRTUAL_PREFIX, virtual_types};
 
 #[cfg(test)]
 mod tests {
