@@ -229,26 +229,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Trace { object, namespace, watch, output, kubeconfig, context } => {
             init_logging(&cli.log_format, "warn");
-            let root = provisioning_controller::trace::Root::parse(&object)?;
-            let format = provisioning_controller::trace::Format::parse(&output)?;
-            let options = kube::config::KubeConfigOptions { context, ..Default::default() };
-            let config = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
-                Some(path) => {
-                    let kc =
-                        kube::config::Kubeconfig::read_from(&path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-                    kube::Config::from_custom_kubeconfig(kc, &options).await.with_context(|| format!("kubeconfig {}", path.display()))?
-                }
-                None => match kube::Config::from_kubeconfig(&options).await {
-                    Ok(config) => config,
-                    Err(e) if options.context.is_none() => {
-                        kube::Config::incluster().map_err(|_| anyhow::anyhow!("no usable kubeconfig ({e}) and no in-cluster config"))?
-                    }
-                    Err(e) => return Err(anyhow::Error::from(e).context("kubeconfig")),
-                },
-            };
-            let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
-            let client = dev::client_from_config(config)?;
-            provisioning_controller::trace::run(client, root, namespace, format, watch).await?;
+            trace(&object, namespace, watch, &output, kubeconfig, context).await?;
             Ok(0)
         }
         Command::Crds => {
@@ -272,32 +253,70 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Catalog { command } => {
-            let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?;
-            match command {
-                CatalogCommand::List => {
-                    println!("{:<14} {:<10} {:<24} REQUIRES", "SERVICE", "DEFAULT", "VERSIONS");
-                    for svc in catalog.services() {
-                        let m = &svc.manifest;
-                        println!("{:<14} {:<10} {:<24} {}", m.name, m.default_version, m.versions.join(","), m.requires.join(","));
-                    }
-                }
-                CatalogCommand::Show { name } => {
-                    let Some(svc) = catalog.get(&name) else {
-                        anyhow::bail!("no service {name:?} in the catalog at {}", catalog.dir().display());
-                    };
-                    let m = &svc.manifest;
-                    println!("name:        {}", m.name);
-                    println!("description: {}", m.description);
-                    println!("versions:    {} (default {})", m.versions.join(", "), m.default_version);
-                    println!("requires:    {}", m.requires.join(", "));
-                    println!("after:       {}", m.after.join(", "));
-                    println!("providers:   {}", m.providers.join(", "));
-                    println!("config schema:\n{}", serde_json::to_string_pretty(&m.config_schema)?);
-                }
-            }
+            catalog(command)?;
             Ok(0)
         }
     }
+}
+
+/// `provisioning trace`: kubeconfig as kubectl reads it (`--kubeconfig`, else `$KUBECONFIG`
+/// merged, else `~/.kube/config`, else in-cluster).
+async fn trace(
+    object: &str,
+    namespace: Option<String>,
+    watch: bool,
+    output: &str,
+    kubeconfig: Option<PathBuf>,
+    context: Option<String>,
+) -> anyhow::Result<()> {
+    let root = provisioning_controller::trace::Root::parse(object)?;
+    let format = provisioning_controller::trace::Format::parse(output)?;
+    let options = kube::config::KubeConfigOptions { context, ..Default::default() };
+    let config = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(&path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &options).await.with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => match kube::Config::from_kubeconfig(&options).await {
+            Ok(config) => config,
+            Err(e) if options.context.is_none() => {
+                kube::Config::incluster().map_err(|_| anyhow::anyhow!("no usable kubeconfig ({e}) and no in-cluster config"))?
+            }
+            Err(e) => return Err(anyhow::Error::from(e).context("kubeconfig")),
+        },
+    };
+    let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
+    let client = dev::client_from_config(config)?;
+    provisioning_controller::trace::run(client, root, namespace, format, watch).await?;
+    Ok(())
+}
+
+/// `provisioning catalog list|show`.
+fn catalog(command: CatalogCommand) -> anyhow::Result<()> {
+    let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?;
+    match command {
+        CatalogCommand::List => {
+            println!("{:<14} {:<10} {:<24} REQUIRES", "SERVICE", "DEFAULT", "VERSIONS");
+            for svc in catalog.services() {
+                let m = &svc.manifest;
+                println!("{:<14} {:<10} {:<24} {}", m.name, m.default_version, m.versions.join(","), m.requires.join(","));
+            }
+        }
+        CatalogCommand::Show { name } => {
+            let Some(svc) = catalog.get(&name) else {
+                anyhow::bail!("no service {name:?} in the catalog at {}", catalog.dir().display());
+            };
+            let m = &svc.manifest;
+            println!("name:        {}", m.name);
+            println!("description: {}", m.description);
+            println!("versions:    {} (default {})", m.versions.join(", "), m.default_version);
+            println!("requires:    {}", m.requires.join(", "));
+            println!("after:       {}", m.after.join(", "));
+            println!("providers:   {}", m.providers.join(", "));
+            println!("config schema:\n{}", serde_json::to_string_pretty(&m.config_schema)?);
+        }
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -36,6 +36,8 @@ fn fail(step: &str, e: ProviderError) -> ContractViolation {
 }
 
 /// Runs every check of the contract. Leaves no machine behind when it passes.
+// Over 80 lines on purpose: the contract is a script (plans, prices, create, get, idempotency,
+// delete) whose steps share one machine; read top to bottom it is the specification.
 pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), ContractViolation> {
     // Plans: abstract names resolve, unknown names are invalid requests naming the plan.
     // Prices: each abstract plan has a list price (never decreasing with size) or a reason

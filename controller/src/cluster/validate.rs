@@ -42,6 +42,8 @@ fn invalid(reason: &'static str, message: impl Into<String>) -> InvalidCluster {
 }
 
 /// Validates the spec and returns the services in install order.
+// Over 80 lines on purpose: one flat list of independent checks in the order users read the
+// spec (pools, then services, versions, configs, dependencies), each returning its own reason.
 pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec<ServicePlan>, InvalidCluster> {
     let pool_names: Vec<String> = spec.pools.iter().map(|p| p.name.clone()).collect();
     let mut seen_pools = BTreeSet::new();
