@@ -25,7 +25,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use provisioning_crds::{LABEL_CLUSTER, Server, ServerStatus, condition};
-use provisioning_providers::{MachineEvent, MachineState, ProviderId, ServerObservation, SharedProvider, tags};
+use provisioning_providers::{MachineEvent, MachineState, Provider, ProviderId, ServerObservation, SharedProvider, tags};
 use tokio::task::JoinSet;
 
 use crate::context::Context;
@@ -147,21 +147,28 @@ pub async fn follow(ctx: Arc<Context>, trigger: Trigger<Server>) {
     }
 }
 
-/// One event source, reconnected with jittered exponential backoff after an error or the end
-/// of its stream; after a reconnect every Server on a machine of that provider type is looked
-/// at (events may have been missed meanwhile).
+/// One event source of `provider`, feeding [`on_event`]; after a reconnect every Server on a
+/// machine of that provider type is looked at (events may have been missed meanwhile).
 async fn follow_source(ctx: Arc<Context>, provider: SharedProvider, source: String, trigger: Trigger<Server>) {
+    let provider_type = provider.provider_type();
+    follow_stream(provider.as_ref(), &source, |event| on_event(&ctx, &trigger, event), || look_at_all(&ctx, &trigger, provider_type)).await
+}
+
+/// Follows `provider`'s machine events for ever, reconnecting with jittered exponential
+/// backoff ([`RECONNECT_MIN`] doubling to [`RECONNECT_MAX`]) after an error or the end of the
+/// stream; `on_reconnect` runs on each reconnect (not the first connect).
+async fn follow_stream(provider: &dyn Provider, source: &str, mut on_event: impl FnMut(MachineEvent), mut on_reconnect: impl FnMut()) {
     let mut delay = RECONNECT_MIN;
     let mut reconnected = false;
     loop {
         let connected = Instant::now();
         let mut events = provider.machine_events();
         if reconnected {
-            look_at_all(&ctx, &trigger, provider.provider_type());
+            on_reconnect();
         }
         let ended = loop {
             match events.next().await {
-                Some(Ok(event)) => on_event(&ctx, &trigger, event),
+                Some(Ok(event)) => on_event(event),
                 Some(Err(e)) => break e.to_string(),
                 None => break "the event stream ended".to_string(),
             }
@@ -227,6 +234,10 @@ fn on_event(ctx: &Arc<Context>, trigger: &Trigger<Server>, event: MachineEvent) 
 #[cfg(test)]
 mod tests {
     use provisioning_crds::ServerSpec;
+    use provisioning_providers::{
+        DeleteOutcome, ExecRequest, ExecResult, MachineEventKind, MachineEvents, ProviderError, ProviderResult, ServerIdentity,
+        ServerRequest,
+    };
 
     use super::*;
 
@@ -264,6 +275,86 @@ mod tests {
         assert_eq!(detect(&server(None, "local://abc"), &id, None, true), None);
         // A Cluster member's missing machine is re-created as before.
         assert_eq!(detect(&server(Some("etcd"), ""), &id, None, true).map(|d| d.reason), Some(MACHINE_MISSING));
+    }
+
+    /// Its first event stream fails, the second yields one event and then stays open.
+    struct Flaky {
+        connects: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Provider for Flaky {
+        fn provider_type(&self) -> &'static str {
+            "local"
+        }
+        fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
+            Ok(plan.to_string())
+        }
+        async fn validate_credentials(&self) -> ProviderResult<()> {
+            Ok(())
+        }
+        async fn ensure_server(&self, _: &ServerRequest) -> ProviderResult<ServerObservation> {
+            Err(ProviderError::Permanent("not here".into()))
+        }
+        async fn find_server(&self, _: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
+            Ok(None)
+        }
+        async fn observe_server(&self, _: &ProviderId) -> ProviderResult<Option<ServerObservation>> {
+            Ok(None)
+        }
+        async fn delete_server(&self, _: &ProviderId) -> ProviderResult<DeleteOutcome> {
+            Ok(DeleteOutcome::Gone)
+        }
+        async fn exec(&self, _: &ProviderId, _: ExecRequest) -> ProviderResult<ExecResult> {
+            Err(ProviderError::Permanent("not here".into()))
+        }
+        async fn list_servers(&self, _: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
+            Ok(vec![])
+        }
+        fn machine_events(&self) -> MachineEvents {
+            let n = self.connects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if n == 0 {
+                return Box::pin(futures::stream::iter([Err(ProviderError::Transient("engine went away".into()))]));
+            }
+            let event =
+                MachineEvent { provider_id: ProviderId("local://abc".into()), kind: MachineEventKind::Removed, tags: Default::default() };
+            Box::pin(futures::stream::iter([Ok(event)]).chain(futures::stream::pending()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_broken_event_stream_is_reconnected_and_its_events_delivered() {
+        let provider = Flaky { connects: Default::default() };
+        let events = std::sync::Mutex::new(Vec::new());
+        let reconnects = std::sync::atomic::AtomicUsize::new(0);
+        let follow = follow_stream(
+            &provider,
+            "docker:test",
+            |e| events.lock().unwrap_or_else(|p| p.into_inner()).push(e),
+            || {
+                reconnects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            },
+        );
+        // Never ends by itself: followed until the event arrived (after one backoff, ~1 s).
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::pin!(follow);
+            loop {
+                tokio::select! {
+                    _ = &mut follow => unreachable!("the follower never returns"),
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {
+                        if !events.lock().unwrap_or_else(|p| p.into_inner()).is_empty() { break; }
+                    }
+                }
+            }
+        })
+        .await;
+        let got = events.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert_eq!(
+            got.iter().map(|e| (e.provider_id.0.as_str(), e.kind)).collect::<Vec<_>>(),
+            [("local://abc", MachineEventKind::Removed)]
+        );
+        assert_eq!(provider.connects.load(std::sync::atomic::Ordering::SeqCst), 2, "connected again after the error");
+        assert_eq!(reconnects.load(std::sync::atomic::Ordering::SeqCst), 1, "a reconnect looks at every Server once");
     }
 
     #[test]
