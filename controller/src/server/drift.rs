@@ -58,6 +58,15 @@ pub struct Drift {
     pub message: String,
 }
 
+impl Drift {
+    /// The machine as the drift left it, for status while it is remediated: `missing` (no
+    /// address) or `stopped`.
+    pub fn observation(&self) -> ServerObservation {
+        let state = if self.reason == MACHINE_STOPPED { MachineState::Stopped } else { MachineState::Other("missing".into()) };
+        ServerObservation { provider_id: self.machine.clone(), state, addresses: vec![], plan: String::new(), tags: Default::default() }
+    }
+}
+
 /// What a reconcile learns from observing the recorded machine `id` (`observed`: `None` when
 /// it does not exist): drift, or nothing. Adopted machines (`spec.externalID`) never drift
 /// here: a missing one is ExternalNotFound.
@@ -268,6 +277,9 @@ mod tests {
         assert!(missing.message.contains("local://abc") && missing.message.contains("default/web"), "{}", missing.message);
         let stopped = detect(&server(None, ""), &id, Some(&observed(MachineState::Stopped)), true).expect("drift");
         assert_eq!(stopped.reason, MACHINE_STOPPED);
+        // While remediated, status says so (never "terminated": a Cluster would replace the member).
+        assert_eq!(missing.observation().state.as_str(), "missing");
+        assert_eq!(stopped.observation().state, MachineState::Stopped);
         // Running, or stopped where nothing restarts it, is no drift; nor are adopted machines.
         assert_eq!(detect(&server(None, ""), &id, Some(&observed(MachineState::Running)), true), None);
         assert_eq!(detect(&server(None, ""), &id, Some(&observed(MachineState::Stopped)), false), None);

@@ -244,7 +244,8 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     // Drift: recorded (Drifted=True, one Warning per drift) before it is remediated.
     let (acted, drift) = match acted {
         act::Acted::Drifted(drift) => {
-            let drifted = base(Some(Summary::progressing(drift.reason, drift.message.clone())), None, None, Machine::Unchanged);
+            let machine = Machine::Observed(drift.observation());
+            let drifted = base(Some(Summary::progressing(drift.reason, drift.message.clone())), None, None, machine);
             let drifted = drift::record(drifted, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
             write_status(&server, drifted, ctx).await.at(Step::Status)?;
             if drift::warning_due(&server, &drift) {
