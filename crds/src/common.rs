@@ -33,6 +33,8 @@ pub mod condition {
     pub const PAUSED: &str = "Paused";
     /// Server: the machine exists at the provider and is running.
     pub const PROVISIONED: &str = "Provisioned";
+    /// Server: the machine was changed outside the controller (missing, stopped).
+    pub const DRIFTED: &str = "Drifted";
     /// TaskServ: required services are installed.
     pub const DEPENDENCIES_READY: &str = "DependenciesReady";
     /// TaskServ: installed on every selected server.

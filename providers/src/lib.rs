@@ -94,6 +94,30 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// Where [`Provider::machine_events`] comes from (e.g. one Docker engine), so that one
+    /// follower serves every account sharing it; `None` when this provider cannot follow its
+    /// machines (they are observed at each resync instead).
+    fn machine_event_source(&self) -> Option<String> {
+        None
+    }
+
+    /// Follows this provider's machines: an item each time one of them stops or is removed,
+    /// whoever did it. Connects lazily; the caller reconnects (with backoff) after an error or
+    /// the end of the stream. Empty for providers without a [`Provider::machine_event_source`].
+    fn machine_events(&self) -> MachineEvents {
+        Box::pin(futures::stream::empty())
+    }
+
+    /// Whether [`Provider::start_server`] can start a stopped machine.
+    fn can_start_servers(&self) -> bool {
+        false
+    }
+
+    /// Starts a stopped machine and observes it (a running one is left as it is).
+    async fn start_server(&self, id: &ProviderId) -> ProviderResult<ServerObservation> {
+        Err(ProviderError::Permanent(format!("the {} provider cannot start machine {id}", self.provider_type())))
+    }
+
     /// The list price of a machine of native plan `plan` in `zone` (empty: the account's
     /// region or zone), from the provider's price table (no API call). `Err` says why there
     /// is none (a plan, region or zone the table does not cover); never a guessed figure.

@@ -338,3 +338,28 @@ pub struct SshAsset {
     /// Unix mode, e.g. 0o755.
     pub mode: u32,
 }
+
+/// Something that happened to a machine outside the controller, as a provider that can
+/// follow its machines reports it (see [`crate::Provider::machine_events`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineEvent {
+    /// The machine.
+    pub provider_id: ProviderId,
+    /// What happened.
+    pub kind: MachineEventKind,
+    /// The machine's identity tags (server uid, namespace, name, cluster) as it carried them.
+    pub tags: std::collections::BTreeMap<String, String>,
+}
+
+/// What happened to a machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MachineEventKind {
+    /// It stopped running (stopped, killed or crashed); it still exists.
+    Stopped,
+    /// It was destroyed.
+    Removed,
+}
+
+/// A provider's stream of [`MachineEvent`]s; an `Err` item or the end of the stream means the
+/// follower must reconnect.
+pub type MachineEvents = futures::stream::BoxStream<'static, crate::ProviderResult<MachineEvent>>;

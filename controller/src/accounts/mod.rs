@@ -115,6 +115,12 @@ impl ProviderRegistry {
         versions.get(secret_key).is_none_or(|latest| Some(latest) == built_from)
     }
 
+    /// Every provider instance built so far (for followers of machine events).
+    pub fn cached(&self) -> Vec<SharedProvider> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.values().map(|c| c.provider.clone()).collect()
+    }
+
     /// The provider of `account` in `ws`.
     pub async fn get(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
         // Tenancy and transport rules first: nothing is read or sent for a refused account.

@@ -24,6 +24,8 @@ pub enum Acted {
     /// `spec.externalID` names a machine this Server may not adopt (see
     /// [`super::validate::check_adoption`]).
     AdoptionRefused(super::validate::Invalid),
+    /// The recorded machine drifted (missing, or stopped): record it, then [`remediate`].
+    Drifted(super::drift::Drift),
 }
 
 /// The identity tagged onto the Server's machine.
@@ -70,7 +72,13 @@ pub async fn act(
             if running && recorded && ctx.observed_recently(&uid, &fp, ctx.config.resync().mul_f64(0.8)) {
                 return Ok(Acted::Unchanged);
             }
-            match ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await? {
+            let observed = ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await?;
+            if let Some(drift) = super::drift::detect(server, &id, observed.as_ref(), provider.can_start_servers()) {
+                tracing::warn!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %id, reason = drift.reason, "machine drifted");
+                ctx.forget_observed(&uid);
+                return Ok(Acted::Drifted(drift));
+            }
+            match observed {
                 Some(obs) => {
                     if adopted && let Err(refused) = super::validate::check_adoption(&uid, &obs) {
                         ctx.forget_observed(&uid);
@@ -80,12 +88,12 @@ pub async fn act(
                     Ok(Acted::Machine(obs))
                 }
                 None if adopted => Ok(Acted::ExternalMissing(id)),
-                None => {
-                    // Our machine vanished behind our back: make a new one (guarded like any create).
-                    tracing::warn!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %id, "machine vanished; recreating");
-                    ctx.forget_observed(&uid);
-                    create(server, valid, login_key, ws, provider, ctx, true).await
-                }
+                // Our machine vanished behind our back: drift (detect said so above).
+                None => Ok(Acted::Drifted(super::drift::Drift {
+                    reason: super::drift::MACHINE_MISSING,
+                    machine: id.clone(),
+                    message: format!("machine {id} is missing"),
+                })),
             }
         }
         Step::FindThenCreate => {
@@ -107,6 +115,27 @@ pub async fn act(
         }
         Step::Create => create(server, valid, login_key, ws, provider, ctx, true).await,
     }
+}
+
+/// Remediates `drift` as a reconcile would: a missing machine is created again (guarded
+/// like any create), a stopped one started.
+pub async fn remediate(
+    server: &Server,
+    drift: &super::drift::Drift,
+    valid: &ValidServer,
+    login_key: Option<&str>,
+    ws: &EffectiveWorkspace,
+    provider: &SharedProvider,
+    ctx: &Context,
+) -> Result<Acted, Error> {
+    if drift.reason != super::drift::MACHINE_STOPPED {
+        return create(server, valid, login_key, ws, provider, ctx, true).await;
+    }
+    let account = valid.account.name.as_str();
+    let obs = ctx.provider_call(ws, provider, account, "start_server", provider.start_server(&drift.machine)).await?;
+    tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "machine started again");
+    ctx.mark_observed(&server.uid().unwrap_or_default(), &fingerprint(server, &obs.provider_id));
+    Ok(Acted::Machine(obs))
 }
 
 async fn create(

@@ -4,8 +4,10 @@
 //! check, paused check, first finalizer and status) → finalizer (Apply / Cleanup) →
 //! [`dereference`] (workspace, maxServers rank) → [`validate`] (pure: account, plan, limit)
 //! → [`budget`] (cost from the price table; monthly budget before a create) → [`plan`] (pure: observe / adopt / find-then-create / create) → [`act`] (provider calls
-//! under the workspace's parallelLimit) → [`status`] (pure) → one status patch, skipped
-//! when unchanged → requeue (poll while starting, long and jittered when Ready).
+//! under the workspace's parallelLimit) → [`drift`] when the observed machine is missing or
+//! stopped (Drifted=True and a Warning written first, then remediated) → [`status`] (pure)
+//! → one status patch, skipped when unchanged → requeue (poll while starting, long and
+//! jittered when Ready).
 //!
 //! Concurrency choice: provider calls run inline in the reconcile, and the Controller runs
 //! with unbounded concurrency (one reconcile per object at a time is still guaranteed by
@@ -16,6 +18,7 @@
 pub mod act;
 pub mod budget;
 pub mod dereference;
+pub mod drift;
 pub mod plan;
 pub mod ssh;
 pub mod status;
@@ -116,7 +119,8 @@ pub fn controller(client: &Client, synced: &CacheSync) -> Controller<Server> {
 
 /// Runs the Server controller until `shutdown` resolves. Servers re-check when their
 /// Workspace's spec or readiness changes (not on its count updates), and when `triggers`
-/// names them (a credentials Secret changed, a TaskServ saw a script fail on the machine).
+/// names them (a credentials Secret changed, a TaskServ saw a script fail on the machine),
+/// and when their machine changes outside the controller ([`drift::follow`]).
 pub async fn run(
     controller: Controller<Server>,
     ctx: Arc<Context>,
@@ -130,9 +134,12 @@ pub async fn run(
     // Workspace name → its cost total last seen: a change re-checks the Servers waiting for
     // budget (Servers deleted), and only those.
     let seen_costs: Mutex<HashMap<String, Option<String>>> = Mutex::default();
+    // Machine events (drift) queue Servers beside the other kinds' triggers.
+    let (drift_trigger, drift_triggers) = crate::reconcile::Trigger::<Server>::new();
+    let follower = tokio::spawn(drift::follow(ctx.clone(), drift_trigger));
     controller
         .with_config(settings)
-        .reconcile_on(triggers)
+        .reconcile_on(futures::stream::select(triggers, drift_triggers))
         .watches(Api::<Workspace>::all(ctx.client.clone()), watcher::Config::default().any_semantic(), move |ws: Workspace| {
             let ready = ws.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
             let fingerprint = (ws.metadata.generation, ready);
@@ -161,6 +168,7 @@ pub async fn run(
         .run(reconcile::<Server>, error_policy::<Server>, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
+    follower.abort();
 }
 
 // Over 80 lines on purpose: one linear pipeline (dereference → validate → act → status)
@@ -233,8 +241,25 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         Ok(a) => a,
         Err(e) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
     };
+    // Drift: recorded (Drifted=True, one Warning per drift) before it is remediated.
+    let (acted, drift) = match acted {
+        act::Acted::Drifted(drift) => {
+            let machine = Machine::Observed(drift.observation());
+            let drifted = base(Some(Summary::progressing(drift.reason, drift.message.clone())), None, None, machine);
+            let drifted = drift::record(drifted, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
+            write_status(&server, drifted, ctx).await.at(Step::Status)?;
+            if drift::warning_due(&server, &drift) {
+                ctx.publish(server.as_ref(), EventType::Warning, drift.reason, "Remediate", Some(drift.message.clone())).await;
+            }
+            match act::remediate(&server, &drift, &valid, login_key.as_deref(), ws, &provider, ctx).await {
+                Ok(acted) => (acted, Some(drift)),
+                Err(e) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
+            }
+        }
+        acted => (acted, None),
+    };
     let machine = match acted {
-        act::Acted::Unchanged => Machine::Unchanged,
+        act::Acted::Drifted(_) | act::Acted::Unchanged => Machine::Unchanged,
         act::Acted::Machine(obs) => Machine::Observed(obs),
         act::Acted::ExternalMissing(id) => {
             let message = format!("machine {id} named by spec.externalID does not exist at provider account {:?}", valid.account.name);
@@ -276,6 +301,13 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         _ => cost,
     };
     let desired = status::record_cost(desired, &cost);
+    let desired = match (drift, &desired.provider_id) {
+        (Some(drift), Some(now_id)) => {
+            let found = drift::Found::Remediated(drift, ProviderId(now_id.clone()));
+            drift::record(desired.clone(), server.status.as_ref(), &found, Timestamp::now())
+        }
+        _ => desired,
+    };
     let ready = conditions::is_true(&desired.conditions, condition::READY);
     let was_ready = server.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
     let message = conditions::find(&desired.conditions, condition::READY).map(|c| c.message.clone());

@@ -114,6 +114,14 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
     );
     let mut wanted = summary.conditions();
     wanted.push(provisioned);
+    if let Some(drifted) = conditions::find(&previous.conditions, condition::DRIFTED) {
+        // Drift stays recorded (see super::drift); True turns False once the machine runs.
+        wanted.push(if drifted.status == "True" && running {
+            DesiredCondition::new(condition::DRIFTED, Status::False, super::drift::REMEDIATED, "the machine is running again")
+        } else {
+            DesiredCondition::new(condition::DRIFTED, status_word(&drifted.status), &drifted.reason, drifted.message.clone())
+        });
+    }
     if !input.paused && conditions::find(&previous.conditions, condition::PAUSED).is_some() {
         // Once paused, the condition stays (False) rather than vanishing from the list.
         wanted.push(DesiredCondition::new(condition::PAUSED, Status::False, "Resumed", ""));
@@ -128,6 +136,9 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
             } else {
                 out.push(DesiredCondition::new(c, Status::Unknown, "Paused", ""));
             }
+        }
+        if let Some(c) = keep(condition::DRIFTED) {
+            out.push(DesiredCondition::new(&c.type_, status_word(&c.status), &c.reason, c.message.clone()));
         }
         out.insert(1, DesiredCondition::new(condition::RECONCILING, Status::False, "Paused", "reconciliation is paused"));
         out.push(DesiredCondition::new(

@@ -13,8 +13,13 @@
 //! share one per namespace (`prov_<namespace>`); the network is created on demand and
 //! removed with the last container that used it. Every container joins its network with the
 //! server name as alias, so peers resolve each other by server name.
+//!
+//! The engine's container events are followed ([`Provider::machine_events`], see `events`):
+//! a container of ours that dies or is destroyed is reported within moments, and a stopped
+//! container can be started again ([`Provider::start_server`]).
 
 mod docker;
+mod events;
 mod exec;
 pub mod image;
 pub mod spec;
@@ -33,8 +38,8 @@ use self::docker::{classify, status_of};
 pub use self::exec::EXEC_ID_ENV;
 use self::spec::{ContainerSpec, DEFAULT_NODE_IMAGE, Mounts, NetworkSpec, PLAN_LABEL};
 use crate::{
-    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId, ProviderResult,
-    ServerIdentity, ServerObservation, ServerRequest, SharedProvider, tags,
+    Address, DeleteOutcome, ExecRequest, ExecResult, MachineEvents, MachineState, Provider, ProviderConfig, ProviderError, ProviderId,
+    ProviderResult, ServerIdentity, ServerObservation, ServerRequest, SharedProvider, tags,
 };
 
 /// Abstract image names that mean "the node image".
@@ -344,6 +349,34 @@ impl Provider for LocalProvider {
 
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         spec::resolve_plan(plan)
+    }
+
+    fn machine_event_source(&self) -> Option<String> {
+        Some(format!("docker:{}", if self.endpoint.is_empty() { "local" } else { &self.endpoint }))
+    }
+
+    fn machine_events(&self) -> MachineEvents {
+        events::follow(self.endpoint.clone())
+    }
+
+    fn can_start_servers(&self) -> bool {
+        true
+    }
+
+    async fn start_server(&self, id: &ProviderId) -> ProviderResult<ServerObservation> {
+        let Some(container) = self.by_id(id).await? else {
+            return Err(ProviderError::NotFound(format!("machine {id}")));
+        };
+        if container.state != Some(ContainerSummaryStateEnum::RUNNING) {
+            let labels = container.labels.clone().unwrap_or_default();
+            let namespace = labels.get(tags::NAMESPACE).cloned().unwrap_or_default();
+            let network = NetworkSpec::new(&namespace, labels.get(tags::CLUSTER).map(String::as_str));
+            self.start(id.native_id(), &network).await?;
+        }
+        match self.by_id(id).await? {
+            Some(started) => Ok(observe(&started)),
+            None => Err(ProviderError::NotFound(format!("machine {id} vanished while it was started"))),
+        }
     }
 
     async fn validate_credentials(&self) -> ProviderResult<()> {
