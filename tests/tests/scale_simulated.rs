@@ -1,7 +1,8 @@
 //! Scaling an etcd Cluster 3 → 4 on the simulated provider: while the new member has no
 //! address yet, the existing members' re-install waits for it ("waiting for the address of
 //! Server …") instead of failing to render etcd.conf.yml. The TaskServ never shows a Failed
-//! server phase or "install failed", and ends Ready on 4 servers.
+//! server phase or "install failed", and ends Ready on 4 servers — saying that on the
+//! simulated provider no script ran (Installed reason `Simulated`, per-server output tail).
 
 use std::time::{Duration, Instant};
 
@@ -55,5 +56,16 @@ fn scaling_etcd_up_waits_for_the_new_members_address_instead_of_failing() -> Res
         std::thread::sleep(Duration::from_millis(100));
     }
     ensure!(seen_not_ready, "the scale-up was observed (the TaskServ left Ready while adding the member)");
+
+    // Honesty on the simulated provider: nothing ran, and the TaskServ says so.
+    let ts = taskserv(&dev)?;
+    let conditions = ts["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let installed = conditions.iter().find(|c| c["type"] == "Installed").cloned().unwrap_or_default();
+    ensure!(installed["status"] == "True" && installed["reason"] == "Simulated", "{installed}");
+    ensure!(condition_message(&ts, "Ready").contains("simulated: scripts not run"), "{}", condition_message(&ts, "Ready"));
+    for s in ts["status"]["servers"].as_array().cloned().unwrap_or_default() {
+        let tail = s["lastRun"]["outputTail"].as_str().unwrap_or_default();
+        ensure!(tail.contains("simulated: scripts not run ("), "{s}");
+    }
     Ok(())
 }

@@ -43,6 +43,9 @@ pub const CONFIG_INPUTS_REQUEUE: Duration = Duration::from_secs(30);
 
 /// Reason of the `Stalled` condition after a failed upgrade was rolled back.
 pub const REASON_UPGRADE_FAILED: &str = "UpgradeFailed";
+/// Reason of `Installed=True` when every server is on the simulated provider: the scripts
+/// "succeeded" without running (the message says "simulated: scripts not run").
+pub const REASON_SIMULATED: &str = "Simulated";
 
 /// The state of the service on one server (`status.servers[].phase`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,6 +137,8 @@ pub struct ServerFacts {
     pub deleting: bool,
     /// Addresses from its status.
     pub addresses: Vec<MachineAddress>,
+    /// Its machine is on the simulated provider: scripts "succeed" without running.
+    pub simulated: bool,
 }
 
 /// Another TaskServ of the namespace (a dependency candidate).
