@@ -112,11 +112,19 @@ pub async fn run(
         .watches(Api::<PartialObjectMeta<ConfigMap>>::all(ctx_client.clone()), watcher::Config::default().any_semantic(), move |c| {
             referrers(&by_config_map, ConfigSourceKind::ConfigMap, c.namespace(), &c.name_any())
         });
+    let mut _per_namespace = None;
     let controller = if watch_secrets {
         controller.watches(Api::<PartialObjectMeta<Secret>>::all(ctx_client), watcher::Config::default().any_semantic(), move |s| {
             referrers(&by_secret, ConfigSourceKind::Secret, s.namespace(), &s.name_any())
         })
     } else {
+        // Only per namespace (deploy/rbac): one watch per workspace namespace that allows it.
+        let trigger = tctx.trigger.clone();
+        _per_namespace = Some(crate::secret_watch::spawn(ctx_client, tctx.ctx.stores.workspaces.clone(), move |s| {
+            for ts in referrers(&by_secret, ConfigSourceKind::Secret, s.namespace(), &s.name_any()) {
+                trigger.send(ts);
+            }
+        }));
         controller
     };
     controller
