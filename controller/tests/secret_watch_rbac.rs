@@ -2,7 +2,7 @@
 //! RoleBinding, no cluster-wide Secret watch), the controller — running with the
 //! ServiceAccount token of deploy/rbac against the embedded control plane — watches Secrets
 //! per workspace namespace: a fixed credentials Secret is picked up in seconds, not at the
-//! error backoff's retry (30 s and more).
+//! error backoff's retry (30 s and more), and so is a TaskServ's awaited `configFrom` Secret.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,7 +15,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use provisioning_controller::conditions::is_true;
 use provisioning_controller::permissions::{may_watch_all_secrets, may_watch_secrets_in};
 use provisioning_controller::testing::{TestEnv, is_ready, server, wait_for};
-use provisioning_crds::{Server, Workspace};
+use provisioning_crds::{Server, TaskServ, Workspace};
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -127,6 +127,36 @@ async fn a_fixed_credentials_secret_is_picked_up_at_once_under_per_namespace_rba
     })
     .await?;
     eprintln!("recovered {:?} after the Secret fix, under per-namespace RBAC", started.elapsed());
+
+    // A TaskServ waiting for its configFrom Secret goes on as soon as it is created (not at
+    // the 30 s poll of a missing input).
+    let tss: Api<TaskServ> = Api::namespaced(env.client.clone(), "kappa");
+    let ts: TaskServ = serde_json::from_value(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "TaskServ", "metadata": {"name": "db", "namespace": "kappa"},
+        "spec": {"service": "postgresql", "servers": {"names": ["s1"]}, "config": {"user": "app"},
+                 "configFrom": [{"kind": "Secret", "name": "db-creds", "key": "password", "targetPath": "password"}]}
+    }))?;
+    tss.create(&PostParams::default(), &ts).await?;
+    let reason = |t: &TaskServ, type_: &str| {
+        t.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == type_)).map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    wait_for("db waiting for db-creds", DEADLINE, || {
+        let tss = tss.clone();
+        async move { tss.get("db").await.ok().filter(|t| reason(t, "Stalled").is_some_and(|r| r.1 == "ConfigFromMissing")).map(drop) }
+    })
+    .await?;
+    let db_creds: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db-creds", "namespace": "kappa"},
+        "stringData": {"password": "db-pass-VALUE"}
+    }))?;
+    secrets.create(&PostParams::default(), &db_creds).await?;
+    let started = Instant::now();
+    wait_for("db no longer waiting after db-creds appeared", fast, || {
+        let tss = tss.clone();
+        async move { tss.get("db").await.ok().filter(|t| reason(t, "Stalled").is_some_and(|r| r.0 == "False")).map(drop) }
+    })
+    .await?;
+    eprintln!("TaskServ went on {:?} after its Secret appeared", started.elapsed());
     controller.stop().await;
     env.shutdown().await;
     Ok(())
