@@ -84,7 +84,8 @@ pub async fn run(
         Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, servers, taskservs: store.clone() });
     let selecting = store.clone();
     let (by_secret, by_config_map) = (store.clone(), store.clone());
-    // Secrets are granted per namespace by deploy/ (no cluster-wide watch allowed there).
+    // Secrets are granted per namespace by deploy/ (no cluster-wide watch allowed there): then
+    // they are watched per workspace namespace ([`crate::secret_watch`]).
     let watch_secrets = may_watch_all_secrets(&ctx_client).await;
     let controller = controller
         // A Server coming, going or changing readiness re-plans the TaskServs that select it.

@@ -37,8 +37,9 @@ pub const WAIT_REQUEUE: Duration = Duration::from_secs(5);
 /// Requeue of a Stalled object (a spec change triggers a reconcile anyway).
 pub const STALLED_REQUEUE: Duration = Duration::from_secs(300);
 /// Requeue while waiting for a Secret/ConfigMap of `configFrom`: the Secret watch triggers at
-/// once where the controller may watch Secrets cluster-wide; where RBAC grants Secrets only
-/// per namespace (deploy/rbac/secrets.yaml) that watch is refused and this poll takes over.
+/// once (cluster-wide, or per workspace namespace where RBAC grants Secrets only per namespace,
+/// deploy/rbac/secrets.yaml, see [`crate::secret_watch`]); this poll covers namespaces where
+/// neither is allowed (no RoleBinding, or no Workspace).
 pub const CONFIG_INPUTS_REQUEUE: Duration = Duration::from_secs(30);
 
 /// Reason of the `Stalled` condition after a failed upgrade was rolled back.
