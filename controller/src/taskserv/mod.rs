@@ -384,22 +384,17 @@ fn start_run(
                 act::failed_to_start(&server, &operation, redact(error.to_string()))
             }
         };
-        tracing::info!(
-            taskserv = %object,
-            server = %server,
-            script = result.operation.script(),
-            succeeded = result.succeeded,
-            "{}",
-            result.message
-        );
-        let outcome = if result.succeeded { "ok" } else { "failed" };
-        ctx.metrics
-            .script_runs
-            .get_or_create(&crate::metrics::ScriptLabels { service: ts.spec.service.clone(), outcome: outcome.into() })
-            .inc();
-        runs.finish(&key, result);
+        finished(&ctx, &object, &ts.spec.service, &runs, &key, result);
         trigger.send(object);
     });
+}
+
+/// Logs and counts a finished run and parks its result for the next reconcile.
+fn finished(ctx: &Context, object: &ObjectRef<TaskServ>, service: &str, runs: &ScriptRuns, key: &str, result: plan::OperationResult) {
+    tracing::info!(taskserv = %object, server = %result.server, script = result.operation.script(), succeeded = result.succeeded, "{}", result.message);
+    let outcome = if result.succeeded { "ok" } else { "failed" };
+    ctx.metrics.script_runs.get_or_create(&crate::metrics::ScriptLabels { service: service.to_string(), outcome: outcome.into() }).inc();
+    runs.finish(key, result);
 }
 
 /// After a script ran over SSH, the provider holds the machine's host key (pinned on first
