@@ -38,6 +38,7 @@ pub mod permissions;
 pub mod planning;
 pub mod reconcile;
 pub mod run;
+pub mod secret_watch;
 pub mod server;
 pub mod sync;
 pub mod taskserv;

@@ -295,13 +295,7 @@ async fn trace(
 fn catalog(command: CatalogCommand) -> anyhow::Result<()> {
     let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?;
     match command {
-        CatalogCommand::List => {
-            println!("{:<14} {:<10} {:<24} REQUIRES", "SERVICE", "DEFAULT", "VERSIONS");
-            for svc in catalog.services() {
-                let m = &svc.manifest;
-                println!("{:<14} {:<10} {:<24} {}", m.name, m.default_version, m.versions.join(","), m.requires.join(","));
-            }
-        }
+        CatalogCommand::List => print!("{}", catalog_table(&catalog)),
         CatalogCommand::Show { name } => {
             let Some(svc) = catalog.get(&name) else {
                 anyhow::bail!("no service {name:?} in the catalog at {}", catalog.dir().display());
@@ -313,10 +307,35 @@ fn catalog(command: CatalogCommand) -> anyhow::Result<()> {
             println!("requires:    {}", m.requires.join(", "));
             println!("after:       {}", m.after.join(", "));
             println!("providers:   {}", m.providers.join(", "));
+            if m.cloud_only {
+                println!("cloud only:  {CLOUD_ONLY}");
+            }
             println!("config schema:\n{}", serde_json::to_string_pretty(&m.config_schema)?);
         }
     }
     Ok(())
+}
+
+/// What `catalog list` and `show` say of a cloud-only service.
+const CLOUD_ONLY: &str = "cloud only, not executed in CI";
+
+/// `provisioning catalog list`: one line per service; the CI column says whether CI runs its
+/// scripts (`local`) or the service is cloud only (only checked for parse errors).
+fn catalog_table(catalog: &provisioning_taskservs::Catalog) -> String {
+    let mut out = format!("{:<14} {:<10} {:<24} {:<36} REQUIRES\n", "SERVICE", "DEFAULT", "VERSIONS", "CI");
+    for svc in catalog.services() {
+        let m = &svc.manifest;
+        let ci = if m.cloud_only { CLOUD_ONLY } else { "executed (local provider)" };
+        out.push_str(&format!(
+            "{:<14} {:<10} {:<24} {:<36} {}\n",
+            m.name,
+            m.default_version,
+            m.versions.join(","),
+            ci,
+            m.requires.join(",")
+        ));
+    }
+    out
 }
 
 fn main() -> ExitCode {
@@ -335,5 +354,24 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_list_marks_the_cloud_only_services() {
+        let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir()).expect("catalog loads");
+        let table = catalog_table(&catalog);
+        assert!(table.lines().next().is_some_and(|h| h.contains(" CI ")), "{table}");
+        for line in table.lines().skip(1) {
+            let service = line.split_whitespace().next().unwrap_or_default();
+            let cloud_only = ["kubernetes", "cilium", "coredns", "rook-ceph"].contains(&service);
+            assert_eq!(line.contains("cloud only, not executed in CI"), cloud_only, "{line}");
+            assert_eq!(line.contains("executed (local provider)"), !cloud_only, "{line}");
+        }
+        assert_eq!(table.lines().count(), 10, "header and nine services:\n{table}");
     }
 }

@@ -89,6 +89,15 @@ impl TestEnv {
         ControllerHandle { token, task }
     }
 
+    /// Runs the controller in this process with another identity's `client` (e.g. a
+    /// ServiceAccount token bound by deploy/rbac) until the returned handle is stopped.
+    pub fn start_controller_as(&self, client: Client, config: ControllerConfig) -> ControllerHandle {
+        let token = CancellationToken::new();
+        let stop = token.clone();
+        let task = tokio::spawn(async move { crate::run::run(client, config, async move { stop.cancelled().await }).await });
+        ControllerHandle { token, task }
+    }
+
     /// The simulated provider of `account` (reads the same file-backed store).
     pub fn simulated(&self, account: &str) -> anyhow::Result<provisioning_providers::simulated::SimulatedProvider> {
         simulated(&self.state_dir, account)

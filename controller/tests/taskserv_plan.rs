@@ -225,6 +225,34 @@ fn ready_transition_emits_events() {
 }
 
 #[test]
+fn on_the_simulated_provider_installed_says_the_scripts_did_not_run() {
+    let sim = |name: &str| ServerFacts { simulated: true, ..server(name, true) };
+    let mut p = Pass::new(STORE, vec![sim("s0"), sim("s1")]);
+    let first = p.plan();
+    p.commit(&first);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let s = p.plan().status;
+    // Ready stays True (the rollout itself was exercised); the reason and messages say so.
+    assert_eq!(cond(&s, "Ready").0, "True");
+    let (status, reason, msg) = cond(&s, "Installed");
+    assert_eq!((status, reason), ("True", "Simulated"));
+    assert!(msg.ends_with("installed on 2/2 servers (simulated: scripts not run)"), "{msg}");
+    assert!(cond(&s, "Ready").2.contains("simulated: scripts not run"));
+
+    // One real server among simulated ones: Installed, naming the simulated ones.
+    let mut p = Pass::new(STORE, vec![sim("s0"), server("s1", true)]);
+    let first = p.plan();
+    p.commit(&first);
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let mixed = p.plan().status;
+    let (_, reason, msg) = cond(&mixed, "Installed");
+    assert_eq!(reason, "Installed");
+    assert!(msg.ends_with("(simulated: scripts not run on s0)"), "{msg}");
+}
+
+#[test]
 fn waits_for_servers_that_are_not_ready() {
     let p = Pass::new(STORE, vec![server("s0", true)]);
     let plan = p.plan();

@@ -8,8 +8,9 @@
 //! failures of `ensure_server` happen *after* the machine was created — a lost response,
 //! which is exactly what the create-pending leak guard must survive.
 //!
-//! `exec` runs nothing: it reports success with `{"simulated":true}` on stdout, so that
-//! taskserv rollouts can be exercised at scale without machines.
+//! `exec` runs nothing: it reports success with "simulated: scripts not run (install.nu)"
+//! ([`SCRIPTS_NOT_RUN`]) as its output and `{"simulated":true}` on stdout, so that taskserv
+//! rollouts can be exercised at scale without machines — and nobody mistakes them for runs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
@@ -151,6 +152,9 @@ fn catch_up(file: &mut File, state: &mut StoreState) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// What a simulated script run reports: it succeeded without running.
+pub const SCRIPTS_NOT_RUN: &str = "simulated: scripts not run";
 
 /// The simulated provider of one account.
 pub struct SimulatedProvider {
@@ -308,9 +312,14 @@ impl Provider for SimulatedProvider {
         if !exists {
             return Err(ProviderError::NotFound(format!("machine {id}")));
         }
-        let stdout = "{\"simulated\":true}\n".to_string();
+        // Said where users look (the run's output tail in TaskServ status, the logs): the
+        // script did not run. Named by its file (install.nu …), not the whole command line.
+        let script = request.argv.iter().rev().find(|a| a.ends_with(".nu")).or(request.argv.first());
+        let script = script.map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or_default();
+        let line = format!("{SCRIPTS_NOT_RUN} ({script})");
+        let stdout = format!("{line}\n{{\"simulated\":true}}\n");
         if let Some(sink) = &request.output {
-            let _ = sink.send(format!("simulated run of {:?}", request.argv.first().map(String::as_str).unwrap_or("")));
+            let _ = sink.send(line);
         }
         Ok(ExecResult { exit_code: Some(0), timed_out: false, stdout, stderr: String::new() })
     }

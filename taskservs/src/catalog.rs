@@ -446,6 +446,9 @@ fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogErr
             return Err(invalid(format!("unknown provider {p:?} (known: {})", KNOWN_PROVIDERS.join(", "))));
         }
     }
+    if manifest.cloud_only && manifest.providers.iter().any(|p| p == "local") {
+        return Err(invalid("cloudOnly is true but providers lists local (which runs the scripts in CI)".into()));
+    }
     for dep in manifest.requires.iter().chain(&manifest.after) {
         if dep == &manifest.name {
             return Err(invalid(format!("{dep:?} depends on itself")));

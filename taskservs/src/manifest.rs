@@ -28,6 +28,11 @@ pub struct TaskServManifest {
     pub after: Vec<String>,
     /// Provider types the scripts support (local, aws, upcloud, simulated).
     pub providers: Vec<String>,
+    /// Cloud only: the scripts need real cloud machines (systemd, kubeadm, raw disks), so CI
+    /// never executes them (no `local` provider; on `simulated` no script runs). `catalog
+    /// list` marks such services.
+    #[serde(default)]
+    pub cloud_only: bool,
     /// JSON schema of the service's `config`.
     #[serde(default = "empty_object_schema")]
     pub config_schema: serde_json::Value,

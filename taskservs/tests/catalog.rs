@@ -33,6 +33,9 @@ fn shipped_catalog_loads_with_every_service() {
     for cloud in ["kubernetes", "cilium", "coredns", "rook-ceph"] {
         assert!(catalog.get(cloud).is_some_and(|s| !s.manifest.providers.iter().any(|p| p == "local")), "{cloud}");
     }
+    // Exactly those are marked cloud only (not executed in CI).
+    let cloud_only: Vec<&str> = catalog.services().filter(|s| s.manifest.cloud_only).map(|s| s.name()).collect();
+    assert_eq!(cloud_only, ["cilium", "coredns", "kubernetes", "rook-ceph"]);
 }
 
 #[test]
@@ -123,6 +126,7 @@ fn broken_manifests_fail_naming_file_and_problem() {
             "svc/taskserv.yaml",
             "unknown provider \"azure\"",
         ),
+        (vec![("svc", manifest("svc", "cloudOnly: true\n"))], vec![], "svc/taskserv.yaml", "cloudOnly is true but providers lists local"),
         (
             vec![("svc", manifest("svc", "configSchema: {type: object, properties: {a: {type: 12}}}\n"))],
             vec![],

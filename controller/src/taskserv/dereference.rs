@@ -29,6 +29,7 @@ pub fn servers(store: &Store<Server>, namespace: &str) -> Vec<ServerFacts> {
             ready: server_ready(s),
             deleting: s.metadata.deletion_timestamp.is_some(),
             addresses: s.status.as_ref().map(|st| st.addresses.clone()).unwrap_or_default(),
+            simulated: s.status.as_ref().and_then(|st| st.provider_id.as_deref()).is_some_and(|id| id.starts_with("simulated://")),
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));

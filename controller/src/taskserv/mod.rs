@@ -84,7 +84,8 @@ pub async fn run(
         Arc::new(TaskServContext { ctx, catalog, runs: Arc::new(ScriptRuns::default()), trigger, servers, taskservs: store.clone() });
     let selecting = store.clone();
     let (by_secret, by_config_map) = (store.clone(), store.clone());
-    // Secrets are granted per namespace by deploy/ (no cluster-wide watch allowed there).
+    // Secrets are granted per namespace by deploy/ (no cluster-wide watch allowed there): then
+    // they are watched per workspace namespace ([`crate::secret_watch`]).
     let watch_secrets = may_watch_all_secrets(&ctx_client).await;
     let controller = controller
         // A Server coming, going or changing readiness re-plans the TaskServs that select it.
@@ -112,11 +113,19 @@ pub async fn run(
         .watches(Api::<PartialObjectMeta<ConfigMap>>::all(ctx_client.clone()), watcher::Config::default().any_semantic(), move |c| {
             referrers(&by_config_map, ConfigSourceKind::ConfigMap, c.namespace(), &c.name_any())
         });
+    let mut _per_namespace = None;
     let controller = if watch_secrets {
         controller.watches(Api::<PartialObjectMeta<Secret>>::all(ctx_client), watcher::Config::default().any_semantic(), move |s| {
             referrers(&by_secret, ConfigSourceKind::Secret, s.namespace(), &s.name_any())
         })
     } else {
+        // Only per namespace (deploy/rbac): one watch per workspace namespace that allows it.
+        let trigger = tctx.trigger.clone();
+        _per_namespace = Some(crate::secret_watch::spawn(ctx_client, tctx.ctx.stores.workspaces.clone(), move |s| {
+            for ts in referrers(&by_secret, ConfigSourceKind::Secret, s.namespace(), &s.name_any()) {
+                trigger.send(ts);
+            }
+        }));
         controller
     };
     controller
@@ -360,27 +369,32 @@ fn start_run(
                 trigger.send(object);
                 return;
             }
+            Err((Retry::Wait, error)) => {
+                // A peer still being created (no address yet): nothing ran, nothing failed.
+                // Hold the slot briefly, then reconcile with the Servers of that moment.
+                tracing::info!(taskserv = %object, server = %server, script = operation.script(), "{error}");
+                ctx.backoffs.reset(&backoff_key);
+                tokio::time::sleep(WAIT_FOR_ADDRESS).await;
+                runs.release(&key, &server);
+                trigger.send(object);
+                return;
+            }
             Err((Retry::Permanent, error)) => {
                 ctx.backoffs.reset(&backoff_key);
                 act::failed_to_start(&server, &operation, redact(error.to_string()))
             }
         };
-        tracing::info!(
-            taskserv = %object,
-            server = %server,
-            script = result.operation.script(),
-            succeeded = result.succeeded,
-            "{}",
-            result.message
-        );
-        let outcome = if result.succeeded { "ok" } else { "failed" };
-        ctx.metrics
-            .script_runs
-            .get_or_create(&crate::metrics::ScriptLabels { service: ts.spec.service.clone(), outcome: outcome.into() })
-            .inc();
-        runs.finish(&key, result);
+        finished(&ctx, &object, &ts.spec.service, &runs, &key, result);
         trigger.send(object);
     });
+}
+
+/// Logs and counts a finished run and parks its result for the next reconcile.
+fn finished(ctx: &Context, object: &ObjectRef<TaskServ>, service: &str, runs: &ScriptRuns, key: &str, result: plan::OperationResult) {
+    tracing::info!(taskserv = %object, server = %result.server, script = result.operation.script(), succeeded = result.succeeded, "{}", result.message);
+    let outcome = if result.succeeded { "ok" } else { "failed" };
+    ctx.metrics.script_runs.get_or_create(&crate::metrics::ScriptLabels { service: service.to_string(), outcome: outcome.into() }).inc();
+    runs.finish(key, result);
 }
 
 /// After a script ran over SSH, the provider holds the machine's host key (pinned on first
@@ -415,6 +429,10 @@ pub enum PrepareError {
     /// does not render. The message says which.
     #[error("{0}")]
     Invalid(String),
+    /// The templates do not render because a selected peer that is still being created has
+    /// no address yet (etcd's member list): waited for, not a failed install.
+    #[error("waiting for the address of Server {}", .0.join(", "))]
+    WaitingForAddress(Vec<String>),
     /// A call failed: the API (reading the credentials or the SSH key Secret), or building
     /// the provider. Retried or not by the error's class.
     #[error("{0}")]
@@ -430,13 +448,20 @@ pub enum Retry {
     /// Needs a change (missing input, wrong spec or environment): recorded as a failed run
     /// whose message is the clear condition the user sees.
     Permanent,
+    /// Waiting for another object to get somewhere (a peer's address): tried again after
+    /// [`WAIT_FOR_ADDRESS`], with no backoff growth and nothing recorded as failed.
+    Wait,
 }
+
+/// Pause before a run that waits for a peer's address is prepared again.
+pub const WAIT_FOR_ADDRESS: Duration = Duration::from_secs(2);
 
 impl PrepareError {
     /// How this failure is handled.
     pub fn retry(&self) -> Retry {
         match self {
             PrepareError::ServerNotFound(_) | PrepareError::NoMachine(_) | PrepareError::Invalid(_) => Retry::Permanent,
+            PrepareError::WaitingForAddress(_) => Retry::Wait,
             PrepareError::Call(e) => match e.class() {
                 ErrorClass::Permanent | ErrorClass::NotFound => Retry::Permanent,
                 class @ (ErrorClass::Transient | ErrorClass::Throttled { .. } | ErrorClass::InProgress) => Retry::Transient(class),
@@ -497,9 +522,12 @@ async fn prepare(
         taskserv: parts.taskserv,
         config,
         templates: Default::default(),
-    }
-    .with_templates(catalog)
-    .map_err(|e| PrepareError::Invalid(e.to_string()))?;
+    };
+    let unaddressed = unaddressed_peers(&context, servers);
+    let context = context.with_templates(catalog).map_err(|e| match unaddressed.is_empty() {
+        true => PrepareError::Invalid(e.to_string()),
+        false => PrepareError::WaitingForAddress(unaddressed),
+    })?;
     let lock_file = match operation {
         Operation::Check => None,
         _ => Some(format!("/tmp/provisioning-{}.lock", ts.spec.service)),
@@ -517,8 +545,29 @@ async fn prepare(
     })
 }
 
+/// The servers of `context` (peers and the Cluster's servers) that have no address yet and
+/// are not Ready: still being created. A template that fails to render while one exists
+/// failed for want of its address (a member list of IPs): the run waits for it. A Ready
+/// server without an address is not waited for (its provider reports none): the render
+/// error is shown.
+fn unaddressed_peers(context: &ScriptContext, servers: &[ServerFacts]) -> Vec<String> {
+    let ready = |name: &str| servers.iter().any(|s| s.name == name && s.ready);
+    let mut names: Vec<String> = context
+        .peers
+        .iter()
+        .chain(&context.cluster.servers)
+        .filter(|p| p.addresses.is_empty() && !ready(&p.name))
+        .map(|p| p.name.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 #[cfg(test)]
 mod tests {
+    use provisioning_taskservs::{AddressInfo, PeerInfo};
+
     use super::*;
 
     fn api_error(code: u16) -> Error {
@@ -548,5 +597,53 @@ mod tests {
         assert_eq!(PrepareError::ServerNotFound("web-0".into()).to_string(), "Server web-0 not found");
         assert_eq!(PrepareError::NoMachine("web-0".into()).to_string(), "Server web-0 has no providerID yet");
         assert_eq!(PrepareError::Invalid("host key changed".into()).retry(), Retry::Permanent);
+    }
+
+    fn peer(name: &str, address: Option<&str>) -> PeerInfo {
+        let addresses = address.map(|a| vec![AddressInfo { kind: "InternalIP".into(), address: a.into() }]).unwrap_or_default();
+        PeerInfo { name: name.into(), addresses, pool: "members".into() }
+    }
+
+    fn etcd_context(peers: Vec<PeerInfo>) -> ScriptContext {
+        let catalog = Catalog::load(&Catalog::default_dir()).expect("catalog loads");
+        let config = catalog.validate_request("etcd", None, &serde_json::json!({})).expect("valid").config;
+        ScriptContext {
+            server: provisioning_taskservs::ServerInfo {
+                name: "etcd-members-0".into(),
+                addresses: vec![AddressInfo { kind: "InternalIP".into(), address: "10.0.0.10".into() }],
+                ..Default::default()
+            },
+            peers,
+            taskserv: provisioning_taskservs::TaskServInfo { name: "etcd".into(), service: "etcd".into(), ..Default::default() },
+            config,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_peer_being_created_without_an_address_is_waited_for_not_a_failed_install() {
+        // Scaling 3 → 4: the new member exists, not Ready, no address yet.
+        let peers = vec![peer("etcd-members-1", Some("10.0.0.11")), peer("etcd-members-3", None)];
+        let context = etcd_context(peers);
+        let servers = vec![ServerFacts { name: "etcd-members-3".into(), ready: false, ..Default::default() }];
+        let catalog = Catalog::load(&Catalog::default_dir()).expect("catalog loads");
+        assert!(context.clone().with_templates(&catalog).is_err(), "etcd's member list needs every peer's IP");
+        let waiting = unaddressed_peers(&context, &servers);
+        assert_eq!(waiting, ["etcd-members-3"]);
+        let e = PrepareError::WaitingForAddress(waiting);
+        assert_eq!(e.retry(), Retry::Wait);
+        assert_eq!(e.to_string(), "waiting for the address of Server etcd-members-3");
+        // Once it has its address the templates render.
+        let context = etcd_context(vec![peer("etcd-members-1", Some("10.0.0.11")), peer("etcd-members-3", Some("10.0.0.13"))]);
+        assert!(unaddressed_peers(&context, &servers).is_empty());
+        assert!(context.with_templates(&catalog).is_ok());
+    }
+
+    #[test]
+    fn a_ready_peer_without_an_address_is_not_waited_for() {
+        // Its provider reports no address: waiting would be forever; the render error shows.
+        let context = etcd_context(vec![peer("etcd-members-3", None)]);
+        let servers = vec![ServerFacts { name: "etcd-members-3".into(), ready: true, ..Default::default() }];
+        assert!(unaddressed_peers(&context, &servers).is_empty());
     }
 }

@@ -131,18 +131,25 @@ pub async fn run(
         .watches(Api::<TaskServ>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: TaskServ| m2(s.namespace()))
         .watches(Api::<Cluster>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Cluster| m3(s.namespace()));
     // deploy/ grants Secrets per namespace only (deploy/rbac/secrets.yaml), so a cluster-wide
-    // Secret watch would be refused forever: watch only where it is allowed everywhere.
+    // Secret watch would be refused forever: watch cluster-wide where allowed, else one watch
+    // per workspace namespace that allows it, feeding the same mapping through a trigger.
+    let on_secret = on_secret_change(ctx.clone(), servers);
+    let (trigger, triggered) = Trigger::<Workspace>::new();
+    let mut _per_namespace = None;
     if may_watch_all_secrets(&client).await {
-        let on_secret = on_secret_change(ctx.clone(), servers);
         controller =
             controller.watches(Api::<PartialObjectMeta<Secret>>::all(client.clone()), watcher::Config::default().any_semantic(), on_secret);
     } else {
-        tracing::info!(
-            "no cluster-wide list/watch on Secrets (least privilege): a changed credentials Secret is picked up at the \
-             next retry or resync of the objects using it, not at once"
-        );
+        tracing::info!("no cluster-wide list/watch on Secrets (least privilege): watching them per workspace namespace");
+        let workspaces = ctx.stores.workspaces.clone();
+        _per_namespace = Some(crate::secret_watch::spawn(client.clone(), workspaces, move |secret| {
+            for ws in on_secret(secret) {
+                trigger.send(ws);
+            }
+        }));
     }
     controller
+        .reconcile_on(triggered)
         .graceful_shutdown_on(shutdown)
         .run(reconcile::<Workspace>, error_policy::<Workspace>, ctx)
         .for_each(|_| futures::future::ready(()))

@@ -37,12 +37,16 @@ pub const WAIT_REQUEUE: Duration = Duration::from_secs(5);
 /// Requeue of a Stalled object (a spec change triggers a reconcile anyway).
 pub const STALLED_REQUEUE: Duration = Duration::from_secs(300);
 /// Requeue while waiting for a Secret/ConfigMap of `configFrom`: the Secret watch triggers at
-/// once where the controller may watch Secrets cluster-wide; where RBAC grants Secrets only
-/// per namespace (deploy/rbac/secrets.yaml) that watch is refused and this poll takes over.
+/// once (cluster-wide, or per workspace namespace where RBAC grants Secrets only per namespace,
+/// deploy/rbac/secrets.yaml, see [`crate::secret_watch`]); this poll covers namespaces where
+/// neither is allowed (no RoleBinding, or no Workspace).
 pub const CONFIG_INPUTS_REQUEUE: Duration = Duration::from_secs(30);
 
 /// Reason of the `Stalled` condition after a failed upgrade was rolled back.
 pub const REASON_UPGRADE_FAILED: &str = "UpgradeFailed";
+/// Reason of `Installed=True` when every server is on the simulated provider: the scripts
+/// "succeeded" without running (the message says "simulated: scripts not run").
+pub const REASON_SIMULATED: &str = "Simulated";
 
 /// The state of the service on one server (`status.servers[].phase`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,6 +138,8 @@ pub struct ServerFacts {
     pub deleting: bool,
     /// Addresses from its status.
     pub addresses: Vec<MachineAddress>,
+    /// Its machine is on the simulated provider: scripts "succeed" without running.
+    pub simulated: bool,
 }
 
 /// Another TaskServ of the namespace (a dependency candidate).

@@ -6,10 +6,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use provisioning_crds::{TaskServStatus, condition};
+use provisioning_providers::simulated::SCRIPTS_NOT_RUN;
 
 use super::{
-    Blocker, CONFIG_INPUTS_REQUEUE, Observed, Phase, Plan, PlannedEvent, REASON_UPGRADE_FAILED, STALLED_REQUEUE, ServerPhase, WAIT_REQUEUE,
-    Work,
+    Blocker, CONFIG_INPUTS_REQUEUE, Observed, Phase, Plan, PlannedEvent, REASON_SIMULATED, REASON_UPGRADE_FAILED, STALLED_REQUEUE,
+    ServerPhase, WAIT_REQUEUE, Work,
 };
 use crate::conditions::{self, DesiredCondition, Status, Summary, Wording};
 use crate::planning::REASON_DEPENDENCY_MISSING;
@@ -148,7 +149,18 @@ fn installed_condition(o: &Observed<'_>, work: &Work, f: &Facts, p: &Progress<'_
     }
     if p.all_installed {
         let version = f.effective_version.clone().unwrap_or_default();
-        let msg = format!("{} {version} installed on {total}/{total} servers", o.spec.service);
+        let mut msg = format!("{} {version} installed on {total}/{total} servers", o.spec.service);
+        // Honesty: on the simulated provider nothing ran (Ready stays True: the rollout
+        // itself was exercised), and the reason says so.
+        let simulated: Vec<&str> =
+            o.servers.iter().filter(|s| s.simulated && f.selected.contains(&s.name)).map(|s| s.name.as_str()).collect();
+        if simulated.len() == total {
+            msg.push_str(&format!(" ({SCRIPTS_NOT_RUN})"));
+            return DesiredCondition::new(condition::INSTALLED, Status::True, REASON_SIMULATED, msg);
+        }
+        if !simulated.is_empty() {
+            msg.push_str(&format!(" ({SCRIPTS_NOT_RUN} on {})", simulated.join(", ")));
+        }
         return DesiredCondition::new(condition::INSTALLED, Status::True, "Installed", msg);
     }
     let mut msg = format!("{}/{total} servers installed", p.installed);
