@@ -313,13 +313,11 @@ fn secret_text(secret: &Secret, key: &str) -> Option<Result<String, ()>> {
     secret.string_data.as_ref().and_then(|d| d.get(key)).map(|s| Ok(s.clone()))
 }
 
-/// Reads every `configFrom` entry of `ts` (same namespace only: the entries have no
-/// namespace field), merges, and — when `generate` — creates or extends the TaskServ's
-/// generated Secret with the unset secret fields of its service.
-pub async fn resolve(client: &Client, ts: &TaskServ, catalog: &Catalog, generate_missing: bool) -> Result<ResolvedInputs, InputsError> {
-    let namespace = ts.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+/// Reads every `configFrom` entry of `ts` from its namespace; a missing object that is not
+/// `optional` is an error naming it.
+async fn read_sources(client: &Client, ts: &TaskServ, namespace: &str) -> Result<Vec<SourceValue>, InputsError> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let mut sources = Vec::with_capacity(ts.spec.config_from.len());
     for (index, source) in ts.spec.config_from.iter().enumerate() {
         let kind = source.kind.as_str();
@@ -351,7 +349,7 @@ pub async fn resolve(client: &Client, ts: &TaskServ, catalog: &Catalog, generate
         if !exists && !source.optional {
             return Err(InputsError::Missing {
                 kind,
-                namespace: namespace.clone(),
+                namespace: namespace.to_string(),
                 name: source.name.clone(),
                 key: source.key.clone(),
                 index,
@@ -360,6 +358,16 @@ pub async fn resolve(client: &Client, ts: &TaskServ, catalog: &Catalog, generate
         }
         sources.push(SourceValue { source: source.clone(), value });
     }
+    Ok(sources)
+}
+
+/// Reads every `configFrom` entry of `ts` (same namespace only: the entries have no
+/// namespace field), merges, and — when `generate` — creates or extends the TaskServ's
+/// generated Secret with the unset secret fields of its service.
+pub async fn resolve(client: &Client, ts: &TaskServ, catalog: &Catalog, generate_missing: bool) -> Result<ResolvedInputs, InputsError> {
+    let namespace = ts.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let sources = read_sources(client, ts, &namespace).await?;
     let merged = merge(ts.spec.config.as_ref(), &sources, &namespace)?;
     let mut config = merged.config;
     let mut known_secrets = merged.secrets;
