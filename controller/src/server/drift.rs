@@ -156,7 +156,7 @@ pub async fn follow(ctx: Arc<Context>, trigger: Trigger<Server>) {
     }
 }
 
-/// One event source of `provider`, feeding [`on_event`]; after a reconnect every Server on a
+/// One event source of `provider`, feeding [`on_event`]; after each connect every Server on a
 /// machine of that provider type is looked at (events may have been missed meanwhile).
 async fn follow_source(ctx: Arc<Context>, provider: SharedProvider, source: String, trigger: Trigger<Server>) {
     let provider_type = provider.provider_type();
@@ -165,16 +165,15 @@ async fn follow_source(ctx: Arc<Context>, provider: SharedProvider, source: Stri
 
 /// Follows `provider`'s machine events for ever, reconnecting with jittered exponential
 /// backoff ([`RECONNECT_MIN`] doubling to [`RECONNECT_MAX`]) after an error or the end of the
-/// stream; `on_reconnect` runs on each reconnect (not the first connect).
-async fn follow_stream(provider: &dyn Provider, source: &str, mut on_event: impl FnMut(MachineEvent), mut on_reconnect: impl FnMut()) {
+/// stream; `on_connect` runs on every connect, the first included: what happened before the
+/// subscription (the provider is followed only once it was built, up to [`DISCOVER_EVERY`]
+/// after its first machine) or while disconnected has no event.
+async fn follow_stream(provider: &dyn Provider, source: &str, mut on_event: impl FnMut(MachineEvent), mut on_connect: impl FnMut()) {
     let mut delay = RECONNECT_MIN;
-    let mut reconnected = false;
     loop {
         let connected = Instant::now();
         let mut events = provider.machine_events();
-        if reconnected {
-            on_reconnect();
-        }
+        on_connect();
         let ended = loop {
             match events.next().await {
                 Some(Ok(event)) => on_event(event),
@@ -188,7 +187,6 @@ async fn follow_stream(provider: &dyn Provider, source: &str, mut on_event: impl
         tracing::warn!(%source, error = %ended, retry_in_ms = delay.as_millis() as u64, "machine events interrupted; reconnecting");
         tokio::time::sleep(crate::time::jittered(delay)).await;
         delay = (delay * 2).min(RECONNECT_MAX);
-        reconnected = true;
     }
 }
 
@@ -366,7 +364,11 @@ mod tests {
             [("local://abc", MachineEventKind::Removed)]
         );
         assert_eq!(provider.connects.load(std::sync::atomic::Ordering::SeqCst), 2, "connected again after the error");
-        assert_eq!(reconnects.load(std::sync::atomic::Ordering::SeqCst), 1, "a reconnect looks at every Server once");
+        assert_eq!(
+            reconnects.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "each connect (the first and the reconnect) looks at every Server once"
+        );
     }
 
     #[test]
