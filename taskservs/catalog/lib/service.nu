@@ -22,9 +22,10 @@ def pid-of [name: string]: nothing -> any {
     if not ($file | path exists) { return null }
     let pid = (open --raw $file | decode utf-8 | str trim)
     if ($pid =~ '^[0-9]+$') and ($"/proc/($pid)" | path exists) {
-        # A zombie or a recycled pid is not our daemon.
-        let state = (open --raw $"/proc/($pid)/stat" | decode utf-8 | split row " " | get 2)
-        if $state == "Z" { null } else { $pid | into int }
+        # A zombie or a recycled pid is not our daemon; one that exited since the check above
+        # has no stat any more.
+        let state = (try { open --raw $"/proc/($pid)/stat" | decode utf-8 | split row " " | get 2 } catch { "gone" })
+        if $state in ["Z", "gone"] { null } else { $pid | into int }
     } else {
         null
     }
