@@ -165,6 +165,7 @@ fn age_column() -> PrinterColumn {
 }
 
 /// Built-in kinds served without any CRD.
+// Over 80 lines on purpose: a data table of the built-in kinds and their printer columns.
 pub fn builtins() -> Vec<ResourceType> {
     let mut ns = ResourceType::builtin("", "v1", "namespaces", "Namespace", false, &["ns"]);
     ns.has_status = true;
@@ -307,6 +308,7 @@ fn col(name: &str, type_: &str, json_path: &str, priority: i64, description: &st
 /// RBAC kinds, PodDisruptionBudget and NetworkPolicy. They are stored and served like any
 /// other kind; nothing acts on them (no kubelet, no endpoints controller), as in a cluster
 /// without nodes. Columns follow kubectl's printers for these kinds (pkg/printers/internalversion).
+// Over 80 lines on purpose: a data table (see above).
 fn workload_builtins() -> Vec<ResourceType> {
     let mut sa = ResourceType::builtin("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"]);
     sa.printer_columns = vec![

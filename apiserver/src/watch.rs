@@ -184,6 +184,8 @@ pub fn start(core: Arc<Core>, rt: Arc<ResourceType>, p: WatchParams) -> WatchStr
     WatchStream { rx, backlog }
 }
 
+// Over 80 lines on purpose: the watch loop (initial events, bookmarks, timeout, slow-reader
+// eviction, shutdown) as one select over its sources.
 async fn run(em: &mut Emitter, p: WatchParams) {
     let storage = em.rt.storage.clone();
     let mut rv_rx = em.core.store.subscribe();
