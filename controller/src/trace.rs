@@ -41,9 +41,12 @@ impl Root {
             bail!("expected KIND/NAME, got {s:?}: the name is empty or has a '/'");
         }
         let name = name.to_string();
-        Ok(match kind.to_ascii_lowercase().as_str() {
+        // `kind.group` as kubectl accepts it (servers.provisioning.dev/web-1).
+        let kind = kind.to_ascii_lowercase();
+        let kind = kind.strip_suffix(".provisioning.dev").unwrap_or(&kind);
+        Ok(match kind {
             "workspace" | "workspaces" | "ws" => Root::Workspace(name),
-            "cluster" | "clusters" | "pcl" | "cluster.provisioning.dev" => Root::Cluster(name),
+            "cluster" | "clusters" | "pcl" => Root::Cluster(name),
             "server" | "servers" | "srv" => Root::Server(name),
             "taskserv" | "taskservs" | "ts" => Root::TaskServ(name),
             other => bail!("unknown kind {other:?}: trace knows workspace, cluster, server and taskserv"),
@@ -605,6 +608,7 @@ mod tests {
         assert!(e(Root::parse("pod/x")).contains("unknown kind \"pod\""));
         assert!(e(Root::parse("server/")).contains("name is empty"));
         assert_eq!(Root::parse("srv/web-1").ok(), Some(Root::Server("web-1".into())));
+        assert_eq!(Root::parse("TaskServs.provisioning.dev/redis").ok(), Some(Root::TaskServ("redis".into())));
         let missing = build(&Root::Server("nope".into()), &sample()).err().map(|e| e.to_string()).unwrap_or_default();
         assert_eq!(missing, "Server \"nope\" not found");
         assert!(Format::parse("yaml").is_err());
