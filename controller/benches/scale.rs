@@ -3,7 +3,9 @@
 //! `cargo bench -p provisioning-controller --bench scale [-- SCENARIO...]`
 //! Scenarios: `burst` (1,000 Servers, no latency: time to Ready, API writes per Server,
 //! writes on resync), `latency` (1,000 Servers, 2 s ± 20 % latency, parallelLimit 50: time
-//! vs the 40 s floor), `memory` (controller RSS holding 10,000 Servers). Default: all.
+//! vs the 40 s floor), `memory` (controller RSS holding 10,000 Servers), `survey` (1,000 Ready
+//! Servers: provider calls per survey interval, and how long a machine deleted behind the
+//! controller's back takes to be noticed and re-created). Default: all.
 //! The API server runs in this process; the controller is the `provisioning controller`
 //! binary in its own process (so its RSS is its own).
 
@@ -57,10 +59,14 @@ fn free_addr() -> anyhow::Result<SocketAddr> {
 }
 
 fn spawn_controller(env: &TestEnv, resync_secs: u64, metrics: SocketAddr) -> anyhow::Result<Child> {
+    spawn_controller_with(env, resync_secs, metrics, "")
+}
+
+fn spawn_controller_with(env: &TestEnv, resync_secs: u64, metrics: SocketAddr, extra: &str) -> anyhow::Result<Child> {
     let config = env.dir.path().join("bench.toml");
     std::fs::write(
         &config,
-        format!("state_dir = {:?}\nleader_election = false\nresync_secs = {resync_secs}\n", env.state_dir.display().to_string()),
+        format!("state_dir = {:?}\nleader_election = false\nresync_secs = {resync_secs}\n{extra}", env.state_dir.display().to_string()),
     )?;
     Ok(Command::new(env!("CARGO_BIN_EXE_provisioning"))
         .args(["controller", "--kubeconfig"])
@@ -234,6 +240,66 @@ async fn memory(figures: &mut Figures) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Provider calls of `operation` at the simulated provider so far (the histogram's count).
+async fn calls(metrics: SocketAddr, operation: &str) -> f64 {
+    let prefix = format!("provisioning_provider_call_duration_seconds_count{{provider=\"simulated\",operation=\"{operation}\"");
+    scrape_metric(metrics, &prefix).await.unwrap_or(0.0)
+}
+
+async fn survey(figures: &mut Figures) -> anyhow::Result<()> {
+    const INTERVAL: u64 = 5;
+    println!("survey: 1,000 Ready simulated Servers, survey every {INTERVAL} s, resync 600 s");
+    let env = TestEnv::start().await?;
+    let metrics = free_addr()?;
+    let mut controller = spawn_controller_with(&env, 600, metrics, &format!("survey_secs = {INTERVAL}\n"))?;
+    setup(&env, "survey", 0, 0, 50, 20000).await?;
+    let tracker = track(&env.client, "survey");
+    create_servers(&env.client, "survey", 1000).await?;
+    wait_all_ready(&tracker, 1000, Duration::from_secs(300)).await?;
+    // Three whole intervals after the creates' own observations have settled.
+    tokio::time::sleep(Duration::from_secs(INTERVAL * 2)).await;
+    let (surveys, observes) = (calls(metrics, "survey").await, calls(metrics, "observe_server").await);
+    tokio::time::sleep(Duration::from_secs(INTERVAL * 3)).await;
+    let surveys = calls(metrics, "survey").await - surveys;
+    let observes = calls(metrics, "observe_server").await - observes;
+    figures.add(
+        "survey: provider calls per interval, 1,000 machines in one account",
+        format!("{:.1} list + {:.1} per-machine observe (target: 1 + 0)", surveys / 3.0, observes / 3.0),
+    );
+    // A machine deleted behind the controller's back, through the same store file.
+    let sim = provisioning_providers::build_provider(&provisioning_providers::ProviderConfig {
+        name: "sim".into(),
+        provider_type: "simulated".into(),
+        state_dir: env.state_dir.clone(),
+        ..Default::default()
+    })
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "survey");
+    let victim = api.get("srv-00500").await?;
+    let id = victim.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+    let deleted = Instant::now();
+    sim.delete_server(&provisioning_providers::ProviderId(id.clone())).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let again = wait_for("the deleted machine re-created", Duration::from_secs(120), || {
+        let api = api.clone();
+        let id = id.clone();
+        async move {
+            let s = api.get("srv-00500").await.ok()?;
+            let now = s.status.as_ref().and_then(|st| st.provider_id.clone()).unwrap_or_default();
+            (is_ready(&s) && !now.is_empty() && now != id).then_some(())
+        }
+    })
+    .await;
+    again?;
+    figures.add(
+        "survey: machine deleted out of band → Server Ready on a new machine",
+        format!("{:.1} s (survey interval {INTERVAL} s: expected ≤ {INTERVAL} s + one reconcile)", deleted.elapsed().as_secs_f64()),
+    );
+    controller.kill()?;
+    controller.wait()?;
+    env.shutdown().await;
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let run = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
@@ -248,6 +314,9 @@ fn main() -> anyhow::Result<()> {
         }
         if run("memory") {
             memory(&mut figures).await?;
+        }
+        if run("survey") {
+            survey(&mut figures).await?;
         }
         anyhow::Ok(())
     })?;

@@ -46,6 +46,10 @@ pub struct ControllerConfig {
     pub resync_secs: u64,
     /// How often a Server whose machine is still starting is observed again, in seconds.
     pub poll_secs: u64,
+    /// How often the machines of providers without machine events (AWS, UpCloud, simulated)
+    /// are surveyed, in seconds: one list call per provider account, whatever the number of
+    /// machines (drift is noticed within this interval).
+    pub survey_secs: u64,
     /// Reconciles running at once per kind (0: unbounded). Bounded so that a burst of
     /// thousands of objects does not hold thousands of in-flight reconciles in memory.
     pub concurrency: u16,
@@ -68,6 +72,7 @@ impl Default for ControllerConfig {
             lease_renew_secs: 2,
             resync_secs: 600,
             poll_secs: 5,
+            survey_secs: 60,
             concurrency: 128,
             allow_insecure_endpoints: false,
         }
@@ -154,6 +159,10 @@ impl ControllerConfig {
     /// Poll interval while waiting for a provider.
     pub fn poll(&self) -> Duration {
         Duration::from_secs(self.poll_secs.max(1))
+    }
+    /// Interval of the batched drift survey.
+    pub fn survey(&self) -> Duration {
+        Duration::from_secs(self.survey_secs.max(1))
     }
 }
 

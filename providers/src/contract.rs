@@ -102,6 +102,12 @@ pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), 
         }
     };
     check(!running.plan.is_empty(), "observation names the native plan")?;
+    // The batched survey sees it, with the state observe_server reported.
+    let surveyed = provider.survey(&identity.tags()).await.map_err(|e| fail("survey", e))?;
+    check(
+        surveyed.iter().any(|m| m.provider_id == first.provider_id && m.state == MachineState::Running),
+        format!("survey lists the running machine: {surveyed:?}"),
+    )?;
 
     // exec
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -144,6 +150,11 @@ pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), 
     check(again == DeleteOutcome::Gone, "deleting a deleted machine is Gone")?;
     let after = provider.observe_server(&first.provider_id).await.map_err(|e| fail("observe after delete", e))?;
     check(after.as_ref().is_none_or(|o| o.state == MachineState::Terminated), format!("deleted machine observed as {after:?}"))?;
+    let surveyed = provider.survey(&identity.tags()).await.map_err(|e| fail("survey after delete", e))?;
+    check(
+        surveyed.iter().all(|m| m.provider_id != first.provider_id || m.state == MachineState::Terminated),
+        format!("survey after delete: {surveyed:?}"),
+    )?;
     let left = provider.find_server(&identity).await.map_err(|e| fail("find after delete", e))?;
     check(left.is_none(), format!("find_server after delete: {left:?}"))?;
     Ok(())

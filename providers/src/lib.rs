@@ -78,6 +78,15 @@ pub trait Provider: Send + Sync {
     /// Used for leak checks and by tests.
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>>;
 
+    /// The id and state of every machine of this account carrying all of `tags`, in as few
+    /// API calls as the provider allows — what the controller's batched drift survey polls
+    /// once per account and interval, whatever the number of machines. Addresses and plans
+    /// are not needed there, so providers whose list call lacks them (UpCloud) do not fetch
+    /// each machine's details. The default is [`Provider::list_servers`].
+    async fn survey(&self, tags: &[(String, String)]) -> ProviderResult<Vec<MachineSummary>> {
+        Ok(self.list_servers(tags).await?.into_iter().map(|o| MachineSummary { provider_id: o.provider_id, state: o.state }).collect())
+    }
+
     /// The SSH host key (OpenSSH public-key line) pinned for a machine on first contact, for
     /// the Server's `status.hostKey`. `None` for providers without SSH or before first contact.
     fn pinned_host_key(&self, _id: &ProviderId) -> Option<String> {

@@ -129,6 +129,15 @@ pub struct Address {
     pub address: String,
 }
 
+/// A machine's id and state, as a provider's list call reports it ([`crate::Provider::survey`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineSummary {
+    /// Provider id.
+    pub provider_id: ProviderId,
+    /// Lifecycle state.
+    pub state: MachineState,
+}
+
 /// What a provider observes of a machine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerObservation {

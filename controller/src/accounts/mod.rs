@@ -56,6 +56,9 @@ struct CachedProvider {
     secret_version: Option<String>,
     fetched: Instant,
     provider: SharedProvider,
+    /// Whose it is: for the batched drift survey ([`Providers::cached_accounts`]).
+    workspace: EffectiveWorkspace,
+    account: String,
 }
 
 /// Provider instances per (workspace, account), rebuilt when the account's spec or its
@@ -121,6 +124,13 @@ impl ProviderRegistry {
         cache.values().map(|c| c.provider.clone()).collect()
     }
 
+    /// Every provider instance built so far with the workspace and account it serves (for
+    /// the batched drift survey, [`crate::server::survey`]).
+    pub fn cached_accounts(&self) -> Vec<(EffectiveWorkspace, String, SharedProvider)> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.values().map(|c| (c.workspace.clone(), c.account.clone(), c.provider.clone())).collect()
+    }
+
     /// The provider of `account` in `ws`.
     pub async fn get(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
         // Tenancy and transport rules first: nothing is read or sent for a refused account.
@@ -159,7 +169,17 @@ impl ProviderRegistry {
             other => Error::provider(&account.name, other),
         })?;
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        cache.insert(key, CachedProvider { fingerprint, secret_version, fetched: Instant::now(), provider: provider.clone() });
+        cache.insert(
+            key,
+            CachedProvider {
+                fingerprint,
+                secret_version,
+                fetched: Instant::now(),
+                provider: provider.clone(),
+                workspace: ws.clone(),
+                account: account.name.clone(),
+            },
+        );
         Ok(provider)
     }
 

@@ -39,7 +39,7 @@ pub fn identity(server: &Server) -> Result<ServerIdentity, Error> {
 }
 
 /// Fingerprint under which an observation may be reused: same machine, same forced-reconcile token.
-fn fingerprint(server: &Server, id: &ProviderId) -> String {
+pub(crate) fn fingerprint(server: &Server, id: &ProviderId) -> String {
     let requested = server.annotations().get(ANNOTATION_RECONCILE_REQUESTED_AT).map(String::as_str).unwrap_or("");
     format!("{id}|{requested}")
 }

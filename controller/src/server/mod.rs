@@ -22,6 +22,7 @@ pub mod drift;
 pub mod plan;
 pub mod ssh;
 pub mod status;
+pub mod survey;
 pub mod validate;
 
 use std::collections::HashMap;
@@ -120,7 +121,8 @@ pub fn controller(client: &Client, synced: &CacheSync) -> Controller<Server> {
 /// Runs the Server controller until `shutdown` resolves. Servers re-check when their
 /// Workspace's spec or readiness changes (not on its count updates), and when `triggers`
 /// names them (a credentials Secret changed, a TaskServ saw a script fail on the machine),
-/// and when their machine changes outside the controller ([`drift::follow`]).
+/// and when their machine changes outside the controller ([`drift::follow`] for providers with
+/// machine events, the batched [`survey`] for the others).
 pub async fn run(
     controller: Controller<Server>,
     ctx: Arc<Context>,
@@ -136,7 +138,8 @@ pub async fn run(
     let seen_costs: Mutex<HashMap<String, Option<String>>> = Mutex::default();
     // Machine events (drift) queue Servers beside the other kinds' triggers.
     let (drift_trigger, drift_triggers) = crate::reconcile::Trigger::<Server>::new();
-    let follower = tokio::spawn(drift::follow(ctx.clone(), drift_trigger));
+    let follower = tokio::spawn(drift::follow(ctx.clone(), drift_trigger.clone()));
+    let surveyor = tokio::spawn(survey::run(ctx.clone(), drift_trigger));
     controller
         .with_config(settings)
         .reconcile_on(futures::stream::select(triggers, drift_triggers))
@@ -169,6 +172,7 @@ pub async fn run(
         .for_each(|_| futures::future::ready(()))
         .await;
     follower.abort();
+    surveyor.abort();
 }
 
 // Over 80 lines on purpose: one linear pipeline (dereference → validate → act → status)

@@ -630,6 +630,17 @@ impl Provider for UpcloudProvider {
         Ok(observed)
     }
 
+    /// One `GET /server` (label-filtered): the list carries each server's state, so no
+    /// per-server details call is made.
+    async fn survey(&self, tags: &[(String, String)]) -> ProviderResult<Vec<crate::MachineSummary>> {
+        Ok(self
+            .list(tags)
+            .await?
+            .into_iter()
+            .map(|s| crate::MachineSummary { provider_id: ProviderId::new("upcloud", &s.uuid), state: machine_state(&s.state) })
+            .collect())
+    }
+
     fn ssh_public_key(&self) -> Option<String> {
         self.ssh.public_key()
     }

@@ -194,6 +194,8 @@ pub struct UpcloudDouble {
     pub endpoint: String,
     /// Requests served (including rejected ones).
     pub requests: Arc<AtomicU64>,
+    /// Requests served per `METHOD /path` (query strings dropped).
+    log: Arc<Mutex<HashMap<String, u64>>>,
     state: Arc<Mutex<State>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -218,17 +220,22 @@ impl UpcloudDouble {
         let local = listener.local_addr()?;
         let state = Arc::new(Mutex::new(State::default()));
         let requests = Arc::new(AtomicU64::new(0));
+        let log: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
         let task = {
-            let (state, requests) = (state.clone(), requests.clone());
+            let (state, requests, log) = (state.clone(), requests.clone(), log.clone());
             tokio::spawn(async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else { continue };
-                    let (state, requests, config) = (state.clone(), requests.clone(), config.clone());
+                    let (state, requests, log, config) = (state.clone(), requests.clone(), log.clone(), config.clone());
                     tokio::spawn(async move {
                         let service = service_fn(move |req: Request<Incoming>| {
-                            let (state, requests, config) = (state.clone(), requests.clone(), config.clone());
+                            let (state, requests, log, config) = (state.clone(), requests.clone(), log.clone(), config.clone());
                             async move {
                                 requests.fetch_add(1, Ordering::SeqCst);
+                                {
+                                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                                    *log.entry(format!("{} {}", req.method(), req.uri().path().trim_end_matches('/'))).or_insert(0) += 1;
+                                }
                                 Ok::<_, std::convert::Infallible>(handle(req, &state, &config).await)
                             }
                         });
@@ -237,7 +244,7 @@ impl UpcloudDouble {
                 }
             })
         };
-        Ok(UpcloudDouble { endpoint: format!("http://{local}"), requests, state, task })
+        Ok(UpcloudDouble { endpoint: format!("http://{local}"), requests, log, state, task })
     }
 
     /// Servers that exist, in any state.
@@ -260,6 +267,23 @@ impl UpcloudDouble {
     pub fn firewalls(&self) -> BTreeMap<String, (String, Vec<Value>)> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.servers.values().map(|s| (s.uuid.clone(), (s.firewall.clone(), s.firewall_rules.clone()))).collect()
+    }
+
+    /// Deletes a server and its storages behind the client's back, whatever its state (as
+    /// someone using UpCloud's own console would, for drift tests). Whether it existed.
+    pub fn remove_server(&self, uuid: &str) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(server) = state.servers.remove(uuid) else { return false };
+        for storage in server.storages {
+            state.storages.remove(&storage);
+        }
+        true
+    }
+
+    /// How many requests of `method` on exactly `path` (e.g. `GET /1.3/server`) were served.
+    pub fn requests_to(&self, method: &str, path: &str) -> u64 {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.get(&format!("{method} {path}")).copied().unwrap_or(0)
     }
 
     /// Servers carrying the label `key=value`, with their current state
