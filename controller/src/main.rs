@@ -105,6 +105,23 @@ enum Command {
         #[arg(long)]
         context: Option<String>,
     },
+    /// The audit log: every provider call and script run, oldest first.
+    Audit {
+        /// Data directory of `provisioning dev` (its log is in D/providers/audit), or a
+        /// controller's state directory (D/audit).
+        #[arg(long, default_value = ".data")]
+        data_dir: PathBuf,
+        /// Only entries about this object: KIND/NAMESPACE/NAME (KIND/NAME for a Workspace);
+        /// a Server also shows the scripts run on it.
+        #[arg(long)]
+        object: Option<String>,
+        /// Only entries of the last DURATION (e.g. 30m, 2h, 90s).
+        #[arg(long, value_parser = provisioning_apiserver::parse_duration)]
+        since: Option<Duration>,
+        /// Output: table (default) or json (one entry per line, as stored).
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+    },
     /// Prints all CRDs as YAML.
     Crds,
     /// The local provider's node image.
@@ -232,6 +249,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             trace(&object, namespace, watch, &output, kubeconfig, context).await?;
             Ok(0)
         }
+        Command::Audit { data_dir, object, since, output } => {
+            audit(&data_dir, object, since, &output)?;
+            Ok(0)
+        }
         Command::Crds => {
             print!("{}", provisioning_crds::crds_yaml()?);
             Ok(0)
@@ -292,6 +313,35 @@ async fn trace(
 }
 
 /// `provisioning catalog list|show`.
+fn audit(data_dir: &std::path::Path, object: Option<String>, since: Option<Duration>, output: &str) -> anyhow::Result<()> {
+    use provisioning_controller::audit;
+    if !matches!(output, "table" | "json") {
+        anyhow::bail!("-o {output:?}: expected table or json");
+    }
+    // A --since longer than chrono can represent means "everything".
+    let since = since.and_then(|d| chrono::Duration::from_std(d).ok()).and_then(|d| chrono::Utc::now().checked_sub_signed(d));
+    let dir = audit::dir_for_data_dir(data_dir);
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "no audit log at {} (is {} the data dir of `provisioning dev` or a controller state dir?)",
+            dir.display(),
+            data_dir.display()
+        );
+    }
+    let (entries, unreadable) = audit::read(&dir, &audit::Query { object, since })?;
+    if output == "json" {
+        for entry in &entries {
+            println!("{}", serde_json::to_string(entry)?);
+        }
+    } else {
+        print!("{}", audit::table(&entries));
+    }
+    if unreadable > 0 {
+        eprintln!("audit: {unreadable} unreadable line(s) skipped (a line torn by a crash)");
+    }
+    Ok(())
+}
+
 fn catalog(command: CatalogCommand) -> anyhow::Result<()> {
     let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?;
     match command {
