@@ -301,7 +301,7 @@ pub fn read(dir: &Path, query: &Query) -> anyhow::Result<(Vec<Entry>, usize)> {
             files.push((n, entry.path()));
         }
     }
-    files.sort_by(|a, b| b.0.cmp(&a.0));
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
     let mut out = Vec::new();
     let mut unreadable = 0;
     for (_, path) in files {

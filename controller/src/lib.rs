@@ -17,7 +17,7 @@
 //!   endpoint rules, provider config); [`host`]: the `nu` binary and catalog on this host,
 //!   resolved once at start-up;
 //! - [`trace`]: the `provisioning trace` tree; [`audit`]: the audit log of provider calls and
-//!   script runs (`provisioning audit`);
+//!   script runs (`provisioning audit`); [`history`]: ChangeRecords, one per spec generation carried out;
 //! - [`permissions`], [`metrics`], [`leader`], [`config`], and [`run`], which only composes.
 //!
 //! Kinds: [`workspace`], [`server`], [`taskserv`] and [`cluster`], each split by pipeline
@@ -33,6 +33,7 @@ pub mod cost;
 pub mod dev;
 pub mod error;
 pub mod events;
+pub mod history;
 pub mod host;
 pub mod leader;
 pub mod metrics;
