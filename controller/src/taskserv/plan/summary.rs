@@ -49,6 +49,8 @@ pub(super) fn upgrade_failure(o: &Observed<'_>) -> Option<String> {
 struct Progress<'f> {
     total: usize,
     installed: usize,
+    /// Installed at the requested version and healthy (the UPDATED column).
+    updated: usize,
     unhealthy: Vec<&'f String>,
     in_flight: bool,
     all_installed: bool,
@@ -64,8 +66,17 @@ fn progress<'f>(o: &Observed<'_>, work: &Work, f: &'f Facts) -> Progress<'f> {
         })
         .count();
     let unhealthy = f.selected.iter().filter(|n| work.entries.get(*n).is_some_and(|e| e.healthy == Some(false))).collect();
+    let updated = f
+        .selected
+        .iter()
+        .filter(|n| {
+            work.entries.get(*n).is_some_and(|e| {
+                ServerPhase::Installed.is(e) && e.version.is_some() && e.version == f.effective_version && e.healthy != Some(false)
+            })
+        })
+        .count();
     let in_flight = o.in_flight.keys().any(|k| f.selected.contains(k) || work.entries.contains_key(k)) || !work.launch.is_empty();
-    Progress { total, installed, unhealthy, in_flight, all_installed: total > 0 && installed == total }
+    Progress { total, installed, updated, unhealthy, in_flight, all_installed: total > 0 && installed == total }
 }
 
 /// Finishes the plan: conditions, phase, events, status and requeue.
@@ -115,6 +126,7 @@ pub(super) fn summarize(o: &Observed<'_>, mut work: Work, f: Facts) -> Plan {
         observed_generation: o.generation,
         conditions: conditions::merge(&o.status.conditions, &conds, o.generation, o.now),
         installed_version,
+        updated: (p.total > 0).then(|| format!("{}/{}", p.updated, p.total)),
         last_good_version,
         resolved_dependencies: o.validated.as_ref().map(|v| v.dependencies.clone()).unwrap_or_default(),
         servers: work.entries.into_values().collect(),
