@@ -129,6 +129,7 @@ fn result(server: &str, operation: Operation, succeeded: bool, healthy: Option<b
         healthy,
         message: if succeeded { "succeeded".into() } else { "exited 3".into() },
         inputs_hash: None,
+        drifted_files: Vec::new(),
     }
 }
 
@@ -748,4 +749,28 @@ fn a_rolling_config_change_honours_max_unavailable_two() {
     p.finish("s0", true, Some(true));
     let next = p.plan();
     assert_eq!(launched(&next), ["s2"], "s0 done, s1 still running: one more slot");
+}
+
+#[test]
+fn config_drift_found_by_a_check_is_drifted_then_re_rendered() {
+    let mut p = ready_pass();
+    assert!(p.status.conditions.iter().all(|c| c.type_ != "Drifted"), "no Drifted condition before any drift");
+    let mut check = result("s1", Operation::Check, false, Some(false));
+    check.drifted_files = vec!["/etc/store/store.conf".into()];
+    p.results.push(check);
+    let drifted = p.plan();
+    assert_eq!(cond(&drifted.status, "Drifted").0, "True");
+    assert_eq!(cond(&drifted.status, "Drifted").1, "ConfigChanged");
+    assert!(cond(&drifted.status, "Drifted").2.contains("s1 (/etc/store/store.conf)"), "{:?}", cond(&drifted.status, "Drifted"));
+    assert_eq!(cond(&drifted.status, "Ready").0, "False");
+    let warnings: Vec<&str> = drifted.events.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(warnings, ["ConfigChanged"], "one ConfigChanged warning, not also Unhealthy");
+    // Remediation: the install runs again on s1 only.
+    assert_eq!(drifted.launch, vec![("s1".to_string(), install("1.0"))]);
+    p.commit(&drifted);
+    p.finish("s1", true, Some(true));
+    let fixed = p.plan();
+    assert_eq!((cond(&fixed.status, "Drifted").0, cond(&fixed.status, "Drifted").1), ("False", "Remediated"));
+    assert_eq!(cond(&fixed.status, "Ready").0, "True");
+    assert!(fixed.status.servers.iter().all(|s| s.drifted_files.is_empty()));
 }

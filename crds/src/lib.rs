@@ -146,6 +146,8 @@ mod tests {
             // Install order: the order is the content.
             ("TaskServ.status.resolvedDependencies", "atomic"),
             ("TaskServ.status.servers", "map[\"name\"]"),
+            // Replaced whole by each check: atomic.
+            ("TaskServ.status.servers[].driftedFiles", "atomic"),
             ("Workspace.spec.providers", "map[\"name\"]"),
             // Evaluation order is the content (firewall rules); the others are short lists.
             ("Workspace.spec.providers[].firewallRules", "atomic"),

@@ -193,6 +193,11 @@ pub struct TaskServServerStatus {
     /// The last script run on this server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_run: Option<ScriptRun>,
+    /// Config files the health check found changed on the machine since install (config
+    /// drift); cleared once a re-install has rendered them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub drifted_files: Vec<String>,
 }
 
 /// One task script run.

@@ -9,8 +9,8 @@ use provisioning_crds::{TaskServStatus, condition};
 use provisioning_providers::simulated::SCRIPTS_NOT_RUN;
 
 use super::{
-    Blocker, CONFIG_INPUTS_REQUEUE, Observed, Phase, Plan, PlannedEvent, REASON_SIMULATED, REASON_UPGRADE_FAILED, STALLED_REQUEUE,
-    ServerPhase, WAIT_REQUEUE, Work,
+    Blocker, CONFIG_INPUTS_REQUEUE, Observed, Phase, Plan, PlannedEvent, REASON_CONFIG_CHANGED, REASON_REMEDIATED, REASON_SIMULATED,
+    REASON_UPGRADE_FAILED, STALLED_REQUEUE, ServerPhase, WAIT_REQUEUE, Work,
 };
 use crate::conditions::{self, DesiredCondition, Status, Summary, Wording};
 use crate::planning::REASON_DEPENDENCY_MISSING;
@@ -114,6 +114,7 @@ pub(super) fn summarize(o: &Observed<'_>, mut work: Work, f: Facts) -> Plan {
     };
     transition_events(o, ready, &stalled, &conds[0].message, &mut work.events);
     conds.extend([deps_cond, installed_cond, healthy_cond]);
+    conds.extend(drifted_condition(o, &work, &f));
 
     let phase = phase(o, &work, &p, ready, valid);
     let installed_version = match &f.effective_version {
@@ -135,6 +136,25 @@ pub(super) fn summarize(o: &Observed<'_>, mut work: Work, f: Facts) -> Plan {
     };
     let requeue = requeue(o, p.in_flight, stalled.is_some(), ready);
     Plan { status, launch: work.launch, events: work.events, requeue }
+}
+
+/// `Drifted` (config drift found by the checks): True naming the servers and files while a
+/// re-install is due; False `Remediated` once rendered again; absent if never drifted.
+fn drifted_condition(o: &Observed<'_>, work: &Work, f: &Facts) -> Option<DesiredCondition> {
+    let drifted: Vec<String> = f
+        .selected
+        .iter()
+        .filter_map(|n| {
+            work.entries.get(n).filter(|e| !e.drifted_files.is_empty()).map(|e| format!("{n} ({})", e.drifted_files.join(", ")))
+        })
+        .collect();
+    let type_ = condition::DRIFTED;
+    if !drifted.is_empty() {
+        let msg = format!("config of {} changed since install on {}; re-installing", o.spec.service, drifted.join("; "));
+        return Some(DesiredCondition::new(type_, Status::True, REASON_CONFIG_CHANGED, msg));
+    }
+    conditions::find(&o.status.conditions, type_)
+        .map(|_| DesiredCondition::new(type_, Status::False, REASON_REMEDIATED, "config files match what install rendered"))
 }
 
 fn dependencies_condition(valid: bool, blocking: &[Blocker]) -> DesiredCondition {
