@@ -14,6 +14,6 @@ def main [] {
     let r = (http-request $url)
     if $r.status != 200 or not ($r.body | str contains "node_exporter_build_info") { fail $"GET ($url) answered ($r.status) ($r.error)" --code 2 }
     let build = ($r.body | lines | where {|l| $l starts-with "node_exporter_build_info" } | get -o 0 | default "")
-    let running = ($build | parse -r 'version="(?<v>[^"]+)"' | get -o 0.v | default "")
+    let running = ($build | parse -r '[{,]version="(?<v>[^"]+)"' | get -o 0.v | default "")
     finish-check node-exporter {version: $ctx.taskserv.version, serverVersion: $running}
 }

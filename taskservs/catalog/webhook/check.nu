@@ -16,6 +16,6 @@ def main [] {
         fail $"POST ($url) with the secret answered ($with_secret.status) ($with_secret.body | str trim) ($with_secret.error)" --code 2
     }
     let without = (http-request $url --method POST)
-    if $without.status == 200 { fail $"POST ($url) without the secret ran the hook: the secret is not enforced" --code 2 }
+    if $without.status != 403 { fail $"POST ($url) without the secret answered ($without.status), expected 403: the secret is not enforced" --code 2 }
     finish-check webhook {version: $ctx.taskserv.version}
 }
