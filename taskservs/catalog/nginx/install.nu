@@ -31,7 +31,16 @@ def main [] {
     log (if $restart { "configuration or package changed: (re)starting nginx" } else { "configuration unchanged" })
     svc-start nginx [/usr/sbin/nginx -c $CONFIG -g "daemon off;"] --unit nginx --restart=$restart
     let port = $ctx.config.listenPort
-    wait-until $"nginx to answer /healthz on 127.0.0.1:($port)" { (health $port) } --timeout 30sec
+    # nginx retries a busy port for a few seconds, then exits: fail as soon as it is gone.
+    let deadline = ((date now) + 30sec)
+    while not (health $port) {
+        if not (svc-running nginx --unit nginx) {
+            let tail = (try { open --raw /var/log/nginx/error.log | decode utf-8 | lines | last 5 | str join "\n" } catch { "" })
+            fail $"nginx exited after its start:\n($tail)"
+        }
+        if (date now) > $deadline { fail $"nginx does not answer /healthz on 127.0.0.1:($port) within 30s" }
+        sleep 250ms
+    }
 
     emit-result {
         version: $version
