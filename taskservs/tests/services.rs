@@ -212,6 +212,20 @@ async fn observability_group_prometheus_node_exporter_alertmanager_keepalived() 
     assert_eq!(http_status(&c1, &format!("http://{ip0}:9093/-/healthy"), None), 401);
     assert_eq!(http_status(&c1, &format!("http://{ip0}:9093/-/healthy"), Some(&format!("admin:{am_password}"))), 200);
 
+    // A prometheus whose alertmanagerPassword is not the alertmanager's is unhealthy, naming it.
+    let mismatched = context(
+        &catalog,
+        "prometheus",
+        None,
+        &n0,
+        &[],
+        &cluster,
+        json!({"webPassword": "prometheus-pass-1", "scrapeInterval": "2s", "alertmanagerPool": "control", "alertmanagerPassword": "not-the-one"}),
+    );
+    let refused = step(&c0, ScriptStep::Check, &mismatched).await;
+    assert_eq!(refused.exit_code, Some(2), "{}", refused.output_tail);
+    assert!(refused.output_tail.contains(&format!("alertmanager {ip0}:9093 refuses")), "{}", refused.output_tail);
+
     // keepalived: the first server (priority 150) becomes MASTER, the other stays BACKUP;
     // without CAP_NET_ADMIN the address cannot be added, and the check says so.
     let deadline = Instant::now() + Duration::from_secs(30);
