@@ -16,7 +16,9 @@ mod lab;
 
 use std::time::{Duration, Instant};
 
-use lab::{Lab, assert_ok, check_until_ok, context, drift_roundtrip, exec_in, exec_status, install_and_check, node_info, remove_twice, step};
+use lab::{
+    Lab, assert_ok, check_until_ok, context, drift_roundtrip, exec_in, exec_status, install_and_check, node_info, remove_twice, step,
+};
 use provisioning_taskservs::{Catalog, PeerInfo, ScriptStep};
 use serde_json::{Value, json};
 
@@ -200,7 +202,8 @@ async fn observability_group_prometheus_node_exporter_alertmanager_keepalived() 
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     assert_eq!(check.result.as_ref().and_then(|r| r.get("targetsUp")), Some(&json!(2)), "{:?}", check.result);
-    let (_, query) = http_get(&c0, &format!("http://{ip0}:9090/api/v1/query?query=up%7Bjob%3D%22node%22%7D"), Some("admin:prometheus-pass-1"));
+    let (_, query) =
+        http_get(&c0, &format!("http://{ip0}:9090/api/v1/query?query=up%7Bjob%3D%22node%22%7D"), Some("admin:prometheus-pass-1"));
     assert!(query.contains(&format!("{ip1}:9100")) && query.contains("\"server\":\"obs-1\""), "{query}");
     // ... and knows the alertmanager (authenticated).
     let (_, ams) = http_get(&c0, &format!("http://{ip0}:9090/api/v1/alertmanagers"), Some("admin:prometheus-pass-1"));
@@ -294,12 +297,14 @@ async fn container_engines_group_docker_crun_podman_buildah() {
     let podman = context(&catalog, "podman", None, &admin, &[], &[], json!({}));
     let buildah = context(&catalog, "buildah", None, &admin, &[], &[], json!({}));
 
-    let (a, b) = tokio::join!(
-        async { (install_and_check(&plain_c, &docker).await, install_and_check(&plain_c, &crun_plain).await) },
-        async {
-            (install_and_check(&admin_c, &crun).await, install_and_check(&admin_c, &podman).await, install_and_check(&admin_c, &buildah).await)
-        }
-    );
+    let (a, b) =
+        tokio::join!(async { (install_and_check(&plain_c, &docker).await, install_and_check(&plain_c, &crun_plain).await) }, async {
+            (
+                install_and_check(&admin_c, &crun).await,
+                install_and_check(&admin_c, &podman).await,
+                install_and_check(&admin_c, &buildah).await,
+            )
+        });
     eprintln!("engines group installs: docker {:?}, crun {:?}; crun {:?}, podman {:?}, buildah {:?}", a.0, a.1, b.0, b.1, b.2);
 
     // dockerd answers on its root-only unix socket, not on TCP.
