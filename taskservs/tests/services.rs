@@ -149,7 +149,7 @@ async fn observability_group_prometheus_node_exporter_alertmanager_keepalived() 
     let n1 = node_info("obs-1", &ip1, "workers");
     let cluster = vec![n0.clone(), n1.clone()];
 
-    let exporter = |me: &PeerInfo, peer: &PeerInfo| context(&catalog, "node-exporter", None, me, &[peer.clone()], &cluster, json!({}));
+    let exporter = |me: &PeerInfo, peer: &PeerInfo| context(&catalog, "node-exporter", None, me, std::slice::from_ref(peer), &cluster, json!({}));
     let exp0 = exporter(&n0, &n1);
     let exp1 = exporter(&n1, &n0);
     let am_password = "alertmanager-pass-1";
@@ -166,8 +166,8 @@ async fn observability_group_prometheus_node_exporter_alertmanager_keepalived() 
         json!({"webPassword": "prometheus-pass-1", "scrapeInterval": "2s", "alertmanagerPool": "control", "alertmanagerPassword": am_password}),
     );
     let vip = json!({"virtualAddress": "10.254.254.254/32", "authPassword": "vrrpsecret"});
-    let keep0 = context(&catalog, "keepalived", None, &n0, &[n1.clone()], &cluster, vip.clone());
-    let keep1 = context(&catalog, "keepalived", None, &n1, &[n0.clone()], &cluster, vip);
+    let keep0 = context(&catalog, "keepalived", None, &n0, std::slice::from_ref(&n1), &cluster, vip.clone());
+    let keep1 = context(&catalog, "keepalived", None, &n1, std::slice::from_ref(&n0), &cluster, vip);
 
     let mut times = Vec::new();
     let (a, b) = tokio::join!(

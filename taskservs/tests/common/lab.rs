@@ -2,6 +2,8 @@
 //! starts containers of the local node image on its own network and removes them on drop;
 //! scripts run in them through `run_script` with `docker exec` as the executor, the shape of
 //! the controller's adapter over the local provider's exec.
+// Each test file uses a part of these helpers.
+#![allow(dead_code)]
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
