@@ -90,7 +90,15 @@ fn every_shipped_template_renders_with_defaults() {
             "caKey": "-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n"});
     for service in catalog.services() {
         let name = service.name();
-        let config = if name == "kubernetes" { k8s.clone() } else { json!({}) };
+        // The required fields (secrets the controller generates, keepalived's address).
+        let config = match name {
+            "kubernetes" => k8s.clone(),
+            "docker-registry" => json!({"password": "p4ssword"}),
+            "webhook" => json!({"secret": "0123456789abcdef"}),
+            "prometheus" | "alertmanager" => json!({"webPassword": "p4ssword"}),
+            "keepalived" => json!({"virtualAddress": "10.0.0.100/24", "authPassword": "p4ssword"}),
+            _ => json!({}),
+        };
         let ctx = context(name, ("node-0", "10.0.0.1"), vec![peer("node-1", "10.0.0.2", "")], config);
         let rendered = catalog.render_templates(name, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(rendered.len(), service.templates.len(), "{name}");
@@ -178,4 +186,68 @@ fn a_hostile_redis_password_stays_one_quoted_argument() {
     let line = conf.lines().find(|l| l.starts_with("requirepass ")).unwrap_or_else(|| panic!("{conf}"));
     assert_eq!(line, r#"requirepass "p$(reboot); rm -rf / '\"`x`\x0aline2\\""#);
     assert!(!conf.contains("\nline2"), "the newline must not start a directive: {conf}");
+}
+
+#[test]
+fn prometheus_scrapes_the_clusters_node_exporters_and_sends_to_its_alertmanagers() {
+    let catalog = catalog();
+    let config = json!({"webPassword": "p4ssword", "alertmanagerPool": "control", "alertmanagerPassword": "am-pass\"word"});
+    let mut ctx = context("prometheus", ("mon-0", "10.0.0.1"), vec![], config);
+    ctx.cluster.servers = vec![peer("mon-0", "10.0.0.1", "control"), peer("app-1", "10.0.0.3", "apps"), peer("app-0", "10.0.0.2", "apps")];
+    let conf = catalog.render_templates("prometheus", &ctx).expect("render")["prometheus.yml"].clone();
+    let yaml: serde_json::Value = serde_yaml_ng::from_str(&conf).unwrap_or_else(|e| panic!("{e}:\n{conf}"));
+    // Every server of the Cluster, sorted by name, labelled with its server name.
+    let targets: Vec<String> = yaml["scrape_configs"][0]["static_configs"]
+        .as_array()
+        .expect("static")
+        .iter()
+        .map(|s| s["targets"][0].as_str().expect("t").to_string())
+        .collect();
+    assert_eq!(targets, ["10.0.0.2:9100", "10.0.0.3:9100", "10.0.0.1:9100"]);
+    assert_eq!(yaml["scrape_configs"][0]["static_configs"][0]["labels"]["server"], "app-0");
+    let am = &yaml["alerting"]["alertmanagers"][0];
+    assert_eq!(am["static_configs"][0]["targets"], json!(["10.0.0.1:9093"]));
+    // The password arrives literally (JSON-quoted in YAML).
+    assert_eq!(am["basic_auth"]["password"], "am-pass\"word");
+    // Limited to a pool when asked.
+    let mut ctx = context("prometheus", ("mon-0", "10.0.0.1"), vec![], json!({"webPassword": "p4ssword", "nodeExporterPool": "apps"}));
+    ctx.cluster.servers = vec![peer("mon-0", "10.0.0.1", "control"), peer("app-0", "10.0.0.2", "apps")];
+    let conf = catalog.render_templates("prometheus", &ctx).expect("render")["prometheus.yml"].clone();
+    assert!(conf.contains("\"10.0.0.2:9100\"") && !conf.contains("10.0.0.1:9100") && !conf.contains("alerting:"), "{conf}");
+}
+
+#[test]
+fn nginx_fronts_the_servers_of_a_pool_by_name() {
+    let catalog = catalog();
+    let mut ctx = context("nginx", ("lb-0", "10.0.0.1"), vec![], json!({"upstreamPool": "registry", "upstreamPort": 5000}));
+    ctx.cluster.servers =
+        vec![peer("lb-0", "10.0.0.1", "edge"), peer("reg-0", "10.0.0.5", "registry"), peer("reg-1", "10.0.0.6", "registry")];
+    let conf = catalog.render_templates("nginx", &ctx).expect("render")["nginx.conf"].clone();
+    assert!(conf.contains("server 10.0.0.5:5000;") && conf.contains("server 10.0.0.6:5000;"), "{conf}");
+    assert!(conf.contains("listen 10.0.0.1:80;") && conf.contains("listen 127.0.0.1:80;") && !conf.contains("listen 80"), "{conf}");
+    // No upstream: nginx still answers /healthz and says so on /.
+    let ctx = context("nginx", ("lb-0", "10.0.0.1"), vec![], json!({}));
+    let conf = catalog.render_templates("nginx", &ctx).expect("render")["nginx.conf"].clone();
+    assert!(!conf.contains("upstream fronted") && conf.contains("no upstream configured"), "{conf}");
+}
+
+#[test]
+fn webhook_hooks_all_require_the_secret() {
+    let catalog = catalog();
+    let secret = "s3cret\"with'quotes";
+    let ctx = context(
+        "webhook",
+        ("hooks-0", "10.0.0.1"),
+        vec![],
+        json!({"secret": secret, "hooks": [{"id": "deploy", "command": "/usr/local/bin/deploy"}]}),
+    );
+    let text = catalog.render_templates("webhook", &ctx).expect("render")["hooks.json"].clone();
+    let hooks: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}:\n{text}"));
+    let hooks = hooks.as_array().expect("array");
+    assert_eq!(hooks.iter().map(|h| h["id"].as_str().expect("id")).collect::<Vec<_>>(), ["provisioning-health", "deploy"]);
+    for h in hooks {
+        assert_eq!(h["trigger-rule"]["match"]["value"], secret);
+        assert_eq!(h["trigger-rule"]["match"]["parameter"]["name"], "X-Webhook-Secret");
+        assert_eq!(h["trigger-rule-mismatch-http-response-code"], 403);
+    }
 }

@@ -1,7 +1,9 @@
-# etcd health: the local daemon runs and `etcdctl endpoint health` succeeds on every member.
+# etcd health: the local daemon runs, `etcdctl endpoint health` succeeds on every member, and
+# etcd.conf.yml is what install wrote (else config drift, exit 3).
 
 use ../lib/ctx.nu *
 use ../lib/service.nu *
+use ../lib/check.nu *
 use common.nu *
 
 def main [] {
@@ -12,5 +14,5 @@ def main [] {
     print -n $r.stdout
     print -n $r.stderr
     if $r.exit_code != 0 { fail $"unhealthy members among ($endpoints | str join ', ')" --code 2 }
-    emit-result {healthy: true, version: $ctx.taskserv.version, endpoints: $endpoints}
+    finish-check etcd {version: $ctx.taskserv.version, endpoints: $endpoints}
 }

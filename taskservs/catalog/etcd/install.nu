@@ -78,6 +78,7 @@ def main [] {
     if (has-systemd) {
         write-if-changed /etc/default/etcd $"DAEMON_ARGS=\"--config-file ($CONFIG)\"\n" | ignore
     }
+    record-config etcd [$CONFIG]
     log (if $changed { "configuration changed: (re)starting etcd" } else { "configuration unchanged" })
     svc-start etcd [/usr/bin/etcd --config-file $CONFIG] --user etcd --unit etcd --restart=$changed
     if not $initialised {

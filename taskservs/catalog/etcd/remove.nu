@@ -2,6 +2,7 @@
 # teardown they may be gone already), stop the daemon, purge the packages and the data.
 
 use ../lib/ctx.nu *
+use ../lib/files.nu *
 use ../lib/pkg.nu *
 use ../lib/service.nu *
 use common.nu *
@@ -25,5 +26,6 @@ def main [] {
     svc-stop etcd --unit etcd
     apt-purge etcd-server etcd-client
     rm -rf $ctx.config.dataDir $CONFIG
+    forget-config etcd
     emit-result {removed: true}
 }

@@ -27,6 +27,7 @@ def main [] {
     if $r.exit_code != 0 { rm -f $candidate; fail $"rendered haproxy.cfg is invalid:\n($r.stdout)($r.stderr)" }
     rm -f $candidate
     let changed = (write-if-changed $CONFIG $rendered --mode "0644")
+    record-config haproxy [$CONFIG]
     log (if $changed { "configuration changed: (re)starting haproxy" } else { "configuration unchanged" })
     svc-start haproxy [/usr/sbin/haproxy -db -f $CONFIG] --unit haproxy --restart=$changed
     wait-port 127.0.0.1 $ctx.config.frontendPort --timeout 30sec

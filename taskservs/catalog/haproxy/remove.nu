@@ -1,6 +1,7 @@
 # haproxy removal: stop and purge.
 
 use ../lib/ctx.nu *
+use ../lib/files.nu *
 use ../lib/pkg.nu *
 use ../lib/service.nu *
 
@@ -9,5 +10,6 @@ def main [] {
     svc-stop haproxy --unit haproxy
     apt-purge haproxy
     rm -rf /etc/haproxy
+    forget-config haproxy
     emit-result {removed: true}
 }

@@ -31,3 +31,23 @@ export def wait-until [what: string, check: closure, --timeout: duration = 60sec
         sleep $every
     }
 }
+
+# An HTTP request with curl; returns `{status: int, body: string}` (status 0 when no answer).
+# Credentials go to curl through its config on stdin (`-K -`), never through argv.
+export def http-request [url: string, --method: string = "GET", --user: string = "", --password: string = "", --header: string = "", --unix-socket: string = "", --timeout: int = 5]: nothing -> record {
+    mut config = [$"url = \"($url)\"" $"request = \"($method)\""]
+    if $user != "" {
+        let token = ($"($user):($password)" | encode base64)
+        $config = ($config | append $"header = \"Authorization: Basic ($token)\"")
+    }
+    if $header != "" {
+        # A header value with quotes or backslashes is escaped for curl's config syntax.
+        let escaped = ($header | str replace --all '\' '\\' | str replace --all '"' '\"')
+        $config = ($config | append $"header = \"($escaped)\"")
+    }
+    let socket = if $unix_socket != "" { [--unix-socket $unix_socket] } else { [] }
+    let r = ($config | str join "\n" | ^curl -sS --max-time ($timeout | into string) -o - -w "\n%{http_code}" ...$socket -K - | complete)
+    let lines = ($r.stdout | lines)
+    let status = (try { $lines | last | into int } catch { 0 })
+    {status: $status, body: ($lines | drop 1 | str join "\n"), error: ($r.stderr | str trim)}
+}

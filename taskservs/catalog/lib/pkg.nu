@@ -66,6 +66,43 @@ export def apt-install [...packages: string] {
     if $temporary_policy { rm -f $policy }
 }
 
+# The versions of a package the configured apt sources offer (`apt-cache madison`), newest first.
+export def available-versions [package: string]: nothing -> list<string> {
+    let r = (^apt-cache madison $package | complete)
+    if $r.exit_code != 0 { return [] }
+    $r.stdout | lines | each {|l| $l | split row "|" | get -o 1 | default "" | str trim } | where {|v| $v != "" } | uniq
+}
+
+# Installs exactly `version` (a Debian version) of each package — upgrading or downgrading
+# (rollback) — unless that is what is installed. Fails naming the versions on offer when the
+# sources do not have it (after one refresh of the package lists).
+export def apt-install-exact [version: string, ...packages: string] {
+    let wrong = ($packages | where {|p| (installed-version $p) != $version })
+    if ($wrong | is-empty) { return }
+    for p in $wrong {
+        if $version not-in (available-versions $p) {
+            apt-retry [update -q]
+            let offered = (available-versions $p)
+            if $version not-in $offered {
+                error make {msg: $"($p) ($version) is not offered by the apt sources of this machine \(offered: ($offered | str join ', ')\)"}
+            }
+        }
+    }
+    let policy = "/usr/sbin/policy-rc.d"
+    let temporary_policy = (not (has-systemd)) and not ($policy | path exists)
+    if $temporary_policy {
+        "#!/bin/sh\nexit 101\n" | save --force $policy
+        ^chmod 0755 $policy
+    }
+    try {
+        apt-retry ([install -y -q --no-install-recommends --allow-downgrades] | append ($wrong | each {|p| $"($p)=($version)" }))
+    } catch {|e|
+        if $temporary_policy { rm -f $policy }
+        error make {msg: $e.msg}
+    }
+    if $temporary_policy { rm -f $policy }
+}
+
 # Purges packages that are installed (idempotent).
 export def apt-purge [...packages: string] {
     let present = ($packages | where {|p| (installed-version $p) != null })

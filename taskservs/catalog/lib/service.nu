@@ -88,3 +88,11 @@ export def svc-stop [name: string, --unit: string = "", --grace: duration = 10se
     }
     rm -f (pid-file $name)
 }
+
+# The ARGS of a Debian /etc/default/<name> file (`ARGS="--a=1 --b"`) as argv words: the
+# file the package's systemd unit reads is the one the detached daemon is started with, so
+# both run the same flags. Our templates write values without spaces or quotes.
+export def default-args [path: string]: nothing -> list<string> {
+    let line = (open --raw $path | decode utf-8 | lines | where {|l| $l starts-with "ARGS=" } | get -o 0 | default 'ARGS=""')
+    $line | str replace -r '^ARGS="?' '' | str replace -r '"$' '' | split row " " | where {|w| $w != "" }
+}

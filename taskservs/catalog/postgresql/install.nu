@@ -21,6 +21,7 @@ def main [] {
     let conf_changed = (write-template $ctx "provisioning.conf" $"($CONF_DIR)/conf.d/provisioning.conf" --mode "0644")
     let hba_changed = (write-template $ctx "pg_hba.conf" $"($CONF_DIR)/pg_hba.conf" --mode "0640")
     ^chown postgres:postgres $"($CONF_DIR)/pg_hba.conf" $"($CONF_DIR)/conf.d/provisioning.conf"
+    record-config postgresql [$"($CONF_DIR)/conf.d/provisioning.conf" $"($CONF_DIR)/pg_hba.conf"]
 
     if (has-systemd) {
         ^systemctl enable $"postgresql@($MAJOR)-($CLUSTER)"

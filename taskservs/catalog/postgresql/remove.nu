@@ -1,6 +1,7 @@
 # postgresql removal: stop and drop cluster 15/main, purge the packages. Data is deleted.
 
 use ../lib/ctx.nu *
+use ../lib/files.nu *
 use ../lib/pkg.nu *
 use common.nu *
 
@@ -12,5 +13,6 @@ def main [] {
     }
     apt-purge $"postgresql-($MAJOR)" postgresql-common postgresql-client-common $"postgresql-client-($MAJOR)"
     rm -rf $"/var/lib/postgresql/($MAJOR)" $"/etc/postgresql/($MAJOR)"
+    forget-config postgresql
     emit-result {removed: true}
 }

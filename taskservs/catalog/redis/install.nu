@@ -23,6 +23,7 @@ def main [] {
 
     let changed = (write-template $ctx "redis.conf" $CONFIG --mode "0640")
     ^chown redis:redis $CONFIG
+    record-config redis [$CONFIG]
     log (if $changed { "configuration changed: (re)starting redis" } else { "configuration unchanged" })
     svc-start redis [/usr/bin/redis-server $CONFIG] --user redis --unit redis-server --restart=$changed
     wait-port 127.0.0.1 $ctx.config.port --timeout 30sec

@@ -1,6 +1,7 @@
 # redis removal: stop, purge the package, delete its data.
 
 use ../lib/ctx.nu *
+use ../lib/files.nu *
 use ../lib/pkg.nu *
 use ../lib/service.nu *
 
@@ -9,5 +10,6 @@ def main [] {
     svc-stop redis --unit redis-server
     apt-purge redis-server redis-tools
     rm -rf /var/lib/redis /etc/redis
+    forget-config redis
     emit-result {removed: true}
 }

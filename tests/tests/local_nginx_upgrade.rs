@@ -1,0 +1,114 @@
+//! A real upgrade and a real rollback through the controller: `provisioning dev`, a 3-member
+//! local Cluster (tests/tests/local_nginx_upgrade.yaml) running nginx 1.22.1-9+deb12u9
+//! (bookworm). Its version is changed to 1.22.1-9+deb12u11 (bookworm-security) while one
+//! member's apt sources lack bookworm-security: that member's install fails ("not offered"),
+//! rollbackOnFailure re-installs the last good version everywhere (the members that had
+//! upgraded are really downgraded), the TaskServ is Stalled with UpgradeFailed and a
+//! RollingBack Warning. With the mirror restored, a new generation upgrades every member.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use provisioning_e2e::Dev;
+use provisioning_e2e::docker::{docker_ok, leftovers, server_container};
+use serde_json::Value;
+
+const NS: &str = "default";
+const CLUSTER: &str = "nginxup";
+const TASKSERV: &str = "nginxup-nginx";
+const OLD: &str = "1.22.1-9+deb12u9";
+const NEW: &str = "1.22.1-9+deb12u11";
+const SOURCES: &str = "/etc/apt/sources.list.d/provisioning.sources";
+
+fn members() -> Result<Vec<String>> {
+    (0..3).map(|i| server_container(NS, &format!("{CLUSTER}-web-{i}"))).collect()
+}
+
+fn dpkg_version(container: &str) -> Result<String> {
+    docker_ok(&["exec", container, "dpkg-query", "-W", "-f", "${Version}", "nginx"])
+}
+
+fn taskserv(dev: &Dev) -> Result<Value> {
+    Ok(serde_json::from_str(&dev.kubectl_ok(&["get", "ts", TASKSERV, "-n", NS, "-o", "json"])?)?)
+}
+
+fn condition(object: &Value, type_: &str) -> Option<(String, String)> {
+    object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_).map(|c| {
+        (c["status"].as_str().unwrap_or_default().to_string(), c["reason"].as_str().unwrap_or_default().to_string())
+    })
+}
+
+fn warned(dev: &Dev, reason: &str) -> Result<bool> {
+    let events: Value = serde_json::from_str(&dev.kubectl_ok(&["get", "events.events.k8s.io", "-n", NS, "-o", "json"])?)?;
+    Ok(events["items"]
+        .as_array()
+        .is_some_and(|items| items.iter().any(|e| e["type"] == "Warning" && e["reason"] == reason && e["regarding"]["name"] == TASKSERV)))
+}
+
+fn set_version(dev: &Dev, version: &str) -> Result<()> {
+    let patch = format!(r#"[{{"op":"replace","path":"/spec/taskservs/0/version","value":"{version}"}}]"#);
+    dev.kubectl_ok(&["patch", "pcl", CLUSTER, "-n", NS, "--type=json", "-p", &patch])?;
+    Ok(())
+}
+
+#[test]
+fn nginx_upgrade_fails_on_one_member_rolls_back_then_upgrades() -> Result<()> {
+    provisioning_e2e::docker::require_node_image()?;
+    ensure!(leftovers(NS, CLUSTER)?.is_empty(), "leftovers of an earlier run: {:?}", leftovers(NS, CLUSTER)?);
+    let mut dev = Dev::start(&["tests/tests/local_nginx_upgrade.yaml"])?;
+    dev.kubectl_ok(&["wait", "--for=condition=Ready", &format!("cluster/{CLUSTER}"), "--timeout=600s"])?;
+    let ts = taskserv(&dev)?;
+    assert_eq!(ts["status"]["installedVersion"], OLD, "{ts}");
+    assert_eq!(ts["status"]["lastGoodVersion"], OLD, "{ts}");
+    let nodes = members()?;
+    for c in &nodes {
+        assert_eq!(dpkg_version(c)?, OLD);
+        assert_eq!(docker_ok(&["exec", c, "curl", "-fsS", "--max-time", "5", "http://127.0.0.1/healthz"])?.trim(), "ok");
+    }
+
+    // Member 1's mirror loses bookworm-security (where the new version lives).
+    let original = docker_ok(&["exec", &nodes[1], "cat", SOURCES])?;
+    docker_ok(&[
+        "exec",
+        &nodes[1],
+        "sh",
+        "-c",
+        "awk -v RS= -v ORS='\\n\\n' '!/debian-security/' \"$1\" > /tmp/s && cp /tmp/s \"$1\" && rm -f /var/lib/apt/lists/*security* && apt-get update -q >/dev/null",
+        "sh",
+        SOURCES,
+    ])?;
+
+    // The upgrade: member 1 fails, the TaskServ rolls back to the last good version.
+    set_version(&dev, NEW)?;
+    dev.wait_until(Duration::from_secs(300), "the failed upgrade rolled back (Stalled UpgradeFailed, every member on the old version)", |d| {
+        let ts = taskserv(d)?;
+        let stalled = condition(&ts, "Stalled").is_some_and(|(s, r)| s == "True" && r == "UpgradeFailed");
+        let olds = nodes.iter().filter(|c| dpkg_version(c).is_ok_and(|v| v == OLD)).count();
+        Ok(stalled && olds == 3 && ts["status"]["installedVersion"] == OLD)
+    })?;
+    assert!(warned(&dev, "RollingBack")?, "no RollingBack Warning event");
+    let ts = taskserv(&dev)?;
+    assert_eq!(ts["status"]["lastGoodVersion"], OLD, "{ts}");
+    let message = condition(&ts, "Stalled").map(|_| ts.to_string()).unwrap_or_default();
+    assert!(message.contains("not offered by the apt sources"), "the failure's cause is not in the status: {message}");
+    for c in &nodes {
+        assert_eq!(docker_ok(&["exec", c, "curl", "-fsS", "--max-time", "5", "http://127.0.0.1/healthz"])?.trim(), "ok");
+    }
+
+    // Mirror restored; a new generation (the default version, which is the new one) upgrades.
+    docker_ok(&["exec", &nodes[1], "sh", "-c", "printf '%s\\n' \"$2\" > \"$1\" && apt-get update -q >/dev/null", "sh", SOURCES, &original])?;
+    set_version(&dev, "")?;
+    dev.wait_until(Duration::from_secs(300), "every member upgraded, the TaskServ Ready", |d| {
+        let ts = taskserv(d)?;
+        let ready = condition(&ts, "Ready").is_some_and(|(s, _)| s == "True");
+        let news = nodes.iter().filter(|c| dpkg_version(c).is_ok_and(|v| v == NEW)).count();
+        Ok(ready && news == 3 && ts["status"]["installedVersion"] == NEW)
+    })?;
+    assert_eq!(taskserv(&dev)?["status"]["lastGoodVersion"], NEW);
+
+    let manifest = provisioning_e2e::workspace_root().join("tests/tests/local_nginx_upgrade.yaml");
+    dev.kubectl_ok(&["delete", "-f", &manifest.to_string_lossy(), "--timeout=300s"])?;
+    dev.wait_until(Duration::from_secs(120), "nothing left", |_| Ok(leftovers(NS, CLUSTER)?.is_empty()))?;
+    dev.stop();
+    Ok(())
+}
