@@ -33,9 +33,11 @@ fn taskserv(dev: &Dev) -> Result<Value> {
 }
 
 fn condition(object: &Value, type_: &str) -> Option<(String, String)> {
-    object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_).map(|c| {
-        (c["status"].as_str().unwrap_or_default().to_string(), c["reason"].as_str().unwrap_or_default().to_string())
-    })
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| (c["status"].as_str().unwrap_or_default().to_string(), c["reason"].as_str().unwrap_or_default().to_string()))
 }
 
 fn warned(dev: &Dev, reason: &str) -> Result<bool> {
@@ -80,12 +82,16 @@ fn nginx_upgrade_fails_on_one_member_rolls_back_then_upgrades() -> Result<()> {
 
     // The upgrade: member 1 fails, the TaskServ rolls back to the last good version.
     set_version(&dev, NEW)?;
-    dev.wait_until(Duration::from_secs(300), "the failed upgrade rolled back (Stalled UpgradeFailed, every member on the old version)", |d| {
-        let ts = taskserv(d)?;
-        let stalled = condition(&ts, "Stalled").is_some_and(|(s, r)| s == "True" && r == "UpgradeFailed");
-        let olds = nodes.iter().filter(|c| dpkg_version(c).is_ok_and(|v| v == OLD)).count();
-        Ok(stalled && olds == 3 && ts["status"]["installedVersion"] == OLD)
-    })?;
+    dev.wait_until(
+        Duration::from_secs(300),
+        "the failed upgrade rolled back (Stalled UpgradeFailed, every member on the old version)",
+        |d| {
+            let ts = taskserv(d)?;
+            let stalled = condition(&ts, "Stalled").is_some_and(|(s, r)| s == "True" && r == "UpgradeFailed");
+            let olds = nodes.iter().filter(|c| dpkg_version(c).is_ok_and(|v| v == OLD)).count();
+            Ok(stalled && olds == 3 && ts["status"]["installedVersion"] == OLD)
+        },
+    )?;
     assert!(warned(&dev, "RollingBack")?, "no RollingBack Warning event");
     let ts = taskserv(&dev)?;
     assert_eq!(ts["status"]["lastGoodVersion"], OLD, "{ts}");
@@ -96,7 +102,16 @@ fn nginx_upgrade_fails_on_one_member_rolls_back_then_upgrades() -> Result<()> {
     }
 
     // Mirror restored; a new generation (the default version, which is the new one) upgrades.
-    docker_ok(&["exec", &nodes[1], "sh", "-c", "printf '%s\\n' \"$2\" > \"$1\" && apt-get update -q >/dev/null", "sh", SOURCES, &original])?;
+    docker_ok(&[
+        "exec",
+        &nodes[1],
+        "sh",
+        "-c",
+        "printf '%s\\n' \"$2\" > \"$1\" && apt-get update -q >/dev/null",
+        "sh",
+        SOURCES,
+        &original,
+    ])?;
     set_version(&dev, "")?;
     dev.wait_until(Duration::from_secs(300), "every member upgraded, the TaskServ Ready", |d| {
         let ts = taskserv(d)?;
