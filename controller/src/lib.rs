@@ -16,7 +16,7 @@
 //! - [`accounts`]: provider accounts → cached provider instances (credentials, tenancy and
 //!   endpoint rules, provider config); [`host`]: the `nu` binary and catalog on this host,
 //!   resolved once at start-up;
-//! - [`trace`]: the `provisioning trace` tree;
+//! - [`trace`]: the `provisioning trace` tree; [`console`]: the web console (same tree, live);
 //! - [`permissions`], [`metrics`], [`leader`], [`config`], and [`run`], which only composes.
 //!
 //! Kinds: [`workspace`], [`server`], [`taskserv`] and [`cluster`], each split by pipeline
@@ -26,6 +26,7 @@ pub mod accounts;
 pub mod cluster;
 pub mod conditions;
 pub mod config;
+pub mod console;
 pub mod context;
 pub mod cost;
 pub mod dev;
