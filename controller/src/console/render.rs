@@ -279,6 +279,34 @@ fn compact(v: &Value) -> String {
     }
 }
 
+/// One planned change: `Update spec.plan: small → medium (Server/demo/web-2)`, or the change
+/// as it is when it has another shape.
+fn change_line(c: &Value) -> String {
+    let action = str_at(c, "/action");
+    if action.is_empty() {
+        return compact(c);
+    }
+    let mut line = action.to_string();
+    for (sep, key) in [(" ", "/field"), (": ", "/from"), (" → ", "/to")] {
+        let v = str_at(c, key);
+        if !v.is_empty() {
+            line.push_str(sep);
+            line.push_str(v);
+        }
+    }
+    for (open, key) in [(" (", "/resource"), (" — ", "/reason")] {
+        let v = str_at(c, key);
+        if !v.is_empty() {
+            line.push_str(open);
+            line.push_str(v);
+            if open == " (" {
+                line.push(')');
+            }
+        }
+    }
+    line
+}
+
 /// `status.plan` (id, summary, changes, cost delta) when present, read as optional JSON.
 pub fn plan_section(obj: &Value) -> String {
     let plan = &obj["status"]["plan"];
@@ -297,7 +325,7 @@ pub fn plan_section(obj: &Value) -> String {
     if !changes.is_empty() {
         out.push_str("<ul class=\"changes\">");
         for c in changes {
-            out.push_str(&format!("<li>{}</li>", esc(&compact(&c))));
+            out.push_str(&format!("<li>{}</li>", esc(&change_line(&c))));
         }
         out.push_str("</ul>");
     }
@@ -509,6 +537,8 @@ mod tests {
         let html = actions(&approved, Kind::Server, Some("demo"), Allowed { patch: true, delete: false }, "c");
         assert!(!html.contains("action-approve") && html.contains("action-pause") && !html.contains("action-delete"), "{html}");
         assert!(plan_section(&approved).contains("Approved"));
+        let change = json!({"resource": "Server/demo/web", "field": "spec.plan", "action": "Update", "from": "small", "to": "medium"});
+        assert_eq!(change_line(&change), "Update spec.plan: small → medium (Server/demo/web)");
     }
 
     #[test]
