@@ -74,7 +74,7 @@ async fn browser(driver: &Driver, profile: &std::path::Path) -> Result<Client> {
     });
     let Value::Object(caps) = caps else { bail!("capabilities are an object") };
     let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    Ok(ClientBuilder::new(connector).capabilities(caps).connect(&driver.url).await.context("opening a chromium session")?)
+    ClientBuilder::new(connector).capabilities(caps).connect(&driver.url).await.context("opening a chromium session")
 }
 
 /// Polls the page's HTML until `check` holds (no reload: only reads the live DOM).
@@ -151,7 +151,11 @@ async fn sign_in_with_token(c: &Client, base: &str, token: &str) -> Result<()> {
 // them; each step is a few calls and says what it checks.
 async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<()> {
     let log = dev.log();
-    let login = log.lines().find_map(|l| l.strip_prefix("Console: ")).and_then(|l| l.split_whitespace().next()).context("dev printed no Console line")?;
+    let login = log
+        .lines()
+        .find_map(|l| l.strip_prefix("Console: "))
+        .and_then(|l| l.split_whitespace().next())
+        .context("dev printed no Console line")?;
     let base = std::fs::read_to_string(dev.data_dir.join("console-url"))?.trim().to_string();
     ensure!(login.starts_with(&format!("{base}login?code=")) && base.starts_with("https://127.0.0.1:"), "{login} / {base}");
     let c = browser(driver, profile).await?;
@@ -184,7 +188,16 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     c.goto(&cluster).await?;
     wait_page(&c, "3/3 ready with the live stream open", 60, |h| h.contains("3 of 3 ready") && h.contains("● Live")).await?;
     c.execute("window.__sameDocument = 'yes';", vec![]).await?;
-    dev.kubectl_ok(&["patch", "cluster", "etcd", "-n", "tracing", "--type=json", "-p", r#"[{"op":"replace","path":"/spec/pools/0/replicas","value":4}]"#])?;
+    dev.kubectl_ok(&[
+        "patch",
+        "cluster",
+        "etcd",
+        "-n",
+        "tracing",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/pools/0/replicas","value":4}]"#,
+    ])?;
     let started = Instant::now();
     wait_page(&c, "the fourth member and 4 of 4 ready, pushed live", 90, |h| {
         h.contains("data-object=\"Server/etcd-members-3\"") && h.contains("4 of 4 ready")
@@ -193,7 +206,7 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     let same = c.execute("return [window.__sameDocument, document.getElementById('live').dataset.updates];", vec![]).await?;
     ensure!(same[0] == "yes" && same[1].as_str().and_then(|n| n.parse::<u32>().ok()).is_some_and(|n| n >= 1), "page was reloaded: {same}");
     println!("scale-up shown live after {:.1}s", started.elapsed().as_secs_f64());
-    screenshot(&c, "cluster").await?;
+    screenshot(&c, "cluster-scaled").await?;
 
     // Pause and resume with the buttons; kubectl sees the annotation.
     let server = format!("{base}namespaces/demo/servers/web-1");
@@ -231,7 +244,15 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     screenshot(&c, "server-plan").await?;
     click(&c, "#action-approve").await?;
     wait_page(&c, "the plan shown approved", 20, |h| h.contains("Approved; waiting for the controller")).await?;
-    ensure!(annotation(dev, &["server", "web-2", "-n", "demo"], "provisioning.dev/approve")?.as_deref() == Some("plan-7f3a"), "not approved");
+    ensure!(
+        annotation(dev, &["server", "web-2", "-n", "demo"], "provisioning.dev/approve")?.as_deref() == Some("plan-7f3a"),
+        "not approved"
+    );
+
+    // The ready-over-time chart lives in the session: a new visit of the Cluster still has it.
+    c.goto(&cluster).await?;
+    wait_page(&c, "the chart kept across visits", 20, |h| h.contains("4 of 4 ready") && h.contains("● Live")).await?;
+    screenshot(&c, "cluster").await?;
 
     // The link works once only.
     c.goto(login).await?;
@@ -241,7 +262,13 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     dev.kubectl_ok(&["apply", "-f", &workspace_root().join("deploy/rbac/aggregated-roles.yaml").display().to_string()])?;
     dev.kubectl_ok(&["create", "serviceaccount", "viewer", "-n", "demo"])?;
     dev.kubectl_ok(&["create", "clusterrolebinding", "console-viewer", "--clusterrole=view", "--serviceaccount=demo:viewer"])?;
-    dev.kubectl_ok(&["create", "clusterrolebinding", "console-viewer-provisioning", "--clusterrole=provisioning-view", "--serviceaccount=demo:viewer"])?;
+    dev.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "console-viewer-provisioning",
+        "--clusterrole=provisioning-view",
+        "--serviceaccount=demo:viewer",
+    ])?;
     let token = dev.kubectl_ok(&["create", "token", "viewer", "-n", "demo"])?.trim().to_string();
     c.delete_all_cookies().await?;
     sign_in_with_token(&c, &base, &token).await?;
@@ -255,7 +282,10 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     let mut no_csrf = fields.clone();
     no_csrf["csrf"] = json!("forged");
     ensure!(forged_post(&c, no_csrf).await? == 403, "a POST without the session's CSRF token was not refused");
-    ensure!(annotation(dev, &["server", "web-1", "-n", "demo"], "provisioning.dev/paused")?.is_none(), "the forged pause changed the Server");
+    ensure!(
+        annotation(dev, &["server", "web-1", "-n", "demo"], "provisioning.dev/paused")?.is_none(),
+        "the forged pause changed the Server"
+    );
 
     // A token that stops working (its ServiceAccount deleted) leads back to sign-in.
     dev.kubectl_ok(&["delete", "serviceaccount", "viewer", "-n", "demo"])?;

@@ -31,7 +31,13 @@ pub fn step_symbol(state: &str) -> &'static str {
 
 fn seconds(d: chrono::Duration) -> String {
     let s = d.num_seconds().max(0);
-    if s < 120 { format!("{s}s") } else if s < 7200 { format!("{}m{}s", s / 60, s % 60) } else { format!("{}h{}m", s / 3600, (s % 3600) / 60) }
+    if s < 120 {
+        format!("{s}s")
+    } else if s < 7200 {
+        format!("{}m{}s", s / 60, s % 60)
+    } else {
+        format!("{}h{}m", s / 3600, (s % 3600) / 60)
+    }
 }
 
 /// The steps of `status.steps` as an SVG timeline (one bar per step from startedAt to
@@ -70,7 +76,10 @@ pub fn steps_timeline(steps: &[Value], now: DateTime<Utc>) -> String {
     for (i, st) in shown.iter().enumerate() {
         let y = ROW * i as f64;
         let state = st["state"].as_str().unwrap_or("Pending");
-        let label = format!("{} {} {}", step_symbol(state), st["kind"].as_str().unwrap_or_default(), st["target"].as_str().unwrap_or_default());
+        let (kind, target) = (st["kind"].as_str().unwrap_or_default(), st["target"].as_str().unwrap_or_default());
+        // Targets often name their kind already ("TaskServ etcd-etcd").
+        let what = if target.starts_with(kind) { target.to_string() } else { format!("{kind} {target}") };
+        let label = format!("{} {what}", step_symbol(state));
         let class = format!("bar s-{}", esc(&state.to_ascii_lowercase()));
         out.push_str(&format!("<g class=\"{class}\"><text x=\"0\" y=\"{:.1}\">{}</text>", y + 13.0, esc(&label)));
         if let (Some(start), Some(end)) = span(st) {
@@ -163,7 +172,10 @@ mod tests {
         ];
         let svg = steps_timeline(&steps, now);
         assert_eq!(svg.matches("<rect").count(), 2, "{svg}");
-        assert!(svg.contains("✔ CreateServer a") && svg.contains("▶ InstallTaskServ etcd") && svg.contains("… InstallTaskServ web"), "{svg}");
+        assert!(
+            svg.contains("✔ CreateServer a") && svg.contains("▶ InstallTaskServ etcd") && svg.contains("… InstallTaskServ web"),
+            "{svg}"
+        );
         // The running bar reaches the right edge (now).
         assert!(svg.contains("width=\"393.3\""), "{svg}");
         Ok(())

@@ -123,7 +123,9 @@ async fn read_form(req: Request<Incoming>) -> Result<HashMap<String, String>, Re
     let body = Limited::new(req.into_body(), MAX_FORM)
         .collect()
         .await
-        .map_err(|_| html(StatusCode::PAYLOAD_TOO_LARGE, render::message_page("Form too large", "The form is larger than the console accepts.")))?
+        .map_err(|_| {
+            html(StatusCode::PAYLOAD_TOO_LARGE, render::message_page("Form too large", "The form is larger than the console accepts."))
+        })?
         .to_bytes();
     Ok(form_urlencoded::parse(&body).into_owned().collect())
 }
@@ -206,7 +208,14 @@ async fn handle(state: Arc<ConsoleState>, req: Request<Incoming>) -> Response<Bo
         (Method::GET, p) if p.ends_with("/delete") => match Page::parse(p.trim_end_matches("/delete")) {
             Some(Page::Object { kind, namespace, name }) => {
                 let (title, crumbs) = Page::Object { kind, namespace: namespace.clone(), name: name.clone() }.title();
-                let layout = Layout { title: &format!("Delete {title}?"), user: &session.user, csrf: &session.csrf, crumbs, path: p, now: Utc::now() };
+                let layout = Layout {
+                    title: &format!("Delete {title}?"),
+                    user: &session.user,
+                    csrf: &session.csrf,
+                    crumbs,
+                    path: p,
+                    now: Utc::now(),
+                };
                 let body = render::delete_confirm(kind, namespace.as_deref(), &name, &session.csrf);
                 // No live stream on a confirmation page.
                 html(StatusCode::OK, render::page(&layout, &body).replace(" data-live=\"", " data-static=\""))
@@ -242,7 +251,10 @@ async fn login_get(state: &ConsoleState, req: &Request<Incoming>) -> Response<Bo
     };
     match state.sessions.redeem(&code) {
         Some(token) => open_session(state, token).await,
-        None => html(StatusCode::UNAUTHORIZED, render::login_page(Some("This sign-in link was used already or is unknown: sign in with a token."))),
+        None => html(
+            StatusCode::UNAUTHORIZED,
+            render::login_page(Some("This sign-in link was used already or is unknown: sign in with a token.")),
+        ),
     }
 }
 
@@ -310,7 +322,9 @@ async fn action(state: &ConsoleState, id: &str, session: &Session, form: HashMap
                 Err(e) => return failure(state, id, e),
             };
             if plan.is_empty() || plan != current {
-                let m = format!("The plan changed since the page was drawn (you approved {plan:?}, the current one is {current:?}): review it again.");
+                let m = format!(
+                    "The plan changed since the page was drawn (you approved {plan:?}, the current one is {current:?}): review it again."
+                );
                 return html(StatusCode::CONFLICT, render::message_page("Plan changed", &m));
             }
             ("patch", Change::Annotate(APPROVE, Some(plan.to_string())))

@@ -17,10 +17,10 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::ConsoleState;
 use super::api::{ApiFailure, Kind};
 use super::pages::{self, Page};
 use super::session::Session;
-use super::ConsoleState;
 
 /// The shortest time between two updates of one page.
 pub const BATCH: Duration = Duration::from_millis(300);
@@ -74,7 +74,9 @@ fn changes(client: &Client, page: &Page, namespace: Option<String>) -> futures::
             apis.push(Api::namespaced_with(client.clone(), &ns, &resource("events.k8s.io", "v1", "Event", "events")));
         }
     }
-    let streams = apis.into_iter().map(|api| watcher(api, watcher::Config::default()).default_backoff().filter_map(|r| async move { r.ok().map(|_| ()) }).boxed());
+    let streams = apis
+        .into_iter()
+        .map(|api| watcher(api, watcher::Config::default()).default_backoff().filter_map(|r| async move { r.ok().map(|_| ()) }).boxed());
     futures::stream::select_all(streams).boxed()
 }
 

@@ -74,7 +74,8 @@ impl RunningConsole {
 
 /// Binds `opts.listen` and serves the console until `shutdown` is cancelled.
 pub async fn start(opts: ConsoleOptions, shutdown: CancellationToken) -> anyhow::Result<RunningConsole> {
-    let listener = tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| anyhow::anyhow!("binding the console to {}: {e}", opts.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| anyhow::anyhow!("binding the console to {}: {e}", opts.listen))?;
     let addr = listener.local_addr()?;
     let tls = tls::load(&opts.cert, addr)?;
     let state = Arc::new(ConsoleState { sessions: session::Sessions::default(), api: opts.api });

@@ -38,7 +38,9 @@ impl Page {
         let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
         match parts.as_slice() {
             [] | [""] => Some(Page::Workspaces),
-            ["workspaces", name] if valid_name(name) => Some(Page::Object { kind: Kind::Workspace, namespace: None, name: name.to_string() }),
+            ["workspaces", name] if valid_name(name) => {
+                Some(Page::Object { kind: Kind::Workspace, namespace: None, name: name.to_string() })
+            }
             ["namespaces", ns, plural, name] if valid_name(ns) && valid_name(name) => {
                 let kind = Kind::from_plural(plural).filter(|k| *k != Kind::Workspace)?;
                 Some(Page::Object { kind, namespace: Some(ns.to_string()), name: name.to_string() })
@@ -62,7 +64,8 @@ impl Page {
             Page::Object { kind, namespace, name } => {
                 let mut crumbs = vec![];
                 if let Some(ns) = namespace {
-                    crumbs.push((format!("namespace {ns}"), format!("/workspaces/{ns}")));
+                    // Plain text: the Workspace that claims a namespace may have another name.
+                    crumbs.push((format!("namespace {ns}"), String::new()));
                 }
                 crumbs.push((format!("{} {name}", kind.name()), self.path()));
                 (format!("{} {name}", kind.name()), crumbs)
@@ -87,14 +90,17 @@ fn section(r: Result<Vec<Value>, ApiFailure>) -> Result<Section, ApiFailure> {
     match r {
         Ok(v) => Ok(Ok(v)),
         Err(ApiFailure::Unauthorized) => Err(ApiFailure::Unauthorized),
+        Err(ApiFailure::Forbidden(_)) => Ok(Err("your token may not read them".into())),
         Err(e) => Ok(Err(e.to_string())),
     }
 }
 
 /// Whether the visitor may patch and delete the object.
 pub async fn allowed(session: &Session, kind: Kind, namespace: Option<&str>, name: &str) -> Result<Allowed, ApiFailure> {
-    let (patch, delete) =
-        futures::try_join!(api::may(&session.client, "patch", kind, namespace, name), api::may(&session.client, "delete", kind, namespace, name))?;
+    let (patch, delete) = futures::try_join!(
+        api::may(&session.client, "patch", kind, namespace, name),
+        api::may(&session.client, "delete", kind, namespace, name)
+    )?;
     Ok(Allowed { patch, delete })
 }
 
@@ -138,7 +144,12 @@ pub async fn live_fragment(session: &Session, page: &Page) -> Result<String, Api
             .iter()
             .flat_map(|ts| {
                 let ts_name = ts["metadata"]["name"].as_str().unwrap_or_default().to_string();
-                ts["status"]["servers"].as_array().into_iter().flatten().filter(|e| e["name"] == name.as_str()).map(move |e| (ts_name.clone(), e.clone()))
+                ts["status"]["servers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e["name"] == name.as_str())
+                    .map(move |e| (ts_name.clone(), e.clone()))
             })
             .collect(),
         _ => vec![],
@@ -146,7 +157,10 @@ pub async fn live_fragment(session: &Session, page: &Page) -> Result<String, Api
     let ready_history = (kind == Kind::Cluster).then(|| {
         let counts = &object["status"]["servers"];
         let count = |k: &str| u32::try_from(counts[k].as_u64().unwrap_or(0)).unwrap_or(u32::MAX);
-        session.record_ready(&format!("{tree_ns}/{name}"), ReadyPoint { at: now.timestamp(), ready: count("ready"), desired: count("desired") })
+        session.record_ready(
+            &format!("{tree_ns}/{name}"),
+            ReadyPoint { at: now.timestamp(), ready: count("ready"), desired: count("desired") },
+        )
     });
     Ok(render::object_fragment(&ObjectView {
         kind,
@@ -170,7 +184,13 @@ mod tests {
 
     #[test]
     fn paths_parse_to_pages_and_back() {
-        for path in ["/", "/workspaces/demo", "/namespaces/demo/clusters/etcd", "/namespaces/demo/servers/web-1", "/namespaces/demo/taskservs/redis"] {
+        for path in [
+            "/",
+            "/workspaces/demo",
+            "/namespaces/demo/clusters/etcd",
+            "/namespaces/demo/servers/web-1",
+            "/namespaces/demo/taskservs/redis",
+        ] {
             let page = Page::parse(path);
             assert_eq!(page.as_ref().map(Page::path).as_deref(), Some(path), "{path}");
         }

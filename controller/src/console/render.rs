@@ -55,10 +55,16 @@ pub fn badge(ready: &str, phase: &str) -> String {
     format!("<span class=\"badge {class}\"><span aria-hidden=\"true\">{symbol}</span> {}</span>", esc(&words))
 }
 
-fn condition_status(status: &str) -> String {
-    let (class, symbol) = match status {
-        "True" => ("ok", "✔"),
-        "False" => ("bad", "✖"),
+/// A condition's status as a symbol and a word. For the abnormal-true types (Reconciling,
+/// Stalled, Drifted, Paused, Degraded) True is the state to look at and False is quiet.
+fn condition_status(kind: &str, status: &str) -> String {
+    let abnormal_true = matches!(kind, "Reconciling" | "Stalled" | "Drifted" | "Paused" | "Degraded");
+    let (class, symbol) = match (abnormal_true, status) {
+        (false, "True") => ("ok", "✔"),
+        (false, "False") => ("bad", "✖"),
+        (true, "True") if kind == "Stalled" || kind == "Degraded" => ("bad", "⚠"),
+        (true, "True") => ("busy", "◐"),
+        (true, "False") => ("quiet", "–"),
         _ => ("unknown", "◌"),
     };
     format!("<span class=\"badge {class}\"><span aria-hidden=\"true\">{symbol}</span> {}</span>", esc(status))
@@ -73,7 +79,7 @@ pub struct Layout<'a> {
     pub user: &'a str,
     /// CSRF token for forms.
     pub csrf: &'a str,
-    /// Links above the heading: (text, href).
+    /// Links above the heading: (text, href); an empty href is plain text.
     pub crumbs: Vec<(String, String)>,
     /// The page path; the live stream is `/live` + this.
     pub path: &'a str,
@@ -85,7 +91,8 @@ pub struct Layout<'a> {
 pub fn page(layout: &Layout<'_>, live: &str) -> String {
     let mut crumbs = String::from("<a href=\"/\">Workspaces</a>");
     for (text, href) in &layout.crumbs {
-        crumbs.push_str(&format!(" <span aria-hidden=\"true\">›</span> <a href=\"{}\">{}</a>", esc(href), esc(text)));
+        let item = if href.is_empty() { esc(text) } else { format!("<a href=\"{}\">{}</a>", esc(href), esc(text)) };
+        crumbs.push_str(&format!(" <span aria-hidden=\"true\">›</span> {item}"));
     }
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
@@ -134,7 +141,11 @@ pub fn message_page(title: &str, message: &str) -> String {
 }
 
 fn ready_of(v: &Value) -> &str {
-    v["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "Ready")).and_then(|c| c["status"].as_str()).unwrap_or("Unknown")
+    v["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or("Unknown")
 }
 
 /// The Workspaces list: phase, cost and counts, each name linking to its tree.
@@ -191,7 +202,11 @@ pub fn tree_table(rows: &[Row], namespace: &str, now: DateTime<Utc>) -> String {
             None => label,
         };
         let age = if r.created.is_empty() { String::new() } else { age(&r.created, now) };
-        let message = if r.steps.is_empty() { esc(&r.message) } else { format!("{} <span class=\"steps\">{}</span>", esc(&r.message), esc(&r.steps)) };
+        let message = if r.steps.is_empty() {
+            esc(&r.message)
+        } else {
+            format!("{} <span class=\"steps\">{}</span>", esc(&r.message), esc(&r.steps))
+        };
         out.push_str(&format!(
             "<tr class=\"d{}\" data-object=\"{}\"><th scope=\"row\">{cell}</th><td>{}</td><td>{age}</td><td>{message}</td></tr>",
             r.depth.min(6),
@@ -246,12 +261,15 @@ pub fn actions(obj: &Value, kind: Kind, ns: Option<&str>, allowed: Allowed, csrf
         if obj["metadata"]["annotations"][PAUSED] == "true" {
             out.push_str(&action_form(csrf, kind, ns, name, "resume", "", "▶ Resume"));
         } else {
-            out.push_str(&action_form(csrf, kind, ns, name, "pause", "", "⏸ Pause"));
+            out.push_str(&action_form(csrf, kind, ns, name, "pause", "", "❚❚ Pause"));
         }
         out.push_str(&action_form(csrf, kind, ns, name, "reconcile", "", "↻ Reconcile now"));
     }
     if allowed.delete {
-        out.push_str(&format!("<a class=\"button danger\" id=\"action-delete\" href=\"{}/delete\">🗑 Delete…</a>", esc(&object_path(kind, ns, name))));
+        out.push_str(&format!(
+            "<a class=\"button danger\" id=\"action-delete\" href=\"{}/delete\">✕ Delete…</a>",
+            esc(&object_path(kind, ns, name))
+        ));
     }
     if out.is_empty() { String::new() } else { format!("<div class=\"actions\" role=\"group\" aria-label=\"Actions\">{out}</div>") }
 }
@@ -264,7 +282,7 @@ pub fn delete_confirm(kind: Kind, ns: Option<&str>, name: &str, csrf: &str) -> S
         kind.name(),
         esc(name),
         ns.map(|n| format!(" in namespace {}", esc(n))).unwrap_or_default(),
-        action_form(csrf, kind, ns, name, "delete", &extra, "🗑 Delete"),
+        action_form(csrf, kind, ns, name, "delete", &extra, "✕ Delete"),
         esc(&object_path(kind, ns, name)),
     )
 }
@@ -352,7 +370,7 @@ pub fn conditions_section(obj: &Value, now: DateTime<Utc>) -> String {
         out.push_str(&format!(
             "<tr><th scope=\"row\">{}</th><td>{}</td><td>{}</td><td>{}</td><td>{} ago</td></tr>",
             esc(str_at(&c, "/type")),
-            condition_status(str_at(&c, "/status")),
+            condition_status(str_at(&c, "/type"), str_at(&c, "/status")),
             esc(str_at(&c, "/reason")),
             esc(str_at(&c, "/message")),
             age(str_at(&c, "/lastTransitionTime"), now),
@@ -395,7 +413,11 @@ pub fn history_section(events: &Section, records: &Section, now: DateTime<Utc>) 
                 out.push_str(&format!(
                     "<tr><td>{} ago</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                     age(super::api::event_time(e), now),
-                    if warning { "<span class=\"badge bad\"><span aria-hidden=\"true\">⚠</span> Warning</span>" } else { "<span class=\"badge\"><span aria-hidden=\"true\">ℹ</span> Normal</span>" },
+                    if warning {
+                        "<span class=\"badge bad\"><span aria-hidden=\"true\">⚠</span> Warning</span>"
+                    } else {
+                        "<span class=\"badge\"><span aria-hidden=\"true\">ℹ</span> Normal</span>"
+                    },
                     esc(str_at(e, "/reason")),
                     esc(str_at(e, "/note")),
                 ));
@@ -418,7 +440,10 @@ pub fn script_output_section(runs: &[(String, Value)]) -> String {
     }
     for (ts, e) in runs {
         let run = &e["lastRun"];
-        let exit = run["exitCode"].as_i64().map(|c| if c == 0 { "✔ exit 0".to_string() } else { format!("✖ exit {c}") }).unwrap_or_else(|| "▶ running".into());
+        let exit = run["exitCode"]
+            .as_i64()
+            .map(|c| if c == 0 { "✔ exit 0".to_string() } else { format!("✖ exit {c}") })
+            .unwrap_or_else(|| "▶ running".into());
         out.push_str(&format!(
             "<h3>{} on {}: {} ({})</h3><p class=\"muted\">started {} · finished {}</p><pre class=\"output\">{}</pre>",
             esc(ts),
@@ -473,10 +498,10 @@ pub fn object_fragment(v: &ObjectView<'_>) -> String {
         esc(first.map_or("", |r| r.message.as_str()))
     ));
     if obj["metadata"]["annotations"][PAUSED] == "true" {
-        out.push_str("<p class=\"badge busy\"><span aria-hidden=\"true\">⏸</span> Paused: the controller leaves this object alone until it is resumed.</p>");
+        out.push_str("<p class=\"badge busy\"><span aria-hidden=\"true\">❚❚</span> Paused: the controller leaves this object alone until it is resumed.</p>");
     }
     if obj["metadata"]["deletionTimestamp"].is_string() {
-        out.push_str("<p class=\"badge busy\"><span aria-hidden=\"true\">🗑</span> Being deleted.</p>");
+        out.push_str("<p class=\"badge busy\"><span aria-hidden=\"true\">✕</span> Being deleted.</p>");
     }
     out.push_str(&actions(obj, v.kind, v.namespace, v.allowed, v.csrf));
     out.push_str(&plan_section(obj));
@@ -495,7 +520,10 @@ The chart is kept in the console's memory for your session, from the watch event
             charts::steps_timeline(steps, v.now)
         ));
     }
-    out.push_str(&format!("<section aria-labelledby=\"tree-h\"><h2 id=\"tree-h\">Tree</h2>{}</section>", tree_table(v.rows, v.tree_namespace, v.now)));
+    out.push_str(&format!(
+        "<section aria-labelledby=\"tree-h\"><h2 id=\"tree-h\">Tree</h2>{}</section>",
+        tree_table(v.rows, v.tree_namespace, v.now)
+    ));
     out.push_str(&conditions_section(obj, v.now));
     if matches!(v.kind, Kind::Server | Kind::TaskServ) {
         out.push_str(&script_output_section(&v.runs));
@@ -526,7 +554,8 @@ mod tests {
 
     #[test]
     fn actions_follow_what_the_visitor_may_do() {
-        let obj = json!({"metadata": {"name": "web", "annotations": {PAUSED: "true"}}, "status": {"plan": {"id": "p1", "summary": "create 1"}}});
+        let obj =
+            json!({"metadata": {"name": "web", "annotations": {PAUSED: "true"}}, "status": {"plan": {"id": "p1", "summary": "create 1"}}});
         assert_eq!(actions(&obj, Kind::Server, Some("demo"), Allowed::default(), "c"), "");
         let all = actions(&obj, Kind::Server, Some("demo"), Allowed { patch: true, delete: true }, "c");
         for id in ["action-approve", "action-resume", "action-reconcile", "action-delete"] {

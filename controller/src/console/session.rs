@@ -70,14 +70,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Session {
     /// A session for `token`, whose API client is `client`.
     pub fn new(token: SecretString, client: kube::Client, user: String) -> Session {
-        Session {
-            token,
-            client,
-            csrf: random_hex(),
-            user,
-            last_seen: Mutex::new(Instant::now()),
-            history: Mutex::new(HashMap::new()),
-        }
+        Session { token, client, csrf: random_hex(), user, last_seen: Mutex::new(Instant::now()), history: Mutex::new(HashMap::new()) }
     }
 
     /// Records a Cluster's ready count (a point only when it changed) and returns the history.
