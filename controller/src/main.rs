@@ -49,6 +49,12 @@ enum Command {
         /// Accept plain-http provider endpoints (local emulators only; credentials travel unencrypted).
         #[arg(long)]
         allow_insecure_endpoints: bool,
+        /// Web console listen address (HTTPS; port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        console_addr: SocketAddr,
+        /// Do not serve the web console.
+        #[arg(long)]
+        no_console: bool,
     },
     /// The embedded control plane alone.
     Apiserver {
@@ -82,6 +88,8 @@ enum Command {
         /// Accept plain-http provider endpoints (local emulators only; credentials travel unencrypted).
         #[arg(long)]
         allow_insecure_endpoints: bool,
+        #[command(flatten)]
+        console: ConsoleArgs,
     },
     /// An object and everything it owns as a tree (Workspace → Clusters → pools → Servers →
     /// TaskServs per server), with READY, STATUS, AGE and the message that explains the state.
@@ -134,6 +142,20 @@ enum Command {
         #[command(subcommand)]
         command: CatalogCommand,
     },
+}
+
+/// The controller's web console (off unless `--console-addr` is given).
+#[derive(clap::Args)]
+struct ConsoleArgs {
+    /// Serve the web console here (HTTPS; visitors sign in with their own bearer token).
+    #[arg(long)]
+    console_addr: Option<SocketAddr>,
+    /// The console's certificate chain (PEM); default: a self-signed one generated at start.
+    #[arg(long, requires = "console_key")]
+    console_cert: Option<PathBuf>,
+    /// The console certificate's private key (PEM).
+    #[arg(long, requires = "console_cert")]
+    console_key: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -199,7 +221,18 @@ async fn shutdown_signal() {
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Dev { data_dir, listen, apply, exit_when_ready, timeout, config, event_ttl, allow_insecure_endpoints } => {
+        Command::Dev {
+            data_dir,
+            listen,
+            apply,
+            exit_when_ready,
+            timeout,
+            config,
+            event_ttl,
+            allow_insecure_endpoints,
+            console_addr,
+            no_console,
+        } => {
             init_logging(&cli.log_format, "warn");
             let mut config = load_config(config.as_ref())?;
             config.allow_insecure_endpoints |= allow_insecure_endpoints;
@@ -211,6 +244,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 timeout: Duration::from_secs(timeout),
                 config,
                 event_ttl,
+                console_addr: (!no_console).then_some(console_addr),
             })
             .await
         }
@@ -221,7 +255,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             provisioning_apiserver::run_cli_with(api).await?;
             Ok(0)
         }
-        Command::Controller { kubeconfig, config, metrics_addr, state_dir, no_leader_election, allow_insecure_endpoints } => {
+        Command::Controller { kubeconfig, config, metrics_addr, state_dir, no_leader_election, allow_insecure_endpoints, console } => {
             init_logging(&cli.log_format, "info");
             let mut config = load_config(config.as_ref())?;
             config.allow_insecure_endpoints |= allow_insecure_endpoints;
@@ -237,10 +271,23 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             if let Ok(ns) = std::env::var("POD_NAMESPACE") {
                 config.lease_namespace = ns;
             }
-            let client = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
-                Some(path) => dev::client_from_kubeconfig(&path).await?,
-                None => dev::client_from_config(kube::Config::infer().await.context("no kubeconfig and no in-cluster config")?)?,
+            let api = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
+                Some(path) => {
+                    let kc = kube::config::Kubeconfig::read_from(&path).with_context(|| format!("reading {}", path.display()))?;
+                    kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+                }
+                None => kube::Config::infer().await.context("no kubeconfig and no in-cluster config")?,
             };
+            if let Some(listen) = console.console_addr {
+                let cert = match (console.console_cert, console.console_key) {
+                    (Some(cert), Some(key)) => provisioning_controller::console::CertSource::Files { cert, key },
+                    _ => provisioning_controller::console::CertSource::SelfSigned,
+                };
+                let opts = provisioning_controller::console::ConsoleOptions { listen, cert, api: api.clone() };
+                let running = provisioning_controller::console::start(opts, Default::default()).await?;
+                tracing::info!(url = %running.url(), "serving the web console");
+            }
+            let client = dev::client_from_config(api)?;
             provisioning_controller::run::run(client, config, shutdown_signal()).await?;
             Ok(0)
         }
