@@ -596,12 +596,14 @@ async fn cleanup(client: &Client, namespace: &str) -> anyhow::Result<()> {
     let servers: Api<Server> = Api::namespaced(client.clone(), namespace);
     let dp = DeleteParams::background();
     let lp = ListParams::default();
+    // A Cluster tears down what it owns in reverse dependency order; standalone TaskServs
+    // go next (their remove.nu needs the machines), Servers last.
     delete_all(&clusters, &dp, &lp).await.context("deleting the Clusters")?;
+    wait_gone(&clusters, deadline, "Cluster").await?;
     delete_all(&taskservs, &dp, &lp).await.context("deleting the TaskServs")?;
     wait_gone(&taskservs, deadline, "TaskServ").await?;
     delete_all(&servers, &dp, &lp).await.context("deleting the Servers")?;
     wait_gone(&servers, deadline, "Server").await?;
-    wait_gone(&clusters, deadline, "Cluster").await?;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     if let Err(e) = namespaces.delete(namespace, &dp).await {
         tracing::warn!(error = %e, namespace, "deleting the test namespace");
