@@ -7,6 +7,9 @@
 //! lease_namespace = "provisioning-system"
 //! # Accept `http://` provider endpoints (emulators such as moto or a test double only).
 //! allow_insecure_endpoints = false
+//! # User catalogs, merged after the built-in one (later entries override earlier ones by
+//! # service name); relative paths are relative to this file.
+//! catalogs = ["/srv/provisioning/my-services", "../team-catalog"]
 //!
 //! # Settings for namespaces that no Workspace claims (same fields as Workspace.spec).
 //! [default_workspace]
@@ -59,6 +62,13 @@ pub struct ControllerConfig {
     pub allow_insecure_endpoints: bool,
     /// ChangeRecords kept per Server, TaskServ and Cluster (the newest); 0 records none.
     pub history_limit: usize,
+    /// User catalog directories (each like `taskservs/catalog`: `<service>/taskserv.yaml`,
+    /// scripts, templates, optional `lib/`), merged after the built-in catalog in order:
+    /// a later entry overrides an earlier one's service of the same name.
+    pub catalogs: Vec<PathBuf>,
+    /// Upper bound of every service's health-check interval, in seconds (0: the catalog's
+    /// own intervals). `provisioning test` sets it so checks run again soon after Ready.
+    pub max_health_interval_secs: u64,
 }
 
 impl Default for ControllerConfig {
@@ -78,6 +88,8 @@ impl Default for ControllerConfig {
             concurrency: 128,
             allow_insecure_endpoints: false,
             history_limit: 20,
+            catalogs: Vec::new(),
+            max_health_interval_secs: 0,
         }
     }
 }
@@ -144,7 +156,33 @@ impl ControllerConfig {
     /// Reads a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        Self::from_toml(&text).map_err(|e| parse_error(path, &text, &e))
+        let mut config = Self::from_toml(&text).map_err(|e| parse_error(path, &text, &e))?;
+        let base = path.parent().unwrap_or(Path::new(""));
+        for dir in &mut config.catalogs {
+            if dir.is_relative() {
+                *dir = base.join(&*dir);
+            }
+        }
+        Ok(config)
+    }
+
+    /// The catalog directories in merge order: the built-in one, then `catalogs`.
+    pub fn catalog_layers(&self) -> Vec<PathBuf> {
+        std::iter::once(provisioning_taskservs::Catalog::default_dir()).chain(self.catalogs.iter().cloned()).collect()
+    }
+
+    /// Loads and validates the merged catalog (built-in + `catalogs`): an error names the
+    /// broken file or directory.
+    pub fn load_catalog(&self) -> Result<provisioning_taskservs::Catalog, provisioning_taskservs::CatalogError> {
+        provisioning_taskservs::Catalog::load_layers(&self.catalog_layers())
+    }
+
+    /// The health-check interval to use for a service whose catalog says `interval`.
+    pub fn health_interval(&self, interval: Duration) -> Duration {
+        match self.max_health_interval_secs {
+            0 => interval,
+            max => interval.min(Duration::from_secs(max)),
+        }
     }
 
     /// Lease validity.
@@ -199,6 +237,20 @@ mod tests {
         std::fs::write(&path, "state_dir = \"/x\"\nmetrics_addr = 8080\n").expect("write");
         let message = ControllerConfig::load(&path).expect_err("rejected").to_string();
         assert!(message.contains(":2: `metrics_addr = 8080`"), "names the line and key: {message}");
+    }
+
+    #[test]
+    fn user_catalogs_are_relative_to_the_file_and_come_after_the_built_in_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "catalogs = [\"mine\", \"/abs/theirs\"]\n").expect("write");
+        let c = ControllerConfig::load(&path).expect("parses");
+        assert_eq!(c.catalogs, vec![dir.path().join("mine"), PathBuf::from("/abs/theirs")]);
+        let layers = c.catalog_layers();
+        assert_eq!(layers[0], provisioning_taskservs::Catalog::default_dir());
+        assert_eq!(&layers[1..], c.catalogs.as_slice());
+        let e = c.load_catalog().expect_err("missing dir").to_string();
+        assert!(e.contains("mine") && e.contains("does not exist"), "{e}");
     }
 
     #[test]

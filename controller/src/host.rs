@@ -106,6 +106,15 @@ impl HostPaths {
     }
 }
 
+/// Writes the merged catalog (built-in + user catalogs) to `<state_dir>/catalog` and
+/// returns its absolute path: what local containers mount and SSH copies. Synced in place, so
+/// containers created before a catalog change see the new files.
+pub fn materialize_catalog(catalog: &provisioning_taskservs::Catalog, state_dir: &Path) -> anyhow::Result<PathBuf> {
+    let dest = state_dir.join("catalog");
+    catalog.materialize(&dest)?;
+    Ok(std::fs::canonicalize(&dest)?)
+}
+
 /// `path` made absolute when it is an existing file.
 fn existing_file(path: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(path).ok().filter(|p| p.is_file())

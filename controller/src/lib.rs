@@ -47,6 +47,8 @@ pub mod secret_watch;
 pub mod server;
 pub mod sync;
 pub mod taskserv;
+pub mod template_cli;
+pub mod test_env;
 pub mod testing;
 pub mod time;
 pub mod trace;

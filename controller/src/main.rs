@@ -142,6 +142,60 @@ enum Command {
         #[command(subcommand)]
         command: CatalogCommand,
     },
+    /// Cluster templates: the topologies users start from, rendered into manifests.
+    Template {
+        #[command(subcommand)]
+        command: TemplateCommand,
+    },
+    /// A throwaway test environment: creates SERVICE (a one-server Cluster) or TEMPLATE on the
+    /// local provider in a generated namespace, waits for Ready and healthy, runs every
+    /// service's check, reports, and removes everything (also on failure and Ctrl-C).
+    /// Exit 0 when every check passed.
+    Test {
+        /// A catalog service (e.g. redis) or a Cluster template (e.g. etcd_cluster).
+        target: String,
+        /// Template parameter NAME=VALUE (repeatable).
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        sets: Vec<String>,
+        /// Leave everything in place (and the embedded control plane's data dir).
+        #[arg(long)]
+        keep: bool,
+        /// Write JUnit XML here.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// Limit for reaching Ready and healthy (e.g. 10m, 300s).
+        #[arg(long, default_value = "15m", value_parser = provisioning_apiserver::parse_duration)]
+        timeout: Duration,
+        /// Use this API server and the controller serving it instead of embedded ones.
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Controller config file (TOML; e.g. user catalogs).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum TemplateCommand {
+    /// Lists the templates with their parameters (type, default).
+    List,
+    /// Renders a template into manifests (Namespace, Workspace where needed, Cluster).
+    Render {
+        /// Template name.
+        name: String,
+        /// Parameter NAME=VALUE (repeatable).
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        sets: Vec<String>,
+        /// Namespace of the rendered objects (default: the template's).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Write to this file instead of stdout.
+        #[arg(short = 'o', long)]
+        output: Option<PathBuf>,
+        /// Controller config file whose user catalogs the manifests are checked against.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 /// The controller's web console (off unless `--console-addr` is given).
@@ -170,12 +224,19 @@ enum ImageCommand {
 
 #[derive(Subcommand)]
 enum CatalogCommand {
-    /// Lists services with versions and dependencies.
-    List,
+    /// Lists services with versions, dependencies and where each comes from.
+    List {
+        /// Controller config file: its `catalogs` are merged after the built-in catalog.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Shows one service.
     Show {
         /// Service name.
         name: String,
+        /// Controller config file: its `catalogs` are merged after the built-in catalog.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -236,6 +297,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             init_logging(&cli.log_format, "warn");
             let mut config = load_config(config.as_ref())?;
             config.allow_insecure_endpoints |= allow_insecure_endpoints;
+            // A broken user catalog stops start-up here, before anything is served.
+            config.load_catalog()?;
             dev::run_dev(dev::DevOptions {
                 data_dir,
                 listen,
@@ -259,6 +322,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             init_logging(&cli.log_format, "info");
             let mut config = load_config(config.as_ref())?;
             config.allow_insecure_endpoints |= allow_insecure_endpoints;
+            config.load_catalog()?;
             if metrics_addr.is_some() {
                 config.metrics_addr = metrics_addr;
             }
@@ -324,7 +388,34 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             catalog(command)?;
             Ok(0)
         }
+        Command::Template { command } => {
+            template(command)?;
+            Ok(0)
+        }
+        Command::Test { target, sets, keep, junit, timeout, kubeconfig, config } => {
+            // The embedded API server stops before the controller's last watches notice:
+            // kube's connect errors at that moment are noise (our own calls report theirs).
+            init_logging(&cli.log_format, "warn,kube_client::client::builder=off");
+            let config = load_config(config.as_ref())?;
+            let opts = provisioning_controller::test_env::TestOptions { target, sets, keep, junit, timeout, kubeconfig, config };
+            provisioning_controller::test_env::run_test(opts).await
+        }
     }
+}
+
+/// `provisioning template list|render`.
+fn template(command: TemplateCommand) -> anyhow::Result<()> {
+    use provisioning_controller::template_cli;
+    let library = template_cli::default_library()?;
+    match command {
+        TemplateCommand::List => print!("{}", template_cli::list_table(&library)),
+        TemplateCommand::Render { name, sets, namespace, output, config } => {
+            let catalog = load_config(config.as_ref())?.load_catalog()?;
+            let rendered = template_cli::render(&library, &catalog, &name, &sets, namespace.as_deref())?;
+            template_cli::write_output(output.as_ref(), &rendered.yaml)?;
+        }
+    }
+    Ok(())
 }
 
 /// `provisioning trace`: kubeconfig as kubectl reads it (`--kubeconfig`, else `$KUBECONFIG`
@@ -390,10 +481,13 @@ fn audit(data_dir: &std::path::Path, object: Option<String>, since: Option<Durat
 }
 
 fn catalog(command: CatalogCommand) -> anyhow::Result<()> {
-    let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?;
+    let config = match &command {
+        CatalogCommand::List { config } | CatalogCommand::Show { config, .. } => config.clone(),
+    };
+    let catalog = load_config(config.as_ref())?.load_catalog()?;
     match command {
-        CatalogCommand::List => print!("{}", catalog_table(&catalog)),
-        CatalogCommand::Show { name } => {
+        CatalogCommand::List { .. } => print!("{}", catalog_table(&catalog)),
+        CatalogCommand::Show { name, .. } => {
             let Some(svc) = catalog.get(&name) else {
                 anyhow::bail!("no service {name:?} in the catalog at {}", catalog.dir().display());
             };
@@ -404,6 +498,7 @@ fn catalog(command: CatalogCommand) -> anyhow::Result<()> {
             println!("requires:    {}", m.requires.join(", "));
             println!("after:       {}", m.after.join(", "));
             println!("providers:   {}", m.providers.join(", "));
+            println!("source:      {}", source_label(&catalog, &m.name));
             if m.cloud_only {
                 println!("cloud only:  {CLOUD_ONLY}");
             }
@@ -419,20 +514,30 @@ const CLOUD_ONLY: &str = "cloud only, not executed in CI";
 /// `provisioning catalog list`: one line per service; the CI column says whether CI runs its
 /// scripts (`local`) or the service is cloud only (only checked for parse errors).
 fn catalog_table(catalog: &provisioning_taskservs::Catalog) -> String {
-    let mut out = format!("{:<14} {:<10} {:<24} {:<36} REQUIRES\n", "SERVICE", "DEFAULT", "VERSIONS", "CI");
+    let mut out = format!("{:<14} {:<10} {:<24} {:<36} {:<20} SOURCE\n", "SERVICE", "DEFAULT", "VERSIONS", "CI", "REQUIRES");
     for svc in catalog.services() {
         let m = &svc.manifest;
         let ci = if m.cloud_only { CLOUD_ONLY } else { "executed (local provider)" };
         out.push_str(&format!(
-            "{:<14} {:<10} {:<24} {:<36} {}\n",
+            "{:<14} {:<10} {:<24} {:<36} {:<20} {}\n",
             m.name,
             m.default_version,
             m.versions.join(","),
             ci,
-            m.requires.join(",")
+            m.requires.join(","),
+            source_label(catalog, &m.name)
         ));
     }
     out
+}
+
+/// Where a service comes from: `built-in`, or the user catalog directory.
+fn source_label(catalog: &provisioning_taskservs::Catalog, name: &str) -> String {
+    match catalog.source_of(name) {
+        Some(dir) if catalog.layers().first().map(PathBuf::as_path) == Some(dir) => "built-in".to_string(),
+        Some(dir) => dir.display().to_string(),
+        None => "-".to_string(),
+    }
 }
 
 fn main() -> ExitCode {

@@ -33,7 +33,17 @@ pub fn replica_identity() -> String {
 // Over 80 lines on purpose: the start-up sequence (metrics, identity, caches, context, leader
 // election, the four controllers) in the order it happens; each part is a call.
 pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::default());
+    run_with_metrics(client, config, Arc::new(Metrics::default()), shutdown).await
+}
+
+/// [`run`] recording into `metrics` (`provisioning test` reads its script-run counters).
+// Over 80 lines on purpose: see `run`.
+pub async fn run_with_metrics(
+    client: Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let health = Health::default();
     if let Some(addr) = config.metrics_addr {
         let bound = crate::metrics::spawn_server(addr, metrics.clone(), health.clone()).await?;
@@ -67,8 +77,8 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
     };
 
     let settings = ControllerSettings::default().concurrency(config.concurrency);
-    // A broken catalog is a start-up error naming the file.
-    let catalog = Arc::new(provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?);
+    // A broken catalog (built-in or a user's) is a start-up error naming the file.
+    let catalog = Arc::new(config.load_catalog()?);
     // No reconcile acts before all of these caches hold their initial list (crate::sync).
     let synced = CacheSync::new(cache::ALL);
     let server_controller = server::controller(&client, &synced);
@@ -81,7 +91,11 @@ pub async fn run(client: Client, config: ControllerConfig, shutdown: impl Future
         synced,
     };
     // Host paths handed to providers: resolved (and a missing one reported) once, here.
-    let host = crate::host::HostPaths::resolve();
+    let mut host = crate::host::HostPaths::resolve();
+    if !config.catalogs.is_empty() {
+        // Scripts see one catalog tree: the merged one, materialized under the state dir.
+        host.catalog = Some(crate::host::materialize_catalog(&catalog, &config.state_dir)?);
+    }
     host.log_problems();
     let ctx = Arc::new(Context::new(client.clone(), config.clone(), metrics.clone(), stores.clone(), identity, host));
     tokio::spawn(report_cache_sync(stores, health.clone()));

@@ -165,6 +165,8 @@ pub struct ResolvedService {
 pub struct Catalog {
     dir: PathBuf,
     services: BTreeMap<String, CatalogService>,
+    /// Every catalog directory merged into this one, in order (one for [`Catalog::load`]).
+    layers: Vec<PathBuf>,
 }
 
 impl Catalog {
@@ -182,39 +184,72 @@ impl Catalog {
     /// Checks: manifest shape, name = directory, versions, providers, dependencies exist,
     /// scripts exist, schema compiles, templates parse.
     pub fn load(dir: &Path) -> Result<Catalog, CatalogError> {
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| CatalogError::Io { path, source }
+        let services = load_services(dir)?;
+        check_dependencies_exist(&services)?;
+        Ok(Catalog { dir: dir.to_path_buf(), services, layers: vec![dir.to_path_buf()] })
+    }
+
+    /// Loads several catalog directories as one: the first (the built-in catalog) first,
+    /// later directories override earlier ones by service name. Each directory is checked as
+    /// [`Catalog::load`] does; on top of that the merged catalog must have no repeated entry
+    /// in a `requires`/`after` list and no dependency cycle. Every error names the file.
+    pub fn load_layers(dirs: &[PathBuf]) -> Result<Catalog, CatalogError> {
+        let Some(first) = dirs.first() else {
+            return Err(CatalogError::Invalid { path: PathBuf::new(), problem: "no catalog directory given".into() });
         };
-        let mut entries = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-            let entry = entry.map_err(io(dir))?;
-            if entry.file_type().map_err(io(&entry.path()))?.is_dir() {
-                entries.push(entry.path());
-            }
-        }
-        entries.sort();
         let mut services = BTreeMap::new();
-        for service_dir in entries {
-            let dir_name = service_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-            if dir_name == "lib" || dir_name.starts_with('.') {
-                continue;
+        for dir in dirs {
+            if !dir.is_dir() {
+                return Err(CatalogError::Invalid { path: dir.clone(), problem: "catalog directory does not exist".into() });
             }
-            let service = load_service(&service_dir, &dir_name)?;
-            services.insert(dir_name, service);
+            services.extend(load_services(dir)?);
         }
-        // Dependencies must name services of this catalog.
+        check_dependencies_exist(&services)?;
         for service in services.values() {
             let path = service.dir.join("taskserv.yaml");
             for (field, deps) in [("requires", &service.manifest.requires), ("after", &service.manifest.after)] {
-                for dep in deps {
-                    if !services.contains_key(dep) {
-                        return Err(CatalogError::Invalid { path, problem: format!("{field} names {dep:?}, which is not in the catalog") });
-                    }
+                let mut seen = BTreeSet::new();
+                if let Some(dup) = deps.iter().find(|d| !seen.insert(*d)) {
+                    return Err(CatalogError::Invalid { path, problem: format!("{field} lists {dup:?} twice") });
                 }
             }
         }
-        Ok(Catalog { dir: dir.to_path_buf(), services })
+        let catalog = Catalog { dir: first.clone(), services, layers: dirs.to_vec() };
+        let deps: BTreeMap<&str, BTreeSet<&str>> = catalog
+            .services
+            .values()
+            .map(|s| (s.name(), s.manifest.requires.iter().chain(&s.manifest.after).map(String::as_str).collect()))
+            .collect();
+        if let Some(cycle) = find_cycle(&deps) {
+            let path = catalog.services.get(&cycle[0]).map(|s| s.dir.join("taskserv.yaml")).unwrap_or_default();
+            return Err(CatalogError::Invalid { path, problem: format!("dependency cycle: {}", cycle.join(" -> ")) });
+        }
+        Ok(catalog)
+    }
+
+    /// The catalog directories merged into this catalog, in order.
+    pub fn layers(&self) -> &[PathBuf] {
+        &self.layers
+    }
+
+    /// The directory a service was loaded from (the layer, not the service's own directory).
+    pub fn source_of(&self, name: &str) -> Option<&Path> {
+        self.services.get(name).and_then(|s| s.dir.parent())
+    }
+
+    /// Makes `dest` hold this catalog as one directory tree, as scripts expect it
+    /// (`<dest>/<service>/…` and `<dest>/lib/`, each layer's `lib/` files overriding earlier
+    /// ones of the same name). Synced in place — changed files rewritten, stale ones removed,
+    /// `dest` itself never replaced — so a container that bind-mounts `dest` sees the update.
+    pub fn materialize(&self, dest: &Path) -> Result<(), CatalogError> {
+        let mut wanted: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
+        for layer in &self.layers {
+            collect_files(&layer.join("lib"), Path::new("lib"), &mut wanted)?;
+        }
+        for service in self.services.values() {
+            collect_files(&service.dir, Path::new(service.name()), &mut wanted)?;
+        }
+        sync_tree(dest, &wanted)
     }
 
     /// The directory the catalog was loaded from.
@@ -332,6 +367,119 @@ impl Catalog {
             timeout: Duration::from_secs(manifest.timeout_seconds),
             health_interval: Duration::from_secs(manifest.health.interval_seconds),
         })
+    }
+}
+
+/// The services of one catalog directory (no cross-service checks).
+fn load_services(dir: &Path) -> Result<BTreeMap<String, CatalogService>, CatalogError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CatalogError::Io { path, source }
+    };
+    let mut entries = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        if entry.file_type().map_err(io(&entry.path()))?.is_dir() {
+            entries.push(entry.path());
+        }
+    }
+    entries.sort();
+    let mut services = BTreeMap::new();
+    for service_dir in entries {
+        let dir_name = service_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        if dir_name == "lib" || dir_name.starts_with('.') {
+            continue;
+        }
+        let service = load_service(&service_dir, &dir_name)?;
+        services.insert(dir_name, service);
+    }
+    Ok(services)
+}
+
+/// Dependencies must name services of the catalog.
+fn check_dependencies_exist(services: &BTreeMap<String, CatalogService>) -> Result<(), CatalogError> {
+    for service in services.values() {
+        let path = service.dir.join("taskserv.yaml");
+        for (field, deps) in [("requires", &service.manifest.requires), ("after", &service.manifest.after)] {
+            for dep in deps {
+                if !services.contains_key(dep) {
+                    return Err(CatalogError::Invalid { path, problem: format!("{field} names {dep:?}, which is not in the catalog") });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every regular file under `dir` (recursively; hidden entries skipped) into `out` as
+/// `prefix/<relative path>` → source. A missing `dir` adds nothing.
+fn collect_files(dir: &Path, prefix: &Path, out: &mut BTreeMap<PathBuf, PathBuf>) -> Result<(), CatalogError> {
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CatalogError::Io { path, source }
+    };
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        let kind = entry.file_type().map_err(io(&path))?;
+        if kind.is_dir() {
+            collect_files(&path, &prefix.join(&name), out)?;
+        } else if path.is_file() {
+            out.insert(prefix.join(&name), path);
+        }
+    }
+    Ok(())
+}
+
+/// Makes `dest` hold exactly `wanted` (relative path → source): copies what differs,
+/// removes what is not wanted, keeps `dest` itself.
+fn sync_tree(dest: &Path, wanted: &BTreeMap<PathBuf, PathBuf>) -> Result<(), CatalogError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CatalogError::Io { path, source }
+    };
+    std::fs::create_dir_all(dest).map_err(io(dest))?;
+    let mut present = BTreeMap::new();
+    collect_files(dest, Path::new(""), &mut present)?;
+    for (rel, path) in &present {
+        if !wanted.contains_key(rel) {
+            std::fs::remove_file(path).map_err(io(path))?;
+        }
+    }
+    for (rel, source) in wanted {
+        let target = dest.join(rel);
+        let content = std::fs::read(source).map_err(io(source))?;
+        if std::fs::read(&target).ok().as_deref() == Some(content.as_slice()) {
+            continue;
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        std::fs::write(&target, &content).map_err(io(&target))?;
+    }
+    remove_empty_dirs(dest, true);
+    Ok(())
+}
+
+/// Removes directories left empty under `dir` (and `dir` itself unless `keep`).
+fn remove_empty_dirs(dir: &Path, keep: bool) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty_dirs(&entry.path(), false);
+            }
+        }
+    }
+    if !keep {
+        // Fails (and is left) when not empty.
+        let _ = std::fs::remove_dir(dir);
     }
 }
 

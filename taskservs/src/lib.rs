@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 mod catalog;
+mod cluster_templates;
 mod context;
 mod error;
 mod manifest;
@@ -24,6 +25,10 @@ mod runner;
 mod templates;
 
 pub use catalog::{CATALOG_ENV, Catalog, CatalogService, ResolvedService, SecretField, SecretFormat};
+pub use cluster_templates::{
+    ClusterTemplate, ClusterTemplateError, ParameterType, RenderedTemplate, TEMPLATE_MANIFEST, TEMPLATE_SOURCE, TEMPLATES_ENV, TemplateLibrary,
+    TemplateManifest, TemplateParameter, is_dns_label,
+};
 pub use context::{AddressInfo, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, WorkspaceInfo};
 pub use error::{CatalogError, ConfigViolation, ResolveError, RunError, TemplateError, ValidationError};
 pub use manifest::{HealthSpec, KNOWN_PROVIDERS, REQUIRED_SCRIPTS, TaskServManifest};

@@ -230,6 +230,11 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     };
     let graph = dereference::depends_on_graph(&tctx.taskservs, &ts);
     let validated = validated.and_then(|v| plan::check_depends_on(&ts.name_any(), &graph).map(|()| v));
+    // The controller config may shorten health intervals (`provisioning test` re-checks soon).
+    let validated = validated.map(|mut v| {
+        v.health_interval = ctx.config.health_interval(v.health_interval);
+        v
+    });
     let key = key(&ts);
     let in_flight = tctx.runs.in_flight(&key);
     let results = tctx.runs.results(&key);
