@@ -9,6 +9,7 @@
 mod cluster;
 mod common;
 mod cost;
+mod plan;
 mod server;
 mod taskserv;
 mod workspace;
@@ -16,6 +17,7 @@ mod workspace;
 pub use cluster::*;
 pub use common::*;
 pub use cost::*;
+pub use plan::*;
 pub use server::*;
 pub use taskserv::*;
 pub use workspace::*;
@@ -133,6 +135,8 @@ mod tests {
             // Addresses may repeat a type (two InternalIPs), as on a Node: atomic.
             ("Server.status.addresses", "atomic"),
             ("Server.status.conditions", "map[\"type\"]"),
+            // A plan's changes are listed in the order they are carried out.
+            ("Server.status.plan.changes", "atomic"),
             ("TaskServ.spec.configFrom", "atomic"),
             ("TaskServ.spec.dependsOn", "set"),
             ("TaskServ.spec.servers.names", "set"),
