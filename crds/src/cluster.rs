@@ -58,6 +58,11 @@ pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "dns1123_label_set")]
     pub depends_on: Vec<String>,
+    /// Approval of the Cluster's Servers (written into each Server's `spec.approval`):
+    /// Automatic, or Manual (each Server's plan waits for `provisioning.dev/approve`). Unset:
+    /// the Workspace's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::Approval>,
 }
 
 fn default_parallel_limit() -> u32 {

@@ -6,6 +6,8 @@
 //!   once approved the same container gets the new CPU and memory limits (`docker update`);
 //! - an image change is "1 to replace": once approved the old container is gone and exactly
 //!   one new one runs;
+//! - a container removed behind the controller's back is a plan too under Manual: it is
+//!   re-created only once approved;
 //! - `updatePolicy: Never`: a plan change makes the Server Stalled (UpdateRefused) and the
 //!   container is left exactly as it was.
 
@@ -210,6 +212,17 @@ fn manual_plans_wait_for_approval_and_are_carried_out() -> Result<()> {
     ensure!(image.trim() == OTHER_IMAGE, "the new container runs {OTHER_IMAGE}: {image}");
     ensure!(s["status"]["providerID"] != old_id.as_str() && s["status"]["image"] == OTHER_IMAGE, "{}", s["status"]);
     ensure!(limits(&now[0])? == (2_000_000_000, 2 << 30), "the replacement keeps the plan: {:?}", limits(&now[0])?);
+
+    // Drift under Manual approval: a removed container is a plan ("1 to create") that waits.
+    docker_ok(&["rm", "-f", &now[0]])?;
+    let recreate = wait_awaiting(&mut dev, "plan-web", "1 to create")?;
+    let s = get(&dev, "plan-web")?;
+    ensure!(condition(&s, "Drifted").is_some_and(|(st, r, _)| st == "True" && r == "MachineMissing"), "{:?}", condition(&s, "Drifted"));
+    unchanged_for(Duration::from_secs(3), "plan-web", &[], None)?;
+    approve(&dev, "plan-web", &recreate)?;
+    wait_ready_with_no_changes(&mut dev, "plan-web")?;
+    let again = containers_of("plan-web")?;
+    ensure!(again.len() == 1 && again[0] != now[0], "re-created once approved: {again:?}");
 
     // updatePolicy Never (Automatic approval): refused, the machine untouched.
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "server/plan-frozen", "-n", NS, "--timeout=120s"])?;

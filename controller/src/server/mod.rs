@@ -265,6 +265,21 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     // Drift: recorded (Drifted=True, one Warning per drift) before it is remediated.
     let (acted, drift) = match acted {
         act::Acted::Drifted(drift) => {
+            // Under Manual approval, remediation is a plan that waits like any other.
+            let stopped = drift.reason == drift::MACHINE_STOPPED;
+            let remedy = plan::drift_plan(&server, &drift.machine, stopped, &drift.message, &valid).plan;
+            if !spec::check(&server, approval, &remedy, ctx).await {
+                let machine = Machine::Observed(drift.observation());
+                let waiting = base(Some(spec::waiting_summary(&remedy)), None, None, machine);
+                let waiting = drift::record(waiting, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
+                let waiting = spec::waiting(spec::record(waiting, server.status.as_ref(), &remedy, None, Timestamp::now()));
+                write_status(&server, status::record_cost(waiting, &cost), ctx).await.at(Step::Status)?;
+                if drift::warning_due(&server, &drift) {
+                    ctx.publish(server.as_ref(), EventType::Warning, drift.reason, "Remediate", Some(drift.message.clone())).await;
+                }
+                return Ok(Action::requeue(crate::time::jittered(ctx.config.resync())));
+            }
+            applied = Some(remedy);
             let machine = Machine::Observed(drift.observation());
             let drifted = base(Some(Summary::progressing(drift.reason, drift.message.clone())), None, None, machine);
             let drifted = drift::record(drifted, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
@@ -294,7 +309,7 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     // out in place or by replacement, refused by updatePolicy, or waiting for approval.
     let (machine, spec_applied) =
         match spec_change(&server, &valid, approval, machine, login_key.as_deref(), ws, &provider, &cost, &base, ctx).await {
-            Ok(SpecChange::Proceed(machine, applied)) => (machine, applied),
+            Ok(SpecChange::Proceed(proceed)) => *proceed,
             Ok(SpecChange::Done(action)) => return Ok(action),
             Err(SpecError::Refused(plan, message)) => {
                 let with_plan = |s, a, p, m| {
@@ -380,7 +395,7 @@ fn server_plan(
 /// How a spec change ended for the rest of the reconcile.
 enum SpecChange {
     /// Go on with this machine; the plan carried out, if any.
-    Proceed(Machine, Option<provisioning_crds::Plan>),
+    Proceed(Box<(Machine, Option<provisioning_crds::Plan>)>),
     /// The reconcile ends here (waiting for approval).
     Done(Action),
 }
@@ -421,11 +436,11 @@ where
 {
     let observed = base(None, Some(valid.account.name.clone()), Some(valid.resolved_plan.clone()), machine.clone());
     let observed = status::record_machine_spec(observed, server.status.as_ref(), &valid.zone, &valid.image);
-    let Some(id) = observed.provider_id.clone().map(ProviderId) else { return Ok(SpecChange::Proceed(machine, None)) };
+    let Some(id) = observed.provider_id.clone().map(ProviderId) else { return Ok(SpecChange::Proceed(Box::new((machine, None)))) };
     let planned = server_plan(server, valid, Some(&observed), provider);
     let carry = planned.carry.clone();
     if matches!(carry, plan::Carry::Nothing | plan::Carry::Create) {
-        return Ok(SpecChange::Proceed(machine, None));
+        return Ok(SpecChange::Proceed(Box::new((machine, None))));
     }
     let plan = planned.plan;
     if spec::warning_due(server, &plan) {
@@ -454,7 +469,7 @@ where
             other => return Err(SpecError::Failed(Error::InProgress(format!("replacing machine {id}: {other:?}")))),
         },
     };
-    Ok(SpecChange::Proceed(Machine::Observed(obs), Some(plan)))
+    Ok(SpecChange::Proceed(Box::new((Machine::Observed(obs), Some(plan)))))
 }
 
 async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {

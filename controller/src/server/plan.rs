@@ -185,6 +185,34 @@ pub fn spec_plan(
     finish(&who, Some(machine), changes, delta, carry)
 }
 
+/// The plan of remediating drift of `machine`: a missing machine is made again (Create), a
+/// stopped one started (Update). `message` is the drift's. No cost delta: the machine costs
+/// what it cost.
+pub fn drift_plan(server: &Server, machine: &ProviderId, stopped: bool, message: &str, desired: &ValidServer) -> ServerPlan {
+    let who = resource(server);
+    let change = if stopped {
+        PlannedChange {
+            resource: who.clone(),
+            field: String::new(),
+            action: ChangeAction::Update,
+            from: format!("machine {machine} stopped"),
+            to: "running".into(),
+            reason: message.to_string(),
+        }
+    } else {
+        PlannedChange {
+            resource: who.clone(),
+            field: String::new(),
+            action: ChangeAction::Create,
+            from: format!("machine {machine} missing"),
+            to: format!("{} machine from {}", desired.resolved_plan, desired.image),
+            reason: message.to_string(),
+        }
+    };
+    let carry = if stopped { Carry::Update } else { Carry::Create };
+    finish(&who, Some(&machine.0), vec![change], None, carry)
+}
+
 /// (signed decimal, currency) of the monthly price change; `None` when a price is unknown
 /// or the currencies differ.
 fn cost_delta(

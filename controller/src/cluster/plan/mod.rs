@@ -267,6 +267,7 @@ pub fn desired_servers(o: &Observed<'_>) -> Vec<Server> {
                 plan: pool.plan.clone(),
                 zone: pool.zone.clone(),
                 image: pool.image.clone(),
+                approval: o.spec.approval,
                 ..Default::default()
             };
             let mut server = Server::new(&server_name(o.name, &pool.name, i), spec);
