@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use provisioning_e2e::Dev;
+use provisioning_e2e::{Dev, kubectl_bin, workspace_root};
 use provisioning_e2e::docker::{docker, docker_ok, server_container};
 use serde_json::Value;
 
@@ -104,6 +104,31 @@ fn wait_awaiting(dev: &mut Dev, name: &str, summary: &str) -> Result<String> {
 
 fn approve(dev: &Dev, name: &str, id: &str) -> Result<()> {
     dev.kubectl_ok(&["annotate", "--overwrite", "server", name, "-n", NS, &format!("provisioning.dev/approve={id}")])?;
+    Ok(())
+}
+
+/// Approves the current plan the way k9s would: the `provisioning-approve` plugin of
+/// deploy/k9s/plugins.yaml, run as k9s runs it (its variables in the environment).
+fn approve_with_k9s_plugin(dev: &Dev, name: &str) -> Result<()> {
+    let file: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(workspace_root().join("deploy/k9s/plugins.yaml"))?)?;
+    let plugin = &file["plugins"]["provisioning-approve"];
+    let command = plugin["command"].as_str().unwrap_or_default();
+    let args: Vec<&str> = plugin["args"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    ensure!(command == "sh" && args.len() == 2, "plugin shape: {plugin}");
+    let context = dev.kubectl_ok(&["config", "current-context"])?.trim().to_string();
+    let kubectl_dir = kubectl_bin().parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let path = format!("{}:{}", kubectl_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let out = std::process::Command::new(command)
+        .args(&args)
+        .env("PATH", path)
+        .env("KUBECONFIG", dev.kubeconfig())
+        .env("NAME", name)
+        .env("NAMESPACE", NS)
+        .env("CONTEXT", context)
+        .env("RESOURCE_NAME", "servers")
+        .env("RESOURCE_GROUP", "provisioning.dev")
+        .output()?;
+    ensure!(out.status.success(), "the k9s plugin failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     Ok(())
 }
 
@@ -203,7 +228,9 @@ fn manual_plans_wait_for_approval_and_are_carried_out() -> Result<()> {
     ensure!(change["reason"].as_str().is_some_and(|r| r.contains("cannot change the image")), "{change}");
     unchanged_for(Duration::from_secs(2), "plan-web", std::slice::from_ref(&first), None)?;
     let t1 = Instant::now();
-    approve(&dev, "plan-web", &replace)?;
+    approve_with_k9s_plugin(&dev, "plan-web")?;
+    let annotated = get(&dev, "plan-web")?;
+    ensure!(annotated["metadata"]["annotations"]["provisioning.dev/approve"] == replace.as_str(), "the plugin approved plan {replace}");
     let s = wait_ready_with_no_changes(&mut dev, "plan-web")?;
     eprintln!("approved replace → Ready on a new container in {:?}", t1.elapsed());
     let now = containers_of("plan-web")?;
