@@ -130,6 +130,7 @@ mod tests {
             ("Cluster.spec.taskservs[].pools", "set"),
             ("Cluster.status.conditions", "map[\"type\"]"),
             ("Cluster.status.cost.otherCurrencies", "map[\"currency\"]"),
+            ("Cluster.status.plan.changes", "atomic"),
             ("Cluster.status.steps", "map[\"id\"]"),
             ("Cluster.status.taskservs", "map[\"service\"]"),
             // Addresses may repeat a type (two InternalIPs), as on a Node: atomic.

@@ -14,8 +14,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use provisioning_e2e::{Dev, kubectl_bin, workspace_root};
 use provisioning_e2e::docker::{docker, docker_ok, server_container};
+use provisioning_e2e::{Dev, kubectl_bin, workspace_root};
 use serde_json::Value;
 
 const NS: &str = "plans-e2e";
@@ -128,7 +128,12 @@ fn approve_with_k9s_plugin(dev: &Dev, name: &str) -> Result<()> {
         .env("RESOURCE_NAME", "servers")
         .env("RESOURCE_GROUP", "provisioning.dev")
         .output()?;
-    ensure!(out.status.success(), "the k9s plugin failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "the k9s plugin failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }
 
