@@ -1,7 +1,8 @@
 //! `provisioning plan -f FILE...` against a running `provisioning dev`: exit 0 when the
 //! manifests match the cluster, 2 when applying them would change something (with the
 //! Server's plan as the controller computes it: a resize on the simulated cloud is a
-//! Replace, a new Server a Create), 1 on a bad file or an unreachable API server. Nothing is
+//! Replace, a new Server a Create, a Cluster's pool change an Update naming the field), 1 on
+//! a bad file or an unreachable API server. Nothing is
 //! changed by planning.
 
 use std::process::{Command, Output};
@@ -35,6 +36,11 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
         let s: Value = serde_json::from_str(&d.kubectl_ok(&["get", "server", "web", "-n", NS, "-o", "json"])?)?;
         Ok(s["status"]["plan"]["summary"] == "no changes")
     })?;
+    dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/pool", "-n", NS, "--timeout=120s"])?;
+    dev.wait_until(Duration::from_secs(30), "the Cluster's plan settled", |d| {
+        let c: Value = serde_json::from_str(&d.kubectl_ok(&["get", "cluster", "pool", "-n", NS, "-o", "json"])?)?;
+        Ok(c["status"]["plan"]["summary"] == "no changes")
+    })?;
     let kubeconfig = dev.kubeconfig();
 
     // The manifests as applied: nothing to do, exit 0.
@@ -44,7 +50,7 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
 
     // A resize and a new Server: exit 2, the plan says what and why.
     let dir = tempfile::tempdir()?;
-    let changed = std::fs::read_to_string(workspace_root().join("tests/tests/plan_cli.yaml"))?.replace("plan: small", "plan: medium")
+    let changed = std::fs::read_to_string(workspace_root().join("tests/tests/plan_cli.yaml"))?.replacen("plan: small", "plan: medium", 1).replace("replicas: 2", "replicas: 3")
         + "---\napiVersion: provisioning.dev/v1alpha1\nkind: Server\nmetadata: {name: api, namespace: plan-cli}\nspec: {plan: small}\n";
     std::fs::write(dir.path().join("changed.yaml"), changed)?;
     let path = dir.path().to_string_lossy().to_string();
@@ -54,7 +60,8 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
     ensure!(shown.contains("Server/plan-cli/web: 1 to replace"), "{shown}");
     ensure!(shown.contains("-/+ spec.plan") && shown.contains("forces replacement"), "{shown}");
     ensure!(shown.contains("Server/plan-cli/api: 1 to create"), "{shown}");
-    ensure!(shown.contains("Plan: 1 to create, 1 to replace."), "{shown}");
+    ensure!(shown.contains("Cluster/plan-cli/pool: 1 to update") && shown.contains("~ spec.pools"), "{shown}");
+    ensure!(shown.contains("Plan: 1 to create, 1 to update, 1 to replace."), "{shown}");
     eprintln!("{shown}");
     let json = plan(&kubeconfig, &["-f", &path, "-o", "json"])?;
     ensure!(json.status.code() == Some(2), "{}", text(&json));
