@@ -40,6 +40,7 @@ pub mod host;
 pub mod leader;
 pub mod metrics;
 pub mod permissions;
+pub mod plan_cli;
 pub mod planning;
 pub mod reconcile;
 pub mod run;

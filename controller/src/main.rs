@@ -130,6 +130,22 @@ enum Command {
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
     },
+    /// What applying manifests would change, against the current cluster; changes nothing.
+    /// Exit 0: no changes, 2: changes, 1: error.
+    Plan {
+        /// Manifest files or directories (repeatable).
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<PathBuf>,
+        /// Output: json, or nothing for text.
+        #[arg(short = 'o', long, default_value = "")]
+        output: String,
+        /// Kubeconfig file; default: $KUBECONFIG, ~/.kube/config, then in-cluster config.
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Kubeconfig context (default: the current one).
+        #[arg(long)]
+        context: Option<String>,
+    },
     /// Prints all CRDs as YAML.
     Crds,
     /// The local provider's node image.
@@ -363,6 +379,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Audit { data_dir, object, since, output } => {
             audit(&data_dir, object, since, &output)?;
             Ok(0)
+        }
+        Command::Plan { files, output, kubeconfig, context } => {
+            init_logging(&cli.log_format, "warn");
+            let (client, namespace) = provisioning_controller::plan_cli::client(kubeconfig, context).await?;
+            provisioning_controller::plan_cli::run(client, &files, &namespace, &output).await
         }
         Command::Crds => {
             print!("{}", provisioning_crds::crds_yaml()?);

@@ -163,6 +163,7 @@ fn server_child(s: &Server) -> ChildServer {
         deleting: false,
         machine_failed: false,
         pending_since: None,
+        pending_plan: None,
     }
 }
 
@@ -532,4 +533,55 @@ fn config_from_is_passed_through_to_the_taskserv_never_resolved() {
     assert_eq!(ts.spec.config, Some(serde_json::json!({"port": 2379})));
     assert_eq!(ts.spec.config_from, w.cluster.spec.taskservs[0].config_from);
     assert_eq!(ts.spec.config_from[0].name, "creds");
+}
+
+/// `status.plan` of a Cluster: children to create before the rollout, nothing once converged,
+/// a pool's plan change as Server updates plus what the members' own plans say, a scale-down
+/// as deletes; config values never shown.
+#[test]
+fn the_cluster_plan_lists_children_to_create_change_and_delete() {
+    let mut w = World::new(ETCD);
+    let services = w.services.clone().expect("valid");
+    let fresh = plan::cluster_plan(&w.observed(), "dev", &services);
+    assert_eq!(fresh.summary, "4 to create", "3 Servers and the etcd TaskServ: {:#?}", fresh.changes);
+    assert!(fresh.changes.iter().any(|c| c.resource == "TaskServ/dev/etcd-store" && c.action == provisioning_crds::ChangeAction::Create));
+    w.converge();
+    let settled = plan::cluster_plan(&w.observed(), "dev", &services);
+    assert_eq!((settled.summary.as_str(), settled.changes.len()), ("no changes", 0));
+    assert_eq!(settled.id, plan::cluster_plan(&w.observed(), "dev", &services).id, "stable id");
+    // A pool resized: each member Server's spec changes, and a member's own plan (a
+    // Replace on a cloud) is part of the Cluster's plan.
+    w.cluster.spec.pools[0].plan = "medium".into();
+    w.servers[0].pending_plan = Some(provisioning_crds::Plan {
+        id: "aaaaaaaaaa".into(),
+        summary: "1 to replace".into(),
+        changes: vec![provisioning_crds::PlannedChange {
+            resource: format!("Server/dev/{}", w.servers[0].name),
+            field: "spec.plan".into(),
+            action: provisioning_crds::ChangeAction::Replace,
+            from: "sim-1cpu-1gb".into(),
+            to: "sim-2cpu-4gb".into(),
+            reason: "resize needs a stop".into(),
+        }],
+        ..Default::default()
+    });
+    let resized = plan::cluster_plan(&w.observed(), "dev", &services);
+    assert_eq!(resized.summary, "2 to update, 1 to replace", "{:#?}", resized.changes);
+    assert_ne!(resized.id, settled.id);
+    // Scale down: the last member goes; a config change names the field, never the values.
+    w.cluster.spec.pools[0].plan = w.servers[1].spec.plan.clone();
+    w.servers[0].pending_plan = None;
+    w.cluster.spec.pools[0].replicas = 2;
+    w.cluster.spec.taskservs[0].config = Some(serde_json::json!({"port": 23791}));
+    let w2 = World { services: validate::validate("etcd", &w.cluster.spec, &catalog()), ..w };
+    let services = w2.services.clone().expect("valid");
+    let shrunk = plan::cluster_plan(&w2.observed(), "dev", &services);
+    assert!(
+        shrunk.changes.iter().any(|c| c.action == provisioning_crds::ChangeAction::Delete && c.resource.ends_with("-2")),
+        "{:#?}",
+        shrunk.changes
+    );
+    let config = shrunk.changes.iter().find(|c| c.field == "spec.config").expect("config change listed");
+    assert!(config.from.is_empty() && config.to.is_empty());
+    assert!(!serde_json::to_string(&shrunk).expect("serialises").contains("23791"), "no config value in the plan");
 }

@@ -22,6 +22,7 @@ use crate::common::*;
     printcolumn(name = "Provider", type_ = "string", json_path = ".spec.provider"),
     printcolumn(name = "Servers", type_ = "string", json_path = ".status.servers.summary"),
     printcolumn(name = "Cost", type_ = "string", json_path = ".status.cost.summary"),
+    printcolumn(name = "Plan", type_ = "string", json_path = ".status.plan.summary"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -58,6 +59,11 @@ pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "dns1123_label_set")]
     pub depends_on: Vec<String>,
+    /// Approval of the Cluster's Servers (written into each Server's `spec.approval`):
+    /// Automatic, or Manual (each Server's plan waits for `provisioning.dev/approve`). Unset:
+    /// the Workspace's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::Approval>,
 }
 
 fn default_parallel_limit() -> u32 {
@@ -156,6 +162,10 @@ pub struct ClusterStatus {
     /// What the cluster's Servers with a machine cost at list prices.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<crate::CostTotal>,
+    /// What applying the spec would still change: Servers and TaskServs to create, update or
+    /// delete, and what member Servers' own plans would do to their machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::Plan>,
 }
 
 /// Server counts of a cluster.

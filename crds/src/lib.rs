@@ -10,6 +10,7 @@ mod changerecord;
 mod cluster;
 mod common;
 mod cost;
+mod plan;
 mod server;
 mod taskserv;
 mod workspace;
@@ -18,6 +19,7 @@ pub use changerecord::*;
 pub use cluster::*;
 pub use common::*;
 pub use cost::*;
+pub use plan::*;
 pub use server::*;
 pub use taskserv::*;
 pub use workspace::*;
@@ -134,11 +136,14 @@ mod tests {
             ("Cluster.spec.taskservs[].pools", "set"),
             ("Cluster.status.conditions", "map[\"type\"]"),
             ("Cluster.status.cost.otherCurrencies", "map[\"currency\"]"),
+            ("Cluster.status.plan.changes", "atomic"),
             ("Cluster.status.steps", "map[\"id\"]"),
             ("Cluster.status.taskservs", "map[\"service\"]"),
             // Addresses may repeat a type (two InternalIPs), as on a Node: atomic.
             ("Server.status.addresses", "atomic"),
             ("Server.status.conditions", "map[\"type\"]"),
+            // A plan's changes are listed in the order they are carried out.
+            ("Server.status.plan.changes", "atomic"),
             ("TaskServ.spec.configFrom", "atomic"),
             ("TaskServ.spec.dependsOn", "set"),
             ("TaskServ.spec.servers.names", "set"),

@@ -18,9 +18,10 @@ use crate::common::*;
     category = "provisioning",
     doc = "One machine at one provider.",
     printcolumn(name = "Provider", type_ = "string", json_path = ".status.provider"),
-    printcolumn(name = "Plan", type_ = "string", json_path = ".status.resolvedPlan", priority = 1),
+    printcolumn(name = "Size", type_ = "string", json_path = ".status.resolvedPlan", priority = 1),
     printcolumn(name = "Address", type_ = "string", json_path = ".status.addresses[0].address"),
     printcolumn(name = "Cost", type_ = "string", json_path = ".status.cost.summary"),
+    printcolumn(name = "Plan", type_ = "string", json_path = ".status.plan.summary"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -60,6 +61,15 @@ pub struct ServerSpec {
     #[serde(default, rename = "externalID", skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 256))]
     pub external_id: String,
+    /// How a change of plan, zone or image after the machine exists is carried out: Replace
+    /// (default: in place where the provider can, else a new machine), InPlace (refuse what
+    /// needs a new machine) or Never (refuse any change; Stalled, UpdateRefused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_policy: Option<crate::UpdatePolicy>,
+    /// Automatic or Manual. Unset: the owning Cluster's, else the Workspace's (Automatic by
+    /// default). Manual waits for the annotation `provisioning.dev/approve: <status.plan.id>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::Approval>,
 }
 
 impl ServerSpec {
@@ -117,4 +127,17 @@ pub struct ServerStatus {
     /// What the machine costs at list prices (or would cost, before it is created).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<crate::ServerCost>,
+    /// The zone the machine was created in ("" for the account default), recorded at create
+    /// time: a later spec change is planned against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// The image the machine was created from, recorded at create time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// What applying the spec would do to the machine (the PLAN column is its summary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::Plan>,
+    /// The id of the plan carried out last (an approval naming it is not stale, only used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_applied_plan: Option<String>,
 }

@@ -57,6 +57,10 @@ pub struct WorkspaceSpec {
     /// Limits for this workspace.
     #[serde(default)]
     pub limits: WorkspaceLimits,
+    /// Default approval of the namespace's Servers and Clusters: Automatic (plans are
+    /// carried out at once) or Manual (they wait for `provisioning.dev/approve: <plan id>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::Approval>,
 }
 
 /// Environment profile of a workspace.

@@ -127,6 +127,33 @@ pub trait Provider: Send + Sync {
         Err(ProviderError::Permanent(format!("the {} provider cannot start machine {id}", self.provider_type())))
     }
 
+    /// Whether `field` of an existing, running machine can be changed in place by
+    /// [`Provider::update_server`] (`Ok`), or why a new machine is needed (`Err`, a sentence
+    /// for the plan's `reason`). Pure: no API call. The default is honest for clouds that
+    /// resize only stopped machines (EC2 ModifyInstanceAttribute, UpCloud modify server):
+    /// this controller does not stop machines to resize them, so every change replaces.
+    fn in_place(&self, field: MachineField) -> Result<(), String> {
+        let provider = self.provider_type();
+        Err(match field {
+            MachineField::Plan => format!(
+                "the {provider} provider changes a machine's plan only while it is stopped, and the controller does not stop running machines"
+            ),
+            MachineField::Zone => format!("the {provider} provider cannot move a machine to another zone"),
+            MachineField::Image => format!("the {provider} provider cannot change the image of an existing machine"),
+        })
+    }
+
+    /// Whether two native plan names mean the same size (`cpu1-mem1024m` and `cpu1-mem1g`).
+    fn same_plan(&self, a: &str, b: &str) -> bool {
+        a == b
+    }
+
+    /// Changes machine `id` in place to what `request` asks for (the fields
+    /// [`Provider::in_place`] accepts) and observes it.
+    async fn update_server(&self, id: &ProviderId, _request: &ServerRequest) -> ProviderResult<ServerObservation> {
+        Err(ProviderError::Permanent(format!("the {} provider cannot change machine {id} in place", self.provider_type())))
+    }
+
     /// The list price of a machine of native plan `plan` in `zone` (empty: the account's
     /// region or zone), from the provider's price table (no API call). `Err` says why there
     /// is none (a plan, region or zone the table does not cover); never a guessed figure.

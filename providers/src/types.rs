@@ -372,3 +372,25 @@ pub enum MachineEventKind {
 /// A provider's stream of [`MachineEvent`]s; an `Err` item or the end of the stream means the
 /// follower must reconnect.
 pub type MachineEvents = futures::stream::BoxStream<'static, crate::ProviderResult<MachineEvent>>;
+
+/// A property of a machine that a Server's spec sets and a later spec change may alter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MachineField {
+    /// The (native) plan: CPU and memory.
+    Plan,
+    /// The zone or region.
+    Zone,
+    /// The image the machine was made from.
+    Image,
+}
+
+impl MachineField {
+    /// The Server spec field it comes from (`spec.plan`).
+    pub fn spec_path(self) -> &'static str {
+        match self {
+            MachineField::Plan => "spec.plan",
+            MachineField::Zone => "spec.zone",
+            MachineField::Image => "spec.image",
+        }
+    }
+}

@@ -54,6 +54,7 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
                     .as_ref()
                     .and_then(|st| st.provider_state.as_deref())
                     .is_some_and(|state| matches!(state, "stopped" | "terminated" | "exited" | "dead")),
+                pending_plan: s.status.as_ref().and_then(|st| st.plan.clone()),
                 pending_since: s
                     .status
                     .as_ref()

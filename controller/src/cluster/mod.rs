@@ -165,7 +165,10 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         plan::plan(&observed)
     };
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
-    let status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
+    let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
+    if let (false, Ok(services)) = (deleting, &services) {
+        status.plan = Some(plan::cluster_plan(&observed, namespace, services));
+    }
     ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await.at(Step::Status)?;
     for e in &plan.events {
         let type_ = if e.warning { EventType::Warning } else { EventType::Normal };

@@ -38,10 +38,12 @@ pub fn identity(server: &Server) -> Result<ServerIdentity, Error> {
     })
 }
 
-/// Fingerprint under which an observation may be reused: same machine, same forced-reconcile token.
+/// Fingerprint under which an observation may be reused: same machine, same forced-reconcile
+/// token, same generation.
 pub(crate) fn fingerprint(server: &Server, id: &ProviderId) -> String {
     let requested = server.annotations().get(ANNOTATION_RECONCILE_REQUESTED_AT).map(String::as_str).unwrap_or("");
-    format!("{id}|{requested}")
+    // A new generation (a spec change) is planned against a fresh observation.
+    format!("{id}|{requested}|{}", server.metadata.generation.unwrap_or_default())
 }
 
 /// Runs `step` for a valid Server. `login_key` is the public key a new machine authorises:
@@ -138,6 +140,70 @@ pub async fn remediate(
     Ok(Acted::Machine(obs))
 }
 
+/// Changes the machine `id` in place to `valid` (the fields the provider's `in_place` accepts).
+pub async fn update(
+    server: &Server,
+    id: &ProviderId,
+    valid: &ValidServer,
+    ws: &EffectiveWorkspace,
+    provider: &SharedProvider,
+    ctx: &Context,
+) -> Result<ServerObservation, Error> {
+    let request = request(server, valid, None, None, provider)?;
+    let obs = ctx.provider_call(ws, provider, &valid.account.name, "update_server", provider.update_server(id, &request)).await?;
+    tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, plan = %obs.plan, "machine changed in place");
+    ctx.mark_observed(&server.uid().unwrap_or_default(), &fingerprint(server, &obs.provider_id));
+    ctx.publish(server, EventType::Normal, "Updated", "UpdateMachine", Some(format!("changed machine {id} in place (plan {})", obs.plan)))
+        .await;
+    Ok(obs)
+}
+
+/// Replaces machine `old`: deletes it first and makes the new one only once it is gone,
+/// since the create path finds machines by owner tag (a surviving old machine would be
+/// "found" instead of a new one made). The create keeps the create-pending leak guard.
+#[allow(clippy::too_many_arguments)]
+pub async fn replace(
+    server: &Server,
+    old: &ProviderId,
+    valid: &ValidServer,
+    login_key: Option<&str>,
+    ws: &EffectiveWorkspace,
+    provider: &SharedProvider,
+    ctx: &Context,
+) -> Result<Acted, Error> {
+    let account = valid.account.name.as_str();
+    match ctx.provider_call(ws, provider, account, "delete_server", provider.delete_server(old)).await? {
+        DeleteOutcome::Gone => {}
+        DeleteOutcome::InProgress => return Err(Error::InProgress(format!("machine {old} is being deleted to be replaced"))),
+    }
+    tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %old, "machine deleted to be replaced");
+    ctx.forget_observed(&server.uid().unwrap_or_default());
+    ctx.publish(server, EventType::Normal, "Replacing", "ReplaceMachine", Some(format!("deleted machine {old}; creating its replacement")))
+        .await;
+    create(server, valid, login_key, ws, provider, ctx, true).await
+}
+
+/// The request for `valid`'s machine.
+fn request(
+    server: &Server,
+    valid: &ValidServer,
+    login_key: Option<&str>,
+    host_key: Option<provisioning_providers::HostKey>,
+    provider: &SharedProvider,
+) -> Result<ServerRequest, Error> {
+    Ok(ServerRequest {
+        identity: identity(server)?,
+        plan: valid.plan.clone(),
+        zone: valid.zone.clone(),
+        image: valid.image.clone(),
+        // Cloud machines authorise the SSH key task scripts log in with: the Server's own
+        // (spec.sshKeySecretRef), else the account's.
+        ssh_public_key: login_key.map(str::to_string).or_else(|| provider.ssh_public_key()),
+        extra_tags: Default::default(),
+        host_key,
+    })
+}
+
 async fn create(
     server: &Server,
     valid: &ValidServer,
@@ -158,17 +224,7 @@ async fn create(
     } else {
         None
     };
-    let request = ServerRequest {
-        identity: identity(server)?,
-        plan: valid.plan.clone(),
-        zone: valid.zone.clone(),
-        image: valid.image.clone(),
-        // Cloud machines authorise the SSH key task scripts log in with: the Server's own
-        // (spec.sshKeySecretRef), else the account's.
-        ssh_public_key: login_key.map(str::to_string).or_else(|| provider.ssh_public_key()),
-        extra_tags: Default::default(),
-        host_key,
-    };
+    let request = request(server, valid, login_key, host_key, provider)?;
     let obs = ctx.provider_call(ws, provider, &valid.account.name, "ensure_server", provider.ensure_server(&request)).await?;
     tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "machine created");
     ctx.mark_observed(&server.uid().unwrap_or_default(), &fingerprint(server, &obs.provider_id));

@@ -35,6 +35,10 @@ use crate::reconcile::Trigger;
 pub const MACHINE_MISSING: &str = "MachineMissing";
 /// Reason of a stopped machine.
 pub const MACHINE_STOPPED: &str = "MachineStopped";
+/// Reason of a spec change the machine does not match yet (plan, zone or image).
+pub const SPEC_CHANGED: &str = "SpecChanged";
+/// Reason of `Drifted=False` when the spec was changed back to match the machine.
+pub const SPEC_REVERTED: &str = "SpecReverted";
 /// Reason of `Drifted=False` after a remediation.
 pub const REMEDIATED: &str = "Remediated";
 
@@ -50,7 +54,7 @@ const RECONNECT_MAX: Duration = Duration::from_secs(60);
 /// Drift found by a reconcile.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Drift {
-    /// [`MACHINE_MISSING`] or [`MACHINE_STOPPED`].
+    /// [`MACHINE_MISSING`], [`MACHINE_STOPPED`] or [`SPEC_CHANGED`].
     pub reason: &'static str,
     /// The machine.
     pub machine: ProviderId,
@@ -108,6 +112,7 @@ pub fn record(mut status: ServerStatus, previous: Option<&ServerStatus>, found: 
         Found::Remediated(d, now_id) => {
             let done = match d.reason {
                 MACHINE_MISSING => format!("machine {} was missing and was re-created as {now_id}", d.machine),
+                SPEC_CHANGED => format!("{}; carried out (machine {now_id})", d.message),
                 _ => format!("machine {} was stopped and was started again", d.machine),
             };
             ("False", REMEDIATED, done)

@@ -20,6 +20,7 @@ pub mod budget;
 pub mod dereference;
 pub mod drift;
 pub mod plan;
+pub mod spec;
 pub mod ssh;
 pub mod status;
 pub mod survey;
@@ -38,7 +39,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use provisioning_crds::{ANNOTATION_CREATE_PENDING, Server, ServerStatus, Workspace, condition};
-use provisioning_providers::ProviderId;
+use provisioning_providers::{ProviderId, SharedProvider};
 
 use crate::conditions::{self, Summary};
 use crate::context::Context;
@@ -240,7 +241,23 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     } else {
         None
     };
+    let approval = plan::approval(&server, ws.spec.approval);
     let step = plan::next_step(&server);
+    // A machine to make is a plan too: under Manual approval it waits like any other.
+    let mut applied: Option<provisioning_crds::Plan> = None;
+    if matches!(step, plan::Step::Create | plan::Step::FindThenCreate) {
+        let planned = server_plan(&server, &valid, None, &provider);
+        if !spec::check(&server, approval, &planned.plan, ctx).await {
+            let waiting = base(Some(spec::waiting_summary(&planned.plan)), Some(valid.account.name.clone()), None, Machine::Unchanged);
+            let waiting = status::record_cost(
+                spec::waiting(spec::record(waiting, server.status.as_ref(), &planned.plan, None, Timestamp::now())),
+                &cost,
+            );
+            write_status(&server, waiting, ctx).await.at(Step::Status)?;
+            return Ok(Action::requeue(crate::time::jittered(ctx.config.resync())));
+        }
+        applied = Some(planned.plan);
+    }
     let acted = match act::act(&server, step, &valid, login_key.as_deref(), ws, &provider, ctx).await {
         Ok(a) => a,
         Err(e) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
@@ -248,6 +265,21 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     // Drift: recorded (Drifted=True, one Warning per drift) before it is remediated.
     let (acted, drift) = match acted {
         act::Acted::Drifted(drift) => {
+            // Under Manual approval, remediation is a plan that waits like any other.
+            let stopped = drift.reason == drift::MACHINE_STOPPED;
+            let remedy = plan::drift_plan(&server, &drift.machine, stopped, &drift.message, &valid).plan;
+            if !spec::check(&server, approval, &remedy, ctx).await {
+                let machine = Machine::Observed(drift.observation());
+                let waiting = base(Some(spec::waiting_summary(&remedy)), None, None, machine);
+                let waiting = drift::record(waiting, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
+                let waiting = spec::waiting(spec::record(waiting, server.status.as_ref(), &remedy, None, Timestamp::now()));
+                write_status(&server, status::record_cost(waiting, &cost), ctx).await.at(Step::Status)?;
+                if drift::warning_due(&server, &drift) {
+                    ctx.publish(server.as_ref(), EventType::Warning, drift.reason, "Remediate", Some(drift.message.clone())).await;
+                }
+                return Ok(Action::requeue(crate::time::jittered(ctx.config.resync())));
+            }
+            applied = Some(remedy);
             let machine = Machine::Observed(drift.observation());
             let drifted = base(Some(Summary::progressing(drift.reason, drift.message.clone())), None, None, machine);
             let drifted = drift::record(drifted, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
@@ -273,6 +305,21 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             return stall(&server, Step::Act, refused.reason, refused.message, base, ctx).await;
         }
     };
+    // Spec changes (plan, zone, image) planned against the machine just observed; carried
+    // out in place or by replacement, refused by updatePolicy, or waiting for approval.
+    let (machine, spec_applied) =
+        match spec_change(&server, &valid, approval, machine, login_key.as_deref(), ws, &provider, &cost, &base, ctx).await {
+            Ok(SpecChange::Proceed(proceed)) => *proceed,
+            Ok(SpecChange::Done(action)) => return Ok(action),
+            Err(SpecError::Refused(plan, message)) => {
+                let with_plan = |s, a, p, m| {
+                    status::record_cost(spec::record(base(s, a, p, m), server.status.as_ref(), &plan, None, Timestamp::now()), &cost)
+                };
+                return stall(&server, Step::Act, UPDATE_REFUSED, message, with_plan, ctx).await;
+            }
+            Err(SpecError::Failed(e)) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
+        };
+    let applied = spec_applied.or(applied);
     // The SSH host key: restored into the provider from status when it lost it (a new
     // controller pod), recorded into status after the first contact. Never re-pinned.
     let machine_id = match &machine {
@@ -305,6 +352,10 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         _ => cost,
     };
     let desired = status::record_cost(desired, &cost);
+    let desired = status::record_machine_spec(desired, server.status.as_ref(), &valid.zone, &valid.image);
+    // What the spec would still change (normally nothing, once carried out).
+    let remaining = server_plan(&server, &valid, Some(&desired), &provider);
+    let desired = spec::record(desired, server.status.as_ref(), &remaining.plan, applied.as_ref(), Timestamp::now());
     let desired = match (drift, &desired.provider_id) {
         (Some(drift), Some(now_id)) => {
             let found = drift::Found::Remediated(drift, ProviderId(now_id.clone()));
@@ -325,6 +376,100 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         ctx.publish(server.as_ref(), EventType::Normal, "Ready", "Provision", message).await;
     }
     Ok(if ready { Action::requeue(crate::time::jittered(ctx.config.resync())) } else { Action::requeue(ctx.config.poll()) })
+}
+
+/// Condition reason: spec.updatePolicy forbids what a spec change needs.
+pub const UPDATE_REFUSED: &str = "UpdateRefused";
+
+/// The Server's plan against `observed` (None: before any machine), from the provider's
+/// capabilities and price table (no API call).
+fn server_plan(
+    server: &Server,
+    valid: &validate::ValidServer,
+    observed: Option<&ServerStatus>,
+    provider: &SharedProvider,
+) -> plan::ServerPlan {
+    plan::spec_plan(server, valid, observed, |f| provider.in_place(f), |a, b| provider.same_plan(a, b), |p, z| provider.price(p, z))
+}
+
+/// How a spec change ended for the rest of the reconcile.
+enum SpecChange {
+    /// Go on with this machine; the plan carried out, if any.
+    Proceed(Box<(Machine, Option<provisioning_crds::Plan>)>),
+    /// The reconcile ends here (waiting for approval).
+    Done(Action),
+}
+
+/// Why a spec change could not go on.
+enum SpecError {
+    /// updatePolicy forbids it: the plan and the message naming the field.
+    Refused(provisioning_crds::Plan, String),
+    /// A provider or API call failed.
+    Failed(Error),
+}
+
+impl From<Error> for SpecError {
+    fn from(e: Error) -> Self {
+        SpecError::Failed(e)
+    }
+}
+
+/// Plans plan/zone/image changes against the machine just observed and carries them out:
+/// `Drifted=True` (SpecChanged) and `status.plan` written first, with one Warning per plan;
+/// then refused (updatePolicy), kept waiting (Manual approval), or applied in place or by
+/// replacement.
+#[allow(clippy::too_many_arguments)]
+async fn spec_change<F>(
+    server: &Server,
+    valid: &validate::ValidServer,
+    approval: provisioning_crds::Approval,
+    machine: Machine,
+    login_key: Option<&str>,
+    ws: &crate::workspaces::EffectiveWorkspace,
+    provider: &SharedProvider,
+    cost: &provisioning_crds::ServerCost,
+    base: &F,
+    ctx: &Context,
+) -> Result<SpecChange, SpecError>
+where
+    F: Fn(Option<Summary>, Option<String>, Option<String>, Machine) -> ServerStatus,
+{
+    let observed = base(None, Some(valid.account.name.clone()), Some(valid.resolved_plan.clone()), machine.clone());
+    let observed = status::record_machine_spec(observed, server.status.as_ref(), &valid.zone, &valid.image);
+    let Some(id) = observed.provider_id.clone().map(ProviderId) else { return Ok(SpecChange::Proceed(Box::new((machine, None)))) };
+    let planned = server_plan(server, valid, Some(&observed), provider);
+    let carry = planned.carry.clone();
+    if matches!(carry, plan::Carry::Nothing | plan::Carry::Create) {
+        return Ok(SpecChange::Proceed(Box::new((machine, None))));
+    }
+    let plan = planned.plan;
+    if spec::warning_due(server, &plan) {
+        let note = format!("Server {}: {}", plan::resource(server), spec::describe(&plan));
+        ctx.publish(server, EventType::Warning, drift::SPEC_CHANGED, "Plan", Some(note)).await;
+    }
+    if let plan::Carry::Refused(message) = carry {
+        return Err(SpecError::Refused(plan, message));
+    }
+    if !spec::check(server, approval, &plan, ctx).await {
+        let waiting = base(Some(spec::waiting_summary(&plan)), Some(valid.account.name.clone()), None, machine);
+        let waiting = status::record_machine_spec(waiting, server.status.as_ref(), &valid.zone, &valid.image);
+        let waiting =
+            spec::waiting(spec::record(status::record_cost(waiting, cost), server.status.as_ref(), &plan, None, Timestamp::now()));
+        write_status(server, waiting, ctx).await.at(Step::Status)?;
+        return Ok(SpecChange::Done(Action::requeue(crate::time::jittered(ctx.config.resync()))));
+    }
+    // Recorded before the machine is touched: a crash mid-change leaves Drifted=True.
+    let changing = base(Some(Summary::progressing(drift::SPEC_CHANGED, spec::describe(&plan))), None, None, machine);
+    let changing = status::record_machine_spec(changing, server.status.as_ref(), &valid.zone, &valid.image);
+    write_status(server, spec::record(changing, server.status.as_ref(), &plan, None, Timestamp::now()), ctx).await.at(Step::Status)?;
+    let obs = match carry {
+        plan::Carry::Update => act::update(server, &id, valid, ws, provider, ctx).await?,
+        _ => match act::replace(server, &id, valid, login_key, ws, provider, ctx).await? {
+            act::Acted::Machine(obs) => obs,
+            other => return Err(SpecError::Failed(Error::InProgress(format!("replacing machine {id}: {other:?}")))),
+        },
+    };
+    Ok(SpecChange::Proceed(Box::new((Machine::Observed(obs), Some(plan)))))
 }
 
 async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {

@@ -1,7 +1,14 @@
-//! Plan (pure): from what the status says to the next provider step.
+//! Plan (pure): from what the status says to the next provider step, and what applying the
+//! spec would change at the provider (`status.plan`, see [`spec_plan`]).
 
-use provisioning_crds::{ANNOTATION_CREATE_PENDING, Server};
-use provisioning_providers::ProviderId;
+use provisioning_crds::{
+    ANNOTATION_APPROVE, ANNOTATION_CREATE_PENDING, Approval, ChangeAction, Plan, PlannedChange, Server, ServerStatus, UpdatePolicy,
+};
+use provisioning_providers::prices::{NoPrice, Price};
+use provisioning_providers::{MachineField, ProviderId};
+use sha2::{Digest, Sha256};
+
+use super::validate::ValidServer;
 
 /// The next thing to do at the provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +65,251 @@ pub fn cleanup_step(server: &Server) -> CleanupStep {
         Some(id) => CleanupStep::Delete(ProviderId(id)),
         None if server.annotations().contains_key(ANNOTATION_CREATE_PENDING) => CleanupStep::FindThenDelete,
         None => CleanupStep::Nothing,
+    }
+}
+
+/// How a Server plan is to be carried out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Carry {
+    /// Nothing to change.
+    Nothing,
+    /// A machine is to be made (none exists yet).
+    Create,
+    /// The machine is changed in place (`update_server`).
+    Update,
+    /// The machine is deleted, then made again.
+    Replace,
+    /// `spec.updatePolicy` forbids what the plan needs: Stalled, UpdateRefused, `message`
+    /// naming the field.
+    Refused(String),
+}
+
+/// A Server's plan and how it is carried out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerPlan {
+    /// What `status.plan` shows.
+    pub plan: Plan,
+    /// What the reconcile does with it.
+    pub carry: Carry,
+}
+
+/// `Server/<namespace>/<name>`, the resource a plan's changes name.
+pub fn resource(server: &Server) -> String {
+    format!("Server/{}/{}", server.namespace().unwrap_or_default(), server.name_any())
+}
+
+/// What applying the spec would do to the Server's machine, against the observed machine in
+/// `observed` (the status refreshed by this reconcile's observation: providerID, the plan the
+/// machine runs, the zone and image it was made with).
+///
+/// - No machine (and none adopted): one `Create`.
+/// - An adopted machine (`spec.externalID`) is never changed: no changes.
+/// - Each of plan, zone and image that differs is an `Update` where `in_place` accepts the
+///   field, else a `Replace` with `in_place`'s reason; one Replace makes the whole change a
+///   replacement (the other fields come with the new machine).
+/// - `spec.updatePolicy` Never refuses any change, InPlace refuses a Replace.
+///
+/// `price` is the provider's price table (native plan, zone) for the monthly cost delta.
+pub fn spec_plan(
+    server: &Server,
+    desired: &ValidServer,
+    observed: Option<&ServerStatus>,
+    in_place: impl Fn(MachineField) -> Result<(), String>,
+    same_plan: impl Fn(&str, &str) -> bool,
+    price: impl Fn(&str, &str) -> Result<Price, NoPrice>,
+) -> ServerPlan {
+    let who = resource(server);
+    let machine = observed.and_then(|s| s.provider_id.as_deref()).filter(|id| !id.is_empty());
+    if !server.spec.external_id.is_empty() {
+        return finish(&who, machine, Vec::new(), None, Carry::Nothing);
+    }
+    let Some(machine) = machine else {
+        let zone = if desired.zone.is_empty() { String::new() } else { format!(" in {}", desired.zone) };
+        let change = PlannedChange {
+            resource: who.clone(),
+            field: String::new(),
+            action: ChangeAction::Create,
+            from: String::new(),
+            to: format!("{} machine from {}{zone} at account {}", desired.resolved_plan, desired.image, desired.account.name),
+            reason: "no machine yet".into(),
+        };
+        let delta = cost_delta(&price, None, &desired.resolved_plan, &desired.zone);
+        return finish(&who, None, vec![change], delta, Carry::Create);
+    };
+    let status = observed.cloned().unwrap_or_default();
+    let was = |v: &Option<String>, want: &str| v.clone().unwrap_or_else(|| want.to_string());
+    let fields = [
+        (MachineField::Plan, was(&status.resolved_plan, &desired.resolved_plan), desired.resolved_plan.clone()),
+        (MachineField::Zone, was(&status.zone, &desired.zone), desired.zone.clone()),
+        (MachineField::Image, was(&status.image, &desired.image), desired.image.clone()),
+    ];
+    let mut changes = Vec::new();
+    for (field, from, to) in fields {
+        let same = match field {
+            MachineField::Plan => same_plan(&from, &to),
+            _ => from == to,
+        };
+        if same {
+            continue;
+        }
+        let (action, reason) = match in_place(field) {
+            Ok(()) => (ChangeAction::Update, String::new()),
+            Err(why) => (ChangeAction::Replace, why),
+        };
+        changes.push(PlannedChange { resource: who.clone(), field: field.spec_path().into(), action, from, to, reason });
+    }
+    if changes.is_empty() {
+        return finish(&who, Some(machine), changes, None, Carry::Nothing);
+    }
+    let replace = changes.iter().any(|c| c.action == ChangeAction::Replace);
+    let policy = server.spec.update_policy.unwrap_or_default();
+    let fields = changes.iter().map(|c| c.field.as_str()).collect::<Vec<_>>().join(", ");
+    let carry = match policy {
+        UpdatePolicy::Never => Carry::Refused(format!(
+            "{fields} changed but spec.updatePolicy is Never: machine {machine} is left as it is; revert {fields} or set updatePolicy to Replace"
+        )),
+        UpdatePolicy::InPlace if replace => {
+            let forced: Vec<String> =
+                changes.iter().filter(|c| c.action == ChangeAction::Replace).map(|c| format!("{} ({})", c.field, c.reason)).collect();
+            Carry::Refused(format!(
+                "{} needs a new machine but spec.updatePolicy is InPlace: machine {machine} is left as it is; revert it or set updatePolicy to Replace",
+                forced.join(", ")
+            ))
+        }
+        _ if replace => Carry::Replace,
+        _ => Carry::Update,
+    };
+    let old_plan = status.resolved_plan.clone().unwrap_or_else(|| desired.resolved_plan.clone());
+    let old_zone = status.zone.clone().unwrap_or_else(|| desired.zone.clone());
+    let delta = cost_delta(&price, Some((&old_plan, &old_zone)), &desired.resolved_plan, &desired.zone);
+    finish(&who, Some(machine), changes, delta, carry)
+}
+
+/// The plan of remediating drift of `machine`: a missing machine is made again (Create), a
+/// stopped one started (Update). `message` is the drift's. No cost delta: the machine costs
+/// what it cost.
+pub fn drift_plan(server: &Server, machine: &ProviderId, stopped: bool, message: &str, desired: &ValidServer) -> ServerPlan {
+    let who = resource(server);
+    let change = if stopped {
+        PlannedChange {
+            resource: who.clone(),
+            field: String::new(),
+            action: ChangeAction::Update,
+            from: format!("machine {machine} stopped"),
+            to: "running".into(),
+            reason: message.to_string(),
+        }
+    } else {
+        PlannedChange {
+            resource: who.clone(),
+            field: String::new(),
+            action: ChangeAction::Create,
+            from: format!("machine {machine} missing"),
+            to: format!("{} machine from {}", desired.resolved_plan, desired.image),
+            reason: message.to_string(),
+        }
+    };
+    let carry = if stopped { Carry::Update } else { Carry::Create };
+    finish(&who, Some(&machine.0), vec![change], None, carry)
+}
+
+/// (signed decimal, currency) of the monthly price change; `None` when a price is unknown
+/// or the currencies differ.
+fn cost_delta(
+    price: &impl Fn(&str, &str) -> Result<Price, NoPrice>,
+    old: Option<(&str, &str)>,
+    new_plan: &str,
+    new_zone: &str,
+) -> Option<(String, String)> {
+    let new = price(new_plan, new_zone).ok()?;
+    let (old_micros, old_currency) = match old {
+        Some((plan, zone)) => {
+            let p = price(plan, zone).ok()?;
+            (p.monthly_micros, p.currency)
+        }
+        None => (0, new.currency),
+    };
+    if old_currency != new.currency {
+        return None;
+    }
+    let text = match new.monthly_micros.cmp(&old_micros) {
+        std::cmp::Ordering::Greater => format!("+{}", provisioning_providers::prices::format_cents(new.monthly_micros - old_micros)),
+        std::cmp::Ordering::Less => format!("-{}", provisioning_providers::prices::format_cents(old_micros - new.monthly_micros)),
+        std::cmp::Ordering::Equal => "0.00".to_string(),
+    };
+    Some((text, new.currency.to_string()))
+}
+
+fn finish(who: &str, machine: Option<&str>, changes: Vec<PlannedChange>, delta: Option<(String, String)>, carry: Carry) -> ServerPlan {
+    let (monthly_cost_delta, currency) = delta.unwrap_or_default();
+    let plan = Plan { id: plan_id(who, machine, &changes), summary: summary(&changes), changes, monthly_cost_delta, currency };
+    ServerPlan { plan, carry }
+}
+
+/// "no changes", or counts per action in a fixed order: "1 to create, 2 to update, 1 to
+/// replace". A resource with several changed fields counts once, under its strongest action.
+pub fn summary(changes: &[PlannedChange]) -> String {
+    let mut strongest: std::collections::BTreeMap<&str, ChangeAction> = std::collections::BTreeMap::new();
+    for c in changes.iter().filter(|c| c.action != ChangeAction::NoOp) {
+        let entry = strongest.entry(c.resource.as_str()).or_insert(c.action);
+        *entry = (*entry).max(c.action);
+    }
+    let parts: Vec<String> = [ChangeAction::Create, ChangeAction::Update, ChangeAction::Replace, ChangeAction::Delete]
+        .into_iter()
+        .filter_map(|action| {
+            let n = strongest.values().filter(|a| **a == action).count();
+            (n > 0).then(|| format!("{n} to {}", action.verb()))
+        })
+        .collect();
+    if parts.is_empty() { "no changes".into() } else { parts.join(", ") }
+}
+
+/// A short stable hash of the resource, the machine it is planned against and the changes
+/// (whose from/to carry the desired and observed values): the same inputs give the same id
+/// on every reconcile and in every controller.
+pub fn plan_id(who: &str, machine: Option<&str>, changes: &[PlannedChange]) -> String {
+    let mut hash = Sha256::new();
+    hash.update(who.as_bytes());
+    hash.update([0]);
+    hash.update(machine.unwrap_or_default().as_bytes());
+    for c in changes {
+        for part in [c.resource.as_str(), c.field.as_str(), c.action.verb(), c.from.as_str(), c.to.as_str()] {
+            hash.update([0]);
+            hash.update(part.as_bytes());
+        }
+    }
+    hash.finalize().iter().take(5).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where a plan stands with approval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Go ahead: Automatic approval, or the approve annotation names this plan.
+    Go,
+    /// Manual approval and no approval of this plan yet.
+    Wait,
+    /// Manual approval and the annotation names another plan (not the one carried out last):
+    /// ignored, with a PlanStale Warning naming the current id.
+    Stale(String),
+}
+
+/// The approval in force: the Server's own, else its Workspace's (Automatic by default).
+/// A Cluster writes its own approval into the Servers it makes.
+pub fn approval(server: &Server, workspace_default: Option<Approval>) -> Approval {
+    server.spec.approval.or(workspace_default).unwrap_or_default()
+}
+
+/// Whether `plan` may be carried out now.
+pub fn gate(server: &Server, approval: Approval, plan: &Plan) -> Gate {
+    if approval == Approval::Automatic {
+        return Gate::Go;
+    }
+    let approved = server.annotations().get(ANNOTATION_APPROVE).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let last = server.status.as_ref().and_then(|s| s.last_applied_plan.as_deref());
+    match approved {
+        Some(id) if id == plan.id => Gate::Go,
+        Some(id) if Some(id) != last => Gate::Stale(id.to_string()),
+        _ => Gate::Wait,
     }
 }
 

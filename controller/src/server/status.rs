@@ -116,7 +116,8 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
     wanted.push(provisioned);
     if let Some(drifted) = conditions::find(&previous.conditions, condition::DRIFTED) {
         // Drift stays recorded (see super::drift); True turns False once the machine runs.
-        wanted.push(if drifted.status == "True" && running {
+        // SpecChanged is settled by the plan (see super::spec), not by the machine running.
+        wanted.push(if drifted.status == "True" && running && drifted.reason != super::drift::SPEC_CHANGED {
             DesiredCondition::new(condition::DRIFTED, Status::False, super::drift::REMEDIATED, "the machine is running again")
         } else {
             DesiredCondition::new(condition::DRIFTED, status_word(&drifted.status), &drifted.reason, drifted.message.clone())
@@ -163,6 +164,21 @@ pub fn record_host_key(mut status: ServerStatus, pinned: Option<&str>) -> Server
         && let Some(key) = pinned.map(str::trim).filter(|k| !k.is_empty())
     {
         status.host_key = Some(key.to_string());
+    }
+    status
+}
+
+/// Records the zone and image a machine was made with (`valid`'s), once per machine: a new
+/// machine (another providerID than `previous` recorded), or one recorded before these
+/// fields existed. Later spec changes are planned against what is recorded here.
+pub fn record_machine_spec(mut status: ServerStatus, previous: Option<&ServerStatus>, zone: &str, image: &str) -> ServerStatus {
+    let Some(id) = status.provider_id.clone() else { return status };
+    let same_machine = previous.and_then(|p| p.provider_id.as_deref()) == Some(id.as_str());
+    if !same_machine || status.zone.is_none() {
+        status.zone = Some(zone.to_string());
+    }
+    if !same_machine || status.image.is_none() {
+        status.image = Some(image.to_string());
     }
     status
 }

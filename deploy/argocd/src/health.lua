@@ -52,6 +52,14 @@ if generation ~= nil and (observedGeneration == nil or observedGeneration < gene
   return hs
 end
 
+-- A plan waiting for approval (approval: Manual) is suspended until someone approves it.
+local ready = condition("Ready")
+if ready ~= nil and ready.status == "False" and ready.reason == "AwaitingApproval" then
+  hs.status = "Suspended"
+  hs.message = describe(ready, "Waiting for approval of the current plan")
+  return hs
+end
+
 local stalled = condition("Stalled")
 if stalled ~= nil and stalled.status == "True" then
   hs.status = "Degraded"
@@ -66,7 +74,6 @@ if reconciling ~= nil and reconciling.status == "True" then
   return hs
 end
 
-local ready = condition("Ready")
 if ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"
   hs.message = describe(ready, "Ready")

@@ -33,7 +33,7 @@ fn every_kind_has_health_and_actions_in_argo_layout() {
             assert!(kind.dir.join(file).is_file(), "{} lacks {file}", kind.kind);
         }
         let actions: Vec<&str> = kind.actions.keys().map(String::as_str).collect();
-        assert_eq!(actions, ["pause", "reconcile", "resume"], "{}", kind.kind);
+        assert_eq!(actions, ["approve", "pause", "reconcile", "resume"], "{}", kind.kind);
     }
 }
 
@@ -153,7 +153,7 @@ fn generated_copies_and_patch_match_the_one_source() {
     // One customization per CRD kind, all from deploy/argocd/src.
     let kinds: Vec<String> = declared_kinds().unwrap_or_else(|e| panic!("{e}")).into_iter().map(|n| n.kind).collect();
     let source = argocd::load_source().unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(source.actions.keys().map(String::as_str).collect::<Vec<_>>(), ["pause", "reconcile", "resume"]);
+    assert_eq!(source.actions.keys().map(String::as_str).collect::<Vec<_>>(), ["approve", "pause", "reconcile", "resume"]);
     let files = argocd::generated_files(&kinds, &source);
     if std::env::var_os(UPDATE_ENV).is_some() {
         argocd::write_generated(&files).unwrap_or_else(|e| panic!("{e}"));

@@ -287,6 +287,28 @@ impl LocalProvider {
         }
     }
 
+    /// Observes a container with the plan its limits really are: `docker update` changes
+    /// CPU and memory but not the plan label, so the label is trusted only while it agrees.
+    async fn observe_live(&self, container: &ContainerSummary) -> ProviderResult<ServerObservation> {
+        let mut obs = observe(container);
+        let Some(id) = container.id.as_deref() else { return Ok(obs) };
+        let docker = self.docker().await?;
+        let inspected = match docker.inspect_container(id, None).await {
+            Ok(i) => i,
+            // Removed between the list and the inspect: the listed state is what we know.
+            Err(e) if status_of(&e) == Some(404) => return Ok(obs),
+            Err(e) => return Err(classify(&format!("inspect container {id}"), e)),
+        };
+        let host = inspected.host_config.unwrap_or_default();
+        if let (Some(nano_cpus), Some(memory)) = (host.nano_cpus.filter(|n| *n > 0), host.memory.filter(|m| *m > 0)) {
+            let live = spec::Resources { nano_cpus, memory };
+            if spec::parse_plan(&obs.plan) != Some(live) {
+                obs.plan = spec::plan_name(live);
+            }
+        }
+        Ok(obs)
+    }
+
     async fn by_id(&self, id: &ProviderId) -> ProviderResult<Option<ContainerSummary>> {
         let native = id.native_id();
         if native.is_empty() || !native.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
@@ -363,6 +385,41 @@ impl Provider for LocalProvider {
         true
     }
 
+    fn in_place(&self, field: crate::MachineField) -> Result<(), String> {
+        match field {
+            // docker update changes CPU and memory limits of a running container.
+            crate::MachineField::Plan => Ok(()),
+            crate::MachineField::Image => Err("the local provider cannot change the image of a running container".into()),
+            crate::MachineField::Zone => Err("the local provider cannot move a container to another zone".into()),
+        }
+    }
+
+    fn same_plan(&self, a: &str, b: &str) -> bool {
+        a == b || matches!((spec::parse_plan(a), spec::parse_plan(b)), (Some(x), Some(y)) if x == y)
+    }
+
+    async fn update_server(&self, id: &ProviderId, request: &ServerRequest) -> ProviderResult<ServerObservation> {
+        let plan = spec::resolve_plan(&request.plan)?;
+        let resources =
+            spec::parse_plan(&plan).ok_or_else(|| ProviderError::InvalidRequest(format!("plan {plan:?} has no CPU and memory size")))?;
+        if self.by_id(id).await?.is_none() {
+            return Err(ProviderError::NotFound(format!("machine {id}")));
+        }
+        let docker = self.docker().await?;
+        let body = bollard::models::ContainerUpdateBody {
+            nano_cpus: Some(resources.nano_cpus),
+            memory: Some(resources.memory),
+            // As at create: no swap beyond the memory limit.
+            memory_swap: Some(resources.memory),
+            ..Default::default()
+        };
+        docker.update_container(id.native_id(), body).await.map_err(|e| classify(&format!("update container {id}"), e))?;
+        match self.by_id(id).await? {
+            Some(updated) => self.observe_live(&updated).await,
+            None => Err(ProviderError::NotFound(format!("machine {id} vanished while it was updated"))),
+        }
+    }
+
     async fn start_server(&self, id: &ProviderId) -> ProviderResult<ServerObservation> {
         let Some(container) = self.by_id(id).await? else {
             return Err(ProviderError::NotFound(format!("machine {id}")));
@@ -421,7 +478,10 @@ impl Provider for LocalProvider {
     }
 
     async fn observe_server(&self, id: &ProviderId) -> ProviderResult<Option<ServerObservation>> {
-        Ok(self.by_id(id).await?.as_ref().map(observe))
+        match self.by_id(id).await? {
+            Some(container) => self.observe_live(&container).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     async fn delete_server(&self, id: &ProviderId) -> ProviderResult<DeleteOutcome> {

@@ -62,6 +62,17 @@ pub fn parse_plan(native: &str) -> Option<Resources> {
     Some(Resources { nano_cpus: (cpus * 1e9).round() as i64, memory })
 }
 
+/// The native plan name of `resources` (`cpu1-mem1g`, `cpu0.5-mem512m`): what a container
+/// resized in place reports, since its plan label cannot change.
+pub fn plan_name(resources: Resources) -> String {
+    let cpus = resources.nano_cpus as f64 / 1e9;
+    let cpus = format!("{cpus:.3}");
+    let cpus = cpus.trim_end_matches('0').trim_end_matches('.');
+    let memory =
+        if resources.memory % (1 << 30) == 0 { format!("{}g", resources.memory >> 30) } else { format!("{}m", resources.memory >> 20) };
+    format!("cpu{cpus}-mem{memory}")
+}
+
 /// A short, name-safe form of a uid: the first block of a UUID, or a hash of anything else.
 pub fn short_uid(uid: &str) -> String {
     let first = uid.split('-').next().unwrap_or("");
@@ -238,6 +249,11 @@ mod tests {
         assert_eq!(parse_plan("cpu2-mem8g"), Some(Resources { nano_cpus: 2_000_000_000, memory: 8 << 30 }));
         assert_eq!(parse_plan("cpu0.5-mem512m"), Some(Resources { nano_cpus: 500_000_000, memory: 512 << 20 }));
         assert_eq!(resolve_plan("cpu1-mem512m").ok().as_deref(), Some("cpu1-mem512m"));
+        for native in ["cpu1-mem1g", "cpu2-mem8g", "cpu0.5-mem512m", "cpu1.25-mem1536m"] {
+            let parsed = parse_plan(native).expect("parses");
+            assert_eq!(plan_name(parsed), native);
+        }
+        assert_eq!(plan_name(parse_plan("cpu1-mem1024m").expect("parses")), "cpu1-mem1g");
         for bad in ["cpu-mem1g", "cpu1-mem", "cpu1-mem1t", "cpu0-mem1g", "cpu1-mem1m", "t3.small", "cpu1.-mem1g"] {
             assert!(parse_plan(bad).is_none(), "{bad}");
         }

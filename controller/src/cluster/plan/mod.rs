@@ -15,9 +15,12 @@
 //! conditions (through [`conditions::Summary`]), phase, events and requeue. [`plan_teardown`]
 //! (in [`teardown`]) plans deletion.
 
+mod changes;
 mod steps;
 mod summary;
 mod teardown;
+
+pub use changes::cluster_plan;
 
 pub use teardown::plan_teardown;
 
@@ -149,6 +152,8 @@ pub struct ChildServer {
     pub machine_failed: bool,
     /// Since when its machine has been starting (provider state pending), if it is.
     pub pending_since: Option<Timestamp>,
+    /// Its own `status.plan` (what it would still do to its machine).
+    pub pending_plan: Option<provisioning_crds::Plan>,
 }
 
 /// A TaskServ of the cluster as observed.
@@ -267,6 +272,7 @@ pub fn desired_servers(o: &Observed<'_>) -> Vec<Server> {
                 plan: pool.plan.clone(),
                 zone: pool.zone.clone(),
                 image: pool.image.clone(),
+                approval: o.spec.approval,
                 ..Default::default()
             };
             let mut server = Server::new(&server_name(o.name, &pool.name, i), spec);

@@ -133,6 +133,8 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
         taskservs: r.taskserv_statuses,
         steps: r.steps,
         cost: o.status.cost.clone(),
+        // Set by the reconciler over the children it observed (see super::cluster_plan).
+        plan: o.status.plan.clone(),
     };
     plan.events = events;
     // Ready or Stalled: children's changes trigger us anyway; else poll while rolling out.

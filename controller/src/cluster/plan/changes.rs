@@ -1,0 +1,111 @@
+//! The Cluster's `status.plan` (pure): what applying its spec would still change, as one
+//! list over its children — Servers to create, update or delete per pool, TaskServs to add,
+//! change or remove — plus what each member Server's own plan would do to its machine
+//! (an Update or Replace a pool's plan or image change causes). Config values are never
+//! shown (they may hold secrets): a config change names the field only.
+
+use provisioning_crds::{ChangeAction, LABEL_POOL, Plan, PlannedChange};
+
+use super::{Observed, desired_servers, desired_taskserv};
+use crate::cluster::validate::ServicePlan;
+use crate::server::plan::{plan_id, summary};
+
+/// The Cluster's plan against its observed children.
+pub fn cluster_plan(o: &Observed<'_>, namespace: &str, services: &[ServicePlan]) -> Plan {
+    let mut changes = Vec::new();
+    let change = |resource: String, field: &str, action, from: String, to: String| PlannedChange {
+        resource,
+        field: field.to_string(),
+        action,
+        from,
+        to,
+        reason: String::new(),
+    };
+    let desired = desired_servers(o);
+    for server in &desired {
+        let name = server.metadata.name.clone().unwrap_or_default();
+        let resource = format!("Server/{namespace}/{name}");
+        let pool = server.metadata.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).cloned().unwrap_or_default();
+        match o.servers.iter().find(|c| c.name == name) {
+            None => changes.push(change(
+                resource,
+                "",
+                ChangeAction::Create,
+                String::new(),
+                format!("pool {pool}, plan {}", or_default(&server.spec.plan)),
+            )),
+            Some(child) => {
+                for (field, from, to) in [
+                    ("spec.plan", &child.spec.plan, &server.spec.plan),
+                    ("spec.zone", &child.spec.zone, &server.spec.zone),
+                    ("spec.image", &child.spec.image, &server.spec.image),
+                ] {
+                    if from != to {
+                        changes.push(change(resource.clone(), field, ChangeAction::Update, or_default(from), or_default(to)));
+                    }
+                }
+                // What the member's machine still has to go through (its own plan).
+                if let Some(pending) = child.pending_plan.as_ref().filter(|p| p.has_changes()) {
+                    changes.extend(pending.changes.iter().filter(|c| c.action != ChangeAction::NoOp).cloned());
+                }
+            }
+        }
+    }
+    for child in o.servers.iter().filter(|c| c.owned && !c.deleting) {
+        if !desired.iter().any(|d| d.metadata.name.as_deref() == Some(child.name.as_str())) {
+            changes.push(change(format!("Server/{namespace}/{}", child.name), "", ChangeAction::Delete, String::new(), String::new()));
+        }
+    }
+    for service in services {
+        let ts = desired_taskserv(o, service, &desired);
+        let name = ts.metadata.name.clone().unwrap_or_default();
+        let resource = format!("TaskServ/{namespace}/{name}");
+        match o.taskservs.iter().find(|c| c.name == name) {
+            None => changes.push(change(
+                resource,
+                "",
+                ChangeAction::Create,
+                String::new(),
+                format!("{} on {} servers", service.service, ts.spec.servers.names.len()),
+            )),
+            Some(child) => {
+                if child.spec.version != ts.spec.version {
+                    changes.push(change(
+                        resource.clone(),
+                        "spec.version",
+                        ChangeAction::Update,
+                        or_default(&child.spec.version),
+                        or_default(&ts.spec.version),
+                    ));
+                }
+                if child.spec.config != ts.spec.config || child.spec.config_from != ts.spec.config_from {
+                    changes.push(change(resource.clone(), "spec.config", ChangeAction::Update, String::new(), String::new()));
+                }
+                let (mut have, mut want) = (child.spec.servers.names.clone(), ts.spec.servers.names.clone());
+                have.sort();
+                want.sort();
+                if have != want {
+                    changes.push(change(
+                        resource,
+                        "spec.servers",
+                        ChangeAction::Update,
+                        format!("{} servers", have.len()),
+                        format!("{} servers", want.len()),
+                    ));
+                }
+            }
+        }
+    }
+    for child in o.taskservs.iter().filter(|c| c.owned && !c.deleting) {
+        let wanted = services.iter().any(|s| super::taskserv_name(o.name, &s.service) == child.name);
+        if !wanted {
+            changes.push(change(format!("TaskServ/{namespace}/{}", child.name), "", ChangeAction::Delete, String::new(), String::new()));
+        }
+    }
+    let who = format!("Cluster/{namespace}/{}", o.name);
+    Plan { id: plan_id(&who, None, &changes), summary: summary(&changes), changes, ..Default::default() }
+}
+
+fn or_default(value: &str) -> String {
+    if value.is_empty() { "(default)".into() } else { value.to_string() }
+}

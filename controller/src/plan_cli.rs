@@ -1,0 +1,381 @@
+//! `provisioning plan -f FILE...`: what applying manifests would change, against the current
+//! cluster, changing nothing (terraform's `plan -detailed-exitcode`: 0 no changes, 2 changes,
+//! 1 error).
+//!
+//! Each provisioning.dev object is server-side applied with `dryRun=All` (the API server
+//! defaults and validates it, stores nothing), then:
+//! - a Server goes through the controller's own pure planner
+//!   ([`crate::server::plan::spec_plan`]) against the live object's status (the machine the
+//!   controller last observed), with its Workspace's defaults and its provider account's
+//!   capabilities and price table (no provider call, no credentials read);
+//! - a Cluster, TaskServ or Workspace is compared spec to spec: Create, Update (naming the
+//!   changed top-level fields) or nothing; their per-server effects are planned by the
+//!   controller once applied.
+//!
+//! Other kinds (Namespaces, Secrets, RoleBindings) are listed as not planned; Secret values
+//! are never read or printed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::ApiResource;
+use provisioning_crds::{API_VERSION, ChangeAction, Plan, PlannedChange, Server, Workspace};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::server::plan;
+use crate::server::validate;
+
+/// Summary of an object of a kind that is applied as it is.
+const NOT_PLANNED: &str = "not planned";
+/// Field manager of the dry-run applies (nothing is stored under it).
+const FIELD_MANAGER: &str = "provisioning-plan";
+
+/// One object's plan.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectPlan {
+    /// `Kind/namespace/name` (`Kind/name` for cluster-scoped kinds).
+    pub resource: String,
+    /// The plan (id only for Servers, whose ids the controller computes the same way).
+    pub plan: Plan,
+    /// Whether the change would wait for approval (`approval: Manual`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub needs_approval: bool,
+    /// Why the object is not planned, or what applying it would refuse.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
+
+/// Everything `provisioning plan` found.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanReport {
+    /// Per object, in the order of the manifests.
+    pub objects: Vec<ObjectPlan>,
+    /// One line over all objects: "1 to create, 2 to update".
+    pub summary: String,
+    /// Whether anything would change (exit code 2).
+    pub changes: bool,
+}
+
+/// Reads every manifest document of `paths` (files, or directories: their `.yaml`, `.yml`
+/// and `.json` files, sorted), skipping empty documents. Errors name the file.
+pub fn read_manifests(paths: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, Value)>> {
+    let mut files = Vec::new();
+    for path in paths {
+        let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+        if meta.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("cannot list {}", path.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().and_then(|e| e.to_str()).is_some_and(|e| matches!(e, "yaml" | "yml" | "json")))
+                .collect();
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(path.clone());
+        }
+    }
+    let mut docs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+        for (i, doc) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
+            let value: Value = serde::Deserialize::deserialize(doc)
+                .with_context(|| format!("{}: document {} is not valid YAML", file.display(), i + 1))?;
+            if value.is_null() {
+                continue;
+            }
+            if value.get("kind").and_then(Value::as_str).is_none() || value.get("apiVersion").and_then(Value::as_str).is_none() {
+                bail!("{}: document {} has no kind or apiVersion", file.display(), i + 1);
+            }
+            docs.push((file.clone(), value));
+        }
+    }
+    if docs.is_empty() {
+        bail!("no manifests in {}", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
+    Ok(docs)
+}
+
+/// A private directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "provisioning-plan-{}-{}",
+            std::process::id(),
+            crate::time::jittered(std::time::Duration::from_secs(1_000_000)).as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Scratch(dir))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Plans every document against the cluster `client` talks to; `default_namespace` for
+/// namespaced objects that name none.
+pub async fn plan(client: Client, docs: &[(PathBuf, Value)], default_namespace: &str) -> anyhow::Result<PlanReport> {
+    let workspaces: Vec<Arc<Workspace>> = Api::<Workspace>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .context("listing Workspaces")?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    // The simulated provider opens a store file when built: a private scratch directory,
+    // removed afterwards, keeps the plan from touching any controller's state.
+    let scratch = Scratch::new()?;
+    let mut report = PlanReport::default();
+    for (file, doc) in docs {
+        let object = plan_one(&client, doc, default_namespace, &workspaces, scratch.path())
+            .await
+            .with_context(|| format!("{}: {}", file.display(), describe(doc, default_namespace)))?;
+        report.objects.push(object);
+    }
+    let all: Vec<PlannedChange> = report.objects.iter().flat_map(|o| o.plan.changes.clone()).collect();
+    report.summary = plan::summary(&all);
+    report.changes = report.objects.iter().any(|o| o.plan.has_changes());
+    Ok(report)
+}
+
+fn describe(doc: &Value, default_namespace: &str) -> String {
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+    let namespace = doc["metadata"]["namespace"].as_str().unwrap_or(default_namespace);
+    match kind {
+        "Workspace" | "Namespace" => format!("{kind}/{name}"),
+        _ => format!("{kind}/{namespace}/{name}"),
+    }
+}
+
+async fn plan_one(
+    client: &Client,
+    doc: &Value,
+    default_namespace: &str,
+    workspaces: &[Arc<Workspace>],
+    scratch: &Path,
+) -> anyhow::Result<ObjectPlan> {
+    let resource = describe(doc, default_namespace);
+    let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+    let name = doc["metadata"]["name"].as_str().filter(|n| !n.is_empty()).context("metadata.name is missing")?.to_string();
+    if doc["apiVersion"].as_str() != Some(API_VERSION) || !matches!(kind.as_str(), "Server" | "Cluster" | "TaskServ" | "Workspace") {
+        let plan = Plan { id: String::new(), summary: NOT_PLANNED.into(), ..Default::default() };
+        return Ok(ObjectPlan { resource, plan, needs_approval: false, note: format!("{kind} is applied as it is, not planned") });
+    }
+    let cluster_scoped = kind == "Workspace";
+    let namespace = doc["metadata"]["namespace"].as_str().unwrap_or(default_namespace).to_string();
+    let gvk = GroupVersionKind::gvk(provisioning_crds::GROUP, provisioning_crds::VERSION, &kind);
+    let ar = ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
+    let api: Api<DynamicObject> =
+        if cluster_scoped { Api::all_with(client.clone(), &ar) } else { Api::namespaced_with(client.clone(), &namespace, &ar) };
+    let live = api.get_opt(&name).await.with_context(|| format!("reading {resource}"))?;
+    let mut body = doc.clone();
+    if !cluster_scoped {
+        body["metadata"]["namespace"] = Value::String(namespace.clone());
+    }
+    // The object as it would be stored: defaulted and validated by the API server.
+    let params = PatchParams::apply(FIELD_MANAGER).dry_run().force();
+    let applied = match api.patch(&name, &params, &Patch::Apply(&body)).await {
+        Ok(obj) => serde_json::to_value(obj)?,
+        // The namespace comes with the same manifests: plan the object as written.
+        Err(kube::Error::Api(e)) if e.code == 404 && live.is_none() => body.clone(),
+        Err(kube::Error::Api(e)) => bail!("the API server refuses it: {}", e.message),
+        Err(e) => return Err(anyhow::Error::from(e).context("dry-run apply")),
+    };
+    if kind == "Server" {
+        let mut server: Server = serde_json::from_value(applied).context("reading the Server")?;
+        let live: Option<Server> = live.map(serde_json::to_value).transpose()?.map(serde_json::from_value).transpose()?;
+        server.status = live.as_ref().and_then(|l| l.status.clone());
+        server.metadata.uid = live.as_ref().and_then(|l| l.metadata.uid.clone());
+        return server_plan(&server, &namespace, workspaces, scratch);
+    }
+    let spec_of = |v: &Value| v.get("spec").cloned().unwrap_or(Value::Null);
+    let desired = spec_of(&applied);
+    let (action, fields) = match &live {
+        None => (ChangeAction::Create, Vec::new()),
+        Some(l) => {
+            let before = spec_of(&serde_json::to_value(l)?);
+            (ChangeAction::Update, changed_fields(&before, &desired))
+        }
+    };
+    let changes = match action {
+        ChangeAction::Update if fields.is_empty() => Vec::new(),
+        ChangeAction::Update => fields
+            .into_iter()
+            .map(|f| PlannedChange {
+                resource: resource.clone(),
+                field: format!("spec.{f}"),
+                action,
+                from: String::new(),
+                to: String::new(),
+                reason: String::new(),
+            })
+            .collect(),
+        _ => vec![PlannedChange {
+            resource: resource.clone(),
+            field: String::new(),
+            action,
+            from: String::new(),
+            to: String::new(),
+            reason: String::new(),
+        }],
+    };
+    let summary = plan::summary(&changes);
+    Ok(ObjectPlan { resource, plan: Plan { summary, changes, ..Default::default() }, needs_approval: false, note: String::new() })
+}
+
+/// Top-level spec fields whose values differ, sorted.
+fn changed_fields(before: &Value, after: &Value) -> Vec<String> {
+    let empty = serde_json::Map::new();
+    let b = before.as_object().unwrap_or(&empty);
+    let a = after.as_object().unwrap_or(&empty);
+    let mut keys: Vec<&String> = b.keys().chain(a.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter().filter(|k| b.get(*k) != a.get(*k)).cloned().collect()
+}
+
+/// A Server's plan as its reconcile would compute it against the live status.
+fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], scratch: &Path) -> anyhow::Result<ObjectPlan> {
+    let resource = plan::resource(server);
+    let ws = crate::workspaces::resolve(namespace, workspaces.iter(), &crate::config::default_workspace());
+    let made_with = server.status.as_ref().filter(|s| s.provider_id.is_some()).and_then(|s| s.provider.as_deref());
+    let refused = |note: String| {
+        let plan = Plan { summary: "refused".into(), ..Default::default() };
+        Ok(ObjectPlan { resource: resource.clone(), plan, needs_approval: false, note })
+    };
+    let account = match validate::account(&server.spec, &ws, made_with) {
+        Ok(a) => a,
+        Err(invalid) => return refused(format!("{}: {}", invalid.reason, invalid.message)),
+    };
+    // Only the provider's pure tables are used (plans, in-place capabilities, prices): no
+    // API call is made and no credentials are read, so placeholders stand in for them.
+    let credentials = provisioning_providers::Credentials(BTreeMap::from(
+        ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "UPCLOUD_USERNAME", "UPCLOUD_PASSWORD"]
+            .map(|k| (k.to_string(), "plan-only".to_string())),
+    ));
+    let config = crate::accounts::build::provider_config(&account, credentials, scratch, &crate::host::HostPaths::default());
+    let provider = provisioning_providers::build_provider(&config)
+        .map_err(|e| anyhow::anyhow!("provider account {:?} of {resource}: {e}", account.name))?;
+    let valid = match validate::validate(&server.spec, &ws, account, |p| provider.resolve_plan(p).map_err(|e| e.to_string())) {
+        Ok(v) => v,
+        Err(invalid) => return refused(format!("{}: {}", invalid.reason, invalid.message)),
+    };
+    let planned = plan::spec_plan(
+        server,
+        &valid,
+        server.status.as_ref(),
+        |f| provider.in_place(f),
+        |a, b| provider.same_plan(a, b),
+        |p, z| provider.price(p, z),
+    );
+    let note = match &planned.carry {
+        plan::Carry::Refused(message) => format!("UpdateRefused: {message}"),
+        _ => String::new(),
+    };
+    let needs_approval = planned.plan.has_changes() && plan::approval(server, ws.spec.approval) == provisioning_crds::Approval::Manual;
+    Ok(ObjectPlan { resource, plan: planned.plan, needs_approval, note })
+}
+
+/// Terraform-like text: one block per object that changes (or is refused), then a total.
+pub fn render(report: &PlanReport) -> String {
+    let mut out = String::new();
+    for o in &report.objects {
+        // Kinds that are not planned (Namespaces, Secrets...) are in the JSON output only.
+        if (!o.plan.has_changes() && o.note.is_empty()) || o.plan.summary == NOT_PLANNED {
+            continue;
+        }
+        let id = if o.plan.id.is_empty() { String::new() } else { format!(" (plan {})", o.plan.id) };
+        out.push_str(&format!("{}: {}{id}\n", o.resource, o.plan.summary));
+        for c in &o.plan.changes {
+            let sign = match c.action {
+                ChangeAction::Create => "+",
+                ChangeAction::Update => "~",
+                ChangeAction::Replace => "-/+",
+                ChangeAction::Delete => "-",
+                ChangeAction::NoOp => " ",
+            };
+            let what = if c.field.is_empty() { c.resource.clone() } else { c.field.clone() };
+            let values = match (c.from.is_empty(), c.to.is_empty()) {
+                (true, true) => String::new(),
+                (true, false) => format!(": {}", c.to),
+                _ => format!(": {} → {}", c.from, c.to),
+            };
+            let reason = if c.action == ChangeAction::Replace && !c.reason.is_empty() {
+                format!(" (forces replacement: {})", c.reason)
+            } else {
+                String::new()
+            };
+            out.push_str(&format!("  {sign} {what}{values}{reason}\n"));
+        }
+        if !o.plan.monthly_cost_delta.is_empty() && o.plan.has_changes() {
+            out.push_str(&format!("  monthly cost: {} {}\n", o.plan.monthly_cost_delta, o.plan.currency));
+        }
+        if o.needs_approval {
+            out.push_str(&format!("  waits for approval: annotate provisioning.dev/approve={} once applied\n", o.plan.id));
+        }
+        if !o.note.is_empty() {
+            out.push_str(&format!("  {}\n", o.note));
+        }
+    }
+    if report.changes {
+        out.push_str(&format!("\nPlan: {}.\n", report.summary));
+    } else {
+        out.push_str("No changes. The cluster matches the manifests.\n");
+    }
+    out
+}
+
+/// Runs `provisioning plan`: prints the report (`output`: "" for text, "json") and returns the
+/// exit code: 0 no changes, 2 changes.
+pub async fn run(client: Client, paths: &[PathBuf], default_namespace: &str, output: &str) -> anyhow::Result<i32> {
+    if !matches!(output, "" | "json") {
+        bail!("unknown output {output:?} (use -o json, or nothing for text)");
+    }
+    let docs = read_manifests(paths)?;
+    let report = plan(client, &docs, default_namespace).await?;
+    if output == "json" {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(if report.changes { 2 } else { 0 })
+}
+
+/// A client from `kubeconfig` (default: `$KUBECONFIG`, `~/.kube/config`, then in-cluster) and
+/// `context`, with the context's default namespace.
+pub async fn client(kubeconfig: Option<PathBuf>, context: Option<String>) -> anyhow::Result<(Client, String)> {
+    let options = kube::config::KubeConfigOptions { context, ..Default::default() };
+    let config = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(&path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &options).await.with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => match kube::Config::from_kubeconfig(&options).await {
+            Ok(config) => config,
+            Err(e) if options.context.is_none() => {
+                kube::Config::incluster().map_err(|_| anyhow::anyhow!("no usable kubeconfig ({e}) and no in-cluster config"))?
+            }
+            Err(e) => return Err(anyhow::Error::from(e).context("kubeconfig")),
+        },
+    };
+    let namespace = config.default_namespace.clone();
+    Ok((crate::dev::client_from_config(config)?, namespace))
+}

@@ -1,0 +1,13 @@
+-- Approve the current plan: the controller carries out the plan whose id
+-- provisioning.dev/approve names (under approval: Manual). Without a plan nothing changes.
+local plan = nil
+if obj.status ~= nil then
+  plan = obj.status.plan
+end
+if plan ~= nil and plan.id ~= nil and plan.id ~= "" then
+  if obj.metadata.annotations == nil then
+    obj.metadata.annotations = {}
+  end
+  obj.metadata.annotations["provisioning.dev/approve"] = plan.id
+end
+return obj
