@@ -149,7 +149,8 @@ async fn observability_group_prometheus_node_exporter_alertmanager_keepalived() 
     let n1 = node_info("obs-1", &ip1, "workers");
     let cluster = vec![n0.clone(), n1.clone()];
 
-    let exporter = |me: &PeerInfo, peer: &PeerInfo| context(&catalog, "node-exporter", None, me, std::slice::from_ref(peer), &cluster, json!({}));
+    let exporter =
+        |me: &PeerInfo, peer: &PeerInfo| context(&catalog, "node-exporter", None, me, std::slice::from_ref(peer), &cluster, json!({}));
     let exp0 = exporter(&n0, &n1);
     let exp1 = exporter(&n1, &n0);
     let am_password = "alertmanager-pass-1";

@@ -33,9 +33,11 @@ fn taskserv(dev: &Dev) -> Result<Value> {
 }
 
 fn condition(object: &Value, type_: &str) -> Option<(String, String)> {
-    object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_).map(|c| {
-        (c["status"].as_str().unwrap_or_default().to_string(), c["reason"].as_str().unwrap_or_default().to_string())
-    })
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| (c["status"].as_str().unwrap_or_default().to_string(), c["reason"].as_str().unwrap_or_default().to_string()))
 }
 
 fn warned(dev: &Dev, reason: &str) -> Result<bool> {
@@ -43,6 +45,15 @@ fn warned(dev: &Dev, reason: &str) -> Result<bool> {
     Ok(events["items"]
         .as_array()
         .is_some_and(|items| items.iter().any(|e| e["type"] == "Warning" && e["reason"] == reason && e["regarding"]["name"] == TASKSERV)))
+}
+
+fn event_says(dev: &Dev, reason: &str, text: &str) -> Result<bool> {
+    let events: Value = serde_json::from_str(&dev.kubectl_ok(&["get", "events.events.k8s.io", "-n", NS, "-o", "json"])?)?;
+    Ok(events["items"].as_array().is_some_and(|items| {
+        items
+            .iter()
+            .any(|e| e["reason"] == reason && e["regarding"]["name"] == TASKSERV && e["note"].as_str().is_some_and(|n| n.contains(text)))
+    }))
 }
 
 fn set_version(dev: &Dev, version: &str) -> Result<()> {
@@ -80,23 +91,40 @@ fn nginx_upgrade_fails_on_one_member_rolls_back_then_upgrades() -> Result<()> {
 
     // The upgrade: member 1 fails, the TaskServ rolls back to the last good version.
     set_version(&dev, NEW)?;
-    dev.wait_until(Duration::from_secs(300), "the failed upgrade rolled back (Stalled UpgradeFailed, every member on the old version)", |d| {
+    // Members that upgraded before the failure was seen are rolled back too (a real
+    // downgrade): every member Installed at the old version, none still installing.
+    dev.wait_until(Duration::from_secs(300), "the failed upgrade rolled back on every member (Stalled UpgradeFailed)", |d| {
         let ts = taskserv(d)?;
         let stalled = condition(&ts, "Stalled").is_some_and(|(s, r)| s == "True" && r == "UpgradeFailed");
+        let settled = ts["status"]["servers"].as_array().is_some_and(|servers| {
+            servers.len() == 3 && servers.iter().all(|s| s["phase"] == "Installed" && s["version"] == OLD && s["healthy"] == true)
+        });
         let olds = nodes.iter().filter(|c| dpkg_version(c).is_ok_and(|v| v == OLD)).count();
-        Ok(stalled && olds == 3 && ts["status"]["installedVersion"] == OLD)
+        Ok(stalled && settled && olds == 3 && ts["status"]["installedVersion"] == OLD)
     })?;
     assert!(warned(&dev, "RollingBack")?, "no RollingBack Warning event");
     let ts = taskserv(&dev)?;
     assert_eq!(ts["status"]["lastGoodVersion"], OLD, "{ts}");
-    let message = condition(&ts, "Stalled").map(|_| ts.to_string()).unwrap_or_default();
-    assert!(message.contains("not offered by the apt sources"), "the failure's cause is not in the status: {message}");
+    let stalled =
+        ts["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Stalled")).cloned().unwrap_or_default();
+    assert!(stalled["message"].as_str().is_some_and(|m| m.contains(&format!("{CLUSTER}-web-1"))), "{stalled}");
+    // The cause, from install.nu's output, is in the InstallFailed Warning.
+    assert!(event_says(&dev, "InstallFailed", "is not offered by the apt sources")?, "no InstallFailed event naming the cause");
     for c in &nodes {
         assert_eq!(docker_ok(&["exec", c, "curl", "-fsS", "--max-time", "5", "http://127.0.0.1/healthz"])?.trim(), "ok");
     }
 
     // Mirror restored; a new generation (the default version, which is the new one) upgrades.
-    docker_ok(&["exec", &nodes[1], "sh", "-c", "printf '%s\\n' \"$2\" > \"$1\" && apt-get update -q >/dev/null", "sh", SOURCES, &original])?;
+    docker_ok(&[
+        "exec",
+        &nodes[1],
+        "sh",
+        "-c",
+        "printf '%s\\n' \"$2\" > \"$1\" && apt-get update -q >/dev/null",
+        "sh",
+        SOURCES,
+        &original,
+    ])?;
     set_version(&dev, "")?;
     dev.wait_until(Duration::from_secs(300), "every member upgraded, the TaskServ Ready", |d| {
         let ts = taskserv(d)?;
