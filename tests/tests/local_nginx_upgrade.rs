@@ -103,6 +103,18 @@ fn nginx_upgrade_fails_on_one_member_rolls_back_then_upgrades() -> Result<()> {
         Ok(stalled && settled && olds == 3 && ts["status"]["installedVersion"] == OLD)
     })?;
     assert!(warned(&dev, "RollingBack")?, "no RollingBack Warning event");
+    // Members that had upgraded were really downgraded: dpkg's log has both steps.
+    let round_trips = nodes
+        .iter()
+        .filter(|c| {
+            let log = docker_ok(&["exec", c, "cat", "/var/log/dpkg.log"]).unwrap_or_default();
+            let up = log.find(&format!("upgrade nginx:amd64 {OLD} {NEW}"));
+            let down = log.rfind(&format!("nginx:amd64 {NEW} {OLD}"));
+            matches!((up, down), (Some(u), Some(d)) if d > u)
+        })
+        .count();
+    assert!(round_trips >= 1, "no member went to {NEW} and back to {OLD}");
+    eprintln!("{round_trips} member(s) upgraded and rolled back (downgraded)");
     let ts = taskserv(&dev)?;
     assert_eq!(ts["status"]["lastGoodVersion"], OLD, "{ts}");
     let stalled =
