@@ -6,6 +6,7 @@
 #   nu        npm nushell (pinned), a static binary
 #   docker    Debian docker.io; dockerd started in the background when no daemon answers
 #   lua5.1, debootstrap, etcd-client   Debian packages used by tests and the node image
+#   chromium, chromium-driver   Debian packages: the web console's real-browser test (WebDriver)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -19,7 +20,7 @@ NUSHELL_VERSION=0.115.1
 log() { echo "setup: $*" >&2; }
 
 # --- Debian packages ---------------------------------------------------------
-APT_PKGS=(docker.io lua5.1 debootstrap etcd-client openssh-server openssl)
+APT_PKGS=(docker.io lua5.1 debootstrap etcd-client openssh-server openssl chromium chromium-driver)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -92,6 +93,8 @@ export PROVISIONING_KUBECTL="$TOOLS/bin/kubectl"
 export PROVISIONING_NU="$TOOLS/bin/nu"
 export PROVISIONING_MOTO="$TOOLS/bin/moto_server"
 export PROVISIONING_DOCKER="$(docker_bin)"
+export PROVISIONING_CHROMIUM="$(command -v chromium || true)"
+export PROVISIONING_CHROMEDRIVER="$(command -v chromedriver || true)"
 export PROVISIONING_TOOLS_READY=1
 ENV
 log "ready: kubectl $("$TOOLS/bin/kubectl" version --client 2>/dev/null | head -1), nu $("$TOOLS/bin/nu" --version), moto $MOTO_VERSION, $("$(docker_bin)" version --format 'docker {{.Server.Version}}' 2>/dev/null)"

@@ -57,6 +57,8 @@ pub struct ControllerConfig {
     /// account's credentials must never travel unencrypted or to a spoofable host; only
     /// tests against local emulators (moto, the UpCloud double) turn it on.
     pub allow_insecure_endpoints: bool,
+    /// ChangeRecords kept per Server, TaskServ and Cluster (the newest); 0 records none.
+    pub history_limit: usize,
 }
 
 impl Default for ControllerConfig {
@@ -75,6 +77,7 @@ impl Default for ControllerConfig {
             survey_secs: 60,
             concurrency: 128,
             allow_insecure_endpoints: false,
+            history_limit: 20,
         }
     }
 }

@@ -80,6 +80,8 @@ pub struct Context {
     pub account_checks: AccountChecks,
     /// The resourceVersion of our last write per object uid (see [`Context::is_stale`]).
     written: Mutex<HashMap<String, u64>>,
+    /// Provider calls and script runs, appended to `<state dir>/audit/`.
+    pub audit: crate::audit::AuditLog,
 }
 
 /// When an object's external state was last observed, and under which trigger.
@@ -96,6 +98,11 @@ impl Context {
         let recorder = crate::events::Publisher::new(client.clone(), FIELD_MANAGER, &instance);
         let mut providers = ProviderRegistry::new(client.clone(), config.state_dir.clone(), host);
         providers.allow_insecure_endpoints = config.allow_insecure_endpoints;
+        let audit_dir = crate::audit::dir_for_state_dir(&config.state_dir);
+        let audit = crate::audit::AuditLog::open(&audit_dir).unwrap_or_else(|e| {
+            tracing::warn!(dir = %audit_dir.display(), error = %format!("{e:#}"), "the audit log is off: its directory cannot be written (set state_dir to a writable directory)");
+            crate::audit::AuditLog::disabled()
+        });
         Context {
             client,
             config,
@@ -109,6 +116,7 @@ impl Context {
             observations: Mutex::new(HashMap::new()),
             account_checks: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
+            audit,
         }
     }
 
@@ -196,12 +204,20 @@ impl Context {
         let _permit = self.permit(&ws.key(), ws.spec.limits.parallel_limit).await;
         let start = Instant::now();
         let result = call.await;
+        let elapsed = start.elapsed();
         let outcome = match &result {
             Ok(_) => "ok",
             Err(e) => e.category(),
         };
-        self.metrics.record_provider_call(provider.provider_type(), operation, outcome, start.elapsed().as_secs_f64());
-        result.map_err(|e| Error::provider(account, e))
+        self.metrics.record_provider_call(provider.provider_type(), operation, outcome, elapsed.as_secs_f64());
+        let result = result.map_err(|e| Error::provider(account, e));
+        let action = crate::audit::Action::ProviderCall {
+            provider: provider.provider_type().to_string(),
+            account: account.to_string(),
+            operation: operation.to_string(),
+        };
+        self.audit.record(crate::audit::Entry::now(action, elapsed, outcome, result.as_ref().err().map(ToString::to_string)));
+        result
     }
 
     /// Writes `desired` as the object's status by server-side apply (field manager
@@ -228,6 +244,8 @@ impl Context {
         let written = self.dynamic_api(obj).patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
         self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
+        let before = current.and_then(|c| serde_json::to_value(c).ok());
+        crate::history::after_status_write(self, &K::kind(&()), &written, before.as_ref(), &patch["status"]).await;
         Ok(true)
     }
 

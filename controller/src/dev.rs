@@ -336,6 +336,25 @@ pub struct DevOptions {
     pub config: ControllerConfig,
     /// How long the embedded API server keeps Events (`--event-ttl`).
     pub event_ttl: Duration,
+    /// Where the web console listens (`None`: no console).
+    pub console_addr: Option<std::net::SocketAddr>,
+}
+
+/// Starts the web console with a certificate from the dev CA, writes its URL to
+/// `<data-dir>/console-url` and returns a one-time sign-in link for the kubeconfig's admin token.
+async fn start_console(
+    data_dir: &Path,
+    kubeconfig: &Path,
+    addr: std::net::SocketAddr,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<String> {
+    let kc = Kubeconfig::read_from(kubeconfig).with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let api = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    let admin = api.auth_info.token.clone().context("the dev kubeconfig has no token")?;
+    let opts = crate::console::ConsoleOptions { listen: addr, cert: crate::console::CertSource::DevCa(data_dir.to_path_buf()), api };
+    let console = crate::console::start(opts, shutdown).await?;
+    std::fs::write(data_dir.join("console-url"), format!("{}\n", console.url())).context("writing console-url")?;
+    Ok(console.login_url(admin))
 }
 
 /// Runs `provisioning dev`; returns the process exit code.
@@ -364,6 +383,10 @@ pub async fn run_dev(opts: DevOptions) -> anyhow::Result<i32> {
     let absolute = std::fs::canonicalize(&kubeconfig).unwrap_or(kubeconfig.clone());
     println!("API server: https://{}", running.addr());
     println!("export KUBECONFIG={}", absolute.display());
+    if let Some(addr) = opts.console_addr {
+        let login = start_console(&opts.data_dir, &kubeconfig, addr, shutdown.clone()).await?;
+        println!("Console: {login}  (one-time sign-in link; then sign in with a token)");
+    }
     println!("applied {} object(s); Ctrl-C to stop", applied.len());
 
     let started = Instant::now();

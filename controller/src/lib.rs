@@ -16,21 +16,26 @@
 //! - [`accounts`]: provider accounts → cached provider instances (credentials, tenancy and
 //!   endpoint rules, provider config); [`host`]: the `nu` binary and catalog on this host,
 //!   resolved once at start-up;
-//! - [`trace`]: the `provisioning trace` tree;
+//! - [`trace`]: the `provisioning trace` tree; [`console`]: the web console (same tree, live);
+//!   [`audit`]: the audit log of provider calls and script runs (`provisioning audit`);
+//!   [`history`]: ChangeRecords, one per spec generation carried out;
 //! - [`permissions`], [`metrics`], [`leader`], [`config`], and [`run`], which only composes.
 //!
 //! Kinds: [`workspace`], [`server`], [`taskserv`] and [`cluster`], each split by pipeline
 //! step (dereference, validate, plan, act, status) and each wiring its own controller.
 
 pub mod accounts;
+pub mod audit;
 pub mod cluster;
 pub mod conditions;
 pub mod config;
+pub mod console;
 pub mod context;
 pub mod cost;
 pub mod dev;
 pub mod error;
 pub mod events;
+pub mod history;
 pub mod host;
 pub mod leader;
 pub mod metrics;

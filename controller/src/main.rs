@@ -49,6 +49,12 @@ enum Command {
         /// Accept plain-http provider endpoints (local emulators only; credentials travel unencrypted).
         #[arg(long)]
         allow_insecure_endpoints: bool,
+        /// Web console listen address (HTTPS; port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        console_addr: SocketAddr,
+        /// Do not serve the web console.
+        #[arg(long)]
+        no_console: bool,
     },
     /// The embedded control plane alone.
     Apiserver {
@@ -82,6 +88,8 @@ enum Command {
         /// Accept plain-http provider endpoints (local emulators only; credentials travel unencrypted).
         #[arg(long)]
         allow_insecure_endpoints: bool,
+        #[command(flatten)]
+        console: ConsoleArgs,
     },
     /// An object and everything it owns as a tree (Workspace → Clusters → pools → Servers →
     /// TaskServs per server), with READY, STATUS, AGE and the message that explains the state.
@@ -105,6 +113,23 @@ enum Command {
         #[arg(long)]
         context: Option<String>,
     },
+    /// The audit log: every provider call and script run, oldest first.
+    Audit {
+        /// Data directory of `provisioning dev` (its log is in D/providers/audit), or a
+        /// controller's state directory (D/audit).
+        #[arg(long, default_value = ".data")]
+        data_dir: PathBuf,
+        /// Only entries about this object: KIND/NAMESPACE/NAME (KIND/NAME for a Workspace);
+        /// a Server also shows the scripts run on it.
+        #[arg(long)]
+        object: Option<String>,
+        /// Only entries of the last DURATION (e.g. 30m, 2h, 90s).
+        #[arg(long, value_parser = provisioning_apiserver::parse_duration)]
+        since: Option<Duration>,
+        /// Output: table (default) or json (one entry per line, as stored).
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+    },
     /// Prints all CRDs as YAML.
     Crds,
     /// The local provider's node image.
@@ -117,6 +142,20 @@ enum Command {
         #[command(subcommand)]
         command: CatalogCommand,
     },
+}
+
+/// The controller's web console (off unless `--console-addr` is given).
+#[derive(clap::Args)]
+struct ConsoleArgs {
+    /// Serve the web console here (HTTPS; visitors sign in with their own bearer token).
+    #[arg(long)]
+    console_addr: Option<SocketAddr>,
+    /// The console's certificate chain (PEM); default: a self-signed one generated at start.
+    #[arg(long, requires = "console_key")]
+    console_cert: Option<PathBuf>,
+    /// The console certificate's private key (PEM).
+    #[arg(long, requires = "console_cert")]
+    console_key: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -182,7 +221,18 @@ async fn shutdown_signal() {
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Dev { data_dir, listen, apply, exit_when_ready, timeout, config, event_ttl, allow_insecure_endpoints } => {
+        Command::Dev {
+            data_dir,
+            listen,
+            apply,
+            exit_when_ready,
+            timeout,
+            config,
+            event_ttl,
+            allow_insecure_endpoints,
+            console_addr,
+            no_console,
+        } => {
             init_logging(&cli.log_format, "warn");
             let mut config = load_config(config.as_ref())?;
             config.allow_insecure_endpoints |= allow_insecure_endpoints;
@@ -194,6 +244,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 timeout: Duration::from_secs(timeout),
                 config,
                 event_ttl,
+                console_addr: (!no_console).then_some(console_addr),
             })
             .await
         }
@@ -204,7 +255,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             provisioning_apiserver::run_cli_with(api).await?;
             Ok(0)
         }
-        Command::Controller { kubeconfig, config, metrics_addr, state_dir, no_leader_election, allow_insecure_endpoints } => {
+        Command::Controller { kubeconfig, config, metrics_addr, state_dir, no_leader_election, allow_insecure_endpoints, console } => {
             init_logging(&cli.log_format, "info");
             let mut config = load_config(config.as_ref())?;
             config.allow_insecure_endpoints |= allow_insecure_endpoints;
@@ -220,16 +271,33 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             if let Ok(ns) = std::env::var("POD_NAMESPACE") {
                 config.lease_namespace = ns;
             }
-            let client = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
-                Some(path) => dev::client_from_kubeconfig(&path).await?,
-                None => dev::client_from_config(kube::Config::infer().await.context("no kubeconfig and no in-cluster config")?)?,
+            let api = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
+                Some(path) => {
+                    let kc = kube::config::Kubeconfig::read_from(&path).with_context(|| format!("reading {}", path.display()))?;
+                    kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+                }
+                None => kube::Config::infer().await.context("no kubeconfig and no in-cluster config")?,
             };
+            if let Some(listen) = console.console_addr {
+                let cert = match (console.console_cert, console.console_key) {
+                    (Some(cert), Some(key)) => provisioning_controller::console::CertSource::Files { cert, key },
+                    _ => provisioning_controller::console::CertSource::SelfSigned,
+                };
+                let opts = provisioning_controller::console::ConsoleOptions { listen, cert, api: api.clone() };
+                let running = provisioning_controller::console::start(opts, Default::default()).await?;
+                tracing::info!(url = %running.url(), "serving the web console");
+            }
+            let client = dev::client_from_config(api)?;
             provisioning_controller::run::run(client, config, shutdown_signal()).await?;
             Ok(0)
         }
         Command::Trace { object, namespace, watch, output, kubeconfig, context } => {
             init_logging(&cli.log_format, "warn");
             trace(&object, namespace, watch, &output, kubeconfig, context).await?;
+            Ok(0)
+        }
+        Command::Audit { data_dir, object, since, output } => {
+            audit(&data_dir, object, since, &output)?;
             Ok(0)
         }
         Command::Crds => {
@@ -292,6 +360,35 @@ async fn trace(
 }
 
 /// `provisioning catalog list|show`.
+fn audit(data_dir: &std::path::Path, object: Option<String>, since: Option<Duration>, output: &str) -> anyhow::Result<()> {
+    use provisioning_controller::audit;
+    if !matches!(output, "table" | "json") {
+        anyhow::bail!("-o {output:?}: expected table or json");
+    }
+    // A --since longer than chrono can represent means "everything".
+    let since = since.and_then(|d| chrono::Duration::from_std(d).ok()).and_then(|d| chrono::Utc::now().checked_sub_signed(d));
+    let dir = audit::dir_for_data_dir(data_dir);
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "no audit log at {} (is {} the data dir of `provisioning dev` or a controller state dir?)",
+            dir.display(),
+            data_dir.display()
+        );
+    }
+    let (entries, unreadable) = audit::read(&dir, &audit::Query { object, since })?;
+    if output == "json" {
+        for entry in &entries {
+            println!("{}", serde_json::to_string(entry)?);
+        }
+    } else {
+        print!("{}", audit::table(&entries));
+    }
+    if unreadable > 0 {
+        eprintln!("audit: {unreadable} unreadable line(s) skipped (a line torn by a crash)");
+    }
+    Ok(())
+}
+
 fn catalog(command: CatalogCommand) -> anyhow::Result<()> {
     let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir())?;
     match command {

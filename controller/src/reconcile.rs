@@ -80,7 +80,14 @@ pub async fn reconcile<K: Reconciled>(obj: Arc<K>, ctx: Arc<K::Ctx>) -> Result<A
         object = %ObjectRef::from_obj(obj.as_ref()),
         generation = obj.meta().generation,
     );
-    visit(obj, &ctx).instrument(span).await
+    // Provider calls made during this visit are attributed to the object in the audit log.
+    let audited = crate::audit::AuditObject {
+        kind: K::KIND.to_string(),
+        namespace: obj.meta().namespace.clone().unwrap_or_default(),
+        name: obj.meta().name.clone().unwrap_or_default(),
+        generation: obj.meta().generation,
+    };
+    crate::audit::CURRENT.scope(audited, visit(obj, &ctx).instrument(span)).await
 }
 
 /// `error_policy` of every kind: per-object jittered backoff by error class, logged with the

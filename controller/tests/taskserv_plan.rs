@@ -129,6 +129,7 @@ fn result(server: &str, operation: Operation, succeeded: bool, healthy: Option<b
         healthy,
         message: if succeeded { "succeeded".into() } else { "exited 3".into() },
         inputs_hash: None,
+        drifted_files: Vec::new(),
     }
 }
 
@@ -640,4 +641,136 @@ fn an_install_that_ran_with_values_rotated_meanwhile_runs_again() {
     let done = p.plan();
     assert!(done.launch.is_empty());
     assert_eq!(cond(&done.status, "Ready").0, "True");
+}
+
+const STORE_ROLLING: &str = r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: TaskServ
+metadata: {name: store, namespace: dev, generation: 1}
+spec:
+  service: store
+  servers: {names: [s0, s1, s2]}
+  rollout: {maxUnavailable: 1}
+"#;
+
+/// Three servers with `rollout.maxUnavailable: 1`, installed (first installs are not limited).
+fn rolling_ready_pass() -> Pass {
+    let mut p = Pass::new(STORE_ROLLING, vec![server("s0", true), server("s1", true), server("s2", true)]);
+    let first = p.plan();
+    assert_eq!(first.launch.len(), 3, "a first install is not a rolling update: {:?}", first.launch);
+    assert_eq!(first.status.updated.as_deref(), Some("0/3"));
+    p.commit(&first);
+    for s in ["s0", "s1", "s2"] {
+        p.finish(s, true, Some(true));
+    }
+    let done = p.plan();
+    p.commit(&done);
+    assert_eq!(cond(&p.status, "Ready").0, "True", "{:#?}", p.status);
+    assert_eq!(p.status.updated.as_deref(), Some("3/3"));
+    p
+}
+
+fn launched(plan: &Plan) -> Vec<&str> {
+    plan.launch.iter().map(|(s, _)| s.as_str()).collect()
+}
+
+#[test]
+fn a_rolling_upgrade_goes_server_by_server_gated_on_health() {
+    let mut p = rolling_ready_pass();
+    p.ts.metadata.generation = Some(2);
+    p.ts.spec.version = "2.0".into();
+    p.validated = validate::validate(&p.ts.spec, &catalog());
+    let mut order = Vec::new();
+    for (step, expected) in ["s0", "s1", "s2"].into_iter().enumerate() {
+        let plan = p.plan();
+        assert_eq!(launched(&plan), [expected], "step {step}: one server at a time");
+        assert_eq!(plan.status.updated, Some(format!("{step}/3")));
+        assert_eq!(cond(&plan.status, "Ready").0, "False");
+        p.commit(&plan);
+        // While it runs, nobody else starts.
+        assert!(p.plan().launch.is_empty(), "step {step}: the next waits for this one");
+        p.finish(expected, true, Some(true));
+        order.push(expected);
+    }
+    let done = p.plan();
+    assert!(done.launch.is_empty());
+    assert_eq!(done.status.updated.as_deref(), Some("3/3"));
+    assert_eq!(done.status.installed_version.as_deref(), Some("2.0"));
+    assert_eq!(cond(&done.status, "Ready").0, "True");
+    assert_eq!(order, ["s0", "s1", "s2"]);
+}
+
+#[test]
+fn a_failed_rolling_upgrade_stops_there_and_rolls_back_one_server_at_a_time() {
+    let mut p = rolling_ready_pass();
+    p.ts.metadata.generation = Some(2);
+    p.ts.spec.version = "2.0".into();
+    p.validated = validate::validate(&p.ts.spec, &catalog());
+    let first = p.plan();
+    assert_eq!(launched(&first), ["s0"]);
+    p.commit(&first);
+    p.finish("s0", true, Some(true));
+    let second = p.plan();
+    assert_eq!(launched(&second), ["s1"]);
+    p.commit(&second);
+    p.finish("s1", false, Some(false));
+    // s1 failed its upgrade: rollback to 1.0 starts on s1 (the one down); s0 (upgraded,
+    // healthy) waits for its turn; s2 never got 2.0.
+    let failed = p.plan();
+    assert_eq!(cond(&failed.status, "Stalled").1, "UpgradeFailed");
+    assert_eq!(failed.launch, vec![("s1".to_string(), Operation::Install { version: "1.0".into(), previous: Some("2.0".into()) })]);
+    p.commit(&failed);
+    p.finish("s1", true, Some(true));
+    let next = p.plan();
+    assert_eq!(next.launch, vec![("s0".to_string(), Operation::Install { version: "1.0".into(), previous: Some("2.0".into()) })]);
+    p.commit(&next);
+    p.finish("s0", true, Some(true));
+    // s2 was marked for the generation's re-install and converges to 1.0 in its turn.
+    let last = p.plan();
+    assert_eq!(last.launch, vec![("s2".to_string(), Operation::Install { version: "1.0".into(), previous: None })]);
+    p.commit(&last);
+    p.finish("s2", true, Some(true));
+    let rolled = p.plan();
+    assert!(rolled.launch.is_empty(), "{:?}", rolled.launch);
+    assert_eq!(rolled.status.updated.as_deref(), Some("3/3"), "all back on the last good version");
+    assert_eq!(rolled.status.installed_version.as_deref(), Some("1.0"));
+}
+
+#[test]
+fn a_rolling_config_change_honours_max_unavailable_two() {
+    let mut p = rolling_ready_pass();
+    p.ts.metadata.generation = Some(2);
+    p.ts.spec.rollout = Some(provisioning_crds::Rollout { max_unavailable: 2 });
+    p.ts.spec.config = Some(serde_json::json!({"port": 2400}));
+    p.validated = validate::validate(&p.ts.spec, &catalog());
+    let plan = p.plan();
+    assert_eq!(launched(&plan), ["s0", "s1"]);
+    p.commit(&plan);
+    p.finish("s0", true, Some(true));
+    let next = p.plan();
+    assert_eq!(launched(&next), ["s2"], "s0 done, s1 still running: one more slot");
+}
+
+#[test]
+fn config_drift_found_by_a_check_is_drifted_then_re_rendered() {
+    let mut p = ready_pass();
+    assert!(p.status.conditions.iter().all(|c| c.type_ != "Drifted"), "no Drifted condition before any drift");
+    let mut check = result("s1", Operation::Check, false, Some(false));
+    check.drifted_files = vec!["/etc/store/store.conf".into()];
+    p.results.push(check);
+    let drifted = p.plan();
+    assert_eq!(cond(&drifted.status, "Drifted").0, "True");
+    assert_eq!(cond(&drifted.status, "Drifted").1, "ConfigChanged");
+    assert!(cond(&drifted.status, "Drifted").2.contains("s1 (/etc/store/store.conf)"), "{:?}", cond(&drifted.status, "Drifted"));
+    assert_eq!(cond(&drifted.status, "Ready").0, "False");
+    let warnings: Vec<&str> = drifted.events.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(warnings, ["ConfigChanged"], "one ConfigChanged warning, not also Unhealthy");
+    // Remediation: the install runs again on s1 only.
+    assert_eq!(drifted.launch, vec![("s1".to_string(), install("1.0"))]);
+    p.commit(&drifted);
+    p.finish("s1", true, Some(true));
+    let fixed = p.plan();
+    assert_eq!((cond(&fixed.status, "Drifted").0, cond(&fixed.status, "Drifted").1), ("False", "Remediated"));
+    assert_eq!(cond(&fixed.status, "Ready").0, "True");
+    assert!(fixed.status.servers.iter().all(|s| s.drifted_files.is_empty()));
 }

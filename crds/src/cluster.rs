@@ -86,6 +86,11 @@ pub struct ServerPool {
     /// Labels put on the pool's Servers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Rolling updates of the services on this pool's servers (a version or config change):
+    /// at most `maxUnavailable` servers at a time, gated on health. Unset: all at once (bounded
+    /// by `parallelLimit`). A service on several pools uses the smallest `maxUnavailable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
 }
 
 /// A service of a cluster.

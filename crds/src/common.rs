@@ -144,3 +144,26 @@ pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     schema.insert("x-kubernetes-list-map-keys".into(), serde_json::json!(["type"]));
     schema
 }
+
+/// How servers that already run a service are updated (a version or config change): at
+/// most `maxUnavailable` at a time, in name order, each batch only after the servers updated
+/// before it are installed and healthy. A failed batch stops the rollout there (and, with
+/// `rollbackOnFailure`, the failed servers go back to the last good version).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    /// Servers updated at once (at least 1). For a 3-member etcd, 1 keeps quorum throughout.
+    #[serde(default = "default_max_unavailable")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_unavailable: u32,
+}
+
+impl Default for Rollout {
+    fn default() -> Self {
+        Rollout { max_unavailable: default_max_unavailable() }
+    }
+}
+
+fn default_max_unavailable() -> u32 {
+    1
+}

@@ -1,11 +1,12 @@
-//! API types of Provisioning: `provisioning.dev/v1alpha1` Workspace, Server, TaskServ and
-//! Cluster. Types only (serde + schemars + kube derive); the CRD YAML in `deploy/crds/` is
+//! API types of Provisioning: `provisioning.dev/v1alpha1` Workspace, Server, TaskServ,
+//! Cluster, and ChangeRecord (the history the controller writes). Types only (serde + schemars + kube derive); the CRD YAML in `deploy/crds/` is
 //! generated from them by `provisioning crds`.
 
 // kube's `#[kube(printcolumn(name = .., type_ = .., json_path = ..))]` repeats the same keys per
 // column by design; clippy reads each repetition as a duplicated attribute.
 #![allow(clippy::duplicated_attributes)]
 
+mod changerecord;
 mod cluster;
 mod common;
 mod cost;
@@ -13,6 +14,7 @@ mod server;
 mod taskserv;
 mod workspace;
 
+pub use changerecord::*;
 pub use cluster::*;
 pub use common::*;
 pub use cost::*;
@@ -32,7 +34,7 @@ pub const API_VERSION: &str = "provisioning.dev/v1alpha1";
 
 /// All CustomResourceDefinitions, in a stable order.
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
-    vec![Workspace::crd(), Server::crd(), TaskServ::crd(), Cluster::crd()]
+    vec![Workspace::crd(), Server::crd(), TaskServ::crd(), Cluster::crd(), ChangeRecord::crd()]
 }
 
 /// All CRDs as one multi-document YAML stream (what `provisioning crds` prints).
@@ -120,6 +122,10 @@ mod tests {
         }
         found.sort();
         let expected = [
+            // Most recent writer first: the order is the content.
+            ("ChangeRecord.spec.changedBy", "atomic"),
+            ("ChangeRecord.spec.changedFields", "set"),
+            ("ChangeRecord.status.conditions", "map[\"type\"]"),
             ("Cluster.spec.dependsOn", "set"),
             ("Cluster.spec.pools", "map[\"name\"]"),
             ("Cluster.spec.taskservs", "map[\"service\"]"),
@@ -140,6 +146,8 @@ mod tests {
             // Install order: the order is the content.
             ("TaskServ.status.resolvedDependencies", "atomic"),
             ("TaskServ.status.servers", "map[\"name\"]"),
+            // Replaced whole by each check: atomic.
+            ("TaskServ.status.servers[].driftedFiles", "atomic"),
             ("Workspace.spec.providers", "map[\"name\"]"),
             // Evaluation order is the content (firewall rules); the others are short lists.
             ("Workspace.spec.providers[].firewallRules", "atomic"),

@@ -19,6 +19,7 @@ use crate::common::*;
     doc = "One catalog service installed on a set of Servers.",
     printcolumn(name = "Service", type_ = "string", json_path = ".spec.service"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.installedVersion"),
+    printcolumn(name = "Updated", type_ = "string", json_path = ".status.updated"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -55,6 +56,11 @@ pub struct TaskServSpec {
     /// A failed upgrade re-installs the last good version.
     #[serde(default = "default_true")]
     pub rollback_on_failure: bool,
+    /// Rolling updates: servers that already run the service get a new version or config
+    /// `maxUnavailable` at a time, each batch gated on the health of the ones before. Unset:
+    /// all at once (bounded by the workspace's `parallelLimit`). First installs are not limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
 }
 
 fn default_true() -> bool {
@@ -146,6 +152,10 @@ pub struct TaskServStatus {
     /// Version installed on every selected server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub installed_version: Option<String>,
+    /// Selected servers at the requested version and config, installed and healthy, of all
+    /// selected ("2/3"): the UPDATED column, the progress of a rolling update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated: Option<String>,
     /// Last version that installed and passed its health check everywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_good_version: Option<String>,
@@ -183,6 +193,11 @@ pub struct TaskServServerStatus {
     /// The last script run on this server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_run: Option<ScriptRun>,
+    /// Config files the health check found changed on the machine since install (config
+    /// drift); cleared once a re-install has rendered them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub drifted_files: Vec<String>,
 }
 
 /// One task script run.

@@ -169,6 +169,24 @@ impl ScriptOutcome {
     pub fn reported_version(&self) -> Option<&str> {
         self.result.as_ref()?.get("version")?.as_str()
     }
+    /// The config files a check reported as changed since install (`configDrift: true` with
+    /// `driftedFiles`, the catalog's lib/check.nu contract; the check exits 3 then). Bounded:
+    /// at most 16 names of at most 256 characters (the machine writes them).
+    pub fn drifted_files(&self) -> Vec<String> {
+        let Some(result) = self.result.as_ref() else { return Vec::new() };
+        if result.get("configDrift").and_then(serde_json::Value::as_bool) != Some(true) {
+            return Vec::new();
+        }
+        let mut files: Vec<String> = result
+            .get("driftedFiles")
+            .and_then(serde_json::Value::as_array)
+            .map(|a| a.iter().filter_map(serde_json::Value::as_str).take(16).map(|f| f.chars().take(256).collect()).collect())
+            .unwrap_or_default();
+        if files.is_empty() {
+            files.push("(unnamed config file)".into());
+        }
+        files
+    }
     /// Wall-clock time of the run.
     pub fn duration(&self) -> Duration {
         (self.finished_at - self.started_at).to_std().unwrap_or_default()

@@ -55,6 +55,20 @@ pub fn provisioning_bin() -> PathBuf {
     p
 }
 
+/// Runs the `provisioning` binary with `args` (no kubeconfig of its own).
+pub fn provisioning(args: &[&str]) -> Result<Output> {
+    Ok(Command::new(provisioning_bin()).args(args).output()?)
+}
+
+/// Runs `provisioning` and returns its stdout; a non-zero exit is an error carrying stderr.
+pub fn provisioning_ok(args: &[&str]) -> Result<String> {
+    let out = provisioning(args)?;
+    if !out.status.success() {
+        anyhow::bail!("provisioning {args:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// A running `provisioning dev`.
 pub struct Dev {
     child: Option<Child>,

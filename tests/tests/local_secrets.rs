@@ -196,6 +196,13 @@ fn passwords_from_secrets_log_in_rotate_and_never_leak() -> Result<()> {
     // 5. No secret anywhere: controller log, statuses, events, argv inside the machines.
     let secrets = forms(&[PG_PASSWORD_1, PG_PASSWORD_2, REDIS_PASSWORD_1, REDIS_PASSWORD_2, BAD_VALUE]);
     assert_absent("the controller's log", &dev.log(), &secrets);
+    // The audit log holds the script runs (a failed one carries its redacted message).
+    let audit = provisioning_e2e::provisioning_ok(&["audit", "--data-dir", &dev.data_dir.display().to_string(), "-o", "json"])?;
+    assert!(
+        audit.contains(r#""type":"scriptRun""#) && audit.contains(r#""service":"redis""#),
+        "no redis script run in the audit log:\n{audit}"
+    );
+    assert_absent("the audit log", &audit, &secrets);
     let objects = dev.kubectl_ok(&["get", "clusters,servers,taskservs,workspaces", "-A", "-o", "json"])?;
     assert_absent("the provisioning objects", &objects, &secrets);
     let mut events_seen = false;

@@ -39,9 +39,40 @@ fn quickstart_servers_become_ready_and_delete_cleanly() -> anyhow::Result<()> {
     let store = machines_in_store(&dev)?;
     assert_eq!(store, 3, "one machine per Server at the provider");
 
+    // The audit log names every create, attributed to its Server and generation.
+    let data_dir = dev.data_dir.display().to_string();
+    let created = audit_lines(&data_dir, &["--object", "srv/demo/web-1"])?;
+    let ensure = created
+        .iter()
+        .find(|e| e["operation"] == "ensure_server")
+        .ok_or_else(|| anyhow::anyhow!("no ensure_server for web-1: {created:?}"))?;
+    assert_eq!(ensure["object"]["kind"], "Server");
+    assert_eq!(ensure["object"]["generation"], 1);
+    assert_eq!(
+        (ensure["provider"].as_str(), ensure["account"].as_str(), ensure["outcome"].as_str()),
+        (Some("simulated"), Some("sim"), Some("ok"))
+    );
+    assert!(created.iter().all(|e| e["object"]["name"] == "web-1"), "{created:?}");
+    let table = provisioning_e2e::provisioning_ok(&["audit", "--data-dir", &data_dir, "--since", "10m"])?;
+    assert!(table.starts_with("TIME") && table.contains("ensure_server at simulated/sim"), "{table}");
+    let bad = provisioning_e2e::provisioning(&["audit", "--data-dir", &data_dir, "--object", "pod/demo/x"])?;
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("unknown kind"), "{bad:?}");
+
     dev.kubectl_ok(&["delete", "srv", "--all", "-n", "demo", "--timeout=120s"])?;
     dev.wait_until(Duration::from_secs(60), "provider holds no machine", |d| Ok(machines_in_store(d)? == 0))?;
+    dev.wait_until(Duration::from_secs(10), "the deletes are in the audit log", |_| {
+        let lines = audit_lines(&data_dir, &[])?;
+        Ok(lines.iter().filter(|e| e["operation"] == "delete_server" && e["outcome"] == "ok").count() >= 3)
+    })?;
     Ok(())
+}
+
+/// `provisioning audit -o json` entries.
+fn audit_lines(data_dir: &str, filter: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut args = vec!["audit", "--data-dir", data_dir, "-o", "json"];
+    args.extend_from_slice(filter);
+    let out = provisioning_e2e::provisioning_ok(&args)?;
+    out.lines().map(|l| Ok(serde_json::from_str(l)?)).collect()
 }
 
 /// Machines alive in the simulated provider's log files under the data dir.

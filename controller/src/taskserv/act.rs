@@ -261,6 +261,7 @@ pub async fn run_operation(req: &RunRequest) -> OperationResult {
                 healthy,
                 message,
                 inputs_hash: req.inputs_hash.clone(),
+                drifted_files: Vec::new(),
             }
         }
         Operation::Check => {
@@ -275,6 +276,7 @@ pub async fn run_operation(req: &RunRequest) -> OperationResult {
                 healthy: Some(ok),
                 message,
                 inputs_hash: req.inputs_hash.clone(),
+                drifted_files: check.as_ref().map(ScriptOutcome::drifted_files).unwrap_or_default(),
             }
         }
         Operation::Remove => {
@@ -289,6 +291,7 @@ pub async fn run_operation(req: &RunRequest) -> OperationResult {
                 healthy: None,
                 message,
                 inputs_hash: req.inputs_hash.clone(),
+                drifted_files: Vec::new(),
             }
         }
     }
@@ -311,5 +314,6 @@ pub fn failed_to_start(server: &str, operation: &Operation, message: String) -> 
         healthy: if *operation == Operation::Check { Some(false) } else { None },
         message,
         inputs_hash: None,
+        drifted_files: Vec::new(),
     }
 }

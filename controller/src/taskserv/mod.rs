@@ -384,9 +384,34 @@ fn start_run(
                 act::failed_to_start(&server, &operation, redact(error.to_string()))
             }
         };
+        audit_run(&ctx, &ts, &result);
         finished(&ctx, &object, &ts.spec.service, &runs, &key, result);
         trigger.send(object);
     });
+}
+
+/// Appends a finished run to the audit log (identities, script, exit code, duration, outcome;
+/// the message is already redacted).
+fn audit_run(ctx: &Context, ts: &TaskServ, result: &plan::OperationResult) {
+    let at = |t: &Option<String>| t.as_deref().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+    let duration = match (at(&result.run.started_at), at(&result.run.finished_at)) {
+        (Some(start), Some(end)) => (end - start).to_std().unwrap_or_default(),
+        _ => std::time::Duration::ZERO,
+    };
+    let action = crate::audit::Action::ScriptRun {
+        service: ts.spec.service.clone(),
+        server: result.server.clone(),
+        script: result.operation.script().to_string(),
+        exit_code: result.run.exit_code,
+    };
+    let (outcome, message) = if result.succeeded { ("ok", None) } else { ("failed", Some(result.message.clone())) };
+    let object = crate::audit::AuditObject {
+        kind: KIND.to_string(),
+        namespace: ts.namespace().unwrap_or_default(),
+        name: ts.name_any(),
+        generation: ts.metadata.generation,
+    };
+    ctx.audit.record(crate::audit::Entry::now(action, duration, outcome, message).about(object));
 }
 
 /// Logs and counts a finished run and parks its result for the next reconcile.

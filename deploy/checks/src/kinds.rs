@@ -52,6 +52,13 @@ struct Names {
 }
 
 /// Reads every CustomResourceDefinition in `deploy/crds/*.yaml`, sorted by kind.
+/// The kinds users declare and GitOps tools sync (every CRD kind but the controller-written
+/// history, ChangeRecord: Argo CD shows records in an object's tree without a health check,
+/// and pause/reconcile actions mean nothing on them).
+pub fn declared_kinds() -> Result<Vec<CrdNames>, String> {
+    Ok(crd_names()?.into_iter().filter(|n| n.kind != "ChangeRecord").collect())
+}
+
 pub fn crd_names() -> Result<Vec<CrdNames>, String> {
     let dir = crate::deploy_dir().join("crds");
     let mut names = Vec::new();

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use provisioning_deploy_checks::argocd::{self, ActionTests, GROUP, HealthTests, KindCustomization, REGENERATE, UPDATE_ENV};
-use provisioning_deploy_checks::kinds::crd_names;
+use provisioning_deploy_checks::kinds::declared_kinds;
 use provisioning_deploy_checks::lua::Lua51;
 
 fn lua() -> Lua51 {
@@ -24,7 +24,7 @@ fn parse<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> T {
 
 #[test]
 fn every_kind_has_health_and_actions_in_argo_layout() {
-    let names = crd_names().unwrap_or_else(|e| panic!("{e}"));
+    let names = declared_kinds().unwrap_or_else(|e| panic!("{e}"));
     let kinds: BTreeSet<String> = customizations().into_iter().map(|k| k.kind).collect();
     let expected: BTreeSet<String> = names.iter().map(|n| n.kind.clone()).collect();
     assert_eq!(kinds, expected, "one customization directory per CRD kind");
@@ -151,7 +151,7 @@ fn scripts_do_not_name_libraries_argo_withholds() {
 #[test]
 fn generated_copies_and_patch_match_the_one_source() {
     // One customization per CRD kind, all from deploy/argocd/src.
-    let kinds: Vec<String> = crd_names().unwrap_or_else(|e| panic!("{e}")).into_iter().map(|n| n.kind).collect();
+    let kinds: Vec<String> = declared_kinds().unwrap_or_else(|e| panic!("{e}")).into_iter().map(|n| n.kind).collect();
     let source = argocd::load_source().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(source.actions.keys().map(String::as_str).collect::<Vec<_>>(), ["pause", "reconcile", "resume"]);
     let files = argocd::generated_files(&kinds, &source);

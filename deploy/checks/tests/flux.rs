@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use provisioning_deploy_checks::flux::{self, StatusEvaluator};
-use provisioning_deploy_checks::kinds::crd_names;
+use provisioning_deploy_checks::kinds::declared_kinds;
 use provisioning_deploy_checks::snapshots;
 
 fn example() -> serde_json::Value {
@@ -43,7 +43,7 @@ fn the_example_kustomization_waits_and_covers_every_kind() {
         }
     }
     let covered: BTreeSet<(String, String)> = evaluators().into_iter().map(|(a, k, _)| (a, k)).collect();
-    let names = crd_names().unwrap_or_else(|e| panic!("{e}"));
+    let names = declared_kinds().unwrap_or_else(|e| panic!("{e}"));
     let expected: BTreeSet<(String, String)> = names.iter().map(|n| (format!("{}/v1alpha1", n.group), n.kind.clone())).collect();
     assert_eq!(covered, expected);
 }

@@ -282,6 +282,14 @@ pub fn desired_servers(o: &Observed<'_>) -> Vec<Server> {
     out
 }
 
+/// The rollout of a service on `pools`: the smallest `maxUnavailable` among them, or none when
+/// none of them declares one.
+pub fn rollout_of(o: &Observed<'_>, pools: &[String]) -> Option<provisioning_crds::Rollout> {
+    let max_unavailable =
+        o.spec.pools.iter().filter(|p| pools.contains(&p.name)).filter_map(|p| p.rollout.as_ref()).map(|r| r.max_unavailable).min()?;
+    Some(provisioning_crds::Rollout { max_unavailable: max_unavailable.max(1) })
+}
+
 /// The desired TaskServ of one service.
 pub fn desired_taskserv(o: &Observed<'_>, service: &ServicePlan, desired_servers: &[Server]) -> TaskServ {
     let names: Vec<String> = desired_servers
@@ -297,6 +305,7 @@ pub fn desired_taskserv(o: &Observed<'_>, service: &ServicePlan, desired_servers
         config_from: service.config_from.clone(),
         depends_on: service.after.iter().map(|d| taskserv_name(o.name, d)).collect(),
         rollback_on_failure: true,
+        rollout: rollout_of(o, &service.pools),
     };
     let mut ts = TaskServ::new(&taskserv_name(o.name, &service.service), spec);
     let mut labels = BTreeMap::new();

@@ -44,6 +44,12 @@ pub const CONFIG_INPUTS_REQUEUE: Duration = Duration::from_secs(30);
 
 /// Reason of the `Stalled` condition after a failed upgrade was rolled back.
 pub const REASON_UPGRADE_FAILED: &str = "UpgradeFailed";
+/// Reason of `Drifted=True` (and its Warning) when a check finds a service's config files
+/// changed on a machine since install.
+pub const REASON_CONFIG_CHANGED: &str = "ConfigChanged";
+/// Reason of `Drifted=False` once the drifted files were rendered again.
+pub const REASON_REMEDIATED: &str = "Remediated";
+
 /// Reason of `Installed=True` when every server is on the simulated provider: the scripts
 /// "succeeded" without running (the message says "simulated: scripts not run").
 pub const REASON_SIMULATED: &str = "Simulated";
@@ -199,6 +205,8 @@ pub struct OperationResult {
     pub message: String,
     /// The config inputs version (`ValidTaskServ::inputs_hash`) the run was given.
     pub inputs_hash: Option<String>,
+    /// Check: config files changed on the machine since install (config drift).
+    pub drifted_files: Vec<String>,
 }
 
 /// Everything the planner looks at.

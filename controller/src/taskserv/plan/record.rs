@@ -1,7 +1,7 @@
 //! Step 1: finished script runs ([`OperationResult`]s) into the per-server entries, with their
 //! events; a failed upgrade under `rollbackOnFailure` starts the rollback.
 
-use super::{Observed, Operation, OperationResult, PlannedEvent, ServerPhase, Work, tail_lines};
+use super::{Observed, Operation, OperationResult, PlannedEvent, REASON_CONFIG_CHANGED, ServerPhase, Work, tail_lines};
 
 /// Records every finished operation of this pass.
 pub(super) fn record_results(o: &Observed<'_>, work: &mut Work) {
@@ -26,6 +26,8 @@ fn installed(o: &Observed<'_>, work: &mut Work, r: &OperationResult, version: &s
     ServerPhase::Installed.set(e);
     e.version = Some(version.to_string());
     e.healthy = Some(true);
+    // The install rendered every config file again (and its check passed).
+    e.drifted_files.clear();
     // A Secret rotated while this install ran: it used the old values.
     let current = o.validated.as_ref().ok().and_then(|v| v.inputs_hash.as_ref());
     if current.is_some() && r.inputs_hash.as_ref() != current {
@@ -69,6 +71,19 @@ fn checked(o: &Observed<'_>, work: &mut Work, r: &OperationResult) {
         e.last_run = Some(r.run.clone());
     }
     e.healthy = Some(healthy);
+    if !r.drifted_files.is_empty() {
+        // Config drift: unhealthy, so the install runs again and renders the files anew.
+        let newly = e.drifted_files != r.drifted_files;
+        e.drifted_files = r.drifted_files.clone();
+        if newly {
+            let files = r.drifted_files.join(", ");
+            work.events.push(PlannedEvent::warning(
+                REASON_CONFIG_CHANGED,
+                format!("config of {} changed on {} since install: {files}; re-installing to render it again", o.spec.service, r.server),
+            ));
+        }
+        return;
+    }
     if !healthy && !was_unhealthy {
         work.events.push(PlannedEvent::warning(
             "Unhealthy",

@@ -40,6 +40,7 @@ pub(super) fn plan_selected(
     let mut waiting_servers = Vec::new();
     // An invalid request gets no per-server entries: nothing is planned there.
     let Some(version) = version else { return waiting_servers };
+    let mut rollout_budget = rollout_budget(o, work, selected);
     for name in selected.iter().filter(|n| !o.in_flight.contains_key(*n)) {
         let entry = work.entries.entry(name.clone()).or_insert_with(|| ServerPhase::Pending.entry(name));
         let server_ready = by_name.get(name.as_str()).is_some_and(|s| s.ready && !s.deleting);
@@ -62,6 +63,16 @@ pub(super) fn plan_selected(
             if !work.rollback_now && failed_recently(entry, o) {
                 continue;
             }
+            // A server that runs the service and is not already down waits for its turn.
+            if let Some(budget) = rollout_budget.as_mut()
+                && entry.version.is_some()
+                && !disrupted(entry)
+            {
+                if *budget == 0 {
+                    continue;
+                }
+                *budget -= 1;
+            }
             let previous = entry.version.clone().filter(|v| v != version);
             ServerPhase::Installing.set(entry);
             entry.last_run = Some(started("install", o));
@@ -71,6 +82,21 @@ pub(super) fn plan_selected(
         }
     }
     waiting_servers
+}
+
+/// A server that runs (or ran) the service and is not serving it now: being updated, failed,
+/// or unhealthy.
+fn disrupted(entry: &TaskServServerStatus) -> bool {
+    entry.version.is_some() && (ServerPhase::Installing.is(entry) || ServerPhase::Failed.is(entry) || entry.healthy == Some(false))
+}
+
+/// Rolling updates (`spec.rollout`): how many more servers that run the service may be taken
+/// for an update now — `maxUnavailable` minus those already disrupted, so a failed or
+/// unhealthy update holds the rollout where it is. `None`: no rollout, all at once.
+fn rollout_budget(o: &Observed<'_>, work: &Work, selected: &BTreeSet<String>) -> Option<usize> {
+    let rollout = o.spec.rollout.as_ref()?;
+    let disrupted = selected.iter().filter(|n| work.entries.get(*n).is_some_and(disrupted)).count();
+    Some((rollout.max_unavailable.max(1) as usize).saturating_sub(disrupted))
 }
 
 /// Servers that left the selection: drained with remove.nu where the machine is up; entries

@@ -9,8 +9,8 @@ use provisioning_crds::{TaskServStatus, condition};
 use provisioning_providers::simulated::SCRIPTS_NOT_RUN;
 
 use super::{
-    Blocker, CONFIG_INPUTS_REQUEUE, Observed, Phase, Plan, PlannedEvent, REASON_SIMULATED, REASON_UPGRADE_FAILED, STALLED_REQUEUE,
-    ServerPhase, WAIT_REQUEUE, Work,
+    Blocker, CONFIG_INPUTS_REQUEUE, Observed, Phase, Plan, PlannedEvent, REASON_CONFIG_CHANGED, REASON_REMEDIATED, REASON_SIMULATED,
+    REASON_UPGRADE_FAILED, STALLED_REQUEUE, ServerPhase, WAIT_REQUEUE, Work,
 };
 use crate::conditions::{self, DesiredCondition, Status, Summary, Wording};
 use crate::planning::REASON_DEPENDENCY_MISSING;
@@ -49,6 +49,8 @@ pub(super) fn upgrade_failure(o: &Observed<'_>) -> Option<String> {
 struct Progress<'f> {
     total: usize,
     installed: usize,
+    /// Installed at the requested version and healthy (the UPDATED column).
+    updated: usize,
     unhealthy: Vec<&'f String>,
     in_flight: bool,
     all_installed: bool,
@@ -64,8 +66,17 @@ fn progress<'f>(o: &Observed<'_>, work: &Work, f: &'f Facts) -> Progress<'f> {
         })
         .count();
     let unhealthy = f.selected.iter().filter(|n| work.entries.get(*n).is_some_and(|e| e.healthy == Some(false))).collect();
+    let updated = f
+        .selected
+        .iter()
+        .filter(|n| {
+            work.entries.get(*n).is_some_and(|e| {
+                ServerPhase::Installed.is(e) && e.version.is_some() && e.version == f.effective_version && e.healthy != Some(false)
+            })
+        })
+        .count();
     let in_flight = o.in_flight.keys().any(|k| f.selected.contains(k) || work.entries.contains_key(k)) || !work.launch.is_empty();
-    Progress { total, installed, unhealthy, in_flight, all_installed: total > 0 && installed == total }
+    Progress { total, installed, updated, unhealthy, in_flight, all_installed: total > 0 && installed == total }
 }
 
 /// Finishes the plan: conditions, phase, events, status and requeue.
@@ -103,6 +114,7 @@ pub(super) fn summarize(o: &Observed<'_>, mut work: Work, f: Facts) -> Plan {
     };
     transition_events(o, ready, &stalled, &conds[0].message, &mut work.events);
     conds.extend([deps_cond, installed_cond, healthy_cond]);
+    conds.extend(drifted_condition(o, &work, &f));
 
     let phase = phase(o, &work, &p, ready, valid);
     let installed_version = match &f.effective_version {
@@ -115,6 +127,7 @@ pub(super) fn summarize(o: &Observed<'_>, mut work: Work, f: Facts) -> Plan {
         observed_generation: o.generation,
         conditions: conditions::merge(&o.status.conditions, &conds, o.generation, o.now),
         installed_version,
+        updated: (p.total > 0).then(|| format!("{}/{}", p.updated, p.total)),
         last_good_version,
         resolved_dependencies: o.validated.as_ref().map(|v| v.dependencies.clone()).unwrap_or_default(),
         servers: work.entries.into_values().collect(),
@@ -123,6 +136,25 @@ pub(super) fn summarize(o: &Observed<'_>, mut work: Work, f: Facts) -> Plan {
     };
     let requeue = requeue(o, p.in_flight, stalled.is_some(), ready);
     Plan { status, launch: work.launch, events: work.events, requeue }
+}
+
+/// `Drifted` (config drift found by the checks): True naming the servers and files while a
+/// re-install is due; False `Remediated` once rendered again; absent if never drifted.
+fn drifted_condition(o: &Observed<'_>, work: &Work, f: &Facts) -> Option<DesiredCondition> {
+    let drifted: Vec<String> = f
+        .selected
+        .iter()
+        .filter_map(|n| {
+            work.entries.get(n).filter(|e| !e.drifted_files.is_empty()).map(|e| format!("{n} ({})", e.drifted_files.join(", ")))
+        })
+        .collect();
+    let type_ = condition::DRIFTED;
+    if !drifted.is_empty() {
+        let msg = format!("config of {} changed since install on {}; re-installing", o.spec.service, drifted.join("; "));
+        return Some(DesiredCondition::new(type_, Status::True, REASON_CONFIG_CHANGED, msg));
+    }
+    conditions::find(&o.status.conditions, type_)
+        .map(|_| DesiredCondition::new(type_, Status::False, REASON_REMEDIATED, "config files match what install rendered"))
 }
 
 fn dependencies_condition(valid: bool, blocking: &[Blocker]) -> DesiredCondition {

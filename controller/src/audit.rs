@@ -1,0 +1,518 @@
+//! The audit log: one JSON line per provider call and per task script run, appended to
+//! `<state dir>/audit/audit.jsonl` and rotated by size, read back by `provisioning audit`.
+//!
+//! Writes go through a channel to one writer thread, so a reconcile never waits on the disk;
+//! the writer appends and `fdatasync`s after each batch it drains (a kill -9 loses at most the
+//! lines of the batch in flight). Entries carry identities, operations, durations and
+//! outcomes, never a value from a spec's config or a Secret: failure messages are the ones
+//! status already shows (provider errors carry no credentials; script messages are redacted
+//! before they reach here).
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The live file's name inside the audit directory; rotated files add `.1`, `.2`, ….
+pub const FILE_NAME: &str = "audit.jsonl";
+/// Size at which the live file is rotated.
+pub const DEFAULT_MAX_BYTES: u64 = 16 * 1024 * 1024;
+/// Rotated files kept besides the live one.
+pub const DEFAULT_KEEP: usize = 4;
+/// Longest failure message kept in an entry.
+const MAX_MESSAGE: usize = 512;
+
+tokio::task_local! {
+    /// The object the running reconcile is about (set by the reconcile skeleton), so provider
+    /// calls are attributed without every call site passing it.
+    pub static CURRENT: AuditObject;
+}
+
+/// The object an entry is about.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditObject {
+    /// Kind (Server, TaskServ, …).
+    pub kind: String,
+    /// Namespace; empty for cluster-scoped kinds.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// metadata.generation at the time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+}
+
+impl AuditObject {
+    /// `KIND/NAMESPACE/NAME` (or `KIND/NAME` for cluster-scoped kinds), as `--object` takes it.
+    pub fn path(&self) -> String {
+        if self.namespace.is_empty() {
+            format!("{}/{}", self.kind, self.name)
+        } else {
+            format!("{}/{}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+/// What an entry records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Action {
+    /// One call to a provider's API (or engine).
+    #[serde(rename_all = "camelCase")]
+    ProviderCall {
+        /// Provider type (aws, upcloud, local, simulated).
+        provider: String,
+        /// Account name in the workspace.
+        account: String,
+        /// Operation (ensure_server, observe_server, delete_server, survey, …).
+        operation: String,
+    },
+    /// One task script run on a server.
+    #[serde(rename_all = "camelCase")]
+    ScriptRun {
+        /// Catalog service.
+        service: String,
+        /// Server it ran on.
+        server: String,
+        /// install, check or remove.
+        script: String,
+        /// Exit code; absent when it never started or was killed by a timeout.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+    },
+}
+
+/// One line of the audit log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    /// When it finished (RFC 3339, milliseconds, UTC).
+    pub time: String,
+    /// The object it was done for; absent for account-wide work (surveys, credential checks
+    /// outside a reconcile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<AuditObject>,
+    /// What was done.
+    #[serde(flatten)]
+    pub action: Action,
+    /// How long it took, in milliseconds.
+    pub duration_ms: u64,
+    /// `ok`, or the error's category (Throttled, Transient, NotFound, Auth, …, `failed` for a
+    /// script).
+    pub outcome: String,
+    /// Why it failed (as status shows it), truncated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl Entry {
+    /// An entry finished now, about the reconcile's current object (if any).
+    pub fn now(action: Action, duration: Duration, outcome: &str, message: Option<String>) -> Entry {
+        Entry {
+            time: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+            object: CURRENT.try_with(Clone::clone).ok(),
+            action,
+            duration_ms: duration.as_millis().try_into().unwrap_or(u64::MAX),
+            outcome: outcome.to_string(),
+            message: message.map(|m| truncate(&m)),
+        }
+    }
+
+    /// Sets the object explicitly (script runs finish outside the reconcile's task).
+    pub fn about(mut self, object: AuditObject) -> Entry {
+        self.object = Some(object);
+        self
+    }
+}
+
+fn truncate(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message.to_string();
+    }
+    let mut end = MAX_MESSAGE;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
+}
+
+/// Handle to the audit log; cloning shares the writer. Recording never blocks and never
+/// fails the caller: a disk error is logged once by the writer, which keeps trying.
+#[derive(Clone, Debug)]
+pub struct AuditLog {
+    tx: Option<Sender<Entry>>,
+}
+
+impl AuditLog {
+    /// Opens (creating) `dir` and starts the writer thread.
+    pub fn open(dir: &Path) -> anyhow::Result<AuditLog> {
+        AuditLog::open_with(dir, DEFAULT_MAX_BYTES, DEFAULT_KEEP)
+    }
+
+    /// As [`AuditLog::open`], with the rotation size and count given.
+    pub fn open_with(dir: &Path, max_bytes: u64, keep: usize) -> anyhow::Result<AuditLog> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating the audit directory {}", dir.display()))?;
+        let file = Rotating::open(dir, max_bytes, keep)?;
+        let (tx, rx) = channel();
+        std::thread::Builder::new().name("audit-writer".into()).spawn(move || write_loop(file, rx)).context("starting the audit writer")?;
+        Ok(AuditLog { tx: Some(tx) })
+    }
+
+    /// A log that records nothing (a controller whose state directory cannot be written;
+    /// the reason is logged where it is built).
+    pub fn disabled() -> AuditLog {
+        AuditLog { tx: None }
+    }
+
+    /// Appends `entry` (in the background).
+    pub fn record(&self, entry: Entry) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(entry);
+        }
+    }
+}
+
+/// The live file plus its rotation rule.
+struct Rotating {
+    dir: PathBuf,
+    file: File,
+    size: u64,
+    max_bytes: u64,
+    keep: usize,
+}
+
+impl Rotating {
+    fn open(dir: &Path, max_bytes: u64, keep: usize) -> anyhow::Result<Rotating> {
+        let path = dir.join(FILE_NAME);
+        let file = OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok(Rotating { dir: dir.to_path_buf(), file, size, max_bytes, keep })
+    }
+
+    fn append(&mut self, line: &[u8]) -> std::io::Result<()> {
+        if self.size > 0 && self.size + line.len() as u64 > self.max_bytes {
+            self.rotate()?;
+        }
+        self.file.write_all(line)?;
+        self.size += line.len() as u64;
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        self.file.sync_data()?;
+        let name = |n: usize| self.dir.join(if n == 0 { FILE_NAME.to_string() } else { format!("{FILE_NAME}.{n}") });
+        if self.keep == 0 {
+            std::fs::remove_file(name(0))?;
+        } else {
+            // audit.jsonl.(keep-1) → .keep (the oldest beyond `keep` is overwritten), …, live → .1
+            for n in (0..self.keep).rev() {
+                let from = name(n);
+                if from.exists() {
+                    std::fs::rename(&from, name(n + 1))?;
+                }
+            }
+        }
+        self.file = OpenOptions::new().create(true).append(true).open(name(0))?;
+        self.size = 0;
+        Ok(())
+    }
+}
+
+fn write_loop(mut file: Rotating, rx: Receiver<Entry>) {
+    let mut warned = false;
+    while let Ok(first) = rx.recv() {
+        let mut result = Ok(());
+        for entry in std::iter::once(first).chain(rx.try_iter()) {
+            let Ok(mut line) = serde_json::to_vec(&entry) else { continue };
+            line.push(b'\n');
+            if let Err(e) = file.append(&line) {
+                result = Err(e);
+            }
+        }
+        let result = result.and_then(|()| file.file.sync_data());
+        match result {
+            Err(e) if !warned => {
+                tracing::warn!(dir = %file.dir.display(), error = %e, "could not write the audit log; entries may be missing");
+                warned = true;
+            }
+            Ok(()) => warned = false,
+            Err(_) => {}
+        }
+    }
+}
+
+/// Filters for [`read`].
+#[derive(Clone, Debug, Default)]
+pub struct Query {
+    /// `KIND/NAMESPACE/NAME` or `KIND/NAME` (kind matched case-insensitively, also by its
+    /// short name or plural).
+    pub object: Option<String>,
+    /// Only entries at or after this time.
+    pub since: Option<DateTime<Utc>>,
+}
+
+/// Kind names `--object` accepts for each kind: singular, plural, short name.
+const KIND_ALIASES: &[(&str, &[&str])] = &[
+    ("Server", &["server", "servers", "srv"]),
+    ("TaskServ", &["taskserv", "taskservs", "ts"]),
+    ("Cluster", &["cluster", "clusters", "pcl"]),
+    ("Workspace", &["workspace", "workspaces", "ws"]),
+];
+
+/// Parses `KIND/NS/NAME` or `KIND/NAME` into a canonical kind and the rest.
+pub fn parse_object(text: &str) -> anyhow::Result<(String, Option<String>, String)> {
+    let parts: Vec<&str> = text.split('/').collect();
+    let (kind, namespace, name) = match parts.as_slice() {
+        [kind, name] => (*kind, None, *name),
+        [kind, namespace, name] => (*kind, Some((*namespace).to_string()), *name),
+        _ => anyhow::bail!("--object {text:?}: expected KIND/NAMESPACE/NAME (or KIND/NAME for a Workspace)"),
+    };
+    let lower = kind.to_ascii_lowercase();
+    let lower = lower.strip_suffix(".provisioning.dev").unwrap_or(&lower);
+    let canonical = KIND_ALIASES
+        .iter()
+        .find(|(_, aliases)| aliases.contains(&lower))
+        .map(|(canonical, _)| canonical.to_string())
+        .ok_or_else(|| anyhow::anyhow!("--object {text:?}: unknown kind {kind:?} (expected server, taskserv, cluster or workspace)"))?;
+    if name.is_empty() || namespace.as_deref() == Some("") {
+        anyhow::bail!("--object {text:?}: empty namespace or name");
+    }
+    Ok((canonical, namespace, name.to_string()))
+}
+
+/// Reads every entry in `dir` (rotated files first, oldest first) that matches `query`.
+/// Unreadable lines (a torn last line after a crash) are counted, not fatal.
+pub fn read(dir: &Path, query: &Query) -> anyhow::Result<(Vec<Entry>, usize)> {
+    let wanted = query.object.as_deref().map(parse_object).transpose()?;
+    let mut files: Vec<(usize, PathBuf)> = Vec::new();
+    let entries = std::fs::read_dir(dir).with_context(|| format!("reading the audit directory {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name == FILE_NAME {
+            files.push((0, entry.path()));
+        } else if let Some(n) = name.strip_prefix(&format!("{FILE_NAME}.")).and_then(|n| n.parse::<usize>().ok()) {
+            files.push((n, entry.path()));
+        }
+    }
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
+    let mut out = Vec::new();
+    let mut unreadable = 0;
+    for (_, path) in files {
+        let reader = BufReader::new(File::open(&path).with_context(|| format!("opening {}", path.display()))?);
+        for line in reader.lines() {
+            let Ok(line) = line else {
+                unreadable += 1;
+                continue;
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let Ok(entry) = serde_json::from_str::<Entry>(&line) else {
+                unreadable += 1;
+                continue;
+            };
+            if matches(&entry, wanted.as_ref(), query.since) {
+                out.push(entry);
+            }
+        }
+    }
+    Ok((out, unreadable))
+}
+
+fn matches(entry: &Entry, wanted: Option<&(String, Option<String>, String)>, since: Option<DateTime<Utc>>) -> bool {
+    if let Some(since) = since {
+        match DateTime::parse_from_rfc3339(&entry.time) {
+            Ok(t) if t.with_timezone(&Utc) >= since => {}
+            _ => return false,
+        }
+    }
+    let Some((kind, namespace, name)) = wanted else { return true };
+    let Some(object) = &entry.object else { return false };
+    // A TaskServ's script runs name the server too: `--object server/ns/x` shows them.
+    let on_server = kind == "Server"
+        && matches!(&entry.action, Action::ScriptRun { server, .. } if server == name)
+        && namespace.as_deref().is_none_or(|ns| ns == object.namespace);
+    on_server || (object.kind == *kind && object.name == *name && namespace.as_deref().is_none_or(|ns| ns == object.namespace))
+}
+
+/// Where the audit log of a data directory is: `provisioning dev`'s layout
+/// (`D/providers/audit`) or a controller state directory (`D/audit`).
+pub fn dir_for_data_dir(data_dir: &Path) -> PathBuf {
+    let dev = data_dir.join("providers").join("audit");
+    if dev.is_dir() { dev } else { data_dir.join("audit") }
+}
+
+/// The audit directory under a controller's state directory.
+pub fn dir_for_state_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("audit")
+}
+
+/// Renders entries as a table (time, object, what, duration, outcome, message).
+pub fn table(entries: &[Entry]) -> String {
+    let mut rows: Vec<[String; 6]> = vec![["TIME", "OBJECT", "ACTION", "DURATION", "OUTCOME", "MESSAGE"].map(String::from)];
+    for e in entries {
+        let what = match &e.action {
+            Action::ProviderCall { provider, account, operation } => format!("{operation} at {provider}/{account}"),
+            Action::ScriptRun { service, server, script, exit_code } => {
+                let code = exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default();
+                format!("{service} {script} on {server}{code}")
+            }
+        };
+        let object = e.object.as_ref().map(|o| match o.generation {
+            Some(g) => format!("{} (gen {g})", o.path()),
+            None => o.path(),
+        });
+        rows.push([
+            e.time.clone(),
+            object.unwrap_or_else(|| "-".into()),
+            what,
+            format!("{}ms", e.duration_ms),
+            e.outcome.clone(),
+            e.message.clone().unwrap_or_default().replace('\n', " "),
+        ]);
+    }
+    let widths: Vec<usize> = (0..5).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if i < 5 {
+                out.push_str(&format!("{cell:<width$}   ", width = widths[i]));
+            } else {
+                out.push_str(cell);
+            }
+        }
+        let trimmed = out.trim_end().len();
+        out.truncate(trimmed);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(op: &str) -> Action {
+        Action::ProviderCall { provider: "local".into(), account: "local".into(), operation: op.into() }
+    }
+
+    fn wait_for_lines(dir: &Path, n: usize) -> Vec<Entry> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (entries, _) = read(dir, &Query::default()).expect("read");
+            if entries.len() >= n || std::time::Instant::now() > deadline {
+                return entries;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[tokio::test]
+    async fn provider_calls_are_attributed_to_the_current_object() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = AuditLog::open(dir.path()).expect("open");
+        let object = AuditObject { kind: "Server".into(), namespace: "demo".into(), name: "web-0".into(), generation: Some(2) };
+        CURRENT.scope(object.clone(), async { log.record(Entry::now(call("ensure_server"), Duration::from_millis(12), "ok", None)) }).await;
+        log.record(Entry::now(call("survey"), Duration::from_millis(3), "Transient", Some("connection refused".into())));
+        let entries = wait_for_lines(dir.path(), 2);
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        assert_eq!(entries[0].object.as_ref(), Some(&object));
+        assert_eq!(entries[0].duration_ms, 12);
+        assert_eq!(entries[1].object, None, "a survey outside a reconcile is account-wide");
+        assert_eq!(entries[1].message.as_deref(), Some("connection refused"));
+        let raw = std::fs::read_to_string(dir.path().join(FILE_NAME)).expect("raw");
+        assert!(raw.contains(r#""type":"providerCall""#) && raw.contains(r#""durationMs":12"#), "{raw}");
+    }
+
+    #[test]
+    fn the_log_rotates_by_size_and_keeps_a_bounded_number_of_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = AuditLog::open_with(dir.path(), 400, 2).expect("open");
+        for i in 0..40 {
+            log.record(Entry::now(call(&format!("op{i}")), Duration::ZERO, "ok", None));
+        }
+        // Wait for the last entry to land, then look at the files.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (entries, _) = read(dir.path(), &Query::default()).expect("read");
+            if entries.last().is_some_and(|e| e.action == call("op39")) || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir.path()).expect("dir").map(|e| e.expect("entry").file_name().to_string_lossy().to_string()).collect();
+        names.sort();
+        assert_eq!(names, vec!["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"]);
+        for name in &names {
+            let size = std::fs::metadata(dir.path().join(name)).expect("meta").len();
+            assert!(size <= 400, "{name} is {size} bytes");
+        }
+        let (entries, unreadable) = read(dir.path(), &Query::default()).expect("read");
+        assert_eq!(unreadable, 0);
+        // Oldest first, newest last, nothing out of order; the oldest rotated away.
+        let ops: Vec<String> = entries
+            .iter()
+            .map(|e| match &e.action {
+                Action::ProviderCall { operation, .. } => operation.clone(),
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(ops.last().map(String::as_str), Some("op39"));
+        assert!(!ops.contains(&"op0".to_string()), "the oldest file was dropped: {ops:?}");
+        let numbers: Vec<usize> = ops.iter().filter_map(|o| o.strip_prefix("op")?.parse().ok()).collect();
+        assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "{numbers:?}");
+    }
+
+    #[test]
+    fn queries_filter_by_object_kind_alias_and_time_and_survive_a_torn_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let server = AuditObject { kind: "Server".into(), namespace: "demo".into(), name: "web-0".into(), generation: Some(1) };
+        let ts = AuditObject { kind: "TaskServ".into(), namespace: "demo".into(), name: "redis".into(), generation: Some(4) };
+        let old = Entry {
+            time: "2026-01-01T00:00:00.000Z".into(),
+            ..Entry::now(call("ensure_server"), Duration::ZERO, "ok", None).about(server.clone())
+        };
+        let script = Action::ScriptRun { service: "redis".into(), server: "web-0".into(), script: "install".into(), exit_code: Some(0) };
+        let run = Entry::now(script, Duration::from_secs(3), "ok", None).about(ts.clone());
+        let mut text = String::new();
+        for e in [&old, &run] {
+            text.push_str(&serde_json::to_string(e).expect("json"));
+            text.push('\n');
+        }
+        text.push_str("{\"time\":\"2026-11-2"); // torn by a crash
+        std::fs::write(dir.path().join(FILE_NAME), text).expect("write");
+
+        let q = |object: Option<&str>, since: Option<&str>| Query {
+            object: object.map(String::from),
+            since: since.map(|s| DateTime::parse_from_rfc3339(s).expect("time").with_timezone(&Utc)),
+        };
+        let (all, unreadable) = read(dir.path(), &q(None, None)).expect("read");
+        assert_eq!((all.len(), unreadable), (2, 1));
+        let (on_server, _) = read(dir.path(), &q(Some("srv/demo/web-0"), None)).expect("read");
+        assert_eq!(on_server, vec![old.clone(), run.clone()], "a server's own calls and the scripts run on it");
+        let (on_ts, _) = read(dir.path(), &q(Some("ts/demo/redis"), None)).expect("read");
+        assert_eq!(on_ts, vec![run.clone()]);
+        let (recent, _) = read(dir.path(), &q(Some("Server/demo/web-0"), Some("2026-06-01T00:00:00Z"))).expect("read");
+        assert_eq!(recent, vec![run]);
+        assert!(read(dir.path(), &q(Some("pod/demo/x"), None)).is_err());
+        assert!(read(dir.path(), &q(Some("just-a-name"), None)).is_err());
+        let table = table(&all);
+        assert!(table.contains("ensure_server at local/local") && table.contains("redis install on web-0 (exit 0)"), "{table}");
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let long = "é".repeat(600);
+        let cut = truncate(&long);
+        assert!(cut.len() <= MAX_MESSAGE + '…'.len_utf8());
+        assert!(cut.ends_with('…'));
+    }
+}

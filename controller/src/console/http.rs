@@ -1,0 +1,361 @@
+//! HTTPS listener and routing. Nothing but the sign-in page and the static assets is served
+//! without a session; actions are POSTs that carry the session's CSRF token, are checked with a
+//! SelfSubjectAccessReview and then made with the visitor's own token.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::Utc;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use secrecy::SecretString;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use super::api::{self, ApiFailure, Kind};
+use super::pages::{self, Page};
+use super::render::{self, APPROVE, Layout, PAUSED, RECONCILE};
+use super::session::{self, Session};
+use super::{ConsoleState, live};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+const CONSOLE_JS: &str = include_str!("assets/console.js");
+const CONSOLE_CSS: &str = include_str!("assets/console.css");
+/// Largest form accepted (a token is a few KB).
+const MAX_FORM: usize = 64 * 1024;
+
+/// Accepts connections until `shutdown` is cancelled.
+pub async fn serve(state: Arc<ConsoleState>, listener: TcpListener, tls: Arc<rustls::ServerConfig>, shutdown: CancellationToken) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.cancelled() => return,
+        };
+        let Ok((tcp, _)) = accepted else {
+            // Out of file descriptors and the like: wait instead of spinning.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let (state, acceptor, shutdown) = (state.clone(), acceptor.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await else { return };
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(secure_headers(handle(state, req).await)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(tls), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shutdown.cancelled() => conn.as_mut().graceful_shutdown(),
+            }
+        });
+    }
+}
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into()).boxed()
+}
+
+fn html(status: StatusCode, body: String) -> Response<Body> {
+    let mut r = Response::new(full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    r
+}
+
+fn redirect(to: &str) -> Response<Body> {
+    let mut r = Response::new(full(""));
+    *r.status_mut() = StatusCode::SEE_OTHER;
+    if let Ok(v) = HeaderValue::from_str(to) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
+}
+
+fn with_cookie(mut r: Response<Body>, cookie: &str) -> Response<Body> {
+    if let Ok(v) = HeaderValue::from_str(cookie) {
+        r.headers_mut().append(header::SET_COOKIE, v);
+    }
+    r
+}
+
+/// Headers on every answer: no framing, no sniffing, scripts and styles only from the console,
+/// no referrer to other sites ("no-referrer" would also make browsers send `Origin: null`).
+fn secure_headers(mut r: Response<Body>) -> Response<Body> {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"),
+    );
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    h.insert(header::STRICT_TRANSPORT_SECURITY, HeaderValue::from_static("max-age=31536000"));
+    h.entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+    r
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response<Body> {
+    let mut r = Response::new(full(body));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
+    form_urlencoded::parse(req.uri().query().unwrap_or_default().as_bytes()).find(|(k, _)| k == key).map(|(_, v)| v.into_owned())
+}
+
+async fn read_form(req: Request<Incoming>) -> Result<HashMap<String, String>, Response<Body>> {
+    let body = Limited::new(req.into_body(), MAX_FORM)
+        .collect()
+        .await
+        .map_err(|_| {
+            html(StatusCode::PAYLOAD_TOO_LARGE, render::message_page("Form too large", "The form is larger than the console accepts."))
+        })?
+        .to_bytes();
+    Ok(form_urlencoded::parse(&body).into_owned().collect())
+}
+
+/// A POST whose Origin is another site is refused (with SameSite=Strict and the CSRF token,
+/// a third line of defence; it also covers the sign-in form, which has no session yet).
+fn foreign_origin(req: &Request<Incoming>) -> bool {
+    let (Some(origin), Some(host)) = (req.headers().get(header::ORIGIN), req.headers().get(header::HOST)) else { return false };
+    origin.to_str().ok() != host.to_str().ok().map(|h| format!("https://{h}")).as_deref()
+}
+
+fn forbidden(message: &str) -> Response<Body> {
+    html(StatusCode::FORBIDDEN, render::message_page("Forbidden", message))
+}
+
+/// The session named by the request's cookie.
+fn session_of(state: &ConsoleState, req: &Request<Incoming>) -> Option<(String, Arc<Session>)> {
+    let cookies = req.headers().get_all(header::COOKIE);
+    let id = cookies.iter().filter_map(|v| v.to_str().ok()).find_map(session::cookie_value)?.to_string();
+    let s = state.sessions.get(&id)?;
+    Some((id, s))
+}
+
+/// Back to the sign-in page, forgetting the session (its token is no longer accepted).
+fn sign_in_again(state: &ConsoleState, id: &str) -> Response<Body> {
+    state.sessions.remove(id);
+    with_cookie(redirect("/login"), &session::clear_cookie())
+}
+
+/// The answer to a failed API call on a page or action.
+fn failure(state: &ConsoleState, id: &str, e: ApiFailure) -> Response<Body> {
+    match e {
+        ApiFailure::Unauthorized => sign_in_again(state, id),
+        ApiFailure::Forbidden(m) => forbidden(&format!("Your token may not do this: {m}")),
+        ApiFailure::NotFound(m) => html(StatusCode::NOT_FOUND, render::message_page("Not found", &m)),
+        ApiFailure::Other(m) => html(StatusCode::BAD_GATEWAY, render::message_page("API server error", &m)),
+    }
+}
+
+async fn handle(state: Arc<ConsoleState>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/static/console.js") => return asset("text/javascript; charset=utf-8", CONSOLE_JS),
+        (Method::GET, "/static/console.css") => return asset("text/css; charset=utf-8", CONSOLE_CSS),
+        (Method::GET, "/login") => return login_get(&state, &req).await,
+        (Method::POST, "/login") => return login_post(&state, req).await,
+        _ => {}
+    }
+    let Some((id, session)) = session_of(&state, &req) else {
+        return match (req.method(), path.strip_prefix("/live")) {
+            (&Method::GET, Some(_)) => sse_response(live::auth_required()),
+            (&Method::GET, None) => redirect("/login"),
+            _ => forbidden("Sign in first."),
+        };
+    };
+    match (req.method().clone(), path.as_str()) {
+        (Method::POST, "/logout") => {
+            let form = match read_form(req).await {
+                Ok(f) => f,
+                Err(r) => return r,
+            };
+            if !form.get("csrf").is_some_and(|c| session::constant_time_eq(c, &session.csrf)) {
+                return forbidden("The form is stale or forged (CSRF token mismatch).");
+            }
+            sign_in_again(&state, &id)
+        }
+        (Method::POST, "/actions") => {
+            if foreign_origin(&req) {
+                return forbidden("Cross-site request refused.");
+            }
+            match read_form(req).await {
+                Ok(form) => action(&state, &id, &session, form).await,
+                Err(r) => r,
+            }
+        }
+        (Method::GET, p) if p.starts_with("/live/") || p == "/live" => match Page::parse(p.strip_prefix("/live").unwrap_or("/")) {
+            Some(page) => sse_response(live::stream(state.clone(), id, session, page)),
+            None => html(StatusCode::NOT_FOUND, render::message_page("Not found", "No such page.")),
+        },
+        (Method::GET, p) if p.ends_with("/delete") => match Page::parse(p.trim_end_matches("/delete")) {
+            Some(Page::Object { kind, namespace, name }) => {
+                let (title, crumbs) = Page::Object { kind, namespace: namespace.clone(), name: name.clone() }.title();
+                let layout = Layout {
+                    title: &format!("Delete {title}?"),
+                    user: &session.user,
+                    csrf: &session.csrf,
+                    crumbs,
+                    path: p,
+                    now: Utc::now(),
+                };
+                let body = render::delete_confirm(kind, namespace.as_deref(), &name, &session.csrf);
+                // No live stream on a confirmation page.
+                html(StatusCode::OK, render::page(&layout, &body).replace(" data-live=\"", " data-static=\""))
+            }
+            _ => html(StatusCode::NOT_FOUND, render::message_page("Not found", "No such page.")),
+        },
+        (Method::GET, p) => match Page::parse(p) {
+            Some(page) => match pages::live_fragment(&session, &page).await {
+                Ok(fragment) => {
+                    let (title, crumbs) = page.title();
+                    let path = page.path();
+                    let layout = Layout { title: &title, user: &session.user, csrf: &session.csrf, crumbs, path: &path, now: Utc::now() };
+                    html(StatusCode::OK, render::page(&layout, &fragment))
+                }
+                Err(e) => failure(&state, &id, e),
+            },
+            None => html(StatusCode::NOT_FOUND, render::message_page("Not found", "No such page.")),
+        },
+        _ => html(StatusCode::METHOD_NOT_ALLOWED, render::message_page("Method not allowed", "Use the page's buttons.")),
+    }
+}
+
+fn sse_response(body: live::SseBody) -> Response<Body> {
+    let mut r = Response::new(body.boxed());
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    r
+}
+
+/// `GET /login`: the form, or with `?code=` a one-time code exchanged for a session.
+async fn login_get(state: &ConsoleState, req: &Request<Incoming>) -> Response<Body> {
+    let Some(code) = query_param(req, "code") else {
+        return html(StatusCode::OK, render::login_page(None));
+    };
+    match state.sessions.redeem(&code) {
+        Some(token) => open_session(state, token).await,
+        None => html(
+            StatusCode::UNAUTHORIZED,
+            render::login_page(Some("This sign-in link was used already or is unknown: sign in with a token.")),
+        ),
+    }
+}
+
+/// `POST /login`: a pasted token.
+async fn login_post(state: &ConsoleState, req: Request<Incoming>) -> Response<Body> {
+    if foreign_origin(&req) {
+        return forbidden("Cross-site request refused.");
+    }
+    let form = match read_form(req).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let token = form.get("token").map(|t| t.trim().to_string()).unwrap_or_default();
+    if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return html(StatusCode::BAD_REQUEST, render::login_page(Some("Paste a bearer token: one line, no spaces.")));
+    }
+    open_session(state, SecretString::from(token)).await
+}
+
+/// Checks the token with the API server (SelfSubjectReview) and opens a session for it.
+async fn open_session(state: &ConsoleState, token: SecretString) -> Response<Body> {
+    let client = match api::visitor_client(&state.api, token.clone()) {
+        Ok(c) => c,
+        Err(e) => return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&e.to_string()))),
+    };
+    let user = match api::whoami(&client).await {
+        Ok(user) => user,
+        // Authenticated, only not allowed to ask who it is.
+        Err(ApiFailure::Forbidden(_)) => "unknown user".into(),
+        Err(ApiFailure::Unauthorized) => {
+            return html(StatusCode::UNAUTHORIZED, render::login_page(Some("The API server did not accept this token (401).")));
+        }
+        Err(e) => return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&format!("Cannot reach the API server: {e}")))),
+    };
+    tracing::info!(%user, "console sign-in");
+    let id = state.sessions.insert(Session::new(token, client, user));
+    with_cookie(redirect("/"), &session::set_cookie(&id))
+}
+
+/// What an action does to the object.
+enum Change {
+    Annotate(&'static str, Option<String>),
+    Delete,
+}
+
+/// `POST /actions`: CSRF check, SelfSubjectAccessReview, then the change with the visitor's token.
+async fn action(state: &ConsoleState, id: &str, session: &Session, form: HashMap<String, String>) -> Response<Body> {
+    let field = |k: &str| form.get(k).map(String::as_str).unwrap_or_default();
+    if !session::constant_time_eq(field("csrf"), &session.csrf) {
+        return forbidden("The form is stale or forged (CSRF token mismatch).");
+    }
+    let Some(kind) = Kind::from_plural(field("kind")) else {
+        return html(StatusCode::BAD_REQUEST, render::message_page("Bad request", &format!("unknown kind {:?}", field("kind"))));
+    };
+    let name = field("name");
+    let namespace = (kind != Kind::Workspace).then(|| field("namespace"));
+    if !pages::valid_name(name) || namespace.is_some_and(|ns| !pages::valid_name(ns)) {
+        return html(StatusCode::BAD_REQUEST, render::message_page("Bad request", "name or namespace missing or invalid"));
+    }
+    let (verb, change) = match field("action") {
+        "approve" => {
+            let plan = field("plan");
+            let current = match api::get(&session.client, kind, namespace, name).await {
+                Ok(o) => o["status"]["plan"]["id"].as_str().unwrap_or_default().to_string(),
+                Err(e) => return failure(state, id, e),
+            };
+            if plan.is_empty() || plan != current {
+                let m = format!(
+                    "The plan changed since the page was drawn (you approved {plan:?}, the current one is {current:?}): review it again."
+                );
+                return html(StatusCode::CONFLICT, render::message_page("Plan changed", &m));
+            }
+            ("patch", Change::Annotate(APPROVE, Some(plan.to_string())))
+        }
+        "pause" => ("patch", Change::Annotate(PAUSED, Some("true".into()))),
+        "resume" => ("patch", Change::Annotate(PAUSED, None)),
+        "reconcile" => ("patch", Change::Annotate(RECONCILE, Some(Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))),
+        "delete" if field("confirm") == name => ("delete", Change::Delete),
+        "delete" => return html(StatusCode::BAD_REQUEST, render::message_page("Not confirmed", "Deleting needs the confirmation page.")),
+        other => return html(StatusCode::BAD_REQUEST, render::message_page("Bad request", &format!("unknown action {other:?}"))),
+    };
+    match api::may(&session.client, verb, kind, namespace, name).await {
+        Ok(true) => {}
+        Ok(false) => {
+            let scope = namespace.map(|ns| format!(" in namespace {ns}")).unwrap_or_default();
+            return forbidden(&format!("{} may not {verb} {} {name}{scope}.", session.user, kind.plural()));
+        }
+        Err(e) => return failure(state, id, e),
+    }
+    let done = match &change {
+        Change::Annotate(key, value) => api::annotate(&session.client, kind, namespace, name, key, value.as_deref()).await,
+        Change::Delete => api::delete(&session.client, kind, namespace, name).await,
+    };
+    match done {
+        Ok(()) => {
+            tracing::info!(user = %session.user, action = field("action"), kind = kind.name(), namespace = namespace.unwrap_or_default(), name, "console action");
+            match change {
+                Change::Delete => redirect("/"),
+                Change::Annotate(..) => redirect(&render::object_path(kind, namespace, name)),
+            }
+        }
+        Err(e) => failure(state, id, e),
+    }
+}

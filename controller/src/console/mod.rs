@@ -1,0 +1,84 @@
+//! The web console: server-rendered pages of Workspaces, Clusters (their live tree, a timeline
+//! of their steps and Servers ready over time), Servers and TaskServs, with live updates by
+//! server-sent events and the actions approve, pause/resume, reconcile now and delete.
+//!
+//! Every visitor signs in with a Kubernetes bearer token and every API request the console
+//! makes for them uses that token (as Headlamp and the Kubernetes Dashboard do), so RBAC
+//! decides what each person sees and may do; actions are offered only where a
+//! SelfSubjectAccessReview allows them. The token stays on the server ([`session`]).
+//!
+//! - [`http`]: HTTPS listener, routing, sign-in, actions;
+//! - [`pages`]: what each page reads (with the visitor's client) and hands to [`render`];
+//! - [`render`], [`charts`]: pure HTML/SVG rendering (unit-tested, benchmarked);
+//! - [`live`]: watches with the visitor's token, re-rendering at most every 300 ms;
+//! - [`api`], [`session`], [`tls`]: API calls, sessions and one-time codes, certificates.
+
+pub mod api;
+pub mod charts;
+pub mod http;
+pub mod live;
+pub mod pages;
+pub mod render;
+pub mod session;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use secrecy::SecretString;
+use tokio_util::sync::CancellationToken;
+
+pub use tls::CertSource;
+
+/// How to run the console.
+#[derive(Clone)]
+pub struct ConsoleOptions {
+    /// Listen address (127.0.0.1 by default: nothing is exposed unless asked for).
+    pub listen: SocketAddr,
+    /// Where the HTTPS certificate comes from.
+    pub cert: CertSource,
+    /// The API server's address and CA; its credentials are never used for visitors.
+    pub api: kube::Config,
+}
+
+/// State shared by every request.
+pub struct ConsoleState {
+    /// Sessions and one-time codes.
+    pub sessions: session::Sessions,
+    /// The API server's address and CA.
+    pub api: kube::Config,
+}
+
+/// A started console.
+pub struct RunningConsole {
+    addr: SocketAddr,
+    state: Arc<ConsoleState>,
+}
+
+impl RunningConsole {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The console's base URL (`https://127.0.0.1:PORT/`).
+    pub fn url(&self) -> String {
+        format!("https://{}/", provisioning_apiserver::tls::client_host(self.addr))
+    }
+
+    /// A sign-in URL with a one-time code that opens a session with `token`, once.
+    pub fn login_url(&self, token: SecretString) -> String {
+        format!("{}login?code={}", self.url(), self.state.sessions.issue_code(token))
+    }
+}
+
+/// Binds `opts.listen` and serves the console until `shutdown` is cancelled.
+pub async fn start(opts: ConsoleOptions, shutdown: CancellationToken) -> anyhow::Result<RunningConsole> {
+    let listener =
+        tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| anyhow::anyhow!("binding the console to {}: {e}", opts.listen))?;
+    let addr = listener.local_addr()?;
+    let tls = tls::load(&opts.cert, addr)?;
+    let state = Arc::new(ConsoleState { sessions: session::Sessions::default(), api: opts.api });
+    tokio::spawn(http::serve(state.clone(), listener, tls, shutdown));
+    Ok(RunningConsole { addr, state })
+}

@@ -1,0 +1,580 @@
+//! Server-rendered HTML: pure functions from API objects (as JSON) to markup, so every page is
+//! tested, and benchmarked, without a server. Every value from the API is escaped; states are
+//! written as a symbol and a word, never as colour alone.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use super::api::Kind;
+use super::charts;
+use super::session::ReadyPoint;
+use crate::trace::{Row, age};
+
+/// Escapes text for HTML element content and quoted attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// The page of an object: `/workspaces/NAME` or `/namespaces/NS/PLURAL/NAME`.
+pub fn object_path(kind: Kind, namespace: Option<&str>, name: &str) -> String {
+    match (kind, namespace) {
+        (Kind::Workspace, _) | (_, None) => format!("/workspaces/{name}"),
+        (k, Some(ns)) => format!("/namespaces/{ns}/{}/{name}", k.plural()),
+    }
+}
+
+/// A state as a symbol and words: `✔ Ready`, `✖ Failed`, `◐ Provisioning`, `◌ Unknown`.
+pub fn badge(ready: &str, phase: &str) -> String {
+    let (class, symbol) = match (ready, phase) {
+        (_, "Failed" | "Error" | "Degraded") => ("bad", "✖"),
+        ("True", _) => ("ok", "✔"),
+        ("False", _) => ("busy", "◐"),
+        _ => ("unknown", "◌"),
+    };
+    let words = match (phase.is_empty(), ready) {
+        (true, "True") => "Ready".to_string(),
+        (true, "False") => "Not ready".to_string(),
+        (true, _) => "Unknown".to_string(),
+        (false, _) => phase.to_string(),
+    };
+    format!("<span class=\"badge {class}\"><span aria-hidden=\"true\">{symbol}</span> {}</span>", esc(&words))
+}
+
+/// A condition's status as a symbol and a word. For the abnormal-true types (Reconciling,
+/// Stalled, Drifted, Paused, Degraded) True is the state to look at and False is quiet.
+fn condition_status(kind: &str, status: &str) -> String {
+    let abnormal_true = matches!(kind, "Reconciling" | "Stalled" | "Drifted" | "Paused" | "Degraded");
+    let (class, symbol) = match (abnormal_true, status) {
+        (false, "True") => ("ok", "✔"),
+        (false, "False") => ("bad", "✖"),
+        (true, "True") if kind == "Stalled" || kind == "Degraded" => ("bad", "⚠"),
+        (true, "True") => ("busy", "◐"),
+        (true, "False") => ("quiet", "–"),
+        _ => ("unknown", "◌"),
+    };
+    format!("<span class=\"badge {class}\"><span aria-hidden=\"true\">{symbol}</span> {}</span>", esc(status))
+}
+
+/// What the page chrome needs: title, the signed-in user, the CSRF token, breadcrumbs and the
+/// live-update stream of the page.
+pub struct Layout<'a> {
+    /// Page heading and title.
+    pub title: &'a str,
+    /// The signed-in user's name.
+    pub user: &'a str,
+    /// CSRF token for forms.
+    pub csrf: &'a str,
+    /// Links above the heading: (text, href); an empty href is plain text.
+    pub crumbs: Vec<(String, String)>,
+    /// The page path; the live stream is `/live` + this.
+    pub path: &'a str,
+    /// When the content was rendered.
+    pub now: DateTime<Utc>,
+}
+
+/// A full page around `live` (the part live updates replace).
+pub fn page(layout: &Layout<'_>, live: &str) -> String {
+    let mut crumbs = String::from("<a href=\"/\">Workspaces</a>");
+    for (text, href) in &layout.crumbs {
+        let item = if href.is_empty() { esc(text) } else { format!("<a href=\"{}\">{}</a>", esc(href), esc(text)) };
+        crumbs.push_str(&format!(" <span aria-hidden=\"true\">›</span> {item}"));
+    }
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{title} · Provisioning</title>\
+<link rel=\"stylesheet\" href=\"/static/console.css\"><script src=\"/static/console.js\" defer></script></head><body>\
+<a class=\"skip\" href=\"#main\">Skip to content</a>\
+<header><span class=\"brand\">Provisioning</span><nav aria-label=\"Breadcrumb\">{crumbs}</nav>\
+<span class=\"user\">Signed in as <strong>{user}</strong></span>\
+<form method=\"post\" action=\"/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><button type=\"submit\">Sign out</button></form></header>\
+<main id=\"main\"><h1>{title}</h1>\
+<p class=\"live-status\" role=\"status\"><span id=\"live-state\">Live updates starting…</span> · rendered <time id=\"updated\">{at}</time></p>\
+<div id=\"live\" data-live=\"/live{path}\">{live}</div></main></body></html>",
+        title = esc(layout.title),
+        user = esc(layout.user),
+        csrf = esc(layout.csrf),
+        at = layout.now.format("%H:%M:%S"),
+        path = esc(layout.path),
+    )
+}
+
+/// The sign-in page (the only page served without a session).
+pub fn login_page(error: Option<&str>) -> String {
+    let error = error.map(|e| format!("<p class=\"error\" role=\"alert\">✖ {}</p>", esc(e))).unwrap_or_default();
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>Sign in · Provisioning</title>\
+<link rel=\"stylesheet\" href=\"/static/console.css\"></head><body class=\"login\"><main id=\"main\">\
+<h1>Provisioning console</h1>{error}\
+<form method=\"post\" action=\"/login\"><label for=\"token\">Kubernetes bearer token</label>\
+<textarea id=\"token\" name=\"token\" rows=\"4\" autocomplete=\"off\" spellcheck=\"false\" required></textarea>\
+<p class=\"muted\">Every request the console makes uses this token, so RBAC decides what you see and may do. \
+<code>kubectl create token NAME</code> prints one for a ServiceAccount; <code>provisioning dev</code> prints a one-time sign-in link.</p>\
+<button type=\"submit\" id=\"sign-in\">Sign in</button></form></main></body></html>"
+    )
+}
+
+/// A page with one message (403, 404, 409…).
+pub fn message_page(title: &str, message: &str) -> String {
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t} · Provisioning</title>\
+<link rel=\"stylesheet\" href=\"/static/console.css\"></head><body><main id=\"main\"><h1>{t}</h1><p class=\"error\" role=\"alert\">{m}</p>\
+<p><a href=\"/\">Back to the workspaces</a></p></main></body></html>",
+        t = esc(title),
+        m = esc(message)
+    )
+}
+
+fn ready_of(v: &Value) -> &str {
+    v["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or("Unknown")
+}
+
+/// The Workspaces list: phase, cost and counts, each name linking to its tree.
+pub fn workspaces_fragment(workspaces: &[Value], now: DateTime<Utc>) -> String {
+    if workspaces.is_empty() {
+        return "<p>No Workspaces yet. <code>kubectl apply -f examples/simulated/</code> creates one.</p>".into();
+    }
+    let mut out = String::from(
+        "<table><caption>Workspaces</caption><thead><tr><th scope=\"col\">Name</th><th scope=\"col\">Status</th>\
+<th scope=\"col\">Namespace</th><th scope=\"col\">Servers</th><th scope=\"col\">Clusters</th><th scope=\"col\">TaskServs</th>\
+<th scope=\"col\">Cost</th><th scope=\"col\">Age</th></tr></thead><tbody>",
+    );
+    for ws in workspaces {
+        let name = str_at(ws, "/metadata/name");
+        let count = |k: &str| ws["status"]["counts"][k].as_u64().map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+        let cost = str_at(ws, "/status/cost/summary");
+        out.push_str(&format!(
+            "<tr id=\"ws-{id}\"><th scope=\"row\"><a href=\"{href}\">{n}</a></th><td>{badge}</td><td>{ns}</td><td>{s}</td><td>{c}</td><td>{t}</td><td>{cost}</td><td>{age}</td></tr>",
+            id = esc(name),
+            href = esc(&object_path(Kind::Workspace, None, name)),
+            n = esc(name),
+            badge = badge(ready_of(ws), str_at(ws, "/status/phase")),
+            ns = esc(str_at(ws, "/status/namespace")),
+            s = count("servers"),
+            c = count("clusters"),
+            t = count("taskservs"),
+            cost = if cost.is_empty() { "-".into() } else { esc(cost) },
+            age = age(str_at(ws, "/metadata/creationTimestamp"), now),
+        ));
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// An owned tree (the rows of [`crate::trace::build`]) as a table with one link per object.
+pub fn tree_table(rows: &[Row], namespace: &str, now: DateTime<Utc>) -> String {
+    let mut out = String::with_capacity(rows.len() * 400 + 256);
+    out.push_str(
+        "<table class=\"tree\"><caption>Owned objects</caption><thead><tr><th scope=\"col\">Object</th><th scope=\"col\">Status</th>\
+<th scope=\"col\">Age</th><th scope=\"col\">Message</th></tr></thead><tbody>",
+    );
+    for r in rows {
+        let (kind, name) = r.object.split_once('/').unwrap_or((&r.object, ""));
+        let kind_enum = match kind {
+            "Workspace" => Some(Kind::Workspace),
+            "Cluster" => Some(Kind::Cluster),
+            "Server" => Some(Kind::Server),
+            "TaskServ" => Some(Kind::TaskServ),
+            _ => None,
+        };
+        let label = format!("<span class=\"kind\">{}</span> {}", esc(kind), esc(name));
+        let cell = match kind_enum {
+            Some(k) => format!("<a href=\"{}\">{label}</a>", esc(&object_path(k, Some(namespace), name))),
+            None => label,
+        };
+        let age = if r.created.is_empty() { String::new() } else { age(&r.created, now) };
+        let message = if r.steps.is_empty() {
+            esc(&r.message)
+        } else {
+            format!("{} <span class=\"steps\">{}</span>", esc(&r.message), esc(&r.steps))
+        };
+        out.push_str(&format!(
+            "<tr class=\"d{}\" data-object=\"{}\"><th scope=\"row\">{cell}</th><td>{}</td><td>{age}</td><td>{message}</td></tr>",
+            r.depth.min(6),
+            esc(&r.object),
+            badge(&r.ready, &r.status),
+        ));
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// What the visitor may do to the object (SelfSubjectAccessReview answers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Allowed {
+    /// May patch it (approve, pause/resume, reconcile now).
+    pub patch: bool,
+    /// May delete it.
+    pub delete: bool,
+}
+
+/// Annotation that pauses reconciling.
+pub const PAUSED: &str = "provisioning.dev/paused";
+/// Annotation that approves a plan by id.
+pub const APPROVE: &str = "provisioning.dev/approve";
+/// Annotation that asks for a reconcile now.
+pub const RECONCILE: &str = "provisioning.dev/reconcile-requested-at";
+
+fn action_form(csrf: &str, kind: Kind, ns: Option<&str>, name: &str, action: &str, extra: &str, label: &str) -> String {
+    format!(
+        "<form method=\"post\" action=\"/actions\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+<input type=\"hidden\" name=\"kind\" value=\"{}\"><input type=\"hidden\" name=\"namespace\" value=\"{}\">\
+<input type=\"hidden\" name=\"name\" value=\"{}\"><input type=\"hidden\" name=\"action\" value=\"{action}\">{extra}\
+<button type=\"submit\" id=\"action-{action}\">{label}</button></form>",
+        esc(csrf),
+        kind.plural(),
+        esc(ns.unwrap_or_default()),
+        esc(name),
+    )
+}
+
+/// The action buttons the visitor may use; nothing at all when they may do nothing.
+pub fn actions(obj: &Value, kind: Kind, ns: Option<&str>, allowed: Allowed, csrf: &str) -> String {
+    let name = str_at(obj, "/metadata/name");
+    let mut out = String::new();
+    if allowed.patch {
+        let plan_id = str_at(obj, "/status/plan/id");
+        let approved = obj["metadata"]["annotations"][APPROVE].as_str();
+        if !plan_id.is_empty() && approved != Some(plan_id) {
+            let extra = format!("<input type=\"hidden\" name=\"plan\" value=\"{}\">", esc(plan_id));
+            out.push_str(&action_form(csrf, kind, ns, name, "approve", &extra, &format!("✔ Approve plan {}", esc(plan_id))));
+        }
+        if obj["metadata"]["annotations"][PAUSED] == "true" {
+            out.push_str(&action_form(csrf, kind, ns, name, "resume", "", "▶ Resume"));
+        } else {
+            out.push_str(&action_form(csrf, kind, ns, name, "pause", "", "❚❚ Pause"));
+        }
+        out.push_str(&action_form(csrf, kind, ns, name, "reconcile", "", "↻ Reconcile now"));
+    }
+    if allowed.delete {
+        out.push_str(&format!(
+            "<a class=\"button danger\" id=\"action-delete\" href=\"{}/delete\">✕ Delete…</a>",
+            esc(&object_path(kind, ns, name))
+        ));
+    }
+    if out.is_empty() { String::new() } else { format!("<div class=\"actions\" role=\"group\" aria-label=\"Actions\">{out}</div>") }
+}
+
+/// The delete confirmation page's body.
+pub fn delete_confirm(kind: Kind, ns: Option<&str>, name: &str, csrf: &str) -> String {
+    let extra = format!("<input type=\"hidden\" name=\"confirm\" value=\"{}\">", esc(name));
+    format!(
+        "<p>Delete {} <strong>{}</strong>{}? What it owns is torn down with it.</p>{}<p><a href=\"{}\">Cancel</a></p>",
+        kind.name(),
+        esc(name),
+        ns.map(|n| format!(" in namespace {}", esc(n))).unwrap_or_default(),
+        action_form(csrf, kind, ns, name, "delete", &extra, "✕ Delete"),
+        esc(&object_path(kind, ns, name)),
+    )
+}
+
+fn compact(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Object(m) => m.iter().map(|(k, v)| format!("{k}: {}", compact(v))).collect::<Vec<_>>().join(", "),
+        Value::Array(a) => a.iter().map(compact).collect::<Vec<_>>().join("; "),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// One planned change: `Update spec.plan: small → medium (Server/demo/web-2)`, or the change
+/// as it is when it has another shape.
+fn change_line(c: &Value) -> String {
+    let action = str_at(c, "/action");
+    if action.is_empty() {
+        return compact(c);
+    }
+    let mut line = action.to_string();
+    for (sep, key) in [(" ", "/field"), (": ", "/from"), (" → ", "/to")] {
+        let v = str_at(c, key);
+        if !v.is_empty() {
+            line.push_str(sep);
+            line.push_str(v);
+        }
+    }
+    for (open, key) in [(" (", "/resource"), (" — ", "/reason")] {
+        let v = str_at(c, key);
+        if !v.is_empty() {
+            line.push_str(open);
+            line.push_str(v);
+            if open == " (" {
+                line.push(')');
+            }
+        }
+    }
+    line
+}
+
+/// `status.plan` (id, summary, changes, cost delta) when present, read as optional JSON.
+pub fn plan_section(obj: &Value) -> String {
+    let plan = &obj["status"]["plan"];
+    if !plan.is_object() {
+        return String::new();
+    }
+    let mut out = format!("<section aria-labelledby=\"plan-h\"><h2 id=\"plan-h\">Plan <code>{}</code></h2>", esc(str_at(plan, "/id")));
+    let summary = str_at(plan, "/summary");
+    if !summary.is_empty() {
+        out.push_str(&format!("<p>{}</p>", esc(summary)));
+    }
+    if let Some(delta) = plan.get("monthlyCostDelta").filter(|d| !d.is_null()) {
+        out.push_str(&format!("<p>Monthly cost change: {}</p>", esc(&compact(delta))));
+    }
+    let changes = plan["changes"].as_array().cloned().unwrap_or_default();
+    if !changes.is_empty() {
+        out.push_str("<ul class=\"changes\">");
+        for c in changes {
+            out.push_str(&format!("<li>{}</li>", esc(&change_line(&c))));
+        }
+        out.push_str("</ul>");
+    }
+    if obj["metadata"]["annotations"][APPROVE].as_str().is_some_and(|a| a == str_at(plan, "/id")) {
+        out.push_str("<p class=\"badge ok\"><span aria-hidden=\"true\">✔</span> Approved; waiting for the controller to apply it.</p>");
+    }
+    out.push_str("</section>");
+    out
+}
+
+/// Conditions as a table.
+pub fn conditions_section(obj: &Value, now: DateTime<Utc>) -> String {
+    let conds = obj["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let mut out = String::from("<section aria-labelledby=\"cond-h\"><h2 id=\"cond-h\">Conditions</h2>");
+    if conds.is_empty() {
+        out.push_str("<p class=\"muted\">None reported yet.</p></section>");
+        return out;
+    }
+    out.push_str(
+        "<table><thead><tr><th scope=\"col\">Type</th><th scope=\"col\">Status</th><th scope=\"col\">Reason</th>\
+<th scope=\"col\">Message</th><th scope=\"col\">Changed</th></tr></thead><tbody>",
+    );
+    for c in conds {
+        out.push_str(&format!(
+            "<tr><th scope=\"row\">{}</th><td>{}</td><td>{}</td><td>{}</td><td>{} ago</td></tr>",
+            esc(str_at(&c, "/type")),
+            condition_status(str_at(&c, "/type"), str_at(&c, "/status")),
+            esc(str_at(&c, "/reason")),
+            esc(str_at(&c, "/message")),
+            age(str_at(&c, "/lastTransitionTime"), now),
+        ));
+    }
+    out.push_str("</tbody></table></section>");
+    out
+}
+
+/// A section whose data could not be read (RBAC): says so instead of the content.
+pub type Section = Result<Vec<Value>, String>;
+
+/// Events and ChangeRecords, newest first.
+pub fn history_section(events: &Section, records: &Section, now: DateTime<Utc>) -> String {
+    let mut out = String::from("<section aria-labelledby=\"hist-h\"><h2 id=\"hist-h\">History</h2>");
+    match records {
+        Ok(list) if !list.is_empty() => {
+            out.push_str("<h3>Applied changes</h3><ul class=\"records\">");
+            for r in list.iter().rev() {
+                out.push_str(&format!(
+                    "<li><time>{}</time> {}</li>",
+                    esc(str_at(r, "/metadata/creationTimestamp")),
+                    esc(&compact(r.get("spec").unwrap_or(&Value::Null)))
+                ));
+            }
+            out.push_str("</ul>");
+        }
+        Ok(_) => {}
+        Err(e) => out.push_str(&format!("<p class=\"muted\">Change records not shown: {}</p>", esc(e))),
+    }
+    match events {
+        Ok(list) if list.is_empty() => out.push_str("<p class=\"muted\">No events.</p>"),
+        Ok(list) => {
+            out.push_str(
+                "<table><caption>Events</caption><thead><tr><th scope=\"col\">When</th><th scope=\"col\">Type</th>\
+<th scope=\"col\">Reason</th><th scope=\"col\">Note</th></tr></thead><tbody>",
+            );
+            for e in list.iter().rev().take(100) {
+                let warning = e["type"] == "Warning";
+                out.push_str(&format!(
+                    "<tr><td>{} ago</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    age(super::api::event_time(e), now),
+                    if warning {
+                        "<span class=\"badge bad\"><span aria-hidden=\"true\">⚠</span> Warning</span>"
+                    } else {
+                        "<span class=\"badge\"><span aria-hidden=\"true\">ℹ</span> Normal</span>"
+                    },
+                    esc(str_at(e, "/reason")),
+                    esc(str_at(e, "/note")),
+                ));
+            }
+            out.push_str("</tbody></table>");
+        }
+        Err(e) => out.push_str(&format!("<p class=\"muted\">Events not shown: {}</p>", esc(e))),
+    }
+    out.push_str("</section>");
+    out
+}
+
+/// The last script run per (TaskServ, server): `(taskserv, entry of status.servers)`.
+pub fn script_output_section(runs: &[(String, Value)]) -> String {
+    let runs: Vec<&(String, Value)> = runs.iter().filter(|(_, e)| e["lastRun"].is_object()).collect();
+    let mut out = String::from("<section aria-labelledby=\"out-h\"><h2 id=\"out-h\">Last script output</h2>");
+    if runs.is_empty() {
+        out.push_str("<p class=\"muted\">No script has run yet.</p></section>");
+        return out;
+    }
+    for (ts, e) in runs {
+        let run = &e["lastRun"];
+        let exit = run["exitCode"]
+            .as_i64()
+            .map(|c| if c == 0 { "✔ exit 0".to_string() } else { format!("✖ exit {c}") })
+            .unwrap_or_else(|| "▶ running".into());
+        out.push_str(&format!(
+            "<h3>{} on {}: {} ({})</h3><p class=\"muted\">started {} · finished {}</p><pre class=\"output\">{}</pre>",
+            esc(ts),
+            esc(str_at(e, "/name")),
+            esc(str_at(run, "/script")),
+            esc(&exit),
+            esc(str_at(run, "/startedAt")),
+            esc(str_at(run, "/finishedAt")),
+            esc(str_at(run, "/outputTail")),
+        ));
+    }
+    out.push_str("</section>");
+    out
+}
+
+/// Everything an object page shows; the Cluster page adds its charts.
+pub struct ObjectView<'a> {
+    /// Kind of the object.
+    pub kind: Kind,
+    /// Its namespace (None for a Workspace).
+    pub namespace: Option<&'a str>,
+    /// The object.
+    pub object: &'a Value,
+    /// Its owned tree (first row: the object itself).
+    pub rows: &'a [Row],
+    /// Namespace the tree's links point into.
+    pub tree_namespace: &'a str,
+    /// What the visitor may do.
+    pub allowed: Allowed,
+    /// The session's CSRF token.
+    pub csrf: &'a str,
+    /// Events about the object.
+    pub events: Section,
+    /// ChangeRecords of the object.
+    pub records: Section,
+    /// Last script runs to show.
+    pub runs: Vec<(String, Value)>,
+    /// Ready-over-time points (Clusters).
+    pub ready_history: Option<Vec<ReadyPoint>>,
+    /// Render time.
+    pub now: DateTime<Utc>,
+}
+
+/// The live part of an object page.
+pub fn object_fragment(v: &ObjectView<'_>) -> String {
+    let obj = v.object;
+    let mut out = String::with_capacity(v.rows.len() * 500 + 4096);
+    let first = v.rows.first();
+    out.push_str(&format!(
+        "<p class=\"summary\">{} {}</p>",
+        badge(first.map_or("Unknown", |r| r.ready.as_str()), str_at(obj, "/status/phase")),
+        esc(first.map_or("", |r| r.message.as_str()))
+    ));
+    if obj["metadata"]["annotations"][PAUSED] == "true" {
+        out.push_str("<p class=\"badge busy\"><span aria-hidden=\"true\">❚❚</span> Paused: the controller leaves this object alone until it is resumed.</p>");
+    }
+    if obj["metadata"]["deletionTimestamp"].is_string() {
+        out.push_str("<p class=\"badge busy\"><span aria-hidden=\"true\">✕</span> Being deleted.</p>");
+    }
+    out.push_str(&actions(obj, v.kind, v.namespace, v.allowed, v.csrf));
+    out.push_str(&plan_section(obj));
+    if v.kind == Kind::Cluster {
+        let counts = &obj["status"]["servers"];
+        out.push_str(&format!(
+            "<section aria-labelledby=\"ready-h\"><h2 id=\"ready-h\">Servers ready over time</h2><p>{} of {} ready. \
+The chart is kept in the console's memory for your session, from the watch events since you opened this Cluster.</p>{}</section>",
+            counts["ready"].as_u64().unwrap_or(0),
+            counts["desired"].as_u64().unwrap_or(0),
+            v.ready_history.as_deref().map(|h| charts::ready_chart(h, v.now)).unwrap_or_default()
+        ));
+        let steps = obj["status"]["steps"].as_array().map(Vec::as_slice).unwrap_or_default();
+        out.push_str(&format!(
+            "<section aria-labelledby=\"steps-h\"><h2 id=\"steps-h\">Steps</h2>{}</section>",
+            charts::steps_timeline(steps, v.now)
+        ));
+    }
+    out.push_str(&format!(
+        "<section aria-labelledby=\"tree-h\"><h2 id=\"tree-h\">Tree</h2>{}</section>",
+        tree_table(v.rows, v.tree_namespace, v.now)
+    ));
+    out.push_str(&conditions_section(obj, v.now));
+    if matches!(v.kind, Kind::Server | Kind::TaskServ) {
+        out.push_str(&script_output_section(&v.runs));
+    }
+    out.push_str(&history_section(&v.events, &v.records, v.now));
+    let spec = serde_json::to_string_pretty(&obj["spec"]).unwrap_or_default();
+    out.push_str(&format!("<details><summary>Spec</summary><pre>{}</pre></details>", esc(&spec)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-11-24T00:10:00Z").map(|t| t.with_timezone(&Utc)).unwrap_or_default()
+    }
+
+    #[test]
+    fn values_from_the_api_are_escaped() {
+        let ws = json!({"metadata": {"name": "<script>x</script>", "creationTimestamp": "2026-11-24T00:00:00Z"},
+            "status": {"phase": "Ready\"><b>", "conditions": [{"type": "Ready", "status": "True"}]}});
+        let html = workspaces_fragment(&[ws], now());
+        assert!(!html.contains("<script>") && !html.contains("\"><b>"), "{html}");
+        assert!(html.contains("&lt;script&gt;"), "{html}");
+    }
+
+    #[test]
+    fn actions_follow_what_the_visitor_may_do() {
+        let obj =
+            json!({"metadata": {"name": "web", "annotations": {PAUSED: "true"}}, "status": {"plan": {"id": "p1", "summary": "create 1"}}});
+        assert_eq!(actions(&obj, Kind::Server, Some("demo"), Allowed::default(), "c"), "");
+        let all = actions(&obj, Kind::Server, Some("demo"), Allowed { patch: true, delete: true }, "c");
+        for id in ["action-approve", "action-resume", "action-reconcile", "action-delete"] {
+            assert!(all.contains(id), "{id}: {all}");
+        }
+        assert!(!all.contains("action-pause"), "{all}");
+        let approved = json!({"metadata": {"name": "web", "annotations": {APPROVE: "p1"}}, "status": {"plan": {"id": "p1"}}});
+        let html = actions(&approved, Kind::Server, Some("demo"), Allowed { patch: true, delete: false }, "c");
+        assert!(!html.contains("action-approve") && html.contains("action-pause") && !html.contains("action-delete"), "{html}");
+        assert!(plan_section(&approved).contains("Approved"));
+        let change = json!({"resource": "Server/demo/web", "field": "spec.plan", "action": "Update", "from": "small", "to": "medium"});
+        assert_eq!(change_line(&change), "Update spec.plan: small → medium (Server/demo/web)");
+    }
+
+    #[test]
+    fn badges_carry_a_symbol_and_a_word() {
+        assert!(badge("True", "Running").contains("✔") && badge("True", "Running").contains("Running"));
+        assert!(badge("False", "Failed").contains("✖"));
+        assert!(badge("False", "Provisioning").contains("◐"));
+        assert!(badge("Unknown", "").contains("Unknown"));
+    }
+}

@@ -1,0 +1,181 @@
+//! Sessions: a random id in an HttpOnly, SameSite=Strict cookie maps, on the server only, to
+//! the visitor's bearer token and a client that uses it. Tokens never reach a URL, a log line
+//! or the HTML; what the browser holds is the session id and a CSRF token for its forms.
+//!
+//! One-time login codes (as Jupyter prints them) map to a token too and are consumed by their
+//! first use.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use secrecy::SecretString;
+
+/// The cookie that carries the session id.
+pub const COOKIE: &str = "provisioning_console";
+
+/// How long a session lives without a request.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(12 * 3600);
+
+/// How long a one-time login code stays valid.
+pub const CODE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Points kept per Cluster in the ready-over-time chart.
+pub const HISTORY_POINTS: usize = 500;
+
+/// A random 256-bit value as hex (session ids, CSRF tokens, login codes).
+pub fn random_hex() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub fn constant_time_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One point of a Cluster's ready-over-time chart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadyPoint {
+    /// Seconds since the Unix epoch.
+    pub at: i64,
+    /// Servers ready.
+    pub ready: u32,
+    /// Servers desired.
+    pub desired: u32,
+}
+
+/// One signed-in visitor.
+pub struct Session {
+    /// The visitor's bearer token (sent only to the API server).
+    pub token: SecretString,
+    /// A client that authenticates with [`Session::token`].
+    pub client: kube::Client,
+    /// The token every form of this session carries.
+    pub csrf: String,
+    /// Who the API server says the token belongs to.
+    pub user: String,
+    last_seen: Mutex<Instant>,
+    /// Ready-over-time per `namespace/cluster`, recorded from what this visitor's pages and
+    /// watches saw (in memory only: it starts when the page is first opened).
+    history: Mutex<HashMap<String, VecDeque<ReadyPoint>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these maps leaves plain data behind: keep using it.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Session {
+    /// A session for `token`, whose API client is `client`.
+    pub fn new(token: SecretString, client: kube::Client, user: String) -> Session {
+        Session { token, client, csrf: random_hex(), user, last_seen: Mutex::new(Instant::now()), history: Mutex::new(HashMap::new()) }
+    }
+
+    /// Records a Cluster's ready count (a point only when it changed) and returns the history.
+    pub fn record_ready(&self, cluster: &str, point: ReadyPoint) -> Vec<ReadyPoint> {
+        let mut all = lock(&self.history);
+        let h = all.entry(cluster.to_string()).or_default();
+        if h.back().is_none_or(|last| (last.ready, last.desired) != (point.ready, point.desired)) {
+            h.push_back(point);
+            while h.len() > HISTORY_POINTS {
+                h.pop_front();
+            }
+        }
+        h.iter().copied().collect()
+    }
+}
+
+/// Sessions and one-time codes of one console.
+#[derive(Default)]
+pub struct Sessions {
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    codes: Mutex<HashMap<String, (SecretString, Instant)>>,
+}
+
+impl Sessions {
+    /// Stores `session`; returns its id (for the cookie).
+    pub fn insert(&self, session: Session) -> String {
+        let id = random_hex();
+        let mut map = lock(&self.sessions);
+        map.retain(|_, s| lock(&s.last_seen).elapsed() < IDLE_TIMEOUT);
+        map.insert(id.clone(), Arc::new(session));
+        id
+    }
+
+    /// The live session with `id`, marking it used.
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        let mut map = lock(&self.sessions);
+        let session = map.get(id)?.clone();
+        let mut seen = lock(&session.last_seen);
+        if seen.elapsed() >= IDLE_TIMEOUT {
+            drop(seen);
+            map.remove(id);
+            return None;
+        }
+        *seen = Instant::now();
+        drop(seen);
+        Some(session)
+    }
+
+    /// Ends the session `id` (logout, or the API server no longer accepts its token).
+    pub fn remove(&self, id: &str) {
+        lock(&self.sessions).remove(id);
+    }
+
+    /// A new one-time code that [`Sessions::redeem`] exchanges for `token`, once.
+    pub fn issue_code(&self, token: SecretString) -> String {
+        let code = random_hex();
+        let mut codes = lock(&self.codes);
+        codes.retain(|_, (_, at)| at.elapsed() < CODE_TTL);
+        codes.insert(code.clone(), (token, Instant::now()));
+        code
+    }
+
+    /// The token behind `code`; the code is gone afterwards, whatever the outcome.
+    pub fn redeem(&self, code: &str) -> Option<SecretString> {
+        let (token, at) = lock(&self.codes).remove(code)?;
+        (at.elapsed() < CODE_TTL).then_some(token)
+    }
+}
+
+/// The session id in a `Cookie` header, if any.
+pub fn cookie_value(header: &str) -> Option<&str> {
+    header.split(';').filter_map(|kv| kv.trim().split_once('=')).find(|(k, _)| *k == COOKIE).map(|(_, v)| v)
+}
+
+/// The `Set-Cookie` value that stores `id` (HttpOnly, Secure, SameSite=Strict).
+pub fn set_cookie(id: &str) -> String {
+    format!("{COOKIE}={id}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age={}", IDLE_TIMEOUT.as_secs())
+}
+
+/// The `Set-Cookie` value that removes the session cookie.
+pub fn clear_cookie() -> String {
+    format!("{COOKIE}=; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_single_use() {
+        let s = Sessions::default();
+        let code = s.issue_code(SecretString::from("t0ken"));
+        assert!(s.redeem("nope").is_none());
+        assert!(s.redeem(&code).is_some());
+        assert!(s.redeem(&code).is_none(), "a code works once");
+    }
+
+    #[test]
+    fn cookies_parse_and_carry_the_safe_attributes() {
+        assert_eq!(cookie_value("a=b; provisioning_console=abc; c=d"), Some("abc"));
+        assert_eq!(cookie_value("a=b"), None);
+        let c = set_cookie("x");
+        for attr in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/"] {
+            assert!(c.contains(attr), "{c}");
+        }
+        assert!(constant_time_eq("abc", "abc") && !constant_time_eq("abc", "abd") && !constant_time_eq("abc", "ab"));
+    }
+}

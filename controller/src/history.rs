@@ -1,0 +1,382 @@
+//! History: one `ChangeRecord` per spec generation of a Server, TaskServ or Cluster that the
+//! controller carries out — who changed the spec (managedFields), which fields changed, when
+//! it started and ended, and how it ended — owned by the object, the last `history_limit`
+//! kept per object.
+//!
+//! Driven from the status write ([`crate::Context::apply_status`]): the status is the
+//! checkpoint, so its transitions are the change's (a new `observedGeneration` starts a
+//! change; `Ready=True` at that generation ends it Succeeded, `Stalled=True` Failed). Record
+//! names are deterministic (kind, name, generation, uid), so a restarted controller finds the
+//! record it had begun. Records are best effort: a failure to write one is logged and never
+//! fails the reconcile.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use provisioning_crds::{ChangeRecord, ChangeRecordSpec, ChangeRecordStatus, ChangedObject, LABEL_CHANGE_OF, SpecWriter};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::context::{Context, FIELD_MANAGER};
+
+/// Kinds whose changes are recorded.
+pub const RECORDED_KINDS: &[&str] = &["Server", "TaskServ", "Cluster"];
+/// Most spec fields digested per record; a larger spec is digested by subtree beyond this.
+const MAX_FIELDS: usize = 256;
+
+/// How a change ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Ready at its generation.
+    Succeeded,
+    /// Stalled: it cannot be carried out as written (the Stalled message).
+    Failed(String),
+}
+
+/// What one status write means for the history.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Transition {
+    /// A generation seen for the first time: its change starts.
+    pub started: Option<i64>,
+    /// The change of this generation ended.
+    pub finished: Option<(i64, Outcome)>,
+}
+
+fn condition_status<'a>(status: &'a Value, kind: &str) -> Option<&'a str> {
+    status.get("conditions")?.as_array()?.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(kind))?.get("status")?.as_str()
+}
+
+fn condition_message(status: &Value, kind: &str) -> String {
+    let found = status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(kind)));
+    found.and_then(|c| c.get("message")).and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+/// The history transition from the status `before` to `after` (pure).
+pub fn transition(before: Option<&Value>, after: &Value) -> Transition {
+    let generation = |s: Option<&Value>| s.and_then(|s| s.get("observedGeneration")).and_then(Value::as_i64);
+    let Some(now) = generation(Some(after)) else { return Transition::default() };
+    let started = generation(before) != Some(now);
+    let was = |kind: &str| before.and_then(|b| condition_status(b, kind)) == Some("True");
+    let finished = if condition_status(after, "Ready") == Some("True") && (started || !was("Ready")) {
+        Some((now, Outcome::Succeeded))
+    } else if condition_status(after, "Stalled") == Some("True") && (started || !was("Stalled")) {
+        Some((now, Outcome::Failed(condition_message(after, "Stalled"))))
+    } else {
+        None
+    };
+    Transition { started: started.then_some(now), finished }
+}
+
+/// Salted digests of every leaf of `spec` (path → 16 hex digits). The salt (the object's uid)
+/// keeps equal values of different objects apart; values themselves are never stored.
+pub fn field_digests(spec: &Value, salt: &str) -> BTreeMap<String, String> {
+    fn walk(path: String, value: &Value, depth: usize, out: &mut Vec<(String, Value)>) {
+        let deeper = depth < 6 && out.len() < MAX_FIELDS;
+        match value {
+            Value::Object(map) if deeper && !map.is_empty() => {
+                for (k, v) in map {
+                    walk(format!("{path}.{k}"), v, depth + 1, out);
+                }
+            }
+            Value::Array(items) if deeper && !items.is_empty() => {
+                for (i, v) in items.iter().enumerate() {
+                    // List-map entries are named by their key, so a reorder is not a change.
+                    let key = ["name", "service", "kind"].iter().find_map(|k| v.get(*k).and_then(Value::as_str));
+                    let label = key.map(String::from).unwrap_or_else(|| i.to_string());
+                    walk(format!("{path}[{label}]"), v, depth + 1, out);
+                }
+            }
+            leaf => out.push((path, leaf.clone())),
+        }
+    }
+    let mut leaves = Vec::new();
+    walk("spec".into(), spec, 0, &mut leaves);
+    leaves
+        .into_iter()
+        .map(|(path, value)| {
+            let mut hasher = Sha256::new();
+            hasher.update(salt.as_bytes());
+            hasher.update([0]);
+            hasher.update(path.as_bytes());
+            hasher.update([0]);
+            hasher.update(value.to_string().as_bytes());
+            let digest = hasher.finalize();
+            let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            (path, hex)
+        })
+        .collect()
+}
+
+/// Paths added, removed or changed between two digest maps, sorted.
+pub fn changed_fields(previous: &BTreeMap<String, String>, current: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out: Vec<String> = current.iter().filter(|(p, d)| previous.get(*p) != Some(*d)).map(|(p, _)| p.clone()).collect();
+    out.extend(previous.keys().filter(|p| !current.contains_key(*p)).cloned());
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The one-line summary of a record.
+pub fn summary(previous: Option<i64>, generation: i64, fields: &[String]) -> String {
+    match previous {
+        None if generation == 1 => "created".into(),
+        None => format!("generation {generation} (no earlier record)"),
+        Some(_) if fields.is_empty() => "no spec field changed".into(),
+        Some(_) => {
+            let shown: Vec<&str> = fields.iter().take(4).map(String::as_str).collect();
+            let more = fields.len().saturating_sub(shown.len());
+            if more > 0 { format!("changed {} (+{more} more)", shown.join(", ")) } else { format!("changed {}", shown.join(", ")) }
+        }
+    }
+}
+
+/// Spec writers from managedFields, most recent first.
+pub fn spec_writers(obj: &DynamicObject) -> Vec<SpecWriter> {
+    let mut writers: Vec<SpecWriter> = obj
+        .managed_fields()
+        .iter()
+        .filter(|m| m.subresource.is_none() && m.fields_v1.as_ref().is_some_and(|f| f.0.get("f:spec").is_some()))
+        .map(|m| SpecWriter {
+            manager: m.manager.clone().unwrap_or_default(),
+            operation: m.operation.clone().unwrap_or_default(),
+            time: m.time.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
+        })
+        .collect();
+    // RFC 3339 in UTC sorts as text.
+    writers.sort_by(|a, b| b.time.cmp(&a.time));
+    writers
+}
+
+/// The record name of `kind`/`name` at `generation` (deterministic; the uid's start tells a
+/// re-created object's records apart).
+pub fn record_name(kind: &str, name: &str, uid: &str, generation: i64) -> String {
+    let name: String = name.chars().take(200).collect();
+    let uid: String = uid.chars().filter(char::is_ascii_alphanumeric).take(5).collect();
+    format!("{}-{name}-g{generation}-{uid}", kind.to_ascii_lowercase())
+}
+
+fn record_status(phase: &str, message: Option<String>, now: &str) -> ChangeRecordStatus {
+    let (status, reason) = match phase {
+        "Succeeded" => ("True", "Succeeded"),
+        "InProgress" => ("Unknown", "InProgress"),
+        "Superseded" => ("False", "Superseded"),
+        _ => ("False", "Failed"),
+    };
+    let time = k8s_openapi::jiff::Timestamp::now();
+    ChangeRecordStatus {
+        phase: Some(phase.into()),
+        finished_at: (phase != "InProgress").then(|| now.to_string()),
+        message: message.clone(),
+        observed_generation: Some(1),
+        conditions: vec![Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.unwrap_or_else(|| phase.to_ascii_lowercase()),
+            last_transition_time: Time(time),
+            observed_generation: Some(1),
+        }],
+    }
+}
+
+/// Called after a status write of `written` (a Server, TaskServ or Cluster): records what
+/// the transition from `before` to `after` means. Never fails the caller.
+pub async fn after_status_write(ctx: &Context, kind: &str, written: &DynamicObject, before: Option<&Value>, after: &Value) {
+    if ctx.config.history_limit == 0 || !RECORDED_KINDS.contains(&kind) {
+        return;
+    }
+    let t = transition(before, after);
+    if t == Transition::default() {
+        return;
+    }
+    if let Err(e) = record(ctx, kind, written, after, &t).await {
+        tracing::warn!(kind, object = %written.name_any(), error = %e, "could not write the ChangeRecord (history only; the object is unaffected)");
+    }
+}
+
+async fn record(ctx: &Context, kind: &str, written: &DynamicObject, after: &Value, t: &Transition) -> Result<(), kube::Error> {
+    let (Some(namespace), Some(uid)) = (written.namespace(), written.uid()) else { return Ok(()) };
+    let api: Api<ChangeRecord> = Api::namespaced(ctx.client.clone(), &namespace);
+    let now = crate::time::now_seconds().to_string();
+    if let Some(generation) = t.started {
+        start(ctx, &api, kind, written, &uid, generation, after, &now).await?;
+    }
+    if let Some((generation, outcome)) = &t.finished {
+        let name = record_name(kind, &written.name_any(), &uid, *generation);
+        let status = match outcome {
+            Outcome::Succeeded => record_status("Succeeded", None, &now),
+            Outcome::Failed(message) => record_status("Failed", Some(message.clone()), &now),
+        };
+        match patch_status(&api, &name, &status).await {
+            // The record of a generation whose start this controller never saw (history
+            // turned on later): begin it now, then end it.
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                start(ctx, &api, kind, written, &uid, *generation, after, &now).await?;
+                patch_status(&api, &name, &status).await?;
+            }
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+async fn patch_status(api: &Api<ChangeRecord>, name: &str, status: &ChangeRecordStatus) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "apiVersion": "provisioning.dev/v1alpha1",
+        "kind": "ChangeRecord",
+        "metadata": {"name": name},
+        "status": status,
+    });
+    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await.map(drop)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn start(
+    ctx: &Context,
+    api: &Api<ChangeRecord>,
+    kind: &str,
+    written: &DynamicObject,
+    uid: &str,
+    generation: i64,
+    after: &Value,
+    now: &str,
+) -> Result<(), kube::Error> {
+    let object_name = written.name_any();
+    let name = record_name(kind, &object_name, uid, generation);
+    let mut history = api.list(&ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await?.items;
+    history.sort_by_key(|r| r.spec.generation);
+    if history.iter().any(|r| r.spec.generation == generation) {
+        return Ok(());
+    }
+    let previous = history.iter().rev().find(|r| r.spec.generation < generation);
+    let digests = field_digests(written.data.get("spec").unwrap_or(&Value::Null), uid);
+    let fields = previous.map(|p| changed_fields(&p.spec.field_digests, &digests)).unwrap_or_default();
+    let mut record = ChangeRecord::new(
+        &name,
+        ChangeRecordSpec {
+            object: ChangedObject { kind: kind.into(), name: object_name.clone(), uid: uid.into() },
+            generation,
+            previous_generation: previous.map(|p| p.spec.generation),
+            changed_by: spec_writers(written),
+            summary: summary(previous.map(|p| p.spec.generation), generation, &fields),
+            changed_fields: fields,
+            field_digests: digests,
+            plan: after.get("plan").filter(|p| !p.is_null()).cloned(),
+            started_at: now.into(),
+        },
+    );
+    record.metadata.namespace = written.namespace();
+    record.metadata.labels = Some([(LABEL_CHANGE_OF.to_string(), uid.to_string())].into());
+    record.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: provisioning_crds::API_VERSION.into(),
+        kind: kind.into(),
+        name: object_name,
+        uid: uid.into(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &record).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    patch_status(api, &name, &record_status("InProgress", None, now)).await?;
+    // Older changes still in progress never finished: a newer generation took over.
+    for older in history.iter().filter(|r| r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("InProgress")) {
+        let message = format!("superseded by generation {generation} before it finished");
+        patch_status(api, &older.name_any(), &record_status("Superseded", Some(message), now)).await?;
+    }
+    // Keep the newest `history_limit` (this one included).
+    let keep = ctx.config.history_limit.saturating_sub(1);
+    let excess = history.len().saturating_sub(keep);
+    for old in history.iter().take(excess) {
+        match api.delete(&old.name_any(), &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn status(generation: i64, ready: &str, stalled: &str) -> Value {
+        json!({"observedGeneration": generation, "conditions": [
+            {"type": "Ready", "status": ready}, {"type": "Stalled", "status": stalled, "message": "bad plan"}]})
+    }
+
+    #[test]
+    fn transitions_follow_observed_generation_and_ready() {
+        // First visit: generation 1 seen, conditions Unknown.
+        let t = transition(None, &status(1, "Unknown", "Unknown"));
+        assert_eq!(t, Transition { started: Some(1), finished: None });
+        // Work goes on: nothing new.
+        assert_eq!(transition(Some(&status(1, "Unknown", "Unknown")), &status(1, "False", "False")), Transition::default());
+        // Ready at that generation: it ends, once.
+        let t = transition(Some(&status(1, "False", "False")), &status(1, "True", "False"));
+        assert_eq!(t.finished, Some((1, Outcome::Succeeded)));
+        assert_eq!(transition(Some(&status(1, "True", "False")), &status(1, "True", "False")), Transition::default());
+        // A no-op spec change: starts and ends in one write.
+        let t = transition(Some(&status(1, "True", "False")), &status(2, "True", "False"));
+        assert_eq!(t, Transition { started: Some(2), finished: Some((2, Outcome::Succeeded)) });
+        // A spec change that cannot be carried out.
+        let t = transition(Some(&status(2, "True", "False")), &status(3, "False", "True"));
+        assert_eq!(t, Transition { started: Some(3), finished: Some((3, Outcome::Failed("bad plan".into()))) });
+        // No observedGeneration: nothing to record.
+        assert_eq!(transition(None, &json!({"phase": "Pending"})), Transition::default());
+    }
+
+    #[test]
+    fn changed_fields_name_paths_never_values() {
+        let before = field_digests(&json!({"plan": "small", "image": "debian-12", "config": {"password": "hunter2"}}), "uid-1");
+        let after = field_digests(&json!({"plan": "medium", "image": "debian-12", "config": {"password": "s3cret!"}}), "uid-1");
+        assert_eq!(changed_fields(&before, &after), vec!["spec.config.password", "spec.plan"]);
+        let text = serde_json::to_string(&after).expect("json");
+        assert!(!text.contains("s3cret") && !text.contains("medium"), "{text}");
+        // Another object with the same spec gets other digests (salted by uid).
+        assert_ne!(field_digests(&json!({"plan": "medium"}), "uid-2")["spec.plan"], after["spec.plan"]);
+        // List-map entries are keyed by name: a reorder is not a change, a replica count is.
+        let a = field_digests(&json!({"pools": [{"name": "a", "replicas": 1}, {"name": "b", "replicas": 2}]}), "u");
+        let b = field_digests(&json!({"pools": [{"name": "b", "replicas": 2}, {"name": "a", "replicas": 3}]}), "u");
+        assert_eq!(changed_fields(&a, &b), vec!["spec.pools[a].replicas"]);
+        // Removed fields count too.
+        let c = field_digests(&json!({"plan": "small"}), "u");
+        let d = field_digests(&json!({"plan": "small", "zone": "fi-hel1"}), "u");
+        assert_eq!(changed_fields(&d, &c), vec!["spec.zone"]);
+    }
+
+    #[test]
+    fn summaries_and_names() {
+        assert_eq!(summary(None, 1, &[]), "created");
+        assert_eq!(summary(None, 4, &[]), "generation 4 (no earlier record)");
+        let many: Vec<String> = (0..6).map(|i| format!("spec.f{i}")).collect();
+        assert_eq!(summary(Some(1), 2, &many), "changed spec.f0, spec.f1, spec.f2, spec.f3 (+2 more)");
+        assert_eq!(record_name("TaskServ", "redis", "3f2a9c1e-0000", 7), "taskserv-redis-g7-3f2a9");
+    }
+
+    #[test]
+    fn spec_writers_come_from_managed_fields_newest_first() {
+        let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Server",
+        "metadata": {"name": "web-0", "managedFields": [
+            {"manager": "kubectl-client-side-apply", "operation": "Update", "time": "2026-11-25T06:00:00Z",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:plan": {}}}},
+            {"manager": "provisioning-controller", "operation": "Apply", "time": "2026-11-25T07:00:00Z",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}, "subresource": "status"},
+            {"manager": "kubectl-edit", "operation": "Update", "time": "2026-11-25T06:30:00Z",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:image": {}}}}
+        ]}}))
+        .expect("object");
+        let managers: Vec<String> = spec_writers(&obj).into_iter().map(|w| w.manager).collect();
+        assert_eq!(managers, vec!["kubectl-edit", "kubectl-client-side-apply"]);
+    }
+}
