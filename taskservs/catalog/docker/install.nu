@@ -25,7 +25,7 @@ def main [] {
         $d => $d
     }
     let networking = match $ctx.config.networking {
-        "auto" => (has-capability 12)
+        "auto" => (has-capability $CAP_NET_ADMIN)
         "on" => true
         _ => false
     }

@@ -3,11 +3,11 @@
 export const CONFIG = "/etc/keepalived/keepalived.conf"
 export const PID = "/run/keepalived.pid"
 
-# Whether this process may configure network interfaces (CAP_NET_ADMIN, bit 12 of CapEff).
+use ../lib/caps.nu [has-capability CAP_NET_ADMIN]
+
+# Whether this process may configure network interfaces (CAP_NET_ADMIN).
 export def has-net-admin []: nothing -> bool {
-    let hex = (open --raw /proc/self/status | decode utf-8 | lines | where {|l| $l starts-with "CapEff:" } | first | str replace "CapEff:" "" | str trim)
-    let caps = ($"0x($hex)" | into int)
-    ($caps | bits and (1 | bits shl 12)) != 0
+    has-capability $CAP_NET_ADMIN
 }
 
 # The interface that carries `address` (`ip -o addr`), or "".

@@ -10,6 +10,9 @@ export def has-capability [bit: int]: nothing -> bool {
 # user namespaces, which Docker's default seccomp profile refuses).
 export const CAP_SYS_ADMIN = 21
 
+# CAP_NET_ADMIN: adding addresses (keepalived), iptables and bridges (docker).
+export const CAP_NET_ADMIN = 12
+
 # Whether overlayfs can be mounted here (not on an overlay root inside Docker, nor without
 # CAP_SYS_ADMIN).
 export def overlay-mountable []: nothing -> bool {
