@@ -595,6 +595,6 @@ mod tests {
             assert_eq!(line.contains("cloud only, not executed in CI"), cloud_only, "{line}");
             assert_eq!(line.contains("executed (local provider)"), !cloud_only, "{line}");
         }
-        assert_eq!(table.lines().count(), 10, "header and nine services:\n{table}");
+        assert_eq!(table.lines().count(), 21, "header and twenty services:\n{table}");
     }
 }
