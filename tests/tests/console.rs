@@ -164,7 +164,7 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     c.goto(&format!("{base}namespaces/demo/servers/web-1")).await?;
     ensure!(c.current_url().await?.path() == "/login", "unauthenticated visit not sent to /login");
     sign_in_with_token(&c, &base, "not-a-real-token").await?;
-    wait_page(&c, "a bad token refused", 10, |h| h.contains("did not accept this token") && h.contains("id=\"token\"")).await?;
+    wait_page(&c, "a bad token refused", 30, |h| h.contains("did not accept this token") && h.contains("id=\"token\"")).await?;
     screenshot(&c, "login").await?;
 
     // The one-time link signs in as dev's admin, once.
@@ -208,15 +208,21 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     println!("scale-up shown live after {:.1}s", started.elapsed().as_secs_f64());
     screenshot(&c, "cluster-scaled").await?;
 
+    // A TaskServ page shows each server's last script run and its (redacted) output tail.
+    c.goto(&format!("{base}namespaces/tracing/taskservs/cache")).await?;
+    wait_page(&c, "the last script run of TaskServ cache on solo", 45, |h| h.contains("cache on solo") && h.contains("class=\"output\""))
+        .await?;
+    screenshot(&c, "taskserv").await?;
+
     // Pause and resume with the buttons; kubectl sees the annotation.
     let server = format!("{base}namespaces/demo/servers/web-1");
     c.goto(&server).await?;
     click(&c, "#action-pause").await?;
-    wait_page(&c, "the Resume button after pausing", 20, |h| h.contains("id=\"action-resume\"") && h.contains("Paused:")).await?;
+    wait_page(&c, "the Resume button after pausing", 45, |h| h.contains("id=\"action-resume\"") && h.contains("Paused:")).await?;
     ensure!(annotation(dev, &["server", "web-1", "-n", "demo"], "provisioning.dev/paused")?.as_deref() == Some("true"), "not paused");
     screenshot(&c, "server-paused").await?;
     click(&c, "#action-resume").await?;
-    wait_page(&c, "the Pause button after resuming", 20, |h| h.contains("id=\"action-pause\"")).await?;
+    wait_page(&c, "the Pause button after resuming", 45, |h| h.contains("id=\"action-pause\"")).await?;
     ensure!(annotation(dev, &["server", "web-1", "-n", "demo"], "provisioning.dev/paused")?.is_none(), "still paused");
 
     // Approve: a plan in status, as the controller writes it for `approval: Manual` (written by
@@ -229,7 +235,7 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     }
     dev.kubectl_ok(&["annotate", "server", "web-2", "-n", "demo", "provisioning.dev/paused=true"])?;
     let plan = r#"{"status":{"plan":{"id":"plan-7f3a","summary":"1 to update","changes":[{"resource":"Server/demo/web-2","field":"spec.plan","action":"Update","from":"small","to":"medium"}]}}}"#;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(45);
     loop {
         dev.kubectl_ok(&["patch", "server", "web-2", "-n", "demo", "--subresource=status", "--type=merge", "-p", plan])?;
         let got: Value = serde_json::from_str(&dev.kubectl_ok(&["get", "server", "web-2", "-n", "demo", "-o", "json"])?)?;
@@ -240,10 +246,10 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     c.goto(&format!("{base}namespaces/demo/servers/web-2")).await?;
-    wait_page(&c, "the plan and its Approve button", 20, |h| h.contains("plan-7f3a") && h.contains("id=\"action-approve\"")).await?;
+    wait_page(&c, "the plan and its Approve button", 45, |h| h.contains("plan-7f3a") && h.contains("id=\"action-approve\"")).await?;
     screenshot(&c, "server-plan").await?;
     click(&c, "#action-approve").await?;
-    wait_page(&c, "the plan shown approved", 20, |h| h.contains("Approved; waiting for the controller")).await?;
+    wait_page(&c, "the plan shown approved", 45, |h| h.contains("Approved; waiting for the controller")).await?;
     ensure!(
         annotation(dev, &["server", "web-2", "-n", "demo"], "provisioning.dev/approve")?.as_deref() == Some("plan-7f3a"),
         "not approved"
@@ -251,12 +257,12 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
 
     // The ready-over-time chart lives in the session: a new visit of the Cluster still has it.
     c.goto(&cluster).await?;
-    wait_page(&c, "the chart kept across visits", 20, |h| h.contains("4 of 4 ready") && h.contains("● Live")).await?;
+    wait_page(&c, "the chart kept across visits", 45, |h| h.contains("4 of 4 ready") && h.contains("● Live")).await?;
     screenshot(&c, "cluster").await?;
 
     // The link works once only.
     c.goto(login).await?;
-    wait_page(&c, "a used link refused", 10, |h| h.contains("used already")).await?;
+    wait_page(&c, "a used link refused", 30, |h| h.contains("used already")).await?;
 
     // A view-only ServiceAccount: no action buttons, and a forged action is refused.
     dev.kubectl_ok(&["apply", "-f", &workspace_root().join("deploy/rbac/aggregated-roles.yaml").display().to_string()])?;
@@ -272,9 +278,9 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     let token = dev.kubectl_ok(&["create", "token", "viewer", "-n", "demo"])?.trim().to_string();
     c.delete_all_cookies().await?;
     sign_in_with_token(&c, &base, &token).await?;
-    wait_page(&c, "the viewer signed in", 20, |h| h.contains("system:serviceaccount:demo:viewer") && h.contains("id=\"ws-demo\"")).await?;
+    wait_page(&c, "the viewer signed in", 45, |h| h.contains("system:serviceaccount:demo:viewer") && h.contains("id=\"ws-demo\"")).await?;
     c.goto(&server).await?;
-    let html = wait_page(&c, "web-1 for the viewer", 20, |h| h.contains("data-object=\"Server/web-1\"")).await?;
+    let html = wait_page(&c, "web-1 for the viewer", 45, |h| h.contains("data-object=\"Server/web-1\"")).await?;
     ensure!(!html.contains("class=\"actions\"") && !html.contains("id=\"action-"), "a viewer sees action buttons");
     screenshot(&c, "server-viewer").await?;
     let fields = json!({"kind": "servers", "namespace": "demo", "name": "web-1", "action": "pause"});
@@ -289,7 +295,7 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
 
     // A token that stops working (its ServiceAccount deleted) leads back to sign-in.
     dev.kubectl_ok(&["delete", "serviceaccount", "viewer", "-n", "demo"])?;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(45);
     loop {
         c.goto(&server).await?;
         if c.current_url().await?.path() == "/login" {

@@ -336,8 +336,9 @@ pub fn plan_section(obj: &Value) -> String {
     if !summary.is_empty() {
         out.push_str(&format!("<p>{}</p>", esc(summary)));
     }
-    if let Some(delta) = plan.get("monthlyCostDelta").filter(|d| !d.is_null()) {
-        out.push_str(&format!("<p>Monthly cost change: {}</p>", esc(&compact(delta))));
+    if let Some(delta) = plan.get("monthlyCostDelta").filter(|d| !d.is_null() && d.as_str() != Some("")) {
+        let currency = str_at(plan, "/currency");
+        out.push_str(&format!("<p>Monthly cost change: {} {}</p>", esc(&compact(delta)), esc(currency)));
     }
     let changes = plan["changes"].as_array().cloned().unwrap_or_default();
     if !changes.is_empty() {
