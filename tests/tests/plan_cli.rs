@@ -50,7 +50,9 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
 
     // A resize and a new Server: exit 2, the plan says what and why.
     let dir = tempfile::tempdir()?;
-    let changed = std::fs::read_to_string(workspace_root().join("tests/tests/plan_cli.yaml"))?.replacen("plan: small", "plan: medium", 1).replace("replicas: 2", "replicas: 3")
+    let changed = std::fs::read_to_string(workspace_root().join("tests/tests/plan_cli.yaml"))?
+        .replacen("plan: small", "plan: medium", 1)
+        .replace("replicas: 2", "replicas: 3")
         + "---\napiVersion: provisioning.dev/v1alpha1\nkind: Server\nmetadata: {name: api, namespace: plan-cli}\nspec: {plan: small}\n";
     std::fs::write(dir.path().join("changed.yaml"), changed)?;
     let path = dir.path().to_string_lossy().to_string();
