@@ -3,7 +3,9 @@
 //! Pipeline per visit (after the shared opening of [`crate::reconcile`]: cache gate, stale
 //! check, paused check, first finalizer and status) → finalizer (Apply / Cleanup) →
 //! [`dereference`] (workspace, maxServers rank) → [`validate`] (pure: account, plan, limit)
-//! → [`budget`] (cost from the price table; monthly budget before a create) → [`plan`] (pure: observe / adopt / find-then-create / create) → [`act`] (provider calls
+//! → [`budget`] (cost from the price table; monthly budget before a create) → [`plan`] (pure: observe / adopt / find-then-create / create; `status.plan`) → approval gate
+//! ([`spec`]: under Manual a create, a drift remediation or a spec change waits for
+//! `provisioning.dev/approve`) → [`act`] (provider calls
 //! under the workspace's parallelLimit) → [`drift`] when the observed machine is missing or
 //! stopped (Drifted=True and a Warning written first, then remediated) → [`status`] (pure)
 //! → one status patch, skipped when unchanged → requeue (poll while starting, long and
@@ -176,7 +178,8 @@ pub async fn run(
     surveyor.abort();
 }
 
-// Over 80 lines on purpose: one linear pipeline (dereference → validate → act → status)
+// Over 80 lines on purpose: one linear pipeline (dereference → validate → plan and approval
+// gates → act → spec changes → status)
 // whose early exits each record their step; split up, its order would be hard to follow.
 async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let refs = dereference::dereference(&server, namespace, ctx);
@@ -246,17 +249,12 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     // A machine to make is a plan too: under Manual approval it waits like any other.
     let mut applied: Option<provisioning_crds::Plan> = None;
     if matches!(step, plan::Step::Create | plan::Step::FindThenCreate) {
-        let planned = server_plan(&server, &valid, None, &provider);
-        if !spec::check(&server, approval, &planned.plan, ctx).await {
-            let waiting = base(Some(spec::waiting_summary(&planned.plan)), Some(valid.account.name.clone()), None, Machine::Unchanged);
-            let waiting = status::record_cost(
-                spec::waiting(spec::record(waiting, server.status.as_ref(), &planned.plan, None, Timestamp::now())),
-                &cost,
-            );
-            write_status(&server, waiting, ctx).await.at(Step::Status)?;
-            return Ok(Action::requeue(crate::time::jittered(ctx.config.resync())));
+        let planned = server_plan(&server, &valid, None, &provider).plan;
+        if !spec::check(&server, approval, &planned, ctx).await {
+            let waiting = base(Some(spec::waiting_summary(&planned)), Some(valid.account.name.clone()), None, Machine::Unchanged);
+            return wait_for_approval(&server, waiting, &planned, &cost, ctx).await;
         }
-        applied = Some(planned.plan);
+        applied = Some(planned);
     }
     let acted = match act::act(&server, step, &valid, login_key.as_deref(), ws, &provider, ctx).await {
         Ok(a) => a,
@@ -269,15 +267,12 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             let stopped = drift.reason == drift::MACHINE_STOPPED;
             let remedy = plan::drift_plan(&server, &drift.machine, stopped, &drift.message, &valid).plan;
             if !spec::check(&server, approval, &remedy, ctx).await {
-                let machine = Machine::Observed(drift.observation());
-                let waiting = base(Some(spec::waiting_summary(&remedy)), None, None, machine);
-                let waiting = drift::record(waiting, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
-                let waiting = spec::waiting(spec::record(waiting, server.status.as_ref(), &remedy, None, Timestamp::now()));
-                write_status(&server, status::record_cost(waiting, &cost), ctx).await.at(Step::Status)?;
                 if drift::warning_due(&server, &drift) {
                     ctx.publish(server.as_ref(), EventType::Warning, drift.reason, "Remediate", Some(drift.message.clone())).await;
                 }
-                return Ok(Action::requeue(crate::time::jittered(ctx.config.resync())));
+                let waiting = base(Some(spec::waiting_summary(&remedy)), None, None, Machine::Observed(drift.observation()));
+                let waiting = drift::record(waiting, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
+                return wait_for_approval(&server, waiting, &remedy, &cost, ctx).await;
             }
             applied = Some(remedy);
             let machine = Machine::Observed(drift.observation());
@@ -376,6 +371,20 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         ctx.publish(server.as_ref(), EventType::Normal, "Ready", "Provision", message).await;
     }
     Ok(if ready { Action::requeue(crate::time::jittered(ctx.config.resync())) } else { Action::requeue(ctx.config.poll()) })
+}
+
+/// Writes `waiting` (the status of a plan waiting for approval) with the plan and cost, and
+/// looks again at the next resync (the approve annotation's watch event comes first).
+async fn wait_for_approval(
+    server: &Server,
+    waiting: ServerStatus,
+    plan: &provisioning_crds::Plan,
+    cost: &provisioning_crds::ServerCost,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let waiting = spec::waiting(spec::record(status::record_cost(waiting, cost), server.status.as_ref(), plan, None, Timestamp::now()));
+    write_status(server, waiting, ctx).await.at(Step::Status)?;
+    Ok(Action::requeue(crate::time::jittered(ctx.config.resync())))
 }
 
 /// Condition reason: spec.updatePolicy forbids what a spec change needs.
