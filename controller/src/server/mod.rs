@@ -306,7 +306,8 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         match spec_change(&server, &valid, approval, machine, login_key.as_deref(), ws, &provider, &cost, &base, ctx).await {
             Ok(SpecChange::Proceed(proceed)) => *proceed,
             Ok(SpecChange::Done(action)) => return Ok(action),
-            Err(SpecError::Refused(plan, message)) => {
+            Err(SpecError::Refused(refused)) => {
+                let (plan, message, cost) = *refused;
                 let with_plan = |s, a, p, m| {
                     status::record_cost(spec::record(base(s, a, p, m), server.status.as_ref(), &plan, None, Timestamp::now()), &cost)
                 };
@@ -387,6 +388,19 @@ async fn wait_for_approval(
     Ok(Action::requeue(crate::time::jittered(ctx.config.resync())))
 }
 
+/// The cost of the machine as `observed` (its native plan may differ from the spec's).
+fn machine_cost(
+    observed: &ServerStatus,
+    valid: &validate::ValidServer,
+    provider: &SharedProvider,
+    spec_cost: &provisioning_crds::ServerCost,
+) -> provisioning_crds::ServerCost {
+    match observed.resolved_plan.as_deref() {
+        Some(plan) if plan != valid.resolved_plan => crate::cost::server_cost(&provider.price(plan, &valid.zone)),
+        _ => spec_cost.clone(),
+    }
+}
+
 /// Condition reason: spec.updatePolicy forbids what a spec change needs.
 pub const UPDATE_REFUSED: &str = "UpdateRefused";
 
@@ -411,8 +425,8 @@ enum SpecChange {
 
 /// Why a spec change could not go on.
 enum SpecError {
-    /// updatePolicy forbids it: the plan and the message naming the field.
-    Refused(provisioning_crds::Plan, String),
+    /// updatePolicy forbids it: the plan, the message naming the field, the machine's cost.
+    Refused(Box<(provisioning_crds::Plan, String, provisioning_crds::ServerCost)>),
     /// A provider or API call failed.
     Failed(Error),
 }
@@ -452,12 +466,14 @@ where
         return Ok(SpecChange::Proceed(Box::new((machine, None))));
     }
     let plan = planned.plan;
+    // Until the change is carried out the machine costs what its observed plan costs.
+    let cost = &machine_cost(&observed, valid, provider, cost);
     if spec::warning_due(server, &plan) {
         let note = format!("Server {}: {}", plan::resource(server), spec::describe(&plan));
         ctx.publish(server, EventType::Warning, drift::SPEC_CHANGED, "Plan", Some(note)).await;
     }
     if let plan::Carry::Refused(message) = carry {
-        return Err(SpecError::Refused(plan, message));
+        return Err(SpecError::Refused(Box::new((plan, message, cost.clone()))));
     }
     if !spec::check(server, approval, &plan, ctx).await {
         let waiting = base(Some(spec::waiting_summary(&plan)), Some(valid.account.name.clone()), None, machine);
