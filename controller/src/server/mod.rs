@@ -307,11 +307,11 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             Ok(SpecChange::Proceed(proceed)) => *proceed,
             Ok(SpecChange::Done(action)) => return Ok(action),
             Err(SpecError::Refused(refused)) => {
-                let (plan, message, cost) = *refused;
+                let (plan, reason, message, cost) = *refused;
                 let with_plan = |s, a, p, m| {
                     status::record_cost(spec::record(base(s, a, p, m), server.status.as_ref(), &plan, None, Timestamp::now()), &cost)
                 };
-                return stall(&server, Step::Act, UPDATE_REFUSED, message, with_plan, ctx).await;
+                return stall(&server, Step::Act, reason, message, with_plan, ctx).await;
             }
             Err(SpecError::Failed(e)) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
         };
@@ -425,8 +425,9 @@ enum SpecChange {
 
 /// Why a spec change could not go on.
 enum SpecError {
-    /// updatePolicy forbids it: the plan, the message naming the field, the machine's cost.
-    Refused(Box<(provisioning_crds::Plan, String, provisioning_crds::ServerCost)>),
+    /// updatePolicy or the budget forbids it: the plan, the reason (UpdateRefused,
+    /// BudgetExceeded…), the message naming the field or figures, the machine's cost.
+    Refused(Box<(provisioning_crds::Plan, &'static str, String, provisioning_crds::ServerCost)>),
     /// A provider or API call failed.
     Failed(Error),
 }
@@ -473,7 +474,16 @@ where
         ctx.publish(server, EventType::Warning, drift::SPEC_CHANGED, "Plan", Some(note)).await;
     }
     if let plan::Carry::Refused(message) = carry {
-        return Err(SpecError::Refused(Box::new((plan, message, cost.clone()))));
+        return Err(SpecError::Refused(Box::new((plan, UPDATE_REFUSED, message, cost.clone()))));
+    }
+    // A change that raises the price is held to the monthly budget, as a new machine is.
+    let after = crate::cost::server_cost(&provider.price(&valid.resolved_plan, &valid.zone));
+    let others: Vec<Arc<Server>> =
+        ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace == server.metadata.namespace).collect();
+    if let budget::Verdict::Refused(invalid) =
+        budget::check_change(server, cost, &after, ws.spec.limits.monthly_budget.as_ref(), &others, &ws.display())
+    {
+        return Err(SpecError::Refused(Box::new((plan, invalid.reason, invalid.message, cost.clone()))));
     }
     if !spec::check(server, approval, &plan, ctx).await {
         let waiting = base(Some(spec::waiting_summary(&plan)), Some(valid.account.name.clone()), None, machine);
