@@ -131,7 +131,7 @@ impl Drop for Scratch {
 /// Plans every document against the cluster `client` talks to; `default_namespace` for
 /// namespaced objects that name none.
 pub async fn plan(client: Client, docs: &[(PathBuf, Value)], default_namespace: &str) -> anyhow::Result<PlanReport> {
-    let workspaces: Vec<Arc<Workspace>> = Api::<Workspace>::all(client.clone())
+    let mut workspaces: Vec<Arc<Workspace>> = Api::<Workspace>::all(client.clone())
         .list(&Default::default())
         .await
         .context("listing Workspaces")?
@@ -139,7 +139,12 @@ pub async fn plan(client: Client, docs: &[(PathBuf, Value)], default_namespace: 
         .into_iter()
         .map(Arc::new)
         .collect();
-    // The simulated provider opens a store file when built: a private scratch directory,
+    // Workspaces in the same manifests count as they would be after the apply.
+    for (file, doc) in docs.iter().filter(|(_, d)| d["kind"] == "Workspace" && d["apiVersion"] == API_VERSION) {
+        let ws: Workspace = serde_json::from_value(doc.clone()).with_context(|| format!("{}: reading the Workspace", file.display()))?;
+        workspaces.retain(|w| w.metadata.name != ws.metadata.name);
+        workspaces.push(Arc::new(ws));
+    } // The simulated provider opens a store file when built: a private scratch directory,
     // removed afterwards, keeps the plan from touching any controller's state.
     let scratch = Scratch::new()?;
     let mut report = PlanReport::default();

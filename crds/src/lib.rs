@@ -148,6 +148,7 @@ mod tests {
             ("TaskServ.spec.dependsOn", "set"),
             ("TaskServ.spec.servers.names", "set"),
             ("TaskServ.status.conditions", "map[\"type\"]"),
+            ("TaskServ.status.plan.changes", "atomic"),
             // Install order: the order is the content.
             ("TaskServ.status.resolvedDependencies", "atomic"),
             ("TaskServ.status.servers", "map[\"name\"]"),

@@ -19,6 +19,7 @@ use crate::common::*;
     doc = "One catalog service installed on a set of Servers.",
     printcolumn(name = "Service", type_ = "string", json_path = ".spec.service"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.installedVersion"),
+    printcolumn(name = "Plan", type_ = "string", json_path = ".status.plan.summary"),
     printcolumn(name = "Updated", type_ = "string", json_path = ".status.updated"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
@@ -173,6 +174,10 @@ pub struct TaskServStatus {
     /// The Secret (owned by this TaskServ) holding the secret config fields it generated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generated_secret_ref: Option<LocalSecretReference>,
+    /// What the scripts still have to do, per server: install (Create), upgrade or
+    /// re-install (Update), remove (Delete). The PLAN column is its summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::Plan>,
 }
 
 /// State of a TaskServ on one server.

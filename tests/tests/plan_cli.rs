@@ -53,7 +53,13 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
     let changed = std::fs::read_to_string(workspace_root().join("tests/tests/plan_cli.yaml"))?
         .replacen("plan: small", "plan: medium", 1)
         .replace("replicas: 2", "replicas: 3")
-        + "---\napiVersion: provisioning.dev/v1alpha1\nkind: Server\nmetadata: {name: api, namespace: plan-cli}\nspec: {plan: small}\n";
+        + "---\napiVersion: provisioning.dev/v1alpha1\nkind: Server\nmetadata: {name: api, namespace: plan-cli}\nspec: {plan: small}\n"
+        // A new namespace with its Workspace in the same manifests: planned with that
+        // Workspace's account although neither exists yet.
+        + "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: plan-cli-new}\n"
+        + "---\napiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: plan-cli-new}\n\
+           spec: {defaults: {provider: other}, providers: [{name: other, type: simulated}]}\n"
+        + "---\napiVersion: provisioning.dev/v1alpha1\nkind: Server\nmetadata: {name: fresh, namespace: plan-cli-new}\nspec: {plan: small}\n";
     std::fs::write(dir.path().join("changed.yaml"), changed)?;
     let path = dir.path().to_string_lossy().to_string();
     let out = plan(&kubeconfig, &["-f", &path])?;
@@ -63,7 +69,9 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
     ensure!(shown.contains("-/+ spec.plan") && shown.contains("forces replacement"), "{shown}");
     ensure!(shown.contains("Server/plan-cli/api: 1 to create"), "{shown}");
     ensure!(shown.contains("Cluster/plan-cli/pool: 1 to update") && shown.contains("~ spec.pools"), "{shown}");
-    ensure!(shown.contains("Plan: 1 to create, 1 to update, 1 to replace."), "{shown}");
+    ensure!(shown.contains("Server/plan-cli-new/fresh: 1 to create") && shown.contains("at account other"), "{shown}");
+    ensure!(shown.contains("Workspace/plan-cli-new: 1 to create"), "{shown}");
+    ensure!(shown.contains("Plan: 3 to create, 1 to update, 1 to replace."), "{shown}");
     eprintln!("{shown}");
     let json = plan(&kubeconfig, &["-f", &path, "-o", "json"])?;
     ensure!(json.status.code() == Some(2), "{}", text(&json));

@@ -61,6 +61,42 @@ pub fn check(server: &Server, own: &ServerCost, budget: Option<&MonthlyBudget>, 
     if has_machine(server) {
         return Verdict::NotApplicable;
     }
+    judge(own, budget, others.iter().filter(|o| counts_against(server, o)), ws, "this Server adds", "No machine was created")
+}
+
+/// Checks a planned change of an existing machine (a resize or a replacement) against the
+/// budget (pure): `now` is what the machine costs, `after` what it would cost. Only a change
+/// that raises the price in the same currency is judged — the namespace's other Servers plus
+/// `after` — so an existing machine is never refused for what it already costs.
+pub fn check_change(
+    server: &Server,
+    now: &ServerCost,
+    after: &ServerCost,
+    budget: Option<&MonthlyBudget>,
+    others: &[Arc<Server>],
+    ws: &str,
+) -> Verdict {
+    let Some(budget) = budget else { return Verdict::NotApplicable };
+    if let (Some((was, _, before)), Some((will, _, then))) = (cost::amounts(now), cost::amounts(after))
+        && was == will
+        && then <= before
+    {
+        return Verdict::NotApplicable;
+    }
+    let others = others.iter().filter(|o| o.uid() != server.uid() && o.metadata.namespace == server.metadata.namespace && has_machine(o));
+    judge(after, budget, others, ws, "the changed machine costs", "The machine was not changed")
+}
+
+/// The budget's verdict on `own` on top of what `others` cost. `adds` and `left` word the
+/// refusal ("this Server adds", "No machine was created").
+fn judge<'a>(
+    own: &ServerCost,
+    budget: &MonthlyBudget,
+    others: impl Iterator<Item = &'a Arc<Server>>,
+    ws: &str,
+    adds: &str,
+    left: &str,
+) -> Verdict {
     let Some(limit) = prices::parse_amount(&budget.amount) else {
         // The schema refuses this; an object stored before the schema did still gets a clear answer.
         return refuse_or_note(budget, format!("spec.limits.monthlyBudget.amount {:?} of {ws} is not a decimal amount", budget.amount));
@@ -68,7 +104,7 @@ pub fn check(server: &Server, own: &ServerCost, budget: Option<&MonthlyBudget>, 
     let currency = budget.currency.as_str();
     let mut spent = 0u64;
     let mut unknown = Vec::new();
-    for other in others.iter().filter(|o| counts_against(server, o)) {
+    for other in others {
         match other.status.as_ref().and_then(|s| s.cost.as_ref()).and_then(cost::amounts) {
             Some((c, _, monthly)) if c == currency || monthly == 0 => spent = spent.saturating_add(monthly),
             _ => unknown.push(other.name_any()),
@@ -87,7 +123,7 @@ pub fn check(server: &Server, own: &ServerCost, budget: Option<&MonthlyBudget>, 
         return Verdict::Refused(Invalid {
             reason: BUDGET_EXCEEDED,
             message: format!(
-                "monthly cost would be {} (budget {}): this Server adds {}/mo to the {} the namespace already spends or is about to{}; raise spec.limits.monthlyBudget of {ws} or delete Servers. No machine was created",
+                "monthly cost would be {} (budget {}): {adds} {}/mo on top of the {} the namespace already spends or is about to{}; raise spec.limits.monthlyBudget of {ws} or delete Servers. {left}",
                 show(would_be),
                 show(limit),
                 show(own_monthly),
@@ -192,6 +228,11 @@ mod tests {
         };
         assert_eq!(refused.reason, BUDGET_EXCEEDED);
         assert!(refused.message.contains("monthly cost would be $47.31 (budget $40.00)"), "{}", refused.message);
+        assert!(
+            refused.message.contains("this Server adds $15.77/mo") && refused.message.ends_with("No machine was created"),
+            "{}",
+            refused.message
+        );
         assert_eq!(check(&next, &own(&next), Some(&budget("47.31", UnknownCostPolicy::Allow)), &running, "ws"), Verdict::Within);
         assert_eq!(check(&next, &own(&next), None, &running, "ws"), Verdict::NotApplicable);
         // Machines that exist are never judged.
@@ -199,6 +240,27 @@ mod tests {
             check(&running[0], &own(&running[0]), Some(&budget("1", UnknownCostPolicy::Refuse)), &running, "ws"),
             Verdict::NotApplicable
         );
+    }
+
+    #[test]
+    fn a_change_that_raises_the_price_over_the_budget_is_refused() {
+        let running = [server("a", 0, true, "t3.small"), server("b", 1, true, "t3.small")];
+        let medium = cost::server_cost(&prices::aws("eu-north-1", "t3.medium"));
+        let limit = budget("40", UnknownCostPolicy::Allow);
+        // b resized to t3.medium: 15.77 + 31.54 = 47.31 > 40.
+        let Verdict::Refused(refused) = check_change(&running[1], &own(&running[1]), &medium, Some(&limit), &running, "ws") else {
+            panic!("not refused")
+        };
+        assert_eq!(refused.reason, BUDGET_EXCEEDED);
+        assert!(refused.message.contains("$47.31") && refused.message.ends_with("The machine was not changed"), "{}", refused.message);
+        assert_eq!(
+            check_change(&running[1], &own(&running[1]), &medium, Some(&budget("50", UnknownCostPolicy::Allow)), &running, "ws"),
+            Verdict::Within
+        );
+        // Not more expensive (or no budget): never judged, even over the budget.
+        let tiny = budget("1", UnknownCostPolicy::Refuse);
+        assert_eq!(check_change(&running[1], &medium, &own(&running[1]), Some(&tiny), &running, "ws"), Verdict::NotApplicable);
+        assert_eq!(check_change(&running[1], &own(&running[1]), &medium, None, &running, "ws"), Verdict::NotApplicable);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Pipeline per visit (after the shared opening of [`crate::reconcile`]: cache gate, stale
 //! check, paused check, first finalizer and status) → finalizer (Apply / Cleanup) →
 //! [`dereference`] (workspace, maxServers rank) → [`validate`] (pure: account, plan, limit)
-//! → [`budget`] (cost from the price table; monthly budget before a create) → [`plan`] (pure: observe / adopt / find-then-create / create) → [`act`] (provider calls
+//! → [`budget`] (cost from the price table; monthly budget before a create) → [`plan`] (pure: observe / adopt / find-then-create / create; `status.plan`) → approval gate
+//! ([`spec`]: under Manual a create, a drift remediation or a spec change waits for
+//! `provisioning.dev/approve`) → [`act`] (provider calls
 //! under the workspace's parallelLimit) → [`drift`] when the observed machine is missing or
 //! stopped (Drifted=True and a Warning written first, then remediated) → [`status`] (pure)
 //! → one status patch, skipped when unchanged → requeue (poll while starting, long and
@@ -176,7 +178,8 @@ pub async fn run(
     surveyor.abort();
 }
 
-// Over 80 lines on purpose: one linear pipeline (dereference → validate → act → status)
+// Over 80 lines on purpose: one linear pipeline (dereference → validate → plan and approval
+// gates → act → spec changes → status)
 // whose early exits each record their step; split up, its order would be hard to follow.
 async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let refs = dereference::dereference(&server, namespace, ctx);
@@ -246,17 +249,12 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     // A machine to make is a plan too: under Manual approval it waits like any other.
     let mut applied: Option<provisioning_crds::Plan> = None;
     if matches!(step, plan::Step::Create | plan::Step::FindThenCreate) {
-        let planned = server_plan(&server, &valid, None, &provider);
-        if !spec::check(&server, approval, &planned.plan, ctx).await {
-            let waiting = base(Some(spec::waiting_summary(&planned.plan)), Some(valid.account.name.clone()), None, Machine::Unchanged);
-            let waiting = status::record_cost(
-                spec::waiting(spec::record(waiting, server.status.as_ref(), &planned.plan, None, Timestamp::now())),
-                &cost,
-            );
-            write_status(&server, waiting, ctx).await.at(Step::Status)?;
-            return Ok(Action::requeue(crate::time::jittered(ctx.config.resync())));
+        let planned = server_plan(&server, &valid, None, &provider).plan;
+        if !spec::check(&server, approval, &planned, ctx).await {
+            let waiting = base(Some(spec::waiting_summary(&planned)), Some(valid.account.name.clone()), None, Machine::Unchanged);
+            return wait_for_approval(&server, waiting, &planned, &cost, ctx).await;
         }
-        applied = Some(planned.plan);
+        applied = Some(planned);
     }
     let acted = match act::act(&server, step, &valid, login_key.as_deref(), ws, &provider, ctx).await {
         Ok(a) => a,
@@ -269,15 +267,12 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             let stopped = drift.reason == drift::MACHINE_STOPPED;
             let remedy = plan::drift_plan(&server, &drift.machine, stopped, &drift.message, &valid).plan;
             if !spec::check(&server, approval, &remedy, ctx).await {
-                let machine = Machine::Observed(drift.observation());
-                let waiting = base(Some(spec::waiting_summary(&remedy)), None, None, machine);
-                let waiting = drift::record(waiting, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
-                let waiting = spec::waiting(spec::record(waiting, server.status.as_ref(), &remedy, None, Timestamp::now()));
-                write_status(&server, status::record_cost(waiting, &cost), ctx).await.at(Step::Status)?;
                 if drift::warning_due(&server, &drift) {
                     ctx.publish(server.as_ref(), EventType::Warning, drift.reason, "Remediate", Some(drift.message.clone())).await;
                 }
-                return Ok(Action::requeue(crate::time::jittered(ctx.config.resync())));
+                let waiting = base(Some(spec::waiting_summary(&remedy)), None, None, Machine::Observed(drift.observation()));
+                let waiting = drift::record(waiting, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
+                return wait_for_approval(&server, waiting, &remedy, &cost, ctx).await;
             }
             applied = Some(remedy);
             let machine = Machine::Observed(drift.observation());
@@ -311,11 +306,12 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
         match spec_change(&server, &valid, approval, machine, login_key.as_deref(), ws, &provider, &cost, &base, ctx).await {
             Ok(SpecChange::Proceed(proceed)) => *proceed,
             Ok(SpecChange::Done(action)) => return Ok(action),
-            Err(SpecError::Refused(plan, message)) => {
+            Err(SpecError::Refused(refused)) => {
+                let (plan, reason, message, cost) = *refused;
                 let with_plan = |s, a, p, m| {
                     status::record_cost(spec::record(base(s, a, p, m), server.status.as_ref(), &plan, None, Timestamp::now()), &cost)
                 };
-                return stall(&server, Step::Act, UPDATE_REFUSED, message, with_plan, ctx).await;
+                return stall(&server, Step::Act, reason, message, with_plan, ctx).await;
             }
             Err(SpecError::Failed(e)) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
         };
@@ -378,6 +374,33 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     Ok(if ready { Action::requeue(crate::time::jittered(ctx.config.resync())) } else { Action::requeue(ctx.config.poll()) })
 }
 
+/// Writes `waiting` (the status of a plan waiting for approval) with the plan and cost, and
+/// looks again at the next resync (the approve annotation's watch event comes first).
+async fn wait_for_approval(
+    server: &Server,
+    waiting: ServerStatus,
+    plan: &provisioning_crds::Plan,
+    cost: &provisioning_crds::ServerCost,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let waiting = spec::waiting(spec::record(status::record_cost(waiting, cost), server.status.as_ref(), plan, None, Timestamp::now()));
+    write_status(server, waiting, ctx).await.at(Step::Status)?;
+    Ok(Action::requeue(crate::time::jittered(ctx.config.resync())))
+}
+
+/// The cost of the machine as `observed` (its native plan may differ from the spec's).
+fn machine_cost(
+    observed: &ServerStatus,
+    valid: &validate::ValidServer,
+    provider: &SharedProvider,
+    spec_cost: &provisioning_crds::ServerCost,
+) -> provisioning_crds::ServerCost {
+    match observed.resolved_plan.as_deref() {
+        Some(plan) if plan != valid.resolved_plan => crate::cost::server_cost(&provider.price(plan, &valid.zone)),
+        _ => spec_cost.clone(),
+    }
+}
+
 /// Condition reason: spec.updatePolicy forbids what a spec change needs.
 pub const UPDATE_REFUSED: &str = "UpdateRefused";
 
@@ -402,8 +425,9 @@ enum SpecChange {
 
 /// Why a spec change could not go on.
 enum SpecError {
-    /// updatePolicy forbids it: the plan and the message naming the field.
-    Refused(provisioning_crds::Plan, String),
+    /// updatePolicy or the budget forbids it: the plan, the reason (UpdateRefused,
+    /// BudgetExceeded…), the message naming the field or figures, the machine's cost.
+    Refused(Box<(provisioning_crds::Plan, &'static str, String, provisioning_crds::ServerCost)>),
     /// A provider or API call failed.
     Failed(Error),
 }
@@ -443,12 +467,23 @@ where
         return Ok(SpecChange::Proceed(Box::new((machine, None))));
     }
     let plan = planned.plan;
+    // Until the change is carried out the machine costs what its observed plan costs.
+    let cost = &machine_cost(&observed, valid, provider, cost);
     if spec::warning_due(server, &plan) {
         let note = format!("Server {}: {}", plan::resource(server), spec::describe(&plan));
         ctx.publish(server, EventType::Warning, drift::SPEC_CHANGED, "Plan", Some(note)).await;
     }
     if let plan::Carry::Refused(message) = carry {
-        return Err(SpecError::Refused(plan, message));
+        return Err(SpecError::Refused(Box::new((plan, UPDATE_REFUSED, message, cost.clone()))));
+    }
+    // A change that raises the price is held to the monthly budget, as a new machine is.
+    let after = crate::cost::server_cost(&provider.price(&valid.resolved_plan, &valid.zone));
+    let others: Vec<Arc<Server>> =
+        ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace == server.metadata.namespace).collect();
+    if let budget::Verdict::Refused(invalid) =
+        budget::check_change(server, cost, &after, ws.spec.limits.monthly_budget.as_ref(), &others, &ws.display())
+    {
+        return Err(SpecError::Refused(Box::new((plan, invalid.reason, invalid.message, cost.clone()))));
     }
     if !spec::check(server, approval, &plan, ctx).await {
         let waiting = base(Some(spec::waiting_summary(&plan)), Some(valid.account.name.clone()), None, machine);

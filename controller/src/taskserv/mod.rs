@@ -258,9 +258,13 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
         now: now_seconds(),
     };
     let (plan, done) = if deleting { plan::plan_removal(&observed) } else { (plan::plan(&observed), false) };
-    let Plan { status: mut desired, launch, events, requeue } = plan;
+    let Plan { status: mut desired, launch, events, requeue, version } = plan;
     if let Some(name) = generated_secret {
         desired.generated_secret_ref = Some(LocalSecretReference { name });
+    }
+    if !deleting {
+        let resource = format!("TaskServ/{namespace}/{}", ts.name_any());
+        desired.plan = Some(plan::taskserv_plan(&resource, &desired, version.as_deref()));
     }
 
     if !launch.is_empty() {

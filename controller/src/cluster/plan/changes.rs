@@ -4,7 +4,7 @@
 //! (an Update or Replace a pool's plan or image change causes). Config values are never
 //! shown (they may hold secrets): a config change names the field only.
 
-use provisioning_crds::{ChangeAction, LABEL_POOL, Plan, PlannedChange};
+use provisioning_crds::{ChangeAction, LABEL_POOL, Plan, PlannedChange, Server};
 
 use super::{Observed, desired_servers, desired_taskserv};
 use crate::cluster::validate::ServicePlan;
@@ -12,17 +12,21 @@ use crate::server::plan::{plan_id, summary};
 
 /// The Cluster's plan against its observed children.
 pub fn cluster_plan(o: &Observed<'_>, namespace: &str, services: &[ServicePlan]) -> Plan {
-    let mut changes = Vec::new();
-    let change = |resource: String, field: &str, action, from: String, to: String| PlannedChange {
-        resource,
-        field: field.to_string(),
-        action,
-        from,
-        to,
-        reason: String::new(),
-    };
     let desired = desired_servers(o);
-    for server in &desired {
+    let mut changes = server_changes(o, namespace, &desired);
+    changes.extend(taskserv_changes(o, namespace, services, &desired));
+    let who = format!("Cluster/{namespace}/{}", o.name);
+    Plan { id: plan_id(&who, None, &changes), summary: summary(&changes), changes, ..Default::default() }
+}
+
+fn change(resource: String, field: &str, action: ChangeAction, from: String, to: String) -> PlannedChange {
+    PlannedChange { resource, field: field.to_string(), action, from, to, reason: String::new() }
+}
+
+/// Pool members to create, change (and what their machines go through) or delete.
+fn server_changes(o: &Observed<'_>, namespace: &str, desired: &[Server]) -> Vec<PlannedChange> {
+    let mut changes = Vec::new();
+    for server in desired {
         let name = server.metadata.name.clone().unwrap_or_default();
         let resource = format!("Server/{namespace}/{name}");
         let pool = server.metadata.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).cloned().unwrap_or_default();
@@ -56,8 +60,14 @@ pub fn cluster_plan(o: &Observed<'_>, namespace: &str, services: &[ServicePlan])
             changes.push(change(format!("Server/{namespace}/{}", child.name), "", ChangeAction::Delete, String::new(), String::new()));
         }
     }
+    changes
+}
+
+/// TaskServs to add, change (version, config by name only, servers) or remove.
+fn taskserv_changes(o: &Observed<'_>, namespace: &str, services: &[ServicePlan], desired: &[Server]) -> Vec<PlannedChange> {
+    let mut changes = Vec::new();
     for service in services {
-        let ts = desired_taskserv(o, service, &desired);
+        let ts = desired_taskserv(o, service, desired);
         let name = ts.metadata.name.clone().unwrap_or_default();
         let resource = format!("TaskServ/{namespace}/{name}");
         match o.taskservs.iter().find(|c| c.name == name) {
@@ -102,8 +112,7 @@ pub fn cluster_plan(o: &Observed<'_>, namespace: &str, services: &[ServicePlan])
             changes.push(change(format!("TaskServ/{namespace}/{}", child.name), "", ChangeAction::Delete, String::new(), String::new()));
         }
     }
-    let who = format!("Cluster/{namespace}/{}", o.name);
-    Plan { id: plan_id(&who, None, &changes), summary: summary(&changes), changes, ..Default::default() }
+    changes
 }
 
 fn or_default(value: &str) -> String {

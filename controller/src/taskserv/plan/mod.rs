@@ -13,11 +13,13 @@
 //! [`summary`] derives conditions (through [`conditions::Summary`]), phase, events and requeue.
 //! [`plan_removal`] (in [`removal`]) plans deletion.
 
+mod changes;
 mod record;
 mod removal;
 mod servers;
 mod summary;
 
+pub use changes::taskserv_plan;
 pub use removal::plan_removal;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -247,6 +249,9 @@ pub struct Plan {
     pub events: Vec<PlannedEvent>,
     /// When to look again if nothing triggers earlier.
     pub requeue: Option<Duration>,
+    /// The version the servers converge to (the last good one during a rollback), for
+    /// [`taskserv_plan`]; `None` when the spec is invalid or the TaskServ is being removed.
+    pub version: Option<String>,
 }
 
 /// Servers a TaskServ selects: its `names` plus those whose labels match its selector.

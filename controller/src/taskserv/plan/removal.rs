@@ -93,5 +93,5 @@ pub fn plan_removal(o: &Observed<'_>) -> (Plan, bool) {
         servers: entries.into_values().collect(),
         ..o.status.clone()
     };
-    (Plan { status, launch, events, requeue: Some(Duration::from_secs(5)) }, done)
+    (Plan { status, launch, events, requeue: Some(Duration::from_secs(5)), version: None }, done)
 }

@@ -133,9 +133,10 @@ pub(super) fn summarize(o: &Observed<'_>, mut work: Work, f: Facts) -> Plan {
         servers: work.entries.into_values().collect(),
         config_inputs_hash: f.inputs_hash.clone(),
         generated_secret_ref: o.status.generated_secret_ref.clone(),
+        plan: o.status.plan.clone(),
     };
     let requeue = requeue(o, p.in_flight, stalled.is_some(), ready);
-    Plan { status, launch: work.launch, events: work.events, requeue }
+    Plan { status, launch: work.launch, events: work.events, requeue, version: f.effective_version.clone() }
 }
 
 /// `Drifted` (config drift found by the checks): True naming the servers and files while a

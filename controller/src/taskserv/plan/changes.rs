@@ -1,0 +1,74 @@
+//! The TaskServ's `status.plan` (pure): what its scripts still have to do, per server —
+//! install (Create), upgrade or re-install (Update), remove (Delete) — read off the status
+//! the planner just derived. Informational: script runs are not gated by approval (they run
+//! only on Ready Servers, whose machines are).
+
+use provisioning_crds::{ChangeAction, Plan, PlannedChange, TaskServStatus};
+
+use super::ServerPhase;
+use crate::server::plan::{plan_id, summary};
+
+/// The plan of TaskServ `resource` (`TaskServ/ns/name`) from its desired `status` and the
+/// version it converges to (`None` when the spec is invalid: nothing is planned).
+pub fn taskserv_plan(resource: &str, status: &TaskServStatus, version: Option<&str>) -> Plan {
+    let mut changes = Vec::new();
+    for entry in &status.servers {
+        let phase = ServerPhase::of(entry);
+        let installed = entry.version.clone().unwrap_or_default();
+        let target = version.unwrap_or_default().to_string();
+        let (action, from, to, reason) = match phase {
+            Some(ServerPhase::Removing) => (ChangeAction::Delete, installed, String::new(), "the server left the selection".to_string()),
+            Some(ServerPhase::Installed) if version.is_some_and(|v| entry.version.as_deref() != Some(v)) => {
+                (ChangeAction::Update, installed, target, "upgrade".to_string())
+            }
+            Some(ServerPhase::Installed) | None => continue,
+            _ if version.is_none() => continue,
+            _ if entry.version.is_none() => (ChangeAction::Create, String::new(), target, "install".to_string()),
+            _ if entry.version.as_deref() == version => {
+                (ChangeAction::Update, installed, target, "re-install (inputs changed, unhealthy or interrupted)".to_string())
+            }
+            _ => (ChangeAction::Update, installed, target, "upgrade".to_string()),
+        };
+        changes.push(PlannedChange {
+            resource: format!("{resource} on {}", entry.name),
+            field: "version".into(),
+            action,
+            from,
+            to,
+            reason,
+        });
+    }
+    Plan { id: plan_id(resource, None, &changes), summary: summary(&changes), changes, ..Default::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use provisioning_crds::TaskServServerStatus;
+
+    use super::*;
+
+    fn entry(name: &str, phase: &str, version: Option<&str>) -> TaskServServerStatus {
+        TaskServServerStatus { name: name.into(), phase: phase.into(), version: version.map(str::to_string), ..Default::default() }
+    }
+
+    #[test]
+    fn installs_upgrades_and_removals_per_server() {
+        let status = TaskServStatus {
+            servers: vec![
+                entry("a", "Pending", None),
+                entry("b", "Installed", Some("3.5.0")),
+                entry("c", "Installed", Some("3.4.0")),
+                entry("d", "Removing", Some("3.5.0")),
+                entry("e", "Failed", Some("3.5.0")),
+            ],
+            ..Default::default()
+        };
+        let plan = taskserv_plan("TaskServ/dev/etcd", &status, Some("3.5.0"));
+        assert_eq!(plan.summary, "1 to create, 2 to update, 1 to delete", "{:#?}", plan.changes);
+        let c = plan.changes.iter().find(|c| c.resource.ends_with("on c")).expect("upgrade of c");
+        assert_eq!((c.action, c.from.as_str(), c.to.as_str(), c.reason.as_str()), (ChangeAction::Update, "3.4.0", "3.5.0", "upgrade"));
+        let settled = TaskServStatus { servers: vec![entry("b", "Installed", Some("3.5.0"))], ..Default::default() };
+        assert_eq!(taskserv_plan("TaskServ/dev/etcd", &settled, Some("3.5.0")).summary, "no changes");
+        assert_eq!(taskserv_plan("TaskServ/dev/etcd", &status, None).summary, "1 to delete", "an invalid spec plans only the drain");
+    }
+}
