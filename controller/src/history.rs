@@ -135,21 +135,34 @@ pub fn summary(previous: Option<i64>, generation: i64, fields: &[String]) -> Str
     }
 }
 
-/// Spec writers from managedFields, most recent first.
-pub fn spec_writers(obj: &DynamicObject) -> Vec<SpecWriter> {
-    let mut writers: Vec<SpecWriter> = obj
+/// Spec writers from managedFields: those that own one of the `changed` fields (paths such as
+/// `spec.plan`) first — managedFields times have whole seconds, so two writers in the same
+/// second are told apart by what they own — then the most recent.
+pub fn spec_writers(obj: &DynamicObject, changed: &[String]) -> Vec<SpecWriter> {
+    // The top-level spec field of each changed path: `spec.pools[a].replicas` → `f:pools`.
+    let tops: Vec<String> = changed
+        .iter()
+        .filter_map(|p| p.strip_prefix("spec."))
+        .map(|p| format!("f:{}", p.split(['.', '[']).next().unwrap_or_default()))
+        .collect();
+    let mut writers: Vec<(bool, SpecWriter)> = obj
         .managed_fields()
         .iter()
-        .filter(|m| m.subresource.is_none() && m.fields_v1.as_ref().is_some_and(|f| f.0.get("f:spec").is_some()))
-        .map(|m| SpecWriter {
-            manager: m.manager.clone().unwrap_or_default(),
-            operation: m.operation.clone().unwrap_or_default(),
-            time: m.time.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
+        .filter(|m| m.subresource.is_none())
+        .filter_map(|m| Some((m, m.fields_v1.as_ref()?.0.get("f:spec")?)))
+        .map(|(m, spec)| {
+            let owns = tops.iter().any(|t| spec.get(t).is_some());
+            let writer = SpecWriter {
+                manager: m.manager.clone().unwrap_or_default(),
+                operation: m.operation.clone().unwrap_or_default(),
+                time: m.time.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
+            };
+            (owns, writer)
         })
         .collect();
     // RFC 3339 in UTC sorts as text.
-    writers.sort_by(|a, b| b.time.cmp(&a.time));
-    writers
+    writers.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| b.1.time.cmp(&a.1.time)));
+    writers.into_iter().map(|(_, w)| w).collect()
 }
 
 /// The record name of `kind`/`name` at `generation` (deterministic; the uid's start tells a
@@ -262,7 +275,7 @@ async fn start(
             object: ChangedObject { kind: kind.into(), name: object_name.clone(), uid: uid.into() },
             generation,
             previous_generation: previous.map(|p| p.spec.generation),
-            changed_by: spec_writers(written),
+            changed_by: spec_writers(written, &fields),
             summary: summary(previous.map(|p| p.spec.generation), generation, &fields),
             changed_fields: fields,
             field_digests: digests,
@@ -376,7 +389,13 @@ mod tests {
              "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:image": {}}}}
         ]}}))
         .expect("object");
-        let managers: Vec<String> = spec_writers(&obj).into_iter().map(|w| w.manager).collect();
-        assert_eq!(managers, vec!["kubectl-edit", "kubectl-client-side-apply"]);
+        let managers = |changed: &[&str]| -> Vec<String> {
+            let changed: Vec<String> = changed.iter().map(|c| c.to_string()).collect();
+            spec_writers(&obj, &changed).into_iter().map(|w| w.manager).collect()
+        };
+        assert_eq!(managers(&[]), vec!["kubectl-edit", "kubectl-client-side-apply"], "newest first");
+        // The owner of the changed field comes first, whatever the times say.
+        assert_eq!(managers(&["spec.plan"]), vec!["kubectl-client-side-apply", "kubectl-edit"]);
+        assert_eq!(managers(&["spec.image"]), vec!["kubectl-edit", "kubectl-client-side-apply"]);
     }
 }
