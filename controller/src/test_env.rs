@@ -201,11 +201,7 @@ impl TestReport {
             }
         }
         let verdict = if self.passed() { "PASSED" } else { "FAILED" };
-        out.push_str(&format!(
-            "{verdict}: {} passed, {failed} failed in {:.1}s\n",
-            self.cases.len() - failed,
-            self.duration.as_secs_f64()
-        ));
+        out.push_str(&format!("{verdict}: {} passed, {failed} failed in {:.1}s\n", self.cases.len() - failed, self.duration.as_secs_f64()));
         out
     }
 
@@ -226,10 +222,7 @@ impl TestReport {
             self.duration.as_secs_f64(),
             xml_escape(&self.timestamp)
         ));
-        out.push_str(&format!(
-            "    <properties><property name=\"namespace\" value=\"{}\"/></properties>\n",
-            xml_escape(&self.namespace)
-        ));
+        out.push_str(&format!("    <properties><property name=\"namespace\" value=\"{}\"/></properties>\n", xml_escape(&self.namespace)));
         for c in &self.cases {
             let open = format!(
                 "    <testcase name=\"{}\" classname=\"{}\" time=\"{:.3}\"",
@@ -468,7 +461,9 @@ async fn wait_ready(client: &Client, namespace: &str, deadline: Instant, interru
             return Ok(());
         }
         if Instant::now() >= deadline {
-            let blocking: Vec<String> = states.iter().filter(|(_, (r, _, _))| !r).map(|(w, (_, l, _))| format!("{w}: {l}")).collect();
+            let compact = |l: &str| l.split_whitespace().collect::<Vec<_>>().join(" ");
+            let blocking: Vec<String> =
+                states.iter().filter(|(_, (r, _, _))| !r).map(|(w, (_, l, _))| format!("{w}: {}", compact(l))).collect();
             bail!("not Ready before the timeout: {}", blocking.join("; "));
         }
         tokio::select! {
@@ -659,7 +654,8 @@ pub async fn docker_leftovers(namespace: &str) -> anyhow::Result<Vec<String>> {
     let docker = provisioning_providers::local::connect("").await?;
     let filters = provisioning_providers::local::spec::label_filter([(provisioning_providers::tags::NAMESPACE, namespace)]);
     let mut out = Vec::new();
-    let containers = docker.list_containers(Some(ListContainersOptions { all: true, filters: Some(filters.clone()), ..Default::default() }));
+    let containers =
+        docker.list_containers(Some(ListContainersOptions { all: true, filters: Some(filters.clone()), ..Default::default() }));
     for c in containers.await? {
         out.push(format!("container {}", c.names.unwrap_or_default().join(",")));
     }
@@ -720,7 +716,10 @@ mod tests {
             namespace: "ptest-1".into(),
             cases: vec![
                 CaseResult::passed("Ready and healthy", Duration::from_millis(1500)),
-                CaseResult { details: "line <1>\n\u{1b}[31mred".into(), ..CaseResult::failed("check redis on a", Duration::ZERO, "bad \"x\" & y") },
+                CaseResult {
+                    details: "line <1>\n\u{1b}[31mred".into(),
+                    ..CaseResult::failed("check redis on a", Duration::ZERO, "bad \"x\" & y")
+                },
             ],
             duration: Duration::from_secs(2),
             timestamp: "2026-11-25T00:00:00Z".into(),

@@ -246,8 +246,7 @@ impl ClusterTemplate {
     /// them; nothing is rendered then.
     pub fn render(&self, sets: &[String], namespace: Option<&str>) -> Result<RenderedTemplate, ClusterTemplateError> {
         let template = self.name().to_string();
-        let mut values: BTreeMap<String, Value> =
-            self.manifest.parameters.iter().map(|p| (p.name.clone(), p.default.clone())).collect();
+        let mut values: BTreeMap<String, Value> = self.manifest.parameters.iter().map(|p| (p.name.clone(), p.default.clone())).collect();
         let mut seen = BTreeSet::new();
         for set in sets {
             let Some((key, text)) = set.split_once('=') else {
@@ -291,13 +290,9 @@ impl ClusterTemplate {
         let mut context = values.clone();
         context.insert("namespace".into(), Value::String(namespace.clone()));
         context.insert("template".into(), Value::String(template.clone()));
-        let body = env
-            .get_template(TEMPLATE_SOURCE)
-            .and_then(|t| t.render(&context))
-            .map_err(|e| render_error(format!("{e:#}")))?;
+        let body = env.get_template(TEMPLATE_SOURCE).and_then(|t| t.render(&context)).map_err(|e| render_error(format!("{e:#}")))?;
         let objects = parse_documents(&body).map_err(render_error)?;
-        let sets_text: Vec<String> =
-            self.manifest.parameters.iter().map(|p| format!("{}={}", p.name, text_of(&values[&p.name]))).collect();
+        let sets_text: Vec<String> = self.manifest.parameters.iter().map(|p| format!("{}={}", p.name, text_of(&values[&p.name]))).collect();
         let header = format!(
             "# Rendered by `provisioning template render {template} -n {namespace}` with {}\n# {}\n",
             sets_text.join(" "),
@@ -416,8 +411,8 @@ fn load_template(dir: &Path, dir_name: &str) -> Result<ClusterTemplate, ClusterT
     }
     let mut names = BTreeSet::new();
     for p in &manifest.parameters {
-        let identifier = p.name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
-            && p.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let identifier =
+            p.name.chars().next().is_some_and(|c| c.is_ascii_lowercase()) && p.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !identifier || matches!(p.name.as_str(), "namespace" | "template") {
             return Err(invalid(format!("parameter name {:?} must be an identifier other than namespace and template", p.name)));
         }
@@ -430,8 +425,7 @@ fn load_template(dir: &Path, dir_name: &str) -> Result<ClusterTemplate, ClusterT
         p.parse(&p.default_text()).map_err(|problem| invalid(format!("default of parameter {}: {problem}", p.name)))?;
     }
     let source_path = dir.join(TEMPLATE_SOURCE);
-    let source =
-        std::fs::read_to_string(&source_path).map_err(|source| ClusterTemplateError::Io { path: source_path.clone(), source })?;
+    let source = std::fs::read_to_string(&source_path).map_err(|source| ClusterTemplateError::Io { path: source_path.clone(), source })?;
     let mut env = Environment::new();
     env.add_template(TEMPLATE_SOURCE, &source)
         .map_err(|e| ClusterTemplateError::Invalid { path: source_path.clone(), problem: e.to_string() })?;
@@ -498,7 +492,8 @@ mod tests {
     #[test]
     fn a_string_cannot_break_out_of_its_yaml_scalar() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let manifest = "name: t\ndescription: d\ndefaultNamespace: demo\nparameters:\n- {name: label, description: x, type: string, default: a}\n";
+        let manifest =
+            "name: t\ndescription: d\ndefaultNamespace: demo\nparameters:\n- {name: label, description: x, type: string, default: a}\n";
         let source = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {label: {{ label | tojson }}}\n";
         write_template(dir.path(), "t", manifest, source);
         let t = TemplateLibrary::load(dir.path()).expect("loads").require("t").expect("found").clone();

@@ -26,8 +26,8 @@ mod templates;
 
 pub use catalog::{CATALOG_ENV, Catalog, CatalogService, ResolvedService, SecretField, SecretFormat};
 pub use cluster_templates::{
-    ClusterTemplate, ClusterTemplateError, ParameterType, RenderedTemplate, TEMPLATE_MANIFEST, TEMPLATE_SOURCE, TEMPLATES_ENV, TemplateLibrary,
-    TemplateManifest, TemplateParameter, is_dns_label,
+    ClusterTemplate, ClusterTemplateError, ParameterType, RenderedTemplate, TEMPLATE_MANIFEST, TEMPLATE_SOURCE, TEMPLATES_ENV,
+    TemplateLibrary, TemplateManifest, TemplateParameter, is_dns_label,
 };
 pub use context::{AddressInfo, ClusterInfo, PeerInfo, ScriptContext, ServerInfo, TaskServInfo, WorkspaceInfo};
 pub use error::{CatalogError, ConfigViolation, ResolveError, RunError, TemplateError, ValidationError};

@@ -87,7 +87,10 @@ async fn a_user_service_runs_through_the_runner() {
     write_tree(
         user.path(),
         &[
-            ("hello/taskserv.yaml", &manifest("hello", "configSchema: {type: object, properties: {name: {type: string, default: world}}}\n")),
+            (
+                "hello/taskserv.yaml",
+                &manifest("hello", "configSchema: {type: object, properties: {name: {type: string, default: world}}}\n"),
+            ),
             ("hello/install.nu", body),
             ("hello/check.nu", body),
             ("hello/remove.nu", body),

@@ -13,7 +13,11 @@ const TEMPLATES: [&str; 5] = ["etcd_cluster", "kubernetes_3node", "observability
 
 fn provisioning(args: &[&str]) -> Result<(i32, String, String)> {
     let out = Command::new(provisioning_bin()).args(args).stdin(Stdio::null()).output()?;
-    Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
 }
 
 #[test]
@@ -30,7 +34,15 @@ fn every_template_is_listed_and_renders_manifests_the_api_server_accepts() -> Re
     let mut failures = Vec::new();
     for t in TEMPLATES {
         let file = tmp.path().join(format!("{t}.yaml"));
-        let (code, _, stderr) = provisioning(&["template", "render", t, "-n", &format!("tpl-{}", t.replace('_', "-")), "-o", file.to_str().unwrap_or_default()])?;
+        let (code, _, stderr) = provisioning(&[
+            "template",
+            "render",
+            t,
+            "-n",
+            &format!("tpl-{}", t.replace('_', "-")),
+            "-o",
+            file.to_str().unwrap_or_default(),
+        ])?;
         if code != 0 {
             failures.push(format!("{t}: render exited {code}: {stderr}"));
             continue;
@@ -52,7 +64,8 @@ fn every_template_is_listed_and_renders_manifests_the_api_server_accepts() -> Re
 
 #[test]
 fn set_values_are_applied_and_bad_ones_are_named() -> Result<()> {
-    let (code, yaml, stderr) = provisioning(&["template", "render", "etcd_cluster", "--set", "members=5", "--set", "name=kv", "-n", "team-a"])?;
+    let (code, yaml, stderr) =
+        provisioning(&["template", "render", "etcd_cluster", "--set", "members=5", "--set", "name=kv", "-n", "team-a"])?;
     assert_eq!(code, 0, "{stderr}");
     let docs: Vec<serde_json::Value> =
         serde_yaml_ng::Deserializer::from_str(&yaml).map(serde::Deserialize::deserialize).collect::<Result<_, _>>()?;

@@ -14,7 +14,11 @@ use provisioning_e2e::provisioning_bin;
 /// Runs `provisioning test ARGS` to the end; returns (exit code, stdout, stderr).
 pub fn run_test(args: &[&str]) -> Result<(i32, String, String)> {
     let out: Output = Command::new(provisioning_bin()).arg("test").args(args).stdin(Stdio::null()).output()?;
-    Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
 }
 
 /// The namespace `provisioning test` announced on its first line.
@@ -56,7 +60,10 @@ fn a_service_and_a_template_pass_report_junit_and_leave_nothing_behind() -> Resu
     assert!(stdout.contains("PASS  cleanup (nothing left behind)"), "{stdout}");
     assert_eq!(leftovers(&ns)?, Vec::<String>::new(), "nothing of {ns} is left in Docker");
     let xml = std::fs::read_to_string(&junit)?;
-    assert!(xml.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"provisioning test\" tests=\"3\" failures=\"0\""), "{xml}");
+    assert!(
+        xml.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"provisioning test\" tests=\"3\" failures=\"0\""),
+        "{xml}"
+    );
     assert!(xml.contains("<testsuite name=\"provisioning test redis\" tests=\"3\" failures=\"0\""), "{xml}");
     assert!(xml.contains(&format!("<property name=\"namespace\" value=\"{ns}\"/>")), "{xml}");
     for case in ["Ready and healthy", "check redis 7.0.15 on redis-node-0", "cleanup (nothing left behind)"] {

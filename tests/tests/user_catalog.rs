@@ -13,7 +13,11 @@ use provisioning_e2e::provisioning_bin;
 
 fn provisioning(args: &[&str]) -> Result<(i32, String, String)> {
     let out = Command::new(provisioning_bin()).args(args).stdin(Stdio::null()).output()?;
-    Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
 }
 
 fn write(root: &Path, rel: &str, text: &str) -> Result<()> {
@@ -59,7 +63,9 @@ fn write_service(root: &Path, name: &str, version: &str, check_ok: bool) -> Resu
     write(
         root,
         &format!("{name}/remove.nu"),
-        &format!("use ../lib/ctx.nu *\ndef main [] {{\n  let ctx = ($in | read-context)\n  rm -rf /var/lib/{name}\n  emit-result {{removed: true}}\n}}\n"),
+        &format!(
+            "use ../lib/ctx.nu *\ndef main [] {{\n  let ctx = ($in | read-context)\n  rm -rf /var/lib/{name}\n  emit-result {{removed: true}}\n}}\n"
+        ),
     )?;
     Ok(())
 }
@@ -108,7 +114,8 @@ fn a_user_service_is_listed_overrides_a_built_in_and_runs_on_the_local_provider(
 
     // A failing check: exit 1, the script's message in the report, and still nothing left.
     let junit = tmp.path().join("sour.xml");
-    let (code, stdout, stderr) = provisioning(&["test", "sour", "--config", config, "--timeout", "90s", "--junit", junit.to_str().unwrap_or_default()])?;
+    let (code, stdout, stderr) =
+        provisioning(&["test", "sour", "--config", config, "--timeout", "90s", "--junit", junit.to_str().unwrap_or_default()])?;
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     assert!(stdout.contains("FAIL  Ready and healthy") && stdout.contains("this check always fails"), "{stdout}");
     assert!(stdout.contains("PASS  cleanup (nothing left behind)"), "{stdout}");
