@@ -29,6 +29,8 @@ use crate::metrics::{Metrics, ScriptLabels};
 pub const TEST_LABEL: &str = "provisioning.dev/test";
 /// Health-check interval of the embedded controller: checks run again this soon after Ready.
 pub const RECHECK_INTERVAL_SECS: u64 = 5;
+/// How long an object may stay Stalled before the test stops waiting for it.
+const STALLED_GRACE: Duration = Duration::from_secs(30);
 /// How long removal may take before what is left is reported.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -191,7 +193,7 @@ impl TestReport {
         let mut out = format!("\nprovisioning test {} (namespace {})\n", self.title, self.namespace);
         for c in &self.cases {
             let verdict = if c.failure.is_some() { "FAIL" } else { "PASS" };
-            out.push_str(&format!("  {verdict}  {:<48} {:>7.1}s", c.name, c.duration.as_secs_f64()));
+            out.push_str(&format!("  {verdict}  {:<56} {:>7.1}s", c.name, c.duration.as_secs_f64()));
             if let Some(f) = &c.failure {
                 out.push_str(&format!("  {f}"));
             }
@@ -432,11 +434,12 @@ async fn exercise(control: &ControlPlane, plan: &TestPlan, opts: &TestOptions, i
 }
 
 /// Polls Clusters and TaskServs of `namespace` until all are Ready (TaskServs also Healthy),
-/// printing each change. Fails at once when one is Stalled, at the deadline, or on interrupt.
+/// printing each change. Fails when one stays Stalled, at the deadline, or on interrupt.
 async fn wait_ready(client: &Client, namespace: &str, deadline: Instant, interrupted: &CancellationToken) -> anyhow::Result<()> {
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), namespace);
     let taskservs: Api<TaskServ> = Api::namespaced(client.clone(), namespace);
     let mut last: BTreeMap<String, String> = BTreeMap::new();
+    let mut stalled_since: BTreeMap<String, Instant> = BTreeMap::new();
     loop {
         let mut states: BTreeMap<String, (bool, String, bool)> = BTreeMap::new();
         for c in clusters.list(&ListParams::default()).await?.items {
@@ -454,7 +457,16 @@ async fn wait_ready(client: &Client, namespace: &str, deadline: Instant, interru
                 last.insert(what.clone(), line.clone());
             }
         }
-        if let Some((what, (_, line, _))) = states.iter().find(|(_, (_, _, stalled))| *stalled) {
+        // Stalled can be brief (a configFrom Secret another TaskServ is about to generate):
+        // only one that stays Stalled fails the wait early.
+        stalled_since.retain(|what, _| states.get(what).is_some_and(|(_, _, stalled)| *stalled));
+        for (what, (_, _, stalled)) in &states {
+            if *stalled {
+                stalled_since.entry(what.clone()).or_insert_with(Instant::now);
+            }
+        }
+        if let Some((what, _)) = stalled_since.iter().find(|(_, since)| since.elapsed() >= STALLED_GRACE) {
+            let line = states.get(what).map(|(_, l, _)| l.split_whitespace().collect::<Vec<_>>().join(" ")).unwrap_or_default();
             bail!("{what} is Stalled: {line}");
         }
         if !ts_list.is_empty() && states.values().all(|(ready, _, _)| *ready) {

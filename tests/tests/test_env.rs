@@ -150,3 +150,27 @@ fn an_interrupted_test_cleans_up() -> Result<()> {
     assert_eq!(leftovers(&ns)?, Vec::<String>::new(), "nothing of {ns} is left in Docker");
     Ok(())
 }
+
+/// The templates built on the catalog's newer services (prometheus, node-exporter,
+/// alertmanager, nginx, docker-registry): every service's check passes on the local provider.
+/// Fails with "unknown service" where the catalog lacks them.
+#[test]
+fn the_observability_and_web_templates_pass() -> Result<()> {
+    require_node_image()?;
+    for (args, checks) in [
+        (vec!["observability", "--set", "nodes=1"], vec!["check prometheus", "check alertmanager", "check node-exporter"]),
+        (vec!["web"], vec!["check docker-registry", "check haproxy"]),
+        (vec!["web", "--set", "frontend=nginx"], vec!["check docker-registry", "check nginx"]),
+    ] {
+        let mut full = args.clone();
+        full.extend(["--timeout", "10m"]);
+        let (code, stdout, stderr) = run_test(&full)?;
+        assert_passed(code, &stdout, &stderr);
+        for check in checks {
+            assert!(stdout.contains(&format!("PASS  {check}")), "{args:?}: {check}\n{stdout}");
+        }
+        let ns = namespace_of(&stdout).unwrap_or_default();
+        assert_eq!(leftovers(&ns)?, Vec::<String>::new(), "nothing of {ns} is left in Docker");
+    }
+    Ok(())
+}
