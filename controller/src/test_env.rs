@@ -25,6 +25,23 @@ use crate::config::ControllerConfig;
 use crate::dev;
 use crate::metrics::{Metrics, ScriptLabels};
 
+/// `println!` that ignores a closed stdout: the report is lost then, the cleanup must not be
+/// (`println!` panics on a broken pipe, e.g. `provisioning test x | head -1`).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`say!`] for stderr.
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Label on the Namespace of a test environment (its value: what is tested).
 pub const TEST_LABEL: &str = "provisioning.dev/test";
 /// Health-check interval of the embedded controller: checks run again this soon after Ready.
@@ -334,11 +351,11 @@ pub async fn run_test(opts: TestOptions) -> anyhow::Result<i32> {
 
     let started = Instant::now();
     let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    println!("provisioning test {}: namespace {}, services {}", plan.title, plan.namespace, plan.services.join(", "));
+    say!("provisioning test {}: namespace {}, services {}", plan.title, plan.namespace, plan.services.join(", "));
     let control = ControlPlane::start(&opts).await?;
     let mut cases = exercise(&control, &plan, &opts, &interrupted).await;
     if opts.keep {
-        println!("--keep: everything stays in namespace {}", plan.namespace);
+        say!("--keep: everything stays in namespace {}", plan.namespace);
     } else {
         let t = Instant::now();
         cases.push(match cleanup(&control.client, &plan.namespace).await {
@@ -347,13 +364,13 @@ pub async fn run_test(opts: TestOptions) -> anyhow::Result<i32> {
         });
     }
     if let Some(dir) = control.stop(opts.keep).await {
-        println!("control plane data kept in {0}: `provisioning dev --data-dir {0}` serves it again", dir.display());
+        say!("control plane data kept in {0}: `provisioning dev --data-dir {0}` serves it again", dir.display());
     }
     let report = TestReport { title: plan.title.clone(), namespace: plan.namespace.clone(), cases, duration: started.elapsed(), timestamp };
-    print!("{}", report.render());
+    say!("{}", report.render().trim_end());
     if let Some(path) = &opts.junit {
         std::fs::write(path, report.junit_xml()).with_context(|| format!("writing {}", path.display()))?;
-        println!("JUnit XML: {}", path.display());
+        say!("JUnit XML: {}", path.display());
     }
     Ok(if report.passed() { 0 } else { 1 })
 }
@@ -381,10 +398,10 @@ async fn watch_signals(interrupted: CancellationToken) {
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
         if interrupted.is_cancelled() {
-            eprintln!("interrupted again: exiting without finishing the cleanup");
+            say_err!("interrupted again: exiting without finishing the cleanup");
             std::process::exit(130);
         }
-        eprintln!("interrupted: removing the test environment (interrupt again to abort)");
+        say_err!("interrupted: removing the test environment (interrupt again to abort)");
         interrupted.cancel();
     }
 }
@@ -453,7 +470,7 @@ async fn wait_ready(client: &Client, namespace: &str, deadline: Instant, interru
         }
         for (what, (_, line, _)) in &states {
             if last.get(what) != Some(line) {
-                println!("  {what:<40} {line}");
+                say!("  {what:<40} {line}");
                 last.insert(what.clone(), line.clone());
             }
         }

@@ -174,3 +174,22 @@ fn the_observability_and_web_templates_pass() -> Result<()> {
     }
     Ok(())
 }
+
+/// `--kubeconfig`: the environment is made through an existing API server and the controller
+/// serving it (here a `provisioning dev`), and removed from there too.
+#[test]
+fn an_existing_api_server_is_used_with_kubeconfig() -> Result<()> {
+    require_node_image()?;
+    let dev = provisioning_e2e::Dev::start(&[])?;
+    let kubeconfig = dev.kubeconfig();
+    let (code, stdout, stderr) = run_test(&["redis", "--kubeconfig", kubeconfig.to_str().unwrap_or_default(), "--timeout", "10m"])?;
+    assert_passed(code, &stdout, &stderr);
+    let ns = namespace_of(&stdout).unwrap_or_default();
+    assert!(stdout.contains("PASS  check redis 7.0.15 on redis-node-0"), "{stdout}");
+    // Made and removed there: the dev server saw the namespace's Cluster come and go.
+    let clusters = dev.kubectl_ok(&["get", "pcl", "-n", &ns, "-o", "name"])?;
+    assert!(clusters.trim().is_empty(), "{clusters}");
+    assert!(dev.log().is_empty() || !dev.log().contains("panicked"), "{}", dev.log_tail(20));
+    assert_eq!(leftovers(&ns)?, Vec::<String>::new(), "nothing of {ns} is left in Docker");
+    Ok(())
+}
