@@ -39,6 +39,8 @@ COPY --from=builder /out/provisioning /out/nu /usr/local/bin/
 # Cloud APIs are HTTPS, verified against the system roots (the slim base has none).
 COPY --from=builder /out/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY taskservs/catalog /usr/share/provisioning/catalog
+# Cluster templates are found next to the catalog (`provisioning template list`).
+COPY taskservs/templates /usr/share/provisioning/templates
 ENV PROVISIONING_CATALOG=/usr/share/provisioning/catalog \
     PROVISIONING_NU=/usr/local/bin/nu \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \

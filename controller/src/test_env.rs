@@ -25,10 +25,29 @@ use crate::config::ControllerConfig;
 use crate::dev;
 use crate::metrics::{Metrics, ScriptLabels};
 
+/// `println!` that ignores a closed stdout: the report is lost then, the cleanup must not be
+/// (`println!` panics on a broken pipe, e.g. `provisioning test x | head -1`).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`say!`] for stderr.
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Label on the Namespace of a test environment (its value: what is tested).
 pub const TEST_LABEL: &str = "provisioning.dev/test";
 /// Health-check interval of the embedded controller: checks run again this soon after Ready.
 pub const RECHECK_INTERVAL_SECS: u64 = 5;
+/// How long an object may stay Stalled before the test stops waiting for it.
+const STALLED_GRACE: Duration = Duration::from_secs(30);
 /// How long removal may take before what is left is reported.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -191,7 +210,7 @@ impl TestReport {
         let mut out = format!("\nprovisioning test {} (namespace {})\n", self.title, self.namespace);
         for c in &self.cases {
             let verdict = if c.failure.is_some() { "FAIL" } else { "PASS" };
-            out.push_str(&format!("  {verdict}  {:<48} {:>7.1}s", c.name, c.duration.as_secs_f64()));
+            out.push_str(&format!("  {verdict}  {:<56} {:>7.1}s", c.name, c.duration.as_secs_f64()));
             if let Some(f) = &c.failure {
                 out.push_str(&format!("  {f}"));
             }
@@ -332,11 +351,11 @@ pub async fn run_test(opts: TestOptions) -> anyhow::Result<i32> {
 
     let started = Instant::now();
     let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    println!("provisioning test {}: namespace {}, services {}", plan.title, plan.namespace, plan.services.join(", "));
+    say!("provisioning test {}: namespace {}, services {}", plan.title, plan.namespace, plan.services.join(", "));
     let control = ControlPlane::start(&opts).await?;
     let mut cases = exercise(&control, &plan, &opts, &interrupted).await;
     if opts.keep {
-        println!("--keep: everything stays in namespace {}", plan.namespace);
+        say!("--keep: everything stays in namespace {}", plan.namespace);
     } else {
         let t = Instant::now();
         cases.push(match cleanup(&control.client, &plan.namespace).await {
@@ -345,13 +364,13 @@ pub async fn run_test(opts: TestOptions) -> anyhow::Result<i32> {
         });
     }
     if let Some(dir) = control.stop(opts.keep).await {
-        println!("control plane data kept in {0}: `provisioning dev --data-dir {0}` serves it again", dir.display());
+        say!("control plane data kept in {0}: `provisioning dev --data-dir {0}` serves it again", dir.display());
     }
     let report = TestReport { title: plan.title.clone(), namespace: plan.namespace.clone(), cases, duration: started.elapsed(), timestamp };
-    print!("{}", report.render());
+    say!("{}", report.render().trim_end());
     if let Some(path) = &opts.junit {
         std::fs::write(path, report.junit_xml()).with_context(|| format!("writing {}", path.display()))?;
-        println!("JUnit XML: {}", path.display());
+        say!("JUnit XML: {}", path.display());
     }
     Ok(if report.passed() { 0 } else { 1 })
 }
@@ -379,10 +398,10 @@ async fn watch_signals(interrupted: CancellationToken) {
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
         if interrupted.is_cancelled() {
-            eprintln!("interrupted again: exiting without finishing the cleanup");
+            say_err!("interrupted again: exiting without finishing the cleanup");
             std::process::exit(130);
         }
-        eprintln!("interrupted: removing the test environment (interrupt again to abort)");
+        say_err!("interrupted: removing the test environment (interrupt again to abort)");
         interrupted.cancel();
     }
 }
@@ -432,11 +451,12 @@ async fn exercise(control: &ControlPlane, plan: &TestPlan, opts: &TestOptions, i
 }
 
 /// Polls Clusters and TaskServs of `namespace` until all are Ready (TaskServs also Healthy),
-/// printing each change. Fails at once when one is Stalled, at the deadline, or on interrupt.
+/// printing each change. Fails when one stays Stalled, at the deadline, or on interrupt.
 async fn wait_ready(client: &Client, namespace: &str, deadline: Instant, interrupted: &CancellationToken) -> anyhow::Result<()> {
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), namespace);
     let taskservs: Api<TaskServ> = Api::namespaced(client.clone(), namespace);
     let mut last: BTreeMap<String, String> = BTreeMap::new();
+    let mut stalled_since: BTreeMap<String, Instant> = BTreeMap::new();
     loop {
         let mut states: BTreeMap<String, (bool, String, bool)> = BTreeMap::new();
         for c in clusters.list(&ListParams::default()).await?.items {
@@ -450,18 +470,29 @@ async fn wait_ready(client: &Client, namespace: &str, deadline: Instant, interru
         }
         for (what, (_, line, _)) in &states {
             if last.get(what) != Some(line) {
-                println!("  {what:<40} {line}");
+                say!("  {what:<40} {line}");
                 last.insert(what.clone(), line.clone());
             }
         }
-        if let Some((what, (_, line, _))) = states.iter().find(|(_, (_, _, stalled))| *stalled) {
+        // Stalled can be brief (a configFrom Secret another TaskServ is about to generate):
+        // only one that stays Stalled fails the wait early.
+        stalled_since.retain(|what, _| states.get(what).is_some_and(|(_, _, stalled)| *stalled));
+        for (what, (_, _, stalled)) in &states {
+            if *stalled {
+                stalled_since.entry(what.clone()).or_insert_with(Instant::now);
+            }
+        }
+        if let Some((what, _)) = stalled_since.iter().find(|(_, since)| since.elapsed() >= STALLED_GRACE) {
+            let line = states.get(what).map(|(_, l, _)| l.split_whitespace().collect::<Vec<_>>().join(" ")).unwrap_or_default();
             bail!("{what} is Stalled: {line}");
         }
         if !ts_list.is_empty() && states.values().all(|(ready, _, _)| *ready) {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            let blocking: Vec<String> = states.iter().filter(|(_, (r, _, _))| !r).map(|(w, (_, l, _))| format!("{w}: {l}")).collect();
+            let compact = |l: &str| l.split_whitespace().collect::<Vec<_>>().join(" ");
+            let blocking: Vec<String> =
+                states.iter().filter(|(_, (r, _, _))| !r).map(|(w, (_, l, _))| format!("{w}: {}", compact(l))).collect();
             bail!("not Ready before the timeout: {}", blocking.join("; "));
         }
         tokio::select! {

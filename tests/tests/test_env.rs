@@ -150,3 +150,67 @@ fn an_interrupted_test_cleans_up() -> Result<()> {
     assert_eq!(leftovers(&ns)?, Vec::<String>::new(), "nothing of {ns} is left in Docker");
     Ok(())
 }
+
+/// The templates built on the catalog's newer services (prometheus, node-exporter,
+/// alertmanager, nginx, docker-registry): every service's check passes on the local provider.
+/// Fails with "unknown service" where the catalog lacks them.
+#[test]
+fn the_observability_and_web_templates_pass() -> Result<()> {
+    require_node_image()?;
+    for (args, checks) in [
+        (vec!["observability", "--set", "nodes=1"], vec!["check prometheus", "check alertmanager", "check node-exporter"]),
+        (vec!["web"], vec!["check docker-registry", "check haproxy"]),
+        (vec!["web", "--set", "frontend=nginx"], vec!["check docker-registry", "check nginx"]),
+    ] {
+        let mut full = args.clone();
+        full.extend(["--timeout", "10m"]);
+        let (code, stdout, stderr) = run_test(&full)?;
+        assert_passed(code, &stdout, &stderr);
+        for check in checks {
+            assert!(stdout.contains(&format!("PASS  {check}")), "{args:?}: {check}\n{stdout}");
+        }
+        let ns = namespace_of(&stdout).unwrap_or_default();
+        assert_eq!(leftovers(&ns)?, Vec::<String>::new(), "nothing of {ns} is left in Docker");
+    }
+    Ok(())
+}
+
+/// `--kubeconfig`: the environment is made through an existing API server and the controller
+/// serving it (here a `provisioning dev`), and removed from there too.
+#[test]
+fn an_existing_api_server_is_used_with_kubeconfig() -> Result<()> {
+    require_node_image()?;
+    let dev = provisioning_e2e::Dev::start(&[])?;
+    let kubeconfig = dev.kubeconfig();
+    // Watch the dev server's Clusters while the test runs: the environment must appear there.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (seen, done, kubeconfig) = (seen.clone(), done.clone(), kubeconfig.clone());
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = provisioning_e2e::kubectl_command(&kubeconfig).args(["get", "pcl", "-A", "-o", "name"]).output();
+                if let Ok(out) = out
+                    && let Ok(mut s) = seen.lock()
+                {
+                    s.push_str(&String::from_utf8_lossy(&out.stdout));
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    let result = run_test(&["redis", "--kubeconfig", kubeconfig.to_str().unwrap_or_default(), "--timeout", "10m"]);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = watcher.join();
+    let (code, stdout, stderr) = result?;
+    assert_passed(code, &stdout, &stderr);
+    let ns = namespace_of(&stdout).unwrap_or_default();
+    assert!(stdout.contains("PASS  check redis 7.0.15 on redis-node-0"), "{stdout}");
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert!(seen.contains("cluster.provisioning.dev/redis"), "the Cluster was made through the dev server: {seen}");
+    // ... and removed from there.
+    let clusters = dev.kubectl_ok(&["get", "pcl", "-n", &ns, "-o", "name"])?;
+    assert!(clusters.trim().is_empty(), "{clusters}");
+    assert_eq!(leftovers(&ns)?, Vec::<String>::new(), "nothing of {ns} is left in Docker");
+    Ok(())
+}
