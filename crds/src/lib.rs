@@ -147,6 +147,7 @@ mod tests {
             ("TaskServ.spec.configFrom", "atomic"),
             ("TaskServ.spec.dependsOn", "set"),
             ("TaskServ.spec.servers.names", "set"),
+            ("TaskServ.status.approvedPlan.changes", "atomic"),
             ("TaskServ.status.conditions", "map[\"type\"]"),
             ("TaskServ.status.plan.changes", "atomic"),
             // Install order: the order is the content.

@@ -57,6 +57,12 @@ pub struct TaskServSpec {
     /// A failed upgrade re-installs the last good version.
     #[serde(default = "default_true")]
     pub rollback_on_failure: bool,
+    /// Automatic or Manual. Unset: the Workspace's (a Cluster writes its own into its
+    /// TaskServs). Manual: install, upgrade, re-install and remove runs wait until the
+    /// annotation `provisioning.dev/approve` names the current `status.plan.id`; health checks
+    /// go on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::Approval>,
     /// Rolling updates: servers that already run the service get a new version or config
     /// `maxUnavailable` at a time, each batch gated on the health of the ones before. Unset:
     /// all at once (bounded by the workspace's `parallelLimit`). First installs are not limited.
@@ -178,6 +184,10 @@ pub struct TaskServStatus {
     /// re-install (Update), remove (Delete). The PLAN column is its summary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::Plan>,
+    /// The plan last approved under Manual approval. What remains of it goes on without a
+    /// new approval (the plan shrinks as servers finish); anything beyond it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_plan: Option<crate::Plan>,
 }
 
 /// State of a TaskServ on one server.

@@ -12,6 +12,7 @@
 //! back through [`act::ScriptRuns`] plus a reconcile trigger.
 
 pub mod act;
+pub mod approval;
 pub mod dereference;
 pub mod inputs;
 pub mod plan;
@@ -258,13 +259,15 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
         now: now_seconds(),
     };
     let (plan, done) = if deleting { plan::plan_removal(&observed) } else { (plan::plan(&observed), false) };
-    let Plan { status: mut desired, launch, events, requeue, version } = plan;
+    let Plan { status: mut desired, mut launch, events, requeue, version } = plan;
     if let Some(name) = generated_secret {
         desired.generated_secret_ref = Some(LocalSecretReference { name });
     }
     if !deleting {
         let resource = format!("TaskServ/{namespace}/{}", ts.name_any());
-        desired.plan = Some(plan::taskserv_plan(&resource, &desired, version.as_deref()));
+        let taskserv_plan = plan::taskserv_plan(&resource, &desired, version.as_deref());
+        gate_on_approval(&ts, namespace, ctx, &status, &mut desired, &mut launch, &taskserv_plan).await;
+        desired.plan = Some(taskserv_plan);
     }
 
     if !launch.is_empty() {
@@ -299,6 +302,41 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
         Some(d) => Action::requeue(crate::time::jittered(d)),
         None => Action::await_change(),
     })
+}
+
+/// Under Manual approval (the TaskServ's own, else its Workspace's), holds the plan's install
+/// and remove runs until approved ([`approval`]); a stale approval is ignored with a
+/// PlanStale Warning. Records the approval in force in `status.approvedPlan`.
+async fn gate_on_approval(
+    ts: &TaskServ,
+    namespace: &str,
+    ctx: &Context,
+    previous: &TaskServStatus,
+    desired: &mut TaskServStatus,
+    launch: &mut Vec<(String, plan::Operation)>,
+    taskserv_plan: &provisioning_crds::Plan,
+) {
+    let approval = ts.spec.approval.or(ctx.workspace_for(namespace).spec.approval).unwrap_or_default();
+    let annotation = ts.annotations().get(provisioning_crds::ANNOTATION_APPROVE).map(String::as_str);
+    match approval::gate(approval, annotation, taskserv_plan, previous.approved_plan.as_ref()) {
+        approval::Gate::Go { approved } => desired.approved_plan = approved,
+        approval::Gate::Wait => {
+            desired.approved_plan = previous.approved_plan.clone();
+            approval::hold(desired, previous, launch, taskserv_plan);
+        }
+        approval::Gate::Stale(id) => {
+            desired.approved_plan = previous.approved_plan.clone();
+            approval::hold(desired, previous, launch, taskserv_plan);
+            let note = format!(
+                "approval {id} ({}) does not match the current plan {}: {}; it is ignored, approve {} to carry out the current plan",
+                provisioning_crds::ANNOTATION_APPROVE,
+                taskserv_plan.id,
+                taskserv_plan.summary,
+                taskserv_plan.id
+            );
+            ctx.publish(ts, EventType::Warning, crate::server::spec::PLAN_STALE, "Approve", Some(note)).await;
+        }
+    }
 }
 
 /// The semaphore bounding this TaskServ's script runs: its Cluster's `parallelLimit`, or the

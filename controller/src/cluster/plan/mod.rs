@@ -312,6 +312,7 @@ pub fn desired_taskserv(o: &Observed<'_>, service: &ServicePlan, desired_servers
         depends_on: service.after.iter().map(|d| taskserv_name(o.name, d)).collect(),
         rollback_on_failure: true,
         rollout: rollout_of(o, &service.pools),
+        approval: o.spec.approval,
     };
     let mut ts = TaskServ::new(&taskserv_name(o.name, &service.service), spec);
     let mut labels = BTreeMap::new();

@@ -134,6 +134,7 @@ pub(super) fn summarize(o: &Observed<'_>, mut work: Work, f: Facts) -> Plan {
         config_inputs_hash: f.inputs_hash.clone(),
         generated_secret_ref: o.status.generated_secret_ref.clone(),
         plan: o.status.plan.clone(),
+        approved_plan: o.status.approved_plan.clone(),
     };
     let requeue = requeue(o, p.in_flight, stalled.is_some(), ready);
     Plan { status, launch: work.launch, events: work.events, requeue, version: f.effective_version.clone() }

@@ -1,0 +1,173 @@
+//! Approval of a TaskServ's plan (`approval: Manual`): install, upgrade, re-install and
+//! remove runs wait until the annotation `provisioning.dev/approve` names the current
+//! `status.plan.id`; health checks go on. Pure.
+//!
+//! Unlike a Server's plan (one machine, carried out at once), a TaskServ's plan shrinks while
+//! it is carried out — servers finish one by one, a rollout goes batch by batch — so the
+//! approved plan is kept in `status.approvedPlan` and every later plan whose changes it
+//! already contains goes on under the same approval. A change it does not contain (a new
+//! spec, drift found meanwhile, a rollback after a failed upgrade) waits for a new one.
+
+use provisioning_crds::{Approval, Plan, PlannedChange, TaskServStatus};
+
+use super::plan::{Operation, ServerPhase};
+
+/// Reason of `Ready=False` (and the phase) while a plan waits for approval.
+pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
+
+/// Where a TaskServ's plan stands with approval.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gate {
+    /// Carry it out; `approved` is what `status.approvedPlan` becomes.
+    Go {
+        /// The approval in force afterwards.
+        approved: Option<Plan>,
+    },
+    /// Manual approval and no approval covers this plan.
+    Wait,
+    /// Manual approval and the annotation names neither this plan nor the approved one:
+    /// ignored, with a PlanStale Warning.
+    Stale(String),
+}
+
+fn same_change(a: &PlannedChange, b: &PlannedChange) -> bool {
+    a.resource == b.resource && a.action == b.action && a.to == b.to
+}
+
+/// Whether `plan` may be carried out under `approval`, given the annotation's value and the
+/// plan approved before.
+pub fn gate(approval: Approval, annotation: Option<&str>, plan: &Plan, approved: Option<&Plan>) -> Gate {
+    let annotation = annotation.map(str::trim).filter(|a| !a.is_empty());
+    if approval == Approval::Automatic {
+        return Gate::Go { approved: None };
+    }
+    if !plan.has_changes() {
+        return Gate::Go { approved: approved.cloned() };
+    }
+    if annotation == Some(plan.id.as_str()) {
+        return Gate::Go { approved: Some(plan.clone()) };
+    }
+    if let Some(before) = approved
+        && annotation == Some(before.id.as_str())
+        && plan.changes.iter().all(|c| before.changes.iter().any(|b| same_change(b, c)))
+    {
+        return Gate::Go { approved: Some(before.clone()) };
+    }
+    match annotation {
+        Some(a) if Some(a) != approved.map(|p| p.id.as_str()) => Gate::Stale(a.to_string()),
+        _ => Gate::Wait,
+    }
+}
+
+/// Holds a plan that waits: only health checks start. A server held from an install stays
+/// `Pending` (the install is still due: the next pass plans it again, under the same plan id)
+/// with the last run it had; one held from a remove keeps its phase. Phase and Ready say what
+/// the TaskServ waits for.
+pub fn hold(desired: &mut TaskServStatus, previous: &TaskServStatus, launch: &mut Vec<(String, Operation)>, plan: &Plan) {
+    let held: Vec<(String, Operation)> = launch.iter().filter(|(_, op)| *op != Operation::Check).cloned().collect();
+    launch.retain(|(_, op)| *op == Operation::Check);
+    for (name, operation) in held {
+        let before = previous.servers.iter().find(|e| e.name == name);
+        if let Some(entry) = desired.servers.iter_mut().find(|e| e.name == name) {
+            entry.last_run = before.and_then(|b| b.last_run.clone());
+            match (operation, before) {
+                (Operation::Remove, Some(b)) => entry.phase = b.phase.clone(),
+                _ => ServerPhase::Pending.set(entry),
+            }
+        }
+    }
+    desired.phase = Some(AWAITING_APPROVAL.to_string());
+    let message = crate::server::spec::waiting_message(plan);
+    for c in desired.conditions.iter_mut() {
+        if c.type_ == provisioning_crds::condition::READY || c.type_ == provisioning_crds::condition::RECONCILING {
+            c.reason = AWAITING_APPROVAL.to_string();
+            c.message = message.clone();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use provisioning_crds::{ChangeAction, TaskServServerStatus};
+
+    use super::*;
+
+    fn change(server: &str, to: &str) -> PlannedChange {
+        PlannedChange {
+            resource: format!("TaskServ/ns/redis on {server}"),
+            field: "version".into(),
+            action: ChangeAction::Update,
+            from: "7.0".into(),
+            to: to.into(),
+            reason: "upgrade".into(),
+        }
+    }
+
+    fn plan(id: &str, changes: Vec<PlannedChange>) -> Plan {
+        Plan { id: id.into(), summary: format!("{} to update", changes.len()), changes, ..Default::default() }
+    }
+
+    #[test]
+    fn automatic_goes_and_manual_waits_for_the_current_id() {
+        let p = plan("aaa", vec![change("s0", "7.2"), change("s1", "7.2")]);
+        assert_eq!(gate(Approval::Automatic, None, &p, None), Gate::Go { approved: None });
+        assert_eq!(gate(Approval::Manual, None, &p, None), Gate::Wait);
+        assert_eq!(gate(Approval::Manual, Some(" aaa "), &p, None), Gate::Go { approved: Some(p.clone()) });
+        assert_eq!(gate(Approval::Manual, Some("zzz"), &p, None), Gate::Stale("zzz".into()));
+        // Nothing to do: nothing to approve, and the approval is kept.
+        let none = plan("nnn", vec![]);
+        assert_eq!(gate(Approval::Manual, Some("aaa"), &none, Some(&p)), Gate::Go { approved: Some(p.clone()) });
+    }
+
+    #[test]
+    fn an_approved_plan_goes_on_while_it_shrinks_and_nothing_beyond_it() {
+        let approved = plan("aaa", vec![change("s0", "7.2"), change("s1", "7.2")]);
+        // s0 finished: the plan now holds s1 only, under a new id — still approved.
+        let rest = plan("bbb", vec![change("s1", "7.2")]);
+        assert_eq!(gate(Approval::Manual, Some("aaa"), &rest, Some(&approved)), Gate::Go { approved: Some(approved.clone()) });
+        // A rollback (another target) or another server is a new plan: it waits, and the
+        // old approval is not reported as stale.
+        let rollback = plan("ccc", vec![change("s0", "7.0")]);
+        assert_eq!(gate(Approval::Manual, Some("aaa"), &rollback, Some(&approved)), Gate::Wait);
+        let more = plan("ddd", vec![change("s1", "7.2"), change("s2", "7.2")]);
+        assert_eq!(gate(Approval::Manual, Some("aaa"), &more, Some(&approved)), Gate::Wait);
+    }
+
+    #[test]
+    fn a_held_plan_starts_only_checks_and_keeps_the_servers_as_they_were() {
+        let previous = TaskServStatus {
+            servers: vec![TaskServServerStatus {
+                name: "s0".into(),
+                phase: "Installed".into(),
+                version: Some("7.0".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut desired = previous.clone();
+        desired.servers[0].phase = "Installing".into();
+        desired.servers.push(TaskServServerStatus { name: "s1".into(), phase: "Installing".into(), ..Default::default() });
+        desired.conditions = vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: "Installing".into(),
+            message: "0/2".into(),
+            observed_generation: Some(1),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }];
+        let mut launch = vec![
+            ("s0".to_string(), Operation::Install { version: "7.2".into(), previous: Some("7.0".into()) }),
+            ("s1".to_string(), Operation::Install { version: "7.2".into(), previous: None }),
+            ("s2".to_string(), Operation::Check),
+        ];
+        let p = plan("aaa", vec![change("s0", "7.2")]);
+        hold(&mut desired, &previous, &mut launch, &p);
+        assert_eq!(launch, vec![("s2".to_string(), Operation::Check)]);
+        // The re-install of s0 is still due (Pending, its version kept); s1 was never installed.
+        assert_eq!((desired.servers[0].phase.as_str(), desired.servers[0].version.as_deref()), ("Pending", Some("7.0")));
+        assert_eq!(desired.servers[1].phase, "Pending");
+        assert_eq!(desired.phase.as_deref(), Some("AwaitingApproval"));
+        assert_eq!(desired.conditions[0].reason, "AwaitingApproval");
+        assert!(desired.conditions[0].message.contains("provisioning.dev/approve=aaa"), "{}", desired.conditions[0].message);
+    }
+}
