@@ -16,6 +16,23 @@ const NS: &str = "default";
 const CLUSTER: &str = "etcd";
 const MEMBERS: [&str; 3] = ["etcd-members-0", "etcd-members-1", "etcd-members-2"];
 
+/// Removes what this test made in Docker when it ends, also when it fails (the next run, and
+/// local_etcd, start by refusing leftovers of the `etcd` cluster).
+struct Cleanup;
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for item in leftovers(NS, CLUSTER).unwrap_or_default() {
+            match item.split_once(' ') {
+                Some(("container", id)) => drop(docker(&["rm", "-f", "-v", id])),
+                Some(("network", id)) => drop(docker(&["network", "rm", id])),
+                Some(("volume", id)) => drop(docker(&["volume", "rm", id])),
+                _ => {}
+            }
+        }
+    }
+}
+
 fn etcdctl<'a>(container: &'a str, endpoints: &'a str, args: &[&'a str]) -> Vec<&'a str> {
     let mut all = vec![
         "exec",
@@ -40,6 +57,7 @@ fn installing(dev: &Dev) -> Result<Vec<String>> {
 fn a_config_change_rolls_member_by_member_and_keeps_quorum() -> Result<()> {
     provisioning_e2e::docker::require_node_image()?;
     assert!(leftovers(NS, CLUSTER)?.is_empty(), "leftovers of an earlier run: {:?}", leftovers(NS, CLUSTER)?);
+    let _cleanup = Cleanup;
     let mut dev = Dev::start(&["examples/local/etcd-cluster.yaml"])?;
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/etcd", "--timeout=300s"])?;
     assert_eq!(dev.kubectl_ok(&["get", "ts", "etcd-etcd", "-o", "jsonpath={.status.updated}"])?, "3/3");
