@@ -27,7 +27,9 @@ pub struct Credentials {
     pub token: String,
 }
 
-fn ca_params() -> anyhow::Result<CertificateParams> {
+/// The CA's parameters (subject, usages, validity). Whoever issues certificates under the same
+/// CA key (the web console) signs with these, so its certificates chain to `ca.crt`.
+pub fn ca_params() -> anyhow::Result<CertificateParams> {
     let mut p = CertificateParams::new(Vec::<String>::new())?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "provisioning-apiserver-ca");

@@ -244,8 +244,11 @@ impl Context {
         let written = self.dynamic_api(obj).patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
         self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
-        let before = current.and_then(|c| serde_json::to_value(c).ok());
-        crate::history::after_status_write(self, &K::kind(&()), &written, before.as_ref(), &patch["status"]).await;
+        let kind = K::kind(&());
+        if crate::history::recorded(self, &kind) {
+            let before = current.and_then(|c| serde_json::to_value(c).ok());
+            crate::history::after_status_write(self, &kind, &written, before.as_ref(), &patch["status"]).await;
+        }
         Ok(true)
     }
 

@@ -197,10 +197,16 @@ fn record_status(phase: &str, message: Option<String>, now: &str) -> ChangeRecor
     }
 }
 
+/// Whether changes of `kind` are recorded (history on, a recorded kind): the caller skips
+/// preparing the previous status otherwise.
+pub fn recorded(ctx: &Context, kind: &str) -> bool {
+    ctx.config.history_limit > 0 && RECORDED_KINDS.contains(&kind)
+}
+
 /// Called after a status write of `written` (a Server, TaskServ or Cluster): records what
 /// the transition from `before` to `after` means. Never fails the caller.
 pub async fn after_status_write(ctx: &Context, kind: &str, written: &DynamicObject, before: Option<&Value>, after: &Value) {
-    if ctx.config.history_limit == 0 || !RECORDED_KINDS.contains(&kind) {
+    if !recorded(ctx, kind) {
         return;
     }
     let t = transition(before, after);

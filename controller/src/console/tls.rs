@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -50,22 +50,6 @@ fn leaf_params(listen: SocketAddr) -> anyhow::Result<CertificateParams> {
     Ok(params)
 }
 
-/// The dev CA's parameters. They must match what `provisioning_apiserver::tls` signs its CA
-/// with (subject and validity), so that certificates issued here chain to `ca.crt`; the test
-/// below verifies the chain with rustls.
-fn dev_ca_params() -> anyhow::Result<CertificateParams> {
-    let mut p = CertificateParams::new(Vec::<String>::new())?;
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "provisioning-apiserver-ca");
-    dn.push(DnType::OrganizationName, "provisioning.dev");
-    p.distinguished_name = dn;
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    p.not_before = rcgen::date_time_ymd(2024, 1, 1);
-    p.not_after = rcgen::date_time_ymd(2124, 1, 1);
-    Ok(p)
-}
-
 fn server_config(chain: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let mut cfg = rustls::ServerConfig::builder().with_no_client_auth().with_single_cert(chain, key).context("console certificate")?;
     // HTTP/1.1 only: server-sent events need nothing more, and it keeps one code path.
@@ -79,7 +63,7 @@ pub fn issue_from_dev_ca(dir: &Path, listen: SocketAddr) -> anyhow::Result<(Vec<
         .context("parsing ca.key")?;
     let ca_pem = std::fs::read_to_string(dir.join("ca.crt")).context("reading the dev CA (ca.crt)")?;
     let ca_der = CertificateDer::from_pem_slice(ca_pem.as_bytes()).context("parsing ca.crt")?;
-    let issuer = Issuer::new(dev_ca_params()?, ca_key);
+    let issuer = Issuer::new(provisioning_apiserver::tls::ca_params()?, ca_key);
     let mut params = leaf_params(listen)?;
     params.not_before = rcgen::date_time_ymd(2024, 1, 1);
     params.not_after = rcgen::date_time_ymd(2124, 1, 1);

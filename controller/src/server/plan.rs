@@ -308,7 +308,8 @@ pub fn gate(server: &Server, approval: Approval, plan: &Plan) -> Gate {
     let last = server.status.as_ref().and_then(|s| s.last_applied_plan.as_deref());
     match approved {
         Some(id) if id == plan.id => Gate::Go,
-        Some(id) if Some(id) != last => Gate::Stale(id.to_string()),
+        // The annotation is the user's text: at most 64 characters of it reach the Warning.
+        Some(id) if Some(id) != last => Gate::Stale(id.chars().take(64).collect()),
         _ => Gate::Wait,
     }
 }

@@ -54,7 +54,8 @@ pub fn gate(approval: Approval, annotation: Option<&str>, plan: &Plan, approved:
         return Gate::Go { approved: Some(before.clone()) };
     }
     match annotation {
-        Some(a) if Some(a) != approved.map(|p| p.id.as_str()) => Gate::Stale(a.to_string()),
+        // The annotation is the user's text: at most 64 characters of it reach the Warning.
+        Some(a) if Some(a) != approved.map(|p| p.id.as_str()) => Gate::Stale(a.chars().take(64).collect()),
         _ => Gate::Wait,
     }
 }
