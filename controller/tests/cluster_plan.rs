@@ -164,6 +164,8 @@ fn server_child(s: &Server) -> ChildServer {
         machine_failed: false,
         pending_since: None,
         pending_plan: None,
+        approve: None,
+        settled: true,
     }
 }
 
@@ -180,6 +182,9 @@ fn taskserv_child(ts: &TaskServ) -> ChildTaskServ {
         servers_in_status: BTreeSet::new(),
         was_ever_ready: false,
         deleting: false,
+        pending_plan: None,
+        approve: None,
+        settled: true,
     }
 }
 

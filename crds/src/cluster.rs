@@ -59,9 +59,10 @@ pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "dns1123_label_set")]
     pub depends_on: Vec<String>,
-    /// Approval of the Cluster's Servers (written into each Server's `spec.approval`):
-    /// Automatic, or Manual (each Server's plan waits for `provisioning.dev/approve`). Unset:
-    /// the Workspace's.
+    /// Approval of the Cluster's plan and of its Servers and TaskServs (written into their
+    /// `spec.approval`): Automatic, or Manual (each member's plan waits for
+    /// `provisioning.dev/approve`; the annotation on the Cluster naming its `status.plan.id`
+    /// approves, for every member, what that plan covers). Unset: the Workspace's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<crate::Approval>,
 }
@@ -138,7 +139,8 @@ pub enum FailurePolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterStatus {
-    /// Summary for humans: Pending, Provisioning, Installing, Ready, Degraded, Failed, Deleting.
+    /// Summary for humans: Pending, Provisioning, Installing, Ready, Degraded, Failed, Deleting,
+    /// AwaitingApproval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// The metadata.generation this status describes.
@@ -163,9 +165,18 @@ pub struct ClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<crate::CostTotal>,
     /// What applying the spec would still change: Servers and TaskServs to create, update or
-    /// delete, and what member Servers' own plans would do to their machines.
+    /// delete, and what member Servers' and TaskServs' own plans would do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::Plan>,
+    /// The plan approved under Manual approval (`provisioning.dev/approve` on the Cluster) and
+    /// not yet carried out: what it covers goes on (approved for each member) while the plan
+    /// shrinks; anything beyond it waits for a new approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_plan: Option<crate::Plan>,
+    /// The id of the last approved plan that was carried out in full: an approve annotation
+    /// still naming it is not stale, it just approves nothing new.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_approved_plan: Option<String>,
 }
 
 /// Server counts of a cluster.

@@ -134,6 +134,7 @@ mod tests {
             // configFrom merges in order: the order is the content.
             ("Cluster.spec.taskservs[].configFrom", "atomic"),
             ("Cluster.spec.taskservs[].pools", "set"),
+            ("Cluster.status.approvedPlan.changes", "atomic"),
             ("Cluster.status.conditions", "map[\"type\"]"),
             ("Cluster.status.cost.otherCurrencies", "map[\"currency\"]"),
             ("Cluster.status.plan.changes", "atomic"),

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use kube::api::ListParams;
 use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
-use provisioning_crds::{Cluster, LABEL_CLUSTER, TaskServ, condition};
+use provisioning_crds::{ANNOTATION_APPROVE, Cluster, LABEL_CLUSTER, TaskServ, condition};
 
 use super::plan::{ChildServer, ChildTaskServ, OtherCluster};
 use crate::conditions;
@@ -55,6 +55,8 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
                     .and_then(|st| st.provider_state.as_deref())
                     .is_some_and(|state| matches!(state, "stopped" | "terminated" | "exited" | "dead")),
                 pending_plan: s.status.as_ref().and_then(|st| st.plan.clone()),
+                approve: s.annotations().get(ANNOTATION_APPROVE).cloned(),
+                settled: s.status.as_ref().is_some_and(|st| st.plan.is_some() && st.observed_generation == s.metadata.generation),
                 pending_since: s
                     .status
                     .as_ref()
@@ -84,6 +86,9 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
                 servers_in_status: status.servers.iter().map(|s| s.name.clone()).collect::<BTreeSet<_>>(),
                 was_ever_ready: status.last_good_version.is_some(),
                 deleting: t.metadata.deletion_timestamp.is_some(),
+                settled: status.plan.is_some() && status.observed_generation == t.metadata.generation,
+                pending_plan: status.plan,
+                approve: t.annotations().get(ANNOTATION_APPROVE).cloned(),
             }
         })
         .collect();

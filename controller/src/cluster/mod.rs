@@ -5,12 +5,15 @@
 //! [`dereference`] (children by label, other Clusters) → [`validate`] (pure: services,
 //! versions, configs, dependency closure) → [`plan`] (pure: desired children, step plan,
 //! parallelLimit window, scale down, rollback, teardown) → [`act`] (children by server-side
-//! apply, deletes) → one status patch, skipped when unchanged → events → requeue.
+//! apply, deletes) → [`approval`] (the Cluster's plan under Manual approval: approves covered
+//! members, or holds the conditions) → one status patch, skipped when unchanged → events →
+//! requeue.
 //!
 //! A Cluster does no long work itself: Servers and TaskServs do, and their status changes
 //! come back here through `owns` watches.
 
 pub mod act;
+pub mod approval;
 pub mod dereference;
 pub mod plan;
 pub mod validate;
@@ -166,11 +169,14 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     };
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
+    let mut events = plan.events.clone();
     if let (false, Ok(services)) = (deleting, &services) {
-        status.plan = Some(plan::cluster_plan(&observed, namespace, services));
+        let cluster_plan = plan::cluster_plan(&observed, namespace, services);
+        approval::gate(&cluster, namespace, &observed, &cluster_plan, &mut status, &mut events, ctx).await.at(Step::Act)?;
+        status.plan = Some(cluster_plan);
     }
     ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await.at(Step::Status)?;
-    for e in &plan.events {
+    for e in &events {
         let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
         ctx.publish(cluster.as_ref(), type_, &e.reason, "Rollout", Some(e.note.clone())).await;
     }

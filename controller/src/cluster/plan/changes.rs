@@ -1,8 +1,10 @@
 //! The Cluster's `status.plan` (pure): what applying its spec would still change, as one
 //! list over its children — Servers to create, update or delete per pool, TaskServs to add,
-//! change or remove — plus what each member Server's own plan would do to its machine
-//! (an Update or Replace a pool's plan or image change causes). Config values are never
-//! shown (they may hold secrets): a config change names the field only.
+//! change or remove — plus what each member's own plan would do: a Server's to its machine
+//! (an Update or Replace a pool's plan or image change causes), a TaskServ's per server
+//! (install, upgrade, re-install, remove). Its id therefore covers everything the members
+//! would do, which is what approving the Cluster approves ([`crate::cluster::approval`]).
+//! Config values are never shown (they may hold secrets): a config change names the field only.
 
 use provisioning_crds::{ChangeAction, LABEL_POOL, Plan, PlannedChange, Server};
 
@@ -102,6 +104,11 @@ fn taskserv_changes(o: &Observed<'_>, namespace: &str, services: &[ServicePlan],
                         format!("{} servers", have.len()),
                         format!("{} servers", want.len()),
                     ));
+                }
+                // What the member's scripts still have to do (its own plan), so the Cluster's
+                // plan id covers it too.
+                if let Some(pending) = child.pending_plan.as_ref().filter(|p| p.has_changes()) {
+                    changes.extend(pending.changes.iter().filter(|c| c.action != ChangeAction::NoOp).cloned());
                 }
             }
         }

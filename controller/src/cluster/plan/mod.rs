@@ -154,6 +154,10 @@ pub struct ChildServer {
     pub pending_since: Option<Timestamp>,
     /// Its own `status.plan` (what it would still do to its machine).
     pub pending_plan: Option<provisioning_crds::Plan>,
+    /// Its `provisioning.dev/approve` annotation.
+    pub approve: Option<String>,
+    /// Its status describes its current generation (so its plan is current).
+    pub settled: bool,
 }
 
 /// A TaskServ of the cluster as observed.
@@ -181,6 +185,12 @@ pub struct ChildTaskServ {
     pub was_ever_ready: bool,
     /// Being deleted.
     pub deleting: bool,
+    /// Its own `status.plan` (what its scripts would still do, per server).
+    pub pending_plan: Option<provisioning_crds::Plan>,
+    /// Its `provisioning.dev/approve` annotation.
+    pub approve: Option<String>,
+    /// Its status describes its current generation (so its plan is current).
+    pub settled: bool,
 }
 
 /// Another Cluster of the namespace (for `dependsOn`).

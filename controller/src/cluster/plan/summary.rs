@@ -133,8 +133,11 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
         taskservs: r.taskserv_statuses,
         steps: r.steps,
         cost: o.status.cost.clone(),
-        // Set by the reconciler over the children it observed (see super::cluster_plan).
+        // Set by the reconciler over the children it observed (see super::cluster_plan), and
+        // the approval in force (crate::cluster::approval).
         plan: o.status.plan.clone(),
+        approved_plan: o.status.approved_plan.clone(),
+        last_approved_plan: o.status.last_approved_plan.clone(),
     };
     plan.events = events;
     // Ready or Stalled: children's changes trigger us anyway; else poll while rolling out.

@@ -1,0 +1,443 @@
+//! Approval of a whole Cluster (`approval: Manual`): one annotation
+//! `provisioning.dev/approve: <status.plan.id>` on the Cluster approves, for each member
+//! Server and TaskServ, what the Cluster's plan covers.
+//!
+//! The Cluster itself goes on creating and respecifying its members (they inherit its
+//! approval and wait at their own gates); what it gates is the approval it passes down. Its
+//! plan ([`super::plan::cluster_plan`]) holds its own changes and every member's pending
+//! plan, so its id covers everything the members would do. Once approved, each member whose
+//! own plan is covered gets its own `provisioning.dev/approve` set to its current plan id (a
+//! metadata-only merge patch) and goes on through its usual gate. Like a TaskServ's, the
+//! Cluster's plan shrinks while carried out (and turns into the members' plans), so the
+//! approved plan is kept in `status.approvedPlan`; once the plan is empty and every member's
+//! plan is current it is dropped (its id kept in `status.lastApprovedPlan`), so later drift
+//! needs a new approval. The decision is pure ([`decide`], [`covered`], [`hold`]); [`gate`]
+//! does the writes.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use provisioning_crds::{ANNOTATION_APPROVE, Approval, ChangeAction, Cluster, ClusterStatus, Plan, PlannedChange, Server, TaskServ, condition};
+
+use super::plan::{Observed, PlannedEvent};
+use crate::conditions::{self, DesiredCondition, Status};
+use crate::context::{Context, FIELD_MANAGER};
+use crate::error::Error;
+use crate::server::spec::{PLAN_STALE, waiting_summary};
+use crate::taskserv::approval::{AWAITING_APPROVAL, Gate, gate_with, same_change};
+
+/// The approval in force: the Cluster's own, else its Workspace's (Automatic by default).
+pub fn approval_of(own: Option<Approval>, workspace_default: Option<Approval>) -> Approval {
+    own.or(workspace_default).unwrap_or_default()
+}
+
+/// The object a planned change is about: `TaskServ/ns/name on <server>` is about
+/// `TaskServ/ns/name` (names hold no spaces).
+fn object_of(resource: &str) -> &str {
+    resource.split(" on ").next().unwrap_or(resource)
+}
+
+/// Whether `approved` creates or respecifies the member object `object`: creating or
+/// respecifying a member approves what the member then has to do for it.
+fn approves_member(approved: &PlannedChange, object: &str) -> bool {
+    (object.starts_with("Server/") || object.starts_with("TaskServ/"))
+        && approved.resource == object
+        && (approved.action == ChangeAction::Create || approved.field.starts_with("spec."))
+}
+
+/// Whether the approved Cluster plan covers `change` (one of the Cluster's own changes or of a
+/// member's plan): it holds the same change (resource, action, target), or a Create of the
+/// member the change is about, or a change of one of that member's spec fields.
+pub fn covered(change: &PlannedChange, approved: &Plan) -> bool {
+    let object = object_of(&change.resource);
+    approved.changes.iter().any(|a| same_change(a, change) || approves_member(a, object))
+}
+
+/// Kind of a member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberKind {
+    /// A Server of a pool.
+    Server,
+    /// A TaskServ of a service.
+    TaskServ,
+}
+
+impl MemberKind {
+    /// The kind's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberKind::Server => "Server",
+            MemberKind::TaskServ => "TaskServ",
+        }
+    }
+}
+
+/// A member as approval sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Member<'a> {
+    /// Server or TaskServ.
+    pub kind: MemberKind,
+    /// Its name.
+    pub name: &'a str,
+    /// `Kind/namespace/name`, the resource its plan's changes are about.
+    pub resource: String,
+    /// Its own `status.plan`.
+    pub plan: Option<&'a Plan>,
+    /// Its `provisioning.dev/approve` annotation.
+    pub approve: Option<&'a str>,
+    /// Its status describes its current generation.
+    pub settled: bool,
+    /// Being deleted.
+    pub deleting: bool,
+}
+
+/// The members of the observed Cluster.
+pub fn members<'a>(o: &Observed<'a>, namespace: &str) -> Vec<Member<'a>> {
+    let servers = o.servers.iter().map(|s| Member {
+        kind: MemberKind::Server,
+        name: &s.name,
+        resource: format!("Server/{namespace}/{}", s.name),
+        plan: s.pending_plan.as_ref(),
+        approve: s.approve.as_deref(),
+        settled: s.settled,
+        deleting: s.deleting,
+    });
+    let taskservs = o.taskservs.iter().map(|t| Member {
+        kind: MemberKind::TaskServ,
+        name: &t.name,
+        resource: format!("TaskServ/{namespace}/{}", t.name),
+        plan: t.pending_plan.as_ref(),
+        approve: t.approve.as_deref(),
+        settled: t.settled,
+        deleting: t.deleting,
+    });
+    servers.chain(taskservs).collect()
+}
+
+/// An approval to pass down: set the member's annotation to its plan id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassDown {
+    /// Server or TaskServ.
+    pub kind: MemberKind,
+    /// Its name.
+    pub name: String,
+    /// Its current plan id.
+    pub id: String,
+}
+
+/// What approval decides for one pass of a Cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// Go, wait, or wait with a stale annotation.
+    pub gate: Gate,
+    /// `status.approvedPlan` afterwards.
+    pub approved: Option<Plan>,
+    /// `status.lastApprovedPlan` afterwards.
+    pub last_approved: Option<String>,
+    /// Members to approve.
+    pub pass_down: Vec<PassDown>,
+}
+
+/// Decides where the Cluster's `plan` stands with approval and which members to approve.
+/// `status` holds the approval in force before this pass.
+pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status: &ClusterStatus, members: &[Member<'_>]) -> Decision {
+    let before = status.approved_plan.as_ref();
+    let gate = gate_with(approval, annotation, plan, before, status.last_approved_plan.as_deref(), covered);
+    let mut decision =
+        Decision { gate: gate.clone(), approved: before.cloned(), last_approved: status.last_approved_plan.clone(), pass_down: Vec::new() };
+    let Gate::Go { approved } = gate else {
+        return decision;
+    };
+    decision.approved = approved;
+    if approval == Approval::Automatic {
+        decision.approved = None;
+        return decision;
+    }
+    // Carried out: nothing left and every member's plan is current (a member just created
+    // or respecified has not planned yet: its work is still to come under this approval).
+    if !plan.has_changes() && members.iter().all(|m| m.settled || m.deleting) {
+        if let Some(done) = decision.approved.take() {
+            decision.last_approved = Some(done.id);
+        }
+        return decision;
+    }
+    if let Some(approved) = &decision.approved {
+        decision.pass_down = members
+            .iter()
+            .filter(|m| eligible(m, approved, plan))
+            .filter_map(|m| m.plan.map(|p| PassDown { kind: m.kind, name: m.name.to_string(), id: p.id.clone() }))
+            .collect();
+    }
+    decision
+}
+
+/// Whether `m`'s own plan is due for approval under `approved`: it is current (settled, and
+/// not being respecified by the Cluster this pass), has changes, all covered, and its
+/// annotation does not name it yet.
+fn eligible(m: &Member<'_>, approved: &Plan, plan: &Plan) -> bool {
+    let Some(own) = m.plan.filter(|p| p.has_changes()) else {
+        return false;
+    };
+    if m.deleting || !m.settled || m.approve.map(str::trim) == Some(own.id.as_str()) {
+        return false;
+    }
+    // The Cluster's own change of this member (not one of the member's): its plan is about
+    // to change, approve the next one.
+    let respecified = plan.changes.iter().any(|c| c.resource == m.resource && !own.changes.iter().any(|o| same_change(o, c)));
+    !respecified && own.changes.iter().filter(|c| c.action != ChangeAction::NoOp).all(|c| covered(c, approved))
+}
+
+fn status_of(value: &str) -> Status {
+    match value {
+        "True" => Status::True,
+        "False" => Status::False,
+        _ => Status::Unknown,
+    }
+}
+
+/// Holds a Cluster whose plan waits: Ready=False and Reconciling=True with reason
+/// AwaitingApproval and the message naming the plan id and the annotation to set, phase
+/// AwaitingApproval, no Ready event. A Stalled Cluster stays Stalled (that is the news).
+/// `previous` are the conditions before this pass (`lastTransitionTime` moves only on flips).
+pub fn hold(status: &mut ClusterStatus, events: &mut Vec<PlannedEvent>, previous: &[Condition], plan: &Plan, now: Timestamp) {
+    if conditions::is_true(&status.conditions, condition::STALLED) {
+        return;
+    }
+    let kstatus = [condition::READY, condition::RECONCILING, condition::STALLED];
+    let mut desired = waiting_summary(plan).conditions();
+    for c in status.conditions.iter().filter(|c| !kstatus.contains(&c.type_.as_str())) {
+        desired.push(DesiredCondition::new(&c.type_, status_of(&c.status), &c.reason, c.message.clone()));
+    }
+    status.conditions = conditions::merge(previous, &desired, status.observed_generation, now);
+    status.phase = Some(AWAITING_APPROVAL.to_string());
+    events.retain(|e| e.reason != "Ready");
+}
+
+/// Gates the Cluster's `plan` on its approval: records the approval in force in `status`,
+/// approves covered members (merge patch of their annotation), holds the conditions while it
+/// waits and reports a stale annotation with a PlanStale Warning.
+pub async fn gate(
+    cluster: &Cluster,
+    namespace: &str,
+    o: &Observed<'_>,
+    plan: &Plan,
+    status: &mut ClusterStatus,
+    events: &mut Vec<PlannedEvent>,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let approval = approval_of(cluster.spec.approval, ctx.workspace_for(namespace).spec.approval);
+    let annotation = cluster.annotations().get(ANNOTATION_APPROVE).map(String::as_str);
+    let previous = cluster.status.clone().unwrap_or_default();
+    let decision = decide(approval, annotation, plan, &previous, &members(o, namespace));
+    status.approved_plan = decision.approved.clone();
+    status.last_approved_plan = decision.last_approved.clone();
+    if !decision.pass_down.is_empty() {
+        approve_members(namespace, &decision.pass_down, ctx).await?;
+        let approved_id = decision.approved.as_ref().map(|p| p.id.as_str()).unwrap_or_default();
+        let names: Vec<String> = decision.pass_down.iter().map(|p| format!("{} {} (plan {})", p.kind.as_str(), p.name, p.id)).collect();
+        events.push(PlannedEvent::normal("Approved", format!("plan {approved_id} approved for {}", names.join(", "))));
+    }
+    match decision.gate {
+        Gate::Go { .. } => {}
+        Gate::Wait => hold(status, events, &previous.conditions, plan, o.now),
+        Gate::Stale(id) => {
+            hold(status, events, &previous.conditions, plan, o.now);
+            let note = format!(
+                "approval {id} ({ANNOTATION_APPROVE}) does not match the current plan {}: {}; it is ignored, approve {} to carry out the current plan",
+                plan.id, plan.summary, plan.id
+            );
+            ctx.publish(cluster, EventType::Warning, PLAN_STALE, "Approve", Some(note)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Sets each member's `provisioning.dev/approve` to its plan id: metadata only, the member's
+/// spec and status are left alone.
+async fn approve_members(namespace: &str, pass_down: &[PassDown], ctx: &Context) -> Result<(), Error> {
+    let servers: Api<Server> = Api::namespaced(ctx.client.clone(), namespace);
+    let taskservs: Api<TaskServ> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..Default::default() };
+    for p in pass_down {
+        let patch = Patch::Merge(serde_json::json!({ "metadata": { "annotations": { ANNOTATION_APPROVE: p.id } } }));
+        match p.kind {
+            MemberKind::Server => servers.patch(&p.name, &params, &patch).await.map(drop)?,
+            MemberKind::TaskServ => taskservs.patch(&p.name, &params, &patch).await.map(drop)?,
+        }
+        ctx.metrics.record_write(p.kind.as_str());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(resource: &str, field: &str, action: ChangeAction, to: &str) -> PlannedChange {
+        PlannedChange { resource: resource.into(), field: field.into(), action, from: String::new(), to: to.into(), reason: String::new() }
+    }
+
+    fn plan(id: &str, changes: Vec<PlannedChange>) -> Plan {
+        Plan { id: id.into(), summary: format!("{} changes", changes.len()), changes, ..Default::default() }
+    }
+
+    fn member<'a>(kind: MemberKind, name: &'a str, own: Option<&'a Plan>) -> Member<'a> {
+        Member {
+            kind,
+            name,
+            resource: format!("{}/ns/{name}", kind.as_str()),
+            plan: own,
+            approve: None,
+            settled: true,
+            deleting: false,
+        }
+    }
+
+    fn install(server: &str) -> PlannedChange {
+        change(&format!("TaskServ/ns/c-redis on {server}"), "version", ChangeAction::Create, "7.2")
+    }
+
+    fn machine(server: &str) -> PlannedChange {
+        change(&format!("Server/ns/{server}"), "", ChangeAction::Create, "small machine")
+    }
+
+    #[test]
+    fn coverage_is_the_same_change_or_a_create_or_respec_of_the_member() {
+        let approved = plan(
+            "aaa",
+            vec![
+                machine("c-pool-0"),
+                change("TaskServ/ns/c-redis", "", ChangeAction::Create, "redis on 2 servers"),
+                change("TaskServ/ns/c-web", "spec.config", ChangeAction::Update, ""),
+                change("Server/ns/c-pool-1", "", ChangeAction::Delete, ""),
+            ],
+        );
+        // The same change.
+        assert!(covered(&machine("c-pool-0"), &approved));
+        // A TaskServ created installs on its servers; a respecified one re-installs.
+        assert!(covered(&install("c-pool-0"), &approved));
+        assert!(covered(&change("TaskServ/ns/c-web on c-pool-0", "version", ChangeAction::Update, "1.0"), &approved));
+        // A Server created makes its machine (another target than the Cluster's own Create).
+        assert!(covered(&change("Server/ns/c-pool-0", "", ChangeAction::Create, "other words"), &approved));
+        // A Delete of a member approves nothing else for it; other members are not covered.
+        assert!(!covered(&change("Server/ns/c-pool-1", "spec.plan", ChangeAction::Replace, "big"), &approved));
+        assert!(!covered(&machine("c-pool-2"), &approved));
+        assert!(!covered(&change("TaskServ/ns/c-redis-2 on c-pool-0", "version", ChangeAction::Create, "7.2"), &approved));
+    }
+
+    #[test]
+    fn manual_waits_until_the_cluster_names_its_plan() {
+        let p = plan("aaa", vec![machine("c-pool-0")]);
+        let status = ClusterStatus::default();
+        assert_eq!(decide(Approval::Manual, None, &p, &status, &[]).gate, Gate::Wait);
+        assert_eq!(decide(Approval::Manual, Some("zzz"), &p, &status, &[]).gate, Gate::Stale("zzz".into()));
+        let long = "x".repeat(200);
+        assert_eq!(decide(Approval::Manual, Some(&long), &p, &status, &[]).gate, Gate::Stale("x".repeat(64)));
+        let go = decide(Approval::Automatic, Some("zzz"), &p, &status, &[]);
+        assert_eq!((go.gate, go.approved, go.pass_down.len()), (Gate::Go { approved: None }, None, 0));
+        assert_eq!(approval_of(None, Some(Approval::Manual)), Approval::Manual);
+        assert_eq!(approval_of(Some(Approval::Automatic), Some(Approval::Manual)), Approval::Automatic);
+        assert_eq!(approval_of(None, None), Approval::Automatic);
+    }
+
+    #[test]
+    fn an_approval_is_passed_down_to_covered_current_members_only() {
+        let s0 = plan("s0plan", vec![machine("c-pool-0")]);
+        let s1 = plan("s1plan", vec![machine("c-pool-1")]);
+        let extra = plan("s2plan", vec![machine("c-pool-2")]);
+        let cluster = plan("ccc", vec![machine("c-pool-0"), machine("c-pool-1"), change("TaskServ/ns/c-redis", "", ChangeAction::Create, "x")]);
+        let mut unsettled = member(MemberKind::Server, "c-pool-1", Some(&s1));
+        unsettled.settled = false;
+        let mut done = member(MemberKind::Server, "c-pool-3", Some(&s0));
+        done.approve = Some("s0plan");
+        let members = [member(MemberKind::Server, "c-pool-0", Some(&s0)), unsettled, member(MemberKind::Server, "c-pool-2", Some(&extra)), done];
+        let d = decide(Approval::Manual, Some("ccc"), &cluster, &ClusterStatus::default(), &members);
+        assert_eq!(d.approved.as_ref().map(|p| p.id.as_str()), Some("ccc"));
+        // c-pool-1 has not planned its current generation yet, c-pool-2's plan is not in the
+        // approved one, c-pool-3 already names its plan.
+        assert_eq!(d.pass_down, vec![PassDown { kind: MemberKind::Server, name: "c-pool-0".into(), id: "s0plan".into() }]);
+        // Without the Cluster's approval nothing is passed down.
+        assert!(decide(Approval::Manual, None, &cluster, &ClusterStatus::default(), &members).pass_down.is_empty());
+    }
+
+    #[test]
+    fn the_approval_carries_the_plan_as_it_turns_into_member_plans_and_ends_when_done() {
+        let approved = plan("ccc", vec![machine("c-pool-0"), change("TaskServ/ns/c-redis", "", ChangeAction::Create, "redis on 1 servers")]);
+        let status = ClusterStatus { approved_plan: Some(approved.clone()), ..Default::default() };
+        // The TaskServ now exists and plans its install: a new Cluster plan id, still covered.
+        let ts = plan("tsplan", vec![install("c-pool-0")]);
+        let now = plan("ddd", vec![install("c-pool-0")]);
+        let members = [member(MemberKind::TaskServ, "c-redis", Some(&ts))];
+        let d = decide(Approval::Manual, Some("ccc"), &now, &status, &members);
+        assert_eq!(d.gate, Gate::Go { approved: Some(approved.clone()) });
+        assert_eq!(d.pass_down, vec![PassDown { kind: MemberKind::TaskServ, name: "c-redis".into(), id: "tsplan".into() }]);
+        // Something beyond it (drift on another member) waits; the old annotation is not stale.
+        let beyond = plan("eee", vec![install("c-pool-0"), machine("c-pool-5")]);
+        let d = decide(Approval::Manual, Some("ccc"), &beyond, &status, &members);
+        assert_eq!((d.gate, d.pass_down.len(), d.approved), (Gate::Wait, 0, Some(approved.clone())));
+        // Empty while a member has not planned yet: the approval stays.
+        let empty = plan("fff", vec![]);
+        let mut fresh = member(MemberKind::TaskServ, "c-redis", None);
+        fresh.settled = false;
+        assert_eq!(decide(Approval::Manual, Some("ccc"), &empty, &status, &[fresh]).approved, Some(approved.clone()));
+        // Empty and every member current: dropped, its id remembered.
+        let settled = [member(MemberKind::TaskServ, "c-redis", Some(&empty))];
+        let d = decide(Approval::Manual, Some("ccc"), &empty, &status, &settled);
+        assert_eq!((d.approved, d.last_approved.as_deref()), (None, Some("ccc")));
+        // Later drift needs a new approval, and the annotation naming the done plan is not stale.
+        let after = ClusterStatus { last_approved_plan: Some("ccc".into()), ..Default::default() };
+        let d = decide(Approval::Manual, Some("ccc"), &now, &after, &members);
+        assert_eq!((d.gate, d.pass_down.len()), (Gate::Wait, 0));
+    }
+
+    #[test]
+    fn a_member_the_cluster_respecifies_this_pass_waits_for_its_next_plan() {
+        // The Cluster rewrites the TaskServ's config: the member's current plan is about the
+        // old spec, so it is approved on the next pass, once it planned the new one.
+        let old = plan("oldplan", vec![install("c-pool-0")]);
+        let cluster = plan("ccc", vec![change("TaskServ/ns/c-redis", "spec.config", ChangeAction::Update, ""), install("c-pool-0")]);
+        let members = [member(MemberKind::TaskServ, "c-redis", Some(&old))];
+        let d = decide(Approval::Manual, Some("ccc"), &cluster, &ClusterStatus::default(), &members);
+        assert!(matches!(d.gate, Gate::Go { .. }));
+        assert!(d.pass_down.is_empty(), "{:?}", d.pass_down);
+    }
+
+    #[test]
+    fn a_held_cluster_says_what_to_approve_and_keeps_its_other_conditions() {
+        let t0 = Timestamp::UNIX_EPOCH;
+        let cond = |type_: &str, status: &str, reason: &str| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: Some(1),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t0),
+        };
+        let previous = vec![cond("Ready", "False", "Progressing"), cond("ServersReady", "False", "ServersNotReady")];
+        let mut status = ClusterStatus {
+            observed_generation: Some(1),
+            conditions: vec![
+                cond("Ready", "True", "Ready"),
+                cond("Reconciling", "False", "Idle"),
+                cond("Stalled", "False", "NotStalled"),
+                cond("ServersReady", "False", "ServersNotReady"),
+            ],
+            ..Default::default()
+        };
+        let mut events = vec![PlannedEvent::normal("Ready", "ready"), PlannedEvent::normal("StepStarted", "x")];
+        let p = plan("abc123", vec![machine("c-pool-0")]);
+        let later = Timestamp::from_second(1_000_000).expect("valid");
+        hold(&mut status, &mut events, &previous, &p, later);
+        let ready = conditions::find(&status.conditions, condition::READY).expect("Ready");
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "AwaitingApproval"));
+        assert!(ready.message.contains("provisioning.dev/approve=abc123"), "{}", ready.message);
+        assert_eq!(ready.last_transition_time.0, t0, "Ready stayed False: no transition");
+        let reconciling = conditions::find(&status.conditions, condition::RECONCILING).expect("Reconciling");
+        assert_eq!((reconciling.status.as_str(), reconciling.reason.as_str()), ("True", "AwaitingApproval"));
+        assert!(conditions::find(&status.conditions, "ServersReady").is_some());
+        assert_eq!(status.phase.as_deref(), Some("AwaitingApproval"));
+        assert_eq!(events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), vec!["StepStarted"]);
+    }
+}
