@@ -168,15 +168,12 @@ pub struct ClusterStatus {
     /// delete, and what member Servers' and TaskServs' own plans would do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::Plan>,
-    /// The plan approved under Manual approval (`provisioning.dev/approve` on the Cluster) and
-    /// not yet carried out: what it covers goes on (approved for each member) while the plan
-    /// shrinks; anything beyond it waits for a new approval.
+    /// The plan approved under Manual approval (`provisioning.dev/approve` on the Cluster):
+    /// what it covers goes on (approved for each member) while the plan shrinks; anything
+    /// beyond it waits for a new approval. Once carried out in full its changes are cleared:
+    /// an annotation still naming its id is not stale, but it covers nothing any more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_plan: Option<crate::Plan>,
-    /// The id of the last approved plan that was carried out in full: an approve annotation
-    /// still naming it is not stale, it just approves nothing new.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_approved_plan: Option<String>,
 }
 
 /// Server counts of a cluster.

@@ -10,8 +10,8 @@
 //! metadata-only merge patch) and goes on through its usual gate. Like a TaskServ's, the
 //! Cluster's plan shrinks while carried out (and turns into the members' plans), so the
 //! approved plan is kept in `status.approvedPlan`; once the plan is empty and every member's
-//! plan is current it is dropped (its id kept in `status.lastApprovedPlan`), so later drift
-//! needs a new approval. The decision is pure ([`decide`], [`covered`], [`hold`]); [`gate`]
+//! plan is current its changes are cleared (the id stays, so the annotation naming it is not
+//! stale), so later drift needs a new approval. The decision is pure ([`decide`], [`covered`], [`hold`]); [`gate`]
 //! does the writes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -134,8 +134,6 @@ pub struct Decision {
     pub gate: Gate,
     /// `status.approvedPlan` afterwards.
     pub approved: Option<Plan>,
-    /// `status.lastApprovedPlan` afterwards.
-    pub last_approved: Option<String>,
     /// Members to approve.
     pub pass_down: Vec<PassDown>,
 }
@@ -144,9 +142,8 @@ pub struct Decision {
 /// `status` holds the approval in force before this pass.
 pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status: &ClusterStatus, members: &[Member<'_>]) -> Decision {
     let before = status.approved_plan.as_ref();
-    let gate = gate_with(approval, annotation, plan, before, status.last_approved_plan.as_deref(), covered);
-    let mut decision =
-        Decision { gate: gate.clone(), approved: before.cloned(), last_approved: status.last_approved_plan.clone(), pass_down: Vec::new() };
+    let gate = gate_with(approval, annotation, plan, before, covered);
+    let mut decision = Decision { gate: gate.clone(), approved: before.cloned(), pass_down: Vec::new() };
     let Gate::Go { approved } = gate else {
         return decision;
     };
@@ -158,9 +155,7 @@ pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status:
     // Carried out: nothing left and every member's plan is current (a member just created
     // or respecified has not planned yet: its work is still to come under this approval).
     if !plan.has_changes() && members.iter().all(|m| m.settled || m.deleting) {
-        if let Some(done) = decision.approved.take() {
-            decision.last_approved = Some(done.id);
-        }
+        decision.approved = decision.approved.map(carried_out);
         return decision;
     }
     if let Some(approved) = &decision.approved {
@@ -171,6 +166,11 @@ pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status:
             .collect();
     }
     decision
+}
+
+/// An approval carried out in full: its id and summary, no changes (it covers nothing more).
+fn carried_out(plan: Plan) -> Plan {
+    Plan { id: plan.id, summary: plan.summary, ..Default::default() }
 }
 
 /// Whether `m`'s own plan is due for approval under `approved`: it is current (settled, and
@@ -232,7 +232,6 @@ pub async fn gate(
     let previous = cluster.status.clone().unwrap_or_default();
     let decision = decide(approval, annotation, plan, &previous, &members(o, namespace));
     status.approved_plan = decision.approved.clone();
-    status.last_approved_plan = decision.last_approved.clone();
     if !decision.pass_down.is_empty() {
         approve_members(namespace, &decision.pass_down, ctx).await?;
         let approved_id = decision.approved.as_ref().map(|p| p.id.as_str()).unwrap_or_default();
@@ -382,14 +381,16 @@ mod tests {
         let mut fresh = member(MemberKind::TaskServ, "c-redis", None);
         fresh.settled = false;
         assert_eq!(decide(Approval::Manual, Some("ccc"), &empty, &status, &[fresh]).approved, Some(approved.clone()));
-        // Empty and every member current: dropped, its id remembered.
+        // Empty and every member current: its changes are cleared, its id kept.
         let settled = [member(MemberKind::TaskServ, "c-redis", Some(&empty))];
         let d = decide(Approval::Manual, Some("ccc"), &empty, &status, &settled);
-        assert_eq!((d.approved, d.last_approved.as_deref()), (None, Some("ccc")));
+        let done = d.approved.expect("kept");
+        assert_eq!((done.id.as_str(), done.changes.len()), ("ccc", 0));
         // Later drift needs a new approval, and the annotation naming the done plan is not stale.
-        let after = ClusterStatus { last_approved_plan: Some("ccc".into()), ..Default::default() };
+        let after = ClusterStatus { approved_plan: Some(done), ..Default::default() };
         let d = decide(Approval::Manual, Some("ccc"), &now, &after, &members);
         assert_eq!((d.gate, d.pass_down.len()), (Gate::Wait, 0));
+        assert_eq!(decide(Approval::Manual, Some("zzz"), &now, &after, &members).gate, Gate::Stale("zzz".into()));
     }
 
     #[test]

@@ -38,18 +38,16 @@ pub fn same_change(a: &PlannedChange, b: &PlannedChange) -> bool {
 /// Whether `plan` may be carried out under `approval`, given the annotation's value and the
 /// plan approved before.
 pub fn gate(approval: Approval, annotation: Option<&str>, plan: &Plan, approved: Option<&Plan>) -> Gate {
-    gate_with(approval, annotation, plan, approved, None, |c, before| before.changes.iter().any(|b| same_change(b, c)))
+    gate_with(approval, annotation, plan, approved, |c, before| before.changes.iter().any(|b| same_change(b, c)))
 }
 
 /// [`gate`] with the kind's own idea of what an approved plan covers (`covered(change,
-/// approved)`), and `done`: the id of an approval carried out in full, which an annotation may
-/// still name without being stale (a Cluster drops its approved plan once carried out).
+/// approved)`).
 pub fn gate_with(
     approval: Approval,
     annotation: Option<&str>,
     plan: &Plan,
     approved: Option<&Plan>,
-    done: Option<&str>,
     covered: impl Fn(&PlannedChange, &Plan) -> bool,
 ) -> Gate {
     let annotation = annotation.map(str::trim).filter(|a| !a.is_empty());
@@ -70,7 +68,7 @@ pub fn gate_with(
     }
     match annotation {
         // The annotation is the user's text: at most 64 characters of it reach the Warning.
-        Some(a) if Some(a) != approved.map(|p| p.id.as_str()) && Some(a) != done => Gate::Stale(a.chars().take(64).collect()),
+        Some(a) if Some(a) != approved.map(|p| p.id.as_str()) => Gate::Stale(a.chars().take(64).collect()),
         _ => Gate::Wait,
     }
 }

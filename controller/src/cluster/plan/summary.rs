@@ -137,7 +137,6 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
         // the approval in force (crate::cluster::approval).
         plan: o.status.plan.clone(),
         approved_plan: o.status.approved_plan.clone(),
-        last_approved_plan: o.status.last_approved_plan.clone(),
     };
     plan.events = events;
     // Ready or Stalled: children's changes trigger us anyway; else poll while rolling out.

@@ -1,0 +1,150 @@
+//! A Cluster under `approval: Manual` on the local provider, through `provisioning dev`,
+//! kubectl, Docker and real redis: nothing is made while the Cluster waits (Ready=False
+//! AwaitingApproval, its Servers AwaitingApproval too, no container); a stale approval is
+//! ignored with a PlanStale Warning; ONE `provisioning.dev/approve` on the Cluster (as the
+//! Argo CD action, k9s Shift-V and the console write it) makes both machines and installs
+//! redis on them — the test never annotates a member. A config change of the service then
+//! waits (no script runs) until the Cluster's next plan is approved the same way.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use provisioning_e2e::Dev;
+use provisioning_e2e::docker::{containers, docker, docker_ok, leftovers, server_container};
+
+const NS: &str = "cl-approval";
+const CLUSTER: &str = "cache";
+const MEMBERS: [&str; 2] = ["cache-nodes-0", "cache-nodes-1"];
+const TASKSERV: &str = "cache-redis";
+
+/// Removes what this test made in Docker when it ends, also when it fails.
+struct Cleanup;
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for item in leftovers(NS, CLUSTER).unwrap_or_default() {
+            match item.split_once(' ') {
+                Some(("container", id)) => drop(docker(&["rm", "-f", "-v", id])),
+                Some(("network", id)) => drop(docker(&["network", "rm", id])),
+                Some(("volume", id)) => drop(docker(&["volume", "rm", id])),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn get(dev: &Dev, what: &str, path: &str) -> Result<String> {
+    dev.kubectl_ok(&["get", what, "-n", NS, "-o", &format!("jsonpath={path}")])
+}
+
+fn ready(dev: &Dev, what: &str) -> Result<String> {
+    get(dev, what, "{.status.conditions[?(@.type==\"Ready\")].status}/{.status.conditions[?(@.type==\"Ready\")].reason}")
+}
+
+fn cluster(dev: &Dev, path: &str) -> Result<String> {
+    get(dev, &format!("pcl/{CLUSTER}"), path)
+}
+
+/// Annotates the Cluster the way the Argo CD action does: its current plan id.
+fn approve(dev: &Dev, id: &str) -> Result<()> {
+    dev.kubectl_ok(&["annotate", "pcl", CLUSTER, "-n", NS, "--overwrite", &format!("provisioning.dev/approve={id}")]).map(drop)
+}
+
+fn last_runs(dev: &Dev) -> Result<String> {
+    get(dev, &format!("ts/{TASKSERV}"), "{range .status.servers[*]}{.name}={.lastRun.finishedAt} {end}")
+}
+
+fn has_redis(container: &str) -> bool {
+    docker(&["exec", container, "sh", "-c", "command -v redis-server"]).is_ok_and(|o| o.status.success())
+}
+
+// Over 80 lines on purpose: one scenario, step by step, each step's assertions next to it.
+#[test]
+fn one_approval_of_a_manual_cluster_carries_out_everything_its_plan_covers() -> Result<()> {
+    provisioning_e2e::docker::require_node_image()?;
+    assert!(leftovers(NS, CLUSTER)?.is_empty(), "leftovers of an earlier run: {:?}", leftovers(NS, CLUSTER)?);
+    let _cleanup = Cleanup;
+    let mut dev = Dev::start(&["tests/tests/local_cluster_approval.yaml"])?;
+
+    // Waiting: the Cluster and both members await approval; the Cluster's plan holds the
+    // members' machines (their own plans) and the TaskServ to create.
+    dev.wait_until(Duration::from_secs(60), "the Cluster and its Servers await approval", |d| {
+        let members_wait = MEMBERS.iter().all(|m| ready(d, &format!("srv/{m}")).is_ok_and(|r| r == "False/AwaitingApproval"));
+        let machines = cluster(d, "{.status.plan.changes[*].to}")?.matches("machine from").count();
+        Ok(members_wait && machines == 2 && ready(d, &format!("pcl/{CLUSTER}"))? == "False/AwaitingApproval")
+    })?;
+    let first = cluster(&dev, "{.status.plan.id}")?;
+    let message = cluster(&dev, "{.status.conditions[?(@.type==\"Ready\")].message}")?;
+    assert!(message.contains(&format!("provisioning.dev/approve={first}")), "{message}");
+    assert_eq!(cluster(&dev, "{.status.phase}")?, "AwaitingApproval");
+    assert!(containers(NS, CLUSTER)?.is_empty(), "a container was made before approval");
+
+    // A stale approval is ignored, with a PlanStale Warning on the Cluster naming its plan.
+    approve(&dev, "0000000000")?;
+    dev.wait_until(Duration::from_secs(30), "a PlanStale warning on the Cluster", |d| {
+        let selector = format!("reason=PlanStale,involvedObject.kind=Cluster,involvedObject.name={CLUSTER}");
+        let events = d.kubectl_ok(&["get", "events", "-n", NS, "--field-selector", &selector, "-o", "jsonpath={.items[*].message}"])?;
+        Ok(events.contains(&first))
+    })?;
+    assert_eq!(ready(&dev, &format!("pcl/{CLUSTER}"))?, "False/AwaitingApproval");
+    assert!(containers(NS, CLUSTER)?.is_empty(), "a stale approval made a container");
+
+    // One approval on the Cluster: both machines, redis on both, Ready. The members were
+    // approved by the controller (their annotation names the plan each carried out).
+    approve(&dev, &first)?;
+    dev.kubectl_ok(&["wait", "--for=condition=Ready", &format!("pcl/{CLUSTER}"), "-n", NS, "--timeout=240s"])?;
+    let mut machines = Vec::new();
+    for m in MEMBERS {
+        let container = server_container(NS, m)?;
+        assert!(has_redis(&container), "redis missing on {m}");
+        let annotation = get(&dev, &format!("srv/{m}"), "{.metadata.annotations.provisioning\\.dev/approve}")?;
+        assert_eq!(annotation, get(&dev, &format!("srv/{m}"), "{.status.lastAppliedPlan}")?, "{m} carried out the plan approved for it");
+        machines.push(container);
+    }
+    let managers = get(&dev, &format!("ts/{TASKSERV}"), "{.metadata.managedFields[*].manager}")?;
+    assert!(managers.contains("provisioning-controller"), "{managers}");
+    dev.wait_until(Duration::from_secs(30), "the approval carried out: it covers nothing more", |d| {
+        Ok(cluster(d, "{.status.approvedPlan.id}")? == first && cluster(d, "{.status.approvedPlan.changes}")?.is_empty())
+    })?;
+    assert_eq!(cluster(&dev, "{.status.plan.summary}")?, "no changes");
+
+    // A config change of the service is a new plan: the Cluster waits, no script runs.
+    let before = last_runs(&dev)?;
+    dev.kubectl_ok(&[
+        "patch",
+        "pcl",
+        CLUSTER,
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"taskservs":[{"service":"redis","pools":["nodes"],"config":{"maxmemory":"32mb"}}]}}"#,
+    ])?;
+    dev.wait_until(Duration::from_secs(60), "the re-install awaits the Cluster's approval", |d| {
+        let reinstalls = cluster(d, "{.status.plan.changes[*].resource}")?.matches(&format!("TaskServ/{NS}/{TASKSERV} on ")).count();
+        Ok(reinstalls == 2
+            && cluster(d, "{.status.observedGeneration}")? == "2"
+            && ready(d, &format!("pcl/{CLUSTER}"))? == "False/AwaitingApproval")
+    })?;
+    let second = cluster(&dev, "{.status.plan.id}")?;
+    assert_ne!(second, first);
+    let conf = |c: &str| docker_ok(&["exec", c, "cat", "/etc/redis/redis.conf"]);
+    for c in &machines {
+        assert!(!conf(c)?.contains("32mb"), "the config changed before approval");
+    }
+    assert_eq!(last_runs(&dev)?, before, "a script ran before approval");
+
+    approve(&dev, &second)?;
+    dev.wait_until(Duration::from_secs(240), "the re-install carried out", |d| {
+        Ok(ready(d, &format!("pcl/{CLUSTER}"))? == "True/Ready" && cluster(d, "{.status.plan.summary}")? == "no changes")
+    })?;
+    for c in &machines {
+        assert!(conf(c)?.contains("32mb"), "{}", conf(c)?);
+    }
+    assert_ne!(last_runs(&dev)?, before);
+
+    dev.kubectl_ok(&["delete", "pcl", CLUSTER, "-n", NS, "--timeout=180s"])?;
+    dev.stop();
+    Ok(())
+}
