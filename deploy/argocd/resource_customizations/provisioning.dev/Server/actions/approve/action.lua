@@ -1,6 +1,8 @@
 -- Generated from deploy/argocd/src/actions/approve.lua by scripts/gen-argocd.sh: edit that file, not this copy.
 -- Approve the current plan: the controller carries out the plan whose id
--- provisioning.dev/approve names (under approval: Manual). Without a plan nothing changes.
+-- provisioning.dev/approve names (under approval: Manual). On a Cluster this approves, for
+-- each member Server and TaskServ, what the Cluster's plan covers (the controller sets the
+-- members' own approvals). Without a plan nothing changes.
 local plan = nil
 if obj.status ~= nil then
   plan = obj.status.plan
