@@ -19,7 +19,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
-use provisioning_crds::{ANNOTATION_APPROVE, Approval, ChangeAction, Cluster, ClusterStatus, Plan, PlannedChange, Server, TaskServ, condition};
+use provisioning_crds::{
+    ANNOTATION_APPROVE, Approval, ChangeAction, Cluster, ClusterStatus, Plan, PlannedChange, Server, TaskServ, condition,
+};
 
 use super::plan::{Observed, PlannedEvent};
 use crate::conditions::{self, DesiredCondition, Status};
@@ -283,15 +285,7 @@ mod tests {
     }
 
     fn member<'a>(kind: MemberKind, name: &'a str, own: Option<&'a Plan>) -> Member<'a> {
-        Member {
-            kind,
-            name,
-            resource: format!("{}/ns/{name}", kind.as_str()),
-            plan: own,
-            approve: None,
-            settled: true,
-            deleting: false,
-        }
+        Member { kind, name, resource: format!("{}/ns/{name}", kind.as_str()), plan: own, approve: None, settled: true, deleting: false }
     }
 
     fn install(server: &str) -> PlannedChange {
@@ -346,12 +340,14 @@ mod tests {
         let s0 = plan("s0plan", vec![machine("c-pool-0")]);
         let s1 = plan("s1plan", vec![machine("c-pool-1")]);
         let extra = plan("s2plan", vec![machine("c-pool-2")]);
-        let cluster = plan("ccc", vec![machine("c-pool-0"), machine("c-pool-1"), change("TaskServ/ns/c-redis", "", ChangeAction::Create, "x")]);
+        let cluster =
+            plan("ccc", vec![machine("c-pool-0"), machine("c-pool-1"), change("TaskServ/ns/c-redis", "", ChangeAction::Create, "x")]);
         let mut unsettled = member(MemberKind::Server, "c-pool-1", Some(&s1));
         unsettled.settled = false;
         let mut done = member(MemberKind::Server, "c-pool-3", Some(&s0));
         done.approve = Some("s0plan");
-        let members = [member(MemberKind::Server, "c-pool-0", Some(&s0)), unsettled, member(MemberKind::Server, "c-pool-2", Some(&extra)), done];
+        let members =
+            [member(MemberKind::Server, "c-pool-0", Some(&s0)), unsettled, member(MemberKind::Server, "c-pool-2", Some(&extra)), done];
         let d = decide(Approval::Manual, Some("ccc"), &cluster, &ClusterStatus::default(), &members);
         assert_eq!(d.approved.as_ref().map(|p| p.id.as_str()), Some("ccc"));
         // c-pool-1 has not planned its current generation yet, c-pool-2's plan is not in the
@@ -363,7 +359,8 @@ mod tests {
 
     #[test]
     fn the_approval_carries_the_plan_as_it_turns_into_member_plans_and_ends_when_done() {
-        let approved = plan("ccc", vec![machine("c-pool-0"), change("TaskServ/ns/c-redis", "", ChangeAction::Create, "redis on 1 servers")]);
+        let approved =
+            plan("ccc", vec![machine("c-pool-0"), change("TaskServ/ns/c-redis", "", ChangeAction::Create, "redis on 1 servers")]);
         let status = ClusterStatus { approved_plan: Some(approved.clone()), ..Default::default() };
         // The TaskServ now exists and plans its install: a new Cluster plan id, still covered.
         let ts = plan("tsplan", vec![install("c-pool-0")]);
