@@ -4,7 +4,8 @@
 //! ignored with a PlanStale Warning; ONE `provisioning.dev/approve` on the Cluster (as the
 //! Argo CD action, k9s Shift-V and the console write it) makes both machines and installs
 //! redis on them — the test never annotates a member. A config change of the service then
-//! waits (no script runs) until the Cluster's next plan is approved the same way.
+//! waits (no script runs) until the Cluster's next plan is approved the same way, and so does
+//! a scale-down (the machine stays until approved).
 
 use std::time::Duration;
 
@@ -143,6 +144,37 @@ fn one_approval_of_a_manual_cluster_carries_out_everything_its_plan_covers() -> 
         assert!(conf(c)?.contains("32mb"), "{}", conf(c)?);
     }
     assert_ne!(last_runs(&dev)?, before);
+
+    // A scale-down is a plan too: the Server to delete (and redis to remove from it) waits.
+    dev.kubectl_ok(&[
+        "patch",
+        "pcl",
+        CLUSTER,
+        "-n",
+        NS,
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/pools/0/replicas","value":1}]"#,
+    ])?;
+    let gone = format!("Server/{NS}/{}", MEMBERS[1]);
+    dev.wait_until(Duration::from_secs(60), "the scale-down awaits the Cluster's approval", |d| {
+        let resources = cluster(d, "{.status.plan.changes[*].resource}")?;
+        Ok(resources.contains(&gone)
+            && resources.contains(&format!("TaskServ/{NS}/{TASKSERV} on {}", MEMBERS[1]))
+            && cluster(d, "{.status.observedGeneration}")? == "3"
+            && ready(d, &format!("pcl/{CLUSTER}"))? == "False/AwaitingApproval")
+    })?;
+    assert_eq!(containers(NS, CLUSTER)?.len(), 2, "a machine went before approval");
+    assert!(has_redis(&machines[1]));
+    let third = cluster(&dev, "{.status.plan.id}")?;
+    approve(&dev, &third)?;
+    dev.wait_until(Duration::from_secs(120), "the scale-down carried out", |d| {
+        Ok(ready(d, &format!("pcl/{CLUSTER}"))? == "True/Ready"
+            && cluster(d, "{.status.plan.summary}")? == "no changes"
+            && containers(NS, CLUSTER)?.len() == 1)
+    })?;
+    assert!(has_redis(&server_container(NS, MEMBERS[0])?));
 
     dev.kubectl_ok(&["delete", "pcl", CLUSTER, "-n", NS, "--timeout=180s"])?;
     dev.stop();

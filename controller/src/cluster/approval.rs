@@ -132,6 +132,8 @@ pub struct PassDown {
 /// What approval decides for one pass of a Cluster.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
+    /// The approval in force.
+    pub approval: Approval,
     /// Go, wait, or wait with a stale annotation.
     pub gate: Gate,
     /// `status.approvedPlan` afterwards.
@@ -145,7 +147,7 @@ pub struct Decision {
 pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status: &ClusterStatus, members: &[Member<'_>]) -> Decision {
     let before = status.approved_plan.as_ref();
     let gate = gate_with(approval, annotation, plan, before, covered);
-    let mut decision = Decision { gate: gate.clone(), approved: before.cloned(), pass_down: Vec::new() };
+    let mut decision = Decision { approval, gate: gate.clone(), approved: before.cloned(), pass_down: Vec::new() };
     let Gate::Go { approved } = gate else {
         return decision;
     };
@@ -168,6 +170,29 @@ pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status:
             .collect();
     }
     decision
+}
+
+/// Under Manual approval, holds the Cluster's own deletes of members that its plan lists
+/// (a scale-down, a service removed) until approved: a delete goes ahead only when the gate
+/// is Go and the approved plan holds it. Teardown of a deleted Cluster is not planned here.
+pub fn hold_deletes(decision: &Decision, namespace: &str, plan: &Plan, act: &mut super::plan::Plan) {
+    if decision.approval == Approval::Automatic {
+        return;
+    }
+    let go = matches!(decision.gate, Gate::Go { .. });
+    let approved = |resource: &str| {
+        go && decision
+            .approved
+            .as_ref()
+            .is_some_and(|a| a.changes.iter().any(|c| c.resource == resource && c.action == ChangeAction::Delete))
+    };
+    let planned = |resource: &str| plan.changes.iter().any(|c| c.resource == resource && c.action == ChangeAction::Delete);
+    let keep = |kind: &str, name: &String| {
+        let resource = format!("{kind}/{namespace}/{name}");
+        !planned(&resource) || approved(&resource)
+    };
+    act.delete_servers.retain(|n| keep("Server", n));
+    act.delete_taskservs.retain(|n| keep("TaskServ", n));
 }
 
 /// An approval carried out in full: its id and summary, no changes (it covers nothing more).
@@ -217,22 +242,29 @@ pub fn hold(status: &mut ClusterStatus, events: &mut Vec<PlannedEvent>, previous
     events.retain(|e| e.reason != "Ready");
 }
 
-/// Gates the Cluster's `plan` on its approval: records the approval in force in `status`,
-/// approves covered members (merge patch of their annotation), holds the conditions while it
-/// waits and reports a stale annotation with a PlanStale Warning.
-pub async fn gate(
-    cluster: &Cluster,
-    namespace: &str,
-    o: &Observed<'_>,
-    plan: &Plan,
-    status: &mut ClusterStatus,
-    events: &mut Vec<PlannedEvent>,
-    ctx: &Context,
-) -> Result<(), Error> {
+/// Where the Cluster's `plan` stands with its approval (the Cluster's own, else its
+/// Workspace's) this pass: [`decide`] over the observed members.
+pub fn decision(cluster: &Cluster, namespace: &str, o: &Observed<'_>, plan: &Plan, ctx: &Context) -> Decision {
     let approval = approval_of(cluster.spec.approval, ctx.workspace_for(namespace).spec.approval);
     let annotation = cluster.annotations().get(ANNOTATION_APPROVE).map(String::as_str);
     let previous = cluster.status.clone().unwrap_or_default();
-    let decision = decide(approval, annotation, plan, &previous, &members(o, namespace));
+    decide(approval, annotation, plan, &previous, &members(o, namespace))
+}
+
+/// Carries out a [`Decision`]: records the approval in force in `status`, approves covered
+/// members (merge patch of their annotation), holds the conditions while the plan waits and
+/// reports a stale annotation with a PlanStale Warning.
+pub async fn carry_out(
+    cluster: &Cluster,
+    plan: &Plan,
+    decision: Decision,
+    status: &mut ClusterStatus,
+    events: &mut Vec<PlannedEvent>,
+    now: Timestamp,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let previous = cluster.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let namespace = cluster.metadata.namespace.as_deref().ok_or(Error::MissingField("metadata.namespace"))?;
     status.approved_plan = decision.approved.clone();
     if !decision.pass_down.is_empty() {
         approve_members(namespace, &decision.pass_down, ctx).await?;
@@ -242,9 +274,9 @@ pub async fn gate(
     }
     match decision.gate {
         Gate::Go { .. } => {}
-        Gate::Wait => hold(status, events, &previous.conditions, plan, o.now),
+        Gate::Wait => hold(status, events, previous, plan, now),
         Gate::Stale(id) => {
-            hold(status, events, &previous.conditions, plan, o.now);
+            hold(status, events, previous, plan, now);
             let note = format!(
                 "approval {id} ({ANNOTATION_APPROVE}) does not match the current plan {}: {}; it is ignored, approve {} to carry out the current plan",
                 plan.id, plan.summary, plan.id
@@ -400,6 +432,34 @@ mod tests {
         let d = decide(Approval::Manual, Some("ccc"), &cluster, &ClusterStatus::default(), &members);
         assert!(matches!(d.gate, Gate::Go { .. }));
         assert!(d.pass_down.is_empty(), "{:?}", d.pass_down);
+    }
+
+    #[test]
+    fn a_manual_scale_down_deletes_only_what_was_approved() {
+        let gone = change("Server/ns/c-pool-2", "", ChangeAction::Delete, "");
+        let removed = change("TaskServ/ns/c-web", "", ChangeAction::Delete, "");
+        let p = plan("ddd", vec![gone.clone(), removed.clone()]);
+        let act = || super::super::plan::Plan {
+            apply_servers: Vec::new(),
+            // c-pool-9 is not in the plan (a dead member replaced): not held here.
+            delete_servers: vec!["c-pool-2".into(), "c-pool-9".into()],
+            apply_taskservs: Vec::new(),
+            delete_taskservs: vec!["c-web".into()],
+            status: ClusterStatus::default(),
+            events: Vec::new(),
+            requeue: None,
+            teardown_done: false,
+        };
+        let status = ClusterStatus::default();
+        let mut held = act();
+        hold_deletes(&decide(Approval::Manual, None, &p, &status, &[]), "ns", &p, &mut held);
+        assert_eq!((held.delete_servers, held.delete_taskservs.len()), (vec!["c-pool-9".to_string()], 0));
+        let mut approved = act();
+        hold_deletes(&decide(Approval::Manual, Some("ddd"), &p, &status, &[]), "ns", &p, &mut approved);
+        assert_eq!((approved.delete_servers.len(), approved.delete_taskservs.len()), (2, 1));
+        let mut automatic = act();
+        hold_deletes(&decide(Approval::Automatic, None, &p, &status, &[]), "ns", &p, &mut automatic);
+        assert_eq!((automatic.delete_servers.len(), automatic.delete_taskservs.len()), (2, 1));
     }
 
     #[test]

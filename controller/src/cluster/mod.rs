@@ -4,10 +4,10 @@
 //! check, paused check, first finalizer and status) → finalizer (Apply / Cleanup) →
 //! [`dereference`] (children by label, other Clusters) → [`validate`] (pure: services,
 //! versions, configs, dependency closure) → [`plan`] (pure: desired children, step plan,
-//! parallelLimit window, scale down, rollback, teardown) → [`act`] (children by server-side
-//! apply, deletes) → [`approval`] (the Cluster's plan under Manual approval: approves covered
-//! members, or holds the conditions) → one status patch, skipped when unchanged → events →
-//! requeue.
+//! parallelLimit window, scale down, rollback, teardown) → [`approval`] (pure: where the
+//! Cluster's plan stands under Manual approval; the deletes it lists wait for it) → [`act`]
+//! (children by server-side apply, deletes) → approval carried out (covered members approved,
+//! or the conditions held) → one status patch, skipped when unchanged → events → requeue.
 //!
 //! A Cluster does no long work itself: Servers and TaskServs do, and their status changes
 //! come back here through `owns` watches.
@@ -167,12 +167,22 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     } else {
         plan::plan(&observed)
     };
+    let mut plan = plan;
+    // The Cluster's plan (over the children as observed, before acting) and its approval.
+    let gated = match (deleting, &services) {
+        (false, Ok(services)) => {
+            let cluster_plan = plan::cluster_plan(&observed, namespace, services);
+            let decision = approval::decision(&cluster, namespace, &observed, &cluster_plan, ctx);
+            approval::hold_deletes(&decision, namespace, &cluster_plan, &mut plan);
+            Some((cluster_plan, decision))
+        }
+        _ => None,
+    };
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
     let mut events = plan.events.clone();
-    if let (false, Ok(services)) = (deleting, &services) {
-        let cluster_plan = plan::cluster_plan(&observed, namespace, services);
-        approval::gate(&cluster, namespace, &observed, &cluster_plan, &mut status, &mut events, ctx).await.at(Step::Act)?;
+    if let Some((cluster_plan, decision)) = gated {
+        approval::carry_out(&cluster, &cluster_plan, decision, &mut status, &mut events, observed.now, ctx).await.at(Step::Act)?;
         status.plan = Some(cluster_plan);
     }
     ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await.at(Step::Status)?;
