@@ -16,6 +16,7 @@ use provisioning_e2e::docker::{containers, docker, docker_ok, leftovers, server_
 const NS: &str = "cl-approval";
 const CLUSTER: &str = "cache";
 const MEMBERS: [&str; 2] = ["cache-nodes-0", "cache-nodes-1"];
+const SPARE: &str = "cache-spare-0";
 const TASKSERV: &str = "cache-redis";
 
 /// Removes what this test made in Docker when it ends, also when it fails.
@@ -67,12 +68,13 @@ fn one_approval_of_a_manual_cluster_carries_out_everything_its_plan_covers() -> 
     let _cleanup = Cleanup;
     let mut dev = Dev::start(&["tests/tests/local_cluster_approval.yaml"])?;
 
-    // Waiting: the Cluster and both members await approval; the Cluster's plan holds the
+    // Waiting: the Cluster and its 3 Servers await approval; the Cluster's plan holds the
     // members' machines (their own plans) and the TaskServ to create.
     dev.wait_until(Duration::from_secs(60), "the Cluster and its Servers await approval", |d| {
-        let members_wait = MEMBERS.iter().all(|m| ready(d, &format!("srv/{m}")).is_ok_and(|r| r == "False/AwaitingApproval"));
+        let members_wait =
+            MEMBERS.iter().chain([&SPARE]).all(|m| ready(d, &format!("srv/{m}")).is_ok_and(|r| r == "False/AwaitingApproval"));
         let machines = cluster(d, "{.status.plan.changes[*].to}")?.matches("machine from").count();
-        Ok(members_wait && machines == 2 && ready(d, &format!("pcl/{CLUSTER}"))? == "False/AwaitingApproval")
+        Ok(members_wait && machines == 3 && ready(d, &format!("pcl/{CLUSTER}"))? == "False/AwaitingApproval")
     })?;
     let first = cluster(&dev, "{.status.plan.id}")?;
     let message = cluster(&dev, "{.status.conditions[?(@.type==\"Ready\")].message}")?;
@@ -145,27 +147,24 @@ fn one_approval_of_a_manual_cluster_carries_out_everything_its_plan_covers() -> 
     }
     assert_ne!(last_runs(&dev)?, before);
 
-    // A scale-down is a plan too: the Server to delete (and redis to remove from it) waits.
-    dev.kubectl_ok(&[
-        "patch",
-        "pcl",
-        CLUSTER,
-        "-n",
-        NS,
-        "--type",
-        "json",
-        "-p",
-        r#"[{"op":"replace","path":"/spec/pools/0/replicas","value":1}]"#,
-    ])?;
-    let gone = format!("Server/{NS}/{}", MEMBERS[1]);
+    // A scale-down is a plan too: the Servers to delete (and redis to remove from one) wait;
+    // the spare pool's Server has no service to drain, only the Cluster's approval holds it.
+    let replicas =
+        r#"[{"op":"replace","path":"/spec/pools/0/replicas","value":1},{"op":"replace","path":"/spec/pools/1/replicas","value":0}]"#;
+    dev.kubectl_ok(&["patch", "pcl", CLUSTER, "-n", NS, "--type", "json", "-p", replicas])?;
     dev.wait_until(Duration::from_secs(60), "the scale-down awaits the Cluster's approval", |d| {
         let resources = cluster(d, "{.status.plan.changes[*].resource}")?;
-        Ok(resources.contains(&gone)
+        Ok(resources.contains(&format!("Server/{NS}/{}", MEMBERS[1]))
+            && resources.contains(&format!("Server/{NS}/{SPARE}"))
             && resources.contains(&format!("TaskServ/{NS}/{TASKSERV} on {}", MEMBERS[1]))
             && cluster(d, "{.status.observedGeneration}")? == "3"
             && ready(d, &format!("pcl/{CLUSTER}"))? == "False/AwaitingApproval")
     })?;
-    assert_eq!(containers(NS, CLUSTER)?.len(), 2, "a machine went before approval");
+    // The Cluster deletes in the same pass it writes its status: nothing was deleted.
+    for m in [MEMBERS[1], SPARE] {
+        assert_eq!(get(&dev, &format!("srv/{m}"), "{.metadata.deletionTimestamp}")?, "", "{m} deleted before approval");
+    }
+    assert_eq!(containers(NS, CLUSTER)?.len(), 3, "a machine went before approval");
     assert!(has_redis(&machines[1]));
     let third = cluster(&dev, "{.status.plan.id}")?;
     approve(&dev, &third)?;
