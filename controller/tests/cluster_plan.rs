@@ -573,6 +573,26 @@ fn the_cluster_plan_lists_children_to_create_change_and_delete() {
     let resized = plan::cluster_plan(&w.observed(), "dev", &services);
     assert_eq!(resized.summary, "2 to update, 1 to replace", "{:#?}", resized.changes);
     assert_ne!(resized.id, settled.id);
+    // A member TaskServ's own plan (a re-install per server) is part of it too, so the
+    // Cluster's id covers what approving it approves.
+    let ts = w.taskservs[0].name.clone();
+    w.taskservs[0].pending_plan = Some(provisioning_crds::Plan {
+        id: "bbbbbbbbbb".into(),
+        summary: "1 to update".into(),
+        changes: vec![provisioning_crds::PlannedChange {
+            resource: format!("TaskServ/dev/{ts} on {}", w.servers[0].name),
+            field: "version".into(),
+            action: provisioning_crds::ChangeAction::Update,
+            from: "3.5.0".into(),
+            to: "3.5.0".into(),
+            reason: "re-install (inputs changed, unhealthy or interrupted)".into(),
+        }],
+        ..Default::default()
+    });
+    let with_member = plan::cluster_plan(&w.observed(), "dev", &services);
+    assert!(with_member.changes.iter().any(|c| c.resource.starts_with(&format!("TaskServ/dev/{ts} on "))), "{:#?}", with_member.changes);
+    assert_ne!(with_member.id, resized.id);
+    w.taskservs[0].pending_plan = None;
     // Scale down: the last member goes; a config change names the field, never the values.
     w.cluster.spec.pools[0].plan = w.servers[1].spec.plan.clone();
     w.servers[0].pending_plan = None;
