@@ -11,8 +11,10 @@
 //! Cluster's plan shrinks while carried out (and turns into the members' plans), so the
 //! approved plan is kept in `status.approvedPlan`; once the plan is empty and every member's
 //! plan is current its changes are cleared (the id stays, so the annotation naming it is not
-//! stale), so later drift needs a new approval. The decision is pure ([`decide`], [`covered`], [`hold`]); [`gate`]
-//! does the writes.
+//! stale), so later drift needs a new approval. The Cluster's own deletes of members its plan
+//! lists (a scale-down, a service removed) wait for the approval too ([`hold_deletes`]).
+//! The decisions are pure ([`decide`], [`covered`], [`hold`], [`hold_deletes`]);
+//! [`carry_out`] does the writes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
