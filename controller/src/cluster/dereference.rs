@@ -29,6 +29,12 @@ fn stalled_message(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Cond
     conditions::find(conds, condition::STALLED).filter(|c| c.status == "True").map(|c| c.message.clone())
 }
 
+/// A TaskServ serves on a server: a version is there, the entry is not failed or being
+/// removed, and its last check did not fail. A re-install of what runs there still serves.
+fn serving(e: &provisioning_crds::TaskServServerStatus) -> bool {
+    e.version.is_some() && !matches!(e.phase.as_str(), "Failed" | "Removing") && e.healthy != Some(false)
+}
+
 /// Reads the Servers (from the cache) and TaskServs (one labelled list) of `cluster`.
 pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Result<Children, Error> {
     let name = cluster.name_any();
@@ -55,6 +61,8 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
                     .and_then(|st| st.provider_state.as_deref())
                     .is_some_and(|state| matches!(state, "stopped" | "terminated" | "exited" | "dead")),
                 pending_plan: s.status.as_ref().and_then(|st| st.plan.clone()),
+                provider_id: s.status.as_ref().and_then(|st| st.provider_id.clone()),
+                observed_current: s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation,
                 pending_since: s
                     .status
                     .as_ref()
@@ -84,6 +92,7 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
                 servers_in_status: status.servers.iter().map(|s| s.name.clone()).collect::<BTreeSet<_>>(),
                 was_ever_ready: status.last_good_version.is_some(),
                 deleting: t.metadata.deletion_timestamp.is_some(),
+                serving: status.servers.iter().filter(|e| serving(e)).map(|e| (e.name.clone(), e.provider_id.clone())).collect(),
             }
         })
         .collect();

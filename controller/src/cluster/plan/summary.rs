@@ -69,9 +69,9 @@ fn apply_failure_policy(o: &Observed<'_>, r: &mut Rollout, plan: &mut Plan) -> O
 /// Finishes the plan: failure policy, conditions, phase, events, status and requeue.
 pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollout, mut plan: Plan) -> Plan {
     let stalled = apply_failure_policy(o, &mut r, &mut plan);
-    let desired_count = r.desired.len() as u32;
+    let desired_count = r.members;
     let ready_count = r.ready_count;
-    let servers_ready = ready_count == desired_count && r.extra_servers == 0;
+    let servers_ready = ready_count == desired_count && r.extra_servers == 0 && !r.rolling;
     let ts_ready_count = services.iter().filter(|s| r.succeeded(&format!("taskserv/{}", s.service))).count();
     let ts_ready = ts_ready_count == services.len() && r.drained_taskservs == 0;
     let ready = stalled.is_none() && r.waiting_for.is_empty() && servers_ready && ts_ready;
@@ -92,8 +92,18 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
     conds.push(DesiredCondition::new(
         condition::SERVERS_READY,
         Status::from_bool(servers_ready),
-        if servers_ready { "ServersReady" } else { "ServersNotReady" },
-        format!("{ready_count}/{desired_count} servers ready"),
+        if servers_ready {
+            "ServersReady"
+        } else if r.rolling {
+            "RollingUpdate"
+        } else {
+            "ServersNotReady"
+        },
+        if r.rolling {
+            format!("{ready_count}/{desired_count} servers ready, {}/{desired_count} updated", r.updated_count)
+        } else {
+            format!("{ready_count}/{desired_count} servers ready")
+        },
     ));
     conds.push(DesiredCondition::new(
         condition::TASKSERVS_READY,
@@ -108,6 +118,8 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
         Phase::Failed
     } else if !r.waiting_for.is_empty() {
         Phase::Pending
+    } else if r.rolling {
+        Phase::Provisioning
     } else if !servers_ready && o.status.phase.as_deref() == Some(Phase::Ready.as_str()) {
         Phase::Degraded
     } else if !servers_ready {
@@ -129,6 +141,7 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
             desired: desired_count,
             ready: ready_count,
             summary: format!("{ready_count}/{desired_count}"),
+            updated: format!("{}/{desired_count}", r.updated_count),
         }),
         taskservs: r.taskserv_statuses,
         steps: r.steps,
