@@ -356,7 +356,7 @@ fn surging(o: &Observed<'_>, pool: &ServerPool) -> bool {
     let surge_up = o
         .servers
         .iter()
-        .any(|s| s.owned && !s.deleting && s.labels.get(LABEL_SURGE).is_some() && s.labels.get(LABEL_POOL) == Some(&pool.name));
+        .any(|s| s.owned && !s.deleting && s.labels.contains_key(LABEL_SURGE) && s.labels.get(LABEL_POOL) == Some(&pool.name));
     outdated || (surge_up && members.iter().any(|m| m.is_none_or(|s| !settled(o, s, &want))))
 }
 
