@@ -791,3 +791,33 @@ fn without_a_rollout_every_member_changes_at_once() {
     w.change_image("debian-13");
     assert_eq!(World::applied(&w.plan()).len(), 3);
 }
+
+#[test]
+fn under_failure_policy_rollback_a_failed_member_goes_back_to_the_old_machine_spec() {
+    let yaml = ETCD.replace("labels: {tier: data}}]", "labels: {tier: data}, rollout: {maxUnavailable: 1}}]\n  failurePolicy: Rollback");
+    let mut w = World::new(&yaml);
+    w.converge();
+    w.change_image("debian-13");
+    let p = w.plan();
+    assert_eq!(World::applied(&p), ["etcd-members-0"]);
+    w.commit(&p);
+    // The new image does not boot: member 0 is Stalled.
+    w.replacing("etcd-members-0");
+    w.servers[0].stalled = Some("image debian-13 not found".into());
+    let p = w.plan();
+    let back: Vec<(String, String)> = p.apply_servers.iter().map(|s| (s.metadata.name.clone().unwrap_or_default(), s.spec.image.clone())).collect();
+    assert_eq!(back, [("etcd-members-0".to_string(), String::new())], "member 0 goes back to the old (default) image");
+    assert_eq!(cond(&p.status, "Stalled").1, "RolledBack");
+    assert!(p.events.iter().any(|e| e.reason == "RollingBack" && e.warning), "{:?}", p.events);
+    w.commit(&p);
+    w.servers[0].stalled = None;
+    w.back("etcd-members-0", "m0-old-again");
+    // Rolled back: nothing more until the spec changes; the new image is not applied again.
+    for _ in 0..2 {
+        let p = w.plan();
+        assert!(p.apply_servers.iter().all(|s| s.spec.image.is_empty()), "{:?}", World::applied(&p));
+        assert_eq!(cond(&p.status, "Stalled").1, "RolledBack");
+        w.commit(&p);
+    }
+    assert!(w.on_image("debian-13").is_empty());
+}

@@ -343,10 +343,52 @@ pub fn settled(o: &Observed<'_>, s: &ChildServer, want: &ServerSpec) -> bool {
     !machine_differs(&s.spec, want) && s.observed_current && !s.pending_plan.as_ref().is_some_and(|p| p.has_changes()) && available(o, s)
 }
 
+/// The message of a rollout rolled back under failurePolicy Rollback: it stays so until the
+/// spec changes (a new generation).
+pub fn rolled_back(o: &Observed<'_>) -> Option<String> {
+    crate::conditions::find(&o.status.conditions, provisioning_crds::condition::STALLED)
+        .filter(|c| c.status == "True" && c.reason == REASON_ROLLED_BACK && c.observed_generation == o.generation)
+        .map(|c| c.message.clone())
+}
+
+/// Under failurePolicy Rollback: the members of pools in a rolling update that already got
+/// the new machine spec go back to the spec the members not yet updated still have (their
+/// machines are replaced or resized back, as their own plans say). Returns the pools that
+/// could not be rolled back because no member was left on the old spec.
+pub fn rollback_machines(o: &Observed<'_>, apply: &mut Vec<Server>) -> Vec<String> {
+    let mut stuck = Vec::new();
+    for pool in &o.spec.pools {
+        let members: Vec<(Server, &ChildServer)> = (0..pool.replicas)
+            .map(|i| server_name(o.name, &pool.name, i))
+            .filter_map(|n| o.servers.iter().find(|s| s.name == n && !s.deleting).map(|s| (pool_server(o, pool, &n, false), s)))
+            .collect();
+        let updated: Vec<&(Server, &ChildServer)> = members.iter().filter(|(w, h)| !machine_differs(&h.spec, &w.spec)).collect();
+        if updated.len() == members.len() {
+            // No rolling update here, or every member already on the new spec.
+            let was_rolling =
+                o.status.steps.iter().any(|s| s.id == format!("servers/{}", pool.name) && s.message.starts_with(steps::ROLLING));
+            if was_rolling && members.iter().any(|(_, h)| h.stalled.is_some()) {
+                stuck.push(pool.name.clone());
+            }
+            continue;
+        }
+        let Some((_, old)) = members.iter().find(|(w, h)| machine_differs(&h.spec, &w.spec)) else { continue };
+        for (want, _) in updated {
+            let mut back = want.clone();
+            back.spec.provider = old.spec.provider.clone();
+            back.spec.plan = old.spec.plan.clone();
+            back.spec.zone = old.spec.zone.clone();
+            back.spec.image = old.spec.image.clone();
+            apply.push(back);
+        }
+    }
+    stuck
+}
+
 /// A pool with `maxSurge` is in a rolling update of its machines: a member has an old machine
 /// spec, or (surge servers up) a member is not updated and available yet.
 fn surging(o: &Observed<'_>, pool: &ServerPool) -> bool {
-    if pool.rollout.as_ref().is_none_or(|r| r.max_surge == 0) {
+    if pool.rollout.as_ref().is_none_or(|r| r.max_surge == 0) || rolled_back(o).is_some() {
         return false;
     }
     let want = pool_server(o, pool, "", false).spec;

@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server, condition};
+use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server};
 
 use super::{
-    ChildServer, ChildTaskServ, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, REASON_ROLLED_BACK, STARTUP_TIMEOUT, StepKind,
-    StepState, available, desired_taskserv, desired_with_surge, index_of, labels_cover, machine_differs, settled, taskserv_name,
+    ChildServer, ChildTaskServ, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, STARTUP_TIMEOUT, StepKind, StepState, available,
+    desired_taskserv, desired_with_surge, index_of, labels_cover, machine_differs, settled, taskserv_name,
 };
 use crate::cluster::validate::ServicePlan;
 
@@ -71,9 +71,7 @@ impl Rollout {
             })
             .collect();
         // A rollout rolled back under failurePolicy Rollback stays so until the spec changes.
-        let rolled_back = crate::conditions::find(&o.status.conditions, condition::STALLED)
-            .filter(|c| c.status == "True" && c.reason == REASON_ROLLED_BACK && c.observed_generation == o.generation)
-            .map(|c| c.message.clone());
+        let rolled_back = super::rolled_back(o);
         let desired = desired_with_surge(o);
         let members = o.spec.pools.iter().map(|p| p.replicas).sum();
         let desired_names: BTreeSet<String> = desired.iter().filter_map(|s| s.metadata.name.clone()).collect();

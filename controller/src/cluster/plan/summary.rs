@@ -45,6 +45,7 @@ pub(super) fn invalid(o: &Observed<'_>, e: &InvalidCluster) -> Plan {
 /// `failurePolicy` on the failed steps: the `(reason, message)` the Cluster is Stalled with.
 fn apply_failure_policy(o: &Observed<'_>, r: &mut Rollout, plan: &mut Plan) -> Option<(String, String)> {
     if let Some(msg) = &r.rolled_back {
+        super::rollback_machines(o, &mut plan.apply_servers);
         rollback_children(o, plan);
         return Some((REASON_ROLLED_BACK.to_string(), msg.clone()));
     }
@@ -54,10 +55,18 @@ fn apply_failure_policy(o: &Observed<'_>, r: &mut Rollout, plan: &mut Plan) -> O
     }
     let msg = failed.iter().map(|s| format!("step {} failed: {}", s.id, s.message)).collect::<Vec<_>>().join("; ");
     if o.spec.failure_policy == FailurePolicy::Rollback {
-        let msg = format!("{msg}; rolled back (failurePolicy Rollback)");
-        r.events.push(PlannedEvent::warning("RollingBack", msg.clone()));
         plan.apply_servers.clear();
         plan.apply_taskservs.clear();
+        let stuck = super::rollback_machines(o, &mut plan.apply_servers);
+        let msg = if stuck.is_empty() {
+            format!("{msg}; rolled back (failurePolicy Rollback)")
+        } else {
+            format!(
+                "{msg}; rolled back (failurePolicy Rollback) except the machines of pool {}: every member already had the new spec, none is left on the old one to go back to",
+                stuck.join(", ")
+            )
+        };
+        r.events.push(PlannedEvent::warning("RollingBack", msg.clone()));
         rollback_children(o, plan);
         return Some((REASON_ROLLED_BACK.to_string(), msg));
     }
