@@ -805,8 +805,10 @@ fn under_failure_policy_rollback_a_failed_member_goes_back_to_the_old_machine_sp
     w.replacing("etcd-members-0");
     w.servers[0].stalled = Some("image debian-13 not found".into());
     let p = w.plan();
-    let back: Vec<(String, String)> = p.apply_servers.iter().map(|s| (s.metadata.name.clone().unwrap_or_default(), s.spec.image.clone())).collect();
+    let back: Vec<(String, String)> =
+        p.apply_servers.iter().map(|s| (s.metadata.name.clone().unwrap_or_default(), s.spec.image.clone())).collect();
     assert_eq!(back, [("etcd-members-0".to_string(), String::new())], "member 0 goes back to the old (default) image");
+    assert!(p.delete_servers.is_empty(), "a member that existed before is kept: {:?}", p.delete_servers);
     assert_eq!(cond(&p.status, "Stalled").1, "RolledBack");
     assert!(p.events.iter().any(|e| e.reason == "RollingBack" && e.warning), "{:?}", p.events);
     w.commit(&p);

@@ -188,7 +188,14 @@ fn rollback_children(o: &Observed<'_>, plan: &mut Plan) {
         }
     }
     let doomed: BTreeSet<&str> = doomed_ts.iter().map(|t| t.name.as_str()).collect();
-    for s in o.servers.iter().filter(|s| s.owned && !s.ready && !s.deleting) {
+    // Members put back on their old machine spec existed before the rollout: they stay.
+    let desired = super::desired_servers(o);
+    let rolled_back = |s: &super::ChildServer| {
+        plan.apply_servers.iter().any(|a| a.metadata.name.as_deref() == Some(s.name.as_str()))
+            || desired.iter().any(|d| d.metadata.name.as_deref() == Some(s.name.as_str()) && super::machine_differs(&s.spec, &d.spec))
+    };
+    let keep: BTreeSet<String> = o.servers.iter().filter(|s| rolled_back(s)).map(|s| s.name.clone()).collect();
+    for s in o.servers.iter().filter(|s| s.owned && !s.ready && !s.deleting && !keep.contains(&s.name)) {
         let used = o.taskservs.iter().any(|t| t.servers_in_status.contains(&s.name) && !doomed.contains(t.name.as_str()));
         if !used && !plan.delete_servers.contains(&s.name) {
             plan.delete_servers.push(s.name.clone());
