@@ -6,8 +6,13 @@
 //!    sequential waves of 10 (five 10-server Clusters, one after the other), on the simulated
 //!    provider with 1 s per provider call (create, install exec, check exec). Target: the
 //!    50-server Cluster within 1.5 × the 5 waves.
+//! 3. `drift`: a standalone local Server whose container is removed (`docker rm -f`) and then
+//!    stopped (`docker stop`) behind the controller's back, 5 times each: how long until the
+//!    Server says Drifted=True, and until it is Ready again on a running container. Polled
+//!    with kubectl every ~100 ms (each poll is a kubectl process: the figures include up to
+//!    one poll of delay).
 //!
-//! Run: `cargo build --bin provisioning && cargo bench -p provisioning-controller --bench cluster [etcd|wide]`
+//! Run: `cargo build --bin provisioning && cargo bench -p provisioning-controller --bench cluster [etcd|wide|drift]`
 //! (needs Docker and the node image for `etcd`; see scripts/setup.sh).
 
 use std::time::{Duration, Instant};
@@ -24,6 +29,74 @@ fn main() -> Result<()> {
     if all || which.iter().any(|w| w == "wide") {
         wide()?;
     }
+    if all || which.iter().any(|w| w == "drift") {
+        drift()?;
+    }
+    Ok(())
+}
+
+const DRIFT_SERVER: &str = r#"apiVersion: provisioning.dev/v1alpha1
+kind: Server
+metadata: {name: bench-drift, namespace: default}
+spec: {provider: local, plan: small}
+"#;
+
+/// `status` of the Drifted condition and Ready, in one kubectl call.
+fn drift_state(dev: &Dev) -> Result<(String, String)> {
+    let out = dev.kubectl_ok(&[
+        "get",
+        "server",
+        "bench-drift",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Drifted\")].status} {.status.conditions[?(@.type==\"Ready\")].status}",
+    ])?;
+    let mut parts = out.split_whitespace();
+    Ok((parts.next().unwrap_or_default().to_string(), parts.next().unwrap_or_default().to_string()))
+}
+
+fn drift() -> Result<()> {
+    use provisioning_e2e::docker::{docker, docker_ok, server_container};
+    provisioning_e2e::docker::require_node_image()?;
+    let dir = tempfile::tempdir()?;
+    let manifest = dir.path().join("drift.yaml");
+    std::fs::write(&manifest, DRIFT_SERVER)?;
+    let manifest = manifest.to_string_lossy().into_owned();
+    let mut dev = Dev::start(&[&manifest])?;
+    dev.kubectl_ok(&["wait", "--for=condition=Ready", "server/bench-drift", "--timeout=300s"])?;
+    for (what, action) in [("docker rm -f", "rm"), ("docker stop", "stop")] {
+        let (mut noticed, mut recovered) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let container = server_container("default", "bench-drift")?;
+            let t = Instant::now();
+            match action {
+                "rm" => docker_ok(&["rm", "-f", &container])?,
+                _ => docker_ok(&["stop", "-t", "0", &container])?,
+            };
+            dev.wait_until(Duration::from_secs(60), "Drifted=True", |d| Ok(drift_state(d)?.0 == "True"))?;
+            noticed.push(t.elapsed());
+            dev.wait_until(Duration::from_secs(120), "Ready again", |d| {
+                let running = server_container("default", "bench-drift")
+                    .and_then(|c| docker_ok(&["inspect", "-f", "{{.State.Running}}", &c]))
+                    .is_ok_and(|r| r.trim() == "true");
+                Ok(running && drift_state(d)? == ("False".to_string(), "True".to_string()))
+            })?;
+            recovered.push(t.elapsed());
+        }
+        noticed.sort();
+        recovered.sort();
+        println!(
+            "drift: {what} → Drifted=True median {:.2} s (max {:.2} s); → Ready on a running container median {:.2} s (max {:.2} s) [5 rounds]",
+            noticed[2].as_secs_f64(),
+            noticed[4].as_secs_f64(),
+            recovered[2].as_secs_f64(),
+            recovered[4].as_secs_f64()
+        );
+    }
+    dev.kubectl_ok(&["delete", "server", "bench-drift", "--timeout=120s"])?;
+    for id in docker_ok(&["ps", "-aq", "--filter", "label=provisioning.dev/server=bench-drift"])?.split_whitespace() {
+        let _ = docker(&["rm", "-f", id]);
+    }
+    dev.stop();
     Ok(())
 }
 

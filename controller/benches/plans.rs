@@ -95,8 +95,9 @@ fn main() -> anyhow::Result<()> {
             machine_failed: false,
             pending_since: None,
             pending_plan: Some(p.plan.clone()),
+            provider_id: None,
+            observed_current: true,
             approve: None,
-            settled: true,
         })
         .collect();
     let observed = Observed { servers: &children, ..empty };

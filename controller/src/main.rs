@@ -451,22 +451,8 @@ async fn trace(
 ) -> anyhow::Result<()> {
     let root = provisioning_controller::trace::Root::parse(object)?;
     let format = provisioning_controller::trace::Format::parse(output)?;
-    let options = kube::config::KubeConfigOptions { context, ..Default::default() };
-    let config = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(&path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &options).await.with_context(|| format!("kubeconfig {}", path.display()))?
-        }
-        None => match kube::Config::from_kubeconfig(&options).await {
-            Ok(config) => config,
-            Err(e) if options.context.is_none() => {
-                kube::Config::incluster().map_err(|_| anyhow::anyhow!("no usable kubeconfig ({e}) and no in-cluster config"))?
-            }
-            Err(e) => return Err(anyhow::Error::from(e).context("kubeconfig")),
-        },
-    };
-    let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
-    let client = dev::client_from_config(config)?;
+    let (client, default_namespace) = provisioning_controller::plan_cli::client(kubeconfig, context).await?;
+    let namespace = namespace.unwrap_or(default_namespace);
     provisioning_controller::trace::run(client, root, namespace, format, watch).await?;
     Ok(())
 }

@@ -8,9 +8,13 @@
 //!   ([`crate::server::plan::spec_plan`]) against the live object's status (the machine the
 //!   controller last observed), with its Workspace's defaults and its provider account's
 //!   capabilities and price table (no provider call, no credentials read);
-//! - a Cluster, TaskServ or Workspace is compared spec to spec: Create, Update (naming the
-//!   changed top-level fields) or nothing; their per-server effects are planned by the
-//!   controller once applied.
+//! - a Cluster goes through the controller's Cluster planner against its live children
+//!   (Servers and TaskServs to create, change or delete, surge Servers of a rolling update),
+//!   and every member whose machine changes through the Server planner (in place or replaced,
+//!   and why), with how its pool rolls;
+//! - a TaskServ or Workspace is compared spec to spec: Create, Update (naming the changed
+//!   top-level fields) or nothing; their per-server effects are planned by the controller
+//!   once applied.
 //!
 //! Other kinds (Namespaces, Secrets, RoleBindings) are listed as not planned; Secret values
 //! are never read or printed.
@@ -21,10 +25,10 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use kube::Client;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
-use provisioning_crds::{API_VERSION, ChangeAction, Plan, PlannedChange, Server, Workspace};
+use provisioning_crds::{API_VERSION, ChangeAction, Cluster, Plan, PlannedChange, Server, TaskServ, Workspace};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -211,6 +215,14 @@ async fn plan_one(
         server.metadata.uid = live.as_ref().and_then(|l| l.metadata.uid.clone());
         return server_plan(&server, &namespace, workspaces, scratch);
     }
+    if kind == "Cluster" {
+        let mut cluster: Cluster = serde_json::from_value(applied).context("reading the Cluster")?;
+        let live: Option<Cluster> = live.map(serde_json::to_value).transpose()?.map(serde_json::from_value).transpose()?;
+        cluster.status = live.as_ref().and_then(|l| l.status.clone());
+        cluster.metadata.uid = live.as_ref().and_then(|l| l.metadata.uid.clone());
+        cluster.metadata.generation = live.as_ref().and_then(|l| l.metadata.generation);
+        return cluster_plan(client, &cluster, &namespace, workspaces, scratch).await;
+    }
     let spec_of = |v: &Value| v.get("spec").cloned().unwrap_or(Value::Null);
     let desired = spec_of(&applied);
     let (action, fields) = match &live {
@@ -299,6 +311,102 @@ fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], 
     Ok(ObjectPlan { resource, plan: planned.plan, needs_approval, note })
 }
 
+/// A Cluster's plan as its reconcile would compute it against its live children — Servers
+/// and TaskServs to create, change or delete (surge Servers of a rolling update included) —
+/// with every member whose machine changes planned by the Server planner itself (in place
+/// or a replacement, and why), and how the pool rolls.
+async fn cluster_plan(
+    client: &Client,
+    cluster: &Cluster,
+    namespace: &str,
+    workspaces: &[Arc<Workspace>],
+    scratch: &Path,
+) -> anyhow::Result<ObjectPlan> {
+    use crate::cluster::{dereference, plan as cplan};
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    let resource = format!("Cluster/{namespace}/{name}");
+    let labelled = ListParams::default().labels(&format!("{}={name}", provisioning_crds::LABEL_CLUSTER));
+    let (servers, taskservs) = if cluster.metadata.uid.is_some() {
+        let servers =
+            Api::<Server>::namespaced(client.clone(), namespace).list(&labelled).await.context("listing the Cluster's Servers")?;
+        let taskservs =
+            Api::<TaskServ>::namespaced(client.clone(), namespace).list(&labelled).await.context("listing the Cluster's TaskServs")?;
+        (servers.items, taskservs.items)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let children: Vec<cplan::ChildServer> = servers.iter().map(|s| dereference::child_server(s, &uid)).collect();
+    let ts_children: Vec<cplan::ChildTaskServ> = taskservs.iter().map(|t| dereference::child_taskserv(t, &uid)).collect();
+    let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir());
+    let (services, mut notes) = match &catalog {
+        Ok(c) => (crate::cluster::validate::validate(&name, &cluster.spec, c), Vec::new()),
+        Err(e) => (Ok(Vec::new()), vec![format!("services not planned: the catalog does not load ({e})")]),
+    };
+    let services = match services {
+        Ok(s) => s,
+        Err(invalid) => {
+            let plan = Plan { summary: "refused".into(), ..Default::default() };
+            return Ok(ObjectPlan { resource, plan, needs_approval: false, note: format!("{}: {}", invalid.reason, invalid.message) });
+        }
+    };
+    let status = cluster.status.clone().unwrap_or_default();
+    let no_clusters = Vec::new();
+    let ok_services = Ok(services.clone());
+    let observed = cplan::Observed {
+        name: &name,
+        uid: &uid,
+        generation: cluster.metadata.generation,
+        spec: &cluster.spec,
+        status: &status,
+        services: &ok_services,
+        servers: &children,
+        taskservs: &ts_children,
+        clusters: &no_clusters,
+        now: k8s_openapi::jiff::Timestamp::now(),
+    };
+    let mut plan = cplan::cluster_plan(&observed, namespace, &services);
+    // Members whose machine changes, and new members: what their own planner would do.
+    for want in cplan::desired_with_surge(&observed) {
+        let member = want.metadata.name.clone().unwrap_or_default();
+        let live = servers.iter().find(|s| s.metadata.name.as_deref() == Some(member.as_str()));
+        if live.is_some_and(|l| !cplan::machine_differs(&l.spec, &want.spec)) {
+            continue;
+        }
+        let mut server = live.cloned().unwrap_or_else(|| want.clone());
+        server.spec = provisioning_crds::ServerSpec { approval: server.spec.approval, ..want.spec.clone() };
+        server.metadata.namespace = Some(namespace.to_string());
+        let member_plan = server_plan(&server, namespace, workspaces, scratch)?;
+        let who = format!("Server/{namespace}/{member}");
+        plan.changes.retain(|c| c.resource != who || !matches!(c.field.as_str(), "" | "spec.plan" | "spec.zone" | "spec.image"));
+        plan.changes.extend(member_plan.plan.changes);
+        if !member_plan.note.is_empty() {
+            notes.push(format!("{who}: {}", member_plan.note));
+        }
+    }
+    plan.summary = plan::summary(&plan.changes);
+    plan.id = String::new();
+    for pool in &cluster.spec.pools {
+        let rolled = plan
+            .changes
+            .iter()
+            .any(|c| c.resource.starts_with(&format!("Server/{namespace}/{name}-{}-", pool.name)) && c.action == ChangeAction::Replace);
+        match (&pool.rollout, rolled) {
+            (Some(r), true) => notes.push(format!(
+                "pool {}: members are replaced {} at a time{}",
+                pool.name,
+                r.max_unavailable.max(1),
+                if r.max_surge > 0 { format!(", after {} surge Server(s) of the new spec serve", r.max_surge) } else { String::new() }
+            )),
+            (None, true) => notes.push(format!("pool {}: every member is replaced at once (no rollout)", pool.name)),
+            _ => {}
+        }
+    }
+    let ws = crate::workspaces::resolve(namespace, workspaces.iter(), &crate::config::default_workspace());
+    let manual = cluster.spec.approval.or(ws.spec.approval).unwrap_or_default() == provisioning_crds::Approval::Manual;
+    Ok(ObjectPlan { resource, needs_approval: manual && plan.has_changes(), plan, note: notes.join("\n  ") })
+}
+
 /// Terraform-like text: one block per object that changes (or is refused), then a total.
 pub fn render(report: &PlanReport) -> String {
     let mut out = String::new();
@@ -317,7 +425,12 @@ pub fn render(report: &PlanReport) -> String {
                 ChangeAction::Delete => "-",
                 ChangeAction::NoOp => " ",
             };
-            let what = if c.field.is_empty() { c.resource.clone() } else { c.field.clone() };
+            // A Cluster's changes are about its children: name them.
+            let what = match (c.field.is_empty(), c.resource == o.resource) {
+                (true, _) => c.resource.clone(),
+                (false, true) => c.field.clone(),
+                (false, false) => format!("{} {}", c.resource, c.field),
+            };
             let values = match (c.from.is_empty(), c.to.is_empty()) {
                 (true, true) => String::new(),
                 (true, false) => format!(": {}", c.to),

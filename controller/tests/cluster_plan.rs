@@ -132,6 +132,7 @@ impl World {
         ts.phase = "Ready".into();
         ts.was_ever_ready = true;
         ts.servers_in_status = ts.spec.servers.names.iter().cloned().collect();
+        ts.serving = ts.spec.servers.names.iter().map(|n| (n.clone(), None)).collect();
     }
 
     /// Drives the rollout to Ready: each pass makes existing children ready.
@@ -164,8 +165,9 @@ fn server_child(s: &Server) -> ChildServer {
         machine_failed: false,
         pending_since: None,
         pending_plan: None,
+        provider_id: None,
+        observed_current: true,
         approve: None,
-        settled: true,
     }
 }
 
@@ -182,6 +184,7 @@ fn taskserv_child(ts: &TaskServ) -> ChildTaskServ {
         servers_in_status: BTreeSet::new(),
         was_ever_ready: false,
         deleting: false,
+        serving: Default::default(),
         pending_plan: None,
         approve: None,
         settled: true,
@@ -609,4 +612,238 @@ fn the_cluster_plan_lists_children_to_create_change_and_delete() {
     let config = shrunk.changes.iter().find(|c| c.field == "spec.config").expect("config change listed");
     assert!(config.from.is_empty() && config.to.is_empty());
     assert!(!serde_json::to_string(&shrunk).expect("serialises").contains("23791"), "no config value in the plan");
+}
+
+/// ETCD with a rolling update policy on its pool.
+fn rolling(max_unavailable: u32, max_surge: u32) -> World {
+    let yaml = ETCD.replace(
+        "labels: {tier: data}}]",
+        &format!("labels: {{tier: data}}, rollout: {{maxUnavailable: {max_unavailable}, maxSurge: {max_surge}}}}}]"),
+    );
+    World::new(&yaml)
+}
+
+impl World {
+    /// Changes the pool's image (a new machine for every member) as a new generation.
+    fn change_image(&mut self, image: &str) {
+        self.cluster.spec.pools[0].image = image.into();
+        self.cluster.metadata.generation = self.cluster.metadata.generation.map(|g| g + 1);
+    }
+
+    /// Names of the Servers a plan applies.
+    fn applied(plan: &Plan) -> Vec<String> {
+        plan.apply_servers.iter().filter_map(|s| s.metadata.name.clone()).collect()
+    }
+
+    /// A Server whose spec was just applied is being replaced: not Ready, its plan not empty.
+    fn replacing(&mut self, name: &str) {
+        let s = self.servers.iter_mut().find(|s| s.name == name).unwrap_or_else(|| panic!("no Server {name}"));
+        s.ready = false;
+        s.pending_plan = Some(provisioning_crds::Plan {
+            id: format!("p-{name}"),
+            summary: "1 to replace".into(),
+            changes: vec![provisioning_crds::PlannedChange {
+                resource: format!("Server/dev/{name}"),
+                field: "spec.image".into(),
+                action: provisioning_crds::ChangeAction::Replace,
+                from: "debian-12".into(),
+                to: "debian-13".into(),
+                reason: "a new image needs a new machine".into(),
+            }],
+            ..Default::default()
+        });
+    }
+
+    /// A Server's new machine is up and every service listing it serves there again.
+    fn back(&mut self, name: &str, machine: &str) {
+        let s = self.servers.iter_mut().find(|s| s.name == name).unwrap_or_else(|| panic!("no Server {name}"));
+        s.ready = true;
+        s.pending_plan = None;
+        s.provider_id = Some(machine.into());
+        for t in self.taskservs.iter_mut().filter(|t| t.spec.servers.names.contains(&name.to_string())) {
+            t.serving.insert(name.to_string(), Some(machine.into()));
+        }
+    }
+
+    /// Members whose spec has `image`.
+    fn on_image(&self, image: &str) -> Vec<String> {
+        self.servers.iter().filter(|s| s.spec.image == image && !s.name.contains("surge")).map(|s| s.name.clone()).collect()
+    }
+}
+
+#[test]
+fn a_pool_image_change_rolls_member_by_member_under_max_unavailable() {
+    let mut w = rolling(1, 0);
+    w.converge();
+    w.change_image("debian-13");
+    let p = w.plan();
+    assert_eq!(World::applied(&p), ["etcd-members-0"], "one member at a time");
+    assert!(p.apply_taskservs.is_empty(), "the services' server list is unchanged");
+    assert_eq!(step(&p.status, "servers/members").state, "Running");
+    assert!(step(&p.status, "servers/members").message.starts_with("rolling update: 0/3"), "{:?}", step(&p.status, "servers/members"));
+    assert_eq!(cond(&p.status, "Ready").0, "False");
+    assert_eq!(cond(&p.status, "ServersReady").1, "RollingUpdate");
+    assert!(p.events.iter().any(|e| e.reason == "RollingUpdate" && !e.warning), "{:?}", p.events);
+    assert!(!p.events.iter().any(|e| e.reason == "StepRegressed"), "{:?}", p.events);
+    assert_eq!(p.status.phase.as_deref(), Some("Provisioning"), "a rolling update is not Degraded");
+    w.commit(&p);
+    w.replacing("etcd-members-0");
+    // Member 0 is down: nothing else is taken, whatever the number of passes.
+    for _ in 0..3 {
+        let p = w.plan();
+        assert!(World::applied(&p).is_empty(), "{:?}", World::applied(&p));
+        w.commit(&p);
+    }
+    // Its machine is back but the service is not re-installed there yet: still waits.
+    w.back("etcd-members-0", "m0-new");
+    let t = w.taskservs.iter_mut().find(|t| t.name == "etcd-store").expect("TaskServ");
+    t.serving.remove("etcd-members-0");
+    let p = w.plan();
+    assert!(World::applied(&p).is_empty(), "waits for the service on the new machine");
+    // Serving on an older machine (recorded before the replacement) is not serving either.
+    w.taskservs[0].serving.insert("etcd-members-0".into(), Some("m0-old".into()));
+    assert!(World::applied(&w.plan()).is_empty());
+    w.back("etcd-members-0", "m0-new");
+    let p = w.plan();
+    assert_eq!(World::applied(&p), ["etcd-members-1"]);
+    assert_eq!(p.status.servers.as_ref().map(|s| s.updated.as_str()), Some("1/3"));
+    w.commit(&p);
+    w.replacing("etcd-members-1");
+    w.back("etcd-members-1", "m1-new");
+    let p = w.plan();
+    assert_eq!(World::applied(&p), ["etcd-members-2"]);
+    w.commit(&p);
+    w.back("etcd-members-2", "m2-new");
+    let p = w.plan();
+    w.commit(&p);
+    assert_eq!(w.on_image("debian-13").len(), 3);
+    assert_eq!(w.status.servers.as_ref().map(|s| s.updated.as_str()), Some("3/3"));
+    assert_eq!(step(&w.status, "servers/members").state, "Succeeded");
+    assert_eq!(cond(&w.status, "Ready").0, "True", "{:#?}", w.status.conditions);
+}
+
+#[test]
+fn a_member_that_fails_holds_the_rolling_update() {
+    let mut w = rolling(1, 0);
+    w.converge();
+    w.change_image("debian-13");
+    let p = w.plan();
+    w.commit(&p);
+    w.replacing("etcd-members-0");
+    w.servers[0].stalled = Some("UpdateRefused: updatePolicy Never".into());
+    let p = w.plan();
+    assert!(World::applied(&p).is_empty(), "no other member is taken");
+    assert_eq!(step(&p.status, "servers/members").state, "Failed");
+    assert_eq!(w.on_image("debian-13"), ["etcd-members-0"]);
+}
+
+#[test]
+fn max_unavailable_two_takes_two_and_a_dead_member_is_free() {
+    let mut w = rolling(2, 0);
+    w.converge();
+    w.change_image("debian-13");
+    assert_eq!(World::applied(&w.plan()), ["etcd-members-0", "etcd-members-1"]);
+    // A member that is down anyway is updated at once and leaves the budget to the others.
+    w.servers[2].ready = false;
+    assert_eq!(World::applied(&w.plan()), ["etcd-members-0", "etcd-members-2"]);
+}
+
+#[test]
+fn max_surge_brings_up_new_servers_first_and_removes_them_at_the_end() {
+    let mut w = rolling(0, 1);
+    w.converge();
+    w.change_image("debian-13");
+    let p = w.plan();
+    assert_eq!(World::applied(&p), ["etcd-members-surge-0"], "the surge Server first, no member taken");
+    let surge = &p.apply_servers[0];
+    assert_eq!(surge.spec.image, "debian-13");
+    let labels = surge.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("provisioning.dev/surge").map(String::as_str), Some("true"));
+    assert_eq!(labels.get("provisioning.dev/pool").map(String::as_str), Some("members"));
+    let ts = p.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).expect("services follow");
+    assert!(ts.spec.servers.names.contains(&"etcd-members-surge-0".to_string()), "{:?}", ts.spec.servers.names);
+    assert_eq!(p.status.servers.as_ref().map(|s| s.desired), Some(3), "surge Servers are not members");
+    let changes = plan::cluster_plan(&w.observed(), "dev", w.services.as_ref().expect("valid"));
+    assert!(changes.changes.iter().any(|c| c.resource.ends_with("surge-0") && c.action == provisioning_crds::ChangeAction::Create));
+    w.commit(&p);
+    // The surge Server is up but its service is not: still nothing taken.
+    w.servers.iter_mut().filter(|s| s.name.contains("surge")).for_each(|s| s.ready = true);
+    assert!(World::applied(&w.plan()).is_empty());
+    for (i, member) in ["etcd-members-0", "etcd-members-1", "etcd-members-2"].into_iter().enumerate() {
+        w.back("etcd-members-surge-0", "surge-m");
+        let p = w.plan();
+        assert_eq!(World::applied(&p), [member], "pass {i}");
+        w.commit(&p);
+        w.replacing(member);
+        assert!(World::applied(&w.plan()).is_empty(), "one at a time while {member} is down");
+        w.back(member, &format!("{member}-new"));
+    }
+    // Every member updated: the surge Server leaves the services, is drained, then deleted.
+    let p = w.plan();
+    w.commit(&p);
+    let ts = w.taskservs.iter().find(|t| t.name == "etcd-store").expect("TaskServ");
+    assert!(!ts.spec.servers.names.iter().any(|n| n.contains("surge")), "{:?}", ts.spec.servers.names);
+    w.taskservs[0].servers_in_status.remove("etcd-members-surge-0");
+    let p = w.plan();
+    assert_eq!(p.delete_servers, ["etcd-members-surge-0"]);
+    w.commit(&p);
+    w.taskserv_ready("etcd-store");
+    let p = w.plan();
+    w.commit(&p);
+    assert_eq!(cond(&w.status, "Ready").0, "True", "{:#?}", w.status);
+    assert_eq!(w.on_image("debian-13").len(), 3);
+}
+
+#[test]
+fn a_rollout_that_could_never_update_is_refused() {
+    let w = rolling(0, 0);
+    let err = w.services.expect_err("refused");
+    assert_eq!(err.reason, "InvalidRollout");
+    assert!(err.message.contains("members"), "{}", err.message);
+    let clash = ETCD.replace(
+        "pools: [{name: members, replicas: 3, plan: small, labels: {tier: data}}]",
+        "pools: [{name: members, replicas: 3, rollout: {maxSurge: 1}}, {name: members-surge, replicas: 1}]",
+    );
+    let err = World::new(&clash).services.expect_err("refused");
+    assert!(err.message.contains("members-surge"), "{}", err.message);
+}
+
+#[test]
+fn without_a_rollout_every_member_changes_at_once() {
+    let mut w = World::new(ETCD);
+    w.converge();
+    w.change_image("debian-13");
+    assert_eq!(World::applied(&w.plan()).len(), 3);
+}
+
+#[test]
+fn under_failure_policy_rollback_a_failed_member_goes_back_to_the_old_machine_spec() {
+    let yaml = ETCD.replace("labels: {tier: data}}]", "labels: {tier: data}, rollout: {maxUnavailable: 1}}]\n  failurePolicy: Rollback");
+    let mut w = World::new(&yaml);
+    w.converge();
+    w.change_image("debian-13");
+    let p = w.plan();
+    assert_eq!(World::applied(&p), ["etcd-members-0"]);
+    w.commit(&p);
+    // The new image does not boot: member 0 is Stalled.
+    w.replacing("etcd-members-0");
+    w.servers[0].stalled = Some("image debian-13 not found".into());
+    let p = w.plan();
+    let back: Vec<(String, String)> =
+        p.apply_servers.iter().map(|s| (s.metadata.name.clone().unwrap_or_default(), s.spec.image.clone())).collect();
+    assert_eq!(back, [("etcd-members-0".to_string(), String::new())], "member 0 goes back to the old (default) image");
+    assert!(p.delete_servers.is_empty(), "a member that existed before is kept: {:?}", p.delete_servers);
+    assert_eq!(cond(&p.status, "Stalled").1, "RolledBack");
+    assert!(p.events.iter().any(|e| e.reason == "RollingBack" && e.warning), "{:?}", p.events);
+    w.commit(&p);
+    w.servers[0].stalled = None;
+    w.back("etcd-members-0", "m0-old-again");
+    // Rolled back: nothing more until the spec changes; the new image is not applied again.
+    for _ in 0..2 {
+        let p = w.plan();
+        assert!(p.apply_servers.iter().all(|s| s.spec.image.is_empty()), "{:?}", World::applied(&p));
+        assert_eq!(cond(&p.status, "Stalled").1, "RolledBack");
+        w.commit(&p);
+    }
+    assert!(w.on_image("debian-13").is_empty());
 }

@@ -143,6 +143,13 @@ fn equal_sizes_and_adopted_machines_plan_nothing() {
     assert!(same.plan.changes.is_empty());
     let adopted = plan_with(&server("adopted"), &local());
     assert_eq!(adopted.carry, Carry::Nothing, "an adopted machine is never changed");
+    // The disagreement is still told: spec.plan xlarge vs the machine's cpu1-mem1g, as a NoOp.
+    assert_eq!(adopted.plan.summary, "no changes");
+    assert!(!adopted.plan.has_changes());
+    let c = adopted.plan.changes.iter().find(|c| c.field == "spec.plan").expect("the plan difference is listed");
+    assert_eq!(c.action, provisioning_crds::ChangeAction::NoOp);
+    assert_eq!(c.from, "cpu1-mem1g");
+    assert!(c.reason.contains("adopted"), "{}", c.reason);
 }
 
 #[test]

@@ -774,3 +774,30 @@ fn config_drift_found_by_a_check_is_drifted_then_re_rendered() {
     assert_eq!(cond(&fixed.status, "Ready").0, "True");
     assert!(fixed.status.servers.iter().all(|s| s.drifted_files.is_empty()));
 }
+
+#[test]
+fn a_server_whose_machine_was_replaced_gets_the_service_again() {
+    let on = |name: &str, machine: &str| ServerFacts { provider_id: Some(machine.into()), ..server(name, true) };
+    let mut p = Pass::new(STORE, vec![on("s0", "m0"), on("s1", "m1")]);
+    let first = p.plan();
+    p.commit(&first);
+    let entry = |p: &Pass, name: &str| p.status.servers.iter().find(|e| e.name == name).cloned().expect("entry");
+    assert_eq!(entry(&p, "s0").provider_id.as_deref(), Some("m0"), "the machine is recorded at install");
+    p.finish("s0", true, Some(true));
+    p.finish("s1", true, Some(true));
+    let done = p.plan();
+    p.commit(&done);
+    assert_eq!(entry(&p, "s0").phase, "Installed");
+    // s0's Server got a new machine under the same name, and the Ready=False in between was
+    // never seen: the entry still says Installed, but on m0.
+    p.servers[0].provider_id = Some("m0-new".into());
+    let again = p.plan();
+    assert!(
+        again.launch.iter().any(|(s, op)| s == "s0" && matches!(op, Operation::Install { .. })),
+        "re-installed on the new machine: {:?}",
+        again.launch
+    );
+    assert!(!again.launch.iter().any(|(s, op)| s == "s1" && matches!(op, Operation::Install { .. })), "s1 untouched");
+    p.commit(&again);
+    assert_eq!(entry(&p, "s0").provider_id.as_deref(), Some("m0-new"));
+}

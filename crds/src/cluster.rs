@@ -21,6 +21,7 @@ use crate::common::*;
     doc = "Pools of Servers plus the TaskServs to install on them, in dependency order.",
     printcolumn(name = "Provider", type_ = "string", json_path = ".spec.provider"),
     printcolumn(name = "Servers", type_ = "string", json_path = ".status.servers.summary"),
+    printcolumn(name = "Updated", type_ = "string", json_path = ".status.servers.updated"),
     printcolumn(name = "Cost", type_ = "string", json_path = ".status.cost.summary"),
     printcolumn(name = "Plan", type_ = "string", json_path = ".status.plan.summary"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
@@ -93,11 +94,53 @@ pub struct ServerPool {
     /// Labels put on the pool's Servers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    /// Rolling updates of the services on this pool's servers (a version or config change):
-    /// at most `maxUnavailable` servers at a time, gated on health. Unset: all at once (bounded
-    /// by `parallelLimit`). A service on several pools uses the smallest `maxUnavailable`.
+    /// Rolling updates of this pool: of its machines (a plan, zone or image change) and of the
+    /// services on its servers (a version or config change), gated on health. Unset: all at
+    /// once. A service on several pools uses the smallest `maxUnavailable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout: Option<Rollout>,
+    pub rollout: Option<PoolRollout>,
+}
+
+/// How a pool is updated (Kubernetes Deployment's RollingUpdate, with whole machines).
+///
+/// Machines: a member whose plan, zone or image changed is updated (in place or by a new
+/// machine, as its own plan says) only while no more than `maxUnavailable` members are
+/// unavailable, counting members being updated; `maxSurge` extra servers of the new spec
+/// (named `<cluster>-<pool>-surge-<n>`, with the pool's services) come up first and go once
+/// every member is updated, so `maxUnavailable: 0, maxSurge: 1` never has fewer than
+/// `replicas` servers serving. A member is available when it is Ready and every service of
+/// the cluster on it is installed and healthy on its current machine. A member that fails
+/// holds the rollout there.
+///
+/// Services: a version or config change re-installs at most `maxUnavailable` (at least 1)
+/// servers at a time. A surge server joins the services' server lists, so services whose
+/// configuration names their peers re-render on every member twice (when it joins and when
+/// it leaves): for such pools (etcd) use `maxSurge: 0`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRollout {
+    /// Members updated (taken down) at once. 0 only together with a `maxSurge` above 0.
+    #[serde(default = "default_max_unavailable")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub max_unavailable: u32,
+    /// Extra servers of the new spec brought up before members are taken down.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_surge: u32,
+}
+
+impl Default for PoolRollout {
+    fn default() -> Self {
+        PoolRollout { max_unavailable: default_max_unavailable(), max_surge: 0 }
+    }
+}
+
+fn default_max_unavailable() -> u32 {
+    1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A service of a cluster.
@@ -184,6 +227,10 @@ pub struct ClusterServerCounts {
     pub desired: u32,
     /// Servers that are Ready.
     pub ready: u32,
+    /// `updated/desired`: members whose machine matches their pool's spec and that are
+    /// available again (a rolling update's progress), for the printer column.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub updated: String,
     /// `ready/desired`, for the printer column.
     #[serde(default)]
     pub summary: String,

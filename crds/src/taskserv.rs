@@ -205,6 +205,10 @@ pub struct TaskServServerStatus {
     /// Result of the last health check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub healthy: Option<bool>,
+    /// The machine (the Server's providerID) the service was last installed on: a Server
+    /// whose machine was replaced under the same name gets the service installed again.
+    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
     /// The last script run on this server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_run: Option<ScriptRun>,

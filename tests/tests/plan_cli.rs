@@ -1,7 +1,8 @@
 //! `provisioning plan -f FILE...` against a running `provisioning dev`: exit 0 when the
 //! manifests match the cluster, 2 when applying them would change something (with the
 //! Server's plan as the controller computes it: a resize on the simulated cloud is a
-//! Replace, a new Server a Create, a Cluster's pool change an Update naming the field), 1 on
+//! Replace, a new Server a Create, a Cluster's pool change its members' Replaces and Creates,
+//! surge Servers included), 1 on
 //! a bad file or an unreachable API server. Nothing is
 //! changed by planning.
 
@@ -52,7 +53,8 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let changed = std::fs::read_to_string(workspace_root().join("tests/tests/plan_cli.yaml"))?
         .replacen("plan: small", "plan: medium", 1)
-        .replace("replicas: 2", "replicas: 3")
+        // The pool: one more member, a bigger plan, rolled with a surge.
+        .replace("replicas: 2\n    plan: small", "replicas: 3\n    plan: medium\n    rollout: {maxUnavailable: 1, maxSurge: 1}")
         + "---\napiVersion: provisioning.dev/v1alpha1\nkind: Server\nmetadata: {name: api, namespace: plan-cli}\nspec: {plan: small}\n"
         // A new namespace with its Workspace in the same manifests: planned with that
         // Workspace's account although neither exists yet.
@@ -68,10 +70,17 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
     ensure!(shown.contains("Server/plan-cli/web: 1 to replace"), "{shown}");
     ensure!(shown.contains("-/+ spec.plan") && shown.contains("forces replacement"), "{shown}");
     ensure!(shown.contains("Server/plan-cli/api: 1 to create"), "{shown}");
-    ensure!(shown.contains("Cluster/plan-cli/pool: 1 to update") && shown.contains("~ spec.pools"), "{shown}");
+    // The Cluster: its members planned by the Server planner (a resize on the simulated cloud
+    // replaces), the new member and the surge Server created, and how the pool rolls.
+    ensure!(shown.contains("Cluster/plan-cli/pool: 2 to create, 2 to replace"), "{shown}");
+    ensure!(shown.contains("+ Server/plan-cli/pool-members-2") && shown.contains("+ Server/plan-cli/pool-members-surge-0"), "{shown}");
+    for member in ["pool-members-0", "pool-members-1"] {
+        ensure!(shown.contains(&format!("-/+ Server/plan-cli/{member} spec.plan")), "{member} is replaced: {shown}");
+    }
+    ensure!(shown.contains("pool members: members are replaced 1 at a time, after 1 surge Server(s) of the new spec serve"), "{shown}");
     ensure!(shown.contains("Server/plan-cli-new/fresh: 1 to create") && shown.contains("at account other"), "{shown}");
     ensure!(shown.contains("Workspace/plan-cli-new: 1 to create"), "{shown}");
-    ensure!(shown.contains("Plan: 3 to create, 1 to update, 1 to replace."), "{shown}");
+    ensure!(shown.contains("Plan: 5 to create, 3 to replace."), "{shown}");
     eprintln!("{shown}");
     let json = plan(&kubeconfig, &["-f", &path, "-o", "json"])?;
     ensure!(json.status.code() == Some(2), "{}", text(&json));

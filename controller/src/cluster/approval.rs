@@ -105,7 +105,7 @@ pub fn members<'a>(o: &Observed<'a>, namespace: &str) -> Vec<Member<'a>> {
         resource: format!("Server/{namespace}/{}", s.name),
         plan: s.pending_plan.as_ref(),
         approve: s.approve.as_deref(),
-        settled: s.settled,
+        settled: s.observed_current && s.pending_plan.is_some(),
         deleting: s.deleting,
     });
     let taskservs = o.taskservs.iter().map(|t| Member {

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use kube::api::ListParams;
 use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
-use provisioning_crds::{ANNOTATION_APPROVE, Cluster, LABEL_CLUSTER, TaskServ, condition};
+use provisioning_crds::{ANNOTATION_APPROVE, Cluster, LABEL_CLUSTER, Server, TaskServ, condition};
 
 use super::plan::{ChildServer, ChildTaskServ, OtherCluster};
 use crate::conditions;
@@ -29,6 +29,63 @@ fn stalled_message(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Cond
     conditions::find(conds, condition::STALLED).filter(|c| c.status == "True").map(|c| c.message.clone())
 }
 
+/// A TaskServ serves on a server: a version is there, the entry is not failed or being
+/// removed, and its last check did not fail. A re-install of what runs there still serves.
+fn serving(e: &provisioning_crds::TaskServServerStatus) -> bool {
+    e.version.is_some() && !matches!(e.phase.as_str(), "Failed" | "Removing") && e.healthy != Some(false)
+}
+
+/// A Server of the cluster as the planner sees it (`uid`: the Cluster's).
+pub fn child_server(s: &Server, uid: &str) -> ChildServer {
+    let conds = s.status.as_ref().map(|st| st.conditions.clone()).unwrap_or_default();
+    ChildServer {
+        name: s.name_any(),
+        labels: s.labels().clone(),
+        spec: s.spec.clone(),
+        owned: owned_by(s.meta(), uid),
+        ready: crate::taskserv::dereference::server_ready(s),
+        stalled: stalled_message(&conds),
+        deleting: s.metadata.deletion_timestamp.is_some(),
+        machine_failed: s
+            .status
+            .as_ref()
+            .and_then(|st| st.provider_state.as_deref())
+            .is_some_and(|state| matches!(state, "stopped" | "terminated" | "exited" | "dead")),
+        pending_plan: s.status.as_ref().and_then(|st| st.plan.clone()),
+        provider_id: s.status.as_ref().and_then(|st| st.provider_id.clone()),
+        observed_current: s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation,
+        approve: s.annotations().get(ANNOTATION_APPROVE).cloned(),
+        pending_since: s
+            .status
+            .as_ref()
+            .filter(|st| st.provider_state.as_deref() == Some("pending"))
+            .and_then(|st| conditions::find(&st.conditions, condition::READY))
+            .map(|c| c.last_transition_time.0),
+    }
+}
+
+/// A TaskServ of the cluster as the planner sees it (`uid`: the Cluster's).
+pub fn child_taskserv(t: &TaskServ, uid: &str) -> ChildTaskServ {
+    let status = t.status.clone().unwrap_or_default();
+    ChildTaskServ {
+        name: t.name_any(),
+        labels: t.labels().clone(),
+        spec: t.spec.clone(),
+        owned: owned_by(t.meta(), uid),
+        ready: conditions::is_true(&status.conditions, condition::READY),
+        stalled: stalled_message(&status.conditions),
+        phase: status.phase.clone().unwrap_or_default(),
+        message: conditions::find(&status.conditions, condition::READY).map(|c| c.message.clone()).unwrap_or_default(),
+        servers_in_status: status.servers.iter().map(|s| s.name.clone()).collect::<BTreeSet<_>>(),
+        was_ever_ready: status.last_good_version.is_some(),
+        deleting: t.metadata.deletion_timestamp.is_some(),
+        serving: status.servers.iter().filter(|e| serving(e)).map(|e| (e.name.clone(), e.provider_id.clone())).collect(),
+        settled: status.plan.is_some() && status.observed_generation == t.metadata.generation,
+        pending_plan: status.plan,
+        approve: t.annotations().get(ANNOTATION_APPROVE).cloned(),
+    }
+}
+
 /// Reads the Servers (from the cache) and TaskServs (one labelled list) of `cluster`.
 pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Result<Children, Error> {
     let name = cluster.name_any();
@@ -39,59 +96,12 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
         .state()
         .iter()
         .filter(|s| s.namespace().as_deref() == Some(namespace) && s.labels().get(LABEL_CLUSTER) == Some(&name))
-        .map(|s| {
-            let conds = s.status.as_ref().map(|st| st.conditions.clone()).unwrap_or_default();
-            ChildServer {
-                name: s.name_any(),
-                labels: s.labels().clone(),
-                spec: s.spec.clone(),
-                owned: owned_by(s.meta(), &uid),
-                ready: crate::taskserv::dereference::server_ready(s),
-                stalled: stalled_message(&conds),
-                deleting: s.metadata.deletion_timestamp.is_some(),
-                machine_failed: s
-                    .status
-                    .as_ref()
-                    .and_then(|st| st.provider_state.as_deref())
-                    .is_some_and(|state| matches!(state, "stopped" | "terminated" | "exited" | "dead")),
-                pending_plan: s.status.as_ref().and_then(|st| st.plan.clone()),
-                approve: s.annotations().get(ANNOTATION_APPROVE).cloned(),
-                settled: s.status.as_ref().is_some_and(|st| st.plan.is_some() && st.observed_generation == s.metadata.generation),
-                pending_since: s
-                    .status
-                    .as_ref()
-                    .filter(|st| st.provider_state.as_deref() == Some("pending"))
-                    .and_then(|st| conditions::find(&st.conditions, condition::READY))
-                    .map(|c| c.last_transition_time.0),
-            }
-        })
+        .map(|s| child_server(s, &uid))
         .collect();
     servers.sort_by(|a, b| a.name.cmp(&b.name));
     let api: Api<TaskServ> = Api::namespaced(ctx.client.clone(), namespace);
     let list = api.list(&ListParams::default().labels(&format!("{LABEL_CLUSTER}={name}"))).await?;
-    let mut taskservs: Vec<ChildTaskServ> = list
-        .items
-        .iter()
-        .map(|t| {
-            let status = t.status.clone().unwrap_or_default();
-            ChildTaskServ {
-                name: t.name_any(),
-                labels: t.labels().clone(),
-                spec: t.spec.clone(),
-                owned: owned_by(t.meta(), &uid),
-                ready: conditions::is_true(&status.conditions, condition::READY),
-                stalled: stalled_message(&status.conditions),
-                phase: status.phase.clone().unwrap_or_default(),
-                message: conditions::find(&status.conditions, condition::READY).map(|c| c.message.clone()).unwrap_or_default(),
-                servers_in_status: status.servers.iter().map(|s| s.name.clone()).collect::<BTreeSet<_>>(),
-                was_ever_ready: status.last_good_version.is_some(),
-                deleting: t.metadata.deletion_timestamp.is_some(),
-                settled: status.plan.is_some() && status.observed_generation == t.metadata.generation,
-                pending_plan: status.plan,
-                approve: t.annotations().get(ANNOTATION_APPROVE).cloned(),
-            }
-        })
-        .collect();
+    let mut taskservs: Vec<ChildTaskServ> = list.items.iter().map(|t| child_taskserv(t, &uid)).collect();
     taskservs.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Children { servers, taskservs })
 }

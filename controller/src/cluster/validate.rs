@@ -52,6 +52,23 @@ pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec
             return Err(invalid("DuplicatePool", format!("pool {p:?} is declared twice")));
         }
     }
+    for p in &spec.pools {
+        let Some(r) = &p.rollout else { continue };
+        if r.max_unavailable == 0 && r.max_surge == 0 {
+            return Err(invalid(
+                "InvalidRollout",
+                format!("pool {:?}: rollout needs maxUnavailable or maxSurge above 0 (both 0 could never update a member)", p.name),
+            ));
+        }
+        // Surge Servers are named <cluster>-<pool>-surge-<n>: a pool "<pool>-surge" would share them.
+        let clash = format!("{}-surge", p.name);
+        if r.max_surge > 0 && pool_names.contains(&clash) {
+            return Err(invalid(
+                "InvalidRollout",
+                format!("pool {:?}: maxSurge names Servers {name}-{clash}-<n>, which pool {clash:?} uses; rename that pool", p.name),
+            ));
+        }
+    }
     if spec.depends_on.iter().any(|d| d == name) {
         return Err(invalid("DependencyCycle", format!("Cluster {name} depends on itself")));
     }

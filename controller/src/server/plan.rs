@@ -98,12 +98,17 @@ pub fn resource(server: &Server) -> String {
     format!("Server/{}/{}", server.namespace().unwrap_or_default(), server.name_any())
 }
 
+/// Reason of the NoOp changes listed for an adopted machine whose spec differs from it.
+pub const ADOPTED_NOT_CHANGED: &str = "the machine was adopted (spec.externalID): the controller never changes a machine it did not make; recreate it without externalID to apply this";
+
 /// What applying the spec would do to the Server's machine, against the observed machine in
 /// `observed` (the status refreshed by this reconcile's observation: providerID, the plan the
 /// machine runs, the zone and image it was made with).
 ///
 /// - No machine (and none adopted): one `Create`.
-/// - An adopted machine (`spec.externalID`) is never changed: no changes.
+/// - An adopted machine (`spec.externalID`) is never changed: where its spec differs from the
+///   machine the plan lists the fields as `NoOp` with [`ADOPTED_NOT_CHANGED`] as the reason,
+///   and the summary stays "no changes".
 /// - Each of plan, zone and image that differs is an `Update` where `in_place` accepts the
 ///   field, else a `Replace` with `in_place`'s reason; one Replace makes the whole change a
 ///   replacement (the other fields come with the new machine).
@@ -120,7 +125,8 @@ pub fn spec_plan(
 ) -> ServerPlan {
     let who = resource(server);
     let machine = observed.and_then(|s| s.provider_id.as_deref()).filter(|id| !id.is_empty());
-    if !server.spec.external_id.is_empty() {
+    let adopted = !server.spec.external_id.is_empty();
+    if adopted && machine.is_none() {
         return finish(&who, machine, Vec::new(), None, Carry::Nothing);
     }
     let Some(machine) = machine else {
@@ -153,12 +159,14 @@ pub fn spec_plan(
             continue;
         }
         let (action, reason) = match in_place(field) {
+            // Shown, never carried out: the spec and the adopted machine disagree.
+            _ if adopted => (ChangeAction::NoOp, ADOPTED_NOT_CHANGED.to_string()),
             Ok(()) => (ChangeAction::Update, String::new()),
             Err(why) => (ChangeAction::Replace, why),
         };
         changes.push(PlannedChange { resource: who.clone(), field: field.spec_path().into(), action, from, to, reason });
     }
-    if changes.is_empty() {
+    if adopted || changes.is_empty() {
         return finish(&who, Some(machine), changes, None, Carry::Nothing);
     }
     let replace = changes.iter().any(|c| c.action == ChangeAction::Replace);

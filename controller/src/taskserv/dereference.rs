@@ -30,6 +30,7 @@ pub fn servers(store: &Store<Server>, namespace: &str) -> Vec<ServerFacts> {
             deleting: s.metadata.deletion_timestamp.is_some(),
             addresses: s.status.as_ref().map(|st| st.addresses.clone()).unwrap_or_default(),
             simulated: s.status.as_ref().and_then(|st| st.provider_id.as_deref()).is_some_and(|id| id.starts_with("simulated://")),
+            provider_id: s.status.as_ref().and_then(|st| st.provider_id.clone()),
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));

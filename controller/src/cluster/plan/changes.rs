@@ -8,13 +8,13 @@
 
 use provisioning_crds::{ChangeAction, LABEL_POOL, Plan, PlannedChange, Server};
 
-use super::{Observed, desired_servers, desired_taskserv};
+use super::{Observed, desired_taskserv, desired_with_surge};
 use crate::cluster::validate::ServicePlan;
 use crate::server::plan::{plan_id, summary};
 
 /// The Cluster's plan against its observed children.
 pub fn cluster_plan(o: &Observed<'_>, namespace: &str, services: &[ServicePlan]) -> Plan {
-    let desired = desired_servers(o);
+    let desired = desired_with_surge(o);
     let mut changes = server_changes(o, namespace, &desired);
     changes.extend(taskserv_changes(o, namespace, services, &desired));
     let who = format!("Cluster/{namespace}/{}", o.name);

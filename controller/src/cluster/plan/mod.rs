@@ -30,8 +30,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use provisioning_crds::{
-    API_VERSION, ClusterSpec, ClusterStatus, ClusterStep, LABEL_CLUSTER, LABEL_POOL, Server, ServerSelection, ServerSpec, TaskServ,
-    TaskServSpec,
+    API_VERSION, ClusterSpec, ClusterStatus, ClusterStep, LABEL_CLUSTER, LABEL_POOL, Server, ServerPool, ServerSelection, ServerSpec,
+    TaskServ, TaskServSpec,
 };
 
 use super::validate::{InvalidCluster, ServicePlan};
@@ -154,10 +154,13 @@ pub struct ChildServer {
     pub pending_since: Option<Timestamp>,
     /// Its own `status.plan` (what it would still do to its machine).
     pub pending_plan: Option<provisioning_crds::Plan>,
+    /// Its machine (status.providerID).
+    pub provider_id: Option<String>,
+    /// Its status describes its current spec (observedGeneration = generation): its plan and
+    /// readiness are about the spec it has now, not an earlier one.
+    pub observed_current: bool,
     /// Its `provisioning.dev/approve` annotation.
     pub approve: Option<String>,
-    /// Its status describes its current generation (so its plan is current).
-    pub settled: bool,
 }
 
 /// A TaskServ of the cluster as observed.
@@ -185,6 +188,9 @@ pub struct ChildTaskServ {
     pub was_ever_ready: bool,
     /// Being deleted.
     pub deleting: bool,
+    /// Servers where it serves now (installed, not failed, not unhealthy), each with the
+    /// machine it was installed on (None: recorded before machines were).
+    pub serving: BTreeMap<String, Option<String>>,
     /// Its own `status.plan` (what its scripts would still do, per server).
     pub pending_plan: Option<provisioning_crds::Plan>,
     /// Its `provisioning.dev/approve` annotation.
@@ -269,33 +275,139 @@ fn owner_reference(o: &Observed<'_>) -> OwnerReference {
     }
 }
 
-/// The desired Servers of every pool, in pool order then index order.
+/// Label on the extra Servers a pool's rolling update brings up first (`maxSurge`).
+pub const LABEL_SURGE: &str = "provisioning.dev/surge";
+
+/// Name of the `index`-th surge Server of `pool`.
+pub fn surge_name(cluster: &str, pool: &str, index: u32) -> String {
+    format!("{cluster}-{pool}-surge-{index}")
+}
+
+/// The Server a pool wants under `name` (a member, or a surge server).
+fn pool_server(o: &Observed<'_>, pool: &ServerPool, name: &str, surge: bool) -> Server {
+    let mut labels = pool.labels.clone();
+    labels.insert(LABEL_CLUSTER.to_string(), o.name.to_string());
+    labels.insert(LABEL_POOL.to_string(), pool.name.clone());
+    if surge {
+        labels.insert(LABEL_SURGE.to_string(), "true".to_string());
+    }
+    let spec = ServerSpec {
+        provider: o.spec.provider.clone(),
+        plan: pool.plan.clone(),
+        zone: pool.zone.clone(),
+        image: pool.image.clone(),
+        approval: o.spec.approval,
+        ..Default::default()
+    };
+    let mut server = Server::new(name, spec);
+    server.metadata = ObjectMeta {
+        name: server.metadata.name.clone(),
+        labels: Some(labels),
+        owner_references: Some(vec![owner_reference(o)]),
+        ..Default::default()
+    };
+    server
+}
+
+/// The desired members of every pool, in pool order then index order.
 pub fn desired_servers(o: &Observed<'_>) -> Vec<Server> {
-    let mut out = Vec::new();
-    for pool in &o.spec.pools {
-        for i in 0..pool.replicas {
-            let mut labels = pool.labels.clone();
-            labels.insert(LABEL_CLUSTER.to_string(), o.name.to_string());
-            labels.insert(LABEL_POOL.to_string(), pool.name.clone());
-            let spec = ServerSpec {
-                provider: o.spec.provider.clone(),
-                plan: pool.plan.clone(),
-                zone: pool.zone.clone(),
-                image: pool.image.clone(),
-                approval: o.spec.approval,
-                ..Default::default()
-            };
-            let mut server = Server::new(&server_name(o.name, &pool.name, i), spec);
-            server.metadata = ObjectMeta {
-                name: server.metadata.name.clone(),
-                labels: Some(labels),
-                owner_references: Some(vec![owner_reference(o)]),
-                ..Default::default()
-            };
-            out.push(server);
-        }
+    o.spec
+        .pools
+        .iter()
+        .flat_map(|pool| (0..pool.replicas).map(|i| pool_server(o, pool, &server_name(o.name, &pool.name, i), false)))
+        .collect()
+}
+
+/// The desired members plus the surge Servers of pools in a rolling update with `maxSurge`.
+pub fn desired_with_surge(o: &Observed<'_>) -> Vec<Server> {
+    let mut out = desired_servers(o);
+    for pool in o.spec.pools.iter().filter(|p| surging(o, p)) {
+        let count = pool.rollout.as_ref().map_or(0, |r| r.max_surge).min(pool.replicas);
+        out.extend((0..count).map(|i| pool_server(o, pool, &surge_name(o.name, &pool.name, i), true)));
     }
     out
+}
+
+/// The fields that change a machine (the rest of a Server's spec changes nothing there).
+pub fn machine_differs(have: &ServerSpec, want: &ServerSpec) -> bool {
+    have.provider != want.provider || have.plan != want.plan || have.zone != want.zone || have.image != want.image
+}
+
+/// A Server is available: Ready, and every service of the cluster that lists it serves there
+/// from its current machine.
+pub fn available(o: &Observed<'_>, s: &ChildServer) -> bool {
+    s.ready
+        && !s.deleting
+        && o.taskservs.iter().filter(|t| !t.deleting && t.spec.servers.names.contains(&s.name)).all(|t| match t.serving.get(&s.name) {
+            Some(Some(machine)) => s.provider_id.as_ref() == Some(machine),
+            Some(None) => true,
+            None => false,
+        })
+}
+
+/// A member is updated: its machine has the pool's spec, its own plan is carried out, and it
+/// is available again.
+pub fn settled(o: &Observed<'_>, s: &ChildServer, want: &ServerSpec) -> bool {
+    !machine_differs(&s.spec, want) && s.observed_current && !s.pending_plan.as_ref().is_some_and(|p| p.has_changes()) && available(o, s)
+}
+
+/// The message of a rollout rolled back under failurePolicy Rollback: it stays so until the
+/// spec changes (a new generation).
+pub fn rolled_back(o: &Observed<'_>) -> Option<String> {
+    crate::conditions::find(&o.status.conditions, provisioning_crds::condition::STALLED)
+        .filter(|c| c.status == "True" && c.reason == REASON_ROLLED_BACK && c.observed_generation == o.generation)
+        .map(|c| c.message.clone())
+}
+
+/// Under failurePolicy Rollback: the members of pools in a rolling update that already got
+/// the new machine spec go back to the spec the members not yet updated still have (their
+/// machines are replaced or resized back, as their own plans say). Returns the pools that
+/// could not be rolled back because no member was left on the old spec.
+pub fn rollback_machines(o: &Observed<'_>, apply: &mut Vec<Server>) -> Vec<String> {
+    let mut stuck = Vec::new();
+    for pool in &o.spec.pools {
+        let members: Vec<(Server, &ChildServer)> = (0..pool.replicas)
+            .map(|i| server_name(o.name, &pool.name, i))
+            .filter_map(|n| o.servers.iter().find(|s| s.name == n && !s.deleting).map(|s| (pool_server(o, pool, &n, false), s)))
+            .collect();
+        let updated: Vec<&(Server, &ChildServer)> = members.iter().filter(|(w, h)| !machine_differs(&h.spec, &w.spec)).collect();
+        if updated.len() == members.len() {
+            // No rolling update here, or every member already on the new spec.
+            let was_rolling =
+                o.status.steps.iter().any(|s| s.id == format!("servers/{}", pool.name) && s.message.starts_with(steps::ROLLING));
+            if was_rolling && members.iter().any(|(_, h)| h.stalled.is_some()) {
+                stuck.push(pool.name.clone());
+            }
+            continue;
+        }
+        let Some((_, old)) = members.iter().find(|(w, h)| machine_differs(&h.spec, &w.spec)) else { continue };
+        for (want, _) in updated {
+            let mut back = want.clone();
+            back.spec.provider = old.spec.provider.clone();
+            back.spec.plan = old.spec.plan.clone();
+            back.spec.zone = old.spec.zone.clone();
+            back.spec.image = old.spec.image.clone();
+            apply.push(back);
+        }
+    }
+    stuck
+}
+
+/// A pool with `maxSurge` is in a rolling update of its machines: a member has an old machine
+/// spec, or (surge servers up) a member is not updated and available yet.
+fn surging(o: &Observed<'_>, pool: &ServerPool) -> bool {
+    if pool.rollout.as_ref().is_none_or(|r| r.max_surge == 0) || rolled_back(o).is_some() {
+        return false;
+    }
+    let want = pool_server(o, pool, "", false).spec;
+    let members: Vec<Option<&ChildServer>> =
+        (0..pool.replicas).map(|i| server_name(o.name, &pool.name, i)).map(|n| o.servers.iter().find(|s| s.name == n)).collect();
+    let outdated = members.iter().flatten().any(|s| !s.deleting && machine_differs(&s.spec, &want));
+    let surge_up = o
+        .servers
+        .iter()
+        .any(|s| s.owned && !s.deleting && s.labels.contains_key(LABEL_SURGE) && s.labels.get(LABEL_POOL) == Some(&pool.name));
+    outdated || (surge_up && members.iter().any(|m| m.is_none_or(|s| !settled(o, s, &want))))
 }
 
 /// The rollout of a service on `pools`: the smallest `maxUnavailable` among them, or none when
@@ -401,6 +513,8 @@ fn step_events(previous: &[ClusterStep], steps: &[ClusterStep], events: &mut Vec
         let note = format!("{}: {}", s.id, s.message);
         match StepState::of(s) {
             Some(StepState::Running) if before != Some(StepState::Succeeded) => events.push(PlannedEvent::normal("StepStarted", note)),
+            // A new rolling update of a pool that was done: not a regression.
+            Some(StepState::Running) if s.message.starts_with(steps::ROLLING) => events.push(PlannedEvent::normal("RollingUpdate", note)),
             Some(StepState::Running) => events.push(PlannedEvent::warning("StepRegressed", note)),
             Some(StepState::Succeeded) => events.push(PlannedEvent::normal("StepSucceeded", note)),
             Some(StepState::Failed) => events.push(PlannedEvent::warning("StepFailed", note)),

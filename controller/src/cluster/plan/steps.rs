@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server, condition};
+use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server};
 
 use super::{
-    ChildServer, ChildTaskServ, Observed, Plan, Planned, PlannedEvent, REASON_ROLLED_BACK, STARTUP_TIMEOUT, StepKind, StepState,
-    desired_servers, desired_taskserv, index_of, labels_cover, taskserv_name,
+    ChildServer, ChildTaskServ, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, STARTUP_TIMEOUT, StepKind, StepState, available,
+    desired_taskserv, desired_with_surge, index_of, labels_cover, machine_differs, settled, taskserv_name,
 };
 use crate::cluster::validate::ServicePlan;
 
@@ -22,8 +22,14 @@ pub(super) struct Rollout {
     pub dependency_missing: bool,
     /// The message of a rollout rolled back under failurePolicy Rollback (this generation).
     pub rolled_back: Option<String>,
-    /// The desired Servers.
+    /// The desired Servers: the pools' members, then surge Servers of rolling updates.
     pub desired: Vec<Server>,
+    /// How many of them are members (the rest are surge Servers).
+    pub members: u32,
+    /// Members updated: on their pool's machine spec and available.
+    pub updated_count: u32,
+    /// A pool's machines are being rolled (members on an old spec, or surge Servers up).
+    pub rolling: bool,
     /// Their names.
     pub desired_names: BTreeSet<String>,
     /// Steps of this pass, in order.
@@ -65,10 +71,9 @@ impl Rollout {
             })
             .collect();
         // A rollout rolled back under failurePolicy Rollback stays so until the spec changes.
-        let rolled_back = crate::conditions::find(&o.status.conditions, condition::STALLED)
-            .filter(|c| c.status == "True" && c.reason == REASON_ROLLED_BACK && c.observed_generation == o.generation)
-            .map(|c| c.message.clone());
-        let desired = desired_servers(o);
+        let rolled_back = super::rolled_back(o);
+        let desired = desired_with_surge(o);
+        let members = o.spec.pools.iter().map(|p| p.replicas).sum();
         let desired_names: BTreeSet<String> = desired.iter().filter_map(|s| s.metadata.name.clone()).collect();
         let in_progress = desired_names.iter().filter(|n| o.servers.iter().any(|s| &s.name == *n && !s.ready)).count();
         Rollout {
@@ -77,6 +82,9 @@ impl Rollout {
             dependency_missing,
             rolled_back,
             desired,
+            members,
+            updated_count: 0,
+            rolling: false,
             desired_names,
             steps: Vec::new(),
             state: BTreeMap::new(),
@@ -111,47 +119,93 @@ impl Rollout {
     }
 
     /// Servers, pool by pool: create missing ones (within `parallelLimit`), update drifted
-    /// ones, one step per pool.
+    /// ones, one step per pool. A member's machine change (plan, zone, image) waits for its
+    /// turn under the pool's `rollout`; anything else is applied at once.
     pub fn pools(&mut self, o: &Observed<'_>, plan: &mut Plan) {
         let limit = o.spec.parallel_limit.max(1) as usize;
         let blocked = self.blocked();
         let by_name: BTreeMap<&str, &ChildServer> = o.servers.iter().map(|s| (s.name.as_str(), s)).collect();
         for pool in &o.spec.pools {
-            let pool_servers: Vec<Server> = self
+            let (members, surge): (Vec<Server>, Vec<Server>) = self
                 .desired
                 .iter()
                 .filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_POOL)) == Some(&pool.name))
                 .cloned()
-                .collect();
+                .partition(|s| s.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(LABEL_SURGE)));
             let (mut ready, mut failed, mut any_exists) = (0u32, Vec::new(), false);
-            for want in &pool_servers {
+            // Members taken (being updated, or not available) and members on an old machine spec.
+            let (mut taken, mut updated) = (0usize, 0u32);
+            let mut outdated: Vec<(&Server, bool)> = Vec::new();
+            for (want, is_member) in members.iter().map(|s| (s, true)).chain(surge.iter().map(|s| (s, false))) {
                 let name = want.metadata.name.clone().unwrap_or_default();
                 match by_name.get(name.as_str()) {
                     Some(have) => {
                         any_exists = true;
-                        ready += u32::from(have.ready);
                         if let Some(msg) = &have.stalled {
                             failed.push(format!("Server {name}: {msg}"));
                         }
                         let drifted = have.spec != want.spec || !labels_cover(&want.metadata.labels, &have.labels);
+                        if is_member {
+                            ready += u32::from(have.ready);
+                            let up = available(o, have);
+                            let done = settled(o, have, &want.spec);
+                            updated += u32::from(done);
+                            if machine_differs(&have.spec, &want.spec) {
+                                taken += usize::from(!up);
+                                if !have.deleting && !blocked {
+                                    outdated.push((want, up));
+                                }
+                                continue;
+                            }
+                            taken += usize::from(!done);
+                        }
                         if drifted && !have.deleting && !blocked {
                             plan.apply_servers.push(want.clone());
                         }
                     }
-                    None if !blocked && self.in_progress < limit => {
-                        plan.apply_servers.push(want.clone());
-                        self.in_progress += 1;
+                    None => {
+                        taken += usize::from(is_member);
+                        if !blocked && self.in_progress < limit {
+                            plan.apply_servers.push(want.clone());
+                            self.in_progress += 1;
+                        }
                     }
-                    None => {}
                 }
             }
+            // Rolling: members on an old spec are taken down while the budget allows —
+            // `maxUnavailable` plus the surge Servers serving, minus members already taken.
+            // One that is down anyway costs nothing. No rollout: all at once.
+            let surge_up =
+                surge.iter().filter_map(|s| s.metadata.name.as_deref()).filter(|n| by_name.get(n).is_some_and(|h| available(o, h))).count();
+            let mut budget = match &pool.rollout {
+                Some(r) => (r.max_unavailable as usize + surge_up).saturating_sub(taken),
+                None => usize::MAX,
+            };
+            let old = outdated.len();
+            for (want, up) in outdated {
+                if up {
+                    if budget == 0 {
+                        continue;
+                    }
+                    budget -= 1;
+                }
+                plan.apply_servers.push(want.clone());
+            }
             self.ready_count += ready;
-            let total = pool_servers.len() as u32;
+            self.updated_count += updated;
+            let total = members.len() as u32;
             let id = format!("servers/{}", pool.name);
+            // A rolling update lasts until every member is updated (the step's message is the
+            // checkpoint that one started).
+            let was_rolling = o.status.steps.iter().any(|s| s.id == id && s.message.starts_with(ROLLING));
+            let rolling = old > 0 || !surge.is_empty() || (was_rolling && updated < total);
+            self.rolling |= rolling;
             let (state, msg) = if !failed.is_empty() {
                 // Only a Stalled Server fails a pool.
                 self.stalled_steps.insert(id.clone());
                 (StepState::Failed, failed.join("; "))
+            } else if rolling {
+                (StepState::Running, rolling_message(pool, updated, total, surge.len()))
             } else if ready == total {
                 (StepState::Succeeded, format!("{ready}/{total} servers ready"))
             } else if blocked && ready == 0 && !any_exists {
@@ -257,4 +311,16 @@ impl Rollout {
             }
         }
     }
+}
+
+/// Prefix of a pool step's message during a rolling update of its machines.
+pub(super) const ROLLING: &str = "rolling update";
+
+fn rolling_message(pool: &provisioning_crds::ServerPool, updated: u32, total: u32, surge: usize) -> String {
+    let r = pool.rollout.clone().unwrap_or_default();
+    let how = match &pool.rollout {
+        Some(_) => format!("maxUnavailable {}, maxSurge {}", r.max_unavailable, r.max_surge),
+        None => "all at once".to_string(),
+    };
+    format!("{ROLLING}: {updated}/{total} servers updated, {surge} surge ({how})")
 }

@@ -45,6 +45,7 @@ pub(super) fn invalid(o: &Observed<'_>, e: &InvalidCluster) -> Plan {
 /// `failurePolicy` on the failed steps: the `(reason, message)` the Cluster is Stalled with.
 fn apply_failure_policy(o: &Observed<'_>, r: &mut Rollout, plan: &mut Plan) -> Option<(String, String)> {
     if let Some(msg) = &r.rolled_back {
+        super::rollback_machines(o, &mut plan.apply_servers);
         rollback_children(o, plan);
         return Some((REASON_ROLLED_BACK.to_string(), msg.clone()));
     }
@@ -54,10 +55,18 @@ fn apply_failure_policy(o: &Observed<'_>, r: &mut Rollout, plan: &mut Plan) -> O
     }
     let msg = failed.iter().map(|s| format!("step {} failed: {}", s.id, s.message)).collect::<Vec<_>>().join("; ");
     if o.spec.failure_policy == FailurePolicy::Rollback {
-        let msg = format!("{msg}; rolled back (failurePolicy Rollback)");
-        r.events.push(PlannedEvent::warning("RollingBack", msg.clone()));
         plan.apply_servers.clear();
         plan.apply_taskservs.clear();
+        let stuck = super::rollback_machines(o, &mut plan.apply_servers);
+        let msg = if stuck.is_empty() {
+            format!("{msg}; rolled back (failurePolicy Rollback)")
+        } else {
+            format!(
+                "{msg}; rolled back (failurePolicy Rollback) except the machines of pool {}: every member already had the new spec, none is left on the old one to go back to",
+                stuck.join(", ")
+            )
+        };
+        r.events.push(PlannedEvent::warning("RollingBack", msg.clone()));
         rollback_children(o, plan);
         return Some((REASON_ROLLED_BACK.to_string(), msg));
     }
@@ -69,9 +78,9 @@ fn apply_failure_policy(o: &Observed<'_>, r: &mut Rollout, plan: &mut Plan) -> O
 /// Finishes the plan: failure policy, conditions, phase, events, status and requeue.
 pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollout, mut plan: Plan) -> Plan {
     let stalled = apply_failure_policy(o, &mut r, &mut plan);
-    let desired_count = r.desired.len() as u32;
+    let desired_count = r.members;
     let ready_count = r.ready_count;
-    let servers_ready = ready_count == desired_count && r.extra_servers == 0;
+    let servers_ready = ready_count == desired_count && r.extra_servers == 0 && !r.rolling;
     let ts_ready_count = services.iter().filter(|s| r.succeeded(&format!("taskserv/{}", s.service))).count();
     let ts_ready = ts_ready_count == services.len() && r.drained_taskservs == 0;
     let ready = stalled.is_none() && r.waiting_for.is_empty() && servers_ready && ts_ready;
@@ -92,8 +101,18 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
     conds.push(DesiredCondition::new(
         condition::SERVERS_READY,
         Status::from_bool(servers_ready),
-        if servers_ready { "ServersReady" } else { "ServersNotReady" },
-        format!("{ready_count}/{desired_count} servers ready"),
+        if servers_ready {
+            "ServersReady"
+        } else if r.rolling {
+            "RollingUpdate"
+        } else {
+            "ServersNotReady"
+        },
+        if r.rolling {
+            format!("{ready_count}/{desired_count} servers ready, {}/{desired_count} updated", r.updated_count)
+        } else {
+            format!("{ready_count}/{desired_count} servers ready")
+        },
     ));
     conds.push(DesiredCondition::new(
         condition::TASKSERVS_READY,
@@ -108,6 +127,8 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
         Phase::Failed
     } else if !r.waiting_for.is_empty() {
         Phase::Pending
+    } else if r.rolling {
+        Phase::Provisioning
     } else if !servers_ready && o.status.phase.as_deref() == Some(Phase::Ready.as_str()) {
         Phase::Degraded
     } else if !servers_ready {
@@ -129,6 +150,7 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
             desired: desired_count,
             ready: ready_count,
             summary: format!("{ready_count}/{desired_count}"),
+            updated: format!("{}/{desired_count}", r.updated_count),
         }),
         taskservs: r.taskserv_statuses,
         steps: r.steps,
@@ -168,7 +190,14 @@ fn rollback_children(o: &Observed<'_>, plan: &mut Plan) {
         }
     }
     let doomed: BTreeSet<&str> = doomed_ts.iter().map(|t| t.name.as_str()).collect();
-    for s in o.servers.iter().filter(|s| s.owned && !s.ready && !s.deleting) {
+    // Members put back on their old machine spec existed before the rollout: they stay.
+    let desired = super::desired_servers(o);
+    let rolled_back = |s: &super::ChildServer| {
+        plan.apply_servers.iter().any(|a| a.metadata.name.as_deref() == Some(s.name.as_str()))
+            || desired.iter().any(|d| d.metadata.name.as_deref() == Some(s.name.as_str()) && super::machine_differs(&s.spec, &d.spec))
+    };
+    let keep: BTreeSet<String> = o.servers.iter().filter(|s| rolled_back(s)).map(|s| s.name.clone()).collect();
+    for s in o.servers.iter().filter(|s| s.owned && !s.ready && !s.deleting && !keep.contains(&s.name)) {
         let used = o.taskservs.iter().any(|t| t.servers_in_status.contains(&s.name) && !doomed.contains(t.name.as_str()));
         if !used && !plan.delete_servers.contains(&s.name) {
             plan.delete_servers.push(s.name.clone());

@@ -148,6 +148,8 @@ pub struct ServerFacts {
     pub addresses: Vec<MachineAddress>,
     /// Its machine is on the simulated provider: scripts "succeed" without running.
     pub simulated: bool,
+    /// Its machine (status.providerID).
+    pub provider_id: Option<String>,
 }
 
 /// Another TaskServ of the namespace (a dependency candidate).

@@ -55,6 +55,13 @@ pub(super) fn plan_selected(
             }
             continue;
         }
+        let machine = by_name.get(name.as_str()).and_then(|s| s.provider_id.clone());
+        if ServerPhase::Installed.is(entry) && entry.provider_id.is_some() && machine.is_some() && entry.provider_id != machine {
+            // Its machine was replaced under the same Server name (a plan or image change, a
+            // remediation): the service is not on the new one.
+            ServerPhase::Pending.set(entry);
+            entry.healthy = Some(false);
+        }
         if !deps_clear {
             continue;
         }
@@ -75,6 +82,7 @@ pub(super) fn plan_selected(
             }
             let previous = entry.version.clone().filter(|v| v != version);
             ServerPhase::Installing.set(entry);
+            entry.provider_id = machine;
             entry.last_run = Some(started("install", o));
             work.launch.push((name.clone(), Operation::Install { version: version.to_string(), previous }));
         } else if o.checks_due.contains(name) {
