@@ -175,23 +175,18 @@ pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status:
 }
 
 /// Under Manual approval, holds the Cluster's own deletes of members that its plan lists
-/// (a scale-down, a service removed) until approved: a delete goes ahead only when the gate
-/// is Go and the approved plan holds it. Teardown of a deleted Cluster is not planned here.
+/// (a scale-down, a service removed, a member replaced) until approved: a delete goes ahead
+/// only when the gate is Go and the approved plan covers it ([`covered`], as the gate does).
+/// Teardown of a deleted Cluster is not planned here.
 pub fn hold_deletes(decision: &Decision, namespace: &str, plan: &Plan, act: &mut super::plan::Plan) {
     if decision.approval == Approval::Automatic {
         return;
     }
-    let go = matches!(decision.gate, Gate::Go { .. });
-    let approved = |resource: &str| {
-        go && decision
-            .approved
-            .as_ref()
-            .is_some_and(|a| a.changes.iter().any(|c| c.resource == resource && c.action == ChangeAction::Delete))
-    };
-    let planned = |resource: &str| plan.changes.iter().any(|c| c.resource == resource && c.action == ChangeAction::Delete);
+    let approved = decision.approved.as_ref().filter(|_| matches!(decision.gate, Gate::Go { .. }));
     let keep = |kind: &str, name: &String| {
         let resource = format!("{kind}/{namespace}/{name}");
-        !planned(&resource) || approved(&resource)
+        let planned = plan.changes.iter().find(|c| c.resource == resource && c.action == ChangeAction::Delete);
+        planned.is_none_or(|c| approved.is_some_and(|a| covered(c, a)))
     };
     act.delete_servers.retain(|n| keep("Server", n));
     act.delete_taskservs.retain(|n| keep("TaskServ", n));
@@ -459,6 +454,12 @@ mod tests {
         let mut approved = act();
         hold_deletes(&decide(Approval::Manual, Some("ddd"), &p, &status, &[]), "ns", &p, &mut approved);
         assert_eq!((approved.delete_servers.len(), approved.delete_taskservs.len()), (2, 1));
+        // An approved respec of the member covers its delete (a rolling replacement), as in the gate.
+        let respec = plan("eee", vec![change("Server/ns/c-pool-2", "spec.plan", ChangeAction::Update, "big"), removed.clone()]);
+        let before = ClusterStatus { approved_plan: Some(respec), ..Default::default() };
+        let mut replaced = act();
+        hold_deletes(&decide(Approval::Manual, Some("eee"), &p, &before, &[]), "ns", &p, &mut replaced);
+        assert_eq!((replaced.delete_servers.len(), replaced.delete_taskservs.len()), (2, 1));
         let mut automatic = act();
         hold_deletes(&decide(Approval::Automatic, None, &p, &status, &[]), "ns", &p, &mut automatic);
         assert_eq!((automatic.delete_servers.len(), automatic.delete_taskservs.len()), (2, 1));
