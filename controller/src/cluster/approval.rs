@@ -48,7 +48,10 @@ fn object_of(resource: &str) -> &str {
 fn approves_member(approved: &PlannedChange, object: &str) -> bool {
     (object.starts_with("Server/") || object.starts_with("TaskServ/"))
         && approved.resource == object
-        && (approved.action == ChangeAction::Create || approved.field.starts_with("spec."))
+        && (approved.action == ChangeAction::Create
+            || approved.field.starts_with("spec.")
+            // The member replaced as a whole: its new machine comes with it.
+            || (approved.action == ChangeAction::Replace && approved.field.is_empty()))
 }
 
 /// Whether the approved Cluster plan covers `change` (one of the Cluster's own changes or of a
@@ -175,7 +178,7 @@ pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status:
 }
 
 /// Under Manual approval, holds the Cluster's own deletes of members that its plan lists
-/// (a scale-down, a service removed, a member replaced) until approved: a delete goes ahead
+/// (a scale-down, a service removed, a member whose machine died replaced) until approved: a delete goes ahead
 /// only when the gate is Go and the approved plan covers it ([`covered`], as the gate does).
 /// Teardown of a deleted Cluster is not planned here.
 pub fn hold_deletes(decision: &Decision, namespace: &str, plan: &Plan, act: &mut super::plan::Plan) {
@@ -185,7 +188,11 @@ pub fn hold_deletes(decision: &Decision, namespace: &str, plan: &Plan, act: &mut
     let approved = decision.approved.as_ref().filter(|_| matches!(decision.gate, Gate::Go { .. }));
     let keep = |kind: &str, name: &String| {
         let resource = format!("{kind}/{namespace}/{name}");
-        let planned = plan.changes.iter().find(|c| c.resource == resource && c.action == ChangeAction::Delete);
+        // A delete the plan lists: a scale-down, a removed service, or a member replaced
+        // because its machine died (a Replace of the whole object).
+        let planned = plan.changes.iter().find(|c| {
+            c.resource == resource && (c.action == ChangeAction::Delete || (c.action == ChangeAction::Replace && c.field.is_empty()))
+        });
         planned.is_none_or(|c| approved.is_some_and(|a| covered(c, a)))
     };
     act.delete_servers.retain(|n| keep("Server", n));
@@ -438,7 +445,7 @@ mod tests {
         let p = plan("ddd", vec![gone.clone(), removed.clone()]);
         let act = || super::super::plan::Plan {
             apply_servers: Vec::new(),
-            // c-pool-9 is not in the plan (a dead member replaced): not held here.
+            // c-pool-9 is not in the plan: not held here.
             delete_servers: vec!["c-pool-2".into(), "c-pool-9".into()],
             apply_taskservs: Vec::new(),
             delete_taskservs: vec!["c-web".into()],
@@ -463,6 +470,34 @@ mod tests {
         let mut automatic = act();
         hold_deletes(&decide(Approval::Automatic, None, &p, &status, &[]), "ns", &p, &mut automatic);
         assert_eq!((automatic.delete_servers.len(), automatic.delete_taskservs.len()), (2, 1));
+    }
+
+    #[test]
+    fn a_dead_member_is_replaced_under_manual_only_once_approved() {
+        let mut dead = change("Server/ns/c-pool-1", "", ChangeAction::Replace, "a new Server and machine");
+        dead.from = "machine stopped".into();
+        let p = plan("fff", vec![dead]);
+        let act = || super::super::plan::Plan {
+            apply_servers: Vec::new(),
+            delete_servers: vec!["c-pool-1".into()],
+            apply_taskservs: Vec::new(),
+            delete_taskservs: Vec::new(),
+            status: ClusterStatus::default(),
+            events: Vec::new(),
+            requeue: None,
+            teardown_done: false,
+        };
+        let status = ClusterStatus::default();
+        let mut held = act();
+        hold_deletes(&decide(Approval::Manual, None, &p, &status, &[]), "ns", &p, &mut held);
+        assert!(held.delete_servers.is_empty(), "waits for approval");
+        let mut approved = act();
+        hold_deletes(&decide(Approval::Manual, Some("fff"), &p, &status, &[]), "ns", &p, &mut approved);
+        assert_eq!(approved.delete_servers, ["c-pool-1"]);
+        // The approval covers the new member's machine (its own plan: a Create).
+        let approved_plan = plan("fff", p.changes.clone());
+        assert!(covered(&machine("c-pool-1"), &approved_plan));
+        assert!(!covered(&machine("c-pool-2"), &approved_plan));
     }
 
     #[test]

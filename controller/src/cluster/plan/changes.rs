@@ -41,6 +41,13 @@ fn server_changes(o: &Observed<'_>, namespace: &str, desired: &[Server]) -> Vec<
                 format!("pool {pool}, plan {}", or_default(&server.spec.plan)),
             )),
             Some(child) => {
+                // A member whose machine died is replaced by the Cluster (deleted, made anew).
+                if let Some(why) = super::remediation(o, child) {
+                    let mut c =
+                        change(resource.clone(), "", ChangeAction::Replace, format!("machine {why}"), "a new Server and machine".into());
+                    c.reason = format!("the machine {why}: the Cluster replaces the member");
+                    changes.push(c);
+                }
                 for (field, from, to) in [
                     ("spec.plan", &child.spec.plan, &server.spec.plan),
                     ("spec.zone", &child.spec.zone, &server.spec.zone),

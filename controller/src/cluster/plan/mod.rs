@@ -351,6 +351,23 @@ pub fn settled(o: &Observed<'_>, s: &ChildServer, want: &ServerSpec) -> bool {
     !machine_differs(&s.spec, want) && s.observed_current && !s.pending_plan.as_ref().is_some_and(|p| p.has_changes()) && available(o, s)
 }
 
+/// Why an owned member must be replaced (Cluster API's MachineHealthCheck remediation): its
+/// machine stopped or vanished, or did not start within [`STARTUP_TIMEOUT`]. `None`: healthy
+/// enough, or not ours to replace.
+pub fn remediation(o: &Observed<'_>, s: &ChildServer) -> Option<&'static str> {
+    if !s.owned || s.ready || s.deleting {
+        return None;
+    }
+    let stuck = s.pending_since.is_some_and(|t| o.now.duration_since(t).unsigned_abs() > STARTUP_TIMEOUT);
+    if s.machine_failed {
+        Some("stopped")
+    } else if stuck {
+        Some("did not start within the startup timeout")
+    } else {
+        None
+    }
+}
+
 /// The message of a rollout rolled back under failurePolicy Rollback: it stays so until the
 /// spec changes (a new generation).
 pub fn rolled_back(o: &Observed<'_>) -> Option<String> {

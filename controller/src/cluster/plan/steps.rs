@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server};
 
 use super::{
-    ChildServer, ChildTaskServ, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, STARTUP_TIMEOUT, StepKind, StepState, available,
-    desired_taskserv, desired_with_surge, index_of, labels_cover, machine_differs, settled, taskserv_name,
+    ChildServer, ChildTaskServ, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, StepKind, StepState, available, desired_taskserv,
+    desired_with_surge, index_of, labels_cover, machine_differs, settled, taskserv_name,
 };
 use crate::cluster::validate::ServicePlan;
 
@@ -295,15 +295,8 @@ impl Rollout {
     /// remediation): the Server goes (its machine with it) and comes back under the same
     /// name, and its TaskServs re-install there.
     pub fn remediate(&mut self, o: &Observed<'_>, plan: &mut Plan) {
-        for s in o.servers.iter().filter(|s| s.owned && !s.ready && !s.deleting && self.desired_names.contains(&s.name)) {
-            let stuck = s.pending_since.is_some_and(|t| o.now.duration_since(t).unsigned_abs() > STARTUP_TIMEOUT);
-            let why = if s.machine_failed {
-                "stopped"
-            } else if stuck {
-                "did not start within the startup timeout"
-            } else {
-                continue;
-            };
+        for s in o.servers.iter().filter(|s| self.desired_names.contains(&s.name)) {
+            let Some(why) = super::remediation(o, s) else { continue };
             if !plan.delete_servers.contains(&s.name) {
                 plan.delete_servers.push(s.name.clone());
                 self.events
