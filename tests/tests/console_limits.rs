@@ -24,6 +24,13 @@ fn client(dev: &Dev) -> Result<Client> {
         .build()?)
 }
 
+/// Percent-encodes a form value (reqwest is built here without its `form` feature).
+fn urlencode(v: &str) -> String {
+    v.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
 /// The `name=value` of the session cookie a sign-in answer sets.
 fn session_cookie(r: &Response) -> Result<String> {
     ensure!(r.status() == StatusCode::SEE_OTHER, "sign-in answered {} instead of a redirect", r.status());
@@ -85,7 +92,10 @@ async fn check(dev: &Dev) -> Result<()> {
     // Another visitor (the admin token pasted into the sign-in form) still gets a stream.
     let kubeconfig: serde_json::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(dev.kubeconfig())?)?;
     let token = kubeconfig["users"][0]["user"]["token"].as_str().context("dev's kubeconfig has no token")?.to_string();
-    let other = session_cookie(&c.post(format!("{base}login")).form(&[("token", token.as_str())]).send().await?)?;
+    let form = format!("token={}", urlencode(&token));
+    let other = session_cookie(
+        &c.post(format!("{base}login")).header(CONTENT_TYPE, "application/x-www-form-urlencoded").body(form).send().await?,
+    )?;
     ensure!(other != cookie, "the second sign-in reused the first session");
     let r = open_stream(&c, &base, &other).await?;
     ensure!(r.status() == StatusCode::OK, "a second session was refused ({}): the limit is not per session", r.status());
