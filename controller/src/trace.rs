@@ -322,7 +322,8 @@ pub fn build(root: &Root, objs: &Objects) -> anyhow::Result<Vec<Row>> {
             for cluster in &idx.clusters {
                 cluster_subtree(&mut out, 1, cluster, &idx);
             }
-            let standalone_ts: Vec<&TaskServInfo<'_>> = idx.taskservs.iter().filter(|ts| ts.ts["metadata"]["labels"][LABEL_CLUSTER].is_null()).collect();
+            let standalone_ts: Vec<&TaskServInfo<'_>> =
+                idx.taskservs.iter().filter(|ts| ts.ts["metadata"]["labels"][LABEL_CLUSTER].is_null()).collect();
             for srv in idx.servers.iter().filter(|v| v["metadata"]["labels"][LABEL_CLUSTER].is_null()) {
                 server_subtree(&mut out, 1, srv, &standalone_ts);
             }

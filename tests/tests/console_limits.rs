@@ -2,7 +2,9 @@
 //! `provisioning dev`: one session may hold 6 live streams (server-sent events) at once; the
 //! seventh gets 429 with a body naming the limit (logged once per burst, without the session
 //! id or the token); another session is not affected; a stream whose client goes away frees
-//! its place within seconds (well before the 15 s keepalive would notice).
+//! its place within seconds (well before the 15 s keepalive would notice). A Server page lists
+//! only its own Events (the API server filters by field selector) and how long it takes with
+//! many Events about other objects in the namespace is printed.
 
 use std::time::{Duration, Instant};
 
@@ -93,9 +95,8 @@ async fn check(dev: &Dev) -> Result<()> {
     let kubeconfig: serde_json::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(dev.kubeconfig())?)?;
     let token = kubeconfig["users"][0]["user"]["token"].as_str().context("dev's kubeconfig has no token")?.to_string();
     let form = format!("token={}", urlencode(&token));
-    let other = session_cookie(
-        &c.post(format!("{base}login")).header(CONTENT_TYPE, "application/x-www-form-urlencoded").body(form).send().await?,
-    )?;
+    let other =
+        session_cookie(&c.post(format!("{base}login")).header(CONTENT_TYPE, "application/x-www-form-urlencoded").body(form).send().await?)?;
     ensure!(other != cookie, "the second sign-in reused the first session");
     let r = open_stream(&c, &base, &other).await?;
     ensure!(r.status() == StatusCode::OK, "a second session was refused ({}): the limit is not per session", r.status());
@@ -128,5 +129,65 @@ async fn check(dev: &Dev) -> Result<()> {
     ensure!(refusals == 2, "{refusals} refusal log lines for two bursts");
     let session_id = cookie.trim_start_matches("provisioning_console=");
     ensure!(!log.contains(session_id) && !log.contains(&token), "the log holds a session id or the token");
+    Ok(())
+}
+
+/// Events (events.k8s.io/v1) about `server` in namespace demo, as YAML documents of JSON.
+fn events_about(server: &str, count: usize) -> String {
+    let items: Vec<serde_json::Value> = (0..count)
+        .map(|i| {
+            serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": format!("probe-{server}-{i}"), "namespace": "demo"},
+                "eventTime": "2026-11-25T10:00:00.000000Z", "reportingController": "console-test", "reportingInstance": "console-test",
+                "action": "Probe", "reason": "ConsoleProbe", "type": "Normal", "note": format!("note-for-{server}-{i}"),
+                "regarding": {"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "name": server, "namespace": "demo"}})
+        })
+        .collect();
+    items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("\n---\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_page_lists_only_its_own_events() -> Result<()> {
+    let dev = tokio::task::spawn_blocking(|| Dev::start(&["examples/simulated"])).await??;
+    let result = own_events(&dev).await;
+    result.map_err(|e| e.context(format!("--- dev log tail ---\n{}", dev.log_tail(30))))
+}
+
+async fn own_events(dev: &Dev) -> Result<()> {
+    const OTHERS: usize = 1000;
+    let file = dev.data_dir.join("probe-events.yaml");
+    std::fs::write(&file, events_about("web-1", 2))?;
+    dev.kubectl_ok(&["create", "-f", &file.display().to_string()])?;
+    std::fs::write(&file, events_about("web-2", OTHERS))?;
+    dev.kubectl_ok(&["create", "-f", &file.display().to_string()])?;
+
+    let login = dev
+        .log()
+        .lines()
+        .find_map(|l| l.strip_prefix("Console: "))
+        .and_then(|l| l.split_whitespace().next())
+        .context("dev printed no Console line")?
+        .to_string();
+    let base = std::fs::read_to_string(dev.data_dir.join("console-url"))?.trim().to_string();
+    let c = client(dev)?;
+    let cookie = session_cookie(&c.get(&login).send().await?)?;
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        let r = c.get(format!("{base}namespaces/demo/servers/web-1")).header(COOKIE, &cookie).send().await?;
+        ensure!(r.status() == StatusCode::OK, "the web-1 page answered {}", r.status());
+        let html = r.text().await?;
+        times.push(started.elapsed());
+        ensure!(!html.contains("Events not shown"), "the events were not listed (field selector refused?)");
+        ensure!(html.contains("note-for-web-1-0") && html.contains("note-for-web-1-1"), "web-1's own events are missing");
+        ensure!(!html.contains("note-for-web-2-"), "web-2's events are on web-1's page");
+    }
+    times.sort();
+    println!(
+        "Server page with {OTHERS} events about another Server in the namespace: median {} ms, max {} ms over {} loads",
+        times[times.len() / 2].as_millis(),
+        times[times.len() - 1].as_millis(),
+        times.len()
+    );
     Ok(())
 }

@@ -344,7 +344,11 @@ mod tests {
         assert!(renders.len() <= most, "{} renders for a {burst_end:?} burst (at most {most}): not batched: {renders:?}", renders.len());
         for pair in renders.windows(2) {
             // Tokio's timer works in whole milliseconds.
-            assert!(pair[1] - pair[0] + Duration::from_millis(2) >= BATCH, "two renders {:?} apart, under {BATCH:?}: {renders:?}", pair[1] - pair[0]);
+            assert!(
+                pair[1] - pair[0] + Duration::from_millis(2) >= BATCH,
+                "two renders {:?} apart, under {BATCH:?}: {renders:?}",
+                pair[1] - pair[0]
+            );
         }
         // Every render differs here, so each one was pushed.
         assert_eq!(updates.len(), renders.len(), "{updates:?}");
