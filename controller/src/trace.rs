@@ -650,6 +650,48 @@ mod tests {
     }
 
     #[test]
+    fn leftover_pools_and_taskservs_and_the_taskserv_root() -> anyhow::Result<()> {
+        let mut objs = sample();
+        // A member of a pool the spec no longer has, and one without a pool label.
+        objs.servers.push(obj("etcd-old-9", json!({LABEL_CLUSTER: "etcd", LABEL_POOL: "old"}), "Running", vec![]));
+        objs.servers.push(obj("etcd-stray", json!({LABEL_CLUSTER: "etcd"}), "Running", vec![]));
+        // A Cluster TaskServ aimed at a server outside the Cluster (solo): listed on its own.
+        let mut side = obj("etcd-side", json!({LABEL_CLUSTER: "etcd"}), "Pending", vec![]);
+        side["spec"]["servers"] = json!({"names": ["solo"]});
+        objs.taskservs.push(side);
+        let rows = build(&Root::Cluster("etcd".into()), &objs)?;
+        let shape: Vec<(usize, &str)> = rows.iter().map(|r| (r.depth, r.object.as_str())).collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, "Cluster/etcd"),
+                (1, "Pool/members"),
+                (2, "Server/etcd-members-1"),
+                (3, "TaskServ/etcd-etcd"),
+                (2, "Server/etcd-members-2"),
+                (3, "TaskServ/etcd-etcd"),
+                (1, "Pool/old"),
+                (2, "Server/etcd-old-9"),
+                (1, "Pool/-"),
+                (2, "Server/etcd-stray"),
+                (1, "TaskServ/etcd-side"),
+            ]
+        );
+        assert_eq!((rows[6].status.as_str(), rows[6].ready.as_str()), ("0/1 ready", "False"));
+        // The TaskServ root: one row per target server, a missing one said so.
+        let mut ts = objs.taskservs[0].clone();
+        ts["status"]["servers"] = json!([{"name": "etcd-members-1", "phase": "Installed"}, {"name": "ghost", "phase": "Pending"}]);
+        objs.taskservs[0] = ts;
+        let rows = build(&Root::TaskServ("etcd-etcd".into()), &objs)?;
+        let got: Vec<(&str, &str)> = rows.iter().map(|r| (r.object.as_str(), r.status.as_str())).collect();
+        assert_eq!(
+            got,
+            vec![("TaskServ/etcd-etcd", "Installing"), ("Server/etcd-members-1", "Running (service: Installed)"), ("Server/ghost", "Missing")]
+        );
+        Ok(())
+    }
+
+    #[test]
     fn table_draws_branches_and_json_nests() -> anyhow::Result<()> {
         let rows = build(&Root::Cluster("etcd".into()), &sample())?;
         let now = chrono::DateTime::parse_from_rfc3339("2026-11-24T00:05:00Z")?.with_timezone(&chrono::Utc);
