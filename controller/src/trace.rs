@@ -686,7 +686,11 @@ mod tests {
         let got: Vec<(&str, &str)> = rows.iter().map(|r| (r.object.as_str(), r.status.as_str())).collect();
         assert_eq!(
             got,
-            vec![("TaskServ/etcd-etcd", "Installing"), ("Server/etcd-members-1", "Running (service: Installed)"), ("Server/ghost", "Missing")]
+            vec![
+                ("TaskServ/etcd-etcd", "Installing"),
+                ("Server/etcd-members-1", "Running (service: Installed)"),
+                ("Server/ghost", "Missing")
+            ]
         );
         Ok(())
     }
