@@ -42,6 +42,36 @@ fn session_cookie(r: &Response) -> Result<String> {
     Ok(pair.to_string())
 }
 
+/// The one-time sign-in link dev prints (the console starts after the API server answers).
+async fn console_login(dev: &Dev) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = dev.log();
+        if let Some(link) = log.lines().find_map(|l| l.strip_prefix("Console: ")).and_then(|l| l.split_whitespace().next()) {
+            return Ok(link.to_string());
+        }
+        ensure!(Instant::now() < deadline, "dev printed no Console line within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Refusal bursts as the console counts them: a 429 after any accepted stream starts one.
+#[derive(Default)]
+struct Bursts {
+    count: usize,
+    refusing: bool,
+}
+
+impl Bursts {
+    fn saw(&mut self, r: &Response) {
+        match r.status() {
+            StatusCode::TOO_MANY_REQUESTS if !self.refusing => (self.count, self.refusing) = (self.count + 1, true),
+            StatusCode::OK => self.refusing = false,
+            _ => {}
+        }
+    }
+}
+
 /// Opens a live stream of the Workspaces page; an accepted one has sent its first bytes.
 async fn open_stream(c: &Client, base: &str, cookie: &str) -> Result<Response> {
     let mut r = c.get(format!("{base}live/")).header(COOKIE, cookie).send().await?;
@@ -62,22 +92,18 @@ async fn live_streams_are_capped_per_session_and_freed_when_closed() -> Result<(
 
 // Over 80 lines on purpose: one scenario, step by step, each step saying what it checks.
 async fn check(dev: &Dev) -> Result<()> {
-    let log = dev.log();
-    let login = log
-        .lines()
-        .find_map(|l| l.strip_prefix("Console: "))
-        .and_then(|l| l.split_whitespace().next())
-        .context("dev printed no Console line")?
-        .to_string();
+    let login = console_login(dev).await?;
     let base = std::fs::read_to_string(dev.data_dir.join("console-url"))?.trim().to_string();
     ensure!(base.starts_with("https://127.0.0.1:"), "console not on loopback: {base}");
     let c = client(dev)?;
     let cookie = session_cookie(&c.get(&login).send().await?)?;
+    let mut bursts = Bursts::default();
 
     // The session's limit of streams, all accepted and streaming.
     let mut streams = Vec::new();
     for i in 0..PER_SESSION {
         let r = open_stream(&c, &base, &cookie).await?;
+        bursts.saw(&r);
         ensure!(r.status() == StatusCode::OK, "stream {} of {PER_SESSION} refused: {}", i + 1, r.status());
         streams.push(r);
     }
@@ -85,6 +111,7 @@ async fn check(dev: &Dev) -> Result<()> {
     // One more is refused, twice (a burst), with a plain-text body naming the limit.
     for _ in 0..2 {
         let r = open_stream(&c, &base, &cookie).await?;
+        bursts.saw(&r);
         ensure!(r.status() == StatusCode::TOO_MANY_REQUESTS, "stream {} answered {}", PER_SESSION + 1, r.status());
         ensure!(r.headers().get(CONTENT_TYPE).is_some_and(|v| v.to_str().unwrap_or_default().starts_with("text/plain")), "not plain text");
         let body = r.text().await?;
@@ -99,6 +126,7 @@ async fn check(dev: &Dev) -> Result<()> {
         session_cookie(&c.post(format!("{base}login")).header(CONTENT_TYPE, "application/x-www-form-urlencoded").body(form).send().await?)?;
     ensure!(other != cookie, "the second sign-in reused the first session");
     let r = open_stream(&c, &base, &other).await?;
+    bursts.saw(&r);
     ensure!(r.status() == StatusCode::OK, "a second session was refused ({}): the limit is not per session", r.status());
     drop(r);
 
@@ -107,6 +135,7 @@ async fn check(dev: &Dev) -> Result<()> {
     let closed = Instant::now();
     let reopened = loop {
         let r = open_stream(&c, &base, &cookie).await?;
+        bursts.saw(&r);
         if r.status() == StatusCode::OK {
             break r;
         }
@@ -121,12 +150,19 @@ async fn check(dev: &Dev) -> Result<()> {
     ensure!(freed < Duration::from_secs(5), "freeing took {freed:?}: the disconnect was noticed late");
     streams.push(reopened);
     let r = open_stream(&c, &base, &cookie).await?;
+    bursts.saw(&r);
     ensure!(r.status() == StatusCode::TOO_MANY_REQUESTS, "over the limit again but answered {}", r.status());
 
-    // Refusals are logged once per burst (two bursts here), never with the session id or token.
+    // Refusals are logged once per burst (two here, three when the first retry above came
+    // before the close was noticed), never with the session id or the token.
+    ensure!(bursts.count >= 2, "{} refusal bursts", bursts.count);
+    let refusals = |log: &str| log.lines().filter(|l| l.contains("refusing live streams")).count();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while refusals(&dev.log()) < bursts.count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let log = dev.log();
-    let refusals = log.lines().filter(|l| l.contains("refusing live streams")).count();
-    ensure!(refusals == 2, "{refusals} refusal log lines for two bursts");
+    ensure!(refusals(&log) == bursts.count, "{} refusal log lines for {} bursts", refusals(&log), bursts.count);
     let session_id = cookie.trim_start_matches("provisioning_console=");
     ensure!(!log.contains(session_id) && !log.contains(&token), "the log holds a session id or the token");
     Ok(())
@@ -161,13 +197,7 @@ async fn own_events(dev: &Dev) -> Result<()> {
     std::fs::write(&file, events_about("web-2", OTHERS))?;
     dev.kubectl_ok(&["create", "-f", &file.display().to_string()])?;
 
-    let login = dev
-        .log()
-        .lines()
-        .find_map(|l| l.strip_prefix("Console: "))
-        .and_then(|l| l.split_whitespace().next())
-        .context("dev printed no Console line")?
-        .to_string();
+    let login = console_login(dev).await?;
     let base = std::fs::read_to_string(dev.data_dir.join("console-url"))?.trim().to_string();
     let c = client(dev)?;
     let cookie = session_cookie(&c.get(&login).send().await?)?;
