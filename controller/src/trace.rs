@@ -7,7 +7,7 @@
 //! is tested without a cluster; [`fetch`] lists the four kinds of one namespace and [`run`]
 //! prints (and with `-w` redraws on every watch event, batched).
 
-use std::collections::BTreeSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -162,10 +162,39 @@ fn taskserv_servers(ts: &Value) -> Vec<String> {
     ts["spec"]["servers"]["names"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(str::to_string)).collect()
 }
 
+/// A TaskServ with what the tree asks of it per server, worked out once: the servers it
+/// targets and its status entry for each (looked up per Server row, so by name, not by scan).
+struct TaskServInfo<'a> {
+    ts: &'a Value,
+    /// Target server names in the order of the TaskServ's status (else spec).
+    targets: Vec<String>,
+    target_set: HashSet<String>,
+    entries: HashMap<&'a str, &'a Value>,
+}
+
+impl<'a> TaskServInfo<'a> {
+    fn new(ts: &'a Value) -> Self {
+        let targets = taskserv_servers(ts);
+        let target_set = targets.iter().cloned().collect();
+        let mut entries = HashMap::new();
+        for e in ts["status"]["servers"].as_array().into_iter().flatten() {
+            // The first entry of a name wins, as a linear search would find it.
+            if let Some(n) = e["name"].as_str() {
+                entries.entry(n).or_insert(e);
+            }
+        }
+        TaskServInfo { ts, targets, target_set, entries }
+    }
+
+    fn targets(&self, server: &str) -> bool {
+        self.target_set.contains(server)
+    }
+}
+
 /// A TaskServ as seen on one server: its phase there and, when it failed, the last output line.
-fn taskserv_on_server(depth: usize, ts: &Value, server: &str) -> Row {
-    let mut row = object_row(depth, "TaskServ", ts);
-    if let Some(entry) = ts["status"]["servers"].as_array().into_iter().flatten().find(|e| e["name"] == server) {
+fn taskserv_on_server(depth: usize, ts: &TaskServInfo<'_>, server: &str) -> Row {
+    let mut row = object_row(depth, "TaskServ", ts.ts);
+    if let Some(entry) = ts.entries.get(server) {
         row.status = s(entry, &["phase"]).to_string();
         let healthy = entry["healthy"].as_bool();
         row.ready = match (row.status.as_str(), healthy) {
@@ -184,42 +213,79 @@ fn taskserv_on_server(depth: usize, ts: &Value, server: &str) -> Row {
     row
 }
 
-fn labels_match(v: &Value, key: &str, want: &str) -> bool {
-    v["metadata"]["labels"][key].as_str() == Some(want)
+fn label<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v["metadata"]["labels"][key].as_str()
 }
 
-fn server_subtree(out: &mut Vec<Row>, depth: usize, server: &Value, taskservs: &[&Value]) {
+fn server_subtree(out: &mut Vec<Row>, depth: usize, server: &Value, taskservs: &[&TaskServInfo<'_>]) {
     out.push(object_row(depth, "Server", server));
     let name = name_of(server);
-    for ts in taskservs.iter().filter(|ts| taskserv_servers(ts).iter().any(|n| n == name)) {
+    for ts in taskservs.iter().filter(|ts| ts.targets(name)) {
         out.push(taskserv_on_server(depth + 1, ts, name));
     }
 }
 
-fn cluster_subtree(out: &mut Vec<Row>, depth: usize, cluster: &Value, objs: &Objects) {
+/// The namespace's objects sorted by name, grouped by Cluster and indexed once, so each
+/// subtree is drawn from its own members instead of scanning every object per row (the
+/// tree of a 1,000-server Cluster with TaskServs on every server was quadratic before).
+struct Index<'a> {
+    clusters: Vec<&'a Value>,
+    servers: Vec<&'a Value>,
+    taskservs: Vec<TaskServInfo<'a>>,
+    /// Servers per Cluster label, in name order.
+    servers_of: HashMap<&'a str, Vec<&'a Value>>,
+    /// TaskServs (indices into `taskservs`) per Cluster label, in name order.
+    taskservs_of: HashMap<&'a str, Vec<usize>>,
+}
+
+impl<'a> Index<'a> {
+    fn new(objs: &'a Objects) -> Self {
+        let sorted = |list: &'a [Value]| {
+            let mut v: Vec<&'a Value> = list.iter().collect();
+            v.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+            v
+        };
+        let (clusters, servers) = (sorted(&objs.clusters), sorted(&objs.servers));
+        let taskservs: Vec<TaskServInfo<'a>> = sorted(&objs.taskservs).into_iter().map(TaskServInfo::new).collect();
+        let mut servers_of: HashMap<&str, Vec<&Value>> = HashMap::new();
+        for srv in &servers {
+            if let Some(c) = label(srv, LABEL_CLUSTER) {
+                servers_of.entry(c).or_default().push(srv);
+            }
+        }
+        let mut taskservs_of: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, ts) in taskservs.iter().enumerate() {
+            if let Some(c) = label(ts.ts, LABEL_CLUSTER) {
+                taskservs_of.entry(c).or_default().push(i);
+            }
+        }
+        Index { clusters, servers, taskservs, servers_of, taskservs_of }
+    }
+}
+
+fn cluster_subtree(out: &mut Vec<Row>, depth: usize, cluster: &Value, idx: &Index<'_>) {
     let cname = name_of(cluster);
     let mut row = object_row(depth, "Cluster", cluster);
     row.steps = cluster_steps(cluster);
     out.push(row);
-    let servers: Vec<&Value> = objs.servers.iter().filter(|v| labels_match(v, LABEL_CLUSTER, cname)).collect();
-    let taskservs: Vec<&Value> = objs.taskservs.iter().filter(|v| labels_match(v, LABEL_CLUSTER, cname)).collect();
-    let mut pools: Vec<String> =
-        cluster["spec"]["pools"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str().map(str::to_string)).collect();
-    for srv in &servers {
-        let p = srv["metadata"]["labels"][LABEL_POOL].as_str().unwrap_or_default().to_string();
-        if !pools.contains(&p) {
-            pools.push(p);
+    let servers: &[&Value] = idx.servers_of.get(cname).map(Vec::as_slice).unwrap_or_default();
+    let taskservs: Vec<&TaskServInfo<'_>> =
+        idx.taskservs_of.get(cname).into_iter().flatten().filter_map(|&i| idx.taskservs.get(i)).collect();
+    let spec_pools: Vec<&Value> = cluster["spec"]["pools"].as_array().into_iter().flatten().collect();
+    let mut pools: Vec<String> = spec_pools.iter().filter_map(|p| p["name"].as_str().map(str::to_string)).collect();
+    // Members per pool in one pass; pools no longer in the spec follow in order of appearance.
+    let mut members_of: HashMap<&str, Vec<&Value>> = HashMap::new();
+    for srv in servers {
+        let p = label(srv, LABEL_POOL).unwrap_or_default();
+        let members = members_of.entry(p).or_default();
+        if members.is_empty() && !pools.iter().any(|q| q == p) {
+            pools.push(p.to_string());
         }
+        members.push(srv);
     }
     for pool in pools {
-        let members: Vec<&Value> =
-            servers.iter().copied().filter(|v| v["metadata"]["labels"][LABEL_POOL].as_str().unwrap_or_default() == pool).collect();
-        let desired = cluster["spec"]["pools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["name"] == pool.as_str())
-            .and_then(|p| p["replicas"].as_u64());
+        let members = members_of.get(pool.as_str()).map(Vec::as_slice).unwrap_or_default();
+        let desired = spec_pools.iter().find(|p| p["name"] == pool.as_str()).and_then(|p| p["replicas"].as_u64());
         let ready = members.iter().filter(|m| condition(m, "Ready").is_some_and(|c| c["status"] == "True")).count();
         let want = desired.map_or(members.len(), |d| usize::try_from(d).unwrap_or(usize::MAX));
         out.push(Row {
@@ -235,55 +301,55 @@ fn cluster_subtree(out: &mut Vec<Row>, depth: usize, cluster: &Value, objs: &Obj
             server_subtree(out, depth + 2, srv, &taskservs);
         }
     }
-    // TaskServs of the Cluster that target no server yet.
-    for ts in taskservs.iter().filter(|ts| !taskserv_servers(ts).iter().any(|n| servers.iter().any(|s| name_of(s) == n))) {
-        out.push(object_row(depth + 1, "TaskServ", ts));
+    // TaskServs of the Cluster that target no server of it yet.
+    let names: HashSet<&str> = servers.iter().map(|s| name_of(s)).collect();
+    for ts in taskservs.iter().filter(|ts| !ts.targets.iter().any(|n| names.contains(n.as_str()))) {
+        out.push(object_row(depth + 1, "TaskServ", ts.ts));
     }
 }
 
 /// The tree for `root` over `objs`, depth-first, children sorted by name.
 pub fn build(root: &Root, objs: &Objects) -> anyhow::Result<Vec<Row>> {
-    let mut objs = objs.clone();
-    for list in [&mut objs.clusters, &mut objs.servers, &mut objs.taskservs] {
-        list.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+    let idx = Index::new(objs);
+    fn find<'a>(list: &[&'a Value], kind: &str, name: &str) -> anyhow::Result<&'a Value> {
+        list.iter().copied().find(|v| name_of(v) == name).with_context(|| format!("{kind} {name:?} not found"))
     }
-    let find = |list: &[Value], kind: &str, name: &str| -> anyhow::Result<Value> {
-        list.iter().find(|v| name_of(v) == name).cloned().with_context(|| format!("{kind} {name:?} not found"))
-    };
     let mut out = Vec::new();
     match root {
         Root::Workspace(name) => {
-            let ws = objs.workspace.clone().with_context(|| format!("Workspace {name:?} not found"))?;
-            out.push(object_row(0, "Workspace", &ws));
-            for cluster in &objs.clusters {
-                cluster_subtree(&mut out, 1, cluster, &objs);
+            let ws = objs.workspace.as_ref().with_context(|| format!("Workspace {name:?} not found"))?;
+            out.push(object_row(0, "Workspace", ws));
+            for cluster in &idx.clusters {
+                cluster_subtree(&mut out, 1, cluster, &idx);
             }
-            let standalone_ts: Vec<&Value> = objs.taskservs.iter().filter(|v| v["metadata"]["labels"][LABEL_CLUSTER].is_null()).collect();
-            for srv in objs.servers.iter().filter(|v| v["metadata"]["labels"][LABEL_CLUSTER].is_null()) {
+            let standalone_ts: Vec<&TaskServInfo<'_>> =
+                idx.taskservs.iter().filter(|ts| ts.ts["metadata"]["labels"][LABEL_CLUSTER].is_null()).collect();
+            for srv in idx.servers.iter().filter(|v| v["metadata"]["labels"][LABEL_CLUSTER].is_null()) {
                 server_subtree(&mut out, 1, srv, &standalone_ts);
             }
-            let placed: BTreeSet<&str> = objs.servers.iter().map(name_of).collect();
-            for ts in standalone_ts.iter().filter(|ts| !taskserv_servers(ts).iter().any(|n| placed.contains(n.as_str()))) {
-                out.push(object_row(1, "TaskServ", ts));
+            let placed: HashSet<&str> = idx.servers.iter().map(|s| name_of(s)).collect();
+            for ts in standalone_ts.iter().filter(|ts| !ts.targets.iter().any(|n| placed.contains(n.as_str()))) {
+                out.push(object_row(1, "TaskServ", ts.ts));
             }
         }
         Root::Cluster(name) => {
-            let cluster = find(&objs.clusters, "Cluster", name)?;
-            cluster_subtree(&mut out, 0, &cluster, &objs);
+            let cluster = find(&idx.clusters, "Cluster", name)?;
+            cluster_subtree(&mut out, 0, cluster, &idx);
         }
         Root::Server(name) => {
-            let srv = find(&objs.servers, "Server", name)?;
-            let all: Vec<&Value> = objs.taskservs.iter().collect();
-            server_subtree(&mut out, 0, &srv, &all);
+            let srv = find(&idx.servers, "Server", name)?;
+            let all: Vec<&TaskServInfo<'_>> = idx.taskservs.iter().collect();
+            server_subtree(&mut out, 0, srv, &all);
         }
         Root::TaskServ(name) => {
-            let ts = find(&objs.taskservs, "TaskServ", name)?;
-            out.push(object_row(0, "TaskServ", &ts));
-            for server in taskserv_servers(&ts) {
-                match objs.servers.iter().find(|v| name_of(v) == server) {
+            let ts = idx.taskservs.iter().find(|ts| name_of(ts.ts) == name).with_context(|| format!("TaskServ {name:?} not found"))?;
+            out.push(object_row(0, "TaskServ", ts.ts));
+            let by_name: HashMap<&str, &Value> = idx.servers.iter().map(|s| (name_of(s), *s)).collect();
+            for server in &ts.targets {
+                match by_name.get(server.as_str()) {
                     Some(srv) => {
                         let mut row = object_row(1, "Server", srv);
-                        let on = taskserv_on_server(1, &ts, &server);
+                        let on = taskserv_on_server(1, ts, server);
                         row.status = format!("{} (service: {})", row.status, if on.status.is_empty() { "-" } else { &on.status });
                         if row.message.is_empty() {
                             row.message = on.message;
@@ -580,6 +646,52 @@ mod tests {
         // Stalled explains before Ready.
         assert_eq!(rows[9].message, "Server ghost not found");
         assert_eq!(rows[1].steps, "running: CreateServer etcd-members-2; next: InstallTaskServ etcd");
+        Ok(())
+    }
+
+    #[test]
+    fn leftover_pools_and_taskservs_and_the_taskserv_root() -> anyhow::Result<()> {
+        let mut objs = sample();
+        // A member of a pool the spec no longer has, and one without a pool label.
+        objs.servers.push(obj("etcd-old-9", json!({LABEL_CLUSTER: "etcd", LABEL_POOL: "old"}), "Running", vec![]));
+        objs.servers.push(obj("etcd-stray", json!({LABEL_CLUSTER: "etcd"}), "Running", vec![]));
+        // A Cluster TaskServ aimed at a server outside the Cluster (solo): listed on its own.
+        let mut side = obj("etcd-side", json!({LABEL_CLUSTER: "etcd"}), "Pending", vec![]);
+        side["spec"]["servers"] = json!({"names": ["solo"]});
+        objs.taskservs.push(side);
+        let rows = build(&Root::Cluster("etcd".into()), &objs)?;
+        let shape: Vec<(usize, &str)> = rows.iter().map(|r| (r.depth, r.object.as_str())).collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, "Cluster/etcd"),
+                (1, "Pool/members"),
+                (2, "Server/etcd-members-1"),
+                (3, "TaskServ/etcd-etcd"),
+                (2, "Server/etcd-members-2"),
+                (3, "TaskServ/etcd-etcd"),
+                (1, "Pool/old"),
+                (2, "Server/etcd-old-9"),
+                (1, "Pool/-"),
+                (2, "Server/etcd-stray"),
+                (1, "TaskServ/etcd-side"),
+            ]
+        );
+        assert_eq!((rows[6].status.as_str(), rows[6].ready.as_str()), ("0/1 ready", "False"));
+        // The TaskServ root: one row per target server, a missing one said so.
+        let mut ts = objs.taskservs[0].clone();
+        ts["status"]["servers"] = json!([{"name": "etcd-members-1", "phase": "Installed"}, {"name": "ghost", "phase": "Pending"}]);
+        objs.taskservs[0] = ts;
+        let rows = build(&Root::TaskServ("etcd-etcd".into()), &objs)?;
+        let got: Vec<(&str, &str)> = rows.iter().map(|r| (r.object.as_str(), r.status.as_str())).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("TaskServ/etcd-etcd", "Installing"),
+                ("Server/etcd-members-1", "Running (service: Installed)"),
+                ("Server/ghost", "Missing")
+            ]
+        );
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use provisioning_crds::{GROUP, VERSION};
+use provisioning_crds::{GROUP, LABEL_CHANGE_OF, VERSION};
 use secrecy::SecretString;
 use serde_json::{Value, json};
 
@@ -136,8 +136,10 @@ pub async fn namespace_objects(client: &Client, namespace: &str, workspace: Opti
 pub async fn events_about(client: &Client, namespace: &str, kind: Kind, name: &str) -> Result<Vec<Value>, ApiFailure> {
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("events.k8s.io", "v1", "Event"), "events");
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    // Only this object's events: the API server filters (a namespace can hold thousands).
+    let lp = ListParams::default().fields(&event_selector(kind, name));
     let mut out: Vec<Value> = api
-        .list(&ListParams::default())
+        .list(&lp)
         .await?
         .items
         .into_iter()
@@ -148,6 +150,12 @@ pub async fn events_about(client: &Client, namespace: &str, kind: Kind, name: &s
         .collect();
     out.sort_by_key(|e| event_time(e).to_string());
     Ok(out)
+}
+
+/// The field selector of the events.k8s.io/v1 Events about `kind`/`name` (names are checked
+/// DNS names, so nothing in them needs escaping).
+pub fn event_selector(kind: Kind, name: &str) -> String {
+    format!("regarding.kind={},regarding.name={name}", kind.name())
 }
 
 /// When an event last happened (series, then eventTime, then deprecated timestamps).
@@ -163,7 +171,8 @@ pub fn event_time(e: &Value) -> &str {
 pub async fn change_records(client: &Client, namespace: &str, uid: &str) -> Result<Vec<Value>, ApiFailure> {
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, "ChangeRecord"), "changerecords");
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
-    let items = match api.list(&ListParams::default()).await {
+    // The controller labels each record with the uid it records: only those are listed.
+    let items = match api.list(&ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await {
         Ok(list) => list.items,
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(vec![]),
         Err(e) => return Err(e.into()),

@@ -202,7 +202,10 @@ async fn handle(state: Arc<ConsoleState>, req: Request<Incoming>) -> Response<Bo
             }
         }
         (Method::GET, p) if p.starts_with("/live/") || p == "/live" => match Page::parse(p.strip_prefix("/live").unwrap_or("/")) {
-            Some(page) => sse_response(live::stream(state.clone(), id, session, page)),
+            Some(page) => match state.streams.acquire(&session.streams, &session.user) {
+                Ok(slot) => sse_response(live::stream(state.clone(), id, session, page, slot)),
+                Err(refused) => too_many(&refused),
+            },
             None => html(StatusCode::NOT_FOUND, render::message_page("Not found", "No such page.")),
         },
         (Method::GET, p) if p.ends_with("/delete") => match Page::parse(p.trim_end_matches("/delete")) {
@@ -236,6 +239,15 @@ async fn handle(state: Arc<ConsoleState>, req: Request<Incoming>) -> Response<Bo
         },
         _ => html(StatusCode::METHOD_NOT_ALLOWED, render::message_page("Method not allowed", "Use the page's buttons.")),
     }
+}
+
+/// 429 with a plain-text body naming the limit (an EventSource gives up on it, as it should).
+fn too_many(refused: &live::Refused) -> Response<Body> {
+    let mut r = Response::new(full(format!("{refused}\n")));
+    *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("10"));
+    r
 }
 
 fn sse_response(body: live::SseBody) -> Response<Body> {

@@ -47,6 +47,8 @@ pub struct ConsoleState {
     pub sessions: session::Sessions,
     /// The API server's address and CA.
     pub api: kube::Config,
+    /// Open live streams, capped per session and in total.
+    pub streams: Arc<live::StreamLimits>,
 }
 
 /// A started console.
@@ -78,7 +80,7 @@ pub async fn start(opts: ConsoleOptions, shutdown: CancellationToken) -> anyhow:
         tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| anyhow::anyhow!("binding the console to {}: {e}", opts.listen))?;
     let addr = listener.local_addr()?;
     let tls = tls::load(&opts.cert, addr)?;
-    let state = Arc::new(ConsoleState { sessions: session::Sessions::default(), api: opts.api });
+    let state = Arc::new(ConsoleState { sessions: session::Sessions::default(), api: opts.api, streams: Arc::default() });
     tokio::spawn(http::serve(state.clone(), listener, tls, shutdown));
     Ok(RunningConsole { addr, state })
 }

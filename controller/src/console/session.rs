@@ -6,6 +6,7 @@
 //! first use.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(12 * 3600);
 
 /// How long a one-time login code stays valid.
 pub const CODE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Sessions kept in memory at most; a sign-in beyond it evicts the least recently used one
+/// (each holds a client and a chart history, so unbounded sign-ins would grow without end).
+pub const MAX_SESSIONS: usize = 1000;
 
 /// Points kept per Cluster in the ready-over-time chart.
 pub const HISTORY_POINTS: usize = 500;
@@ -57,6 +62,8 @@ pub struct Session {
     /// Who the API server says the token belongs to.
     pub user: String,
     last_seen: Mutex<Instant>,
+    /// Live streams this session holds open (counted by [`super::live::StreamLimits`]).
+    pub streams: Arc<AtomicUsize>,
     /// Ready-over-time per `namespace/cluster`, recorded from what this visitor's pages and
     /// watches saw (in memory only: it starts when the page is first opened).
     history: Mutex<HashMap<String, VecDeque<ReadyPoint>>>,
@@ -70,7 +77,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Session {
     /// A session for `token`, whose API client is `client`.
     pub fn new(token: SecretString, client: kube::Client, user: String) -> Session {
-        Session { token, client, csrf: random_hex(), user, last_seen: Mutex::new(Instant::now()), history: Mutex::new(HashMap::new()) }
+        Session {
+            token,
+            client,
+            csrf: random_hex(),
+            user,
+            last_seen: Mutex::new(Instant::now()),
+            streams: Arc::new(AtomicUsize::new(0)),
+            history: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Records a Cluster's ready count (a point only when it changed) and returns the history.
@@ -88,20 +103,47 @@ impl Session {
 }
 
 /// Sessions and one-time codes of one console.
-#[derive(Default)]
 pub struct Sessions {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     codes: Mutex<HashMap<String, (SecretString, Instant)>>,
+    max_sessions: usize,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions::with_limit(MAX_SESSIONS)
+    }
 }
 
 impl Sessions {
-    /// Stores `session`; returns its id (for the cookie).
+    /// A store keeping at most `max_sessions` sessions (at least one).
+    pub fn with_limit(max_sessions: usize) -> Sessions {
+        Sessions { sessions: Mutex::default(), codes: Mutex::default(), max_sessions: max_sessions.max(1) }
+    }
+
+    /// Stores `session`, first dropping idle ones and, at the limit, the least recently used;
+    /// returns its id (for the cookie).
     pub fn insert(&self, session: Session) -> String {
         let id = random_hex();
         let mut map = lock(&self.sessions);
         map.retain(|_, s| lock(&s.last_seen).elapsed() < IDLE_TIMEOUT);
+        while map.len() >= self.max_sessions {
+            let Some(oldest) = map.iter().min_by_key(|(_, s)| *lock(&s.last_seen)).map(|(k, _)| k.clone()) else { break };
+            map.remove(&oldest);
+            tracing::info!(limit = self.max_sessions, "console session limit reached: signed out the least recently used session");
+        }
         map.insert(id.clone(), Arc::new(session));
         id
+    }
+
+    /// Sessions kept now.
+    pub fn len(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// Whether no session is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The live session with `id`, marking it used.
@@ -166,6 +208,36 @@ mod tests {
         assert!(s.redeem("nope").is_none());
         assert!(s.redeem(&code).is_some());
         assert!(s.redeem(&code).is_none(), "a code works once");
+    }
+
+    #[tokio::test]
+    async fn sessions_are_bounded_and_the_least_recently_used_goes_first() -> anyhow::Result<()> {
+        // A client that is never used: building one needs a runtime, not a server.
+        let client = kube::Client::try_from(kube::Config::new("https://127.0.0.1:9".parse()?))?;
+        let new = || Session::new(SecretString::from("t0ken"), client.clone(), "u".into());
+        let s = Sessions::with_limit(3);
+        let mut ids = vec![];
+        for _ in 0..3 {
+            ids.push(s.insert(new()));
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let [a, b, c] = <[String; 3]>::try_from(ids).map_err(|_| anyhow::anyhow!("three ids"))?;
+        assert_eq!(s.len(), 3);
+        // `a` is used again, so `b` is now the least recently used.
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(s.get(&a).is_some());
+        let d = s.insert(new());
+        assert_eq!(s.len(), 3, "the limit holds");
+        assert!(s.get(&b).is_none(), "the least recently used session was evicted");
+        for kept in [&a, &c, &d] {
+            assert!(s.get(kept).is_some());
+        }
+        for _ in 0..10 {
+            s.insert(new());
+        }
+        assert_eq!(s.len(), 3);
+        assert_eq!(Sessions::default().max_sessions, MAX_SESSIONS);
+        Ok(())
     }
 
     #[test]

@@ -12,7 +12,10 @@
   var updates = 0;
   var source = new EventSource(live.dataset.live);
   source.onopen = function () { state.textContent = "● Live"; };
-  source.onerror = function () { state.textContent = "○ Reconnecting…"; };
+  source.onerror = function () {
+    // CLOSED: the console refused the stream (e.g. 429, too many open pages); no retry follows.
+    state.textContent = source.readyState === EventSource.CLOSED ? "○ Not live (too many open pages?): reload to retry" : "○ Reconnecting…";
+  };
   source.addEventListener("update", function (e) {
     var msg = JSON.parse(e.data);
     var focused = document.activeElement && document.activeElement.id;
