@@ -4,8 +4,9 @@
 //! ignored with a PlanStale Warning; ONE `provisioning.dev/approve` on the Cluster (as the
 //! Argo CD action, k9s Shift-V and the console write it) makes both machines and installs
 //! redis on them — the test never annotates a member. A config change of the service then
-//! waits (no script runs) until the Cluster's next plan is approved the same way, and so does
-//! a scale-down (the machine stays until approved).
+//! waits (no script runs) until the Cluster's next plan is approved the same way, and so do the
+//! replacement of a member whose machine stopped and a scale-down (the Server stays until
+//! approved).
 
 use std::time::Duration;
 
@@ -146,6 +147,27 @@ fn one_approval_of_a_manual_cluster_carries_out_everything_its_plan_covers() -> 
         assert!(conf(c)?.contains("32mb"), "{}", conf(c)?);
     }
     assert_ne!(last_runs(&dev)?, before);
+
+    // A member whose machine stopped: the Cluster would replace it, and under Manual that
+    // waits too — the Server is not deleted until the Cluster's plan naming it is approved.
+    let uid = |d: &Dev| get(d, &format!("srv/{}", MEMBERS[1]), "{.metadata.uid}");
+    let old_uid = uid(&dev)?;
+    docker_ok(&["stop", "-t", "0", &machines[1]])?;
+    dev.wait_until(Duration::from_secs(60), "the replacement awaits the Cluster's approval", |d| {
+        let plan = cluster(d, "{range .status.plan.changes[*]}{.resource} {.action} {.reason};{end}")?;
+        Ok(plan.contains(&format!("Server/{NS}/{} Replace the machine stopped", MEMBERS[1]))
+            && ready(d, &format!("pcl/{CLUSTER}"))? == "False/AwaitingApproval")
+    })?;
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(uid(&dev)?, old_uid, "the member was replaced before approval");
+    let replace = cluster(&dev, "{.status.plan.id}")?;
+    approve(&dev, &replace)?;
+    dev.wait_until(Duration::from_secs(240), "the member replaced and the Cluster Ready", |d| {
+        let replaced = uid(d).is_ok_and(|u| !u.is_empty() && u != old_uid);
+        Ok(replaced && ready(d, &format!("pcl/{CLUSTER}"))? == "True/Ready" && cluster(d, "{.status.plan.summary}")? == "no changes")
+    })?;
+    machines[1] = server_container(NS, MEMBERS[1])?;
+    assert!(has_redis(&machines[1]), "redis re-installed on the new machine");
 
     // A scale-down is a plan too: the Servers to delete (and redis to remove from one) wait;
     // the spare pool's Server has no service to drain, only the Cluster's approval holds it.
