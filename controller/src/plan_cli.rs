@@ -255,7 +255,13 @@ async fn plan_one(
         }],
     };
     let summary = plan::summary(&changes);
-    Ok(ObjectPlan { resource, plan: Plan { summary, changes, ..Default::default() }, needs_approval: false, note: String::new() })
+    // A TaskServ's runs wait under Manual approval (its own, else its Workspace's).
+    let needs_approval = kind == "TaskServ" && !changes.is_empty() && {
+        let own: Option<provisioning_crds::Approval> = serde_json::from_value(desired["approval"].clone()).ok().flatten();
+        let ws = crate::workspaces::resolve(&namespace, workspaces.iter(), &crate::config::default_workspace());
+        own.or(ws.spec.approval).unwrap_or_default() == provisioning_crds::Approval::Manual
+    };
+    Ok(ObjectPlan { resource, plan: Plan { summary, changes, ..Default::default() }, needs_approval, note: String::new() })
 }
 
 /// Top-level spec fields whose values differ, sorted.
@@ -446,7 +452,10 @@ pub fn render(report: &PlanReport) -> String {
         if !o.plan.monthly_cost_delta.is_empty() && o.plan.has_changes() {
             out.push_str(&format!("  monthly cost: {} {}\n", o.plan.monthly_cost_delta, o.plan.currency));
         }
-        if o.needs_approval {
+        if o.needs_approval && o.plan.id.is_empty() {
+            // Its plan id is computed by the controller once applied (over the live children).
+            out.push_str("  waits for approval: once applied, annotate provisioning.dev/approve with its status.plan.id\n");
+        } else if o.needs_approval {
             out.push_str(&format!("  waits for approval: annotate provisioning.dev/approve={} once applied\n", o.plan.id));
         }
         if !o.note.is_empty() {

@@ -55,6 +55,7 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
         .replacen("plan: small", "plan: medium", 1)
         // The pool: one more member, a bigger plan, rolled with a surge.
         .replace("replicas: 2\n    plan: small", "replicas: 3\n    plan: medium\n    rollout: {maxUnavailable: 1, maxSurge: 1}")
+        .replace("  pools:\n", "  approval: Manual\n  pools:\n")
         + "---\napiVersion: provisioning.dev/v1alpha1\nkind: Server\nmetadata: {name: api, namespace: plan-cli}\nspec: {plan: small}\n"
         // A new namespace with its Workspace in the same manifests: planned with that
         // Workspace's account although neither exists yet.
@@ -78,6 +79,7 @@ fn plan_exit_codes_follow_what_would_change() -> Result<()> {
         ensure!(shown.contains(&format!("-/+ Server/plan-cli/{member} spec.plan")), "{member} is replaced: {shown}");
     }
     ensure!(shown.contains("pool members: members are replaced 1 at a time, after 1 surge Server(s) of the new spec serve"), "{shown}");
+    ensure!(shown.contains("waits for approval: once applied, annotate provisioning.dev/approve with its status.plan.id"), "{shown}");
     ensure!(shown.contains("Server/plan-cli-new/fresh: 1 to create") && shown.contains("at account other"), "{shown}");
     ensure!(shown.contains("Workspace/plan-cli-new: 1 to create"), "{shown}");
     ensure!(shown.contains("Plan: 5 to create, 3 to replace."), "{shown}");
