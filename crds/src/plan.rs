@@ -91,7 +91,8 @@ pub struct Plan {
     pub id: String,
     /// One line: "no changes", "1 to create", "1 to update, 1 to replace".
     pub summary: String,
-    /// The changes, per resource and field (no NoOp entries).
+    /// The changes, per resource and field (NoOp entries only for differences that are never
+    /// carried out, such as an adopted machine's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     pub changes: Vec<PlannedChange>,
@@ -102,6 +103,11 @@ pub struct Plan {
     /// ISO 4217 currency of `monthlyCostDelta`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub currency: String,
+    /// The `metadata.generation` of the object (Cluster, TaskServ) the plan was computed for:
+    /// an approval kept while its plan is carried out covers that spec only, a new spec
+    /// needs a new approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
 }
 
 impl Plan {

@@ -201,7 +201,7 @@ pub fn hold_deletes(decision: &Decision, namespace: &str, plan: &Plan, act: &mut
 
 /// An approval carried out in full: its id and summary, no changes (it covers nothing more).
 fn carried_out(plan: Plan) -> Plan {
-    Plan { id: plan.id, summary: plan.summary, ..Default::default() }
+    Plan { id: plan.id, summary: plan.summary, generation: plan.generation, ..Default::default() }
 }
 
 /// Whether `m`'s own plan is due for approval under `approved`: it is current (settled, and
@@ -470,6 +470,31 @@ mod tests {
         let mut automatic = act();
         hold_deletes(&decide(Approval::Automatic, None, &p, &status, &[]), "ns", &p, &mut automatic);
         assert_eq!((automatic.delete_servers.len(), automatic.delete_taskservs.len()), (2, 1));
+    }
+
+    #[test]
+    fn one_approval_covers_a_whole_rolling_update() {
+        // At approval the Cluster's plan lists the surge Server to create, member 0's own
+        // Replace (already respecified) and member 1's respec (held for its turn).
+        let mut replace0 = change("Server/ns/c-pool-0", "spec.image", ChangeAction::Replace, "debian-13");
+        replace0.reason = "a new image needs a new machine".into();
+        let approved = plan(
+            "roll",
+            vec![
+                change("Server/ns/c-pool-surge-0", "", ChangeAction::Create, "pool pool, plan small"),
+                replace0.clone(),
+                change("Server/ns/c-pool-1", "spec.image", ChangeAction::Update, "debian-13"),
+            ],
+        );
+        // Later, member 1 gets its turn: its own plan is a Replace; the surge Server's machine.
+        let mut replace1 = replace0.clone();
+        replace1.resource = "Server/ns/c-pool-1".into();
+        assert!(covered(&replace1, &approved));
+        assert!(covered(&machine("c-pool-surge-0"), &approved));
+        // Another member, or another image, is not covered.
+        let mut other = replace1.clone();
+        other.resource = "Server/ns/c-pool-2".into();
+        assert!(!covered(&other, &approved));
     }
 
     #[test]

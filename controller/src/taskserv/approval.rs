@@ -60,7 +60,10 @@ pub fn gate_with(
     if annotation == Some(plan.id.as_str()) {
         return Gate::Go { approved: Some(plan.clone()) };
     }
-    if let Some(before) = approved
+    // An approval covers the spec it was given for: after a spec change (a new generation)
+    // only an approval of the new plan goes.
+    let same_spec = |before: &Plan| before.generation.is_none() || before.generation == plan.generation;
+    if let Some(before) = approved.filter(|b| same_spec(b))
         && annotation == Some(before.id.as_str())
         && plan.changes.iter().filter(|c| c.action != provisioning_crds::ChangeAction::NoOp).all(|c| covered(c, before))
     {
@@ -68,7 +71,7 @@ pub fn gate_with(
     }
     match annotation {
         // The annotation is the user's text: at most 64 characters of it reach the Warning.
-        Some(a) if Some(a) != approved.map(|p| p.id.as_str()) => Gate::Stale(a.chars().take(64).collect()),
+        Some(a) if Some(a) != approved.filter(|b| same_spec(b)).map(|p| p.id.as_str()) => Gate::Stale(a.chars().take(64).collect()),
         _ => Gate::Wait,
     }
 }
@@ -145,6 +148,21 @@ mod tests {
         assert_eq!(gate(Approval::Manual, Some("aaa"), &rollback, Some(&approved)), Gate::Wait);
         let more = plan("ddd", vec![change("s1", "7.2"), change("s2", "7.2")]);
         assert_eq!(gate(Approval::Manual, Some("aaa"), &more, Some(&approved)), Gate::Wait);
+    }
+
+    #[test]
+    fn a_new_spec_voids_the_approval_kept_for_the_old_one() {
+        let mut approved = plan("aaa", vec![change("s0", "7.2"), change("s1", "7.2")]);
+        approved.generation = Some(2);
+        // Same generation: the remainder goes on.
+        let mut rest = plan("bbb", vec![change("s1", "7.2")]);
+        rest.generation = Some(2);
+        assert_eq!(gate(Approval::Manual, Some("aaa"), &rest, Some(&approved)), Gate::Go { approved: Some(approved.clone()) });
+        // A new spec (generation 3) whose re-installs look the same (a config change): it
+        // waits, and the old approval is reported stale.
+        rest.generation = Some(3);
+        assert_eq!(gate(Approval::Manual, Some("aaa"), &rest, Some(&approved)), Gate::Stale("aaa".into()));
+        assert_eq!(gate(Approval::Manual, Some("bbb"), &rest, Some(&approved)), Gate::Go { approved: Some(rest.clone()) });
     }
 
     #[test]

@@ -265,7 +265,8 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     }
     if !deleting {
         let resource = format!("TaskServ/{namespace}/{}", ts.name_any());
-        let taskserv_plan = plan::taskserv_plan(&resource, &desired, version.as_deref());
+        let mut taskserv_plan = plan::taskserv_plan(&resource, &desired, version.as_deref());
+        taskserv_plan.generation = ts.metadata.generation;
         gate_on_approval(&ts, namespace, ctx, &status, &mut desired, &mut launch, &taskserv_plan).await;
         desired.plan = Some(taskserv_plan);
     }
