@@ -66,3 +66,31 @@ pub fn require_node_image() -> Result<()> {
     }
     Ok(())
 }
+
+/// Ids of every container (running or not) labelled with the namespace.
+pub fn namespace_containers(namespace: &str) -> Result<Vec<String>> {
+    let ns = format!("label=provisioning.dev/namespace={namespace}");
+    Ok(lines(&docker_ok(&["ps", "-aq", "--filter", &ns])?))
+}
+
+/// Removes every container of the namespace and then its network (docker refuses to remove
+/// a network in use). Best effort: for a test's Drop guard, also when the test fails.
+pub fn remove_namespace(namespace: &str) {
+    for id in namespace_containers(namespace).unwrap_or_default() {
+        let _ = docker(&["rm", "-f", "-v", &id]);
+    }
+    let _ = docker(&["network", "rm", &format!("prov_{namespace}")]);
+}
+
+/// Removes the containers, networks and volumes a Cluster left ([`leftovers`]). Best effort:
+/// for a test's Drop guard, also when the test fails.
+pub fn remove_leftovers(namespace: &str, cluster: &str) {
+    for item in leftovers(namespace, cluster).unwrap_or_default() {
+        match item.split_once(' ') {
+            Some(("container", id)) => drop(docker(&["rm", "-f", "-v", id])),
+            Some(("network", id)) => drop(docker(&["network", "rm", id])),
+            Some(("volume", id)) => drop(docker(&["volume", "rm", id])),
+            _ => {}
+        }
+    }
+}

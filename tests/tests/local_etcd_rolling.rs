@@ -22,14 +22,7 @@ struct Cleanup;
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        for item in leftovers(NS, CLUSTER).unwrap_or_default() {
-            match item.split_once(' ') {
-                Some(("container", id)) => drop(docker(&["rm", "-f", "-v", id])),
-                Some(("network", id)) => drop(docker(&["network", "rm", id])),
-                Some(("volume", id)) => drop(docker(&["volume", "rm", id])),
-                _ => {}
-            }
-        }
+        provisioning_e2e::docker::remove_leftovers(NS, CLUSTER);
     }
 }
 

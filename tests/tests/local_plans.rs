@@ -28,18 +28,14 @@ struct Cleanup;
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        for id in ours().unwrap_or_default() {
-            let _ = docker(&["rm", "-f", "-v", &id]);
-        }
-        let _ = docker(&["network", "rm", &format!("prov_{NS}")]);
+        provisioning_e2e::docker::remove_namespace(NS);
         let _ = docker(&["rmi", OTHER_IMAGE]);
     }
 }
 
 /// Every container (running or not) of this test's namespace.
 fn ours() -> Result<Vec<String>> {
-    let ns = format!("label=provisioning.dev/namespace={NS}");
-    Ok(docker_ok(&["ps", "-aq", "--filter", &ns])?.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect())
+    provisioning_e2e::docker::namespace_containers(NS)
 }
 
 /// Containers of one Server (running or not).

@@ -19,16 +19,12 @@ struct Cleanup;
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        for id in ours().unwrap_or_default() {
-            let _ = docker(&["rm", "-f", "-v", &id]);
-        }
-        let _ = docker(&["network", "rm", &format!("prov_{NS}")]);
+        provisioning_e2e::docker::remove_namespace(NS);
     }
 }
 
 fn ours() -> Result<Vec<String>> {
-    let ns = format!("label=provisioning.dev/namespace={NS}");
-    Ok(docker_ok(&["ps", "-aq", "--filter", &ns])?.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect())
+    provisioning_e2e::docker::namespace_containers(NS)
 }
 
 fn get(dev: &Dev, kind: &str, name: &str) -> Result<Value> {

@@ -31,10 +31,7 @@ struct Cleanup;
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        for id in all_ids().unwrap_or_default() {
-            let _ = docker(&["rm", "-f", "-v", &id]);
-        }
-        let _ = docker(&["network", "rm", &format!("prov_{NS}")]);
+        provisioning_e2e::docker::remove_namespace(NS);
         let _ = docker(&["rmi", IMAGE_A, IMAGE_B]);
     }
 }
@@ -47,8 +44,7 @@ struct Container {
 }
 
 fn all_ids() -> Result<Vec<String>> {
-    let ns = format!("label=provisioning.dev/namespace={NS}");
-    Ok(docker_ok(&["ps", "-aq", "--filter", &ns])?.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect())
+    provisioning_e2e::docker::namespace_containers(NS)
 }
 
 /// Running containers of the namespace.

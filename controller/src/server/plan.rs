@@ -250,7 +250,8 @@ fn cost_delta(
 
 fn finish(who: &str, machine: Option<&str>, changes: Vec<PlannedChange>, delta: Option<(String, String)>, carry: Carry) -> ServerPlan {
     let (monthly_cost_delta, currency) = delta.unwrap_or_default();
-    let plan = Plan { id: plan_id(who, machine, &changes), summary: summary(&changes), changes, monthly_cost_delta, currency, generation: None };
+    let plan =
+        Plan { id: plan_id(who, machine, &changes), summary: summary(&changes), changes, monthly_cost_delta, currency, generation: None };
     ServerPlan { plan, carry }
 }
 
