@@ -570,6 +570,19 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
     removed.sort_by_key(|p| std::cmp::Reverse(p.len()));
     for p in removed {
         remove_at(&mut out, p);
+        // An object whose last field just went goes too (`status.plan: {}` would fail its
+        // schema's required fields), unless someone owns it as such or this apply sets it;
+        // top-level objects (spec, status) stay.
+        for depth in (2..p.len()).rev() {
+            let parent = &p[..depth];
+            let empty = parent.last().is_some_and(|t| t.starts_with("f:")) && value_at(&out, parent).is_some_and(|v| v == &json!({}));
+            let kept = entries.iter().any(|e| !is_self(e) && e.fields.contains(&parent.to_vec()))
+                || applied_fields.iter().any(|q| q.starts_with(parent));
+            if !empty || kept {
+                break;
+            }
+            remove_at(&mut out, parent);
+        }
     }
     // Merge the part of the configuration this scope may touch.
     let mut restricted = applied.clone();
@@ -667,6 +680,22 @@ mod tests {
         let d = apply(&c, &json!({"spec": {}}), &req("one", false))?;
         assert!(d["spec"].get("zone").is_none());
         assert_eq!(d["spec"]["plan"], "large");
+        Ok(())
+    }
+
+    #[test]
+    fn an_object_whose_fields_all_go_goes_too() -> Result<(), ApiError> {
+        let req = ApplyRequest { manager: "m", force: false, scope: Scope::Status, api_version: "v1", schema: None, now: "t" };
+        let live = json!({"metadata": {"name": "a"}});
+        let a = apply(&live, &json!({"status": {"phase": "Ready", "approvedPlan": {"id": "abc", "changes": [{"x": 1}]}}}), &req)?;
+        assert_eq!(a["status"]["approvedPlan"]["id"], "abc");
+        // The manager stops applying approvedPlan: no `approvedPlan: {}` left behind.
+        let b = apply(&a, &json!({"status": {"phase": "Ready"}}), &req)?;
+        assert!(b["status"].get("approvedPlan").is_none(), "{b}");
+        assert_eq!(b["status"]["phase"], "Ready");
+        // An empty object applied as such is owned as a leaf and stays.
+        let c = apply(&b, &json!({"status": {"phase": "Ready", "cost": {}}}), &req)?;
+        assert_eq!(c["status"]["cost"], json!({}));
         Ok(())
     }
 
