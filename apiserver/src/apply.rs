@@ -576,8 +576,8 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
         for depth in (2..p.len()).rev() {
             let parent = &p[..depth];
             let empty = parent.last().is_some_and(|t| t.starts_with("f:")) && value_at(&out, parent).is_some_and(|v| v == &json!({}));
-            let kept = entries.iter().any(|e| !is_self(e) && e.fields.contains(parent))
-                || applied_fields.iter().any(|q| q.starts_with(parent));
+            let kept =
+                entries.iter().any(|e| !is_self(e) && e.fields.contains(parent)) || applied_fields.iter().any(|q| q.starts_with(parent));
             if !empty || kept {
                 break;
             }

@@ -317,6 +317,8 @@ fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], 
     Ok(ObjectPlan { resource, plan: planned.plan, needs_approval, note })
 }
 
+// Over 80 lines on purpose: read the live children, run the Cluster planner, then refine each
+// member through the Server planner and describe each pool's rollout — one linear story.
 /// A Cluster's plan as its reconcile would compute it against its live children — Servers
 /// and TaskServs to create, change or delete (surge Servers of a rolling update included) —
 /// with every member whose machine changes planned by the Server planner itself (in place

@@ -121,6 +121,8 @@ impl Rollout {
     /// Servers, pool by pool: create missing ones (within `parallelLimit`), update drifted
     /// ones, one step per pool. A member's machine change (plan, zone, image) waits for its
     /// turn under the pool's `rollout`; anything else is applied at once.
+    // Over 80 lines on purpose: one pass over a pool's members gathers what the rolling budget,
+    // the step's state and the counts all need; split, each part would walk them again.
     pub fn pools(&mut self, o: &Observed<'_>, plan: &mut Plan) {
         let limit = o.spec.parallel_limit.max(1) as usize;
         let blocked = self.blocked();
