@@ -2,8 +2,9 @@
 # Builds the controller image from the repository's Dockerfile and tags it exactly as
 # deploy/controller/deployment.yaml names it (prints that reference on stdout).
 #
-#   scripts/build-image.sh              # build here, no registry needed
-#   scripts/build-image.sh --registry   # plain `docker build` (base and toolchain pulled)
+#   scripts/build-image.sh                  # build here, no registry needed
+#   scripts/build-image.sh --binary FILE    # the same around an already built `provisioning`
+#   scripts/build-image.sh --registry       # plain `docker build` (base and toolchain pulled)
 #
 # Without --registry nothing is pulled: the binary is built on this host (cargo profile
 # `image`), nu comes from .tools/bin/nu (scripts/setup.sh), both are handed to the Dockerfile
@@ -20,6 +21,14 @@ IMAGE=$(awk '$1 == "image:" || ($1 == "-" && $2 == "image:") { print $NF; exit }
 [ -n "$IMAGE" ] || { log "no image: in deploy/controller/deployment.yaml"; exit 1; }
 BASE=$(awk -F= '/^ARG BASE=/ { print $2; exit }' Dockerfile)
 [ -n "$BASE" ] || { log "no ARG BASE= in Dockerfile"; exit 1; }
+
+# --binary FILE: scripts/test.sh hands in the test build's binary (stripped here), so CI does
+# not compile the whole dependency tree a second time under the `image` profile.
+BINARY=
+if [ "${1:-}" = "--binary" ]; then
+  BINARY=${2:-}
+  [ -n "$BINARY" ] && [ -x "$BINARY" ] || { log "--binary needs an executable file (got '${BINARY}')"; exit 1; }
+fi
 
 if [ "${1:-}" = "--registry" ]; then
   "$DOCKER" build -t "$IMAGE" .
@@ -82,15 +91,20 @@ fi
 
 # The binary (cargo's own cache makes this a no-op when nothing changed), nu and the CA roots.
 START=$(date +%s)
-cargo build --locked --profile image -p provisioning-controller --bin provisioning >&2
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+if [ -z "$BINARY" ]; then
+  cargo build --locked --profile image -p provisioning-controller --bin provisioning >&2
+  BINARY=${CARGO_TARGET_DIR:-$ROOT/target}/image/provisioning
+fi
 NU=${PROVISIONING_NU:-$ROOT/.tools/bin/nu}
 [ -x "$NU" ] || { log "nu not found at $NU (run scripts/setup.sh)"; exit 1; }
 STAGE=$ROOT/.image-build
 mkdir -p "$STAGE"
 # Copy only on change, so the build context (and the engine's layer cache) stays the same.
 update() { cmp -s "$1" "$2" 2>/dev/null || cp "$1" "$2"; }
-update "$TARGET/image/provisioning" "$STAGE/provisioning"
+# The image profile strips already; a handed-in binary may carry debug info.
+cp "$BINARY" "$STAGE/provisioning.tmp" && strip "$STAGE/provisioning.tmp"
+update "$STAGE/provisioning.tmp" "$STAGE/provisioning"
+rm -f "$STAGE/provisioning.tmp"
 if [ ! -f "$STAGE/nu" ] || [ "$NU" -nt "$STAGE/nu" ]; then
   cp "$NU" "$STAGE/nu.tmp" && strip "$STAGE/nu.tmp" 2>/dev/null || true
   mv "$STAGE/nu.tmp" "$STAGE/nu"

@@ -328,6 +328,20 @@ mod tests {
         change(&format!("TaskServ/ns/c-redis on {server}"), "version", ChangeAction::Create, "7.2")
     }
 
+    /// A Cluster pass that would delete these Servers and TaskServs and do nothing else.
+    fn deleting(servers: &[&str], taskservs: &[&str]) -> super::super::plan::Plan {
+        super::super::plan::Plan {
+            apply_servers: Vec::new(),
+            delete_servers: servers.iter().map(|s| s.to_string()).collect(),
+            apply_taskservs: Vec::new(),
+            delete_taskservs: taskservs.iter().map(|s| s.to_string()).collect(),
+            status: ClusterStatus::default(),
+            events: Vec::new(),
+            requeue: None,
+            teardown_done: false,
+        }
+    }
+
     fn machine(server: &str) -> PlannedChange {
         change(&format!("Server/ns/{server}"), "", ChangeAction::Create, "small machine")
     }
@@ -443,17 +457,8 @@ mod tests {
         let gone = change("Server/ns/c-pool-2", "", ChangeAction::Delete, "");
         let removed = change("TaskServ/ns/c-web", "", ChangeAction::Delete, "");
         let p = plan("ddd", vec![gone.clone(), removed.clone()]);
-        let act = || super::super::plan::Plan {
-            apply_servers: Vec::new(),
-            // c-pool-9 is not in the plan: not held here.
-            delete_servers: vec!["c-pool-2".into(), "c-pool-9".into()],
-            apply_taskservs: Vec::new(),
-            delete_taskservs: vec!["c-web".into()],
-            status: ClusterStatus::default(),
-            events: Vec::new(),
-            requeue: None,
-            teardown_done: false,
-        };
+        // c-pool-9 is not in the plan: not held here.
+        let act = || deleting(&["c-pool-2", "c-pool-9"], &["c-web"]);
         let status = ClusterStatus::default();
         let mut held = act();
         hold_deletes(&decide(Approval::Manual, None, &p, &status, &[]), "ns", &p, &mut held);
@@ -502,16 +507,7 @@ mod tests {
         let mut dead = change("Server/ns/c-pool-1", "", ChangeAction::Replace, "a new Server and machine");
         dead.from = "machine stopped".into();
         let p = plan("fff", vec![dead]);
-        let act = || super::super::plan::Plan {
-            apply_servers: Vec::new(),
-            delete_servers: vec!["c-pool-1".into()],
-            apply_taskservs: Vec::new(),
-            delete_taskservs: Vec::new(),
-            status: ClusterStatus::default(),
-            events: Vec::new(),
-            requeue: None,
-            teardown_done: false,
-        };
+        let act = || deleting(&["c-pool-1"], &[]);
         let status = ClusterStatus::default();
         let mut held = act();
         hold_deletes(&decide(Approval::Manual, None, &p, &status, &[]), "ns", &p, &mut held);
