@@ -164,6 +164,13 @@ fn the_plan_id_is_stable_and_follows_desired_and_observed_state() {
         st.provider_id = Some("local://ffffff".into());
     }
     assert_ne!(a.plan.id, plan_with(&other_machine, &local()).plan.id, "another observed machine, another id");
+    // The same change asked again by a later spec (resized, changed back, resized again):
+    // another id, so the approval of the first time does not carry out the second.
+    let mut again = server("resized");
+    again.metadata.generation = Some(again.metadata.generation.unwrap_or(1) + 2);
+    let b = plan_with(&again, &local());
+    assert_eq!(a.plan.changes, b.plan.changes);
+    assert_ne!(a.plan.id, b.plan.id, "another generation, another id");
 }
 
 #[test]

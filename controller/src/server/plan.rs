@@ -127,7 +127,7 @@ pub fn spec_plan(
     let machine = observed.and_then(|s| s.provider_id.as_deref()).filter(|id| !id.is_empty());
     let adopted = !server.spec.external_id.is_empty();
     if adopted && machine.is_none() {
-        return finish(&who, machine, Vec::new(), None, Carry::Nothing);
+        return finish(server, machine, Vec::new(), None, Carry::Nothing);
     }
     let Some(machine) = machine else {
         let zone = if desired.zone.is_empty() { String::new() } else { format!(" in {}", desired.zone) };
@@ -140,7 +140,7 @@ pub fn spec_plan(
             reason: "no machine yet".into(),
         };
         let delta = cost_delta(&price, None, &desired.resolved_plan, &desired.zone);
-        return finish(&who, None, vec![change], delta, Carry::Create);
+        return finish(server, None, vec![change], delta, Carry::Create);
     };
     let status = observed.cloned().unwrap_or_default();
     let was = |v: &Option<String>, want: &str| v.clone().unwrap_or_else(|| want.to_string());
@@ -167,7 +167,7 @@ pub fn spec_plan(
         changes.push(PlannedChange { resource: who.clone(), field: field.spec_path().into(), action, from, to, reason });
     }
     if adopted || changes.is_empty() {
-        return finish(&who, Some(machine), changes, None, Carry::Nothing);
+        return finish(server, Some(machine), changes, None, Carry::Nothing);
     }
     let replace = changes.iter().any(|c| c.action == ChangeAction::Replace);
     let policy = server.spec.update_policy.unwrap_or_default();
@@ -190,7 +190,7 @@ pub fn spec_plan(
     let old_plan = status.resolved_plan.clone().unwrap_or_else(|| desired.resolved_plan.clone());
     let old_zone = status.zone.clone().unwrap_or_else(|| desired.zone.clone());
     let delta = cost_delta(&price, Some((&old_plan, &old_zone)), &desired.resolved_plan, &desired.zone);
-    finish(&who, Some(machine), changes, delta, carry)
+    finish(server, Some(machine), changes, delta, carry)
 }
 
 /// The plan of remediating drift of `machine`: a missing machine is made again (Create), a
@@ -218,7 +218,7 @@ pub fn drift_plan(server: &Server, machine: &ProviderId, stopped: bool, message:
         }
     };
     let carry = if stopped { Carry::Update } else { Carry::Create };
-    finish(&who, Some(&machine.0), vec![change], None, carry)
+    finish(server, Some(&machine.0), vec![change], None, carry)
 }
 
 /// (signed decimal, currency) of the monthly price change; `None` when a price is unknown
@@ -248,10 +248,10 @@ fn cost_delta(
     Some((text, new.currency.to_string()))
 }
 
-fn finish(who: &str, machine: Option<&str>, changes: Vec<PlannedChange>, delta: Option<(String, String)>, carry: Carry) -> ServerPlan {
+fn finish(server: &Server, machine: Option<&str>, changes: Vec<PlannedChange>, delta: Option<(String, String)>, carry: Carry) -> ServerPlan {
     let (monthly_cost_delta, currency) = delta.unwrap_or_default();
-    let plan =
-        Plan { id: plan_id(who, machine, &changes), summary: summary(&changes), changes, monthly_cost_delta, currency, generation: None };
+    let id = plan_id(&resource(server), server.metadata.generation, machine, &changes);
+    let plan = Plan { id, summary: summary(&changes), changes, monthly_cost_delta, currency, generation: None };
     ServerPlan { plan, carry }
 }
 
@@ -273,12 +273,17 @@ pub fn summary(changes: &[PlannedChange]) -> String {
     if parts.is_empty() { "no changes".into() } else { parts.join(", ") }
 }
 
-/// A short stable hash of the resource, the machine it is planned against and the changes
-/// (whose from/to carry the desired and observed values): the same inputs give the same id
-/// on every reconcile and in every controller.
-pub fn plan_id(who: &str, machine: Option<&str>, changes: &[PlannedChange]) -> String {
+/// A short stable hash of the resource, the spec generation and the machine it is planned
+/// against, and the changes (whose from/to carry the desired and observed values): the same
+/// inputs give the same id on every reconcile, in every controller and in `provisioning plan`
+/// (a dry-run apply reports the generation the apply would give). The generation makes an
+/// approval single-use per spec: a later spec change that plans the same changes (a second
+/// config change re-installs the same servers) has a new id, so the old approval is stale.
+pub fn plan_id(who: &str, generation: Option<i64>, machine: Option<&str>, changes: &[PlannedChange]) -> String {
     let mut hash = Sha256::new();
     hash.update(who.as_bytes());
+    hash.update([0]);
+    hash.update(generation.unwrap_or_default().to_le_bytes());
     hash.update([0]);
     hash.update(machine.unwrap_or_default().as_bytes());
     for c in changes {

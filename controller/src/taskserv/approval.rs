@@ -166,6 +166,27 @@ mod tests {
     }
 
     #[test]
+    fn a_second_config_change_that_re_installs_the_same_servers_needs_a_new_approval() {
+        // Real ids: re-installs of s0 and s1 at 7.2 planned for generation 2, then again for
+        // generation 3 (a second config change: the changes read the same).
+        let servers = |phase: &str| TaskServStatus {
+            servers: ["s0", "s1"]
+                .iter()
+                .map(|s| TaskServServerStatus { name: s.to_string(), phase: phase.into(), version: Some("7.2".into()), ..Default::default() })
+                .collect(),
+            ..Default::default()
+        };
+        let first = crate::taskserv::plan::taskserv_plan("TaskServ/ns/redis", Some(2), &servers("Pending"), Some("7.2"));
+        let second = crate::taskserv::plan::taskserv_plan("TaskServ/ns/redis", Some(3), &servers("Pending"), Some("7.2"));
+        assert_eq!(first.changes, second.changes);
+        assert_ne!(first.id, second.id, "the generation is part of the id");
+        // The first approval was carried out (kept with its id); the annotation still names it.
+        let carried = Plan { id: first.id.clone(), summary: first.summary.clone(), generation: first.generation, ..Default::default() };
+        assert_eq!(gate(Approval::Manual, Some(&first.id), &second, Some(&carried)), Gate::Stale(first.id.clone()));
+        assert_eq!(gate(Approval::Manual, Some(&second.id), &second, Some(&carried)), Gate::Go { approved: Some(second.clone()) });
+    }
+
+    #[test]
     fn a_held_plan_starts_only_checks_and_keeps_the_servers_as_they_were() {
         let previous = TaskServStatus {
             servers: vec![TaskServServerStatus {

@@ -265,8 +265,7 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     }
     if !deleting {
         let resource = format!("TaskServ/{namespace}/{}", ts.name_any());
-        let mut taskserv_plan = plan::taskserv_plan(&resource, &desired, version.as_deref());
-        taskserv_plan.generation = ts.metadata.generation;
+        let taskserv_plan = plan::taskserv_plan(&resource, ts.metadata.generation, &desired, version.as_deref());
         gate_on_approval(&ts, namespace, ctx, &status, &mut desired, &mut launch, &taskserv_plan).await;
         desired.plan = Some(taskserv_plan);
     }

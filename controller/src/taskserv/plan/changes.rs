@@ -8,9 +8,10 @@ use provisioning_crds::{ChangeAction, Plan, PlannedChange, TaskServStatus};
 use super::ServerPhase;
 use crate::server::plan::{plan_id, summary};
 
-/// The plan of TaskServ `resource` (`TaskServ/ns/name`) from its desired `status` and the
-/// version it converges to (`None` when the spec is invalid: nothing is planned).
-pub fn taskserv_plan(resource: &str, status: &TaskServStatus, version: Option<&str>) -> Plan {
+/// The plan of TaskServ `resource` (`TaskServ/ns/name`) at spec `generation` from its
+/// desired `status` and the version it converges to (`None` when the spec is invalid:
+/// nothing is planned).
+pub fn taskserv_plan(resource: &str, generation: Option<i64>, status: &TaskServStatus, version: Option<&str>) -> Plan {
     let mut changes = Vec::new();
     for entry in &status.servers {
         let phase = ServerPhase::of(entry);
@@ -38,7 +39,7 @@ pub fn taskserv_plan(resource: &str, status: &TaskServStatus, version: Option<&s
             reason,
         });
     }
-    Plan { id: plan_id(resource, None, &changes), summary: summary(&changes), changes, ..Default::default() }
+    Plan { id: plan_id(resource, generation, None, &changes), summary: summary(&changes), changes, generation, ..Default::default() }
 }
 
 #[cfg(test)]
@@ -63,12 +64,12 @@ mod tests {
             ],
             ..Default::default()
         };
-        let plan = taskserv_plan("TaskServ/dev/etcd", &status, Some("3.5.0"));
+        let plan = taskserv_plan("TaskServ/dev/etcd", Some(1), &status, Some("3.5.0"));
         assert_eq!(plan.summary, "1 to create, 2 to update, 1 to delete", "{:#?}", plan.changes);
         let c = plan.changes.iter().find(|c| c.resource.ends_with("on c")).expect("upgrade of c");
         assert_eq!((c.action, c.from.as_str(), c.to.as_str(), c.reason.as_str()), (ChangeAction::Update, "3.4.0", "3.5.0", "upgrade"));
         let settled = TaskServStatus { servers: vec![entry("b", "Installed", Some("3.5.0"))], ..Default::default() };
-        assert_eq!(taskserv_plan("TaskServ/dev/etcd", &settled, Some("3.5.0")).summary, "no changes");
-        assert_eq!(taskserv_plan("TaskServ/dev/etcd", &status, None).summary, "1 to delete", "an invalid spec plans only the drain");
+        assert_eq!(taskserv_plan("TaskServ/dev/etcd", Some(1), &settled, Some("3.5.0")).summary, "no changes");
+        assert_eq!(taskserv_plan("TaskServ/dev/etcd", Some(1), &status, None).summary, "1 to delete", "an invalid spec plans only the drain");
     }
 }
