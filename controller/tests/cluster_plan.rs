@@ -847,3 +847,48 @@ fn under_failure_policy_rollback_a_failed_member_goes_back_to_the_old_machine_sp
     }
     assert!(w.on_image("debian-13").is_empty());
 }
+
+#[test]
+fn under_failure_policy_rollback_surge_servers_leave_the_services_and_go() {
+    let yaml = ETCD
+        .replace("labels: {tier: data}}]", "labels: {tier: data}, rollout: {maxUnavailable: 0, maxSurge: 1}}]\n  failurePolicy: Rollback");
+    let mut w = World::new(&yaml);
+    w.converge();
+    w.change_image("debian-13");
+    let p = w.plan();
+    assert_eq!(World::applied(&p), ["etcd-members-surge-0"]);
+    w.commit(&p);
+    // The surge Server serves the new image; member 0 is taken and its new machine fails.
+    w.servers.iter_mut().filter(|s| s.name.contains("surge")).for_each(|s| s.ready = true);
+    w.back("etcd-members-surge-0", "surge-m");
+    let p = w.plan();
+    assert_eq!(World::applied(&p), ["etcd-members-0"]);
+    w.commit(&p);
+    w.replacing("etcd-members-0");
+    w.servers[0].stalled = Some("image debian-13 not found".into());
+    let p = w.plan();
+    assert_eq!(cond(&p.status, "Stalled").1, "RolledBack");
+    w.commit(&p);
+    w.servers[0].stalled = None;
+    w.back("etcd-members-0", "m0-old-again");
+    // Rolled back: the surge Server leaves the service (nothing else of the TaskServ changes),
+    // is drained, then deleted; the members stay on the old image.
+    let store_before = w.taskservs.iter().find(|t| t.name == "etcd-store").expect("TaskServ").spec.clone();
+    let p = w.plan();
+    let ts = p.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).expect("the surge leaves the service");
+    assert!(!ts.spec.servers.names.iter().any(|n| n.contains("surge")), "{:?}", ts.spec.servers.names);
+    let mut same = ts.spec.clone();
+    same.servers.names = store_before.servers.names.clone();
+    assert_eq!(same, store_before, "only the server list changes");
+    assert!(p.delete_servers.is_empty(), "drained first: {:?}", p.delete_servers);
+    w.commit(&p);
+    w.taskservs[0].servers_in_status.remove("etcd-members-surge-0");
+    let p = w.plan();
+    assert_eq!(p.delete_servers, ["etcd-members-surge-0"]);
+    assert_eq!(cond(&p.status, "Stalled").1, "RolledBack");
+    w.commit(&p);
+    let p = w.plan();
+    assert!(p.apply_taskservs.is_empty() && p.delete_servers.is_empty(), "settled: {:?} {:?}", World::applied(&p), p.delete_servers);
+    assert!(w.on_image("debian-13").is_empty());
+    assert!(!w.servers.iter().any(|s| s.name.contains("surge")));
+}

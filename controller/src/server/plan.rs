@@ -248,7 +248,13 @@ fn cost_delta(
     Some((text, new.currency.to_string()))
 }
 
-fn finish(server: &Server, machine: Option<&str>, changes: Vec<PlannedChange>, delta: Option<(String, String)>, carry: Carry) -> ServerPlan {
+fn finish(
+    server: &Server,
+    machine: Option<&str>,
+    changes: Vec<PlannedChange>,
+    delta: Option<(String, String)>,
+    carry: Carry,
+) -> ServerPlan {
     let (monthly_cost_delta, currency) = delta.unwrap_or_default();
     let id = plan_id(&resource(server), server.metadata.generation, machine, &changes);
     let plan = Plan { id, summary: summary(&changes), changes, monthly_cost_delta, currency, generation: None };

@@ -172,7 +172,12 @@ mod tests {
         let servers = |phase: &str| TaskServStatus {
             servers: ["s0", "s1"]
                 .iter()
-                .map(|s| TaskServServerStatus { name: s.to_string(), phase: phase.into(), version: Some("7.2".into()), ..Default::default() })
+                .map(|s| TaskServServerStatus {
+                    name: s.to_string(),
+                    phase: phase.into(),
+                    version: Some("7.2".into()),
+                    ..Default::default()
+                })
                 .collect(),
             ..Default::default()
         };

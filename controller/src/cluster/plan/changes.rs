@@ -18,7 +18,13 @@ pub fn cluster_plan(o: &Observed<'_>, namespace: &str, services: &[ServicePlan])
     let mut changes = server_changes(o, namespace, &desired);
     changes.extend(taskserv_changes(o, namespace, services, &desired));
     let who = format!("Cluster/{namespace}/{}", o.name);
-    Plan { id: plan_id(&who, o.generation, None, &changes), summary: summary(&changes), changes, generation: o.generation, ..Default::default() }
+    Plan {
+        id: plan_id(&who, o.generation, None, &changes),
+        summary: summary(&changes),
+        changes,
+        generation: o.generation,
+        ..Default::default()
+    }
 }
 
 fn change(resource: String, field: &str, action: ChangeAction, from: String, to: String) -> PlannedChange {

@@ -235,6 +235,16 @@ impl Rollout {
                     let drifted = h.spec != want.spec || !labels_cover(&want.metadata.labels, &h.labels);
                     if drifted && !h.deleting && !blocked {
                         plan.apply_taskservs.push(want.clone());
+                    } else if drifted && !h.deleting && self.rolled_back.is_some() {
+                        // Rolled back: nothing new goes out, but Servers no longer wanted (the
+                        // surge Servers of the failed rollout) leave the service, so they drain
+                        // and go instead of serving the failed spec until the next spec change.
+                        let mut leave = want.clone();
+                        leave.spec = h.spec.clone();
+                        leave.spec.servers.names.retain(|n| self.desired_names.contains(n));
+                        if leave.spec != h.spec {
+                            plan.apply_taskservs.push(leave);
+                        }
                     }
                 }
                 None if prereqs_done && !blocked => plan.apply_taskservs.push(want.clone()),

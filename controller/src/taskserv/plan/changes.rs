@@ -70,6 +70,10 @@ mod tests {
         assert_eq!((c.action, c.from.as_str(), c.to.as_str(), c.reason.as_str()), (ChangeAction::Update, "3.4.0", "3.5.0", "upgrade"));
         let settled = TaskServStatus { servers: vec![entry("b", "Installed", Some("3.5.0"))], ..Default::default() };
         assert_eq!(taskserv_plan("TaskServ/dev/etcd", Some(1), &settled, Some("3.5.0")).summary, "no changes");
-        assert_eq!(taskserv_plan("TaskServ/dev/etcd", Some(1), &status, None).summary, "1 to delete", "an invalid spec plans only the drain");
+        assert_eq!(
+            taskserv_plan("TaskServ/dev/etcd", Some(1), &status, None).summary,
+            "1 to delete",
+            "an invalid spec plans only the drain"
+        );
     }
 }
