@@ -14,7 +14,8 @@
 //! stale), so later drift needs a new approval. The Cluster's own deletes of members its plan
 //! lists (a scale-down, a service removed) wait for the approval too ([`hold_deletes`]).
 //! The decisions are pure ([`decide`], [`covered`], [`hold`], [`hold_deletes`]);
-//! [`carry_out`] does the writes.
+//! [`record`] puts one into the status and [`pass_down`], after the status is written, patches
+//! the members.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -57,9 +58,18 @@ fn approves_member(approved: &PlannedChange, object: &str) -> bool {
 /// Whether the approved Cluster plan covers `change` (one of the Cluster's own changes or of a
 /// member's plan): it holds the same change (resource, action, target), or a Create of the
 /// member the change is about, or a change of one of that member's spec fields.
+/// An approved version change covers installs of that version only: the rollback of a
+/// failed upgrade (back to the last good version) is a plan of its own, as on a standalone
+/// TaskServ.
 pub fn covered(change: &PlannedChange, approved: &Plan) -> bool {
     let object = object_of(&change.resource);
-    approved.changes.iter().any(|a| same_change(a, change) || approves_member(a, object))
+    let approved_version = approved
+        .changes
+        .iter()
+        .find(|a| a.resource == object && a.field == "spec.version" && !a.to.is_empty() && a.to != "(default)")
+        .map(|a| a.to.as_str());
+    let elsewhere = change.field == "version" && approved_version.is_some_and(|v| change.to != v);
+    approved.changes.iter().any(|a| same_change(a, change) || (!elsewhere && approves_member(a, object)))
 }
 
 /// Kind of a member.
@@ -255,28 +265,24 @@ pub fn decision(cluster: &Cluster, namespace: &str, o: &Observed<'_>, plan: &Pla
     decide(approval, annotation, plan, &previous, &members(o, namespace))
 }
 
-/// Carries out a [`Decision`]: records the approval in force in `status`, approves covered
-/// members (merge patch of their annotation), holds the conditions while the plan waits and
-/// reports a stale annotation with a PlanStale Warning.
-pub async fn carry_out(
+/// Records a [`Decision`] in `status` before anything is passed down: the approval in force
+/// (`status.approvedPlan`), the conditions held while the plan waits, and a PlanStale Warning
+/// for a stale annotation. [`pass_down`] runs only after this status is written, so a
+/// controller stopped in between finds the approval recorded (members already approved work
+/// on, their plans shrink, and the kept approval still covers what is left) instead of a
+/// changed plan id that would make the user's annotation look stale.
+pub async fn record(
     cluster: &Cluster,
     plan: &Plan,
-    decision: Decision,
+    decision: &Decision,
     status: &mut ClusterStatus,
     events: &mut Vec<PlannedEvent>,
     now: Timestamp,
     ctx: &Context,
-) -> Result<(), Error> {
+) {
     let previous = cluster.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-    let namespace = cluster.metadata.namespace.as_deref().ok_or(Error::MissingField("metadata.namespace"))?;
     status.approved_plan = decision.approved.clone();
-    if !decision.pass_down.is_empty() {
-        approve_members(namespace, &decision.pass_down, ctx).await?;
-        let approved_id = decision.approved.as_ref().map(|p| p.id.as_str()).unwrap_or_default();
-        let names: Vec<String> = decision.pass_down.iter().map(|p| format!("{} {} (plan {})", p.kind.as_str(), p.name, p.id)).collect();
-        events.push(PlannedEvent::normal("Approved", format!("plan {approved_id} approved for {}", names.join(", "))));
-    }
-    match decision.gate {
+    match &decision.gate {
         Gate::Go { .. } => {}
         Gate::Wait => hold(status, events, previous, plan, now),
         Gate::Stale(id) => {
@@ -288,24 +294,47 @@ pub async fn carry_out(
             ctx.publish(cluster, EventType::Warning, PLAN_STALE, "Approve", Some(note)).await;
         }
     }
+}
+
+/// Approves the covered members of a recorded [`Decision`] (a merge patch of each one's
+/// annotation) and says so in a Normal `Approved` event. A member deleted meanwhile is
+/// skipped; any other failure is retried with the next pass, which decides again.
+pub async fn pass_down(cluster: &Cluster, decision: &Decision, ctx: &Context) -> Result<(), Error> {
+    if decision.pass_down.is_empty() {
+        return Ok(());
+    }
+    let namespace = cluster.metadata.namespace.as_deref().ok_or(Error::MissingField("metadata.namespace"))?;
+    let approved = approve_members(namespace, &decision.pass_down, ctx).await?;
+    if !approved.is_empty() {
+        let approved_id = decision.approved.as_ref().map(|p| p.id.as_str()).unwrap_or_default();
+        let names: Vec<String> = approved.iter().map(|p| format!("{} {} (plan {})", p.kind.as_str(), p.name, p.id)).collect();
+        let note = format!("plan {approved_id} approved for {}", names.join(", "));
+        ctx.publish(cluster, EventType::Normal, "Approved", "Approve", Some(note)).await;
+    }
     Ok(())
 }
 
 /// Sets each member's `provisioning.dev/approve` to its plan id: metadata only, the member's
-/// spec and status are left alone.
-async fn approve_members(namespace: &str, pass_down: &[PassDown], ctx: &Context) -> Result<(), Error> {
+/// spec and status are left alone. Returns those approved (a member already gone is not).
+async fn approve_members<'a>(namespace: &str, pass_down: &'a [PassDown], ctx: &Context) -> Result<Vec<&'a PassDown>, Error> {
     let servers: Api<Server> = Api::namespaced(ctx.client.clone(), namespace);
     let taskservs: Api<TaskServ> = Api::namespaced(ctx.client.clone(), namespace);
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..Default::default() };
+    let mut approved = Vec::new();
     for p in pass_down {
         let patch = Patch::Merge(serde_json::json!({ "metadata": { "annotations": { ANNOTATION_APPROVE: p.id } } }));
-        match p.kind {
-            MemberKind::Server => servers.patch(&p.name, &params, &patch).await.map(drop)?,
-            MemberKind::TaskServ => taskservs.patch(&p.name, &params, &patch).await.map(drop)?,
+        let result = match p.kind {
+            MemberKind::Server => servers.patch(&p.name, &params, &patch).await.map(drop),
+            MemberKind::TaskServ => taskservs.patch(&p.name, &params, &patch).await.map(drop),
+        };
+        match result {
+            Ok(()) => approved.push(p),
+            Err(kube::Error::Api(e)) if e.code == 404 => continue,
+            Err(e) => return Err(e.into()),
         }
         ctx.metrics.record_write(p.kind.as_str());
     }
-    Ok(())
+    Ok(approved)
 }
 
 #[cfg(test)]
@@ -475,6 +504,21 @@ mod tests {
         let mut automatic = act();
         hold_deletes(&decide(Approval::Automatic, None, &p, &status, &[]), "ns", &p, &mut automatic);
         assert_eq!((automatic.delete_servers.len(), automatic.delete_taskservs.len()), (2, 1));
+    }
+
+    #[test]
+    fn an_approved_upgrade_does_not_cover_its_rollback() {
+        let approved = plan("up", vec![change("TaskServ/ns/c-redis", "spec.version", ChangeAction::Update, "7.2")]);
+        let upgrade = change("TaskServ/ns/c-redis on s0", "version", ChangeAction::Update, "7.2");
+        let rollback = change("TaskServ/ns/c-redis on s0", "version", ChangeAction::Update, "7.0");
+        assert!(covered(&upgrade, &approved));
+        assert!(!covered(&rollback, &approved), "a rollback waits for its own approval");
+        // With a config change approved too, the rollback is still not covered.
+        let both = plan("both", vec![approved.changes[0].clone(), change("TaskServ/ns/c-redis", "spec.config", ChangeAction::Update, "")]);
+        assert!(!covered(&rollback, &both));
+        // A config change alone covers the re-installs it causes.
+        let config = plan("cfg", vec![change("TaskServ/ns/c-redis", "spec.config", ChangeAction::Update, "")]);
+        assert!(covered(&change("TaskServ/ns/c-redis on s0", "version", ChangeAction::Update, "7.0"), &config));
     }
 
     #[test]

@@ -181,11 +181,15 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
     let mut events = plan.events.clone();
-    if let Some((cluster_plan, decision)) = gated {
-        approval::carry_out(&cluster, &cluster_plan, decision, &mut status, &mut events, observed.now, ctx).await.at(Step::Act)?;
-        status.plan = Some(cluster_plan);
+    if let Some((cluster_plan, decision)) = &gated {
+        approval::record(&cluster, cluster_plan, decision, &mut status, &mut events, observed.now, ctx).await;
+        status.plan = Some(cluster_plan.clone());
     }
     ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await.at(Step::Status)?;
+    // Only once the approval in force is recorded (see approval::record).
+    if let Some((_, decision)) = &gated {
+        approval::pass_down(&cluster, decision, ctx).await.at(Step::Act)?;
+    }
     for e in &events {
         let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
         ctx.publish(cluster.as_ref(), type_, &e.reason, "Rollout", Some(e.note.clone())).await;
