@@ -764,7 +764,11 @@ fn max_surge_brings_up_new_servers_first_and_removes_them_at_the_end() {
     assert!(ts.spec.servers.names.contains(&"etcd-members-surge-0".to_string()), "{:?}", ts.spec.servers.names);
     assert_eq!(p.status.servers.as_ref().map(|s| s.desired), Some(3), "surge Servers are not members");
     let changes = plan::cluster_plan(&w.observed(), "dev", w.services.as_ref().expect("valid"));
-    assert!(changes.changes.iter().any(|c| c.resource.ends_with("surge-0") && c.action == provisioning_crds::ChangeAction::Create));
+    assert!(
+        changes.changes.iter().any(|c| c.resource.ends_with("surge-0")
+            && c.action == provisioning_crds::ChangeAction::Create
+            && c.reason == plan::SURGE_REASON)
+    );
     w.commit(&p);
     // The surge Server is up but its service is not: still nothing taken.
     w.servers.iter_mut().filter(|s| s.name.contains("surge")).for_each(|s| s.ready = true);

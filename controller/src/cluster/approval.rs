@@ -69,7 +69,18 @@ pub fn covered(change: &PlannedChange, approved: &Plan) -> bool {
         .find(|a| a.resource == object && a.field == "spec.version" && !a.to.is_empty() && a.to != "(default)")
         .map(|a| a.to.as_str());
     let elsewhere = change.field == "version" && approved_version.is_some_and(|v| change.to != v);
-    approved.changes.iter().any(|a| same_change(a, change) || (!elsewhere && approves_member(a, object)))
+    approved.changes.iter().any(|a| same_change(a, change) || (!elsewhere && approves_member(a, object)) || surge_leaves(a, change))
+}
+
+/// A surge Server created under an approval leaves its services under the same approval:
+/// the remove of a service from it is covered by the approved Create of that surge Server.
+fn surge_leaves(approved: &PlannedChange, change: &PlannedChange) -> bool {
+    let Some((object, server)) = change.resource.split_once(" on ") else { return false };
+    let namespace = object.split('/').nth(1).unwrap_or_default();
+    change.action == ChangeAction::Delete
+        && approved.action == ChangeAction::Create
+        && approved.reason == super::plan::SURGE_REASON
+        && approved.resource == format!("Server/{namespace}/{server}")
 }
 
 /// Kind of a member.
@@ -530,7 +541,10 @@ mod tests {
         let approved = plan(
             "roll",
             vec![
-                change("Server/ns/c-pool-surge-0", "", ChangeAction::Create, "pool pool, plan small"),
+                PlannedChange {
+                    reason: super::super::plan::SURGE_REASON.into(),
+                    ..change("Server/ns/c-pool-surge-0", "", ChangeAction::Create, "pool pool, plan small")
+                },
                 replace0.clone(),
                 change("Server/ns/c-pool-1", "spec.image", ChangeAction::Update, "debian-13"),
             ],
@@ -540,6 +554,15 @@ mod tests {
         replace1.resource = "Server/ns/c-pool-1".into();
         assert!(covered(&replace1, &approved));
         assert!(covered(&machine("c-pool-surge-0"), &approved));
+        // The surge Server leaving its service at the end is covered by its approved Create.
+        let leave = change("TaskServ/ns/c-web on c-pool-surge-0", "version", ChangeAction::Delete, "");
+        assert!(covered(&leave, &approved));
+        let mut other_leave = leave.clone();
+        other_leave.resource = "TaskServ/ns/c-web on c-pool-1".into();
+        assert!(!covered(&other_leave, &approved), "only the surge Server's");
+        let member = plan("m", vec![change("Server/ns/c-pool-3", "", ChangeAction::Create, "pool pool, plan small")]);
+        let member_leave = change("TaskServ/ns/c-web on c-pool-3", "version", ChangeAction::Delete, "");
+        assert!(!covered(&member_leave, &member), "a member's Create does not cover a service leaving it");
         // Another member, or another image, is not covered.
         let mut other = replace1.clone();
         other.resource = "Server/ns/c-pool-2".into();

@@ -39,13 +39,19 @@ fn server_changes(o: &Observed<'_>, namespace: &str, desired: &[Server]) -> Vec<
         let resource = format!("Server/{namespace}/{name}");
         let pool = server.metadata.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).cloned().unwrap_or_default();
         match o.servers.iter().find(|c| c.name == name) {
-            None => changes.push(change(
-                resource,
-                "",
-                ChangeAction::Create,
-                String::new(),
-                format!("pool {pool}, plan {}", or_default(&server.spec.plan)),
-            )),
+            None => {
+                let mut c = change(
+                    resource,
+                    "",
+                    ChangeAction::Create,
+                    String::new(),
+                    format!("pool {pool}, plan {}", or_default(&server.spec.plan)),
+                );
+                if server.metadata.labels.as_ref().is_some_and(|l| l.contains_key(super::LABEL_SURGE)) {
+                    c.reason = super::SURGE_REASON.to_string();
+                }
+                changes.push(c);
+            }
             Some(child) => {
                 // A member whose machine died is replaced by the Cluster (deleted, made anew).
                 if let Some(why) = super::remediation(o, child) {

@@ -277,6 +277,8 @@ fn owner_reference(o: &Observed<'_>) -> OwnerReference {
 
 /// Label on the extra Servers a pool's rolling update brings up first (`maxSurge`).
 pub const LABEL_SURGE: &str = "provisioning.dev/surge";
+/// The reason on the Cluster plan's Create of a surge Server.
+pub const SURGE_REASON: &str = "surge Server of a rolling update (maxSurge)";
 
 /// Name of the `index`-th surge Server of `pool`.
 pub fn surge_name(cluster: &str, pool: &str, index: u32) -> String {
