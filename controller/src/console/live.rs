@@ -250,6 +250,10 @@ pub fn stream(state: Arc<ConsoleState>, session_id: String, session: Arc<Session
         let render = || {
             let (state, session, session_id, page) = (state.clone(), session.clone(), session_id.clone(), page.clone());
             async move {
+                // Signed out meanwhile (logout, or evicted at a session limit): the stream ends.
+                if !state.sessions.contains(&session_id) {
+                    return Rendered::Unauthorized;
+                }
                 match pages::live_fragment(&session, &page).await {
                     Ok(html) => Rendered::Html(html),
                     Err(ApiFailure::Unauthorized) => {

@@ -25,6 +25,11 @@ pub const CODE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// (each holds a client and a chart history, so unbounded sign-ins would grow without end).
 pub const MAX_SESSIONS: usize = 1000;
 
+/// Sessions one user (as the API server names the token's owner) keeps at most; a sign-in
+/// beyond it ends that user's least recently used session, never another user's, so one
+/// signed-in user cannot sign everybody else out by signing in again and again.
+pub const MAX_SESSIONS_PER_USER: usize = 16;
+
 /// Points kept per Cluster in the ready-over-time chart.
 pub const HISTORY_POINTS: usize = 500;
 
@@ -107,26 +112,46 @@ pub struct Sessions {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     codes: Mutex<HashMap<String, (SecretString, Instant)>>,
     max_sessions: usize,
+    max_per_user: usize,
 }
 
 impl Default for Sessions {
     fn default() -> Self {
-        Sessions::with_limit(MAX_SESSIONS)
+        Sessions::with_limits(MAX_SESSIONS, MAX_SESSIONS_PER_USER)
     }
 }
 
 impl Sessions {
-    /// A store keeping at most `max_sessions` sessions (at least one).
-    pub fn with_limit(max_sessions: usize) -> Sessions {
-        Sessions { sessions: Mutex::default(), codes: Mutex::default(), max_sessions: max_sessions.max(1) }
+    /// A store keeping at most `max_sessions` sessions, `max_per_user` of one user (each at
+    /// least one).
+    pub fn with_limits(max_sessions: usize, max_per_user: usize) -> Sessions {
+        Sessions {
+            sessions: Mutex::default(),
+            codes: Mutex::default(),
+            max_sessions: max_sessions.max(1),
+            max_per_user: max_per_user.max(1),
+        }
     }
 
-    /// Stores `session`, first dropping idle ones and, at the limit, the least recently used;
-    /// returns its id (for the cookie).
+    /// Stores `session`, first dropping idle ones, then at the user's limit that user's least
+    /// recently used session, then at the overall limit the least recently used one; returns
+    /// its id (for the cookie).
     pub fn insert(&self, session: Session) -> String {
         let id = random_hex();
         let mut map = lock(&self.sessions);
         map.retain(|_, s| lock(&s.last_seen).elapsed() < IDLE_TIMEOUT);
+        loop {
+            let own = map.iter().filter(|(_, s)| s.user == session.user);
+            if own.clone().count() < self.max_per_user {
+                break;
+            }
+            let Some(oldest) = own.min_by_key(|(_, s)| *lock(&s.last_seen)).map(|(k, _)| k.clone()) else { break };
+            map.remove(&oldest);
+            tracing::info!(
+                limit = self.max_per_user,
+                "console sessions per user reached: signed out that user's least recently used session"
+            );
+        }
         while map.len() >= self.max_sessions {
             let Some(oldest) = map.iter().min_by_key(|(_, s)| *lock(&s.last_seen)).map(|(k, _)| k.clone()) else { break };
             map.remove(&oldest);
@@ -134,6 +159,11 @@ impl Sessions {
         }
         map.insert(id.clone(), Arc::new(session));
         id
+    }
+
+    /// Whether the session `id` is still kept (a live stream of an ended session stops).
+    pub fn contains(&self, id: &str) -> bool {
+        lock(&self.sessions).contains_key(id)
     }
 
     /// Sessions kept now.
@@ -215,7 +245,7 @@ mod tests {
         // A client that is never used: building one needs a runtime, not a server.
         let client = kube::Client::try_from(kube::Config::new("https://127.0.0.1:9".parse()?))?;
         let new = || Session::new(SecretString::from("t0ken"), client.clone(), "u".into());
-        let s = Sessions::with_limit(3);
+        let s = Sessions::with_limits(3, 3);
         let mut ids = vec![];
         for _ in 0..3 {
             ids.push(s.insert(new()));
@@ -237,6 +267,22 @@ mod tests {
         }
         assert_eq!(s.len(), 3);
         assert_eq!(Sessions::default().max_sessions, MAX_SESSIONS);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn one_user_signing_in_again_and_again_signs_out_only_their_own_sessions() -> anyhow::Result<()> {
+        let client = kube::Client::try_from(kube::Config::new("https://127.0.0.1:9".parse()?))?;
+        let new = |user: &str| Session::new(SecretString::from("t0ken"), client.clone(), user.into());
+        let s = Sessions::with_limits(4, 2);
+        let alice = s.insert(new("alice"));
+        let bob = s.insert(new("bob"));
+        for _ in 0..20 {
+            s.insert(new("mallory"));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(s.contains(&alice) && s.contains(&bob), "other users' sessions are kept");
+        assert_eq!(s.len(), 4, "alice, bob and mallory's newest two");
         Ok(())
     }
 
