@@ -83,10 +83,25 @@ export def svc-stop [name: string, --unit: string = "", --grace: duration = 10se
     if $pid != null {
         ^kill -TERM $pid | complete | ignore
         let deadline = ((date now) + $grace)
-        while ((pid-of $name) != null) and ((date now) < $deadline) { sleep 100ms }
-        if (pid-of $name) != null { ^kill -KILL $pid | complete | ignore }
+        while (not (exited $pid)) and ((date now) < $deadline) { sleep 100ms }
+        if not (exited $pid) {
+            ^kill -KILL $pid | complete | ignore
+            let deadline = ((date now) + 5sec)
+            while (not (exited $pid)) and ((date now) < $deadline) { sleep 100ms }
+        }
     }
     rm -f (pid-file $name)
+}
+
+# Whether every thread of process `pid` has exited, so its sockets and files are closed: a
+# multi-threaded daemon's main thread can be a zombie while its other threads still hold the
+# listening socket (a restart then fails with "address already in use").
+def exited [pid: int]: nothing -> bool {
+    let tasks = (try { ls $"/proc/($pid)/task" | get name | path basename } catch { [] })
+    $tasks | all {|task|
+        let state = (try { open --raw $"/proc/($pid)/task/($task)/stat" | decode utf-8 | split row ") " | last | split row " " | get 0 } catch { "gone" })
+        $state in ["Z", "X", "gone"]
+    }
 }
 
 # The ARGS of a Debian /etc/default/<name> file (`ARGS="--a=1 --b"`) as argv words: the
