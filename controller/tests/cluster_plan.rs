@@ -820,12 +820,19 @@ fn without_a_rollout_every_member_changes_at_once() {
     assert_eq!(World::applied(&w.plan()).len(), 3);
 }
 
-#[test]
-fn under_failure_policy_rollback_a_failed_member_goes_back_to_the_old_machine_spec() {
-    let yaml = ETCD.replace("labels: {tier: data}}]", "labels: {tier: data}, rollout: {maxUnavailable: 1}}]\n  failurePolicy: Rollback");
+/// ETCD under `failurePolicy: Rollback` with `rollout`, converged, then given a new image.
+fn rolling_back_on_failure(rollout: &str) -> World {
+    let yaml =
+        ETCD.replace("labels: {tier: data}}]", &format!("labels: {{tier: data}}, rollout: {{{rollout}}}}}]\n  failurePolicy: Rollback"));
     let mut w = World::new(&yaml);
     w.converge();
     w.change_image("debian-13");
+    w
+}
+
+#[test]
+fn under_failure_policy_rollback_a_failed_member_goes_back_to_the_old_machine_spec() {
+    let mut w = rolling_back_on_failure("maxUnavailable: 1");
     let p = w.plan();
     assert_eq!(World::applied(&p), ["etcd-members-0"]);
     w.commit(&p);
@@ -854,11 +861,7 @@ fn under_failure_policy_rollback_a_failed_member_goes_back_to_the_old_machine_sp
 
 #[test]
 fn under_failure_policy_rollback_surge_servers_leave_the_services_and_go() {
-    let yaml = ETCD
-        .replace("labels: {tier: data}}]", "labels: {tier: data}, rollout: {maxUnavailable: 0, maxSurge: 1}}]\n  failurePolicy: Rollback");
-    let mut w = World::new(&yaml);
-    w.converge();
-    w.change_image("debian-13");
+    let mut w = rolling_back_on_failure("maxUnavailable: 0, maxSurge: 1");
     let p = w.plan();
     assert_eq!(World::applied(&p), ["etcd-members-surge-0"]);
     w.commit(&p);
