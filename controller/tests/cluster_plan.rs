@@ -820,6 +820,15 @@ fn without_a_rollout_every_member_changes_at_once() {
     assert_eq!(World::applied(&w.plan()).len(), 3);
 }
 
+impl World {
+    /// The new image does not boot: `name` is being replaced and its Server is Stalled.
+    fn fail_new_machine(&mut self, name: &str) {
+        self.replacing(name);
+        let s = self.servers.iter_mut().find(|s| s.name == name).unwrap_or_else(|| panic!("no Server {name}"));
+        s.stalled = Some("image debian-13 not found".into());
+    }
+}
+
 /// ETCD under `failurePolicy: Rollback` with `rollout`, converged, then given a new image.
 fn rolling_back_on_failure(rollout: &str) -> World {
     let yaml =
@@ -836,9 +845,7 @@ fn under_failure_policy_rollback_a_failed_member_goes_back_to_the_old_machine_sp
     let p = w.plan();
     assert_eq!(World::applied(&p), ["etcd-members-0"]);
     w.commit(&p);
-    // The new image does not boot: member 0 is Stalled.
-    w.replacing("etcd-members-0");
-    w.servers[0].stalled = Some("image debian-13 not found".into());
+    w.fail_new_machine("etcd-members-0");
     let p = w.plan();
     let back: Vec<(String, String)> =
         p.apply_servers.iter().map(|s| (s.metadata.name.clone().unwrap_or_default(), s.spec.image.clone())).collect();
@@ -871,8 +878,7 @@ fn under_failure_policy_rollback_surge_servers_leave_the_services_and_go() {
     let p = w.plan();
     assert_eq!(World::applied(&p), ["etcd-members-0"]);
     w.commit(&p);
-    w.replacing("etcd-members-0");
-    w.servers[0].stalled = Some("image debian-13 not found".into());
+    w.fail_new_machine("etcd-members-0");
     let p = w.plan();
     assert_eq!(cond(&p.status, "Stalled").1, "RolledBack");
     w.commit(&p);

@@ -66,7 +66,7 @@ pub fn covered(change: &PlannedChange, approved: &Plan) -> bool {
     let approved_version = approved
         .changes
         .iter()
-        .find(|a| a.resource == object && a.field == "spec.version" && !a.to.is_empty() && a.to != "(default)")
+        .find(|a| a.resource == object && a.field == "spec.version" && !a.to.is_empty() && a.to != super::plan::DEFAULT_SHOWN)
         .map(|a| a.to.as_str());
     let elsewhere = change.field == "version" && approved_version.is_some_and(|v| change.to != v);
     approved.changes.iter().any(|a| same_change(a, change) || (!elsewhere && approves_member(a, object)) || surge_leaves(a, change))

@@ -27,6 +27,9 @@ pub fn cluster_plan(o: &Observed<'_>, namespace: &str, services: &[ServicePlan])
     }
 }
 
+/// How a plan shows a spec value left to its default (a TaskServ's version: the catalog's).
+pub const DEFAULT_SHOWN: &str = "(default)";
+
 fn change(resource: String, field: &str, action: ChangeAction, from: String, to: String) -> PlannedChange {
     PlannedChange { resource, field: field.to_string(), action, from, to, reason: String::new() }
 }
@@ -142,5 +145,5 @@ fn taskserv_changes(o: &Observed<'_>, namespace: &str, services: &[ServicePlan],
 }
 
 fn or_default(value: &str) -> String {
-    if value.is_empty() { "(default)".into() } else { value.to_string() }
+    if value.is_empty() { DEFAULT_SHOWN.into() } else { value.to_string() }
 }

@@ -20,7 +20,7 @@ mod steps;
 mod summary;
 mod teardown;
 
-pub use changes::cluster_plan;
+pub use changes::{DEFAULT_SHOWN, cluster_plan};
 
 pub use teardown::plan_teardown;
 
