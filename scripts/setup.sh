@@ -38,7 +38,9 @@ if ! "$(docker_bin)" info >/dev/null 2>&1; then
   log "starting dockerd"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   mkdir -p "$TOOLS/log"
-  $SUDO nohup dockerd >"$TOOLS/log/dockerd.log" 2>&1 &
+  # In its own session (setsid): Ctrl-C in the terminal that ran the quick start or the
+  # tests must not stop dockerd, and with it every local machine.
+  $SUDO setsid nohup dockerd >"$TOOLS/log/dockerd.log" 2>&1 </dev/null &
   for _ in $(seq 1 60); do
     "$(docker_bin)" info >/dev/null 2>&1 && break
     sleep 1

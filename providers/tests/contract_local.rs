@@ -517,3 +517,117 @@ async fn concurrent_creates_make_one_container_per_server_and_one_network() {
     }
     f.assert_nothing_left().await;
 }
+
+/// Six provider instances (six controller processes: a leader hand-over, `provisioning test`
+/// beside a running controller, …) create six members of one new Cluster at the same moment,
+/// three times over. Each round must end with one network that every member runs on: on
+/// Docker 20.10 two concurrent creates both succeed under one name, and a container that
+/// joins a name that became ambiguous cannot start ("network … is ambiguous").
+#[tokio::test]
+async fn racing_processes_share_one_cluster_network() {
+    const RACERS: usize = 6;
+    for round in 0..3 {
+        let f = fixture("netrace").await;
+        let config = ProviderConfig {
+            name: "racer".into(),
+            provider_type: "local".into(),
+            nu_binary: Some(nu_binary()),
+            catalog_dir: Some(f.catalog.path().to_path_buf()),
+            ..Default::default()
+        };
+        let racers: Vec<SharedProvider> = (0..RACERS).map(|_| build_provider(&config).expect("build")).collect();
+        let requests: Vec<ServerRequest> = (0..RACERS).map(|i| f.request(&format!("m{i}"), Some("race"), "small")).collect();
+        let results = futures::future::join_all(racers.iter().zip(&requests).map(|(p, r)| p.ensure_server(r))).await;
+        let observed: Vec<ServerObservation> =
+            results.into_iter().enumerate().map(|(i, r)| r.unwrap_or_else(|e| panic!("round {round}: racer {i} failed: {e}"))).collect();
+        let networks = f.networks().await;
+        assert_eq!(networks.len(), 1, "round {round}: one network per cluster: {networks:?}");
+        let network_id = networks[0].id.clone().expect("network id");
+        let docker = docker().await;
+        for obs in &observed {
+            f.running(&f.request_for(obs)).await;
+            let inspected = docker.inspect_container(obs.provider_id.native_id(), None).await.expect("inspect");
+            let joined: Vec<String> = inspected
+                .network_settings
+                .and_then(|n| n.networks)
+                .unwrap_or_default()
+                .into_values()
+                .filter_map(|e| e.network_id)
+                .collect();
+            assert_eq!(joined, vec![network_id.clone()], "round {round}: every member on the one network");
+        }
+        for obs in &observed {
+            f.delete(&obs.provider_id).await;
+        }
+        f.assert_nothing_left().await;
+    }
+}
+
+/// The state a lost race leaves on Docker 20.10 (both racers created the cluster's network,
+/// and one racer's member already runs on the newer one, so it cannot simply be removed),
+/// built by hand: the next create must still start, every member must end up on the oldest
+/// network, peers resolve each other by name, and the duplicate is gone.
+#[tokio::test]
+async fn a_member_running_on_a_duplicate_network_is_moved_to_the_oldest() {
+    let f = fixture("netdup").await;
+    let image = node_image().await;
+    let network = provisioning_providers::local::spec::NetworkSpec::new(&f.namespace, Some("dup"));
+    let docker_cli = std::env::var("PROVISIONING_DOCKER").unwrap_or_else(|_| "docker".into());
+    let cli = |args: &[&str]| -> String {
+        let out = std::process::Command::new(&docker_cli).args(args).output().expect("docker");
+        assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let docker = docker().await;
+    // Through the API as the provider calls it (the CLI asks the engine to check for duplicates).
+    let create_network = || async {
+        let request = bollard::models::NetworkCreateRequest {
+            name: network.name.clone(),
+            driver: Some("bridge".into()),
+            labels: Some(network.labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        docker.create_network(request).await.expect("create network").id
+    };
+    let oldest = create_network().await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let newer = create_network().await;
+    assert_ne!(oldest, newer, "Docker 20.10 makes two networks of one name");
+    // The other racer's member, running on the newer network.
+    let racer = f.request("racer", Some("dup"), "small");
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(image.clone()),
+        cmd: Some(vec!["sleep".into(), "infinity".into()]),
+        labels: Some(racer.identity.tags().into_iter().collect()),
+        host_config: Some(bollard::models::HostConfig { network_mode: Some(newer.clone()), ..Default::default() }),
+        networking_config: Some(bollard::models::NetworkingConfig {
+            endpoints_config: Some(std::collections::HashMap::from([(
+                newer.clone(),
+                bollard::models::EndpointSettings {
+                    aliases: Some(vec!["racer".into()]),
+                    network_id: Some(newer.clone()),
+                    ..Default::default()
+                },
+            )])),
+        }),
+        ..Default::default()
+    };
+    let racer_id = docker.create_container(None::<bollard::query_parameters::CreateContainerOptions>, body).await.expect("create racer").id;
+    docker.start_container(&racer_id, None).await.expect("start racer");
+
+    let ours = f.running(&f.request("ours", Some("dup"), "small")).await;
+    let networks = f.networks().await;
+    let ids: Vec<String> = networks.iter().filter_map(|n| n.id.clone()).collect();
+    assert_eq!(ids, vec![oldest.clone()], "the duplicate is merged into the oldest network");
+    for container in [racer_id.as_str(), ours.provider_id.native_id()] {
+        let joined = cli(&["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.NetworkID}} {{end}}", container]);
+        assert_eq!(joined, oldest, "{container} is on the oldest network");
+    }
+    let resolved = f.exec(&ours.provider_id, &["getent", "hosts", "racer"], None, Duration::from_secs(10)).await;
+    assert_eq!(resolved.exit_code, Some(0), "the moved member resolves by its server name: {resolved:?}");
+    let racer_obs = f.provider.find_server(&racer.identity).await.expect("find").expect("found");
+    for id in [&ours.provider_id, &racer_obs.provider_id] {
+        f.delete(id).await;
+    }
+    f.assert_nothing_left().await;
+}

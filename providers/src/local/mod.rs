@@ -22,6 +22,7 @@ mod docker;
 mod events;
 mod exec;
 pub mod image;
+mod netlock;
 pub mod spec;
 
 use std::collections::{BTreeMap, HashMap};
@@ -29,13 +30,16 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bollard::Docker;
-use bollard::models::{ContainerSummary, ContainerSummaryStateEnum, NetworkCreateRequest};
+use bollard::models::{
+    ContainerSummary, ContainerSummaryStateEnum, EndpointSettings, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest,
+};
 use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, ListNetworksOptions, RemoveContainerOptions};
-use tokio::sync::{Mutex, OnceCell};
+use tokio::sync::OnceCell;
 
 pub use self::docker::connect;
 use self::docker::{classify, status_of};
 pub use self::exec::EXEC_ID_ENV;
+use self::netlock::NetworkLock;
 use self::spec::{ContainerSpec, DEFAULT_NODE_IMAGE, Mounts, NetworkSpec, PLAN_LABEL};
 use crate::{
     Address, DeleteOutcome, ExecRequest, ExecResult, MachineEvents, MachineState, Provider, ProviderConfig, ProviderError, ProviderId,
@@ -57,9 +61,10 @@ pub struct LocalProvider {
     images: BTreeMap<String, String>,
     mounts: Mounts,
     docker: OnceCell<Docker>,
-    /// Serialises network create/remove with container create in this process, so that the
-    /// last delete of a cluster never removes the network a concurrent create just joined.
-    network_lock: Mutex<()>,
+    /// Serialises network create/remove with container create in this process and across
+    /// processes on this host, so that two creates never make two networks of one name and
+    /// the last delete of a cluster never removes the network a concurrent create just joined.
+    network_lock: NetworkLock,
 }
 
 impl LocalProvider {
@@ -85,7 +90,7 @@ impl LocalProvider {
             images: config.images.clone(),
             mounts,
             docker: OnceCell::new(),
-            network_lock: Mutex::new(()),
+            network_lock: NetworkLock::new(&config.endpoint),
         })
     }
 
@@ -155,19 +160,56 @@ impl LocalProvider {
             }
             ids = self.networks(spec).await?;
         }
-        // Older engines allow two networks of one name, so two processes racing here may both
-        // create one. Everyone keeps the oldest (a racer that saw only its own saw the oldest)
-        // and removes the others, also when a crashed racer left one behind.
+        // Docker 20.10 allows two networks of one name; the host lock keeps our processes on
+        // this host from making them, but another host on the same engine or an older version
+        // may have. Everyone keeps the oldest and moves the others' members over to it.
         let chosen = ids
             .first()
             .cloned()
             .ok_or_else(|| ProviderError::Transient(format!("network {} vanished right after it was created", spec.name)))?;
         for extra in ids.drain(1..) {
-            if let Err(e) = docker.remove_network(&extra).await {
-                tracing::debug!(network = %extra, error = %e, "duplicate network not removed");
-            }
+            self.merge_network(spec, &extra, &chosen).await?;
         }
         Ok(chosen)
+    }
+
+    /// Moves every container of ours on the duplicate network `extra` (running or only
+    /// created) to `chosen`, with its server name as alias, and removes `extra`. Call with
+    /// `network_lock`.
+    async fn merge_network(&self, spec: &NetworkSpec, extra: &str, chosen: &str) -> ProviderResult<()> {
+        let docker = self.docker().await?;
+        let members = self.list(spec.member_filters()).await?;
+        for container in members.iter().filter(|c| on_network(c, extra)) {
+            let Some(id) = container.id.as_deref() else { continue };
+            let alias = container.labels.as_ref().and_then(|l| l.get(tags::SERVER)).cloned();
+            let leave = NetworkDisconnectRequest { container: id.to_string(), force: Some(true) };
+            match docker.disconnect_network(extra, leave).await {
+                Ok(()) => {}
+                Err(e) if matches!(status_of(&e), Some(404)) => {}
+                Err(e) => return Err(classify(&format!("move container {id} off duplicate network {}", spec.name), e)),
+            }
+            let join = NetworkConnectRequest {
+                container: id.to_string(),
+                endpoint_config: Some(EndpointSettings {
+                    aliases: alias.map(|a| vec![a]),
+                    network_id: Some(chosen.to_string()),
+                    ..Default::default()
+                }),
+            };
+            match docker.connect_network(chosen, join).await {
+                Ok(()) => tracing::info!(container = id, network = %spec.name, "moved a container off a duplicate network"),
+                // Removed meanwhile.
+                Err(e) if matches!(status_of(&e), Some(404)) => {}
+                Err(e) if e.to_string().contains("already exists") => {}
+                Err(e) => return Err(classify(&format!("move container {id} to network {}", spec.name), e)),
+            }
+        }
+        match docker.remove_network(extra).await {
+            Ok(()) => tracing::info!(network = %spec.name, duplicate = extra, "removed a duplicate network"),
+            Err(e) if matches!(status_of(&e), Some(404)) => {}
+            Err(e) => return Err(classify(&format!("remove duplicate network {} ({extra})", spec.name), e)),
+        }
+        Ok(())
     }
 
     /// Ids of the networks carrying `spec`'s labels, oldest first.
@@ -195,7 +237,7 @@ impl LocalProvider {
 
     /// Removes the network of `network` when no container (running or not) uses it any more.
     async fn remove_network_if_unused(&self, network: &NetworkSpec) -> ProviderResult<()> {
-        let _guard = self.network_lock.lock().await;
+        let _guard = self.network_lock.lock().await?;
         self.remove_network_if_unused_locked(network).await
     }
 
@@ -238,16 +280,18 @@ impl LocalProvider {
         })? {
             return Err(ProviderError::InvalidRequest(format!("image {} is missing: run `provisioning image build` first", spec.image)));
         }
-        let _guard = self.network_lock.lock().await;
+        let _guard = self.network_lock.lock().await?;
         let network_id = self.ensure_network(&spec.network).await?;
-        // Joined by id: older engines allow two networks of one name while a race settles.
+        // Joined by id, and the endpoint keeps that id: Docker stores endpoints by network
+        // name and resolves the name again at every start, unless the endpoint names the id.
         let mut body = spec.body;
         if let Some(host) = body.host_config.as_mut() {
             host.network_mode = Some(network_id.clone());
         }
         if let Some(endpoints) = body.networking_config.as_mut().and_then(|n| n.endpoints_config.as_mut())
-            && let Some(endpoint) = endpoints.remove(&spec.network.name)
+            && let Some(mut endpoint) = endpoints.remove(&spec.network.name)
         {
+            endpoint.network_id = Some(network_id.clone());
             endpoints.insert(network_id, endpoint);
         }
         let options = CreateContainerOptions { name: Some(spec.name.clone()), ..Default::default() };
@@ -277,7 +321,7 @@ impl LocalProvider {
                 Err(e) if status_of(&e) == Some(304) => return Ok(()),
                 Err(e) if e.to_string().contains("ambiguous") && tokio::time::Instant::now() < give_up => {
                     tracing::debug!(container = id, error = %e, "settling duplicate networks before start");
-                    let guard = self.network_lock.lock().await;
+                    let guard = self.network_lock.lock().await?;
                     self.ensure_network(network).await?;
                     drop(guard);
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -321,6 +365,13 @@ impl LocalProvider {
         // The id filter matches prefixes; only the exact container counts.
         Ok(found.into_iter().find(|c| c.id.as_deref() == Some(native)))
     }
+}
+
+/// Whether `container` is on (or, created but not started, will join) the network `id`.
+fn on_network(container: &ContainerSummary, id: &str) -> bool {
+    let mode = container.host_config.as_ref().and_then(|h| h.network_mode.as_deref());
+    let endpoints = container.network_settings.as_ref().and_then(|n| n.networks.as_ref());
+    mode == Some(id) || endpoints.into_iter().flatten().any(|(_, e)| e.network_id.as_deref() == Some(id))
 }
 
 /// Maps a container summary to what the contract reports.

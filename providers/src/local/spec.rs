@@ -131,6 +131,12 @@ impl NetworkSpec {
     pub fn label_filters(&self) -> HashMap<String, Vec<String>> {
         label_filter(self.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
+
+    /// Docker `label=` filters selecting the containers that may be on this network (its
+    /// namespace, and cluster for a cluster's network).
+    pub fn member_filters(&self) -> HashMap<String, Vec<String>> {
+        label_filter(self.labels.iter().filter(|(k, _)| k.as_str() != NETWORK_SCOPE_LABEL).map(|(k, v)| (k.as_str(), v.as_str())))
+    }
 }
 
 /// Builds Docker list filters for `key=value` labels.
