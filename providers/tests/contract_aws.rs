@@ -261,3 +261,25 @@ async fn instances_require_imdsv2_and_join_a_minimal_managed_group() {
         shared.delete_server(&id).await.expect("delete");
     }
 }
+
+/// Four controller processes (four provider objects, no shared cache) create the first
+/// machines of one account at once: each finds no managed security group and creates it. EC2
+/// refuses all but one (`InvalidGroup.Duplicate`), and re-adding its rules is refused as
+/// `InvalidPermission.Duplicate`; the losers must take the winner's group, not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_processes_share_one_managed_security_group() {
+    let moto = Moto::start();
+    let sshd = Sshd::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(&moto.endpoint, dir.path(), &sshd, vec![]);
+    let racers: Vec<SharedProvider> =
+        (0..4).map(|_| std::sync::Arc::new(provisioning_providers::aws::AwsProvider::new(&cfg).expect("build")) as SharedProvider).collect();
+    let ids = futures::future::join_all(racers.iter().enumerate().map(|(i, p)| async move { running_machine(p, &format!("race-{i}")).await }))
+        .await;
+    let probe = provisioning_providers::aws::AwsProvider::new(&cfg).expect("build");
+    let xml = raw(&probe, "DescribeSecurityGroups", &[("Filter.1.Name", "group-name"), ("Filter.1.Value.1", "provisioning-moto")]).await;
+    assert_eq!(between(&xml, "<groupName>", "</groupName>").len(), 1, "one managed group: {xml}");
+    for id in ids {
+        racers[0].delete_server(&id).await.expect("delete");
+    }
+}

@@ -169,6 +169,13 @@ impl Ec2Client {
     }
 }
 
+/// Whether `error` is the EC2 error response with error code `code` (as [`classify_error`]
+/// words it: `EC2 <action>: <code>: <message>`).
+pub fn is_code(error: &ProviderError, code: &str) -> bool {
+    let ProviderError::InvalidRequest(text) = error else { return false };
+    text.starts_with("EC2 ") && text.split(": ").nth(1) == Some(code)
+}
+
 /// Classifies an EC2 error response by HTTP status and error code.
 pub fn classify_error(action: &str, status: u16, retry_after: Option<&str>, body: &str) -> ProviderError {
     let detail = model::parse::<ErrorResponse>(body).ok().and_then(|e| e.errors.errors.into_iter().next());
@@ -238,6 +245,8 @@ mod tests {
             format!("<Response><Errors><Error><Code>{code}</Code><Message>m</Message></Error></Errors><RequestID>r</RequestID></Response>")
         };
         assert!(matches!(classify_error("X", 401, None, &doc("AuthFailure")), ProviderError::Auth(_)));
+        let duplicate = classify_error("CreateSecurityGroup", 400, None, &doc("InvalidGroup.Duplicate"));
+        assert!(is_code(&duplicate, "InvalidGroup.Duplicate") && !is_code(&duplicate, "InvalidGroup"), "{duplicate:?}");
         assert!(matches!(classify_error("X", 403, None, &doc("UnauthorizedOperation")), ProviderError::Auth(_)));
         assert!(matches!(
             classify_error("X", 503, Some("2"), &doc("RequestLimitExceeded")),

@@ -223,33 +223,45 @@ impl AwsProvider {
             filter.push(("Filter.2.Name".into(), "vpc-id".into()));
             filter.push(("Filter.2.Value.1".into(), vpc.clone()));
         }
-        let xml = self.call_retrying("DescribeSecurityGroups", &filter).await?;
-        let parsed: DescribeSecurityGroupsResponse = self.client.parse("DescribeSecurityGroups", &xml)?;
-        let id = match parsed.groups.items.into_iter().next() {
-            Some(group) if !group.ingress.items.is_empty() => group.group_id,
-            Some(group) => {
-                self.authorize_managed_group(&group.group_id).await?;
-                group.group_id
-            }
-            None => {
-                let mut params = vec![
-                    ("GroupName".to_string(), name.clone()),
-                    ("GroupDescription".to_string(), format!("provisioning account {}: SSH in, traffic between members", self.account)),
-                    ("TagSpecification.1.ResourceType".to_string(), "security-group".to_string()),
-                    ("TagSpecification.1.Tag.1.Key".to_string(), TAG_ACCOUNT.to_string()),
-                    ("TagSpecification.1.Tag.1.Value".to_string(), self.account.clone()),
-                    ("TagSpecification.1.Tag.2.Key".to_string(), TAG_MANAGED.to_string()),
-                    ("TagSpecification.1.Tag.2.Value".to_string(), "true".to_string()),
-                ];
-                if let Some(vpc) = &vpc {
-                    params.push(("VpcId".into(), vpc.clone()));
+        // Another process of ours may create the group between our look-up and our create:
+        // EC2 refuses the second (names are unique per VPC), and the loser takes the winner's.
+        let mut attempts = 0;
+        let id = loop {
+            attempts += 1;
+            let xml = self.call_retrying("DescribeSecurityGroups", &filter).await?;
+            let parsed: DescribeSecurityGroupsResponse = self.client.parse("DescribeSecurityGroups", &xml)?;
+            match parsed.groups.items.into_iter().next() {
+                Some(group) if !group.ingress.items.is_empty() => break group.group_id,
+                Some(group) => {
+                    self.authorize_managed_group(&group.group_id).await?;
+                    break group.group_id;
                 }
-                let xml = self.guard.once(|| self.client.call("CreateSecurityGroup", &params)).await?;
-                let created: CreateSecurityGroupResponse = self.client.parse("CreateSecurityGroup", &xml)?;
-                tracing::info!(account = %self.account, group = %created.group_id, "created the account's security group");
-                self.authorize_managed_group(&created.group_id).await?;
-                created.group_id
+                None => {}
             }
+            let mut params = vec![
+                ("GroupName".to_string(), name.clone()),
+                ("GroupDescription".to_string(), format!("provisioning account {}: SSH in, traffic between members", self.account)),
+                ("TagSpecification.1.ResourceType".to_string(), "security-group".to_string()),
+                ("TagSpecification.1.Tag.1.Key".to_string(), TAG_ACCOUNT.to_string()),
+                ("TagSpecification.1.Tag.1.Value".to_string(), self.account.clone()),
+                ("TagSpecification.1.Tag.2.Key".to_string(), TAG_MANAGED.to_string()),
+                ("TagSpecification.1.Tag.2.Value".to_string(), "true".to_string()),
+            ];
+            if let Some(vpc) = &vpc {
+                params.push(("VpcId".into(), vpc.clone()));
+            }
+            let xml = match self.guard.once(|| self.client.call("CreateSecurityGroup", &params)).await {
+                Ok(xml) => xml,
+                Err(e) if api::is_code(&e, "InvalidGroup.Duplicate") && attempts < 3 => {
+                    tracing::debug!(account = %self.account, "the managed security group was created meanwhile; using it");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let created: CreateSecurityGroupResponse = self.client.parse("CreateSecurityGroup", &xml)?;
+            tracing::info!(account = %self.account, group = %created.group_id, "created the account's security group");
+            self.authorize_managed_group(&created.group_id).await?;
+            break created.group_id;
         };
         *cached = Some(id.clone());
         Ok(vec![id])
@@ -257,7 +269,12 @@ impl AwsProvider {
 
     async fn authorize_managed_group(&self, group_id: &str) -> ProviderResult<()> {
         let params = managed_group_ingress(group_id, &self.network.ssh_source_cidrs);
-        self.call_retrying("AuthorizeSecurityGroupIngress", &params).await.map(|_| ())
+        match self.call_retrying("AuthorizeSecurityGroupIngress", &params).await {
+            Ok(_) => Ok(()),
+            // Added meanwhile by another process of ours: the rules are there.
+            Err(e) if api::is_code(&e, "InvalidPermission.Duplicate") => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     fn run_params(&self, request: &ServerRequest, instance_type: &str, image_id: &str) -> Vec<(String, String)> {
