@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DURATIONS = ROOT / "scripts" / "test-durations.txt"
 RESULT = re.compile(r"^test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored")
+FAILED_TEST = re.compile(r"^test (\S+) \.\.\. FAILED$")
 
 
 def say(msg):
@@ -72,6 +73,7 @@ class Job:
         self.status = None
         self.seconds = 0.0
         self.output = ""
+        self.failed_tests = []
 
 
 def run_job(job, log_dir):
@@ -83,6 +85,9 @@ def run_job(job, log_dir):
     job.status = proc.returncode
     job.output = log.read_text(errors="replace")
     for line in job.output.splitlines():
+        f = FAILED_TEST.match(line)
+        if f:
+            job.failed_tests.append(f.group(1))
         m = RESULT.match(line)
         if m:
             job.passed += int(m.group(2))
@@ -159,6 +164,17 @@ def main():
     failures = [j.key for j in jobs if j.status != 0]
     if failures:
         say("failed binaries: " + ", ".join(failures))
+    if args.repeat > 1 or failures:
+        # Per test: in how many of the runs it failed (determinism runs read this).
+        counts = {}
+        for j in jobs:
+            for t in j.failed_tests or ([] if j.status == 0 else ["(binary exited before its summary)"]):
+                counts.setdefault(f"{j.key.split('#')[0]}::{t}", []).append(j.key.split("#")[-1] if "#" in j.key else "1")
+        say(f"===== failures by test over {args.repeat} run(s) =====")
+        for test, runs in sorted(counts.items()):
+            say(f"{len(runs)}/{args.repeat}  {test}  (runs {', '.join(runs)})")
+        if not counts:
+            say("none")
     say(f"run-tests: {len(jobs)} binaries, {sum(j.seconds for j in jobs):.0f}s of test time in {wall:.0f}s wall ({args.lanes} lanes)")
     if ignored:
         say(f"{ignored} ignored")

@@ -5,10 +5,20 @@
 # Docker, nu, kubectl or moto run for real; none of them skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's time, printed as it ends and again at the end.
+PHASES=()
+phase_start=$SECONDS
+phase() { # name: ends the running phase under that name
+  local took=$((SECONDS - phase_start))
+  PHASES+=("$(printf '%-28s %4dm%02ds' "$1" $((took / 60)) $((took % 60)))")
+  echo "test.sh: phase $1 took $((took / 60))m$((took % 60))s" >&2
+  phase_start=$SECONDS
+}
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 source .tools/env
 export RUST_BACKTRACE=1
+phase setup
 # Gates: formatting (rustfmt.toml) and every clippy lint as an error (the crates deny
 # clippy::unwrap_used outside tests, so that is enforced here too).
 for component in rustfmt clippy; do
@@ -18,7 +28,9 @@ for component in rustfmt clippy; do
 done
 cargo fmt --check
 cargo build --workspace --all-targets
+phase build
 cargo clippy --workspace --all-targets -- -D warnings
+phase clippy
 if ./target/debug/provisioning image build --help >/dev/null 2>&1; then
   ./target/debug/provisioning image build
 fi
@@ -27,4 +39,13 @@ fi
 # second time under the optimised `image` profile (7-13 min on 2 cores); cached by the engine,
 # so an unchanged tree costs seconds. scripts/build-image.sh alone builds the optimised one.
 bash scripts/build-image.sh --binary target/debug/provisioning >/dev/null
-cargo test --workspace --no-fail-fast "$@"
+phase images
+# Every test binary, in parallel lanes (scripts/run-tests.py: most of the suite waits on
+# Docker, nu and the embedded control plane, not on the CPU). Arguments go to the runner
+# (`--lanes N`, `--only PKG/BINARY`, `--repeat N`, `-- FILTER`).
+status=0
+python3 scripts/run-tests.py "$@" || status=$?
+phase tests
+echo "test.sh: phases" >&2
+printf '  %s\n' "${PHASES[@]}" >&2
+exit "$status"
