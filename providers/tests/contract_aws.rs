@@ -272,10 +272,12 @@ async fn racing_processes_share_one_managed_security_group() {
     let sshd = Sshd::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = config(&moto.endpoint, dir.path(), &sshd, vec![]);
-    let racers: Vec<SharedProvider> =
-        (0..4).map(|_| std::sync::Arc::new(provisioning_providers::aws::AwsProvider::new(&cfg).expect("build")) as SharedProvider).collect();
-    let ids = futures::future::join_all(racers.iter().enumerate().map(|(i, p)| async move { running_machine(p, &format!("race-{i}")).await }))
-        .await;
+    let racers: Vec<SharedProvider> = (0..4)
+        .map(|_| std::sync::Arc::new(provisioning_providers::aws::AwsProvider::new(&cfg).expect("build")) as SharedProvider)
+        .collect();
+    let ids =
+        futures::future::join_all(racers.iter().enumerate().map(|(i, p)| async move { running_machine(p, &format!("race-{i}")).await }))
+            .await;
     let probe = provisioning_providers::aws::AwsProvider::new(&cfg).expect("build");
     let xml = raw(&probe, "DescribeSecurityGroups", &[("Filter.1.Name", "group-name"), ("Filter.1.Value.1", "provisioning-moto")]).await;
     assert_eq!(between(&xml, "<groupName>", "</groupName>").len(), 1, "one managed group: {xml}");
