@@ -10,7 +10,7 @@ package's directory with the environment cargo would give it. Each binary's outp
 printed whole when it finishes (as cargo prints it), then a summary of every binary's time
 and result, and the closing line `N passed, N failed`.
 
-Usage: scripts/run-tests.py [--lanes N] [--only PKG/BINARY ...] [--repeat N] [-- TEST ARGS]
+Usage: scripts/run-tests.py [--lanes N] [--only PKG/BINARY ...] [--package PKG ...] [--repeat N] [-- TEST ARGS]
 Exit status: 0 when every binary passed, 1 otherwise.
 """
 
@@ -102,6 +102,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int, default=int(os.environ.get("PROVISIONING_TEST_LANES", "3")))
     parser.add_argument("--only", action="append", default=[], help="PKG/BINARY (repeatable); default: all")
+    parser.add_argument("--package", action="append", default=[], help="every test binary of PKG (repeatable)")
     parser.add_argument("--repeat", type=int, default=1, help="run the selection N times (determinism runs)")
     parser.add_argument("--no-doc", action="store_true", help="skip the doc tests")
     parser.add_argument("test_args", nargs="*")
@@ -115,14 +116,15 @@ def main():
     for rnd in range(args.repeat):
         for pkg, kind, name, exe, _src, manifest in binaries:
             key = f"{pkg}/{name}" if kind == "test" else f"{pkg}/{kind}:{name}"
-            if args.only and key not in args.only and f"{pkg}/{name}" not in args.only:
+            selected = key in args.only or f"{pkg}/{name}" in args.only or pkg in args.package
+            if (args.only or args.package) and not selected:
                 continue
             env = dict(base_env)
             pkg_dir = str(Path(manifest).parent)
             env.update({"CARGO_MANIFEST_DIR": pkg_dir, "CARGO_PKG_NAME": pkg, "CARGO_CRATE_NAME": name.replace("-", "_")})
             suffix = f"#{rnd + 1}" if args.repeat > 1 else ""
             jobs.append(Job(key + suffix, [exe, *args.test_args], pkg_dir, env))
-        if not args.only and not args.no_doc:
+        if not args.only and not args.package and not args.no_doc:
             suffix = f"#{rnd + 1}" if args.repeat > 1 else ""
             jobs.append(Job("doc-tests" + suffix, ["cargo", "test", "--workspace", "--doc", "--", *args.test_args], str(ROOT), dict(base_env)))
     say(f"run-tests: {len(jobs)} test binaries in {args.lanes} lanes (listed in {time.monotonic() - t0:.0f}s)")
