@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -66,6 +67,16 @@ def known_durations():
     return durations
 
 
+RUNNING = set()
+
+
+def kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class Job:
     def __init__(self, key, argv, cwd, env):
         self.key, self.argv, self.cwd, self.env = key, argv, cwd, env
@@ -80,9 +91,19 @@ def run_job(job, log_dir):
     started = time.monotonic()
     log = log_dir / (job.key.replace("/", "__") + ".log")
     with open(log, "w") as f:
-        proc = subprocess.run(job.argv, cwd=job.cwd, env=job.env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # Its own session: whatever the binary leaves running when it exits or is killed
+        # (a `provisioning dev`, moto, sshd, chromedriver) is killed with it, so one failed
+        # test never leaves processes that disturb the next.
+        proc = subprocess.Popen(
+            job.argv, cwd=job.cwd, env=job.env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        RUNNING.add(proc)
+        try:
+            job.status = proc.wait()
+        finally:
+            kill_group(proc)
+            RUNNING.discard(proc)
     job.seconds = time.monotonic() - started
-    job.status = proc.returncode
     job.output = log.read_text(errors="replace")
     for line in job.output.splitlines():
         f = FAILED_TEST.match(line)
@@ -132,11 +153,10 @@ def main():
 
     log_dir = ROOT / "target" / "test-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    queue = list(jobs)
     lock = threading.Lock()
     started = time.monotonic()
 
-    def lane():
+    def lane(queue):
         while True:
             with lock:
                 if not queue:
@@ -150,11 +170,25 @@ def main():
                 sys.stdout.write(job.output)
                 sys.stdout.flush()
 
-    threads = [threading.Thread(target=lane) for _ in range(max(1, args.lanes))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    def stop(signum, _frame):
+        for proc in list(RUNNING):
+            kill_group(proc)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    # Rounds run back to back: two copies of one binary never run at once (tests that share
+    # a namespace, such as the examples in `default`, check for an earlier run's leftovers).
+    for rnd in range(args.repeat):
+        suffix = f"#{rnd + 1}" if args.repeat > 1 else ""
+        queue = [j for j in jobs if (j.key.endswith(suffix) if suffix else True)]
+        if args.repeat > 1:
+            say(f"run-tests: round {rnd + 1} of {args.repeat}")
+        threads = [threading.Thread(target=lane, args=(queue,)) for _ in range(max(1, args.lanes))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     wall = time.monotonic() - started
     passed = sum(j.passed for j in jobs)
