@@ -579,33 +579,41 @@ async fn check_cases(client: &Client, namespace: &str, recheck: Option<&Recheck>
         Ok(l) => l.items,
         Err(e) => return vec![CaseResult::failed("checks", Duration::ZERO, format!("listing TaskServs: {e}"))],
     };
+    let rerun = |service: &str| recheck.map(|r| (r.runs.get(service).copied().unwrap_or_default(), r.error.clone(), r.duration));
+    list.iter().flat_map(|t| taskserv_cases(t, rerun(&t.spec.service))).collect()
+}
+
+/// Check runs counted after Ready (passed, failed), the recheck's error and its duration.
+type Rerun = ((u64, u64), Option<String>, Duration);
+
+/// The cases of one TaskServ: one per server it is on (pure, from its status).
+fn taskserv_cases(t: &TaskServ, rerun: Option<Rerun>) -> Vec<CaseResult> {
     let mut cases = Vec::new();
-    for t in list {
-        let status = t.status.clone().unwrap_or_default();
-        let service = &t.spec.service;
-        let version = status.installed_version.clone().unwrap_or_else(|| "-".into());
-        let rerun = recheck.map(|r| (r.runs.get(service).copied().unwrap_or_default(), r.error.clone(), r.duration));
-        if status.servers.is_empty() {
-            cases.push(CaseResult::failed(format!("check {service} ({})", t.name_any()), Duration::ZERO, "no server has it installed"));
-        }
-        for s in &status.servers {
-            let name = format!("check {service} {version} on {}", s.name);
-            let duration = rerun.as_ref().map(|r| r.2).unwrap_or_default();
-            let mut case = match (s.healthy, &rerun) {
-                (Some(true), None) => CaseResult::passed(name, duration),
-                (Some(true), Some(((ok, _), None, _))) if *ok > 0 => CaseResult::passed(name, duration),
-                (Some(true), Some((_, Some(e), _))) => CaseResult::failed(name, duration, e.clone()),
-                (Some(true), Some(_)) => CaseResult::failed(name, duration, "not checked again after Ready"),
-                (healthy, _) => {
-                    let what = if healthy == Some(false) { "unhealthy" } else { "not checked yet" };
-                    CaseResult::failed(name, duration, format!("{what} (phase {})", s.phase))
-                }
-            };
-            if case.failure.is_some() {
-                case.details = s.last_run.as_ref().and_then(|r| r.output_tail.clone()).unwrap_or_default();
+    let status = t.status.clone().unwrap_or_default();
+    let service = &t.spec.service;
+    let version = status.installed_version.clone().unwrap_or_else(|| "-".into());
+    if status.servers.is_empty() {
+        cases.push(CaseResult::failed(format!("check {service} ({})", t.name_any()), Duration::ZERO, "no server has it installed"));
+    }
+    for s in &status.servers {
+        let name = format!("check {service} {version} on {}", s.name);
+        let duration = rerun.as_ref().map(|r| r.2).unwrap_or_default();
+        let mut case = match (s.healthy, &rerun) {
+            (Some(true), None) => CaseResult::passed(name, duration),
+            (Some(true), Some(((ok, _), None, _))) if *ok > 0 => CaseResult::passed(name, duration),
+            (Some(true), Some((_, Some(e), _))) => CaseResult::failed(name, duration, e.clone()),
+            (Some(true), Some(_)) => CaseResult::failed(name, duration, "not checked again after Ready"),
+            (healthy, _) => {
+                let what = if healthy == Some(false) { "unhealthy" } else { "not checked yet" };
+                CaseResult::failed(name, duration, format!("{what} (phase {})", s.phase))
             }
-            cases.push(case);
+        };
+        if case.failure.is_some() {
+            // The failed run, also while a retry of it runs (its own output is not in yet).
+            let run = s.last_failure.as_ref().or(s.last_run.as_ref());
+            case.details = run.and_then(|r| r.output_tail.clone()).unwrap_or_default();
         }
+        cases.push(case);
     }
     cases
 }
@@ -704,6 +712,37 @@ mod tests {
 
     fn inputs() -> (Catalog, TemplateLibrary) {
         (Catalog::load(&Catalog::default_dir()).expect("catalog"), crate::template_cli::default_library().expect("templates"))
+    }
+
+    /// The report names why a check failed also when a retry of the install is running at
+    /// the timeout (its run has no output yet): the user_catalog test's "sour" service
+    /// failed 1 run in 5 without the script's message in the report.
+    #[test]
+    fn a_failed_check_is_reported_with_its_output_while_a_retry_runs() {
+        use provisioning_crds::{ScriptRun, TaskServServerStatus, TaskServStatus};
+        let failed_check = ScriptRun { script: "check".into(), output_tail: Some("this check always fails".into()), ..Default::default() };
+        let retry = ScriptRun { script: "install".into(), started_at: Some("2026-11-26T11:00:00Z".into()), ..Default::default() };
+        let mut t: TaskServ = serde_json::from_value(serde_json::json!({
+            "apiVersion": "provisioning.dev/v1alpha1", "kind": "TaskServ",
+            "metadata": {"name": "sour-sour", "namespace": "ptest-1"},
+            "spec": {"service": "sour", "servers": {"names": ["sour-node-0"]}}
+        }))
+        .expect("taskserv");
+        t.status = Some(TaskServStatus {
+            servers: vec![TaskServServerStatus {
+                name: "sour-node-0".into(),
+                phase: "Installing".into(),
+                healthy: Some(false),
+                last_run: Some(retry),
+                last_failure: Some(failed_check),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let cases = taskserv_cases(&t, None);
+        assert_eq!(cases.len(), 1);
+        assert!(cases[0].failure.is_some(), "{:?}", cases[0].failure);
+        assert_eq!(cases[0].details, "this check always fails");
     }
 
     #[test]

@@ -212,6 +212,11 @@ pub struct TaskServServerStatus {
     /// The last script run on this server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_run: Option<ScriptRun>,
+    /// The last failed script run on this server (an install, its check, a health check or a
+    /// remove), kept while a retry runs so that why it failed stays visible; cleared by a
+    /// successful install or health check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<ScriptRun>,
     /// Config files the health check found changed on the machine since install (config
     /// drift); cleared once a re-install has rendered them again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

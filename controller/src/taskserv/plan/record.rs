@@ -23,6 +23,7 @@ fn entry<'w>(work: &'w mut Work, r: &OperationResult) -> &'w mut provisioning_cr
 fn installed(o: &Observed<'_>, work: &mut Work, r: &OperationResult, version: &str) {
     let e = entry(work, r);
     e.last_run = Some(r.run.clone());
+    e.last_failure = None;
     ServerPhase::Installed.set(e);
     e.version = Some(version.to_string());
     e.healthy = Some(true);
@@ -40,6 +41,7 @@ fn install_failed(o: &Observed<'_>, work: &mut Work, r: &OperationResult, versio
     let tail = r.run.output_tail.clone().unwrap_or_default();
     let e = entry(work, r);
     e.last_run = Some(r.run.clone());
+    e.last_failure = Some(r.run.clone());
     ServerPhase::Failed.set(e);
     e.healthy = r.healthy.map(|_| false);
     if r.healthy.is_some() {
@@ -67,8 +69,11 @@ fn checked(o: &Observed<'_>, work: &mut Work, r: &OperationResult) {
     let healthy = r.healthy.unwrap_or(false);
     let e = entry(work, r);
     let was_unhealthy = e.healthy == Some(false);
-    if !healthy {
+    if healthy {
+        e.last_failure = None;
+    } else {
         e.last_run = Some(r.run.clone());
+        e.last_failure = Some(r.run.clone());
     }
     e.healthy = Some(healthy);
     if !r.drifted_files.is_empty() {
@@ -102,6 +107,7 @@ fn removed(o: &Observed<'_>, work: &mut Work, r: &OperationResult) {
     let e = entry(work, r);
     ServerPhase::Failed.set(e);
     e.last_run = Some(r.run.clone());
+    e.last_failure = Some(r.run.clone());
     work.events.push(PlannedEvent::warning(
         "RemoveFailed",
         format!("{} remove failed on {}: {}\n{}", o.spec.service, r.server, r.message, tail_lines(&tail, 10)),
