@@ -86,21 +86,21 @@ pub fn child_taskserv(t: &TaskServ, uid: &str) -> ChildTaskServ {
     }
 }
 
-/// Reads the Servers (from the cache) and TaskServs (one labelled list) of `cluster`.
+/// Reads the Servers and TaskServs of `cluster` (one labelled list each, from the API).
+///
+/// Not from the Server controller's cache: the `owns` watch that triggers this pass is
+/// another watch than the one filling that cache, and may deliver a member's change (its
+/// machine stopped) first. A pass reading the cache then plans on the member's old state,
+/// and nothing triggers another one (the Cluster is Ready: its next resync is minutes away).
 pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Result<Children, Error> {
     let name = cluster.name_any();
     let uid = cluster.uid().unwrap_or_default();
-    let mut servers: Vec<ChildServer> = ctx
-        .stores
-        .servers
-        .state()
-        .iter()
-        .filter(|s| s.namespace().as_deref() == Some(namespace) && s.labels().get(LABEL_CLUSTER) == Some(&name))
-        .map(|s| child_server(s, &uid))
-        .collect();
+    let selector = ListParams::default().labels(&format!("{LABEL_CLUSTER}={name}"));
+    let server_api: Api<Server> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut servers: Vec<ChildServer> = server_api.list(&selector).await?.items.iter().map(|s| child_server(s, &uid)).collect();
     servers.sort_by(|a, b| a.name.cmp(&b.name));
     let api: Api<TaskServ> = Api::namespaced(ctx.client.clone(), namespace);
-    let list = api.list(&ListParams::default().labels(&format!("{LABEL_CLUSTER}={name}"))).await?;
+    let list = api.list(&selector).await?;
     let mut taskservs: Vec<ChildTaskServ> = list.items.iter().map(|t| child_taskserv(t, &uid)).collect();
     taskservs.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Children { servers, taskservs })
