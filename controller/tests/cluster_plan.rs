@@ -4,9 +4,11 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use k8s_openapi::jiff::Timestamp;
+use provisioning_controller::cluster::approval;
 use provisioning_controller::cluster::plan::{self, ChildServer, ChildTaskServ, Observed, OtherCluster, Plan};
 use provisioning_controller::cluster::validate::{self, InvalidCluster, ServicePlan};
-use provisioning_crds::{Cluster, ClusterStatus, Server, TaskServ};
+use provisioning_controller::taskserv::approval::Gate;
+use provisioning_crds::{Approval, ChangeAction, Cluster, ClusterStatus, Server, TaskServ};
 use provisioning_taskservs::Catalog;
 
 fn catalog() -> Catalog {
@@ -904,4 +906,220 @@ fn under_failure_policy_rollback_surge_servers_leave_the_services_and_go() {
     assert!(p.apply_taskservs.is_empty() && p.delete_servers.is_empty(), "settled: {:?} {:?}", World::applied(&p), p.delete_servers);
     assert!(w.on_image("debian-13").is_empty());
     assert!(!w.servers.iter().any(|s| s.name.contains("surge")));
+}
+
+/// One pass of a Manual Cluster as the reconciler runs it: plan, the Cluster's plan and its
+/// approval (the annotation naming `annotation`), held deletes, then the status written with
+/// the plan shown and the approval in force.
+fn manual_pass(w: &mut World, annotation: &str) -> (provisioning_crds::Plan, approval::Decision) {
+    let services = w.services.clone().expect("valid");
+    let o = w.observed();
+    let mut pass = plan::plan(&o);
+    let shown = plan::cluster_plan(&o, "dev", &services);
+    let decision = approval::decide(Approval::Manual, Some(annotation), &shown, &w.status, &approval::members(&o, "dev"));
+    approval::hold_deletes(&decision, "dev", &shown, &mut pass);
+    w.commit(&pass);
+    w.status.plan = Some(shown.clone());
+    w.status.approved_plan = decision.approved.clone();
+    (shown, decision)
+}
+
+/// A member's own plan (`status.plan`).
+fn own_plan(id: &str, changes: Vec<provisioning_crds::PlannedChange>) -> provisioning_crds::Plan {
+    provisioning_crds::Plan { id: id.into(), summary: format!("{} changes", changes.len()), changes, ..Default::default() }
+}
+
+/// A TaskServ's per-server run: `from` → `to` on `server` (an empty `from` is an install).
+fn run_on(ts: &str, server: &str, from: &str, to: &str) -> provisioning_crds::PlannedChange {
+    provisioning_crds::PlannedChange {
+        resource: format!("TaskServ/dev/{ts} on {server}"),
+        field: "version".into(),
+        action: if from.is_empty() { ChangeAction::Create } else { ChangeAction::Update },
+        from: from.into(),
+        to: to.into(),
+        reason: "re-install (inputs changed, unhealthy or interrupted)".into(),
+    }
+}
+
+fn is_go(d: &approval::Decision) -> bool {
+    matches!(d.gate, Gate::Go { .. })
+}
+
+/// Issue 32: a dead member's approved "1 to replace" stays approved while the Cluster's plan
+/// restates it as "1 to create, 1 to update" (the replacement Server, the service re-installing
+/// on it: the TaskServ noticed the dead machine only after the approval) and until the
+/// replacement serves from its new machine; another member dying meanwhile is new: it waits
+/// for its own approval and the waiting message names it.
+#[test]
+fn an_approved_replacement_covers_its_restatements_and_nothing_new() {
+    let mut w = World::new(ETCD);
+    w.converge();
+    let ts = w.taskservs[0].name.clone();
+    let dead = w.servers[1].name.clone();
+    let other = w.servers[2].name.clone();
+    for (i, s) in w.servers.iter_mut().enumerate() {
+        s.pending_plan = Some(own_plan(&format!("s{i}"), vec![]));
+        s.provider_id = Some(format!("m{i}"));
+    }
+    let names: Vec<String> = w.servers.iter().map(|s| s.name.clone()).collect();
+    for (i, n) in names.iter().enumerate() {
+        w.taskservs[0].serving.insert(n.clone(), Some(format!("m{i}")));
+    }
+    w.taskservs[0].pending_plan = Some(own_plan("t0", vec![]));
+
+    // The machine stops; the TaskServ has not looked yet. The user approves "1 to replace".
+    w.servers[1].ready = false;
+    w.servers[1].machine_failed = true;
+    let services = w.services.clone().expect("valid");
+    let replace = plan::cluster_plan(&w.observed(), "dev", &services);
+    assert_eq!(replace.summary, "1 to replace", "{:#?}", replace.changes);
+    let (_, d) = manual_pass(&mut w, &replace.id);
+    assert!(is_go(&d), "{:?}", d.gate);
+    assert!(!w.servers.iter().any(|s| s.name == dead), "the approved delete went ahead");
+
+    // Now the TaskServ notices (a re-install due on the member) while the Cluster makes the
+    // replacement: the plan restates the approved one and goes on under it.
+    w.taskservs[0].serving.remove(&dead);
+    w.taskservs[0].pending_plan = Some(own_plan("t1", vec![run_on(&ts, &dead, "3.5.0", "3.5.0")]));
+    let (restated, d) = manual_pass(&mut w, &replace.id);
+    assert_eq!(restated.summary, "1 to create, 1 to update", "{:#?}", restated.changes);
+    assert_ne!(restated.id, replace.id);
+    assert!(is_go(&d), "a restatement of the approved plan waits for nothing: {:?}", d.gate);
+    assert_eq!(d.approved.as_ref().map(|p| p.id.as_str()), Some(replace.id.as_str()));
+    assert_eq!(d.pass_down.iter().map(|p| (p.name.as_str(), p.id.as_str())).collect::<Vec<_>>(), [(ts.as_str(), "t1")]);
+
+    // The replacement Server plans its machine: approved for it too.
+    let machine = provisioning_crds::PlannedChange {
+        resource: format!("Server/dev/{dead}"),
+        field: String::new(),
+        action: ChangeAction::Create,
+        from: String::new(),
+        to: "a sim-1cpu-1gb machine from debian-12".into(),
+        reason: String::new(),
+    };
+    let new = w.servers.iter_mut().find(|s| s.name == dead).expect("the replacement Server");
+    new.pending_plan = Some(own_plan("s1-new", vec![machine]));
+    let (_, d) = manual_pass(&mut w, &replace.id);
+    assert!(is_go(&d), "{:?}", d.gate);
+    assert!(d.pass_down.iter().any(|p| p.name == dead && p.id == "s1-new"), "{:?}", d.pass_down);
+
+    // Another member's machine stops meanwhile: new, it waits, and the message names it;
+    // its delete is held, and the approval in force is kept (the annotation is not stale).
+    w.servers.iter_mut().filter(|s| s.name == other).for_each(|s| {
+        s.ready = false;
+        s.machine_failed = true;
+    });
+    let (beyond, d) = manual_pass(&mut w, &replace.id);
+    assert_eq!(d.gate, Gate::Wait);
+    assert!(w.servers.iter().any(|s| s.name == other), "not deleted before its own approval");
+    assert_eq!(d.approved.as_ref().map(|p| p.id.as_str()), Some(replace.id.as_str()));
+    assert_eq!(d.beyond.iter().map(|c| c.resource.as_str()).collect::<Vec<_>>(), [format!("Server/dev/{other}")]);
+    let message = d.waiting_message(&beyond);
+    assert!(message.contains(&format!("provisioning.dev/approve={}", beyond.id)), "{message}");
+    assert!(message.contains(&format!("not covered by the approved plan {}: replace Server/dev/{other}", replace.id)), "{message}");
+    assert!(!message.contains(&dead), "what the approval covers is not named as new: {message}");
+    // Approving that plan too keeps the first approval's changes approved.
+    let (_, d) = manual_pass(&mut w, &beyond.id);
+    assert!(is_go(&d), "{:?}", d.gate);
+    let both = d.approved.expect("approved");
+    assert_eq!(both.id, beyond.id);
+    assert!(both.changes.iter().any(|c| c.resource == format!("Server/dev/{dead}") && c.action == ChangeAction::Replace));
+    assert!(!w.servers.iter().any(|s| s.name == other), "its delete went ahead once approved");
+    let d = approval::decide(Approval::Manual, Some(&beyond.id), &restated, &w.status, &approval::members(&w.observed(), "dev"));
+    assert!(is_go(&d), "the first approval's restatement is still covered: {:?}", d.gate);
+}
+
+/// An empty plan is not the end of an approval while a member is being replaced (its
+/// Server deleted, still wanted) or does not serve from its current machine (a TaskServ that
+/// has not looked at the replaced member yet still has to install there); once every member
+/// serves, the approval's changes are cleared.
+#[test]
+fn an_approval_is_carried_out_only_once_every_member_serves_from_its_machine() {
+    let mut w = World::new(ETCD);
+    w.converge();
+    let services = w.services.clone().expect("valid");
+    let names: Vec<String> = w.servers.iter().map(|s| s.name.clone()).collect();
+    for (i, s) in w.servers.iter_mut().enumerate() {
+        s.pending_plan = Some(own_plan(&format!("s{i}"), vec![]));
+        s.provider_id = Some(format!("m{i}"));
+    }
+    w.taskservs[0].pending_plan = Some(own_plan("t0", vec![]));
+    for (i, n) in names.iter().enumerate() {
+        w.taskservs[0].serving.insert(n.clone(), Some(format!("m{i}")));
+    }
+    let mut replace = plan::cluster_plan(&w.observed(), "dev", &services);
+    replace.id = "aaaaaaaaaa".into();
+    replace.changes = vec![provisioning_crds::PlannedChange {
+        resource: format!("Server/dev/{}", names[1]),
+        field: String::new(),
+        action: ChangeAction::Replace,
+        from: "machine stopped".into(),
+        to: "a new Server and machine".into(),
+        reason: "the machine stopped: the Cluster replaces the member".into(),
+    }];
+    w.status.approved_plan = Some(replace);
+    let decide = |w: &World| {
+        let o = w.observed();
+        let now = plan::cluster_plan(&o, "dev", &services);
+        assert_eq!(now.summary, "no changes", "{:#?}", now.changes);
+        approval::decide(Approval::Manual, Some("aaaaaaaaaa"), &now, &w.status, &approval::members(&o, "dev")).approved.expect("kept")
+    };
+    // Member 1's Server is being deleted to be replaced; nothing else shows in the plan.
+    w.servers[1].deleting = true;
+    w.servers[1].ready = false;
+    assert!(decide(&w).has_changes(), "carried out while the member is being replaced");
+    // Its replacement has a new machine; the TaskServ's status still says it serves from the old one.
+    w.servers[1].deleting = false;
+    w.servers[1].ready = true;
+    w.servers[1].provider_id = Some("m1-new".into());
+    assert!(decide(&w).has_changes(), "carried out before the service runs on the new machine");
+    // It serves there: carried out, the id kept.
+    w.taskservs[0].serving.insert(names[1].clone(), Some("m1-new".into()));
+    let done = decide(&w);
+    assert_eq!((done.id.as_str(), done.changes.len()), ("aaaaaaaaaa", 0));
+    // A member being deleted that is no longer wanted (a scale-down) does not hold it.
+    w.cluster.spec.pools[0].replicas = 2;
+    w.servers[2].deleting = true;
+    w.taskservs[0].spec.servers.names.retain(|n| n != &names[2]);
+    let w2 = World { services: validate::validate("etcd", &w.cluster.spec, &catalog()), ..w };
+    let o = w2.observed();
+    let services = w2.services.clone().expect("valid");
+    let now = plan::cluster_plan(&o, "dev", &services);
+    assert_eq!(now.summary, "no changes", "{:#?}", now.changes);
+    let d = approval::decide(Approval::Manual, Some("aaaaaaaaaa"), &now, &w2.status, &approval::members(&o, "dev"));
+    assert_eq!(d.approved.map(|p| p.changes.len()), Some(0));
+}
+
+/// The annotation names the plan the Cluster showed ("1 to replace"); by the time the Cluster
+/// looks, the TaskServ has added its re-install on that member: the approval of what the user
+/// read covers it. A plan beyond what was shown waits, without a PlanStale.
+#[test]
+fn an_approval_of_the_plan_shown_covers_what_restates_it_since() {
+    let mut w = World::new(ETCD);
+    w.converge();
+    let ts = w.taskservs[0].name.clone();
+    let dead = w.servers[1].name.clone();
+    w.servers[1].ready = false;
+    w.servers[1].machine_failed = true;
+    let services = w.services.clone().expect("valid");
+    let shown = plan::cluster_plan(&w.observed(), "dev", &services);
+    w.status.plan = Some(shown.clone());
+    w.taskservs[0].pending_plan = Some(own_plan("t1", vec![run_on(&ts, &dead, "3.5.0", "3.5.0")]));
+    let now = plan::cluster_plan(&w.observed(), "dev", &services);
+    assert_ne!(now.id, shown.id);
+    let members = approval::members(&w.observed(), "dev");
+    let d = approval::decide(Approval::Manual, Some(&shown.id), &now, &w.status, &members);
+    assert!(is_go(&d), "{:?}", d.gate);
+    assert_eq!(d.approved.as_ref().map(|p| p.id.as_str()), Some(shown.id.as_str()));
+    // An upgrade there instead is not what was shown: it waits (not stale) and is named.
+    w.taskservs[0].pending_plan = Some(own_plan("t2", vec![run_on(&ts, &dead, "3.5.0", "3.6.0")]));
+    let upgrade = plan::cluster_plan(&w.observed(), "dev", &services);
+    let d = approval::decide(Approval::Manual, Some(&shown.id), &upgrade, &w.status, &approval::members(&w.observed(), "dev"));
+    assert_eq!(d.gate, Gate::Wait);
+    assert_eq!(d.beyond.len(), 1, "{:?}", d.beyond);
+    // A spec change since: the approval of the old spec's plan is stale.
+    w.cluster.metadata.generation = Some(2);
+    let respec = plan::cluster_plan(&w.observed(), "dev", &services);
+    let d = approval::decide(Approval::Manual, Some(&shown.id), &respec, &w.status, &approval::members(&w.observed(), "dev"));
+    assert_eq!(d.gate, Gate::Stale(shown.id.clone()));
 }

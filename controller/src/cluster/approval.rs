@@ -9,10 +9,30 @@
 //! own plan is covered gets its own `provisioning.dev/approve` set to its current plan id (a
 //! metadata-only merge patch) and goes on through its usual gate. Like a TaskServ's, the
 //! Cluster's plan shrinks while carried out (and turns into the members' plans), so the
-//! approved plan is kept in `status.approvedPlan`; once the plan is empty and every member's
-//! plan is current its changes are cleared (the id stays, so the annotation naming it is not
-//! stale), so later drift needs a new approval. The Cluster's own deletes of members its plan
-//! lists (a scale-down, a service removed) wait for the approval too ([`hold_deletes`]).
+//! approved plan is kept in `status.approvedPlan`. The Cluster's own deletes of members its
+//! plan lists (a scale-down, a service removed, a dead member replaced) wait for the approval
+//! too ([`hold_deletes`]).
+//!
+//! What an approval covers while observed state is still moving (members plan one after the
+//! other, a TaskServ notices a dead machine after the Cluster did):
+//! - The approved plan's changes stay approved while they are carried out and while later
+//!   plans of the same spec only shrink or restate them ([`covered`]): the same change; for a
+//!   member the plan creates or respecifies, what that member then does for it; for a member
+//!   replaced as a whole (its machine died), its delete, its replacement of the same name and
+//!   pool with its machine, and the pool's services installed on the replacement again at the
+//!   version that ran there (an install, or a re-install from and to the same version).
+//! - An annotation naming the plan the Cluster showed last (`status.plan`) approves that plan,
+//!   also when the current plan has meanwhile restated it (the user approved what they read).
+//! - Approving a new plan while an earlier approval of the same spec is still being carried
+//!   out keeps the earlier one's changes approved too ([`keep_earlier`]).
+//! - Anything else — another member, a spec change (a new generation), another service,
+//!   version or config, a rollback — waits for its own approval, and the AwaitingApproval
+//!   message names the changes beyond the approved plan ([`Decision::waiting_message`]).
+//! - An approval is carried out once the plan is empty, every member's plan is current and
+//!   every member Server serves its services from its current machine: then its changes are
+//!   cleared (the id stays, so the annotation naming it is not stale), and later drift needs
+//!   a new approval.
+//!
 //! The decisions are pure ([`decide`], [`covered`], [`hold`], [`hold_deletes`]);
 //! [`record`] puts one into the status and [`pass_down`], after the status is written, patches
 //! the members.
@@ -27,10 +47,10 @@ use provisioning_crds::{
 };
 
 use super::plan::{Observed, PlannedEvent};
-use crate::conditions::{self, DesiredCondition, Status};
+use crate::conditions::{self, DesiredCondition, Status, Summary};
 use crate::context::{Context, FIELD_MANAGER};
 use crate::error::Error;
-use crate::server::spec::{PLAN_STALE, waiting_summary};
+use crate::server::spec::PLAN_STALE;
 use crate::taskserv::approval::{AWAITING_APPROVAL, Gate, gate_with, same_change};
 
 /// The approval in force: the Cluster's own, else its Workspace's (Automatic by default).
@@ -69,7 +89,31 @@ pub fn covered(change: &PlannedChange, approved: &Plan) -> bool {
         .find(|a| a.resource == object && a.field == "spec.version" && !a.to.is_empty() && a.to != super::plan::DEFAULT_SHOWN)
         .map(|a| a.to.as_str());
     let elsewhere = change.field == "version" && approved_version.is_some_and(|v| change.to != v);
-    approved.changes.iter().any(|a| same_change(a, change) || (!elsewhere && approves_member(a, object)) || surge_leaves(a, change))
+    approved.changes.iter().any(|a| {
+        same_change(a, change)
+            || (!elsewhere && (approves_member(a, object) || returns_to_replacement(a, change)))
+            || surge_leaves(a, change)
+    })
+}
+
+/// A member replaced as a whole gets its pool's services back: the approved Replace of
+/// `Server/ns/X` (its machine died) covers `TaskServ/ns/* on X` installing there again — an
+/// install, or a re-install of the version that ran there. An upgrade (another version), a
+/// remove, or another server is not part of the replacement.
+fn returns_to_replacement(approved: &PlannedChange, change: &PlannedChange) -> bool {
+    let Some((object, server)) = change.resource.split_once(" on ") else { return false };
+    let namespace = object.split('/').nth(1).unwrap_or_default();
+    let restores = match change.action {
+        ChangeAction::Create => true,
+        ChangeAction::Update => change.from == change.to,
+        _ => false,
+    };
+    object.starts_with("TaskServ/")
+        && change.field == "version"
+        && restores
+        && approved.action == ChangeAction::Replace
+        && approved.field.is_empty()
+        && approved.resource == format!("Server/{namespace}/{server}")
 }
 
 /// A surge Server created under an approval leaves its services under the same approval:
@@ -119,11 +163,17 @@ pub struct Member<'a> {
     pub settled: bool,
     /// Being deleted.
     pub deleting: bool,
+    /// Nothing is left for it beyond its plan: a Server serves (Ready, every service listing
+    /// it runs there from its current machine: [`super::plan::available`]), or is being
+    /// deleted and no longer wanted (a scale-down; one still wanted is being replaced). Always
+    /// true for a TaskServ (its plan says what it still has to do).
+    pub done: bool,
 }
 
 /// The members of the observed Cluster.
 pub fn members<'a>(o: &Observed<'a>, namespace: &str) -> Vec<Member<'a>> {
-    let servers = o.servers.iter().map(|s| Member {
+    let wanted: Vec<String> = super::plan::desired_with_surge(o).into_iter().filter_map(|s| s.metadata.name).collect();
+    let servers = o.servers.iter().map(move |s| Member {
         kind: MemberKind::Server,
         name: &s.name,
         resource: format!("Server/{namespace}/{}", s.name),
@@ -131,6 +181,7 @@ pub fn members<'a>(o: &Observed<'a>, namespace: &str) -> Vec<Member<'a>> {
         approve: s.approve.as_deref(),
         settled: s.observed_current && s.pending_plan.is_some(),
         deleting: s.deleting,
+        done: if s.deleting { !wanted.contains(&s.name) } else { super::plan::available(o, s) },
     });
     let taskservs = o.taskservs.iter().map(|t| Member {
         kind: MemberKind::TaskServ,
@@ -140,6 +191,7 @@ pub fn members<'a>(o: &Observed<'a>, namespace: &str) -> Vec<Member<'a>> {
         approve: t.approve.as_deref(),
         settled: t.settled,
         deleting: t.deleting,
+        done: true,
     });
     servers.chain(taskservs).collect()
 }
@@ -166,25 +218,68 @@ pub struct Decision {
     pub approved: Option<Plan>,
     /// Members to approve.
     pub pass_down: Vec<PassDown>,
+    /// While the plan waits although an approval of the same spec is in force (the
+    /// annotation names it): the plan's changes that approval does not cover.
+    pub beyond: Vec<PlannedChange>,
+}
+
+impl Decision {
+    /// The AwaitingApproval message: the plan to approve and, when an approval is in force,
+    /// what is new beyond it.
+    pub fn waiting_message(&self, plan: &Plan) -> String {
+        let waiting = crate::server::spec::waiting_message(plan);
+        let Some(approved) = self.approved.as_ref().filter(|_| !self.beyond.is_empty()) else {
+            return waiting;
+        };
+        const SHOWN: usize = 5;
+        let mut new: Vec<String> = self.beyond.iter().take(SHOWN).map(describe).collect();
+        if self.beyond.len() > SHOWN {
+            new.push(format!("{} more", self.beyond.len() - SHOWN));
+        }
+        format!("{waiting}; not covered by the approved plan {}: {}", approved.id, new.join(", "))
+    }
+}
+
+/// One change as the waiting message names it: "replace Server/ns/c-pool-2 → a new Server and
+/// machine", "update TaskServ/ns/c-redis on c-pool-0 version 7.0 → 7.2".
+fn describe(c: &PlannedChange) -> String {
+    let mut text = format!("{} {}", c.action.verb(), c.resource);
+    if !c.field.is_empty() {
+        text.push(' ');
+        text.push_str(&c.field);
+    }
+    match (c.from.is_empty(), c.to.is_empty()) {
+        (_, true) => {}
+        (true, false) => text.push_str(&format!(" → {}", c.to)),
+        (false, false) => text.push_str(&format!(" {} → {}", c.from, c.to)),
+    }
+    text
 }
 
 /// Decides where the Cluster's `plan` stands with approval and which members to approve.
-/// `status` holds the approval in force before this pass.
+/// `status` holds the approval in force before this pass and the plan shown last.
 pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status: &ClusterStatus, members: &[Member<'_>]) -> Decision {
-    let before = status.approved_plan.as_ref();
-    let gate = gate_with(approval, annotation, plan, before, covered);
-    let mut decision = Decision { approval, gate: gate.clone(), approved: before.cloned(), pass_down: Vec::new() };
+    let kept = status.approved_plan.as_ref();
+    let before = shown_and_approved(annotation, plan, status).or_else(|| kept.cloned());
+    let gate = gate_with(approval, annotation, plan, before.as_ref(), covered);
+    let mut decision = Decision { approval, gate: gate.clone(), approved: before.clone(), pass_down: Vec::new(), beyond: Vec::new() };
     let Gate::Go { approved } = gate else {
+        if decision.gate == Gate::Wait && approval == Approval::Manual {
+            decision.beyond = beyond(annotation, plan, before.as_ref());
+        }
         return decision;
     };
-    decision.approved = approved;
+    decision.approved = approved.map(|a| keep_earlier(a, kept));
     if approval == Approval::Automatic {
         decision.approved = None;
         return decision;
     }
-    // Carried out: nothing left and every member's plan is current (a member just created
-    // or respecified has not planned yet: its work is still to come under this approval).
-    if !plan.has_changes() && members.iter().all(|m| m.settled || m.deleting) {
+    // Carried out: nothing left, every member's plan is current (a member just created or
+    // respecified has not planned yet: its work is still to come under this approval) and
+    // every member Server serves from its current machine (one being replaced is not there
+    // yet; a TaskServ that has not looked at a replaced member yet still has to install
+    // there, under this approval).
+    if !plan.has_changes() && members.iter().all(|m| m.done && (m.deleting || m.settled)) {
         decision.approved = decision.approved.map(carried_out);
         return decision;
     }
@@ -196,6 +291,44 @@ pub fn decide(approval: Approval, annotation: Option<&str>, plan: &Plan, status:
             .collect();
     }
     decision
+}
+
+/// The plan the Cluster showed last (`status.plan`) when the annotation names it and the
+/// current plan differs (observed state moved since the user read it): the user approved
+/// that plan, together with what an approval of the same spec still in force covers. The
+/// gate then judges the current plan against it like any kept approval.
+fn shown_and_approved(annotation: Option<&str>, plan: &Plan, status: &ClusterStatus) -> Option<Plan> {
+    let annotation = annotation.map(str::trim)?;
+    let shown = status.plan.as_ref()?;
+    let kept = status.approved_plan.as_ref();
+    let named = shown.id == annotation && shown.id != plan.id && kept.is_none_or(|k| k.id != shown.id);
+    (named && shown.has_changes() && shown.generation == plan.generation).then(|| keep_earlier(shown.clone(), kept))
+}
+
+/// At most this many changes in a plan (`Plan.changes`' schema limit): a kept approval's
+/// changes beyond it are dropped, and what they covered waits for a new approval.
+const MAX_CHANGES: usize = 256;
+
+/// A newly approved plan keeps the changes of an approval of the same spec that is still
+/// being carried out: approving more does not take back what was approved before.
+fn keep_earlier(mut approved: Plan, kept: Option<&Plan>) -> Plan {
+    let Some(kept) = kept.filter(|k| k.id != approved.id && k.generation == approved.generation) else {
+        return approved;
+    };
+    let room = MAX_CHANGES.saturating_sub(approved.changes.len());
+    let earlier: Vec<PlannedChange> =
+        kept.changes.iter().filter(|k| !approved.changes.iter().any(|a| same_change(a, k))).take(room).cloned().collect();
+    approved.changes.extend(earlier);
+    approved
+}
+
+/// The changes of `plan` that the approval in force (`before`, of the same spec, named by the
+/// annotation) does not cover: what the waiting message names as new.
+fn beyond(annotation: Option<&str>, plan: &Plan, before: Option<&Plan>) -> Vec<PlannedChange> {
+    let Some(before) = before.filter(|b| annotation.map(str::trim) == Some(b.id.as_str()) && b.generation == plan.generation) else {
+        return Vec::new();
+    };
+    plan.changes.iter().filter(|c| c.action != ChangeAction::NoOp && !covered(c, before)).cloned().collect()
 }
 
 /// Under Manual approval, holds the Cluster's own deletes of members that its plan lists
@@ -250,15 +383,16 @@ fn status_of(value: &str) -> Status {
 }
 
 /// Holds a Cluster whose plan waits: Ready=False and Reconciling=True with reason
-/// AwaitingApproval and the message naming the plan id and the annotation to set, phase
-/// AwaitingApproval, no Ready event. A Stalled Cluster stays Stalled (that is the news).
-/// `previous` are the conditions before this pass (`lastTransitionTime` moves only on flips).
-pub fn hold(status: &mut ClusterStatus, events: &mut Vec<PlannedEvent>, previous: &[Condition], plan: &Plan, now: Timestamp) {
+/// AwaitingApproval and `message` (naming the plan id, the annotation to set and what is new:
+/// [`Decision::waiting_message`]), phase AwaitingApproval, no Ready event. A Stalled Cluster
+/// stays Stalled (that is the news). `previous` are the conditions before this pass
+/// (`lastTransitionTime` moves only on flips).
+pub fn hold(status: &mut ClusterStatus, events: &mut Vec<PlannedEvent>, previous: &[Condition], message: String, now: Timestamp) {
     if conditions::is_true(&status.conditions, condition::STALLED) {
         return;
     }
     let kstatus = [condition::READY, condition::RECONCILING, condition::STALLED];
-    let mut desired = waiting_summary(plan).conditions();
+    let mut desired = Summary::progressing(AWAITING_APPROVAL, message).conditions();
     for c in status.conditions.iter().filter(|c| !kstatus.contains(&c.type_.as_str())) {
         desired.push(DesiredCondition::new(&c.type_, status_of(&c.status), &c.reason, c.message.clone()));
     }
@@ -295,9 +429,9 @@ pub async fn record(
     status.approved_plan = decision.approved.clone();
     match &decision.gate {
         Gate::Go { .. } => {}
-        Gate::Wait => hold(status, events, previous, plan, now),
+        Gate::Wait => hold(status, events, previous, decision.waiting_message(plan), now),
         Gate::Stale(id) => {
-            hold(status, events, previous, plan, now);
+            hold(status, events, previous, decision.waiting_message(plan), now);
             let note = format!(
                 "approval {id} ({ANNOTATION_APPROVE}) does not match the current plan {}: {}; it is ignored, approve {} to carry out the current plan",
                 plan.id, plan.summary, plan.id
@@ -361,7 +495,16 @@ mod tests {
     }
 
     fn member<'a>(kind: MemberKind, name: &'a str, own: Option<&'a Plan>) -> Member<'a> {
-        Member { kind, name, resource: format!("{}/ns/{name}", kind.as_str()), plan: own, approve: None, settled: true, deleting: false }
+        Member {
+            kind,
+            name,
+            resource: format!("{}/ns/{name}", kind.as_str()),
+            plan: own,
+            approve: None,
+            settled: true,
+            deleting: false,
+            done: true,
+        }
     }
 
     fn install(server: &str) -> PlannedChange {
@@ -586,6 +729,17 @@ mod tests {
         let approved_plan = plan("fff", p.changes.clone());
         assert!(covered(&machine("c-pool-1"), &approved_plan));
         assert!(!covered(&machine("c-pool-2"), &approved_plan));
+        // And its pool's services back on it: an install, or a re-install of the version that
+        // ran there; an upgrade, a remove or another member is new.
+        let on = |server: &str, action, from: &str, to: &str| PlannedChange {
+            from: from.into(),
+            ..change(&format!("TaskServ/ns/c-redis on {server}"), "version", action, to)
+        };
+        assert!(covered(&on("c-pool-1", ChangeAction::Create, "", "7.2"), &approved_plan));
+        assert!(covered(&on("c-pool-1", ChangeAction::Update, "7.2", "7.2"), &approved_plan));
+        assert!(!covered(&on("c-pool-1", ChangeAction::Update, "7.0", "7.2"), &approved_plan), "an upgrade is new");
+        assert!(!covered(&on("c-pool-1", ChangeAction::Delete, "7.2", ""), &approved_plan));
+        assert!(!covered(&on("c-pool-2", ChangeAction::Update, "7.2", "7.2"), &approved_plan), "another member");
     }
 
     #[test]
@@ -613,7 +767,7 @@ mod tests {
         let mut events = vec![PlannedEvent::normal("Ready", "ready"), PlannedEvent::normal("StepStarted", "x")];
         let p = plan("abc123", vec![machine("c-pool-0")]);
         let later = Timestamp::from_second(1_000_000).expect("valid");
-        hold(&mut status, &mut events, &previous, &p, later);
+        hold(&mut status, &mut events, &previous, crate::server::spec::waiting_message(&p), later);
         let ready = conditions::find(&status.conditions, condition::READY).expect("Ready");
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "AwaitingApproval"));
         assert!(ready.message.contains("provisioning.dev/approve=abc123"), "{}", ready.message);
