@@ -35,6 +35,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::accounts::{AccountChecks, ProviderRegistry};
 use crate::config::ControllerConfig;
 use crate::error::{Backoffs, Error};
+use crate::history::ChangeHistory;
 use crate::host::HostPaths;
 use crate::metrics::Metrics;
 use crate::workspaces::{self, EffectiveWorkspace};
@@ -82,6 +83,8 @@ pub struct Context {
     written: Mutex<HashMap<String, u64>>,
     /// Provider calls and script runs, appended to `<state dir>/audit/`.
     pub audit: crate::audit::AuditLog,
+    /// ChangeRecords, written after status writes ([`Context::apply_status`]).
+    pub history: ChangeHistory,
 }
 
 /// When an object's external state was last observed, and under which trigger.
@@ -103,6 +106,7 @@ impl Context {
             tracing::warn!(dir = %audit_dir.display(), error = %format!("{e:#}"), "the audit log is off: its directory cannot be written (set state_dir to a writable directory)");
             crate::audit::AuditLog::disabled()
         });
+        let history = ChangeHistory::new(client.clone(), FIELD_MANAGER, config.history_limit);
         Context {
             client,
             config,
@@ -117,6 +121,7 @@ impl Context {
             account_checks: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
             audit,
+            history,
         }
     }
 
@@ -245,9 +250,9 @@ impl Context {
         self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
         let kind = K::kind(&());
-        if crate::history::recorded(self, &kind) {
+        if self.history.recorded(&kind) {
             let before = current.and_then(|c| serde_json::to_value(c).ok());
-            crate::history::after_status_write(self, &kind, &written, before.as_ref(), &patch["status"]).await;
+            self.history.after_status_write(&kind, &written, before.as_ref(), &patch["status"]).await;
         }
         Ok(true)
     }

@@ -3,7 +3,8 @@
 //! it started and ended, and how it ended — owned by the object, the last `history_limit`
 //! kept per object.
 //!
-//! Driven from the status write ([`crate::Context::apply_status`]): the status is the
+//! Driven from the status write ([`crate::Context::apply_status`], through the
+//! [`ChangeHistory`] handle the context holds): the status is the
 //! checkpoint, so its transitions are the change's (a new `observedGeneration` starts a
 //! change; `Ready=True` at that generation ends it Succeeded, `Stalled=True` Failed). Record
 //! names are deterministic (kind, name, generation, uid), so a restarted controller finds the
@@ -14,12 +15,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use provisioning_crds::{ChangeRecord, ChangeRecordSpec, ChangeRecordStatus, ChangedObject, LABEL_CHANGE_OF, SpecWriter};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-
-use crate::context::{Context, FIELD_MANAGER};
 
 /// Kinds whose changes are recorded.
 pub const RECORDED_KINDS: &[&str] = &["Server", "TaskServ", "Cluster"];
@@ -197,86 +196,137 @@ fn record_status(phase: &str, message: Option<String>, now: &str) -> ChangeRecor
     }
 }
 
-/// Whether changes of `kind` are recorded (history on, a recorded kind): the caller skips
-/// preparing the previous status otherwise.
-pub fn recorded(ctx: &Context, kind: &str) -> bool {
-    ctx.config.history_limit > 0 && RECORDED_KINDS.contains(&kind)
+/// The history's handle: what it needs to write records, held by the context (so history
+/// never reaches back into the context).
+#[derive(Clone)]
+pub struct ChangeHistory {
+    client: Client,
+    field_manager: &'static str,
+    /// Records kept per object; 0 turns the history off.
+    limit: usize,
 }
 
-/// Called after a status write of `written` (a Server, TaskServ or Cluster): records what
-/// the transition from `before` to `after` means. Never fails the caller.
-pub async fn after_status_write(ctx: &Context, kind: &str, written: &DynamicObject, before: Option<&Value>, after: &Value) {
-    if !recorded(ctx, kind) {
-        return;
+impl ChangeHistory {
+    /// A history writing with `client` under `field_manager`, keeping `limit` records per
+    /// object (0: off).
+    pub fn new(client: Client, field_manager: &'static str, limit: usize) -> Self {
+        ChangeHistory { client, field_manager, limit }
     }
-    let t = transition(before, after);
-    if t == Transition::default() {
-        return;
-    }
-    if let Err(e) = record(ctx, kind, written, after, &t).await {
-        tracing::warn!(kind, object = %written.name_any(), error = %e, "could not write the ChangeRecord (history only; the object is unaffected)");
-    }
-}
 
-async fn record(ctx: &Context, kind: &str, written: &DynamicObject, after: &Value, t: &Transition) -> Result<(), kube::Error> {
-    let (Some(namespace), Some(uid)) = (written.namespace(), written.uid()) else { return Ok(()) };
-    let api: Api<ChangeRecord> = Api::namespaced(ctx.client.clone(), &namespace);
-    let now = crate::time::now_seconds().to_string();
-    if let Some(generation) = t.started {
-        start(ctx, &api, kind, written, &uid, generation, after, &now).await?;
+    /// Whether changes of `kind` are recorded (history on, a recorded kind): the caller skips
+    /// preparing the previous status otherwise.
+    pub fn recorded(&self, kind: &str) -> bool {
+        self.limit > 0 && RECORDED_KINDS.contains(&kind)
     }
-    if let Some((generation, outcome)) = &t.finished {
-        let name = record_name(kind, &written.name_any(), &uid, *generation);
-        let status = match outcome {
-            Outcome::Succeeded => record_status("Succeeded", None, &now),
-            Outcome::Failed(message) => record_status("Failed", Some(message.clone()), &now),
-        };
-        match patch_status(&api, &name, &status).await {
-            // The record of a generation whose start this controller never saw (history
-            // turned on later): begin it now, then end it.
-            Err(kube::Error::Api(e)) if e.code == 404 => {
-                start(ctx, &api, kind, written, &uid, *generation, after, &now).await?;
-                patch_status(&api, &name, &status).await?;
-            }
-            other => other?,
+
+    /// Called after a status write of `written` (a Server, TaskServ or Cluster): records what
+    /// the transition from `before` to `after` means. Never fails the caller.
+    pub async fn after_status_write(&self, kind: &str, written: &DynamicObject, before: Option<&Value>, after: &Value) {
+        if !self.recorded(kind) {
+            return;
+        }
+        let t = transition(before, after);
+        if t == Transition::default() {
+            return;
+        }
+        if let Err(e) = self.record(kind, written, after, &t).await {
+            tracing::warn!(kind, object = %written.name_any(), error = %e, "could not write the ChangeRecord (history only; the object is unaffected)");
         }
     }
-    Ok(())
-}
 
-async fn patch_status(api: &Api<ChangeRecord>, name: &str, status: &ChangeRecordStatus) -> Result<(), kube::Error> {
-    let patch = serde_json::json!({
-        "apiVersion": "provisioning.dev/v1alpha1",
-        "kind": "ChangeRecord",
-        "metadata": {"name": name},
-        "status": status,
-    });
-    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await.map(drop)
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn start(
-    ctx: &Context,
-    api: &Api<ChangeRecord>,
-    kind: &str,
-    written: &DynamicObject,
-    uid: &str,
-    generation: i64,
-    after: &Value,
-    now: &str,
-) -> Result<(), kube::Error> {
-    let object_name = written.name_any();
-    let name = record_name(kind, &object_name, uid, generation);
-    let mut history = api.list(&ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await?.items;
-    history.sort_by_key(|r| r.spec.generation);
-    if history.iter().any(|r| r.spec.generation == generation) {
-        return Ok(());
+    async fn record(&self, kind: &str, written: &DynamicObject, after: &Value, t: &Transition) -> Result<(), kube::Error> {
+        let (Some(namespace), Some(uid)) = (written.namespace(), written.uid()) else { return Ok(()) };
+        let api: Api<ChangeRecord> = Api::namespaced(self.client.clone(), &namespace);
+        let now = crate::time::now_seconds().to_string();
+        let change = Change { kind, written, uid: &uid, after, now: &now };
+        if let Some(generation) = t.started {
+            self.start(&api, &change, generation).await?;
+        }
+        if let Some((generation, outcome)) = &t.finished {
+            let name = record_name(kind, &written.name_any(), &uid, *generation);
+            let status = match outcome {
+                Outcome::Succeeded => record_status("Succeeded", None, &now),
+                Outcome::Failed(message) => record_status("Failed", Some(message.clone()), &now),
+            };
+            match self.patch_status(&api, &name, &status).await {
+                // The record of a generation whose start this controller never saw (history
+                // turned on later): begin it now, then end it.
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    self.start(&api, &change, *generation).await?;
+                    self.patch_status(&api, &name, &status).await?;
+                }
+                other => other?,
+            }
+        }
+        Ok(())
     }
-    let previous = history.iter().rev().find(|r| r.spec.generation < generation);
+
+    async fn patch_status(&self, api: &Api<ChangeRecord>, name: &str, status: &ChangeRecordStatus) -> Result<(), kube::Error> {
+        let patch = serde_json::json!({
+            "apiVersion": "provisioning.dev/v1alpha1",
+            "kind": "ChangeRecord",
+            "metadata": {"name": name},
+            "status": status,
+        });
+        api.patch_status(name, &PatchParams::apply(self.field_manager).force(), &Patch::Apply(&patch)).await.map(drop)
+    }
+
+    /// Begins the record of `generation` (unless it exists), supersedes older records still
+    /// in progress and keeps the newest `limit`.
+    async fn start(&self, api: &Api<ChangeRecord>, change: &Change<'_>, generation: i64) -> Result<(), kube::Error> {
+        let Change { kind, written, uid, now, .. } = *change;
+        let object_name = written.name_any();
+        let name = record_name(kind, &object_name, uid, generation);
+        let mut history = api.list(&ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await?.items;
+        history.sort_by_key(|r| r.spec.generation);
+        if history.iter().any(|r| r.spec.generation == generation) {
+            return Ok(());
+        }
+        let previous = history.iter().rev().find(|r| r.spec.generation < generation);
+        let record = new_record(change, &name, generation, previous);
+        match api.create(&PostParams { field_manager: Some(self.field_manager.into()), ..Default::default() }, &record).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        self.patch_status(api, &name, &record_status("InProgress", None, now)).await?;
+        // Older changes still in progress never finished: a newer generation took over.
+        for older in history.iter().filter(|r| r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("InProgress")) {
+            let message = format!("superseded by generation {generation} before it finished");
+            self.patch_status(api, &older.name_any(), &record_status("Superseded", Some(message), now)).await?;
+        }
+        // Keep the newest `limit` (this one included).
+        let keep = self.limit.saturating_sub(1);
+        let excess = history.len().saturating_sub(keep);
+        for old in history.iter().take(excess) {
+            match api.delete(&old.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The object whose change is being recorded, as one status write saw it.
+#[derive(Clone, Copy)]
+struct Change<'a> {
+    kind: &'a str,
+    written: &'a DynamicObject,
+    uid: &'a str,
+    after: &'a Value,
+    now: &'a str,
+}
+
+/// The record of `change` at `generation`, its fields compared with `previous` (pure).
+fn new_record(change: &Change<'_>, name: &str, generation: i64, previous: Option<&ChangeRecord>) -> ChangeRecord {
+    let Change { kind, written, uid, after, now } = *change;
+    let object_name = written.name_any();
     let digests = field_digests(written.data.get("spec").unwrap_or(&Value::Null), uid);
     let fields = previous.map(|p| changed_fields(&p.spec.field_digests, &digests)).unwrap_or_default();
     let mut record = ChangeRecord::new(
-        &name,
+        name,
         ChangeRecordSpec {
             object: ChangedObject { kind: kind.into(), name: object_name.clone(), uid: uid.into() },
             generation,
@@ -299,28 +349,7 @@ async fn start(
         controller: Some(true),
         block_owner_deletion: None,
     }]);
-    match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &record).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    patch_status(api, &name, &record_status("InProgress", None, now)).await?;
-    // Older changes still in progress never finished: a newer generation took over.
-    for older in history.iter().filter(|r| r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("InProgress")) {
-        let message = format!("superseded by generation {generation} before it finished");
-        patch_status(api, &older.name_any(), &record_status("Superseded", Some(message), now)).await?;
-    }
-    // Keep the newest `history_limit` (this one included).
-    let keep = ctx.config.history_limit.saturating_sub(1);
-    let excess = history.len().saturating_sub(keep);
-    for old in history.iter().take(excess) {
-        match api.delete(&old.name_any(), &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    record
 }
 
 #[cfg(test)]

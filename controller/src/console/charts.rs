@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::render::esc;
+use super::html::esc;
 use super::session::ReadyPoint;
 
 /// Steps drawn at most; a larger rollout shows its latest ones and says how many are hidden.

@@ -9,12 +9,14 @@
 //!
 //! - [`http`]: HTTPS listener, routing, sign-in, actions;
 //! - [`pages`]: what each page reads (with the visitor's client) and hands to [`render`];
-//! - [`render`], [`charts`]: pure HTML/SVG rendering (unit-tested, benchmarked);
+//! - [`render`], [`charts`]: pure HTML/SVG rendering (unit-tested, benchmarked), both escaping
+//!   through [`html`];
 //! - [`live`]: watches with the visitor's token, re-rendering at most every 300 ms;
 //! - [`api`], [`session`], [`tls`]: API calls, sessions and one-time codes, certificates.
 
 pub mod api;
 pub mod charts;
+pub mod html;
 pub mod http;
 pub mod live;
 pub mod pages;
