@@ -14,6 +14,7 @@ pub mod discovery;
 pub mod error;
 pub mod gc;
 pub mod handlers;
+pub mod objects;
 pub mod openapi;
 pub mod patch;
 pub mod protobuf;
@@ -157,15 +158,15 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
             }
         }
     }
-    auth::bootstrap::ensure(&core).await?;
-    auth::bootstrap::aggregate_once(&core).await;
+    auth::bootstrap::ensure(&*core).await?;
+    auth::bootstrap::aggregate_once(&*core).await;
     let dir = config.data_dir.clone();
     let signer = tokio::task::spawn_blocking(move || auth::tokens::Signer::load_or_create(&dir, auth::tokens::DEFAULT_ISSUER)).await??;
     let kubeconfig = tls::write_kubeconfig(&config.data_dir, addr, &creds)?;
     let authn = Arc::new(auth::Auth::new(&creds.token, signer));
     let server = tokio::spawn(server::serve(core.clone(), listener, creds.server_config.clone(), authn));
     let gc = tokio::spawn(gc::run(core.clone()));
-    let aggregation = tokio::spawn(auth::bootstrap::run_aggregation(core.clone()));
+    let aggregation = tokio::spawn(auth::bootstrap::run_aggregation(core.clone(), core.shutdown.clone()));
     Ok(RunningApiServer { addr, kubeconfig, core, server, gc, aggregation })
 }
 

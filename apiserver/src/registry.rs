@@ -9,6 +9,8 @@ use serde_json::{Value, json};
 pub const NAMESPACES: &str = "/namespaces";
 /// Storage key of CRDs.
 pub const CRDS: &str = "apiextensions.k8s.io/customresourcedefinitions";
+/// The API group of the RBAC kinds (their names are path segments, not DNS names).
+pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
 /// Marks the storage key of create-only virtual resources (reviews): nothing is stored there.
 pub const VIRTUAL_PREFIX: &str = "virtual:";

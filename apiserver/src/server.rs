@@ -348,7 +348,7 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
         return r;
     }
     let attrs = Attributes::from_request(req.method(), &path, req.uri().query());
-    let user = match auth.authenticate(&core, req.headers()) {
+    let user = match auth.authenticate(&core.store, req.headers()) {
         Ok(u) => u,
         Err(e) => {
             // The reason names what was wrong with the credential, never the credential.
@@ -356,11 +356,11 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
             return error_response(&ApiError::unauthorized());
         }
     };
-    let user = match auth.impersonate(&core, user, req.headers()) {
+    let user = match auth.impersonate(&core.store, user, req.headers()) {
         Ok(u) => u,
         Err(e) => return error_response(&e),
     };
-    let decision = auth.authorize(&core, &user, &attrs);
+    let decision = auth.authorize(&core.store, &user, &attrs);
     if !decision.allowed {
         crate::auth::warn_forbidden(&user, &attrs);
         return error_response(&attrs.forbidden(&user, &decision.reason));
@@ -382,7 +382,7 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
         let result = async {
             let body = read_body(req).await?;
             let obj = if ct.contains("protobuf") { crate::auth::proto::decode(&body)? } else { parse_body(&body, &ct)? };
-            reviews::create(auth, &core, &user, &attrs, review, obj)
+            reviews::create(auth, &core.store, &user, &attrs, review, obj)
         }
         .await;
         return match result {

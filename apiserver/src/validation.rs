@@ -132,6 +132,30 @@ pub fn validate_metadata(md: &Value) -> Vec<Cause> {
     causes
 }
 
+/// kube's `ValidateRBACName` (`path.IsValidPathSegmentName`), for the RBAC kinds' names: anything usable as one URL path
+/// segment, so names such as `system:discovery` are valid.
+pub fn validate_path_segment_name(name: &str) -> Option<Cause> {
+    let bad = |why: &str| {
+        let quoted = serde_json::to_string(name).unwrap_or_default();
+        Some(Cause::new("FieldValueInvalid", "metadata.name", format!("Invalid value: {quoted}: {why}")))
+    };
+    if name.is_empty() {
+        return Some(Cause::new("FieldValueRequired", "metadata.name", "Required value: name or generateName is required"));
+    }
+    match name {
+        "." => return bad("may not be '.'"),
+        ".." => return bad("may not be '..'"),
+        _ => {}
+    }
+    if name.contains('/') {
+        return bad("may not contain '/'");
+    }
+    if name.contains('%') {
+        return bad("may not contain '%'");
+    }
+    None
+}
+
 /// Validates a name as an RFC 1123 subdomain (or label when `label` is set).
 pub fn validate_name(name: &str, label: bool) -> Option<Cause> {
     if name.is_empty() {

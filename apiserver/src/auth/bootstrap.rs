@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use super::CLUSTERROLES;
 use super::rbac::{GROUP, PolicyRule};
-use crate::handlers::{Core, WriteOptions};
+use crate::objects::{ObjectWriter, WriteOptions};
 
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "update"];
@@ -251,22 +252,22 @@ pub fn reconciled(existing: &Value, default: &Value) -> Option<Value> {
 
 /// Creates every bootstrap object that does not exist and adds what upstream's reconciliation
 /// would add to existing ones ([`reconciled`]). A no-op while the RBAC kinds are not served.
-pub async fn ensure(core: &Core) -> anyhow::Result<()> {
-    let reg = core.registry();
+pub async fn ensure(objects: &impl ObjectWriter) -> anyhow::Result<()> {
+    let reg = objects.registry();
     let opts = WriteOptions { field_manager: "provisioning-apiserver".into(), ..Default::default() };
     for (plural, objs) in [("clusterroles", cluster_roles()), ("clusterrolebindings", cluster_role_bindings())] {
         let Some(rt) = reg.get(GROUP, "v1", plural) else { return Ok(()) };
         for obj in objs {
             let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            if let Ok(cur) = core.get(&rt, None, &name) {
+            if let Ok(cur) = objects.get(&rt, None, &name) {
                 if let Some(new) = reconciled(&cur.value(), &obj)
-                    && let Err(e) = core.update(&rt, None, &name, new, false, &opts).await
+                    && let Err(e) = objects.update(&rt, None, &name, new, false, &opts).await
                 {
                     tracing::warn!(%name, error = %e, "could not add the default rules to bootstrap {plural}");
                 }
                 continue;
             }
-            if let Err(e) = core.create(&rt, None, obj, &opts).await
+            if let Err(e) = objects.create(&rt, None, obj, &opts).await
                 && e.code != 409
             {
                 anyhow::bail!("creating bootstrap {plural} {name}: {e}");
@@ -325,11 +326,11 @@ pub fn aggregate_rules(role: &Value, all: &[(String, BTreeMap<String, String>, V
 }
 
 /// One pass of the aggregation controller; returns how many ClusterRoles it updated.
-pub async fn aggregate_once(core: &Core) -> usize {
-    let reg = core.registry();
+pub async fn aggregate_once(objects: &impl ObjectWriter) -> usize {
+    let reg = objects.registry();
     let Some(rt) = reg.get(GROUP, "v1", "clusterroles") else { return 0 };
     let all: Vec<(String, BTreeMap<String, String>, Value)> = {
-        let st = core.store.read();
+        let st = objects.store().read();
         st.objects
             .get(rt.storage.as_str())
             .map(|m| m.values().map(|e| (e.key.name.clone(), e.labels.clone(), e.value())).collect())
@@ -347,7 +348,7 @@ pub async fn aggregate_once(core: &Core) -> usize {
         }
         let mut new = obj.clone();
         new["rules"] = json!(rules);
-        match core.update(&rt, None, name, new, false, &opts).await {
+        match objects.update(&rt, None, name, new, false, &opts).await {
             Ok(_) => updated += 1,
             // A concurrent write: the next pass sees it and tries again.
             Err(e) => tracing::debug!(clusterrole = %name, error = %e, "aggregation update deferred"),
@@ -358,22 +359,22 @@ pub async fn aggregate_once(core: &Core) -> usize {
 
 /// Keeps aggregated ClusterRoles up to date until shutdown: a pass after every change to the
 /// store (debounced), and one every 30 s in case a pass lost a race.
-pub async fn run_aggregation(core: Arc<Core>) {
-    let mut changes = core.store.subscribe();
+pub async fn run_aggregation(objects: Arc<impl ObjectWriter>, shutdown: CancellationToken) {
+    let mut changes = objects.store().subscribe();
     let mut last: Option<(usize, u64)> = None;
     loop {
         // Only ClusterRole changes matter: skip the pass when their count and newest revision
         // are what the last pass saw (cheap, so heavy write load elsewhere costs nothing).
         let fp = {
-            let st = core.store.read();
+            let st = objects.store().read();
             st.objects.get(CLUSTERROLES).map(|m| (m.len(), m.values().map(|e| e.rv).max().unwrap_or(0)))
         };
         if fp != last || fp.is_none() {
-            aggregate_once(&core).await;
+            aggregate_once(&*objects).await;
             last = fp;
         }
         tokio::select! {
-            _ = core.shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => return,
             r = changes.changed() => if r.is_err() { return },
             _ = tokio::time::sleep(Duration::from_secs(30)) => {}
         }

@@ -22,7 +22,7 @@ use http::{HeaderMap, Method};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::handlers::Core;
+use crate::storage::Store;
 use rbac::{Decision, Policy};
 
 /// User name of the admin token's identity.
@@ -294,18 +294,18 @@ impl Auth {
     }
 
     /// Identifies the caller of a request from its `Authorization` header.
-    pub fn authenticate(&self, core: &Core, headers: &HeaderMap) -> Result<UserInfo, AuthnError> {
+    pub fn authenticate(&self, store: &Store, headers: &HeaderMap) -> Result<UserInfo, AuthnError> {
         let token = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|h| h.to_str().ok())
             .and_then(|h| h.strip_prefix("Bearer "))
             .map(str::trim)
             .ok_or(AuthnError::Missing)?;
-        self.authenticate_token(core, token, &self.audiences)
+        self.authenticate_token(store, token, &self.audiences)
     }
 
     /// Identifies the holder of `token` when it is meant for one of `audiences` (TokenReview).
-    pub fn authenticate_token(&self, core: &Core, token: &str, audiences: &[String]) -> Result<UserInfo, AuthnError> {
+    pub fn authenticate_token(&self, store: &Store, token: &str, audiences: &[String]) -> Result<UserInfo, AuthnError> {
         if constant_eq(token.as_bytes(), self.admin_token.as_bytes()) {
             return Ok(UserInfo::admin());
         }
@@ -317,7 +317,7 @@ impl Auth {
         let sa = &k.serviceaccount;
         let who = format!("{}/{}", k.namespace, sa.name);
         let live = {
-            let st = core.store.read();
+            let st = store.read();
             st.objects
                 .get(SERVICEACCOUNTS)
                 .and_then(|m| m.get(&(k.namespace.clone(), sa.name.clone())))
@@ -334,7 +334,7 @@ impl Auth {
 
     /// Applies `Impersonate-*` headers: checks that `user` may impersonate each requested
     /// attribute and returns the impersonated identity (or `user` when nothing is requested).
-    pub fn impersonate(&self, core: &Core, user: UserInfo, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
+    pub fn impersonate(&self, store: &Store, user: UserInfo, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
         let values = |name: &str| -> Result<Vec<String>, ApiError> {
             headers
                 .get_all(name)
@@ -363,7 +363,7 @@ impl Auth {
         }
         let target = users[0].clone();
         let check = |a: Attributes| -> Result<(), ApiError> {
-            let d = self.authorize(core, &user, &a);
+            let d = self.authorize(store, &user, &a);
             if d.allowed {
                 Ok(())
             } else {
@@ -413,8 +413,8 @@ impl Auth {
     }
 
     /// The current RBAC policy, rebuilt only when an RBAC object changed.
-    pub fn policy(&self, core: &Core) -> Arc<Policy> {
-        let st = core.store.read();
+    pub fn policy(&self, store: &Store) -> Arc<Policy> {
+        let st = store.read();
         let fp_of = |k: &str| st.objects.get(k).map(|m| (m.len(), m.values().map(|e| e.rv).max().unwrap_or(0))).unwrap_or((0, 0));
         let fp: Fingerprint = [fp_of(CLUSTERROLES), fp_of(ROLES), fp_of(CLUSTERROLEBINDINGS), fp_of(ROLEBINDINGS)];
         let mut cache = match self.cache.lock() {
@@ -434,11 +434,11 @@ impl Auth {
     }
 
     /// Decides whether `user` may do what `a` describes.
-    pub fn authorize(&self, core: &Core, user: &UserInfo, a: &Attributes) -> Decision {
+    pub fn authorize(&self, store: &Store, user: &UserInfo, a: &Attributes) -> Decision {
         if user.is_master() {
             return Decision { allowed: true, reason: String::new() };
         }
-        self.policy(core).authorize(user, a)
+        self.policy(store).authorize(user, a)
     }
 }
 

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::{Attributes, UserInfo};
 
 /// The API group of the RBAC kinds.
-pub const GROUP: &str = "rbac.authorization.k8s.io";
+pub const GROUP: &str = crate::registry::RBAC_GROUP;
 
 /// One `PolicyRule`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,30 +23,6 @@ pub struct PolicyRule {
     pub resource_names: Vec<String>,
     /// Non-resource paths (`*` suffix = prefix match).
     pub non_resource_urls: Vec<String>,
-}
-
-/// kube's `ValidateRBACName` (`path.IsValidPathSegmentName`): anything usable as one URL path
-/// segment, so names such as `system:discovery` are valid.
-pub fn validate_name(name: &str) -> Option<crate::error::Cause> {
-    let bad = |why: &str| {
-        let quoted = serde_json::to_string(name).unwrap_or_default();
-        Some(crate::error::Cause::new("FieldValueInvalid", "metadata.name", format!("Invalid value: {quoted}: {why}")))
-    };
-    if name.is_empty() {
-        return Some(crate::error::Cause::new("FieldValueRequired", "metadata.name", "Required value: name or generateName is required"));
-    }
-    match name {
-        "." => return bad("may not be '.'"),
-        ".." => return bad("may not be '..'"),
-        _ => {}
-    }
-    if name.contains('/') {
-        return bad("may not contain '/'");
-    }
-    if name.contains('%') {
-        return bad("may not contain '%'");
-    }
-    None
 }
 
 fn strs(v: &Value) -> Vec<String> {

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::rbac::PolicyRule;
 use super::{Attributes, Auth, SERVICEACCOUNTS, UserInfo, tokens};
 use crate::error::{ApiError, ApiResult, Cause};
-use crate::handlers::Core;
+use crate::storage::Store;
 
 /// Which virtual resource a request addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,8 +105,8 @@ fn review_attributes(review: Review, spec: &Value) -> ApiResult<Attributes> {
     }
 }
 
-fn access_status(auth: &Auth, core: &Core, user: &UserInfo, a: &Attributes) -> Value {
-    let d = auth.authorize(core, user, a);
+fn access_status(auth: &Auth, store: &Store, user: &UserInfo, a: &Attributes) -> Value {
+    let d = auth.authorize(store, user, a);
     let mut status = json!({"allowed": d.allowed});
     if !d.reason.is_empty() {
         status["reason"] = json!(d.reason);
@@ -116,7 +116,7 @@ fn access_status(auth: &Auth, core: &Core, user: &UserInfo, a: &Attributes) -> V
 
 /// Answers a POST to a virtual resource: the object with its status filled in (HTTP 201).
 /// `user` is the (possibly impersonated) caller; `a` the request's attributes.
-pub fn create(auth: &Auth, core: &Core, user: &UserInfo, a: &Attributes, review: Review, mut body: Value) -> ApiResult<Value> {
+pub fn create(auth: &Auth, store: &Store, user: &UserInfo, a: &Attributes, review: Review, mut body: Value) -> ApiResult<Value> {
     let (kind, api_version) = review.kind();
     if !body.is_object() {
         return Err(ApiError::bad_request(format!("the body of a {kind} must be a JSON object")));
@@ -138,7 +138,7 @@ pub fn create(auth: &Auth, core: &Core, user: &UserInfo, a: &Attributes, review:
         Review::SelfSubject => json!({"userInfo": user.to_value()}),
         Review::SelfSubjectAccess => {
             let attrs = review_attributes(review, &spec)?;
-            access_status(auth, core, user, &attrs)
+            access_status(auth, store, user, &attrs)
         }
         Review::LocalSubjectAccess | Review::SubjectAccess => {
             let mut attrs = review_attributes(review, &spec)?;
@@ -164,29 +164,29 @@ pub fn create(auth: &Auth, core: &Core, user: &UserInfo, a: &Attributes, review:
             if subject.name.is_empty() && subject.groups.is_empty() {
                 return Err(invalid(review, "", "spec.user", "at least one of user or group must be specified"));
             }
-            access_status(auth, core, &subject, &attrs)
+            access_status(auth, store, &subject, &attrs)
         }
         Review::SelfSubjectRules => {
             let ns = spec["namespace"].as_str().unwrap_or_default();
-            rules_status(auth, core, user, ns)
+            rules_status(auth, store, user, ns)
         }
         Review::Token => {
             let token = spec["token"].as_str().unwrap_or_default();
             let wanted = strs(&spec["audiences"]);
             let audiences: Vec<String> = if wanted.is_empty() { auth.audiences().to_vec() } else { wanted };
-            match auth.authenticate_token(core, token, &audiences) {
+            match auth.authenticate_token(store, token, &audiences) {
                 Ok(u) => json!({"authenticated": true, "user": u.to_value(), "audiences": audiences}),
                 Err(e) => json!({"user": {}, "error": e.to_string()}),
             }
         }
-        Review::TokenRequest => return token_request(auth, core, a, body),
+        Review::TokenRequest => return token_request(auth, store, a, body),
     };
     body["status"] = status;
     Ok(body)
 }
 
-fn rules_status(auth: &Auth, core: &Core, user: &UserInfo, ns: &str) -> Value {
-    let (mut rules, errors) = auth.policy(core).rules_for(user, ns);
+fn rules_status(auth: &Auth, store: &Store, user: &UserInfo, ns: &str) -> Value {
+    let (mut rules, errors) = auth.policy(store).rules_for(user, ns);
     if user.is_master() {
         // kube's privileged-group authorizer reports everything as allowed.
         let everything =
@@ -220,7 +220,7 @@ fn rules_status(auth: &Auth, core: &Core, user: &UserInfo, ns: &str) -> Value {
     status
 }
 
-fn token_request(auth: &Auth, core: &Core, a: &Attributes, mut body: Value) -> ApiResult<Value> {
+fn token_request(auth: &Auth, store: &Store, a: &Attributes, mut body: Value) -> ApiResult<Value> {
     let review = Review::TokenRequest;
     let (ns, name) = (a.namespace.as_str(), a.name.as_str());
     let spec = body["spec"].clone();
@@ -252,7 +252,7 @@ fn token_request(auth: &Auth, core: &Core, a: &Attributes, mut body: Value) -> A
         audiences = auth.audiences().to_vec();
     }
     let uid = {
-        let st = core.store.read();
+        let st = store.read();
         st.objects
             .get(SERVICEACCOUNTS)
             .and_then(|m| m.get(&(ns.to_string(), name.to_string())))

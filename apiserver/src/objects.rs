@@ -1,0 +1,103 @@
+//! The object operations that code outside the request path relies on — the RBAC bootstrap
+//! and the ClusterRole aggregation in [`crate::auth`] — as the trait [`ObjectWriter`] plus the
+//! write types it speaks. The request core ([`crate::handlers::Core`]) implements it, so that
+//! code depends on this small interface, never on the handlers.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::error::ApiResult;
+use crate::registry::{Registry, ResourceType};
+use crate::storage::{Entry, Store};
+
+/// How unknown fields are treated (`fieldValidation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FieldValidation {
+    /// Drop silently.
+    Ignore,
+    /// Drop and return a Warning header (server default).
+    #[default]
+    Warn,
+    /// Reject with 400.
+    Strict,
+}
+
+/// Options common to writes.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    /// `dryRun=All`: validate and answer, store nothing.
+    pub dry_run: bool,
+    /// `fieldManager` (or one derived from the User-Agent).
+    pub field_manager: String,
+    /// Whether the manager came from the request explicitly.
+    pub explicit_manager: bool,
+    /// `fieldValidation`.
+    pub field_validation: FieldValidation,
+    /// `force` for server-side apply.
+    pub force: bool,
+}
+
+/// What a write produced.
+pub enum Output {
+    /// The stored object.
+    Stored(Arc<Entry>),
+    /// An object that was not stored (dry run, or a deletion summary).
+    Transient(Value),
+}
+
+impl Output {
+    /// Serialized body.
+    pub fn bytes(&self) -> Bytes {
+        match self {
+            Output::Stored(e) => e.bytes.clone(),
+            Output::Transient(v) => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
+        }
+    }
+    /// Parsed value.
+    pub fn value(&self) -> Value {
+        match self {
+            Output::Stored(e) => e.value(),
+            Output::Transient(v) => v.clone(),
+        }
+    }
+}
+
+/// A write result with warnings for the client.
+pub struct Written {
+    /// The object.
+    pub output: Output,
+    /// Warning headers.
+    pub warnings: Vec<String>,
+}
+
+/// Reads and writes objects through the full request semantics (admission, validation,
+/// managedFields), for writers that are not HTTP requests.
+pub trait ObjectWriter: Send + Sync {
+    /// The store (for reading snapshots and waiting on changes).
+    fn store(&self) -> &Store;
+    /// The types served now.
+    fn registry(&self) -> Arc<Registry>;
+    /// One object.
+    fn get(&self, rt: &ResourceType, ns: Option<&str>, name: &str) -> ApiResult<Arc<Entry>>;
+    /// Creates an object (as a POST would).
+    fn create(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        obj: Value,
+        opts: &WriteOptions,
+    ) -> impl Future<Output = ApiResult<Written>> + Send;
+    /// Replaces an object, or its status when `status` (as a PUT would).
+    fn update(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        obj: Value,
+        status: bool,
+        opts: &WriteOptions,
+    ) -> impl Future<Output = ApiResult<Written>> + Send;
+}
