@@ -22,7 +22,7 @@ RUN set -eu; \
     if [ -n "$PREBUILT" ]; then \
       cp "$PREBUILT/provisioning" "$PREBUILT/nu" "$PREBUILT/ca-certificates.crt" /out/; \
     else \
-      cargo build --locked --profile image -p provisioning-controller --bin provisioning; \
+      cargo build --locked --profile image -p provisioning-cli --bin provisioning; \
       cp target/image/provisioning /out/; \
       apt-get update; \
       apt-get install -y --no-install-recommends npm; \

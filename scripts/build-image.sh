@@ -92,7 +92,7 @@ fi
 # The binary (cargo's own cache makes this a no-op when nothing changed), nu and the CA roots.
 START=$(date +%s)
 if [ -z "$BINARY" ]; then
-  cargo build --locked --profile image -p provisioning-controller --bin provisioning >&2
+  cargo build --locked --profile image -p provisioning-cli --bin provisioning >&2
   BINARY=${CARGO_TARGET_DIR:-$ROOT/target}/image/provisioning
 fi
 NU=${PROVISIONING_NU:-$ROOT/.tools/bin/nu}

@@ -1,5 +1,6 @@
 //! The audit log: one JSON line per provider call and per task script run, appended to
-//! `<state dir>/audit/audit.jsonl` and rotated by size, read back by `provisioning audit`.
+//! `<state dir>/audit/audit.jsonl` and rotated by size, read back ([`read_all`]) by
+//! `provisioning audit`.
 //!
 //! Writes go through a channel to one writer thread, so a reconcile never waits on the disk;
 //! the writer appends and `fdatasync`s after each batch it drains (a kill -9 loses at most the
@@ -15,7 +16,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
 /// The live file's name inside the audit directory; rotated files add `.1`, `.2`, ….
@@ -247,49 +248,9 @@ fn write_loop(mut file: Rotating, rx: Receiver<Entry>) {
     }
 }
 
-/// Filters for [`read`].
-#[derive(Clone, Debug, Default)]
-pub struct Query {
-    /// `KIND/NAMESPACE/NAME` or `KIND/NAME` (kind matched case-insensitively, also by its
-    /// short name or plural).
-    pub object: Option<String>,
-    /// Only entries at or after this time.
-    pub since: Option<DateTime<Utc>>,
-}
-
-/// Kind names `--object` accepts for each kind: singular, plural, short name.
-const KIND_ALIASES: &[(&str, &[&str])] = &[
-    ("Server", &["server", "servers", "srv"]),
-    ("TaskServ", &["taskserv", "taskservs", "ts"]),
-    ("Cluster", &["cluster", "clusters", "pcl"]),
-    ("Workspace", &["workspace", "workspaces", "ws"]),
-];
-
-/// Parses `KIND/NS/NAME` or `KIND/NAME` into a canonical kind and the rest.
-pub fn parse_object(text: &str) -> anyhow::Result<(String, Option<String>, String)> {
-    let parts: Vec<&str> = text.split('/').collect();
-    let (kind, namespace, name) = match parts.as_slice() {
-        [kind, name] => (*kind, None, *name),
-        [kind, namespace, name] => (*kind, Some((*namespace).to_string()), *name),
-        _ => anyhow::bail!("--object {text:?}: expected KIND/NAMESPACE/NAME (or KIND/NAME for a Workspace)"),
-    };
-    let lower = kind.to_ascii_lowercase();
-    let lower = lower.strip_suffix(".provisioning.dev").unwrap_or(&lower);
-    let canonical = KIND_ALIASES
-        .iter()
-        .find(|(_, aliases)| aliases.contains(&lower))
-        .map(|(canonical, _)| canonical.to_string())
-        .ok_or_else(|| anyhow::anyhow!("--object {text:?}: unknown kind {kind:?} (expected server, taskserv, cluster or workspace)"))?;
-    if name.is_empty() || namespace.as_deref() == Some("") {
-        anyhow::bail!("--object {text:?}: empty namespace or name");
-    }
-    Ok((canonical, namespace, name.to_string()))
-}
-
-/// Reads every entry in `dir` (rotated files first, oldest first) that matches `query`.
-/// Unreadable lines (a torn last line after a crash) are counted, not fatal.
-pub fn read(dir: &Path, query: &Query) -> anyhow::Result<(Vec<Entry>, usize)> {
-    let wanted = query.object.as_deref().map(parse_object).transpose()?;
+/// Reads every entry in `dir`, rotated files first, oldest first. Unreadable lines (a torn
+/// last line after a crash) are counted, not fatal.
+pub fn read_all(dir: &Path) -> anyhow::Result<(Vec<Entry>, usize)> {
     let mut files: Vec<(usize, PathBuf)> = Vec::new();
     let entries = std::fs::read_dir(dir).with_context(|| format!("reading the audit directory {}", dir.display()))?;
     for entry in entries {
@@ -314,85 +275,18 @@ pub fn read(dir: &Path, query: &Query) -> anyhow::Result<(Vec<Entry>, usize)> {
             if line.trim().is_empty() {
                 continue;
             }
-            let Ok(entry) = serde_json::from_str::<Entry>(&line) else {
-                unreadable += 1;
-                continue;
-            };
-            if matches(&entry, wanted.as_ref(), query.since) {
-                out.push(entry);
+            match serde_json::from_str::<Entry>(&line) {
+                Ok(entry) => out.push(entry),
+                Err(_) => unreadable += 1,
             }
         }
     }
     Ok((out, unreadable))
 }
 
-fn matches(entry: &Entry, wanted: Option<&(String, Option<String>, String)>, since: Option<DateTime<Utc>>) -> bool {
-    if let Some(since) = since {
-        match DateTime::parse_from_rfc3339(&entry.time) {
-            Ok(t) if t.with_timezone(&Utc) >= since => {}
-            _ => return false,
-        }
-    }
-    let Some((kind, namespace, name)) = wanted else { return true };
-    let Some(object) = &entry.object else { return false };
-    // A TaskServ's script runs name the server too: `--object server/ns/x` shows them.
-    let on_server = kind == "Server"
-        && matches!(&entry.action, Action::ScriptRun { server, .. } if server == name)
-        && namespace.as_deref().is_none_or(|ns| ns == object.namespace);
-    on_server || (object.kind == *kind && object.name == *name && namespace.as_deref().is_none_or(|ns| ns == object.namespace))
-}
-
-/// Where the audit log of a data directory is: `provisioning dev`'s layout
-/// (`D/providers/audit`) or a controller state directory (`D/audit`).
-pub fn dir_for_data_dir(data_dir: &Path) -> PathBuf {
-    let dev = data_dir.join("providers").join("audit");
-    if dev.is_dir() { dev } else { data_dir.join("audit") }
-}
-
 /// The audit directory under a controller's state directory.
 pub fn dir_for_state_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("audit")
-}
-
-/// Renders entries as a table (time, object, what, duration, outcome, message).
-pub fn table(entries: &[Entry]) -> String {
-    let mut rows: Vec<[String; 6]> = vec![["TIME", "OBJECT", "ACTION", "DURATION", "OUTCOME", "MESSAGE"].map(String::from)];
-    for e in entries {
-        let what = match &e.action {
-            Action::ProviderCall { provider, account, operation } => format!("{operation} at {provider}/{account}"),
-            Action::ScriptRun { service, server, script, exit_code } => {
-                let code = exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default();
-                format!("{service} {script} on {server}{code}")
-            }
-        };
-        let object = e.object.as_ref().map(|o| match o.generation {
-            Some(g) => format!("{} (gen {g})", o.path()),
-            None => o.path(),
-        });
-        rows.push([
-            e.time.clone(),
-            object.unwrap_or_else(|| "-".into()),
-            what,
-            format!("{}ms", e.duration_ms),
-            e.outcome.clone(),
-            e.message.clone().unwrap_or_default().replace('\n', " "),
-        ]);
-    }
-    let widths: Vec<usize> = (0..5).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            if i < 5 {
-                out.push_str(&format!("{cell:<width$}   ", width = widths[i]));
-            } else {
-                out.push_str(cell);
-            }
-        }
-        let trimmed = out.trim_end().len();
-        out.truncate(trimmed);
-        out.push('\n');
-    }
-    out
 }
 
 #[cfg(test)]
@@ -406,7 +300,7 @@ mod tests {
     fn wait_for_lines(dir: &Path, n: usize) -> Vec<Entry> {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let (entries, _) = read(dir, &Query::default()).expect("read");
+            let (entries, _) = read_all(dir).expect("read");
             if entries.len() >= n || std::time::Instant::now() > deadline {
                 return entries;
             }
@@ -441,7 +335,7 @@ mod tests {
         // Wait for the last entry to land, then look at the files.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let (entries, _) = read(dir.path(), &Query::default()).expect("read");
+            let (entries, _) = read_all(dir.path()).expect("read");
             if entries.last().is_some_and(|e| e.action == call("op39")) || std::time::Instant::now() > deadline {
                 break;
             }
@@ -455,7 +349,7 @@ mod tests {
             let size = std::fs::metadata(dir.path().join(name)).expect("meta").len();
             assert!(size <= 400, "{name} is {size} bytes");
         }
-        let (entries, unreadable) = read(dir.path(), &Query::default()).expect("read");
+        let (entries, unreadable) = read_all(dir.path()).expect("read");
         assert_eq!(unreadable, 0);
         // Oldest first, newest last, nothing out of order; the oldest rotated away.
         let ops: Vec<String> = entries
@@ -469,43 +363,6 @@ mod tests {
         assert!(!ops.contains(&"op0".to_string()), "the oldest file was dropped: {ops:?}");
         let numbers: Vec<usize> = ops.iter().filter_map(|o| o.strip_prefix("op")?.parse().ok()).collect();
         assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "{numbers:?}");
-    }
-
-    #[test]
-    fn queries_filter_by_object_kind_alias_and_time_and_survive_a_torn_line() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let server = AuditObject { kind: "Server".into(), namespace: "demo".into(), name: "web-0".into(), generation: Some(1) };
-        let ts = AuditObject { kind: "TaskServ".into(), namespace: "demo".into(), name: "redis".into(), generation: Some(4) };
-        let old = Entry {
-            time: "2026-01-01T00:00:00.000Z".into(),
-            ..Entry::now(call("ensure_server"), Duration::ZERO, "ok", None).about(server.clone())
-        };
-        let script = Action::ScriptRun { service: "redis".into(), server: "web-0".into(), script: "install".into(), exit_code: Some(0) };
-        let run = Entry::now(script, Duration::from_secs(3), "ok", None).about(ts.clone());
-        let mut text = String::new();
-        for e in [&old, &run] {
-            text.push_str(&serde_json::to_string(e).expect("json"));
-            text.push('\n');
-        }
-        text.push_str("{\"time\":\"2026-11-2"); // torn by a crash
-        std::fs::write(dir.path().join(FILE_NAME), text).expect("write");
-
-        let q = |object: Option<&str>, since: Option<&str>| Query {
-            object: object.map(String::from),
-            since: since.map(|s| DateTime::parse_from_rfc3339(s).expect("time").with_timezone(&Utc)),
-        };
-        let (all, unreadable) = read(dir.path(), &q(None, None)).expect("read");
-        assert_eq!((all.len(), unreadable), (2, 1));
-        let (on_server, _) = read(dir.path(), &q(Some("srv/demo/web-0"), None)).expect("read");
-        assert_eq!(on_server, vec![old.clone(), run.clone()], "a server's own calls and the scripts run on it");
-        let (on_ts, _) = read(dir.path(), &q(Some("ts/demo/redis"), None)).expect("read");
-        assert_eq!(on_ts, vec![run.clone()]);
-        let (recent, _) = read(dir.path(), &q(Some("Server/demo/web-0"), Some("2026-06-01T00:00:00Z"))).expect("read");
-        assert_eq!(recent, vec![run]);
-        assert!(read(dir.path(), &q(Some("pod/demo/x"), None)).is_err());
-        assert!(read(dir.path(), &q(Some("just-a-name"), None)).is_err());
-        let table = table(&all);
-        assert!(table.contains("ensure_server at local/local") && table.contains("redis install on web-0 (exit 0)"), "{table}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Provisioning's reconcilers and the shared controller core.
+//! Provisioning's reconcilers and the shared controller core (a library: the binary is in
+//! the `provisioning-cli` crate).
 //!
 //! The core, shared by every kind:
 //! - [`reconcile`]: the reconcile skeleton every kind runs through (span, cache gate, stale
@@ -16,23 +17,26 @@
 //! - [`accounts`]: provider accounts → cached provider instances (credentials, tenancy and
 //!   endpoint rules, provider config); [`host`]: the `nu` binary and catalog on this host,
 //!   resolved once at start-up;
-//! - [`trace`]: the `provisioning trace` tree; [`console`]: the web console (same tree, live);
-//!   [`audit`]: the audit log of provider calls and script runs (`provisioning audit`);
-//!   [`history`]: ChangeRecords, one per spec generation carried out;
-//! - [`permissions`], [`metrics`], [`leader`], [`config`], and [`run`], which only composes.
+//! - [`audit`]: the audit log of provider calls and script runs (read back by
+//!   `provisioning audit`); [`history`]: ChangeRecords, one per spec generation carried out;
+//! - [`client`]: the controller's API client (bounded, named, metered) and CRD installation;
+//! - [`permissions`], [`metrics`], [`leader`], [`config`], and [`run`], which only composes;
+//! - [`testing`]: an embedded control plane and helpers for the tests and benchmarks.
+//!
+//! The command line and the viewers (the `provisioning` binary, `dev`, `plan`, `trace`, the
+//! web console, …) live in the `provisioning-cli` crate on top of this one.
 //!
 //! Kinds: [`workspace`], [`server`], [`taskserv`] and [`cluster`], each split by pipeline
 //! step (dereference, validate, plan, act, status) and each wiring its own controller.
 
 pub mod accounts;
 pub mod audit;
+pub mod client;
 pub mod cluster;
 pub mod conditions;
 pub mod config;
-pub mod console;
 pub mod context;
 pub mod cost;
-pub mod dev;
 pub mod error;
 pub mod events;
 pub mod history;
@@ -40,7 +44,6 @@ pub mod host;
 pub mod leader;
 pub mod metrics;
 pub mod permissions;
-pub mod plan_cli;
 pub mod planning;
 pub mod reconcile;
 pub mod run;
@@ -48,11 +51,8 @@ pub mod secret_watch;
 pub mod server;
 pub mod sync;
 pub mod taskserv;
-pub mod template_cli;
-pub mod test_env;
 pub mod testing;
 pub mod time;
-pub mod trace;
 pub mod workspace;
 pub mod workspaces;
 

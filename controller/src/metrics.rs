@@ -217,7 +217,7 @@ pub enum ApiAccess {
     Unreachable,
 }
 
-/// Process-wide: every client built by `dev::client_from_config` reports here through
+/// Process-wide: every client built by `client::client_from_config` reports here through
 /// [`ApiAccessLayer`]; clients without the layer leave it `Ok`.
 static API_ACCESS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 

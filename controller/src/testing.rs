@@ -69,8 +69,8 @@ impl TestEnv {
         })
         .await?;
         let kubeconfig = api.kubeconfig_path();
-        let client = crate::dev::client_from_kubeconfig(&kubeconfig).await?;
-        crate::dev::install_crds(&client, Duration::from_secs(30)).await?;
+        let client = crate::client::client_from_kubeconfig(&kubeconfig).await?;
+        crate::client::install_crds(&client, Duration::from_secs(30)).await?;
         let state_dir = dir.path().join("providers");
         Ok(TestEnv { dir, api: Some(api), client, kubeconfig, state_dir })
     }

@@ -635,7 +635,7 @@ async fn nothing_is_reconciled_until_every_cache_syncs_and_readyz_says_so() -> a
     assert!(testing::machines_in(&env.simulated("sim")?, "gate").await?.is_empty(), "no provider call");
 
     // The CRD comes back: the caches sync, the controller becomes ready and goes on.
-    provisioning_controller::dev::install_crds(&env.client, Duration::from_secs(30)).await?;
+    provisioning_controller::client::install_crds(&env.client, Duration::from_secs(30)).await?;
     wait_for("/readyz 200", DEADLINE, || async { (scrape(metrics_addr, "/readyz").await.ok()?.0 == 200).then_some(()) }).await?;
     wait_server(&api, "s1", "Ready", is_ready).await?;
     assert_eq!(testing::machines_in(&env.simulated("sim")?, "gate").await?.len(), 1);

@@ -83,7 +83,7 @@ async fn a_fixed_credentials_secret_is_picked_up_at_once_under_per_namespace_rba
     kubectl(&admin, &["apply", "-f", &deploy.join("namespace.yaml").display().to_string()])?;
     kubectl(&admin, &["apply", "-f", &deploy.join("rbac").display().to_string()])?;
     let token = kubectl(&admin, &["create", "token", "provisioning-controller", "-n", "provisioning-system"])?.trim().to_string();
-    let sa = provisioning_controller::dev::client_from_kubeconfig(&kubeconfig_with_token(&admin, &token)?).await?;
+    let sa = provisioning_controller::client::client_from_kubeconfig(&kubeconfig_with_token(&admin, &token)?).await?;
 
     let manifest = admin.with_file_name("kappa.yaml");
     std::fs::write(&manifest, NAMESPACE)?;

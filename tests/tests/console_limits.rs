@@ -13,7 +13,7 @@ use provisioning_e2e::Dev;
 use reqwest::header::{CONTENT_TYPE, COOKIE, SET_COOKIE};
 use reqwest::{Client, Response, StatusCode};
 
-/// The console's per-session limit (controller/src/console/live.rs MAX_STREAMS_PER_SESSION).
+/// The console's per-session limit (cli/src/console/live.rs MAX_STREAMS_PER_SESSION).
 const PER_SESSION: usize = 6;
 
 /// A client that trusts only dev's CA and does not follow redirects (the cookie is read from them).

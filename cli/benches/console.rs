@@ -2,15 +2,15 @@
 //! timeline, ready chart, conditions) rendered server-side from objects built in memory, as the
 //! page handler and every batched live update do. Fails (exit 1) above the 1 s budget.
 //!
-//! `cargo bench -p provisioning-controller --bench console`
+//! `cargo bench -p provisioning-cli --bench console`
 
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use provisioning_controller::console::api::Kind;
-use provisioning_controller::console::render::{self, Allowed, Layout, ObjectView};
-use provisioning_controller::console::session::ReadyPoint;
-use provisioning_controller::trace::{self, Objects, Root};
+use provisioning_cli::console::api::Kind;
+use provisioning_cli::console::render::{self, Allowed, Layout, ObjectView};
+use provisioning_cli::console::session::ReadyPoint;
+use provisioning_cli::trace::{self, Objects, Root};
 use provisioning_crds::{LABEL_CLUSTER, LABEL_POOL};
 use serde_json::{Value, json};
 

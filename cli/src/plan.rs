@@ -5,7 +5,7 @@
 //! Each provisioning.dev object is server-side applied with `dryRun=All` (the API server
 //! defaults and validates it, stores nothing), then:
 //! - a Server goes through the controller's own pure planner
-//!   ([`crate::server::plan::spec_plan`]) against the live object's status (the machine the
+//!   ([`provisioning_controller::server::plan::spec_plan`]) against the live object's status (the machine the
 //!   controller last observed), with its Workspace's defaults and its provider account's
 //!   capabilities and price table (no provider call, no credentials read);
 //! - a Cluster goes through the controller's Cluster planner against its live children
@@ -32,8 +32,8 @@ use provisioning_crds::{API_VERSION, ChangeAction, Cluster, Plan, PlannedChange,
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::server::plan;
-use crate::server::validate;
+use provisioning_controller::server::plan;
+use provisioning_controller::server::validate;
 
 /// Summary of an object of a kind that is applied as it is.
 const NOT_PLANNED: &str = "not planned";
@@ -115,7 +115,7 @@ impl Scratch {
         let dir = std::env::temp_dir().join(format!(
             "provisioning-plan-{}-{}",
             std::process::id(),
-            crate::time::jittered(std::time::Duration::from_secs(1_000_000)).as_nanos()
+            provisioning_controller::time::jittered(std::time::Duration::from_secs(1_000_000)).as_nanos()
         ));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Scratch(dir))
@@ -258,7 +258,11 @@ async fn plan_one(
     // A TaskServ's runs wait under Manual approval (its own, else its Workspace's).
     let needs_approval = kind == "TaskServ" && !changes.is_empty() && {
         let own: Option<provisioning_crds::Approval> = serde_json::from_value(desired["approval"].clone()).ok().flatten();
-        let ws = crate::workspaces::resolve(&namespace, workspaces.iter(), &crate::config::default_workspace());
+        let ws = provisioning_controller::workspaces::resolve(
+            &namespace,
+            workspaces.iter(),
+            &provisioning_controller::config::default_workspace(),
+        );
         own.or(ws.spec.approval).unwrap_or_default() == provisioning_crds::Approval::Manual
     };
     Ok(ObjectPlan { resource, plan: Plan { summary, changes, ..Default::default() }, needs_approval, note: String::new() })
@@ -278,7 +282,8 @@ fn changed_fields(before: &Value, after: &Value) -> Vec<String> {
 /// A Server's plan as its reconcile would compute it against the live status.
 fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], scratch: &Path) -> anyhow::Result<ObjectPlan> {
     let resource = plan::resource(server);
-    let ws = crate::workspaces::resolve(namespace, workspaces.iter(), &crate::config::default_workspace());
+    let ws =
+        provisioning_controller::workspaces::resolve(namespace, workspaces.iter(), &provisioning_controller::config::default_workspace());
     let made_with = server.status.as_ref().filter(|s| s.provider_id.is_some()).and_then(|s| s.provider.as_deref());
     let refused = |note: String| {
         let plan = Plan { summary: "refused".into(), ..Default::default() };
@@ -294,7 +299,12 @@ fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], 
         ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "UPCLOUD_USERNAME", "UPCLOUD_PASSWORD"]
             .map(|k| (k.to_string(), "plan-only".to_string())),
     ));
-    let config = crate::accounts::build::provider_config(&account, credentials, scratch, &crate::host::HostPaths::default());
+    let config = provisioning_controller::accounts::build::provider_config(
+        &account,
+        credentials,
+        scratch,
+        &provisioning_controller::host::HostPaths::default(),
+    );
     let provider = provisioning_providers::build_provider(&config)
         .map_err(|e| anyhow::anyhow!("provider account {:?} of {resource}: {e}", account.name))?;
     let valid = match validate::validate(&server.spec, &ws, account, |p| provider.resolve_plan(p).map_err(|e| e.to_string())) {
@@ -330,7 +340,7 @@ async fn cluster_plan(
     workspaces: &[Arc<Workspace>],
     scratch: &Path,
 ) -> anyhow::Result<ObjectPlan> {
-    use crate::cluster::{dereference, plan as cplan};
+    use provisioning_controller::cluster::{dereference, plan as cplan};
     let name = cluster.metadata.name.clone().unwrap_or_default();
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
     let resource = format!("Cluster/{namespace}/{name}");
@@ -348,7 +358,7 @@ async fn cluster_plan(
     let ts_children: Vec<cplan::ChildTaskServ> = taskservs.iter().map(|t| dereference::child_taskserv(t, &uid)).collect();
     let catalog = provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir());
     let (services, mut notes) = match &catalog {
-        Ok(c) => (crate::cluster::validate::validate(&name, &cluster.spec, c), Vec::new()),
+        Ok(c) => (provisioning_controller::cluster::validate::validate(&name, &cluster.spec, c), Vec::new()),
         Err(e) => (Ok(Vec::new()), vec![format!("services not planned: the catalog does not load ({e})")]),
     };
     let services = match services {
@@ -410,7 +420,8 @@ async fn cluster_plan(
             _ => {}
         }
     }
-    let ws = crate::workspaces::resolve(namespace, workspaces.iter(), &crate::config::default_workspace());
+    let ws =
+        provisioning_controller::workspaces::resolve(namespace, workspaces.iter(), &provisioning_controller::config::default_workspace());
     let manual = cluster.spec.approval.or(ws.spec.approval).unwrap_or_default() == provisioning_crds::Approval::Manual;
     Ok(ObjectPlan { resource, needs_approval: manual && plan.has_changes(), plan, note: notes.join("\n  ") })
 }
@@ -506,5 +517,5 @@ pub async fn client(kubeconfig: Option<PathBuf>, context: Option<String>) -> any
         },
     };
     let namespace = config.default_namespace.clone();
-    Ok((crate::dev::client_from_config(config)?, namespace))
+    Ok((provisioning_controller::client::client_from_config(config)?, namespace))
 }

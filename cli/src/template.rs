@@ -89,7 +89,7 @@ pub fn validate_objects(objects: &[Value], catalog: &Catalog) -> anyhow::Result<
         match kind {
             "Cluster" => {
                 let cluster: Cluster = serde_json::from_value(object.clone()).with_context(|| what.clone())?;
-                crate::cluster::validate::validate(name, &cluster.spec, catalog)
+                provisioning_controller::cluster::validate::validate(name, &cluster.spec, catalog)
                     .map_err(|e| anyhow::anyhow!("{what}: {} ({})", e.message, e.reason))?;
             }
             "TaskServ" => {

@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn dev_certificate_chains_to_the_api_servers_ca() -> anyhow::Result<()> {
-        crate::install_crypto_provider();
+        provisioning_controller::install_crypto_provider();
         let dir = tempfile::tempdir()?;
         let listen: SocketAddr = "127.0.0.1:0".parse()?;
         provisioning_apiserver::tls::load_or_create(dir.path(), listen)?;

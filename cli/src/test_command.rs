@@ -21,9 +21,11 @@ use provisioning_taskservs::{Catalog, TemplateLibrary};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ControllerConfig;
+use provisioning_controller::client;
+use provisioning_controller::config::ControllerConfig;
+use provisioning_controller::metrics::{Metrics, ScriptLabels};
+
 use crate::dev;
-use crate::metrics::{Metrics, ScriptLabels};
 
 /// `println!` that ignores a closed stdout: the report is lost then, the cleanup must not be
 /// (`println!` panics on a broken pipe, e.g. `provisioning test x | head -1`).
@@ -120,7 +122,7 @@ pub fn plan(target: &str, sets: &[String], namespace: &str, catalog: &Catalog, l
         0,
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {TEST_LABEL: label_value(target)}}}),
     );
-    crate::template_cli::validate_objects(&objects, catalog)?;
+    crate::template::validate_objects(&objects, catalog)?;
     for o in &objects {
         let kind = o["kind"].as_str().unwrap_or_default();
         let provider = o.pointer("/spec/provider").and_then(Value::as_str).unwrap_or("local");
@@ -299,15 +301,15 @@ struct Embedded {
 impl ControlPlane {
     async fn start(opts: &TestOptions) -> anyhow::Result<ControlPlane> {
         if let Some(path) = &opts.kubeconfig {
-            let client = dev::client_from_kubeconfig(path).await?;
+            let client = client::client_from_kubeconfig(path).await?;
             return Ok(ControlPlane { client, metrics: None, embedded: None });
         }
         let data = tempfile::Builder::new().prefix("provisioning-test-").tempdir().context("creating a temporary data dir")?;
         let data_dir = data.path().join("data");
         let api = provisioning_apiserver::ApiServerConfig::new(data_dir.clone(), std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
         let api = provisioning_apiserver::start(api).await?;
-        let client = dev::client_from_kubeconfig(&api.kubeconfig_path()).await?;
-        dev::install_crds(&client, Duration::from_secs(30)).await?;
+        let client = client::client_from_kubeconfig(&api.kubeconfig_path()).await?;
+        client::install_crds(&client, Duration::from_secs(30)).await?;
         let mut config = opts.config.clone();
         config.leader_election = false;
         config.metrics_addr = None;
@@ -319,7 +321,9 @@ impl ControlPlane {
         let stop = CancellationToken::new();
         let controller = {
             let (client, metrics, stop) = (client.clone(), metrics.clone(), stop.clone());
-            tokio::spawn(async move { crate::run::run_with_metrics(client, config, metrics, async move { stop.cancelled().await }).await })
+            tokio::spawn(async move {
+                provisioning_controller::run::run_with_metrics(client, config, metrics, async move { stop.cancelled().await }).await
+            })
         };
         Ok(ControlPlane { client, metrics: Some(metrics), embedded: Some(Embedded { api, controller, stop, data }) })
     }
@@ -341,7 +345,7 @@ impl ControlPlane {
 /// Runs `provisioning test`; returns the exit code (0: every case passed).
 pub async fn run_test(opts: TestOptions) -> anyhow::Result<i32> {
     let catalog = opts.config.load_catalog()?;
-    let library = crate::template_cli::default_library()?;
+    let library = crate::template::default_library()?;
     let plan = plan(&opts.target, &opts.sets, &generate_namespace(), &catalog, &library)?;
     if opts.kubeconfig.is_none() {
         require_node_image().await?;
@@ -711,7 +715,7 @@ mod tests {
     use super::*;
 
     fn inputs() -> (Catalog, TemplateLibrary) {
-        (Catalog::load(&Catalog::default_dir()).expect("catalog"), crate::template_cli::default_library().expect("templates"))
+        (Catalog::load(&Catalog::default_dir()).expect("catalog"), crate::template::default_library().expect("templates"))
     }
 
     /// The report names why a check failed also when a retry of the install is running at

@@ -12,7 +12,7 @@
 //!    with kubectl every ~100 ms (each poll is a kubectl process: the figures include up to
 //!    one poll of delay).
 //!
-//! Run: `cargo build --bin provisioning && cargo bench -p provisioning-controller --bench cluster [etcd|wide|drift]`
+//! Run: `cargo build --bin provisioning && cargo bench -p provisioning-cli --bench cluster [etcd|wide|drift]`
 //! (needs Docker and the node image for `etcd`; see scripts/setup.sh).
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Scale benchmark of the Server reconciler on the simulated provider.
 //!
-//! `cargo bench -p provisioning-controller --bench scale [-- SCENARIO...]`
+//! `cargo bench -p provisioning-cli --bench scale [-- SCENARIO...]`
 //! Scenarios: `burst` (1,000 Servers, no latency: time to Ready, API writes per Server,
 //! writes on resync), `latency` (1,000 Servers, 2 s ± 20 % latency, parallelLimit 50: time
 //! vs the 40 s floor), `memory` (controller RSS holding 10,000 Servers), `survey` (1,000 Ready
