@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+/// Result of a provider operation.
+pub type ProviderResult<T> = Result<T, ProviderError>;
+
 /// A provider failure, classified so that callers know whether and when to retry.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum ProviderError {

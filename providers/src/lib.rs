@@ -20,15 +20,12 @@ pub mod ssh;
 pub mod types;
 pub mod upcloud;
 
-pub use error::ProviderError;
+pub use error::{ProviderError, ProviderResult};
 pub use types::*;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-
-/// Result of a provider operation.
-pub type ProviderResult<T> = Result<T, ProviderError>;
 
 /// Tag / label keys every machine carries.
 pub mod tags {

@@ -371,7 +371,7 @@ pub enum MachineEventKind {
 
 /// A provider's stream of [`MachineEvent`]s; an `Err` item or the end of the stream means the
 /// follower must reconnect.
-pub type MachineEvents = futures::stream::BoxStream<'static, crate::ProviderResult<MachineEvent>>;
+pub type MachineEvents = futures::stream::BoxStream<'static, crate::error::ProviderResult<MachineEvent>>;
 
 /// A property of a machine that a Server's spec sets and a later spec change may alter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

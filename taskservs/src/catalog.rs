@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::error::{CatalogError, ConfigViolation, ResolveError, ValidationError};
+use crate::error::{CatalogError, ConfigViolation, ResolveError, TemplateError, ValidationError};
 use crate::manifest::{KNOWN_PROVIDERS, REQUIRED_SCRIPTS, TaskServManifest, is_valid_service_name};
 
 /// Environment variable naming the catalog directory (overrides the built-in default).
@@ -654,4 +654,13 @@ fn load_templates(dir: &Path) -> Result<BTreeMap<String, String>, CatalogError> 
         templates.insert(name, source);
     }
     Ok(templates)
+}
+
+impl Catalog {
+    /// Renders every `templates/*` file of `service` with `values` (a script context's
+    /// [`crate::ScriptContext::template_values`]).
+    pub fn render_templates(&self, service: &str, values: &Value) -> Result<BTreeMap<String, String>, TemplateError> {
+        let entry = self.get(service).ok_or_else(|| TemplateError::UnknownService(service.to_string()))?;
+        crate::templates::render(service, &entry.templates, values)
+    }
 }

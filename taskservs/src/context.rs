@@ -130,15 +130,7 @@ impl ScriptContext {
 
     /// Renders the templates of `self.taskserv.service` into `self.templates`.
     pub fn with_templates(mut self, catalog: &Catalog) -> Result<Self, TemplateError> {
-        self.templates = catalog.render_templates(&self.taskserv.service, &self)?;
+        self.templates = catalog.render_templates(&self.taskserv.service, &self.template_values())?;
         Ok(self)
-    }
-}
-
-impl Catalog {
-    /// Renders every `templates/*` file of `service` with the context's values.
-    pub fn render_templates(&self, service: &str, ctx: &ScriptContext) -> Result<BTreeMap<String, String>, TemplateError> {
-        let entry = self.get(service).ok_or_else(|| TemplateError::UnknownService(service.to_string()))?;
-        crate::templates::render(service, &entry.templates, &ctx.template_values())
     }
 }

@@ -68,18 +68,18 @@ fn haproxy_backends_from_pool_peers_or_config() {
     // From the Cluster's servers of a pool (this server excluded).
     let mut ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![], json!({"backendPool": "web", "backendPort": 8080}));
     ctx.cluster.servers = vec![peer("lb-0", "10.0.0.2", "lb"), peer("web-0", "10.0.0.20", "web"), peer("web-1", "10.0.0.21", "web")];
-    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    let cfg = catalog().render_templates("haproxy", &ctx.template_values()).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("server web-0 10.0.0.20:8080 check"), "{cfg}");
     assert!(cfg.contains("server web-1 10.0.0.21:8080 check"), "{cfg}");
     assert!(!cfg.contains("server lb-0"), "{cfg}");
     // From explicit backends.
     let ctx =
         context("haproxy", ("lb-0", "10.0.0.2"), vec![], json!({"backends": [{"name": "api", "address": "192.0.2.1", "port": 9000}]}));
-    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    let cfg = catalog().render_templates("haproxy", &ctx.template_values()).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("server api 192.0.2.1:9000 check"), "{cfg}");
     // From the peers.
     let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![peer("lb-1", "10.0.0.3", "")], json!({}));
-    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    let cfg = catalog().render_templates("haproxy", &ctx.template_values()).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("server lb-1 10.0.0.3:80 check"), "{cfg}");
 }
 
@@ -100,7 +100,7 @@ fn every_shipped_template_renders_with_defaults() {
             _ => json!({}),
         };
         let ctx = context(name, ("node-0", "10.0.0.1"), vec![peer("node-1", "10.0.0.2", "")], config);
-        let rendered = catalog.render_templates(name, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let rendered = catalog.render_templates(name, &ctx.template_values()).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(rendered.len(), service.templates.len(), "{name}");
     }
 }
@@ -123,7 +123,7 @@ fn undefined_variables_are_errors() {
     let mut ctx = ScriptContext::default();
     ctx.taskserv.service = "svc".into();
     ctx.config = json!({"port": 1});
-    let err = catalog.render_templates("svc", &ctx).expect_err("undefined");
+    let err = catalog.render_templates("svc", &ctx.template_values()).expect_err("undefined");
     assert!(matches!(err, TemplateError::Render { ref template, .. } if template == "a.conf"), "{err}");
 }
 
@@ -144,34 +144,34 @@ fn provider_addresses_must_be_ips_in_config_files() {
     // A provider-reported "address" that is not an IP is refused, not written into the file.
     for hostile in ["10.0.0.1\n    stats enable", "evil.example", "10.0.0.1 backup", ""] {
         let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![peer("web-0", hostile, "")], json!({}));
-        let err = catalog().render_templates("haproxy", &ctx).expect_err(hostile);
+        let err = catalog().render_templates("haproxy", &ctx.template_values()).expect_err(hostile);
         assert!(err.to_string().contains("not an IP address"), "{err}");
         let ctx = context("etcd", ("etcd-0", "10.0.0.10"), vec![peer("etcd-1", hostile, "")], json!({}));
-        assert!(catalog().render_templates("etcd", &ctx).is_err(), "{hostile:?}");
+        assert!(catalog().render_templates("etcd", &ctx.template_values()).is_err(), "{hostile:?}");
     }
     // IPv6 goes in brackets where a port follows.
     let ctx = context("haproxy", ("lb-0", "fd00::2"), vec![peer("web-0", "fd00::20", "")], json!({}));
-    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    let cfg = catalog().render_templates("haproxy", &ctx.template_values()).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("server web-0 [fd00::20]:80 check") && cfg.contains("bind [fd00::2]:80"), "{cfg}");
 }
 
 #[test]
 fn services_bind_private_addresses_and_keep_stats_local() {
     let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![peer("web-0", "10.0.0.20", "")], json!({}));
-    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    let cfg = catalog().render_templates("haproxy", &ctx.template_values()).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("bind 10.0.0.2:80\n    bind 127.0.0.1:80\n"), "{cfg}");
     assert!(cfg.contains("bind 127.0.0.1:8404\n"), "{cfg}");
     assert!(!cfg.contains("10.0.0.2:8404") && !cfg.contains("*:"), "{cfg}");
     let ctx = context("haproxy", ("lb-0", "10.0.0.2"), vec![], json!({"statsBind": "private"}));
-    let cfg = catalog().render_templates("haproxy", &ctx).expect("render")["haproxy.cfg"].clone();
+    let cfg = catalog().render_templates("haproxy", &ctx.template_values()).expect("render")["haproxy.cfg"].clone();
     assert!(cfg.contains("bind 127.0.0.1:8404\n    bind 10.0.0.2:8404\n"), "{cfg}");
 
     let ctx = context("redis", ("r-0", "10.0.0.5"), vec![], json!({"password": "pw"}));
-    let conf = catalog().render_templates("redis", &ctx).expect("render")["redis.conf"].clone();
+    let conf = catalog().render_templates("redis", &ctx.template_values()).expect("render")["redis.conf"].clone();
     assert!(conf.contains("\nbind 10.0.0.5 127.0.0.1\n") && conf.contains("\nprotected-mode yes\n"), "{conf}");
 
     let ctx = context("postgresql", ("pg-0", "10.0.0.7"), vec![peer("pg-1", "10.0.0.8", "")], json!({}));
-    let rendered = catalog().render_templates("postgresql", &ctx).expect("render");
+    let rendered = catalog().render_templates("postgresql", &ctx.template_values()).expect("render");
     let hba = &rendered["pg_hba.conf"];
     assert!(hba.contains("10.0.0.7/32") && hba.contains("10.0.0.8/32"), "{hba}");
     assert!(!hba.contains("0.0.0.0/0"), "{hba}");
@@ -182,7 +182,7 @@ fn services_bind_private_addresses_and_keep_stats_local() {
 fn a_hostile_redis_password_stays_one_quoted_argument() {
     let hostile = "p$(reboot); rm -rf / '\"`x`\nline2\\";
     let ctx = context("redis", ("r-0", "10.0.0.5"), vec![], json!({"password": hostile}));
-    let conf = catalog().render_templates("redis", &ctx).expect("render")["redis.conf"].clone();
+    let conf = catalog().render_templates("redis", &ctx.template_values()).expect("render")["redis.conf"].clone();
     let line = conf.lines().find(|l| l.starts_with("requirepass ")).unwrap_or_else(|| panic!("{conf}"));
     assert_eq!(line, r#"requirepass "p$(reboot); rm -rf / '\"`x`\x0aline2\\""#);
     assert!(!conf.contains("\nline2"), "the newline must not start a directive: {conf}");
@@ -194,7 +194,7 @@ fn prometheus_scrapes_the_clusters_node_exporters_and_sends_to_its_alertmanagers
     let config = json!({"webPassword": "p4ssword", "alertmanagerPool": "control", "alertmanagerPassword": "am-pass\"word"});
     let mut ctx = context("prometheus", ("mon-0", "10.0.0.1"), vec![], config);
     ctx.cluster.servers = vec![peer("mon-0", "10.0.0.1", "control"), peer("app-1", "10.0.0.3", "apps"), peer("app-0", "10.0.0.2", "apps")];
-    let conf = catalog.render_templates("prometheus", &ctx).expect("render")["prometheus.yml"].clone();
+    let conf = catalog.render_templates("prometheus", &ctx.template_values()).expect("render")["prometheus.yml"].clone();
     let yaml: serde_json::Value = serde_yaml_ng::from_str(&conf).unwrap_or_else(|e| panic!("{e}:\n{conf}"));
     // Every server of the Cluster, sorted by name, labelled with its server name.
     let targets: Vec<String> = yaml["scrape_configs"][0]["static_configs"]
@@ -212,7 +212,7 @@ fn prometheus_scrapes_the_clusters_node_exporters_and_sends_to_its_alertmanagers
     // Limited to a pool when asked.
     let mut ctx = context("prometheus", ("mon-0", "10.0.0.1"), vec![], json!({"webPassword": "p4ssword", "nodeExporterPool": "apps"}));
     ctx.cluster.servers = vec![peer("mon-0", "10.0.0.1", "control"), peer("app-0", "10.0.0.2", "apps")];
-    let conf = catalog.render_templates("prometheus", &ctx).expect("render")["prometheus.yml"].clone();
+    let conf = catalog.render_templates("prometheus", &ctx.template_values()).expect("render")["prometheus.yml"].clone();
     assert!(conf.contains("\"10.0.0.2:9100\"") && !conf.contains("10.0.0.1:9100") && !conf.contains("alerting:"), "{conf}");
 }
 
@@ -222,12 +222,12 @@ fn nginx_fronts_the_servers_of_a_pool_by_name() {
     let mut ctx = context("nginx", ("lb-0", "10.0.0.1"), vec![], json!({"upstreamPool": "registry", "upstreamPort": 5000}));
     ctx.cluster.servers =
         vec![peer("lb-0", "10.0.0.1", "edge"), peer("reg-0", "10.0.0.5", "registry"), peer("reg-1", "10.0.0.6", "registry")];
-    let conf = catalog.render_templates("nginx", &ctx).expect("render")["nginx.conf"].clone();
+    let conf = catalog.render_templates("nginx", &ctx.template_values()).expect("render")["nginx.conf"].clone();
     assert!(conf.contains("server 10.0.0.5:5000;") && conf.contains("server 10.0.0.6:5000;"), "{conf}");
     assert!(conf.contains("listen 10.0.0.1:80;") && conf.contains("listen 127.0.0.1:80;") && !conf.contains("listen 80"), "{conf}");
     // No upstream: nginx still answers /healthz and says so on /.
     let ctx = context("nginx", ("lb-0", "10.0.0.1"), vec![], json!({}));
-    let conf = catalog.render_templates("nginx", &ctx).expect("render")["nginx.conf"].clone();
+    let conf = catalog.render_templates("nginx", &ctx.template_values()).expect("render")["nginx.conf"].clone();
     assert!(!conf.contains("upstream fronted") && conf.contains("no upstream configured"), "{conf}");
 }
 
@@ -241,7 +241,7 @@ fn webhook_hooks_all_require_the_secret() {
         vec![],
         json!({"secret": secret, "hooks": [{"id": "deploy", "command": "/usr/local/bin/deploy"}]}),
     );
-    let text = catalog.render_templates("webhook", &ctx).expect("render")["hooks.json"].clone();
+    let text = catalog.render_templates("webhook", &ctx.template_values()).expect("render")["hooks.json"].clone();
     let hooks: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}:\n{text}"));
     let hooks = hooks.as_array().expect("array");
     assert_eq!(hooks.iter().map(|h| h["id"].as_str().expect("id")).collect::<Vec<_>>(), ["provisioning-health", "deploy"]);

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::CLUSTERROLES;
+use super::access::CLUSTERROLES;
+use super::identity::{AUTHENTICATED, MASTERS};
 use super::rbac::{GROUP, PolicyRule};
 use crate::objects::{ObjectWriter, WriteOptions};
 
@@ -206,11 +207,11 @@ pub fn cluster_roles() -> Vec<Value> {
 /// The bootstrap ClusterRoleBindings.
 pub fn cluster_role_bindings() -> Vec<Value> {
     vec![
-        binding("cluster-admin", "cluster-admin", &[super::MASTERS]),
-        binding("system:discovery", "system:discovery", &[super::AUTHENTICATED]),
-        binding("system:basic-user", "system:basic-user", &[super::AUTHENTICATED]),
+        binding("cluster-admin", "cluster-admin", &[MASTERS]),
+        binding("system:discovery", "system:discovery", &[AUTHENTICATED]),
+        binding("system:basic-user", "system:basic-user", &[AUTHENTICATED]),
         binding("system:service-account-issuer-discovery", "system:service-account-issuer-discovery", &["system:serviceaccounts"]),
-        binding("system:public-info-viewer", "system:public-info-viewer", &[super::AUTHENTICATED, "system:unauthenticated"]),
+        binding("system:public-info-viewer", "system:public-info-viewer", &[AUTHENTICATED, "system:unauthenticated"]),
     ]
 }
 

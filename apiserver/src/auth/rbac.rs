@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use super::{Attributes, UserInfo};
+use super::attributes::Attributes;
+use super::identity::UserInfo;
 
 /// The API group of the RBAC kinds.
 pub const GROUP: &str = crate::registry::RBAC_GROUP;

@@ -7,8 +7,11 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use super::access::{Auth, SERVICEACCOUNTS};
+use super::attributes::Attributes;
+use super::identity::UserInfo;
 use super::rbac::PolicyRule;
-use super::{Attributes, Auth, SERVICEACCOUNTS, UserInfo, tokens};
+use super::tokens;
 use crate::error::{ApiError, ApiResult, Cause};
 use crate::storage::Store;
 

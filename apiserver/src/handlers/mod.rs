@@ -28,7 +28,6 @@ use crate::storage::{Entry, ObjKey, Store, StoreError};
 
 pub use crate::objects::{FieldValidation, ObjectWriter, Output, WriteOptions, Written};
 pub use crate::registry::{CRDS, NAMESPACES};
-pub use read::convert_event;
 
 /// Deletion propagation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 
 use provisioning_crds::{ChangeAction, LABEL_POOL, Plan, PlannedChange, Server};
 
-use super::{Observed, desired_taskserv, desired_with_surge};
+use super::model::{Observed, desired_taskserv, desired_with_surge};
 use crate::cluster::validate::ServicePlan;
 use crate::server::plan::{plan_id, summary};
 
@@ -50,14 +50,14 @@ fn server_changes(o: &Observed<'_>, namespace: &str, desired: &[Server]) -> Vec<
                     String::new(),
                     format!("pool {pool}, plan {}", or_default(&server.spec.plan)),
                 );
-                if server.metadata.labels.as_ref().is_some_and(|l| l.contains_key(super::LABEL_SURGE)) {
-                    c.reason = super::SURGE_REASON.to_string();
+                if server.metadata.labels.as_ref().is_some_and(|l| l.contains_key(super::model::LABEL_SURGE)) {
+                    c.reason = super::model::SURGE_REASON.to_string();
                 }
                 changes.push(c);
             }
             Some(child) => {
                 // A member whose machine died is replaced by the Cluster (deleted, made anew).
-                if let Some(why) = super::remediation(o, child) {
+                if let Some(why) = super::model::remediation(o, child) {
                     let mut c =
                         change(resource.clone(), "", ChangeAction::Replace, format!("machine {why}"), "a new Server and machine".into());
                     c.reason = format!("the machine {why}: the Cluster replaces the member");
@@ -136,7 +136,7 @@ fn taskserv_changes(o: &Observed<'_>, namespace: &str, services: &[ServicePlan],
         }
     }
     for child in o.taskservs.iter().filter(|c| c.owned && !c.deleting) {
-        let wanted = services.iter().any(|s| super::taskserv_name(o.name, &s.service) == child.name);
+        let wanted = services.iter().any(|s| super::model::taskserv_name(o.name, &s.service) == child.name);
         if !wanted {
             changes.push(change(format!("TaskServ/{namespace}/{}", child.name), "", ChangeAction::Delete, String::new(), String::new()));
         }

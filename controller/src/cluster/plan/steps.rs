@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server};
 
-use super::{
-    ChildServer, ChildTaskServ, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, StepKind, StepState, available, desired_taskserv,
-    desired_with_surge, index_of, labels_cover, machine_differs, settled, taskserv_name,
+use super::model::{
+    ChildServer, ChildTaskServ, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, ROLLING, StepKind, StepState, available,
+    desired_taskserv, desired_with_surge, index_of, labels_cover, machine_differs, settled, taskserv_name,
 };
 use crate::cluster::validate::ServicePlan;
 
@@ -71,7 +71,7 @@ impl Rollout {
             })
             .collect();
         // A rollout rolled back under failurePolicy Rollback stays so until the spec changes.
-        let rolled_back = super::rolled_back(o);
+        let rolled_back = super::model::rolled_back(o);
         let desired = desired_with_surge(o);
         let members = o.spec.pools.iter().map(|p| p.replicas).sum();
         let desired_names: BTreeSet<String> = desired.iter().filter_map(|s| s.metadata.name.clone()).collect();
@@ -308,7 +308,7 @@ impl Rollout {
     /// name, and its TaskServs re-install there.
     pub fn remediate(&mut self, o: &Observed<'_>, plan: &mut Plan) {
         for s in o.servers.iter().filter(|s| self.desired_names.contains(&s.name)) {
-            let Some(why) = super::remediation(o, s) else { continue };
+            let Some(why) = super::model::remediation(o, s) else { continue };
             if !plan.delete_servers.contains(&s.name) {
                 plan.delete_servers.push(s.name.clone());
                 self.events
@@ -317,9 +317,6 @@ impl Rollout {
         }
     }
 }
-
-/// Prefix of a pool step's message during a rolling update of its machines.
-pub(super) const ROLLING: &str = "rolling update";
 
 fn rolling_message(pool: &provisioning_crds::ServerPool, updated: u32, total: u32, surge: usize) -> String {
     let r = pool.rollout.clone().unwrap_or_default();

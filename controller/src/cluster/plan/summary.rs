@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use provisioning_crds::{ClusterServerCounts, ClusterStatus, FailurePolicy, condition};
 
+use super::model::{ChildTaskServ, Observed, Phase, Plan, PlannedEvent, REASON_ROLLED_BACK, StepState, empty_plan, step_events};
 use super::steps::Rollout;
-use super::{ChildTaskServ, Observed, Phase, Plan, PlannedEvent, REASON_ROLLED_BACK, StepState, empty_plan, step_events};
 use crate::cluster::validate::{InvalidCluster, ServicePlan};
 use crate::conditions::{self, DesiredCondition, Status, Summary, Wording};
 use crate::planning::{REASON_DEPENDENCY_CYCLE, REASON_DEPENDENCY_MISSING};
@@ -45,7 +45,7 @@ pub(super) fn invalid(o: &Observed<'_>, e: &InvalidCluster) -> Plan {
 /// `failurePolicy` on the failed steps: the `(reason, message)` the Cluster is Stalled with.
 fn apply_failure_policy(o: &Observed<'_>, r: &mut Rollout, plan: &mut Plan) -> Option<(String, String)> {
     if let Some(msg) = &r.rolled_back {
-        super::rollback_machines(o, &mut plan.apply_servers);
+        super::model::rollback_machines(o, &mut plan.apply_servers);
         rollback_children(o, plan);
         return Some((REASON_ROLLED_BACK.to_string(), msg.clone()));
     }
@@ -57,7 +57,7 @@ fn apply_failure_policy(o: &Observed<'_>, r: &mut Rollout, plan: &mut Plan) -> O
     if o.spec.failure_policy == FailurePolicy::Rollback {
         plan.apply_servers.clear();
         plan.apply_taskservs.clear();
-        let stuck = super::rollback_machines(o, &mut plan.apply_servers);
+        let stuck = super::model::rollback_machines(o, &mut plan.apply_servers);
         let msg = if stuck.is_empty() {
             format!("{msg}; rolled back (failurePolicy Rollback)")
         } else {
@@ -155,7 +155,7 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
         taskservs: r.taskserv_statuses,
         steps: r.steps,
         cost: o.status.cost.clone(),
-        // Set by the reconciler over the children it observed (see super::cluster_plan), and
+        // Set by the reconciler over the children it observed (see super::model::cluster_plan), and
         // the approval in force (crate::cluster::approval).
         plan: o.status.plan.clone(),
         approved_plan: o.status.approved_plan.clone(),
@@ -191,10 +191,12 @@ fn rollback_children(o: &Observed<'_>, plan: &mut Plan) {
     }
     let doomed: BTreeSet<&str> = doomed_ts.iter().map(|t| t.name.as_str()).collect();
     // Members put back on their old machine spec existed before the rollout: they stay.
-    let desired = super::desired_servers(o);
-    let rolled_back = |s: &super::ChildServer| {
+    let desired = super::model::desired_servers(o);
+    let rolled_back = |s: &super::model::ChildServer| {
         plan.apply_servers.iter().any(|a| a.metadata.name.as_deref() == Some(s.name.as_str()))
-            || desired.iter().any(|d| d.metadata.name.as_deref() == Some(s.name.as_str()) && super::machine_differs(&s.spec, &d.spec))
+            || desired
+                .iter()
+                .any(|d| d.metadata.name.as_deref() == Some(s.name.as_str()) && super::model::machine_differs(&s.spec, &d.spec))
     };
     let keep: BTreeSet<String> = o.servers.iter().filter(|s| rolled_back(s)).map(|s| s.name.clone()).collect();
     for s in o.servers.iter().filter(|s| s.owned && !s.ready && !s.deleting && !keep.contains(&s.name)) {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use provisioning_crds::{ClusterStatus, LABEL_POOL};
 
+use super::model::{ChildServer, ChildTaskServ, Observed, Phase, Plan, Planned, StepKind, StepState, empty_plan, step_events};
 use super::summary::WORDING;
-use super::{ChildServer, ChildTaskServ, Observed, Phase, Plan, Planned, StepKind, StepState, empty_plan, step_events};
 use crate::conditions::{self, Summary};
 
 /// Plans one pass of teardown: TaskServs in reverse install order (one goes only when nothing

@@ -5,7 +5,7 @@
 
 use provisioning_crds::{ChangeAction, Plan, PlannedChange, TaskServStatus};
 
-use super::ServerPhase;
+use super::model::ServerPhase;
 use crate::server::plan::{plan_id, summary};
 
 /// The plan of TaskServ `resource` (`TaskServ/ns/name`) at spec `generation` from its

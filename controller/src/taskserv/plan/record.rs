@@ -1,7 +1,7 @@
 //! Step 1: finished script runs ([`OperationResult`]s) into the per-server entries, with their
 //! events; a failed upgrade under `rollbackOnFailure` starts the rollback.
 
-use super::{Observed, Operation, OperationResult, PlannedEvent, REASON_CONFIG_CHANGED, ServerPhase, Work, tail_lines};
+use super::model::{Observed, Operation, OperationResult, PlannedEvent, REASON_CONFIG_CHANGED, ServerPhase, Work, tail_lines};
 
 /// Records every finished operation of this pass.
 pub(super) fn record_results(o: &Observed<'_>, work: &mut Work) {

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use provisioning_crds::{TaskServServerStatus, TaskServStatus};
 
+use super::model::{Observed, Operation, Phase, Plan, PlannedEvent, ServerFacts, ServerPhase, tail_lines};
 use super::servers::{failed_recently, started};
-use super::{Observed, Operation, Phase, Plan, PlannedEvent, ServerFacts, ServerPhase, tail_lines};
 use crate::conditions::{self, Summary, Wording};
 
 /// The words of a TaskServ being deleted on the quiet side of its conditions.

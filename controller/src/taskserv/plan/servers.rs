@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use provisioning_crds::{ScriptRun, TaskServServerStatus};
 
-use super::{Observed, Operation, RETRY_FAILED_AFTER, ServerFacts, ServerPhase, Work, parse_time, rfc3339};
+use super::model::{Observed, Operation, RETRY_FAILED_AFTER, ServerFacts, ServerPhase, Work, parse_time, rfc3339};
 
 /// A spec change (config, version, servers) re-runs install everywhere: scripts converge
 /// config and peers idempotently. Marking entries Pending makes that survive a restart. New

@@ -8,7 +8,7 @@ use std::time::Duration;
 use provisioning_crds::{TaskServStatus, condition};
 use provisioning_providers::simulated::SCRIPTS_NOT_RUN;
 
-use super::{
+use super::model::{
     Blocker, CONFIG_INPUTS_REQUEUE, Observed, Phase, Plan, PlannedEvent, REASON_CONFIG_CHANGED, REASON_REMEDIATED, REASON_SIMULATED,
     REASON_UPGRADE_FAILED, STALLED_REQUEUE, ServerPhase, WAIT_REQUEUE, Work,
 };

@@ -1,0 +1,59 @@
+//! Who makes a request: [`UserInfo`] and the well-known users and groups.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+/// User name of the admin token's identity.
+pub const ADMIN_USER: &str = "provisioning-admin";
+/// The group that is allowed everything.
+pub const MASTERS: &str = "system:masters";
+/// Every authenticated identity is in this group.
+pub const AUTHENTICATED: &str = "system:authenticated";
+
+/// Who is making a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserInfo {
+    /// User name.
+    pub name: String,
+    /// Uid (a ServiceAccount's uid), possibly empty.
+    pub uid: String,
+    /// Groups.
+    pub groups: Vec<String>,
+    /// Extra attributes (credential id of a token).
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl UserInfo {
+    /// The identity of the admin token.
+    pub fn admin() -> Self {
+        UserInfo { name: ADMIN_USER.into(), uid: String::new(), groups: vec![MASTERS.into(), AUTHENTICATED.into()], extra: BTreeMap::new() }
+    }
+
+    /// The identity of ServiceAccount `ns/name`.
+    pub fn service_account(ns: &str, name: &str, uid: &str) -> Self {
+        UserInfo {
+            name: format!("system:serviceaccount:{ns}:{name}"),
+            uid: uid.into(),
+            groups: vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{ns}"), AUTHENTICATED.into()],
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// Whether the identity is in `system:masters`.
+    pub fn is_master(&self) -> bool {
+        self.groups.iter().any(|g| g == MASTERS)
+    }
+
+    /// `authentication.k8s.io/v1 UserInfo`.
+    pub fn to_value(&self) -> Value {
+        let mut v = json!({"username": self.name, "groups": self.groups});
+        if !self.uid.is_empty() {
+            v["uid"] = json!(self.uid);
+        }
+        if !self.extra.is_empty() {
+            v["extra"] = json!(self.extra);
+        }
+        v
+    }
+}
