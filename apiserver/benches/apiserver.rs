@@ -7,6 +7,7 @@
 //! with the 1 h TTL on (in-process, on a simulated clock: `gc::expire_events` takes "now").
 //!
 //! `cargo bench -p provisioning-apiserver`
+#![allow(clippy::too_many_lines, reason = "a benchmark: each scenario reads as one script")]
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

@@ -474,40 +474,79 @@ fn duplicate_entries(value: &Value, schema: Option<&Value>, path: &mut FieldPath
 }
 
 /// Server-side apply of `applied` onto `live`; returns the new object with managedFields set.
-// Over 80 lines on purpose: upstream's apply order (conflict check per manager, merge, then
-// managedFields bookkeeping) in one place, so it can be read against structured-merge-diff.
+/// Upstream's order, so it can be read against structured-merge-diff: refuse duplicate list
+/// entries, check conflicts per manager, drop what this manager no longer applies, merge, then
+/// the managedFields bookkeeping.
 pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Value, ApiError> {
-    // A configuration naming one list entry twice cannot be merged per key; kube-apiserver
-    // refuses it before anything else (an error that is not a Status: 500, reason unset).
-    let mut duplicates = vec![];
-    duplicate_entries(applied, req.schema, &mut vec![], &mut duplicates);
-    if !duplicates.is_empty() {
-        let md = &live["metadata"];
-        let object = format!(
-            "{}/{}; {}, Kind={}",
-            md["namespace"].as_str().unwrap_or_default(),
-            md["name"].as_str().unwrap_or_default(),
-            req.api_version,
-            applied["kind"].as_str().unwrap_or_default()
-        );
-        let detail = if duplicates.len() == 1 { duplicates.remove(0) } else { format!("errors:\n  {}", duplicates.join("\n  ")) };
-        return Err(ApiError {
-            code: 500,
-            reason: "",
-            message: format!("failed to create typed patch object ({object}): {detail}"),
-            details: None,
-        });
-    }
+    refuse_duplicate_entries(live, applied, req)?;
     let mut entries = read_managed(live);
     let applied_fields = field_set(applied, req.schema, req.scope);
     let sub = subresource_name(req.scope);
-    // Conflicts: a field another manager owns, set here to a different value.
+    let conflicts = conflicts(&entries, live, applied, &applied_fields, req.manager);
+    if !conflicts.is_empty() && !req.force {
+        return Err(conflict_error(&conflicts));
+    }
+    // Forced: the other managers lose the fields this one takes over.
+    for (m, p) in &conflicts {
+        for e in entries.iter_mut().filter(|e| &e.manager == m) {
+            e.fields.remove(p);
+        }
+    }
+    let mut out = live.clone();
+    drop_released_fields(&mut out, &entries, &applied_fields, req.manager, &sub);
+    merge_applied(&mut out, &scoped_configuration(applied, req.scope), req.schema, &mut vec![]);
+    // Other managers keep only what still exists.
+    for e in entries.iter_mut() {
+        e.fields.retain(|p| value_at(&out, p).is_some());
+    }
+    entries.retain(|e| !(e.manager == req.manager && e.operation == "Apply" && e.subresource == sub));
+    entries.push(ManagerEntry {
+        manager: req.manager.to_string(),
+        operation: "Apply".into(),
+        api_version: req.api_version.to_string(),
+        time: req.now.to_string(),
+        subresource: sub,
+        fields: applied_fields,
+    });
+    write_managed(&mut out, &entries);
+    Ok(out)
+}
+
+/// A configuration naming one list entry twice cannot be merged per key; kube-apiserver
+/// refuses it before anything else (an error that is not a Status: 500, reason unset).
+fn refuse_duplicate_entries(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<(), ApiError> {
+    let mut duplicates = vec![];
+    duplicate_entries(applied, req.schema, &mut vec![], &mut duplicates);
+    if duplicates.is_empty() {
+        return Ok(());
+    }
+    let md = &live["metadata"];
+    let object = format!(
+        "{}/{}; {}, Kind={}",
+        md["namespace"].as_str().unwrap_or_default(),
+        md["name"].as_str().unwrap_or_default(),
+        req.api_version,
+        applied["kind"].as_str().unwrap_or_default()
+    );
+    let detail = if duplicates.len() == 1 { duplicates.remove(0) } else { format!("errors:\n  {}", duplicates.join("\n  ")) };
+    Err(ApiError { code: 500, reason: "", message: format!("failed to create typed patch object ({object}): {detail}"), details: None })
+}
+
+/// Conflicts: fields another manager owns that this apply sets to a different value, with
+/// their owner.
+fn conflicts(
+    entries: &[ManagerEntry],
+    live: &Value,
+    applied: &Value,
+    applied_fields: &FieldSet,
+    manager: &str,
+) -> Vec<(String, FieldPath)> {
     let mut conflicts: Vec<(String, FieldPath)> = vec![];
     for e in entries.iter() {
-        if e.manager == req.manager {
+        if e.manager == manager {
             continue;
         }
-        for p in &applied_fields {
+        for p in applied_fields {
             // A keyed list item's own path, or a set member, marks membership (shared freely);
             // a keyed item's fields conflict.
             if p.last().is_some_and(|t| t.starts_with("k:") || t.starts_with("v:")) {
@@ -518,35 +557,32 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
             }
         }
     }
-    if !conflicts.is_empty() && !req.force {
-        let causes: Vec<Value> = conflicts
-            .iter()
-            .map(|(m, p)| {
-                let field = render_path(p);
-                json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\": {field}"), "field": field})
-            })
-            .collect();
-        let msg = if conflicts.len() == 1 {
-            format!("Apply failed with 1 conflict: conflict with \"{}\": {}", conflicts[0].0, render_path(&conflicts[0].1))
-        } else {
-            let parts: Vec<String> = conflicts.iter().map(|(m, p)| format!("conflict with \"{m}\": {}", render_path(p))).collect();
-            format!("Apply failed with {} conflicts: {}", conflicts.len(), parts.join("\n"))
-        };
-        return Err(ApiError::conflict_with(msg, json!({"causes": causes})));
-    }
-    for (m, p) in &conflicts {
-        for e in entries.iter_mut().filter(|e| &e.manager == m) {
-            e.fields.remove(p);
-        }
-    }
-    let mut out = live.clone();
-    // Fields this manager applied before but no longer does, and nobody else owns, go away.
-    let previous: FieldSet = entries
+    conflicts
+}
+
+/// The 409 of an apply with conflicts, in kube-apiserver's words.
+fn conflict_error(conflicts: &[(String, FieldPath)]) -> ApiError {
+    let causes: Vec<Value> = conflicts
         .iter()
-        .filter(|e| e.manager == req.manager && e.operation == "Apply" && e.subresource == sub)
-        .flat_map(|e| e.fields.iter().cloned())
+        .map(|(m, p)| {
+            let field = render_path(p);
+            json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\": {field}"), "field": field})
+        })
         .collect();
-    let is_self = |e: &ManagerEntry| e.manager == req.manager && e.operation == "Apply" && e.subresource == sub;
+    let msg = if conflicts.len() == 1 {
+        format!("Apply failed with 1 conflict: conflict with \"{}\": {}", conflicts[0].0, render_path(&conflicts[0].1))
+    } else {
+        let parts: Vec<String> = conflicts.iter().map(|(m, p)| format!("conflict with \"{m}\": {}", render_path(p))).collect();
+        format!("Apply failed with {} conflicts: {}", conflicts.len(), parts.join("\n"))
+    };
+    ApiError::conflict_with(msg, json!({"causes": causes}))
+}
+
+/// Removes from `out` the fields `manager` applied before (in this subresource) but no longer
+/// does, and nobody else owns.
+fn drop_released_fields(out: &mut Value, entries: &[ManagerEntry], applied_fields: &FieldSet, manager: &str, sub: &str) {
+    let is_self = |e: &ManagerEntry| e.manager == manager && e.operation == "Apply" && e.subresource == sub;
+    let previous: FieldSet = entries.iter().filter(|e| is_self(e)).flat_map(|e| e.fields.iter().cloned()).collect();
     let owned_by_other = |p: &FieldPath| entries.iter().any(|e| !is_self(e) && e.fields.contains(p));
     // Someone else (another manager, or this manager's other entries) still owns `p` or a field
     // below it, or this apply sets something below it.
@@ -569,27 +605,31 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
         .collect();
     removed.sort_by_key(|p| std::cmp::Reverse(p.len()));
     for p in removed {
-        remove_at(&mut out, p);
+        remove_at(out, p);
         // An object whose last field just went goes too (`status.plan: {}` would fail its
         // schema's required fields), unless someone owns it as such or this apply sets it;
         // top-level objects (spec, status) stay.
         for depth in (2..p.len()).rev() {
             let parent = &p[..depth];
-            let empty = parent.last().is_some_and(|t| t.starts_with("f:")) && value_at(&out, parent).is_some_and(|v| v == &json!({}));
+            let empty = parent.last().is_some_and(|t| t.starts_with("f:")) && value_at(out, parent).is_some_and(|v| v == &json!({}));
             let kept =
                 entries.iter().any(|e| !is_self(e) && e.fields.contains(parent)) || applied_fields.iter().any(|q| q.starts_with(parent));
             if !empty || kept {
                 break;
             }
-            remove_at(&mut out, parent);
+            remove_at(out, parent);
         }
     }
-    // Merge the part of the configuration this scope may touch.
+}
+
+/// The part of the configuration `scope` may touch (no apiVersion/kind; status only through
+/// the status subresource; of metadata only labels, annotations, finalizers, owners).
+fn scoped_configuration(applied: &Value, scope: Scope) -> Value {
     let mut restricted = applied.clone();
     if let Some(m) = restricted.as_object_mut() {
         m.remove("apiVersion");
         m.remove("kind");
-        match req.scope {
+        match scope {
             Scope::Main => {
                 m.remove("status");
             }
@@ -600,22 +640,7 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
             md.retain(|k, _| matches!(k.as_str(), "labels" | "annotations" | "finalizers" | "ownerReferences"));
         }
     }
-    merge_applied(&mut out, &restricted, req.schema, &mut vec![]);
-    // Other managers keep only what still exists.
-    for e in entries.iter_mut() {
-        e.fields.retain(|p| value_at(&out, p).is_some());
-    }
-    entries.retain(|e| !(e.manager == req.manager && e.operation == "Apply" && e.subresource == sub));
-    entries.push(ManagerEntry {
-        manager: req.manager.to_string(),
-        operation: "Apply".into(),
-        api_version: req.api_version.to_string(),
-        time: req.now.to_string(),
-        subresource: sub,
-        fields: applied_fields,
-    });
-    write_managed(&mut out, &entries);
-    Ok(out)
+    restricted
 }
 
 /// Whether `p` names a key field of a keyed list item (`...k:{"type":"Ready"}, f:type`).

@@ -22,6 +22,7 @@ use crate::handlers::{Core, DeleteOptions, FieldValidation, Output, Propagation,
 use crate::patch::PatchType;
 use crate::registry::ResourceType;
 use crate::selectors::{FieldLabels, FieldSelector, LabelSelector};
+use crate::storage::Entry;
 use crate::urlpath::percent_decode;
 use crate::{openapi, table, watch};
 
@@ -580,14 +581,22 @@ fn single(core: &Core, rt: &ResourceType, out: &Output, code: u16, table: &Optio
     }
 }
 
-// Over 80 lines on purpose: one match over the verbs (get, list, watch, create, update, patch,
-// delete, deletecollection) with their content negotiation. A candidate for splitting.
+/// The response shape a client asked for: a Table (`includeObject` policy), partial object
+/// metadata, or the objects themselves.
+struct Shape {
+    table: Option<String>,
+    partial: bool,
+}
+
+/// One resource request: a match over the verbs (get, list, watch, create, update, patch,
+/// delete, deletecollection), each handled with its content negotiation.
 async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResult<Response<Body>> {
     let q = Query::parse(req.uri().query());
     let (mut table, partial) = accept_info(&req);
     if let (Some(tb), Some(inc)) = (table.as_mut(), q.get("includeObject")) {
         *tb = inc.to_string();
     }
+    let shape = Shape { table, partial };
     let rt = t.rt.clone();
     let ns = t.namespace.as_deref();
     let status = t.subresource.as_deref() == Some("status");
@@ -595,96 +604,16 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
     match (method, &t.name) {
         (Method::GET, Some(name)) if !t.watch => {
             let e = core.get(&rt, ns, name)?;
-            Ok(single(&core, &rt, &Output::Stored(e), 200, &table))
+            Ok(single(&core, &rt, &Output::Stored(e), 200, &shape.table))
         }
-        (Method::GET, name) => {
-            let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
-            let mut field_str = q.get("fieldSelector").unwrap_or_default().to_string();
-            if let Some(n) = name {
-                field_str = if field_str.is_empty() { format!("metadata.name={n}") } else { format!("{field_str},metadata.name={n}") };
-            }
-            let fields = FieldSelector::parse(&field_str, FieldLabels::for_resource(&rt.storage, &rt.group))?;
-            let watching = t.watch || q.flag("watch");
-            watch::validate_list_options(watching, |k| q.get(k))?;
-            // A list or watch from a revision the store has not reached waits briefly, then
-            // is a 504 as in kube-apiserver: never an answer from a state older than asked for.
-            if let Some(want) = q.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0").and_then(|s| s.parse::<u64>().ok())
-                && q.get("continue").is_none_or(str::is_empty)
-            {
-                core.wait_fresh(want).await?;
-            }
-            if watching {
-                let mut resource_version = q.get("resourceVersion").map(str::to_string);
-                // sendInitialEvents=false without a resourceVersion starts at "most recent":
-                // no synthetic ADDED events (reflector.go watchList case 1 with the flag off).
-                if q.get("sendInitialEvents").is_some()
-                    && !q.flag("sendInitialEvents")
-                    && resource_version.as_deref().unwrap_or_default().is_empty()
-                {
-                    resource_version = Some(core.store.read().rv.to_string());
-                }
-                let params = watch::WatchParams {
-                    resource_version,
-                    namespace: t.namespace.clone(),
-                    labels,
-                    fields,
-                    bookmarks: q.flag("allowWatchBookmarks"),
-                    // Without timeoutSeconds kube-apiserver ends a watch after a random 30–60 min
-                    // (spreading re-lists); so does this server.
-                    timeout: Some(
-                        q.get("timeoutSeconds")
-                            .and_then(|s| s.parse::<u64>().ok())
-                            .filter(|s| *s > 0)
-                            .map(Duration::from_secs)
-                            .unwrap_or_else(|| Duration::from_secs(1800 + rand::random_range(0..1800))),
-                    ),
-                    send_initial_events: q.flag("sendInitialEvents"),
-                    partial: partial && table.is_none(),
-                    table,
-                };
-                let rx = watch::start(core.clone(), rt.clone(), params);
-                let stream =
-                    futures::stream::unfold(rx, |mut rx| async move { rx.next().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx)) });
-                let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
-                r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
-                return Ok(r);
-            }
-            let limit = q.get("limit").and_then(|s| s.parse::<usize>().ok()).filter(|l| *l > 0);
-            let (entries, rv, cont, remaining) = core.list(&rt, ns, &labels, &fields, limit, q.get("continue"))?;
-            if let Some(inc) = &table {
-                let objs: Vec<Value> = entries.iter().map(|e| core.convert(&rt, e.value())).collect();
-                return Ok(value_response(200, &table::table(&rt, &objs, Some(rv.to_string()), cont, inc, true)));
-            }
-            if partial {
-                let items: Vec<Value> = entries
-                    .iter()
-                    .map(|e| {
-                        let mut md = e.value()["metadata"].take();
-                        if let Some(m) = md.as_object_mut() {
-                            m.remove("managedFields");
-                        }
-                        json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": md})
-                    })
-                    .collect();
-                let mut meta = json!({"resourceVersion": rv.to_string()});
-                if let Some(c) = cont {
-                    meta["continue"] = json!(c);
-                }
-                return Ok(value_response(
-                    200,
-                    &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items}),
-                ));
-            }
-            Ok(json_response(200, core.list_body(&rt, &entries, rv, cont.as_deref(), remaining)))
-        }
+        (Method::GET, name) => list_or_watch(&core, &q, &t, name.as_deref(), shape).await,
         (Method::POST, None) => {
             let opts = write_options(&req, &q)?;
             let ct = content_type(&req);
             let body = read_body(req).await?;
             let obj = parse_body(&body, &ct)?;
             let w = core.create(&rt, ns, obj, &opts).await?;
-            Ok(with_warnings(single(&core, &rt, &w.output, 201, &table), &w.warnings))
+            Ok(with_warnings(single(&core, &rt, &w.output, 201, &shape.table), &w.warnings))
         }
         (Method::PUT, Some(name)) => {
             let opts = write_options(&req, &q)?;
@@ -692,7 +621,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let body = read_body(req).await?;
             let obj = parse_body(&body, &ct)?;
             let w = core.update(&rt, ns, name, obj, status, &opts).await?;
-            Ok(with_warnings(single(&core, &rt, &w.output, 200, &table), &w.warnings))
+            Ok(with_warnings(single(&core, &rt, &w.output, 200, &shape.table), &w.warnings))
         }
         (Method::PATCH, Some(name)) => {
             let opts = write_options(&req, &q)?;
@@ -702,59 +631,156 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let existed = core.get(&rt, ns, name).is_ok();
             let w = core.patch(&rt, ns, name, kind, &body, &ct, status, &opts).await?;
             let code = if existed || kind != PatchType::Apply { 200 } else { 201 };
-            Ok(with_warnings(single(&core, &rt, &w.output, code, &table), &w.warnings))
+            Ok(with_warnings(single(&core, &rt, &w.output, code, &shape.table), &w.warnings))
         }
-        (Method::DELETE, name) => {
-            let ct = content_type(&req);
-            let dry_q = q.get("dryRun") == Some("All");
-            let prop_q = q.get("propagationPolicy").map(str::to_string);
-            let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
-            let fields =
-                FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), FieldLabels::for_resource(&rt.storage, &rt.group))?;
-            let body = read_body(req).await?;
-            let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { parse_body(&body, &ct)? };
-            let policy = dopts["propagationPolicy"].as_str().map(str::to_string).or(prop_q);
-            let propagation = match policy.as_deref() {
-                None | Some("") | Some("Background") => {
-                    if dopts["orphanDependents"].as_bool() == Some(true) {
-                        Propagation::Orphan
-                    } else {
-                        Propagation::Background
-                    }
-                }
-                Some("Foreground") => Propagation::Foreground,
-                Some("Orphan") => Propagation::Orphan,
-                Some(other) => return Err(ApiError::bad_request(format!("unsupported propagationPolicy: {other}"))),
-            };
-            let dry_run = dry_q || dopts["dryRun"].as_array().is_some_and(|a| a.iter().any(|x| x == "All"));
-            let opts = DeleteOptions {
-                propagation,
-                dry_run,
-                uid: dopts["preconditions"]["uid"].as_str().map(str::to_string),
-                resource_version: dopts["preconditions"]["resourceVersion"].as_str().map(str::to_string),
-            };
-            match name {
-                Some(name) => {
-                    let out = core.delete(&rt, ns, name, &opts).await?;
-                    Ok(single(&core, &rt, &out, 200, &None))
-                }
-                None => {
-                    let (entries, rv, _, _) = core.list(&rt, ns, &labels, &fields, None, None)?;
-                    let mut deleted = vec![];
-                    for e in entries {
-                        let ens = if rt.namespaced { Some(e.key.namespace.as_str()) } else { None };
-                        match core.delete(&rt, ens, &e.key.name, &opts).await {
-                            Ok(_) => deleted.push(e),
-                            Err(err) if err.code == 404 => {}
-                            Err(err) => return Err(err),
-                        }
-                    }
-                    Ok(json_response(200, core.list_body(&rt, &deleted, rv, None, None)))
-                }
-            }
-        }
+        (Method::DELETE, _) => delete(&core, req, &q, &t).await,
         (m, _) => Err(ApiError::method_not_allowed(format!("method {m} is not supported on this path"))),
     }
+}
+
+/// GET of a collection (or of one name through a watch): selectors, the freshness wait, then
+/// a watch stream or a list page.
+async fn list_or_watch(core: &Arc<Core>, q: &Query, t: &Target, name: Option<&str>, shape: Shape) -> ApiResult<Response<Body>> {
+    let rt = &t.rt;
+    let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
+    let mut field_str = q.get("fieldSelector").unwrap_or_default().to_string();
+    if let Some(n) = name {
+        field_str = if field_str.is_empty() { format!("metadata.name={n}") } else { format!("{field_str},metadata.name={n}") };
+    }
+    let fields = FieldSelector::parse(&field_str, FieldLabels::for_resource(&rt.storage, &rt.group))?;
+    let watching = t.watch || q.flag("watch");
+    watch::validate_list_options(watching, |k| q.get(k))?;
+    // A list or watch from a revision the store has not reached waits briefly, then
+    // is a 504 as in kube-apiserver: never an answer from a state older than asked for.
+    if let Some(want) = q.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0").and_then(|s| s.parse::<u64>().ok())
+        && q.get("continue").is_none_or(str::is_empty)
+    {
+        core.wait_fresh(want).await?;
+    }
+    if watching {
+        return Ok(watch_response(core, q, t, labels, fields, shape));
+    }
+    let limit = q.get("limit").and_then(|s| s.parse::<usize>().ok()).filter(|l| *l > 0);
+    let (entries, rv, cont, remaining) = core.list(rt, t.namespace.as_deref(), &labels, &fields, limit, q.get("continue"))?;
+    if let Some(inc) = &shape.table {
+        let objs: Vec<Value> = entries.iter().map(|e| core.convert(rt, e.value())).collect();
+        return Ok(value_response(200, &table::table(rt, &objs, Some(rv.to_string()), cont, inc, true)));
+    }
+    if shape.partial {
+        return Ok(value_response(200, &partial_list(&entries, rv, cont)));
+    }
+    Ok(json_response(200, core.list_body(rt, &entries, rv, cont.as_deref(), remaining)))
+}
+
+/// A watch: events streamed as they come, from the requested revision.
+fn watch_response(core: &Arc<Core>, q: &Query, t: &Target, labels: LabelSelector, fields: FieldSelector, shape: Shape) -> Response<Body> {
+    let mut resource_version = q.get("resourceVersion").map(str::to_string);
+    // sendInitialEvents=false without a resourceVersion starts at "most recent":
+    // no synthetic ADDED events (reflector.go watchList case 1 with the flag off).
+    if q.get("sendInitialEvents").is_some() && !q.flag("sendInitialEvents") && resource_version.as_deref().unwrap_or_default().is_empty() {
+        resource_version = Some(core.store.read().rv.to_string());
+    }
+    let params = watch::WatchParams {
+        resource_version,
+        namespace: t.namespace.clone(),
+        labels,
+        fields,
+        bookmarks: q.flag("allowWatchBookmarks"),
+        // Without timeoutSeconds kube-apiserver ends a watch after a random 30–60 min
+        // (spreading re-lists); so does this server.
+        timeout: Some(
+            q.get("timeoutSeconds")
+                .and_then(|s| s.parse::<u64>().ok())
+                .filter(|s| *s > 0)
+                .map(Duration::from_secs)
+                .unwrap_or_else(|| Duration::from_secs(1800 + rand::random_range(0..1800))),
+        ),
+        send_initial_events: q.flag("sendInitialEvents"),
+        partial: shape.partial && shape.table.is_none(),
+        table: shape.table,
+    };
+    let rx = watch::start(core.clone(), t.rt.clone(), params);
+    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.next().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx)) });
+    let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    r
+}
+
+/// A list as `PartialObjectMetadataList` (metadata without managedFields).
+fn partial_list(entries: &[Arc<Entry>], rv: u64, cont: Option<String>) -> Value {
+    let items: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let mut md = e.value()["metadata"].take();
+            if let Some(m) = md.as_object_mut() {
+                m.remove("managedFields");
+            }
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": md})
+        })
+        .collect();
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+    }
+    json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items})
+}
+
+/// DELETE of one object, or of the collection (deletecollection) matching the selectors.
+async fn delete(core: &Arc<Core>, req: Request<Incoming>, q: &Query, t: &Target) -> ApiResult<Response<Body>> {
+    let rt = &t.rt;
+    let ns = t.namespace.as_deref();
+    let ct = content_type(&req);
+    let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
+    let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), FieldLabels::for_resource(&rt.storage, &rt.group))?;
+    let body = read_body(req).await?;
+    let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { parse_body(&body, &ct)? };
+    let opts = delete_options(q, &dopts)?;
+    match &t.name {
+        Some(name) => {
+            let out = core.delete(rt, ns, name, &opts).await?;
+            Ok(single(core, rt, &out, 200, &None))
+        }
+        None => {
+            let (entries, rv, _, _) = core.list(rt, ns, &labels, &fields, None, None)?;
+            let mut deleted = vec![];
+            for e in entries {
+                let ens = if rt.namespaced { Some(e.key.namespace.as_str()) } else { None };
+                match core.delete(rt, ens, &e.key.name, &opts).await {
+                    Ok(_) => deleted.push(e),
+                    Err(err) if err.code == 404 => {}
+                    Err(err) => return Err(err),
+                }
+            }
+            Ok(json_response(200, core.list_body(rt, &deleted, rv, None, None)))
+        }
+    }
+}
+
+/// DeleteOptions from the body (`dopts`) and the query: propagation, dry run, preconditions.
+fn delete_options(q: &Query, dopts: &Value) -> ApiResult<DeleteOptions> {
+    let dry_q = q.get("dryRun") == Some("All");
+    let prop_q = q.get("propagationPolicy").map(str::to_string);
+    let policy = dopts["propagationPolicy"].as_str().map(str::to_string).or(prop_q);
+    let propagation = match policy.as_deref() {
+        None | Some("") | Some("Background") => {
+            if dopts["orphanDependents"].as_bool() == Some(true) {
+                Propagation::Orphan
+            } else {
+                Propagation::Background
+            }
+        }
+        Some("Foreground") => Propagation::Foreground,
+        Some("Orphan") => Propagation::Orphan,
+        Some(other) => return Err(ApiError::bad_request(format!("unsupported propagationPolicy: {other}"))),
+    };
+    let dry_run = dry_q || dopts["dryRun"].as_array().is_some_and(|a| a.iter().any(|x| x == "All"));
+    Ok(DeleteOptions {
+        propagation,
+        dry_run,
+        uid: dopts["preconditions"]["uid"].as_str().map(str::to_string),
+        resource_version: dopts["preconditions"]["resourceVersion"].as_str().map(str::to_string),
+    })
 }
 
 fn content_type(req: &Request<Incoming>) -> String {

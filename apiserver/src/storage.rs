@@ -498,8 +498,9 @@ fn set_rv(value: &mut Value, rv: u64) {
     }
 }
 
-// Over 80 lines on purpose: the single writer's loop (batch queued writes, one commit, publish
-// events, prune) shares its batch state across the steps. A candidate for splitting.
+/// The single writer: batches queued writes, decides each against memory, commits the batch
+/// in one transaction (pruning old tombstones on the way), then publishes it to memory and
+/// watchers and acknowledges every write.
 fn writer_loop(
     db: Database,
     mut rx: mpsc::UnboundedReceiver<Msg>,
@@ -507,40 +508,12 @@ fn writer_loop(
     rv_tx: watch::Sender<u64>,
     committing: &std::sync::atomic::AtomicBool,
 ) {
-    let mut stopping = false;
     let mut pruned_floor = match state.read() {
         Ok(g) => g.history_floor,
         Err(p) => p.into_inner().history_floor,
     };
-    while !stopping {
-        let first = match rx.blocking_recv() {
-            Some(Msg::Write(r)) => r,
-            Some(Msg::Fail) => {
-                tracing::error!("storage writer ended (simulated failure)");
-                return;
-            }
-            _ => break,
-        };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(Msg::Write(r)) => batch.push(r),
-                Ok(Msg::Stop) => {
-                    stopping = true;
-                    break;
-                }
-                Ok(Msg::Fail) => {
-                    for r in batch {
-                        let _ = r.reply.send(Err(StoreError::Unavailable("the storage writer failed".into())));
-                    }
-                    return;
-                }
-                Err(_) => break,
-            }
-        }
-        // Decide every write against memory plus the writes earlier in this batch.
-        let mut staged: Vec<Staged> = vec![];
-        let mut overlay: HashMap<ObjKey, Option<Arc<Entry>>> = HashMap::new();
+    loop {
+        let Some((batch, stopping)) = next_batch(&mut rx) else { return };
         let (base_rv, history_floor) = match state.read() {
             Ok(g) => (g.rv, g.history_floor),
             Err(p) => {
@@ -551,117 +524,160 @@ fn writer_loop(
         // Tombstones older than the in-memory history can serve no watch (a resume from there
         // is 410 anyway), so they go while running, not only at the next start.
         let prune_to = (history_floor >= pruned_floor + TOMBSTONE_PRUNE_STEP).then_some(history_floor);
-        let mut rv = base_rv;
-        {
-            let guard = match state.read() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            for mut req in batch {
-                let current = match overlay.get(&req.key) {
-                    Some(c) => c.clone(),
-                    None => guard.get(&req.key).cloned(),
-                };
-                let check = match (req.pre, &current) {
-                    (Precondition::MustNotExist, Some(_)) => Err(StoreError::AlreadyExists),
-                    (Precondition::MustNotExist, None) => Ok(()),
-                    (Precondition::Revision(_), None) => Err(StoreError::NotFound),
-                    (Precondition::Revision(want), Some(cur)) if cur.rv != want => Err(StoreError::Conflict),
-                    _ => Ok(()),
-                };
-                let result = check.and_then(|()| {
-                    rv += 1;
-                    let mut value = match std::mem::replace(&mut req.op, WriteOp::Delete) {
-                        WriteOp::Put(v) => v,
-                        WriteOp::Delete => current.as_ref().map(|c| c.value()).unwrap_or(Value::Null),
-                    };
-                    let is_delete = req.is_delete;
-                    set_rv(&mut value, rv);
-                    let bytes = Bytes::from(serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?);
-                    let entry = Arc::new(Entry::from_value(req.key.clone(), rv, &value, bytes));
-                    if is_delete {
-                        overlay.insert(req.key.clone(), None);
-                        Ok((current.clone(), Some(entry), rv))
-                    } else {
-                        overlay.insert(req.key.clone(), Some(entry.clone()));
-                        Ok((current.clone(), Some(entry), rv))
-                    }
-                });
-                staged.push((req, result));
-            }
-        }
-        // Persist.
-        let commit = (|| -> Result<(), String> {
-            let txn = db.begin_write().map_err(|e| e.to_string())?;
-            {
-                let mut objects = txn.open_table(OBJECTS).map_err(|e| e.to_string())?;
-                let mut tombs = txn.open_table(TOMBSTONES).map_err(|e| e.to_string())?;
-                for (req, res) in &staged {
-                    let Ok((_, Some(entry), rv)) = res else { continue };
-                    let k = req.key.db_key();
-                    if req_is_delete(req) {
-                        objects.remove(k.as_str()).map_err(|e| e.to_string())?;
-                        let mut raw = Vec::with_capacity(k.len() + 1 + entry.bytes.len());
-                        raw.extend_from_slice(k.as_bytes());
-                        raw.push(b'\n');
-                        raw.extend_from_slice(&entry.bytes);
-                        tombs.insert(*rv, raw.as_slice()).map_err(|e| e.to_string())?;
-                    } else {
-                        objects.insert(k.as_str(), entry.bytes.as_ref()).map_err(|e| e.to_string())?;
-                    }
-                }
-                let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
-                meta.insert("rv", rv).map_err(|e| e.to_string())?;
-                if let Some(floor) = prune_to {
-                    let old: Vec<u64> =
-                        tombs.range(..=floor).map_err(|e| e.to_string())?.filter_map(|r| r.ok().map(|(k, _)| k.value())).collect();
-                    for k in old {
-                        tombs.remove(k).map_err(|e| e.to_string())?;
-                    }
-                    meta.insert("tombstone_floor", floor).map_err(|e| e.to_string())?;
-                }
-            }
-            txn.commit().map_err(|e| e.to_string())
-        })();
+        let (staged, rv) = stage(batch, &state, base_rv);
+        let commit = persist(&db, &staged, rv, prune_to);
         committing.store(commit.is_ok(), std::sync::atomic::Ordering::SeqCst);
-        if commit.is_ok()
-            && let Some(f) = prune_to
-        {
-            pruned_floor = f;
-        }
-        if let Err(e) = commit {
-            tracing::error!(error = %e, "commit failed");
-            for (req, _) in staged {
-                let _ = req.reply.send(Err(StoreError::Internal(e.clone())));
+        match commit {
+            Ok(()) => {
+                if let Some(f) = prune_to {
+                    pruned_floor = f;
+                }
+                publish(&state, &staged, rv);
+                let _ = rv_tx.send(rv);
+                for (req, res) in staged {
+                    let _ = req.reply.send(res.map(|(_, e, _)| e).and_then(|e| e.ok_or(StoreError::NotFound)));
+                }
             }
-            continue;
-        }
-        // Publish to memory and watchers, then acknowledge.
-        {
-            let mut guard = match state.write() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            for (req, res) in &staged {
-                let Ok((prev, Some(entry), rv)) = res else { continue };
-                let delete = req_is_delete(req);
-                guard.apply(&req.key, if delete { None } else { Some(entry.clone()) });
-                let kind = if delete {
-                    EventType::Deleted
-                } else if prev.is_none() {
-                    EventType::Added
-                } else {
-                    EventType::Modified
-                };
-                guard.push_event(Arc::new(Event { rv: *rv, kind, entry: entry.clone(), prev: prev.clone() }));
+            Err(e) => {
+                tracing::error!(error = %e, "commit failed");
+                for (req, _) in staged {
+                    let _ = req.reply.send(Err(StoreError::Internal(e.clone())));
+                }
             }
-            guard.rv = rv;
         }
-        let _ = rv_tx.send(rv);
-        for (req, res) in staged {
-            let _ = req.reply.send(res.map(|(_, e, _)| e).and_then(|e| e.ok_or(StoreError::NotFound)));
+        if stopping {
+            return;
         }
     }
+}
+
+/// The next batch of queued writes (up to [`MAX_BATCH`]) and whether a stop came after it;
+/// None when the writer is to end (stopped, or a simulated failure).
+fn next_batch(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Option<(Vec<WriteReq>, bool)> {
+    let first = match rx.blocking_recv() {
+        Some(Msg::Write(r)) => r,
+        Some(Msg::Fail) => {
+            tracing::error!("storage writer ended (simulated failure)");
+            return None;
+        }
+        _ => return None,
+    };
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(Msg::Write(r)) => batch.push(r),
+            Ok(Msg::Stop) => return Some((batch, true)),
+            Ok(Msg::Fail) => {
+                for r in batch {
+                    let _ = r.reply.send(Err(StoreError::Unavailable("the storage writer failed".into())));
+                }
+                return None;
+            }
+            Err(_) => break,
+        }
+    }
+    Some((batch, false))
+}
+
+/// Decides every write of `batch` against memory plus the writes earlier in the batch; returns
+/// each write with its outcome (previous entry, new entry, revision) and the last revision.
+fn stage(batch: Vec<WriteReq>, state: &RwLock<State>, base_rv: u64) -> (Vec<Staged>, u64) {
+    let mut staged: Vec<Staged> = vec![];
+    let mut overlay: HashMap<ObjKey, Option<Arc<Entry>>> = HashMap::new();
+    let mut rv = base_rv;
+    let guard = match state.read() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    for mut req in batch {
+        let current = match overlay.get(&req.key) {
+            Some(c) => c.clone(),
+            None => guard.get(&req.key).cloned(),
+        };
+        let check = match (req.pre, &current) {
+            (Precondition::MustNotExist, Some(_)) => Err(StoreError::AlreadyExists),
+            (Precondition::MustNotExist, None) => Ok(()),
+            (Precondition::Revision(_), None) => Err(StoreError::NotFound),
+            (Precondition::Revision(want), Some(cur)) if cur.rv != want => Err(StoreError::Conflict),
+            _ => Ok(()),
+        };
+        let result = check.and_then(|()| {
+            rv += 1;
+            let mut value = match std::mem::replace(&mut req.op, WriteOp::Delete) {
+                WriteOp::Put(v) => v,
+                WriteOp::Delete => current.as_ref().map(|c| c.value()).unwrap_or(Value::Null),
+            };
+            let is_delete = req.is_delete;
+            set_rv(&mut value, rv);
+            let bytes = Bytes::from(serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?);
+            let entry = Arc::new(Entry::from_value(req.key.clone(), rv, &value, bytes));
+            if is_delete {
+                overlay.insert(req.key.clone(), None);
+                Ok((current.clone(), Some(entry), rv))
+            } else {
+                overlay.insert(req.key.clone(), Some(entry.clone()));
+                Ok((current.clone(), Some(entry), rv))
+            }
+        });
+        staged.push((req, result));
+    }
+    (staged, rv)
+}
+
+/// Commits the staged writes in one transaction: objects, tombstones of deletes, the revision,
+/// and the pruning of tombstones up to `prune_to`.
+fn persist(db: &Database, staged: &[Staged], rv: u64, prune_to: Option<u64>) -> Result<(), String> {
+    let txn = db.begin_write().map_err(|e| e.to_string())?;
+    {
+        let mut objects = txn.open_table(OBJECTS).map_err(|e| e.to_string())?;
+        let mut tombs = txn.open_table(TOMBSTONES).map_err(|e| e.to_string())?;
+        for (req, res) in staged {
+            let Ok((_, Some(entry), rv)) = res else { continue };
+            let k = req.key.db_key();
+            if req_is_delete(req) {
+                objects.remove(k.as_str()).map_err(|e| e.to_string())?;
+                let mut raw = Vec::with_capacity(k.len() + 1 + entry.bytes.len());
+                raw.extend_from_slice(k.as_bytes());
+                raw.push(b'\n');
+                raw.extend_from_slice(&entry.bytes);
+                tombs.insert(*rv, raw.as_slice()).map_err(|e| e.to_string())?;
+            } else {
+                objects.insert(k.as_str(), entry.bytes.as_ref()).map_err(|e| e.to_string())?;
+            }
+        }
+        let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
+        meta.insert("rv", rv).map_err(|e| e.to_string())?;
+        if let Some(floor) = prune_to {
+            let old: Vec<u64> = tombs.range(..=floor).map_err(|e| e.to_string())?.filter_map(|r| r.ok().map(|(k, _)| k.value())).collect();
+            for k in old {
+                tombs.remove(k).map_err(|e| e.to_string())?;
+            }
+            meta.insert("tombstone_floor", floor).map_err(|e| e.to_string())?;
+        }
+    }
+    txn.commit().map_err(|e| e.to_string())
+}
+
+/// Applies committed writes to memory and the watch history (Added, Modified or Deleted).
+fn publish(state: &RwLock<State>, staged: &[Staged], rv: u64) {
+    let mut guard = match state.write() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    for (req, res) in staged {
+        let Ok((prev, Some(entry), rv)) = res else { continue };
+        let delete = req_is_delete(req);
+        guard.apply(&req.key, if delete { None } else { Some(entry.clone()) });
+        let kind = if delete {
+            EventType::Deleted
+        } else if prev.is_none() {
+            EventType::Added
+        } else {
+            EventType::Modified
+        };
+        guard.push_event(Arc::new(Event { rv: *rv, kind, entry: entry.clone(), prev: prev.clone() }));
+    }
+    guard.rv = rv;
 }
 
 fn req_is_delete(req: &WriteReq) -> bool {

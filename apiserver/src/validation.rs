@@ -284,12 +284,37 @@ fn regex_for(pattern: &str) -> Option<Regex> {
     cache.entry(pattern.to_string()).or_insert_with(|| Regex::new(pattern).ok()).clone()
 }
 
-// Over 80 lines on purpose: one recursive walk applying every OpenAPI v3 keyword in the order
-// kube-apiserver's structural schema does (prune, default, type, formats, bounds, list types).
+/// One recursive walk applying every OpenAPI v3 keyword in the order kube-apiserver's
+/// structural schema does: type, enum, then per kind of value (prune, default, required,
+/// bounds, formats, list types).
 fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
     if v.is_null() && s.get("nullable").and_then(Value::as_bool) == Some(true) {
         return;
     }
+    if !type_matches(v, s, path, out) {
+        return;
+    }
+    if let Some(e) = s.get("enum").and_then(Value::as_array)
+        && !e.contains(v)
+    {
+        let supported: Vec<String> = e.iter().map(render).collect();
+        out.causes.push(Cause::new(
+            "FieldValueNotSupported",
+            path,
+            format!("Unsupported value: {}: supported values: {}", render(v), supported.join(", ")),
+        ));
+    }
+    match v {
+        Value::Object(m) => walk_object(m, s, path, out),
+        Value::Array(items) => walk_array(items, s, path, out),
+        Value::String(st) => check_string(st, s, path, out),
+        Value::Number(n) => check_number(n, s, path, out),
+        _ => {}
+    }
+}
+
+/// Whether `v` has the schema's type (or is an int-or-string); a cause when not.
+fn type_matches(v: &Value, s: &Value, path: &str, out: &mut Outcome) -> bool {
     let int_or_string = s.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
     if int_or_string {
         if !(v.is_string() || type_ok(v, "integer")) {
@@ -298,7 +323,7 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
                 path,
                 format!("Invalid value: {}: {path} in body must be of type integer-or-string: {}", render(v), render(v)),
             ));
-            return;
+            return false;
         }
     } else if let Some(t) = s.get("type").and_then(Value::as_str)
         && !type_ok(v, t)
@@ -316,146 +341,135 @@ fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
             path,
             format!("Invalid value: \"{actual}\": {path} in body must be of type {t}: \"{actual}\""),
         ));
-        return;
+        return false;
     }
-    if let Some(e) = s.get("enum").and_then(Value::as_array)
-        && !e.contains(v)
+    true
+}
+
+/// An object: prunes unknown fields (unless preserved), walks known ones, fills defaults,
+/// checks required fields and maxProperties.
+fn walk_object(m: &mut serde_json::Map<String, Value>, s: &Value, path: &str, out: &mut Outcome) {
+    let props = s.get("properties").and_then(Value::as_object);
+    let addl = s.get("additionalProperties");
+    let preserve = s.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
+    let embedded = s.get("x-kubernetes-embedded-resource").and_then(Value::as_bool) == Some(true);
+    let keys: Vec<String> = m.keys().cloned().collect();
+    for k in keys {
+        let child_path = format!("{path}.{k}");
+        let cs = props.and_then(|p| p.get(&k)).or_else(|| addl.filter(|a| a.is_object()));
+        match cs {
+            Some(cs) => {
+                if m.get(&k).is_some_and(Value::is_null) && cs.get("nullable").and_then(Value::as_bool) != Some(true) {
+                    m.remove(&k);
+                    continue;
+                }
+                if let Some(cv) = m.get_mut(&k) {
+                    walk(cv, cs, &child_path, out);
+                }
+            }
+            None if preserve || addl.and_then(Value::as_bool) == Some(true) => {}
+            None if embedded && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") => {}
+            None => {
+                m.remove(&k);
+                out.unknown.push(child_path);
+            }
+        }
+    }
+    if let Some(p) = props {
+        for (k, cs) in p {
+            if m.contains_key(k) {
+                continue;
+            }
+            if let Some(d) = cs.get("default") {
+                let mut d = d.clone();
+                walk(&mut d, cs, &format!("{path}.{k}"), out);
+                m.insert(k.clone(), d);
+            }
+        }
+    }
+    for r in s.get("required").and_then(Value::as_array).into_iter().flatten() {
+        if let Some(r) = r.as_str()
+            && !m.contains_key(r)
+        {
+            out.causes.push(Cause::new("FieldValueRequired", format!("{path}.{r}"), "Required value"));
+        }
+    }
+    if let Some(max) = s.get("maxProperties").and_then(Value::as_u64)
+        && m.len() as u64 > max
     {
-        let supported: Vec<String> = e.iter().map(render).collect();
+        out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", m.len())));
+    }
+}
+
+/// An array: item count bounds, list-type duplicates, then each item.
+fn walk_array(items: &mut [Value], s: &Value, path: &str, out: &mut Outcome) {
+    if let Some(max) = s.get("maxItems").and_then(Value::as_u64)
+        && items.len() as u64 > max
+    {
+        out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", items.len())));
+    }
+    if let Some(min) = s.get("minItems").and_then(Value::as_u64)
+        && (items.len() as u64) < min
+    {
         out.causes.push(Cause::new(
-            "FieldValueNotSupported",
+            "FieldValueInvalid",
             path,
-            format!("Unsupported value: {}: supported values: {}", render(v), supported.join(", ")),
+            format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
         ));
     }
-    match v {
-        Value::Object(m) => {
-            let props = s.get("properties").and_then(Value::as_object);
-            let addl = s.get("additionalProperties");
-            let preserve = s.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
-            let embedded = s.get("x-kubernetes-embedded-resource").and_then(Value::as_bool) == Some(true);
-            let keys: Vec<String> = m.keys().cloned().collect();
-            for k in keys {
-                let child_path = format!("{path}.{k}");
-                let cs = props.and_then(|p| p.get(&k)).or_else(|| addl.filter(|a| a.is_object()));
-                match cs {
-                    Some(cs) => {
-                        if m.get(&k).is_some_and(Value::is_null) && cs.get("nullable").and_then(Value::as_bool) != Some(true) {
-                            m.remove(&k);
-                            continue;
-                        }
-                        if let Some(cv) = m.get_mut(&k) {
-                            walk(cv, cs, &child_path, out);
-                        }
-                    }
-                    None if preserve || addl.and_then(Value::as_bool) == Some(true) => {}
-                    None if embedded && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") => {}
-                    None => {
-                        m.remove(&k);
-                        out.unknown.push(child_path);
-                    }
-                }
-            }
-            if let Some(p) = props {
-                for (k, cs) in p {
-                    if m.contains_key(k) {
-                        continue;
-                    }
-                    if let Some(d) = cs.get("default") {
-                        let mut d = d.clone();
-                        walk(&mut d, cs, &format!("{path}.{k}"), out);
-                        m.insert(k.clone(), d);
-                    }
-                }
-            }
-            for r in s.get("required").and_then(Value::as_array).into_iter().flatten() {
-                if let Some(r) = r.as_str()
-                    && !m.contains_key(r)
-                {
-                    out.causes.push(Cause::new("FieldValueRequired", format!("{path}.{r}"), "Required value"));
-                }
-            }
-            if let Some(max) = s.get("maxProperties").and_then(Value::as_u64)
-                && m.len() as u64 > max
-            {
-                out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", m.len())));
-            }
+    list_duplicates(items, s, path, out);
+    if let Some(is) = s.get("items") {
+        for (i, item) in items.iter_mut().enumerate() {
+            walk(item, is, &format!("{path}[{i}]"), out);
         }
-        Value::Array(items) => {
-            if let Some(max) = s.get("maxItems").and_then(Value::as_u64)
-                && items.len() as u64 > max
-            {
-                out.causes.push(Cause::new("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", items.len())));
-            }
-            if let Some(min) = s.get("minItems").and_then(Value::as_u64)
-                && (items.len() as u64) < min
-            {
-                out.causes.push(Cause::new(
-                    "FieldValueInvalid",
-                    path,
-                    format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
-                ));
-            }
-            list_duplicates(items, s, path, out);
-            if let Some(is) = s.get("items") {
-                for (i, item) in items.iter_mut().enumerate() {
-                    walk(item, is, &format!("{path}[{i}]"), out);
-                }
-            }
-        }
-        Value::String(st) => {
-            let len = st.chars().count() as u64;
-            if let Some(max) = s.get("maxLength").and_then(Value::as_u64)
-                && len > max
-            {
-                out.causes.push(Cause::new("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
-            }
-            if let Some(min) = s.get("minLength").and_then(Value::as_u64)
-                && len < min
-            {
-                out.causes.push(Cause::new(
-                    "FieldValueInvalid",
-                    path,
-                    format!("Invalid value: {}: {path} in body should be at least {min} chars long", json_str(st)),
-                ));
-            }
-            if let Some(p) = s.get("pattern").and_then(Value::as_str)
-                && let Some(re) = regex_for(p)
-                && !re.is_match(st)
-            {
-                out.causes.push(Cause::new(
-                    "FieldValueInvalid",
-                    path,
-                    format!("Invalid value: {}: {path} in body should match '{p}'", json_str(st)),
-                ));
-            }
-        }
-        Value::Number(n) => {
-            let Some(x) = n.as_f64() else { return };
-            let excl_min = s.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
-            let excl_max = s.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
-            if let Some(min) = s.get("minimum").and_then(Value::as_f64)
-                && (x < min || (excl_min && x == min))
-            {
-                let rel = if excl_min { "greater than" } else { "greater than or equal to" };
-                out.causes.push(Cause::new(
-                    "FieldValueInvalid",
-                    path,
-                    format!("Invalid value: {n}: {path} in body should be {rel} {}", num(min)),
-                ));
-            }
-            if let Some(max) = s.get("maximum").and_then(Value::as_f64)
-                && (x > max || (excl_max && x == max))
-            {
-                let rel = if excl_max { "less than" } else { "less than or equal to" };
-                out.causes.push(Cause::new(
-                    "FieldValueInvalid",
-                    path,
-                    format!("Invalid value: {n}: {path} in body should be {rel} {}", num(max)),
-                ));
-            }
-        }
-        _ => {}
+    }
+}
+
+/// A string: length bounds and pattern.
+fn check_string(st: &str, s: &Value, path: &str, out: &mut Outcome) {
+    let len = st.chars().count() as u64;
+    if let Some(max) = s.get("maxLength").and_then(Value::as_u64)
+        && len > max
+    {
+        out.causes.push(Cause::new("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
+    }
+    if let Some(min) = s.get("minLength").and_then(Value::as_u64)
+        && len < min
+    {
+        out.causes.push(Cause::new(
+            "FieldValueInvalid",
+            path,
+            format!("Invalid value: {}: {path} in body should be at least {min} chars long", json_str(st)),
+        ));
+    }
+    if let Some(p) = s.get("pattern").and_then(Value::as_str)
+        && let Some(re) = regex_for(p)
+        && !re.is_match(st)
+    {
+        out.causes.push(Cause::new(
+            "FieldValueInvalid",
+            path,
+            format!("Invalid value: {}: {path} in body should match '{p}'", json_str(st)),
+        ));
+    }
+}
+
+/// A number: minimum and maximum (exclusive or not).
+fn check_number(n: &serde_json::Number, s: &Value, path: &str, out: &mut Outcome) {
+    let Some(x) = n.as_f64() else { return };
+    let excl_min = s.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
+    let excl_max = s.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
+    if let Some(min) = s.get("minimum").and_then(Value::as_f64)
+        && (x < min || (excl_min && x == min))
+    {
+        let rel = if excl_min { "greater than" } else { "greater than or equal to" };
+        out.causes.push(Cause::new("FieldValueInvalid", path, format!("Invalid value: {n}: {path} in body should be {rel} {}", num(min))));
+    }
+    if let Some(max) = s.get("maximum").and_then(Value::as_f64)
+        && (x > max || (excl_max && x == max))
+    {
+        let rel = if excl_max { "less than" } else { "less than or equal to" };
+        out.causes.push(Cause::new("FieldValueInvalid", path, format!("Invalid value: {n}: {path} in body should be {rel} {}", num(max))));
     }
 }
 

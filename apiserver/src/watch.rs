@@ -184,85 +184,21 @@ pub fn start(core: Arc<Core>, rt: Arc<ResourceType>, p: WatchParams) -> WatchStr
     WatchStream { rx, backlog }
 }
 
-// Over 80 lines on purpose: the watch loop (initial events, bookmarks, timeout, slow-reader
-// eviction, shutdown) as one select over its sources.
+/// The watch loop: the initial events, then a select over its sources — new revisions in the
+/// store, bookmarks, the timeout, shutdown and a reader gone away.
 async fn run(em: &mut Emitter, p: WatchParams) {
-    let storage = em.rt.storage.clone();
     let mut rv_rx = em.core.store.subscribe();
-    let requested: Option<u64> = p.resource_version.as_deref().filter(|s| !s.is_empty() && *s != "0").and_then(|s| s.parse().ok());
-    let bad_rv = p.resource_version.as_deref().is_some_and(|s| !s.is_empty() && s != "0" && s.parse::<u64>().is_err());
-    if bad_rv {
-        em.expired(p.resource_version.as_deref().unwrap_or_default()).await;
-        return;
-    }
-    let initial_state = requested.is_none() || p.send_initial_events;
-    let start: Result<(Vec<Arc<Entry>>, u64), u64> = {
-        let st = em.core.store.read();
-        match requested {
-            Some(r) if !p.send_initial_events && r < st.history_floor => Err(r),
-            _ if initial_state => {
-                let items =
-                    st.objects.get(storage.as_str()).map(|m| m.values().filter(|e| matches(&p, e)).cloned().collect()).unwrap_or_default();
-                Ok((items, st.rv))
-            }
-            _ => Ok((vec![], requested.unwrap_or(st.rv))),
-        }
-    };
-    let (initial, mut last) = match start {
-        Ok(x) => x,
-        Err(r) => {
-            em.expired(&r.to_string()).await;
-            return;
-        }
-    };
-    for e in &initial {
-        if !em.send("ADDED", e).await {
-            return;
-        }
-    }
-    drop(initial);
-    if p.send_initial_events && p.bookmarks && !em.bookmark(last, true).await {
-        return;
-    }
+    let Some(mut last) = initial_events(em, &p).await else { return };
     let deadline = p.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut next_bookmark = tokio::time::Instant::now() + BOOKMARK_INTERVAL;
     loop {
         // Replay everything after `last`.
-        let batch: Option<(Vec<Change>, u64)> = {
-            let st = em.core.store.read();
-            match st.events_after(last) {
-                None => None,
-                Some(it) => {
-                    let mut out = vec![];
-                    for ev in it {
-                        if &*ev.entry.key.storage == storage.as_str() {
-                            out.push((ev.kind, ev.entry.clone(), ev.prev.clone()));
-                        }
-                    }
-                    Some((out, st.rv))
-                }
-            }
-        };
-        let Some((events, head)) = batch else {
+        let Some((events, head)) = changes_after(em, last) else {
             em.expired(&last.to_string()).await;
             return;
         };
         for (kind, e, prev) in events {
-            let now_match = matches(&p, &e);
-            let was_match = prev.as_ref().is_some_and(|pe| matches(&p, pe));
-            let out_kind = match kind {
-                EventType::Deleted if now_match => Some("DELETED"),
-                EventType::Deleted => None,
-                EventType::Added if now_match => Some("ADDED"),
-                EventType::Added => None,
-                EventType::Modified => match (was_match || prev.is_none(), now_match) {
-                    (true, true) => Some("MODIFIED"),
-                    (false, true) => Some("ADDED"),
-                    (true, false) if prev.is_some() => Some("DELETED"),
-                    _ => None,
-                },
-            };
-            if let Some(k) = out_kind
+            if let Some(k) = event_type(&p, kind, &e, prev.as_deref())
                 && !em.send(k, &e).await
             {
                 return;
@@ -296,6 +232,79 @@ async fn run(em: &mut Emitter, p: WatchParams) {
             _ = em.core.shutdown.cancelled() => return,
             _ = em.tx.closed() => return,
         }
+    }
+}
+
+/// Where the watch starts: the current objects as ADDED events (when no revision was asked
+/// for, or with sendInitialEvents, then a bookmark saying so), else nothing from the requested
+/// revision. Returns the revision to replay after; None when the watch ended (a revision that
+/// is malformed or older than the history: 410 Expired; or the reader gone).
+async fn initial_events(em: &mut Emitter, p: &WatchParams) -> Option<u64> {
+    let storage = em.rt.storage.clone();
+    let requested: Option<u64> = p.resource_version.as_deref().filter(|s| !s.is_empty() && *s != "0").and_then(|s| s.parse().ok());
+    let bad_rv = p.resource_version.as_deref().is_some_and(|s| !s.is_empty() && s != "0" && s.parse::<u64>().is_err());
+    if bad_rv {
+        em.expired(p.resource_version.as_deref().unwrap_or_default()).await;
+        return None;
+    }
+    let initial_state = requested.is_none() || p.send_initial_events;
+    let start: Result<(Vec<Arc<Entry>>, u64), u64> = {
+        let st = em.core.store.read();
+        match requested {
+            Some(r) if !p.send_initial_events && r < st.history_floor => Err(r),
+            _ if initial_state => {
+                let items =
+                    st.objects.get(storage.as_str()).map(|m| m.values().filter(|e| matches(p, e)).cloned().collect()).unwrap_or_default();
+                Ok((items, st.rv))
+            }
+            _ => Ok((vec![], requested.unwrap_or(st.rv))),
+        }
+    };
+    let (initial, last) = match start {
+        Ok(x) => x,
+        Err(r) => {
+            em.expired(&r.to_string()).await;
+            return None;
+        }
+    };
+    for e in &initial {
+        if !em.send("ADDED", e).await {
+            return None;
+        }
+    }
+    drop(initial);
+    if p.send_initial_events && p.bookmarks && !em.bookmark(last, true).await {
+        return None;
+    }
+    Some(last)
+}
+
+/// The store's changes of this watch's resource after `last`, and the store's revision; None
+/// when `last` is older than the history kept (the watcher must re-list).
+fn changes_after(em: &Emitter, last: u64) -> Option<(Vec<Change>, u64)> {
+    let storage = em.rt.storage.as_str();
+    let st = em.core.store.read();
+    let it = st.events_after(last)?;
+    let out = it.filter(|ev| &*ev.entry.key.storage == storage).map(|ev| (ev.kind, ev.entry.clone(), ev.prev.clone())).collect();
+    Some((out, st.rv))
+}
+
+/// What a change is to this watcher, given its selectors: an object that starts matching is
+/// ADDED, one that stops matching DELETED; None when the watcher does not see it.
+fn event_type(p: &WatchParams, kind: EventType, e: &Entry, prev: Option<&Entry>) -> Option<&'static str> {
+    let now_match = matches(p, e);
+    let was_match = prev.is_some_and(|pe| matches(p, pe));
+    match kind {
+        EventType::Deleted if now_match => Some("DELETED"),
+        EventType::Deleted => None,
+        EventType::Added if now_match => Some("ADDED"),
+        EventType::Added => None,
+        EventType::Modified => match (was_match || prev.is_none(), now_match) {
+            (true, true) => Some("MODIFIED"),
+            (false, true) => Some("ADDED"),
+            (true, false) if prev.is_some() => Some("DELETED"),
+            _ => None,
+        },
     }
 }
 

@@ -3,6 +3,7 @@
 //! deploy/` with client-side validation against the served OpenAPI, `get` of every kind,
 //! `explain` through `$ref`s, strategic merge patch, strict validation, server-side apply
 //! twice, `/openapi/v2`.
+#![allow(clippy::too_many_lines, reason = "test scenarios read as one story, step by step")]
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! every upstream field label in list and watch (anything else a 400 naming it), the
 //! upstream Event table, the Event TTL, and the real kubectl: `describe` of every project
 //! kind shows its Events, `kubectl events --for`, `get events -w --field-selector`.
+#![allow(clippy::too_many_lines, reason = "test scenarios read as one story, step by step")]
 
 mod common;
 

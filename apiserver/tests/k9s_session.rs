@@ -33,6 +33,7 @@
 //! The SelfSubjectAccessReview answers are served by the authorization work (helper "auth")
 //! and the Event field selectors by the events work (helper "limits"); this test expects
 //! both.
+#![allow(clippy::too_many_lines, reason = "test scenarios read as one story, step by step")]
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! The real kubectl against the server: apply (client- and server-side), get with printer
 //! columns and categories, explain, patch, wait --for=condition, get -w, delete with
 //! finalizers, garbage collection, validation errors as kubectl prints them.
+#![allow(clippy::too_many_lines, reason = "test scenarios read as one story, step by step")]
 
 mod common;
 

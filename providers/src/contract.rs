@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{DeleteOutcome, ExecRequest, MachineState, Provider, ProviderError, ServerIdentity, ServerRequest};
+use crate::{
+    DeleteOutcome, ExecRequest, MachineState, Provider, ProviderError, ProviderId, ServerIdentity, ServerObservation, ServerRequest,
+};
 
 /// How to run the suite against one provider.
 #[derive(Clone, Debug)]
@@ -35,13 +37,21 @@ fn fail(step: &str, e: ProviderError) -> ContractViolation {
     ContractViolation(format!("{step}: {e}"))
 }
 
-/// Runs every check of the contract. Leaves no machine behind when it passes.
-// Over 80 lines on purpose: the contract is a script (plans, prices, create, get, idempotency,
-// delete) whose steps share one machine; read top to bottom it is the specification.
+/// Runs every check of the contract. Leaves no machine behind when it passes. Read top to
+/// bottom it is the specification: plans and prices, an idempotent create found by its tags,
+/// the machine running with an address, exec, delete until gone.
 pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), ContractViolation> {
-    // Plans: abstract names resolve, unknown names are invalid requests naming the plan.
-    // Prices: each abstract plan has a list price (never decreasing with size) or a reason
-    // naming what the price table lacks; never a made-up figure.
+    plans_and_prices(provider, opts).await?;
+    let (identity, first) = create_once(provider, opts).await?;
+    running_with_address(provider, &identity, &first.provider_id, opts.deadline).await?;
+    exec_echo(provider, &first.provider_id, opts.real_exec).await?;
+    delete_until_gone(provider, &identity, &first.provider_id, opts.deadline).await
+}
+
+/// Plans: abstract names resolve, unknown names are invalid requests naming the plan.
+/// Prices: each abstract plan has a list price (never decreasing with size) or a reason naming
+/// what the price table lacks; never a made-up figure. Credentials validate.
+async fn plans_and_prices(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), ContractViolation> {
     let mut last_monthly = 0;
     for plan in crate::plans::ABSTRACT_PLANS {
         let native = provider.resolve_plan(plan).map_err(|e| fail("resolve_plan", e))?;
@@ -59,7 +69,12 @@ pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), 
         other => return Err(ContractViolation(format!("unknown plan gave {other:?}"))),
     }
     provider.validate_credentials().await.map_err(|e| fail("validate_credentials", e))?;
+    Ok(())
+}
 
+/// Creates the suite's machine; a second ensure returns the same one; it carries the identity
+/// tags and is found and listed by them.
+async fn create_once(provider: &dyn Provider, opts: &ContractOptions) -> Result<(ServerIdentity, ServerObservation), ContractViolation> {
     let identity = ServerIdentity {
         uid: format!("{}-uid-0001", opts.run_id),
         namespace: opts.namespace.clone(),
@@ -88,15 +103,23 @@ pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), 
     check(found.as_ref().map(|o| &o.provider_id) == Some(&first.provider_id), "find_server finds it by tag")?;
     let listed = provider.list_servers(&identity.tags()).await.map_err(|e| fail("list_servers", e))?;
     check(listed.len() == 1, format!("exactly one machine with the identity tags, got {}", listed.len()))?;
+    Ok((identity, first))
+}
 
-    // It comes up, with an address.
+/// The machine comes up, with an address, and the batched survey sees it running.
+async fn running_with_address(
+    provider: &dyn Provider,
+    identity: &ServerIdentity,
+    id: &ProviderId,
+    deadline: Duration,
+) -> Result<(), ContractViolation> {
     let started = Instant::now();
     let running = loop {
-        let obs = provider.observe_server(&first.provider_id).await.map_err(|e| fail("observe_server", e))?;
+        let obs = provider.observe_server(id).await.map_err(|e| fail("observe_server", e))?;
         match obs {
             Some(o) if o.state == MachineState::Running && !o.addresses.is_empty() => break o,
-            _ if started.elapsed() > opts.deadline => {
-                return Err(ContractViolation(format!("machine not running with an address after {:?}", opts.deadline)));
+            _ if started.elapsed() > deadline => {
+                return Err(ContractViolation(format!("machine not running with an address after {:?}", deadline)));
             }
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
@@ -105,15 +128,18 @@ pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), 
     // The batched survey sees it, with the state observe_server reported.
     let surveyed = provider.survey(&identity.tags()).await.map_err(|e| fail("survey", e))?;
     check(
-        surveyed.iter().any(|m| m.provider_id == first.provider_id && m.state == MachineState::Running),
+        surveyed.iter().any(|m| m.provider_id == *id && m.state == MachineState::Running),
         format!("survey lists the running machine: {surveyed:?}"),
     )?;
+    Ok(())
+}
 
-    // exec
+/// `exec` of `echo`: exit code 0, and (for real) its output returned and streamed.
+async fn exec_echo(provider: &dyn Provider, id: &ProviderId, real_exec: bool) -> Result<(), ContractViolation> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let result = provider
         .exec(
-            &first.provider_id,
+            id,
             ExecRequest {
                 argv: vec!["echo".into(), "contract-hello".into()],
                 stdin: None,
@@ -126,7 +152,7 @@ pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), 
         .await
         .map_err(|e| fail("exec", e))?;
     check(result.exit_code == Some(0), format!("exec exit code 0, got {:?}", result.exit_code))?;
-    if opts.real_exec {
+    if real_exec {
         check(result.stdout.contains("contract-hello"), format!("exec stdout: {:?}", result.stdout))?;
         let mut streamed = Vec::new();
         while let Ok(line) = rx.try_recv() {
@@ -134,28 +160,36 @@ pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), 
         }
         check(streamed.iter().any(|l| l.contains("contract-hello")), format!("exec streams output: {streamed:?}"))?;
     }
+    Ok(())
+}
 
-    // Delete, until gone; deleting again is Gone.
+/// Delete, until gone; deleting again is Gone; nothing observes, surveys or finds it after.
+async fn delete_until_gone(
+    provider: &dyn Provider,
+    identity: &ServerIdentity,
+    id: &ProviderId,
+    deadline: Duration,
+) -> Result<(), ContractViolation> {
     let started = Instant::now();
     loop {
-        match provider.delete_server(&first.provider_id).await.map_err(|e| fail("delete_server", e))? {
+        match provider.delete_server(id).await.map_err(|e| fail("delete_server", e))? {
             DeleteOutcome::Gone => break,
-            DeleteOutcome::InProgress if started.elapsed() > opts.deadline => {
+            DeleteOutcome::InProgress if started.elapsed() > deadline => {
                 return Err(ContractViolation("machine still deleting after deadline".into()));
             }
             DeleteOutcome::InProgress => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
-    let again = provider.delete_server(&first.provider_id).await.map_err(|e| fail("delete again", e))?;
+    let again = provider.delete_server(id).await.map_err(|e| fail("delete again", e))?;
     check(again == DeleteOutcome::Gone, "deleting a deleted machine is Gone")?;
-    let after = provider.observe_server(&first.provider_id).await.map_err(|e| fail("observe after delete", e))?;
+    let after = provider.observe_server(id).await.map_err(|e| fail("observe after delete", e))?;
     check(after.as_ref().is_none_or(|o| o.state == MachineState::Terminated), format!("deleted machine observed as {after:?}"))?;
     let surveyed = provider.survey(&identity.tags()).await.map_err(|e| fail("survey after delete", e))?;
     check(
-        surveyed.iter().all(|m| m.provider_id != first.provider_id || m.state == MachineState::Terminated),
+        surveyed.iter().all(|m| m.provider_id != *id || m.state == MachineState::Terminated),
         format!("survey after delete: {surveyed:?}"),
     )?;
-    let left = provider.find_server(&identity).await.map_err(|e| fail("find after delete", e))?;
+    let left = provider.find_server(identity).await.map_err(|e| fail("find after delete", e))?;
     check(left.is_none(), format!("find_server after delete: {left:?}"))?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 //!
 //! Needs Docker and the node image `provisioning-node:latest` (`provisioning image build`,
 //! which scripts/test.sh runs first), and nu (scripts/setup.sh). It fails, never skips.
+#![allow(clippy::too_many_lines, reason = "test scenarios read as one story, step by step")]
 
 mod common;
 #[path = "common/lab.rs"]

@@ -9,6 +9,7 @@
 //! Needs Docker, the node image `provisioning-node:latest` and nu; it fails, never skips.
 //! The three groups run as separate tests (in parallel); within a group, the servers of
 //! one container install one after the other (one dpkg lock per machine).
+#![allow(clippy::too_many_lines, reason = "test scenarios read as one story, step by step")]
 
 mod common;
 #[path = "common/lab.rs"]

@@ -15,6 +15,7 @@
 //! - through sudo, stdin reaches the command, output streams, exit codes come back, and a
 //!   timeout kills the command's whole (root) process group;
 //! - no private key text in the log, any status or any event.
+#![allow(clippy::too_many_lines, reason = "end-to-end scenarios read as one story, step by step")]
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -20,6 +20,7 @@
 //!   changed instead of re-pinning; with the right key back the TaskServ is healthy again;
 //! - deleting the TaskServ runs its remove script over SSH; deleting the Servers leaves no
 //!   machine at moto; no private key text appears in the log, any status or any event.
+#![allow(clippy::too_many_lines, reason = "end-to-end scenarios read as one story, step by step")]
 
 use std::path::Path;
 use std::time::Duration;

@@ -5,6 +5,7 @@
 //! plan; a view-only ServiceAccount token sees no action buttons and its forged POST gets 403;
 //! a bad token, and a revoked one, get the sign-in page. Screenshots of the main pages go to
 //! target/console-screenshots/.
+#![allow(clippy::too_many_lines, reason = "end-to-end scenarios read as one story, step by step")]
 
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -13,6 +13,7 @@
 //! mounted read-only at its mountPath; the projected ServiceAccount token, ca.crt and namespace
 //! are files mounted at /var/run/secrets/kubernetes.io/serviceaccount; probes are HTTP GETs on
 //! the container's address.
+#![allow(clippy::too_many_lines, reason = "end-to-end scenarios read as one story, step by step")]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -10,6 +10,7 @@
 //! paused, plans the re-install on the new machine only afterwards) and is not carried out
 //! before redis runs there; a second member stopping meanwhile is new: it waits for its own
 //! approval, and the Cluster's message names it.
+#![allow(clippy::too_many_lines, reason = "end-to-end scenarios read as one story, step by step")]
 
 use std::time::Duration;
 

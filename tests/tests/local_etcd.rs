@@ -1,6 +1,7 @@
 //! The 3-member etcd cluster of `examples/local/etcd-cluster.yaml`, end to end: real
 //! `provisioning dev`, real kubectl, real Docker containers from the node image, real `nu`
 //! and real etcd. One test function: its phases share one (expensive) cluster.
+#![allow(clippy::too_many_lines, reason = "end-to-end scenarios read as one story, step by step")]
 
 use std::time::Duration;
 

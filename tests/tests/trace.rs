@@ -2,6 +2,7 @@
 //! Workspace, a Cluster, a Server and a TaskServ as a new user sees it; `-o json`; clear errors
 //! for what does not exist; `-w` redraws when the Cluster scales; and the k9s plugin's command,
 //! substituted as k9s would, runs.
+#![allow(clippy::too_many_lines, reason = "end-to-end scenarios read as one story, step by step")]
 
 use std::io::Read;
 use std::process::{Command, Stdio};

@@ -149,10 +149,9 @@ impl Core {
         Err(ApiError::conflict(&rt.group, &rt.plural, name))
     }
 
-    /// Shared tail of update and patch: status/spec separation, immutable metadata,
-    /// generation, validation, managedFields, finalizer-driven removal, no-op detection.
-    // Over 80 lines on purpose: the update tail in upstream's order (see the list above); its
-    // steps share the old/new pair and early exits. A candidate for splitting.
+    /// Shared tail of update and patch, in upstream's order: status/spec separation, immutable
+    /// metadata, finalizers, normalisation and validation, generation, managedFields, no-op
+    /// detection, finalizer-driven removal, store.
     async fn finish_update(
         &self,
         rt: &ResourceType,
@@ -166,110 +165,14 @@ impl Core {
         let name = cur.key.name.clone();
         Self::check_type(rt, &mut new)?;
         let mut warnings = vec![];
-        if status {
-            let mut merged = old.clone();
-            match new.get("status") {
-                Some(s) => merged["status"] = s.clone(),
-                None => {
-                    if let Some(m) = merged.as_object_mut() {
-                        m.remove("status");
-                    }
-                }
-            }
-            if applied {
-                merged["metadata"]["managedFields"] = new["metadata"]["managedFields"].clone();
-            }
-            new = merged;
-        } else if rt.has_status {
-            match old.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    if let Some(m) = new.as_object_mut() {
-                        m.remove("status");
-                    }
-                }
-            }
-        }
-        // Immutable and server-owned metadata.
-        {
-            let om = &old["metadata"];
-            let nm = new["metadata"].as_object_mut().ok_or_else(|| ApiError::bad_request("metadata must be an object"))?;
-            if let Some(bn) = nm.get("namespace").and_then(Value::as_str)
-                && rt.namespaced
-                && !bn.is_empty()
-                && Some(bn) != om["namespace"].as_str()
-            {
-                return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
-            }
-            for k in [
-                "name",
-                "namespace",
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-                "resourceVersion",
-            ] {
-                match om.get(k) {
-                    Some(v) if !v.is_null() => {
-                        nm.insert(k.into(), v.clone());
-                    }
-                    _ => {
-                        nm.remove(k);
-                    }
-                }
-            }
-            if !applied {
-                match om.get("managedFields") {
-                    Some(v) => nm.insert("managedFields".into(), v.clone()),
-                    None => nm.remove("managedFields"),
-                };
-            }
-            for k in ["labels", "annotations", "ownerReferences", "finalizers"] {
-                if nm.get(k).is_some_and(Value::is_null) {
-                    nm.remove(k);
-                }
-            }
-        }
-        if old["metadata"].get("deletionTimestamp").is_some() {
-            let of = strs(&old["metadata"]["finalizers"]);
-            let added = strs(&new["metadata"]["finalizers"]).into_iter().any(|f| !of.contains(&f));
-            if added {
-                return Err(ApiError::invalid(
-                    &rt.kind,
-                    &rt.group,
-                    &name,
-                    vec![Cause::new(
-                        "FieldValueForbidden",
-                        "metadata.finalizers",
-                        "Forbidden: no new finalizers can be added if the object is being deleted",
-                    )],
-                ));
-            }
-        }
+        separate_status(rt, &old, &mut new, status, applied);
+        keep_server_metadata(rt, &old, &mut new, applied)?;
+        refuse_new_finalizers_while_deleting(rt, &old, &new, &name)?;
         self.normalize(rt, &mut new, Some(&old))?;
-        if rt.storage == CRDS && status {
-            // The server owns CRD conditions; keep them established.
-        }
         Self::admit(rt, &new)?;
         let list_causes = self.validate_schema(rt, &mut new, opts, &mut warnings)?;
         Self::validate_rules(rt, &new, Some(&old), list_causes).await?;
-        // Generation moves when anything but metadata (and status, if separate) changes.
-        let strip = |v: &Value| -> Value {
-            let mut c = v.clone();
-            if let Some(m) = c.as_object_mut() {
-                m.remove("metadata");
-                if rt.has_status {
-                    m.remove("status");
-                }
-            }
-            c
-        };
-        if strip(&old) != strip(&new) {
-            let g = old["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
-            new["metadata"]["generation"] = json!(g);
-        }
+        bump_generation(rt, &old, &mut new);
         if !applied {
             let now = now_rfc3339();
             apply::record_update(
@@ -283,38 +186,160 @@ impl Core {
             );
         }
         // No-op writes keep the revision (controllers must not trigger themselves).
-        let without_times = |v: &Value| -> Value {
-            let mut c = v.clone();
-            if let Some(arr) = c["metadata"]["managedFields"].as_array_mut() {
-                for e in arr {
-                    if let Some(m) = e.as_object_mut() {
-                        m.remove("time");
-                    }
-                }
-            }
-            c
-        };
-        if without_times(&old) == without_times(&new) {
+        if without_managed_times(&old) == without_managed_times(&new) {
             return Ok(Written { output: Output::Stored(cur.clone()), warnings });
         }
-        let deleting = new["metadata"].get("deletionTimestamp").is_some_and(|v| !v.is_null());
-        let no_finalizers = strs(&new["metadata"]["finalizers"]).is_empty();
         if opts.dry_run {
             return Ok(Written { output: Output::Transient(new), warnings });
         }
+        self.store_update(rt, cur, new, &name).await.map(|output| Written { output, warnings })
+    }
+
+    /// Stores an updated object; one being deleted whose last finalizer just went is removed
+    /// instead (a Namespace waits for its finalizer controller).
+    async fn store_update(&self, rt: &ResourceType, cur: &Arc<Entry>, new: Value, name: &str) -> ApiResult<Output> {
+        let deleting = new["metadata"].get("deletionTimestamp").is_some_and(|v| !v.is_null());
+        let no_finalizers = strs(&new["metadata"]["finalizers"]).is_empty();
         let key = cur.key.clone();
         if deleting && no_finalizers && rt.storage != NAMESPACES {
-            let e = self.store.delete(key, Precondition::Revision(cur.rv)).await.map_err(|e| map_store(rt, &name, e))?;
+            let e = self.store.delete(key, Precondition::Revision(cur.rv)).await.map_err(|e| map_store(rt, name, e))?;
             self.gc_wakeup.notify_one();
             if rt.storage == CRDS {
                 self.after_crd_delete(&e).await;
             }
-            return Ok(Written { output: Output::Stored(e), warnings });
+            return Ok(Output::Stored(e));
         }
-        let entry = self.store.put(key, Precondition::Revision(cur.rv), new).await.map_err(|e| map_store(rt, &name, e))?;
+        let entry = self.store.put(key, Precondition::Revision(cur.rv), new).await.map_err(|e| map_store(rt, name, e))?;
         if rt.storage == CRDS {
             self.rebuild_registry().await;
         }
-        Ok(Written { output: Output::Stored(entry), warnings })
+        Ok(Output::Stored(entry))
     }
+}
+
+/// A status write takes only the status (and, applied, its managedFields) from `new`; a main
+/// write of a kind with a status subresource keeps the stored status.
+fn separate_status(rt: &ResourceType, old: &Value, new: &mut Value, status: bool, applied: bool) {
+    if status {
+        let mut merged = old.clone();
+        match new.get("status") {
+            Some(s) => merged["status"] = s.clone(),
+            None => {
+                if let Some(m) = merged.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+        if applied {
+            merged["metadata"]["managedFields"] = new["metadata"]["managedFields"].clone();
+        }
+        *new = merged;
+    } else if rt.has_status {
+        match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(m) = new.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+    }
+}
+
+/// Immutable and server-owned metadata come from the stored object; a namespace in the body
+/// must be the stored one; null maps and lists mean absent.
+fn keep_server_metadata(rt: &ResourceType, old: &Value, new: &mut Value, applied: bool) -> ApiResult<()> {
+    let om = &old["metadata"];
+    let nm = new["metadata"].as_object_mut().ok_or_else(|| ApiError::bad_request("metadata must be an object"))?;
+    if let Some(bn) = nm.get("namespace").and_then(Value::as_str)
+        && rt.namespaced
+        && !bn.is_empty()
+        && Some(bn) != om["namespace"].as_str()
+    {
+        return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+    }
+    for k in [
+        "name",
+        "namespace",
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+        "resourceVersion",
+    ] {
+        match om.get(k) {
+            Some(v) if !v.is_null() => {
+                nm.insert(k.into(), v.clone());
+            }
+            _ => {
+                nm.remove(k);
+            }
+        }
+    }
+    if !applied {
+        match om.get("managedFields") {
+            Some(v) => nm.insert("managedFields".into(), v.clone()),
+            None => nm.remove("managedFields"),
+        };
+    }
+    for k in ["labels", "annotations", "ownerReferences", "finalizers"] {
+        if nm.get(k).is_some_and(Value::is_null) {
+            nm.remove(k);
+        }
+    }
+    Ok(())
+}
+
+/// An object being deleted may lose finalizers but gain none (kube-apiserver's 422).
+fn refuse_new_finalizers_while_deleting(rt: &ResourceType, old: &Value, new: &Value, name: &str) -> ApiResult<()> {
+    if old["metadata"].get("deletionTimestamp").is_none() {
+        return Ok(());
+    }
+    let of = strs(&old["metadata"]["finalizers"]);
+    let added = strs(&new["metadata"]["finalizers"]).into_iter().any(|f| !of.contains(&f));
+    if !added {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        &rt.kind,
+        &rt.group,
+        name,
+        vec![Cause::new(
+            "FieldValueForbidden",
+            "metadata.finalizers",
+            "Forbidden: no new finalizers can be added if the object is being deleted",
+        )],
+    ))
+}
+
+/// Generation moves when anything but metadata (and status, if separate) changes.
+fn bump_generation(rt: &ResourceType, old: &Value, new: &mut Value) {
+    let strip = |v: &Value| -> Value {
+        let mut c = v.clone();
+        if let Some(m) = c.as_object_mut() {
+            m.remove("metadata");
+            if rt.has_status {
+                m.remove("status");
+            }
+        }
+        c
+    };
+    if strip(old) != strip(new) {
+        let g = old["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
+        new["metadata"]["generation"] = json!(g);
+    }
+}
+
+/// The object without managedFields times (a write that changes only those is a no-op).
+fn without_managed_times(v: &Value) -> Value {
+    let mut c = v.clone();
+    if let Some(arr) = c["metadata"]["managedFields"].as_array_mut() {
+        for e in arr {
+            if let Some(m) = e.as_object_mut() {
+                m.remove("time");
+            }
+        }
+    }
+    c
 }

@@ -30,6 +30,7 @@ pub mod validate;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -178,9 +179,9 @@ pub async fn run(
     surveyor.abort();
 }
 
-// Over 80 lines on purpose: one linear pipeline (dereference → validate → plan and approval
-// gates → act → spec changes → status)
-// whose early exits each record their step; split up, its order would be hard to follow.
+/// One linear pipeline: dereference → validate and gates ([`prepare`]) → plan and approval →
+/// act (and drift remediation, [`remediate_drift`]) → spec changes → host key → status
+/// ([`finish`]). Each early exit records its step.
 async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let refs = dereference::dereference(&server, namespace, ctx);
     if dereference::workspace_cache_behind(&server, &refs, ctx).await.at(Step::Dereference)? {
@@ -200,49 +201,9 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             now: Timestamp::now(),
         })
     };
-    // Validate (pure) — failures stall without any provider call.
-    let account = match validate::account(
-        &server.spec,
-        ws,
-        server.status.as_ref().filter(|s| s.provider_id.is_some()).and_then(|s| s.provider.as_deref()),
-    ) {
-        Ok(a) => a,
-        Err(invalid) => return stall(&server, Step::Validate, invalid.reason, invalid.message, base, ctx).await,
-    };
-    let provider = match ctx.provider_for(ws, &account).await {
-        Ok(p) => p,
-        Err(e) => return fail(&server, Step::Dereference, e, Some(account.name.clone()), base, ctx).await,
-    };
-    let valid = match validate::validate(&server.spec, ws, account, |plan| {
-        provider.resolve_plan(plan).map_err(|e| match e {
-            provisioning_providers::ProviderError::InvalidRequest(m) => m,
-            other => other.to_string(),
-        })
-    }) {
-        Ok(v) => v,
-        Err(invalid) => return stall(&server, Step::Validate, invalid.reason, invalid.message, base, ctx).await,
-    };
-    if let Err(invalid) = validate::within_limit(refs.rank, ws) {
-        return stall(&server, Step::Validate, invalid.reason, invalid.message, base, ctx).await;
-    }
-    // Cost, and the monthly budget before any machine is made (see budget).
-    let cost = match budget::gate(&server, ws, &valid, &provider, ctx).await {
-        Ok(cost) => cost,
-        Err((invalid, cost)) => {
-            let with_cost = |s, a, p, m| status::record_cost(base(s, a, p, m), &cost);
-            return stall(&server, Step::Validate, invalid.reason, invalid.message, with_cost, ctx).await;
-        }
-    };
-    // Dereference the Server's own SSH key (spec.sshKeySecretRef): a missing Secret or key
-    // stalls, naming both, before any machine is made with the wrong key.
-    let login_key = if ssh::uses_ssh(&valid.account) {
-        match ssh::server_key(&ctx.client, &server).await {
-            Ok(key) => key.map(|k| k.public),
-            Err(Error::Stalled { reason, message }) => return stall(&server, Step::Dereference, reason, message, base, ctx).await,
-            Err(e) => return fail(&server, Step::Dereference, e, Some(valid.account.name.clone()), base, ctx).await,
-        }
-    } else {
-        None
+    let Prepared { provider, valid, cost, login_key } = match prepare(&server, &refs, &base, ctx).await {
+        ControlFlow::Continue(prepared) => prepared,
+        ControlFlow::Break(result) => return result,
     };
     let approval = plan::approval(&server, ws.spec.approval);
     let step = plan::next_step(&server);
@@ -263,28 +224,13 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     // Drift: recorded (Drifted=True, one Warning per drift) before it is remediated.
     let (acted, drift) = match acted {
         act::Acted::Drifted(drift) => {
-            // Under Manual approval, remediation is a plan that waits like any other.
-            let stopped = drift.reason == drift::MACHINE_STOPPED;
-            let remedy = plan::drift_plan(&server, &drift.machine, stopped, &drift.message, &valid).plan;
-            if !spec::check(&server, approval, &remedy, ctx).await {
-                if drift::warning_due(&server, &drift) {
-                    ctx.publish(server.as_ref(), EventType::Warning, drift.reason, "Remediate", Some(drift.message.clone())).await;
+            let gates = Gates { approval, cost: &cost, login_key: login_key.as_deref(), ws, provider: &provider };
+            match remediate_drift(&server, drift, &valid, &gates, &base, ctx).await {
+                ControlFlow::Continue((acted, drift, remedy)) => {
+                    applied = Some(remedy);
+                    (acted, Some(drift))
                 }
-                let waiting = base(Some(spec::waiting_summary(&remedy)), None, None, Machine::Observed(drift.observation()));
-                let waiting = drift::record(waiting, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
-                return wait_for_approval(&server, waiting, &remedy, &cost, ctx).await;
-            }
-            applied = Some(remedy);
-            let machine = Machine::Observed(drift.observation());
-            let drifted = base(Some(Summary::progressing(drift.reason, drift.message.clone())), None, None, machine);
-            let drifted = drift::record(drifted, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
-            write_status(&server, drifted, ctx).await.at(Step::Status)?;
-            if drift::warning_due(&server, &drift) {
-                ctx.publish(server.as_ref(), EventType::Warning, drift.reason, "Remediate", Some(drift.message.clone())).await;
-            }
-            match act::remediate(&server, &drift, &valid, login_key.as_deref(), ws, &provider, ctx).await {
-                Ok(acted) => (acted, Some(drift)),
-                Err(e) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
+                ControlFlow::Break(result) => return result,
             }
         }
         acted => (acted, None),
@@ -316,32 +262,181 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
             Err(SpecError::Failed(e)) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
         };
     let applied = spec_applied.or(applied);
-    // The SSH host key: restored into the provider from status when it lost it (a new
-    // controller pod), recorded into status after the first contact. Never re-pinned.
-    let machine_id = match &machine {
-        Machine::Observed(obs) => Some(obs.provider_id.clone()),
-        _ => server.status.as_ref().and_then(|s| s.provider_id.clone()).map(ProviderId),
-    };
-    let host_key = match &machine_id {
-        Some(id) if ssh::uses_ssh(&valid.account) => {
-            // A generated key (the Server's own Secret) wins over status, which any status
-            // writer could have set.
-            let generated = match ssh::generated_host_key(&ctx.client, &server).await {
-                Ok(key) => key.map(|k| k.public),
-                Err(Error::Stalled { reason, message }) => return stall(&server, Step::Act, reason, message, base, ctx).await,
-                Err(e) => return fail(&server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await,
-            };
-            match act::host_key(&server, id, &provider, generated.as_deref()) {
-                Ok(key) => key,
-                Err(message) => return stall(&server, Step::Act, "HostKeyMismatch", message, base, ctx).await,
-            }
-        }
-        _ => None,
+    let host_key = match host_key(&server, &machine, &valid, &provider, &base, ctx).await {
+        ControlFlow::Continue(key) => key,
+        ControlFlow::Break(result) => return result,
     };
     let desired = status::record_host_key(
         base(None, Some(valid.account.name.clone()), Some(valid.resolved_plan.clone()), machine),
         host_key.as_deref(),
     );
+    finish(&server, desired, Outcome { valid: &valid, provider: &provider, cost, applied, drift }, ctx).await
+}
+
+/// What validation and the gates before any action established.
+struct Prepared {
+    provider: SharedProvider,
+    valid: validate::ValidServer,
+    cost: provisioning_crds::ServerCost,
+    login_key: Option<String>,
+}
+
+/// Validate (pure) → the account's provider → limits → cost and the monthly budget → the
+/// Server's own SSH key: a failure stalls (or fails) before any machine is made.
+async fn prepare<F>(server: &Server, refs: &dereference::Refs, base: &F, ctx: &Context) -> ControlFlow<Result<Action, Error>, Prepared>
+where
+    F: Fn(Option<Summary>, Option<String>, Option<String>, Machine) -> ServerStatus,
+{
+    let ws = &refs.workspace;
+    // Validate (pure) — failures stall without any provider call.
+    let account = match validate::account(
+        &server.spec,
+        ws,
+        server.status.as_ref().filter(|s| s.provider_id.is_some()).and_then(|s| s.provider.as_deref()),
+    ) {
+        Ok(a) => a,
+        Err(invalid) => return ControlFlow::Break(stall(server, Step::Validate, invalid.reason, invalid.message, base, ctx).await),
+    };
+    let provider = match ctx.provider_for(ws, &account).await {
+        Ok(p) => p,
+        Err(e) => return ControlFlow::Break(fail(server, Step::Dereference, e, Some(account.name.clone()), base, ctx).await),
+    };
+    let valid = match validate::validate(&server.spec, ws, account, |plan| {
+        provider.resolve_plan(plan).map_err(|e| match e {
+            provisioning_providers::ProviderError::InvalidRequest(m) => m,
+            other => other.to_string(),
+        })
+    }) {
+        Ok(v) => v,
+        Err(invalid) => return ControlFlow::Break(stall(server, Step::Validate, invalid.reason, invalid.message, base, ctx).await),
+    };
+    if let Err(invalid) = validate::within_limit(refs.rank, ws) {
+        return ControlFlow::Break(stall(server, Step::Validate, invalid.reason, invalid.message, base, ctx).await);
+    }
+    // Cost, and the monthly budget before any machine is made (see budget).
+    let cost = match budget::gate(server, ws, &valid, &provider, ctx).await {
+        Ok(cost) => cost,
+        Err((invalid, cost)) => {
+            let with_cost = |s, a, p, m| status::record_cost(base(s, a, p, m), &cost);
+            return ControlFlow::Break(stall(server, Step::Validate, invalid.reason, invalid.message, with_cost, ctx).await);
+        }
+    };
+    // Dereference the Server's own SSH key (spec.sshKeySecretRef): a missing Secret or key
+    // stalls, naming both, before any machine is made with the wrong key.
+    let login_key = if ssh::uses_ssh(&valid.account) {
+        match ssh::server_key(&ctx.client, server).await {
+            Ok(key) => key.map(|k| k.public),
+            Err(Error::Stalled { reason, message }) => {
+                return ControlFlow::Break(stall(server, Step::Dereference, reason, message, base, ctx).await);
+            }
+            Err(e) => return ControlFlow::Break(fail(server, Step::Dereference, e, Some(valid.account.name.clone()), base, ctx).await),
+        }
+    } else {
+        None
+    };
+    ControlFlow::Continue(Prepared { provider, valid, cost, login_key })
+}
+
+/// What acting on a machine needs besides the Server and its validated spec.
+struct Gates<'a> {
+    approval: provisioning_crds::Approval,
+    cost: &'a provisioning_crds::ServerCost,
+    login_key: Option<&'a str>,
+    ws: &'a crate::workspaces::EffectiveWorkspace,
+    provider: &'a SharedProvider,
+}
+
+/// A drifted machine: under Manual approval its remediation is a plan that waits like any
+/// other; otherwise the drift is written first (the checkpoint: Drifted=True is on record
+/// before the remediation starts), its Warning published, and the machine remediated.
+/// Continues with the result, the drift and the plan carried out.
+async fn remediate_drift<F>(
+    server: &Arc<Server>,
+    drift: drift::Drift,
+    valid: &validate::ValidServer,
+    gates: &Gates<'_>,
+    base: &F,
+    ctx: &Context,
+) -> ControlFlow<Result<Action, Error>, (act::Acted, drift::Drift, provisioning_crds::Plan)>
+where
+    F: Fn(Option<Summary>, Option<String>, Option<String>, Machine) -> ServerStatus,
+{
+    // Under Manual approval, remediation is a plan that waits like any other.
+    let stopped = drift.reason == drift::MACHINE_STOPPED;
+    let remedy = plan::drift_plan(server, &drift.machine, stopped, &drift.message, valid).plan;
+    if !spec::check(server, gates.approval, &remedy, ctx).await {
+        if drift::warning_due(server, &drift) {
+            ctx.publish(server.as_ref(), EventType::Warning, drift.reason, "Remediate", Some(drift.message.clone())).await;
+        }
+        let waiting = base(Some(spec::waiting_summary(&remedy)), None, None, Machine::Observed(drift.observation()));
+        let waiting = drift::record(waiting, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
+        return ControlFlow::Break(wait_for_approval(server, waiting, &remedy, gates.cost, ctx).await);
+    }
+    let machine = Machine::Observed(drift.observation());
+    let drifted = base(Some(Summary::progressing(drift.reason, drift.message.clone())), None, None, machine);
+    let drifted = drift::record(drifted, server.status.as_ref(), &drift::Found::Drifted(drift.clone()), Timestamp::now());
+    if let Err(e) = write_status(server, drifted, ctx).await.at(Step::Status) {
+        return ControlFlow::Break(Err(e));
+    }
+    if drift::warning_due(server, &drift) {
+        ctx.publish(server.as_ref(), EventType::Warning, drift.reason, "Remediate", Some(drift.message.clone())).await;
+    }
+    match act::remediate(server, &drift, valid, gates.login_key, gates.ws, gates.provider, ctx).await {
+        Ok(acted) => ControlFlow::Continue((acted, drift, remedy)),
+        Err(e) => ControlFlow::Break(fail(server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await),
+    }
+}
+
+/// The SSH host key: restored into the provider from status when it lost it (a new
+/// controller pod), recorded into status after the first contact. Never re-pinned.
+async fn host_key<F>(
+    server: &Server,
+    machine: &Machine,
+    valid: &validate::ValidServer,
+    provider: &SharedProvider,
+    base: &F,
+    ctx: &Context,
+) -> ControlFlow<Result<Action, Error>, Option<String>>
+where
+    F: Fn(Option<Summary>, Option<String>, Option<String>, Machine) -> ServerStatus,
+{
+    let machine_id = match machine {
+        Machine::Observed(obs) => Some(obs.provider_id.clone()),
+        _ => server.status.as_ref().and_then(|s| s.provider_id.clone()).map(ProviderId),
+    };
+    match &machine_id {
+        Some(id) if ssh::uses_ssh(&valid.account) => {
+            // A generated key (the Server's own Secret) wins over status, which any status
+            // writer could have set.
+            let generated = match ssh::generated_host_key(&ctx.client, server).await {
+                Ok(key) => key.map(|k| k.public),
+                Err(Error::Stalled { reason, message }) => {
+                    return ControlFlow::Break(stall(server, Step::Act, reason, message, base, ctx).await);
+                }
+                Err(e) => return ControlFlow::Break(fail(server, Step::Act, e, Some(valid.account.name.clone()), base, ctx).await),
+            };
+            match act::host_key(server, id, provider, generated.as_deref()) {
+                Ok(key) => ControlFlow::Continue(key),
+                Err(message) => ControlFlow::Break(stall(server, Step::Act, "HostKeyMismatch", message, base, ctx).await),
+            }
+        }
+        _ => ControlFlow::Continue(None),
+    }
+}
+
+/// What the reconcile carried out, for the final status.
+struct Outcome<'a> {
+    valid: &'a validate::ValidServer,
+    provider: &'a SharedProvider,
+    cost: provisioning_crds::ServerCost,
+    applied: Option<provisioning_crds::Plan>,
+    drift: Option<drift::Drift>,
+}
+
+/// The final status (cost of the machine as observed, what the spec would still change, a
+/// remediated drift), written once; then the create-pending guard goes and Ready is announced.
+async fn finish(server: &Server, desired: ServerStatus, done: Outcome<'_>, ctx: &Context) -> Result<Action, Error> {
+    let Outcome { valid, provider, cost, applied, drift } = done;
     // An adopted or observed machine may run another plan than the spec's: price that one.
     let cost = match desired.resolved_plan.as_deref() {
         Some(plan) if plan != valid.resolved_plan => crate::cost::server_cost(&provider.price(plan, &valid.zone)),
@@ -350,7 +445,7 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     let desired = status::record_cost(desired, &cost);
     let desired = status::record_machine_spec(desired, server.status.as_ref(), &valid.zone, &valid.image);
     // What the spec would still change (normally nothing, once carried out).
-    let remaining = server_plan(&server, &valid, Some(&desired), &provider);
+    let remaining = server_plan(server, valid, Some(&desired), provider);
     let desired = spec::record(desired, server.status.as_ref(), &remaining.plan, applied.as_ref(), Timestamp::now());
     let desired = match (drift, &desired.provider_id) {
         (Some(drift), Some(now_id)) => {
@@ -363,13 +458,13 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     let was_ready = server.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
     let message = conditions::find(&desired.conditions, condition::READY).map(|c| c.message.clone());
     let has_id = desired.provider_id.is_some();
-    write_status(&server, desired, ctx).await.at(Step::Status)?;
+    write_status(server, desired, ctx).await.at(Step::Status)?;
     if has_id && server.annotations().contains_key(ANNOTATION_CREATE_PENDING) {
         // The result is recorded: the guard can go.
-        ctx.set_annotation(server.as_ref(), ANNOTATION_CREATE_PENDING, None).await.at(Step::Status)?;
+        ctx.set_annotation(server, ANNOTATION_CREATE_PENDING, None).await.at(Step::Status)?;
     }
     if ready && !was_ready {
-        ctx.publish(server.as_ref(), EventType::Normal, "Ready", "Provision", message).await;
+        ctx.publish(server, EventType::Normal, "Ready", "Provision", message).await;
     }
     Ok(if ready { Action::requeue(crate::time::jittered(ctx.config.resync())) } else { Action::requeue(ctx.config.poll()) })
 }

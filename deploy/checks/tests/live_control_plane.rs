@@ -2,6 +2,7 @@
 //! writes: the embedded control plane and the controller run in this process, a Server on the
 //! simulated provider and a Server with a bad plan are applied, and every status version the
 //! API server stores is recorded and judged.
+#![allow(clippy::too_many_lines, reason = "test scenarios read as one story, step by step")]
 
 use std::time::Duration;
 
