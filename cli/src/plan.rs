@@ -258,7 +258,7 @@ async fn plan_one(
     // A TaskServ's runs wait under Manual approval (its own, else its Workspace's).
     let needs_approval = kind == "TaskServ" && !changes.is_empty() && {
         let own: Option<provisioning_crds::Approval> = serde_json::from_value(desired["approval"].clone()).ok().flatten();
-        let ws = provisioning_controller::workspaces::resolve(
+        let ws = provisioning_controller::effective_workspace::resolve(
             &namespace,
             workspaces.iter(),
             &provisioning_controller::config::default_workspace(),
@@ -282,8 +282,11 @@ fn changed_fields(before: &Value, after: &Value) -> Vec<String> {
 /// A Server's plan as its reconcile would compute it against the live status.
 fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], scratch: &Path) -> anyhow::Result<ObjectPlan> {
     let resource = plan::resource(server);
-    let ws =
-        provisioning_controller::workspaces::resolve(namespace, workspaces.iter(), &provisioning_controller::config::default_workspace());
+    let ws = provisioning_controller::effective_workspace::resolve(
+        namespace,
+        workspaces.iter(),
+        &provisioning_controller::config::default_workspace(),
+    );
     let made_with = server.status.as_ref().filter(|s| s.provider_id.is_some()).and_then(|s| s.provider.as_deref());
     let refused = |note: String| {
         let plan = Plan { summary: "refused".into(), ..Default::default() };
@@ -420,8 +423,11 @@ async fn cluster_plan(
             _ => {}
         }
     }
-    let ws =
-        provisioning_controller::workspaces::resolve(namespace, workspaces.iter(), &provisioning_controller::config::default_workspace());
+    let ws = provisioning_controller::effective_workspace::resolve(
+        namespace,
+        workspaces.iter(),
+        &provisioning_controller::config::default_workspace(),
+    );
     let manual = cluster.spec.approval.or(ws.spec.approval).unwrap_or_default() == provisioning_crds::Approval::Manual;
     Ok(ObjectPlan { resource, needs_approval: manual && plan.has_changes(), plan, note: notes.join("\n  ") })
 }

@@ -471,7 +471,7 @@ pub async fn fetch(client: &Client, root: &Root, namespace: &str) -> anyhow::Res
             .await
             .with_context(|| format!("reading Workspace {name}"))?
             .with_context(|| format!("Workspace {name:?} not found"))?;
-        ns = provisioning_controller::workspaces::claimed_namespace(&ws);
+        ns = provisioning_controller::effective_workspace::claimed_namespace(&ws);
         objs.workspace = Some(serde_json::to_value(ws)?);
     }
     objs.namespace = ns.clone();

@@ -34,11 +34,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::accounts::{AccountChecks, ProviderRegistry};
 use crate::config::ControllerConfig;
+use crate::effective_workspace::{self, EffectiveWorkspace};
 use crate::error::{Backoffs, Error};
 use crate::history::ChangeHistory;
 use crate::host::HostPaths;
 use crate::metrics::Metrics;
-use crate::workspaces::{self, EffectiveWorkspace};
 
 /// Field manager of every write the controller makes.
 pub const FIELD_MANAGER: &str = "provisioning-controller";
@@ -135,7 +135,7 @@ impl Context {
     /// The effective workspace of a namespace (from the Workspace cache).
     pub fn workspace_for(&self, namespace: &str) -> EffectiveWorkspace {
         let all = self.stores.workspaces.state();
-        workspaces::resolve(namespace, all.iter(), &self.config.default_workspace)
+        effective_workspace::resolve(namespace, all.iter(), &self.config.default_workspace)
     }
 
     /// The provider of `account` in `ws`, built with its credentials.

@@ -13,7 +13,8 @@
 //!   and `step()` (the pipeline step that failed), and the per-object jittered backoff;
 //! - [`sync`]: the tracked watch caches and the gate that waits for all of them;
 //! - [`time`]: whole-second timestamps and jittered requeues;
-//! - [`workspaces`]: namespace → effective workspace (or controller defaults);
+//! - [`effective_workspace`]: namespace → its effective workspace (or the controller's
+//!   defaults); the Workspace reconciler itself is [`workspace`];
 //! - [`accounts`]: provider accounts → cached provider instances (credentials, tenancy and
 //!   endpoint rules, provider config); [`host`]: the `nu` binary and catalog on this host,
 //!   resolved once at start-up;
@@ -37,6 +38,7 @@ pub mod conditions;
 pub mod config;
 pub mod context;
 pub mod cost;
+pub mod effective_workspace;
 pub mod error;
 pub mod events;
 pub mod history;
@@ -54,7 +56,6 @@ pub mod taskserv;
 pub mod testing;
 pub mod time;
 pub mod workspace;
-pub mod workspaces;
 
 pub use context::Context;
 pub use error::Error;

@@ -21,8 +21,8 @@ use kube::{Api, Client};
 use provisioning_crds::Workspace;
 use tokio::task::JoinHandle;
 
+use crate::effective_workspace::claimed_namespace;
 use crate::permissions::may_watch_secrets_in;
-use crate::workspaces::claimed_namespace;
 
 /// How often the supervisor looks at the Workspace cache.
 const POLL: Duration = Duration::from_secs(1);

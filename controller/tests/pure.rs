@@ -4,11 +4,11 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use provisioning_controller::conditions::{self, Summary};
+use provisioning_controller::effective_workspace;
 use provisioning_controller::server::plan::{CleanupStep, Step, cleanup_step, next_step};
 use provisioning_controller::server::status::{Machine, StatusInput, desired};
 use provisioning_controller::server::validate;
 use provisioning_controller::workspace::status::{self as ws_status, AccountCheck};
-use provisioning_controller::workspaces;
 use provisioning_crds::{Server, Workspace};
 use provisioning_providers::{Address, MachineState, Provider, ProviderId, ServerObservation};
 
@@ -26,8 +26,8 @@ fn server(name: &str) -> Server {
     servers().into_iter().find(|s| s.metadata.name.as_deref() == Some(name)).expect("fixture server")
 }
 
-fn effective() -> workspaces::EffectiveWorkspace {
-    workspaces::resolve("dev", [&workspace("workspace-dev")], &provisioning_controller::config::default_workspace())
+fn effective() -> effective_workspace::EffectiveWorkspace {
+    effective_workspace::resolve("dev", [&workspace("workspace-dev")], &provisioning_controller::config::default_workspace())
 }
 
 fn sim_plans() -> impl Fn(&str) -> Result<String, String> {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use provisioning_crds::{ProviderAccount, ProviderType};
 use provisioning_providers::{Credentials, ProviderConfig, SimulationConfig, SshAsset, SshSettings};
 
+use crate::effective_workspace::EffectiveWorkspace;
 use crate::host::HostPaths;
-use crate::workspaces::EffectiveWorkspace;
 
 /// Where `nu` goes on machines without `ssh.remoteDir` (the local containers' layout).
 pub const DEFAULT_REMOTE_NU: &str = "/usr/local/bin/nu";

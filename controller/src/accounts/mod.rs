@@ -28,9 +28,9 @@ pub use self::build::{
     DEFAULT_REMOTE_CATALOG, DEFAULT_REMOTE_NU, account_state_dir, provider_config, remote_layout, ssh_settings, uses_ssh,
 };
 pub use self::rules::{AccountRefused, check_account, check_endpoint};
+use crate::effective_workspace::EffectiveWorkspace;
 use crate::error::Error;
 use crate::host::HostPaths;
-use crate::workspaces::EffectiveWorkspace;
 
 /// How long credentials read from a Secret are trusted before the Secret is read again.
 const CREDENTIALS_TTL: Duration = Duration::from_secs(60);

@@ -9,8 +9,8 @@ use provisioning_providers::{DeleteOutcome, MachineState, ProviderId, ServerIden
 use super::plan::{CleanupStep, Step};
 use super::validate::ValidServer;
 use crate::context::Context;
+use crate::effective_workspace::EffectiveWorkspace;
 use crate::error::Error;
-use crate::workspaces::EffectiveWorkspace;
 
 /// What acting found out.
 #[derive(Clone, Debug)]

@@ -20,7 +20,7 @@ use super::dereference::has_machine;
 use super::validate::{Invalid, ValidServer};
 use crate::context::Context;
 use crate::cost;
-use crate::workspaces::EffectiveWorkspace;
+use crate::effective_workspace::EffectiveWorkspace;
 
 /// Condition reason of a Server refused because of the budget.
 pub const BUDGET_EXCEEDED: &str = "BudgetExceeded";

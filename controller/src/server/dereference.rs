@@ -5,7 +5,7 @@ use kube::api::{Api, ListParams};
 use provisioning_crds::{ANNOTATION_CREATE_PENDING, Server, Workspace};
 
 use crate::context::Context;
-use crate::workspaces::EffectiveWorkspace;
+use crate::effective_workspace::EffectiveWorkspace;
 
 /// What a Server's reconcile needs from elsewhere.
 #[derive(Clone, Debug)]
@@ -66,5 +66,5 @@ pub async fn workspace_cache_behind(server: &Server, refs: &Refs, ctx: &Context)
     }
     let live = Api::<Workspace>::all(ctx.client.clone()).list(&ListParams::default()).await?;
     let live: Vec<std::sync::Arc<Workspace>> = live.items.into_iter().map(std::sync::Arc::new).collect();
-    Ok(crate::workspaces::owner_of(&refs.workspace.namespace, live.iter()).is_some())
+    Ok(crate::effective_workspace::owner_of(&refs.workspace.namespace, live.iter()).is_some())
 }

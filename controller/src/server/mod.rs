@@ -162,7 +162,7 @@ pub async fn run(
             if !changed && !cost_changed {
                 return vec![];
             }
-            let namespace = crate::workspaces::claimed_namespace(&ws);
+            let namespace = crate::effective_workspace::claimed_namespace(&ws);
             server_store
                 .state()
                 .iter()
@@ -342,7 +342,7 @@ struct Gates<'a> {
     approval: provisioning_crds::Approval,
     cost: &'a provisioning_crds::ServerCost,
     login_key: Option<&'a str>,
-    ws: &'a crate::workspaces::EffectiveWorkspace,
+    ws: &'a crate::effective_workspace::EffectiveWorkspace,
     provider: &'a SharedProvider,
 }
 
@@ -544,7 +544,7 @@ async fn spec_change<F>(
     approval: provisioning_crds::Approval,
     machine: Machine,
     login_key: Option<&str>,
-    ws: &crate::workspaces::EffectiveWorkspace,
+    ws: &crate::effective_workspace::EffectiveWorkspace,
     provider: &SharedProvider,
     cost: &provisioning_crds::ServerCost,
     base: &F,

@@ -2,7 +2,7 @@
 
 use provisioning_crds::{ProviderAccount, ServerSpec};
 
-use crate::workspaces::EffectiveWorkspace;
+use crate::effective_workspace::EffectiveWorkspace;
 
 /// What a valid Server asks for, with workspace defaults filled in.
 #[derive(Clone, Debug, PartialEq)]

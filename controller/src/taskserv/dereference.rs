@@ -10,7 +10,7 @@ use provisioning_taskservs::{AddressInfo, ClusterInfo, PeerInfo, ServerInfo, Tas
 
 use super::plan::{PeerTaskServ, ServerFacts};
 use crate::conditions;
-use crate::workspaces::EffectiveWorkspace;
+use crate::effective_workspace::EffectiveWorkspace;
 
 /// Whether a Server can run scripts: Ready and with a provider id.
 pub fn server_ready(server: &Server) -> bool {

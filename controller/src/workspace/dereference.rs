@@ -7,8 +7,8 @@ use provisioning_crds::{Workspace, WorkspaceCounts};
 
 use super::status::AccountCheck;
 use crate::context::Context;
+use crate::effective_workspace::EffectiveWorkspace;
 use crate::error::ErrorClass;
-use crate::workspaces::EffectiveWorkspace;
 
 /// The effective settings of a Workspace that owns `namespace`.
 pub fn effective(ws: &Workspace, namespace: &str, ctx: &Context) -> EffectiveWorkspace {

@@ -122,7 +122,10 @@ pub async fn run(
     let ws_store = ctx.stores.workspaces.clone();
     let to_workspace = move |namespace: Option<String>| -> Vec<ObjectRef<Workspace>> {
         let Some(namespace) = namespace else { return vec![] };
-        crate::workspaces::owner_of(&namespace, ws_store.state().iter()).map(|ws| ObjectRef::from_obj(ws.as_ref())).into_iter().collect()
+        crate::effective_workspace::owner_of(&namespace, ws_store.state().iter())
+            .map(|ws| ObjectRef::from_obj(ws.as_ref()))
+            .into_iter()
+            .collect()
     };
     let (m1, m2, m3) = (to_workspace.clone(), to_workspace.clone(), to_workspace);
     let mut controller = controller

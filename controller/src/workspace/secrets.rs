@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use provisioning_crds::{ProviderAccount, Server, Workspace, condition};
 
-use crate::workspaces::{claimed_namespace, owner_of};
+use crate::effective_workspace::{claimed_namespace, owner_of};
 
 /// Whether one of `accounts`, used in `namespace`, takes its credentials from Secret
 /// `secret_namespace/secret_name` (a reference without a namespace means `namespace`).

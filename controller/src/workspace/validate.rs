@@ -5,7 +5,7 @@ use std::sync::Arc;
 use kube::ResourceExt;
 use provisioning_crds::Workspace;
 
-use crate::workspaces::{claimed_namespace, owner_of};
+use crate::effective_workspace::{claimed_namespace, owner_of};
 
 /// A namespace claimed by an older Workspace.
 #[derive(Clone, Debug, PartialEq, Eq)]
