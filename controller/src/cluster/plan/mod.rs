@@ -12,7 +12,7 @@
 //! [`plan`] runs named pure steps over typed states ([`StepState`], [`StepKind`], [`Phase`];
 //! the same strings on the wire as ever): [`steps`] plans the pools, the services, scale-down
 //! and the remediation of dead members; [`summary`] applies `failurePolicy` and derives
-//! conditions (through [`conditions::Summary`]), phase, events and requeue. [`plan_teardown`]
+//! conditions (through [`crate::conditions::Summary`]), phase, events and requeue. [`plan_teardown`]
 //! (in [`teardown`]) plans deletion.
 
 mod changes;

@@ -10,7 +10,7 @@
 //! [`plan`] runs named pure steps over typed states ([`ServerPhase`] per server, [`Phase`] for
 //! the object; the same strings on the wire as ever): [`record`] folds finished runs into
 //! status, [`servers`] decides the runs per selected server and drains deselected ones, and
-//! [`summary`] derives conditions (through [`conditions::Summary`]), phase, events and requeue.
+//! [`summary`] derives conditions (through [`crate::conditions::Summary`]), phase, events and requeue.
 //! [`plan_removal`] (in [`removal`]) plans deletion.
 
 mod changes;

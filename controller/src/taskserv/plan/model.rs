@@ -232,7 +232,7 @@ pub struct Plan {
     /// When to look again if nothing triggers earlier.
     pub requeue: Option<Duration>,
     /// The version the servers converge to (the last good one during a rollback), for
-    /// [`taskserv_plan`]; `None` when the spec is invalid or the TaskServ is being removed.
+    /// [`super::taskserv_plan`]; `None` when the spec is invalid or the TaskServ is being removed.
     pub version: Option<String>,
 }
 
