@@ -91,6 +91,34 @@ impl World {
         plan::plan(&self.observed())
     }
 
+    /// One reconcile pass: plan, then commit what it says.
+    fn pass(&mut self) -> Plan {
+        let plan = self.plan();
+        self.commit(&plan);
+        plan
+    }
+
+    /// `yaml`'s first pass committed and its Servers ready; returns the world and the next
+    /// plan (not committed), the one that starts the TaskServs.
+    fn with_servers_up(yaml: &str) -> (World, Plan) {
+        let mut w = World::new(yaml);
+        w.pass();
+        w.servers_ready();
+        let next = w.plan();
+        (w, next)
+    }
+
+    /// `status.plan` of the Cluster as it stands (services must be valid).
+    fn cluster_plan(&self) -> provisioning_crds::Plan {
+        plan::cluster_plan(&self.observed(), "dev", self.services.as_ref().expect("valid"))
+    }
+
+    /// The Manual approval decision for `shown` under the annotation `annotation`.
+    fn decide(&self, annotation: &str, shown: &provisioning_crds::Plan) -> approval::Decision {
+        let o = self.observed();
+        approval::decide(Approval::Manual, Some(annotation), shown, &self.status, &approval::members(&o, "dev"))
+    }
+
     /// Writes the plan's status and performs its applies and deletes (children start not ready).
     fn commit(&mut self, plan: &Plan) {
         self.status = plan.status.clone();
@@ -193,6 +221,26 @@ fn taskserv_child(ts: &TaskServ) -> ChildTaskServ {
     }
 }
 
+/// One planned change, as a member's own plan lists it.
+fn change(resource: String, field: &str, action: ChangeAction, from: &str, to: &str, reason: &str) -> provisioning_crds::PlannedChange {
+    provisioning_crds::PlannedChange { resource, field: field.into(), action, from: from.into(), to: to.into(), reason: reason.into() }
+}
+
+/// A member's pending plan with one change.
+fn pending(id: &str, summary: &str, change: provisioning_crds::PlannedChange) -> provisioning_crds::Plan {
+    provisioning_crds::Plan { id: id.into(), summary: summary.into(), changes: vec![change], ..Default::default() }
+}
+
+/// The etcd-store TaskServ a plan applies.
+fn store_in(plan: &Plan) -> &TaskServ {
+    plan.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).expect("TaskServ etcd-store applied")
+}
+
+/// Names of the TaskServs a plan applies.
+fn applied_taskservs(plan: &Plan) -> Vec<String> {
+    plan.apply_taskservs.iter().filter_map(|t| t.metadata.name.clone()).collect()
+}
+
 fn cond<'a>(status: &'a ClusterStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
     let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("condition {type_} missing"));
     (c.status.as_str(), c.reason.as_str(), c.message.as_str())
@@ -206,8 +254,7 @@ fn step<'a>(status: &'a ClusterStatus, id: &str) -> &'a provisioning_crds::Clust
 fn pools_become_owned_labelled_servers() {
     let w = World::new(ETCD);
     let plan = w.plan();
-    let names: Vec<String> = plan.apply_servers.iter().filter_map(|s| s.metadata.name.clone()).collect();
-    assert_eq!(names, ["etcd-members-0", "etcd-members-1", "etcd-members-2"]);
+    assert_eq!(World::applied(&plan), ["etcd-members-0", "etcd-members-1", "etcd-members-2"]);
     let s = &plan.apply_servers[0];
     let labels = s.metadata.labels.clone().unwrap_or_default();
     assert_eq!(labels.get("provisioning.dev/cluster").map(String::as_str), Some("etcd"));
@@ -228,11 +275,7 @@ fn pools_become_owned_labelled_servers() {
 
 #[test]
 fn taskservs_follow_their_servers_with_the_right_spec() {
-    let mut w = World::new(ETCD);
-    let first = w.plan();
-    w.commit(&first);
-    w.servers_ready();
-    let second = w.plan();
+    let (_, second) = World::with_servers_up(ETCD);
     assert_eq!(step(&second.status, "servers/members").state, "Succeeded");
     assert_eq!(second.apply_taskservs.len(), 1);
     let ts = &second.apply_taskservs[0];
@@ -268,8 +311,7 @@ fn converges_to_ready_and_a_resync_writes_nothing() {
 #[test]
 fn step_times_are_kept_across_passes() {
     let mut w = World::new(ETCD);
-    let first = w.plan();
-    w.commit(&first);
+    w.pass();
     let started = step(&w.status, "servers/members").started_at.clone();
     assert_eq!(started.as_deref(), Some("2025-01-01T00:00:00Z"));
     w.now = t("2025-01-01T00:00:30Z");
@@ -296,15 +338,12 @@ spec:
   parallelLimit: 2
 "#,
     );
-    let first = w.plan();
-    assert_eq!(first.apply_servers.len(), 2);
-    w.commit(&first);
+    assert_eq!(w.pass().apply_servers.len(), 2);
     // Still two in flight: nothing more.
     assert!(w.plan().apply_servers.is_empty());
     // One becomes ready: one more starts.
     w.servers[0].ready = true;
-    let next = w.plan();
-    assert_eq!(next.apply_servers.iter().filter_map(|s| s.metadata.name.clone()).collect::<Vec<_>>(), ["wide-web-2"]);
+    assert_eq!(World::applied(&w.plan()), ["wide-web-2"]);
 }
 
 #[test]
@@ -320,18 +359,12 @@ fn dependency_closure_is_added_in_install_order() {
 
 #[test]
 fn taskservs_start_in_dependency_order() {
-    let mut w = World::new(K8S);
-    let first = w.plan();
-    w.commit(&first);
-    w.servers_ready();
-    let second = w.plan();
-    let created: Vec<String> = second.apply_taskservs.iter().filter_map(|t| t.metadata.name.clone()).collect();
-    assert_eq!(created, ["k8s-runtime"], "orchestrator waits for runtime");
+    let (mut w, second) = World::with_servers_up(K8S);
+    assert_eq!(applied_taskservs(&second), ["k8s-runtime"], "orchestrator waits for runtime");
     w.commit(&second);
     w.taskserv_ready("k8s-runtime");
     let third = w.plan();
-    let created: Vec<String> = third.apply_taskservs.iter().filter_map(|t| t.metadata.name.clone()).collect();
-    assert_eq!(created, ["k8s-orchestrator"]);
+    assert_eq!(applied_taskservs(&third), ["k8s-orchestrator"]);
     assert_eq!(third.apply_taskservs[0].spec.depends_on, ["k8s-runtime"]);
     let ids: Vec<&str> = third.status.steps.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, ["servers/cp", "servers/workers", "taskserv/runtime", "taskserv/orchestrator"]);
@@ -366,10 +399,8 @@ fn scale_up_adds_members_and_joins_them() {
     w.cluster.metadata.generation = Some(2);
     w.cluster.spec.pools[0].replicas = 4;
     let plan = w.plan();
-    let new: Vec<String> = plan.apply_servers.iter().filter_map(|s| s.metadata.name.clone()).collect();
-    assert_eq!(new, ["etcd-members-3"]);
-    let ts = plan.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).expect("TaskServ updated");
-    assert_eq!(ts.spec.servers.names.len(), 4);
+    assert_eq!(World::applied(&plan), ["etcd-members-3"]);
+    assert_eq!(store_in(&plan).spec.servers.names.len(), 4);
     w.commit(&plan);
     w.converge();
     assert_eq!(w.status.servers.as_ref().map(|s| s.summary.as_str()), Some("4/4"));
@@ -383,8 +414,7 @@ fn scale_down_drains_before_deleting() {
     w.cluster.spec.pools[0].replicas = 2;
     let plan = w.plan();
     // The TaskServ lets go of the member first; the Server stays while it is drained.
-    let ts = plan.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).expect("TaskServ updated");
-    assert_eq!(ts.spec.servers.names, ["etcd-members-0", "etcd-members-1"]);
+    assert_eq!(store_in(&plan).spec.servers.names, ["etcd-members-0", "etcd-members-1"]);
     assert!(plan.delete_servers.is_empty(), "not before remove.nu ran");
     assert_eq!(step(&plan.status, "teardown/server/etcd-members-2").message, "draining services from etcd-members-2");
     w.commit(&plan);
@@ -417,11 +447,7 @@ fn a_member_dying_regresses_the_step_and_recovers() {
 
 #[test]
 fn rollback_policy_removes_what_a_failed_rollout_added() {
-    let mut w = World::new(&ETCD.replace("taskservs:", "failurePolicy: Rollback\n  taskservs:"));
-    let first = w.plan();
-    w.commit(&first);
-    w.servers_ready();
-    let second = w.plan();
+    let (mut w, second) = World::with_servers_up(&ETCD.replace("taskservs:", "failurePolicy: Rollback\n  taskservs:"));
     w.commit(&second);
     w.taskservs[0].stalled = Some("invalid config for store".into());
     w.taskservs[0].servers_in_status = ["etcd-members-0".to_string()].into();
@@ -440,11 +466,7 @@ fn rollback_policy_removes_what_a_failed_rollout_added() {
 
 #[test]
 fn retain_policy_keeps_a_stalled_rollout_for_inspection() {
-    let mut w = World::new(ETCD);
-    let first = w.plan();
-    w.commit(&first);
-    w.servers_ready();
-    let second = w.plan();
+    let (mut w, second) = World::with_servers_up(ETCD);
     w.commit(&second);
     w.taskservs[0].stalled = Some("invalid config for store".into());
     let failed = w.plan();
@@ -504,9 +526,7 @@ fn a_member_whose_machine_died_is_replaced() {
     assert!(plan.events.iter().any(|e| e.warning && e.reason == "Remediating"));
     w.commit(&plan);
     // Gone: it comes back under the same name.
-    let next = w.plan();
-    assert_eq!(next.apply_servers.iter().filter_map(|s| s.metadata.name.clone()).collect::<Vec<_>>(), ["etcd-members-1"]);
-    w.commit(&next);
+    assert_eq!(World::applied(&w.pass()), ["etcd-members-1"]);
     w.converge();
     assert_eq!(w.status.phase.as_deref(), Some("Ready"));
 }
@@ -514,8 +534,7 @@ fn a_member_whose_machine_died_is_replaced() {
 #[test]
 fn a_member_stuck_starting_is_replaced_after_the_startup_timeout() {
     let mut w = World::new(ETCD);
-    let first = w.plan();
-    w.commit(&first);
+    w.pass();
     w.servers[0].ready = true;
     w.servers[1].ready = true;
     w.servers[2].pending_since = Some(t("2025-01-01T00:00:00Z"));
@@ -534,11 +553,7 @@ fn config_from_is_passed_through_to_the_taskserv_never_resolved() {
         "taskservs: [{service: store, config: {port: 2379}}]",
         "taskservs: [{service: store, config: {port: 2379}, configFrom: [{kind: Secret, name: creds, key: pw, targetPath: password}]}]",
     );
-    let mut w = World::new(&yaml);
-    let first = w.plan();
-    w.commit(&first);
-    w.servers_ready();
-    let second = w.plan();
+    let (w, second) = World::with_servers_up(&yaml);
     let ts = &second.apply_taskservs[0];
     assert_eq!(ts.spec.config, Some(serde_json::json!({"port": 2379})));
     assert_eq!(ts.spec.config_from, w.cluster.spec.taskservs[0].config_from);
@@ -551,50 +566,33 @@ fn config_from_is_passed_through_to_the_taskserv_never_resolved() {
 #[test]
 fn the_cluster_plan_lists_children_to_create_change_and_delete() {
     let mut w = World::new(ETCD);
-    let services = w.services.clone().expect("valid");
-    let fresh = plan::cluster_plan(&w.observed(), "dev", &services);
+    let fresh = w.cluster_plan();
     assert_eq!(fresh.summary, "4 to create", "3 Servers and the etcd TaskServ: {:#?}", fresh.changes);
     assert!(fresh.changes.iter().any(|c| c.resource == "TaskServ/dev/etcd-store" && c.action == provisioning_crds::ChangeAction::Create));
     w.converge();
-    let settled = plan::cluster_plan(&w.observed(), "dev", &services);
+    let settled = w.cluster_plan();
     assert_eq!((settled.summary.as_str(), settled.changes.len()), ("no changes", 0));
-    assert_eq!(settled.id, plan::cluster_plan(&w.observed(), "dev", &services).id, "stable id");
+    assert_eq!(settled.id, w.cluster_plan().id, "stable id");
     // A pool resized: each member Server's spec changes, and a member's own plan (a
     // Replace on a cloud) is part of the Cluster's plan.
     w.cluster.spec.pools[0].plan = "medium".into();
-    w.servers[0].pending_plan = Some(provisioning_crds::Plan {
-        id: "aaaaaaaaaa".into(),
-        summary: "1 to replace".into(),
-        changes: vec![provisioning_crds::PlannedChange {
-            resource: format!("Server/dev/{}", w.servers[0].name),
-            field: "spec.plan".into(),
-            action: provisioning_crds::ChangeAction::Replace,
-            from: "sim-1cpu-1gb".into(),
-            to: "sim-2cpu-4gb".into(),
-            reason: "resize needs a stop".into(),
-        }],
-        ..Default::default()
-    });
-    let resized = plan::cluster_plan(&w.observed(), "dev", &services);
+    let resize = change(
+        format!("Server/dev/{}", w.servers[0].name),
+        "spec.plan",
+        ChangeAction::Replace,
+        "sim-1cpu-1gb",
+        "sim-2cpu-4gb",
+        "resize needs a stop",
+    );
+    w.servers[0].pending_plan = Some(pending("aaaaaaaaaa", "1 to replace", resize));
+    let resized = w.cluster_plan();
     assert_eq!(resized.summary, "2 to update, 1 to replace", "{:#?}", resized.changes);
     assert_ne!(resized.id, settled.id);
     // A member TaskServ's own plan (a re-install per server) is part of it too, so the
     // Cluster's id covers what approving it approves.
     let ts = w.taskservs[0].name.clone();
-    w.taskservs[0].pending_plan = Some(provisioning_crds::Plan {
-        id: "bbbbbbbbbb".into(),
-        summary: "1 to update".into(),
-        changes: vec![provisioning_crds::PlannedChange {
-            resource: format!("TaskServ/dev/{ts} on {}", w.servers[0].name),
-            field: "version".into(),
-            action: provisioning_crds::ChangeAction::Update,
-            from: "3.5.0".into(),
-            to: "3.5.0".into(),
-            reason: "re-install (inputs changed, unhealthy or interrupted)".into(),
-        }],
-        ..Default::default()
-    });
-    let with_member = plan::cluster_plan(&w.observed(), "dev", &services);
+    w.taskservs[0].pending_plan = Some(pending("bbbbbbbbbb", "1 to update", run_on(&ts, &w.servers[0].name, "3.5.0", "3.5.0")));
+    let with_member = w.cluster_plan();
     assert!(with_member.changes.iter().any(|c| c.resource.starts_with(&format!("TaskServ/dev/{ts} on "))), "{:#?}", with_member.changes);
     assert_ne!(with_member.id, resized.id);
     w.taskservs[0].pending_plan = None;
@@ -604,8 +602,7 @@ fn the_cluster_plan_lists_children_to_create_change_and_delete() {
     w.cluster.spec.pools[0].replicas = 2;
     w.cluster.spec.taskservs[0].config = Some(serde_json::json!({"port": 23791}));
     let w2 = World { services: validate::validate("etcd", &w.cluster.spec, &catalog()), ..w };
-    let services = w2.services.clone().expect("valid");
-    let shrunk = plan::cluster_plan(&w2.observed(), "dev", &services);
+    let shrunk = w2.cluster_plan();
     assert!(
         shrunk.changes.iter().any(|c| c.action == provisioning_crds::ChangeAction::Delete && c.resource.ends_with("-2")),
         "{:#?}",
@@ -641,19 +638,15 @@ impl World {
     fn replacing(&mut self, name: &str) {
         let s = self.servers.iter_mut().find(|s| s.name == name).unwrap_or_else(|| panic!("no Server {name}"));
         s.ready = false;
-        s.pending_plan = Some(provisioning_crds::Plan {
-            id: format!("p-{name}"),
-            summary: "1 to replace".into(),
-            changes: vec![provisioning_crds::PlannedChange {
-                resource: format!("Server/dev/{name}"),
-                field: "spec.image".into(),
-                action: provisioning_crds::ChangeAction::Replace,
-                from: "debian-12".into(),
-                to: "debian-13".into(),
-                reason: "a new image needs a new machine".into(),
-            }],
-            ..Default::default()
-        });
+        let new_image = change(
+            format!("Server/dev/{name}"),
+            "spec.image",
+            ChangeAction::Replace,
+            "debian-12",
+            "debian-13",
+            "a new image needs a new machine",
+        );
+        s.pending_plan = Some(pending(&format!("p-{name}"), "1 to replace", new_image));
     }
 
     /// A Server's new machine is up and every service listing it serves there again.
@@ -716,8 +709,7 @@ fn a_pool_image_change_rolls_member_by_member_under_max_unavailable() {
     assert_eq!(World::applied(&p), ["etcd-members-2"]);
     w.commit(&p);
     w.back("etcd-members-2", "m2-new");
-    let p = w.plan();
-    w.commit(&p);
+    w.pass();
     assert_eq!(w.on_image("debian-13").len(), 3);
     assert_eq!(w.status.servers.as_ref().map(|s| s.updated.as_str()), Some("3/3"));
     assert_eq!(step(&w.status, "servers/members").state, "Succeeded");
@@ -729,8 +721,7 @@ fn a_member_that_fails_holds_the_rolling_update() {
     let mut w = rolling(1, 0);
     w.converge();
     w.change_image("debian-13");
-    let p = w.plan();
-    w.commit(&p);
+    w.pass();
     w.replacing("etcd-members-0");
     w.servers[0].stalled = Some("UpdateRefused: updatePolicy Never".into());
     let p = w.plan();
@@ -762,10 +753,10 @@ fn max_surge_brings_up_new_servers_first_and_removes_them_at_the_end() {
     let labels = surge.metadata.labels.clone().unwrap_or_default();
     assert_eq!(labels.get("provisioning.dev/surge").map(String::as_str), Some("true"));
     assert_eq!(labels.get("provisioning.dev/pool").map(String::as_str), Some("members"));
-    let ts = p.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).expect("services follow");
+    let ts = store_in(&p);
     assert!(ts.spec.servers.names.contains(&"etcd-members-surge-0".to_string()), "{:?}", ts.spec.servers.names);
     assert_eq!(p.status.servers.as_ref().map(|s| s.desired), Some(3), "surge Servers are not members");
-    let changes = plan::cluster_plan(&w.observed(), "dev", w.services.as_ref().expect("valid"));
+    let changes = w.cluster_plan();
     assert!(
         changes.changes.iter().any(|c| c.resource.ends_with("surge-0")
             && c.action == provisioning_crds::ChangeAction::Create
@@ -785,8 +776,7 @@ fn max_surge_brings_up_new_servers_first_and_removes_them_at_the_end() {
         w.back(member, &format!("{member}-new"));
     }
     // Every member updated: the surge Server leaves the services, is drained, then deleted.
-    let p = w.plan();
-    w.commit(&p);
+    w.pass();
     let ts = w.taskservs.iter().find(|t| t.name == "etcd-store").expect("TaskServ");
     assert!(!ts.spec.servers.names.iter().any(|n| n.contains("surge")), "{:?}", ts.spec.servers.names);
     w.taskservs[0].servers_in_status.remove("etcd-members-surge-0");
@@ -794,8 +784,7 @@ fn max_surge_brings_up_new_servers_first_and_removes_them_at_the_end() {
     assert_eq!(p.delete_servers, ["etcd-members-surge-0"]);
     w.commit(&p);
     w.taskserv_ready("etcd-store");
-    let p = w.plan();
-    w.commit(&p);
+    w.pass();
     assert_eq!(cond(&w.status, "Ready").0, "True", "{:#?}", w.status);
     assert_eq!(w.on_image("debian-13").len(), 3);
 }
@@ -814,12 +803,30 @@ fn a_rollout_that_could_never_update_is_refused() {
     assert!(err.message.contains("members-surge"), "{}", err.message);
 }
 
+/// The first pass after a pool's image changes takes as many members as its rollout allows.
 #[test]
-fn without_a_rollout_every_member_changes_at_once() {
-    let mut w = World::new(ETCD);
-    w.converge();
-    w.change_image("debian-13");
-    assert_eq!(World::applied(&w.plan()).len(), 3);
+fn an_image_change_first_takes_what_the_rollout_allows() {
+    struct Case {
+        name: &'static str,
+        /// `(maxUnavailable, maxSurge)`, or no rollout at all.
+        rollout: Option<(u32, u32)>,
+        first: &'static [&'static str],
+    }
+    let cases = [
+        Case { name: "no rollout: every member at once", rollout: None, first: &["etcd-members-0", "etcd-members-1", "etcd-members-2"] },
+        Case { name: "maxUnavailable 1: one member", rollout: Some((1, 0)), first: &["etcd-members-0"] },
+        Case { name: "maxUnavailable 2: two members", rollout: Some((2, 0)), first: &["etcd-members-0", "etcd-members-1"] },
+        Case { name: "maxSurge 1: the surge Server, no member", rollout: Some((0, 1)), first: &["etcd-members-surge-0"] },
+    ];
+    for case in cases {
+        let mut w = match case.rollout {
+            None => World::new(ETCD),
+            Some((max_unavailable, max_surge)) => rolling(max_unavailable, max_surge),
+        };
+        w.converge();
+        w.change_image("debian-13");
+        assert_eq!(World::applied(&w.plan()), case.first, "{}", case.name);
+    }
 }
 
 impl World {
@@ -890,7 +897,7 @@ fn under_failure_policy_rollback_surge_servers_leave_the_services_and_go() {
     // is drained, then deleted; the members stay on the old image.
     let store_before = w.taskservs.iter().find(|t| t.name == "etcd-store").expect("TaskServ").spec.clone();
     let p = w.plan();
-    let ts = p.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).expect("the surge leaves the service");
+    let ts = store_in(&p);
     assert!(!ts.spec.servers.names.iter().any(|n| n.contains("surge")), "{:?}", ts.spec.servers.names);
     let mut same = ts.spec.clone();
     same.servers.names = store_before.servers.names.clone();
@@ -912,11 +919,9 @@ fn under_failure_policy_rollback_surge_servers_leave_the_services_and_go() {
 /// approval (the annotation naming `annotation`), held deletes, then the status written with
 /// the plan shown and the approval in force.
 fn manual_pass(w: &mut World, annotation: &str) -> (provisioning_crds::Plan, approval::Decision) {
-    let services = w.services.clone().expect("valid");
-    let o = w.observed();
-    let mut pass = plan::plan(&o);
-    let shown = plan::cluster_plan(&o, "dev", &services);
-    let decision = approval::decide(Approval::Manual, Some(annotation), &shown, &w.status, &approval::members(&o, "dev"));
+    let mut pass = w.plan();
+    let shown = w.cluster_plan();
+    let decision = w.decide(annotation, &shown);
     approval::hold_deletes(&decision, "dev", &shown, &mut pass);
     w.commit(&pass);
     w.status.plan = Some(shown.clone());
@@ -931,14 +936,21 @@ fn own_plan(id: &str, changes: Vec<provisioning_crds::PlannedChange>) -> provisi
 
 /// A TaskServ's per-server run: `from` → `to` on `server` (an empty `from` is an install).
 fn run_on(ts: &str, server: &str, from: &str, to: &str) -> provisioning_crds::PlannedChange {
-    provisioning_crds::PlannedChange {
-        resource: format!("TaskServ/dev/{ts} on {server}"),
-        field: "version".into(),
-        action: if from.is_empty() { ChangeAction::Create } else { ChangeAction::Update },
-        from: from.into(),
-        to: to.into(),
-        reason: "re-install (inputs changed, unhealthy or interrupted)".into(),
+    let action = if from.is_empty() { ChangeAction::Create } else { ChangeAction::Update };
+    change(format!("TaskServ/dev/{ts} on {server}"), "version", action, from, to, "re-install (inputs changed, unhealthy or interrupted)")
+}
+
+/// Every member with an empty own plan and a machine `m<i>` it serves from.
+fn members_on_their_machines(w: &mut World) {
+    for (i, s) in w.servers.iter_mut().enumerate() {
+        s.pending_plan = Some(own_plan(&format!("s{i}"), vec![]));
+        s.provider_id = Some(format!("m{i}"));
     }
+    let names: Vec<String> = w.servers.iter().map(|s| s.name.clone()).collect();
+    for (i, n) in names.iter().enumerate() {
+        w.taskservs[0].serving.insert(n.clone(), Some(format!("m{i}")));
+    }
+    w.taskservs[0].pending_plan = Some(own_plan("t0", vec![]));
 }
 
 fn is_go(d: &approval::Decision) -> bool {
@@ -957,21 +969,12 @@ fn an_approved_replacement_covers_its_restatements_and_nothing_new() {
     let ts = w.taskservs[0].name.clone();
     let dead = w.servers[1].name.clone();
     let other = w.servers[2].name.clone();
-    for (i, s) in w.servers.iter_mut().enumerate() {
-        s.pending_plan = Some(own_plan(&format!("s{i}"), vec![]));
-        s.provider_id = Some(format!("m{i}"));
-    }
-    let names: Vec<String> = w.servers.iter().map(|s| s.name.clone()).collect();
-    for (i, n) in names.iter().enumerate() {
-        w.taskservs[0].serving.insert(n.clone(), Some(format!("m{i}")));
-    }
-    w.taskservs[0].pending_plan = Some(own_plan("t0", vec![]));
+    members_on_their_machines(&mut w);
 
     // The machine stops; the TaskServ has not looked yet. The user approves "1 to replace".
     w.servers[1].ready = false;
     w.servers[1].machine_failed = true;
-    let services = w.services.clone().expect("valid");
-    let replace = plan::cluster_plan(&w.observed(), "dev", &services);
+    let replace = w.cluster_plan();
     assert_eq!(replace.summary, "1 to replace", "{:#?}", replace.changes);
     let (_, d) = manual_pass(&mut w, &replace.id);
     assert!(is_go(&d), "{:?}", d.gate);
@@ -989,14 +992,7 @@ fn an_approved_replacement_covers_its_restatements_and_nothing_new() {
     assert_eq!(d.pass_down.iter().map(|p| (p.name.as_str(), p.id.as_str())).collect::<Vec<_>>(), [(ts.as_str(), "t1")]);
 
     // The replacement Server plans its machine: approved for it too.
-    let machine = provisioning_crds::PlannedChange {
-        resource: format!("Server/dev/{dead}"),
-        field: String::new(),
-        action: ChangeAction::Create,
-        from: String::new(),
-        to: "a sim-1cpu-1gb machine from debian-12".into(),
-        reason: String::new(),
-    };
+    let machine = change(format!("Server/dev/{dead}"), "", ChangeAction::Create, "", "a sim-1cpu-1gb machine from debian-12", "");
     let new = w.servers.iter_mut().find(|s| s.name == dead).expect("the replacement Server");
     new.pending_plan = Some(own_plan("s1-new", vec![machine]));
     let (_, d) = manual_pass(&mut w, &replace.id);
@@ -1025,7 +1021,7 @@ fn an_approved_replacement_covers_its_restatements_and_nothing_new() {
     assert_eq!(both.id, beyond.id);
     assert!(both.changes.iter().any(|c| c.resource == format!("Server/dev/{dead}") && c.action == ChangeAction::Replace));
     assert!(!w.servers.iter().any(|s| s.name == other), "its delete went ahead once approved");
-    let d = approval::decide(Approval::Manual, Some(&beyond.id), &restated, &w.status, &approval::members(&w.observed(), "dev"));
+    let d = w.decide(&beyond.id, &restated);
     assert!(is_go(&d), "the first approval's restatement is still covered: {:?}", d.gate);
 }
 
@@ -1037,32 +1033,23 @@ fn an_approved_replacement_covers_its_restatements_and_nothing_new() {
 fn an_approval_is_carried_out_only_once_every_member_serves_from_its_machine() {
     let mut w = World::new(ETCD);
     w.converge();
-    let services = w.services.clone().expect("valid");
     let names: Vec<String> = w.servers.iter().map(|s| s.name.clone()).collect();
-    for (i, s) in w.servers.iter_mut().enumerate() {
-        s.pending_plan = Some(own_plan(&format!("s{i}"), vec![]));
-        s.provider_id = Some(format!("m{i}"));
-    }
-    w.taskservs[0].pending_plan = Some(own_plan("t0", vec![]));
-    for (i, n) in names.iter().enumerate() {
-        w.taskservs[0].serving.insert(n.clone(), Some(format!("m{i}")));
-    }
-    let mut replace = plan::cluster_plan(&w.observed(), "dev", &services);
+    members_on_their_machines(&mut w);
+    let mut replace = w.cluster_plan();
     replace.id = "aaaaaaaaaa".into();
-    replace.changes = vec![provisioning_crds::PlannedChange {
-        resource: format!("Server/dev/{}", names[1]),
-        field: String::new(),
-        action: ChangeAction::Replace,
-        from: "machine stopped".into(),
-        to: "a new Server and machine".into(),
-        reason: "the machine stopped: the Cluster replaces the member".into(),
-    }];
+    replace.changes = vec![change(
+        format!("Server/dev/{}", names[1]),
+        "",
+        ChangeAction::Replace,
+        "machine stopped",
+        "a new Server and machine",
+        "the machine stopped: the Cluster replaces the member",
+    )];
     w.status.approved_plan = Some(replace);
     let decide = |w: &World| {
-        let o = w.observed();
-        let now = plan::cluster_plan(&o, "dev", &services);
+        let now = w.cluster_plan();
         assert_eq!(now.summary, "no changes", "{:#?}", now.changes);
-        approval::decide(Approval::Manual, Some("aaaaaaaaaa"), &now, &w.status, &approval::members(&o, "dev")).approved.expect("kept")
+        w.decide("aaaaaaaaaa", &now).approved.expect("kept")
     };
     // Member 1's Server is being deleted to be replaced; nothing else shows in the plan.
     w.servers[1].deleting = true;
@@ -1082,11 +1069,9 @@ fn an_approval_is_carried_out_only_once_every_member_serves_from_its_machine() {
     w.servers[2].deleting = true;
     w.taskservs[0].spec.servers.names.retain(|n| n != &names[2]);
     let w2 = World { services: validate::validate("etcd", &w.cluster.spec, &catalog()), ..w };
-    let o = w2.observed();
-    let services = w2.services.clone().expect("valid");
-    let now = plan::cluster_plan(&o, "dev", &services);
+    let now = w2.cluster_plan();
     assert_eq!(now.summary, "no changes", "{:#?}", now.changes);
-    let d = approval::decide(Approval::Manual, Some("aaaaaaaaaa"), &now, &w2.status, &approval::members(&o, "dev"));
+    let d = w2.decide("aaaaaaaaaa", &now);
     assert_eq!(d.approved.map(|p| p.changes.len()), Some(0));
 }
 
@@ -1101,25 +1086,23 @@ fn an_approval_of_the_plan_shown_covers_what_restates_it_since() {
     let dead = w.servers[1].name.clone();
     w.servers[1].ready = false;
     w.servers[1].machine_failed = true;
-    let services = w.services.clone().expect("valid");
-    let shown = plan::cluster_plan(&w.observed(), "dev", &services);
+    let shown = w.cluster_plan();
     w.status.plan = Some(shown.clone());
     w.taskservs[0].pending_plan = Some(own_plan("t1", vec![run_on(&ts, &dead, "3.5.0", "3.5.0")]));
-    let now = plan::cluster_plan(&w.observed(), "dev", &services);
+    let now = w.cluster_plan();
     assert_ne!(now.id, shown.id);
-    let members = approval::members(&w.observed(), "dev");
-    let d = approval::decide(Approval::Manual, Some(&shown.id), &now, &w.status, &members);
+    let d = w.decide(&shown.id, &now);
     assert!(is_go(&d), "{:?}", d.gate);
     assert_eq!(d.approved.as_ref().map(|p| p.id.as_str()), Some(shown.id.as_str()));
     // An upgrade there instead is not what was shown: it waits (not stale) and is named.
     w.taskservs[0].pending_plan = Some(own_plan("t2", vec![run_on(&ts, &dead, "3.5.0", "3.6.0")]));
-    let upgrade = plan::cluster_plan(&w.observed(), "dev", &services);
-    let d = approval::decide(Approval::Manual, Some(&shown.id), &upgrade, &w.status, &approval::members(&w.observed(), "dev"));
+    let upgrade = w.cluster_plan();
+    let d = w.decide(&shown.id, &upgrade);
     assert_eq!(d.gate, Gate::Wait);
     assert_eq!(d.beyond.len(), 1, "{:?}", d.beyond);
     // A spec change since: the approval of the old spec's plan is stale.
     w.cluster.metadata.generation = Some(2);
-    let respec = plan::cluster_plan(&w.observed(), "dev", &services);
-    let d = approval::decide(Approval::Manual, Some(&shown.id), &respec, &w.status, &approval::members(&w.observed(), "dev"));
+    let respec = w.cluster_plan();
+    let d = w.decide(&shown.id, &respec);
     assert_eq!(d.gate, Gate::Stale(shown.id.clone()));
 }

@@ -10,26 +10,116 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use provisioning_controller::testing::{self, TestEnv, condition, is_ready, server, simulated_workspace, wait_for};
-use provisioning_crds::{Server, Workspace};
+use provisioning_controller::testing::{self, ControllerHandle, TestEnv, condition, is_ready, server, simulated_workspace, wait_for};
+use provisioning_crds::{Server, Workspace, WorkspaceStatus};
 use provisioning_providers::{Provider, ServerIdentity, ServerRequest};
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
 async fn create_workspace(client: &Client, ws: &Workspace) -> anyhow::Result<()> {
-    Api::<Workspace>::all(client.clone()).create(&PostParams::default(), ws).await?;
-    let name = ws.name_any();
     let api = Api::<Workspace>::all(client.clone());
-    wait_for(&format!("workspace {name} Ready"), DEADLINE, || {
+    api.create(&PostParams::default(), ws).await?;
+    wait_workspace(&api, &ws.name_any(), "Ready", |st| workspace_is(&st, "Ready").then_some(())).await
+}
+
+/// Waits until `check` finds what it wants in Workspace `name`'s status.
+async fn wait_workspace<T>(
+    api: &Api<Workspace>,
+    name: &str,
+    what: &str,
+    check: impl Fn(WorkspaceStatus) -> Option<T>,
+) -> anyhow::Result<T> {
+    wait_for(&format!("workspace {name} {what}"), DEADLINE, || {
         let api = api.clone();
-        let name = name.clone();
-        async move {
-            let ws = api.get(&name).await.ok()?;
-            ws.status.as_ref().filter(|s| provisioning_controller::conditions::is_true(&s.conditions, "Ready")).map(|_| ())
-        }
+        let check = &check;
+        async move { check(api.get(name).await.ok()?.status?) }
     })
     .await
+}
+
+/// Whether a Workspace's condition `type_` is True.
+fn workspace_is(status: &WorkspaceStatus, type_: &str) -> bool {
+    provisioning_controller::conditions::is_true(&status.conditions, type_)
+}
+
+/// A Workspace `name` with one simulated account `sim` that requires `token`, read from the
+/// Secret `sim-creds` in its namespace.
+fn token_workspace(name: &str, token: &str) -> anyhow::Result<Workspace> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace",
+        "metadata": {"name": name},
+        "spec": {
+            "providers": [{"name": "sim", "type": "simulated",
+                           "simulation": {"requiredToken": token},
+                           "credentialsSecretRef": {"name": "sim-creds"}}],
+            "defaults": {"provider": "sim"}
+        }
+    }))?)
+}
+
+/// A Secret `namespace/name` with `string_data`.
+fn secret(namespace: &str, name: &str, string_data: serde_json::Value) -> anyhow::Result<Secret> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
+        "stringData": string_data
+    }))?)
+}
+
+async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
+    let namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
+    Ok(())
+}
+
+/// An environment with the controller running (default config) and a Ready simulated
+/// Workspace `namespace` (at most 10 servers); the Servers API of that namespace.
+async fn start_with_workspace(namespace: &str) -> anyhow::Result<(TestEnv, ControllerHandle, Api<Server>)> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    create_workspace(&env.client, &simulated_workspace(namespace, 0, 0, 10, 5)).await?;
+    let api = Api::namespaced(env.client.clone(), namespace);
+    Ok((env, controller, api))
+}
+
+async fn stop(env: TestEnv, controller: ControllerHandle) {
+    controller.stop().await;
+    env.shutdown().await;
+}
+
+/// Whether a Server's Stalled condition is True.
+fn stalled(s: &Server) -> bool {
+    condition(s, "Stalled").is_some_and(|c| c.0 == "True")
+}
+
+/// The Stalled condition's message of a Server (empty when there is none).
+fn stalled_message(s: &Server) -> String {
+    condition(s, "Stalled").map(|c| c.1).unwrap_or_default()
+}
+
+async fn wait_gone(api: &Api<Server>, name: &str) -> anyhow::Result<()> {
+    wait_for(&format!("{name} gone"), DEADLINE, || {
+        let api = api.clone();
+        async move { api.get_opt(name).await.ok().and_then(|o| o.is_none().then_some(())) }
+    })
+    .await
+}
+
+/// A request for a machine of Server `namespace/name` (uid `uid`), as the controller makes it.
+fn machine_request(uid: &str, namespace: &str, name: &str, plan: &str, adoptable: bool) -> ServerRequest {
+    ServerRequest {
+        identity: ServerIdentity { uid: uid.into(), namespace: namespace.into(), name: name.into(), cluster: None },
+        plan: plan.into(),
+        zone: String::new(),
+        image: "debian-12".into(),
+        ssh_public_key: None,
+        extra_tags: if adoptable {
+            [(provisioning_providers::tags::ADOPTABLE.to_string(), "true".to_string())].into()
+        } else {
+            Default::default()
+        },
+        host_key: None,
+    }
 }
 
 async fn wait_server(api: &Api<Server>, name: &str, what: &str, check: impl Fn(&Server) -> bool) -> anyhow::Result<Server> {
@@ -153,17 +243,13 @@ async fn server_becomes_ready_with_one_machine_and_resync_writes_nothing() -> an
     let list = events.list(&Default::default()).await?;
     assert!(list.items.iter().any(|e| e.reason.as_deref() == Some("Ready")), "Ready event recorded");
 
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_server_makes_no_provider_call_until_resumed() -> anyhow::Result<()> {
-    let env = TestEnv::start().await?;
-    let controller = env.start_controller(env.config());
-    create_workspace(&env.client, &simulated_workspace("paused", 0, 0, 10, 5)).await?;
-    let api: Api<Server> = Api::namespaced(env.client.clone(), "paused");
+    let (env, controller, api) = start_with_workspace("paused").await?;
     let mut s = server("paused", "p1", json!({}));
     s.metadata.annotations = Some([(provisioning_crds::ANNOTATION_PAUSED.to_string(), "true".to_string())].into());
     api.create(&PostParams::default(), &s).await?;
@@ -175,8 +261,7 @@ async fn paused_server_makes_no_provider_call_until_resumed() -> anyhow::Result<
     let ready = wait_server(&api, "p1", "Ready", is_ready).await?;
     assert_eq!(condition(&ready, "Paused").map(|c| c.0).as_deref(), Some("False"));
     assert_eq!(testing::machines_in(&env.simulated("sim")?, "paused").await?.len(), 1);
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }
 
@@ -191,35 +276,51 @@ async fn invalid_servers_stall_with_the_reason_and_no_provider_call() -> anyhow:
     let api: Api<Server> = Api::namespaced(env.client.clone(), "beta");
     api.create(&PostParams::default(), &server("beta", "first", json!({}))).await?;
     wait_server(&api, "first", "Ready", is_ready).await?;
-    api.create(&PostParams::default(), &server("beta", "unknown-provider", json!({"provider": "nope"}))).await?;
-    api.create(&PostParams::default(), &server("beta", "bad-plan", json!({"plan": "huge"}))).await?;
-    api.create(&PostParams::default(), &server("beta", "over-limit", json!({}))).await?;
-    let stalled = |s: &Server| condition(s, "Stalled").is_some_and(|c| c.0 == "True");
-    let s = wait_server(&api, "unknown-provider", "Stalled", stalled).await?;
-    assert_eq!(
-        condition(&s, "Stalled").map(|c| c.1).as_deref(),
-        Some("provider \"nope\" is not defined in workspace \"beta\" (accounts: sim)")
-    );
-    assert_eq!(condition(&s, "Ready").map(|c| c.0).as_deref(), Some("False"));
-    assert_eq!(s.status.as_ref().and_then(|st| st.phase.clone()).as_deref(), Some("Failed"));
-    let s = wait_server(&api, "bad-plan", "Stalled", stalled).await?;
-    assert_eq!(
-        condition(&s, "Stalled").map(|c| c.1).as_deref(),
-        Some("plan \"huge\" is not offered by the simulated provider (abstract plans: small, medium, large, xlarge)")
-    );
-    let s = wait_server(&api, "over-limit", "Stalled", stalled).await?;
-    let message = condition(&s, "Stalled").map(|c| c.1).unwrap_or_default();
-    assert!(message.contains("allows at most 1 servers (limits.maxServers)"), "{message}");
+    /// A Server that cannot be made, and the Stalled message that says why.
+    struct Case {
+        name: &'static str,
+        spec: serde_json::Value,
+        /// The whole message, or (`exact: false`) a part of it.
+        message: &'static str,
+        exact: bool,
+    }
+    let cases = [
+        Case {
+            name: "unknown-provider",
+            spec: json!({"provider": "nope"}),
+            message: "provider \"nope\" is not defined in workspace \"beta\" (accounts: sim)",
+            exact: true,
+        },
+        Case {
+            name: "bad-plan",
+            spec: json!({"plan": "huge"}),
+            message: "plan \"huge\" is not offered by the simulated provider (abstract plans: small, medium, large, xlarge)",
+            exact: true,
+        },
+        Case { name: "over-limit", spec: json!({}), message: "allows at most 1 servers (limits.maxServers)", exact: false },
+    ];
+    for case in &cases {
+        api.create(&PostParams::default(), &server("beta", case.name, case.spec.clone())).await?;
+    }
+    for Case { name, message, exact, .. } in &cases {
+        let s = wait_server(&api, name, "Stalled", stalled).await?;
+        let got = stalled_message(&s);
+        if *exact {
+            assert_eq!(got, *message, "{name}");
+        } else {
+            assert!(got.contains(message), "{name}: {got}");
+        }
+        assert_eq!(condition(&s, "Ready").map(|c| c.0).as_deref(), Some("False"), "{name}");
+        assert_eq!(s.status.as_ref().and_then(|st| st.phase.clone()).as_deref(), Some("Failed"), "{name}");
+    }
     assert_eq!(testing::machines_in(&env.simulated("sim")?, "beta").await?.len(), 1);
 
     // No retry storm: the stalled servers' status does not churn and few reconciles fail.
-    let rvs: Vec<String> = futures::future::try_join_all(["unknown-provider", "bad-plan", "over-limit"].map(|n| api.get(n)))
-        .await?
-        .iter()
-        .map(|s| s.resource_version().unwrap_or_default())
-        .collect();
+    let names = cases.map(|c| c.name);
+    let rvs: Vec<String> =
+        futures::future::try_join_all(names.map(|n| api.get(n))).await?.iter().map(|s| s.resource_version().unwrap_or_default()).collect();
     // Let the first rounds of backoff happen (trigger each once more via a no-op annotation).
-    for n in ["unknown-provider", "bad-plan", "over-limit"] {
+    for n in names {
         let patch = json!({"metadata": {"annotations": {provisioning_crds::ANNOTATION_RECONCILE_REQUESTED_AT: "1"}}});
         api.patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     }
@@ -232,23 +333,19 @@ async fn invalid_servers_stall_with_the_reason_and_no_provider_call() -> anyhow:
     let errors = metric(&text, "provisioning_reconcile_errors_total", &["kind=\"Server\""]);
     assert!(errors <= 12.0, "retry storm: {errors} failed reconciles\n{text}");
     assert_eq!(metric(&text, "provisioning_provider_call_duration_seconds_count", &["operation=\"ensure_server\""]), 1.0);
-    for (n, rv) in ["unknown-provider", "bad-plan", "over-limit"].iter().zip(rvs) {
+    for (n, rv) in names.iter().zip(rvs) {
         // Only our annotation patch changed the object; status was not rewritten.
         let now = api.get(n).await?;
-        assert_ne!(now.resource_version().unwrap_or_default(), rv);
-        assert!(condition(&now, "Stalled").is_some_and(|c| c.0 == "True"));
+        assert_ne!(now.resource_version().unwrap_or_default(), rv, "{n}");
+        assert!(stalled(&now), "{n}");
     }
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_honours_delete_and_orphan() -> anyhow::Result<()> {
-    let env = TestEnv::start().await?;
-    let controller = env.start_controller(env.config());
-    create_workspace(&env.client, &simulated_workspace("gamma", 0, 0, 10, 5)).await?;
-    let api: Api<Server> = Api::namespaced(env.client.clone(), "gamma");
+    let (env, controller, api) = start_with_workspace("gamma").await?;
     api.create(&PostParams::default(), &server("gamma", "deleted", json!({}))).await?;
     api.create(&PostParams::default(), &server("gamma", "orphaned", json!({"deletionPolicy": "Orphan"}))).await?;
     let deleted = wait_server(&api, "deleted", "Ready", is_ready).await?;
@@ -257,46 +354,25 @@ async fn deletion_honours_delete_and_orphan() -> anyhow::Result<()> {
     api.delete("deleted", &DeleteParams::default()).await?;
     api.delete("orphaned", &DeleteParams::default()).await?;
     for name in ["deleted", "orphaned"] {
-        let api = api.clone();
-        wait_for(&format!("{name} gone"), DEADLINE, || {
-            let api = api.clone();
-            async move { api.get_opt(name).await.ok().and_then(|o| o.is_none().then_some(())) }
-        })
-        .await?;
+        wait_gone(&api, name).await?;
     }
     let left = testing::machines_in(&env.simulated("sim")?, "gamma").await?;
     assert_eq!(left.len(), 1);
     assert_eq!(Some(left[0].provider_id.0.clone()), orphaned.status.and_then(|s| s.provider_id));
     assert_ne!(Some(left[0].provider_id.0.clone()), deleted.status.and_then(|s| s.provider_id));
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adopts_a_machine_by_external_id() -> anyhow::Result<()> {
-    let env = TestEnv::start().await?;
-    let controller = env.start_controller(env.config());
-    create_workspace(&env.client, &simulated_workspace("delta", 0, 0, 10, 5)).await?;
+    let (env, controller, api) = start_with_workspace("delta").await?;
     let provider = env.simulated("sim")?;
-    let machine = |uid: &str, adoptable: bool| ServerRequest {
-        identity: ServerIdentity { uid: uid.into(), namespace: "delta".into(), name: uid.into(), cluster: None },
-        plan: "medium".into(),
-        zone: String::new(),
-        image: "debian-12".into(),
-        ssh_public_key: None,
-        extra_tags: if adoptable {
-            [(provisioning_providers::tags::ADOPTABLE.to_string(), "true".to_string())].into()
-        } else {
-            Default::default()
-        },
-        host_key: None,
-    };
+    let machine = |uid: &str, adoptable: bool| machine_request(uid, "delta", uid, "medium", adoptable);
     // Made elsewhere; its owner marked it adoptable.
     let existing = provider.ensure_server(&machine("made-elsewhere", true)).await?;
     // Someone else's machine, not offered for adoption.
     let foreign = provider.ensure_server(&machine("someone-elses", false)).await?;
-    let api: Api<Server> = Api::namespaced(env.client.clone(), "delta");
     api.create(&PostParams::default(), &server("delta", "adopted", json!({"externalID": existing.provider_id.0}))).await?;
     api.create(&PostParams::default(), &server("delta", "missing", json!({"externalID": "simulated://no-such-machine"}))).await?;
     api.create(
@@ -307,12 +383,12 @@ async fn adopts_a_machine_by_external_id() -> anyhow::Result<()> {
     let adopted = wait_server(&api, "adopted", "Ready", is_ready).await?;
     assert_eq!(adopted.status.as_ref().and_then(|s| s.provider_id.clone()), Some(existing.provider_id.0.clone()));
     assert_eq!(adopted.status.as_ref().and_then(|s| s.resolved_plan.clone()).as_deref(), Some("sim-2cpu-4gb"));
-    let missing = wait_server(&api, "missing", "Stalled", |s| condition(s, "Stalled").is_some_and(|c| c.0 == "True")).await?;
-    let message = condition(&missing, "Stalled").map(|c| c.1).unwrap_or_default();
+    let missing = wait_server(&api, "missing", "Stalled", stalled).await?;
+    let message = stalled_message(&missing);
     assert!(message.contains("simulated://no-such-machine") && message.contains("spec.externalID"), "{message}");
 
     // A foreign machine is refused with a clear condition, and never recorded as ours.
-    let hijack = wait_server(&api, "hijack", "Stalled", |s| condition(s, "Stalled").is_some_and(|c| c.0 == "True")).await?;
+    let hijack = wait_server(&api, "hijack", "Stalled", stalled).await?;
     let stalled = hijack.status.as_ref().and_then(|s| provisioning_controller::conditions::find(&s.conditions, "Stalled").cloned());
     let stalled = stalled.ok_or_else(|| anyhow::anyhow!("no Stalled condition"))?;
     assert_eq!(stalled.reason, "AdoptionRefused");
@@ -328,50 +404,26 @@ async fn adopts_a_machine_by_external_id() -> anyhow::Result<()> {
     // deletionPolicy Delete) is left alone.
     for name in ["adopted", "hijack"] {
         api.delete(name, &DeleteParams::default()).await?;
-        let api = api.clone();
-        wait_for(&format!("{name} gone"), DEADLINE, || {
-            let api = api.clone();
-            async move { api.get_opt(name).await.ok().and_then(|o| o.is_none().then_some(())) }
-        })
-        .await?;
+        wait_gone(&api, name).await?;
     }
     let mut left: Vec<String> = testing::machines_in(&provider, "delta").await?.into_iter().map(|m| m.provider_id.0).collect();
     left.sort();
     let mut expected = vec![existing.provider_id.0.clone(), foreign.provider_id.0.clone()];
     expected.sort();
     assert_eq!(left, expected, "nothing deleted");
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_pending_guard_finds_the_machine_instead_of_creating_another() -> anyhow::Result<()> {
-    let env = TestEnv::start().await?;
-    let controller = env.start_controller(env.config());
-    create_workspace(&env.client, &simulated_workspace("epsilon", 0, 0, 10, 5)).await?;
-    let api: Api<Server> = Api::namespaced(env.client.clone(), "epsilon");
+    let (env, controller, api) = start_with_workspace("epsilon").await?;
     let mut s = server("epsilon", "guarded", json!({}));
     s.metadata.annotations = Some([(provisioning_crds::ANNOTATION_PAUSED.to_string(), "true".to_string())].into());
     let created = api.create(&PostParams::default(), &s).await?;
     // A create call that reached the provider but whose result was never recorded.
     let provider = env.simulated("sim")?;
-    let lost = provider
-        .ensure_server(&ServerRequest {
-            identity: ServerIdentity {
-                uid: created.uid().unwrap_or_default(),
-                namespace: "epsilon".into(),
-                name: "guarded".into(),
-                cluster: None,
-            },
-            plan: "small".into(),
-            zone: String::new(),
-            image: "debian-12".into(),
-            ssh_public_key: None,
-            extra_tags: Default::default(),
-            host_key: None,
-        })
-        .await?;
+    let lost = provider.ensure_server(&machine_request(&created.uid().unwrap_or_default(), "epsilon", "guarded", "small", false)).await?;
     let patch = json!({"metadata": {"annotations": {
         provisioning_crds::ANNOTATION_PAUSED: null,
         provisioning_crds::ANNOTATION_CREATE_PENDING: "2026-01-01T00:00:00Z",
@@ -383,8 +435,7 @@ async fn create_pending_guard_finds_the_machine_instead_of_creating_another() ->
     .await?;
     assert_eq!(ready.status.and_then(|s| s.provider_id), Some(lost.provider_id.0.clone()));
     assert_eq!(testing::machines_in(&provider, "epsilon").await?.len(), 1);
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }
 
@@ -392,51 +443,25 @@ async fn create_pending_guard_finds_the_machine_instead_of_creating_another() ->
 async fn workspace_reports_namespace_accounts_counts_and_conflicts() -> anyhow::Result<()> {
     let env = TestEnv::start().await?;
     let controller = env.start_controller(env.config());
-    let ws: Workspace = serde_json::from_value(json!({
-        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace",
-        "metadata": {"name": "zeta"},
-        "spec": {
-            "providers": [{"name": "sim", "type": "simulated",
-                           "simulation": {"requiredToken": "s3cret"},
-                           "credentialsSecretRef": {"name": "sim-creds"}}],
-            "defaults": {"provider": "sim"}
-        }
-    }))?;
     let workspaces: Api<Workspace> = Api::all(env.client.clone());
-    workspaces.create(&PostParams::default(), &ws).await?;
-    let stalled = wait_for("zeta Stalled on the missing Secret", DEADLINE, || {
-        let workspaces = workspaces.clone();
-        async move {
-            let ws = workspaces.get("zeta").await.ok()?;
-            let st = ws.status.clone()?;
-            provisioning_controller::conditions::is_true(&st.conditions, "Stalled").then_some(st)
-        }
-    })
-    .await?;
+    workspaces.create(&PostParams::default(), &token_workspace("zeta", "s3cret")?).await?;
+    let stalled =
+        wait_workspace(&workspaces, "zeta", "Stalled on the missing Secret", |st| workspace_is(&st, "Stalled").then_some(st)).await?;
     assert_eq!(stalled.namespace.as_deref(), Some("zeta"));
     assert!(!stalled.providers[0].ready);
     assert!(stalled.providers[0].message.contains("Secret zeta/sim-creds"), "{:?}", stalled.providers);
     // The namespace was created.
     Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone()).get("zeta").await?;
 
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sim-creds", "namespace": "zeta"},
-        "stringData": {"SIMULATED_TOKEN": "s3cret"}
-    }))?;
-    Api::<Secret>::namespaced(env.client.clone(), "zeta").create(&PostParams::default(), &secret).await?;
+    let creds = secret("zeta", "sim-creds", json!({"SIMULATED_TOKEN": "s3cret"}))?;
+    Api::<Secret>::namespaced(env.client.clone(), "zeta").create(&PostParams::default(), &creds).await?;
     let patch = json!({"metadata": {"annotations": {provisioning_crds::ANNOTATION_RECONCILE_REQUESTED_AT: "now"}}});
     workspaces.patch("zeta", &PatchParams::default(), &Patch::Merge(&patch)).await?;
     let api: Api<Server> = Api::namespaced(env.client.clone(), "zeta");
     api.create(&PostParams::default(), &server("zeta", "a", json!({}))).await?;
     api.create(&PostParams::default(), &server("zeta", "b", json!({}))).await?;
-    let ready = wait_for("zeta Ready with 2 servers counted", DEADLINE, || {
-        let workspaces = workspaces.clone();
-        async move {
-            let ws = workspaces.get("zeta").await.ok()?;
-            let st = ws.status.clone()?;
-            (provisioning_controller::conditions::is_true(&st.conditions, "Ready") && st.counts.as_ref().is_some_and(|c| c.servers == 2))
-                .then_some(st)
-        }
+    let ready = wait_workspace(&workspaces, "zeta", "Ready with 2 servers counted", |st| {
+        (workspace_is(&st, "Ready") && st.counts.as_ref().is_some_and(|c| c.servers == 2)).then_some(st)
     })
     .await?;
     assert!(ready.providers[0].ready);
@@ -450,13 +475,8 @@ async fn workspace_reports_namespace_accounts_counts_and_conflicts() -> anyhow::
         "metadata": {"name": "zeta-two"}, "spec": {"namespace": "zeta"}
     }))?;
     workspaces.create(&PostParams::default(), &second).await?;
-    let conflict = wait_for("zeta-two Stalled", DEADLINE, || {
-        let workspaces = workspaces.clone();
-        async move {
-            let ws = workspaces.get("zeta-two").await.ok()?;
-            let st = ws.status.clone()?;
-            provisioning_controller::conditions::find(&st.conditions, "Stalled").filter(|c| c.status == "True").cloned()
-        }
+    let conflict = wait_workspace(&workspaces, "zeta-two", "Stalled", |st| {
+        provisioning_controller::conditions::find(&st.conditions, "Stalled").filter(|c| c.status == "True").cloned()
     })
     .await?;
     assert_eq!(conflict.reason, "NamespaceConflict");
@@ -466,8 +486,7 @@ async fn workspace_reports_namespace_accounts_counts_and_conflicts() -> anyhow::
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "default");
     let notes: BTreeSet<String> = events.list(&Default::default()).await?.items.into_iter().filter_map(|e| e.note).collect();
     assert!(notes.iter().all(|n| !n.contains("s3cret")), "secrets never in events");
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }
 
@@ -485,35 +504,13 @@ async fn fixing_a_credentials_secret_recovers_workspace_and_server_quickly() -> 
     let env = TestEnv::start().await?;
     let controller = env.start_controller(env.config());
     let secrets: Api<Secret> = Api::namespaced(env.client.clone(), "kappa");
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
-    namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "kappa"}}))?).await?;
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sim-creds", "namespace": "kappa"},
-        "stringData": {"SIMULATED_TOKEN": "wrong-token"}
-    }))?;
-    secrets.create(&PostParams::default(), &secret).await?;
-    let ws: Workspace = serde_json::from_value(json!({
-        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace",
-        "metadata": {"name": "kappa"},
-        "spec": {
-            "providers": [{"name": "sim", "type": "simulated",
-                           "simulation": {"requiredToken": "right-token"},
-                           "credentialsSecretRef": {"name": "sim-creds"}}],
-            "defaults": {"provider": "sim"}
-        }
-    }))?;
+    create_namespace(&env.client, "kappa").await?;
+    secrets.create(&PostParams::default(), &secret("kappa", "sim-creds", json!({"SIMULATED_TOKEN": "wrong-token"}))?).await?;
     let workspaces: Api<Workspace> = Api::all(env.client.clone());
-    workspaces.create(&PostParams::default(), &ws).await?;
+    workspaces.create(&PostParams::default(), &token_workspace("kappa", "right-token")?).await?;
     let api: Api<Server> = Api::namespaced(env.client.clone(), "kappa");
     api.create(&PostParams::default(), &server("kappa", "s1", json!({}))).await?;
-    wait_for("kappa Stalled on the wrong token", DEADLINE, || {
-        let workspaces = workspaces.clone();
-        async move {
-            let ws = workspaces.get("kappa").await.ok()?;
-            is_stalled(ws.status.as_ref().map(|s| &s.conditions)).then_some(())
-        }
-    })
-    .await?;
+    wait_workspace(&workspaces, "kappa", "Stalled on the wrong token", |st| is_stalled(Some(&st.conditions)).then_some(())).await?;
     wait_server(&api, "s1", "Stalled", |s| is_stalled(s.status.as_ref().map(|s| &s.conditions))).await?;
 
     // Fix the Secret: both become Ready well within the backoff (30 s doubling) and the TTL.
@@ -523,10 +520,7 @@ async fn fixing_a_credentials_secret_recovers_workspace_and_server_quickly() -> 
     let fast = Duration::from_secs(30);
     wait_for("kappa Ready after the Secret fix", fast, || {
         let workspaces = workspaces.clone();
-        async move {
-            let ws = workspaces.get("kappa").await.ok()?;
-            ws.status.as_ref().filter(|s| provisioning_controller::conditions::is_true(&s.conditions, "Ready")).map(|_| ())
-        }
+        async move { workspace_is(&workspaces.get("kappa").await.ok()?.status?, "Ready").then_some(()) }
     })
     .await?;
     let ready = wait_for("s1 Ready after the Secret fix", fast, || {
@@ -542,8 +536,7 @@ async fn fixing_a_credentials_secret_recovers_workspace_and_server_quickly() -> 
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.client.clone());
     let notes: Vec<String> = events.list(&Default::default()).await?.items.into_iter().filter_map(|e| e.note).collect();
     assert!(notes.iter().all(|n| !n.contains("right-token") && !n.contains("wrong-token")), "secret values never in events");
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }
 
@@ -639,8 +632,7 @@ async fn nothing_is_reconciled_until_every_cache_syncs_and_readyz_says_so() -> a
     wait_for("/readyz 200", DEADLINE, || async { (scrape(metrics_addr, "/readyz").await.ok()?.0 == 200).then_some(()) }).await?;
     wait_server(&api, "s1", "Ready", is_ready).await?;
     assert_eq!(testing::machines_in(&env.simulated("sim")?, "gate").await?.len(), 1);
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }
 
@@ -653,14 +645,13 @@ async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Res
     let env = TestEnv::start().await?;
     let controller = env.start_controller(env.config());
     // The victim's valid credentials, in the victim's namespace.
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "victim"}}))?)
-        .await?;
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "aws-creds", "namespace": "victim"},
-        "stringData": {"AWS_ACCESS_KEY_ID": "AKIAVICTIM0000000001", "AWS_SECRET_ACCESS_KEY": "victim-secret-value"}
-    }))?;
-    Api::<Secret>::namespaced(env.client.clone(), "victim").create(&PostParams::default(), &secret).await?;
+    create_namespace(&env.client, "victim").await?;
+    let victims = secret(
+        "victim",
+        "aws-creds",
+        json!({"AWS_ACCESS_KEY_ID": "AKIAVICTIM0000000001", "AWS_SECRET_ACCESS_KEY": "victim-secret-value"}),
+    )?;
+    Api::<Secret>::namespaced(env.client.clone(), "victim").create(&PostParams::default(), &victims).await?;
     // Where an attacker would like the credentials sent.
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
@@ -674,16 +665,11 @@ async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Res
     }))?;
     let workspaces: Api<Workspace> = Api::all(env.client.clone());
     workspaces.create(&PostParams::default(), &ws).await?;
-    let status = wait_for("mallory Stalled", DEADLINE, || {
-        let workspaces = workspaces.clone();
-        async move {
-            let st = workspaces.get("mallory").await.ok()?.status?;
-            (provisioning_controller::conditions::is_true(&st.conditions, "Stalled") && st.providers.len() == 2).then_some(st)
-        }
-    })
-    .await?;
-    let stalled = provisioning_controller::conditions::find(&status.conditions, "Stalled").map(|c| c.reason.clone());
-    assert_eq!(stalled.as_deref(), Some("ProviderAccountFailed"));
+    let status =
+        wait_workspace(&workspaces, "mallory", "Stalled", |st| (workspace_is(&st, "Stalled") && st.providers.len() == 2).then_some(st))
+            .await?;
+    let stalled_reason = provisioning_controller::conditions::find(&status.conditions, "Stalled").map(|c| c.reason.clone());
+    assert_eq!(stalled_reason.as_deref(), Some("ProviderAccountFailed"));
     let borrowed = &status.providers[0].message;
     assert!(!status.providers[0].ready && borrowed.contains("victim/aws-creds") && borrowed.contains("own namespace"), "{borrowed}");
     let plaintext = &status.providers[1].message;
@@ -697,8 +683,8 @@ async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Res
     // another namespace's SSH key Secret.
     let api: Api<Server> = Api::namespaced(env.client.clone(), "mallory");
     api.create(&PostParams::default(), &server("mallory", "thief", json!({}))).await?;
-    let thief = wait_server(&api, "thief", "Stalled", |s| condition(s, "Stalled").is_some_and(|c| c.0 == "True")).await?;
-    let message = condition(&thief, "Stalled").map(|c| c.1).unwrap_or_default();
+    let thief = wait_server(&api, "thief", "Stalled", stalled).await?;
+    let message = stalled_message(&thief);
     assert!(message.contains("victim/aws-creds"), "{message}");
     let aws_ws: Workspace = serde_json::from_value(json!({
         "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": "keys2"},
@@ -708,10 +694,7 @@ async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Res
     }))?;
     workspaces.create(&PostParams::default(), &aws_ws).await?;
     let keys2: Api<Server> = Api::namespaced(env.client.clone(), "keys2");
-    let mine: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "mine", "namespace": "keys2"},
-        "stringData": {"AWS_ACCESS_KEY_ID": "AKIAKEYS200000000001", "AWS_SECRET_ACCESS_KEY": "x"}
-    }))?;
+    let mine = secret("keys2", "mine", json!({"AWS_ACCESS_KEY_ID": "AKIAKEYS200000000001", "AWS_SECRET_ACCESS_KEY": "x"}))?;
     wait_for("namespace keys2", DEADLINE, || {
         let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone());
         async move { api.get_opt("keys2").await.ok().flatten().map(|_| ()) }
@@ -731,7 +714,7 @@ async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Res
             .is_some_and(|c| c.reason == "CrossNamespaceReference")
     })
     .await?;
-    let message = condition(&borrowed_key, "Stalled").map(|c| c.1).unwrap_or_default();
+    let message = stalled_message(&borrowed_key);
     assert!(message.contains("victim/ssh") && message.contains("sshKeySecretRef"), "{message}");
 
     // Nothing ever connected to the plain-http endpoint.
@@ -745,17 +728,13 @@ async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Res
     let controller = env.start_controller(config);
     let patch = json!({"metadata": {"annotations": {provisioning_crds::ANNOTATION_RECONCILE_REQUESTED_AT: "insecure-allowed"}}});
     workspaces.patch("mallory", &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    let own: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "own", "namespace": "mallory"},
-        "stringData": {"AWS_ACCESS_KEY_ID": "AKIAMALLORY000000001", "AWS_SECRET_ACCESS_KEY": "y"}
-    }))?;
+    let own = secret("mallory", "own", json!({"AWS_ACCESS_KEY_ID": "AKIAMALLORY000000001", "AWS_SECRET_ACCESS_KEY": "y"}))?;
     Api::<Secret>::namespaced(env.client.clone(), "mallory").create(&PostParams::default(), &own).await?;
     wait_for("a request at the http endpoint", DEADLINE, || {
         let accepted = listener.accept().is_ok();
         async move { accepted.then_some(()) }
     })
     .await?;
-    controller.stop().await;
-    env.shutdown().await;
+    stop(env, controller).await;
     Ok(())
 }

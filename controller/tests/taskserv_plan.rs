@@ -105,6 +105,27 @@ impl Pass {
         }
     }
 
+    /// One reconcile pass: plan, then commit what it says.
+    fn pass(&mut self) -> Plan {
+        let plan = self.plan();
+        self.commit(&plan);
+        plan
+    }
+
+    /// Every run in flight on `servers` succeeds, healthy.
+    fn succeed(&mut self, servers: &[&str]) {
+        for server in servers {
+            self.finish(server, true, Some(true));
+        }
+    }
+
+    /// A new generation: `change` applied to the spec, which is validated again.
+    fn respec(&mut self, change: impl FnOnce(&mut provisioning_crds::TaskServSpec)) {
+        self.ts.metadata.generation = self.ts.metadata.generation.map(|g| g + 1);
+        change(&mut self.ts.spec);
+        self.validated = validate::validate(&self.ts.spec, &catalog());
+    }
+
     fn finish(&mut self, server: &str, succeeded: bool, healthy: Option<bool>) {
         let op = self.in_flight.remove(server).expect("operation in flight");
         let mut r = result(server, op, succeeded, healthy);
@@ -142,14 +163,19 @@ fn install(version: &str) -> Operation {
     Operation::Install { version: version.into(), previous: None }
 }
 
+/// `servers` (s0, s1) given STORE: the first installs committed and succeeded; returns the
+/// pass and the plan that follows (not committed).
+fn installed_on(servers: Vec<ServerFacts>) -> (Pass, Plan) {
+    let mut p = Pass::new(STORE, servers);
+    p.pass();
+    p.succeed(&["s0", "s1"]);
+    let done = p.plan();
+    (p, done)
+}
+
 /// Installs on both servers and returns the pass in the Ready state.
 fn ready_pass() -> Pass {
-    let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
-    let first = p.plan();
-    p.commit(&first);
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
-    let done = p.plan();
+    let (mut p, done) = installed_on(vec![server("s0", true), server("s1", true)]);
     p.commit(&done);
     assert_eq!(cond(&p.status, "Ready").0, "True", "{:#?}", p.status);
     p
@@ -215,12 +241,7 @@ fn results_make_it_ready_and_a_resync_writes_nothing() {
 
 #[test]
 fn ready_transition_emits_events() {
-    let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
-    let first = p.plan();
-    p.commit(&first);
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
-    let done = p.plan();
+    let (_, done) = installed_on(vec![server("s0", true), server("s1", true)]);
     let reasons: Vec<&str> = done.events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["Installed", "Installed", "Ready"]);
 }
@@ -228,12 +249,7 @@ fn ready_transition_emits_events() {
 #[test]
 fn on_the_simulated_provider_installed_says_the_scripts_did_not_run() {
     let sim = |name: &str| ServerFacts { simulated: true, ..server(name, true) };
-    let mut p = Pass::new(STORE, vec![sim("s0"), sim("s1")]);
-    let first = p.plan();
-    p.commit(&first);
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
-    let s = p.plan().status;
+    let s = installed_on(vec![sim("s0"), sim("s1")]).1.status;
     // Ready stays True (the rollout itself was exercised); the reason and messages say so.
     assert_eq!(cond(&s, "Ready").0, "True");
     let (status, reason, msg) = cond(&s, "Installed");
@@ -242,12 +258,7 @@ fn on_the_simulated_provider_installed_says_the_scripts_did_not_run() {
     assert!(cond(&s, "Ready").2.contains("simulated: scripts not run"));
 
     // One real server among simulated ones: Installed, naming the simulated ones.
-    let mut p = Pass::new(STORE, vec![sim("s0"), server("s1", true)]);
-    let first = p.plan();
-    p.commit(&first);
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
-    let mixed = p.plan().status;
+    let mixed = installed_on(vec![sim("s0"), server("s1", true)]).1.status;
     let (_, reason, msg) = cond(&mixed, "Installed");
     assert_eq!(reason, "Installed");
     assert!(msg.ends_with("(simulated: scripts not run on s0)"), "{msg}");
@@ -317,54 +328,54 @@ spec: {service: store, servers: {names: [s0]}, dependsOn: [web]}
     assert_eq!(p.plan().launch.len(), 1);
 }
 
-#[test]
-fn dependency_cycle_is_stalled_naming_the_cycle() {
-    let p = Pass::new(
-        r#"
-apiVersion: provisioning.dev/v1alpha1
-kind: TaskServ
-metadata: {name: loop, namespace: dev, generation: 1}
-spec: {service: loopa, servers: {names: [s0]}}
-"#,
-        vec![server("s0", true)],
-    );
-    let plan = p.plan();
-    assert!(plan.launch.is_empty());
-    let (status, reason, msg) = cond(&plan.status, "Stalled");
-    assert_eq!((status, reason), ("True", "DependencyCycle"));
-    assert!(msg.contains("loopa -> loopb -> loopa"), "{msg}");
-    assert_eq!(cond(&plan.status, "Reconciling").0, "False");
-    assert_eq!(plan.status.phase.as_deref(), Some("Failed"));
-    assert!(plan.events.iter().any(|e| e.warning && e.reason == "DependencyCycle"));
-}
-
+/// Bad input (an unknown service or version, invalid config, a dependency cycle) is Stalled
+/// with a Warning naming the reason; nothing runs, and the next pass repeats nothing.
 #[test]
 fn bad_input_is_stalled_with_the_message_and_nothing_runs() {
+    struct Case {
+        name: &'static str,
+        spec: &'static str,
+        reason: &'static str,
+        message: &'static str,
+    }
     let cases = [
-        ("service: nosuch", "UnknownService", "unknown service \"nosuch\""),
-        ("service: store\n  version: \"9.9\"", "UnknownVersion", "service store has no version \"9.9\" (available: 1.0, 2.0)"),
-        ("service: store\n  config: {port: \"$(reboot)\"}", "InvalidConfig", "invalid config for store"),
-        ("service: store\n  config: {bogus: 1}", "InvalidConfig", "bogus"),
+        Case { name: "unknown service", spec: "service: nosuch", reason: "UnknownService", message: "unknown service \"nosuch\"" },
+        Case {
+            name: "unknown version",
+            spec: "service: store\n  version: \"9.9\"",
+            reason: "UnknownVersion",
+            message: "service store has no version \"9.9\" (available: 1.0, 2.0)",
+        },
+        Case {
+            name: "config value fails its schema",
+            spec: "service: store\n  config: {port: \"$(reboot)\"}",
+            reason: "InvalidConfig",
+            message: "invalid config for store",
+        },
+        Case { name: "unknown config key", spec: "service: store\n  config: {bogus: 1}", reason: "InvalidConfig", message: "bogus" },
+        Case { name: "dependency cycle", spec: "service: loopa", reason: "DependencyCycle", message: "loopa -> loopb -> loopa" },
     ];
-    for (spec, reason, message) in cases {
+    for Case { name, spec, reason, message } in cases {
         let yaml = format!(
             "apiVersion: provisioning.dev/v1alpha1\nkind: TaskServ\nmetadata: {{name: bad, namespace: dev, generation: 1}}\nspec:\n  {spec}\n  servers: {{names: [s0]}}\n"
         );
         let p = Pass::new(&yaml, vec![server("s0", true)]);
         let plan = p.plan();
-        assert!(plan.launch.is_empty(), "{spec}: nothing may run");
-        assert!(plan.status.servers.is_empty(), "{spec}: no per-server entries");
+        assert!(plan.launch.is_empty(), "{name}: nothing may run");
+        assert!(plan.status.servers.is_empty(), "{name}: no per-server entries");
         let (status, r, msg) = cond(&plan.status, "Stalled");
-        assert_eq!((status, r), ("True", reason), "{spec}");
-        assert!(msg.contains(message), "{spec}: {msg}");
-        assert_eq!(cond(&plan.status, "Ready").0, "False");
-        assert_eq!(cond(&plan.status, "Reconciling").0, "False");
+        assert_eq!((status, r), ("True", reason), "{name}");
+        assert!(msg.contains(message), "{name}: {msg}");
+        assert_eq!(cond(&plan.status, "Ready").0, "False", "{name}");
+        assert_eq!(cond(&plan.status, "Reconciling").0, "False", "{name}");
+        assert_eq!(plan.status.phase.as_deref(), Some("Failed"), "{name}");
+        assert!(plan.events.iter().any(|e| e.warning && e.reason == reason), "{name}: {:?}", plan.events);
         // The stall does not repeat its event on the next pass.
         let mut again = p;
         again.status = plan.status.clone();
         let second = again.plan();
-        assert_eq!(second.status, plan.status);
-        assert!(second.events.is_empty());
+        assert_eq!(second.status, plan.status, "{name}");
+        assert!(second.events.is_empty(), "{name}: {:?}", second.events);
     }
 }
 
@@ -383,7 +394,7 @@ fn failing_health_check_goes_unhealthy_then_reinstalls() {
     // Re-install on the broken server in the same pass.
     assert_eq!(plan.launch, vec![("s1".to_string(), Operation::Install { version: "1.0".into(), previous: None })]);
     p.commit(&plan);
-    p.finish("s1", true, Some(true));
+    p.succeed(&["s1"]);
     let healed = p.plan();
     assert_eq!(cond(&healed.status, "Healthy").0, "True");
     assert_eq!(cond(&healed.status, "Ready").0, "True");
@@ -405,8 +416,7 @@ fn a_server_that_disappears_is_reinstalled_when_back() {
 #[test]
 fn restarted_controller_resumes_from_status_without_running_twice() {
     let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
-    let first = p.plan();
-    p.commit(&first);
+    p.pass();
     // Same process, next pass: runs are in flight, nothing is started again.
     assert!(p.plan().launch.is_empty());
     // New process: status says Installing, nothing in flight → run again (idempotent script,
@@ -418,13 +428,7 @@ fn restarted_controller_resumes_from_status_without_running_twice() {
 
 #[test]
 fn failed_install_is_retried_after_a_pause_with_a_warning() {
-    let mut p = Pass::new(STORE, vec![server("s0", true)]);
-    p.ts.spec.servers.names = vec!["s0".into()];
-    let first = p.plan();
-    p.commit(&first);
-    p.finish("s0", false, None);
-    p.now = t("2025-01-01T00:00:06Z");
-    let failed = p.plan();
+    let (mut p, failed) = failed_install_on_s0();
     assert!(failed.launch.is_empty(), "no hot retry");
     assert_eq!(failed.status.servers[0].phase, "Failed");
     assert_eq!(failed.status.servers[0].last_run.as_ref().and_then(|r| r.exit_code), Some(3));
@@ -442,9 +446,7 @@ fn failed_install_is_retried_after_a_pause_with_a_warning() {
 #[test]
 fn failed_upgrade_rolls_back_to_last_good_version() {
     let mut p = ready_pass();
-    p.ts.metadata.generation = Some(2);
-    p.ts.spec.version = "2.0".into();
-    p.validated = validate::validate(&p.ts.spec, &catalog());
+    p.respec(|spec| spec.version = "2.0".into());
     let upgrade = p.plan();
     assert_eq!(
         upgrade.launch,
@@ -454,7 +456,7 @@ fn failed_upgrade_rolls_back_to_last_good_version() {
         ]
     );
     p.commit(&upgrade);
-    p.finish("s0", true, Some(true));
+    p.succeed(&["s0"]);
     p.finish("s1", false, Some(false));
     let failed = p.plan();
     let (status, reason, msg) = cond(&failed.status, "Stalled");
@@ -471,8 +473,7 @@ fn failed_upgrade_rolls_back_to_last_good_version() {
         ]
     );
     p.commit(&failed);
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
+    p.succeed(&["s0", "s1"]);
     let rolled = p.plan();
     assert!(rolled.launch.is_empty(), "the failed version is not retried for this generation");
     assert_eq!(rolled.status.installed_version.as_deref(), Some("1.0"));
@@ -484,12 +485,11 @@ fn failed_upgrade_rolls_back_to_last_good_version() {
 #[test]
 fn failed_upgrade_without_rollback_keeps_retrying() {
     let mut p = ready_pass();
-    p.ts.metadata.generation = Some(2);
-    p.ts.spec.version = "2.0".into();
-    p.ts.spec.rollback_on_failure = false;
-    p.validated = validate::validate(&p.ts.spec, &catalog());
-    let upgrade = p.plan();
-    p.commit(&upgrade);
+    p.respec(|spec| {
+        spec.version = "2.0".into();
+        spec.rollback_on_failure = false;
+    });
+    p.pass();
     p.finish("s0", false, None);
     p.finish("s1", false, None);
     let failed = p.plan();
@@ -501,8 +501,7 @@ fn failed_upgrade_without_rollback_keeps_retrying() {
 #[test]
 fn deselected_server_is_drained_with_remove() {
     let mut p = ready_pass();
-    p.ts.metadata.generation = Some(2);
-    p.ts.spec.servers.names = vec!["s0".into()];
+    p.respec(|spec| spec.servers.names = vec!["s0".into()]);
     let plan = p.plan();
     assert!(plan.launch.contains(&("s1".to_string(), Operation::Remove)), "{:?}", plan.launch);
     assert_eq!(plan.status.servers.iter().find(|s| s.name == "s1").map(|s| s.phase.as_str()), Some("Removing"));
@@ -517,14 +516,9 @@ fn deselected_server_is_drained_with_remove() {
 #[test]
 fn spec_change_reinstalls_everywhere_once() {
     let mut p = ready_pass();
-    p.ts.metadata.generation = Some(2);
-    p.ts.spec.config = Some(serde_json::json!({"port": 2400}));
-    p.validated = validate::validate(&p.ts.spec, &catalog());
-    let plan = p.plan();
-    assert_eq!(plan.launch.len(), 2);
-    p.commit(&plan);
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
+    p.respec(|spec| spec.config = Some(serde_json::json!({"port": 2400})));
+    assert_eq!(p.pass().launch.len(), 2);
+    p.succeed(&["s0", "s1"]);
     let done = p.plan();
     assert!(done.launch.is_empty());
     assert_eq!(cond(&done.status, "Ready").0, "True");
@@ -557,13 +551,7 @@ fn times_are_rfc3339_seconds() {
 #[test]
 fn delete_after_a_failed_install_gives_up_after_one_failed_remove() {
     // Unreachable machines: the install failed, so does the remove; deletion must finish.
-    let mut p = Pass::new(STORE, vec![server("s0", true)]);
-    p.ts.spec.servers.names = vec!["s0".into()];
-    let first = p.plan();
-    p.commit(&first);
-    p.finish("s0", false, None);
-    p.now = t("2025-01-01T00:00:06Z");
-    let failed = p.plan();
+    let (mut p, failed) = failed_install_on_s0();
     p.commit(&failed);
     p.now = t("2025-01-01T00:01:00Z");
     let (removal, done) = plan::plan_removal(&p.observed());
@@ -576,6 +564,18 @@ fn delete_after_a_failed_install_gives_up_after_one_failed_remove() {
     assert!(last.events.iter().any(|e| e.warning && e.reason == "RemoveFailed" && e.note.contains("never installed")));
 }
 
+/// STORE on s0 only, its install failed; returns the pass and the plan that follows (not
+/// committed), six seconds after the run.
+fn failed_install_on_s0() -> (Pass, Plan) {
+    let mut p = Pass::new(STORE, vec![server("s0", true)]);
+    p.ts.spec.servers.names = vec!["s0".into()];
+    p.pass();
+    p.finish("s0", false, None);
+    p.now = t("2025-01-01T00:00:06Z");
+    let failed = p.plan();
+    (p, failed)
+}
+
 fn with_inputs_hash(p: &mut Pass, hash: &str) {
     if let Ok(v) = p.validated.as_mut() {
         v.inputs_hash = Some(hash.to_string());
@@ -586,13 +586,9 @@ fn with_inputs_hash(p: &mut Pass, hash: &str) {
 fn new_values_behind_config_from_reinstall_everywhere_once() {
     let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
     with_inputs_hash(&mut p, "sha256:aaaa");
-    let first = p.plan();
-    assert_eq!(first.status.config_inputs_hash.as_deref(), Some("sha256:aaaa"));
-    p.commit(&first);
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
-    let done = p.plan();
-    p.commit(&done);
+    assert_eq!(p.pass().status.config_inputs_hash.as_deref(), Some("sha256:aaaa"));
+    p.succeed(&["s0", "s1"]);
+    p.pass();
     assert_eq!(cond(&p.status, "Ready").0, "True");
     // A resync with the same values runs nothing.
     assert!(p.plan().launch.is_empty());
@@ -627,17 +623,13 @@ fn a_missing_config_source_is_stalled_naming_it_and_runs_nothing() {
 fn an_install_that_ran_with_values_rotated_meanwhile_runs_again() {
     let mut p = Pass::new(STORE, vec![server("s0", true), server("s1", true)]);
     with_inputs_hash(&mut p, "sha256:aaaa");
-    let first = p.plan();
-    p.commit(&first);
+    p.pass();
     // Both installs run with "aaaa"; the Secret is rotated before they finish.
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
+    p.succeed(&["s0", "s1"]);
     with_inputs_hash(&mut p, "sha256:bbbb");
-    let next = p.plan();
+    let next = p.pass();
     assert_eq!(next.launch, vec![("s0".to_string(), install("1.0")), ("s1".to_string(), install("1.0"))]);
-    p.commit(&next);
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
+    p.succeed(&["s0", "s1"]);
     let done = p.plan();
     assert!(done.launch.is_empty());
     assert_eq!(cond(&done.status, "Ready").0, "True");
@@ -660,11 +652,8 @@ fn rolling_ready_pass() -> Pass {
     assert_eq!(first.launch.len(), 3, "a first install is not a rolling update: {:?}", first.launch);
     assert_eq!(first.status.updated.as_deref(), Some("0/3"));
     p.commit(&first);
-    for s in ["s0", "s1", "s2"] {
-        p.finish(s, true, Some(true));
-    }
-    let done = p.plan();
-    p.commit(&done);
+    p.succeed(&["s0", "s1", "s2"]);
+    p.pass();
     assert_eq!(cond(&p.status, "Ready").0, "True", "{:#?}", p.status);
     assert_eq!(p.status.updated.as_deref(), Some("3/3"));
     p
@@ -677,9 +666,7 @@ fn launched(plan: &Plan) -> Vec<&str> {
 #[test]
 fn a_rolling_upgrade_goes_server_by_server_gated_on_health() {
     let mut p = rolling_ready_pass();
-    p.ts.metadata.generation = Some(2);
-    p.ts.spec.version = "2.0".into();
-    p.validated = validate::validate(&p.ts.spec, &catalog());
+    p.respec(|spec| spec.version = "2.0".into());
     let mut order = Vec::new();
     for (step, expected) in ["s0", "s1", "s2"].into_iter().enumerate() {
         let plan = p.plan();
@@ -703,16 +690,10 @@ fn a_rolling_upgrade_goes_server_by_server_gated_on_health() {
 #[test]
 fn a_failed_rolling_upgrade_stops_there_and_rolls_back_one_server_at_a_time() {
     let mut p = rolling_ready_pass();
-    p.ts.metadata.generation = Some(2);
-    p.ts.spec.version = "2.0".into();
-    p.validated = validate::validate(&p.ts.spec, &catalog());
-    let first = p.plan();
-    assert_eq!(launched(&first), ["s0"]);
-    p.commit(&first);
-    p.finish("s0", true, Some(true));
-    let second = p.plan();
-    assert_eq!(launched(&second), ["s1"]);
-    p.commit(&second);
+    p.respec(|spec| spec.version = "2.0".into());
+    assert_eq!(launched(&p.pass()), ["s0"]);
+    p.succeed(&["s0"]);
+    assert_eq!(launched(&p.pass()), ["s1"]);
     p.finish("s1", false, Some(false));
     // s1 failed its upgrade: rollback to 1.0 starts on s1 (the one down); s0 (upgraded,
     // healthy) waits for its turn; s2 never got 2.0.
@@ -720,16 +701,14 @@ fn a_failed_rolling_upgrade_stops_there_and_rolls_back_one_server_at_a_time() {
     assert_eq!(cond(&failed.status, "Stalled").1, "UpgradeFailed");
     assert_eq!(failed.launch, vec![("s1".to_string(), Operation::Install { version: "1.0".into(), previous: Some("2.0".into()) })]);
     p.commit(&failed);
-    p.finish("s1", true, Some(true));
-    let next = p.plan();
+    p.succeed(&["s1"]);
+    let next = p.pass();
     assert_eq!(next.launch, vec![("s0".to_string(), Operation::Install { version: "1.0".into(), previous: Some("2.0".into()) })]);
-    p.commit(&next);
-    p.finish("s0", true, Some(true));
+    p.succeed(&["s0"]);
     // s2 was marked for the generation's re-install and converges to 1.0 in its turn.
-    let last = p.plan();
+    let last = p.pass();
     assert_eq!(last.launch, vec![("s2".to_string(), Operation::Install { version: "1.0".into(), previous: None })]);
-    p.commit(&last);
-    p.finish("s2", true, Some(true));
+    p.succeed(&["s2"]);
     let rolled = p.plan();
     assert!(rolled.launch.is_empty(), "{:?}", rolled.launch);
     assert_eq!(rolled.status.updated.as_deref(), Some("3/3"), "all back on the last good version");
@@ -739,14 +718,12 @@ fn a_failed_rolling_upgrade_stops_there_and_rolls_back_one_server_at_a_time() {
 #[test]
 fn a_rolling_config_change_honours_max_unavailable_two() {
     let mut p = rolling_ready_pass();
-    p.ts.metadata.generation = Some(2);
-    p.ts.spec.rollout = Some(provisioning_crds::Rollout { max_unavailable: 2 });
-    p.ts.spec.config = Some(serde_json::json!({"port": 2400}));
-    p.validated = validate::validate(&p.ts.spec, &catalog());
-    let plan = p.plan();
-    assert_eq!(launched(&plan), ["s0", "s1"]);
-    p.commit(&plan);
-    p.finish("s0", true, Some(true));
+    p.respec(|spec| {
+        spec.rollout = Some(provisioning_crds::Rollout { max_unavailable: 2 });
+        spec.config = Some(serde_json::json!({"port": 2400}));
+    });
+    assert_eq!(launched(&p.pass()), ["s0", "s1"]);
+    p.succeed(&["s0"]);
     let next = p.plan();
     assert_eq!(launched(&next), ["s2"], "s0 done, s1 still running: one more slot");
 }
@@ -768,7 +745,7 @@ fn config_drift_found_by_a_check_is_drifted_then_re_rendered() {
     // Remediation: the install runs again on s1 only.
     assert_eq!(drifted.launch, vec![("s1".to_string(), install("1.0"))]);
     p.commit(&drifted);
-    p.finish("s1", true, Some(true));
+    p.succeed(&["s1"]);
     let fixed = p.plan();
     assert_eq!((cond(&fixed.status, "Drifted").0, cond(&fixed.status, "Drifted").1), ("False", "Remediated"));
     assert_eq!(cond(&fixed.status, "Ready").0, "True");
@@ -779,14 +756,11 @@ fn config_drift_found_by_a_check_is_drifted_then_re_rendered() {
 fn a_server_whose_machine_was_replaced_gets_the_service_again() {
     let on = |name: &str, machine: &str| ServerFacts { provider_id: Some(machine.into()), ..server(name, true) };
     let mut p = Pass::new(STORE, vec![on("s0", "m0"), on("s1", "m1")]);
-    let first = p.plan();
-    p.commit(&first);
+    p.pass();
     let entry = |p: &Pass, name: &str| p.status.servers.iter().find(|e| e.name == name).cloned().expect("entry");
     assert_eq!(entry(&p, "s0").provider_id.as_deref(), Some("m0"), "the machine is recorded at install");
-    p.finish("s0", true, Some(true));
-    p.finish("s1", true, Some(true));
-    let done = p.plan();
-    p.commit(&done);
+    p.succeed(&["s0", "s1"]);
+    p.pass();
     assert_eq!(entry(&p, "s0").phase, "Installed");
     // s0's Server got a new machine under the same name, and the Ready=False in between was
     // never seen: the entry still says Installed, but on m0.
