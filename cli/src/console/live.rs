@@ -203,7 +203,11 @@ where
             },
             _ = batch.tick(), if dirty => {
                 dirty = false;
-                let message = match render().await {
+                let rendered = render().await;
+                // The next batch is counted from this render, not from a fixed schedule: a render
+                // that started late (a loaded machine) is never followed by one less than BATCH later.
+                batch.reset();
+                let message = match rendered {
                     Rendered::Html(html) if html == last => continue,
                     Rendered::Html(html) => {
                         let m = sse("update", &json!({"html": html, "at": chrono::Utc::now().format("%H:%M:%S").to_string()}));
