@@ -288,7 +288,8 @@ async fn start_console(
     let kc = Kubeconfig::read_from(kubeconfig).with_context(|| format!("reading {}", kubeconfig.display()))?;
     let api = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     let admin = api.auth_info.token.clone().context("the dev kubeconfig has no token")?;
-    let opts = crate::console::ConsoleOptions { listen: addr, cert: crate::console::CertSource::DevCa(data_dir.to_path_buf()), api };
+    let dev = Some(crate::console::DevSignIn { data_dir: data_dir.to_path_buf(), admin: admin.clone() });
+    let opts = crate::console::ConsoleOptions { listen: addr, cert: crate::console::CertSource::DevCa(data_dir.to_path_buf()), api, dev };
     let console = crate::console::start(opts, shutdown).await?;
     std::fs::write(data_dir.join("console-url"), format!("{}\n", console.url())).context("writing console-url")?;
     Ok(console.login_url(admin))
@@ -322,7 +323,7 @@ pub async fn run_dev(opts: DevOptions) -> anyhow::Result<i32> {
     println!("export KUBECONFIG={}", absolute.display());
     if let Some(addr) = opts.console_addr {
         let login = start_console(&opts.data_dir, &kubeconfig, addr, shutdown.clone()).await?;
-        println!("Console: {login}  (one-time sign-in link; then sign in with a token)");
+        println!("Console: {login}  (one-time sign-in link; `provisioning login-link` prints a new one)");
     }
     println!("applied {} object(s); Ctrl-C to stop", applied.len());
 

@@ -61,6 +61,13 @@ enum Command {
         #[arg(long)]
         context: Option<String>,
     },
+    /// Prints a new one-time sign-in link for the web console of a running `provisioning dev`
+    /// (when the first link was used, or in another browser).
+    LoginLink {
+        /// Data directory of `provisioning dev`.
+        #[arg(long, default_value = ".data")]
+        data_dir: PathBuf,
+    },
     /// The audit log: every provider call and script run, oldest first.
     Audit {
         /// Data directory of `provisioning dev` (its log is in D/providers/audit), or a
@@ -332,6 +339,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             trace(&object, namespace, watch, &output, kubeconfig, context).await?;
             Ok(0)
         }
+        Command::LoginLink { data_dir } => {
+            println!("{}", provisioning_cli::console::login_codes::issue(&data_dir)?);
+            Ok(0)
+        }
         Command::Audit { data_dir, object, since, output } => {
             provisioning_cli::audit::run(&data_dir, object, since, &output)?;
             Ok(0)
@@ -432,7 +443,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             (Some(cert), Some(key)) => provisioning_cli::console::CertSource::Files { cert, key },
             _ => provisioning_cli::console::CertSource::SelfSigned,
         };
-        let opts = provisioning_cli::console::ConsoleOptions { listen, cert, api: api.clone() };
+        let opts = provisioning_cli::console::ConsoleOptions { listen, cert, api: api.clone(), dev: None };
         let running = provisioning_cli::console::start(opts, Default::default()).await?;
         tracing::info!(url = %running.url(), "serving the web console");
     }

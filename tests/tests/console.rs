@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use fantoccini::{Client, ClientBuilder, Locator};
-use provisioning_e2e::{Dev, workspace_root};
+use provisioning_e2e::{Dev, provisioning_ok, workspace_root};
 use serde_json::{Value, json};
 
 /// A browser binary from the environment or the Debian package (scripts/setup.sh installs it).
@@ -263,7 +263,20 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
 
     // The link works once only.
     c.goto(login).await?;
-    wait_page(&c, "a used link refused", 30, |h| h.contains("used already")).await?;
+    let html = wait_page(&c, "a used link refused", 30, |h| h.contains("used already")).await?;
+
+    // The sign-in page names dev's token file, and `provisioning login-link` prints a new link
+    // (from another process) that signs in as dev's admin, once.
+    let dir = dev.data_dir.display().to_string();
+    ensure!(html.contains(&format!("{dir}/token")) && html.contains("provisioning login-link --data-dir"), "no way back in named");
+    let again = provisioning_ok(&["login-link", "--data-dir", &dir])?.trim().to_string();
+    ensure!(again.starts_with(&format!("{base}login?code=")) && again != login, "{again}");
+    c.delete_all_cookies().await?;
+    c.goto(&again).await?;
+    ensure!(c.current_url().await?.path() == "/", "the new link did not land on /");
+    wait_page(&c, "signed in again as admin", 45, |h| h.contains("id=\"ws-demo\"")).await?;
+    c.goto(&again).await?;
+    wait_page(&c, "the new link works once", 30, |h| h.contains("used already")).await?;
 
     // A view-only ServiceAccount: no action buttons, and a forged action is refused.
     dev.kubectl_ok(&["apply", "-f", &workspace_root().join("deploy/rbac/aggregated-roles.yaml").display().to_string()])?;

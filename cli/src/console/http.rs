@@ -256,16 +256,23 @@ fn sse_response(body: live::SseBody) -> Response<Body> {
     r
 }
 
+/// The data directory of `provisioning dev`, named on the sign-in page.
+fn dev_dir(state: &ConsoleState) -> Option<&std::path::Path> {
+    state.dev.as_ref().map(|d| d.data_dir.as_path())
+}
+
 /// `GET /login`: the form, or with `?code=` a one-time code exchanged for a session.
 async fn login_get(state: &ConsoleState, req: &Request<Incoming>) -> Response<Body> {
+    let hint = dev_dir(state);
     let Some(code) = query_param(req, "code") else {
-        return html(StatusCode::OK, render::login_page(None));
+        return html(StatusCode::OK, render::login_page(None, hint));
     };
-    match state.sessions.redeem(&code) {
+    let from_file = || state.dev.as_ref().filter(|d| super::login_codes::redeem(&d.data_dir, &code)).map(|d| d.admin.clone());
+    match state.sessions.redeem(&code).or_else(from_file) {
         Some(token) => open_session(state, token).await,
         None => html(
             StatusCode::UNAUTHORIZED,
-            render::login_page(Some("This sign-in link was used already or is unknown: sign in with a token.")),
+            render::login_page(Some("This sign-in link was used already or is unknown: sign in with a token."), hint),
         ),
     }
 }
@@ -281,7 +288,7 @@ async fn login_post(state: &ConsoleState, req: Request<Incoming>) -> Response<Bo
     };
     let token = form.get("token").map(|t| t.trim().to_string()).unwrap_or_default();
     if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return html(StatusCode::BAD_REQUEST, render::login_page(Some("Paste a bearer token: one line, no spaces.")));
+        return html(StatusCode::BAD_REQUEST, render::login_page(Some("Paste a bearer token: one line, no spaces."), dev_dir(state)));
     }
     open_session(state, SecretString::from(token)).await
 }
@@ -290,16 +297,21 @@ async fn login_post(state: &ConsoleState, req: Request<Incoming>) -> Response<Bo
 async fn open_session(state: &ConsoleState, token: SecretString) -> Response<Body> {
     let client = match api::visitor_client(&state.api, token.clone()) {
         Ok(c) => c,
-        Err(e) => return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&e.to_string()))),
+        Err(e) => return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&e.to_string()), dev_dir(state))),
     };
     let user = match api::whoami(&client).await {
         Ok(user) => user,
         // Authenticated, only not allowed to ask who it is.
         Err(ApiFailure::Forbidden(_)) => "unknown user".into(),
         Err(ApiFailure::Unauthorized) => {
-            return html(StatusCode::UNAUTHORIZED, render::login_page(Some("The API server did not accept this token (401).")));
+            return html(
+                StatusCode::UNAUTHORIZED,
+                render::login_page(Some("The API server did not accept this token (401)."), dev_dir(state)),
+            );
         }
-        Err(e) => return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&format!("Cannot reach the API server: {e}")))),
+        Err(e) => {
+            return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&format!("Cannot reach the API server: {e}")), dev_dir(state)));
+        }
     };
     tracing::info!(%user, "console sign-in");
     let id = state.sessions.insert(Session::new(token, client, user));

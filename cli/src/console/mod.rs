@@ -12,13 +12,15 @@
 //! - [`render`], [`charts`]: pure HTML/SVG rendering (unit-tested, benchmarked), both escaping
 //!   through [`html`];
 //! - [`live`]: watches with the visitor's token, re-rendering at most every 300 ms;
-//! - [`api`], [`session`], [`tls`]: API calls, sessions and one-time codes, certificates.
+//! - [`api`], [`session`], [`tls`]: API calls, sessions and one-time codes, certificates;
+//! - [`login_codes`]: one-time links issued by `provisioning login-link` for a dev console.
 
 pub mod api;
 pub mod charts;
 pub mod html;
 pub mod http;
 pub mod live;
+pub mod login_codes;
 pub mod pages;
 pub mod render;
 pub mod session;
@@ -41,6 +43,18 @@ pub struct ConsoleOptions {
     pub cert: CertSource,
     /// The API server's address and CA; its credentials are never used for visitors.
     pub api: kube::Config,
+    /// Set by `provisioning dev`: its data directory and admin token, for sign-in links that
+    /// `provisioning login-link` issues from another process.
+    pub dev: Option<DevSignIn>,
+}
+
+/// The data directory and admin identity of a console that `provisioning dev` started.
+#[derive(Clone)]
+pub struct DevSignIn {
+    /// `provisioning dev --data-dir`.
+    pub data_dir: std::path::PathBuf,
+    /// The dev kubeconfig's admin token.
+    pub admin: SecretString,
 }
 
 /// State shared by every request.
@@ -51,6 +65,8 @@ pub struct ConsoleState {
     pub api: kube::Config,
     /// Open live streams, capped per session and in total.
     pub streams: Arc<live::StreamLimits>,
+    /// See [`ConsoleOptions::dev`].
+    pub dev: Option<DevSignIn>,
 }
 
 /// A started console.
@@ -82,7 +98,7 @@ pub async fn start(opts: ConsoleOptions, shutdown: CancellationToken) -> anyhow:
         tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| anyhow::anyhow!("binding the console to {}: {e}", opts.listen))?;
     let addr = listener.local_addr()?;
     let tls = tls::load(&opts.cert, addr)?;
-    let state = Arc::new(ConsoleState { sessions: session::Sessions::default(), api: opts.api, streams: Arc::default() });
+    let state = Arc::new(ConsoleState { sessions: session::Sessions::default(), api: opts.api, streams: Arc::default(), dev: opts.dev });
     tokio::spawn(http::serve(state.clone(), listener, tls, shutdown));
     Ok(RunningConsole { addr, state })
 }

@@ -98,9 +98,20 @@ pub fn page(layout: &Layout<'_>, live: &str) -> String {
     )
 }
 
-/// The sign-in page (the only page served without a session).
-pub fn login_page(error: Option<&str>) -> String {
+/// The sign-in page (the only page served without a session); `dev_data_dir` is the data
+/// directory of `provisioning dev` when it started the console, named so that its admin can
+/// sign in again.
+pub fn login_page(error: Option<&str>, dev_data_dir: Option<&std::path::Path>) -> String {
     let error = error.map(|e| format!("<p class=\"error\" role=\"alert\">✖ {}</p>", esc(e))).unwrap_or_default();
+    let dev = dev_data_dir
+        .map(|d| {
+            let d = esc(&d.display().to_string());
+            format!(
+                "<p class=\"muted\" id=\"dev-sign-in\">Started by <code>provisioning dev</code>: its admin token is in \
+<code>{d}/token</code>, or run <code>provisioning login-link --data-dir {d}</code> for a new one-time sign-in link.</p>"
+            )
+        })
+        .unwrap_or_default();
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>Sign in · Provisioning</title>\
@@ -109,7 +120,7 @@ pub fn login_page(error: Option<&str>) -> String {
 <form method=\"post\" action=\"/login\"><label for=\"token\">Kubernetes bearer token</label>\
 <textarea id=\"token\" name=\"token\" rows=\"4\" autocomplete=\"off\" spellcheck=\"false\" required></textarea>\
 <p class=\"muted\">Every request the console makes uses this token, so RBAC decides what you see and may do. \
-<code>kubectl create token NAME</code> prints one for a ServiceAccount; <code>provisioning dev</code> prints a one-time sign-in link.</p>\
+<code>kubectl create token NAME</code> prints one for a ServiceAccount; <code>provisioning dev</code> prints a one-time sign-in link.</p>{dev}\
 <button type=\"submit\" id=\"sign-in\">Sign in</button></form></main></body></html>"
     )
 }
@@ -239,7 +250,8 @@ pub fn actions(obj: &Value, kind: Kind, ns: Option<&str>, allowed: Allowed, csrf
     if allowed.patch {
         let plan_id = str_at(obj, "/status/plan/id");
         let approved = obj["metadata"]["annotations"][APPROVE].as_str();
-        if !plan_id.is_empty() && approved != Some(plan_id) {
+        let has_changes = obj["status"]["plan"]["changes"].as_array().is_some_and(|cs| cs.iter().any(|c| c["action"] != "NoOp"));
+        if !plan_id.is_empty() && has_changes && approved != Some(plan_id) {
             let extra = format!("<input type=\"hidden\" name=\"plan\" value=\"{}\">", esc(plan_id));
             out.push_str(&action_form(csrf, kind, ns, name, "approve", &extra, &format!("✔ Approve plan {}", esc(plan_id))));
         }
@@ -369,6 +381,50 @@ pub fn conditions_section(obj: &Value, now: DateTime<Utc>) -> String {
 /// A section whose data could not be read (RBAC): says so instead of the content.
 pub type Section = Result<Vec<Value>, String>;
 
+/// One ChangeRecord as a diff: when, which generation, who (the last spec writer), how it
+/// ended, then each change as `field: from → to` from the plan it carried out, or the changed
+/// field names where it had no plan (values are never recorded elsewhere: they may be secret).
+fn record_item(r: &Value) -> String {
+    let spec = &r["spec"];
+    let mut head = format!("generation {}", spec["generation"].as_i64().map(|g| g.to_string()).unwrap_or_else(|| "?".into()));
+    if let Some(manager) = spec["changedBy"].as_array().and_then(|w| w.first()).map(|w| str_at(w, "/manager")).filter(|m| !m.is_empty()) {
+        head.push_str(&format!(" by {manager}"));
+    }
+    let summary = str_at(spec, "/summary");
+    if !summary.is_empty() {
+        head.push_str(&format!(": {summary}"));
+    }
+    let phase = str_at(r, "/status/phase");
+    let mut out = format!("<li><time>{}</time> {}", esc(str_at(r, "/metadata/creationTimestamp")), esc(&head));
+    if !phase.is_empty() {
+        let class = match phase {
+            "Succeeded" => "badge ok",
+            "Failed" | "Stalled" => "badge bad",
+            _ => "badge",
+        };
+        out.push_str(&format!(" <span class=\"{class}\">{}</span>", esc(phase)));
+    }
+    let changes: Vec<&Value> =
+        spec["plan"]["changes"].as_array().map(|cs| cs.iter().filter(|c| c["action"] != "NoOp").collect()).unwrap_or_default();
+    let lines: Vec<String> = if changes.is_empty() {
+        spec["changedFields"]
+            .as_array()
+            .map(|fs| fs.iter().filter_map(Value::as_str).map(|f| format!("{f} changed")).collect())
+            .unwrap_or_default()
+    } else {
+        changes.into_iter().map(change_line).collect()
+    };
+    if !lines.is_empty() {
+        out.push_str("<ul class=\"changes\">");
+        for l in lines {
+            out.push_str(&format!("<li>{}</li>", esc(&l)));
+        }
+        out.push_str("</ul>");
+    }
+    out.push_str("</li>");
+    out
+}
+
 /// Events and ChangeRecords, newest first.
 pub fn history_section(events: &Section, records: &Section, now: DateTime<Utc>) -> String {
     let mut out = String::from("<section aria-labelledby=\"hist-h\"><h2 id=\"hist-h\">History</h2>");
@@ -376,11 +432,7 @@ pub fn history_section(events: &Section, records: &Section, now: DateTime<Utc>) 
         Ok(list) if !list.is_empty() => {
             out.push_str("<h3>Applied changes</h3><ul class=\"records\">");
             for r in list.iter().rev() {
-                out.push_str(&format!(
-                    "<li><time>{}</time> {}</li>",
-                    esc(str_at(r, "/metadata/creationTimestamp")),
-                    esc(&compact(r.get("spec").unwrap_or(&Value::Null)))
-                ));
+                out.push_str(&record_item(r));
             }
             out.push_str("</ul>");
         }
@@ -540,8 +592,8 @@ mod tests {
 
     #[test]
     fn actions_follow_what_the_visitor_may_do() {
-        let obj =
-            json!({"metadata": {"name": "web", "annotations": {PAUSED: "true"}}, "status": {"plan": {"id": "p1", "summary": "create 1"}}});
+        let obj = json!({"metadata": {"name": "web", "annotations": {PAUSED: "true"}},
+            "status": {"plan": {"id": "p1", "summary": "1 to create", "changes": [{"action": "Create", "resource": "Server/demo/web"}]}}});
         assert_eq!(actions(&obj, Kind::Server, Some("demo"), Allowed::default(), "c"), "");
         let all = actions(&obj, Kind::Server, Some("demo"), Allowed { patch: true, delete: true }, "c");
         for id in ["action-approve", "action-resume", "action-reconcile", "action-delete"] {
@@ -554,6 +606,42 @@ mod tests {
         assert!(plan_section(&approved).contains("Approved"));
         let change = json!({"resource": "Server/demo/web", "field": "spec.plan", "action": "Update", "from": "small", "to": "medium"});
         assert_eq!(change_line(&change), "Update spec.plan: small → medium (Server/demo/web)");
+    }
+
+    #[test]
+    fn approve_is_offered_only_for_a_plan_that_changes_something() {
+        let allowed = Allowed { patch: true, delete: false };
+        for changes in [json!([]), json!([{"action": "NoOp", "resource": "Server/demo/web"}]), Value::Null] {
+            let obj = json!({"metadata": {"name": "web"}, "status": {"plan": {"id": "p1", "summary": "no changes", "changes": changes}}});
+            let html = actions(&obj, Kind::Server, Some("demo"), allowed, "c");
+            assert!(!html.contains("action-approve") && html.contains("action-pause"), "{changes}: {html}");
+        }
+    }
+
+    #[test]
+    fn a_change_record_reads_as_a_diff_by_its_writer() {
+        let record = json!({"metadata": {"creationTimestamp": "2026-11-24T00:00:00Z"},
+            "spec": {"generation": 3, "changedBy": [{"manager": "kubectl-edit"}, {"manager": "kubectl-client-side-apply"}],
+                "summary": "spec.plan changed", "changedFields": ["spec.plan"],
+                "plan": {"changes": [{"resource": "Server/demo/web", "field": "spec.plan", "action": "Update", "from": "small", "to": "<b>"},
+                    {"resource": "Server/demo/web", "field": "spec.zone", "action": "NoOp"}]}},
+            "status": {"phase": "Succeeded"}});
+        let html = record_item(&record);
+        assert!(html.contains("generation 3 by kubectl-edit: spec.plan changed"), "{html}");
+        assert!(html.contains("Update spec.plan: small → &lt;b&gt; (Server/demo/web)") && !html.contains("spec.zone"), "{html}");
+        assert!(html.contains("badge ok\">Succeeded"), "{html}");
+        let without_plan = json!({"spec": {"generation": 4, "changedFields": ["spec.config.port"]}});
+        assert!(record_item(&without_plan).contains("<li>spec.config.port changed</li>"), "{}", record_item(&without_plan));
+    }
+
+    #[test]
+    fn the_sign_in_page_names_the_way_back_in_for_dev_only() {
+        let dev = login_page(None, Some(std::path::Path::new("/tmp/d<x>")));
+        assert!(
+            dev.contains("<code>/tmp/d&lt;x&gt;/token</code>") && dev.contains("provisioning login-link --data-dir /tmp/d&lt;x&gt;"),
+            "{dev}"
+        );
+        assert!(!login_page(None, None).contains("login-link"));
     }
 
     #[test]
