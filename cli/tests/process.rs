@@ -313,6 +313,8 @@ fn dev_exits_non_zero_naming_what_is_not_ready() -> anyhow::Result<()> {
     let dir = provisioning_controller::testing::tempfile_dir::Dir::new("dev-test-bad")?;
     let manifest = write_manifest(dir.path(), "gigantic")?;
     let out = Command::new(env!("CARGO_BIN_EXE_provisioning"))
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
         .args(["dev", "--listen", "127.0.0.1:0", "--exit-when-ready", "--timeout", "8", "--data-dir"])
         .arg(dir.path().join("data"))
         .arg("--apply")
@@ -321,5 +323,7 @@ fn dev_exits_non_zero_naming_what_is_not_ready() -> anyhow::Result<()> {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("Server/demo/web-1") && stderr.contains("plan \"gigantic\" is not offered"), "{stderr}");
+    // A log read from a pipe or a file carries no colour codes.
+    assert!(stderr.contains(" INFO ") && !stderr.contains('\u{1b}'), "{stderr}");
     Ok(())
 }

@@ -37,6 +37,45 @@ pub const API_VERSION: &str = "provisioning.dev/v1alpha1";
 /// All CustomResourceDefinitions, in a stable order.
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
     vec![Workspace::crd(), Server::crd(), TaskServ::crd(), Cluster::crd(), ChangeRecord::crd()]
+        .into_iter()
+        .map(|crd| {
+            // Fall back to the CRD as derived if the round trip ever failed (it cannot: same type).
+            let Ok(mut v) = serde_json::to_value(&crd) else { return crd };
+            unwrap_descriptions(&mut v);
+            serde_json::from_value(v).unwrap_or(crd)
+        })
+        .collect()
+}
+
+/// Doc comments are wrapped at the source's line width; `kubectl explain` wraps descriptions
+/// itself, so a line break inside a paragraph shows up as a broken line. Joins the lines of a
+/// paragraph; keeps blank lines and list items (`- `, `* `).
+fn unwrap_descriptions(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                match x {
+                    serde_json::Value::String(s) if k == "description" => *s = unwrap_paragraphs(s),
+                    _ => unwrap_descriptions(x),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(unwrap_descriptions),
+        _ => {}
+    }
+}
+
+fn unwrap_paragraphs(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split('\n') {
+        let item = line.trim_start().starts_with("- ") || line.trim_start().starts_with("* ");
+        if !out.is_empty() {
+            let breaks = line.trim().is_empty() || out.ends_with('\n') || item;
+            out.push(if breaks { '\n' } else { ' ' });
+        }
+        out.push_str(if line.trim().is_empty() { "" } else { line.trim_end() });
+    }
+    out
 }
 
 /// All CRDs as one multi-document YAML stream (what `provisioning crds` prints).
@@ -67,6 +106,31 @@ mod tests {
                 assert!(cols.iter().any(|c| c == required), "{} lacks column {required}: {cols:?}", names.kind);
             }
         }
+    }
+
+    #[test]
+    fn descriptions_have_no_line_breaks_inside_a_paragraph() {
+        assert_eq!(unwrap_paragraphs("one\ntwo.\n\nthree\n- a\n- b"), "one two.\n\nthree\n- a\n- b");
+        let yaml = crds_yaml().expect("crds serialise");
+        let docs: Vec<serde_json::Value> =
+            yaml.split("---\n").filter(|d| !d.trim().is_empty()).map(|d| serde_yaml_ng::from_str(d).expect("yaml")).collect();
+        fn check(v: &serde_json::Value) {
+            match v {
+                serde_json::Value::Object(m) => m.iter().for_each(|(k, x)| {
+                    if let (true, Some(s)) = (k == "description", x.as_str()) {
+                        for (i, line) in s.split('\n').enumerate().skip(1) {
+                            let prev = s.split('\n').nth(i - 1).unwrap_or_default();
+                            assert!(line.is_empty() || prev.is_empty() || line.starts_with("- ") || line.starts_with("* "), "{s:?}");
+                        }
+                    } else {
+                        check(x)
+                    }
+                }),
+                serde_json::Value::Array(a) => a.iter().for_each(check),
+                _ => {}
+            }
+        }
+        docs.iter().for_each(check);
     }
 
     #[test]
