@@ -11,7 +11,7 @@
 //! - `ctx.apply_status(&obj, obj.status.as_ref(), &new_status)` → one server-side-apply
 //!   status patch, skipped when nothing changed (zero writes on a no-op resync);
 //! - `ctx.set_annotation(&obj, key, Some(v) | None)` → metadata merge patch;
-//! - `ctx.publish(&obj, EventType::Warning, "Reason", "Action", note)` → events.k8s.io/v1;
+//! - `ctx.publish(&obj, EventType::Warning, "Reason", "Action", note)` → a core/v1 Event;
 //! - `error_policy` of each kind calls `ctx.backoff(kind, &obj, &err)`.
 
 use std::collections::HashMap;
@@ -66,7 +66,7 @@ pub struct Context {
     pub config: ControllerConfig,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Event publisher (events.k8s.io/v1, series for repeats).
+    /// Event publisher (core/v1 Events, counts for repeats).
     pub recorder: crate::events::Publisher,
     /// Per-object retry counters.
     pub backoffs: Backoffs,

@@ -1,4 +1,11 @@
-//! Kubernetes Events (events.k8s.io/v1) with series for repeats, in little memory.
+//! Kubernetes Events with counts for repeats, in little memory.
+//!
+//! Events are written through core/v1, as client-go's and controller-runtime's recorders do,
+//! with `firstTimestamp`, `lastTimestamp` and `count`: `kubectl get events
+//! --sort-by=.lastTimestamp` orders them as it does every other controller's, on any API
+//! server. (An events.k8s.io/v1 Event has only `eventTime` and `series`, which core/v1 readers
+//! see as empty timestamps.) Readers of events.k8s.io/v1 see the same objects with `note`,
+//! `regarding` and the `deprecated*` fields.
 //!
 //! kube-runtime's `Recorder` keeps a full copy of every Event it published for six minutes
 //! and sweeps that whole cache on every publish: with 10,000 Servers (a `Created` and a
@@ -8,15 +15,14 @@
 //!
 //! Semantics follow the Kubernetes event guidelines: the first occurrence creates an Event;
 //! the same event again (same object, type, reason, action and note) within six minutes
-//! updates that Event's `series` (count, lastObservedTime) instead of creating another.
+//! updates that Event's `count` and `lastTimestamp` instead of creating another.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -110,7 +116,7 @@ impl Publisher {
         if let Some(mut p) = earlier {
             p.count += 1;
             p.last = now;
-            let patch = json!({"series": {"count": p.count, "lastObservedTime": MicroTime(now)}});
+            let patch = json!({"count": p.count, "lastTimestamp": Time(now)});
             match api
                 .patch(&p.name, &PatchParams { field_manager: Some(self.controller.clone()), ..Default::default() }, &Patch::Merge(&patch))
                 .await
@@ -127,13 +133,16 @@ impl Publisher {
         let name = format!("{}.{:x}", regarding.name.as_deref().unwrap_or(&self.controller), now.as_nanosecond());
         let event = Event {
             metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(namespace.clone()), ..Default::default() },
-            event_time: Some(MicroTime(now)),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(1),
             type_: Some(type_str(what.type_).into()),
             reason: Some(what.reason.into()),
             action: Some(what.action.into()),
-            note: what.note.map(str::to_string),
-            regarding: Some(regarding.clone()),
-            reporting_controller: Some(self.controller.clone()),
+            message: what.note.map(str::to_string),
+            involved_object: regarding.clone(),
+            source: Some(EventSource { component: Some(self.controller.clone()), host: None }),
+            reporting_component: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
         };
