@@ -86,8 +86,8 @@ pub async fn run_with_metrics(
     let stores = Stores {
         workspaces: workspace_controller.store(),
         servers: server_controller.store(),
-        taskservs: metadata_store::<TaskServ>(client.clone(), &synced, cache::TASKSERV_META),
-        clusters: metadata_store::<Cluster>(client.clone(), &synced, cache::CLUSTER_META),
+        taskservs: metadata_store::<TaskServ>(client.clone(), &synced, cache::TASKSERV_META, shutdown.clone()),
+        clusters: metadata_store::<Cluster>(client.clone(), &synced, cache::CLUSTER_META, shutdown.clone()),
         synced,
     };
     // Host paths handed to providers: resolved (and a missing one reported) once, here.

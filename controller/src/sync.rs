@@ -135,7 +135,12 @@ where
 }
 
 /// A metadata-only cache of `K` (for counts), filled by a background watch.
-pub fn metadata_store<K>(client: Client, synced: &CacheSync, name: &'static str) -> reflector::Store<PartialObjectMeta<K>>
+pub fn metadata_store<K>(
+    client: Client,
+    synced: &CacheSync,
+    name: &'static str,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> reflector::Store<PartialObjectMeta<K>>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
@@ -147,7 +152,14 @@ where
         )
         .default_backoff()
         .for_each(|_| futures::future::ready(()));
-    tokio::spawn(stream);
+    // Stops with the controller: a watch left running past shutdown logs connect errors
+    // once the API server is gone (`provisioning dev` stops both on Ctrl-C).
+    tokio::spawn(async move {
+        tokio::select! {
+            () = stream => {}
+            () = shutdown => {}
+        }
+    });
     reader
 }
 

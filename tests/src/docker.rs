@@ -62,7 +62,9 @@ pub fn leftovers(namespace: &str, cluster: &str) -> Result<Vec<String>> {
 pub fn require_node_image() -> Result<()> {
     let out = docker(&["image", "inspect", "provisioning-node:latest"])?;
     if !out.status.success() {
-        bail!("the node image provisioning-node:latest is missing: run `provisioning image build` (scripts/setup.sh does)");
+        bail!(
+            "the node image provisioning-node:latest is missing: run `target/debug/provisioning image build` (scripts/test.sh does, in its images phase)"
+        );
     }
     Ok(())
 }

@@ -597,16 +597,19 @@ async fn tag_latest(docker: &Docker, tag: &str) -> Result<(), ImageError> {
     docker.tag_image(tag, Some(options)).await.map_err(|e| ImageError::Docker(super::docker::classify("tag image", e)))
 }
 
-/// Progress lines to the caller's sink and to the log.
+/// Progress lines to the caller's sink, or to the log when there is none (once, not both:
+/// `provisioning image build` prints the sink and logs at info).
 #[derive(Clone)]
 struct Progress(Option<OutputSink>);
 
 impl Progress {
     fn say(&self, line: String) {
-        tracing::info!(target: "provisioning::image", "{line}");
-        if let Some(sink) = &self.0 {
+        match &self.0 {
             // Nobody listening any more is not a build failure.
-            let _ = sink.send(line);
+            Some(sink) => {
+                let _ = sink.send(line);
+            }
+            None => tracing::info!(target: "provisioning::image", "{line}"),
         }
     }
 }
