@@ -67,35 +67,38 @@ pub fn redeem(data_dir: &Path, code: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn data_dir() -> tempfile::TempDir {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("console-url"), "https://127.0.0.1:1234/\n").unwrap();
-        d
+    fn data_dir() -> anyhow::Result<tempfile::TempDir> {
+        let d = tempfile::tempdir()?;
+        std::fs::write(d.path().join("console-url"), "https://127.0.0.1:1234/\n")?;
+        Ok(d)
     }
 
     #[test]
-    fn a_link_works_once() {
-        let d = data_dir();
-        let link = issue(d.path()).unwrap();
-        let code = link.strip_prefix("https://127.0.0.1:1234/login?code=").expect(&link);
+    fn a_link_works_once() -> anyhow::Result<()> {
+        let d = data_dir()?;
+        let link = issue(d.path())?;
+        let code = link.strip_prefix("https://127.0.0.1:1234/login?code=").context(link.clone())?;
         assert!(redeem(d.path(), code));
         assert!(!redeem(d.path(), code), "a code works once");
+        Ok(())
     }
 
     #[test]
-    fn malformed_or_unknown_codes_touch_nothing() {
-        let d = data_dir();
-        std::fs::write(d.path().join("token"), "secret").unwrap();
+    fn malformed_or_unknown_codes_touch_nothing() -> anyhow::Result<()> {
+        let d = data_dir()?;
+        std::fs::write(d.path().join("token"), "secret")?;
         for code in ["../token", "..", "", &"a".repeat(63), &"g".repeat(64), &"A".repeat(64), &"a".repeat(64)] {
             assert!(!redeem(d.path(), code), "{code:?}");
         }
         assert!(d.path().join("token").exists(), "a path in the code never reaches the file system");
+        Ok(())
     }
 
     #[test]
-    fn without_a_running_console_the_error_says_what_to_start() {
-        let d = tempfile::tempdir().unwrap();
-        let err = issue(d.path()).unwrap_err().to_string();
+    fn without_a_running_console_the_error_says_what_to_start() -> anyhow::Result<()> {
+        let d = tempfile::tempdir()?;
+        let err = issue(d.path()).err().context("issued without a console")?.to_string();
         assert!(err.contains("provisioning dev --data-dir"), "{err}");
+        Ok(())
     }
 }
