@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource};
@@ -133,6 +134,54 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
     .await?;
     core.reset_backoff(K::KIND, obj.as_ref());
     Ok(action)
+}
+
+/// An event a visit publishes once its status is written ([`report`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Warning (else Normal).
+    pub warning: bool,
+    /// The event's reason.
+    pub reason: String,
+    /// The event's action.
+    pub action: &'static str,
+    /// The event's note.
+    pub note: String,
+}
+
+impl Note {
+    /// A Warning event.
+    pub fn warning(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
+        Note { warning: true, reason: reason.to_string(), action, note: note.into() }
+    }
+
+    /// A Normal event.
+    pub fn normal(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
+        Note { warning: false, reason: reason.to_string(), action, note: note.into() }
+    }
+
+    /// A planner's event, published under `action`.
+    pub fn planned(e: crate::planning::PlannedEvent, action: &'static str) -> Self {
+        Note { warning: e.warning, reason: e.reason, action, note: e.note }
+    }
+}
+
+/// The one place a visit reports: its status patch (`desired`; skipped when `None` or
+/// unchanged), then — only once that is written — its events, in order. A failed write
+/// publishes nothing (the next visit plans the same events again from the unchanged status).
+pub async fn report<K, S>(obj: &K, current: Option<&S>, desired: Option<&S>, events: Vec<Note>, ctx: &Context) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    S: Serialize + PartialEq,
+{
+    if let Some(desired) = desired {
+        ctx.apply_status(obj, current, desired).await.at(Step::Status)?;
+    }
+    for e in events {
+        let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
+        ctx.publish(obj, type_, &e.reason, e.action, Some(e.note)).await;
+    }
+    Ok(())
 }
 
 /// Queues objects of kind `K` for reconcile from inside the process: no API write, and no

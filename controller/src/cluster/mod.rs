@@ -22,7 +22,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
@@ -32,7 +31,7 @@ use provisioning_taskservs::Catalog;
 use crate::conditions::{self, DesiredCondition, Status};
 use crate::context::Context;
 use crate::error::{AtStep, Error, Step};
-use crate::reconcile::{Reconciled, error_policy, reconcile};
+use crate::reconcile::{Note, Reconciled, error_policy, reconcile, report};
 use crate::sync::{cache, tracked_reflector};
 use crate::time::now_seconds;
 use plan::Observed;
@@ -181,18 +180,16 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
     let mut events = plan.events.clone();
+    let mut stale = None;
     if let Some((cluster_plan, decision)) = &gated {
-        approval::record(&cluster, cluster_plan, decision, &mut status, &mut events, observed.now, ctx).await;
+        stale = approval::record(&cluster, cluster_plan, decision, &mut status, &mut events, observed.now);
         status.plan = Some(cluster_plan.clone());
     }
-    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await.at(Step::Status)?;
-    // Only once the approval in force is recorded (see approval::record).
+    let notes = stale.into_iter().chain(events.into_iter().map(|e| Note::planned(e, "Rollout")));
+    report(cluster.as_ref(), cluster.status.as_ref(), Some(&status), notes.collect(), ctx).await?;
+    // Checkpoint: only once the approval in force is recorded (see approval::record).
     if let Some((_, decision)) = &gated {
         approval::pass_down(&cluster, decision, ctx).await.at(Step::Act)?;
-    }
-    for e in &events {
-        let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
-        ctx.publish(cluster.as_ref(), type_, &e.reason, "Rollout", Some(e.note.clone())).await;
     }
     if deleting {
         if plan.teardown_done {
