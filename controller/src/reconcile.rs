@@ -26,12 +26,13 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource};
-use provisioning_crds::FINALIZER;
+use provisioning_crds::{ClusterStatus, FINALIZER, ServerStatus, TaskServStatus, WorkspaceStatus};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
@@ -40,7 +41,31 @@ use crate::context::{Context, is_paused};
 use crate::error::{AtStep, Error, Step};
 pub use crate::time::STALE_REQUEUE;
 
-/// A kind reconciled through the skeleton: the hooks that differ between kinds.
+/// The status of a kind reconciled through the skeleton: what the skeleton's default hooks
+/// need of it (its conditions).
+pub trait Conditioned: Serialize + PartialEq + Clone + Default + Send + Sync {
+    /// The status conditions.
+    fn conditions_mut(&mut self) -> &mut Vec<Condition>;
+    /// The status conditions.
+    fn conditions(&self) -> &[Condition];
+}
+
+macro_rules! conditioned {
+    ($($status:ty),*) => {$(
+        impl Conditioned for $status {
+            fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+                &mut self.conditions
+            }
+            fn conditions(&self) -> &[Condition] {
+                &self.conditions
+            }
+        }
+    )*};
+}
+conditioned!(ServerStatus, TaskServStatus, ClusterStatus, WorkspaceStatus);
+
+/// A kind reconciled through the skeleton: the hooks that differ between kinds, with
+/// defaults for what most kinds share (the first-visit check, the paused status).
 pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static {
     /// Kind name used in metrics, logs and backoff keys.
     const KIND: &'static str;
@@ -50,6 +75,8 @@ pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + D
     const PAUSE_HOLDS_DELETION: bool;
     /// What the kind's reconciles share (the controller's context).
     type Ctx: Send + Sync + 'static;
+    /// The kind's status.
+    type Status: Conditioned;
 
     /// The controller core inside the kind's context.
     fn core(ctx: &Self::Ctx) -> &Context;
@@ -57,11 +84,24 @@ pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + D
     /// The API of this object (namespaced or cluster-wide), for the finalizer.
     fn api(&self, ctx: &Context) -> Api<Self>;
 
-    /// Whether the object has no status conditions yet (its first visit).
-    fn first_visit(&self) -> bool;
+    /// The object's status (`None` before its first write).
+    fn status(&self) -> Option<&Self::Status>;
 
-    /// Writes the status of a paused object.
-    fn write_paused(&self, ctx: &Self::Ctx) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Whether the object has no status conditions yet (its first visit).
+    fn first_visit(&self) -> bool {
+        self.status().is_none_or(|s| s.conditions().is_empty())
+    }
+
+    /// Writes the status of a paused object: by default the conditions as they are, with
+    /// Reconciling=False and Paused=True ([`crate::conditions::paused`]).
+    fn write_paused(&self, ctx: &Self::Ctx) -> impl Future<Output = Result<(), Error>> + Send {
+        async move {
+            let mut status = self.status().cloned().unwrap_or_default();
+            let paused = crate::conditions::paused(status.conditions(), self.meta().generation, crate::time::now_seconds());
+            *status.conditions_mut() = paused;
+            Self::core(ctx).apply_status(self, self.status(), &status).await.map(drop)
+        }
+    }
 
     /// Writes the first-visit status (conditions Unknown, reason Initializing).
     fn write_first_status(&self, ctx: &Self::Ctx) -> impl Future<Output = Result<(), Error>> + Send;

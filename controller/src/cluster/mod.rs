@@ -76,6 +76,7 @@ impl Reconciled for Cluster {
     const KIND: &'static str = KIND;
     // Teardown goes on while paused: it only deletes the Cluster's own children.
     const PAUSE_HOLDS_DELETION: bool = false;
+    type Status = ClusterStatus;
     type Ctx = ClusterContext;
 
     fn core(cctx: &ClusterContext) -> &Context {
@@ -86,14 +87,8 @@ impl Reconciled for Cluster {
         Api::namespaced(ctx.client.clone(), self.metadata.namespace.as_deref().unwrap_or_default())
     }
 
-    fn first_visit(&self) -> bool {
-        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
-    }
-
-    async fn write_paused(&self, cctx: &ClusterContext) -> Result<(), Error> {
-        let mut status = self.status.clone().unwrap_or_default();
-        status.conditions = conditions::paused(&status.conditions, self.metadata.generation, now_seconds());
-        cctx.ctx.apply_status(self, self.status.as_ref(), &status).await.map(drop)
+    fn status(&self) -> Option<&ClusterStatus> {
+        self.status.as_ref()
     }
 
     async fn write_first_status(&self, cctx: &ClusterContext) -> Result<(), Error> {

@@ -61,6 +61,7 @@ impl Reconciled for Server {
     const KIND: &'static str = KIND;
     // Cleanup deletes the machine: a paused Server keeps it until resumed.
     const PAUSE_HOLDS_DELETION: bool = true;
+    type Status = ServerStatus;
     type Ctx = Context;
 
     fn core(ctx: &Context) -> &Context {
@@ -71,8 +72,8 @@ impl Reconciled for Server {
         api(self, ctx)
     }
 
-    fn first_visit(&self) -> bool {
-        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
+    fn status(&self) -> Option<&ServerStatus> {
+        self.status.as_ref()
     }
 
     async fn write_paused(&self, ctx: &Context) -> Result<(), Error> {

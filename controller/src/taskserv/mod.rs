@@ -163,6 +163,7 @@ impl Reconciled for TaskServ {
     const KIND: &'static str = KIND;
     // Removal goes on while paused: the scripts it runs are the object's own cleanup.
     const PAUSE_HOLDS_DELETION: bool = false;
+    type Status = TaskServStatus;
     type Ctx = TaskServContext;
 
     fn core(tctx: &TaskServContext) -> &Context {
@@ -173,14 +174,8 @@ impl Reconciled for TaskServ {
         Api::namespaced(ctx.client.clone(), self.metadata.namespace.as_deref().unwrap_or_default())
     }
 
-    fn first_visit(&self) -> bool {
-        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
-    }
-
-    async fn write_paused(&self, tctx: &TaskServContext) -> Result<(), Error> {
-        let mut status = self.status.clone().unwrap_or_default();
-        status.conditions = conditions::paused(&status.conditions, self.metadata.generation, now_seconds());
-        tctx.ctx.apply_status(self, self.status.as_ref(), &status).await.map(drop)
+    fn status(&self) -> Option<&TaskServStatus> {
+        self.status.as_ref()
     }
 
     async fn write_first_status(&self, tctx: &TaskServContext) -> Result<(), Error> {
