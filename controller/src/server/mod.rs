@@ -2,14 +2,23 @@
 //!
 //! Pipeline per visit (after the shared opening of [`crate::reconcile`]: cache gate, stale
 //! check, paused check, first finalizer and status) → finalizer (Apply / Cleanup) →
-//! [`dereference`] (workspace, maxServers rank) → [`validate`] (pure: account, plan, limit)
-//! → [`budget`] (cost from the price table; monthly budget before a create) → [`plan`] (pure: observe / adopt / find-then-create / create; `status.plan`) → approval gate
-//! ([`spec`]: under Manual a create, a drift remediation or a spec change waits for
-//! `provisioning.dev/approve`) → [`act`] (provider calls
-//! under the workspace's parallelLimit) → [`drift`] when the observed machine is missing or
-//! stopped (Drifted=True and a Warning written first, then remediated) → [`status`] (pure)
-//! → one status patch, skipped when unchanged → requeue (poll while starting, long and
-//! jittered when Ready).
+//! [`dereference`] (workspace, maxServers rank) → named steps over one [`visit::Visit`]:
+//! [`prepare`] (validate (pure: account, plan, limit), provider, [`budget`], the Server's SSH
+//! key) → [`plan`] (pure: observe / adopt / find-then-create / create; `status.plan`) →
+//! [`approval`] (the shared gate, [`crate::approval`]: under Manual a create, a drift
+//! remediation or a spec change waits for `provisioning.dev/approve`) → [`act`] (provider
+//! calls under the workspace's parallelLimit) → [`steps::remediate_drift`] when the observed
+//! machine is missing or stopped → [`spec_change::carry`] → [`steps::host_key`] →
+//! [`steps::finish`] (pure) → [`visit::Visit::conclude`]: one status patch (skipped when
+//! unchanged), then the visit's events ([`crate::reconcile::report`]) → requeue (poll while
+//! starting, long and jittered when Ready).
+//!
+//! Each step returns the next value or a [`visit::End`] (Stalled, Failed, Waiting, Done…);
+//! no step writes status or publishes events itself, except at the crash-safety checkpoints
+//! ([`visit::Visit::checkpoint`], each commented where taken: Drifted=True before a
+//! remediation, the spec change before the machine is touched) and the create-pending
+//! annotation set before a create ([`act`]) and cleared only after the status records the
+//! machine.
 //!
 //! Concurrency choice: provider calls run inline in the reconcile, and the Controller runs
 //! with unbounded concurrency (one reconcile per object at a time is still guaranteed by

@@ -190,3 +190,96 @@ impl<'a> Visit<'a> {
         result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use provisioning_crds::{ChangeAction, PlannedChange};
+
+    use super::*;
+
+    const REQUEUE: Requeue = Requeue { resync: Duration::from_secs(600), poll: Duration::from_secs(5) };
+
+    fn server() -> Server {
+        crate::testing::server("team-a", "web-0", serde_json::json!({"provider": "sim", "plan": "small"}))
+    }
+
+    fn reasons(visit: &Visit<'_>) -> Vec<(bool, String)> {
+        visit.events.iter().map(|e| (e.warning, e.reason.clone())).collect()
+    }
+
+    #[test]
+    fn a_stall_records_its_plan_and_cost_and_warns_only_on_the_flip() {
+        let s = server();
+        let mut visit = Visit::new(&s);
+        let plan = Plan {
+            id: "abc".into(),
+            summary: "1 to update".into(),
+            changes: vec![PlannedChange {
+                resource: "Server/team-a/web-0".into(),
+                field: "spec.plan".into(),
+                action: ChangeAction::Update,
+                from: "small".into(),
+                to: "large".into(),
+                reason: String::new(),
+            }],
+            ..Default::default()
+        };
+        let cost = ServerCost { monthly: "10.00".into(), ..Default::default() };
+        let end = End::Stalled {
+            step: Step::Act,
+            reason: "UpdateRefused",
+            message: "updatePolicy forbids spec.plan".into(),
+            plan: Some(Box::new(plan)),
+            cost: Some(Box::new(cost.clone())),
+        };
+        let (status, result) = visit.settle(end, REQUEUE);
+        let status = status.expect("a status to write");
+        assert!(conditions::is_true(&status.conditions, condition::STALLED));
+        assert_eq!((status.plan.as_ref().map(|p| p.id.as_str()), status.cost.as_ref()), (Some("abc"), Some(&cost)));
+        let e = result.expect_err("stalled visits back off");
+        assert_eq!((e.step(), e.to_string()), (Some(Step::Act), "updatePolicy forbids spec.plan".to_string()));
+        assert_eq!(reasons(&visit), vec![(true, "UpdateRefused".to_string())]);
+        // Already Stalled: the same status again, no second Warning.
+        let mut stalled = server();
+        stalled.status = Some(status);
+        let mut again = Visit::new(&stalled);
+        let _ = again.settle(End::stalled(Step::Validate, "UnknownPlan", "no plan".into()), REQUEUE);
+        assert!(again.events.is_empty());
+    }
+
+    #[test]
+    fn a_queued_step_records_nothing_and_a_broken_checkpoint_publishes_nothing() {
+        let s = server();
+        let mut visit = Visit::new(&s);
+        visit.warn("SpecChanged", "Plan", "spec.plan small → large".into());
+        let (status, result) = visit.settle(End::failed(Step::Act, Error::InProgress("queued".into()), Some("sim")), REQUEUE);
+        assert!(status.is_none() && result.is_err());
+        // Events found before the queue still go out with the report.
+        assert_eq!(reasons(&visit), vec![(true, "SpecChanged".to_string())]);
+        let (status, _) = visit.settle(End::Broken(Error::MissingField("metadata.name")), REQUEUE);
+        assert!(status.is_none() && visit.events.is_empty(), "a failed checkpoint publishes nothing");
+        let (status, _) = visit.settle(End::failed(Step::Act, Error::MissingField("metadata.uid"), Some("sim")), REQUEUE);
+        assert_eq!(status.and_then(|s| s.provider), Some("sim".to_string()));
+        assert_eq!(reasons(&visit), vec![(true, "MissingField".to_string())]);
+    }
+
+    #[test]
+    fn ready_is_announced_once_and_waiting_looks_again_at_resync() {
+        let s = server();
+        let mut visit = Visit::new(&s);
+        let running = ServerStatus { provider_id: Some("sim://1".into()), provider_state: Some("running".into()), ..Default::default() };
+        let mut ready = server();
+        ready.status = Some(running.clone());
+        let status = Visit::new(&ready).status(None, None, None, Machine::Unchanged);
+        assert!(conditions::is_true(&status.conditions, condition::READY));
+        let (_, result) = visit.settle(End::Done(Box::new(status.clone())), REQUEUE);
+        assert!(result.is_ok());
+        assert_eq!(reasons(&visit), vec![(false, "Ready".to_string())]);
+        ready.status = Some(status.clone());
+        let mut again = Visit::new(&ready);
+        let _ = again.settle(End::Done(Box::new(status)), REQUEUE);
+        assert!(again.events.is_empty(), "Ready only on the flip");
+        let (waiting, result) = again.settle(End::Waiting(Box::new(running)), REQUEUE);
+        assert!(waiting.is_some() && result.is_ok() && again.events.is_empty());
+    }
+}
