@@ -213,7 +213,7 @@ async fn run_steps(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Contex
         return Ok(End::Requeue(Action::requeue(std::time::Duration::from_secs(1))));
     }
     let ws = &refs.workspace;
-    let p = prepare::prepare(server, refs, ctx).await?;
+    let p = prepare::prepare(visit, refs, ctx).await?;
     let account = Some(p.valid.account.name.as_str());
     let approval = plan::approval(server, ws.spec.approval);
     let step = plan::next_step(server);

@@ -6,7 +6,7 @@
 use provisioning_crds::{ServerCost, ServerStatus};
 use provisioning_providers::SharedProvider;
 
-use super::visit::End;
+use super::visit::{End, Visit};
 use super::{budget, dereference, plan, ssh, validate};
 use crate::context::Context;
 use crate::error::{Error, Step};
@@ -50,7 +50,8 @@ impl Prepared {
 
 /// Validate (pure) → the account's provider → limits → cost and the monthly budget → the
 /// Server's own SSH key.
-pub async fn prepare(server: &Server, refs: &dereference::Refs, ctx: &Context) -> Result<Prepared, End> {
+pub async fn prepare(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Context) -> Result<Prepared, End> {
+    let server = visit.server;
     let ws = &refs.workspace;
     let made_with = server.status.as_ref().filter(|s| s.provider_id.is_some()).and_then(|s| s.provider.as_deref());
     let stall = |invalid: validate::Invalid| End::stalled(Step::Validate, invalid.reason, invalid.message);
@@ -65,12 +66,11 @@ pub async fn prepare(server: &Server, refs: &dereference::Refs, ctx: &Context) -
     .map_err(stall)?;
     validate::within_limit(refs.rank, ws).map_err(stall)?;
     // Cost, and the monthly budget before any machine is made (see budget).
-    let cost = budget::gate(server, ws, &valid, &provider, ctx).await.map_err(|(invalid, cost)| End::Stalled {
-        step: Step::Validate,
-        reason: invalid.reason,
-        message: invalid.message,
-        plan: None,
-        cost: Some(Box::new(cost)),
+    let namespace = server.metadata.namespace.as_deref();
+    let others: Vec<_> = ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace.as_deref() == namespace).collect();
+    let cost = budget::gate(server, ws, &valid, &provider, &others, &mut visit.events).map_err(|refused| {
+        let (invalid, cost) = *refused;
+        End::Stalled { step: Step::Validate, reason: invalid.reason, message: invalid.message, plan: None, cost: Some(Box::new(cost)) }
     })?;
     // Dereference the Server's own SSH key (spec.sshKeySecretRef): a missing Secret or key
     // stalls, naming both, before any machine is made with the wrong key.
