@@ -31,6 +31,7 @@
 //! step (dereference, validate, plan, act, status) and each wiring its own controller.
 
 pub mod accounts;
+pub mod approval;
 pub mod audit;
 pub mod client;
 pub mod cluster;

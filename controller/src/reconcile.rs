@@ -26,11 +26,13 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource};
-use provisioning_crds::FINALIZER;
+use provisioning_crds::{ClusterStatus, FINALIZER, ServerStatus, TaskServStatus, WorkspaceStatus};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
@@ -39,7 +41,31 @@ use crate::context::{Context, is_paused};
 use crate::error::{AtStep, Error, Step};
 pub use crate::time::STALE_REQUEUE;
 
-/// A kind reconciled through the skeleton: the hooks that differ between kinds.
+/// The status of a kind reconciled through the skeleton: what the skeleton's default hooks
+/// need of it (its conditions).
+pub trait Conditioned: Serialize + PartialEq + Clone + Default + Send + Sync {
+    /// The status conditions.
+    fn conditions_mut(&mut self) -> &mut Vec<Condition>;
+    /// The status conditions.
+    fn conditions(&self) -> &[Condition];
+}
+
+macro_rules! conditioned {
+    ($($status:ty),*) => {$(
+        impl Conditioned for $status {
+            fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+                &mut self.conditions
+            }
+            fn conditions(&self) -> &[Condition] {
+                &self.conditions
+            }
+        }
+    )*};
+}
+conditioned!(ServerStatus, TaskServStatus, ClusterStatus, WorkspaceStatus);
+
+/// A kind reconciled through the skeleton: the hooks that differ between kinds, with
+/// defaults for what most kinds share (the first-visit check, the paused status).
 pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static {
     /// Kind name used in metrics, logs and backoff keys.
     const KIND: &'static str;
@@ -49,6 +75,8 @@ pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + D
     const PAUSE_HOLDS_DELETION: bool;
     /// What the kind's reconciles share (the controller's context).
     type Ctx: Send + Sync + 'static;
+    /// The kind's status.
+    type Status: Conditioned;
 
     /// The controller core inside the kind's context.
     fn core(ctx: &Self::Ctx) -> &Context;
@@ -56,11 +84,24 @@ pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + D
     /// The API of this object (namespaced or cluster-wide), for the finalizer.
     fn api(&self, ctx: &Context) -> Api<Self>;
 
-    /// Whether the object has no status conditions yet (its first visit).
-    fn first_visit(&self) -> bool;
+    /// The object's status (`None` before its first write).
+    fn status(&self) -> Option<&Self::Status>;
 
-    /// Writes the status of a paused object.
-    fn write_paused(&self, ctx: &Self::Ctx) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Whether the object has no status conditions yet (its first visit).
+    fn first_visit(&self) -> bool {
+        self.status().is_none_or(|s| s.conditions().is_empty())
+    }
+
+    /// Writes the status of a paused object: by default the conditions as they are, with
+    /// Reconciling=False and Paused=True ([`crate::conditions::paused`]).
+    fn write_paused(&self, ctx: &Self::Ctx) -> impl Future<Output = Result<(), Error>> + Send {
+        async move {
+            let mut status = self.status().cloned().unwrap_or_default();
+            let paused = crate::conditions::paused(status.conditions(), self.meta().generation, crate::time::now_seconds());
+            *status.conditions_mut() = paused;
+            Self::core(ctx).apply_status(self, self.status(), &status).await.map(drop)
+        }
+    }
 
     /// Writes the first-visit status (conditions Unknown, reason Initializing).
     fn write_first_status(&self, ctx: &Self::Ctx) -> impl Future<Output = Result<(), Error>> + Send;
@@ -133,6 +174,54 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
     .await?;
     core.reset_backoff(K::KIND, obj.as_ref());
     Ok(action)
+}
+
+/// An event a visit publishes once its status is written ([`report`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Warning (else Normal).
+    pub warning: bool,
+    /// The event's reason.
+    pub reason: String,
+    /// The event's action.
+    pub action: &'static str,
+    /// The event's note.
+    pub note: String,
+}
+
+impl Note {
+    /// A Warning event.
+    pub fn warning(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
+        Note { warning: true, reason: reason.to_string(), action, note: note.into() }
+    }
+
+    /// A Normal event.
+    pub fn normal(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
+        Note { warning: false, reason: reason.to_string(), action, note: note.into() }
+    }
+
+    /// A planner's event, published under `action`.
+    pub fn planned(e: crate::planning::PlannedEvent, action: &'static str) -> Self {
+        Note { warning: e.warning, reason: e.reason, action, note: e.note }
+    }
+}
+
+/// The one place a visit reports: its status patch (`desired`; skipped when `None` or
+/// unchanged), then — only once that is written — its events, in order. A failed write
+/// publishes nothing (the next visit plans the same events again from the unchanged status).
+pub async fn report<K, S>(obj: &K, current: Option<&S>, desired: Option<&S>, events: Vec<Note>, ctx: &Context) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    S: Serialize + PartialEq,
+{
+    if let Some(desired) = desired {
+        ctx.apply_status(obj, current, desired).await.at(Step::Status)?;
+    }
+    for e in events {
+        let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
+        ctx.publish(obj, type_, &e.reason, e.action, Some(e.note)).await;
+    }
+    Ok(())
 }
 
 /// Queues objects of kind `K` for reconcile from inside the process: no API write, and no

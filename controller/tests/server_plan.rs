@@ -184,13 +184,13 @@ fn manual_approval_waits_for_the_current_plan_id() {
     assert_eq!(gate(&s, Approval::Manual, &p), Gate::Stale("PLACEHOLDER".into()));
     let mut approved = s.clone();
     approved.metadata.annotations.get_or_insert_default().insert(ANNOTATION_APPROVE.into(), p.id.clone());
-    assert_eq!(gate(&approved, Approval::Manual, &p), Gate::Go);
+    assert_eq!(gate(&approved, Approval::Manual, &p), Gate::Go { approved: Some(p.clone()) });
     // The approval of the plan carried out last is not stale: the next plan just waits.
     approved.metadata.annotations.get_or_insert_default().insert(ANNOTATION_APPROVE.into(), "00aa11bb22".into());
     assert_eq!(gate(&approved, Approval::Manual, &p), Gate::Wait);
     approved.metadata.annotations = None;
     assert_eq!(gate(&approved, Approval::Manual, &p), Gate::Wait);
-    assert_eq!(gate(&approved, Approval::Automatic, &p), Gate::Go);
+    assert_eq!(gate(&approved, Approval::Automatic, &p), Gate::Go { approved: None });
 }
 
 #[test]

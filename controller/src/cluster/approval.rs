@@ -47,16 +47,12 @@ use provisioning_crds::{
 };
 
 use super::plan::{Observed, PlannedEvent};
+pub use crate::approval::approval_of;
+use crate::approval::{AWAITING_APPROVAL, Gate, gate_with, same_change};
 use crate::conditions::{self, DesiredCondition, Status, Summary};
 use crate::context::{Context, FIELD_MANAGER};
 use crate::error::Error;
-use crate::server::spec::PLAN_STALE;
-use crate::taskserv::approval::{AWAITING_APPROVAL, Gate, gate_with, same_change};
-
-/// The approval in force: the Cluster's own, else its Workspace's (Automatic by default).
-pub fn approval_of(own: Option<Approval>, workspace_default: Option<Approval>) -> Approval {
-    own.or(workspace_default).unwrap_or_default()
-}
+use crate::reconcile::Note;
 
 /// The object a planned change is about: `TaskServ/ns/name on <server>` is about
 /// `TaskServ/ns/name` (names hold no spaces).
@@ -227,7 +223,7 @@ impl Decision {
     /// The AwaitingApproval message: the plan to approve and, when an approval is in force,
     /// what is new beyond it.
     pub fn waiting_message(&self, plan: &Plan) -> String {
-        let waiting = crate::server::spec::waiting_message(plan);
+        let waiting = crate::approval::waiting_message(plan);
         let Some(approved) = self.approved.as_ref().filter(|_| !self.beyond.is_empty()) else {
             return waiting;
         };
@@ -411,34 +407,26 @@ pub fn decision(cluster: &Cluster, namespace: &str, o: &Observed<'_>, plan: &Pla
 }
 
 /// Records a [`Decision`] in `status` before anything is passed down: the approval in force
-/// (`status.approvedPlan`), the conditions held while the plan waits, and a PlanStale Warning
-/// for a stale annotation. [`pass_down`] runs only after this status is written, so a
-/// controller stopped in between finds the approval recorded (members already approved work
-/// on, their plans shrink, and the kept approval still covers what is left) instead of a
-/// changed plan id that would make the user's annotation look stale.
-pub async fn record(
+/// (`status.approvedPlan`) and the conditions held while the plan waits; returns the
+/// PlanStale Warning of a stale annotation, for the visit's report. [`pass_down`] runs only
+/// after this status is written, so a controller stopped in between finds the approval
+/// recorded (members already approved work on, their plans shrink, and the kept approval
+/// still covers what is left) instead of a changed plan id that would make the user's
+/// annotation look stale.
+pub fn record(
     cluster: &Cluster,
     plan: &Plan,
     decision: &Decision,
     status: &mut ClusterStatus,
     events: &mut Vec<PlannedEvent>,
     now: Timestamp,
-    ctx: &Context,
-) {
+) -> Option<Note> {
     let previous = cluster.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     status.approved_plan = decision.approved.clone();
-    match &decision.gate {
-        Gate::Go { .. } => {}
-        Gate::Wait => hold(status, events, previous, decision.waiting_message(plan), now),
-        Gate::Stale(id) => {
-            hold(status, events, previous, decision.waiting_message(plan), now);
-            let note = format!(
-                "approval {id} ({ANNOTATION_APPROVE}) does not match the current plan {}: {}; it is ignored, approve {} to carry out the current plan",
-                plan.id, plan.summary, plan.id
-            );
-            ctx.publish(cluster, EventType::Warning, PLAN_STALE, "Approve", Some(note)).await;
-        }
+    if !decision.gate.goes() {
+        hold(status, events, previous, decision.waiting_message(plan), now);
     }
+    crate::approval::stale(&decision.gate, plan)
 }
 
 /// Approves the covered members of a recorded [`Decision`] (a merge patch of each one's
@@ -767,7 +755,7 @@ mod tests {
         let mut events = vec![PlannedEvent::normal("Ready", "ready"), PlannedEvent::normal("StepStarted", "x")];
         let p = plan("abc123", vec![machine("c-pool-0")]);
         let later = Timestamp::from_second(1_000_000).expect("valid");
-        hold(&mut status, &mut events, &previous, crate::server::spec::waiting_message(&p), later);
+        hold(&mut status, &mut events, &previous, crate::approval::waiting_message(&p), later);
         let ready = conditions::find(&status.conditions, condition::READY).expect("Ready");
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "AwaitingApproval"));
         assert!(ready.message.contains("provisioning.dev/approve=abc123"), "{}", ready.message);

@@ -22,7 +22,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
@@ -32,7 +31,7 @@ use provisioning_taskservs::Catalog;
 use crate::conditions::{self, DesiredCondition, Status};
 use crate::context::Context;
 use crate::error::{AtStep, Error, Step};
-use crate::reconcile::{Reconciled, error_policy, reconcile};
+use crate::reconcile::{Note, Reconciled, error_policy, reconcile, report};
 use crate::sync::{cache, tracked_reflector};
 use crate::time::now_seconds;
 use plan::Observed;
@@ -77,6 +76,7 @@ impl Reconciled for Cluster {
     const KIND: &'static str = KIND;
     // Teardown goes on while paused: it only deletes the Cluster's own children.
     const PAUSE_HOLDS_DELETION: bool = false;
+    type Status = ClusterStatus;
     type Ctx = ClusterContext;
 
     fn core(cctx: &ClusterContext) -> &Context {
@@ -87,14 +87,8 @@ impl Reconciled for Cluster {
         Api::namespaced(ctx.client.clone(), self.metadata.namespace.as_deref().unwrap_or_default())
     }
 
-    fn first_visit(&self) -> bool {
-        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
-    }
-
-    async fn write_paused(&self, cctx: &ClusterContext) -> Result<(), Error> {
-        let mut status = self.status.clone().unwrap_or_default();
-        status.conditions = conditions::paused(&status.conditions, self.metadata.generation, now_seconds());
-        cctx.ctx.apply_status(self, self.status.as_ref(), &status).await.map(drop)
+    fn status(&self) -> Option<&ClusterStatus> {
+        self.status.as_ref()
     }
 
     async fn write_first_status(&self, cctx: &ClusterContext) -> Result<(), Error> {
@@ -181,18 +175,16 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
     let mut events = plan.events.clone();
+    let mut stale = None;
     if let Some((cluster_plan, decision)) = &gated {
-        approval::record(&cluster, cluster_plan, decision, &mut status, &mut events, observed.now, ctx).await;
+        stale = approval::record(&cluster, cluster_plan, decision, &mut status, &mut events, observed.now);
         status.plan = Some(cluster_plan.clone());
     }
-    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status).await.at(Step::Status)?;
-    // Only once the approval in force is recorded (see approval::record).
+    let notes = stale.into_iter().chain(events.into_iter().map(|e| Note::planned(e, "Rollout")));
+    report(cluster.as_ref(), cluster.status.as_ref(), Some(&status), notes.collect(), ctx).await?;
+    // Checkpoint: only once the approval in force is recorded (see approval::record).
     if let Some((_, decision)) = &gated {
         approval::pass_down(&cluster, decision, ctx).await.at(Step::Act)?;
-    }
-    for e in &events {
-        let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
-        ctx.publish(cluster.as_ref(), type_, &e.reason, "Rollout", Some(e.note.clone())).await;
     }
     if deleting {
         if plan.teardown_done {

@@ -11,16 +11,15 @@
 use std::sync::Arc;
 
 use kube::ResourceExt;
-use kube::runtime::events::EventType;
 use provisioning_crds::{MonthlyBudget, Server, ServerCost, UnknownCostPolicy, condition};
 use provisioning_providers::SharedProvider;
 use provisioning_providers::prices;
 
 use super::dereference::has_machine;
 use super::validate::{Invalid, ValidServer};
-use crate::context::Context;
 use crate::cost;
 use crate::effective_workspace::EffectiveWorkspace;
+use crate::reconcile::Note;
 
 /// Condition reason of a Server refused because of the budget.
 pub const BUDGET_EXCEEDED: &str = "BudgetExceeded";
@@ -149,30 +148,29 @@ fn refuse_or_note(budget: &MonthlyBudget, why: String) -> Verdict {
 }
 
 /// The Server's cost for `plan` (its provider's price table), and the budget's verdict on
-/// creating its machine. A refusal carries the cost too, for the status it is recorded in.
-/// An allowed unchecked Server gets a Warning event once and a note in its cost.
-pub async fn gate(
+/// creating its machine (pure; `others`: the Servers of its namespace). A refusal carries the
+/// cost too, for the status it is recorded in. An allowed unchecked Server gets a note in its
+/// cost and, once, a Warning (added to the visit's `events`).
+pub fn gate(
     server: &Server,
     ws: &EffectiveWorkspace,
     valid: &ValidServer,
     provider: &SharedProvider,
-    ctx: &Context,
-) -> Result<ServerCost, (Invalid, ServerCost)> {
+    others: &[Arc<Server>],
+    events: &mut Vec<Note>,
+) -> Result<ServerCost, Box<(Invalid, ServerCost)>> {
     let mut own = cost::server_cost(&provider.price(&valid.resolved_plan, &valid.zone));
     let budget = ws.spec.limits.monthly_budget.as_ref();
     if budget.is_none() || has_machine(server) {
         return Ok(own);
     }
-    let namespace = server.metadata.namespace.as_deref();
-    let others: Vec<Arc<Server>> =
-        ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace.as_deref() == namespace).collect();
-    match check(server, &own, budget, &others, &ws.display()) {
+    match check(server, &own, budget, others, &ws.display()) {
         Verdict::NotApplicable | Verdict::Within => Ok(own),
-        Verdict::Refused(invalid) => Err((invalid, own)),
+        Verdict::Refused(invalid) => Err(Box::new((invalid, own))),
         Verdict::Unchecked(note) => {
             let noted_before = server.status.as_ref().and_then(|s| s.cost.as_ref()).is_some_and(|c| c.message.contains(&note));
             if !noted_before {
-                ctx.publish(server, EventType::Warning, BUDGET_UNCHECKED, "Validate", Some(note.clone())).await;
+                events.push(Note::warning(BUDGET_UNCHECKED, "Validate", note.clone()));
             }
             own.message = if own.message.is_empty() { note } else { format!("{}; {note}", own.message) };
             Ok(own)

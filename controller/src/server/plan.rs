@@ -301,37 +301,21 @@ pub fn plan_id(who: &str, generation: Option<i64>, machine: Option<&str>, change
     hash.finalize().iter().take(5).map(|b| format!("{b:02x}")).collect()
 }
 
-/// Where a plan stands with approval.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Gate {
-    /// Go ahead: Automatic approval, or the approve annotation names this plan.
-    Go,
-    /// Manual approval and no approval of this plan yet.
-    Wait,
-    /// Manual approval and the annotation names another plan (not the one carried out last):
-    /// ignored, with a PlanStale Warning naming the current id.
-    Stale(String),
-}
+pub use crate::approval::Gate;
 
 /// The approval in force: the Server's own, else its Workspace's (Automatic by default).
 /// A Cluster writes its own approval into the Servers it makes.
 pub fn approval(server: &Server, workspace_default: Option<Approval>) -> Approval {
-    server.spec.approval.or(workspace_default).unwrap_or_default()
+    crate::approval::approval_of(server.spec.approval, workspace_default)
 }
 
-/// Whether `plan` may be carried out now.
+/// Whether `plan` may be carried out now: a plan carried out at once
+/// ([`crate::approval::gate_once`]); the approval of the plan carried out last
+/// (`status.lastAppliedPlan`) is not stale.
 pub fn gate(server: &Server, approval: Approval, plan: &Plan) -> Gate {
-    if approval == Approval::Automatic {
-        return Gate::Go;
-    }
-    let approved = server.annotations().get(ANNOTATION_APPROVE).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let annotation = server.annotations().get(ANNOTATION_APPROVE).map(String::as_str);
     let last = server.status.as_ref().and_then(|s| s.last_applied_plan.as_deref());
-    match approved {
-        Some(id) if id == plan.id => Gate::Go,
-        // The annotation is the user's text: at most 64 characters of it reach the Warning.
-        Some(id) if Some(id) != last => Gate::Stale(id.chars().take(64).collect()),
-        _ => Gate::Wait,
-    }
+    crate::approval::gate_once(approval, annotation, plan, last)
 }
 
 use kube::ResourceExt;

@@ -5,76 +5,14 @@
 //! Unlike a Server's plan (one machine, carried out at once), a TaskServ's plan shrinks while
 //! it is carried out — servers finish one by one, a rollout goes batch by batch — so the
 //! approved plan is kept in `status.approvedPlan` and every later plan whose changes it
-//! already contains goes on under the same approval. A change it does not contain (a new
+//! already contains goes on under the same approval ([`crate::approval::gate`]). A change it does not contain (a new
 //! spec, drift found meanwhile, a rollback after a failed upgrade) waits for a new one.
 
-use provisioning_crds::{Approval, Plan, PlannedChange, TaskServStatus};
+use provisioning_crds::{Plan, TaskServStatus};
 
 use super::plan::{Operation, ServerPhase};
-
-/// Reason of `Ready=False` (and the phase) while a plan waits for approval.
-pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
-
-/// Where a TaskServ's plan stands with approval.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Gate {
-    /// Carry it out; `approved` is what `status.approvedPlan` becomes.
-    Go {
-        /// The approval in force afterwards.
-        approved: Option<Plan>,
-    },
-    /// Manual approval and no approval covers this plan.
-    Wait,
-    /// Manual approval and the annotation names neither this plan nor the approved one:
-    /// ignored, with a PlanStale Warning.
-    Stale(String),
-}
-
-/// Whether two planned changes are the same: resource, action and target.
-pub fn same_change(a: &PlannedChange, b: &PlannedChange) -> bool {
-    a.resource == b.resource && a.action == b.action && a.to == b.to
-}
-
-/// Whether `plan` may be carried out under `approval`, given the annotation's value and the
-/// plan approved before.
-pub fn gate(approval: Approval, annotation: Option<&str>, plan: &Plan, approved: Option<&Plan>) -> Gate {
-    gate_with(approval, annotation, plan, approved, |c, before| before.changes.iter().any(|b| same_change(b, c)))
-}
-
-/// [`gate`] with the kind's own idea of what an approved plan covers (`covered(change,
-/// approved)`).
-pub fn gate_with(
-    approval: Approval,
-    annotation: Option<&str>,
-    plan: &Plan,
-    approved: Option<&Plan>,
-    covered: impl Fn(&PlannedChange, &Plan) -> bool,
-) -> Gate {
-    let annotation = annotation.map(str::trim).filter(|a| !a.is_empty());
-    if approval == Approval::Automatic {
-        return Gate::Go { approved: None };
-    }
-    if !plan.has_changes() {
-        return Gate::Go { approved: approved.cloned() };
-    }
-    if annotation == Some(plan.id.as_str()) {
-        return Gate::Go { approved: Some(plan.clone()) };
-    }
-    // An approval covers the spec it was given for: after a spec change (a new generation)
-    // only an approval of the new plan goes.
-    let same_spec = |before: &Plan| before.generation.is_none() || before.generation == plan.generation;
-    if let Some(before) = approved.filter(|b| same_spec(b))
-        && annotation == Some(before.id.as_str())
-        && plan.changes.iter().filter(|c| c.action != provisioning_crds::ChangeAction::NoOp).all(|c| covered(c, before))
-    {
-        return Gate::Go { approved: Some(before.clone()) };
-    }
-    match annotation {
-        // The annotation is the user's text: at most 64 characters of it reach the Warning.
-        Some(a) if Some(a) != approved.filter(|b| same_spec(b)).map(|p| p.id.as_str()) => Gate::Stale(a.chars().take(64).collect()),
-        _ => Gate::Wait,
-    }
-}
+// The gate itself is every kind's ([`crate::approval`]).
+pub use crate::approval::{AWAITING_APPROVAL, Gate, gate, gate_with, same_change};
 
 /// Holds a plan that waits: only health checks start. A server held from an install stays
 /// `Pending` (the install is still due: the next pass plans it again, under the same plan id)
@@ -94,7 +32,7 @@ pub fn hold(desired: &mut TaskServStatus, previous: &TaskServStatus, launch: &mu
         }
     }
     desired.phase = Some(AWAITING_APPROVAL.to_string());
-    let message = crate::server::spec::waiting_message(plan);
+    let message = crate::approval::waiting_message(plan);
     for c in desired.conditions.iter_mut() {
         if c.type_ == provisioning_crds::condition::READY || c.type_ == provisioning_crds::condition::RECONCILING {
             c.reason = AWAITING_APPROVAL.to_string();
@@ -105,7 +43,7 @@ pub fn hold(desired: &mut TaskServStatus, previous: &TaskServStatus, launch: &mu
 
 #[cfg(test)]
 mod tests {
-    use provisioning_crds::{ChangeAction, TaskServServerStatus};
+    use provisioning_crds::{Approval, ChangeAction, PlannedChange, TaskServServerStatus};
 
     use super::*;
 

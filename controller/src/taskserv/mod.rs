@@ -26,7 +26,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
@@ -36,9 +35,9 @@ use provisioning_taskservs::{Catalog, ScriptContext, ScriptPaths};
 
 use crate::conditions::{self, DesiredCondition, Status};
 use crate::context::Context;
-use crate::error::{AtStep, Error, ErrorClass, Step};
+use crate::error::{Error, ErrorClass, Step};
 use crate::permissions::may_watch_all_secrets;
-use crate::reconcile::{Reconciled, Trigger, error_policy, reconcile};
+use crate::reconcile::{Note, Reconciled, Trigger, error_policy, reconcile, report};
 use crate::sync::{cache, tracked_reflector};
 use crate::time::now_seconds;
 use act::{ProviderExecutor, RunRequest, ScriptRuns, TaskServKey};
@@ -164,6 +163,7 @@ impl Reconciled for TaskServ {
     const KIND: &'static str = KIND;
     // Removal goes on while paused: the scripts it runs are the object's own cleanup.
     const PAUSE_HOLDS_DELETION: bool = false;
+    type Status = TaskServStatus;
     type Ctx = TaskServContext;
 
     fn core(tctx: &TaskServContext) -> &Context {
@@ -174,14 +174,8 @@ impl Reconciled for TaskServ {
         Api::namespaced(ctx.client.clone(), self.metadata.namespace.as_deref().unwrap_or_default())
     }
 
-    fn first_visit(&self) -> bool {
-        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
-    }
-
-    async fn write_paused(&self, tctx: &TaskServContext) -> Result<(), Error> {
-        let mut status = self.status.clone().unwrap_or_default();
-        status.conditions = conditions::paused(&status.conditions, self.metadata.generation, now_seconds());
-        tctx.ctx.apply_status(self, self.status.as_ref(), &status).await.map(drop)
+    fn status(&self) -> Option<&TaskServStatus> {
+        self.status.as_ref()
     }
 
     async fn write_first_status(&self, tctx: &TaskServContext) -> Result<(), Error> {
@@ -263,10 +257,11 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     if let Some(name) = generated_secret {
         desired.generated_secret_ref = Some(LocalSecretReference { name });
     }
+    let mut stale = None;
     if !deleting {
         let resource = format!("TaskServ/{namespace}/{}", ts.name_any());
         let taskserv_plan = plan::taskserv_plan(&resource, ts.metadata.generation, &desired, version.as_deref());
-        gate_on_approval(&ts, namespace, ctx, &status, &mut desired, &mut launch, &taskserv_plan).await;
+        stale = gate_on_approval(&ts, namespace, ctx, &status, &mut desired, &mut launch, &taskserv_plan);
         desired.plan = Some(taskserv_plan);
     }
 
@@ -277,7 +272,10 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
             start_run(&ts, &server, operation, &servers, &selected, validated.as_ref().ok(), &limit, tctx);
         }
     }
-    ctx.apply_status(ts.as_ref(), ts.status.as_ref(), &desired).await.at(Step::Status)?;
+    // The stale approval's Warning first, then the plan's events, once the status is written.
+    let notes = stale.into_iter().chain(events.into_iter().map(|e| Note::planned(e, "Reconcile")));
+    report(ts.as_ref(), ts.status.as_ref(), Some(&desired), notes.collect(), ctx).await?;
+    // Checkpoint: the results are acknowledged only once the status recording them is written.
     tctx.runs.acknowledge(&key, results.len());
     // A failed run may mean the machine died under the service: have the Server look at its
     // machine now rather than at its next resync (it reports a stopped machine, and a Cluster
@@ -286,10 +284,6 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
         if let Some(server) = ctx.stores.servers.get(&ObjectRef::new(&r.server).within(namespace)) {
             look_at_machine(ctx, &tctx.servers, &server);
         }
-    }
-    for e in events {
-        let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
-        ctx.publish(ts.as_ref(), type_, &e.reason, "Reconcile", Some(e.note)).await;
     }
     if deleting {
         if done {
@@ -306,8 +300,9 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
 
 /// Under Manual approval (the TaskServ's own, else its Workspace's), holds the plan's install
 /// and remove runs until approved ([`approval`]); a stale approval is ignored with a
-/// PlanStale Warning. Records the approval in force in `status.approvedPlan`.
-async fn gate_on_approval(
+/// PlanStale Warning (returned, for the visit's report). Records the approval in force in
+/// `status.approvedPlan`.
+fn gate_on_approval(
     ts: &TaskServ,
     namespace: &str,
     ctx: &Context,
@@ -315,28 +310,17 @@ async fn gate_on_approval(
     desired: &mut TaskServStatus,
     launch: &mut Vec<(String, plan::Operation)>,
     taskserv_plan: &provisioning_crds::Plan,
-) {
-    let approval = ts.spec.approval.or(ctx.workspace_for(namespace).spec.approval).unwrap_or_default();
+) -> Option<Note> {
+    let approval = crate::approval::approval_of(ts.spec.approval, ctx.workspace_for(namespace).spec.approval);
     let annotation = ts.annotations().get(provisioning_crds::ANNOTATION_APPROVE).map(String::as_str);
-    match approval::gate(approval, annotation, taskserv_plan, previous.approved_plan.as_ref()) {
-        approval::Gate::Go { approved } => desired.approved_plan = approved,
-        approval::Gate::Wait => {
-            desired.approved_plan = previous.approved_plan.clone();
-            approval::hold(desired, previous, launch, taskserv_plan);
-        }
-        approval::Gate::Stale(id) => {
-            desired.approved_plan = previous.approved_plan.clone();
-            approval::hold(desired, previous, launch, taskserv_plan);
-            let note = format!(
-                "approval {id} ({}) does not match the current plan {}: {}; it is ignored, approve {} to carry out the current plan",
-                provisioning_crds::ANNOTATION_APPROVE,
-                taskserv_plan.id,
-                taskserv_plan.summary,
-                taskserv_plan.id
-            );
-            ctx.publish(ts, EventType::Warning, crate::server::spec::PLAN_STALE, "Approve", Some(note)).await;
-        }
+    let gate = approval::gate(approval, annotation, taskserv_plan, previous.approved_plan.as_ref());
+    if let approval::Gate::Go { approved } = &gate {
+        desired.approved_plan = approved.clone();
+    } else {
+        desired.approved_plan = previous.approved_plan.clone();
+        approval::hold(desired, previous, launch, taskserv_plan);
     }
+    crate::approval::stale(&gate, taskserv_plan)
 }
 
 /// The semaphore bounding this TaskServ's script runs: its Cluster's `parallelLimit`, or the

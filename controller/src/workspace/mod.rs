@@ -42,6 +42,7 @@ pub const LABEL_WORKSPACE: &str = "provisioning.dev/workspace";
 impl Reconciled for Workspace {
     const KIND: &'static str = KIND;
     const PAUSE_HOLDS_DELETION: bool = true;
+    type Status = provisioning_crds::WorkspaceStatus;
     type Ctx = Context;
 
     fn core(ctx: &Context) -> &Context {
@@ -52,8 +53,8 @@ impl Reconciled for Workspace {
         Api::all(ctx.client.clone())
     }
 
-    fn first_visit(&self) -> bool {
-        self.status.as_ref().is_none_or(|s| s.conditions.is_empty())
+    fn status(&self) -> Option<&provisioning_crds::WorkspaceStatus> {
+        self.status.as_ref()
     }
 
     async fn write_paused(&self, ctx: &Context) -> Result<(), Error> {

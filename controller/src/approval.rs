@@ -1,0 +1,178 @@
+//! The approval gate of every kind (`approval: Manual`): a plan waits until the annotation
+//! `provisioning.dev/approve` names its `status.plan.id`. Pure: the
+//! PlanStale Warning is returned as a [`Note`] for the kind's one report of the visit
+//! ([`crate::reconcile::report`]).
+//!
+//! Two shapes of plan go through it:
+//! - one carried out at once (a Server's machine: [`gate_once`]) — the approval of the plan
+//!   carried out last is not stale, the next plan just waits;
+//! - one that shrinks while it is carried out (a TaskServ's servers one by one, a Cluster's
+//!   members: [`gate`] / [`gate_with`]) — the approved plan is kept in `status.approvedPlan`
+//!   and every later plan of the same spec whose changes it already covers goes on under it.
+//!
+//! A stale annotation (naming neither the current plan nor the approval in force) is
+//! ignored, with one PlanStale Warning naming the current plan id ([`stale`]).
+
+use provisioning_crds::{ANNOTATION_APPROVE, Approval, ChangeAction, Plan, PlannedChange};
+
+use crate::reconcile::Note;
+
+/// Reason of `Ready=False` (and the phase) while a plan waits for approval.
+pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
+/// Event reason of an approval that names another plan than the current one.
+pub const PLAN_STALE: &str = "PlanStale";
+
+/// Where a plan stands with approval.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gate {
+    /// Carry it out; `approved` is the approval in force afterwards (`None`: Automatic).
+    Go {
+        /// The approval in force afterwards.
+        approved: Option<Plan>,
+    },
+    /// Manual approval and no approval covers this plan.
+    Wait,
+    /// Manual approval and the annotation names neither this plan nor the approval in
+    /// force: ignored, with a PlanStale Warning ([`stale`]).
+    Stale(String),
+}
+
+impl Gate {
+    /// Whether the plan goes ahead.
+    pub fn goes(&self) -> bool {
+        matches!(self, Gate::Go { .. })
+    }
+}
+
+/// The approval in force: the object's own, else its Workspace's (Automatic by default).
+pub fn approval_of(own: Option<Approval>, workspace_default: Option<Approval>) -> Approval {
+    own.or(workspace_default).unwrap_or_default()
+}
+
+/// Whether two planned changes are the same: resource, action and target.
+pub fn same_change(a: &PlannedChange, b: &PlannedChange) -> bool {
+    a.resource == b.resource && a.action == b.action && a.to == b.to
+}
+
+/// The annotation's value as an approval: trimmed, empty is none.
+fn named(annotation: Option<&str>) -> Option<&str> {
+    annotation.map(str::trim).filter(|a| !a.is_empty())
+}
+
+/// The annotation is the user's text: at most 64 characters of it reach the Warning.
+fn stale_id(annotation: &str) -> Gate {
+    Gate::Stale(annotation.chars().take(64).collect())
+}
+
+/// Whether a plan carried out at once may go under `approval`: Go when Automatic or when the
+/// annotation names it; an annotation naming the plan carried out last (`last_applied`) is
+/// not stale (the next plan just waits).
+pub fn gate_once(approval: Approval, annotation: Option<&str>, plan: &Plan, last_applied: Option<&str>) -> Gate {
+    if approval == Approval::Automatic {
+        return Gate::Go { approved: None };
+    }
+    match named(annotation) {
+        Some(id) if id == plan.id => Gate::Go { approved: Some(plan.clone()) },
+        Some(id) if Some(id) != last_applied => stale_id(id),
+        _ => Gate::Wait,
+    }
+}
+
+/// Whether a plan that shrinks while carried out may go under `approval`, given the
+/// annotation's value and the plan approved before (covered: the same change).
+pub fn gate(approval: Approval, annotation: Option<&str>, plan: &Plan, approved: Option<&Plan>) -> Gate {
+    gate_with(approval, annotation, plan, approved, |c, before| before.changes.iter().any(|b| same_change(b, c)))
+}
+
+/// [`gate`] with the kind's own idea of what an approved plan covers (`covered(change,
+/// approved)`).
+pub fn gate_with(
+    approval: Approval,
+    annotation: Option<&str>,
+    plan: &Plan,
+    approved: Option<&Plan>,
+    covered: impl Fn(&PlannedChange, &Plan) -> bool,
+) -> Gate {
+    let annotation = named(annotation);
+    if approval == Approval::Automatic {
+        return Gate::Go { approved: None };
+    }
+    if !plan.has_changes() {
+        return Gate::Go { approved: approved.cloned() };
+    }
+    if annotation == Some(plan.id.as_str()) {
+        return Gate::Go { approved: Some(plan.clone()) };
+    }
+    // An approval covers the spec it was given for: after a spec change (a new generation)
+    // only an approval of the new plan goes.
+    let same_spec = |before: &Plan| before.generation.is_none() || before.generation == plan.generation;
+    if let Some(before) = approved.filter(|b| same_spec(b))
+        && annotation == Some(before.id.as_str())
+        && plan.changes.iter().filter(|c| c.action != ChangeAction::NoOp).all(|c| covered(c, before))
+    {
+        return Gate::Go { approved: Some(before.clone()) };
+    }
+    match annotation {
+        Some(a) if Some(a) != approved.filter(|b| same_spec(b)).map(|p| p.id.as_str()) => stale_id(a),
+        _ => Gate::Wait,
+    }
+}
+
+/// The message of a plan waiting for approval (Ready's, on every kind).
+pub fn waiting_message(plan: &Plan) -> String {
+    format!("waiting for approval of plan {}: {} (annotate {ANNOTATION_APPROVE}={} to carry it out)", plan.id, plan.summary, plan.id)
+}
+
+/// The PlanStale Warning of a gate: `Some` only for [`Gate::Stale`], naming the approval
+/// given and the current plan id.
+pub fn stale(gate: &Gate, plan: &Plan) -> Option<Note> {
+    let Gate::Stale(id) = gate else { return None };
+    let note = format!(
+        "approval {id} ({ANNOTATION_APPROVE}) does not match the current plan {}: {}; it is ignored, approve {} to carry out the current plan",
+        plan.id, plan.summary, plan.id
+    );
+    Some(Note::warning(PLAN_STALE, "Approve", note))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(id: &str) -> Plan {
+        Plan {
+            id: id.into(),
+            summary: "1 to create".into(),
+            changes: vec![PlannedChange {
+                resource: "Server/ns/web-0".into(),
+                field: String::new(),
+                action: ChangeAction::Create,
+                from: String::new(),
+                to: "small".into(),
+                reason: String::new(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_plan_carried_out_at_once_goes_when_named_and_the_last_one_is_not_stale() {
+        let p = plan("aaa");
+        assert_eq!(gate_once(Approval::Automatic, Some("zzz"), &p, None), Gate::Go { approved: None });
+        assert_eq!(gate_once(Approval::Manual, Some(" aaa "), &p, None), Gate::Go { approved: Some(p.clone()) });
+        assert_eq!(gate_once(Approval::Manual, None, &p, None), Gate::Wait);
+        assert_eq!(gate_once(Approval::Manual, Some(""), &p, None), Gate::Wait);
+        assert_eq!(gate_once(Approval::Manual, Some("old"), &p, Some("old")), Gate::Wait);
+        assert_eq!(gate_once(Approval::Manual, Some(&"x".repeat(100)), &p, None), Gate::Stale("x".repeat(64)));
+    }
+
+    #[test]
+    fn only_a_stale_gate_has_a_warning_and_it_names_both_ids() {
+        let p = plan("aaa");
+        assert!(stale(&Gate::Wait, &p).is_none());
+        assert!(stale(&Gate::Go { approved: None }, &p).is_none());
+        let note = stale(&Gate::Stale("zzz".into()), &p).expect("a Warning");
+        assert_eq!((note.warning, note.reason.as_str(), note.action), (true, PLAN_STALE, "Approve"));
+        assert!(note.note.contains("approval zzz") && note.note.contains("current plan aaa"), "{}", note.note);
+        assert!(waiting_message(&p).contains("provisioning.dev/approve=aaa"));
+    }
+}

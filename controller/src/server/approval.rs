@@ -1,0 +1,39 @@
+//! The Server's side of the approval gate ([`crate::approval`]): under `approval: Manual` a
+//! machine to create, a drift remediation or a spec change waits until
+//! `provisioning.dev/approve` names its plan id (a plan carried out at once:
+//! [`crate::approval::gate_once`], see [`super::plan::gate`]); a stale approval is ignored
+//! with a PlanStale Warning in the visit's report.
+
+use provisioning_crds::{Approval, Plan, ServerCost, ServerStatus};
+
+use super::status;
+use super::visit::{End, Visit};
+pub use crate::approval::{AWAITING_APPROVAL, PLAN_STALE};
+use crate::conditions::Summary;
+
+/// Whether `plan` may be carried out now under `approval`: `false` while it waits (Manual,
+/// not approved; the caller ends the visit with [`wait`]). A stale approval adds a PlanStale
+/// Warning naming the current plan id to the visit's events, and is ignored.
+pub fn check(visit: &mut Visit<'_>, approval: Approval, plan: &Plan) -> bool {
+    let gate = super::plan::gate(visit.server, approval, plan);
+    visit.events.extend(crate::approval::stale(&gate, plan));
+    gate.goes()
+}
+
+/// The summary of a Server waiting for approval of `plan`: Ready=False, reason
+/// AwaitingApproval, the message naming the plan.
+pub fn waiting_summary(plan: &Plan) -> Summary {
+    Summary::progressing(AWAITING_APPROVAL, crate::approval::waiting_message(plan))
+}
+
+/// Marks `status` as waiting (phase AwaitingApproval).
+pub fn waiting(mut status: ServerStatus) -> ServerStatus {
+    status.phase = Some(AWAITING_APPROVAL.to_string());
+    status
+}
+
+/// Ends the visit waiting for approval of `plan`: `status` with the plan and the cost.
+pub fn wait(visit: &Visit<'_>, status: ServerStatus, plan: &Plan, cost: &ServerCost) -> End {
+    let recorded = super::spec_change::record(status::record_cost(status, cost), visit.server.status.as_ref(), plan, None, visit.now);
+    End::Waiting(Box::new(waiting(recorded)))
+}

@@ -1,0 +1,134 @@
+//! The acting steps of a Server visit, in pipeline order, each over the [`Visit`]: the
+//! approval gate of a machine to make ([`gate_create`]), drift remediation
+//! ([`remediate_drift`]), what acting learned about the machine ([`machine`], pure), the SSH
+//! host key ([`host_key`]) and the final status ([`finish`], pure).
+
+use provisioning_crds::{Approval, Plan, ServerStatus};
+use provisioning_providers::ProviderId;
+
+use super::prepare::Prepared;
+use super::status::{self, Machine};
+use super::visit::{End, Visit};
+use super::{act, approval, drift, plan, spec_change, ssh};
+use crate::conditions::Summary;
+use crate::context::Context;
+use crate::effective_workspace::EffectiveWorkspace;
+use crate::error::{Error, Step};
+
+/// A machine to make is a plan too: under Manual approval it waits like any other. Continues
+/// with the plan carried out (`None`: the step makes no machine).
+pub fn gate_create(visit: &mut Visit<'_>, p: &Prepared, step: &plan::Step, approval: Approval) -> Result<Option<Plan>, End> {
+    if !matches!(step, plan::Step::Create | plan::Step::FindThenCreate) {
+        return Ok(None);
+    }
+    let planned = p.plan(visit.server, None).plan;
+    if !approval::check(visit, approval, &planned) {
+        let waiting = visit.status(Some(approval::waiting_summary(&planned)), Some(p.valid.account.name.clone()), None, Machine::Unchanged);
+        return Err(approval::wait(visit, waiting, &planned, &p.cost));
+    }
+    Ok(Some(planned))
+}
+
+/// A drifted machine: under Manual approval its remediation is a plan that waits like any
+/// other; otherwise the drift is recorded first and the machine remediated. Continues with
+/// what remediating found and the plan carried out. One Warning per drift.
+pub async fn remediate_drift(
+    visit: &mut Visit<'_>,
+    drift: &drift::Drift,
+    p: &Prepared,
+    approval: Approval,
+    ws: &EffectiveWorkspace,
+    ctx: &Context,
+) -> Result<(act::Acted, Plan), End> {
+    let server = visit.server;
+    let stopped = drift.reason == drift::MACHINE_STOPPED;
+    let remedy = plan::drift_plan(server, &drift.machine, stopped, &drift.message, &p.valid).plan;
+    let go = approval::check(visit, approval, &remedy);
+    if drift::warning_due(server, drift) {
+        visit.warn(drift.reason, "Remediate", drift.message.clone());
+    }
+    let found = drift::Found::Drifted(drift.clone());
+    let machine = Machine::Observed(drift.observation());
+    if !go {
+        let waiting = visit.status(Some(approval::waiting_summary(&remedy)), None, None, machine);
+        let waiting = drift::record(waiting, server.status.as_ref(), &found, visit.now);
+        return Err(approval::wait(visit, waiting, &remedy, &p.cost));
+    }
+    // Checkpoint: Drifted=True is on record (and its Warning out) before the remediation
+    // starts, so a crash mid-remediation still shows the drift.
+    let drifted = visit.status(Some(Summary::progressing(drift.reason, drift.message.clone())), None, None, machine);
+    visit.checkpoint(drift::record(drifted, server.status.as_ref(), &found, visit.now), ctx).await?;
+    match act::remediate(server, drift, &p.valid, p.login_key.as_deref(), ws, &p.provider, ctx).await {
+        Ok(acted) => Ok((acted, remedy)),
+        Err(e) => Err(End::failed(Step::Act, e, Some(&p.valid.account.name))),
+    }
+}
+
+/// What acting learned about the machine (pure): an adopted machine that is missing or may
+/// not be adopted stalls.
+pub fn machine(acted: act::Acted, p: &Prepared) -> Result<Machine, End> {
+    match acted {
+        act::Acted::Drifted(_) | act::Acted::Unchanged => Ok(Machine::Unchanged),
+        act::Acted::Machine(obs) => Ok(Machine::Observed(obs)),
+        act::Acted::ExternalMissing(id) => {
+            let message = format!("machine {id} named by spec.externalID does not exist at provider account {:?}", p.valid.account.name);
+            Err(End::stalled(Step::Act, "ExternalNotFound", message))
+        }
+        act::Acted::AdoptionRefused(refused) => Err(End::stalled(Step::Act, refused.reason, refused.message)),
+    }
+}
+
+/// The SSH host key: restored into the provider from status when it lost it (a new
+/// controller pod), recorded into status after the first contact. Never re-pinned.
+pub async fn host_key(visit: &Visit<'_>, machine: &Machine, p: &Prepared, ctx: &Context) -> Result<Option<String>, End> {
+    let server = visit.server;
+    let machine_id = match machine {
+        Machine::Observed(obs) => Some(obs.provider_id.clone()),
+        _ => server.status.as_ref().and_then(|s| s.provider_id.clone()).map(ProviderId),
+    };
+    let Some(id) = machine_id.filter(|_| ssh::uses_ssh(&p.valid.account)) else { return Ok(None) };
+    // A generated key (the Server's own Secret) wins over status, which any status writer
+    // could have set.
+    let generated = match ssh::generated_host_key(&ctx.client, server).await {
+        Ok(key) => key.map(|k| k.public),
+        Err(Error::Stalled { reason, message }) => return Err(End::stalled(Step::Act, reason, message)),
+        Err(e) => return Err(End::failed(Step::Act, e, Some(&p.valid.account.name))),
+    };
+    act::host_key(server, &id, &p.provider, generated.as_deref()).map_err(|message| End::stalled(Step::Act, "HostKeyMismatch", message))
+}
+
+/// What the visit carried out, for the final status.
+pub struct Outcome {
+    /// What the machine is now.
+    pub machine: Machine,
+    /// The host key to record.
+    pub host_key: Option<String>,
+    /// The plan carried out, if any.
+    pub applied: Option<Plan>,
+    /// A drift remediated in this visit.
+    pub drift: Option<drift::Drift>,
+}
+
+/// The final status (pure): the machine as observed with its cost (an adopted or observed
+/// machine may run another plan than the spec's), what the spec would still change, a
+/// remediated drift.
+pub fn finish(visit: &Visit<'_>, p: &Prepared, done: Outcome) -> ServerStatus {
+    let server = visit.server;
+    let valid = &p.valid;
+    let Outcome { machine, host_key, applied, drift } = done;
+    let desired = visit.status(None, Some(valid.account.name.clone()), Some(valid.resolved_plan.clone()), machine);
+    let desired = status::record_host_key(desired, host_key.as_deref());
+    let cost = p.machine_cost(&desired);
+    let desired = status::record_cost(desired, &cost);
+    let desired = status::record_machine_spec(desired, server.status.as_ref(), &valid.zone, &valid.image);
+    // What the spec would still change (normally nothing, once carried out).
+    let remaining = p.plan(server, Some(&desired));
+    let desired = spec_change::record(desired, server.status.as_ref(), &remaining.plan, applied.as_ref(), visit.now);
+    match (drift, &desired.provider_id) {
+        (Some(drift), Some(now_id)) => {
+            let found = drift::Found::Remediated(drift, ProviderId(now_id.clone()));
+            drift::record(desired.clone(), server.status.as_ref(), &found, visit.now)
+        }
+        _ => desired,
+    }
+}
