@@ -156,7 +156,7 @@ pub fn merge(base: Option<&Value>, sources: &[SourceValue], namespace: &str) -> 
         };
         let is_secret = s.kind == ConfigSourceKind::Secret;
         if s.target_path.is_empty() {
-            let parsed: Value = match serde_yaml_ng::from_str(text) {
+            let parsed: Value = match provisioning_yaml::from_str(text) {
                 Ok(v) => v,
                 // The parser's message may quote the text: only a ConfigMap's is shown.
                 Err(e) if !is_secret => return Err(unusable(format!("not valid YAML: {e}"))),
