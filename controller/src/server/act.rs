@@ -302,7 +302,15 @@ pub async fn cleanup(
         }
     }
     let uid = server.uid().unwrap_or_default();
-    match ctx.provider_call(ws, provider, account, "delete_server", provider.delete_owned(&id, &uid)).await? {
+    let deleted = ctx.provider_call(ws, provider, account, "delete_server", provider.delete_owned(&id, &uid)).await;
+    // Not this Server's machine (a status.providerID pointing at someone else's): nothing is
+    // deleted, and the Server goes without it.
+    if let Err(Error::Provider { source: provisioning_providers::ProviderError::NotOwned(message), .. }) = &deleted {
+        let message = format!("{message}; the Server is released and the machine left running");
+        ctx.publish(server, EventType::Warning, "MachineNotOwned", "DeleteMachine", Some(message)).await;
+        return Ok(());
+    }
+    match deleted? {
         DeleteOutcome::Gone => {
             ctx.publish(server, EventType::Normal, "Deleted", "DeleteMachine", Some(format!("deleted machine {id}"))).await;
             Ok(())
