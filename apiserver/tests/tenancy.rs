@@ -40,7 +40,8 @@ async fn tenant(admin: &kube::Client, kubeconfig: &std::path::Path, ns: &str, na
     let (code, body) = post(admin, &format!("/api/v1/namespaces/{ns}/serviceaccounts"), &json!({"metadata": {"name": name}})).await?;
     assert_eq!(code, 201, "{body}");
     let (code, body) =
-        post(admin, &format!("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token"), &json!({"spec": {"expirationSeconds": 3600}})).await?;
+        post(admin, &format!("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token"), &json!({"spec": {"expirationSeconds": 3600}}))
+            .await?;
     assert_eq!(code, 201, "{body}");
     let token = body["status"]["token"].as_str().ok_or("no token")?;
     let text = std::fs::read_to_string(kubeconfig)?;
@@ -76,11 +77,21 @@ async fn setup() -> Res<(TestServer, kube::Client, kube::Client)> {
         async move { raw(&c, "GET", "/apis/provisioning.dev/v1alpha1/servers", "application/json", vec![]).await.is_ok_and(|(s, _)| s == 200) }
     })
     .await?;
-    let (code, body) = post(&admin, "/apis/provisioning.dev/v1alpha1/namespaces/b/servers", &serde_json::to_value(server_obj("victim", "small")?)?).await?;
+    let (code, body) =
+        post(&admin, "/apis/provisioning.dev/v1alpha1/namespaces/b/servers", &serde_json::to_value(server_obj("victim", "small")?)?)
+            .await?;
     assert_eq!(code, 201, "{body}");
     let alice = tenant(&admin, &ts.server.kubeconfig_path(), "a", "alice").await?;
-    let (code, body) = post(&admin, &format!("{RBAC}/namespaces/a/rolebindings"), &role_binding("a", "alice-admin", "ClusterRole", "admin", "alice")).await?;
+    let (code, body) =
+        post(&admin, &format!("{RBAC}/namespaces/a/rolebindings"), &role_binding("a", "alice-admin", "ClusterRole", "admin", "alice"))
+            .await?;
     assert_eq!(code, 201, "{body}");
+    // `admin` is aggregated from its parts by a controller loop: wait until it applies.
+    eventually("alice holds admin in a", Duration::from_secs(30), || {
+        let c = alice.clone();
+        async move { raw(&c, "GET", "/api/v1/namespaces/a/configmaps", "application/json", vec![]).await.is_ok_and(|(s, _)| s == 200) }
+    })
+    .await?;
     Ok((ts, admin, alice))
 }
 
@@ -98,12 +109,26 @@ async fn a_namespace_admin_cannot_grant_what_it_does_not_hold() -> TestResult {
     // The escalation of the issue: a RoleBinding of cluster-admin in her own namespace.
     let rbs = format!("{RBAC}/namespaces/a/rolebindings");
     let (code, body) = post(&alice, &rbs, &role_binding("a", "mine", "ClusterRole", "cluster-admin", "alice")).await?;
-    assert_escalation_refused(code, &body, "bind cluster-admin", "rolebindings", "mine", r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#);
+    assert_escalation_refused(
+        code,
+        &body,
+        "bind cluster-admin",
+        "rolebindings",
+        "mine",
+        r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#,
+    );
     // A Role with rules she does not hold, and then a binding of it made by someone else's Role.
     let roles = format!("{RBAC}/namespaces/a/roles");
     let wide = role("a", "wide", json!([{"apiGroups": ["provisioning.dev"], "resources": ["servers/status"], "verbs": ["patch"]}]));
     let (code, body) = post(&alice, &roles, &wide).await?;
-    assert_escalation_refused(code, &body, "wide role", "roles", "wide", r#"{APIGroups:["provisioning.dev"], Resources:["servers/status"], Verbs:["patch"]}"#);
+    assert_escalation_refused(
+        code,
+        &body,
+        "wide role",
+        "roles",
+        "wide",
+        r#"{APIGroups:["provisioning.dev"], Resources:["servers/status"], Verbs:["patch"]}"#,
+    );
     let (code, body) = post(&admin, &roles, &wide).await?;
     assert_eq!(code, 201, "{body}");
     let (code, body) = post(&alice, &rbs, &role_binding("a", "wide", "Role", "wide", "alice")).await?;
@@ -134,14 +159,19 @@ async fn a_namespace_admin_cannot_grant_what_it_does_not_hold() -> TestResult {
         let (code, _) = status_patch(alice.clone(), ns).await?;
         assert!(code == 403 || (ns == "a" && code == 404), "{ns}: {code}");
     }
-    let (code, victim) = raw(&admin, "GET", "/apis/provisioning.dev/v1alpha1/namespaces/b/servers/victim", "application/json", vec![]).await?;
+    let (code, victim) =
+        raw(&admin, "GET", "/apis/provisioning.dev/v1alpha1/namespaces/b/servers/victim", "application/json", vec![]).await?;
     assert_eq!(code, 200);
     assert!(victim["status"]["providerID"].is_null(), "{victim}");
 
     // With `bind` on cluster-admin (granted by the cluster's admin), the binding is allowed, as
     // upstream; with `escalate` on roles, so is the wide Role.
-    let grant = role("a", "binder", json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "resourceNames": ["view"], "verbs": ["bind"]},
-        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["escalate"]}]));
+    let grant = role(
+        "a",
+        "binder",
+        json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "resourceNames": ["view"], "verbs": ["bind"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["escalate"]}]),
+    );
     let (code, body) = post(&admin, &roles, &grant).await?;
     assert_eq!(code, 201, "{body}");
     let (code, body) = post(&admin, &rbs, &role_binding("a", "binder", "Role", "binder", "alice")).await?;

@@ -52,7 +52,9 @@ async fn a_status_provider_id_pointing_at_another_tenants_machine_is_refused() -
     servers_a.create(&PostParams::default(), &intruder).await?;
     let forged = json!({"status": {"providerID": victim_id, "providerState": "running"}});
     servers_a.patch_status("intruder", &PatchParams::default(), &Patch::Merge(&forged)).await?;
-    servers_a.patch("intruder", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"annotations": {ANNOTATION_PAUSED: null}}}))).await?;
+    servers_a
+        .patch("intruder", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"annotations": {ANNOTATION_PAUSED: null}}})))
+        .await?;
 
     let refused = wait_for("intruder refused", DEADLINE, || async {
         servers_a.get("intruder").await.ok().filter(|s| status_text(s).contains("refusing to observe machine"))

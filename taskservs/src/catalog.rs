@@ -478,7 +478,10 @@ fn regular(path: &Path, kind: std::fs::FileType) -> Result<(), CatalogError> {
     } else {
         return Ok(());
     };
-    Err(CatalogError::Invalid { path: path.to_path_buf(), problem: format!("is {what}; catalogs accept regular files and directories only") })
+    Err(CatalogError::Invalid {
+        path: path.to_path_buf(),
+        problem: format!("is {what}; catalogs accept regular files and directories only"),
+    })
 }
 
 /// Every regular file under `dir` (recursively; hidden entries skipped) into `out` as

@@ -143,8 +143,7 @@ fn has_or_star(list: &[String], item: &str) -> bool {
 }
 
 fn resource_covers(owner: &[String], resource: &str) -> bool {
-    has_or_star(owner, resource)
-        || resource.split_once('/').is_some_and(|(_, sub)| owner.iter().any(|o| o.strip_prefix("*/") == Some(sub)))
+    has_or_star(owner, resource) || resource.split_once('/').is_some_and(|(_, sub)| owner.iter().any(|o| o.strip_prefix("*/") == Some(sub)))
 }
 
 fn url_covers(owner: &[String], url: &str) -> bool {
