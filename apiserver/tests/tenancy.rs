@@ -148,12 +148,6 @@ async fn a_namespace_admin_cannot_grant_what_it_does_not_hold() -> TestResult {
     let widen = serde_json::to_vec(&json!({"rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}))?;
     let (code, body) = raw(&alice, "PATCH", &format!("{roles}/narrow"), "application/merge-patch+json", widen).await?;
     assert_escalation_refused(code, &body, "widen by patch", "roles", "narrow", r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#);
-    // Cluster scope is not hers at all.
-    let crb = json!({"metadata": {"name": "alice-root"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": "alice", "namespace": "a"}]});
-    let (code, _) = post(&alice, &format!("{RBAC}/clusterrolebindings"), &crb).await?;
-    assert_eq!(code, 403);
-
     // B's Server is unchanged, and her status writes are still refused in both namespaces.
     for ns in ["a", "b"] {
         let (code, _) = status_patch(alice.clone(), ns).await?;
@@ -164,6 +158,43 @@ async fn a_namespace_admin_cannot_grant_what_it_does_not_hold() -> TestResult {
     assert_eq!(code, 200);
     assert!(victim["status"]["providerID"].is_null(), "{victim}");
 
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_scope_and_aggregation_are_not_a_tenants() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    // Cluster scope is not hers at all.
+    let crb = json!({"metadata": {"name": "alice-root"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "alice", "namespace": "a"}]});
+    let (code, _) = post(&alice, &format!("{RBAC}/clusterrolebindings"), &crb).await?;
+    assert_eq!(code, 403);
+    // Not even with `create` on clusterroles: an aggregating or wider one is an escalation.
+    let cr_writer = json!({"metadata": {"name": "alice-cr-writer"}, "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["create"]}]});
+    let (code, body) = post(&admin, &format!("{RBAC}/clusterroles"), &cr_writer).await?;
+    assert_eq!(code, 201, "{body}");
+    let crb = json!({"metadata": {"name": "alice-cr-writer"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "alice-cr-writer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "alice", "namespace": "a"}]});
+    let (code, body) = post(&admin, &format!("{RBAC}/clusterrolebindings"), &crb).await?;
+    assert_eq!(code, 201, "{body}");
+    let aggregating = json!({"metadata": {"name": "sneaky"}, "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}}]}});
+    let (code, body) = post(&alice, &format!("{RBAC}/clusterroles"), &aggregating).await?;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["message"].as_str().unwrap_or_default().contains("must have cluster-admin privileges to use the aggregationRule"),
+        "{body}"
+    );
+    let root = json!({"metadata": {"name": "root"}, "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]});
+    let (code, body) = post(&alice, &format!("{RBAC}/clusterroles"), &root).await?;
+    assert_escalation_refused(code, &body, "cluster role", "clusterroles", "root", r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#);
+
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bind_and_escalate_allow_what_they_name_as_upstream() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    let (roles, rbs) = (format!("{RBAC}/namespaces/a/roles"), format!("{RBAC}/namespaces/a/rolebindings"));
     // With `bind` on cluster-admin (granted by the cluster's admin), the binding is allowed, as
     // upstream; with `escalate` on roles, so is the wide Role.
     let grant = role(

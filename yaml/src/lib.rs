@@ -247,7 +247,7 @@ mod tests {
         let mut text = String::from("a0: &a0 [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n");
         for i in 1..10 {
             let prev = format!("*a{}", i - 1);
-            text.push_str(&format!("a{i}: &a{i} [{}]\n", vec![prev.as_str(); 9].join(",")));
+            text.push_str(&format!("a{i}: &a{i} [{}]\n", [prev.as_str(); 9].join(",")));
         }
         assert!(from_str::<Value>(&text).expect_err("refused").is_excessive_aliasing());
     }

@@ -7,6 +7,8 @@
 //!   every rule of the referenced role at the binding's scope, or who may `bind` that role, or
 //!   who is in `system:masters`.
 //!
+//! * A ClusterRole with an `aggregationRule` needs `escalate` (or `system:masters`).
+//!
 //! An update that leaves the rules (or the roleRef) unchanged is not checked again, as upstream.
 //! Messages mirror upstream's `ConfirmNoEscalation`.
 
@@ -74,6 +76,11 @@ impl Guard {
             }
             if self.allowed("escalate", plural, namespace, name) {
                 return Ok(());
+            }
+            // Upstream: an aggregating ClusterRole gathers rules nobody checked here.
+            let aggregation = &new["aggregationRule"];
+            if !aggregation.is_null() && old.is_none_or(|o| o["aggregationRule"] != *aggregation) {
+                return Err(forbidden("must have cluster-admin privileges to use the aggregationRule".into()));
             }
             new["rules"].as_array().into_iter().flatten().map(PolicyRule::from_value).collect()
         };
@@ -164,10 +171,13 @@ fn covers(owner: &PolicyRule, sub: &PolicyRule) -> bool {
             || (!sub.resource_names.is_empty() && sub.resource_names.iter().all(|n| owner.resource_names.contains(n))))
 }
 
+/// A rule without its verbs: API groups, resources, resource names, non-resource URLs.
+type RuleKey = (Vec<String>, Vec<String>, Vec<String>, Vec<String>);
+
 /// The broken-down rules of `rules` that no rule of `owned` covers, compacted (verbs of the same
 /// group/resource/names merged) and described as upstream's `CompactString`.
 pub fn missing_rules(owned: &[PolicyRule], rules: &[PolicyRule]) -> Vec<String> {
-    let mut compact: BTreeMap<(Vec<String>, Vec<String>, Vec<String>, Vec<String>), Vec<String>> = BTreeMap::new();
+    let mut compact: BTreeMap<RuleKey, Vec<String>> = BTreeMap::new();
     for sub in rules.iter().flat_map(breakdown) {
         if owned.iter().any(|o| covers(o, &sub)) {
             continue;
