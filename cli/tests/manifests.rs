@@ -32,11 +32,12 @@ fn a_yaml_alias_bomb_in_a_manifest_is_refused_naming_the_file() {
 fn manifests_with_modest_aliases_still_read() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("ok.yaml");
-    let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: one, labels: &l {team: a}}\n---\n\
-                apiVersion: v1\nkind: ConfigMap\nmetadata: {name: two, labels: *l}\n";
+    // Anchors are per document (YAML).
+    let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: one}\n---\n\
+                apiVersion: v1\nkind: ConfigMap\nmetadata: {name: two, labels: &l {team: a}, annotations: *l}\n";
     std::fs::write(&file, text).expect("write");
     let read = provisioning_cli::dev::read_manifests(std::slice::from_ref(&file)).expect("reads");
     assert_eq!(read.len(), 2);
-    assert_eq!(read[1].object["metadata"]["labels"]["team"], "a");
+    assert_eq!(read[1].object["metadata"]["annotations"]["team"], "a");
     assert_eq!(provisioning_cli::plan::read_manifests(&[file]).expect("reads").len(), 2);
 }
