@@ -38,6 +38,9 @@ pub struct WriteOptions {
     pub field_validation: FieldValidation,
     /// `force` for server-side apply.
     pub force: bool,
+    /// RBAC escalation check of the requesting user (None: not an RBAC write, a
+    /// `system:masters` user, or the server's own write).
+    pub escalation: Option<std::sync::Arc<crate::auth::escalation::Guard>>,
 }
 
 /// What a write produced.

@@ -391,6 +391,10 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
             Err(e) => error_response(&e),
         };
     }
+    let mut req = req;
+    if let Some(guard) = crate::auth::escalation::Guard::for_request(&user, &attrs, || auth.policy(&core.store)) {
+        req.extensions_mut().insert(guard);
+    }
     match route(core, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
@@ -553,6 +557,7 @@ fn write_options(req: &Request<Incoming>, q: &Query) -> ApiResult<WriteOptions> 
         explicit_manager: explicit.is_some(),
         field_validation,
         force: q.flag("force") && q.get("force") != Some(""),
+        escalation: req.extensions().get::<std::sync::Arc<crate::auth::escalation::Guard>>().cloned(),
     })
 }
 

@@ -39,9 +39,9 @@ pub fn read_manifests(paths: &[PathBuf]) -> anyhow::Result<Vec<Manifest>> {
     let mut out = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-        for (i, doc) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
-            let value: Value = serde::Deserialize::deserialize(doc)
-                .with_context(|| format!("{}: document {} is not valid YAML", file.display(), i + 1))?;
+        let values = provisioning_yaml::documents::<Value>(&text)
+            .map_err(|e| anyhow::anyhow!("{}: document {} is not valid YAML: {}", file.display(), e.index, e.error))?;
+        for (i, value) in values.into_iter().enumerate() {
             let source = format!("{}#{}", file.display(), i + 1);
             push_object(value, &source, &mut out)?;
         }

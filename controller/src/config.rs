@@ -10,6 +10,9 @@
 //! # User catalogs, merged after the built-in one (later entries override earlier ones by
 //! # service name); relative paths are relative to this file.
 //! catalogs = ["/srv/provisioning/my-services", "../team-catalog"]
+//! # What a user catalog may replace of the built-in one (or of an earlier catalog): service
+//! # names, and "lib" for its shared lib/ files. Nothing by default.
+//! catalog_overrides = ["redis"]
 //!
 //! # Settings for namespaces that no Workspace claims (same fields as Workspace.spec).
 //! [default_workspace]
@@ -66,6 +69,10 @@ pub struct ControllerConfig {
     /// scripts, templates, optional `lib/`), merged after the built-in catalog in order:
     /// a later entry overrides an earlier one's service of the same name.
     pub catalogs: Vec<PathBuf>,
+    /// Services of the built-in catalog (or of an earlier entry of `catalogs`) that a later
+    /// catalog may replace, and `"lib"` to let it replace `lib/` files: an explicit opt-in,
+    /// since catalog scripts run as root on every machine (empty: nothing is replaced).
+    pub catalog_overrides: Vec<String>,
     /// Upper bound of every service's health-check interval, in seconds (0: the catalog's
     /// own intervals). `provisioning test` sets it so checks run again soon after Ready.
     pub max_health_interval_secs: u64,
@@ -89,6 +96,7 @@ impl Default for ControllerConfig {
             allow_insecure_endpoints: false,
             history_limit: 20,
             catalogs: Vec::new(),
+            catalog_overrides: Vec::new(),
             max_health_interval_secs: 0,
         }
     }
@@ -174,7 +182,7 @@ impl ControllerConfig {
     /// Loads and validates the merged catalog (built-in + `catalogs`): an error names the
     /// broken file or directory.
     pub fn load_catalog(&self) -> Result<provisioning_taskservs::Catalog, provisioning_taskservs::CatalogError> {
-        provisioning_taskservs::Catalog::load_layers(&self.catalog_layers())
+        provisioning_taskservs::Catalog::load_layers_allowing(&self.catalog_layers(), &self.catalog_overrides)
     }
 
     /// The health-check interval to use for a service whose catalog says `interval`.

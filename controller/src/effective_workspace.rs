@@ -94,7 +94,7 @@ mod tests {
     use super::*;
 
     fn ws(yaml: &str) -> Arc<Workspace> {
-        Arc::new(serde_yaml_ng::from_str(yaml).expect("fixture parses"))
+        Arc::new(provisioning_yaml::from_str(yaml).expect("fixture parses"))
     }
 
     #[test]

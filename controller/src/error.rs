@@ -188,7 +188,9 @@ impl Error {
                 ProviderError::Throttled { retry_after } => ErrorClass::Throttled { retry_after: *retry_after },
                 ProviderError::Transient(_) => ErrorClass::Transient,
                 ProviderError::NotFound(_) => ErrorClass::NotFound,
-                ProviderError::Auth(_) | ProviderError::InvalidRequest(_) | ProviderError::Permanent(_) => ErrorClass::Permanent,
+                ProviderError::Auth(_) | ProviderError::InvalidRequest(_) | ProviderError::NotOwned(_) | ProviderError::Permanent(_) => {
+                    ErrorClass::Permanent
+                }
             },
             Error::Stalled { .. } | Error::MissingField(_) | Error::Serialization(_) => ErrorClass::Permanent,
             Error::InProgress(_) => ErrorClass::InProgress,

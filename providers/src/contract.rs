@@ -39,12 +39,13 @@ fn fail(step: &str, e: ProviderError) -> ContractViolation {
 
 /// Runs every check of the contract. Leaves no machine behind when it passes. Read top to
 /// bottom it is the specification: plans and prices, an idempotent create found by its tags,
-/// the machine running with an address, exec, delete until gone.
+/// the machine running with an address, exec, only its own Server may act on it, delete until gone.
 pub async fn run(provider: &dyn Provider, opts: &ContractOptions) -> Result<(), ContractViolation> {
     plans_and_prices(provider, opts).await?;
     let (identity, first) = create_once(provider, opts).await?;
     running_with_address(provider, &identity, &first.provider_id, opts.deadline).await?;
-    exec_echo(provider, &first.provider_id, opts.real_exec).await?;
+    exec_echo(provider, &identity, &first.provider_id, opts.real_exec).await?;
+    only_its_server_acts(provider, &identity, &first.provider_id).await?;
     delete_until_gone(provider, &identity, &first.provider_id, opts.deadline).await
 }
 
@@ -135,22 +136,9 @@ async fn running_with_address(
 }
 
 /// `exec` of `echo`: exit code 0, and (for real) its output returned and streamed.
-async fn exec_echo(provider: &dyn Provider, id: &ProviderId, real_exec: bool) -> Result<(), ContractViolation> {
+async fn exec_echo(provider: &dyn Provider, identity: &ServerIdentity, id: &ProviderId, real_exec: bool) -> Result<(), ContractViolation> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let result = provider
-        .exec(
-            id,
-            ExecRequest {
-                argv: vec!["echo".into(), "contract-hello".into()],
-                stdin: None,
-                env: Default::default(),
-                timeout: Duration::from_secs(60),
-                output: Some(tx),
-                ssh_key: None,
-            },
-        )
-        .await
-        .map_err(|e| fail("exec", e))?;
+    let result = provider.exec_owned(id, &identity.uid, echo(Some(tx))).await.map_err(|e| fail("exec", e))?;
     check(result.exit_code == Some(0), format!("exec exit code 0, got {:?}", result.exit_code))?;
     if real_exec {
         check(result.stdout.contains("contract-hello"), format!("exec stdout: {:?}", result.stdout))?;
@@ -163,6 +151,39 @@ async fn exec_echo(provider: &dyn Provider, id: &ProviderId, real_exec: bool) ->
     Ok(())
 }
 
+fn echo(output: Option<tokio::sync::mpsc::UnboundedSender<String>>) -> ExecRequest {
+    ExecRequest {
+        argv: vec!["echo".into(), "contract-hello".into()],
+        stdin: None,
+        env: Default::default(),
+        timeout: Duration::from_secs(60),
+        output,
+        ssh_key: None,
+    }
+}
+
+/// A machine id alone is no authority (issue 26): another Server (another tenant, whose
+/// status names this machine) can neither observe, run commands on nor delete it; the
+/// machine is still there and running after each attempt.
+async fn only_its_server_acts(provider: &dyn Provider, identity: &ServerIdentity, id: &ProviderId) -> Result<(), ContractViolation> {
+    let intruder = format!("{}-intruder", identity.uid);
+    let refused = |step: &str, r: Result<(), ProviderError>| match r {
+        Err(ProviderError::NotOwned(msg)) => {
+            check(msg.contains(&id.0) && !msg.contains(&format!("{:?}", identity.uid)), format!("{step}: message {msg:?}"))
+        }
+        other => Err(ContractViolation(format!("{step} by another Server's uid: expected NotOwned, got {other:?}"))),
+    };
+    refused("observe_owned", provider.observe_owned(id, &intruder).await.map(|_| ()))?;
+    refused("exec_owned", provider.exec_owned(id, &intruder, echo(None)).await.map(|_| ()))?;
+    refused("delete_owned", provider.delete_owned(id, &intruder).await.map(|_| ()))?;
+    refused("delete_owned without uid", provider.delete_owned(id, "").await.map(|_| ()))?;
+    let still = provider.observe_owned(id, &identity.uid).await.map_err(|e| fail("observe_owned by its Server", e))?;
+    check(
+        still.as_ref().is_some_and(|o| o.state == MachineState::Running),
+        format!("the machine is untouched after the refused attempts: {still:?}"),
+    )
+}
+
 /// Delete, until gone; deleting again is Gone; nothing observes, surveys or finds it after.
 async fn delete_until_gone(
     provider: &dyn Provider,
@@ -172,7 +193,7 @@ async fn delete_until_gone(
 ) -> Result<(), ContractViolation> {
     let started = Instant::now();
     loop {
-        match provider.delete_server(id).await.map_err(|e| fail("delete_server", e))? {
+        match provider.delete_owned(id, &identity.uid).await.map_err(|e| fail("delete_owned", e))? {
             DeleteOutcome::Gone => break,
             DeleteOutcome::InProgress if started.elapsed() > deadline => {
                 return Err(ContractViolation("machine still deleting after deadline".into()));

@@ -26,6 +26,9 @@ pub enum ProviderError {
     /// The request cannot succeed as written (unknown plan, image, zone…).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The machine is not the requesting Server's (its uid tag differs): nothing was done.
+    #[error("not this Server's machine: {0}")]
+    NotOwned(String),
     /// Any other failure that retrying will not fix.
     #[error("provider error: {0}")]
     Permanent(String),
@@ -45,6 +48,7 @@ impl ProviderError {
             ProviderError::NotFound(_) => "NotFound",
             ProviderError::Auth(_) => "AuthFailed",
             ProviderError::InvalidRequest(_) => "InvalidRequest",
+            ProviderError::NotOwned(_) => "NotOwned",
             ProviderError::Permanent(_) => "Permanent",
         }
     }

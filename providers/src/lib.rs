@@ -71,6 +71,36 @@ pub trait Provider: Send + Sync {
     /// Runs a command on the machine. Output lines go to `request.output` as they come.
     async fn exec(&self, id: &ProviderId, request: ExecRequest) -> ProviderResult<ExecResult>;
 
+    /// Observes machine `id` for the Server of uid `server_uid`: the machine must carry that
+    /// uid tag (or its owner's `adoptable` tag), else [`ProviderError::NotOwned`]. A machine id
+    /// from a Server's status is never trusted alone (issue 26): a tenant who can write status
+    /// could point it at another tenant's machine.
+    async fn observe_owned(&self, id: &ProviderId, server_uid: &str) -> ProviderResult<Option<ServerObservation>> {
+        let observed = self.observe_server(id).await?;
+        if let Some(o) = &observed {
+            check_owner(o, server_uid, "observe")?;
+        }
+        Ok(observed)
+    }
+
+    /// Deletes machine `id` of the Server of uid `server_uid`, after the ownership check of
+    /// [`Provider::observe_owned`]; a machine that is gone is `Gone`.
+    async fn delete_owned(&self, id: &ProviderId, server_uid: &str) -> ProviderResult<DeleteOutcome> {
+        match self.observe_server(id).await? {
+            Some(o) if o.state != MachineState::Terminated => check_owner(&o, server_uid, "delete")?,
+            _ => return Ok(DeleteOutcome::Gone),
+        }
+        self.delete_server(id).await
+    }
+
+    /// Runs a command on machine `id` of the Server of uid `server_uid`, after the ownership
+    /// check of [`Provider::observe_owned`].
+    async fn exec_owned(&self, id: &ProviderId, server_uid: &str, request: ExecRequest) -> ProviderResult<ExecResult> {
+        let observed = self.observe_server(id).await?.ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
+        check_owner(&observed, server_uid, "run scripts on")?;
+        self.exec(id, request).await
+    }
+
     /// Lists every machine of this account that carries the given tags (all of them).
     /// Used for leak checks and by tests.
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>>;
@@ -157,6 +187,26 @@ pub trait Provider: Send + Sync {
     fn price(&self, plan: &str, _zone: &str) -> Result<prices::Price, prices::NoPrice> {
         Err(format!("the {} provider has no price table (plan {plan:?})", self.provider_type()))
     }
+}
+
+/// Whether machine `observed` may be acted on for the Server of uid `server_uid`: it carries
+/// that uid tag, or the `adoptable` tag its owner set to allow adoption (`spec.externalID`).
+/// The error names the machine and the tag, never the other Server's uid.
+pub fn check_owner(observed: &ServerObservation, server_uid: &str, action: &str) -> ProviderResult<()> {
+    let owner = observed.tags.get(tags::SERVER_UID).map(String::as_str).filter(|u| !u.is_empty());
+    if !server_uid.is_empty() && owner == Some(server_uid) {
+        return Ok(());
+    }
+    if observed.tags.get(tags::ADOPTABLE).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return Ok(());
+    }
+    let whose = if owner.is_some() { "another Server's" } else { "no" };
+    Err(ProviderError::NotOwned(format!(
+        "refusing to {action} machine {}: it carries {whose} {} tag, not this Server's (uid {server_uid:?}); \
+         a machine id in status is not proof of ownership",
+        observed.provider_id,
+        tags::SERVER_UID
+    )))
 }
 
 /// A shared provider handle.

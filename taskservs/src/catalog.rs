@@ -193,16 +193,58 @@ impl Catalog {
     /// later directories override earlier ones by service name. Each directory is checked as
     /// [`Catalog::load`] does; on top of that the merged catalog must have no repeated entry
     /// in a `requires`/`after` list and no dependency cycle. Every error names the file.
+    ///
+    /// A later layer may not replace a service or a `lib/` file of an earlier one (the
+    /// built-in catalog's scripts run as root on every machine): see
+    /// [`Catalog::load_layers_allowing`] for the explicit opt-in.
     pub fn load_layers(dirs: &[PathBuf]) -> Result<Catalog, CatalogError> {
+        Self::load_layers_allowing(dirs, &[])
+    }
+
+    /// [`Catalog::load_layers`], where a later layer may replace the earlier layers' services
+    /// named in `overrides`, and their `lib/` files when `overrides` holds `"lib"` (the
+    /// controller config's `catalog_overrides`). Catalog files must be regular files or
+    /// directories: a symlink, device, FIFO or socket is refused, naming its path.
+    pub fn load_layers_allowing(dirs: &[PathBuf], overrides: &[String]) -> Result<Catalog, CatalogError> {
         let Some(first) = dirs.first() else {
             return Err(CatalogError::Invalid { path: PathBuf::new(), problem: "no catalog directory given".into() });
         };
-        let mut services = BTreeMap::new();
+        let mut services: BTreeMap<String, CatalogService> = BTreeMap::new();
+        let mut lib_files: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
         for dir in dirs {
             if !dir.is_dir() {
                 return Err(CatalogError::Invalid { path: dir.clone(), problem: "catalog directory does not exist".into() });
             }
-            services.extend(load_services(dir)?);
+            for (name, service) in load_services(dir)? {
+                if let Some(earlier) = services.get(&name)
+                    && !overrides.contains(&name)
+                {
+                    return Err(CatalogError::Invalid {
+                        path: service.dir.clone(),
+                        problem: format!(
+                            "replaces service {name:?} of {}; list {name:?} in the controller config's catalog_overrides to allow that",
+                            earlier.dir.display()
+                        ),
+                    });
+                }
+                services.insert(name, service);
+            }
+            let mut layer_lib = BTreeMap::new();
+            collect_files(&dir.join("lib"), Path::new("lib"), &mut layer_lib)?;
+            for (rel, path) in layer_lib {
+                if let Some(earlier) = lib_files.get(&rel)
+                    && !overrides.iter().any(|o| o == "lib")
+                {
+                    return Err(CatalogError::Invalid {
+                        path,
+                        problem: format!(
+                            "replaces {}; add \"lib\" to the controller config's catalog_overrides to allow that",
+                            earlier.display()
+                        ),
+                    });
+                }
+                lib_files.insert(rel, path);
+            }
         }
         check_dependencies_exist(&services)?;
         for service in services.values() {
@@ -379,7 +421,11 @@ fn load_services(dir: &Path) -> Result<BTreeMap<String, CatalogService>, Catalog
     let mut entries = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let entry = entry.map_err(io(dir))?;
-        if entry.file_type().map_err(io(&entry.path()))?.is_dir() {
+        let kind = entry.file_type().map_err(io(&entry.path()))?;
+        if !entry.file_name().to_string_lossy().starts_with('.') {
+            regular(&entry.path(), kind)?;
+        }
+        if kind.is_dir() {
             entries.push(entry.path());
         }
     }
@@ -387,10 +433,16 @@ fn load_services(dir: &Path) -> Result<BTreeMap<String, CatalogService>, Catalog
     let mut services = BTreeMap::new();
     for service_dir in entries {
         let dir_name = service_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-        if dir_name == "lib" || dir_name.starts_with('.') {
+        if dir_name.starts_with('.') {
+            continue;
+        }
+        if dir_name == "lib" {
+            collect_files(&service_dir, Path::new("lib"), &mut BTreeMap::new())?;
             continue;
         }
         let service = load_service(&service_dir, &dir_name)?;
+        // Every file the service would copy onto machines is checked now.
+        collect_files(&service_dir, Path::new(&dir_name), &mut BTreeMap::new())?;
         services.insert(dir_name, service);
     }
     Ok(services)
@@ -411,16 +463,43 @@ fn check_dependencies_exist(services: &BTreeMap<String, CatalogService>) -> Resu
     Ok(())
 }
 
-/// Every regular file under `dir` (recursively; hidden entries skipped) into `out` as
-/// `prefix/<relative path>` → source. A missing `dir` adds nothing.
-fn collect_files(dir: &Path, prefix: &Path, out: &mut BTreeMap<PathBuf, PathBuf>) -> Result<(), CatalogError> {
-    if !dir.is_dir() {
+/// Refuses anything but a regular file or a directory (a symlink could copy the signing key,
+/// the admin token or a CA key into the catalog that every machine receives).
+fn regular(path: &Path, kind: std::fs::FileType) -> Result<(), CatalogError> {
+    use std::os::unix::fs::FileTypeExt;
+    let what = if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
         return Ok(());
-    }
+    };
+    Err(CatalogError::Invalid {
+        path: path.to_path_buf(),
+        problem: format!("is {what}; catalogs accept regular files and directories only"),
+    })
+}
+
+/// Every regular file under `dir` (recursively; hidden entries skipped) into `out` as
+/// `prefix/<relative path>` → source. A missing `dir` adds nothing; a symlink, device, FIFO
+/// or socket (`dir` itself included) is an error naming its path.
+fn collect_files(dir: &Path, prefix: &Path, out: &mut BTreeMap<PathBuf, PathBuf>) -> Result<(), CatalogError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| CatalogError::Io { path, source }
     };
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(dir)(e)),
+        Ok(md) => regular(dir, md.file_type())?,
+    }
+    if !dir.is_dir() {
+        return Ok(());
+    }
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let entry = entry.map_err(io(dir))?;
         let name = entry.file_name();
@@ -429,9 +508,10 @@ fn collect_files(dir: &Path, prefix: &Path, out: &mut BTreeMap<PathBuf, PathBuf>
         }
         let path = entry.path();
         let kind = entry.file_type().map_err(io(&path))?;
+        regular(&path, kind)?;
         if kind.is_dir() {
             collect_files(&path, &prefix.join(&name), out)?;
-        } else if path.is_file() {
+        } else if kind.is_file() {
             out.insert(prefix.join(&name), path);
         }
     }
@@ -554,12 +634,15 @@ fn apply_defaults(schema: &Value, config: &mut Value) {
 fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogError> {
     let path = dir.join("taskserv.yaml");
     let invalid = |problem: String| CatalogError::Invalid { path: path.clone(), problem };
+    if let Ok(md) = std::fs::symlink_metadata(&path) {
+        regular(&path, md.file_type())?;
+    }
     if !path.is_file() {
         return Err(invalid("missing taskserv.yaml (every catalog directory but lib/ is a service)".into()));
     }
     let text = std::fs::read_to_string(&path).map_err(|source| CatalogError::Io { path: path.clone(), source })?;
     let manifest: TaskServManifest =
-        serde_yaml_ng::from_str(&text).map_err(|e| CatalogError::Parse { path: path.clone(), message: e.to_string() })?;
+        provisioning_yaml::from_str(&text).map_err(|e| CatalogError::Parse { path: path.clone(), message: e.to_string() })?;
 
     if manifest.name != dir_name {
         return Err(invalid(format!("name {:?} differs from its directory {dir_name:?}", manifest.name)));
@@ -612,6 +695,9 @@ fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogErr
         return Err(invalid(format!("health.script is {:?}; the check step runs check.nu", manifest.health.script)));
     }
     for script in REQUIRED_SCRIPTS {
+        if let Ok(md) = std::fs::symlink_metadata(dir.join(script)) {
+            regular(&dir.join(script), md.file_type())?;
+        }
         if !dir.join(script).is_file() {
             return Err(CatalogError::Invalid { path: dir.join(script), problem: "script is missing".into() });
         }
@@ -630,6 +716,9 @@ fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogErr
 
 fn load_templates(dir: &Path) -> Result<BTreeMap<String, String>, CatalogError> {
     let mut templates = BTreeMap::new();
+    if let Ok(md) = std::fs::symlink_metadata(dir) {
+        regular(dir, md.file_type())?;
+    }
     if !dir.is_dir() {
         return Ok(templates);
     }
@@ -640,7 +729,9 @@ fn load_templates(dir: &Path) -> Result<BTreeMap<String, String>, CatalogError> 
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let entry = entry.map_err(io(dir))?;
         let path = entry.path();
-        if !path.is_file() {
+        let kind = entry.file_type().map_err(io(&path))?;
+        regular(&path, kind)?;
+        if !kind.is_file() {
             continue;
         }
         let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_string) else {

@@ -313,8 +313,8 @@ fn text_of(value: &Value) -> String {
 /// metadata.name (empty documents are skipped).
 fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
     let mut out = Vec::new();
-    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let value: Value = Deserialize::deserialize(doc).map_err(|e| format!("document {} is not valid YAML: {e}", i + 1))?;
+    let values = provisioning_yaml::documents::<Value>(text).map_err(|e| format!("document {} is not valid YAML: {}", e.index, e.error))?;
+    for (i, value) in values.into_iter().enumerate() {
         if value.is_null() {
             continue;
         }
@@ -399,7 +399,7 @@ fn load_template(dir: &Path, dir_name: &str) -> Result<ClusterTemplate, ClusterT
     let path = dir.join(TEMPLATE_MANIFEST);
     let invalid = |problem: String| ClusterTemplateError::Invalid { path: path.clone(), problem };
     let text = std::fs::read_to_string(&path).map_err(|source| ClusterTemplateError::Io { path: path.clone(), source })?;
-    let manifest: TemplateManifest = serde_yaml_ng::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    let manifest: TemplateManifest = provisioning_yaml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
     if manifest.name != dir_name {
         return Err(invalid(format!("name {:?} differs from its directory {dir_name:?}", manifest.name)));
     }

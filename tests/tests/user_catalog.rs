@@ -1,5 +1,5 @@
 //! User catalogs (`catalogs = [...]` in the controller config), end to end: a user's service
-//! is listed with its source, overrides a built-in one, and runs on the local provider (real
+//! is listed with its source, overrides a built-in one (with `catalog_overrides`), and runs on the local provider (real
 //! Docker, real nu) through `provisioning test`; a failing user check fails the run and still
 //! cleans up; a broken user catalog stops start-up with one message naming the file.
 
@@ -89,7 +89,11 @@ fn a_user_service_is_listed_overrides_a_built_in_and_runs_on_the_local_provider(
     write_service(&user, "sour", "1.0", false)?;
     // Relative to the config file.
     let config = tmp.path().join("controller.toml");
+    // Replacing a built-in service needs the operator's opt-in (issue 26, item 3).
     std::fs::write(&config, "catalogs = [\"my-catalog\"]\n")?;
+    let (code, _, stderr) = provisioning(&["catalog", "list", "--config", config.to_str().unwrap_or_default()])?;
+    assert!(code == 1 && stderr.contains(r#"replaces service "redis""#) && stderr.contains("catalog_overrides"), "{stderr}");
+    std::fs::write(&config, "catalogs = [\"my-catalog\"]\ncatalog_overrides = [\"redis\"]\n")?;
     let config = config.to_str().unwrap_or_default();
 
     let (code, list, stderr) = provisioning(&["catalog", "list", "--config", config])?;

@@ -6,12 +6,15 @@
 //!   `impersonate` verb on users/groups/serviceaccounts/uids/userextras.
 //! * Authorization: `system:masters` is always allowed (kube's privileged-group authorizer);
 //!   everyone else through RBAC over stored Roles and bindings ([`rbac`]).
+//! * Escalation prevention: a user grants (in a Role or a binding) only what they hold, unless
+//!   they may `escalate` or `bind` ([`escalation`]).
 //! * The review APIs (SelfSubjectAccessReview and friends) and TokenRequest ([`reviews`]).
 //! * Bootstrap roles and ClusterRole aggregation ([`bootstrap`]).
 
 pub mod access;
 pub mod attributes;
 pub mod bootstrap;
+pub mod escalation;
 pub mod identity;
 pub mod proto;
 pub mod rbac;

@@ -223,6 +223,19 @@ impl Policy {
         found.map(Vec::as_slice).ok_or_else(|| format!("{}.{GROUP} {:?} not found", b.role_kind.to_lowercase(), b.role_name))
     }
 
+    /// The rules of a binding's roleRef (`namespace`: the binding's; empty for a
+    /// ClusterRoleBinding), or upstream's error when the role does not exist.
+    pub fn role_ref_rules(&self, kind: &str, name: &str, namespace: &str) -> Result<Vec<PolicyRule>, String> {
+        let b = Binding {
+            name: String::new(),
+            namespace: namespace.to_string(),
+            role_kind: kind.to_string(),
+            role_name: name.to_string(),
+            subjects: vec![],
+        };
+        self.role_rules(&b).map(<[PolicyRule]>::to_vec)
+    }
+
     /// Visits (binding, subject, rules) of every binding that applies to `user` in `namespace`
     /// (cluster bindings always, RoleBindings of `namespace` when it is set); `f` returns true to stop.
     fn visit(

@@ -110,6 +110,9 @@ impl Core {
         }
         self.normalize(rt, obj, None)?;
         Self::admit(rt, obj)?;
+        if let Some(guard) = &opts.escalation {
+            guard.check(&rt.storage, obj, None)?;
+        }
         let list_causes = self.validate_schema(rt, obj, opts, &mut warnings)?;
         Self::validate_rules(rt, obj, None, list_causes).await?;
         if !applied {

@@ -145,7 +145,7 @@ pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
         Err(e) if !yaml => Err(ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}"))),
         Err(_) => {
             let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("the request body is not UTF-8"))?;
-            serde_yaml_ng::from_str::<Value>(text).map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))
+            provisioning_yaml::from_str::<Value>(text).map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))
         }
     }
 }

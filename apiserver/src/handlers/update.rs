@@ -170,6 +170,9 @@ impl Core {
         refuse_new_finalizers_while_deleting(rt, &old, &new, &name)?;
         self.normalize(rt, &mut new, Some(&old))?;
         Self::admit(rt, &new)?;
+        if let Some(guard) = &opts.escalation {
+            guard.check(&rt.storage, &new, Some(&old))?;
+        }
         let list_causes = self.validate_schema(rt, &mut new, opts, &mut warnings)?;
         Self::validate_rules(rt, &new, Some(&old), list_causes).await?;
         bump_generation(rt, &old, &mut new);

@@ -131,7 +131,7 @@ mod tests {
     use super::*;
 
     fn account(yaml: &str) -> ProviderAccount {
-        serde_yaml_ng::from_str(yaml).expect("account")
+        provisioning_yaml::from_str(yaml).expect("account")
     }
 
     #[test]

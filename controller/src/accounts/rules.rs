@@ -63,7 +63,7 @@ mod tests {
 
     fn account(yaml: &str) -> ProviderAccount {
         #[allow(clippy::expect_used)]
-        serde_yaml_ng::from_str(yaml).expect("account")
+        provisioning_yaml::from_str(yaml).expect("account")
     }
 
     #[test]

@@ -74,7 +74,13 @@ pub async fn act(
             if running && recorded && ctx.observed_recently(&uid, &fp, ctx.config.resync().mul_f64(0.8)) {
                 return Ok(Acted::Unchanged);
             }
-            let observed = ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await?;
+            // An adopted machine is checked by check_adoption below (with its own condition);
+            // any other must carry this Server's uid tag: status.providerID is not proof.
+            let observed = if adopted {
+                ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await?
+            } else {
+                ctx.provider_call(ws, provider, account, "observe_server", provider.observe_owned(&id, &uid)).await?
+            };
             if let Some(drift) = super::drift::detect(server, &id, observed.as_ref(), provider.can_start_servers()) {
                 tracing::warn!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %id, reason = drift.reason, "machine drifted");
                 ctx.forget_observed(&uid);
@@ -172,7 +178,8 @@ pub async fn replace(
     ctx: &Context,
 ) -> Result<Acted, Error> {
     let account = valid.account.name.as_str();
-    match ctx.provider_call(ws, provider, account, "delete_server", provider.delete_server(old)).await? {
+    let uid = server.uid().unwrap_or_default();
+    match ctx.provider_call(ws, provider, account, "delete_server", provider.delete_owned(old, &uid)).await? {
         DeleteOutcome::Gone => {}
         DeleteOutcome::InProgress => return Err(Error::InProgress(format!("machine {old} is being deleted to be replaced"))),
     }
@@ -294,7 +301,16 @@ pub async fn cleanup(
             return Ok(());
         }
     }
-    match ctx.provider_call(ws, provider, account, "delete_server", provider.delete_server(&id)).await? {
+    let uid = server.uid().unwrap_or_default();
+    let deleted = ctx.provider_call(ws, provider, account, "delete_server", provider.delete_owned(&id, &uid)).await;
+    // Not this Server's machine (a status.providerID pointing at someone else's): nothing is
+    // deleted, and the Server goes without it.
+    if let Err(Error::Provider { source: provisioning_providers::ProviderError::NotOwned(message), .. }) = &deleted {
+        let message = format!("{message}; the Server is released and the machine left running");
+        ctx.publish(server, EventType::Warning, "MachineNotOwned", "DeleteMachine", Some(message)).await;
+        return Ok(());
+    }
+    match deleted? {
         DeleteOutcome::Gone => {
             ctx.publish(server, EventType::Normal, "Deleted", "DeleteMachine", Some(format!("deleted machine {id}"))).await;
             Ok(())

@@ -366,6 +366,6 @@ mod tests {
     }
 
     fn account(yaml: &str) -> ProviderAccount {
-        serde_yaml_ng::from_str(yaml).expect("account")
+        provisioning_yaml::from_str(yaml).expect("account")
     }
 }

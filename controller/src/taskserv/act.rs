@@ -129,6 +129,8 @@ pub struct ProviderExecutor {
     pub provider: SharedProvider,
     /// The machine.
     pub id: ProviderId,
+    /// The uid of the Server the machine must belong to (checked on every exec).
+    pub server_uid: String,
     /// When set, the command runs under `flock` on this file: a run left behind by a killed
     /// controller (a Docker exec outlives its client) finishes before the same step starts again.
     /// `-o`: daemons the script starts must not inherit (and hold) the lock.
@@ -158,7 +160,7 @@ impl ScriptExecutor for ProviderExecutor {
             None => argv,
         };
         let request = ExecRequest { argv, stdin: Some(stdin), env: BTreeMap::new(), timeout, output, ssh_key: self.ssh_key.clone() };
-        let result = self.provider.exec(&self.id, request).await.map_err(|e| RunError::Executor(e.to_string()))?;
+        let result = self.provider.exec_owned(&self.id, &self.server_uid, request).await.map_err(|e| RunError::Executor(e.to_string()))?;
         Ok(ExecOutput { exit_code: result.exit_code, timed_out: result.timed_out, stdout: result.stdout, stderr: result.stderr })
     }
 

@@ -156,10 +156,11 @@ pub fn merge(base: Option<&Value>, sources: &[SourceValue], namespace: &str) -> 
         };
         let is_secret = s.kind == ConfigSourceKind::Secret;
         if s.target_path.is_empty() {
-            let parsed: Value = match serde_yaml_ng::from_str(text) {
+            let parsed: Value = match provisioning_yaml::from_str(text) {
                 Ok(v) => v,
                 // The parser's message may quote the text: only a ConfigMap's is shown.
-                Err(e) if !is_secret => return Err(unusable(format!("not valid YAML: {e}"))),
+                // The alias-expansion refusal quotes nothing of the text: shown for Secrets too.
+                Err(e) if !is_secret || e.is_excessive_aliasing() => return Err(unusable(format!("not valid YAML: {e}"))),
                 Err(_) => return Err(unusable("not valid YAML (details withheld: the value is secret)".into())),
             };
             if !parsed.is_object() {
@@ -520,6 +521,19 @@ mod tests {
         let e = merge(Some(&base), &[src(ConfigSourceKind::Secret, "s", "v", "auth.password", false, Some("SECRETVALUE"))], "ns")
             .expect_err("path through a scalar");
         assert!(e.to_string().contains("auth is not a mapping") && !e.to_string().contains("SECRETVALUE"), "{e}");
+    }
+
+    /// Issue 26, item 1: a tenant's ConfigMap that expands to billions of values through
+    /// aliases is refused (quickly, in bounded memory), naming the problem; a Secret's too.
+    #[test]
+    fn a_yaml_alias_bomb_in_config_from_is_refused() {
+        let bomb = format!("a: &a [{}]\nb: [{}]\n", vec!["x"; 100_000].join(","), vec!["*a"; 50_000].join(","));
+        for kind in [ConfigSourceKind::ConfigMap, ConfigSourceKind::Secret] {
+            let started = std::time::Instant::now();
+            let e = merge(None, &[src(kind, "bomb", "values.yaml", "", false, Some(&bomb))], "ns").expect_err("refused");
+            assert!(e.to_string().contains("excessive aliasing"), "{e}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(20), "took {:?}", started.elapsed());
+        }
     }
 
     #[test]

@@ -596,7 +596,14 @@ async fn prepare(
         server: server.to_string(),
         operation: operation.clone(),
         context,
-        executor: ProviderExecutor { provider, id: provider_id, lock_file, ssh_key, paths },
+        executor: ProviderExecutor {
+            provider,
+            id: provider_id,
+            server_uid: server_obj.uid().unwrap_or_default(),
+            lock_file,
+            ssh_key,
+            paths,
+        },
         timeout,
     })
 }

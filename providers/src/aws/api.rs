@@ -163,6 +163,7 @@ impl Ec2Client {
             ProviderError::NotFound(m) => ProviderError::NotFound(clean(&m)),
             ProviderError::Auth(m) => ProviderError::Auth(clean(&m)),
             ProviderError::InvalidRequest(m) => ProviderError::InvalidRequest(clean(&m)),
+            ProviderError::NotOwned(m) => ProviderError::NotOwned(clean(&m)),
             ProviderError::Permanent(m) => ProviderError::Permanent(clean(&m)),
             throttled @ ProviderError::Throttled { .. } => throttled,
         }

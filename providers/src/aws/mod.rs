@@ -508,6 +508,17 @@ impl Provider for AwsProvider {
         self.ssh.exec(&id.0, &address, request).await
     }
 
+    // One observation serves the ownership check and the address (no second describe call).
+    async fn exec_owned(&self, id: &ProviderId, server_uid: &str, request: ExecRequest) -> ProviderResult<ExecResult> {
+        let observation = self.observe_server(id).await?.ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
+        crate::check_owner(&observation, server_uid, "run scripts on")?;
+        if observation.state != MachineState::Running {
+            return Err(ProviderError::Transient(format!("machine {id} is {}, not running", observation.state.as_str())));
+        }
+        let address = ssh_address(&observation).ok_or_else(|| ProviderError::Transient(format!("machine {id} has no address yet")))?;
+        self.ssh.exec(&id.0, &address, request).await
+    }
+
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
         Ok(self.describe_tagged(tags).await?.iter().map(observe).collect())
     }

@@ -619,6 +619,18 @@ impl Provider for UpcloudProvider {
         self.ssh.exec(&id.0, &address, request).await
     }
 
+    // One observation serves the ownership check and the address (no second describe call).
+    async fn exec_owned(&self, id: &ProviderId, server_uid: &str, request: ExecRequest) -> ProviderResult<ExecResult> {
+        let observation = self.observe_server(id).await?.ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
+        crate::check_owner(&observation, server_uid, "run scripts on")?;
+        if observation.state != MachineState::Running {
+            return Err(ProviderError::Transient(format!("machine {id} is {}, not running", observation.state.as_str())));
+        }
+        let address =
+            crate::aws::ssh_address(&observation).ok_or_else(|| ProviderError::Transient(format!("machine {id} has no address yet")))?;
+        self.ssh.exec(&id.0, &address, request).await
+    }
+
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
         let listed = self.list(tags).await?;
         let mut observed = Vec::with_capacity(listed.len());

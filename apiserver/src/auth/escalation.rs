@@ -1,0 +1,253 @@
+//! RBAC escalation prevention, as kube-apiserver's RBAC registry does it (issue 26, item 2).
+//!
+//! * A Role or ClusterRole may be created or updated only by a user who already holds every
+//!   rule in it at that scope (the namespace of a Role; the cluster for a ClusterRole), or who
+//!   may `escalate` roles/clusterroles (by name), or who is in `system:masters`.
+//! * A RoleBinding or ClusterRoleBinding may be created or updated only by a user who holds
+//!   every rule of the referenced role at the binding's scope, or who may `bind` that role, or
+//!   who is in `system:masters`.
+//!
+//! * A ClusterRole with an `aggregationRule` needs `escalate` (or `system:masters`).
+//!
+//! An update that leaves the rules (or the roleRef) unchanged is not checked again, as upstream.
+//! Messages mirror upstream's `ConfirmNoEscalation`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::attributes::Attributes;
+use super::identity::UserInfo;
+use super::rbac::{GROUP, Policy, PolicyRule};
+use crate::error::{ApiError, ApiResult};
+
+/// The RBAC kinds whose writes are checked, by storage key and plural.
+const KINDS: [(&str, &str); 4] = [
+    ("rbac.authorization.k8s.io/roles", "roles"),
+    ("rbac.authorization.k8s.io/clusterroles", "clusterroles"),
+    ("rbac.authorization.k8s.io/rolebindings", "rolebindings"),
+    ("rbac.authorization.k8s.io/clusterrolebindings", "clusterrolebindings"),
+];
+
+/// The escalation check of one request: who writes, and the policy they hold.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    user: UserInfo,
+    policy: Arc<Policy>,
+}
+
+impl Guard {
+    /// The guard for a request, or None when nothing is to be checked: not a write of an RBAC
+    /// kind, or a `system:masters` user (upstream's `EscalationAllowed`).
+    pub fn for_request(user: &UserInfo, a: &Attributes, policy: impl FnOnce() -> Arc<Policy>) -> Option<Arc<Guard>> {
+        let writes = matches!(a.verb.as_str(), "create" | "update" | "patch");
+        let rbac = a.resource_request && a.api_group == GROUP && KINDS.iter().any(|(_, plural)| *plural == a.resource);
+        if !writes || !rbac || user.is_master() {
+            return None;
+        }
+        Some(Arc::new(Guard { user: user.clone(), policy: policy() }))
+    }
+
+    /// Checks the object a write would store (`old`: the stored one on update).
+    pub fn check(&self, storage: &str, new: &Value, old: Option<&Value>) -> ApiResult<()> {
+        let Some((_, plural)) = KINDS.iter().find(|(s, _)| *s == storage) else { return Ok(()) };
+        let name = new["metadata"]["name"].as_str().unwrap_or_default();
+        let namespace = new["metadata"]["namespace"].as_str().unwrap_or_default();
+        let forbidden = |detail: String| {
+            let mut e = ApiError::forbidden(format!("{plural}.{GROUP} {name:?} is forbidden: {detail}"));
+            e.details = Some(serde_json::json!({"name": name, "group": GROUP, "kind": plural}));
+            e
+        };
+        let rules = if plural.ends_with("bindings") {
+            if old.is_some_and(|o| o["roleRef"] == new["roleRef"]) {
+                return Ok(());
+            }
+            let kind = new["roleRef"]["kind"].as_str().unwrap_or_default();
+            let role = new["roleRef"]["name"].as_str().unwrap_or_default();
+            let role_plural = if kind == "ClusterRole" { "clusterroles" } else { "roles" };
+            if self.allowed("bind", role_plural, namespace, role) {
+                return Ok(());
+            }
+            self.policy.role_ref_rules(kind, role, namespace).map_err(forbidden)?
+        } else {
+            if old.is_some_and(|o| o["rules"] == new["rules"]) {
+                return Ok(());
+            }
+            if self.allowed("escalate", plural, namespace, name) {
+                return Ok(());
+            }
+            // Upstream: an aggregating ClusterRole gathers rules nobody checked here.
+            let aggregation = &new["aggregationRule"];
+            if !aggregation.is_null() && old.is_none_or(|o| o["aggregationRule"] != *aggregation) {
+                return Err(forbidden("must have cluster-admin privileges to use the aggregationRule".into()));
+            }
+            new["rules"].as_array().into_iter().flatten().map(PolicyRule::from_value).collect()
+        };
+        self.confirm_no_escalation(namespace, &rules).map_err(forbidden)
+    }
+
+    fn allowed(&self, verb: &str, plural: &str, namespace: &str, name: &str) -> bool {
+        let a = Attributes {
+            verb: verb.into(),
+            resource_request: true,
+            api_group: GROUP.into(),
+            api_version: "v1".into(),
+            resource: plural.into(),
+            subresource: String::new(),
+            namespace: namespace.into(),
+            name: name.into(),
+            path: String::new(),
+        };
+        self.policy.authorize(&self.user, &a).allowed
+    }
+
+    /// Upstream's `ConfirmNoEscalation`: every rule is covered by the user's own rules in
+    /// `namespace` (cluster-wide ones only when it is empty).
+    fn confirm_no_escalation(&self, namespace: &str, rules: &[PolicyRule]) -> Result<(), String> {
+        let (owned, errors) = self.policy.rules_for(&self.user, namespace);
+        let missing = missing_rules(&owned, rules);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let groups = self.user.groups.iter().map(|g| format!("{g:?}")).collect::<Vec<_>>().join(" ");
+        let mut msg = format!(
+            "user {:?} (groups=[{groups}]) is attempting to grant RBAC permissions not currently held:\n{}",
+            self.user.name,
+            missing.join("\n")
+        );
+        if !errors.is_empty() {
+            msg.push_str(&format!("; resolution errors: [{}]", errors.join(" ")));
+        }
+        Err(msg)
+    }
+}
+
+/// One verb on one resource (or one URL): upstream's `BreakdownRule`.
+fn breakdown(rule: &PolicyRule) -> Vec<PolicyRule> {
+    let mut out = vec![];
+    for verb in &rule.verbs {
+        for group in &rule.api_groups {
+            for resource in &rule.resources {
+                out.push(PolicyRule {
+                    verbs: vec![verb.clone()],
+                    api_groups: vec![group.clone()],
+                    resources: vec![resource.clone()],
+                    resource_names: rule.resource_names.clone(),
+                    non_resource_urls: vec![],
+                });
+            }
+        }
+        for url in &rule.non_resource_urls {
+            out.push(PolicyRule { verbs: vec![verb.clone()], non_resource_urls: vec![url.clone()], ..Default::default() });
+        }
+    }
+    out
+}
+
+fn has_or_star(list: &[String], item: &str) -> bool {
+    list.iter().any(|x| x == "*" || x == item)
+}
+
+fn resource_covers(owner: &[String], resource: &str) -> bool {
+    has_or_star(owner, resource) || resource.split_once('/').is_some_and(|(_, sub)| owner.iter().any(|o| o.strip_prefix("*/") == Some(sub)))
+}
+
+fn url_covers(owner: &[String], url: &str) -> bool {
+    owner.iter().any(|o| o == "*" || o == url || o.strip_suffix('*').is_some_and(|prefix| url.starts_with(prefix)))
+}
+
+/// Upstream's `ruleCovers` for one broken-down rule.
+fn covers(owner: &PolicyRule, sub: &PolicyRule) -> bool {
+    if !sub.verbs.iter().all(|v| has_or_star(&owner.verbs, v)) {
+        return false;
+    }
+    if !sub.non_resource_urls.is_empty() {
+        return sub.non_resource_urls.iter().all(|u| url_covers(&owner.non_resource_urls, u));
+    }
+    sub.api_groups.iter().all(|g| has_or_star(&owner.api_groups, g))
+        && sub.resources.iter().all(|r| resource_covers(&owner.resources, r))
+        && (owner.resource_names.is_empty()
+            || (!sub.resource_names.is_empty() && sub.resource_names.iter().all(|n| owner.resource_names.contains(n))))
+}
+
+/// A rule without its verbs: API groups, resources, resource names, non-resource URLs.
+type RuleKey = (Vec<String>, Vec<String>, Vec<String>, Vec<String>);
+
+/// The broken-down rules of `rules` that no rule of `owned` covers, compacted (verbs of the same
+/// group/resource/names merged) and described as upstream's `CompactString`.
+pub fn missing_rules(owned: &[PolicyRule], rules: &[PolicyRule]) -> Vec<String> {
+    let mut compact: BTreeMap<RuleKey, Vec<String>> = BTreeMap::new();
+    for sub in rules.iter().flat_map(breakdown) {
+        if owned.iter().any(|o| covers(o, &sub)) {
+            continue;
+        }
+        let verbs = compact
+            .entry((sub.api_groups.clone(), sub.resources.clone(), sub.resource_names.clone(), sub.non_resource_urls.clone()))
+            .or_default();
+        if !verbs.contains(&sub.verbs[0]) {
+            verbs.push(sub.verbs[0].clone());
+        }
+    }
+    compact
+        .into_iter()
+        .map(|((groups, resources, names, urls), verbs)| {
+            let q = |l: &[String]| l.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(" ");
+            let mut parts = vec![];
+            if !groups.is_empty() {
+                parts.push(format!("APIGroups:[{}]", q(&groups)));
+            }
+            if !resources.is_empty() {
+                parts.push(format!("Resources:[{}]", q(&resources)));
+            }
+            if !names.is_empty() {
+                parts.push(format!("ResourceNames:[{}]", q(&names)));
+            }
+            if !urls.is_empty() {
+                parts.push(format!("NonResourceURLs:[{}]", q(&urls)));
+            }
+            parts.push(format!("Verbs:[{}]", q(&verbs)));
+            format!("{{{}}}", parts.join(", "))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rule(v: Value) -> PolicyRule {
+        PolicyRule::from_value(&v)
+    }
+
+    #[test]
+    fn coverage_follows_upstream() {
+        let owned = [
+            rule(json!({"verbs": ["get", "list"], "apiGroups": ["provisioning.dev"], "resources": ["servers", "*/scale"]})),
+            rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["one"]})),
+            rule(json!({"verbs": ["get"], "nonResourceURLs": ["/apis/*"]})),
+        ];
+        let held = [
+            rule(json!({"verbs": ["list"], "apiGroups": ["provisioning.dev"], "resources": ["servers", "clusters/scale"]})),
+            rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["one"]})),
+            rule(json!({"verbs": ["get"], "nonResourceURLs": ["/apis/x"]})),
+        ];
+        assert!(missing_rules(&owned, &held).is_empty());
+        let more = [
+            rule(json!({"verbs": ["get", "update"], "apiGroups": ["provisioning.dev"], "resources": ["servers/status"]})),
+            rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": ["secrets"]})),
+            rule(json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})),
+            rule(json!({"verbs": ["get"], "nonResourceURLs": ["/api"]})),
+        ];
+        assert_eq!(
+            missing_rules(&owned, &more),
+            vec![
+                r#"{NonResourceURLs:["/api"], Verbs:["get"]}"#,
+                r#"{APIGroups:[""], Resources:["secrets"], Verbs:["get"]}"#,
+                r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#,
+                r#"{APIGroups:["provisioning.dev"], Resources:["servers/status"], Verbs:["get" "update"]}"#,
+            ]
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! The tenancy suite of the embedded control plane, written as an attacker (issue 26): tenant A
+//! holds `admin` in namespace `a` (a RoleBinding of the bootstrap ClusterRole, as a cluster
+//! operator hands out) and tries to leave it. Every attempt is refused with kube-apiserver's
+//! message, and B's objects in namespace `b` are unchanged.
+//!
+//! * RBAC escalation: a RoleBinding of `cluster-admin` in `a`, a Role with `*` rules, a patch
+//!   that widens a Role A may edit, a binding of a Role A does not hold — refused as upstream's
+//!   `ConfirmNoEscalation`; granting what A holds, or with `bind`/`escalate`, works.
+//! * A "billion laughs" YAML body sent to SelfSubjectAccessReview (which every authenticated
+//!   identity may create) is a 400 naming excessive aliasing, and the next request is answered.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const RBAC: &str = "/apis/rbac.authorization.k8s.io/v1";
+
+async fn post(c: &kube::Client, path: &str, body: &Value) -> Res<(u16, Value)> {
+    raw(c, "POST", path, "application/json", serde_json::to_vec(body)?).await
+}
+
+fn role_binding(ns: &str, name: &str, kind: &str, role: &str, sa: &str) -> Value {
+    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})
+}
+
+fn role(ns: &str, name: &str, rules: Value) -> Value {
+    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, "namespace": ns}, "rules": rules})
+}
+
+/// A client authenticated as ServiceAccount `ns/name` (created here), with a token from the
+/// TokenRequest API.
+async fn tenant(admin: &kube::Client, kubeconfig: &std::path::Path, ns: &str, name: &str) -> Res<kube::Client> {
+    let (code, body) = post(admin, &format!("/api/v1/namespaces/{ns}/serviceaccounts"), &json!({"metadata": {"name": name}})).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) =
+        post(admin, &format!("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token"), &json!({"spec": {"expirationSeconds": 3600}}))
+            .await?;
+    assert_eq!(code, 201, "{body}");
+    let token = body["status"]["token"].as_str().ok_or("no token")?;
+    let text = std::fs::read_to_string(kubeconfig)?;
+    let replaced: Vec<String> =
+        text.lines().map(|l| if l.trim_start().starts_with("token: ") { format!("    token: {token}") } else { l.to_string() }).collect();
+    let dir = kubeconfig.parent().ok_or("no parent")?.join(format!("tenant-{ns}-{name}"));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, replaced.join("\n") + "\n")?;
+    client_for(&path).await
+}
+
+fn assert_escalation_refused(code: u16, body: &Value, what: &str, resource: &str, name: &str, missing: &str) {
+    assert_eq!(code, 403, "{what}: {body}");
+    let msg = body["message"].as_str().unwrap_or_default();
+    let want = format!(
+        r#"{resource}.rbac.authorization.k8s.io "{name}" is forbidden: user "system:serviceaccount:a:alice" (groups=["system:serviceaccounts" "system:serviceaccounts:a" "system:authenticated"]) is attempting to grant RBAC permissions not currently held:"#
+    );
+    assert!(msg.starts_with(&want), "{what}: {msg}");
+    assert!(msg.contains(missing), "{what}: {missing} not in {msg}");
+}
+
+async fn setup() -> Res<(TestServer, kube::Client, kube::Client)> {
+    let ts = start().await?;
+    let admin = client_for(&ts.server.kubeconfig_path()).await?;
+    install_crd(&admin).await?;
+    for ns in ["a", "b"] {
+        let (code, body) = post(&admin, "/api/v1/namespaces", &json!({"metadata": {"name": ns}})).await?;
+        assert_eq!(code, 201, "{body}");
+    }
+    eventually("servers served", Duration::from_secs(30), || {
+        let c = admin.clone();
+        async move { raw(&c, "GET", "/apis/provisioning.dev/v1alpha1/servers", "application/json", vec![]).await.is_ok_and(|(s, _)| s == 200) }
+    })
+    .await?;
+    let (code, body) =
+        post(&admin, "/apis/provisioning.dev/v1alpha1/namespaces/b/servers", &serde_json::to_value(server_obj("victim", "small")?)?)
+            .await?;
+    assert_eq!(code, 201, "{body}");
+    let alice = tenant(&admin, &ts.server.kubeconfig_path(), "a", "alice").await?;
+    let (code, body) =
+        post(&admin, &format!("{RBAC}/namespaces/a/rolebindings"), &role_binding("a", "alice-admin", "ClusterRole", "admin", "alice"))
+            .await?;
+    assert_eq!(code, 201, "{body}");
+    // `admin` is aggregated from its parts by a controller loop: wait until it applies.
+    eventually("alice holds admin in a", Duration::from_secs(30), || {
+        let c = alice.clone();
+        async move { raw(&c, "GET", "/api/v1/namespaces/a/configmaps", "application/json", vec![]).await.is_ok_and(|(s, _)| s == 200) }
+    })
+    .await?;
+    Ok((ts, admin, alice))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_admin_cannot_grant_what_it_does_not_hold() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    let status_patch = |c: kube::Client, ns: &'static str| async move {
+        let patch = serde_json::to_vec(&json!({"status": {"providerID": "local://someone-elses"}}))?;
+        let path = format!("/apis/provisioning.dev/v1alpha1/namespaces/{ns}/servers/victim/status");
+        raw(&c, "PATCH", &path, "application/merge-patch+json", patch).await
+    };
+    let (code, _) = status_patch(alice.clone(), "b").await?;
+    assert_eq!(code, 403, "alice starts without status writes");
+
+    // The escalation of the issue: a RoleBinding of cluster-admin in her own namespace.
+    let rbs = format!("{RBAC}/namespaces/a/rolebindings");
+    let (code, body) = post(&alice, &rbs, &role_binding("a", "mine", "ClusterRole", "cluster-admin", "alice")).await?;
+    assert_escalation_refused(
+        code,
+        &body,
+        "bind cluster-admin",
+        "rolebindings",
+        "mine",
+        r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#,
+    );
+    // A Role with rules she does not hold, and then a binding of it made by someone else's Role.
+    let roles = format!("{RBAC}/namespaces/a/roles");
+    let wide = role("a", "wide", json!([{"apiGroups": ["provisioning.dev"], "resources": ["servers/status"], "verbs": ["patch"]}]));
+    let (code, body) = post(&alice, &roles, &wide).await?;
+    assert_escalation_refused(
+        code,
+        &body,
+        "wide role",
+        "roles",
+        "wide",
+        r#"{APIGroups:["provisioning.dev"], Resources:["servers/status"], Verbs:["patch"]}"#,
+    );
+    let (code, body) = post(&admin, &roles, &wide).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = post(&alice, &rbs, &role_binding("a", "wide", "Role", "wide", "alice")).await?;
+    assert_escalation_refused(code, &body, "bind wide", "rolebindings", "wide", "servers/status");
+    // A binding of a role that does not exist: upstream's resolution error.
+    let (code, body) = post(&alice, &rbs, &role_binding("a", "ghost", "ClusterRole", "ghost", "alice")).await?;
+    assert_eq!(code, 403, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains(r#"clusterrole.rbac.authorization.k8s.io "ghost" not found"#), "{body}");
+
+    // What she holds she may grant: a Role of ConfigMap reads, bound to her.
+    let narrow = role("a", "narrow", json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]));
+    let (code, body) = post(&alice, &roles, &narrow).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = post(&alice, &rbs, &role_binding("a", "narrow", "Role", "narrow", "alice")).await?;
+    assert_eq!(code, 201, "{body}");
+    // ... but not widen it afterwards, by merge patch or by update.
+    let widen = serde_json::to_vec(&json!({"rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{roles}/narrow"), "application/merge-patch+json", widen).await?;
+    assert_escalation_refused(code, &body, "widen by patch", "roles", "narrow", r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#);
+    // B's Server is unchanged, and her status writes are still refused in both namespaces.
+    for ns in ["a", "b"] {
+        let (code, _) = status_patch(alice.clone(), ns).await?;
+        assert!(code == 403 || (ns == "a" && code == 404), "{ns}: {code}");
+    }
+    let (code, victim) =
+        raw(&admin, "GET", "/apis/provisioning.dev/v1alpha1/namespaces/b/servers/victim", "application/json", vec![]).await?;
+    assert_eq!(code, 200);
+    assert!(victim["status"]["providerID"].is_null(), "{victim}");
+
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_scope_and_aggregation_are_not_a_tenants() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    // Cluster scope is not hers at all.
+    let crb = json!({"metadata": {"name": "alice-root"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "alice", "namespace": "a"}]});
+    let (code, _) = post(&alice, &format!("{RBAC}/clusterrolebindings"), &crb).await?;
+    assert_eq!(code, 403);
+    // Not even with `create` on clusterroles: an aggregating or wider one is an escalation.
+    let cr_writer = json!({"metadata": {"name": "alice-cr-writer"}, "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["create"]}]});
+    let (code, body) = post(&admin, &format!("{RBAC}/clusterroles"), &cr_writer).await?;
+    assert_eq!(code, 201, "{body}");
+    let crb = json!({"metadata": {"name": "alice-cr-writer"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "alice-cr-writer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "alice", "namespace": "a"}]});
+    let (code, body) = post(&admin, &format!("{RBAC}/clusterrolebindings"), &crb).await?;
+    assert_eq!(code, 201, "{body}");
+    let aggregating = json!({"metadata": {"name": "sneaky"}, "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}}]}});
+    let (code, body) = post(&alice, &format!("{RBAC}/clusterroles"), &aggregating).await?;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["message"].as_str().unwrap_or_default().contains("must have cluster-admin privileges to use the aggregationRule"),
+        "{body}"
+    );
+    let root = json!({"metadata": {"name": "root"}, "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]});
+    let (code, body) = post(&alice, &format!("{RBAC}/clusterroles"), &root).await?;
+    assert_escalation_refused(code, &body, "cluster role", "clusterroles", "root", r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#);
+
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bind_and_escalate_allow_what_they_name_as_upstream() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    let (roles, rbs) = (format!("{RBAC}/namespaces/a/roles"), format!("{RBAC}/namespaces/a/rolebindings"));
+    // With `bind` on cluster-admin (granted by the cluster's admin), the binding is allowed, as
+    // upstream; with `escalate` on roles, so is the wide Role.
+    let grant = role(
+        "a",
+        "binder",
+        json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "resourceNames": ["view"], "verbs": ["bind"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["escalate"]}]),
+    );
+    let (code, body) = post(&admin, &roles, &grant).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = post(&admin, &rbs, &role_binding("a", "binder", "Role", "binder", "alice")).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = post(&alice, &rbs, &role_binding("a", "viewer", "ClusterRole", "view", "alice")).await?;
+    assert_eq!(code, 201, "bind view: {body}");
+    let (code, body) = post(&alice, &rbs, &role_binding("a", "mine", "ClusterRole", "cluster-admin", "alice")).await?;
+    assert_eq!(code, 403, "bind is per role name: {body}");
+    let escalated = role("a", "escalated", json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]));
+    let (code, body) = post(&alice, &roles, &escalated).await?;
+    assert_eq!(code, 201, "escalate: {body}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_yaml_alias_bomb_is_a_bad_request_and_the_server_answers_the_next() -> TestResult {
+    let (_ts, _admin, alice) = setup().await?;
+    // ~700 KB that expands to 2 * 10^10 nodes (upstream's body limit is 3 MB).
+    let items = vec!["x"; 200_000].join(",");
+    let aliases = vec!["*a"; 120_000].join(",");
+    let bomb = format!(
+        "apiVersion: authorization.k8s.io/v1\nkind: SelfSubjectAccessReview\nspec:\n  resourceAttributes:\n    verb: get\n    \
+         extra: &a [{items}]\n  more: [{aliases}]\n"
+    );
+    let started = Instant::now();
+    let path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+    let (code, body) = raw(&alice, "POST", path, "application/yaml", bomb.into_bytes()).await?;
+    assert_eq!(code, 400, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("excessive aliasing"), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+    // Honest YAML with an alias still works, and the server answers at once.
+    let honest = "apiVersion: authorization.k8s.io/v1\nkind: SelfSubjectAccessReview\nspec:\n  resourceAttributes: &r {verb: get, resource: configmaps, namespace: a}\n";
+    let t = Instant::now();
+    let (code, body) = raw(&alice, "POST", path, "application/yaml", honest.as_bytes().to_vec()).await?;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["status"]["allowed"], json!(true), "{body}");
+    assert!(t.elapsed() < Duration::from_secs(2), "honest request took {:?}", t.elapsed());
+    Ok(())
+}
