@@ -29,10 +29,12 @@ fn installed(o: &Observed<'_>, work: &mut Work, r: &OperationResult, version: &s
     e.healthy = Some(true);
     // The install rendered every config file again (and its check passed).
     e.drifted_files.clear();
+    e.reinstall_reason = None;
     // A Secret rotated while this install ran: it used the old values.
     let current = o.validated.as_ref().ok().and_then(|v| v.inputs_hash.as_ref());
     if current.is_some() && r.inputs_hash.as_ref() != current {
         ServerPhase::Pending.set(e);
+        e.reinstall_reason = Some("configFrom changed during the install".into());
     }
     work.events.push(PlannedEvent::normal("Installed", format!("{} {version} installed on {}", o.spec.service, r.server)));
 }
