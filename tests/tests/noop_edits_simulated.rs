@@ -32,6 +32,22 @@ fn script_runs(dev: &Dev) -> Result<Vec<String>> {
     Ok(runs)
 }
 
+/// Provider calls that change something (anything but observing and surveying), as
+/// `operation object`, in the order made.
+fn provider_changes(dev: &Dev) -> Result<Vec<String>> {
+    let data_dir = dev.data_dir.display().to_string();
+    let out = provisioning_e2e::provisioning_ok(&["audit", "--data-dir", &data_dir, "-o", "json"])?;
+    let mut calls = Vec::new();
+    for line in out.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let op = v["operation"].as_str().unwrap_or_default();
+        if v["type"] == "providerCall" && !op.starts_with("observe") && !op.starts_with("survey") && !op.starts_with("list") {
+            calls.push(format!("{op} {}", v["object"]["name"].as_str().unwrap_or_default()));
+        }
+    }
+    Ok(calls)
+}
+
 /// The Cluster and its TaskServ have caught up with their specs and are Ready with nothing
 /// planned: whatever an edit caused has run (a run is audited before its result is recorded).
 fn settled(dev: &Dev) -> Result<bool> {
@@ -65,6 +81,8 @@ fn no_op_edits_run_no_script_and_a_scale_up_installs_only_on_the_new_member() ->
     let first = script_runs(&dev)?;
     let members = ["etcd-members-0", "etcd-members-1", "etcd-members-2"];
     ensure!(first == members.map(|m| format!("{m}:install")), "one install per member: {first:?}");
+    let machines = provider_changes(&dev)?;
+    ensure!(machines.iter().filter(|c| c.starts_with("ensure_server")).count() == 3, "one create per member: {machines:?}");
 
     let merge = |patch: &'static str| ["patch", "pcl", "etcd", "-n", NS, "--type=merge", "-p", patch];
     edit_and_settle(&mut dev, "a label", &["label", "pcl", "etcd", "-n", NS, "team=db"])?;
@@ -95,6 +113,8 @@ fn no_op_edits_run_no_script_and_a_scale_up_installs_only_on_the_new_member() ->
 
     let after = script_runs(&dev)?;
     ensure!(after == first, "no-op edits ran scripts: {after:?} (before: {first:?})\n{}", dev.log_tail(40));
+    let calls = provider_changes(&dev)?;
+    ensure!(calls == machines, "no-op edits called the provider: {calls:?} (before: {machines:?})");
 
     // A scale-up installs on the new member only.
     dev.kubectl_ok(&[
