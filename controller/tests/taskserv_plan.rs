@@ -855,3 +855,23 @@ fn a_status_without_recorded_inputs_records_them_and_runs_nothing() {
     p.respec(|spec| spec.config = Some(serde_json::json!({"port": 2400})));
     assert_eq!(p.plan().launch.len(), 2, "a spec change with nothing recorded re-installs");
 }
+
+/// A config change while the installs of the previous one run: they finish, then run again
+/// with the new value (once), the reason naming it.
+#[test]
+fn a_config_change_during_an_install_runs_it_again_afterwards() {
+    let mut p = ready_pass();
+    p.respec(|spec| spec.config = Some(serde_json::json!({"port": 2400})));
+    assert_eq!(p.pass().launch.len(), 2);
+    p.respec(|spec| spec.config = Some(serde_json::json!({"port": 2401})));
+    assert!(p.pass().launch.is_empty(), "the runs in flight are not started twice");
+    p.succeed(&["s0", "s1"]);
+    let again = p.pass();
+    assert_eq!(again.launch, vec![("s0".to_string(), install("1.0")), ("s1".to_string(), install("1.0"))]);
+    let ts_plan = plan::taskserv_plan("TaskServ/dev/store", p.ts.metadata.generation, &again.status, again.version.as_deref());
+    assert!(ts_plan.changes.iter().all(|c| c.reason == "re-install (config.port changed)"), "{:#?}", ts_plan.changes);
+    p.succeed(&["s0", "s1"]);
+    let done = p.pass();
+    assert!(done.launch.is_empty() && cond(&done.status, "Ready").0 == "True", "{:?}", done.launch);
+    assert!(p.plan().launch.is_empty(), "once");
+}

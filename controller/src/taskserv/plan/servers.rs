@@ -7,7 +7,7 @@ use provisioning_crds::{ScriptRun, TaskServServerStatus};
 
 use crate::taskserv::inputs;
 
-use super::model::{Observed, Operation, RETRY_FAILED_AFTER, ServerFacts, ServerPhase, Work, parse_time, rfc3339};
+use super::model::{Observed, Operation, RETRY_FAILED_AFTER, ServerFacts, ServerPhase, WHILE_INSTALLING, Work, parse_time, rfc3339};
 
 /// The inputs of an install ([`inputs::install_inputs`], the module doc there says which they
 /// are) changed since the servers got the service: install runs again on each server that has
@@ -35,9 +35,14 @@ pub(super) fn mark_changed_for_reinstall(
         (!changed.is_empty()).then(|| inputs::describe_changed(&changed))
     };
     if let Some(reason) = reason {
-        for e in entries.values_mut().filter(|e| ServerPhase::Installed.is(e)) {
-            ServerPhase::Pending.set(e);
-            e.reinstall_reason = Some(reason.clone());
+        for e in entries.values_mut() {
+            if ServerPhase::Installed.is(e) {
+                ServerPhase::Pending.set(e);
+                e.reinstall_reason = Some(reason.clone());
+            } else if ServerPhase::Installing.is(e) && o.in_flight.contains_key(&e.name) {
+                // It runs with the old inputs: once it finishes, it runs again.
+                e.reinstall_reason = Some(format!("{reason}{WHILE_INSTALLING}"));
+            }
         }
     }
     (valid.inputs_hash.clone(), current)
