@@ -32,8 +32,10 @@
 //! `member add`); a server removed is drained with `remove.nu`. Other members (peers) are not an
 //! input of an existing member's install.
 //!
-//! Besides the inputs, an install runs again on a server whose machine was replaced, went
-//! away, failed its health check or drifted (`Drifted`), or whose install was interrupted.
+//! An input that changes while an install runs with the old value re-runs that install once it
+//! has finished. Besides the inputs, an install runs again on a server whose machine was
+//! replaced, went away, failed its health check or drifted (`Drifted`), or whose install was
+//! interrupted or failed.
 
 use std::collections::BTreeMap;
 
