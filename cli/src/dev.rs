@@ -139,7 +139,8 @@ pub async fn apply_manifests(client: &Client, manifests: &[Manifest], timeout: D
     let discovery = Discovery::new(client.clone()).run().await.context("API discovery")?;
     let mut sorted: Vec<&Manifest> = manifests.iter().collect();
     sorted.sort_by_key(|m| apply_order(m.object.get("kind").and_then(Value::as_str).unwrap_or("")));
-    let params = PatchParams::apply(APPLY_MANAGER).force();
+    // Strict, as `kubectl apply`: a misspelt field is refused, not dropped.
+    let params = PatchParams::apply(APPLY_MANAGER).force().validation_strict();
     let deadline = Instant::now() + timeout;
     let mut applied = Vec::new();
     for manifest in sorted {
@@ -166,7 +167,7 @@ pub async fn apply_manifests(client: &Client, manifests: &[Manifest], timeout: D
                 Err(kube::Error::Api(s)) if s.code == 404 && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-                Err(e) => return Err(anyhow::anyhow!("{}: applying {} {name}: {e}", manifest.source, types.kind)),
+                Err(e) => return Err(anyhow::anyhow!("{}: {} {name} refused: {e}", manifest.source, types.kind)),
             }
         }
         applied.push(Applied {

@@ -18,6 +18,15 @@
 //!
 //! Other kinds (Namespaces, Secrets, RoleBindings) are listed as not planned; Secret values
 //! are never read or printed.
+//!
+//! Plan is as strict as admission, and stricter than a dry run alone: every object first goes
+//! through the API server's own decoding and validation, run here with the apiserver crate's
+//! code ([`admit`]: strict fields — an unknown field is refused as `kubectl apply` refuses it —
+//! the CRD's schema and its CEL rules), so that an object whose namespace comes with the same
+//! manifests is checked too; an apiVersion/kind the API server does not serve is refused; then
+//! the dry-run apply (strict) and the controller's own validation (plans, provider accounts,
+//! services and the catalog's config schema). Each refused object is reported with its reason,
+//! and any refusal makes the exit code 1 ("N refused").
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,7 +36,7 @@ use anyhow::{Context as _, bail};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
-use kube::discovery::ApiResource;
+use kube::discovery::{ApiResource, Discovery};
 use provisioning_crds::{API_VERSION, ChangeAction, Cluster, Plan, PlannedChange, Server, TaskServ, Workspace};
 use serde::Serialize;
 use serde_json::Value;
@@ -54,7 +63,21 @@ pub struct ObjectPlan {
     /// Why the object is not planned, or what applying it would refuse.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub note: String,
+    /// Admission or the controller would refuse it (`note` says why).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
+
+impl ObjectPlan {
+    /// An object that would be refused, and why.
+    fn refused(resource: String, why: String) -> ObjectPlan {
+        let plan = Plan { summary: REFUSED.into(), ..Default::default() };
+        ObjectPlan { resource, plan, needs_approval: false, note: why, refused: true }
+    }
+}
+
+/// Summary of a refused object.
+const REFUSED: &str = "refused";
 
 /// Everything `provisioning plan` found.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -66,6 +89,8 @@ pub struct PlanReport {
     pub summary: String,
     /// Whether anything would change (exit code 2).
     pub changes: bool,
+    /// Objects that would be refused (exit code 1).
+    pub refused: usize,
 }
 
 /// Reads every manifest document of `paths` (files, or directories: their `.yaml`, `.yml`
@@ -151,17 +176,91 @@ pub async fn plan(client: Client, docs: &[(PathBuf, Value)], default_namespace: 
     } // The simulated provider opens a store file when built: a private scratch directory,
     // removed afterwards, keeps the plan from touching any controller's state.
     let scratch = Scratch::new()?;
+    let discovery = Discovery::new(client.clone()).run().await.context("API discovery")?;
     let mut report = PlanReport::default();
     for (file, doc) in docs {
-        let object = plan_one(&client, doc, default_namespace, &workspaces, scratch.path())
-            .await
-            .with_context(|| format!("{}: {}", file.display(), describe(doc, default_namespace)))?;
+        let object = match served(&discovery, doc, docs) {
+            Err(why) => ObjectPlan::refused(describe(doc, default_namespace), why),
+            Ok(()) => plan_one(&client, doc, default_namespace, &workspaces, scratch.path())
+                .await
+                .with_context(|| format!("{}: {}", file.display(), describe(doc, default_namespace)))?,
+        };
         report.objects.push(object);
     }
     let all: Vec<PlannedChange> = report.objects.iter().flat_map(|o| o.plan.changes.clone()).collect();
     report.summary = plan::summary(&all);
     report.changes = report.objects.iter().any(|o| o.plan.has_changes());
+    report.refused = report.objects.iter().filter(|o| o.refused).count();
     Ok(report)
+}
+
+/// `Err(why)` when the API server serves no such apiVersion/kind (and no CustomResourceDefinition
+/// of the same manifests defines it), as `kubectl apply` would say.
+fn served(discovery: &Discovery, doc: &Value, docs: &[(PathBuf, Value)]) -> Result<(), String> {
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    if group == provisioning_crds::GROUP {
+        // Checked against the CRDs themselves by admission (naming the kinds it has).
+        return Ok(());
+    }
+    if discovery.resolve_gvk(&GroupVersionKind::gvk(group, version, kind)).is_some() {
+        return Ok(());
+    }
+    let defined_here = docs.iter().any(|(_, d)| {
+        d["kind"] == "CustomResourceDefinition"
+            && d["spec"]["group"] == group
+            && d["spec"]["names"]["kind"] == kind
+            && d["spec"]["versions"].as_array().is_some_and(|vs| vs.iter().any(|v| v["name"] == version))
+    });
+    if defined_here {
+        return Ok(());
+    }
+    Err(format!("no matches for kind \"{kind}\" in version \"{api_version}\": the API server does not serve it"))
+}
+
+/// Admission of a provisioning.dev object as the API server does it, with its own code (the
+/// apiserver crate): the kind and version must be served, no unknown field (strict decoding,
+/// as `kubectl apply` asks for), metadata, the CRD's schema (with its defaults applied) and its
+/// CEL rules (`old`: the live object, for transition rules). Returns the object as it would be
+/// stored, or why it would be refused, in the API server's words.
+pub fn admit(doc: &Value, old: Option<&Value>) -> Result<Value, String> {
+    use provisioning_apiserver::{celrules, error::ApiError, validation};
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let crds = provisioning_crds::all_crds();
+    let Some(crd) = crds.iter().find(|c| c.spec.group == group && c.spec.names.kind == kind) else {
+        let known: Vec<String> = crds.iter().map(|c| c.spec.names.kind.clone()).collect();
+        return Err(format!("no matches for kind \"{kind}\" in version \"{api_version}\" (the kinds of {group}: {})", known.join(", ")));
+    };
+    let Some(served) = crd.spec.versions.iter().find(|v| v.name == version && v.served) else {
+        return Err(format!("no matches for kind \"{kind}\" in version \"{api_version}\" (served: {})", provisioning_crds::API_VERSION));
+    };
+    let schema = served
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| format!("the {kind} schema does not serialise: {e}"))?
+        .unwrap_or(Value::Null);
+    let mut obj = doc.clone();
+    let mut causes = validation::validate_metadata(&obj["metadata"]);
+    let outcome = validation::process(&mut obj, &schema);
+    if !outcome.unknown.is_empty() {
+        let list: Vec<String> = outcome.unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+        return Err(format!("{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}", list.join(", ")));
+    }
+    causes.extend(outcome.causes);
+    if causes.is_empty() {
+        causes.extend(celrules::Rules::from_schema(&schema).validate(&obj, old));
+    }
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(kind, group, name, causes).message);
+    }
+    Ok(obj)
 }
 
 fn describe(doc: &Value, default_namespace: &str) -> String {
@@ -184,9 +283,20 @@ async fn plan_one(
     let resource = describe(doc, default_namespace);
     let kind = doc["kind"].as_str().unwrap_or_default().to_string();
     let name = doc["metadata"]["name"].as_str().filter(|n| !n.is_empty()).context("metadata.name is missing")?.to_string();
+    let ours = doc["apiVersion"].as_str().is_some_and(|v| v.split_once('/').is_some_and(|(g, _)| g == provisioning_crds::GROUP));
+    if ours && let Err(why) = admit(doc, None) {
+        // An unknown kind or version of ours, or a kind that is not planned (ChangeRecord).
+        return Ok(ObjectPlan::refused(resource, why));
+    }
     if doc["apiVersion"].as_str() != Some(API_VERSION) || !matches!(kind.as_str(), "Server" | "Cluster" | "TaskServ" | "Workspace") {
         let plan = Plan { id: String::new(), summary: NOT_PLANNED.into(), ..Default::default() };
-        return Ok(ObjectPlan { resource, plan, needs_approval: false, note: format!("{kind} is applied as it is, not planned") });
+        return Ok(ObjectPlan {
+            resource,
+            plan,
+            needs_approval: false,
+            note: format!("{kind} is applied as it is, not planned"),
+            refused: false,
+        });
     }
     let cluster_scoped = kind == "Workspace";
     let namespace = doc["metadata"]["namespace"].as_str().unwrap_or(default_namespace).to_string();
@@ -199,13 +309,18 @@ async fn plan_one(
     if !cluster_scoped {
         body["metadata"]["namespace"] = Value::String(namespace.clone());
     }
+    // Admission as the API server does it, also for an object whose namespace is not there yet.
+    let admitted = match admit(&body, live.as_ref().map(serde_json::to_value).transpose()?.as_ref()) {
+        Ok(obj) => obj,
+        Err(why) => return Ok(ObjectPlan::refused(resource, why)),
+    };
     // The object as it would be stored: defaulted and validated by the API server.
-    let params = PatchParams::apply(FIELD_MANAGER).dry_run().force();
+    let params = PatchParams::apply(FIELD_MANAGER).dry_run().force().validation_strict();
     let applied = match api.patch(&name, &params, &Patch::Apply(&body)).await {
         Ok(obj) => serde_json::to_value(obj)?,
-        // The namespace comes with the same manifests: plan the object as written.
-        Err(kube::Error::Api(e)) if e.code == 404 && live.is_none() => body.clone(),
-        Err(kube::Error::Api(e)) => bail!("the API server refuses it: {}", e.message),
+        // The namespace comes with the same manifests: plan the object as admitted.
+        Err(kube::Error::Api(e)) if e.code == 404 && live.is_none() => admitted,
+        Err(kube::Error::Api(e)) => return Ok(ObjectPlan::refused(resource, format!("the API server refuses it: {}", e.message))),
         Err(e) => return Err(anyhow::Error::from(e).context("dry-run apply")),
     };
     if kind == "Server" {
@@ -224,36 +339,17 @@ async fn plan_one(
         return cluster_plan(client, &cluster, &namespace, workspaces, scratch).await;
     }
     let spec_of = |v: &Value| v.get("spec").cloned().unwrap_or(Value::Null);
-    let desired = spec_of(&applied);
-    let (action, fields) = match &live {
-        None => (ChangeAction::Create, Vec::new()),
-        Some(l) => {
-            let before = spec_of(&serde_json::to_value(l)?);
-            (ChangeAction::Update, changed_fields(&before, &desired))
+    let mut note = String::new();
+    if kind == "TaskServ" {
+        let ts: TaskServ = serde_json::from_value(applied.clone()).context("reading the TaskServ")?;
+        match taskserv_refusal(&ts) {
+            Ok(n) => note = n,
+            Err(why) => return Ok(ObjectPlan::refused(resource, why)),
         }
-    };
-    let changes = match action {
-        ChangeAction::Update if fields.is_empty() => Vec::new(),
-        ChangeAction::Update => fields
-            .into_iter()
-            .map(|f| PlannedChange {
-                resource: resource.clone(),
-                field: format!("spec.{f}"),
-                action,
-                from: String::new(),
-                to: String::new(),
-                reason: String::new(),
-            })
-            .collect(),
-        _ => vec![PlannedChange {
-            resource: resource.clone(),
-            field: String::new(),
-            action,
-            from: String::new(),
-            to: String::new(),
-            reason: String::new(),
-        }],
-    };
+    }
+    let desired = spec_of(&applied);
+    let before = live.as_ref().map(serde_json::to_value).transpose()?.map(|l| spec_of(&l));
+    let changes = spec_changes(&resource, before.as_ref(), &desired);
     let summary = plan::summary(&changes);
     // A TaskServ's runs wait under Manual approval (its own, else its Workspace's).
     let needs_approval = kind == "TaskServ" && !changes.is_empty() && {
@@ -265,7 +361,50 @@ async fn plan_one(
         );
         own.or(ws.spec.approval).unwrap_or_default() == provisioning_crds::Approval::Manual
     };
-    Ok(ObjectPlan { resource, plan: Plan { summary, changes, ..Default::default() }, needs_approval, note: String::new() })
+    Ok(ObjectPlan { resource, plan: Plan { summary, changes, ..Default::default() }, needs_approval, note, refused: false })
+}
+
+/// The controller's validation of a TaskServ: the service, its version and its config against
+/// the catalog's schema. Secret fields left unset (the controller generates them) get a value
+/// of their format first. `Ok(note)`: accepted (the note says what could not be checked).
+fn taskserv_refusal(ts: &TaskServ) -> Result<String, String> {
+    use provisioning_controller::taskserv::{inputs, validate};
+    let catalog = match provisioning_taskservs::Catalog::load(&provisioning_taskservs::Catalog::default_dir()) {
+        Ok(c) => c,
+        Err(e) => return Ok(format!("service not checked: the catalog does not load ({e})")),
+    };
+    let mut config = ts.spec.config.clone().unwrap_or_else(|| Value::Object(Default::default()));
+    let fields = catalog.get(&ts.spec.service).map(|s| s.secret_fields()).unwrap_or_default();
+    for field in inputs::unset_secret_fields(&fields, &config) {
+        let path: Vec<&str> = field.path.iter().map(String::as_str).collect();
+        let value = inputs::generate(field.format).map_err(|e| e.to_string())?;
+        let _ = inputs::set_path(&mut config, &path, Value::String(value));
+    }
+    let redactor = provisioning_taskservs::Redactor::default();
+    match validate::validate_resolved(&ts.spec, config, None, redactor, &catalog) {
+        Ok(_) => Ok(String::new()),
+        // Values from Secrets and ConfigMaps are not read by plan: they may complete the config.
+        Err(validate::InvalidTaskServ::InvalidConfig(why)) if !ts.spec.config_from.is_empty() => {
+            Ok(format!("config not fully checked (configFrom is read by the controller): {why}"))
+        }
+        Err(invalid) => Err(format!("{}: {invalid}", invalid.reason())),
+    }
+}
+
+/// Create, or an Update per changed top-level spec field, or nothing.
+fn spec_changes(resource: &str, before: Option<&Value>, desired: &Value) -> Vec<PlannedChange> {
+    let change = |field: String, action| PlannedChange {
+        resource: resource.to_string(),
+        field,
+        action,
+        from: String::new(),
+        to: String::new(),
+        reason: String::new(),
+    };
+    match before {
+        None => vec![change(String::new(), ChangeAction::Create)],
+        Some(before) => changed_fields(before, desired).into_iter().map(|f| change(format!("spec.{f}"), ChangeAction::Update)).collect(),
+    }
 }
 
 /// Top-level spec fields whose values differ, sorted.
@@ -288,10 +427,7 @@ fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], 
         &provisioning_controller::config::default_workspace(),
     );
     let made_with = server.status.as_ref().filter(|s| s.provider_id.is_some()).and_then(|s| s.provider.as_deref());
-    let refused = |note: String| {
-        let plan = Plan { summary: "refused".into(), ..Default::default() };
-        Ok(ObjectPlan { resource: resource.clone(), plan, needs_approval: false, note })
-    };
+    let refused = |note: String| Ok(ObjectPlan::refused(resource.clone(), note));
     let account = match validate::account(&server.spec, &ws, made_with) {
         Ok(a) => a,
         Err(invalid) => return refused(format!("{}: {}", invalid.reason, invalid.message)),
@@ -327,7 +463,7 @@ fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], 
         _ => String::new(),
     };
     let needs_approval = planned.plan.has_changes() && plan::approval(server, ws.spec.approval) == provisioning_crds::Approval::Manual;
-    Ok(ObjectPlan { resource, plan: planned.plan, needs_approval, note })
+    Ok(ObjectPlan { resource, plan: planned.plan, needs_approval, note, refused: false })
 }
 
 // Over 80 lines on purpose: read the live children, run the Cluster planner, then refine each
@@ -366,10 +502,7 @@ async fn cluster_plan(
     };
     let services = match services {
         Ok(s) => s,
-        Err(invalid) => {
-            let plan = Plan { summary: "refused".into(), ..Default::default() };
-            return Ok(ObjectPlan { resource, plan, needs_approval: false, note: format!("{}: {}", invalid.reason, invalid.message) });
-        }
+        Err(invalid) => return Ok(ObjectPlan::refused(resource, format!("{}: {}", invalid.reason, invalid.message))),
     };
     let status = cluster.status.clone().unwrap_or_default();
     let no_clusters = Vec::new();
@@ -401,6 +534,9 @@ async fn cluster_plan(
         let who = format!("Server/{namespace}/{member}");
         plan.changes.retain(|c| c.resource != who || !matches!(c.field.as_str(), "" | "spec.plan" | "spec.zone" | "spec.image"));
         plan.changes.extend(member_plan.plan.changes);
+        if member_plan.refused {
+            return Ok(ObjectPlan::refused(resource, format!("{who}: {}", member_plan.note)));
+        }
         if !member_plan.note.is_empty() {
             notes.push(format!("{who}: {}", member_plan.note));
         }
@@ -429,7 +565,7 @@ async fn cluster_plan(
         &provisioning_controller::config::default_workspace(),
     );
     let manual = cluster.spec.approval.or(ws.spec.approval).unwrap_or_default() == provisioning_crds::Approval::Manual;
-    Ok(ObjectPlan { resource, needs_approval: manual && plan.has_changes(), plan, note: notes.join("\n  ") })
+    Ok(ObjectPlan { resource, needs_approval: manual && plan.has_changes(), plan, note: notes.join("\n  "), refused: false })
 }
 
 /// Terraform-like text: one block per object that changes (or is refused), then a total.
@@ -481,7 +617,10 @@ pub fn render(report: &PlanReport) -> String {
             out.push_str(&format!("  {}\n", o.note));
         }
     }
-    if report.changes {
+    if report.refused > 0 {
+        let changes = if report.changes { format!("Plan: {}; ", report.summary) } else { String::new() };
+        out.push_str(&format!("\n{changes}{} refused.\n", report.refused));
+    } else if report.changes {
         out.push_str(&format!("\nPlan: {}.\n", report.summary));
     } else {
         out.push_str("No changes. The cluster matches the manifests.\n");
@@ -490,7 +629,7 @@ pub fn render(report: &PlanReport) -> String {
 }
 
 /// Runs `provisioning plan`: prints the report (`output`: "" for text, "json") and returns the
-/// exit code: 0 no changes, 2 changes.
+/// exit code: 0 no changes, 2 changes, 1 an object would be refused.
 pub async fn run(client: Client, paths: &[PathBuf], default_namespace: &str, output: &str) -> anyhow::Result<i32> {
     if !matches!(output, "" | "json") {
         bail!("unknown output {output:?} (use -o json, or nothing for text)");
@@ -502,7 +641,13 @@ pub async fn run(client: Client, paths: &[PathBuf], default_namespace: &str, out
     } else {
         print!("{}", render(&report));
     }
-    Ok(if report.changes { 2 } else { 0 })
+    Ok(if report.refused > 0 {
+        1
+    } else if report.changes {
+        2
+    } else {
+        0
+    })
 }
 
 /// A client from `kubeconfig` (default: `$KUBECONFIG`, `~/.kube/config`, then in-cluster) and

@@ -1106,3 +1106,118 @@ fn an_approval_of_the_plan_shown_covers_what_restates_it_since() {
     let d = w.decide(&shown.id, &respec);
     assert_eq!(d.gate, Gate::Stale(shown.id.clone()));
 }
+
+/// The member TaskServ's own planner, run on the spec the Cluster gives it: installs on its
+/// servers until Ready, then returns the status (with the install inputs recorded).
+fn member_installed(spec: &provisioning_crds::TaskServSpec, servers: &[String]) -> provisioning_crds::TaskServStatus {
+    use provisioning_controller::taskserv::{plan as ts_plan, validate as ts_validate};
+    let validated = ts_validate::validate(spec, &catalog());
+    let facts: Vec<ts_plan::ServerFacts> =
+        servers.iter().map(|n| ts_plan::ServerFacts { name: n.clone(), ready: true, ..Default::default() }).collect();
+    let mut status = provisioning_crds::TaskServStatus::default();
+    let mut results = Vec::new();
+    for _ in 0..3 {
+        let p = member_pass(spec, &status, &validated, &facts, &results, 1);
+        results = p.launch.iter().map(|(server, op)| succeeded(server, op)).collect();
+        status = p.status;
+    }
+    assert!(status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"), "{status:#?}");
+    status
+}
+
+fn member_pass(
+    spec: &provisioning_crds::TaskServSpec,
+    status: &provisioning_crds::TaskServStatus,
+    validated: &Result<
+        provisioning_controller::taskserv::validate::ValidTaskServ,
+        provisioning_controller::taskserv::validate::InvalidTaskServ,
+    >,
+    servers: &[provisioning_controller::taskserv::plan::ServerFacts],
+    results: &[provisioning_controller::taskserv::plan::OperationResult],
+    generation: i64,
+) -> provisioning_controller::taskserv::plan::Plan {
+    use provisioning_controller::taskserv::plan as ts_plan;
+    ts_plan::plan(&ts_plan::Observed {
+        name: "etcd-store",
+        generation: Some(generation),
+        spec,
+        status,
+        validated,
+        servers,
+        taskservs: &[],
+        in_flight: &Default::default(),
+        results,
+        checks_due: &Default::default(),
+        now: t("2025-01-01T00:00:00Z"),
+    })
+}
+
+fn succeeded(
+    server: &str,
+    op: &provisioning_controller::taskserv::plan::Operation,
+) -> provisioning_controller::taskserv::plan::OperationResult {
+    provisioning_controller::taskserv::plan::OperationResult {
+        server: server.into(),
+        operation: op.clone(),
+        run: provisioning_crds::ScriptRun { script: op.script().into(), ..Default::default() },
+        succeeded: true,
+        healthy: Some(true),
+        message: String::new(),
+        inputs_hash: None,
+        drifted_files: Vec::new(),
+    }
+}
+
+/// No-op edits of a Cluster (approval set to its effective value, switched to Manual, a label,
+/// an annotation, the taskservs' pools listed in another order) reach the member TaskServ as
+/// at most a new spec that its planner runs nothing for: the Cluster's plan and the member's
+/// own plan have no changes. A scale-up installs on the new member only.
+#[test]
+fn no_op_cluster_edits_run_no_member_script_and_a_scale_up_installs_only_on_the_new_member() {
+    use provisioning_controller::taskserv::{plan as ts_plan, validate as ts_validate};
+    type Edit = fn(&mut Cluster);
+    let cases: &[(&str, Edit)] = &[
+        ("approval: Automatic", |c| c.spec.approval = Some(Approval::Automatic)),
+        ("approval: Manual", |c| c.spec.approval = Some(Approval::Manual)),
+        ("a label", |c| {
+            c.metadata.labels.get_or_insert_default().insert("team".into(), "db".into());
+        }),
+        ("an annotation", |c| {
+            c.metadata.annotations.get_or_insert_default().insert("note".into(), "x".into());
+        }),
+        ("scale 3 → 4", |c| c.spec.pools[0].replicas = 4),
+    ];
+    for (what, edit) in cases {
+        let mut w = World::new(ETCD);
+        w.converge();
+        let member = w.taskservs.iter().find(|t| t.name == "etcd-store").expect("member").spec.clone();
+        let names = member.servers.names.clone();
+        let status = member_installed(&member, &names);
+        w.cluster.metadata.generation = Some(2);
+        edit(&mut w.cluster);
+        w.services = validate::validate("etcd", &w.cluster.spec, &catalog());
+        let plan = w.plan();
+        let new_spec = plan.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("etcd-store")).map(|t| t.spec.clone());
+        // A changed spec is a new generation of the member.
+        let generation = if new_spec.as_ref().is_some_and(|s| *s != member) { 2 } else { 1 };
+        let new_spec = new_spec.unwrap_or(member);
+        let mut servers = names.clone();
+        for s in &plan.apply_servers {
+            servers.extend(s.metadata.name.clone().filter(|n| !servers.contains(n)));
+        }
+        let facts: Vec<ts_plan::ServerFacts> =
+            servers.iter().map(|n| ts_plan::ServerFacts { name: n.clone(), ready: true, ..Default::default() }).collect();
+        let validated = ts_validate::validate(&new_spec, &catalog());
+        let next = member_pass(&new_spec, &status, &validated, &facts, &[], generation);
+        let launched: Vec<&str> = next.launch.iter().map(|(s, _)| s.as_str()).collect();
+        let member_plan = ts_plan::taskserv_plan("TaskServ/dev/etcd-store", Some(2), &next.status, next.version.as_deref());
+        if what.starts_with("scale") {
+            assert_eq!(launched, ["etcd-members-3"], "{what}: only the new member");
+            assert_eq!(member_plan.summary, "1 to create", "{what}: {:#?}", member_plan.changes);
+        } else {
+            assert!(launched.is_empty(), "{what}: {launched:?}");
+            assert_eq!(member_plan.summary, "no changes", "{what}: {:#?}", member_plan.changes);
+            assert_eq!(w.cluster_plan().summary, "no changes", "{what}");
+        }
+    }
+}

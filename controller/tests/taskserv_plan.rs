@@ -503,11 +503,11 @@ fn deselected_server_is_drained_with_remove() {
     let mut p = ready_pass();
     p.respec(|spec| spec.servers.names = vec!["s0".into()]);
     let plan = p.plan();
-    assert!(plan.launch.contains(&("s1".to_string(), Operation::Remove)), "{:?}", plan.launch);
+    // The server list is not an input of s0's install: only s1 runs a script.
+    assert_eq!(plan.launch, vec![("s1".to_string(), Operation::Remove)]);
     assert_eq!(plan.status.servers.iter().find(|s| s.name == "s1").map(|s| s.phase.as_str()), Some("Removing"));
     p.commit(&plan);
     p.finish("s1", true, None);
-    p.finish("s0", true, Some(true));
     let after = p.plan();
     assert_eq!(after.status.servers.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["s0"]);
     assert!(after.events.iter().any(|e| e.reason == "Removed"));
@@ -576,9 +576,12 @@ fn failed_install_on_s0() -> (Pass, Plan) {
     (p, failed)
 }
 
+/// The configFrom inputs as `inputs::resolve` gives them: a new version of the values and the
+/// value itself merged into the config (at `password`).
 fn with_inputs_hash(p: &mut Pass, hash: &str) {
     if let Ok(v) = p.validated.as_mut() {
         v.inputs_hash = Some(hash.to_string());
+        v.config["password"] = serde_json::Value::String(format!("from-secret-{hash}"));
     }
 }
 
@@ -597,6 +600,8 @@ fn new_values_behind_config_from_reinstall_everywhere_once() {
     let rotated = p.plan();
     assert_eq!(rotated.launch, vec![("s0".to_string(), install("1.0")), ("s1".to_string(), install("1.0"))]);
     assert_eq!(rotated.status.config_inputs_hash.as_deref(), Some("sha256:bbbb"));
+    let reasons: Vec<&str> = rotated.status.servers.iter().filter_map(|s| s.reinstall_reason.as_deref()).collect();
+    assert_eq!(reasons, ["config.password changed", "config.password changed"], "the entries name the input");
     p.commit(&rotated);
     // Once: the next pass (hash recorded) starts nothing more.
     assert!(p.plan().launch.is_empty());
@@ -705,10 +710,7 @@ fn a_failed_rolling_upgrade_stops_there_and_rolls_back_one_server_at_a_time() {
     let next = p.pass();
     assert_eq!(next.launch, vec![("s0".to_string(), Operation::Install { version: "1.0".into(), previous: Some("2.0".into()) })]);
     p.succeed(&["s0"]);
-    // s2 was marked for the generation's re-install and converges to 1.0 in its turn.
-    let last = p.pass();
-    assert_eq!(last.launch, vec![("s2".to_string(), Operation::Install { version: "1.0".into(), previous: None })]);
-    p.succeed(&["s2"]);
+    // s2 never left 1.0 (a version change is not an input of a re-install): nothing to run there.
     let rolled = p.plan();
     assert!(rolled.launch.is_empty(), "{:?}", rolled.launch);
     assert_eq!(rolled.status.updated.as_deref(), Some("3/3"), "all back on the last good version");
@@ -774,4 +776,102 @@ fn a_server_whose_machine_was_replaced_gets_the_service_again() {
     assert!(!again.launch.iter().any(|(s, op)| s == "s1" && matches!(op, Operation::Install { .. })), "s1 untouched");
     p.commit(&again);
     assert_eq!(entry(&p, "s0").provider_id.as_deref(), Some("m0-new"));
+}
+
+/// Edits that change nothing an install depends on (`taskserv::inputs`, module doc): no script
+/// runs on servers that have the service, and the plan has no changes.
+#[test]
+fn no_op_edits_run_no_script() {
+    type Edit = fn(&mut TaskServ);
+    let cases: &[(&str, Edit)] = &[
+        ("a label", |ts| {
+            ts.metadata.labels.get_or_insert_default().insert("team".into(), "db".into());
+        }),
+        ("an annotation", |ts| {
+            ts.metadata.annotations.get_or_insert_default().insert("note".into(), "hello".into());
+        }),
+        ("approval set to its effective value", |ts| ts.spec.approval = Some(provisioning_crds::Approval::Automatic)),
+        ("approval switched to Manual", |ts| ts.spec.approval = Some(provisioning_crds::Approval::Manual)),
+        ("a rollout", |ts| ts.spec.rollout = Some(provisioning_crds::Rollout { max_unavailable: 1 })),
+        ("rollbackOnFailure off", |ts| ts.spec.rollback_on_failure = false),
+        ("server names reordered", |ts| ts.spec.servers.names.reverse()),
+        ("the schema default written out", |ts| ts.spec.config = Some(serde_json::json!({"port": 2379}))),
+        ("the same manifest re-applied", |_| {}),
+    ];
+    for (what, edit) in cases {
+        let mut p = ready_pass();
+        // Every edit is a new generation here (most are; labels and annotations are not, which
+        // is the easier case).
+        p.ts.metadata.generation = p.ts.metadata.generation.map(|g| g + 1);
+        edit(&mut p.ts);
+        p.validated = validate::validate(&p.ts.spec, &catalog());
+        let plan = p.plan();
+        assert!(plan.launch.is_empty(), "{what}: {:?}", plan.launch);
+        assert!(plan.status.servers.iter().all(|s| s.phase == "Installed"), "{what}: {:?}", plan.status.servers);
+        let ts_plan = plan::taskserv_plan("TaskServ/dev/store", p.ts.metadata.generation, &plan.status, plan.version.as_deref());
+        assert_eq!(ts_plan.summary, "no changes", "{what}");
+        assert_eq!(cond(&plan.status, "Ready").0, "True", "{what}");
+    }
+}
+
+/// A change of an input re-installs everywhere, once, and the plan's reason names the input.
+#[test]
+fn a_config_change_plans_a_re_install_naming_the_field() {
+    let mut p = ready_pass();
+    p.respec(|spec| spec.config = Some(serde_json::json!({"port": 2400})));
+    let plan = p.plan();
+    let ts_plan = plan::taskserv_plan("TaskServ/dev/store", p.ts.metadata.generation, &plan.status, plan.version.as_deref());
+    assert_eq!(ts_plan.summary, "2 to update", "{:#?}", ts_plan.changes);
+    assert!(ts_plan.changes.iter().all(|c| c.reason == "re-install (config.port changed)"), "{:#?}", ts_plan.changes);
+    p.commit(&plan);
+    p.succeed(&["s0", "s1"]);
+    let done = p.pass();
+    assert!(done.status.servers.iter().all(|s| s.reinstall_reason.is_none()), "cleared by the install: {:?}", done.status.servers);
+    assert!(p.plan().launch.is_empty(), "once");
+}
+
+/// A scale-up installs on the new server only.
+#[test]
+fn a_scale_up_installs_only_on_the_new_server() {
+    let mut p = ready_pass();
+    p.servers.push(server("s2", true));
+    p.respec(|spec| spec.servers.names.push("s2".into()));
+    let plan = p.plan();
+    assert_eq!(plan.launch, vec![("s2".to_string(), install("1.0"))]);
+    let ts_plan = plan::taskserv_plan("TaskServ/dev/store", p.ts.metadata.generation, &plan.status, plan.version.as_deref());
+    assert_eq!(ts_plan.summary, "1 to create", "{:#?}", ts_plan.changes);
+}
+
+/// A status written before the install inputs were recorded: a pass with no spec change
+/// records them and runs nothing; a spec change then counts as before.
+#[test]
+fn a_status_without_recorded_inputs_records_them_and_runs_nothing() {
+    let mut p = ready_pass();
+    p.status.install_inputs.clear();
+    let plan = p.plan();
+    assert!(plan.launch.is_empty(), "{:?}", plan.launch);
+    assert!(plan.status.install_inputs.contains_key("service"), "{:?}", plan.status.install_inputs);
+    p.status.install_inputs.clear();
+    p.respec(|spec| spec.config = Some(serde_json::json!({"port": 2400})));
+    assert_eq!(p.plan().launch.len(), 2, "a spec change with nothing recorded re-installs");
+}
+
+/// A config change while the installs of the previous one run: they finish, then run again
+/// with the new value (once), the reason naming it.
+#[test]
+fn a_config_change_during_an_install_runs_it_again_afterwards() {
+    let mut p = ready_pass();
+    p.respec(|spec| spec.config = Some(serde_json::json!({"port": 2400})));
+    assert_eq!(p.pass().launch.len(), 2);
+    p.respec(|spec| spec.config = Some(serde_json::json!({"port": 2401})));
+    assert!(p.pass().launch.is_empty(), "the runs in flight are not started twice");
+    p.succeed(&["s0", "s1"]);
+    let again = p.pass();
+    assert_eq!(again.launch, vec![("s0".to_string(), install("1.0")), ("s1".to_string(), install("1.0"))]);
+    let ts_plan = plan::taskserv_plan("TaskServ/dev/store", p.ts.metadata.generation, &again.status, again.version.as_deref());
+    assert!(ts_plan.changes.iter().all(|c| c.reason == "re-install (config.port changed)"), "{:#?}", ts_plan.changes);
+    p.succeed(&["s0", "s1"]);
+    let done = p.pass();
+    assert!(done.launch.is_empty() && cond(&done.status, "Ready").0 == "True", "{:?}", done.launch);
+    assert!(p.plan().launch.is_empty(), "once");
 }

@@ -177,6 +177,13 @@ pub struct TaskServStatus {
     /// `configFrom` and of generated secrets (never the values). A change re-runs the install.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_inputs_hash: Option<String>,
+    /// The inputs of an install as last rolled out, each by name (`service`, `config.port`,
+    /// `config.auth.password`…) with a salted hash of its value (never the value). An install
+    /// runs again on servers that have the service only when one of these changes; the plan's
+    /// reason names it. Everything else in the spec (labels, approval, rollout, the server
+    /// list, list order) is not an input.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub install_inputs: std::collections::BTreeMap<String, String>,
     /// The Secret (owned by this TaskServ) holding the secret config fields it generated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generated_secret_ref: Option<LocalSecretReference>,
@@ -222,6 +229,10 @@ pub struct TaskServServerStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub drifted_files: Vec<String>,
+    /// Why the service is to be installed again on a server that has it (`config.port
+    /// changed`); cleared by the install.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reinstall_reason: Option<String>,
 }
 
 /// One task script run.

@@ -8,6 +8,34 @@
 //!
 //! The merge ([`merge`]) and the generation helpers are pure and unit-tested; [`resolve`]
 //! does the API reads and the one write (the generated Secret).
+//!
+//! # The inputs of an install
+//!
+//! This is the one place that says what an install depends on; the planner re-runs
+//! `install.nu` on a server that already has the service only when one of these changed since
+//! it was rolled out ([`install_inputs`], recorded in `status.installInputs`), and the plan's
+//! reason names it (`re-install (config.port changed)`):
+//!
+//! - `service`: the catalog service;
+//! - the version: a different one is an upgrade (reason `upgrade`), not a re-install;
+//! - `config.<path>`: every leaf of the effective config — `spec.config`, merged with
+//!   `configFrom` (so a rotated Secret counts, named by the path it lands on), the generated
+//!   secrets and the schema's defaults. Mappings are compared key by key (their order means
+//!   nothing); a list is one value (its order may mean something to the service).
+//!
+//! Not inputs, so changing them runs no script on servers that have the service: labels and
+//! annotations (other than `provisioning.dev/approve`, which releases a held plan),
+//! `spec.approval` (whatever its value), pause and resume, `spec.rollout`,
+//! `spec.rollbackOnFailure`, `spec.dependsOn`, the order of `spec.servers.names`, re-applying
+//! the same manifest. The server list itself: a server added installs there only (a scale-up
+//! installs on the new members; clustered services join through the new member, as etcd's
+//! `member add`); a server removed is drained with `remove.nu`. Other members (peers) are not an
+//! input of an existing member's install.
+//!
+//! An input that changes while an install runs with the old value re-runs that install once it
+//! has finished. Besides the inputs, an install runs again on a server whose machine was
+//! replaced, went away, failed its health check or drifted (`Drifted`), or whose install was
+//! interrupted or failed.
 
 use std::collections::BTreeMap;
 
@@ -288,6 +316,80 @@ pub fn inputs_hash(uid: &str, sources: &[SourceValue], generated: &BTreeMap<Stri
     Some(format!("sha256:{hex}"))
 }
 
+/// The inputs of an install (see the module doc), by name, each with a salted hash of its
+/// value (`salt`: the object's name, so equal values of two objects do not look equal at a
+/// glance). Never holds a value.
+pub fn install_inputs(salt: &str, service: &str, config: &Value) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    out.insert("service".to_string(), fingerprint(salt, "service", service));
+    let mut leaves = Vec::new();
+    config_leaves("config", config, &mut leaves);
+    for (path, value) in leaves {
+        let text = canonical(value);
+        out.insert(path.clone(), fingerprint(salt, &path, &text));
+    }
+    out
+}
+
+/// The names of the inputs that differ between `before` and `after` (changed, added or
+/// removed), sorted.
+pub fn changed_inputs(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+    let names: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    names.into_iter().filter(|n| before.get(*n) != after.get(*n)).cloned().collect()
+}
+
+/// `config.port changed`, `config.a and config.b changed`, `config.a, config.b, config.c and
+/// 2 more changed`.
+pub fn describe_changed(names: &[String]) -> String {
+    const SHOWN: usize = 3;
+    let list = match names {
+        [] => return "inputs changed".to_string(),
+        [one] => one.clone(),
+        [a, b] => format!("{a} and {b}"),
+        [a, b, c] if names.len() == SHOWN => format!("{a}, {b} and {c}"),
+        _ => format!("{} and {} more", names[..SHOWN].join(", "), names.len() - SHOWN),
+    };
+    format!("{list} changed")
+}
+
+fn fingerprint(salt: &str, name: &str, text: &str) -> String {
+    let mut h = Sha256::new();
+    for bytes in [salt.as_bytes(), name.as_bytes(), text.as_bytes()] {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    }
+    let hex: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Every leaf of `value` under `prefix`: mappings are walked key by key; anything else (a
+/// scalar, a list, an empty mapping) is one leaf.
+fn config_leaves<'v>(prefix: &str, value: &'v Value, out: &mut Vec<(String, &'v Value)>) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                config_leaves(&format!("{prefix}.{k}"), v, out);
+            }
+        }
+        // No config at all: nothing to compare.
+        Value::Null if prefix == "config" => {}
+        _ => out.push((prefix.to_string(), value)),
+    }
+}
+
+/// JSON text with the keys of every mapping sorted (the order of a mapping means nothing).
+fn canonical(value: &Value) -> String {
+    match value {
+        Value::Object(map) => {
+            let sorted: BTreeMap<&String, String> = map.iter().map(|(k, v)| (k, canonical(v))).collect();
+            let body: Vec<String> = sorted.into_iter().map(|(k, v)| format!("{}:{v}", Value::String(k.clone()))).collect();
+            format!("{{{}}}", body.join(","))
+        }
+        Value::Array(items) => format!("[{}]", items.iter().map(canonical).collect::<Vec<_>>().join(",")),
+        other => other.to_string(),
+    }
+}
+
 /// Everything a TaskServ's config is made of, resolved.
 #[derive(Clone, Default, PartialEq)]
 pub struct ResolvedInputs {
@@ -562,6 +664,29 @@ mod tests {
         assert_ne!(Some(h1.clone()), inputs_hash("uid-2", &one, &none));
         assert_eq!(Some(h1), inputs_hash("uid-1", &one, &none));
         assert_eq!(inputs_hash("uid-1", &[], &none), None);
+    }
+
+    #[test]
+    fn install_inputs_name_each_config_leaf_and_ignore_mapping_order() {
+        let a = install_inputs("ts", "redis", &json!({"port": 6379, "auth": {"user": "app", "password": "pw"}, "tags": ["x", "y"]}));
+        let names: Vec<&str> = a.keys().map(String::as_str).collect();
+        assert_eq!(names, ["config.auth.password", "config.auth.user", "config.port", "config.tags", "service"]);
+        assert!(a.values().all(|v| v.starts_with("sha256:") && !v.contains("pw")), "{a:?}");
+        // The same config written in another key order: no change.
+        let b = install_inputs("ts", "redis", &json!({"tags": ["x", "y"], "auth": {"password": "pw", "user": "app"}, "port": 6379}));
+        assert_eq!(changed_inputs(&a, &b), Vec::<String>::new());
+        // A list's order may mean something: a change.
+        let c = install_inputs("ts", "redis", &json!({"port": 6380, "auth": {"user": "app", "password": "pw"}, "tags": ["y", "x"]}));
+        assert_eq!(changed_inputs(&a, &c), ["config.port", "config.tags"]);
+        assert_eq!(describe_changed(&changed_inputs(&a, &c)), "config.port and config.tags changed");
+        // Added and removed keys count; another object's hashes differ (salted).
+        let d = install_inputs("ts", "redis", &json!({"port": 6379, "auth": {"user": "app"}, "tags": ["x", "y"], "extra": 1}));
+        assert_eq!(changed_inputs(&a, &d), ["config.auth.password", "config.extra"]);
+        assert_ne!(install_inputs("other", "redis", &json!({"port": 6379}))["config.port"], a["config.port"]);
+        let many: Vec<String> = ["config.a", "config.b", "config.c", "config.d", "config.e"].map(String::from).into();
+        assert_eq!(describe_changed(&many), "config.a, config.b, config.c and 2 more changed");
+        assert_eq!(describe_changed(&many[..3]), "config.a, config.b and config.c changed");
+        assert_eq!(describe_changed(&many[..1]), "config.a changed");
     }
 
     #[test]

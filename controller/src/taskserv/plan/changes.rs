@@ -3,7 +3,7 @@
 //! the planner just derived. Informational: script runs are not gated by approval (they run
 //! only on Ready Servers, whose machines are).
 
-use provisioning_crds::{ChangeAction, Plan, PlannedChange, TaskServStatus};
+use provisioning_crds::{ChangeAction, Plan, PlannedChange, TaskServServerStatus, TaskServStatus};
 
 use super::model::ServerPhase;
 use crate::server::plan::{plan_id, summary};
@@ -25,9 +25,7 @@ pub fn taskserv_plan(resource: &str, generation: Option<i64>, status: &TaskServS
             Some(ServerPhase::Installed) | None => continue,
             _ if version.is_none() => continue,
             _ if entry.version.is_none() => (ChangeAction::Create, String::new(), target, "install".to_string()),
-            _ if entry.version.as_deref() == version => {
-                (ChangeAction::Update, installed, target, "re-install (inputs changed, unhealthy or interrupted)".to_string())
-            }
+            _ if entry.version.as_deref() == version => (ChangeAction::Update, installed, target, reinstall_reason(entry)),
             _ => (ChangeAction::Update, installed, target, "upgrade".to_string()),
         };
         changes.push(PlannedChange {
@@ -42,10 +40,21 @@ pub fn taskserv_plan(resource: &str, generation: Option<i64>, status: &TaskServS
     Plan { id: plan_id(resource, generation, None, &changes), summary: summary(&changes), changes, generation, ..Default::default() }
 }
 
+/// `re-install (WHY)`: the input that changed (`config.port changed`), the machine, health,
+/// or an install that did not finish.
+fn reinstall_reason(entry: &TaskServServerStatus) -> String {
+    let why = match (&entry.reinstall_reason, ServerPhase::of(entry)) {
+        (Some(why), _) => why.as_str(),
+        _ if !entry.drifted_files.is_empty() => "config drift",
+        _ if entry.healthy == Some(false) => "unhealthy",
+        (None, Some(ServerPhase::Failed)) => "the last install failed",
+        _ => "interrupted",
+    };
+    format!("re-install ({why})")
+}
+
 #[cfg(test)]
 mod tests {
-    use provisioning_crds::TaskServServerStatus;
-
     use super::*;
 
     fn entry(name: &str, phase: &str, version: Option<&str>) -> TaskServServerStatus {

@@ -34,7 +34,7 @@ pub fn plan(o: &Observed<'_>) -> Plan {
         rollback_now: false,
     };
     record::record_results(o, &mut work);
-    let inputs_hash = servers::mark_changed_for_reinstall(o, &mut work.entries);
+    let (inputs_hash, install_inputs) = servers::mark_changed_for_reinstall(o, &mut work.entries);
     let selected = selected_servers(o.spec, o.servers);
     let valid = o.validated.as_ref().ok();
     let blocking = match valid {
@@ -48,5 +48,5 @@ pub fn plan(o: &Observed<'_>) -> Plan {
     };
     let waiting_servers = servers::plan_selected(o, &mut work, &selected, blocking.is_empty(), effective_version.as_deref());
     servers::drain_leaving(o, &mut work, &selected);
-    summary::summarize(o, work, summary::Facts { selected, blocking, waiting_servers, effective_version, inputs_hash })
+    summary::summarize(o, work, summary::Facts { selected, blocking, waiting_servers, effective_version, inputs_hash, install_inputs })
 }

@@ -36,6 +36,10 @@ pub const REASON_REMEDIATED: &str = "Remediated";
 /// "succeeded" without running (the message says "simulated: scripts not run").
 pub const REASON_SIMULATED: &str = "Simulated";
 
+/// Ends the `reinstallReason` of an install that was running when an input changed: once it
+/// has finished, the install runs again with the new inputs.
+pub const WHILE_INSTALLING: &str = " while it was installing";
+
 /// The state of the service on one server (`status.servers[].phase`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServerPhase {

@@ -1,7 +1,9 @@
 //! Step 1: finished script runs ([`OperationResult`]s) into the per-server entries, with their
 //! events; a failed upgrade under `rollbackOnFailure` starts the rollback.
 
-use super::model::{Observed, Operation, OperationResult, PlannedEvent, REASON_CONFIG_CHANGED, ServerPhase, Work, tail_lines};
+use super::model::{
+    Observed, Operation, OperationResult, PlannedEvent, REASON_CONFIG_CHANGED, ServerPhase, WHILE_INSTALLING, Work, tail_lines,
+};
 
 /// Records every finished operation of this pass.
 pub(super) fn record_results(o: &Observed<'_>, work: &mut Work) {
@@ -29,10 +31,17 @@ fn installed(o: &Observed<'_>, work: &mut Work, r: &OperationResult, version: &s
     e.healthy = Some(true);
     // The install rendered every config file again (and its check passed).
     e.drifted_files.clear();
+    // An input changed while this install ran: it ran with the old value.
+    let again = e.reinstall_reason.take().and_then(|r| r.strip_suffix(WHILE_INSTALLING).map(str::to_string));
+    if let Some(reason) = again {
+        ServerPhase::Pending.set(e);
+        e.reinstall_reason = Some(reason);
+    }
     // A Secret rotated while this install ran: it used the old values.
     let current = o.validated.as_ref().ok().and_then(|v| v.inputs_hash.as_ref());
     if current.is_some() && r.inputs_hash.as_ref() != current {
         ServerPhase::Pending.set(e);
+        e.reinstall_reason = Some("configFrom changed during the install".into());
     }
     work.events.push(PlannedEvent::normal("Installed", format!("{} {version} installed on {}", o.spec.service, r.server)));
 }

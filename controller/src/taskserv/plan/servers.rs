@@ -5,25 +5,47 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use provisioning_crds::{ScriptRun, TaskServServerStatus};
 
-use super::model::{Observed, Operation, RETRY_FAILED_AFTER, ServerFacts, ServerPhase, Work, parse_time, rfc3339};
+use crate::taskserv::inputs;
 
-/// A spec change (config, version, servers) re-runs install everywhere: scripts converge
-/// config and peers idempotently. Marking entries Pending makes that survive a restart. New
-/// values behind configFrom (a rotated Secret) or generated secrets: the same. Returns the
-/// inputs version to record.
-pub(super) fn mark_changed_for_reinstall(o: &Observed<'_>, entries: &mut BTreeMap<String, TaskServServerStatus>) -> Option<String> {
-    let spec_changed = o.validated.is_ok() && o.status.observed_generation.is_some() && o.status.observed_generation != o.generation;
-    let inputs_hash = match o.validated {
-        Ok(v) => v.inputs_hash.clone(),
-        Err(_) => o.status.config_inputs_hash.clone(),
+use super::model::{Observed, Operation, RETRY_FAILED_AFTER, ServerFacts, ServerPhase, WHILE_INSTALLING, Work, parse_time, rfc3339};
+
+/// The inputs of an install ([`inputs::install_inputs`], the module doc there says which they
+/// are) changed since the servers got the service: install runs again on each server that has
+/// it, and its entry names the inputs that changed (`config.port changed`). Anything else in
+/// the spec (labels, approval, rollout, the server list, list order) re-runs nothing. Marking
+/// entries Pending makes that survive a restart. Returns the configFrom inputs version and the
+/// install inputs to record.
+pub(super) fn mark_changed_for_reinstall(
+    o: &Observed<'_>,
+    entries: &mut BTreeMap<String, TaskServServerStatus>,
+) -> (Option<String>, BTreeMap<String, String>) {
+    let Ok(valid) = o.validated else {
+        return (o.status.config_inputs_hash.clone(), o.status.install_inputs.clone());
     };
-    let inputs_changed = o.validated.is_ok() && o.status.config_inputs_hash.is_some() && o.status.config_inputs_hash != inputs_hash;
-    if spec_changed || inputs_changed {
-        for e in entries.values_mut().filter(|e| ServerPhase::Installed.is(e)) {
-            ServerPhase::Pending.set(e);
+    let current = inputs::install_inputs(o.name, &valid.service, &valid.config);
+    let recorded = &o.status.install_inputs;
+    let reason = if recorded.is_empty() {
+        // A status written before the inputs were recorded: a spec or configFrom change since
+        // then is all that is known.
+        let spec_changed = o.status.observed_generation.is_some() && o.status.observed_generation != o.generation;
+        let inputs_changed = o.status.config_inputs_hash.is_some() && o.status.config_inputs_hash != valid.inputs_hash;
+        (spec_changed || inputs_changed).then(|| "spec or config inputs changed".to_string())
+    } else {
+        let changed = inputs::changed_inputs(recorded, &current);
+        (!changed.is_empty()).then(|| inputs::describe_changed(&changed))
+    };
+    if let Some(reason) = reason {
+        for e in entries.values_mut() {
+            if ServerPhase::Installed.is(e) {
+                ServerPhase::Pending.set(e);
+                e.reinstall_reason = Some(reason.clone());
+            } else if ServerPhase::Installing.is(e) && o.in_flight.contains_key(&e.name) {
+                // It runs with the old inputs: once it finishes, it runs again.
+                e.reinstall_reason = Some(format!("{reason}{WHILE_INSTALLING}"));
+            }
         }
     }
-    inputs_hash
+    (valid.inputs_hash.clone(), current)
 }
 
 /// Decides the run on each selected server (install, re-install, periodic check) and returns
@@ -50,6 +72,7 @@ pub(super) fn plan_selected(
                 // The machine went away under the service (killed, recreated): re-install.
                 ServerPhase::Pending.set(entry);
                 entry.healthy = Some(false);
+                entry.reinstall_reason = Some("the machine went away".into());
             } else if ServerPhase::Installing.is(entry) {
                 ServerPhase::Pending.set(entry);
             }
@@ -61,6 +84,7 @@ pub(super) fn plan_selected(
             // remediation): the service is not on the new one.
             ServerPhase::Pending.set(entry);
             entry.healthy = Some(false);
+            entry.reinstall_reason = Some("the machine was replaced".into());
         }
         if !deps_clear {
             continue;

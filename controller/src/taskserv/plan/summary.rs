@@ -36,6 +36,8 @@ pub(super) struct Facts {
     pub effective_version: Option<String>,
     /// The config inputs version to record.
     pub inputs_hash: Option<String>,
+    /// The install inputs to record.
+    pub install_inputs: std::collections::BTreeMap<String, String>,
 }
 
 /// An upgrade that failed and was rolled back stays rolled back for this generation.
@@ -132,6 +134,7 @@ pub(super) fn summarize(o: &Observed<'_>, mut work: Work, f: Facts) -> Plan {
         resolved_dependencies: o.validated.as_ref().map(|v| v.dependencies.clone()).unwrap_or_default(),
         servers: work.entries.into_values().collect(),
         config_inputs_hash: f.inputs_hash.clone(),
+        install_inputs: f.install_inputs.clone(),
         generated_secret_ref: o.status.generated_secret_ref.clone(),
         plan: o.status.plan.clone(),
         approved_plan: o.status.approved_plan.clone(),
