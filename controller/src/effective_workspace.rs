@@ -20,13 +20,11 @@ fn age_key(ws: &Workspace) -> (Option<k8s_openapi::jiff::Timestamp>, String) {
     (ws.metadata.creation_timestamp.as_ref().map(|t| t.0), ws.name_any())
 }
 
-/// The Workspace owning `namespace`, if any (the oldest claimant; deleted ones excluded).
+/// The Workspace owning `namespace`, if any (the oldest claimant). One being deleted still
+/// owns it: its finalizer holds it until the namespace's resources are gone, and they are
+/// deleted at their provider with its accounts, whatever the order of deletion.
 pub fn owner_of<'a>(namespace: &str, workspaces: impl IntoIterator<Item = &'a Arc<Workspace>>) -> Option<Arc<Workspace>> {
-    workspaces
-        .into_iter()
-        .filter(|ws| ws.metadata.deletion_timestamp.is_none() && claimed_namespace(ws) == namespace)
-        .min_by_key(|ws| age_key(ws))
-        .cloned()
+    workspaces.into_iter().filter(|ws| claimed_namespace(ws) == namespace).min_by_key(|ws| age_key(ws)).cloned()
 }
 
 /// The effective settings for resources of one namespace.

@@ -3,7 +3,8 @@
 use k8s_openapi::jiff::Timestamp;
 use provisioning_crds::{CostTotal, ProviderAccountStatus, WorkspaceCounts, WorkspaceStatus, condition};
 
-use crate::conditions::{self, DesiredCondition, Status, Summary};
+use crate::conditions::{self, DesiredCondition, Status, Summary, Wording};
+use crate::workspace::rollup::Child;
 
 pub use crate::accounts::AccountCheck;
 
@@ -20,8 +21,12 @@ pub struct StatusInput<'a> {
     pub conflict: Option<String>,
     /// Account results in spec order.
     pub accounts: Vec<(String, AccountCheck)>,
-    /// Resource counts.
+    /// Resource counts and their roll-up.
     pub counts: Option<WorkspaceCounts>,
+    /// The worst resource of the namespace (None when all are Ready).
+    pub worst: Option<Child>,
+    /// The namespace is being deleted.
+    pub namespace_terminating: bool,
     /// Paused annotation.
     pub paused: bool,
     /// Clock.
@@ -91,6 +96,11 @@ pub fn desired(input: StatusInput<'_>) -> WorkspaceStatus {
         Summary::stalled("ProviderAccountFailed", failed.join("; "))
     } else if !retrying.is_empty() {
         Summary::progressing("ValidatingProviders", retrying.join("; "))
+    } else if input.namespace_terminating {
+        Summary::progressing(
+            "NamespaceTerminating",
+            format!("namespace {:?} is being deleted; it is created again once gone", input.namespace.clone().unwrap_or_default()),
+        )
     } else {
         Summary::ready(
             "Ready",
@@ -106,21 +116,87 @@ pub fn desired(input: StatusInput<'_>) -> WorkspaceStatus {
         all.extend(retrying.clone());
         DesiredCondition::new(condition::PROVIDERS_READY, Status::False, "AccountsNotReady", all.join("; "))
     };
+    let failed_children = input.counts.as_ref().map_or(0, |c| c.failed);
     status.phase = Some(
         match summary {
+            Summary::Ready { .. } if failed_children > 0 => "Degraded",
             Summary::Ready { .. } => "Ready",
             Summary::Stalled { .. } => "Failed",
             _ => "Pending",
         }
         .into(),
     );
-    let mut wanted = summary.conditions();
+    let mut wanted = match (&summary, &input.worst) {
+        // A parent is not Ready while a resource of its namespace failed.
+        (Summary::Ready { .. }, Some(worst)) if failed_children > 0 => Summary::waiting(
+            "ResourcesFailed",
+            format!("{failed_children} of its resources failed; {}", describe(worst)),
+            &Wording::KSTATUS,
+        ),
+        _ => summary.conditions(),
+    };
     wanted.push(providers_ready);
+    if let Some(counts) = &input.counts {
+        wanted.push(resources_ready(counts, input.worst.as_ref()));
+    }
     if conditions::find(&previous.conditions, condition::PAUSED).is_some() {
         // Once paused, the condition stays (False) rather than vanishing from the list.
         wanted.push(DesiredCondition::new(condition::PAUSED, Status::False, "Resumed", ""));
     }
     status.conditions = conditions::merge(&previous.conditions, &wanted, input.generation, input.now);
+    status
+}
+
+/// `ResourcesReady`: the roll-up with the worst resource's reason and message.
+fn resources_ready(counts: &WorkspaceCounts, worst: Option<&Child>) -> DesiredCondition {
+    match worst {
+        None => DesiredCondition::new(condition::RESOURCES_READY, Status::True, "AllReady", counts.summary.clone()),
+        Some(worst) => DesiredCondition::new(
+            condition::RESOURCES_READY,
+            Status::False,
+            &worst.reason,
+            format!("{}; {}", counts.summary, describe(worst)),
+        ),
+    }
+}
+
+fn describe(child: &Child) -> String {
+    format!("{} {}: {}", child.kind, child.name, if child.message.is_empty() { child.reason.as_str() } else { child.message.as_str() })
+}
+
+/// The status of a Workspace being deleted: Terminating, and `InUse` naming the resources
+/// of its namespace that still use its provider accounts (they hold its deletion).
+pub fn terminating(previous: Option<&WorkspaceStatus>, generation: Option<i64>, users: &[String], now: Timestamp) -> WorkspaceStatus {
+    let mut status = previous.cloned().unwrap_or_default();
+    status.observed_generation = generation;
+    status.phase = Some("Terminating".into());
+    let in_use = if users.is_empty() {
+        DesiredCondition::new(condition::IN_USE, Status::False, "Unused", "no resource uses its provider accounts")
+    } else {
+        const SHOWN: usize = 5;
+        let mut named = users.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+        if users.len() > SHOWN {
+            named.push_str(&format!(" and {} more", users.len() - SHOWN));
+        }
+        let namespace = status.namespace.clone().unwrap_or_default();
+        DesiredCondition::new(
+            condition::IN_USE,
+            Status::True,
+            "InUseByResources",
+            format!(
+                "deletion waits for {} resource{} in namespace {namespace:?} that use its provider accounts: {named}",
+                users.len(),
+                if users.len() == 1 { "" } else { "s" }
+            ),
+        )
+    };
+    let message = in_use.message.clone();
+    let mut wanted = Summary::progressing("Deleting", message).conditions();
+    if let Some(p) = previous.and_then(|p| conditions::find(&p.conditions, condition::PROVIDERS_READY)) {
+        wanted.push(DesiredCondition::new(condition::PROVIDERS_READY, word(&p.status), &p.reason, p.message.clone()));
+    }
+    wanted.push(in_use);
+    status.conditions = conditions::merge(status.conditions.as_slice(), &wanted, generation, now);
     status
 }
 
