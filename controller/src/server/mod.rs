@@ -19,6 +19,7 @@
 
 pub mod act;
 pub mod budget;
+pub mod deleting;
 pub mod dereference;
 pub mod drift;
 pub mod plan;
@@ -620,6 +621,15 @@ async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<
         ctx.forget_written(server.as_ref());
         return Ok(Action::await_change());
     }
+    // Never Ready/Running while the machine is being deleted (issue 25).
+    let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+    let marked = deleting::deleting(
+        server.status.as_ref(),
+        server.metadata.generation,
+        format!("deleting machine {id} at its provider"),
+        Timestamp::now(),
+    );
+    write_status(&server, marked, ctx).await?;
     let ws = ctx.workspace_for(namespace);
     // The account the machine was made with (status), else what the spec names now.
     let account_name = server.status.as_ref().and_then(|s| s.provider.clone()).unwrap_or_else(|| server.spec.provider.clone());
