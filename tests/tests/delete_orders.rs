@@ -124,6 +124,86 @@ fn a_workspace_with_a_failed_server_is_not_ready_and_names_it() -> Result<()> {
     Ok(())
 }
 
+/// A namespace, a Workspace on the simulated account and a 3-member etcd Cluster (scripts are
+/// not run by the simulated provider; the steps and machines are real).
+const CLUSTER_MANIFEST: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: order}
+---
+apiVersion: provisioning.dev/v1alpha1
+kind: Workspace
+metadata: {name: order}
+spec:
+  defaults: {provider: sim}
+  providers:
+  - {name: sim, type: simulated}
+---
+apiVersion: provisioning.dev/v1alpha1
+kind: Cluster
+metadata: {name: etcd, namespace: order}
+spec:
+  pools:
+  - {name: members, replicas: 3, plan: small}
+  taskservs:
+  - {service: etcd, pools: [members]}
+"#;
+
+fn cluster_ready() -> Result<(Dev, String)> {
+    let mut dev = Dev::start(&[])?;
+    let path = dev.data_dir.join("cluster.yaml");
+    std::fs::write(&path, CLUSTER_MANIFEST)?;
+    let path = path.display().to_string();
+    dev.kubectl_ok(&["apply", "-f", &path])?;
+    dev.wait_until(Duration::from_secs(60), "the Cluster exists", |d| {
+        Ok(!d.kubectl_ok(&["get", "pcl", "-n", "order", "-o", "name"])?.trim().is_empty())
+    })?;
+    dev.kubectl_ok(&["wait", "--for=condition=Ready", "pcl/etcd", "-n", "order", "--timeout=180s"])?;
+    dev.kubectl_ok(&["wait", "--for=condition=Ready", "workspace/order", "--timeout=60s"])?;
+    assert_eq!(machines_in_store(&dev)?, 3);
+    Ok((dev, path))
+}
+
+fn assert_all_gone(dev: &mut Dev) -> Result<()> {
+    dev.wait_until(Duration::from_secs(60), "provider holds no machine", |d| Ok(machines_in_store(d)? == 0))?;
+    dev.wait_until(Duration::from_secs(60), "every object gone", |d| {
+        Ok(d.kubectl_ok(&["get", "srv,ts,pcl", "-n", "order", "-o", "name"])?.trim().is_empty())
+    })?;
+    Ok(())
+}
+
+#[test]
+fn cluster_deleted_before_its_taskservs_finishes_and_leaves_no_machine() -> Result<()> {
+    let (mut dev, path) = cluster_ready()?;
+    dev.kubectl_ok(&["delete", "pcl", "etcd", "-n", "order", "--wait=false"])?;
+    dev.kubectl_ok(&["delete", "ts", "--all", "-n", "order", "--timeout=120s"])?;
+    dev.kubectl_ok(&["wait", "--for=delete", "pcl/etcd", "-n", "order", "--timeout=120s"])?;
+    assert_all_gone(&mut dev)?;
+    // Then the rest in folder order.
+    dev.kubectl_ok(&["delete", "-f", &path, "--ignore-not-found", "--timeout=120s"])?;
+    Ok(())
+}
+
+#[test]
+fn taskservs_deleted_before_their_cluster_finishes_and_leaves_no_machine() -> Result<()> {
+    let (mut dev, path) = cluster_ready()?;
+    dev.kubectl_ok(&["delete", "ts", "--all", "-n", "order", "--wait=false"])?;
+    dev.kubectl_ok(&["delete", "pcl", "etcd", "-n", "order", "--timeout=120s"])?;
+    assert_all_gone(&mut dev)?;
+    dev.kubectl_ok(&["delete", "-f", &path, "--ignore-not-found", "--timeout=120s"])?;
+    Ok(())
+}
+
+#[test]
+fn folder_order_delete_of_a_cluster_finishes_and_leaves_no_machine() -> Result<()> {
+    let (mut dev, path) = cluster_ready()?;
+    dev.kubectl_ok(&["delete", "-f", &path, "--timeout=120s"])?;
+    dev.wait_until(Duration::from_secs(30), "provider holds no machine", |d| Ok(machines_in_store(d)? == 0))?;
+    let left = dev.kubectl_ok(&["get", "ws", "-o", "name"])?;
+    assert!(left.trim().is_empty(), "{left}");
+    Ok(())
+}
+
 fn get_json(dev: &Dev, args: &[&str]) -> Result<Value> {
     let mut all = args.to_vec();
     all.extend(["-o", "json"]);
