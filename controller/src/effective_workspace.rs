@@ -123,4 +123,21 @@ mod tests {
         assert_eq!(other.name, None);
         assert_eq!(other.account("").map(|a| a.name.as_str()), Ok("local"));
     }
+
+    #[test]
+    fn a_workspace_being_deleted_still_owns_its_namespace() {
+        // Its resources are deleted with its accounts (kubectl delete -f DIR deletes the
+        // Workspace before the Servers); an older claimant keeps winning over a newer one.
+        let deleting = ws(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: demo, creationTimestamp: '2024-01-01T00:00:00Z', deletionTimestamp: '2024-01-03T00:00:00Z'}\nspec:\n  providers: [{name: sim, type: simulated}]\n  defaults: {provider: sim}",
+        );
+        let newer = ws(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: again, creationTimestamp: '2024-01-02T00:00:00Z'}\nspec: {namespace: demo}",
+        );
+        let defaults = crate::config::default_workspace();
+        let eff = resolve("demo", [&deleting], &defaults);
+        assert_eq!(eff.name.as_deref(), Some("demo"));
+        assert_eq!(eff.account("").map(|a| a.name.as_str()), Ok("sim"));
+        assert_eq!(owner_of("demo", [&newer, &deleting]).map(|w| w.name_any()).as_deref(), Some("demo"));
+    }
 }

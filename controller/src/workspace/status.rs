@@ -41,22 +41,7 @@ pub fn desired(input: StatusInput<'_>) -> WorkspaceStatus {
     let mut status = previous.clone();
     status.observed_generation = input.generation;
     if input.paused {
-        let mut wanted: Vec<DesiredCondition> = [condition::READY, condition::STALLED, condition::PROVIDERS_READY]
-            .iter()
-            .map(|t| match conditions::find(&previous.conditions, t) {
-                Some(c) => DesiredCondition::new(t, word(&c.status), &c.reason, c.message.clone()),
-                None => DesiredCondition::new(t, Status::Unknown, "Paused", ""),
-            })
-            .collect();
-        wanted.insert(1, DesiredCondition::new(condition::RECONCILING, Status::False, "Paused", "reconciliation is paused"));
-        wanted.push(DesiredCondition::new(
-            condition::PAUSED,
-            Status::True,
-            "Paused",
-            "annotation provisioning.dev/paused=true stops reconciliation",
-        ));
-        status.conditions = conditions::merge(&previous.conditions, &wanted, input.generation, input.now);
-        return status;
+        return paused(status, &previous, &input);
     }
     status.namespace = input.namespace.clone();
     status.providers = input
@@ -147,6 +132,26 @@ pub fn desired(input: StatusInput<'_>) -> WorkspaceStatus {
     status
 }
 
+/// A paused Workspace: its conditions kept as they are, plus Reconciling=False and Paused.
+fn paused(mut status: WorkspaceStatus, previous: &WorkspaceStatus, input: &StatusInput<'_>) -> WorkspaceStatus {
+    let mut wanted: Vec<DesiredCondition> = [condition::READY, condition::STALLED, condition::PROVIDERS_READY]
+        .iter()
+        .map(|t| match conditions::find(&previous.conditions, t) {
+            Some(c) => DesiredCondition::new(t, word(&c.status), &c.reason, c.message.clone()),
+            None => DesiredCondition::new(t, Status::Unknown, "Paused", ""),
+        })
+        .collect();
+    wanted.insert(1, DesiredCondition::new(condition::RECONCILING, Status::False, "Paused", "reconciliation is paused"));
+    wanted.push(DesiredCondition::new(
+        condition::PAUSED,
+        Status::True,
+        "Paused",
+        "annotation provisioning.dev/paused=true stops reconciliation",
+    ));
+    status.conditions = conditions::merge(&previous.conditions, &wanted, input.generation, input.now);
+    status
+}
+
 /// `ResourcesReady`: the roll-up with the worst resource's reason and message.
 fn resources_ready(counts: &WorkspaceCounts, worst: Option<&Child>) -> DesiredCondition {
     match worst {
@@ -213,5 +218,66 @@ fn word(s: &str) -> Status {
         "True" => Status::True,
         "False" => Status::False,
         _ => Status::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workspace::rollup::{Health, counts};
+
+    fn input(children: &[Child]) -> StatusInput<'static> {
+        StatusInput {
+            previous: None,
+            generation: Some(1),
+            namespace: Some("demo".into()),
+            conflict: None,
+            accounts: vec![("sim".into(), AccountCheck::Ready)],
+            counts: Some(counts(children)),
+            worst: crate::workspace::rollup::worst(children).cloned(),
+            namespace_terminating: false,
+            paused: false,
+            now: Timestamp::now(),
+        }
+    }
+
+    fn child(name: &str, health: Health, reason: &str, message: &str) -> Child {
+        Child { kind: "Server", name: name.into(), health, reason: reason.into(), message: message.into() }
+    }
+
+    #[test]
+    fn a_failed_server_makes_the_workspace_not_ready_and_is_named() {
+        let children = [
+            child("web-1", Health::Ready, "Running", ""),
+            child("bad", Health::Failed, "UnknownProvider", "provider \"x\" is not defined"),
+        ];
+        let status = desired(input(&children));
+        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+        let ready = conditions::find(&status.conditions, condition::READY).expect("Ready");
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "ResourcesFailed"));
+        assert_eq!(ready.message, "1 of its resources failed; Server bad: provider \"x\" is not defined");
+        assert_eq!(conditions::status_of(&status.conditions, condition::STALLED), Some("False"));
+        let rollup = conditions::find(&status.conditions, condition::RESOURCES_READY).expect("ResourcesReady");
+        assert_eq!((rollup.status.as_str(), rollup.reason.as_str()), ("False", "UnknownProvider"));
+        assert_eq!(status.counts.map(|c| c.summary).as_deref(), Some("1/2 ready, 1 failed"));
+    }
+
+    #[test]
+    fn progressing_servers_leave_the_workspace_ready() {
+        let children = [child("web-1", Health::Progressing, "Provisioning", "creating")];
+        let status = desired(input(&children));
+        assert_eq!(conditions::status_of(&status.conditions, condition::READY), Some("True"));
+        assert_eq!(conditions::find(&status.conditions, condition::RESOURCES_READY).map(|c| c.reason.as_str()), Some("Provisioning"));
+    }
+
+    #[test]
+    fn a_workspace_in_use_while_deleting_names_its_users() {
+        let users = vec!["Server web-1".to_string(), "Server web-2".to_string()];
+        let status = terminating(None, Some(1), &users, Timestamp::now());
+        assert_eq!(status.phase.as_deref(), Some("Terminating"));
+        let in_use = conditions::find(&status.conditions, condition::IN_USE).expect("InUse");
+        assert_eq!((in_use.status.as_str(), in_use.reason.as_str()), ("True", "InUseByResources"));
+        assert!(in_use.message.starts_with("deletion waits for 2 resources"), "{}", in_use.message);
+        assert_eq!(conditions::status_of(&status.conditions, condition::READY), Some("False"));
     }
 }
