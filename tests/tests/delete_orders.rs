@@ -56,15 +56,44 @@ fn folder_order_delete_of_the_simulated_example_finishes_and_leaves_no_machine()
 fn kubectl_delete_namespace_deletes_every_machine_and_finishes() -> Result<()> {
     let mut dev = example_ready()?;
     let uid = dev.kubectl_ok(&["get", "namespace", "demo", "-o", "jsonpath={.metadata.uid}"])?;
+    // Someone else's finalizer holds one Server after its machine is gone, so the Terminating
+    // namespace can be looked at.
+    dev.kubectl_ok(&[
+        "patch",
+        "srv",
+        "web-1",
+        "-n",
+        "demo",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["provisioning.dev/cleanup","example.com/hold"]}}"#,
+    ])?;
     dev.kubectl_ok(&["delete", "namespace", "demo", "--wait=false"])?;
-    // While its Servers delete, the namespace says what it waits for, as upstream's does.
+    dev.wait_until(Duration::from_secs(60), "every machine deleted at the provider", |d| Ok(machines_in_store(d)? == 0))?;
+    dev.wait_until(Duration::from_secs(30), "the namespace names the finalizer it waits for", |d| {
+        let ns = get_json(d, &["get", "namespace", "demo"])?;
+        Ok(condition(&ns, "NamespaceFinalizersRemaining").is_some_and(|c| {
+            c["status"] == "True"
+                && c["message"] == "Some content in the namespace has finalizers remaining: example.com/hold in 1 resource instances"
+        }) && condition(&ns, "NamespaceContentRemaining").is_some_and(|c| c["status"] == "True"))
+    })?;
+    // A Server being deleted is never Ready/Running.
+    let held = get_json(&dev, &["get", "srv", "web-1", "-n", "demo"])?;
+    assert_eq!(held["status"]["phase"], "Deleting", "{held}");
+    assert!(condition(&held, "Ready").is_some_and(|c| c["status"] == "False" && c["reason"] == "Deleting"), "{held}");
+    // Its Workspace says its namespace is going, and is not Ready meanwhile.
+    dev.wait_until(Duration::from_secs(30), "the Workspace reports the Terminating namespace", |d| {
+        let ws = get_json(d, &["get", "workspace", "demo"])?;
+        Ok(condition(&ws, "Ready").is_some_and(|c| c["status"] == "False" && c["reason"] == "NamespaceTerminating"))
+    })?;
+    dev.kubectl_ok(&["patch", "srv", "web-1", "-n", "demo", "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#])?;
     dev.wait_until(Duration::from_secs(60), "namespace gone (or made again by its Workspace)", |d| {
         let now = d.kubectl_ok(&["get", "namespace", "demo", "--ignore-not-found", "-o", "jsonpath={.metadata.uid}"])?;
         Ok(now.trim() != uid.trim())
     })?;
-    dev.wait_until(Duration::from_secs(30), "provider holds no machine", |d| Ok(machines_in_store(d)? == 0))?;
     let left = dev.kubectl_ok(&["get", "srv", "-n", "demo", "-o", "name"])?;
     assert!(left.trim().is_empty(), "servers left: {left}");
+    assert_eq!(machines_in_store(&dev)?, 0);
     // The Workspace outlives its namespace's deletion and is Ready again once it made it anew.
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "workspace/demo", "--timeout=60s"])?;
     Ok(())

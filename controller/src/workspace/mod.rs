@@ -201,7 +201,14 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
     };
     let (accounts, children, namespace_terminating) = match &namespace {
         Some(ns) => {
-            let terminating = ensure_namespace(ns, &ws, ctx).await.at(Step::Act)? == NamespaceState::Terminating;
+            // Resources being deleted may mean the namespace is: look at it afresh then.
+            let fresh = ctx
+                .stores
+                .servers
+                .state()
+                .iter()
+                .any(|s| s.metadata.namespace.as_deref() == Some(ns.as_str()) && s.metadata.deletion_timestamp.is_some());
+            let terminating = ensure_namespace(ns, &ws, fresh, ctx).await.at(Step::Act)? == NamespaceState::Terminating;
             let effective = dereference::effective(&ws, ns, ctx);
             (
                 dereference::check_accounts(&effective, ctx).await,
@@ -275,10 +282,10 @@ enum NamespaceState {
     Terminating,
 }
 
-async fn ensure_namespace(namespace: &str, ws: &Workspace, ctx: &Context) -> Result<NamespaceState, Error> {
-    // Checked once per resync interval, not on every count change.
+async fn ensure_namespace(namespace: &str, ws: &Workspace, fresh: bool, ctx: &Context) -> Result<NamespaceState, Error> {
+    // Checked once per resync interval, not on every count change (unless `fresh`).
     let memo_key = format!("namespace/{namespace}");
-    if ctx.observed_recently(&memo_key, &ws.name_any(), ctx.config.resync()) {
+    if !fresh && ctx.observed_recently(&memo_key, &ws.name_any(), ctx.config.resync()) {
         return Ok(NamespaceState::Active);
     }
     let api: Api<Namespace> = Api::all(ctx.client.clone());
