@@ -144,6 +144,13 @@ async fn handle_event(core: &Arc<Core>, kind: EventType, e: &Arc<Entry>) {
             if !cur.owners.is_empty() {
                 collect_if_orphaned(core, &cur.key).await;
             }
+            // A change of content (a finalizer removed) changes what a Terminating namespace
+            // waits for.
+            if !cur.key.namespace.is_empty()
+                && let Some(ns) = core.store.get(&ns_key(&cur.key.namespace)).filter(|n| n.deleting)
+            {
+                process_namespace(core, &ns).await;
+            }
         }
     }
 }

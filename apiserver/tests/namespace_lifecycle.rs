@@ -57,7 +57,7 @@ async fn a_terminating_namespace_names_the_content_and_finalizers_it_waits_for()
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "held-ns");
     for name in ["a", "b"] {
         let mut s = server_obj(name, "small")?;
-        s.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        s.metadata.finalizers = Some(vec!["example.com/hold".into(), "example.com/other".into()]);
         api.create(&PostParams::default(), &s).await?;
     }
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "plain"}}))?;
@@ -78,7 +78,7 @@ async fn a_terminating_namespace_names_the_content_and_finalizers_it_waits_for()
                     c.status == "True"
                         && c.reason.as_deref() == Some("SomeFinalizersRemain")
                         && c.message.as_deref()
-                            == Some("Some content in the namespace has finalizers remaining: example.com/hold in 2 resource instances")
+                            == Some("Some content in the namespace has finalizers remaining: example.com/hold in 2 resource instances, example.com/other in 2 resource instances")
                 })
             })
         }
@@ -99,7 +99,21 @@ async fn a_terminating_namespace_names_the_content_and_finalizers_it_waits_for()
     let refused = api.create(&PostParams::default(), &server_obj("late", "small")?).await;
     assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403), "{refused:?}");
 
-    // One finalizer released: the count follows.
+    // One finalizer of each released (the objects stay): the message follows.
+    for name in ["a", "b"] {
+        api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold"]}}))).await?;
+    }
+    eventually("only example.com/hold remains", Duration::from_secs(10), || {
+        let nss = nss.clone();
+        async move {
+            nss.get("held-ns").await.is_ok_and(|ns| {
+                condition(&ns, "NamespaceFinalizersRemaining").and_then(|c| c.message).as_deref()
+                    == Some("Some content in the namespace has finalizers remaining: example.com/hold in 2 resource instances")
+            })
+        }
+    })
+    .await?;
+    // One object released: the count follows.
     api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await?;
     eventually("one object remains", Duration::from_secs(10), || {
         let nss = nss.clone();
