@@ -144,6 +144,13 @@ async fn handle_event(core: &Arc<Core>, kind: EventType, e: &Arc<Entry>) {
             if !cur.owners.is_empty() {
                 collect_if_orphaned(core, &cur.key).await;
             }
+            // A change of content (a finalizer removed) changes what a Terminating namespace
+            // waits for.
+            if !cur.key.namespace.is_empty()
+                && let Some(ns) = core.store.get(&ns_key(&cur.key.namespace)).filter(|n| n.deleting)
+            {
+                process_namespace(core, &ns).await;
+            }
         }
     }
 }
@@ -182,20 +189,27 @@ async fn collect_if_orphaned(core: &Arc<Core>, key: &ObjKey) {
 }
 
 async fn delete_entry(core: &Arc<Core>, e: &Arc<Entry>, propagation: Propagation) {
+    if let Err(err) = try_delete_entry(core, e, propagation).await {
+        tracing::warn!(object = %e.key.name, error = %err, "garbage collection delete failed");
+    }
+}
+
+/// Deletes one object as the collector does; a 404 or 409 (gone, or changed meanwhile) is
+/// not a failure: the next event brings the object back if it still needs deleting.
+async fn try_delete_entry(core: &Arc<Core>, e: &Arc<Entry>, propagation: Propagation) -> Result<(), String> {
     let rt = core.registry().by_storage(&e.key.storage);
     match rt {
         Some(rt) => {
             let ns = if rt.namespaced { Some(e.key.namespace.as_str()) } else { None };
             let opts = DeleteOptions { propagation, dry_run: false, uid: Some(e.uid.clone()), resource_version: None };
-            if let Err(err) = core.delete(&rt, ns, &e.key.name, &opts).await
-                && err.code != 404
-                && err.code != 409
-            {
-                tracing::warn!(object = %e.key.name, error = %err, "garbage collection delete failed");
+            match core.delete(&rt, ns, &e.key.name, &opts).await {
+                Err(err) if err.code != 404 && err.code != 409 => Err(err.to_string()),
+                _ => Ok(()),
             }
         }
         None => {
             let _ = core.store.delete(e.key.clone(), Precondition::Revision(e.rv)).await;
+            Ok(())
         }
     }
 }
@@ -276,12 +290,126 @@ async fn process_namespace(core: &Arc<Core>, ns: &Arc<Entry>) {
     if contents.is_empty() {
         if ns.finalizers.is_empty() {
             let _ = core.store.delete(ns.key.clone(), Precondition::Revision(ns.rv)).await;
+        } else {
+            write_namespace_conditions(core, &ns.key, &NamespaceContent::default()).await;
         }
         return;
     }
-    for e in contents {
-        if !e.deleting {
-            delete_entry(core, &e, Propagation::Background).await;
+    let mut failures = Vec::new();
+    for e in &contents {
+        if !e.deleting
+            && let Err(err) = try_delete_entry(core, e, Propagation::Background).await
+        {
+            failures.push(format!("{}: {err}", resource_name(&e.key.storage)));
+        }
+    }
+    // What is left after this pass (objects without finalizers are gone already).
+    let remaining: Vec<Arc<Entry>> = contents.iter().filter_map(|e| core.store.get(&e.key)).collect();
+    let content = NamespaceContent::of(&remaining, failures);
+    write_namespace_conditions(core, &ns.key, &content).await;
+}
+
+/// What keeps a Terminating namespace: the content left and the finalizers holding it, as
+/// upstream's namespace controller counts them.
+#[derive(Debug, Default, PartialEq)]
+struct NamespaceContent {
+    /// Objects left per resource (`servers.provisioning.dev`, `secrets`).
+    remaining: std::collections::BTreeMap<String, usize>,
+    /// Objects holding each finalizer.
+    finalizers: std::collections::BTreeMap<String, usize>,
+    /// Deletes that failed, with their error.
+    failures: Vec<String>,
+}
+
+impl NamespaceContent {
+    fn of(remaining: &[Arc<Entry>], failures: Vec<String>) -> Self {
+        let mut content = NamespaceContent { failures, ..Default::default() };
+        for e in remaining {
+            *content.remaining.entry(resource_name(&e.key.storage)).or_default() += 1;
+            for f in &e.finalizers {
+                *content.finalizers.entry(f.clone()).or_default() += 1;
+            }
+        }
+        content
+    }
+
+    /// The namespace's status conditions (type, status, reason, message) in upstream's order.
+    fn conditions(&self) -> Vec<(&'static str, &'static str, &'static str, String)> {
+        let list = |m: &std::collections::BTreeMap<String, usize>, sep: &str| {
+            m.iter().map(|(k, n)| format!("{k}{sep}{n} resource instances")).collect::<Vec<_>>().join(", ")
+        };
+        let failure = if self.failures.is_empty() {
+            ("False", "ContentDeleted", "All content successfully deleted, may be waiting on finalization".to_string())
+        } else {
+            (
+                "True",
+                "ContentDeletionFailed",
+                format!("Failed to delete all resource types, {} remaining: {}", self.failures.len(), self.failures.join(", ")),
+            )
+        };
+        let remaining = if self.remaining.is_empty() {
+            ("False", "ContentRemoved", "All content successfully removed".to_string())
+        } else {
+            ("True", "SomeResourcesRemain", format!("Some resources are remaining: {}", list(&self.remaining, " has ")))
+        };
+        let finalizers = if self.finalizers.is_empty() {
+            ("False", "ContentHasNoFinalizers", "All content-preserving finalizers finished".to_string())
+        } else {
+            (
+                "True",
+                "SomeFinalizersRemain",
+                format!("Some content in the namespace has finalizers remaining: {}", list(&self.finalizers, " in ")),
+            )
+        };
+        vec![
+            ("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered", "All resources successfully discovered".to_string()),
+            (
+                "NamespaceDeletionGroupVersionParsingFailure",
+                "False",
+                "ParsedGroupVersions",
+                "All legacy kube types successfully parsed".to_string(),
+            ),
+            ("NamespaceDeletionContentFailure", failure.0, failure.1, failure.2),
+            ("NamespaceContentRemaining", remaining.0, remaining.1, remaining.2),
+            ("NamespaceFinalizersRemaining", finalizers.0, finalizers.1, finalizers.2),
+        ]
+    }
+}
+
+/// `servers.provisioning.dev` for storage `provisioning.dev/servers`, `secrets` for `/secrets`.
+fn resource_name(storage: &str) -> String {
+    match storage.split_once('/') {
+        Some(("", plural)) => plural.to_string(),
+        Some((group, plural)) => format!("{plural}.{group}"),
+        None => storage.to_string(),
+    }
+}
+
+/// Writes the Terminating namespace's conditions when they changed; `lastTransitionTime`
+/// moves only when a condition's status flips.
+async fn write_namespace_conditions(core: &Arc<Core>, key: &ObjKey, content: &NamespaceContent) {
+    for _ in 0..5 {
+        let Some(cur) = core.store.get(key) else { return };
+        let mut v = cur.value();
+        let previous = v["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let now = crate::handlers::now_rfc3339();
+        let conditions: Vec<Value> = content
+            .conditions()
+            .into_iter()
+            .map(|(type_, status, reason, message)| {
+                let old = previous.iter().find(|c| c["type"] == type_);
+                let since = old.filter(|c| c["status"] == status).and_then(|c| c["lastTransitionTime"].as_str()).unwrap_or(&now);
+                json!({"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": since})
+            })
+            .collect();
+        if previous == conditions {
+            return;
+        }
+        v["status"] = json!({"phase": "Terminating", "conditions": conditions});
+        // A plain put: a Terminating namespace without finalizers is still kept until its
+        // content is gone (put_internal would delete it).
+        if core.store.put(cur.key.clone(), Precondition::Revision(cur.rv), v).await.is_ok() {
+            return;
         }
     }
 }

@@ -20,13 +20,11 @@ fn age_key(ws: &Workspace) -> (Option<k8s_openapi::jiff::Timestamp>, String) {
     (ws.metadata.creation_timestamp.as_ref().map(|t| t.0), ws.name_any())
 }
 
-/// The Workspace owning `namespace`, if any (the oldest claimant; deleted ones excluded).
+/// The Workspace owning `namespace`, if any (the oldest claimant). One being deleted still
+/// owns it: its finalizer holds it until the namespace's resources are gone, and they are
+/// deleted at their provider with its accounts, whatever the order of deletion.
 pub fn owner_of<'a>(namespace: &str, workspaces: impl IntoIterator<Item = &'a Arc<Workspace>>) -> Option<Arc<Workspace>> {
-    workspaces
-        .into_iter()
-        .filter(|ws| ws.metadata.deletion_timestamp.is_none() && claimed_namespace(ws) == namespace)
-        .min_by_key(|ws| age_key(ws))
-        .cloned()
+    workspaces.into_iter().filter(|ws| claimed_namespace(ws) == namespace).min_by_key(|ws| age_key(ws)).cloned()
 }
 
 /// The effective settings for resources of one namespace.
@@ -124,5 +122,22 @@ mod tests {
         let other = resolve("elsewhere", [&dev], &defaults);
         assert_eq!(other.name, None);
         assert_eq!(other.account("").map(|a| a.name.as_str()), Ok("local"));
+    }
+
+    #[test]
+    fn a_workspace_being_deleted_still_owns_its_namespace() {
+        // Its resources are deleted with its accounts (kubectl delete -f DIR deletes the
+        // Workspace before the Servers); an older claimant keeps winning over a newer one.
+        let deleting = ws(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: demo, creationTimestamp: '2024-01-01T00:00:00Z', deletionTimestamp: '2024-01-03T00:00:00Z'}\nspec:\n  providers: [{name: sim, type: simulated}]\n  defaults: {provider: sim}",
+        );
+        let newer = ws(
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: again, creationTimestamp: '2024-01-02T00:00:00Z'}\nspec: {namespace: demo}",
+        );
+        let defaults = crate::config::default_workspace();
+        let eff = resolve("demo", [&deleting], &defaults);
+        assert_eq!(eff.name.as_deref(), Some("demo"));
+        assert_eq!(eff.account("").map(|a| a.name.as_str()), Ok("sim"));
+        assert_eq!(owner_of("demo", [&newer, &deleting]).map(|w| w.name_any()).as_deref(), Some("demo"));
     }
 }

@@ -236,6 +236,8 @@ fn workspace_status_summarises_accounts() {
             conflict,
             accounts,
             counts: None,
+            worst: None,
+            namespace_terminating: false,
             paused: false,
             now,
         })

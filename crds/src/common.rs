@@ -47,6 +47,10 @@ pub mod condition {
     pub const TASKSERVS_READY: &str = "TaskServsReady";
     /// Workspace: every provider account is usable.
     pub const PROVIDERS_READY: &str = "ProvidersReady";
+    /// Workspace: the roll-up of its namespace's Servers, Clusters and TaskServs.
+    pub const RESOURCES_READY: &str = "ResourcesReady";
+    /// Workspace being deleted: resources of its namespace still use its accounts.
+    pub const IN_USE: &str = "InUse";
 }
 
 /// Reference to a Secret.

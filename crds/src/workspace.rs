@@ -20,6 +20,7 @@ use crate::common::*;
     printcolumn(name = "Namespace", type_ = "string", json_path = ".status.namespace"),
     printcolumn(name = "Environment", type_ = "string", json_path = ".spec.environment"),
     printcolumn(name = "Servers", type_ = "integer", json_path = ".status.counts.servers"),
+    printcolumn(name = "Resources", type_ = "string", json_path = ".status.counts.summary"),
     printcolumn(name = "Cost", type_ = "string", json_path = ".status.cost.summary"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
@@ -363,7 +364,8 @@ fn default_parallel_limit() -> u32 {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceStatus {
-    /// Summary for humans: Pending, Ready, Failed, Terminating.
+    /// Summary for humans: Pending, Ready, Degraded (a resource of the namespace failed),
+    /// Failed, Terminating.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// The metadata.generation this status describes.
@@ -372,7 +374,9 @@ pub struct WorkspaceStatus {
     /// The namespace the workspace owns (resolved from spec.namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
-    /// Conditions: Ready, Reconciling, Stalled, ProvidersReady, Paused.
+    /// Conditions: Ready, Reconciling, Stalled, ProvidersReady, ResourcesReady (the roll-up of
+    /// the namespace's Servers, Clusters and TaskServs, naming the worst one), InUse (while
+    /// deleting: the resources that still use its accounts hold it), Paused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -401,7 +405,7 @@ pub struct ProviderAccountStatus {
     pub message: String,
 }
 
-/// Resource counts of a workspace.
+/// Resource counts of a workspace, and their roll-up (as `clusterctl describe` shows it).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceCounts {
@@ -411,4 +415,16 @@ pub struct WorkspaceCounts {
     pub clusters: u32,
     /// TaskServs in the workspace's namespace.
     pub taskservs: u32,
+    /// Of those, how many are Ready.
+    #[serde(default)]
+    pub ready: u32,
+    /// How many are neither Ready nor failed (work in flight, waiting, deleting).
+    #[serde(default)]
+    pub progressing: u32,
+    /// How many failed (Stalled, or phase Failed).
+    #[serde(default)]
+    pub failed: u32,
+    /// For humans: `5/7 ready, 2 failed`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub summary: String,
 }

@@ -10,9 +10,16 @@ use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceType;
 use crate::storage::{Entry, ObjKey, Precondition, StoreError};
 
+/// Namespaces kube-apiserver refuses to delete.
+pub const IMMORTAL_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
+
 impl Core {
     /// DELETE of one object. Returns the object (deferred deletion) or a success Status.
     pub async fn delete(&self, rt: &ResourceType, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> ApiResult<Output> {
+        // kube-apiserver's NamespaceLifecycle admission: these namespaces always exist.
+        if rt.storage == NAMESPACES && IMMORTAL_NAMESPACES.contains(&name) {
+            return Err(ApiError::forbidden(format!("namespaces {name:?} is forbidden: this namespace may not be deleted")));
+        }
         for _ in 0..16 {
             let cur = self.get(rt, ns, name)?;
             let mut obj = cur.value();

@@ -29,6 +29,7 @@
 pub mod act;
 pub mod approval;
 pub mod budget;
+pub mod deleting;
 pub mod dereference;
 pub mod drift;
 pub mod plan;
@@ -254,13 +255,23 @@ async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<
         ctx.forget_written(server.as_ref());
         return Ok(Action::await_change());
     }
-    let ws = ctx.workspace_for(namespace);
-    // The account the machine was made with (status), else what the spec names now.
-    let account_name = server.status.as_ref().and_then(|s| s.provider.clone()).unwrap_or_else(|| server.spec.provider.clone());
-    let account = ws.account(&account_name).cloned().map_err(|message| Error::Stalled { reason: "UnknownProvider", message })?;
-    let provider = ctx.provider_for(&ws, &account).await.at(Step::Dereference)?;
-    match act::cleanup(&server, step, &account.name, &ws, &provider, ctx).await {
+    // Never Ready/Running while the machine is being deleted (issue 25): written whenever the
+    // Server outlives this pass (in progress, failed, or held by someone else's finalizer); not
+    // before a delete that finishes at once (that write would bring the object back for a
+    // second cleanup).
+    let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+    let marked = deleting::deleting(
+        server.status.as_ref(),
+        server.metadata.generation,
+        format!("deleting machine {id} at its provider"),
+        Timestamp::now(),
+    );
+    match delete_machine(&server, step, namespace, ctx).await {
         Ok(()) => {
+            let held_by_others = server.finalizers().iter().any(|f| f != provisioning_crds::FINALIZER);
+            if held_by_others {
+                write_status(&server, marked, ctx).await?;
+            }
             ctx.forget_observed(&server.uid().unwrap_or_default());
             ctx.forget_written(server.as_ref());
             Ok(Action::await_change())
@@ -268,14 +279,21 @@ async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<
         Err(e) => {
             if e.class() != ErrorClass::InProgress {
                 ctx.publish(server.as_ref(), EventType::Warning, e.category(), "DeleteMachine", Some(e.to_string())).await;
-            } else if server.status.as_ref().and_then(|s| s.phase.as_deref()) != Some(status::phase::DELETING) {
-                let mut desired = server.status.clone().unwrap_or_default();
-                desired.phase = Some(status::phase::DELETING.to_string());
-                write_status(&server, desired, ctx).await?;
             }
+            write_status(&server, marked, ctx).await?;
             Err(e)
         }
     }
+}
+
+/// Deletes the Server's machine with the account it was made with.
+async fn delete_machine(server: &Server, step: plan::CleanupStep, namespace: &str, ctx: &Context) -> Result<(), Error> {
+    let ws = ctx.workspace_for(namespace);
+    // The account the machine was made with (status), else what the spec names now.
+    let account_name = server.status.as_ref().and_then(|s| s.provider.clone()).unwrap_or_else(|| server.spec.provider.clone());
+    let account = ws.account(&account_name).cloned().map_err(|message| Error::Stalled { reason: "UnknownProvider", message })?;
+    let provider = ctx.provider_for(&ws, &account).await.at(Step::Dereference)?;
+    act::cleanup(server, step, &account.name, &ws, &provider, ctx).await
 }
 
 /// The Server API of the object's namespace.

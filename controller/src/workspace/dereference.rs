@@ -2,8 +2,9 @@
 
 use std::time::Instant;
 
-use kube::ResourceExt;
-use provisioning_crds::{Workspace, WorkspaceCounts};
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use provisioning_crds::{Cluster, TaskServ, Workspace};
 
 use super::status::AccountCheck;
 use crate::context::Context;
@@ -67,11 +68,40 @@ fn classify(e: &crate::Error) -> AccountCheck {
     }
 }
 
-/// Counts the resources of the namespace from the watch caches.
-pub fn counts(namespace: &str, ctx: &Context) -> WorkspaceCounts {
+/// The namespace's Servers, Clusters and TaskServs, for the roll-up: Servers from their
+/// cache; Clusters and TaskServs (cached as metadata only) listed from the API, and only
+/// when the namespace has any.
+pub async fn children(namespace: &str, ctx: &Context) -> Result<Vec<super::rollup::Child>, crate::Error> {
     let in_ns = |ns: Option<&str>| ns == Some(namespace);
-    let servers = ctx.stores.servers.state().iter().filter(|s| in_ns(s.metadata.namespace.as_deref())).count();
-    let taskservs = ctx.stores.taskservs.state().iter().filter(|s| in_ns(s.metadata.namespace.as_deref())).count();
-    let clusters = ctx.stores.clusters.state().iter().filter(|s| in_ns(s.metadata.namespace.as_deref())).count();
-    WorkspaceCounts { servers: servers as u32, clusters: clusters as u32, taskservs: taskservs as u32 }
+    let servers = ctx.stores.servers.state();
+    let clusters = if ctx.stores.clusters.state().iter().any(|c| in_ns(c.metadata.namespace.as_deref())) {
+        Api::<Cluster>::namespaced(ctx.client.clone(), namespace).list(&ListParams::default()).await?.items
+    } else {
+        vec![]
+    };
+    let taskservs = if ctx.stores.taskservs.state().iter().any(|t| in_ns(t.metadata.namespace.as_deref())) {
+        Api::<TaskServ>::namespaced(ctx.client.clone(), namespace).list(&ListParams::default()).await?.items
+    } else {
+        vec![]
+    };
+    Ok(super::rollup::children(namespace, servers.iter().map(AsRef::as_ref), clusters.iter(), taskservs.iter()))
+}
+
+/// The resources of the namespace that use the Workspace's accounts (`Server web-1`), sorted,
+/// from the watch caches: while any exists, a Workspace being deleted keeps its finalizer.
+pub fn users(namespace: &str, ctx: &Context) -> Vec<String> {
+    let in_ns = |ns: Option<&str>| ns == Some(namespace);
+    let named = |kind: &str, name: String| format!("{kind} {name}");
+    let mut users: Vec<String> = Vec::new();
+    users.extend(
+        ctx.stores.servers.state().iter().filter(|s| in_ns(s.metadata.namespace.as_deref())).map(|s| named("Server", s.name_any())),
+    );
+    users.extend(
+        ctx.stores.clusters.state().iter().filter(|s| in_ns(s.metadata.namespace.as_deref())).map(|s| named("Cluster", s.name_any())),
+    );
+    users.extend(
+        ctx.stores.taskservs.state().iter().filter(|s| in_ns(s.metadata.namespace.as_deref())).map(|s| named("TaskServ", s.name_any())),
+    );
+    users.sort();
+    users
 }

@@ -6,6 +6,7 @@
 //! counts and cost from caches) → status (pure) → one status patch when changed.
 
 pub mod dereference;
+pub mod rollup;
 pub mod secrets;
 pub mod status;
 pub mod validate;
@@ -80,8 +81,7 @@ impl Reconciled for Workspace {
     }
 
     async fn cleanup(self: Arc<Self>, ctx: &Context) -> Result<Action, Error> {
-        ctx.publish(self.as_ref(), EventType::Normal, "Deleted", "Delete", Some("workspace released; its namespace is kept".into())).await;
-        Ok(Action::await_change())
+        cleanup(self, ctx).await
     }
 }
 
@@ -94,6 +94,8 @@ fn idle_input(ws: &Workspace, paused: bool) -> StatusInput<'_> {
         conflict: None,
         accounts: vec![],
         counts: None,
+        worst: None,
+        namespace_terminating: false,
         paused,
         now: Timestamp::now(),
     }
@@ -198,15 +200,28 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
         Ok(ns) => (Some(ns), None),
         Err(conflict) => (None, Some(conflict.message())),
     };
-    let (accounts, counts) = match &namespace {
+    let (accounts, children, namespace_terminating) = match &namespace {
         Some(ns) => {
-            ensure_namespace(ns, &ws, ctx).await.at(Step::Act)?;
+            // Resources being deleted may mean the namespace is: look at it afresh then.
+            let fresh = ctx
+                .stores
+                .servers
+                .state()
+                .iter()
+                .any(|s| s.metadata.namespace.as_deref() == Some(ns.as_str()) && s.metadata.deletion_timestamp.is_some());
+            let terminating = ensure_namespace(ns, &ws, fresh, ctx).await.at(Step::Act)? == NamespaceState::Terminating;
             let effective = dereference::effective(&ws, ns, ctx);
-            (dereference::check_accounts(&effective, ctx).await, Some(dereference::counts(ns, ctx)))
+            (
+                dereference::check_accounts(&effective, ctx).await,
+                Some(dereference::children(ns, ctx).await.at(Step::Dereference)?),
+                terminating,
+            )
         }
-        None => (vec![], None),
+        None => (vec![], None, false),
     };
-    let retrying = accounts.iter().any(|(_, c)| matches!(c, AccountCheck::Retrying(_)));
+    let counts = children.as_deref().map(rollup::counts);
+    let worst = children.as_deref().and_then(rollup::worst).cloned();
+    let retrying = namespace_terminating || accounts.iter().any(|(_, c)| matches!(c, AccountCheck::Retrying(_)));
     let cost = namespace.as_deref().map(|ns| crate::cost::namespace_total(ns, &ctx.stores.servers.state()));
     let desired = status::desired(StatusInput {
         previous: ws.status.as_ref(),
@@ -215,6 +230,8 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
         conflict: conflict.clone(),
         accounts,
         counts,
+        worst,
+        namespace_terminating,
         paused: false,
         now: Timestamp::now(),
     });
@@ -237,16 +254,49 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
     Ok(if retrying { Action::requeue(ctx.config.poll()) } else { Action::requeue(crate::time::jittered(ctx.config.resync())) })
 }
 
-async fn ensure_namespace(namespace: &str, ws: &Workspace, ctx: &Context) -> Result<(), Error> {
-    // Checked once per resync interval, not on every count change.
+/// A Workspace being deleted keeps its finalizer while Servers, Clusters or TaskServs of its
+/// namespace exist: they are deleted at their provider with its accounts (Crossplane's
+/// ProviderConfigUsage), whatever order `kubectl delete -f DIR`, a namespace deletion or a
+/// GitOps prune deletes things in. Its status names what it waits for.
+async fn cleanup(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
+    let namespace = crate::effective_workspace::claimed_namespace(&ws);
+    // Only the owner of the namespace holds: a Workspace that lost it to an older one
+    // never served its resources.
+    let owner = crate::effective_workspace::owner_of(&namespace, ctx.stores.workspaces.state().iter());
+    let users = if owner.is_some_and(|o| o.uid() == ws.uid()) { dereference::users(&namespace, ctx) } else { vec![] };
+    let desired = status::terminating(ws.status.as_ref(), ws.metadata.generation, &users, Timestamp::now());
+    if !users.is_empty() {
+        ctx.apply_status(ws.as_ref(), ws.status.as_ref(), &desired).await.at(Step::Status)?;
+        let message = conditions::find(&desired.conditions, condition::IN_USE).map(|c| c.message.clone()).unwrap_or_default();
+        return Err(Error::InProgress(message).at(Step::Finalizer));
+    }
+    ctx.publish(ws.as_ref(), EventType::Normal, "Deleted", "Delete", Some("workspace released; its namespace is kept".into())).await;
+    Ok(Action::await_change())
+}
+
+/// What [`ensure_namespace`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NamespaceState {
+    /// It exists (or was just created).
+    Active,
+    /// It is being deleted: created again once gone.
+    Terminating,
+}
+
+async fn ensure_namespace(namespace: &str, ws: &Workspace, fresh: bool, ctx: &Context) -> Result<NamespaceState, Error> {
+    // Checked once per resync interval, not on every count change (unless `fresh`).
     let memo_key = format!("namespace/{namespace}");
-    if ctx.observed_recently(&memo_key, &ws.name_any(), ctx.config.resync()) {
-        return Ok(());
+    if !fresh && ctx.observed_recently(&memo_key, &ws.name_any(), ctx.config.resync()) {
+        return Ok(NamespaceState::Active);
     }
     let api: Api<Namespace> = Api::all(ctx.client.clone());
-    if api.get_opt(namespace).await?.is_some() {
+    if let Some(found) = api.get_opt(namespace).await? {
+        if found.metadata.deletion_timestamp.is_some() {
+            // Not memoised: looked at again on the next pass until it is gone.
+            return Ok(NamespaceState::Terminating);
+        }
         ctx.mark_observed(&memo_key, &ws.name_any());
-        return Ok(());
+        return Ok(NamespaceState::Active);
     }
     let mut ns = Namespace::default();
     ns.metadata.name = Some(namespace.to_string());
@@ -255,9 +305,9 @@ async fn ensure_namespace(namespace: &str, ws: &Workspace, ctx: &Context) -> Res
         Ok(_) => {
             ctx.metrics.record_write(KIND);
             ctx.publish(ws, EventType::Normal, "NamespaceCreated", "EnsureNamespace", Some(format!("created namespace {namespace}"))).await;
-            Ok(())
+            Ok(NamespaceState::Active)
         }
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(NamespaceState::Active),
         Err(e) => Err(e.into()),
     }
 }
