@@ -266,7 +266,14 @@ pub fn read_all(dir: &Path) -> anyhow::Result<(Vec<Entry>, usize)> {
     let mut out = Vec::new();
     let mut unreadable = 0;
     for (_, path) in files {
-        let reader = BufReader::new(File::open(&path).with_context(|| format!("opening {}", path.display()))?);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            // Rotated away between listing and opening (the controller is writing): its
+            // entries are in the next file now.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+        };
+        let reader = BufReader::new(file);
         for line in reader.lines() {
             let Ok(line) = line else {
                 unreadable += 1;
