@@ -17,7 +17,7 @@ use futures::StreamExt;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use provisioning_apiserver::stats::Snapshot;
+use provisioning_apiserver::stats::{Snapshot, Stats};
 use provisioning_controller::testing::{TestEnv, is_ready, server, simulated_workspace, wait_for};
 use provisioning_crds::{ANNOTATION_CREATE_PENDING, ChangeRecord, Cluster, LABEL_CHANGE_OF, LABEL_CLUSTER, Server, TaskServ};
 use serde_json::json;
@@ -186,7 +186,17 @@ async fn api_writes_lists_scans_and_provider_calls_per_server_stay_within_budget
     let creating = per(calls - observe);
     assert!(creating <= PROVIDER_CALLS, "{creating} provider calls per Server besides observations (budget {PROVIDER_CALLS})\n{text}");
 
-    // 2. Idle: every Server reconciles again on resync (twice over) and nothing is written.
+    idle(&stats, metrics).await?;
+    label_selected_list(&stats, &env.client).await?;
+    cluster(&stats, metrics, &env.client, &seen).await?;
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}
+
+/// Idle: every Server reconciles again on resync (twice over) and nothing is written.
+async fn idle(stats: &Stats, metrics: SocketAddr) -> anyhow::Result<()> {
+    let n = SERVERS as f64;
     // First one round for what lags a resync behind by design: the Workspace's status counts
     // its Servers on its own reconcile (one status write after a rollout).
     let reconciles = scrape(metrics, "provisioning_reconciles_total{kind=\"Server\"").await;
@@ -214,17 +224,25 @@ async fn api_writes_lists_scans_and_provider_calls_per_server_stay_within_budget
         "{idle_calls} provider calls over {idle_reconciles} reconciles of {SERVERS} Servers (at most one observation each)\n{text}"
     );
 
-    // 3. Label-selected lists are answered from the label index: one Server's records among
-    // 50 Servers' scan what they return.
+    Ok(())
+}
+
+/// Label-selected lists are answered from the label index.
+async fn label_selected_list(stats: &Stats, client: &Client) -> anyhow::Result<()> {
+    let api: Api<Server> = Api::namespaced(client.clone(), NS);
     let before = stats.snapshot();
     let one = api.get("s-007").await?;
-    let records: Api<ChangeRecord> = Api::namespaced(env.client.clone(), NS);
+    let records: Api<ChangeRecord> = Api::namespaced(client.clone(), NS);
     let mine = records.list(&ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={}", one.uid().unwrap_or_default()))).await?;
     let scan = stats.snapshot().since(&before).scan("list", "changerecords", true);
     assert_eq!(mine.items.len(), 1, "one record of s-007");
     assert_eq!((scan.scanned, scan.returned), (1, 1), "a label-selected list scanned more than it returned: {scan:?}");
 
-    // 4. A Cluster of 3 with two TaskServs beside the 50 Servers.
+    Ok(())
+}
+
+/// A Cluster of 3 with two TaskServs beside the 50 Servers.
+async fn cluster(stats: &Stats, metrics: SocketAddr, client: &Client, seen: &Mutex<Seen>) -> anyhow::Result<()> {
     let before = stats.snapshot();
     let calls_before = scrape(metrics, PROVIDER_PREFIX).await;
     let ops_before = server_calls(metrics).await;
@@ -234,14 +252,14 @@ async fn api_writes_lists_scans_and_provider_calls_per_server_stay_within_budget
         "spec": {"pools": [{"name": "nodes", "replicas": 3, "plan": "small"}],
                  "taskservs": [{"service": "nginx", "pools": ["nodes"]}, {"service": "node-exporter", "pools": ["nodes"]}]}
     }))?;
-    Api::<Cluster>::namespaced(env.client.clone(), NS).create(&PostParams::default(), &cluster).await?;
+    Api::<Cluster>::namespaced(client.clone(), NS).create(&PostParams::default(), &cluster).await?;
     let members = |n: &str| n.starts_with("web-");
     wait_for("the Cluster's Servers Ready and recorded", Duration::from_secs(120), || async {
         settled(&seen.lock().unwrap_or_else(|p| p.into_inner()), &members, 3).then_some(())
     })
     .await?;
-    let taskservs: Api<TaskServ> = Api::namespaced(env.client.clone(), NS);
-    let clusters: Api<Cluster> = Api::namespaced(env.client.clone(), NS);
+    let taskservs: Api<TaskServ> = Api::namespaced(client.clone(), NS);
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), NS);
     wait_for("the Cluster and its TaskServs Ready", Duration::from_secs(120), || {
         let (taskservs, clusters) = (taskservs.clone(), clusters.clone());
         async move {
@@ -268,7 +286,5 @@ async fn api_writes_lists_scans_and_provider_calls_per_server_stay_within_budget
         let s = d.scan(verb, resource, *labelled);
         assert!(s.scanned <= s.returned + s.calls, "label-selected {verb} of {resource} scanned {s:?}\n{text}");
     }
-    controller.stop().await;
-    env.shutdown().await;
     Ok(())
 }
