@@ -214,7 +214,7 @@ pub struct ChangeHistory {
 }
 
 /// Background writers; one object's records always go through the same one.
-const WRITERS: usize = 4;
+const WRITERS: usize = 16;
 /// Objects whose records a writer remembers; past this it forgets them all (an object it no
 /// longer knows costs one label-selected list, answered from the API server's label index).
 const REMEMBERED: usize = 100_000;
