@@ -777,6 +777,32 @@ mod tests {
         ObjKey { storage: Arc::from("/configmaps"), namespace: "default".into(), name: name.into() }
     }
 
+    /// The label index follows relabels and deletes: a selection never yields an object that
+    /// no longer carries the label, and scans only the objects that do.
+    #[tokio::test]
+    async fn label_index_follows_relabels_and_deletes() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(&dir.path().join("state.redb"))?;
+        let obj = |name: &str, v: &str| json!({"metadata": {"name": name, "labels": {"app": v}}});
+        let a = store.put(key("a"), Precondition::MustNotExist, obj("a", "x")).await?;
+        store.put(key("b"), Precondition::MustNotExist, obj("b", "y")).await?;
+        let names = |sel: &str| -> Result<Vec<String>, Box<dyn std::error::Error>> {
+            let sel = LabelSelector::parse(sel)?;
+            let st = store.read();
+            Ok(st.candidates("/configmaps", Some("default"), &sel, None).map(|e| e.key.name.clone()).collect())
+        };
+        assert_eq!(names("app=x")?, ["a"]);
+        assert_eq!(names("app in (x,y)")?, ["a", "b"]);
+        let a = store.put(key("a"), Precondition::Revision(a.rv), obj("a", "y")).await?;
+        assert!(names("app=x")?.is_empty());
+        assert_eq!(names("app=y")?, ["a", "b"]);
+        store.delete(key("a"), Precondition::Revision(a.rv)).await?;
+        assert_eq!(names("app=y")?, ["b"]);
+        assert_eq!(names("app!=z")?, ["b"], "a selector the index cannot answer scans the namespace");
+        store.close();
+        Ok(())
+    }
+
     /// History is bounded by bytes as well as count, and tombstones below the history floor
     /// are pruned while running (not only at the next start). One test: the limits are
     /// process-wide.
