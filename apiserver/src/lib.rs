@@ -21,6 +21,7 @@ pub mod protobuf;
 pub mod registry;
 pub mod selectors;
 pub mod server;
+pub mod stats;
 pub mod storage;
 pub mod strategic;
 pub mod table;
@@ -108,6 +109,11 @@ impl RunningApiServer {
     /// `D/kubeconfig` (mode 0600): server URL, embedded CA and bearer token.
     pub fn kubeconfig_path(&self) -> PathBuf {
         self.kubeconfig.clone()
+    }
+
+    /// The request and scan counters (see [`stats`]).
+    pub fn stats(&self) -> Arc<stats::Stats> {
+        self.core.stats.clone()
     }
 
     /// Makes the storage writer fail, as a disk error would. Only for tests of /readyz and

@@ -116,6 +116,16 @@ impl LabelSelector {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// The requirements an index of label values can answer (`k=v`, `k==v`, `k in (…)`), as
+    /// the key and the values one of which a matching object must carry.
+    pub fn indexable(&self) -> impl Iterator<Item = (&str, Vec<&str>)> {
+        self.0.iter().filter_map(|r| match r {
+            Req::Eq(k, v) => Some((k.as_str(), vec![v.as_str()])),
+            Req::In(k, vs) => Some((k.as_str(), vs.iter().map(String::as_str).collect())),
+            _ => None,
+        })
+    }
 }
 
 /// Which field labels a resource accepts in `fieldSelector`, as kube-apiserver's field label

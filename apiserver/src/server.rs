@@ -606,6 +606,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
     let ns = t.namespace.as_deref();
     let status = t.subresource.as_deref() == Some("status");
     let method = req.method().clone();
+    core.stats.request(request_verb(&method, t.name.is_some(), t.watch || q.flag("watch")), &rt.plural, t.subresource.as_deref());
     match (method, &t.name) {
         (Method::GET, Some(name)) if !t.watch => {
             let e = core.get(&rt, ns, name)?;
@@ -640,6 +641,21 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
         }
         (Method::DELETE, _) => delete(&core, req, &q, &t).await,
         (m, _) => Err(ApiError::method_not_allowed(format!("method {m} is not supported on this path"))),
+    }
+}
+
+/// The Kubernetes verb of a resource request (as RBAC and the request counters name it).
+fn request_verb(method: &Method, named: bool, watch: bool) -> &'static str {
+    match *method {
+        Method::GET if watch => "watch",
+        Method::GET if named => "get",
+        Method::GET => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if named => "delete",
+        Method::DELETE => "deletecollection",
+        _ => "other",
     }
 }
 

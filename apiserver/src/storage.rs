@@ -6,7 +6,7 @@
 //! write acknowledged after `commit()` returns survives kill -9 and power loss. All queued writes
 //! are applied in one transaction (group commit): concurrent clients share one fsync.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
@@ -14,6 +14,8 @@ use bytes::Bytes;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::selectors::LabelSelector;
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
 const TOMBSTONES: TableDefinition<u64, &[u8]> = TableDefinition::new("tombstones");
@@ -247,7 +249,16 @@ pub struct State {
     pub by_uid: HashMap<String, ObjKey>,
     /// owner uid -> dependents.
     pub dependents: HashMap<String, HashSet<ObjKey>>,
+    /// storage key -> label key -> label value -> (namespace, name) of the objects carrying it:
+    /// label-selected lists and watch starts read these instead of scanning the resource.
+    pub labels: HashMap<Arc<str>, LabelIndex>,
 }
+
+/// One resource's label index: label key → value → (namespace, name).
+pub type LabelIndex = HashMap<String, HashMap<String, BTreeSet<(String, String)>>>;
+
+/// Where a selection of one resource's objects starts: after this (namespace, name).
+pub type After<'a> = Option<&'a (String, String)>;
 
 impl State {
     /// The live entry for a key.
@@ -262,11 +273,32 @@ impl State {
         for o in &e.owners {
             self.dependents.entry(o.uid.clone()).or_default().insert(e.key.clone());
         }
+        if !e.labels.is_empty() {
+            let index = self.labels.entry(e.key.storage.clone()).or_default();
+            for (k, v) in &e.labels {
+                index.entry(k.clone()).or_default().entry(v.clone()).or_default().insert((e.key.namespace.clone(), e.key.name.clone()));
+            }
+        }
     }
 
     fn index_remove(&mut self, e: &Arc<Entry>) {
         if self.by_uid.get(&e.uid) == Some(&e.key) {
             self.by_uid.remove(&e.uid);
+        }
+        if let Some(index) = self.labels.get_mut(&e.key.storage) {
+            let id = (e.key.namespace.clone(), e.key.name.clone());
+            for (k, v) in &e.labels {
+                let Some(values) = index.get_mut(k) else { continue };
+                if let Some(set) = values.get_mut(v) {
+                    set.remove(&id);
+                    if set.is_empty() {
+                        values.remove(v);
+                    }
+                }
+                if values.is_empty() {
+                    index.remove(k);
+                }
+            }
         }
         for o in &e.owners {
             if let Some(set) = self.dependents.get_mut(&o.uid) {
@@ -303,6 +335,58 @@ impl State {
             self.history_bytes = self.history_bytes.saturating_sub(old.entry.bytes.len());
             self.history_floor = old.rv;
         }
+    }
+
+    /// The (namespace, name) of `storage`'s objects that can match `selector`, sorted, from the
+    /// label index: None when the selector has no requirement the index answers (`k=v`,
+    /// `k in (…)`); of several, the one naming the fewest objects is used.
+    fn indexed_keys(&self, storage: &str, selector: &LabelSelector) -> Option<Vec<&(String, String)>> {
+        let index = self.labels.get(storage);
+        let mut best: Option<Vec<&BTreeSet<(String, String)>>> = None;
+        for (key, values) in selector.indexable() {
+            let sets: Vec<&BTreeSet<(String, String)>> =
+                values.iter().filter_map(|v| index.and_then(|i| i.get(key)).and_then(|vs| vs.get(*v))).collect();
+            let size = |s: &Vec<&BTreeSet<(String, String)>>| s.iter().map(|x| x.len()).sum::<usize>();
+            if best.as_ref().is_none_or(|b| size(&sets) < size(b)) {
+                best = Some(sets);
+            }
+        }
+        let sets = best?;
+        let mut keys: Vec<&(String, String)> = sets.into_iter().flatten().collect();
+        keys.sort();
+        keys.dedup();
+        Some(keys)
+    }
+
+    /// The objects of `storage` a list or watch start examines, in (namespace, name) order:
+    /// those of `namespace` (every namespace when None) after `after`, drawn from the label
+    /// index when `selector` allows, else from the resource's ordered map. The caller still
+    /// applies the selectors; what this yields is what it scanned.
+    pub fn candidates<'a>(
+        &'a self,
+        storage: &str,
+        namespace: Option<&'a str>,
+        selector: &LabelSelector,
+        after: After<'a>,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Entry>> + 'a> {
+        use std::ops::Bound;
+        let Some(map) = self.objects.get(storage) else { return Box::new(std::iter::empty()) };
+        let in_namespace = move |ns: &str| namespace.is_none_or(|n| n == ns);
+        if let Some(keys) = self.indexed_keys(storage, selector) {
+            let start = after.map_or(0, |a| keys.partition_point(|k| *k <= a));
+            return Box::new(keys.into_iter().skip(start).filter(move |k| in_namespace(&k.0)).filter_map(move |k| map.get(k)));
+        }
+        let lower = match (after, namespace) {
+            (Some(k), _) => Bound::Excluded(k.clone()),
+            (None, Some(n)) => Bound::Included((n.to_string(), String::new())),
+            (None, None) => Bound::Unbounded,
+        };
+        Box::new(
+            map.range((lower, Bound::Unbounded))
+                .skip_while(move |((ns, _), _)| namespace.is_some_and(|n| ns.as_str() < n))
+                .take_while(move |((ns, _), _)| in_namespace(ns))
+                .map(|(_, e)| e),
+        )
     }
 
     /// Events with revision greater than `after`, or None when `after` is older than the window.
@@ -691,6 +775,32 @@ mod tests {
 
     fn key(name: &str) -> ObjKey {
         ObjKey { storage: Arc::from("/configmaps"), namespace: "default".into(), name: name.into() }
+    }
+
+    /// The label index follows relabels and deletes: a selection never yields an object that
+    /// no longer carries the label, and scans only the objects that do.
+    #[tokio::test]
+    async fn label_index_follows_relabels_and_deletes() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(&dir.path().join("state.redb"))?;
+        let obj = |name: &str, v: &str| json!({"metadata": {"name": name, "labels": {"app": v}}});
+        let a = store.put(key("a"), Precondition::MustNotExist, obj("a", "x")).await?;
+        store.put(key("b"), Precondition::MustNotExist, obj("b", "y")).await?;
+        let names = |sel: &str| -> Result<Vec<String>, Box<dyn std::error::Error>> {
+            let sel = LabelSelector::parse(sel)?;
+            let st = store.read();
+            Ok(st.candidates("/configmaps", Some("default"), &sel, None).map(|e| e.key.name.clone()).collect())
+        };
+        assert_eq!(names("app=x")?, ["a"]);
+        assert_eq!(names("app in (x,y)")?, ["a", "b"]);
+        let a = store.put(key("a"), Precondition::Revision(a.rv), obj("a", "y")).await?;
+        assert!(names("app=x")?.is_empty());
+        assert_eq!(names("app=y")?, ["a", "b"]);
+        store.delete(key("a"), Precondition::Revision(a.rv)).await?;
+        assert_eq!(names("app=y")?, ["b"]);
+        assert_eq!(names("app!=z")?, ["b"], "a selector the index cannot answer scans the namespace");
+        store.close();
+        Ok(())
     }
 
     /// History is bounded by bytes as well as count, and tombstones below the history floor

@@ -253,8 +253,14 @@ async fn initial_events(em: &mut Emitter, p: &WatchParams) -> Option<u64> {
         match requested {
             Some(r) if !p.send_initial_events && r < st.history_floor => Err(r),
             _ if initial_state => {
-                let items =
-                    st.objects.get(storage.as_str()).map(|m| m.values().filter(|e| matches(p, e)).cloned().collect()).unwrap_or_default();
+                let mut scanned = 0u64;
+                let items: Vec<Arc<Entry>> = st
+                    .candidates(storage.as_str(), p.namespace.as_deref(), &p.labels, None)
+                    .inspect(|_| scanned += 1)
+                    .filter(|e| matches(p, e))
+                    .cloned()
+                    .collect();
+                em.core.stats.scan("watch", &em.rt.plural, !p.labels.is_empty(), scanned, items.len() as u64);
                 Ok((items, st.rv))
             }
             _ => Ok((vec![], requested.unwrap_or(st.rv))),

@@ -2,7 +2,8 @@
 //!
 //! `cargo bench -p provisioning-cli --bench scale [-- SCENARIO...]`
 //! Scenarios: `burst` (1,000 Servers, no latency: time to Ready, API writes per Server,
-//! writes on resync), `latency` (1,000 Servers, 2 s ± 20 % latency, parallelLimit 50: time
+//! writes on resync; `SCALE_SERVERS=5000` changes the count, `SCALE_EXTRA='history_limit = 0'`
+//! adds a line to the controller's config), `latency` (1,000 Servers, 2 s ± 20 % latency, parallelLimit 50: time
 //! vs the 40 s floor), `memory` (controller RSS holding 10,000 Servers), `survey` (1,000 Ready
 //! Servers: provider calls per survey interval, and how long a machine deleted behind the
 //! controller's back takes to be noticed and re-created). Default: all.
@@ -68,7 +69,9 @@ fn spawn_controller_with(env: &TestEnv, resync_secs: u64, metrics: SocketAddr, e
         &config,
         format!("state_dir = {:?}\nleader_election = false\nresync_secs = {resync_secs}\n{extra}", env.state_dir.display().to_string()),
     )?;
-    Ok(Command::new(env!("CARGO_BIN_EXE_provisioning"))
+    // SCALE_CONTROLLER_BIN: another build's binary (a baseline) against this run's API server.
+    let bin = std::env::var("SCALE_CONTROLLER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_provisioning").to_string());
+    Ok(Command::new(bin)
         .args(["controller", "--kubeconfig"])
         .arg(&env.kubeconfig)
         .arg("--config")
@@ -87,6 +90,16 @@ async fn scrape_metric(addr: SocketAddr, prefix: &str) -> Option<f64> {
     let mut body = String::new();
     stream.read_to_string(&mut body).await.ok()?;
     Some(body.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum())
+}
+
+/// CPU seconds (user + system) a process used so far; "self" for this one.
+fn cpu_secs(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the command's closing parenthesis: state is 3rd, utime 14th, stime 15th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {
@@ -150,17 +163,22 @@ impl Figures {
 }
 
 async fn burst(figures: &mut Figures) -> anyhow::Result<()> {
-    println!("burst: 1,000 Servers, simulated provider without latency");
+    let count: usize = std::env::var("SCALE_SERVERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let extra = std::env::var("SCALE_EXTRA").map(|e| format!("{e}\n")).unwrap_or_default();
+    println!("burst: {count} Servers, simulated provider without latency {extra}");
     let env = TestEnv::start().await?;
     let metrics = free_addr()?;
-    let mut controller = spawn_controller(&env, 20, metrics)?;
+    let resync = if count > 1000 { 600 } else { 20 };
+    let mut controller = spawn_controller_with(&env, resync, metrics, &extra)?;
     setup(&env, "burst", 0, 0, 50, 20000).await?;
     let tracker = track(&env.client, "burst");
     let start = Instant::now();
-    create_servers(&env.client, "burst", 1000).await?;
+    let cpu_start = (cpu_secs("self"), cpu_secs(&controller.id().to_string()));
+    create_servers(&env.client, "burst", count).await?;
     let created = start.elapsed();
-    wait_all_ready(&tracker, 1000, Duration::from_secs(300)).await?;
+    wait_all_ready(&tracker, count, Duration::from_secs(1800)).await?;
     let ready = start.elapsed();
+    let cpu = (cpu_secs("self") - cpu_start.0, cpu_secs(&controller.id().to_string()) - cpu_start.1);
     // Let trailing writes (create-pending removal) land: wait for a quiet second.
     let mut last = tracker.lock().unwrap_or_else(|p| p.into_inner()).events;
     loop {
@@ -177,8 +195,20 @@ async fn burst(figures: &mut Figures) -> anyhow::Result<()> {
         (per.iter().sum::<usize>() as f64 / per.len().max(1) as f64, per.iter().copied().max().unwrap_or(0))
     };
     figures.add("burst: create calls finished", format!("{:.1} s", created.as_secs_f64()));
-    figures.add("burst: all 1,000 Ready", format!("{:.1} s (target < 30 s)", ready.as_secs_f64()));
+    figures.add(&format!("burst: all {count} Ready"), format!("{:.1} s (target < 30 s)", ready.as_secs_f64()));
+    figures.add(
+        "burst: CPU until all Ready (API server + bench clients / controller)",
+        format!("{:.1} s / {:.1} s (load average {})", cpu.0, cpu.1, std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()),
+    );
     figures.add("burst: API writes per Server, create→Ready", format!("{writes:.2} mean, {max_writes} max (target ≤ 6)"));
+    if count > 1000 {
+        let rss = rss_kib(controller.id()).unwrap_or(0);
+        figures.add("burst: controller RSS", format!("{:.1} MiB", rss as f64 / 1024.0));
+        controller.kill()?;
+        controller.wait()?;
+        env.shutdown().await;
+        return Ok(());
+    }
     // Resync: every Server reconciles again (resync 20 s) and nothing may be written.
     let before_events = tracker.lock().unwrap_or_else(|p| p.into_inner()).events;
     let before = scrape_metric(metrics, "provisioning_reconciles_total{kind=\"Server\"}").await.unwrap_or(0.0);

@@ -4,14 +4,17 @@
 //! kept per object.
 //!
 //! Driven from the status write ([`crate::Context::apply_status`], through the
-//! [`ChangeHistory`] handle the context holds): the status is the
+//! [`ChangeHistory`] handle the context holds, whose background writers do the API calls off
+//! the reconcile's path, and remember each object's records instead of listing them on every
+//! generation): the status is the
 //! checkpoint, so its transitions are the change's (a new `observedGeneration` starts a
 //! change; `Ready=True` at that generation ends it Succeeded, `Stalled=True` Failed). Record
 //! names are deterministic (kind, name, generation, uid), so a restarted controller finds the
 //! record it had begun. Records are best effort: a failure to write one is logged and never
 //! fails the reconcile.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -19,6 +22,7 @@ use kube::{Api, Client, ResourceExt};
 use provisioning_crds::{ChangeRecord, ChangeRecordSpec, ChangeRecordStatus, ChangedObject, LABEL_CHANGE_OF, SpecWriter};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
 
 /// Kinds whose changes are recorded.
 pub const RECORDED_KINDS: &[&str] = &["Server", "TaskServ", "Cluster"];
@@ -196,21 +200,50 @@ fn record_status(phase: &str, message: Option<String>, now: &str) -> ChangeRecor
     }
 }
 
-/// The history's handle: what it needs to write records, held by the context (so history
-/// never reaches back into the context).
+/// The history's handle, held by the context (so history never reaches back into it). A
+/// status write hands its transition to a background writer and returns at once: the records
+/// are written off the reconcile's path, in order per object (one queue per shard of uids).
 #[derive(Clone)]
 pub struct ChangeHistory {
     client: Client,
     field_manager: &'static str,
     /// Records kept per object; 0 turns the history off.
     limit: usize,
+    /// The writers' queues, started by the first record (they need the runtime).
+    queues: Arc<OnceLock<Vec<mpsc::UnboundedSender<Job>>>>,
+}
+
+/// Background writers; one object's records always go through the same one.
+const WRITERS: usize = 16;
+/// Objects whose records a writer remembers; past this it forgets them all (an object it no
+/// longer knows costs one label-selected list, answered from the API server's label index).
+const REMEMBERED: usize = 100_000;
+
+/// One status write whose transition is to be recorded.
+struct Job {
+    kind: String,
+    written: DynamicObject,
+    uid: String,
+    after: Value,
+    transition: Transition,
+    /// Whether the object had a status before this write (else it can have no records yet).
+    had_status: bool,
+}
+
+/// What a writer knows of one record it wrote or listed.
+#[derive(Clone, Debug)]
+struct Known {
+    name: String,
+    generation: i64,
+    phase: Option<String>,
+    digests: BTreeMap<String, String>,
 }
 
 impl ChangeHistory {
     /// A history writing with `client` under `field_manager`, keeping `limit` records per
     /// object (0: off).
     pub fn new(client: Client, field_manager: &'static str, limit: usize) -> Self {
-        ChangeHistory { client, field_manager, limit }
+        ChangeHistory { client, field_manager, limit, queues: Arc::default() }
     }
 
     /// Whether changes of `kind` are recorded (history on, a recorded kind): the caller skips
@@ -219,8 +252,9 @@ impl ChangeHistory {
         self.limit > 0 && RECORDED_KINDS.contains(&kind)
     }
 
-    /// Called after a status write of `written` (a Server, TaskServ or Cluster): records what
-    /// the transition from `before` to `after` means. Never fails the caller.
+    /// Called after a status write of `written` (a Server, TaskServ or Cluster): queues what
+    /// the transition from `before` to `after` means for the background writer. Never fails
+    /// and never waits for the API.
     pub async fn after_status_write(&self, kind: &str, written: &DynamicObject, before: Option<&Value>, after: &Value) {
         if !self.recorded(kind) {
             return;
@@ -229,36 +263,103 @@ impl ChangeHistory {
         if t == Transition::default() {
             return;
         }
-        if let Err(e) = self.record(kind, written, after, &t).await {
-            tracing::warn!(kind, object = %written.name_any(), error = %e, "could not write the ChangeRecord (history only; the object is unaffected)");
+        let (Some(_), Some(uid)) = (written.namespace(), written.uid()) else { return };
+        let had_status = before.and_then(|b| b.get("observedGeneration")).is_some_and(|g| !g.is_null());
+        let queues = self.queues.get_or_init(|| {
+            (0..WRITERS)
+                .map(|_| {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    tokio::spawn(self.clone().write_loop(rx));
+                    tx
+                })
+                .collect()
+        });
+        let shard = uid.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % queues.len().max(1);
+        let job = Job { kind: kind.to_string(), written: written.clone(), uid, after: after.clone(), transition: t, had_status };
+        if let Some(q) = queues.get(shard)
+            && q.send(job).is_err()
+        {
+            tracing::warn!(kind, "the ChangeRecord writer has stopped (history only; the object is unaffected)");
         }
     }
 
-    async fn record(&self, kind: &str, written: &DynamicObject, after: &Value, t: &Transition) -> Result<(), kube::Error> {
-        let (Some(namespace), Some(uid)) = (written.namespace(), written.uid()) else { return Ok(()) };
+    /// One writer: takes jobs in order and writes their records, remembering per object uid
+    /// the records it knows so that only an object it never saw costs a list.
+    async fn write_loop(self, mut rx: mpsc::UnboundedReceiver<Job>) {
+        let mut known: HashMap<String, Vec<Known>> = HashMap::new();
+        while let Some(job) = rx.recv().await {
+            if known.len() >= REMEMBERED {
+                known.clear();
+            }
+            if let Err(e) = self.record(&job, &mut known).await {
+                // The next transition lists again rather than trust what may be half written.
+                known.remove(&job.uid);
+                tracing::warn!(kind = %job.kind, object = %job.written.name_any(), error = %e, "could not write the ChangeRecord (history only; the object is unaffected)");
+            }
+        }
+    }
+
+    async fn record(&self, job: &Job, known: &mut HashMap<String, Vec<Known>>) -> Result<(), kube::Error> {
+        let Some(namespace) = job.written.namespace() else { return Ok(()) };
         let api: Api<ChangeRecord> = Api::namespaced(self.client.clone(), &namespace);
         let now = crate::time::now_seconds().to_string();
-        let change = Change { kind, written, uid: &uid, after, now: &now };
-        if let Some(generation) = t.started {
-            self.start(&api, &change, generation).await?;
-        }
-        if let Some((generation, outcome)) = &t.finished {
-            let name = record_name(kind, &written.name_any(), &uid, *generation);
+        let change = Change { kind: &job.kind, written: &job.written, uid: &job.uid, after: &job.after, now: &now };
+        let finished = job.transition.finished.as_ref().map(|(generation, outcome)| {
             let status = match outcome {
                 Outcome::Succeeded => record_status("Succeeded", None, &now),
                 Outcome::Failed(message) => record_status("Failed", Some(message.clone()), &now),
             };
-            match self.patch_status(&api, &name, &status).await {
-                // The record of a generation whose start this controller never saw (history
-                // turned on later): begin it now, then end it.
-                Err(kube::Error::Api(e)) if e.code == 404 => {
-                    self.start(&api, &change, *generation).await?;
-                    self.patch_status(&api, &name, &status).await?;
+            (*generation, status)
+        });
+        let mut history = match known.remove(&job.uid) {
+            Some(h) => h,
+            // No status before this write: the object cannot have records yet.
+            None if !job.had_status => vec![],
+            None => self.list(&api, &job.uid).await?,
+        };
+        if let Some(generation) = job.transition.started {
+            // A change that starts and ends in one write is created with its end status.
+            let end = finished.as_ref().filter(|(g, _)| *g == generation).map(|(_, s)| s);
+            self.start(&api, &change, generation, &mut history, end).await?;
+        }
+        if let Some((generation, status)) = &finished {
+            let name = record_name(&job.kind, &job.written.name_any(), &job.uid, *generation);
+            let done = history.iter().any(|k| k.generation == *generation && k.phase.as_deref() == status.phase.as_deref());
+            if !done {
+                match self.patch_status(&api, &name, status).await {
+                    // The record of a generation whose start this controller never saw
+                    // (history turned on later): begin it now, ended.
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        history = self.list(&api, &job.uid).await?;
+                        self.start(&api, &change, *generation, &mut history, Some(status)).await?;
+                    }
+                    other => other?,
                 }
-                other => other?,
+                for k in history.iter_mut().filter(|k| k.generation == *generation) {
+                    k.phase.clone_from(&status.phase);
+                }
             }
         }
+        known.insert(job.uid.clone(), history);
         Ok(())
+    }
+
+    /// The records of object `uid`, oldest generation first (a label-selected list).
+    async fn list(&self, api: &Api<ChangeRecord>, uid: &str) -> Result<Vec<Known>, kube::Error> {
+        let mut records: Vec<Known> = api
+            .list(&ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}")))
+            .await?
+            .items
+            .into_iter()
+            .map(|r| Known {
+                name: r.name_any(),
+                generation: r.spec.generation,
+                phase: r.status.and_then(|s| s.phase),
+                digests: r.spec.field_digests,
+            })
+            .collect();
+        records.sort_by_key(|r| r.generation);
+        Ok(records)
     }
 
     async fn patch_status(&self, api: &Api<ChangeRecord>, name: &str, status: &ChangeRecordStatus) -> Result<(), kube::Error> {
@@ -271,40 +372,53 @@ impl ChangeHistory {
         api.patch_status(name, &PatchParams::apply(self.field_manager).force(), &Patch::Apply(&patch)).await.map(drop)
     }
 
-    /// Begins the record of `generation` (unless it exists), supersedes older records still
-    /// in progress and keeps the newest `limit`.
-    async fn start(&self, api: &Api<ChangeRecord>, change: &Change<'_>, generation: i64) -> Result<(), kube::Error> {
+    /// Begins the record of `generation` (unless it exists) with the status `end` (or
+    /// InProgress), supersedes older records still in progress and keeps the newest `limit`;
+    /// `history` (the object's records, oldest first) follows what was written.
+    async fn start(
+        &self,
+        api: &Api<ChangeRecord>,
+        change: &Change<'_>,
+        generation: i64,
+        history: &mut Vec<Known>,
+        end: Option<&ChangeRecordStatus>,
+    ) -> Result<(), kube::Error> {
         let Change { kind, written, uid, now, .. } = *change;
-        let object_name = written.name_any();
-        let name = record_name(kind, &object_name, uid, generation);
-        let mut history = api.list(&ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await?.items;
-        history.sort_by_key(|r| r.spec.generation);
-        if history.iter().any(|r| r.spec.generation == generation) {
+        let name = record_name(kind, &written.name_any(), uid, generation);
+        if history.iter().any(|r| r.generation == generation) {
             return Ok(());
         }
-        let previous = history.iter().rev().find(|r| r.spec.generation < generation);
-        let record = new_record(change, &name, generation, previous);
+        let previous = history.iter().rev().find(|r| r.generation < generation);
+        let record = new_record(change, &name, generation, previous.map(|p| (p.generation, &p.digests)));
+        let digests = record.spec.field_digests.clone();
         match api.create(&PostParams { field_manager: Some(self.field_manager.into()), ..Default::default() }, &record).await {
             Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                // Written before (by an earlier run of this controller): read what is there.
+                *history = self.list(api, uid).await?;
+                return Ok(());
+            }
             Err(e) => return Err(e),
         }
-        self.patch_status(api, &name, &record_status("InProgress", None, now)).await?;
+        let status = end.cloned().unwrap_or_else(|| record_status("InProgress", None, now));
+        self.patch_status(api, &name, &status).await?;
         // Older changes still in progress never finished: a newer generation took over.
-        for older in history.iter().filter(|r| r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("InProgress")) {
+        for older in history.iter_mut().filter(|r| r.phase.as_deref() == Some("InProgress")) {
             let message = format!("superseded by generation {generation} before it finished");
-            self.patch_status(api, &older.name_any(), &record_status("Superseded", Some(message), now)).await?;
+            self.patch_status(api, &older.name, &record_status("Superseded", Some(message), now)).await?;
+            older.phase = Some("Superseded".into());
         }
         // Keep the newest `limit` (this one included).
         let keep = self.limit.saturating_sub(1);
         let excess = history.len().saturating_sub(keep);
-        for old in history.iter().take(excess) {
-            match api.delete(&old.name_any(), &DeleteParams::default()).await {
+        for old in history.drain(..excess) {
+            match api.delete(&old.name, &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e),
             }
         }
+        history.push(Known { name, generation, phase: status.phase.clone(), digests });
         Ok(())
     }
 }
@@ -319,20 +433,21 @@ struct Change<'a> {
     now: &'a str,
 }
 
-/// The record of `change` at `generation`, its fields compared with `previous` (pure).
-fn new_record(change: &Change<'_>, name: &str, generation: i64, previous: Option<&ChangeRecord>) -> ChangeRecord {
+/// The record of `change` at `generation`, its fields compared with the `previous` record's
+/// (generation, field digests) (pure).
+fn new_record(change: &Change<'_>, name: &str, generation: i64, previous: Option<(i64, &BTreeMap<String, String>)>) -> ChangeRecord {
     let Change { kind, written, uid, after, now } = *change;
     let object_name = written.name_any();
     let digests = field_digests(written.data.get("spec").unwrap_or(&Value::Null), uid);
-    let fields = previous.map(|p| changed_fields(&p.spec.field_digests, &digests)).unwrap_or_default();
+    let fields = previous.map(|(_, p)| changed_fields(p, &digests)).unwrap_or_default();
     let mut record = ChangeRecord::new(
         name,
         ChangeRecordSpec {
             object: ChangedObject { kind: kind.into(), name: object_name.clone(), uid: uid.into() },
             generation,
-            previous_generation: previous.map(|p| p.spec.generation),
+            previous_generation: previous.map(|(g, _)| g),
             changed_by: spec_writers(written, &fields),
-            summary: summary(previous.map(|p| p.spec.generation), generation, &fields),
+            summary: summary(previous.map(|(g, _)| g), generation, &fields),
             changed_fields: fields,
             field_digests: digests,
             plan: after.get("plan").filter(|p| !p.is_null()).cloned(),

@@ -110,6 +110,8 @@ pub struct Core {
     pub gc_wakeup: Notify,
     /// Serialises registry rebuilds.
     rebuild: tokio::sync::Mutex<()>,
+    /// Requests by verb and resource, entries scanned per list and watch start.
+    pub stats: Arc<crate::stats::Stats>,
 }
 
 /// RFC 3339 timestamp of now with second precision, as Kubernetes writes them.
@@ -169,6 +171,7 @@ impl Core {
             shutdown: CancellationToken::new(),
             gc_wakeup: Notify::new(),
             rebuild: tokio::sync::Mutex::new(()),
+            stats: Arc::default(),
         });
         core.rebuild_registry_now();
         core

@@ -135,40 +135,27 @@ impl Core {
         let mut out = vec![];
         let mut more = None;
         let mut remaining = 0u64;
-        if let Some(map) = st.objects.get(rt.storage.as_str()) {
-            use std::ops::Bound;
-            let lower = match &start {
-                Some(k) => Bound::Excluded(k.clone()),
-                None => match (rt.namespaced, ns) {
-                    (true, Some(n)) => Bound::Included((n.to_string(), String::new())),
-                    _ => Bound::Unbounded,
-                },
-            };
-            for ((ons, oname), e) in map.range((lower, Bound::Unbounded)) {
-                if let (true, Some(n)) = (rt.namespaced, ns)
-                    && ons != n
-                {
-                    if ons.as_str() > n {
-                        break;
-                    }
-                    continue;
-                }
-                if !fields.matches(ons, oname, &e.fields) || !labels.matches(&e.labels) {
-                    continue;
-                }
-                if let Some(l) = limit
-                    && out.len() >= l
-                {
-                    if more.is_none() {
-                        let last: &Arc<Entry> = &out[out.len() - 1];
-                        more = Some(json!({"rv": rv, "ns": last.key.namespace, "name": last.key.name}));
-                    }
-                    remaining += 1;
-                    continue;
-                }
-                out.push(e.clone());
+        let mut scanned = 0u64;
+        let namespace = if rt.namespaced { ns } else { None };
+        for e in st.candidates(&rt.storage, namespace, labels, start.as_ref()) {
+            scanned += 1;
+            if !fields.matches(&e.key.namespace, &e.key.name, &e.fields) || !labels.matches(&e.labels) {
+                continue;
             }
+            if let Some(l) = limit
+                && out.len() >= l
+            {
+                if more.is_none() {
+                    let last: &Arc<Entry> = &out[out.len() - 1];
+                    more = Some(json!({"rv": rv, "ns": last.key.namespace, "name": last.key.name}));
+                }
+                remaining += 1;
+                continue;
+            }
+            out.push(e.clone());
         }
+        drop(st);
+        self.stats.scan("list", &rt.plural, !labels.is_empty(), scanned, out.len() as u64 + remaining);
         let token = more.map(|m| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(m.to_string()));
         Ok((out, rv, token, if remaining > 0 { Some(remaining) } else { None }))
     }
