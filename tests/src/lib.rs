@@ -245,3 +245,34 @@ impl Drop for Dev {
         self.stop();
     }
 }
+
+/// Machines alive in the simulated provider's journals (`simulated-*.jsonl`) under `data_dir`:
+/// an oracle the controller does not compute (creates minus deletes, by machine id).
+pub fn simulated_machines_alive(data_dir: &Path) -> Result<usize> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() { walk(&p, out) } else { out.push(p) }
+        }
+    }
+    let mut files = Vec::new();
+    walk(data_dir, &mut files);
+    let mut alive = std::collections::BTreeSet::new();
+    for entry in files {
+        if entry.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("simulated-") && n.ends_with(".jsonl")) {
+            for line in std::fs::read_to_string(&entry)?.lines() {
+                let v: serde_json::Value = serde_json::from_str(line)?;
+                match v["op"].as_str() {
+                    Some("create") => {
+                        alive.insert(v["machine"]["id"].as_str().unwrap_or_default().to_string());
+                    }
+                    Some("delete") => {
+                        alive.remove(v["id"].as_str().unwrap_or_default());
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(alive.len())
+}

@@ -243,39 +243,7 @@ fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
     obj["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
 }
 
-/// Machines alive in the simulated provider's journal under the data dir.
-fn machines_in_store(dev: &Dev) -> Result<usize> {
-    let mut alive = std::collections::BTreeSet::new();
-    for entry in walk(&dev.data_dir) {
-        if entry.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("simulated-") && n.ends_with(".jsonl")) {
-            for line in std::fs::read_to_string(&entry)?.lines() {
-                let v: Value = serde_json::from_str(line)?;
-                match v["op"].as_str() {
-                    Some("create") => {
-                        alive.insert(v["machine"]["id"].as_str().unwrap_or_default().to_string());
-                    }
-                    Some("delete") => {
-                        alive.remove(v["id"].as_str().unwrap_or_default());
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-    Ok(alive.len())
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
+/// Machines alive in the simulated provider's journals under the data dir.
+fn machines_in_store(dev: &Dev) -> anyhow::Result<usize> {
+    provisioning_e2e::simulated_machines_alive(&dev.data_dir)
 }

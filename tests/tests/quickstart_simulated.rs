@@ -75,39 +75,7 @@ fn audit_lines(data_dir: &str, filter: &[&str]) -> anyhow::Result<Vec<serde_json
     out.lines().map(|l| Ok(serde_json::from_str(l)?)).collect()
 }
 
-/// Machines alive in the simulated provider's log files under the data dir.
+/// Machines alive in the simulated provider's journals under the data dir.
 fn machines_in_store(dev: &Dev) -> anyhow::Result<usize> {
-    let mut alive = std::collections::BTreeSet::new();
-    for entry in walk(&dev.data_dir) {
-        if entry.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("simulated-") && n.ends_with(".jsonl")) {
-            for line in std::fs::read_to_string(&entry)?.lines() {
-                let v: serde_json::Value = serde_json::from_str(line)?;
-                match v["op"].as_str() {
-                    Some("create") => {
-                        alive.insert(v["machine"]["id"].as_str().unwrap_or_default().to_string());
-                    }
-                    Some("delete") => {
-                        alive.remove(v["id"].as_str().unwrap_or_default());
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-    Ok(alive.len())
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
+    provisioning_e2e::simulated_machines_alive(&dev.data_dir)
 }

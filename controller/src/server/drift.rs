@@ -106,7 +106,7 @@ pub enum Found {
 /// Records drift as the `Drifted` condition of `status`: `lastTransitionTime` is kept from
 /// `previous` unless the status flips. Without drift in this reconcile, [`super::status::desired`]
 /// keeps the condition (and sets it False once the machine runs).
-pub fn record(mut status: ServerStatus, previous: Option<&ServerStatus>, found: &Found, now: Timestamp) -> ServerStatus {
+pub fn record(status: ServerStatus, previous: Option<&ServerStatus>, found: &Found, now: Timestamp) -> ServerStatus {
     let (value, reason, message) = match found {
         Found::Drifted(d) => ("True", d.reason, d.message.clone()),
         Found::Remediated(d, now_id) => {
@@ -118,13 +118,20 @@ pub fn record(mut status: ServerStatus, previous: Option<&ServerStatus>, found: 
             ("False", REMEDIATED, done)
         }
     };
+    set_drifted(status, previous, (value, reason, &message), now)
+}
+
+/// Sets the `Drifted` condition of `status` to `(status, reason, message)`, keeping
+/// `lastTransitionTime` from `previous` unless the value flips (drift and spec changes share it).
+pub fn set_drifted(mut status: ServerStatus, previous: Option<&ServerStatus>, to: (&str, &str, &str), now: Timestamp) -> ServerStatus {
+    let (value, reason, message) = to;
     let before = previous.and_then(|p| crate::conditions::find(&p.conditions, condition::DRIFTED));
     let last = before.filter(|c| c.status == value).map(|c| c.last_transition_time.clone()).unwrap_or(Time(now));
     let drifted = Condition {
         type_: condition::DRIFTED.to_string(),
         status: value.to_string(),
         reason: reason.to_string(),
-        message: crate::conditions::truncate(&message, 1024),
+        message: crate::conditions::truncate(message, 1024),
         observed_generation: status.observed_generation,
         last_transition_time: last,
     };

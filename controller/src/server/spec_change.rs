@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use provisioning_crds::{Approval, Plan, Server, ServerStatus, condition};
 use provisioning_providers::ProviderId;
@@ -135,20 +134,7 @@ pub fn record(
     } else {
         return status;
     };
-    let last = before.filter(|c| c.status == value).map(|c| c.last_transition_time.clone()).unwrap_or(Time(now));
-    let drifted = Condition {
-        type_: condition::DRIFTED.to_string(),
-        status: value.to_string(),
-        reason: reason.to_string(),
-        message: conditions::truncate(&message, 1024),
-        observed_generation: status.observed_generation,
-        last_transition_time: last,
-    };
-    match status.conditions.iter_mut().find(|c| c.type_ == condition::DRIFTED) {
-        Some(c) => *c = drifted,
-        None => status.conditions.push(drifted),
-    }
-    status
+    super::drift::set_drifted(status, previous, (value, reason, &message), now)
 }
 
 /// Whether the SpecChanged Warning for `plan` is due: once per plan id.
