@@ -12,7 +12,16 @@
 //!
 //! A stale annotation (naming neither the current plan nor the approval in force) is
 //! ignored, with one PlanStale Warning naming the current plan id ([`stale`]).
+//!
+//! An approval leaves a trail ([`approved`]): once the approval of a plan comes into force,
+//! one Normal `Approved` Event and one audit log entry name the plan id and who set the
+//! annotation. Who: the field manager that owns `provisioning.dev/approve` in managedFields
+//! ([`annotation_manager`]) — the name the client chose, not an authenticated user (on any API
+//! server only an admission webhook sees the user of a request), and said so in the text. An
+//! approval the controller itself passed down (a Cluster approving its members) is not
+//! announced again by each member: the Cluster's own Event is the one.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use provisioning_crds::{ANNOTATION_APPROVE, Approval, ChangeAction, Plan, PlannedChange};
 
 use crate::reconcile::Note;
@@ -21,6 +30,49 @@ use crate::reconcile::Note;
 pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
 /// Event reason of an approval that names another plan than the current one.
 pub const PLAN_STALE: &str = "PlanStale";
+
+/// Event reason of an approval coming into force.
+pub const APPROVED: &str = "Approved";
+
+/// The `Approved` Event of the approval of `plan_id` coming into force, published with the
+/// visit's report; the report names who set the annotation ([`approved_note`]) and records
+/// it in the audit log.
+pub fn approved(plan_id: &str) -> Note {
+    let mut note = Note::normal(APPROVED, "Approve", format!("plan {plan_id} approved"));
+    note.approved_plan = Some(plan_id.to_string());
+    note
+}
+
+/// The plan id whose approval comes into force between the approval in force before a pass
+/// (`before`, `status.approvedPlan`) and after it: a new approved id. An approval kept while
+/// it is carried out (the same id) is not announced again.
+pub fn newly_approved<'a>(before: Option<&Plan>, after: Option<&'a Plan>) -> Option<&'a str> {
+    after.map(|a| a.id.as_str()).filter(|id| before.is_none_or(|b| b.id != *id))
+}
+
+/// The field manager that last wrote the `provisioning.dev/approve` annotation, from the
+/// object's managedFields (the newest entry owning it): the name the client chose, not an
+/// authenticated identity. `None` when no entry owns it (managedFields cleared or absent).
+pub fn annotation_manager(managed_fields: &[ManagedFieldsEntry]) -> Option<String> {
+    let key = format!("f:{ANNOTATION_APPROVE}");
+    let owns = |m: &&ManagedFieldsEntry| {
+        m.subresource.is_none() && m.fields_v1.as_ref().and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key)).is_some()
+    };
+    managed_fields.iter().filter(owns).max_by_key(|m| m.time.as_ref().map(|t| t.0)).and_then(|m| m.manager.clone())
+}
+
+/// The text of the `Approved` Event of `plan_id` set by `manager` (see
+/// [`annotation_manager`]); `None` when the controller itself (`controller_manager`) set it,
+/// passing down the approval of a Cluster, whose own Event is the one.
+pub fn approved_note(plan_id: &str, manager: Option<&str>, controller_manager: &str) -> Option<String> {
+    match manager {
+        Some(m) if m == controller_manager => None,
+        Some(m) => Some(format!(
+            "plan {plan_id} approved ({ANNOTATION_APPROVE} set by field manager {m:?}: the name the client gave, not an authenticated user)"
+        )),
+        None => Some(format!("plan {plan_id} approved ({ANNOTATION_APPROVE} set by an unknown client: no managedFields entry owns it)")),
+    }
+}
 
 /// Where a plan stands with approval.
 #[derive(Clone, Debug, PartialEq)]
@@ -163,6 +215,47 @@ mod tests {
         assert_eq!(gate_once(Approval::Manual, Some(""), &p, None), Gate::Wait);
         assert_eq!(gate_once(Approval::Manual, Some("old"), &p, Some("old")), Gate::Wait);
         assert_eq!(gate_once(Approval::Manual, Some(&"x".repeat(100)), &p, None), Gate::Stale("x".repeat(64)));
+    }
+
+    fn managed(manager: &str, fields: serde_json::Value, time: i64) -> ManagedFieldsEntry {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, Time};
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            time: Some(Time(k8s_openapi::jiff::Timestamp::from_second(time).expect("time"))),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_approver_is_the_field_manager_owning_the_annotation_and_is_labelled_so() {
+        let approve = serde_json::json!({"f:metadata": {"f:annotations": {"f:provisioning.dev/approve": {}}}});
+        let other = serde_json::json!({"f:metadata": {"f:annotations": {"f:note": {}}}, "f:spec": {"f:plan": {}}});
+        let fields = [managed("kubectl-client-side-apply", other, 300), managed("kubectl-annotate", approve.clone(), 200)];
+        assert_eq!(annotation_manager(&fields).as_deref(), Some("kubectl-annotate"));
+        // The newest owner wins; no owner: unknown.
+        let both = [managed("kubectl-annotate", approve.clone(), 200), managed("console", approve, 250)];
+        assert_eq!(annotation_manager(&both).as_deref(), Some("console"));
+        assert_eq!(annotation_manager(&fields[..1]), None);
+        let note = approved_note("abc", Some("kubectl-annotate"), "provisioning-controller").expect("a note");
+        assert!(note.contains("plan abc approved") && note.contains("field manager \"kubectl-annotate\""), "{note}");
+        assert!(note.contains("not an authenticated user"), "{note}");
+        assert!(approved_note("abc", None, "provisioning-controller").expect("a note").contains("unknown client"));
+        // Passed down by the controller (a Cluster approving its members): no Event of its own.
+        assert_eq!(approved_note("abc", Some("provisioning-controller"), "provisioning-controller"), None);
+        let event = approved("abc");
+        assert_eq!((event.warning, event.reason.as_str(), event.approved_plan.as_deref()), (false, APPROVED, Some("abc")));
+    }
+
+    #[test]
+    fn an_approval_kept_while_carried_out_is_announced_once() {
+        let (a, b) = (plan("aaa"), plan("bbb"));
+        assert_eq!(newly_approved(None, Some(&a)), Some("aaa"));
+        assert_eq!(newly_approved(Some(&a), Some(&a)), None, "kept: already announced");
+        assert_eq!(newly_approved(Some(&a), Some(&b)), Some("bbb"));
+        assert_eq!(newly_approved(Some(&a), None), None);
     }
 
     #[test]

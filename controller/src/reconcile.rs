@@ -187,22 +187,25 @@ pub struct Note {
     pub action: &'static str,
     /// The event's note.
     pub note: String,
+    /// An approval coming into force (the plan id): [`report`] names who approved it and
+    /// records it in the audit log ([`crate::approval::approved`]).
+    pub approved_plan: Option<String>,
 }
 
 impl Note {
     /// A Warning event.
     pub fn warning(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
-        Note { warning: true, reason: reason.to_string(), action, note: note.into() }
+        Note { warning: true, reason: reason.to_string(), action, note: note.into(), approved_plan: None }
     }
 
     /// A Normal event.
     pub fn normal(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
-        Note { warning: false, reason: reason.to_string(), action, note: note.into() }
+        Note { warning: false, reason: reason.to_string(), action, note: note.into(), approved_plan: None }
     }
 
     /// A planner's event, published under `action`.
     pub fn planned(e: crate::planning::PlannedEvent, action: &'static str) -> Self {
-        Note { warning: e.warning, reason: e.reason, action, note: e.note }
+        Note { warning: e.warning, reason: e.reason, action, note: e.note, approved_plan: None }
     }
 }
 
@@ -217,11 +220,45 @@ where
     if let Some(desired) = desired {
         ctx.apply_status(obj, current, desired).await.at(Step::Status)?;
     }
-    for e in events {
+    for mut e in events {
+        if let Some(plan_id) = e.approved_plan.take() {
+            let Some(note) = approval_trail(obj, &plan_id, ctx).await else { continue };
+            e.note = note;
+        }
         let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
         ctx.publish(obj, type_, &e.reason, e.action, Some(e.note)).await;
     }
     Ok(())
+}
+
+/// The trail of the approval of `plan_id` on `obj`: reads who set the annotation (the watch
+/// caches drop managedFields), records it in the audit log and returns the Event's text;
+/// `None` for an approval the controller passed down (its Cluster's Event is the one).
+async fn approval_trail<K>(obj: &K, plan_id: &str, ctx: &Context) -> Option<String>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let resource = kube::api::ApiResource::erase::<K>(&());
+    let namespace = obj.meta().namespace.as_deref().unwrap_or_default();
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &resource);
+    let name = obj.meta().name.as_deref().unwrap_or_default();
+    let manager = match api.get(name).await {
+        Ok(found) => crate::approval::annotation_manager(found.metadata.managed_fields.as_deref().unwrap_or_default()),
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read who approved the plan");
+            None
+        }
+    };
+    let note = crate::approval::approved_note(plan_id, manager.as_deref(), crate::context::FIELD_MANAGER)?;
+    let object = crate::audit::AuditObject {
+        kind: K::kind(&()).to_string(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        generation: obj.meta().generation,
+    };
+    let action = crate::audit::Action::Approval { plan: plan_id.to_string(), field_manager: manager };
+    ctx.audit.record(crate::audit::Entry::now(action, std::time::Duration::ZERO, "ok", None).about(object));
+    Some(note)
 }
 
 /// Queues objects of kind `K` for reconcile from inside the process: no API write, and no
