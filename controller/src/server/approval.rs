@@ -31,24 +31,6 @@ pub fn newly_approved<'a>(gate: &'a crate::approval::Gate, status: Option<&Serve
     waiting.then_some(plan.id.as_str())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::approval::Gate;
-
-    #[test]
-    fn an_approval_is_announced_once_when_the_server_was_waiting_for_it() {
-        let plan = Plan { id: "abc".into(), ..Default::default() };
-        let go = Gate::Go { approved: Some(plan) };
-        let with_phase = |phase: &str| ServerStatus { phase: Some(phase.into()), ..Default::default() };
-        assert_eq!(newly_approved(&go, Some(&with_phase(AWAITING_APPROVAL))), Some("abc"));
-        // A retry after the approved change failed half-way: already announced.
-        assert_eq!(newly_approved(&go, Some(&with_phase("Failed"))), None);
-        assert_eq!(newly_approved(&Gate::Go { approved: None }, Some(&with_phase(AWAITING_APPROVAL))), None, "Automatic");
-        assert_eq!(newly_approved(&Gate::Wait, Some(&with_phase(AWAITING_APPROVAL))), None);
-    }
-}
-
 /// The summary of a Server waiting for approval of `plan`: Ready=False, reason
 /// AwaitingApproval, the message naming the plan.
 pub fn waiting_summary(plan: &Plan) -> Summary {
@@ -65,4 +47,22 @@ pub fn waiting(mut status: ServerStatus) -> ServerStatus {
 pub fn wait(visit: &Visit<'_>, status: ServerStatus, plan: &Plan, cost: &ServerCost) -> End {
     let recorded = super::spec_change::record(status::record_cost(status, cost), visit.server.status.as_ref(), plan, None, visit.now);
     End::Waiting(Box::new(waiting(recorded)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::approval::Gate;
+
+    #[test]
+    fn an_approval_is_announced_once_when_the_server_was_waiting_for_it() {
+        let plan = Plan { id: "abc".into(), ..Default::default() };
+        let go = Gate::Go { approved: Some(plan) };
+        let with_phase = |phase: &str| ServerStatus { phase: Some(phase.into()), ..Default::default() };
+        assert_eq!(newly_approved(&go, Some(&with_phase(AWAITING_APPROVAL))), Some("abc"));
+        // A retry after the approved change failed half-way: already announced.
+        assert_eq!(newly_approved(&go, Some(&with_phase("Failed"))), None);
+        assert_eq!(newly_approved(&Gate::Go { approved: None }, Some(&with_phase(AWAITING_APPROVAL))), None, "Automatic");
+        assert_eq!(newly_approved(&Gate::Wait, Some(&with_phase(AWAITING_APPROVAL))), None);
+    }
 }
