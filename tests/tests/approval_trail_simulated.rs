@@ -1,0 +1,46 @@
+//! An approval leaves a trail (issue 25, item 5): one `provisioning.dev/approve` on a Manual
+//! Cluster of 2 Servers and a service, on the simulated provider, yields exactly ONE
+//! `Approved` Event — on the Cluster, not one per member it is passed down to — naming the
+//! plan id and who set the annotation (the field manager from managedFields, labelled as the
+//! client's name rather than an authenticated user), and one `approval` entry in the audit log.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use provisioning_e2e::Dev;
+use serde_json::Value;
+
+const NS: &str = "approval-trail";
+
+fn cluster(dev: &Dev, path: &str) -> Result<String> {
+    dev.kubectl_ok(&["get", "cluster", "trail", "-n", NS, "-o", &format!("jsonpath={path}")])
+}
+
+#[test]
+fn one_approval_of_a_cluster_is_one_approved_event_naming_the_plan_and_the_field_manager() -> Result<()> {
+    let mut dev = Dev::start(&["tests/tests/approval_trail_simulated.yaml"])?;
+    dev.wait_until(Duration::from_secs(120), "the Cluster awaiting approval", |d| {
+        Ok(cluster(d, "{.status.conditions[?(@.type==\"Ready\")].reason}")? == "AwaitingApproval"
+            && !cluster(d, "{.status.plan.id}")?.is_empty())
+    })?;
+    let id = cluster(&dev, "{.status.plan.id}")?;
+    dev.kubectl_ok(&["annotate", "cluster", "trail", "-n", NS, "--overwrite", &format!("provisioning.dev/approve={id}")])?;
+    dev.wait_until(Duration::from_secs(180), "the Cluster Ready", |d| {
+        Ok(cluster(d, "{.status.conditions[?(@.type==\"Ready\")].status}")? == "True")
+    })?;
+
+    let events: Value = serde_json::from_str(&dev.kubectl_ok(&["get", "events", "-n", NS, "-o", "json"])?)?;
+    let approved: Vec<&Value> = events["items"].as_array().into_iter().flatten().filter(|e| e["reason"] == "Approved").collect();
+    ensure!(approved.len() == 1, "one Approved Event per approval, got {}: {approved:#?}", approved.len());
+    let event = approved[0];
+    ensure!(event["involvedObject"]["kind"] == "Cluster" && event["count"] == 1, "{event:#}");
+    let message = event["message"].as_str().unwrap_or_default();
+    ensure!(message.contains(&format!("plan {id} approved")), "{message}");
+    ensure!(message.contains("field manager \"kubectl-annotate\"") && message.contains("not an authenticated user"), "{message}");
+
+    let audit = provisioning_e2e::provisioning_ok(&["audit", "--data-dir", &dev.data_dir.display().to_string(), "-o", "json"])?;
+    let approvals: Vec<&str> = audit.lines().filter(|l| l.contains(r#""type":"approval""#)).collect();
+    ensure!(approvals.len() == 1, "one approval in the audit log, got:\n{audit}");
+    ensure!(approvals[0].contains(&id) && approvals[0].contains(r#""fieldManager":"kubectl-annotate""#), "{}", approvals[0]);
+    Ok(())
+}
