@@ -3,6 +3,7 @@
 //! `Approved` Event — on the Cluster, not one per member it is passed down to — naming the
 //! plan id and who set the annotation (the field manager from managedFields, labelled as the
 //! client's name rather than an authenticated user), and one `approval` entry in the audit log.
+//! A standalone Manual Server approved with `kubectl annotate` gets its own one Event.
 
 use std::time::Duration;
 
@@ -14,6 +15,10 @@ const NS: &str = "approval-trail";
 
 fn cluster(dev: &Dev, path: &str) -> Result<String> {
     dev.kubectl_ok(&["get", "cluster", "trail", "-n", NS, "-o", &format!("jsonpath={path}")])
+}
+
+fn lone(dev: &Dev, path: &str) -> Result<String> {
+    dev.kubectl_ok(&["get", "server", "lone", "-n", NS, "-o", &format!("jsonpath={path}")])
 }
 
 #[test]
@@ -28,11 +33,28 @@ fn one_approval_of_a_cluster_is_one_approved_event_naming_the_plan_and_the_field
     dev.wait_until(Duration::from_secs(180), "the Cluster Ready", |d| {
         Ok(cluster(d, "{.status.conditions[?(@.type==\"Ready\")].status}")? == "True")
     })?;
+    dev.wait_until(
+        Duration::from_secs(60),
+        "the lone Server awaiting approval",
+        |d| Ok(lone(d, "{.status.phase}")? == "AwaitingApproval"),
+    )?;
+    let lone_id = lone(&dev, "{.status.plan.id}")?;
+    dev.kubectl_ok(&["annotate", "server", "lone", "-n", NS, "--overwrite", &format!("provisioning.dev/approve={lone_id}")])?;
+    dev.wait_until(Duration::from_secs(60), "the lone Server Ready", |d| {
+        Ok(lone(d, "{.status.conditions[?(@.type==\"Ready\")].status}")? == "True")
+    })?;
 
     let events: Value = serde_json::from_str(&dev.kubectl_ok(&["get", "events", "-n", NS, "-o", "json"])?)?;
     let approved: Vec<&Value> = events["items"].as_array().into_iter().flatten().filter(|e| e["reason"] == "Approved").collect();
-    ensure!(approved.len() == 1, "one Approved Event per approval, got {}: {approved:#?}", approved.len());
-    let event = approved[0];
+    ensure!(
+        approved.len() == 2,
+        "one Approved Event per approval (the Cluster's, the lone Server's), got {}: {approved:#?}",
+        approved.len()
+    );
+    let lone_event = approved.iter().find(|e| e["involvedObject"]["name"] == "lone").expect("the lone Server's Approved Event");
+    let lone_message = lone_event["message"].as_str().unwrap_or_default();
+    ensure!(lone_message.contains(&format!("plan {lone_id} approved")) && lone_message.contains("\"kubectl-annotate\""), "{lone_message}");
+    let event = approved.iter().find(|e| e["involvedObject"]["kind"] == "Cluster").expect("the Cluster's Approved Event");
     ensure!(event["involvedObject"]["kind"] == "Cluster" && event["count"] == 1, "{event:#}");
     let message = event["message"].as_str().unwrap_or_default();
     ensure!(message.contains(&format!("plan {id} approved")), "{message}");
@@ -40,7 +62,8 @@ fn one_approval_of_a_cluster_is_one_approved_event_naming_the_plan_and_the_field
 
     let audit = provisioning_e2e::provisioning_ok(&["audit", "--data-dir", &dev.data_dir.display().to_string(), "-o", "json"])?;
     let approvals: Vec<&str> = audit.lines().filter(|l| l.contains(r#""type":"approval""#)).collect();
-    ensure!(approvals.len() == 1, "one approval in the audit log, got:\n{audit}");
-    ensure!(approvals[0].contains(&id) && approvals[0].contains(r#""fieldManager":"kubectl-annotate""#), "{}", approvals[0]);
+    ensure!(approvals.len() == 2, "one approval each in the audit log, got:\n{audit}");
+    ensure!(approvals.iter().any(|a| a.contains(&id) && a.contains(r#""fieldManager":"kubectl-annotate""#)), "{approvals:#?}");
+    ensure!(approvals.iter().any(|a| a.contains(&lone_id) && a.contains(r#""name":"lone""#)), "{approvals:#?}");
     Ok(())
 }
