@@ -256,9 +256,54 @@ where
         name: name.to_string(),
         generation: obj.meta().generation,
     };
-    let action = crate::audit::Action::Approval { plan: plan_id.to_string(), field_manager: manager };
-    ctx.audit.record(crate::audit::Entry::now(action, std::time::Duration::ZERO, "ok", None).about(object));
+    let action = crate::audit::Action::Approval { plan: plan_id.to_string(), field_manager: manager.clone() };
+    ctx.audit.record(crate::audit::Entry::now(action, std::time::Duration::ZERO, "ok", None).about(object.clone()));
+    let approval = provisioning_crds::RecordedApproval {
+        plan: plan_id.to_string(),
+        field_manager: manager.unwrap_or_default(),
+        time: crate::time::now_seconds().to_string(),
+    };
+    if let Err(e) = record_approval(obj, &object, approval, ctx).await {
+        tracing::debug!(error = %e, "could not add the approval to the ChangeRecord (history only)");
+    }
     Some(note)
+}
+
+/// Adds `approval` to the ChangeRecord of `obj`'s current generation, if history keeps one
+/// (history off, or a record not begun yet: nothing to add to).
+async fn record_approval<K>(
+    obj: &K,
+    object: &crate::audit::AuditObject,
+    approval: provisioning_crds::RecordedApproval,
+    ctx: &Context,
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let (Some(uid), Some(generation)) = (obj.meta().uid.as_deref(), obj.meta().generation) else { return Ok(()) };
+    if !ctx.history.recorded(&object.kind) {
+        return Ok(());
+    }
+    let api: Api<provisioning_crds::ChangeRecord> = Api::namespaced(ctx.client.clone(), &object.namespace);
+    let name = crate::history::record_name(&object.kind, &object.name, uid, generation);
+    let Some(record) = api.get_opt(&name).await? else { return Ok(()) };
+    let approvals = approvals_with(record.spec.approvals, approval);
+    let patch = serde_json::json!({ "spec": { "approvals": approvals } });
+    let params = kube::api::PatchParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() };
+    api.patch(&name, &params, &kube::api::Patch::Merge(&patch)).await.map(drop)
+}
+
+/// A record's approvals with `approval` added: once per plan id, the newest 16 kept.
+fn approvals_with(
+    mut approvals: Vec<provisioning_crds::RecordedApproval>,
+    approval: provisioning_crds::RecordedApproval,
+) -> Vec<provisioning_crds::RecordedApproval> {
+    if !approvals.iter().any(|a| a.plan == approval.plan) {
+        approvals.push(approval);
+    }
+    let excess = approvals.len().saturating_sub(16);
+    approvals.drain(..excess);
+    approvals
 }
 
 /// Queues objects of kind `K` for reconcile from inside the process: no API write, and no
@@ -326,5 +371,15 @@ mod tests {
         let plain: Error = kube::runtime::finalizer::Error::<Error>::CleanupFailed(Error::InProgress("x".into())).into();
         assert_eq!(plain.step(), Some(Step::Cleanup));
         assert_eq!(Error::MissingField("metadata.uid").step(), None);
+    }
+
+    #[test]
+    fn a_record_keeps_each_approved_plan_once() {
+        let approval = |plan: &str| provisioning_crds::RecordedApproval { plan: plan.into(), field_manager: "k".into(), time: "t".into() };
+        let one = approvals_with(Vec::new(), approval("a"));
+        assert_eq!(one, vec![approval("a")]);
+        assert_eq!(approvals_with(one.clone(), approval("a")), one, "the same plan again: once");
+        let many = (0..20).fold(Vec::new(), |all, i| approvals_with(all, approval(&i.to_string())));
+        assert_eq!((many.len(), many[0].plan.as_str()), (16, "4"), "the newest 16");
     }
 }

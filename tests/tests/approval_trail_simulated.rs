@@ -3,7 +3,8 @@
 //! `Approved` Event — on the Cluster, not one per member it is passed down to — naming the
 //! plan id and who set the annotation (the field manager from managedFields, labelled as the
 //! client's name rather than an authenticated user), and one `approval` entry in the audit log.
-//! A standalone Manual Server approved with `kubectl annotate` gets its own one Event.
+//! A standalone Manual Server approved with `kubectl annotate` gets its own one Event, and its
+//! ChangeRecord lists the approval.
 
 use std::time::Duration;
 
@@ -65,5 +66,19 @@ fn one_approval_of_a_cluster_is_one_approved_event_naming_the_plan_and_the_field
     ensure!(approvals.len() == 2, "one approval each in the audit log, got:\n{audit}");
     ensure!(approvals.iter().any(|a| a.contains(&id) && a.contains(r#""fieldManager":"kubectl-annotate""#)), "{approvals:#?}");
     ensure!(approvals.iter().any(|a| a.contains(&lone_id) && a.contains(r#""name":"lone""#)), "{approvals:#?}");
+
+    // The lone Server's ChangeRecord of its generation names the approval too.
+    let records: Value = serde_json::from_str(&dev.kubectl_ok(&["get", "changerecords", "-n", NS, "-o", "json"])?)?;
+    let recorded: Vec<&Value> = records["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["spec"]["object"]["name"] == "lone")
+        .flat_map(|r| r["spec"]["approvals"].as_array().into_iter().flatten())
+        .collect();
+    ensure!(
+        recorded.len() == 1 && recorded[0]["plan"] == lone_id.as_str() && recorded[0]["fieldManager"] == "kubectl-annotate",
+        "{recorded:#?}"
+    );
     Ok(())
 }
