@@ -14,12 +14,15 @@
 //! ignored, with one PlanStale Warning naming the current plan id ([`stale`]).
 //!
 //! An approval leaves a trail ([`approved`]): once the approval of a plan comes into force,
-//! one Normal `Approved` Event and one audit log entry name the plan id and who set the
-//! annotation. Who: the field manager that owns `provisioning.dev/approve` in managedFields
-//! ([`annotation_manager`]) — the name the client chose, not an authenticated user (on any API
-//! server only an admission webhook sees the user of a request), and said so in the text. An
-//! approval the controller itself passed down (a Cluster approving its members) is not
-//! announced again by each member: the Cluster's own Event is the one.
+//! one Normal `Approved` Event, one audit log entry and the ChangeRecord name the plan id and
+//! who set the annotation ([`Approver`]). Who: the authenticated user, when the API server
+//! recorded it in the server-owned `provisioning.dev/approved-by` (the embedded one does; on
+//! another API server only an admission webhook could, and a value some client wrote is owned
+//! by its field manager and not trusted); else the field manager that owns
+//! `provisioning.dev/approve` in managedFields ([`annotation_manager`]) — the name the client
+//! chose, and said so in the text. An approval the controller itself passed down (a Cluster
+//! approving its members) is not announced again by each member: the Cluster's own Event is
+//! the one.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use provisioning_crds::{ANNOTATION_APPROVE, Approval, ChangeAction, Plan, PlannedChange};
@@ -61,16 +64,42 @@ pub fn annotation_manager(managed_fields: &[ManagedFieldsEntry]) -> Option<Strin
     managed_fields.iter().filter(owns).max_by_key(|m| m.time.as_ref().map(|t| t.0)).and_then(|m| m.manager.clone())
 }
 
-/// The text of the `Approved` Event of `plan_id` set by `manager` (see
-/// [`annotation_manager`]); `None` when the controller itself (`controller_manager`) set it,
-/// passing down the approval of a Cluster, whose own Event is the one.
-pub fn approved_note(plan_id: &str, manager: Option<&str>, controller_manager: &str) -> Option<String> {
-    match manager {
-        Some(m) if m == controller_manager => None,
-        Some(m) => Some(format!(
+/// The server-owned annotation naming the authenticated user that set
+/// `provisioning.dev/approve` (the embedded API server writes it; clients cannot).
+pub const ANNOTATION_APPROVED_BY: &str = "provisioning.dev/approved-by";
+
+/// Who set the approval, as far as the API server tells.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Approver {
+    /// The authenticated user, recorded by the API server in `provisioning.dev/approved-by`.
+    pub user: Option<String>,
+    /// The field manager owning the annotation (managedFields): the client's chosen name.
+    pub field_manager: Option<String>,
+}
+
+/// Who approved, from the object's annotations and managedFields: `approved-by` counts only
+/// when no field manager owns it (the API server stamped it; a client that wrote it owns it).
+pub fn approver(annotations: Option<&std::collections::BTreeMap<String, String>>, managed_fields: &[ManagedFieldsEntry]) -> Approver {
+    let key = format!("f:{ANNOTATION_APPROVED_BY}");
+    let owned =
+        managed_fields.iter().any(|m| m.fields_v1.as_ref().and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key)).is_some());
+    let user = annotations.and_then(|a| a.get(ANNOTATION_APPROVED_BY)).filter(|u| !owned && !u.is_empty()).cloned();
+    Approver { user, field_manager: annotation_manager(managed_fields) }
+}
+
+/// The text of the `Approved` Event of `plan_id` approved by `who`; `None` when the
+/// controller itself (field manager `controller_manager`) set it, passing down the approval
+/// of a Cluster, whose own Event is the one.
+pub fn approved_note(plan_id: &str, who: &Approver, controller_manager: &str) -> Option<String> {
+    match (&who.user, &who.field_manager) {
+        (_, Some(m)) if m == controller_manager => None,
+        (Some(user), _) => Some(format!("plan {plan_id} approved by user {user:?} (authenticated; recorded by the API server)")),
+        (None, Some(m)) => Some(format!(
             "plan {plan_id} approved ({ANNOTATION_APPROVE} set by field manager {m:?}: the name the client gave, not an authenticated user)"
         )),
-        None => Some(format!("plan {plan_id} approved ({ANNOTATION_APPROVE} set by an unknown client: no managedFields entry owns it)")),
+        (None, None) => {
+            Some(format!("plan {plan_id} approved ({ANNOTATION_APPROVE} set by an unknown client: no managedFields entry owns it)"))
+        }
     }
 }
 
@@ -239,14 +268,36 @@ mod tests {
         let both = [managed("kubectl-annotate", approve.clone(), 200), managed("console", approve, 250)];
         assert_eq!(annotation_manager(&both).as_deref(), Some("console"));
         assert_eq!(annotation_manager(&fields[..1]), None);
-        let note = approved_note("abc", Some("kubectl-annotate"), "provisioning-controller").expect("a note");
+        let by_manager = |m: &str| Approver { user: None, field_manager: Some(m.into()) };
+        let note = approved_note("abc", &by_manager("kubectl-annotate"), "provisioning-controller").expect("a note");
         assert!(note.contains("plan abc approved") && note.contains("field manager \"kubectl-annotate\""), "{note}");
         assert!(note.contains("not an authenticated user"), "{note}");
-        assert!(approved_note("abc", None, "provisioning-controller").expect("a note").contains("unknown client"));
+        assert!(approved_note("abc", &Approver::default(), "provisioning-controller").expect("a note").contains("unknown client"));
         // Passed down by the controller (a Cluster approving its members): no Event of its own.
-        assert_eq!(approved_note("abc", Some("provisioning-controller"), "provisioning-controller"), None);
+        assert_eq!(approved_note("abc", &by_manager("provisioning-controller"), "provisioning-controller"), None);
+        // The user the API server recorded comes first.
+        let user = Approver { user: Some("alice".into()), field_manager: Some("kubectl-annotate".into()) };
+        let note = approved_note("abc", &user, "provisioning-controller").expect("a note");
+        assert!(note.contains("approved by user \"alice\" (authenticated"), "{note}");
         let event = approved("abc");
         assert_eq!((event.warning, event.reason.as_str(), event.approved_plan.as_deref()), (false, APPROVED, Some("abc")));
+    }
+
+    #[test]
+    fn approved_by_counts_only_when_no_client_owns_it() {
+        let approve = serde_json::json!({"f:metadata": {"f:annotations": {"f:provisioning.dev/approve": {}}}});
+        let annotations: std::collections::BTreeMap<String, String> =
+            [(ANNOTATION_APPROVE.to_string(), "abc".to_string()), (ANNOTATION_APPROVED_BY.to_string(), "alice".to_string())].into();
+        let stamped = [managed("kubectl-annotate", approve.clone(), 200)];
+        assert_eq!(
+            approver(Some(&annotations), &stamped),
+            Approver { user: Some("alice".into()), field_manager: Some("kubectl-annotate".into()) }
+        );
+        // Written by a client (an API server that does not stamp it): not trusted.
+        let forged =
+            serde_json::json!({"f:metadata": {"f:annotations": {"f:provisioning.dev/approve": {}, "f:provisioning.dev/approved-by": {}}}});
+        let written = [managed("mallory", forged, 200)];
+        assert_eq!(approver(Some(&annotations), &written), Approver { user: None, field_manager: Some("mallory".into()) });
     }
 
     #[test]

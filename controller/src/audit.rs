@@ -92,6 +92,10 @@ pub enum Action {
     Approval {
         /// The approved plan's id.
         plan: String,
+        /// The authenticated user, when the API server recorded it
+        /// (`provisioning.dev/approved-by`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
         /// The field manager that set the annotation (managedFields): the name the client
         /// chose, not an authenticated user; absent when no entry owned it.
         #[serde(default, skip_serializing_if = "Option::is_none")]

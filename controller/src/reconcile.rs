@@ -242,25 +242,29 @@ where
     let namespace = obj.meta().namespace.as_deref().unwrap_or_default();
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &resource);
     let name = obj.meta().name.as_deref().unwrap_or_default();
-    let manager = match api.get(name).await {
-        Ok(found) => crate::approval::annotation_manager(found.metadata.managed_fields.as_deref().unwrap_or_default()),
+    let who = match api.get(name).await {
+        Ok(found) => {
+            crate::approval::approver(found.metadata.annotations.as_ref(), found.metadata.managed_fields.as_deref().unwrap_or_default())
+        }
         Err(e) => {
             tracing::debug!(error = %e, "could not read who approved the plan");
-            None
+            crate::approval::Approver::default()
         }
     };
-    let note = crate::approval::approved_note(plan_id, manager.as_deref(), crate::context::FIELD_MANAGER)?;
+    let note = crate::approval::approved_note(plan_id, &who, crate::context::FIELD_MANAGER)?;
     let object = crate::audit::AuditObject {
         kind: K::kind(&()).to_string(),
         namespace: namespace.to_string(),
         name: name.to_string(),
         generation: obj.meta().generation,
     };
-    let action = crate::audit::Action::Approval { plan: plan_id.to_string(), field_manager: manager.clone() };
+    let action =
+        crate::audit::Action::Approval { plan: plan_id.to_string(), user: who.user.clone(), field_manager: who.field_manager.clone() };
     ctx.audit.record(crate::audit::Entry::now(action, std::time::Duration::ZERO, "ok", None).about(object.clone()));
     let approval = provisioning_crds::RecordedApproval {
         plan: plan_id.to_string(),
-        field_manager: manager.unwrap_or_default(),
+        user: who.user.unwrap_or_default(),
+        field_manager: who.field_manager.unwrap_or_default(),
         time: crate::time::now_seconds().to_string(),
     };
     if let Err(e) = record_approval(obj, &object, approval, ctx).await {
@@ -375,7 +379,12 @@ mod tests {
 
     #[test]
     fn a_record_keeps_each_approved_plan_once() {
-        let approval = |plan: &str| provisioning_crds::RecordedApproval { plan: plan.into(), field_manager: "k".into(), time: "t".into() };
+        let approval = |plan: &str| provisioning_crds::RecordedApproval {
+            plan: plan.into(),
+            user: String::new(),
+            field_manager: "k".into(),
+            time: "t".into(),
+        };
         let one = approvals_with(Vec::new(), approval("a"));
         assert_eq!(one, vec![approval("a")]);
         assert_eq!(approvals_with(one.clone(), approval("a")), one, "the same plan again: once");

@@ -80,6 +80,9 @@ pub struct ChangeRecordSpec {
 pub struct RecordedApproval {
     /// The approved plan's id.
     pub plan: String,
+    /// The authenticated user, when the API server recorded it (`provisioning.dev/approved-by`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub user: String,
     /// The field manager that set the annotation (managedFields): the name the client chose,
     /// not an authenticated user. Empty when no managedFields entry owned it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
