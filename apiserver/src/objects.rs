@@ -41,6 +41,9 @@ pub struct WriteOptions {
     /// RBAC escalation check of the requesting user (None: not an RBAC write, a
     /// `system:masters` user, or the server's own write).
     pub escalation: Option<std::sync::Arc<crate::auth::escalation::Guard>>,
+    /// The authenticated user of the request (None: the server's own write): recorded as who
+    /// approved a plan ([`crate::auth::approver`]).
+    pub user: Option<String>,
 }
 
 /// What a write produced.

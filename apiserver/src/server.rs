@@ -395,6 +395,7 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
     if let Some(guard) = crate::auth::escalation::Guard::for_request(&user, &attrs, || auth.policy(&core.store)) {
         req.extensions_mut().insert(guard);
     }
+    req.extensions_mut().insert(user.clone());
     match route(core, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
@@ -558,6 +559,7 @@ fn write_options(req: &Request<Incoming>, q: &Query) -> ApiResult<WriteOptions> 
         field_validation,
         force: q.flag("force") && q.get("force") != Some(""),
         escalation: req.extensions().get::<std::sync::Arc<crate::auth::escalation::Guard>>().cloned(),
+        user: req.extensions().get::<crate::auth::identity::UserInfo>().map(|u| u.name.clone()),
     })
 }
 

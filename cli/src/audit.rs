@@ -118,6 +118,10 @@ pub fn table(entries: &[Entry]) -> String {
                 let code = exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default();
                 format!("{service} {script} on {server}{code}")
             }
+            Action::Approval { plan, user: Some(user), .. } => format!("plan {plan} approved by user {user}"),
+            Action::Approval { plan, user: None, field_manager } => {
+                format!("plan {plan} approved by field manager {}", field_manager.as_deref().unwrap_or("(unknown)"))
+            }
         };
         let object = e.object.as_ref().map(|o| match o.generation {
             Some(g) => format!("{} (gen {g})", o.path()),

@@ -12,7 +12,19 @@
 //!
 //! A stale annotation (naming neither the current plan nor the approval in force) is
 //! ignored, with one PlanStale Warning naming the current plan id ([`stale`]).
+//!
+//! An approval leaves a trail ([`approved`]): once the approval of a plan comes into force,
+//! one Normal `Approved` Event, one audit log entry and the ChangeRecord name the plan id and
+//! who set the annotation ([`Approver`]). Who: the authenticated user, when the API server
+//! recorded it in the server-owned `provisioning.dev/approved-by` (the embedded one does; on
+//! another API server only an admission webhook could, and a value some client wrote is owned
+//! by its field manager and not trusted); else the field manager that owns
+//! `provisioning.dev/approve` in managedFields ([`annotation_manager`]) — the name the client
+//! chose, and said so in the text. An approval the controller itself passed down (a Cluster
+//! approving its members) is not announced again by each member: the Cluster's own Event is
+//! the one.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use provisioning_crds::{ANNOTATION_APPROVE, Approval, ChangeAction, Plan, PlannedChange};
 
 use crate::reconcile::Note;
@@ -21,6 +33,75 @@ use crate::reconcile::Note;
 pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
 /// Event reason of an approval that names another plan than the current one.
 pub const PLAN_STALE: &str = "PlanStale";
+
+/// Event reason of an approval coming into force.
+pub const APPROVED: &str = "Approved";
+
+/// The `Approved` Event of the approval of `plan_id` coming into force, published with the
+/// visit's report; the report names who set the annotation ([`approved_note`]) and records
+/// it in the audit log.
+pub fn approved(plan_id: &str) -> Note {
+    let mut note = Note::normal(APPROVED, "Approve", format!("plan {plan_id} approved"));
+    note.approved_plan = Some(plan_id.to_string());
+    note
+}
+
+/// The plan id whose approval comes into force between the approval in force before a pass
+/// (`before`, `status.approvedPlan`) and after it: a new approved id. An approval kept while
+/// it is carried out (the same id) is not announced again.
+pub fn newly_approved<'a>(before: Option<&Plan>, after: Option<&'a Plan>) -> Option<&'a str> {
+    after.map(|a| a.id.as_str()).filter(|id| before.is_none_or(|b| b.id != *id))
+}
+
+/// The field manager that last wrote the `provisioning.dev/approve` annotation, from the
+/// object's managedFields (the newest entry owning it): the name the client chose, not an
+/// authenticated identity. `None` when no entry owns it (managedFields cleared or absent).
+pub fn annotation_manager(managed_fields: &[ManagedFieldsEntry]) -> Option<String> {
+    let key = format!("f:{ANNOTATION_APPROVE}");
+    let owns = |m: &&ManagedFieldsEntry| {
+        m.subresource.is_none() && m.fields_v1.as_ref().and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key)).is_some()
+    };
+    managed_fields.iter().filter(owns).max_by_key(|m| m.time.as_ref().map(|t| t.0)).and_then(|m| m.manager.clone())
+}
+
+/// The server-owned annotation naming the authenticated user that set
+/// `provisioning.dev/approve` (the embedded API server writes it; clients cannot).
+pub const ANNOTATION_APPROVED_BY: &str = "provisioning.dev/approved-by";
+
+/// Who set the approval, as far as the API server tells.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Approver {
+    /// The authenticated user, recorded by the API server in `provisioning.dev/approved-by`.
+    pub user: Option<String>,
+    /// The field manager owning the annotation (managedFields): the client's chosen name.
+    pub field_manager: Option<String>,
+}
+
+/// Who approved, from the object's annotations and managedFields: `approved-by` counts only
+/// when no field manager owns it (the API server stamped it; a client that wrote it owns it).
+pub fn approver(annotations: Option<&std::collections::BTreeMap<String, String>>, managed_fields: &[ManagedFieldsEntry]) -> Approver {
+    let key = format!("f:{ANNOTATION_APPROVED_BY}");
+    let owned =
+        managed_fields.iter().any(|m| m.fields_v1.as_ref().and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key)).is_some());
+    let user = annotations.and_then(|a| a.get(ANNOTATION_APPROVED_BY)).filter(|u| !owned && !u.is_empty()).cloned();
+    Approver { user, field_manager: annotation_manager(managed_fields) }
+}
+
+/// The text of the `Approved` Event of `plan_id` approved by `who`; `None` when the
+/// controller itself (field manager `controller_manager`) set it, passing down the approval
+/// of a Cluster, whose own Event is the one.
+pub fn approved_note(plan_id: &str, who: &Approver, controller_manager: &str) -> Option<String> {
+    match (&who.user, &who.field_manager) {
+        (_, Some(m)) if m == controller_manager => None,
+        (Some(user), _) => Some(format!("plan {plan_id} approved by user {user:?} (authenticated; recorded by the API server)")),
+        (None, Some(m)) => Some(format!(
+            "plan {plan_id} approved ({ANNOTATION_APPROVE} set by field manager {m:?}: the name the client gave, not an authenticated user)"
+        )),
+        (None, None) => {
+            Some(format!("plan {plan_id} approved ({ANNOTATION_APPROVE} set by an unknown client: no managedFields entry owns it)"))
+        }
+    }
+}
 
 /// Where a plan stands with approval.
 #[derive(Clone, Debug, PartialEq)]
@@ -163,6 +244,69 @@ mod tests {
         assert_eq!(gate_once(Approval::Manual, Some(""), &p, None), Gate::Wait);
         assert_eq!(gate_once(Approval::Manual, Some("old"), &p, Some("old")), Gate::Wait);
         assert_eq!(gate_once(Approval::Manual, Some(&"x".repeat(100)), &p, None), Gate::Stale("x".repeat(64)));
+    }
+
+    fn managed(manager: &str, fields: serde_json::Value, time: i64) -> ManagedFieldsEntry {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, Time};
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            time: Some(Time(k8s_openapi::jiff::Timestamp::from_second(time).expect("time"))),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_approver_is_the_field_manager_owning_the_annotation_and_is_labelled_so() {
+        let approve = serde_json::json!({"f:metadata": {"f:annotations": {"f:provisioning.dev/approve": {}}}});
+        let other = serde_json::json!({"f:metadata": {"f:annotations": {"f:note": {}}}, "f:spec": {"f:plan": {}}});
+        let fields = [managed("kubectl-client-side-apply", other, 300), managed("kubectl-annotate", approve.clone(), 200)];
+        assert_eq!(annotation_manager(&fields).as_deref(), Some("kubectl-annotate"));
+        // The newest owner wins; no owner: unknown.
+        let both = [managed("kubectl-annotate", approve.clone(), 200), managed("console", approve, 250)];
+        assert_eq!(annotation_manager(&both).as_deref(), Some("console"));
+        assert_eq!(annotation_manager(&fields[..1]), None);
+        let by_manager = |m: &str| Approver { user: None, field_manager: Some(m.into()) };
+        let note = approved_note("abc", &by_manager("kubectl-annotate"), "provisioning-controller").expect("a note");
+        assert!(note.contains("plan abc approved") && note.contains("field manager \"kubectl-annotate\""), "{note}");
+        assert!(note.contains("not an authenticated user"), "{note}");
+        assert!(approved_note("abc", &Approver::default(), "provisioning-controller").expect("a note").contains("unknown client"));
+        // Passed down by the controller (a Cluster approving its members): no Event of its own.
+        assert_eq!(approved_note("abc", &by_manager("provisioning-controller"), "provisioning-controller"), None);
+        // The user the API server recorded comes first.
+        let user = Approver { user: Some("alice".into()), field_manager: Some("kubectl-annotate".into()) };
+        let note = approved_note("abc", &user, "provisioning-controller").expect("a note");
+        assert!(note.contains("approved by user \"alice\" (authenticated"), "{note}");
+        let event = approved("abc");
+        assert_eq!((event.warning, event.reason.as_str(), event.approved_plan.as_deref()), (false, APPROVED, Some("abc")));
+    }
+
+    #[test]
+    fn approved_by_counts_only_when_no_client_owns_it() {
+        let approve = serde_json::json!({"f:metadata": {"f:annotations": {"f:provisioning.dev/approve": {}}}});
+        let annotations: std::collections::BTreeMap<String, String> =
+            [(ANNOTATION_APPROVE.to_string(), "abc".to_string()), (ANNOTATION_APPROVED_BY.to_string(), "alice".to_string())].into();
+        let stamped = [managed("kubectl-annotate", approve.clone(), 200)];
+        assert_eq!(
+            approver(Some(&annotations), &stamped),
+            Approver { user: Some("alice".into()), field_manager: Some("kubectl-annotate".into()) }
+        );
+        // Written by a client (an API server that does not stamp it): not trusted.
+        let forged =
+            serde_json::json!({"f:metadata": {"f:annotations": {"f:provisioning.dev/approve": {}, "f:provisioning.dev/approved-by": {}}}});
+        let written = [managed("mallory", forged, 200)];
+        assert_eq!(approver(Some(&annotations), &written), Approver { user: None, field_manager: Some("mallory".into()) });
+    }
+
+    #[test]
+    fn an_approval_kept_while_carried_out_is_announced_once() {
+        let (a, b) = (plan("aaa"), plan("bbb"));
+        assert_eq!(newly_approved(None, Some(&a)), Some("aaa"));
+        assert_eq!(newly_approved(Some(&a), Some(&a)), None, "kept: already announced");
+        assert_eq!(newly_approved(Some(&a), Some(&b)), Some("bbb"));
+        assert_eq!(newly_approved(Some(&a), None), None);
     }
 
     #[test]

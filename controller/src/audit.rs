@@ -87,6 +87,20 @@ pub enum Action {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         exit_code: Option<i32>,
     },
+    /// The approval of a plan came into force (`provisioning.dev/approve` named it).
+    #[serde(rename_all = "camelCase")]
+    Approval {
+        /// The approved plan's id.
+        plan: String,
+        /// The authenticated user, when the API server recorded it
+        /// (`provisioning.dev/approved-by`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+        /// The field manager that set the annotation (managedFields): the name the client
+        /// chose, not an authenticated user; absent when no entry owned it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        field_manager: Option<String>,
+    },
 }
 
 /// One line of the audit log.

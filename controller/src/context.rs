@@ -378,6 +378,10 @@ impl Context {
             crate::error::ErrorClass::InProgress => {
                 tracing::debug!(kind, namespace = obj.meta().namespace.as_deref(), name = obj.meta().name.as_deref(), step, message = %root, "waiting")
             }
+            // Logged once, by the access layer (crate::metrics), naming the verb and resource.
+            _ if error.refused_by_api() => {
+                tracing::debug!(kind, name = obj.meta().name.as_deref(), step, error = %root, "reconcile refused")
+            }
             _ => tracing::warn!(
                 kind,
                 namespace = obj.meta().namespace.as_deref(),

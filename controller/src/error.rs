@@ -225,6 +225,22 @@ impl Error {
         }
     }
 
+    /// Whether the API server refused the call (401 or 403): the client's access layer logs
+    /// that already, naming the verb and resource (`crate::metrics`), so the reconcile's
+    /// failure is not logged a second time.
+    pub fn refused_by_api(&self) -> bool {
+        use kube::runtime::finalizer::Error as Finalizer;
+        let refused = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403);
+        match self.root() {
+            Error::Kube(e) => refused(e),
+            Error::Finalizer(inner) => match inner.as_ref() {
+                Finalizer::AddFinalizer(e) | Finalizer::RemoveFinalizer(e) => refused(e),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
     /// The innermost reconcile error (unwraps the finalizer helper's wrapper).
     pub fn root(&self) -> &Error {
         match self {
@@ -357,5 +373,20 @@ mod tests {
         assert_eq!(e.category(), "AuthFailed");
         let e = Error::provider("sim", ProviderError::Throttled { retry_after: Duration::from_secs(3) });
         assert_eq!(e.class(), ErrorClass::Throttled { retry_after: Duration::from_secs(3) });
+    }
+
+    #[test]
+    fn a_refusal_by_the_api_server_is_logged_by_the_access_layer_only() {
+        let api = |code: u16| {
+            let mut status = kube::core::Status::failure("refused", "Forbidden");
+            status.code = code;
+            Error::Kube(kube::Error::Api(status.boxed()))
+        };
+        assert!(api(403).refused_by_api());
+        assert!(api(401).at(Step::Status).refused_by_api(), "through the step it failed at");
+        let wrapped: Error = kube::runtime::finalizer::Error::<Error>::ApplyFailed(api(403)).into();
+        assert!(wrapped.refused_by_api());
+        assert!(!api(409).refused_by_api());
+        assert!(!Error::InProgress("x".into()).refused_by_api());
     }
 }

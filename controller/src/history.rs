@@ -452,6 +452,7 @@ fn new_record(change: &Change<'_>, name: &str, generation: i64, previous: Option
             field_digests: digests,
             plan: after.get("plan").filter(|p| !p.is_null()).cloned(),
             started_at: now.into(),
+            approvals: Vec::new(),
         },
     );
     record.metadata.namespace = written.namespace();

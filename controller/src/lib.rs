@@ -55,6 +55,7 @@ pub mod server;
 pub mod sync;
 pub mod taskserv;
 pub mod testing;
+pub mod text;
 pub mod time;
 pub mod workspace;
 

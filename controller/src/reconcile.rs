@@ -187,22 +187,25 @@ pub struct Note {
     pub action: &'static str,
     /// The event's note.
     pub note: String,
+    /// An approval coming into force (the plan id): [`report`] names who approved it and
+    /// records it in the audit log ([`crate::approval::approved`]).
+    pub approved_plan: Option<String>,
 }
 
 impl Note {
     /// A Warning event.
     pub fn warning(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
-        Note { warning: true, reason: reason.to_string(), action, note: note.into() }
+        Note { warning: true, reason: reason.to_string(), action, note: note.into(), approved_plan: None }
     }
 
     /// A Normal event.
     pub fn normal(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
-        Note { warning: false, reason: reason.to_string(), action, note: note.into() }
+        Note { warning: false, reason: reason.to_string(), action, note: note.into(), approved_plan: None }
     }
 
     /// A planner's event, published under `action`.
     pub fn planned(e: crate::planning::PlannedEvent, action: &'static str) -> Self {
-        Note { warning: e.warning, reason: e.reason, action, note: e.note }
+        Note { warning: e.warning, reason: e.reason, action, note: e.note, approved_plan: None }
     }
 }
 
@@ -217,11 +220,94 @@ where
     if let Some(desired) = desired {
         ctx.apply_status(obj, current, desired).await.at(Step::Status)?;
     }
-    for e in events {
+    for mut e in events {
+        if let Some(plan_id) = e.approved_plan.take() {
+            let Some(note) = approval_trail(obj, &plan_id, ctx).await else { continue };
+            e.note = note;
+        }
         let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
         ctx.publish(obj, type_, &e.reason, e.action, Some(e.note)).await;
     }
     Ok(())
+}
+
+/// The trail of the approval of `plan_id` on `obj`: reads who set the annotation (the watch
+/// caches drop managedFields), records it in the audit log and returns the Event's text;
+/// `None` for an approval the controller passed down (its Cluster's Event is the one).
+async fn approval_trail<K>(obj: &K, plan_id: &str, ctx: &Context) -> Option<String>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let resource = kube::api::ApiResource::erase::<K>(&());
+    let namespace = obj.meta().namespace.as_deref().unwrap_or_default();
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &resource);
+    let name = obj.meta().name.as_deref().unwrap_or_default();
+    let who = match api.get(name).await {
+        Ok(found) => {
+            crate::approval::approver(found.metadata.annotations.as_ref(), found.metadata.managed_fields.as_deref().unwrap_or_default())
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read who approved the plan");
+            crate::approval::Approver::default()
+        }
+    };
+    let note = crate::approval::approved_note(plan_id, &who, crate::context::FIELD_MANAGER)?;
+    let object = crate::audit::AuditObject {
+        kind: K::kind(&()).to_string(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        generation: obj.meta().generation,
+    };
+    let action =
+        crate::audit::Action::Approval { plan: plan_id.to_string(), user: who.user.clone(), field_manager: who.field_manager.clone() };
+    ctx.audit.record(crate::audit::Entry::now(action, std::time::Duration::ZERO, "ok", None).about(object.clone()));
+    let approval = provisioning_crds::RecordedApproval {
+        plan: plan_id.to_string(),
+        user: who.user.unwrap_or_default(),
+        field_manager: who.field_manager.unwrap_or_default(),
+        time: crate::time::now_seconds().to_string(),
+    };
+    if let Err(e) = record_approval(obj, &object, approval, ctx).await {
+        tracing::debug!(error = %e, "could not add the approval to the ChangeRecord (history only)");
+    }
+    Some(note)
+}
+
+/// Adds `approval` to the ChangeRecord of `obj`'s current generation, if history keeps one
+/// (history off, or a record not begun yet: nothing to add to).
+async fn record_approval<K>(
+    obj: &K,
+    object: &crate::audit::AuditObject,
+    approval: provisioning_crds::RecordedApproval,
+    ctx: &Context,
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let (Some(uid), Some(generation)) = (obj.meta().uid.as_deref(), obj.meta().generation) else { return Ok(()) };
+    if !ctx.history.recorded(&object.kind) {
+        return Ok(());
+    }
+    let api: Api<provisioning_crds::ChangeRecord> = Api::namespaced(ctx.client.clone(), &object.namespace);
+    let name = crate::history::record_name(&object.kind, &object.name, uid, generation);
+    let Some(record) = api.get_opt(&name).await? else { return Ok(()) };
+    let approvals = approvals_with(record.spec.approvals, approval);
+    let patch = serde_json::json!({ "spec": { "approvals": approvals } });
+    let params = kube::api::PatchParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() };
+    api.patch(&name, &params, &kube::api::Patch::Merge(&patch)).await.map(drop)
+}
+
+/// A record's approvals with `approval` added: once per plan id, the newest 16 kept.
+fn approvals_with(
+    mut approvals: Vec<provisioning_crds::RecordedApproval>,
+    approval: provisioning_crds::RecordedApproval,
+) -> Vec<provisioning_crds::RecordedApproval> {
+    if !approvals.iter().any(|a| a.plan == approval.plan) {
+        approvals.push(approval);
+    }
+    let excess = approvals.len().saturating_sub(16);
+    approvals.drain(..excess);
+    approvals
 }
 
 /// Queues objects of kind `K` for reconcile from inside the process: no API write, and no
@@ -289,5 +375,20 @@ mod tests {
         let plain: Error = kube::runtime::finalizer::Error::<Error>::CleanupFailed(Error::InProgress("x".into())).into();
         assert_eq!(plain.step(), Some(Step::Cleanup));
         assert_eq!(Error::MissingField("metadata.uid").step(), None);
+    }
+
+    #[test]
+    fn a_record_keeps_each_approved_plan_once() {
+        let approval = |plan: &str| provisioning_crds::RecordedApproval {
+            plan: plan.into(),
+            user: String::new(),
+            field_manager: "k".into(),
+            time: "t".into(),
+        };
+        let one = approvals_with(Vec::new(), approval("a"));
+        assert_eq!(one, vec![approval("a")]);
+        assert_eq!(approvals_with(one.clone(), approval("a")), one, "the same plan again: once");
+        let many = (0..20).fold(Vec::new(), |all, i| approvals_with(all, approval(&i.to_string())));
+        assert_eq!((many.len(), many[0].plan.as_str()), (16, "4"), "the newest 16");
     }
 }

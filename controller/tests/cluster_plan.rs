@@ -407,6 +407,19 @@ fn scale_up_adds_members_and_joins_them() {
 }
 
 #[test]
+fn a_planned_scale_up_starts_the_step_again_without_a_warning() {
+    let mut w = World::new(ETCD);
+    w.converge();
+    w.cluster.metadata.generation = Some(2);
+    w.cluster.spec.pools[0].replicas = 4;
+    let plan = w.plan();
+    assert_eq!(step(&plan.status, "servers/members").state, "Running");
+    // The user scaled on purpose: not a regression, not a Warning.
+    assert!(!plan.events.iter().any(|e| e.reason == "StepRegressed" || (e.warning && e.reason.starts_with("Step"))), "{:?}", plan.events);
+    assert!(plan.events.iter().any(|e| e.reason == "StepStarted" && !e.warning), "{:?}", plan.events);
+}
+
+#[test]
 fn scale_down_drains_before_deleting() {
     let mut w = World::new(ETCD);
     w.converge();

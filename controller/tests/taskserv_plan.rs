@@ -557,6 +557,8 @@ fn delete_after_a_failed_install_gives_up_after_one_failed_remove() {
     let (removal, done) = plan::plan_removal(&p.observed());
     assert!(!done);
     assert_eq!(removal.launch, vec![("s0".to_string(), Operation::Remove)], "one best-effort remove");
+    let ready = cond(&removal.status, "Ready");
+    assert!(ready.2.contains("from 1 server") && !ready.2.contains("1 servers"), "singular: {ready:?}");
     p.commit(&removal);
     p.finish("s0", false, None);
     let (last, done) = plan::plan_removal(&p.observed());

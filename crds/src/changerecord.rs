@@ -67,6 +67,28 @@ pub struct ChangeRecordSpec {
     pub plan: Option<serde_json::Value>,
     /// When the controller started carrying the change out (RFC 3339).
     pub started_at: String,
+    /// Approvals given while this generation was current (Manual approval): which plan, and
+    /// who set `provisioning.dev/approve`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub approvals: Vec<RecordedApproval>,
+}
+
+/// One approval of a plan, as the controller saw it come into force.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedApproval {
+    /// The approved plan's id.
+    pub plan: String,
+    /// The authenticated user, when the API server recorded it (`provisioning.dev/approved-by`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub user: String,
+    /// The field manager that set the annotation (managedFields): the name the client chose,
+    /// not an authenticated user. Empty when no managedFields entry owned it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub field_manager: String,
+    /// When the approval came into force (RFC 3339).
+    pub time: String,
 }
 
 /// The object a ChangeRecord is about.

@@ -187,6 +187,7 @@ mod tests {
         found.sort();
         let expected = [
             // Most recent writer first: the order is the content.
+            ("ChangeRecord.spec.approvals", "atomic"),
             ("ChangeRecord.spec.changedBy", "atomic"),
             ("ChangeRecord.spec.changedFields", "set"),
             ("ChangeRecord.status.conditions", "map[\"type\"]"),

@@ -1,7 +1,7 @@
 //! Plans and approval on the local provider, through `provisioning dev`, kubectl and Docker:
 //! - a Server under `approval: Manual` waits (AwaitingApproval, `status.plan` "1 to create",
 //!   no container) until `provisioning.dev/approve` names its plan id;
-//! - a plan change is planned as "1 to update" (Drifted=True SpecChanged, Warning), nothing
+//! - a plan change is planned as "1 to update" (Drifted=True SpecChanged, a Normal Event), nothing
 //!   changes at Docker until approved; a stale approval is ignored with a PlanStale Warning;
 //!   once approved the same container gets the new CPU and memory limits (`docker update`);
 //! - an image change is "1 to replace": once approved the old container is gone and exactly
@@ -74,11 +74,15 @@ fn plan_of(server: &Value) -> (String, String) {
 }
 
 fn warned(dev: &Dev, name: &str, reason: &str) -> Result<Option<String>> {
+    event(dev, "Warning", name, reason)
+}
+
+fn event(dev: &Dev, type_: &str, name: &str, reason: &str) -> Result<Option<String>> {
     let events: Value = serde_json::from_str(&dev.kubectl_ok(&["get", "events.events.k8s.io", "-n", NS, "-o", "json"])?)?;
     Ok(events["items"].as_array().and_then(|items| {
         items
             .iter()
-            .find(|e| e["type"] == "Warning" && e["reason"] == reason && e["regarding"]["name"] == name)
+            .find(|e| e["type"] == type_ && e["reason"] == reason && e["regarding"]["name"] == name)
             .map(|e| e["note"].as_str().unwrap_or_default().to_string())
     }))
 }
@@ -197,7 +201,9 @@ fn manual_plans_wait_for_approval_and_are_carried_out() -> Result<()> {
         "Drifted: {:?}",
         condition(&s, "Drifted")
     );
-    ensure!(warned(&dev, "plan-web", "SpecChanged")?.is_some(), "a SpecChanged Warning");
+    // The user changed the spec on purpose: a Normal Event, not a Warning.
+    ensure!(event(&dev, "Normal", "plan-web", "SpecChanged")?.is_some(), "a SpecChanged Event");
+    ensure!(warned(&dev, "plan-web", "SpecChanged")?.is_none(), "SpecChanged is not a Warning");
     approve(&dev, "plan-web", "0123456789")?;
     dev.wait_until(Duration::from_secs(30), "a PlanStale Warning", |d| Ok(warned(d, "plan-web", "PlanStale")?.is_some()))?;
     let note = warned(&dev, "plan-web", "PlanStale")?.unwrap_or_default();

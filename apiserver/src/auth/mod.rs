@@ -12,6 +12,7 @@
 //! * Bootstrap roles and ClusterRole aggregation ([`bootstrap`]).
 
 pub mod access;
+pub mod approver;
 pub mod attributes;
 pub mod bootstrap;
 pub mod escalation;

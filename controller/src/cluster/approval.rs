@@ -40,7 +40,6 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use provisioning_crds::{
     ANNOTATION_APPROVE, Approval, ChangeAction, Cluster, ClusterStatus, Plan, PlannedChange, Server, TaskServ, condition,
@@ -408,7 +407,8 @@ pub fn decision(cluster: &Cluster, namespace: &str, o: &Observed<'_>, plan: &Pla
 
 /// Records a [`Decision`] in `status` before anything is passed down: the approval in force
 /// (`status.approvedPlan`) and the conditions held while the plan waits; returns the
-/// PlanStale Warning of a stale annotation, for the visit's report. [`pass_down`] runs only
+/// PlanStale Warning of a stale annotation, or the one `Approved` Event of an approval coming
+/// into force (not one per member it is passed down to), for the visit's report. [`pass_down`] runs only
 /// after this status is written, so a controller stopped in between finds the approval
 /// recorded (members already approved work on, their plans shrink, and the kept approval
 /// still covers what is left) instead of a changed plan id that would make the user's
@@ -420,30 +420,29 @@ pub fn record(
     status: &mut ClusterStatus,
     events: &mut Vec<PlannedEvent>,
     now: Timestamp,
-) -> Option<Note> {
+) -> Vec<Note> {
     let previous = cluster.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     status.approved_plan = decision.approved.clone();
     if !decision.gate.goes() {
         hold(status, events, previous, decision.waiting_message(plan), now);
     }
-    crate::approval::stale(&decision.gate, plan)
+    let before = cluster.status.as_ref().and_then(|s| s.approved_plan.as_ref());
+    let approved = crate::approval::newly_approved(before, status.approved_plan.as_ref()).filter(|_| decision.gate.goes());
+    crate::approval::stale(&decision.gate, plan).into_iter().chain(approved.map(crate::approval::approved)).collect()
 }
 
 /// Approves the covered members of a recorded [`Decision`] (a merge patch of each one's
-/// annotation) and says so in a Normal `Approved` event. A member deleted meanwhile is
-/// skipped; any other failure is retried with the next pass, which decides again.
+/// annotation). The approval's one `Approved` Event is the Cluster's ([`record`]): members
+/// approved here, over several passes as they plan, announce nothing of their own. A member
+/// deleted meanwhile is skipped; any other failure is retried with the next pass, which
+/// decides again.
 pub async fn pass_down(cluster: &Cluster, decision: &Decision, ctx: &Context) -> Result<(), Error> {
     if decision.pass_down.is_empty() {
         return Ok(());
     }
     let namespace = cluster.metadata.namespace.as_deref().ok_or(Error::MissingField("metadata.namespace"))?;
     let approved = approve_members(namespace, &decision.pass_down, ctx).await?;
-    if !approved.is_empty() {
-        let approved_id = decision.approved.as_ref().map(|p| p.id.as_str()).unwrap_or_default();
-        let names: Vec<String> = approved.iter().map(|p| format!("{} {} (plan {})", p.kind.as_str(), p.name, p.id)).collect();
-        let note = format!("plan {approved_id} approved for {}", names.join(", "));
-        ctx.publish(cluster, EventType::Normal, "Approved", "Approve", Some(note)).await;
-    }
+    tracing::debug!(members = approved.len(), "approval passed down");
     Ok(())
 }
 

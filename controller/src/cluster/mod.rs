@@ -175,7 +175,7 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
     let mut events = plan.events.clone();
-    let mut stale = None;
+    let mut stale = Vec::new();
     if let Some((cluster_plan, decision)) = &gated {
         stale = approval::record(&cluster, cluster_plan, decision, &mut status, &mut events, observed.now);
         status.plan = Some(cluster_plan.clone());
@@ -190,12 +190,9 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         if plan.teardown_done {
             return Ok(Action::await_change());
         }
-        return Err(Error::InProgress(format!(
-            "tearing down: {} TaskServs and {} Servers left",
-            children.taskservs.len(),
-            children.servers.len()
-        ))
-        .at(Step::Cleanup));
+        let (taskservs, servers) = (children.taskservs.len(), children.servers.len());
+        let left = format!("{} and {}", crate::text::count(taskservs, "TaskServ"), crate::text::count(servers, "Server"));
+        return Err(Error::InProgress(format!("tearing down: {left} left")).at(Step::Cleanup));
     }
     Ok(match plan.requeue {
         Some(d) => Action::requeue(crate::time::jittered(d)),

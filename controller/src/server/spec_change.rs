@@ -1,5 +1,5 @@
 //! Spec changes: how a Server's plan ([`super::plan::spec_plan`]) against the machine just
-//! observed is recorded (`status.plan`, `Drifted=True` SpecChanged with one Warning per plan),
+//! observed is recorded (`status.plan`, `Drifted=True` SpecChanged with one Normal Event per plan),
 //! carried out ([`carry`]: refused by updatePolicy or the budget, waiting for approval
 //! ([`super::approval`]), or applied in place or by replacement) and settled once carried out
 //! or reverted.
@@ -24,7 +24,7 @@ use crate::error::Step;
 pub const UPDATE_REFUSED: &str = "UpdateRefused";
 
 /// Plans plan/zone/image changes against the machine just observed and carries them out;
-/// continues with the machine and the plan carried out, if any. The SpecChanged Warning is
+/// continues with the machine and the plan carried out, if any. The SpecChanged Event is
 /// due once per plan; a change is refused (updatePolicy, the budget: Stalled), kept waiting
 /// (Manual approval), or applied in place or by replacement.
 pub async fn carry(
@@ -49,7 +49,7 @@ pub async fn carry(
     // Until the change is carried out the machine costs what its observed plan costs.
     let cost = p.machine_cost(&observed);
     if warning_due(server, &plan) {
-        visit.warn(SPEC_CHANGED, "Plan", format!("Server {}: {}", plan::resource(server), describe(&plan)));
+        visit.events.push(spec_changed(&plan));
     }
     let refused = |reason, message| End::Stalled {
         step: Step::Act,
@@ -97,6 +97,12 @@ pub async fn carry(
     Ok((Machine::Observed(obs), Some(plan)))
 }
 
+/// The SpecChanged Event of `plan`: Normal (the user changed the spec on purpose; what fails
+/// carrying it out has its own Warning), about the Server itself, so its note does not name it.
+pub fn spec_changed(plan: &Plan) -> crate::reconcile::Note {
+    crate::reconcile::Note::normal(SPEC_CHANGED, "Plan", describe(plan))
+}
+
 /// One line describing a plan's field changes: "spec.plan cpu1-mem1g → cpu2-mem2g (update)".
 pub fn describe(plan: &Plan) -> String {
     let fields: Vec<String> = plan
@@ -137,7 +143,36 @@ pub fn record(
     super::drift::set_drifted(status, previous, (value, reason, &message), now)
 }
 
-/// Whether the SpecChanged Warning for `plan` is due: once per plan id.
+/// Whether the SpecChanged Event for `plan` is due: once per plan id.
 pub fn warning_due(server: &Server, plan: &Plan) -> bool {
     server.status.as_ref().and_then(|s| s.plan.as_ref()).is_none_or(|p| p.id != plan.id || !p.has_changes())
+}
+
+#[cfg(test)]
+mod tests {
+    use provisioning_crds::{ChangeAction, PlannedChange};
+
+    use super::*;
+
+    #[test]
+    fn a_spec_change_is_a_normal_event_that_does_not_repeat_the_kind() {
+        let plan = Plan {
+            id: "abc".into(),
+            summary: "1 to update".into(),
+            changes: vec![PlannedChange {
+                resource: "Server/demo/web-0".into(),
+                field: "spec.plan".into(),
+                action: ChangeAction::Update,
+                from: "small".into(),
+                to: "medium".into(),
+                reason: String::new(),
+            }],
+            ..Default::default()
+        };
+        let note = spec_changed(&plan);
+        assert!(!note.warning, "a change the user made on purpose is not a Warning");
+        assert_eq!(note.reason, SPEC_CHANGED);
+        assert!(!note.note.contains("Server Server/"), "{}", note.note);
+        assert!(note.note.starts_with("spec.plan small → medium (update)"), "{}", note.note);
+    }
 }

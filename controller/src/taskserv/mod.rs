@@ -257,7 +257,7 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     if let Some(name) = generated_secret {
         desired.generated_secret_ref = Some(LocalSecretReference { name });
     }
-    let mut stale = None;
+    let mut stale = Vec::new();
     if !deleting {
         let resource = format!("TaskServ/{namespace}/{}", ts.name_any());
         let taskserv_plan = plan::taskserv_plan(&resource, ts.metadata.generation, &desired, version.as_deref());
@@ -290,7 +290,12 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
             tctx.runs.forget(&key);
             return Ok(Action::await_change());
         }
-        return Err(Error::InProgress(format!("removing {} from {} servers", ts.spec.service, desired.servers.len())).at(Step::Cleanup));
+        return Err(Error::InProgress(format!(
+            "removing {} from {}",
+            ts.spec.service,
+            crate::text::count(desired.servers.len(), "server")
+        ))
+        .at(Step::Cleanup));
     }
     Ok(match requeue {
         Some(d) => Action::requeue(crate::time::jittered(d)),
@@ -300,8 +305,8 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
 
 /// Under Manual approval (the TaskServ's own, else its Workspace's), holds the plan's install
 /// and remove runs until approved ([`approval`]); a stale approval is ignored with a
-/// PlanStale Warning (returned, for the visit's report). Records the approval in force in
-/// `status.approvedPlan`.
+/// PlanStale Warning, an approval coming into force with an `Approved` Event (both returned,
+/// for the visit's report). Records the approval in force in `status.approvedPlan`.
 fn gate_on_approval(
     ts: &TaskServ,
     namespace: &str,
@@ -310,7 +315,7 @@ fn gate_on_approval(
     desired: &mut TaskServStatus,
     launch: &mut Vec<(String, plan::Operation)>,
     taskserv_plan: &provisioning_crds::Plan,
-) -> Option<Note> {
+) -> Vec<Note> {
     let approval = crate::approval::approval_of(ts.spec.approval, ctx.workspace_for(namespace).spec.approval);
     let annotation = ts.annotations().get(provisioning_crds::ANNOTATION_APPROVE).map(String::as_str);
     let gate = approval::gate(approval, annotation, taskserv_plan, previous.approved_plan.as_ref());
@@ -320,7 +325,8 @@ fn gate_on_approval(
         desired.approved_plan = previous.approved_plan.clone();
         approval::hold(desired, previous, launch, taskserv_plan);
     }
-    crate::approval::stale(&gate, taskserv_plan)
+    let approved = crate::approval::newly_approved(previous.approved_plan.as_ref(), desired.approved_plan.as_ref());
+    crate::approval::stale(&gate, taskserv_plan).into_iter().chain(approved.map(crate::approval::approved)).collect()
 }
 
 /// The semaphore bounding this TaskServ's script runs: its Cluster's `parallelLimit`, or the
@@ -487,7 +493,7 @@ pub enum PrepareError {
     Invalid(String),
     /// The templates do not render because a selected peer that is still being created has
     /// no address yet (etcd's member list): waited for, not a failed install.
-    #[error("waiting for the address of Server {}", .0.join(", "))]
+    #[error("waiting for the address of {}", crate::text::named("Server", .0))]
     WaitingForAddress(Vec<String>),
     /// A call failed: the API (reading the credentials or the SSH key Secret), or building
     /// the provider. Retried or not by the error's class.

@@ -100,7 +100,7 @@ fn taskserv_changes(o: &Observed<'_>, namespace: &str, services: &[ServicePlan],
                 "",
                 ChangeAction::Create,
                 String::new(),
-                format!("{} on {} servers", service.service, ts.spec.servers.names.len()),
+                format!("{} on {}", service.service, crate::text::count(ts.spec.servers.names.len(), "server")),
             )),
             Some(child) => {
                 if child.spec.version != ts.spec.version {
@@ -123,8 +123,8 @@ fn taskserv_changes(o: &Observed<'_>, namespace: &str, services: &[ServicePlan],
                         resource,
                         "spec.servers",
                         ChangeAction::Update,
-                        format!("{} servers", have.len()),
-                        format!("{} servers", want.len()),
+                        crate::text::count(have.len(), "server"),
+                        crate::text::count(want.len(), "server"),
                     ));
                 }
                 // What the member's scripts still have to do (its own plan), so the Cluster's

@@ -501,8 +501,10 @@ impl Planned {
     }
 }
 
-/// Events for steps whose state changed since the previous pass.
-pub(super) fn step_events(previous: &[ClusterStep], steps: &[ClusterStep], events: &mut Vec<PlannedEvent>) {
+/// Events for steps whose state changed since the previous pass. A done step that runs again
+/// because the spec changed (`spec_changed`: a planned scale) starts again (Normal); one that
+/// runs again under the same spec regressed (a member died: Warning).
+pub(super) fn step_events(previous: &[ClusterStep], steps: &[ClusterStep], spec_changed: bool, events: &mut Vec<PlannedEvent>) {
     for s in steps {
         let before = previous.iter().find(|p| p.id == s.id);
         if before.is_some_and(|p| p.state == s.state) {
@@ -514,6 +516,7 @@ pub(super) fn step_events(previous: &[ClusterStep], steps: &[ClusterStep], event
             Some(StepState::Running) if before != Some(StepState::Succeeded) => events.push(PlannedEvent::normal("StepStarted", note)),
             // A new rolling update of a pool that was done: not a regression.
             Some(StepState::Running) if s.message.starts_with(ROLLING) => events.push(PlannedEvent::normal("RollingUpdate", note)),
+            Some(StepState::Running) if spec_changed => events.push(PlannedEvent::normal("StepStarted", note)),
             Some(StepState::Running) => events.push(PlannedEvent::warning("StepRegressed", note)),
             Some(StepState::Succeeded) => events.push(PlannedEvent::normal("StepSucceeded", note)),
             Some(StepState::Failed) => events.push(PlannedEvent::warning("StepFailed", note)),

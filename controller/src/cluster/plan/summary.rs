@@ -86,7 +86,8 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
     let ready = stalled.is_none() && r.waiting_for.is_empty() && servers_ready && ts_ready;
 
     let mut conds = if ready {
-        let msg = format!("{desired_count} servers and {} services ready", services.len());
+        let msg =
+            format!("{} and {} ready", crate::text::count(desired_count as usize, "server"), crate::text::count(services.len(), "service"));
         Summary::ready("Ready", msg).worded(&WORDING)
     } else if let Some((reason, msg)) = &stalled {
         Summary::stalled(reason, msg.clone()).worded(&WORDING)
@@ -138,7 +139,7 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
     };
 
     let mut events = std::mem::take(&mut r.events);
-    step_events(&o.status.steps, &r.steps, &mut events);
+    step_events(&o.status.steps, &r.steps, o.status.observed_generation != o.generation, &mut events);
     if ready && !conditions::is_true(&o.status.conditions, condition::READY) {
         events.push(PlannedEvent::normal("Ready", conds[0].message.clone()));
     }

@@ -32,7 +32,7 @@ pub fn plan_teardown(o: &Observed<'_>, install_order: &[String]) -> Plan {
             if !t.deleting {
                 plan.delete_taskservs.push(t.name.clone());
             }
-            format!("removing {} from {} servers", t.spec.service, t.servers_in_status.len())
+            format!("removing {} from {}", t.spec.service, crate::text::count(t.servers_in_status.len(), "server"))
         } else {
             format!("waiting for {} to be removed first", dependents.join(", "))
         };
@@ -55,7 +55,7 @@ pub fn plan_teardown(o: &Observed<'_>, install_order: &[String]) -> Plan {
         } else {
             StepState::Pending
         };
-        let msg = format!("{} servers left", servers.len());
+        let msg = format!("{} left", crate::text::count(servers.len(), "server"));
         let step = Planned::new(format!("teardown/servers/{pool}"), StepKind::Teardown, format!("pool {pool}"), st, msg);
         steps.push(step.into_step(&o.status.steps, &now));
     }
@@ -68,7 +68,7 @@ pub fn plan_teardown(o: &Observed<'_>, install_order: &[String]) -> Plan {
             merged.push(c.clone());
         }
     }
-    step_events(&o.status.steps, &steps, &mut plan.events);
+    step_events(&o.status.steps, &steps, false, &mut plan.events);
     plan.status = ClusterStatus {
         phase: Some(Phase::Deleting.as_str().into()),
         observed_generation: o.generation,

@@ -77,7 +77,7 @@ pub fn plan_removal(o: &Observed<'_>) -> (Plan, bool) {
         }
     }
     let done = entries.is_empty() && launch.is_empty() && o.in_flight.is_empty();
-    let msg = format!("removing {} from {} servers", o.spec.service, entries.len());
+    let msg = format!("removing {} from {}", o.spec.service, crate::text::count(entries.len(), "server"));
     let conds = Summary::progressing("Deleting", msg).worded(&DELETING);
     let mut kept = conditions::merge(&o.status.conditions, &conds, o.generation, o.now);
     // Keep the kind-specific conditions as they were.

@@ -202,7 +202,7 @@ fn installed_condition(o: &Observed<'_>, work: &Work, f: &Facts, p: &Progress<'_
     }
     let mut msg = format!("{}/{total} servers installed", p.installed);
     if !f.waiting_servers.is_empty() {
-        msg.push_str(&format!("; waiting for Server {}", f.waiting_servers.join(", ")));
+        msg.push_str(&format!("; waiting for {}", crate::text::named("Server", &f.waiting_servers)));
     }
     // Why the last install failed, on the object itself (a machine where sudo wants a
     // password, an unreachable host…), not only in per-server status and events.
