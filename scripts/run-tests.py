@@ -5,7 +5,8 @@
 end-to-end binaries that wait on Docker, `nu` and the embedded control plane, not on the
 CPU. This runner asks cargo for the test binaries it already built (`cargo test --no-run`),
 then runs them LANES at a time, longest first (durations from scripts/test-durations.txt,
-measured on the project's machine; an unknown binary counts as short), each in its
+measured on the project's machine; an unknown binary counts as short; end-to-end binaries that
+create Docker machines under the same namespace/cluster names never run at once), each in its
 package's directory with the environment cargo would give it. Each binary's output is
 printed whole when it finishes (as cargo prints it), then a summary of every binary's time
 and result, and the closing line `N passed, N failed`.
@@ -55,6 +56,21 @@ def test_binaries():
         kind = target["kind"][0]
         found.append((pkg, kind, target["name"], msg["executable"], str(Path(target["src_path"]).parent), msg["manifest_path"]))
     return found
+
+
+def shared_docker_names():
+    """Binary key → "namespace/cluster" for end-to-end tests that create local (Docker)
+    machines under fixed names: two binaries with the same pair would see each other's
+    containers as leftovers (or remove them), so they never run at the same time."""
+    groups = {}
+    ns_re = re.compile(r'const (?:NS|NAMESPACE): &str = "([^"]+)"')
+    cluster_re = re.compile(r'const CLUSTER: &str = "([^"]+)"')
+    for src in sorted((ROOT / "tests" / "tests").glob("*.rs")):
+        text = src.read_text(errors="replace")
+        ns, cluster = ns_re.search(text), cluster_re.search(text)
+        if ns and cluster:
+            groups[f"provisioning-e2e/{src.stem}"] = f"{ns.group(1)}/{cluster.group(1)}"
+    return groups
 
 
 def known_durations():
@@ -153,17 +169,34 @@ def main():
 
     log_dir = ROOT / "target" / "test-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    lock = threading.Lock()
+    lock = threading.Condition()
     started = time.monotonic()
+    groups = shared_docker_names()
+    busy = set()  # groups (shared Docker names) of the binaries running now
+
+    def next_job(queue):
+        """The longest queued job whose Docker names are not in use; None when the queue is
+        empty. Waits while every queued job shares names with a running one."""
+        while queue:
+            for i, job in enumerate(queue):
+                group = groups.get(job.key.split("#")[0])
+                if group is None or group not in busy:
+                    if group is not None:
+                        busy.add(group)
+                    return queue.pop(i)
+            lock.wait()
+        return None
 
     def lane(queue):
         while True:
             with lock:
-                if not queue:
+                job = next_job(queue)
+                if job is None:
                     return
-                job = queue.pop(0)
             run_job(job, log_dir)
             with lock:
+                busy.discard(groups.get(job.key.split("#")[0]))
+                lock.notify_all()
                 mark = "ok" if job.status == 0 else "FAILED"
                 say(f"\n===== {job.key}: {mark} ({job.passed} passed, {job.failed} failed, {job.ignored} ignored) in "
                     f"{job.seconds:.1f}s, at {time.monotonic() - started:.0f}s =====")
