@@ -139,7 +139,9 @@ impl Context {
     }
 
     /// The provider of `account` in `ws`, built with its credentials.
+    /// The Workspace holds its finalizer first (see [`crate::workspace::hold::use_workspace`]).
     pub async fn provider_for(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
+        crate::workspace::hold::use_workspace(self, ws).await?;
         self.providers.get(ws, account).await
     }
 
@@ -357,8 +359,22 @@ impl Context {
     {
         let note = note.map(|n| crate::conditions::truncate(&n, 1000));
         let what = crate::events::Occurrence { type_, reason, action, note: note.as_deref() };
-        if let Err(e) = self.recorder.publish(&what, &obj.object_ref(&())).await {
-            tracing::debug!(error = %e, reason, "could not publish event");
+        match self.recorder.publish(&what, &obj.object_ref(&())).await {
+            Ok(()) => {}
+            // Upstream's NamespaceLifecycle refuses new content in a namespace being deleted.
+            Err(kube::Error::Api(s)) if s.code == 403 && !s.message.contains("is being terminated") => {
+                let namespace = obj.meta().namespace.clone().unwrap_or_default();
+                let key = format!("events-refused/{namespace}");
+                if !self.observed_recently(&key, "", Duration::from_secs(3600)) {
+                    self.mark_observed(&key, "");
+                    tracing::warn!(
+                        namespace,
+                        message = %s.message,
+                        "may not publish Events here: grant create and patch on events (deploy/rbac/cluster-role.yaml does)"
+                    );
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, reason, "could not publish event"),
         }
     }
 

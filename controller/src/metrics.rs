@@ -355,7 +355,11 @@ where
                 Ok(response) => {
                     let code = response.status().as_u16();
                     set_api_access(if code == 401 { ApiAccess::Unauthorized } else { ApiAccess::Ok });
-                    if (code == 401 || code == 403) && layer.should_log(code, &attributes) {
+                    // A refused Event is reported by the publisher, which sees the reason: in a
+                    // namespace being deleted every create is refused with 403, and that is no
+                    // missing permission ([`crate::context::Context::publish`]).
+                    let event = code == 403 && attributes.resource == "events";
+                    if (code == 401 || code == 403) && !event && layer.should_log(code, &attributes) {
                         let RequestAttributes { verb, resource, namespace, name } = &attributes;
                         let why = if code == 401 { "unauthorized: the API server rejects the credentials" } else { "forbidden by RBAC" };
                         tracing::warn!(code, %verb, %resource, %namespace, %name, "API request refused ({why})");

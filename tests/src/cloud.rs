@@ -51,12 +51,19 @@ impl Moto {
     /// The live (not terminated) instances at moto in `region`, as seen through
     /// DescribeInstances.
     pub fn live_instances(&self, region: &str) -> Result<Vec<provisioning_providers::ServerObservation>> {
+        moto_live_instances(&self.endpoint, region)
+    }
+}
+
+/// The instances not terminated at the moto server `endpoint` in `region`.
+pub fn moto_live_instances(endpoint: &str, region: &str) -> Result<Vec<provisioning_providers::ServerObservation>> {
+    {
         let dir = tempfile::tempdir()?;
         let config = provisioning_providers::ProviderConfig {
             name: "e2e-observer".into(),
             provider_type: "aws".into(),
             region: region.into(),
-            endpoint: self.endpoint.clone(),
+            endpoint: endpoint.to_string(),
             credentials: provisioning_providers::Credentials(
                 [
                     ("AWS_ACCESS_KEY_ID".to_string(), "AKIAE2EOBSERVER00001".to_string()),

@@ -6,7 +6,8 @@
 //! account's `endpoint`, for moto an AMI it knows, test credentials in the Secret) before it is
 //! applied, so the example itself is what is tested. The taskservs (containerd, kubernetes,
 //! cilium) cannot run on emulated machines; what must hold is `ServersReady` on the Cluster,
-//! one machine per Server at the emulator, and none once the Cluster is deleted. With bad
+//! one machine per Server at the emulator, and none once the example is deleted — as a folder
+//! (`kubectl delete -f DIR`, Namespace first) or with `kubectl delete namespace`. With bad
 //! credentials the Workspace shows the account not ready with the cloud's message, the
 //! Servers are Stalled, and no secret value shows up in the log, any status or any event.
 
@@ -113,25 +114,52 @@ fn servers_ready(dev: &mut Dev, namespace: &str, plans: (&str, &str)) -> Result<
     Ok(ids)
 }
 
-/// Deletes the Cluster (kubectl waits for its finalizer) and waits until its Servers are gone
-/// from the API and `machines()` reports none left at the emulator.
-fn delete_cluster(dev: &mut Dev, namespace: &str, mut machines: impl FnMut() -> Result<usize>) -> Result<()> {
-    dev.kubectl_ok(&["delete", "pcl", "k8s", "-n", namespace, "--timeout=300s"])?;
-    dev.wait_until(Duration::from_secs(120), "the Cluster's Servers and TaskServs are gone", |d| {
-        let left = get_json(d, &["srv,ts", "-n", namespace])?;
-        Ok(left["items"].as_array().is_none_or(Vec::is_empty))
-    })?;
+/// How a user takes the example down.
+#[derive(Clone, Copy, Debug)]
+enum Teardown {
+    /// `kubectl delete -f DIR`: kubectl deletes in file order, the Namespace first (as Argo CD's
+    /// prune and Flux's garbage collection do), so the credentials Secret and the RoleBinding
+    /// that lets the controller read it go at once with everything else.
+    Folder,
+    /// `kubectl delete namespace NS`.
+    Namespace,
+}
+
+/// Takes the example down as `how` says and waits until the namespace it created is gone and
+/// `machines()` reports none left at the emulator: the Servers must be deleted at the cloud
+/// with the credentials of a Secret that is being deleted in the same breath. (After a
+/// namespace deletion the Workspace, cluster-scoped, creates its namespace again, empty; the
+/// test then deletes the Workspace.)
+fn teardown(dev: &mut Dev, how: Teardown, manifest: &Path, namespace: &str, mut machines: impl FnMut() -> Result<usize>) -> Result<()> {
+    let uid = get_json(dev, &["namespace", namespace])?["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    match how {
+        Teardown::Folder => {
+            let dir = manifest.parent().context("the example copy's directory")?;
+            dev.kubectl_ok(&["delete", "-f", &dir.display().to_string(), "--wait=false"])?;
+        }
+        Teardown::Namespace => {
+            dev.kubectl_ok(&["delete", "namespace", namespace, "--wait=false"])?;
+        }
+    }
     let mut last = usize::MAX;
-    dev.wait_until(Duration::from_secs(60), "no machine left at the emulator", |_| {
+    dev.wait_until(Duration::from_secs(180), &format!("namespace {namespace} (uid {uid}) gone after {how:?} teardown"), |d| {
         last = machines()?;
-        Ok(last == 0)
+        let out = d.kubectl(&["get", "namespace", namespace, "--ignore-not-found", "-o", "jsonpath={.metadata.uid}"])?;
+        Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() != uid)
     })
-    .with_context(|| format!("{last} machine(s) left"))?;
+    .with_context(|| format!("{last} machine(s) at the emulator"))?;
+    last = machines()?;
+    ensure!(last == 0, "{how:?} teardown finished with {last} machine(s) left at the emulator");
+    if matches!(how, Teardown::Namespace) {
+        dev.kubectl_ok(&["delete", "ws", namespace, "--timeout=60s"])?;
+    }
+    let workspace = dev.kubectl(&["get", "ws", namespace, "--ignore-not-found", "-o", "name"])?;
+    ensure!(String::from_utf8_lossy(&workspace.stdout).trim().is_empty(), "Workspace {namespace} still exists");
     Ok(())
 }
 
 #[test]
-fn aws_kubernetes_example_reaches_servers_ready_and_deletes_cleanly() -> Result<()> {
+fn aws_kubernetes_example_reaches_servers_ready_and_deletes_cleanly_as_a_folder() -> Result<()> {
     let moto = Moto::start(&[])?;
     let tmp = tempfile::tempdir()?;
     let secret_key = unique_secret("aws-secret-key");
@@ -157,13 +185,13 @@ fn aws_kubernetes_example_reaches_servers_ready_and_deletes_cleanly() -> Result<
     }
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
 
-    delete_cluster(&mut dev, "k8s-aws", || Ok(moto.live_instances(AWS_REGION)?.len()))?;
+    teardown(&mut dev, Teardown::Folder, &manifest, "k8s-aws", || Ok(moto.live_instances(AWS_REGION)?.len()))?;
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
     Ok(())
 }
 
 #[test]
-fn upcloud_kubernetes_example_reaches_servers_ready_and_deletes_cleanly() -> Result<()> {
+fn upcloud_kubernetes_example_reaches_servers_ready_and_deletes_cleanly_with_its_namespace() -> Result<()> {
     let password = unique_secret("upcloud-password");
     let ssh_key = unique_secret("ssh-key");
     let upcloud = Upcloud::start(UPCLOUD_USER, &password)?;
@@ -188,7 +216,9 @@ fn upcloud_kubernetes_example_reaches_servers_ready_and_deletes_cleanly() -> Res
     }
     assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
 
-    delete_cluster(&mut dev, "k8s-upcloud", || Ok(upcloud.double.server_count() + upcloud.double.storage_count()))?;
+    teardown(&mut dev, Teardown::Namespace, &manifest, "k8s-upcloud", || {
+        Ok(upcloud.double.server_count() + upcloud.double.storage_count())
+    })?;
     assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
     Ok(())
 }

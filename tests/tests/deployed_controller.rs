@@ -472,6 +472,13 @@ fn aws_example(dir: &Path, endpoint: &str) -> Result<PathBuf> {
     Ok(out)
 }
 
+/// The region of the example's (one) provider account.
+fn aws_region(dir: &Path) -> Result<String> {
+    let mut docs = read_yaml_docs(&dir.join("kubernetes-cluster.yaml").display().to_string())?;
+    let ws = docs_of_kind(&mut docs, "Workspace").next().context("no Workspace")?;
+    Ok(ws["spec"]["providers"][0]["region"].as_str().context("the account's region")?.to_string())
+}
+
 #[test]
 fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over() -> Result<()> {
     let objects = rendered_deploy()?;
@@ -594,6 +601,20 @@ fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over(
         let ip = pods.ip(&standby)?;
         Ok(http_get(&ip, ready_port, &ready_path)?.0 == 200 && leading(&standby)?)
     })?;
+
+    // Deleted as a folder (Namespace first, its credentials Secret and the RoleBinding that
+    // lets the controller read it go in the same breath), the AWS example leaves no machine:
+    // the Workspace holds both until its Servers are gone, with no more than deploy/ grants.
+    let uid = plane.kubectl_ok(&["get", "namespace", "k8s-aws", "-o", "jsonpath={.metadata.uid}"])?;
+    plane.kubectl_ok(&["delete", "-f", &aws.display().to_string(), "--wait=false"])?;
+    wait_until(Duration::from_secs(180), "namespace k8s-aws deleted", || {
+        let now = plane.kubectl_ok(&["get", "namespace", "k8s-aws", "--ignore-not-found", "-o", "jsonpath={.metadata.uid}"])?;
+        Ok(now.trim() != uid.trim())
+    })
+    .with_context(|| pods.logs(&standby))?;
+    let region = aws_region(&aws)?;
+    let left = provisioning_e2e::cloud::moto_live_instances(&moto.endpoint, &region)?;
+    ensure!(left.is_empty(), "{} machine(s) left at moto after deleting the example:\n{}", left.len(), pods.logs(&standby));
 
     // The RBAC in deploy/ was enough: no request of the controller was refused.
     for name in &names {

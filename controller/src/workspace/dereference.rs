@@ -25,7 +25,7 @@ pub fn effective(ws: &Workspace, namespace: &str, ctx: &Context) -> EffectiveWor
 pub async fn check_accounts(ws: &EffectiveWorkspace, ctx: &Context) -> Vec<(String, AccountCheck)> {
     let mut out = Vec::new();
     for account in &ws.spec.providers {
-        let check = match ctx.provider_for(ws, account).await {
+        let check = match ctx.providers.get(ws, account).await {
             Err(e) => classify(&e),
             Ok(provider) => {
                 let key = format!("{}/{}", ws.key(), account.name);

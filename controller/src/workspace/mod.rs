@@ -6,6 +6,7 @@
 //! counts and cost from caches) → status (pure) → one status patch when changed.
 
 pub mod dereference;
+pub mod hold;
 pub mod rollup;
 pub mod secrets;
 pub mod status;
@@ -169,6 +170,8 @@ fn on_secret_change(ctx: Arc<Context>, servers: Trigger<Server>) -> impl Fn(Part
     move |secret: PartialObjectMeta<Secret>| {
         let Some(namespace) = secret.namespace() else { return vec![] };
         let name = secret.name_any();
+        // Its finalizers may have changed (or it was re-created): look again.
+        hold::forget(&ctx, &namespace);
         let all = ctx.stores.workspaces.state();
         let (using, namespaces) = secrets::referrers(&all, &ctx.config.default_workspace.providers, &namespace, &name);
         let affected: Vec<ObjectRef<Server>> = ctx
@@ -211,6 +214,7 @@ async fn apply(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
                 .any(|s| s.metadata.namespace.as_deref() == Some(ns.as_str()) && s.metadata.deletion_timestamp.is_some());
             let terminating = ensure_namespace(ns, &ws, fresh, ctx).await.at(Step::Act)? == NamespaceState::Terminating;
             let effective = dereference::effective(&ws, ns, ctx);
+            hold_credentials(ns, &effective, ctx).await.at(Step::Act)?;
             (
                 dereference::check_accounts(&effective, ctx).await,
                 Some(dereference::children(ns, ctx).await.at(Step::Dereference)?),
@@ -263,6 +267,7 @@ async fn cleanup(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
     // Only the owner of the namespace holds: a Workspace that lost it to an older one
     // never served its resources.
     let owner = crate::effective_workspace::owner_of(&namespace, ctx.stores.workspaces.state().iter());
+    let owner = owner.as_ref();
     let users = if owner.is_some_and(|o| o.uid() == ws.uid()) { dereference::users(&namespace, ctx) } else { vec![] };
     let desired = status::terminating(ws.status.as_ref(), ws.metadata.generation, &users, Timestamp::now());
     if !users.is_empty() {
@@ -270,8 +275,20 @@ async fn cleanup(ws: Arc<Workspace>, ctx: &Context) -> Result<Action, Error> {
         let message = conditions::find(&desired.conditions, condition::IN_USE).map(|c| c.message.clone()).unwrap_or_default();
         return Err(Error::InProgress(message).at(Step::Finalizer));
     }
+    if owner.is_some_and(|o| o.uid() == ws.uid()) {
+        // Nothing needs the credentials any more: a deleted Secret or RoleBinding may go.
+        hold::sync(ctx, &namespace, &Default::default(), false).await.at(Step::Finalizer)?;
+    }
     ctx.publish(ws.as_ref(), EventType::Normal, "Deleted", "Delete", Some("workspace released; its namespace is kept".into())).await;
     Ok(Action::await_change())
+}
+
+/// Holds the credentials the namespace's resources need while any exists ([`hold`]).
+async fn hold_credentials(namespace: &str, effective: &crate::effective_workspace::EffectiveWorkspace, ctx: &Context) -> Result<(), Error> {
+    let servers = ctx.stores.servers.state();
+    let secrets = hold::needed(namespace, &effective.spec.providers, servers.iter());
+    let in_use = !dereference::users(namespace, ctx).is_empty();
+    hold::sync(ctx, namespace, &secrets, in_use).await
 }
 
 /// What [`ensure_namespace`] found.
