@@ -9,7 +9,8 @@
 //!    looked at again after [`STALE_REQUEUE`] (its watch event usually comes first);
 //! 4. the paused check: a paused object gets its Paused status and nothing else;
 //! 5. the first finalizer (a guarded merge patch, see [`Context::add_first_finalizer`]) and
-//!    the first-visit status (conditions start Unknown, never absent); after adding the
+//!    the first-visit status (conditions start Unknown, never absent; a kind whose visit
+//!    writes its own, [`Reconciled::VISIT_WRITES_FIRST_STATUS`], skips it); after adding the
 //!    finalizer the visit ends and the watch event of the patch brings the object back;
 //! 6. `kube::runtime::finalizer` with the kind's `apply` / `cleanup`;
 //! 7. the per-object backoff is reset after a successful visit.
@@ -73,6 +74,10 @@ pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + D
     /// resume: Server, whose cleanup deletes a machine, and Workspace) or is cleaned up anyway
     /// (TaskServ, Cluster).
     const PAUSE_HOLDS_DELETION: bool;
+    /// Whether the kind's own visit writes its first status (Server: its create checkpoint
+    /// or whatever the visit comes to, one write instead of two), so the skeleton does not
+    /// write it beside the first finalizer.
+    const VISIT_WRITES_FIRST_STATUS: bool = false;
     /// What the kind's reconciles share (the controller's context).
     type Ctx: Send + Sync + 'static;
     /// The kind's status.
@@ -158,7 +163,7 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
     }
     // Finalizer first (its patch is guarded by resourceVersion), then the first status.
     let added = core.add_first_finalizer(obj.as_ref()).await.at(Step::Finalizer)?;
-    if !deleting && obj.first_visit() {
+    if !deleting && !K::VISIT_WRITES_FIRST_STATUS && obj.first_visit() {
         obj.write_first_status(ctx).await.at(Step::FirstStatus)?;
     }
     if added {

@@ -121,7 +121,8 @@ pub async fn act(
                 None => create(server, valid, login_key, ws, provider, ctx, false).await,
             }
         }
-        Step::Create => create(server, valid, login_key, ws, provider, ctx, true).await,
+        // The caller recorded the create checkpoint (status Provisioned=Creating).
+        Step::Create => create(server, valid, login_key, ws, provider, ctx, false).await,
     }
 }
 

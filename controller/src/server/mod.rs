@@ -56,7 +56,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use provisioning_crds::{Server, ServerStatus, Workspace, condition};
 
-use crate::conditions::{self, Summary};
+use crate::conditions;
 use crate::context::Context;
 use crate::error::{AtStep, Error, ErrorClass, Step};
 use crate::reconcile::{Reconciled, error_policy, reconcile};
@@ -71,6 +71,9 @@ impl Reconciled for Server {
     const KIND: &'static str = KIND;
     // Cleanup deletes the machine: a paused Server keeps it until resumed.
     const PAUSE_HOLDS_DELETION: bool = true;
+    // The visit writes the first status itself: the create checkpoint before a create, or
+    // whatever the visit comes to (Visit::conclude).
+    const VISIT_WRITES_FIRST_STATUS: bool = true;
     type Status = ServerStatus;
     type Ctx = Context;
 
@@ -107,7 +110,7 @@ impl Reconciled for Server {
             provider: None,
             resolved_plan: None,
             machine: Machine::None,
-            summary: Some(Summary::Unknown { reason: "Initializing".into(), message: "reconciliation started".into() }),
+            summary: Some(status::initializing()),
             paused: false,
             now: Timestamp::now(),
         });
@@ -219,6 +222,14 @@ async fn run_steps(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Contex
     let approval = plan::approval(server, ws.spec.approval);
     let step = plan::next_step(server);
     let mut applied = steps::gate_create(visit, &p, &step, approval)?;
+    if step == plan::Step::Create {
+        ctx.admit(ws).map_err(|e| End::failed(Step::Act, e, account))?;
+        // Checkpoint (leak guard): Provisioned=Creating is on record before the create call,
+        // so a crash mid-call leads to a lookup by owner tag, not a second machine, and a
+        // deletion finds the machine (status::create_started). It is also the first status.
+        let creating = visit.status(None, account.map(str::to_string), Some(p.valid.resolved_plan.clone()), Machine::Creating);
+        visit.checkpoint(creating, ctx).await?;
+    }
     let acted = act::act(server, step, &p.valid, p.login_key.as_deref(), ws, &p.provider, ctx)
         .await
         .map_err(|e| End::failed(Step::Act, e, account))?;
