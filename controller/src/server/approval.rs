@@ -45,7 +45,7 @@ pub fn waiting(mut status: ServerStatus) -> ServerStatus {
 
 /// Ends the visit waiting for approval of `plan`: `status` with the plan and the cost.
 pub fn wait(visit: &Visit<'_>, status: ServerStatus, plan: &Plan, cost: &ServerCost) -> End {
-    let recorded = super::spec_change::record(status::record_cost(status, cost), visit.server.status.as_ref(), plan, None, visit.now);
+    let recorded = status::record_plan(status::record_cost(status, cost), visit.server.status.as_ref(), plan, None, visit.now);
     End::Waiting(Box::new(waiting(recorded)))
 }
 

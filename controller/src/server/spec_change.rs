@@ -6,16 +6,15 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::jiff::Timestamp;
-use provisioning_crds::{Approval, Plan, Server, ServerStatus, condition};
+use provisioning_crds::{Approval, Plan, Server};
 use provisioning_providers::ProviderId;
 
-use super::drift::{REMEDIATED, SPEC_CHANGED, SPEC_REVERTED};
+use super::drift::SPEC_CHANGED;
 use super::prepare::Prepared;
 use super::status::{self, Machine};
 use super::visit::{End, Visit};
 use super::{act, approval, budget, plan};
-use crate::conditions::{self, Summary};
+use crate::conditions::Summary;
 use crate::context::Context;
 use crate::effective_workspace::EffectiveWorkspace;
 use crate::error::Step;
@@ -77,9 +76,9 @@ pub async fn carry(
     }
     // Checkpoint: Drifted=True (SpecChanged) and status.plan are written before the machine
     // is touched, so a crash mid-change leaves the change on record.
-    let changing = visit.status(Some(Summary::progressing(SPEC_CHANGED, describe(&plan))), None, None, machine);
+    let changing = visit.status(Some(Summary::progressing(SPEC_CHANGED, status::describe_plan(&plan))), None, None, machine);
     let changing = status::record_machine_spec(changing, server.status.as_ref(), &valid.zone, &valid.image);
-    visit.checkpoint(record(changing, server.status.as_ref(), &plan, None, visit.now), ctx).await?;
+    visit.checkpoint(status::record_plan(changing, server.status.as_ref(), &plan, None, visit.now), ctx).await?;
     let account = Some(valid.account.name.as_str());
     let obs = match carry {
         plan::Carry::Update => {
@@ -100,47 +99,7 @@ pub async fn carry(
 /// The SpecChanged Event of `plan`: Normal (the user changed the spec on purpose; what fails
 /// carrying it out has its own Warning), about the Server itself, so its note does not name it.
 pub fn spec_changed(plan: &Plan) -> crate::reconcile::Note {
-    crate::reconcile::Note::normal(SPEC_CHANGED, "Plan", describe(plan))
-}
-
-/// One line describing a plan's field changes: "spec.plan cpu1-mem1g → cpu2-mem2g (update)".
-pub fn describe(plan: &Plan) -> String {
-    let fields: Vec<String> = plan
-        .changes
-        .iter()
-        .filter(|c| !c.field.is_empty())
-        .map(|c| format!("{} {} → {} ({})", c.field, if c.from.is_empty() { "\"\"" } else { &c.from }, c.to, c.action.verb()))
-        .collect();
-    format!("{}: {}", fields.join(", "), plan.summary)
-}
-
-/// Records `plan` in `status` and sets `Drifted` from it: True (SpecChanged) while the spec
-/// asks for changes to an existing machine, False once carried out (`applied`) or when the
-/// spec was changed back. `lastTransitionTime` moves only on a flip.
-pub fn record(
-    mut status: ServerStatus,
-    previous: Option<&ServerStatus>,
-    plan: &Plan,
-    applied: Option<&Plan>,
-    now: Timestamp,
-) -> ServerStatus {
-    status.plan = Some(plan.clone());
-    if let Some(applied) = applied {
-        status.last_applied_plan = Some(applied.id.clone());
-    }
-    let before = previous.and_then(|p| conditions::find(&p.conditions, condition::DRIFTED));
-    let spec_drift = before.is_some_and(|c| c.status == "True" && c.reason == SPEC_CHANGED);
-    let machine_change = plan.changes.iter().any(|c| !c.field.is_empty());
-    let (value, reason, message) = if machine_change {
-        ("True", SPEC_CHANGED, format!("the machine does not match the spec: {}", describe(plan)))
-    } else if let Some(applied) = applied.filter(|a| a.changes.iter().any(|c| !c.field.is_empty())) {
-        ("False", REMEDIATED, format!("plan {} carried out: {}", applied.id, describe(applied)))
-    } else if spec_drift {
-        ("False", SPEC_REVERTED, "the spec matches the machine again".to_string())
-    } else {
-        return status;
-    };
-    super::drift::set_drifted(status, previous, (value, reason, &message), now)
+    crate::reconcile::Note::normal(SPEC_CHANGED, "Plan", status::describe_plan(plan))
 }
 
 /// Whether the SpecChanged Event for `plan` is due: once per plan id.

@@ -1,9 +1,10 @@
 //! Status (pure): the Server's desired status from what this reconcile learned.
 
 use k8s_openapi::jiff::Timestamp;
-use provisioning_crds::{MachineAddress, ServerCost, ServerStatus, condition};
+use provisioning_crds::{MachineAddress, Plan, ServerCost, ServerStatus, condition};
 use provisioning_providers::ServerObservation;
 
+use super::drift::{self, REMEDIATED, SPEC_CHANGED, SPEC_REVERTED};
 use crate::conditions::{self, DesiredCondition, Status, Summary};
 
 /// Phases shown to humans.
@@ -211,6 +212,46 @@ pub fn record_machine_spec(mut status: ServerStatus, previous: Option<&ServerSta
         status.image = Some(image.to_string());
     }
     status
+}
+
+/// One line describing a plan's field changes: "spec.plan cpu1-mem1g → cpu2-mem2g (update)".
+pub fn describe_plan(plan: &Plan) -> String {
+    let fields: Vec<String> = plan
+        .changes
+        .iter()
+        .filter(|c| !c.field.is_empty())
+        .map(|c| format!("{} {} → {} ({})", c.field, if c.from.is_empty() { "\"\"" } else { &c.from }, c.to, c.action.verb()))
+        .collect();
+    format!("{}: {}", fields.join(", "), plan.summary)
+}
+
+/// Records `plan` in `status` and sets `Drifted` from it: True (SpecChanged) while the spec
+/// asks for changes to an existing machine, False once carried out (`applied`) or when the
+/// spec was changed back. `lastTransitionTime` moves only on a flip.
+pub fn record_plan(
+    mut status: ServerStatus,
+    previous: Option<&ServerStatus>,
+    plan: &Plan,
+    applied: Option<&Plan>,
+    now: Timestamp,
+) -> ServerStatus {
+    status.plan = Some(plan.clone());
+    if let Some(applied) = applied {
+        status.last_applied_plan = Some(applied.id.clone());
+    }
+    let before = previous.and_then(|p| conditions::find(&p.conditions, condition::DRIFTED));
+    let spec_drift = before.is_some_and(|c| c.status == "True" && c.reason == SPEC_CHANGED);
+    let machine_change = plan.changes.iter().any(|c| !c.field.is_empty());
+    let (value, reason, message) = if machine_change {
+        ("True", SPEC_CHANGED, format!("the machine does not match the spec: {}", describe_plan(plan)))
+    } else if let Some(applied) = applied.filter(|a| a.changes.iter().any(|c| !c.field.is_empty())) {
+        ("False", REMEDIATED, format!("plan {} carried out: {}", applied.id, describe_plan(applied)))
+    } else if spec_drift {
+        ("False", SPEC_REVERTED, "the spec matches the machine again".to_string())
+    } else {
+        return status;
+    };
+    drift::set_drifted(status, previous, (value, reason, &message), now)
 }
 
 /// Records the machine's cost (what it would cost, before it exists).

@@ -9,7 +9,7 @@ use provisioning_providers::ProviderId;
 use super::prepare::Prepared;
 use super::status::{self, Machine};
 use super::visit::{End, Visit};
-use super::{act, approval, drift, plan, spec_change, ssh};
+use super::{act, approval, drift, plan, ssh};
 use crate::conditions::Summary;
 use crate::context::Context;
 use crate::effective_workspace::EffectiveWorkspace;
@@ -123,7 +123,7 @@ pub fn finish(visit: &Visit<'_>, p: &Prepared, done: Outcome) -> ServerStatus {
     let desired = status::record_machine_spec(desired, server.status.as_ref(), &valid.zone, &valid.image);
     // What the spec would still change (normally nothing, once carried out).
     let remaining = p.plan(server, Some(&desired));
-    let desired = spec_change::record(desired, server.status.as_ref(), &remaining.plan, applied.as_ref(), visit.now);
+    let desired = status::record_plan(desired, server.status.as_ref(), &remaining.plan, applied.as_ref(), visit.now);
     match (drift, &desired.provider_id) {
         (Some(drift), Some(now_id)) => {
             let found = drift::Found::Remediated(drift, ProviderId(now_id.clone()));

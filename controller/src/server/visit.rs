@@ -153,7 +153,7 @@ impl<'a> Visit<'a> {
             End::Stalled { step, reason, message, plan, cost } => {
                 let mut status = self.status(Some(Summary::stalled(reason, message.clone())), None, None, Machine::Unchanged);
                 if let Some(plan) = plan {
-                    status = super::spec_change::record(status, server.status.as_ref(), &plan, None, self.now);
+                    status = status::record_plan(status, server.status.as_ref(), &plan, None, self.now);
                 }
                 if let Some(cost) = cost {
                     status = status::record_cost(status, &cost);

@@ -41,6 +41,9 @@ use tracing::Instrument;
 use crate::context::{Context, is_paused};
 use crate::error::{AtStep, Error, Step};
 pub use crate::time::STALE_REQUEUE;
+pub use note::Note;
+
+mod note;
 
 /// The status of a kind reconciled through the skeleton: what the skeleton's default hooks
 /// need of it (its conditions).
@@ -179,39 +182,6 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
     .await?;
     core.reset_backoff(K::KIND, obj.as_ref());
     Ok(action)
-}
-
-/// An event a visit publishes once its status is written ([`report`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Note {
-    /// Warning (else Normal).
-    pub warning: bool,
-    /// The event's reason.
-    pub reason: String,
-    /// The event's action.
-    pub action: &'static str,
-    /// The event's note.
-    pub note: String,
-    /// An approval coming into force (the plan id): [`report`] names who approved it and
-    /// records it in the audit log ([`crate::approval::approved`]).
-    pub approved_plan: Option<String>,
-}
-
-impl Note {
-    /// A Warning event.
-    pub fn warning(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
-        Note { warning: true, reason: reason.to_string(), action, note: note.into(), approved_plan: None }
-    }
-
-    /// A Normal event.
-    pub fn normal(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
-        Note { warning: false, reason: reason.to_string(), action, note: note.into(), approved_plan: None }
-    }
-
-    /// A planner's event, published under `action`.
-    pub fn planned(e: crate::planning::PlannedEvent, action: &'static str) -> Self {
-        Note { warning: e.warning, reason: e.reason, action, note: e.note, approved_plan: None }
-    }
 }
 
 /// The one place a visit reports: its status patch (`desired`; skipped when `None` or
