@@ -70,9 +70,8 @@ pub async fn carry(
         return Err(refused(invalid.reason, invalid.message));
     }
     if !approval::check(visit, approval, &plan) {
-        let waiting = visit.status(Some(approval::waiting_summary(&plan)), Some(valid.account.name.clone()), None, machine);
-        let waiting = status::record_machine_spec(waiting, server.status.as_ref(), &valid.zone, &valid.image);
-        return Err(approval::wait(visit, waiting, &plan, &cost));
+        let spec = |s| status::record_machine_spec(s, server.status.as_ref(), &valid.zone, &valid.image);
+        return Err(approval::wait(visit, &plan, &cost, (Some(valid.account.name.clone()), machine), spec));
     }
     // Checkpoint: Drifted=True (SpecChanged) and status.plan are written before the machine
     // is touched, so a crash mid-change leaves the change on record.
@@ -82,9 +81,9 @@ pub async fn carry(
     let account = Some(valid.account.name.as_str());
     let obs = match carry {
         plan::Carry::Update => {
-            act::update(server, &id, valid, ws, &p.provider, ctx).await.map_err(|e| End::failed(Step::Act, e, account))?
+            act::update(server, &id, p, ws, ctx, &mut visit.events).await.map_err(|e| End::failed(Step::Act, e, account))?
         }
-        _ => match act::replace(server, &id, valid, p.login_key.as_deref(), ws, &p.provider, ctx).await {
+        _ => match act::replace(server, &id, p, ws, ctx, &mut visit.events).await {
             Ok(act::Acted::Machine(obs)) => obs,
             Ok(other) => {
                 let e = crate::error::Error::InProgress(format!("replacing machine {id}: {other:?}"));
