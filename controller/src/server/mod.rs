@@ -14,11 +14,14 @@
 //! starting, long and jittered when Ready).
 //!
 //! Each step returns the next value or a [`visit::End`] (Stalled, Failed, Waiting, Done…);
-//! no step writes status or publishes events itself, except at the crash-safety checkpoints
-//! ([`visit::Visit::checkpoint`], each commented where taken: Drifted=True before a
-//! remediation, the spec change before the machine is touched) and the create-pending
-//! annotation set before a create ([`act`]) and cleared only after the status records the
-//! machine.
+//! no step writes status or publishes events itself (provider steps add their events to the
+//! visit's, published with its report), except at the crash-safety checkpoints
+//! ([`visit::Visit::checkpoint`], each commented where taken: Provisioned=Creating before a
+//! first create — the leak guard, also the Server's first status, so a create to Ready is
+//! three writes: finalizer, checkpoint, the status recording the machine —, Drifted=True
+//! before a remediation, the spec change before the machine is touched) and the create-pending
+//! annotation set before a re-create (remediation, replacement; [`act`]) and cleared only after
+//! the status records the machine.
 //!
 //! Concurrency choice: provider calls run inline in the reconcile, and the Controller runs
 //! with unbounded concurrency (one reconcile per object at a time is still guaranteed by
