@@ -30,6 +30,8 @@ cargo fmt --check
 cargo build --workspace --all-targets
 phase build
 cargo clippy --workspace --all-targets -- -D warnings
+# No import circles between the modules of any crate (from the sources; seconds).
+python3 scripts/check-module-cycles.py
 phase clippy
 if ./target/debug/provisioning image build --help >/dev/null 2>&1; then
   ./target/debug/provisioning image build

@@ -77,6 +77,9 @@ fn edit_and_settle(dev: &mut Dev, what: &str, args: &[&str]) -> Result<()> {
 fn no_op_edits_run_no_script_and_a_scale_up_installs_only_on_the_new_member() -> Result<()> {
     let mut dev = Dev::start(&[MANIFEST])?;
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "pcl/etcd", "ts/etcd-etcd", "-n", NS, "--timeout=120s"])?;
+    // The Workspace too: its account check (validate_credentials) belongs to the first rollout,
+    // not to the edits, however soon the Servers are Ready.
+    dev.kubectl_ok(&["wait", "--for=condition=Ready", &format!("workspace/{NS}"), "--timeout=120s"])?;
     dev.wait_until(Duration::from_secs(60), "settled after the first rollout", settled)?;
     let first = script_runs(&dev)?;
     let members = ["etcd-members-0", "etcd-members-1", "etcd-members-2"];

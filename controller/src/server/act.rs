@@ -2,15 +2,16 @@
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::runtime::events::EventType;
 use provisioning_crds::{ANNOTATION_CREATE_PENDING, ANNOTATION_RECONCILE_REQUESTED_AT, LABEL_CLUSTER, Server};
 use provisioning_providers::{DeleteOutcome, MachineState, ProviderId, ServerIdentity, ServerObservation, ServerRequest, SharedProvider};
 
 use super::plan::{CleanupStep, Step};
+use super::prepare::Prepared;
 use super::validate::ValidServer;
 use crate::context::Context;
 use crate::effective_workspace::EffectiveWorkspace;
 use crate::error::Error;
+use crate::reconcile::Note;
 
 /// What acting found out.
 #[derive(Clone, Debug)]
@@ -46,17 +47,18 @@ pub(crate) fn fingerprint(server: &Server, id: &ProviderId) -> String {
     format!("{id}|{requested}|{}", server.metadata.generation.unwrap_or_default())
 }
 
-/// Runs `step` for a valid Server. `login_key` is the public key a new machine authorises:
-/// the Server's own (`spec.sshKeySecretRef`) or, when `None`, the account's.
+/// Runs `step` for a prepared Server; its Normal events (Created...) go to `events`, published
+/// with the visit's report. A new machine authorises `p.login_key`: the Server's own
+/// (`spec.sshKeySecretRef`) or, when `None`, the account's.
 pub async fn act(
     server: &Server,
     step: Step,
-    valid: &ValidServer,
-    login_key: Option<&str>,
+    p: &Prepared,
     ws: &EffectiveWorkspace,
-    provider: &SharedProvider,
     ctx: &Context,
+    events: &mut Vec<Note>,
 ) -> Result<Acted, Error> {
+    let (valid, provider) = (&p.valid, &p.provider);
     let account = valid.account.name.as_str();
     let uid = server.uid().unwrap_or_default();
     let cached = matches!(&step, Step::Observe(id) | Step::Adopt(id)
@@ -111,17 +113,18 @@ pub async fn act(
                     // The create was cut short (e.g. a container created but never started
                     // before a crash): ensure_server finds the same machine and finishes it.
                     tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "create-pending: found the machine by owner tag, still pending; finishing its create");
-                    create(server, valid, login_key, ws, provider, ctx, false).await
+                    create(server, p, ws, ctx, false, events).await
                 }
                 Some(obs) => {
                     tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "create-pending: found the machine by owner tag");
                     ctx.mark_observed(&uid, &fingerprint(server, &obs.provider_id));
                     Ok(Acted::Machine(obs))
                 }
-                None => create(server, valid, login_key, ws, provider, ctx, false).await,
+                None => create(server, p, ws, ctx, false, events).await,
             }
         }
-        Step::Create => create(server, valid, login_key, ws, provider, ctx, true).await,
+        // The caller recorded the create checkpoint (status Provisioned=Creating).
+        Step::Create => create(server, p, ws, ctx, false, events).await,
     }
 }
 
@@ -130,16 +133,15 @@ pub async fn act(
 pub async fn remediate(
     server: &Server,
     drift: &super::drift::Drift,
-    valid: &ValidServer,
-    login_key: Option<&str>,
+    p: &Prepared,
     ws: &EffectiveWorkspace,
-    provider: &SharedProvider,
     ctx: &Context,
+    events: &mut Vec<Note>,
 ) -> Result<Acted, Error> {
     if drift.reason != super::drift::MACHINE_STOPPED {
-        return create(server, valid, login_key, ws, provider, ctx, true).await;
+        return create(server, p, ws, ctx, true, events).await;
     }
-    let account = valid.account.name.as_str();
+    let (account, provider) = (p.valid.account.name.as_str(), &p.provider);
     let obs = ctx.provider_call(ws, provider, account, "start_server", provider.start_server(&drift.machine)).await?;
     tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "machine started again");
     ctx.mark_observed(&server.uid().unwrap_or_default(), &fingerprint(server, &obs.provider_id));
@@ -150,34 +152,32 @@ pub async fn remediate(
 pub async fn update(
     server: &Server,
     id: &ProviderId,
-    valid: &ValidServer,
+    p: &Prepared,
     ws: &EffectiveWorkspace,
-    provider: &SharedProvider,
     ctx: &Context,
+    events: &mut Vec<Note>,
 ) -> Result<ServerObservation, Error> {
+    let (valid, provider) = (&p.valid, &p.provider);
     let request = request(server, valid, None, None, provider)?;
     let obs = ctx.provider_call(ws, provider, &valid.account.name, "update_server", provider.update_server(id, &request)).await?;
     tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, plan = %obs.plan, "machine changed in place");
     ctx.mark_observed(&server.uid().unwrap_or_default(), &fingerprint(server, &obs.provider_id));
-    ctx.publish(server, EventType::Normal, "Updated", "UpdateMachine", Some(format!("changed machine {id} in place (plan {})", obs.plan)))
-        .await;
+    events.push(Note::normal("Updated", "UpdateMachine", format!("changed machine {id} in place (plan {})", obs.plan)));
     Ok(obs)
 }
 
 /// Replaces machine `old`: deletes it first and makes the new one only once it is gone,
 /// since the create path finds machines by owner tag (a surviving old machine would be
 /// "found" instead of a new one made). The create keeps the create-pending leak guard.
-#[allow(clippy::too_many_arguments)]
 pub async fn replace(
     server: &Server,
     old: &ProviderId,
-    valid: &ValidServer,
-    login_key: Option<&str>,
+    p: &Prepared,
     ws: &EffectiveWorkspace,
-    provider: &SharedProvider,
     ctx: &Context,
+    events: &mut Vec<Note>,
 ) -> Result<Acted, Error> {
-    let account = valid.account.name.as_str();
+    let (account, provider) = (p.valid.account.name.as_str(), &p.provider);
     let uid = server.uid().unwrap_or_default();
     match ctx.provider_call(ws, provider, account, "delete_server", provider.delete_owned(old, &uid)).await? {
         DeleteOutcome::Gone => {}
@@ -185,9 +185,8 @@ pub async fn replace(
     }
     tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %old, "machine deleted to be replaced");
     ctx.forget_observed(&server.uid().unwrap_or_default());
-    ctx.publish(server, EventType::Normal, "Replacing", "ReplaceMachine", Some(format!("deleted machine {old}; creating its replacement")))
-        .await;
-    create(server, valid, login_key, ws, provider, ctx, true).await
+    events.push(Note::normal("Replacing", "ReplaceMachine", format!("deleted machine {old}; creating its replacement")));
+    create(server, p, ws, ctx, true, events).await
 }
 
 /// The request for `valid`'s machine.
@@ -213,13 +212,13 @@ fn request(
 
 async fn create(
     server: &Server,
-    valid: &ValidServer,
-    login_key: Option<&str>,
+    p: &Prepared,
     ws: &EffectiveWorkspace,
-    provider: &SharedProvider,
     ctx: &Context,
     mark_pending: bool,
+    events: &mut Vec<Note>,
 ) -> Result<Acted, Error> {
+    let (valid, provider) = (&p.valid, &p.provider);
     if mark_pending {
         // Leak guard: recorded before the call, so a crash mid-call leads to a lookup, not a second machine.
         ctx.set_annotation(server, ANNOTATION_CREATE_PENDING, Some(&Timestamp::now().to_string())).await?;
@@ -231,18 +230,15 @@ async fn create(
     } else {
         None
     };
-    let request = request(server, valid, login_key, host_key, provider)?;
+    let request = request(server, valid, p.login_key.as_deref(), host_key, provider)?;
     let obs = ctx.provider_call(ws, provider, &valid.account.name, "ensure_server", provider.ensure_server(&request)).await?;
     tracing::info!(namespace = server.namespace().as_deref(), name = %server.name_any(), provider_id = %obs.provider_id, "machine created");
     ctx.mark_observed(&server.uid().unwrap_or_default(), &fingerprint(server, &obs.provider_id));
-    ctx.publish(
-        server,
-        EventType::Normal,
+    events.push(Note::normal(
         "Created",
         "CreateMachine",
-        Some(format!("created machine {} at provider account {}", obs.provider_id, valid.account.name)),
-    )
-    .await;
+        format!("created machine {} at provider account {}", obs.provider_id, valid.account.name),
+    ));
     Ok(Acted::Machine(obs))
 }
 
@@ -264,7 +260,8 @@ pub fn host_key(
     super::ssh::restore_pin(provider, machine, recorded)
 }
 
-/// Runs the deletion step. `Ok(())` means the machine is gone (or left, for Orphan).
+/// Runs the deletion step. `Ok(())` means the machine is gone (or left, for Orphan). Its
+/// events go to `events`, published with the cleanup's report.
 pub async fn cleanup(
     server: &Server,
     step: CleanupStep,
@@ -272,6 +269,7 @@ pub async fn cleanup(
     ws: &EffectiveWorkspace,
     provider: &SharedProvider,
     ctx: &Context,
+    events: &mut Vec<Note>,
 ) -> Result<(), Error> {
     let id = match step {
         CleanupStep::Nothing => return Ok(()),
@@ -290,14 +288,8 @@ pub async fn cleanup(
         let observed = ctx.provider_call(ws, provider, account, "observe_server", provider.observe_server(&id)).await?;
         let Some(observed) = observed else { return Ok(()) };
         if let Err(refused) = super::validate::check_adoption(&server.uid().unwrap_or_default(), &observed) {
-            ctx.publish(
-                server,
-                EventType::Warning,
-                refused.reason,
-                "DeleteMachine",
-                Some(format!("{}; the Server is released and the machine left running", refused.message)),
-            )
-            .await;
+            let note = format!("{}; the Server is released and the machine left running", refused.message);
+            events.push(Note::warning(refused.reason, "DeleteMachine", note));
             return Ok(());
         }
     }
@@ -307,12 +299,12 @@ pub async fn cleanup(
     // deleted, and the Server goes without it.
     if let Err(Error::Provider { source: provisioning_providers::ProviderError::NotOwned(message), .. }) = &deleted {
         let message = format!("{message}; the Server is released and the machine left running");
-        ctx.publish(server, EventType::Warning, "MachineNotOwned", "DeleteMachine", Some(message)).await;
+        events.push(Note::warning("MachineNotOwned", "DeleteMachine", message));
         return Ok(());
     }
     match deleted? {
         DeleteOutcome::Gone => {
-            ctx.publish(server, EventType::Normal, "Deleted", "DeleteMachine", Some(format!("deleted machine {id}"))).await;
+            events.push(Note::normal("Deleted", "DeleteMachine", format!("deleted machine {id}")));
             Ok(())
         }
         DeleteOutcome::InProgress => Err(Error::InProgress(format!("machine {id} is being deleted"))),

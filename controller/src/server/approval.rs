@@ -6,7 +6,7 @@
 
 use provisioning_crds::{Approval, Plan, ServerCost, ServerStatus};
 
-use super::status;
+use super::status::{self, Machine};
 use super::visit::{End, Visit};
 pub use crate::approval::{AWAITING_APPROVAL, PLAN_STALE};
 use crate::conditions::Summary;
@@ -31,22 +31,21 @@ pub fn newly_approved<'a>(gate: &'a crate::approval::Gate, status: Option<&Serve
     waiting.then_some(plan.id.as_str())
 }
 
-/// The summary of a Server waiting for approval of `plan`: Ready=False, reason
-/// AwaitingApproval, the message naming the plan.
-pub fn waiting_summary(plan: &Plan) -> Summary {
-    Summary::progressing(AWAITING_APPROVAL, crate::approval::waiting_message(plan))
-}
-
-/// Marks `status` as waiting (phase AwaitingApproval).
-pub fn waiting(mut status: ServerStatus) -> ServerStatus {
+/// Ends the visit waiting for approval of `plan`: the status as the visit learned it
+/// (`account`, `machine`) with what `record` adds to it (the machine spec, a drift), Ready=False
+/// with reason AwaitingApproval naming the plan, phase AwaitingApproval, the plan and the cost.
+pub fn wait(
+    visit: &Visit<'_>,
+    plan: &Plan,
+    cost: &ServerCost,
+    (account, machine): (Option<String>, Machine),
+    record: impl FnOnce(ServerStatus) -> ServerStatus,
+) -> End {
+    let summary = Summary::progressing(AWAITING_APPROVAL, crate::approval::waiting_message(plan));
+    let status = status::record_cost(record(visit.status(Some(summary), account, None, machine)), cost);
+    let mut status = status::record_plan(status, visit.server.status.as_ref(), plan, None, visit.now);
     status.phase = Some(AWAITING_APPROVAL.to_string());
-    status
-}
-
-/// Ends the visit waiting for approval of `plan`: `status` with the plan and the cost.
-pub fn wait(visit: &Visit<'_>, status: ServerStatus, plan: &Plan, cost: &ServerCost) -> End {
-    let recorded = super::spec_change::record(status::record_cost(status, cost), visit.server.status.as_ref(), plan, None, visit.now);
-    End::Waiting(Box::new(waiting(recorded)))
+    End::Waiting(Box::new(status))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use provisioning_crds::{ANNOTATION_CREATE_PENDING, Server, Workspace};
+use provisioning_crds::{Server, Workspace};
 
 use crate::context::Context;
 use crate::effective_workspace::EffectiveWorkspace;
@@ -21,7 +21,7 @@ pub struct Refs {
 pub fn has_machine(server: &Server) -> bool {
     server.status.as_ref().is_some_and(|s| s.provider_id.is_some())
         || !server.spec.external_id.is_empty()
-        || server.annotations().contains_key(ANNOTATION_CREATE_PENDING)
+        || super::plan::create_pending(server)
 }
 
 /// Reads the workspace and, for a Server without a machine, its rank among the namespace's

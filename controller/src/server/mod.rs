@@ -14,11 +14,14 @@
 //! starting, long and jittered when Ready).
 //!
 //! Each step returns the next value or a [`visit::End`] (Stalled, Failed, Waiting, Done…);
-//! no step writes status or publishes events itself, except at the crash-safety checkpoints
-//! ([`visit::Visit::checkpoint`], each commented where taken: Drifted=True before a
-//! remediation, the spec change before the machine is touched) and the create-pending
-//! annotation set before a create ([`act`]) and cleared only after the status records the
-//! machine.
+//! no step writes status or publishes events itself (provider steps add their events to the
+//! visit's, published with its report), except at the crash-safety checkpoints
+//! ([`visit::Visit::checkpoint`], each commented where taken: Provisioned=Creating before a
+//! first create — the leak guard, also the Server's first status, so a create to Ready is
+//! three writes: finalizer, checkpoint, the status recording the machine —, Drifted=True
+//! before a remediation, the spec change before the machine is touched) and the create-pending
+//! annotation set before a re-create (remediation, replacement; [`act`]) and cleared only after
+//! the status records the machine.
 //!
 //! Concurrency choice: provider calls run inline in the reconcile, and the Controller runs
 //! with unbounded concurrency (one reconcile per object at a time is still guaranteed by
@@ -50,16 +53,15 @@ use futures::StreamExt;
 use futures::channel::mpsc::UnboundedReceiver;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use provisioning_crds::{Server, ServerStatus, Workspace, condition};
 
-use crate::conditions::{self, Summary};
+use crate::conditions;
 use crate::context::Context;
 use crate::error::{AtStep, Error, ErrorClass, Step};
-use crate::reconcile::{Reconciled, error_policy, reconcile};
+use crate::reconcile::{Note, Reconciled, error_policy, reconcile, report};
 use crate::sync::{CacheSync, cache};
 use status::{Machine, StatusInput};
 use visit::{End, Visit};
@@ -71,6 +73,9 @@ impl Reconciled for Server {
     const KIND: &'static str = KIND;
     // Cleanup deletes the machine: a paused Server keeps it until resumed.
     const PAUSE_HOLDS_DELETION: bool = true;
+    // The visit writes the first status itself: the create checkpoint before a create, or
+    // whatever the visit comes to (Visit::conclude).
+    const VISIT_WRITES_FIRST_STATUS: bool = true;
     type Status = ServerStatus;
     type Ctx = Context;
 
@@ -107,7 +112,7 @@ impl Reconciled for Server {
             provider: None,
             resolved_plan: None,
             machine: Machine::None,
-            summary: Some(Summary::Unknown { reason: "Initializing".into(), message: "reconciliation started".into() }),
+            summary: Some(status::initializing()),
             paused: false,
             now: Timestamp::now(),
         });
@@ -219,9 +224,15 @@ async fn run_steps(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Contex
     let approval = plan::approval(server, ws.spec.approval);
     let step = plan::next_step(server);
     let mut applied = steps::gate_create(visit, &p, &step, approval)?;
-    let acted = act::act(server, step, &p.valid, p.login_key.as_deref(), ws, &p.provider, ctx)
-        .await
-        .map_err(|e| End::failed(Step::Act, e, account))?;
+    if step == plan::Step::Create {
+        ctx.admit(ws).map_err(|e| End::failed(Step::Act, e, account))?;
+        // Checkpoint (leak guard): Provisioned=Creating is on record before the create call,
+        // so a crash mid-call leads to a lookup by owner tag, not a second machine, and a
+        // deletion finds the machine (status::create_started). It is also the first status.
+        let creating = visit.status(None, account.map(str::to_string), Some(p.valid.resolved_plan.clone()), Machine::Creating);
+        visit.checkpoint(creating, ctx).await?;
+    }
+    let acted = act::act(server, step, &p, ws, ctx, &mut visit.events).await.map_err(|e| End::failed(Step::Act, e, account))?;
     let (acted, drift) = match acted {
         act::Acted::Drifted(drift) => {
             let (acted, remedy) = steps::remediate_drift(visit, &drift, &p, approval, ws, ctx).await?;
@@ -230,70 +241,74 @@ async fn run_steps(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Contex
         }
         acted => (acted, None),
     };
-    let machine = steps::machine(acted, &p)?;
+    // What acting learned: an adopted machine that is missing or may not be adopted stalls.
+    let machine = match acted {
+        act::Acted::Drifted(_) | act::Acted::Unchanged => Machine::Unchanged,
+        act::Acted::Machine(obs) => Machine::Observed(obs),
+        act::Acted::ExternalMissing(id) => {
+            let message = format!("machine {id} named by spec.externalID does not exist at provider account {:?}", p.valid.account.name);
+            return Err(End::stalled(Step::Act, "ExternalNotFound", message));
+        }
+        act::Acted::AdoptionRefused(refused) => return Err(End::stalled(Step::Act, refused.reason, refused.message)),
+    };
     let (machine, spec_applied) = spec_change::carry(visit, &p, approval, machine, ws, ctx).await?;
     let host_key = steps::host_key(visit, &machine, &p, ctx).await?;
     let outcome = steps::Outcome { machine, host_key, applied: spec_applied.or(applied), drift };
     Ok(End::Done(Box::new(steps::finish(visit, &p, outcome))))
 }
 
+/// Deleting: the machine goes (or is left, deletionPolicy Orphan), then one report: the
+/// Deleting status when the Server outlives this pass, then the events.
 async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let step = plan::cleanup_step(&server);
-    if step == plan::CleanupStep::Nothing {
+    let mut events = Vec::new();
+    let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+    let deleted = if step == plan::CleanupStep::Nothing {
         if server.spec.effective_deletion_policy() == provisioning_crds::DeletionPolicy::Orphan {
-            let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
-            ctx.publish(
-                server.as_ref(),
-                EventType::Normal,
-                "Orphaned",
-                "DeleteMachine",
-                Some(format!("deletionPolicy Orphan: machine {id} left running")),
-            )
-            .await;
+            events.push(Note::normal("Orphaned", "DeleteMachine", format!("deletionPolicy Orphan: machine {id} left running")));
         }
-        ctx.forget_observed(&server.uid().unwrap_or_default());
-        ctx.forget_written(server.as_ref());
-        return Ok(Action::await_change());
-    }
+        Ok(false)
+    } else {
+        delete_machine(&server, step, namespace, &mut events, ctx).await.map(|()| true)
+    };
     // Never Ready/Running while the machine is being deleted (issue 25): written whenever the
     // Server outlives this pass (in progress, failed, or held by someone else's finalizer); not
     // before a delete that finishes at once (that write would bring the object back for a
     // second cleanup).
-    let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
-    let marked = deleting::deleting(
-        server.status.as_ref(),
-        server.metadata.generation,
-        format!("deleting machine {id} at its provider"),
-        Timestamp::now(),
-    );
-    match delete_machine(&server, step, namespace, ctx).await {
-        Ok(()) => {
-            let held_by_others = server.finalizers().iter().any(|f| f != provisioning_crds::FINALIZER);
-            if held_by_others {
-                write_status(&server, marked, ctx).await?;
-            }
-            ctx.forget_observed(&server.uid().unwrap_or_default());
-            ctx.forget_written(server.as_ref());
-            Ok(Action::await_change())
-        }
+    let outlives = match &deleted {
+        Ok(deleting) => *deleting && server.finalizers().iter().any(|f| f != provisioning_crds::FINALIZER),
         Err(e) => {
             if e.class() != ErrorClass::InProgress {
-                ctx.publish(server.as_ref(), EventType::Warning, e.category(), "DeleteMachine", Some(e.to_string())).await;
+                events.push(Note::warning(e.category(), "DeleteMachine", e.to_string()));
             }
-            write_status(&server, marked, ctx).await?;
-            Err(e)
+            true
         }
-    }
+    };
+    let marked = outlives.then(|| {
+        let message = format!("deleting machine {id} at its provider");
+        deleting::deleting(server.status.as_ref(), server.metadata.generation, message, Timestamp::now())
+    });
+    report(server.as_ref(), server.status.as_ref(), marked.as_ref(), events, ctx).await?;
+    deleted?;
+    ctx.forget_observed(&server.uid().unwrap_or_default());
+    ctx.forget_written(server.as_ref());
+    Ok(Action::await_change())
 }
 
 /// Deletes the Server's machine with the account it was made with.
-async fn delete_machine(server: &Server, step: plan::CleanupStep, namespace: &str, ctx: &Context) -> Result<(), Error> {
+async fn delete_machine(
+    server: &Server,
+    step: plan::CleanupStep,
+    namespace: &str,
+    events: &mut Vec<Note>,
+    ctx: &Context,
+) -> Result<(), Error> {
     let ws = ctx.workspace_for(namespace);
     // The account the machine was made with (status), else what the spec names now.
     let account_name = server.status.as_ref().and_then(|s| s.provider.clone()).unwrap_or_else(|| server.spec.provider.clone());
     let account = ws.account(&account_name).cloned().map_err(|message| Error::Stalled { reason: "UnknownProvider", message })?;
     let provider = ctx.provider_for(&ws, &account).await.at(Step::Dereference)?;
-    act::cleanup(server, step, &account.name, &ws, &provider, ctx).await
+    act::cleanup(server, step, &account.name, &ws, &provider, ctx, events).await
 }
 
 /// The Server API of the object's namespace.

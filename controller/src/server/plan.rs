@@ -17,11 +17,19 @@ pub enum Step {
     Observe(ProviderId),
     /// Adopt the machine named by `spec.externalID`: observe it, never create.
     Adopt(ProviderId),
-    /// A create call may have happened without its result being recorded (create-pending
-    /// set, no providerID): look the machine up by owner tag before creating anything.
+    /// A create call may have happened without its result being recorded ([`create_pending`],
+    /// no providerID): look the machine up by owner tag before creating anything.
     FindThenCreate,
-    /// Nothing was ever created: write create-pending, then create.
+    /// Nothing was ever created: record the create checkpoint (the leak guard), then create.
     Create,
+}
+
+/// Whether a create call may have happened without its machine recorded: the create
+/// checkpoint in status (Provisioned reason `Creating`, see [`super::status::create_started`])
+/// or the `create-pending` annotation (remediation and replacement creates, and controllers
+/// before the checkpoint).
+pub fn create_pending(server: &Server) -> bool {
+    server.annotations().contains_key(ANNOTATION_CREATE_PENDING) || super::status::create_started(server.status.as_ref())
 }
 
 /// Decides the next step for a Server that is not being deleted.
@@ -32,7 +40,7 @@ pub fn next_step(server: &Server) -> Step {
         (Some(recorded), Some(external)) if recorded != external => Step::Adopt(ProviderId(external)),
         (_, Some(external)) => Step::Adopt(ProviderId(external)),
         (Some(recorded), None) => Step::Observe(ProviderId(recorded)),
-        (None, None) if server.annotations().contains_key(ANNOTATION_CREATE_PENDING) => Step::FindThenCreate,
+        (None, None) if create_pending(server) => Step::FindThenCreate,
         (None, None) => Step::Create,
     }
 }
@@ -63,7 +71,7 @@ pub fn cleanup_step(server: &Server) -> CleanupStep {
     };
     match target {
         Some(id) => CleanupStep::Delete(ProviderId(id)),
-        None if server.annotations().contains_key(ANNOTATION_CREATE_PENDING) => CleanupStep::FindThenDelete,
+        None if create_pending(server) => CleanupStep::FindThenDelete,
         None => CleanupStep::Nothing,
     }
 }

@@ -6,16 +6,15 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::jiff::Timestamp;
-use provisioning_crds::{Approval, Plan, Server, ServerStatus, condition};
+use provisioning_crds::{Approval, Plan, Server};
 use provisioning_providers::ProviderId;
 
-use super::drift::{REMEDIATED, SPEC_CHANGED, SPEC_REVERTED};
+use super::drift::SPEC_CHANGED;
 use super::prepare::Prepared;
 use super::status::{self, Machine};
 use super::visit::{End, Visit};
 use super::{act, approval, budget, plan};
-use crate::conditions::{self, Summary};
+use crate::conditions::Summary;
 use crate::context::Context;
 use crate::effective_workspace::EffectiveWorkspace;
 use crate::error::Step;
@@ -71,21 +70,20 @@ pub async fn carry(
         return Err(refused(invalid.reason, invalid.message));
     }
     if !approval::check(visit, approval, &plan) {
-        let waiting = visit.status(Some(approval::waiting_summary(&plan)), Some(valid.account.name.clone()), None, machine);
-        let waiting = status::record_machine_spec(waiting, server.status.as_ref(), &valid.zone, &valid.image);
-        return Err(approval::wait(visit, waiting, &plan, &cost));
+        let spec = |s| status::record_machine_spec(s, server.status.as_ref(), &valid.zone, &valid.image);
+        return Err(approval::wait(visit, &plan, &cost, (Some(valid.account.name.clone()), machine), spec));
     }
     // Checkpoint: Drifted=True (SpecChanged) and status.plan are written before the machine
     // is touched, so a crash mid-change leaves the change on record.
-    let changing = visit.status(Some(Summary::progressing(SPEC_CHANGED, describe(&plan))), None, None, machine);
+    let changing = visit.status(Some(Summary::progressing(SPEC_CHANGED, status::describe_plan(&plan))), None, None, machine);
     let changing = status::record_machine_spec(changing, server.status.as_ref(), &valid.zone, &valid.image);
-    visit.checkpoint(record(changing, server.status.as_ref(), &plan, None, visit.now), ctx).await?;
+    visit.checkpoint(status::record_plan(changing, server.status.as_ref(), &plan, None, visit.now), ctx).await?;
     let account = Some(valid.account.name.as_str());
     let obs = match carry {
         plan::Carry::Update => {
-            act::update(server, &id, valid, ws, &p.provider, ctx).await.map_err(|e| End::failed(Step::Act, e, account))?
+            act::update(server, &id, p, ws, ctx, &mut visit.events).await.map_err(|e| End::failed(Step::Act, e, account))?
         }
-        _ => match act::replace(server, &id, valid, p.login_key.as_deref(), ws, &p.provider, ctx).await {
+        _ => match act::replace(server, &id, p, ws, ctx, &mut visit.events).await {
             Ok(act::Acted::Machine(obs)) => obs,
             Ok(other) => {
                 let e = crate::error::Error::InProgress(format!("replacing machine {id}: {other:?}"));
@@ -100,47 +98,7 @@ pub async fn carry(
 /// The SpecChanged Event of `plan`: Normal (the user changed the spec on purpose; what fails
 /// carrying it out has its own Warning), about the Server itself, so its note does not name it.
 pub fn spec_changed(plan: &Plan) -> crate::reconcile::Note {
-    crate::reconcile::Note::normal(SPEC_CHANGED, "Plan", describe(plan))
-}
-
-/// One line describing a plan's field changes: "spec.plan cpu1-mem1g → cpu2-mem2g (update)".
-pub fn describe(plan: &Plan) -> String {
-    let fields: Vec<String> = plan
-        .changes
-        .iter()
-        .filter(|c| !c.field.is_empty())
-        .map(|c| format!("{} {} → {} ({})", c.field, if c.from.is_empty() { "\"\"" } else { &c.from }, c.to, c.action.verb()))
-        .collect();
-    format!("{}: {}", fields.join(", "), plan.summary)
-}
-
-/// Records `plan` in `status` and sets `Drifted` from it: True (SpecChanged) while the spec
-/// asks for changes to an existing machine, False once carried out (`applied`) or when the
-/// spec was changed back. `lastTransitionTime` moves only on a flip.
-pub fn record(
-    mut status: ServerStatus,
-    previous: Option<&ServerStatus>,
-    plan: &Plan,
-    applied: Option<&Plan>,
-    now: Timestamp,
-) -> ServerStatus {
-    status.plan = Some(plan.clone());
-    if let Some(applied) = applied {
-        status.last_applied_plan = Some(applied.id.clone());
-    }
-    let before = previous.and_then(|p| conditions::find(&p.conditions, condition::DRIFTED));
-    let spec_drift = before.is_some_and(|c| c.status == "True" && c.reason == SPEC_CHANGED);
-    let machine_change = plan.changes.iter().any(|c| !c.field.is_empty());
-    let (value, reason, message) = if machine_change {
-        ("True", SPEC_CHANGED, format!("the machine does not match the spec: {}", describe(plan)))
-    } else if let Some(applied) = applied.filter(|a| a.changes.iter().any(|c| !c.field.is_empty())) {
-        ("False", REMEDIATED, format!("plan {} carried out: {}", applied.id, describe(applied)))
-    } else if spec_drift {
-        ("False", SPEC_REVERTED, "the spec matches the machine again".to_string())
-    } else {
-        return status;
-    };
-    super::drift::set_drifted(status, previous, (value, reason, &message), now)
+    crate::reconcile::Note::normal(SPEC_CHANGED, "Plan", status::describe_plan(plan))
 }
 
 /// Whether the SpecChanged Event for `plan` is due: once per plan id.

@@ -1,9 +1,10 @@
 //! Status (pure): the Server's desired status from what this reconcile learned.
 
 use k8s_openapi::jiff::Timestamp;
-use provisioning_crds::{MachineAddress, ServerCost, ServerStatus, condition};
+use provisioning_crds::{MachineAddress, Plan, ServerCost, ServerStatus, condition};
 use provisioning_providers::ServerObservation;
 
+use super::drift::{self, REMEDIATED, SPEC_CHANGED, SPEC_REVERTED};
 use crate::conditions::{self, DesiredCondition, Status, Summary};
 
 /// Phases shown to humans.
@@ -29,6 +30,22 @@ pub enum Machine {
     Observed(ServerObservation),
     /// Nothing known yet.
     None,
+    /// A create is about to be called: nothing known yet, but from here on a machine may
+    /// exist unrecorded (Provisioned reason [`CREATING`], the leak guard of [`create_started`]).
+    Creating,
+}
+
+/// Provisioned's reason from the create checkpoint until a machine is recorded: a create call
+/// may have been made, so the machine is looked up by owner tag before any other create and
+/// on deletion (the leak guard, like the `create-pending` annotation).
+pub const CREATING: &str = "Creating";
+
+/// Whether `status` records a create started without its machine recorded (the leak guard
+/// written by the create checkpoint, kept by every later status until a machine is recorded).
+pub fn create_started(status: Option<&ServerStatus>) -> bool {
+    status.is_some_and(|s| {
+        s.provider_id.is_none() && conditions::find(&s.conditions, condition::PROVISIONED).is_some_and(|c| c.reason == CREATING)
+    })
 }
 
 /// Inputs of [`desired`].
@@ -50,6 +67,12 @@ pub struct StatusInput<'a> {
     pub paused: bool,
     /// Clock.
     pub now: Timestamp,
+}
+
+/// The first visit's summary when it has nothing else to record: Unknown, reason
+/// `Initializing`.
+pub fn initializing() -> Summary {
+    Summary::Unknown { reason: "Initializing".into(), message: "reconciliation started".into() }
 }
 
 /// Builds the desired status. Identical inputs give an identical status (no write).
@@ -83,8 +106,10 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
                 status.resolved_plan = Some(obs.plan.clone());
             }
         }
-        Machine::Unchanged | Machine::None => {}
+        Machine::Unchanged | Machine::None | Machine::Creating => {}
     }
+    // The leak guard stays until a machine is recorded, whatever ends this visit.
+    let creating = matches!(input.machine, Machine::Creating) || create_started(Some(&previous));
     let running = status.provider_state.as_deref() == Some("running") && status.provider_id.is_some();
     let summary = input.summary.clone().unwrap_or_else(|| match (&status.provider_id, running) {
         (Some(id), true) => Summary::ready("Running", format!("machine {id} is running")),
@@ -97,6 +122,12 @@ pub fn desired(input: StatusInput<'_>) -> ServerStatus {
     let provisioned = match (&status.provider_id, running) {
         (Some(id), true) => DesiredCondition::new(condition::PROVISIONED, Status::True, "Running", format!("machine {id} is running")),
         (Some(_), false) => DesiredCondition::new(condition::PROVISIONED, Status::False, "Starting", "the machine is not running yet"),
+        (None, _) if creating => DesiredCondition::new(
+            condition::PROVISIONED,
+            Status::False,
+            CREATING,
+            "a create was started at the provider; no machine recorded yet",
+        ),
         (None, _) if matches!(summary, Summary::Unknown { .. }) => {
             DesiredCondition::new(condition::PROVISIONED, Status::Unknown, "Initializing", "")
         }
@@ -183,6 +214,46 @@ pub fn record_machine_spec(mut status: ServerStatus, previous: Option<&ServerSta
     status
 }
 
+/// One line describing a plan's field changes: "spec.plan cpu1-mem1g → cpu2-mem2g (update)".
+pub fn describe_plan(plan: &Plan) -> String {
+    let fields: Vec<String> = plan
+        .changes
+        .iter()
+        .filter(|c| !c.field.is_empty())
+        .map(|c| format!("{} {} → {} ({})", c.field, if c.from.is_empty() { "\"\"" } else { &c.from }, c.to, c.action.verb()))
+        .collect();
+    format!("{}: {}", fields.join(", "), plan.summary)
+}
+
+/// Records `plan` in `status` and sets `Drifted` from it: True (SpecChanged) while the spec
+/// asks for changes to an existing machine, False once carried out (`applied`) or when the
+/// spec was changed back. `lastTransitionTime` moves only on a flip.
+pub fn record_plan(
+    mut status: ServerStatus,
+    previous: Option<&ServerStatus>,
+    plan: &Plan,
+    applied: Option<&Plan>,
+    now: Timestamp,
+) -> ServerStatus {
+    status.plan = Some(plan.clone());
+    if let Some(applied) = applied {
+        status.last_applied_plan = Some(applied.id.clone());
+    }
+    let before = previous.and_then(|p| conditions::find(&p.conditions, condition::DRIFTED));
+    let spec_drift = before.is_some_and(|c| c.status == "True" && c.reason == SPEC_CHANGED);
+    let machine_change = plan.changes.iter().any(|c| !c.field.is_empty());
+    let (value, reason, message) = if machine_change {
+        ("True", SPEC_CHANGED, format!("the machine does not match the spec: {}", describe_plan(plan)))
+    } else if let Some(applied) = applied.filter(|a| a.changes.iter().any(|c| !c.field.is_empty())) {
+        ("False", REMEDIATED, format!("plan {} carried out: {}", applied.id, describe_plan(applied)))
+    } else if spec_drift {
+        ("False", SPEC_REVERTED, "the spec matches the machine again".to_string())
+    } else {
+        return status;
+    };
+    drift::set_drifted(status, previous, (value, reason, &message), now)
+}
+
 /// Records the machine's cost (what it would cost, before it exists).
 pub fn record_cost(mut status: ServerStatus, cost: &ServerCost) -> ServerStatus {
     status.cost = Some(cost.clone());
@@ -247,5 +318,54 @@ mod tests {
         let recreated = after(Some(&pinned), observed("aws://i-2"));
         assert_eq!(recreated.host_key, None);
         assert_eq!(record_host_key(recreated, Some(OTHER)).host_key.as_deref(), Some(OTHER));
+    }
+
+    fn with_summary(previous: Option<&ServerStatus>, summary: Summary, paused: bool) -> ServerStatus {
+        desired(StatusInput { summary: Some(summary), paused, ..input(previous) })
+    }
+
+    fn input(previous: Option<&ServerStatus>) -> StatusInput<'_> {
+        StatusInput {
+            previous,
+            generation: Some(1),
+            provider: None,
+            resolved_plan: None,
+            machine: Machine::Unchanged,
+            summary: None,
+            paused: false,
+            now: Timestamp::from_second(1_700_000_000).unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn the_create_checkpoint_is_the_leak_guard_until_a_machine_is_recorded() {
+        let fresh = after(None, Machine::None);
+        assert!(!create_started(Some(&fresh)) && !create_started(None), "no create started before the checkpoint");
+        let creating = after(None, Machine::Creating);
+        assert!(create_started(Some(&creating)));
+        assert_eq!(creating.phase.as_deref(), Some(phase::PROVISIONING));
+        assert_eq!(conditions::status_of(&creating.conditions, condition::RECONCILING), Some("True"), "kstatus: in progress");
+        // Whatever a later status records (a failed call, a stall, a pause, a deletion), the
+        // guard stays while no machine is recorded.
+        let failed = with_summary(Some(&creating), Summary::progressing("Transient", "timeout"), false);
+        let stalled = with_summary(Some(&failed), Summary::stalled("QuotaExceeded", "no quota"), false);
+        let paused = with_summary(Some(&stalled), Summary::progressing("x", "y"), true);
+        let deleting = super::super::deleting::deleting(Some(&paused), Some(1), "deleting".into(), Timestamp::now());
+        for s in [&failed, &stalled, &paused, &deleting] {
+            assert!(create_started(Some(s)), "guard lost in {:?}", s.conditions);
+        }
+        // The Server's next steps look the machine up by owner tag.
+        let mut server = crate::testing::server("team-a", "web-0", serde_json::json!({"provider": "sim"}));
+        server.status = Some(stalled.clone());
+        assert_eq!(super::super::plan::next_step(&server), super::super::plan::Step::FindThenCreate);
+        assert_eq!(super::super::plan::cleanup_step(&server), super::super::plan::CleanupStep::FindThenDelete);
+        assert!(super::super::dereference::has_machine(&server), "a machine maybe made counts against maxServers");
+        server.status = Some(fresh);
+        assert_eq!(super::super::plan::next_step(&server), super::super::plan::Step::Create);
+        assert_eq!(super::super::plan::cleanup_step(&server), super::super::plan::CleanupStep::Nothing);
+        // Recorded: the guard is gone.
+        let recorded = after(Some(&stalled), observed("aws://i-1"));
+        assert!(!create_started(Some(&recorded)));
+        assert_eq!(conditions::find(&recorded.conditions, condition::PROVISIONED).map(|c| c.reason.as_str()), Some("Running"));
     }
 }

@@ -1,7 +1,7 @@
 //! The acting steps of a Server visit, in pipeline order, each over the [`Visit`]: the
 //! approval gate of a machine to make ([`gate_create`]), drift remediation
-//! ([`remediate_drift`]), what acting learned about the machine ([`machine`], pure), the SSH
-//! host key ([`host_key`]) and the final status ([`finish`], pure).
+//! ([`remediate_drift`]), the SSH host key ([`host_key`]) and the final status ([`finish`],
+//! pure).
 
 use provisioning_crds::{Approval, Plan, ServerStatus};
 use provisioning_providers::ProviderId;
@@ -9,7 +9,7 @@ use provisioning_providers::ProviderId;
 use super::prepare::Prepared;
 use super::status::{self, Machine};
 use super::visit::{End, Visit};
-use super::{act, approval, drift, plan, spec_change, ssh};
+use super::{act, approval, drift, plan, ssh};
 use crate::conditions::Summary;
 use crate::context::Context;
 use crate::effective_workspace::EffectiveWorkspace;
@@ -23,8 +23,7 @@ pub fn gate_create(visit: &mut Visit<'_>, p: &Prepared, step: &plan::Step, appro
     }
     let planned = p.plan(visit.server, None).plan;
     if !approval::check(visit, approval, &planned) {
-        let waiting = visit.status(Some(approval::waiting_summary(&planned)), Some(p.valid.account.name.clone()), None, Machine::Unchanged);
-        return Err(approval::wait(visit, waiting, &planned, &p.cost));
+        return Err(approval::wait(visit, &planned, &p.cost, (Some(p.valid.account.name.clone()), Machine::Unchanged), |s| s));
     }
     Ok(Some(planned))
 }
@@ -50,31 +49,16 @@ pub async fn remediate_drift(
     let found = drift::Found::Drifted(drift.clone());
     let machine = Machine::Observed(drift.observation());
     if !go {
-        let waiting = visit.status(Some(approval::waiting_summary(&remedy)), None, None, machine);
-        let waiting = drift::record(waiting, server.status.as_ref(), &found, visit.now);
-        return Err(approval::wait(visit, waiting, &remedy, &p.cost));
+        let now = visit.now;
+        return Err(approval::wait(visit, &remedy, &p.cost, (None, machine), |s| drift::record(s, server.status.as_ref(), &found, now)));
     }
     // Checkpoint: Drifted=True is on record (and its Warning out) before the remediation
     // starts, so a crash mid-remediation still shows the drift.
     let drifted = visit.status(Some(Summary::progressing(drift.reason, drift.message.clone())), None, None, machine);
     visit.checkpoint(drift::record(drifted, server.status.as_ref(), &found, visit.now), ctx).await?;
-    match act::remediate(server, drift, &p.valid, p.login_key.as_deref(), ws, &p.provider, ctx).await {
+    match act::remediate(server, drift, p, ws, ctx, &mut visit.events).await {
         Ok(acted) => Ok((acted, remedy)),
         Err(e) => Err(End::failed(Step::Act, e, Some(&p.valid.account.name))),
-    }
-}
-
-/// What acting learned about the machine (pure): an adopted machine that is missing or may
-/// not be adopted stalls.
-pub fn machine(acted: act::Acted, p: &Prepared) -> Result<Machine, End> {
-    match acted {
-        act::Acted::Drifted(_) | act::Acted::Unchanged => Ok(Machine::Unchanged),
-        act::Acted::Machine(obs) => Ok(Machine::Observed(obs)),
-        act::Acted::ExternalMissing(id) => {
-            let message = format!("machine {id} named by spec.externalID does not exist at provider account {:?}", p.valid.account.name);
-            Err(End::stalled(Step::Act, "ExternalNotFound", message))
-        }
-        act::Acted::AdoptionRefused(refused) => Err(End::stalled(Step::Act, refused.reason, refused.message)),
     }
 }
 
@@ -123,7 +107,7 @@ pub fn finish(visit: &Visit<'_>, p: &Prepared, done: Outcome) -> ServerStatus {
     let desired = status::record_machine_spec(desired, server.status.as_ref(), &valid.zone, &valid.image);
     // What the spec would still change (normally nothing, once carried out).
     let remaining = p.plan(server, Some(&desired));
-    let desired = spec_change::record(desired, server.status.as_ref(), &remaining.plan, applied.as_ref(), visit.now);
+    let desired = status::record_plan(desired, server.status.as_ref(), &remaining.plan, applied.as_ref(), visit.now);
     match (drift, &desired.provider_id) {
         (Some(drift), Some(now_id)) => {
             let found = drift::Found::Remediated(drift, ProviderId(now_id.clone()));

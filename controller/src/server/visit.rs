@@ -28,6 +28,9 @@ pub struct Visit<'a> {
     pub now: Timestamp,
     /// Events to publish once the status is written, in order.
     pub events: Vec<Note>,
+    /// The status this visit's checkpoint wrote (what later statuses build on and are
+    /// compared with); `None` before any.
+    written: Option<ServerStatus>,
 }
 
 /// How a visit ends.
@@ -95,13 +98,18 @@ pub struct Requeue {
 impl<'a> Visit<'a> {
     /// A visit of `server`, now.
     pub fn new(server: &'a Server) -> Self {
-        Visit { server, now: Timestamp::now(), events: Vec::new() }
+        Visit { server, now: Timestamp::now(), events: Vec::new(), written: None }
     }
 
-    /// The status as this visit learned it: [`status::desired`] over the Server's status.
+    /// The status on record: what this visit's checkpoint wrote, else the Server's.
+    pub fn recorded(&self) -> Option<&ServerStatus> {
+        self.written.as_ref().or(self.server.status.as_ref())
+    }
+
+    /// The status as this visit learned it: [`status::desired`] over the status on record.
     pub fn status(&self, summary: Option<Summary>, provider: Option<String>, plan: Option<String>, machine: Machine) -> ServerStatus {
         status::desired(StatusInput {
-            previous: self.server.status.as_ref(),
+            previous: self.recorded(),
             generation: self.server.metadata.generation,
             provider,
             resolved_plan: plan,
@@ -121,7 +129,9 @@ impl<'a> Visit<'a> {
     /// that follows touches a machine. A failed write ends the visit ([`End::Broken`]).
     pub async fn checkpoint(&mut self, status: ServerStatus, ctx: &Context) -> Result<(), End> {
         let events = std::mem::take(&mut self.events);
-        report(self.server, self.server.status.as_ref(), Some(&status), events, ctx).await.map_err(End::Broken)
+        report(self.server, self.recorded(), Some(&status), events, ctx).await.map_err(End::Broken)?;
+        self.written = Some(status);
+        Ok(())
     }
 
     /// What `end` comes to (pure): the status to write (`None`: none), and the visit's result.
@@ -143,7 +153,7 @@ impl<'a> Visit<'a> {
             End::Stalled { step, reason, message, plan, cost } => {
                 let mut status = self.status(Some(Summary::stalled(reason, message.clone())), None, None, Machine::Unchanged);
                 if let Some(plan) = plan {
-                    status = super::spec_change::record(status, server.status.as_ref(), &plan, None, self.now);
+                    status = status::record_plan(status, server.status.as_ref(), &plan, None, self.now);
                 }
                 if let Some(cost) = cost {
                     status = status::record_cost(status, &cost);
@@ -177,12 +187,19 @@ impl<'a> Visit<'a> {
     /// ([`report`]); then the create-pending guard goes once a machine is recorded.
     pub async fn conclude(mut self, end: End, ctx: &Context) -> Result<Action, Error> {
         let done = matches!(&end, End::Done(s) if s.provider_id.is_some());
+        let broken = matches!(&end, End::Broken(_));
         let requeue = Requeue { resync: ctx.config.resync(), poll: ctx.config.poll() };
-        let (status, result) = self.settle(end, requeue);
+        let (mut status, result) = self.settle(end, requeue);
+        if status.is_none() && self.recorded().is_none() && !broken {
+            // The first visit writes its status whatever it comes to (the skeleton leaves a
+            // Server's first status to the visit): conditions start Unknown, never absent.
+            status = Some(self.status(Some(status::initializing()), None, None, Machine::None));
+        }
         if status.is_none() && self.events.is_empty() {
             return result;
         }
-        report(self.server, self.server.status.as_ref(), status.as_ref(), self.events, ctx).await?;
+        let events = std::mem::take(&mut self.events);
+        report(self.server, self.recorded(), status.as_ref(), events, ctx).await?;
         if done && self.server.annotations().contains_key(ANNOTATION_CREATE_PENDING) {
             // Checkpoint order: the machine is recorded in status first, so the guard can go.
             ctx.set_annotation(self.server, ANNOTATION_CREATE_PENDING, None).await.at(Step::Status)?;

@@ -9,7 +9,8 @@
 //!    looked at again after [`STALE_REQUEUE`] (its watch event usually comes first);
 //! 4. the paused check: a paused object gets its Paused status and nothing else;
 //! 5. the first finalizer (a guarded merge patch, see [`Context::add_first_finalizer`]) and
-//!    the first-visit status (conditions start Unknown, never absent); after adding the
+//!    the first-visit status (conditions start Unknown, never absent; a kind whose visit
+//!    writes its own, [`Reconciled::VISIT_WRITES_FIRST_STATUS`], skips it); after adding the
 //!    finalizer the visit ends and the watch event of the patch brings the object back;
 //! 6. `kube::runtime::finalizer` with the kind's `apply` / `cleanup`;
 //! 7. the per-object backoff is reset after a successful visit.
@@ -40,6 +41,9 @@ use tracing::Instrument;
 use crate::context::{Context, is_paused};
 use crate::error::{AtStep, Error, Step};
 pub use crate::time::STALE_REQUEUE;
+pub use note::Note;
+
+mod note;
 
 /// The status of a kind reconciled through the skeleton: what the skeleton's default hooks
 /// need of it (its conditions).
@@ -73,6 +77,10 @@ pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + D
     /// resume: Server, whose cleanup deletes a machine, and Workspace) or is cleaned up anyway
     /// (TaskServ, Cluster).
     const PAUSE_HOLDS_DELETION: bool;
+    /// Whether the kind's own visit writes its first status (Server: its create checkpoint
+    /// or whatever the visit comes to, one write instead of two), so the skeleton does not
+    /// write it beside the first finalizer.
+    const VISIT_WRITES_FIRST_STATUS: bool = false;
     /// What the kind's reconciles share (the controller's context).
     type Ctx: Send + Sync + 'static;
     /// The kind's status.
@@ -158,7 +166,7 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
     }
     // Finalizer first (its patch is guarded by resourceVersion), then the first status.
     let added = core.add_first_finalizer(obj.as_ref()).await.at(Step::Finalizer)?;
-    if !deleting && obj.first_visit() {
+    if !deleting && !K::VISIT_WRITES_FIRST_STATUS && obj.first_visit() {
         obj.write_first_status(ctx).await.at(Step::FirstStatus)?;
     }
     if added {
@@ -174,39 +182,6 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
     .await?;
     core.reset_backoff(K::KIND, obj.as_ref());
     Ok(action)
-}
-
-/// An event a visit publishes once its status is written ([`report`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Note {
-    /// Warning (else Normal).
-    pub warning: bool,
-    /// The event's reason.
-    pub reason: String,
-    /// The event's action.
-    pub action: &'static str,
-    /// The event's note.
-    pub note: String,
-    /// An approval coming into force (the plan id): [`report`] names who approved it and
-    /// records it in the audit log ([`crate::approval::approved`]).
-    pub approved_plan: Option<String>,
-}
-
-impl Note {
-    /// A Warning event.
-    pub fn warning(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
-        Note { warning: true, reason: reason.to_string(), action, note: note.into(), approved_plan: None }
-    }
-
-    /// A Normal event.
-    pub fn normal(reason: &str, action: &'static str, note: impl Into<String>) -> Self {
-        Note { warning: false, reason: reason.to_string(), action, note: note.into(), approved_plan: None }
-    }
-
-    /// A planner's event, published under `action`.
-    pub fn planned(e: crate::planning::PlannedEvent, action: &'static str) -> Self {
-        Note { warning: e.warning, reason: e.reason, action, note: e.note, approved_plan: None }
-    }
 }
 
 /// The one place a visit reports: its status patch (`desired`; skipped when `None` or
