@@ -131,7 +131,7 @@ impl Reconciled for Server {
 pub fn controller(client: &Client, synced: &CacheSync) -> Controller<Server> {
     let (reader, writer) = reflector::store::<Server>();
     let watch =
-        watcher(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic()).modify(|s| s.managed_fields_mut().clear());
+        crate::decode::watch::<Server>(client, watcher::Config::default().any_semantic()).modify(|s| s.managed_fields_mut().clear());
     let stream = synced.track(cache::SERVERS, reflector::reflector(writer, watch)).applied_objects();
     Controller::for_stream(stream, reader)
 }
@@ -161,30 +161,33 @@ pub async fn run(
     controller
         .with_config(settings)
         .reconcile_on(futures::stream::select(triggers, drift_triggers))
-        .watches(Api::<Workspace>::all(ctx.client.clone()), watcher::Config::default().any_semantic(), move |ws: Workspace| {
-            let ready = ws.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
-            let fingerprint = (ws.metadata.generation, ready);
-            let changed = {
-                let mut seen = seen_workspaces.lock().unwrap_or_else(|p| p.into_inner());
-                seen.insert(ws.name_any(), fingerprint) != Some(fingerprint)
-            };
-            let cost = ws.status.as_ref().and_then(|s| s.cost.as_ref()).map(|c| c.summary.clone());
-            let cost_changed = {
-                let mut seen = seen_costs.lock().unwrap_or_else(|p| p.into_inner());
-                seen.insert(ws.name_any(), cost.clone()).is_some_and(|before| before != cost)
-            };
-            if !changed && !cost_changed {
-                return vec![];
-            }
-            let namespace = crate::effective_workspace::claimed_namespace(&ws);
-            server_store
-                .state()
-                .iter()
-                .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
-                .filter(|s| changed || budget::waiting_for_budget(s))
-                .map(|s| ObjectRef::from_obj(s.as_ref()))
-                .collect::<Vec<_>>()
-        })
+        .watches_stream(
+            crate::decode::touched::<Workspace>(&ctx.client, watcher::Config::default().any_semantic()),
+            move |ws: Workspace| {
+                let ready = ws.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
+                let fingerprint = (ws.metadata.generation, ready);
+                let changed = {
+                    let mut seen = seen_workspaces.lock().unwrap_or_else(|p| p.into_inner());
+                    seen.insert(ws.name_any(), fingerprint) != Some(fingerprint)
+                };
+                let cost = ws.status.as_ref().and_then(|s| s.cost.as_ref()).map(|c| c.summary.clone());
+                let cost_changed = {
+                    let mut seen = seen_costs.lock().unwrap_or_else(|p| p.into_inner());
+                    seen.insert(ws.name_any(), cost.clone()).is_some_and(|before| before != cost)
+                };
+                if !changed && !cost_changed {
+                    return vec![];
+                }
+                let namespace = crate::effective_workspace::claimed_namespace(&ws);
+                server_store
+                    .state()
+                    .iter()
+                    .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                    .filter(|s| changed || budget::waiting_for_budget(s))
+                    .map(|s| ObjectRef::from_obj(s.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile::<Server>, error_policy::<Server>, ctx)
         .for_each(|_| futures::future::ready(()))
