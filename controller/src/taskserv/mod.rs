@@ -320,11 +320,9 @@ fn gate_on_approval(
 ) -> Vec<Note> {
     let approval = crate::approval::approval_of(ts.spec.approval, ctx.workspace_for(namespace).spec.approval);
     let annotation = ts.annotations().get(provisioning_crds::ANNOTATION_APPROVE).map(String::as_str);
-    let gate = approval::gate(approval, annotation, taskserv_plan, previous.approved_plan.as_ref());
-    if let approval::Gate::Go { approved } = &gate {
-        desired.approved_plan = approved.clone();
-    } else {
-        desired.approved_plan = previous.approved_plan.clone();
+    let (gate, kept) = approval::gate_kept(approval, annotation, taskserv_plan, previous.approved_plan.as_ref());
+    desired.approved_plan = kept;
+    if !gate.goes() {
         approval::hold(desired, previous, launch, taskserv_plan);
     }
     let approved = crate::approval::newly_approved(previous.approved_plan.as_ref(), desired.approved_plan.as_ref());
