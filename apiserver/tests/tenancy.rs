@@ -6,6 +6,8 @@
 //! * RBAC escalation: a RoleBinding of `cluster-admin` in `a`, a Role with `*` rules, a patch
 //!   that widens a Role A may edit, a binding of a Role A does not hold — refused as upstream's
 //!   `ConfirmNoEscalation`; granting what A holds, or with `bind`/`escalate`, works.
+//! * An update of an existing binding or role is checked like a create (new subjects of a
+//!   binding whose roleRef is unchanged); only a finalizer/ownerReference change is not.
 //! * A "billion laughs" YAML body sent to SelfSubjectAccessReview (which every authenticated
 //!   identity may create) is a 400 naming excessive aliasing, and the next request is answered.
 
@@ -158,6 +160,53 @@ async fn a_namespace_admin_cannot_grant_what_it_does_not_hold() -> TestResult {
     assert_eq!(code, 200);
     assert!(victim["status"]["providerID"].is_null(), "{victim}");
 
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_binding_gains_no_subject_its_writer_could_not_bind() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    let (roles, rbs) = (format!("{RBAC}/namespaces/a/roles"), format!("{RBAC}/namespaces/a/rolebindings"));
+    // The cluster's admin grants bob (not alice) a Role alice does not hold, in her namespace.
+    let wide = role("a", "bobs", json!([{"apiGroups": ["provisioning.dev"], "resources": ["servers/status"], "verbs": ["patch"]}]));
+    let (code, body) = post(&admin, &roles, &wide).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = post(&admin, &rbs, &role_binding("a", "bobs", "Role", "bobs", "bob")).await?;
+    assert_eq!(code, 201, "{body}");
+    let missing = r#"{APIGroups:["provisioning.dev"], Resources:["servers/status"], Verbs:["patch"]}"#;
+    // `update rolebindings` (admin has it) does not let her add herself to it: the roleRef is
+    // unchanged, the grant is not. By merge patch, JSON patch and update.
+    let both =
+        json!([{"kind": "ServiceAccount", "name": "bob", "namespace": "a"}, {"kind": "ServiceAccount", "name": "alice", "namespace": "a"}]);
+    let merge = serde_json::to_vec(&json!({"subjects": both}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{rbs}/bobs"), "application/merge-patch+json", merge).await?;
+    assert_escalation_refused(code, &body, "add a subject by merge patch", "rolebindings", "bobs", missing);
+    let json_patch = serde_json::to_vec(
+        &json!([{"op": "add", "path": "/subjects/-", "value": {"kind": "ServiceAccount", "name": "alice", "namespace": "a"}}]),
+    )?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{rbs}/bobs"), "application/json-patch+json", json_patch).await?;
+    assert_escalation_refused(code, &body, "add a subject by JSON patch", "rolebindings", "bobs", missing);
+    let (code, mut current) = raw(&alice, "GET", &format!("{rbs}/bobs"), "application/json", vec![]).await?;
+    assert_eq!(code, 200, "{current}");
+    current["subjects"] = both;
+    let (code, body) = raw(&alice, "PUT", &format!("{rbs}/bobs"), "application/json", serde_json::to_vec(&current)?).await?;
+    assert_escalation_refused(code, &body, "add a subject by update", "rolebindings", "bobs", missing);
+    // Nor relabel the Role (upstream checks every update but a garbage-collection one).
+    let relabel = serde_json::to_vec(&json!({"metadata": {"labels": {"team": "a"}}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{roles}/bobs"), "application/merge-patch+json", relabel).await?;
+    assert_escalation_refused(code, &body, "relabel a role", "roles", "bobs", missing);
+    // A change of finalizers or ownerReferences only is allowed (a controller's finalizer on a
+    // binding of a role it does not hold), as upstream's IsOnlyMutatingGCFields.
+    let finalizer = serde_json::to_vec(&json!({"metadata": {"finalizers": ["example.com/keep"]}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{rbs}/bobs"), "application/merge-patch+json", finalizer).await?;
+    assert_eq!(code, 200, "finalizer only: {body}");
+    let none = serde_json::to_vec(&json!({"metadata": {"finalizers": null}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{rbs}/bobs"), "application/merge-patch+json", none).await?;
+    assert_eq!(code, 200, "finalizer removed: {body}");
+    // The binding still grants bob alone.
+    let (code, stored) = raw(&admin, "GET", &format!("{rbs}/bobs"), "application/json", vec![]).await?;
+    assert_eq!(code, 200);
+    assert_eq!(stored["subjects"], json!([{"kind": "ServiceAccount", "name": "bob", "namespace": "a"}]), "{stored}");
     Ok(())
 }
 
