@@ -328,8 +328,9 @@ impl Query {
     fn get(&self, k: &str) -> Option<&str> {
         self.0.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.as_str())
     }
+    /// Read as the authorizer reads it ([`crate::auth::attributes::query_bool`]).
     fn flag(&self, k: &str) -> bool {
-        matches!(self.get(k), Some("true") | Some("1") | Some(""))
+        crate::auth::attributes::query_bool(self.get(k))
     }
 }
 
@@ -387,7 +388,7 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
         }
         .await;
         return match result {
-            Ok(v) => value_response(201, &v),
+            Ok((v, warnings)) => with_warnings(value_response(201, &v), &warnings),
             Err(e) => error_response(&e),
         };
     }

@@ -8,6 +8,7 @@
 //!   `ConfirmNoEscalation`; granting what A holds, or with `bind`/`escalate`, works.
 //! * An update of an existing binding or role is checked like a create (new subjects of a
 //!   binding whose roleRef is unchanged); only a finalizer/ownerReference change is not.
+//! * `?watch=` (empty) is served as a watch and authorized as one (not as a list).
 //! * A "billion laughs" YAML body sent to SelfSubjectAccessReview (which every authenticated
 //!   identity may create) is a 400 naming excessive aliasing, and the next request is answered.
 
@@ -207,6 +208,32 @@ async fn an_existing_binding_gains_no_subject_its_writer_could_not_bind() -> Tes
     let (code, stored) = raw(&admin, "GET", &format!("{rbs}/bobs"), "application/json", vec![]).await?;
     assert_eq!(code, 200);
     assert_eq!(stored["subjects"], json!([{"kind": "ServiceAccount", "name": "bob", "namespace": "a"}]), "{stored}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_watch_parameter_is_authorized_as_the_watch_it_is_served_as() -> TestResult {
+    let (ts, admin, _alice) = setup().await?;
+    // carol may list ConfigMaps in a, not watch them.
+    let lister = role("a", "cm-lister", json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]));
+    let (code, body) = post(&admin, &format!("{RBAC}/namespaces/a/roles"), &lister).await?;
+    assert_eq!(code, 201, "{body}");
+    let carol = tenant(&admin, &ts.server.kubeconfig_path(), "a", "carol").await?;
+    let (code, body) =
+        post(&admin, &format!("{RBAC}/namespaces/a/rolebindings"), &role_binding("a", "carol", "Role", "cm-lister", "carol")).await?;
+    assert_eq!(code, 201, "{body}");
+    let cms = "/api/v1/namespaces/a/configmaps";
+    eventually("carol may list", Duration::from_secs(30), || {
+        let c = carol.clone();
+        async move { raw(&c, "GET", cms, "application/json", vec![]).await.is_ok_and(|(s, _)| s == 200) }
+    })
+    .await?;
+    // Served as a watch (upstream reads an empty `watch` as true), so authorized as one.
+    for query in ["watch=", "watch", "watch=TRUE", "watch=false&watch=1"] {
+        let (code, body) = raw(&carol, "GET", &format!("{cms}?{query}&timeoutSeconds=1"), "application/json", vec![]).await?;
+        let expected = if query.starts_with("watch=false") { 200 } else { 403 };
+        assert_eq!(code, expected, "?{query}: {body}");
+    }
     Ok(())
 }
 
