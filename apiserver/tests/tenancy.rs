@@ -8,6 +8,9 @@
 //!   `ConfirmNoEscalation`; granting what A holds, or with `bind`/`escalate`, works.
 //! * An update of an existing binding or role is checked like a create (new subjects of a
 //!   binding whose roleRef is unchanged); only a finalizer/ownerReference change is not.
+//! * Who changed a spec is the authenticated user the server records (`provisioning.dev/changed-by`,
+//!   the ChangeRecord's `changedByUser`), not a field manager the client names; a forged value is
+//!   refused.
 //! * `?watch=` (empty) is served as a watch and authorized as one (not as a list).
 //! * A "billion laughs" YAML body sent to SelfSubjectAccessReview (which every authenticated
 //!   identity may create) is a 400 naming excessive aliasing, and the next request is answered.
@@ -234,6 +237,45 @@ async fn an_empty_watch_parameter_is_authorized_as_the_watch_it_is_served_as() -
         let expected = if query.starts_with("watch=false") { 200 } else { 403 };
         assert_eq!(code, expected, "?{query}: {body}");
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spec_changer_is_recorded_by_the_server_and_cannot_be_forged() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    let editor = role(
+        "a",
+        "server-editor",
+        json!([{"apiGroups": ["provisioning.dev"], "resources": ["servers"], "verbs": ["create", "get", "patch"]}]),
+    );
+    let (code, body) = post(&admin, &format!("{RBAC}/namespaces/a/roles"), &editor).await?;
+    assert_eq!(code, 201, "{body}");
+    let binding = role_binding("a", "server-editor", "Role", "server-editor", "alice");
+    let (code, body) = post(&admin, &format!("{RBAC}/namespaces/a/rolebindings"), &binding).await?;
+    assert_eq!(code, 201, "{body}");
+    let servers = "/apis/provisioning.dev/v1alpha1/namespaces/a/servers";
+    let changed_by = |v: &Value| v["metadata"]["annotations"]["provisioning.dev/changed-by"].as_str().map(str::to_string);
+    let (code, created) = post(&alice, servers, &serde_json::to_value(server_obj("mine", "small")?)?).await?;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(changed_by(&created).as_deref(), Some("system:serviceaccount:a:alice"));
+    // A label from the cluster's admin is no spec change: alice still made this generation.
+    let label = serde_json::to_vec(&json!({"metadata": {"labels": {"team": "a"}}}))?;
+    let (code, labelled) = raw(&admin, "PATCH", &format!("{servers}/mine"), "application/merge-patch+json", label).await?;
+    assert_eq!((code, changed_by(&labelled).as_deref()), (200, Some("system:serviceaccount:a:alice")), "{labelled}");
+    // Her spec change, then a forged value (refused, naming the annotation).
+    let (code, changed) = raw(
+        &alice,
+        "PATCH",
+        &format!("{servers}/mine"),
+        "application/merge-patch+json",
+        serde_json::to_vec(&json!({"spec": {"plan": "medium"}}))?,
+    )
+    .await?;
+    assert_eq!((code, changed_by(&changed).as_deref()), (200, Some("system:serviceaccount:a:alice")), "{changed}");
+    let forged = serde_json::to_vec(&json!({"metadata": {"annotations": {"provisioning.dev/changed-by": "system:serviceaccount:b:bob"}}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{servers}/mine"), "application/merge-patch+json", forged).await?;
+    assert_eq!(code, 422, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("provisioning.dev/changed-by"), "{body}");
     Ok(())
 }
 
