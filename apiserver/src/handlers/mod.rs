@@ -75,6 +75,9 @@ pub struct Limits {
     /// The longest lifetime of a token from the TokenRequest API (kube-apiserver
     /// `--service-account-max-token-expiration`; 48 h here); longer requests are shortened.
     pub max_token_expiration: Duration,
+    /// A request's body must arrive within this once its headers have (kube-apiserver's
+    /// request timeout: 60 s); 408 after it.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -89,6 +92,7 @@ impl Default for Limits {
             slow_reader_timeout: Duration::from_secs(5),
             watch_buffer_bytes: 16 * 1024 * 1024,
             max_token_expiration: Duration::from_secs(48 * 3600),
+            body_read_timeout: Duration::from_secs(60),
         }
     }
 }
