@@ -158,36 +158,35 @@ pub async fn run(
     let (drift_trigger, drift_triggers) = crate::reconcile::Trigger::<Server>::new();
     let follower = tokio::spawn(drift::follow(ctx.clone(), drift_trigger.clone()));
     let surveyor = tokio::spawn(survey::run(ctx.clone(), drift_trigger));
+    // Decoded one by one (crate::decode): one undecodable Workspace is reported, not fatal.
+    let workspaces = crate::decode::touched::<Workspace>(&ctx.client, watcher::Config::default().any_semantic());
     controller
         .with_config(settings)
         .reconcile_on(futures::stream::select(triggers, drift_triggers))
-        .watches_stream(
-            crate::decode::touched::<Workspace>(&ctx.client, watcher::Config::default().any_semantic()),
-            move |ws: Workspace| {
-                let ready = ws.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
-                let fingerprint = (ws.metadata.generation, ready);
-                let changed = {
-                    let mut seen = seen_workspaces.lock().unwrap_or_else(|p| p.into_inner());
-                    seen.insert(ws.name_any(), fingerprint) != Some(fingerprint)
-                };
-                let cost = ws.status.as_ref().and_then(|s| s.cost.as_ref()).map(|c| c.summary.clone());
-                let cost_changed = {
-                    let mut seen = seen_costs.lock().unwrap_or_else(|p| p.into_inner());
-                    seen.insert(ws.name_any(), cost.clone()).is_some_and(|before| before != cost)
-                };
-                if !changed && !cost_changed {
-                    return vec![];
-                }
-                let namespace = crate::effective_workspace::claimed_namespace(&ws);
-                server_store
-                    .state()
-                    .iter()
-                    .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
-                    .filter(|s| changed || budget::waiting_for_budget(s))
-                    .map(|s| ObjectRef::from_obj(s.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .watches_stream(workspaces, move |ws: Workspace| {
+            let ready = ws.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
+            let fingerprint = (ws.metadata.generation, ready);
+            let changed = {
+                let mut seen = seen_workspaces.lock().unwrap_or_else(|p| p.into_inner());
+                seen.insert(ws.name_any(), fingerprint) != Some(fingerprint)
+            };
+            let cost = ws.status.as_ref().and_then(|s| s.cost.as_ref()).map(|c| c.summary.clone());
+            let cost_changed = {
+                let mut seen = seen_costs.lock().unwrap_or_else(|p| p.into_inner());
+                seen.insert(ws.name_any(), cost.clone()).is_some_and(|before| before != cost)
+            };
+            if !changed && !cost_changed {
+                return vec![];
+            }
+            let namespace = crate::effective_workspace::claimed_namespace(&ws);
+            server_store
+                .state()
+                .iter()
+                .filter(|s| s.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                .filter(|s| changed || budget::waiting_for_budget(s))
+                .map(|s| ObjectRef::from_obj(s.as_ref()))
+                .collect::<Vec<_>>()
+        })
         .graceful_shutdown_on(shutdown)
         .run(reconcile::<Server>, error_policy::<Server>, ctx)
         .for_each(|_| futures::future::ready(()))
