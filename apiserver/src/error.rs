@@ -99,6 +99,10 @@ impl ApiError {
     pub fn too_large() -> Self {
         Self::new(413, "RequestEntityTooLarge", "the request body is larger than the limit of 3145728 bytes")
     }
+    /// 408 Timeout: the request (its body) did not arrive in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(408, "Timeout", message)
+    }
     /// 413 RequestEntityTooLarge with a message naming what is too large.
     pub fn too_large_with(message: impl Into<String>) -> Self {
         Self::new(413, "RequestEntityTooLarge", message)

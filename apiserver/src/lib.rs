@@ -169,7 +169,7 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
     let dir = config.data_dir.clone();
     let signer = tokio::task::spawn_blocking(move || auth::tokens::Signer::load_or_create(&dir, auth::tokens::DEFAULT_ISSUER)).await??;
     let kubeconfig = tls::write_kubeconfig(&config.data_dir, addr, &creds)?;
-    let authn = Arc::new(auth::Auth::new(&creds.token, signer));
+    let authn = Arc::new(auth::Auth::new(&creds.token, signer).with_max_token_expiration(config.limits.max_token_expiration));
     let server = tokio::spawn(server::serve(core.clone(), listener, creds.server_config.clone(), authn));
     let gc = tokio::spawn(gc::run(core.clone()));
     let aggregation = tokio::spawn(auth::bootstrap::run_aggregation(core.clone(), core.shutdown.clone()));

@@ -328,8 +328,9 @@ impl Query {
     fn get(&self, k: &str) -> Option<&str> {
         self.0.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.as_str())
     }
+    /// Read as the authorizer reads it ([`crate::auth::attributes::query_bool`]).
     fn flag(&self, k: &str) -> bool {
-        matches!(self.get(k), Some("true") | Some("1") | Some(""))
+        crate::auth::attributes::query_bool(self.get(k))
     }
 }
 
@@ -381,13 +382,13 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
         }
         let ct = content_type(&req);
         let result = async {
-            let body = read_body(req).await?;
+            let body = read_body(req, core.limits.body_read_timeout).await?;
             let obj = if ct.contains("protobuf") { crate::auth::proto::decode(&body)? } else { parse_body(&body, &ct)? };
             reviews::create(auth, &core.store, &user, &attrs, review, obj)
         }
         .await;
         return match result {
-            Ok(v) => value_response(201, &v),
+            Ok((v, warnings)) => with_warnings(value_response(201, &v), &warnings),
             Err(e) => error_response(&e),
         };
     }
@@ -402,7 +403,16 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
     }
 }
 
-async fn read_body(req: Request<Incoming>) -> ApiResult<Bytes> {
+/// The request's body, at most [`MAX_BODY`] bytes and all of it within `timeout` (a client
+/// trickling a body would otherwise hold a request slot forever; 408 naming the limit).
+async fn read_body(req: Request<Incoming>, timeout: std::time::Duration) -> ApiResult<Bytes> {
+    match tokio::time::timeout(timeout, read_body_unbounded_in_time(req)).await {
+        Ok(body) => body,
+        Err(_) => Err(ApiError::request_timeout(format!("the request body was not received within {} s", timeout.as_secs()))),
+    }
+}
+
+async fn read_body_unbounded_in_time(req: Request<Incoming>) -> ApiResult<Bytes> {
     if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok())
         && len > MAX_BODY
     {
@@ -618,7 +628,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
         (Method::POST, None) => {
             let opts = write_options(&req, &q)?;
             let ct = content_type(&req);
-            let body = read_body(req).await?;
+            let body = read_body(req, core.limits.body_read_timeout).await?;
             let obj = parse_body(&body, &ct)?;
             let w = core.create(&rt, ns, obj, &opts).await?;
             Ok(with_warnings(single(&core, &rt, &w.output, 201, &shape.table), &w.warnings))
@@ -626,7 +636,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
         (Method::PUT, Some(name)) => {
             let opts = write_options(&req, &q)?;
             let ct = content_type(&req);
-            let body = read_body(req).await?;
+            let body = read_body(req, core.limits.body_read_timeout).await?;
             let obj = parse_body(&body, &ct)?;
             let w = core.update(&rt, ns, name, obj, status, &opts).await?;
             Ok(with_warnings(single(&core, &rt, &w.output, 200, &shape.table), &w.warnings))
@@ -635,7 +645,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let opts = write_options(&req, &q)?;
             let ct = content_type(&req);
             let kind = PatchType::from_content_type(&ct)?;
-            let body = read_body(req).await?;
+            let body = read_body(req, core.limits.body_read_timeout).await?;
             let existed = core.get(&rt, ns, name).is_ok();
             let w = core.patch(&rt, ns, name, kind, &body, &ct, status, &opts).await?;
             let code = if existed || kind != PatchType::Apply { 200 } else { 201 };
@@ -756,7 +766,7 @@ async fn delete(core: &Arc<Core>, req: Request<Incoming>, q: &Query, t: &Target)
     let ct = content_type(&req);
     let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
     let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), FieldLabels::for_resource(&rt.storage, &rt.group))?;
-    let body = read_body(req).await?;
+    let body = read_body(req, core.limits.body_read_timeout).await?;
     let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { parse_body(&body, &ct)? };
     let opts = delete_options(q, &dopts)?;
     match &t.name {

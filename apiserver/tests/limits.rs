@@ -228,6 +228,36 @@ async fn idle_tls_connections_and_slow_headers() -> TestResult {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_never_ends_is_cut_off() -> TestResult {
+    let limits = provisioning_apiserver::Limits { body_read_timeout: Duration::from_secs(2), ..Default::default() };
+    let ts = start_with(limits).await?;
+    let client = client_for(&ts.server.kubeconfig_path()).await?;
+    seed(&client, 1).await?;
+    let tls = tls_client_config(ts.dir.path())?;
+    let mut slow = tls_connect(ts.server.addr(), tls).await?;
+    // An authenticated create whose body promises 1000 bytes and sends a few (slowloris).
+    let head = format!(
+        "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"metadata\"",
+        token(ts.dir.path())?.trim()
+    );
+    slow.write_all(head.as_bytes()).await?;
+    let t = Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let n = match tokio::time::timeout(Duration::from_secs(15), slow.read(&mut buf)).await {
+        Ok(read) => read?,
+        Err(_) => return Err("a request whose body never ended got no answer for 15 s".into()),
+    };
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("the request body was not received within 2 s"), "{text}");
+    assert!(t.elapsed() < Duration::from_secs(10), "body timeout took {:?}", t.elapsed());
+    honest(&client, 1).await?;
+    ts.server.shutdown().await;
+    Ok(())
+}
+
 /// Whether the server closed this connection (EOF or error) within `d`.
 async fn closed_within(c: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>, d: Duration) -> bool {
     let mut buf = [0u8; 64];

@@ -6,6 +6,12 @@
 //! * RBAC escalation: a RoleBinding of `cluster-admin` in `a`, a Role with `*` rules, a patch
 //!   that widens a Role A may edit, a binding of a Role A does not hold — refused as upstream's
 //!   `ConfirmNoEscalation`; granting what A holds, or with `bind`/`escalate`, works.
+//! * An update of an existing binding or role is checked like a create (new subjects of a
+//!   binding whose roleRef is unchanged); only a finalizer/ownerReference change is not.
+//! * Who changed a spec is the authenticated user the server records (`provisioning.dev/changed-by`,
+//!   the ChangeRecord's `changedByUser`), not a field manager the client names; a forged value is
+//!   refused.
+//! * `?watch=` (empty) is served as a watch and authorized as one (not as a list).
 //! * A "billion laughs" YAML body sent to SelfSubjectAccessReview (which every authenticated
 //!   identity may create) is a 400 naming excessive aliasing, and the next request is answered.
 
@@ -158,6 +164,118 @@ async fn a_namespace_admin_cannot_grant_what_it_does_not_hold() -> TestResult {
     assert_eq!(code, 200);
     assert!(victim["status"]["providerID"].is_null(), "{victim}");
 
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_binding_gains_no_subject_its_writer_could_not_bind() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    let (roles, rbs) = (format!("{RBAC}/namespaces/a/roles"), format!("{RBAC}/namespaces/a/rolebindings"));
+    // The cluster's admin grants bob (not alice) a Role alice does not hold, in her namespace.
+    let wide = role("a", "bobs", json!([{"apiGroups": ["provisioning.dev"], "resources": ["servers/status"], "verbs": ["patch"]}]));
+    let (code, body) = post(&admin, &roles, &wide).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = post(&admin, &rbs, &role_binding("a", "bobs", "Role", "bobs", "bob")).await?;
+    assert_eq!(code, 201, "{body}");
+    let missing = r#"{APIGroups:["provisioning.dev"], Resources:["servers/status"], Verbs:["patch"]}"#;
+    // `update rolebindings` (admin has it) does not let her add herself to it: the roleRef is
+    // unchanged, the grant is not. By merge patch, JSON patch and update.
+    let both =
+        json!([{"kind": "ServiceAccount", "name": "bob", "namespace": "a"}, {"kind": "ServiceAccount", "name": "alice", "namespace": "a"}]);
+    let merge = serde_json::to_vec(&json!({"subjects": both}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{rbs}/bobs"), "application/merge-patch+json", merge).await?;
+    assert_escalation_refused(code, &body, "add a subject by merge patch", "rolebindings", "bobs", missing);
+    let json_patch = serde_json::to_vec(
+        &json!([{"op": "add", "path": "/subjects/-", "value": {"kind": "ServiceAccount", "name": "alice", "namespace": "a"}}]),
+    )?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{rbs}/bobs"), "application/json-patch+json", json_patch).await?;
+    assert_escalation_refused(code, &body, "add a subject by JSON patch", "rolebindings", "bobs", missing);
+    let (code, mut current) = raw(&alice, "GET", &format!("{rbs}/bobs"), "application/json", vec![]).await?;
+    assert_eq!(code, 200, "{current}");
+    current["subjects"] = both;
+    let (code, body) = raw(&alice, "PUT", &format!("{rbs}/bobs"), "application/json", serde_json::to_vec(&current)?).await?;
+    assert_escalation_refused(code, &body, "add a subject by update", "rolebindings", "bobs", missing);
+    // Nor relabel the Role (upstream checks every update but a garbage-collection one).
+    let relabel = serde_json::to_vec(&json!({"metadata": {"labels": {"team": "a"}}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{roles}/bobs"), "application/merge-patch+json", relabel).await?;
+    assert_escalation_refused(code, &body, "relabel a role", "roles", "bobs", missing);
+    // A change of finalizers or ownerReferences only is allowed (a controller's finalizer on a
+    // binding of a role it does not hold), as upstream's IsOnlyMutatingGCFields.
+    let finalizer = serde_json::to_vec(&json!({"metadata": {"finalizers": ["example.com/keep"]}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{rbs}/bobs"), "application/merge-patch+json", finalizer).await?;
+    assert_eq!(code, 200, "finalizer only: {body}");
+    let none = serde_json::to_vec(&json!({"metadata": {"finalizers": null}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{rbs}/bobs"), "application/merge-patch+json", none).await?;
+    assert_eq!(code, 200, "finalizer removed: {body}");
+    // The binding still grants bob alone.
+    let (code, stored) = raw(&admin, "GET", &format!("{rbs}/bobs"), "application/json", vec![]).await?;
+    assert_eq!(code, 200);
+    assert_eq!(stored["subjects"], json!([{"kind": "ServiceAccount", "name": "bob", "namespace": "a"}]), "{stored}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_watch_parameter_is_authorized_as_the_watch_it_is_served_as() -> TestResult {
+    let (ts, admin, _alice) = setup().await?;
+    // carol may list ConfigMaps in a, not watch them.
+    let lister = role("a", "cm-lister", json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]));
+    let (code, body) = post(&admin, &format!("{RBAC}/namespaces/a/roles"), &lister).await?;
+    assert_eq!(code, 201, "{body}");
+    let carol = tenant(&admin, &ts.server.kubeconfig_path(), "a", "carol").await?;
+    let (code, body) =
+        post(&admin, &format!("{RBAC}/namespaces/a/rolebindings"), &role_binding("a", "carol", "Role", "cm-lister", "carol")).await?;
+    assert_eq!(code, 201, "{body}");
+    let cms = "/api/v1/namespaces/a/configmaps";
+    eventually("carol may list", Duration::from_secs(30), || {
+        let c = carol.clone();
+        async move { raw(&c, "GET", cms, "application/json", vec![]).await.is_ok_and(|(s, _)| s == 200) }
+    })
+    .await?;
+    // Served as a watch (upstream reads an empty `watch` as true), so authorized as one.
+    for query in ["watch=", "watch", "watch=TRUE", "watch=false&watch=1"] {
+        let (code, body) = raw(&carol, "GET", &format!("{cms}?{query}&timeoutSeconds=1"), "application/json", vec![]).await?;
+        let expected = if query.starts_with("watch=false") { 200 } else { 403 };
+        assert_eq!(code, expected, "?{query}: {body}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spec_changer_is_recorded_by_the_server_and_cannot_be_forged() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    let editor = role(
+        "a",
+        "server-editor",
+        json!([{"apiGroups": ["provisioning.dev"], "resources": ["servers"], "verbs": ["create", "get", "patch"]}]),
+    );
+    let (code, body) = post(&admin, &format!("{RBAC}/namespaces/a/roles"), &editor).await?;
+    assert_eq!(code, 201, "{body}");
+    let binding = role_binding("a", "server-editor", "Role", "server-editor", "alice");
+    let (code, body) = post(&admin, &format!("{RBAC}/namespaces/a/rolebindings"), &binding).await?;
+    assert_eq!(code, 201, "{body}");
+    let servers = "/apis/provisioning.dev/v1alpha1/namespaces/a/servers";
+    let changed_by = |v: &Value| v["metadata"]["annotations"]["provisioning.dev/changed-by"].as_str().map(str::to_string);
+    let (code, created) = post(&alice, servers, &serde_json::to_value(server_obj("mine", "small")?)?).await?;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(changed_by(&created).as_deref(), Some("system:serviceaccount:a:alice"));
+    // A label from the cluster's admin is no spec change: alice still made this generation.
+    let label = serde_json::to_vec(&json!({"metadata": {"labels": {"team": "a"}}}))?;
+    let (code, labelled) = raw(&admin, "PATCH", &format!("{servers}/mine"), "application/merge-patch+json", label).await?;
+    assert_eq!((code, changed_by(&labelled).as_deref()), (200, Some("system:serviceaccount:a:alice")), "{labelled}");
+    // Her spec change, then a forged value (refused, naming the annotation).
+    let (code, changed) = raw(
+        &alice,
+        "PATCH",
+        &format!("{servers}/mine"),
+        "application/merge-patch+json",
+        serde_json::to_vec(&json!({"spec": {"plan": "medium"}}))?,
+    )
+    .await?;
+    assert_eq!((code, changed_by(&changed).as_deref()), (200, Some("system:serviceaccount:a:alice")), "{changed}");
+    let forged = serde_json::to_vec(&json!({"metadata": {"annotations": {"provisioning.dev/changed-by": "system:serviceaccount:b:bob"}}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{servers}/mine"), "application/merge-patch+json", forged).await?;
+    assert_eq!(code, 422, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("provisioning.dev/changed-by"), "{body}");
     Ok(())
 }
 

@@ -1,5 +1,5 @@
 //! ServiceAccount tokens end to end: `kubectl create token` (TokenRequest) with default and
-//! explicit duration and audience, the JWT's claims, rejection (401) of expired tokens, foreign
+//! explicit duration and audience, a lifetime over the maximum shortened, the JWT's claims, rejection (401) of expired tokens, foreign
 //! audiences, deleted or recreated ServiceAccounts and tampered tokens, the signing key kept
 //! (mode 0600) across restarts, and a serving certificate valid for the in-cluster names.
 
@@ -75,6 +75,15 @@ async fn token_request_and_verification() -> TestResult {
     assert!(tr["status"]["expirationTimestamp"].as_str().is_some_and(|t| t.ends_with('Z')));
     let short = a(&["create", "token", "ci", "-n", "demo", "--duration=5m"]);
     assert!(!short.ok && short.stderr.contains("may not specify a duration less than 10 minutes"), "{}", short.stderr);
+    // Longer than the server's maximum (48 h by default, kube-apiserver's
+    // --service-account-max-token-expiration): shortened to it, with a warning, as upstream.
+    let long = a(&["create", "token", "ci", "-n", "demo", "--duration=1000h", "-o", "json"]);
+    assert!(long.ok, "{}", long.stderr);
+    let tr: Value = serde_json::from_str(&long.stdout)?;
+    assert_eq!(tr["spec"]["expirationSeconds"], 48 * 3600);
+    let c = claims_of(tr["status"]["token"].as_str().unwrap_or_default())?;
+    assert_eq!(c["exp"].as_i64().unwrap_or_default() - c["iat"].as_i64().unwrap_or_default(), 48 * 3600);
+    assert!(long.stderr.contains("requested expiration of 3600000 seconds shortened to 172800 seconds"), "{}", long.stderr);
     let missing = a(&["create", "token", "nobody", "-n", "demo"]);
     assert!(!missing.ok && missing.stderr.contains(r#"serviceaccounts "nobody" not found"#), "{}", missing.stderr);
 

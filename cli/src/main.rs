@@ -36,6 +36,10 @@ enum Command {
         /// How long Events are kept after their last update (e.g. 1h, 30m, 90s).
         #[arg(long, default_value = "1h", value_parser = provisioning_apiserver::parse_duration)]
         event_ttl: Duration,
+        /// The longest lifetime of a ServiceAccount token from the TokenRequest API; longer
+        /// requests are shortened to it (kube-apiserver's flag of the same name).
+        #[arg(long, default_value = "48h", value_parser = provisioning_apiserver::parse_duration)]
+        service_account_max_token_expiration: Duration,
     },
     /// The controller against any API server (KUBECONFIG, --kubeconfig, or in-cluster).
     Controller(ControllerArgs),
@@ -324,10 +328,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             init_logging(log_format, "warn");
             dev(args).await
         }
-        Command::Apiserver { data_dir, listen, event_ttl } => {
+        Command::Apiserver { data_dir, listen, event_ttl, service_account_max_token_expiration } => {
             init_logging(log_format, "info");
             let mut api = provisioning_apiserver::ApiServerConfig::new(data_dir, listen);
             api.limits.event_ttl = event_ttl;
+            api.limits.max_token_expiration = service_account_max_token_expiration;
             provisioning_apiserver::run_cli_with(api).await?;
             Ok(0)
         }

@@ -80,11 +80,28 @@ pub struct Approver {
 /// Who approved, from the object's annotations and managedFields: `approved-by` counts only
 /// when no field manager owns it (the API server stamped it; a client that wrote it owns it).
 pub fn approver(annotations: Option<&std::collections::BTreeMap<String, String>>, managed_fields: &[ManagedFieldsEntry]) -> Approver {
-    let key = format!("f:{ANNOTATION_APPROVED_BY}");
-    let owned =
-        managed_fields.iter().any(|m| m.fields_v1.as_ref().and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key)).is_some());
-    let user = annotations.and_then(|a| a.get(ANNOTATION_APPROVED_BY)).filter(|u| !owned && !u.is_empty()).cloned();
-    Approver { user, field_manager: annotation_manager(managed_fields) }
+    Approver {
+        user: server_stamped(annotations, managed_fields, ANNOTATION_APPROVED_BY),
+        field_manager: annotation_manager(managed_fields),
+    }
+}
+
+/// The server-owned annotation naming the authenticated user whose write made the current
+/// spec generation (the embedded API server writes it; clients cannot).
+pub const ANNOTATION_CHANGED_BY: &str = "provisioning.dev/changed-by";
+
+/// The value of the server-owned annotation `key` (`approved-by`, `changed-by`): counted only
+/// when no field manager owns it (the API server stamped it; a client that wrote it owns it).
+pub fn server_stamped(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    managed_fields: &[ManagedFieldsEntry],
+    key: &str,
+) -> Option<String> {
+    let field = format!("f:{key}");
+    let owned = managed_fields
+        .iter()
+        .any(|m| m.fields_v1.as_ref().and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&field)).is_some());
+    annotations.and_then(|a| a.get(key)).filter(|u| !owned && !u.is_empty()).cloned()
 }
 
 /// The text of the `Approved` Event of `plan_id` approved by `who`; `None` when the

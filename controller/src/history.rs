@@ -447,6 +447,11 @@ fn new_record(change: &Change<'_>, name: &str, generation: i64, previous: Option
             generation,
             previous_generation: previous.map(|(g, _)| g),
             changed_by: spec_writers(written, &fields),
+            changed_by_user: crate::approval::server_stamped(
+                written.metadata.annotations.as_ref(),
+                written.managed_fields(),
+                crate::approval::ANNOTATION_CHANGED_BY,
+            ),
             summary: summary(previous.map(|(g, _)| g), generation, &fields),
             changed_fields: fields,
             field_digests: digests,
@@ -548,5 +553,30 @@ mod tests {
         // The owner of the changed field comes first, whatever the times say.
         assert_eq!(managers(&["spec.plan"]), vec!["kubectl-client-side-apply", "kubectl-edit"]);
         assert_eq!(managers(&["spec.image"]), vec!["kubectl-edit", "kubectl-client-side-apply"]);
+    }
+
+    #[test]
+    fn the_record_names_the_authenticated_user_the_api_server_recorded() -> Result<(), serde_json::Error> {
+        let object = |managed: Value| -> Result<DynamicObject, serde_json::Error> {
+            serde_json::from_value(json!({
+                "apiVersion": "provisioning.dev/v1alpha1", "kind": "Server",
+                "metadata": {"name": "web-0", "namespace": "a", "uid": "u1", "generation": 2,
+                    "annotations": {"provisioning.dev/changed-by": "system:serviceaccount:a:alice"},
+                    "managedFields": managed},
+                "spec": {"plan": "small"}}))
+        };
+        let record = |obj: &DynamicObject| {
+            let change = Change { kind: "Server", written: obj, uid: "u1", after: &Value::Null, now: "2026-11-26T00:00:00Z" };
+            new_record(&change, "server-web-0-g2-u1", 2, None).spec.changed_by_user
+        };
+        // Stamped by the API server (no field manager owns it): the user of the write.
+        let stamped = object(json!([{"manager": "kubectl-edit", "operation": "Update", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:spec": {"f:plan": {}}}}]))?;
+        assert_eq!(record(&stamped).as_deref(), Some("system:serviceaccount:a:alice"));
+        // Written by a client (an API server that does not stamp it): not trusted.
+        let forged = object(json!([{"manager": "mallory", "operation": "Update", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:annotations": {"f:provisioning.dev/changed-by": {}}}}}]))?;
+        assert_eq!(record(&forged), None);
+        Ok(())
     }
 }

@@ -11,7 +11,9 @@
 //!   `lastTransitionTime` moves only on a flip;
 //! - [`error`]: `Error` with `class()` (Throttled/Transient/NotFound/Permanent), `category()`
 //!   and `step()` (the pipeline step that failed), and the per-object jittered backoff;
-//! - [`sync`]: the tracked watch caches and the gate that waits for all of them;
+//! - [`sync`]: the tracked watch caches and the gate that waits for all of them; [`decode`]:
+//!   watched objects decoded one by one within a depth and size budget (one bad object is
+//!   reported, never fatal to a cache);
 //! - [`time`]: whole-second timestamps and jittered requeues;
 //! - [`effective_workspace`]: namespace → its effective workspace (or the controller's
 //!   defaults); the Workspace reconciler itself is [`workspace`];
@@ -39,6 +41,7 @@ pub mod conditions;
 pub mod config;
 pub mod context;
 pub mod cost;
+pub mod decode;
 pub mod effective_workspace;
 pub mod error;
 pub mod events;

@@ -10,12 +10,10 @@
 //! `InitDone`, and every reconcile waits for all of them first.
 //!
 //! One unreadable object must not stop every reconcile (a list that kube-rs cannot decode
-//! fails the whole cache). The API server rules such objects out at admission instead of this
-//! gate decoding items one by one: every object is validated against its CRD's structural
-//! schema (generated from the same Rust types the caches decode into), and nothing nesting
-//! deeper than 64 levels is stored, so the list holding it stays within serde_json's
-//! 128-level limit (`provisioning-apiserver` `validation::MAX_DEPTH`). A cache whose list
-//! still fails is reported by name every 30 s (see `CacheSync::pending`).
+//! fails the whole cache): every cache is filled through [`crate::decode::watch`], which
+//! decodes items one by one within a depth and size budget and reports (and leaves out) an
+//! object that does not decode. A cache whose list still fails (a missing CRD or RBAC rule)
+//! is reported by name every 30 s (see `CacheSync::pending`).
 //!
 //! (`Store::wait_until_ready` is not used for this: in kube-runtime 5.0.0 only one of two
 //! tasks awaiting it concurrently is woken, and the Controllers already await it.)
@@ -28,11 +26,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use kube::Client;
 use kube::api::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Client};
 use tokio::sync::watch;
 
+use crate::decode;
 use crate::error::Error;
 
 /// How long one reconcile waits for the caches before it is requeued (as `InProgress`).
@@ -118,19 +117,19 @@ pub mod cache {
     pub const ALL: &[&str] = &[WORKSPACES, SERVERS, TASKSERVS, CLUSTERS, TASKSERV_META, CLUSTER_META];
 }
 
-/// A cache of `K` and the stream of its applied objects for `Controller::for_stream`, marked
-/// synced in `synced` as `name` at its first initial list.
+/// A cache of every `K` and the stream of its applied objects for `Controller::for_stream`,
+/// marked synced in `synced` as `name` at its first initial list.
 pub fn tracked_reflector<K>(
     synced: &CacheSync,
     name: &'static str,
-    api: Api<K>,
+    client: &Client,
     config: watcher::Config,
 ) -> (reflector::Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + use<K>)
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = synced.track(name, reflector::reflector(writer, watcher(api, config))).applied_objects();
+    let stream = synced.track(name, reflector::reflector(writer, decode::watch::<K>(client, config))).applied_objects();
     (reader, stream)
 }
 
@@ -148,7 +147,7 @@ where
     let stream = synced
         .track(
             name,
-            reflector::reflector(writer, watcher(Api::<PartialObjectMeta<K>>::all(client), watcher::Config::default().any_semantic())),
+            reflector::reflector(writer, decode::watch::<PartialObjectMeta<K>>(&client, watcher::Config::default().any_semantic())),
         )
         .default_backoff()
         .for_each(|_| futures::future::ready(()));

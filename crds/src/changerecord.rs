@@ -47,6 +47,11 @@ pub struct ChangeRecordSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub changed_by: Vec<SpecWriter>,
+    /// The authenticated user whose write made this generation, when the API server records
+    /// it (the embedded one does, in the server-owned annotation `provisioning.dev/changed-by`);
+    /// `changedBy` names field managers, which clients choose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_by_user: Option<String>,
     /// One line: "created", or the spec fields that changed since the previous record.
     #[serde(default)]
     pub summary: String,

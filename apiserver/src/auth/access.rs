@@ -29,6 +29,7 @@ pub struct Auth {
     admin_token: String,
     signer: tokens::Signer,
     audiences: Vec<String>,
+    max_token_expiration_seconds: i64,
     cache: Mutex<Option<(Fingerprint, Arc<Policy>)>>,
 }
 
@@ -64,7 +65,26 @@ impl Auth {
     /// State for a server whose admin token is `admin_token` and whose tokens `signer` signs.
     pub fn new(admin_token: &str, signer: tokens::Signer) -> Self {
         let audiences = vec![signer.issuer().to_string()];
-        Auth { admin_token: admin_token.to_string(), signer, audiences, cache: Mutex::new(None) }
+        Auth {
+            admin_token: admin_token.to_string(),
+            signer,
+            audiences,
+            max_token_expiration_seconds: tokens::DEFAULT_MAX_EXPIRATION_SECONDS,
+            cache: Mutex::new(None),
+        }
+    }
+
+    /// With tokens from the TokenRequest API living at most `max` (kube-apiserver
+    /// `--service-account-max-token-expiration`); clamped to the API's own bounds.
+    pub fn with_max_token_expiration(mut self, max: std::time::Duration) -> Self {
+        let seconds = i64::try_from(max.as_secs()).unwrap_or(tokens::MAX_EXPIRATION_SECONDS);
+        self.max_token_expiration_seconds = seconds.clamp(tokens::MIN_EXPIRATION_SECONDS, tokens::MAX_EXPIRATION_SECONDS);
+        self
+    }
+
+    /// The longest lifetime of a token from the TokenRequest API, in seconds.
+    pub fn max_token_expiration_seconds(&self) -> i64 {
+        self.max_token_expiration_seconds
     }
 
     /// The audiences the server accepts (and puts into tokens by default).

@@ -1,7 +1,8 @@
-//! Who approved a plan: on objects of the `provisioning.dev` group, the API server records
-//! the authenticated user that set `provisioning.dev/approve` in the server-owned annotation
-//! `provisioning.dev/approved-by` (the controller names it in its Approved Event, the audit log
-//! and the ChangeRecord). Clients cannot write that annotation: a value they set is refused,
+//! Who approved a plan, and who changed the spec: on objects of the `provisioning.dev` group,
+//! the API server records the authenticated user that set `provisioning.dev/approve` in the
+//! server-owned annotation `provisioning.dev/approved-by` (the controller names it in its
+//! Approved Event, the audit log and the ChangeRecord), and the user whose write made the
+//! current generation in `provisioning.dev/changed-by` (the ChangeRecord's `changedByUser`). Clients cannot write that annotation: a value they set is refused,
 //! one they drop is kept. It is stamped after managedFields are computed, so no field manager
 //! owns it (the controller trusts it only then: on an API server that does not stamp it, a
 //! client that wrote it owns it).
@@ -12,6 +13,11 @@ use serde_json::Value;
 pub const APPROVE: &str = "provisioning.dev/approve";
 /// The server-owned annotation naming the user that set [`APPROVE`].
 pub const APPROVED_BY: &str = "provisioning.dev/approved-by";
+/// The server-owned annotation naming the user whose write made the current spec generation
+/// (the ChangeRecord's `changedByUser`; field managers are names clients choose).
+pub const CHANGED_BY: &str = "provisioning.dev/changed-by";
+/// The server-owned annotations.
+const SERVER_OWNED: [&str; 2] = [APPROVED_BY, CHANGED_BY];
 const GROUP: &str = "provisioning.dev";
 
 fn annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
@@ -25,46 +31,54 @@ pub fn keep(group: &str, old: Option<&Value>, new: &mut Value) -> Result<(), Str
     if group != GROUP {
         return Ok(());
     }
-    let before = old.and_then(|o| annotation(o, APPROVED_BY)).map(str::to_string);
-    match (annotation(new, APPROVED_BY), before) {
-        (Some(now), before) if Some(now) != before.as_deref() => Err(format!(
-            "metadata.annotations[{APPROVED_BY}]: set by the API server only (the user who set {APPROVE}); remove it from the request"
-        )),
-        (None, Some(before)) => {
-            set(new, Some(&before));
-            Ok(())
+    for key in SERVER_OWNED {
+        let before = old.and_then(|o| annotation(o, key)).map(str::to_string);
+        match (annotation(new, key), before) {
+            (Some(now), before) if Some(now) != before.as_deref() => {
+                let what = if key == APPROVED_BY { format!("the user who set {APPROVE}") } else { "the user who changed the spec".into() };
+                return Err(format!("metadata.annotations[{key}]: set by the API server only ({what}); remove it from the request"));
+            }
+            (None, Some(before)) => set(new, key, Some(&before)),
+            _ => {}
         }
-        _ => Ok(()),
     }
+    Ok(())
 }
 
 /// Stamps [`APPROVED_BY`] with `user` when the write changes [`APPROVE`] (removes it when
-/// the approval is removed, or when the writer has no user: the server's own writes).
+/// the approval is removed, or when the writer has no user: the server's own writes), and
+/// [`CHANGED_BY`] when the write creates the object or makes a new generation.
 pub fn stamp(group: &str, old: Option<&Value>, new: &mut Value, user: Option<&str>) {
     if group != GROUP {
         return;
+    }
+    let user = user.filter(|u| !u.is_empty());
+    // A create, or a write that made a new generation (a spec change): who made it.
+    let generation = |v: &Value| v["metadata"]["generation"].as_i64();
+    if old.is_none_or(|o| generation(o) != generation(new)) {
+        set(new, CHANGED_BY, user);
     }
     let before = old.and_then(|o| annotation(o, APPROVE));
     let now = annotation(new, APPROVE).map(str::trim).filter(|a| !a.is_empty());
     if before.map(str::trim).filter(|a| !a.is_empty()) == now {
         return;
     }
-    let by = now.and(user).filter(|u| !u.is_empty()).map(str::to_string);
-    set(new, by.as_deref());
+    let by = now.and(user).map(str::to_string);
+    set(new, APPROVED_BY, by.as_deref());
 }
 
-fn set(obj: &mut Value, by: Option<&str>) {
+fn set(obj: &mut Value, key: &str, by: Option<&str>) {
     let Some(metadata) = obj.get_mut("metadata").and_then(Value::as_object_mut) else { return };
     match by {
         Some(by) => {
             let annotations = metadata.entry("annotations").or_insert_with(|| Value::Object(Default::default()));
             if let Some(a) = annotations.as_object_mut() {
-                a.insert(APPROVED_BY.into(), Value::String(by.into()));
+                a.insert(key.into(), Value::String(by.into()));
             }
         }
         None => {
             if let Some(a) = metadata.get_mut("annotations").and_then(Value::as_object_mut) {
-                a.remove(APPROVED_BY);
+                a.remove(key);
             }
         }
     }
@@ -101,6 +115,24 @@ mod tests {
         let mut core = obj(json!({APPROVE: "abc"}));
         stamp("", Some(&old), &mut core, Some("alice"));
         assert_eq!(annotation(&core, APPROVED_BY), None);
+    }
+
+    #[test]
+    fn the_spec_changer_is_the_user_of_the_write_that_made_the_generation() {
+        let at = |g: i64, annotations: Value| json!({"metadata": {"name": "x", "generation": g, "annotations": annotations}});
+        let mut created = at(1, json!({}));
+        stamp(GROUP, None, &mut created, Some("alice"));
+        assert_eq!(annotation(&created, CHANGED_BY), Some("alice"));
+        // A metadata-only write (same generation) by someone else keeps it; a spec change does not.
+        let mut labelled = at(1, json!({CHANGED_BY: "alice"}));
+        stamp(GROUP, Some(&created), &mut labelled, Some("bob"));
+        assert_eq!(annotation(&labelled, CHANGED_BY), Some("alice"));
+        let mut changed = at(2, json!({CHANGED_BY: "alice"}));
+        stamp(GROUP, Some(&labelled), &mut changed, Some("bob"));
+        assert_eq!(annotation(&changed, CHANGED_BY), Some("bob"));
+        // Clients cannot write it.
+        let mut forged = at(2, json!({CHANGED_BY: "mallory"}));
+        assert!(keep(GROUP, Some(&changed), &mut forged).is_err_and(|e| e.contains(CHANGED_BY)));
     }
 
     #[test]

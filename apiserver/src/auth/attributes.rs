@@ -43,6 +43,15 @@ fn query_pairs(q: Option<&str>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A boolean query parameter as upstream's `Convert_Slice_string_To_bool` reads it (its first
+/// value): absent is false, `0` and `false` (any case) are false, anything else — the empty
+/// value included — is true. The server and the authorizer both read `watch` (and every other
+/// flag) through this one function, so a request is never served as a watch and authorized as
+/// a list.
+pub fn query_bool(first_value: Option<&str>) -> bool {
+    first_value.is_some_and(|v| v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
 impl Attributes {
     /// Derives the attributes of an HTTP request as kube's RequestInfoFactory does.
     pub fn from_request(method: &Method, path: &str, query: Option<&str>) -> Self {
@@ -77,7 +86,7 @@ impl Attributes {
         a.name = rest.get(1).cloned().unwrap_or_default();
         a.subresource = rest.get(2).cloned().unwrap_or_default();
         let q = query_pairs(query);
-        let flag = |k: &str| q.iter().any(|(kk, v)| kk == k && matches!(v.as_str(), "1" | "true"));
+        let flag = |k: &str| query_bool(q.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.as_str()));
         a.verb = match *method {
             Method::POST => "create".into(),
             Method::GET | Method::HEAD => "get".into(),
@@ -187,6 +196,21 @@ mod tests {
             Some("watch=1&resourceVersion=5"),
         );
         assert_eq!(a.verb, "watch");
+        // `watch` read as the server reads it (upstream's bool parameter): the first value;
+        // empty is true, `0`/`false` in any case are false.
+        let servers = "/apis/provisioning.dev/v1alpha1/namespaces/demo/servers";
+        for (query, verb) in [
+            ("watch=", "watch"),
+            ("watch", "watch"),
+            ("watch=TRUE", "watch"),
+            ("watch=yes", "watch"),
+            ("watch=0", "list"),
+            ("watch=False", "list"),
+            ("watch=false&watch=true", "list"),
+            ("watch=&watch=false", "watch"),
+        ] {
+            assert_eq!(Attributes::from_request(&Method::GET, servers, Some(query)).verb, verb, "{query}");
+        }
         let a = Attributes::from_request(&Method::GET, "/api/v1/watch/namespaces/demo/configmaps/x", None);
         assert_eq!((a.verb.as_str(), a.name.as_str()), ("watch", "x"));
         let a = Attributes::from_request(

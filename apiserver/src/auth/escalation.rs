@@ -9,8 +9,12 @@
 //!
 //! * A ClusterRole with an `aggregationRule` needs `escalate` (or `system:masters`).
 //!
-//! An update that leaves the rules (or the roleRef) unchanged is not checked again, as upstream.
-//! Messages mirror upstream's `ConfirmNoEscalation`.
+//! An update that changes nothing but the fields the garbage collector needs (ownerReferences,
+//! finalizers) is not checked, as upstream's `IsOnlyMutatingGCFields`: a controller may put
+//! its finalizer on a binding of a role it does not hold. Any other update is checked like a
+//! create — a binding's new subjects, a role's labels — since the roleRef or rules left as
+//! they were are exactly what the writer may not hold. Messages mirror upstream's
+//! `ConfirmNoEscalation`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,10 +63,10 @@ impl Guard {
             e.details = Some(serde_json::json!({"name": name, "group": GROUP, "kind": plural}));
             e
         };
+        if old.is_some_and(|o| only_gc_fields(new, o)) {
+            return Ok(());
+        }
         let rules = if plural.ends_with("bindings") {
-            if old.is_some_and(|o| o["roleRef"] == new["roleRef"]) {
-                return Ok(());
-            }
             let kind = new["roleRef"]["kind"].as_str().unwrap_or_default();
             let role = new["roleRef"]["name"].as_str().unwrap_or_default();
             let role_plural = if kind == "ClusterRole" { "clusterroles" } else { "roles" };
@@ -71,15 +75,13 @@ impl Guard {
             }
             self.policy.role_ref_rules(kind, role, namespace).map_err(forbidden)?
         } else {
-            if old.is_some_and(|o| o["rules"] == new["rules"]) {
-                return Ok(());
-            }
             if self.allowed("escalate", plural, namespace, name) {
                 return Ok(());
             }
-            // Upstream: an aggregating ClusterRole gathers rules nobody checked here.
-            let aggregation = &new["aggregationRule"];
-            if !aggregation.is_null() && old.is_none_or(|o| o["aggregationRule"] != *aggregation) {
+            // Upstream: an aggregating ClusterRole gathers rules nobody checked here, so writing
+            // one (or turning one into a plain role) takes full authority.
+            let aggregates = |v: &Value| !v["aggregationRule"].is_null();
+            if (aggregates(new) || old.is_some_and(aggregates)) && self.confirm_no_escalation("", &full_authority()).is_err() {
                 return Err(forbidden("must have cluster-admin privileges to use the aggregationRule".into()));
             }
             new["rules"].as_array().into_iter().flatten().map(PolicyRule::from_value).collect()
@@ -121,6 +123,30 @@ impl Guard {
         }
         Err(msg)
     }
+}
+
+/// Upstream's `IsOnlyMutatingGCFields`: `new` differs from `old` in nothing but ownerReferences
+/// and finalizers (and what the server keeps itself: managedFields, selfLink, resourceVersion).
+fn only_gc_fields(new: &Value, old: &Value) -> bool {
+    let without = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            for field in ["ownerReferences", "finalizers", "managedFields", "selfLink", "resourceVersion"] {
+                meta.remove(field);
+            }
+        }
+        v
+    };
+    without(new) == without(old)
+}
+
+/// Upstream's `fullAuthority`: every verb on every resource and every non-resource URL.
+fn full_authority() -> Vec<PolicyRule> {
+    let all = || vec!["*".to_string()];
+    vec![
+        PolicyRule { verbs: all(), api_groups: all(), resources: all(), resource_names: vec![], non_resource_urls: vec![] },
+        PolicyRule { verbs: all(), api_groups: vec![], resources: vec![], resource_names: vec![], non_resource_urls: all() },
+    ]
 }
 
 /// One verb on one resource (or one URL): upstream's `BreakdownRule`.

@@ -117,9 +117,18 @@ fn access_status(auth: &Auth, store: &Store, user: &UserInfo, a: &Attributes) ->
     status
 }
 
-/// Answers a POST to a virtual resource: the object with its status filled in (HTTP 201).
+/// Answers a POST to a virtual resource: the object with its status filled in (HTTP 201),
+/// and the warnings for the client (a token lifetime shortened to the server's maximum).
 /// `user` is the (possibly impersonated) caller; `a` the request's attributes.
-pub fn create(auth: &Auth, store: &Store, user: &UserInfo, a: &Attributes, review: Review, mut body: Value) -> ApiResult<Value> {
+pub fn create(auth: &Auth, store: &Store, user: &UserInfo, a: &Attributes, review: Review, body: Value) -> ApiResult<(Value, Vec<String>)> {
+    if review == Review::TokenRequest {
+        return token_request(auth, store, a, checked(review, body)?);
+    }
+    Ok((answer(auth, store, user, a, review, checked(review, body)?)?, vec![]))
+}
+
+/// The body of a review as a JSON object of its kind.
+fn checked(review: Review, mut body: Value) -> ApiResult<Value> {
     let (kind, api_version) = review.kind();
     if !body.is_object() {
         return Err(ApiError::bad_request(format!("the body of a {kind} must be a JSON object")));
@@ -136,6 +145,11 @@ pub fn create(auth: &Auth, store: &Store, user: &UserInfo, a: &Attributes, revie
         body["metadata"] = json!({});
     }
     body["metadata"]["creationTimestamp"] = Value::Null;
+    Ok(body)
+}
+
+/// The status of a review (every kind but TokenRequest).
+fn answer(auth: &Auth, store: &Store, user: &UserInfo, a: &Attributes, review: Review, mut body: Value) -> ApiResult<Value> {
     let spec = body["spec"].clone();
     let status = match review {
         Review::SelfSubject => json!({"userInfo": user.to_value()}),
@@ -182,7 +196,7 @@ pub fn create(auth: &Auth, store: &Store, user: &UserInfo, a: &Attributes, revie
                 Err(e) => json!({"user": {}, "error": e.to_string()}),
             }
         }
-        Review::TokenRequest => return token_request(auth, store, a, body),
+        Review::TokenRequest => return Err(ApiError::internal("a TokenRequest is not a review")),
     };
     body["status"] = status;
     Ok(body)
@@ -223,7 +237,7 @@ fn rules_status(auth: &Auth, store: &Store, user: &UserInfo, ns: &str) -> Value 
     status
 }
 
-fn token_request(auth: &Auth, store: &Store, a: &Attributes, mut body: Value) -> ApiResult<Value> {
+fn token_request(auth: &Auth, store: &Store, a: &Attributes, mut body: Value) -> ApiResult<(Value, Vec<String>)> {
     let review = Review::TokenRequest;
     let (ns, name) = (a.namespace.as_str(), a.name.as_str());
     let spec = body["spec"].clone();
@@ -247,6 +261,14 @@ fn token_request(auth: &Auth, store: &Store, a: &Attributes, mut body: Value) ->
             &format!("Invalid value: {seconds}: may not specify a duration larger than 2^32 seconds"),
         ));
     }
+    // Upstream's --service-account-max-token-expiration: a longer lifetime is shortened, with
+    // a warning (not refused).
+    let mut warnings = vec![];
+    let max = auth.max_token_expiration_seconds();
+    if seconds > max {
+        warnings.push(format!("requested expiration of {seconds} seconds shortened to {max} seconds"));
+    }
+    let seconds = seconds.min(max);
     if !spec["boundObjectRef"].is_null() {
         return Err(invalid(review, name, "spec.boundObjectRef", "binding tokens to objects is not supported by this control plane"));
     }
@@ -272,5 +294,5 @@ fn token_request(auth: &Auth, store: &Store, a: &Attributes, mut body: Value) ->
     body["metadata"]["namespace"] = json!(ns);
     body["spec"] = json!({"audiences": audiences, "expirationSeconds": seconds, "boundObjectRef": null});
     body["status"] = json!({"token": token, "expirationTimestamp": expires});
-    Ok(body)
+    Ok((body, warnings))
 }

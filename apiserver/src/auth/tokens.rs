@@ -23,6 +23,11 @@ pub const MIN_EXPIRATION_SECONDS: i64 = 600;
 /// Longest lifetime accepted (2^32 seconds, kube-apiserver's validation).
 pub const MAX_EXPIRATION_SECONDS: i64 = 1 << 32;
 
+/// The longest lifetime a TokenRequest gets by default (kube-apiserver has no default for
+/// `--service-account-max-token-expiration`; managed clusters use 24–48 h): 48 hours. Longer
+/// requests are shortened to it, with a warning, as upstream does.
+pub const DEFAULT_MAX_EXPIRATION_SECONDS: i64 = 48 * 3600;
+
 /// Why a token was not accepted. Never carries the token itself.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TokenError {

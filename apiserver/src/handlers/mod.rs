@@ -72,6 +72,12 @@ pub struct Limits {
     pub slow_reader_timeout: Duration,
     /// Bytes of watch events buffered for one watcher before it counts as not reading.
     pub watch_buffer_bytes: usize,
+    /// The longest lifetime of a token from the TokenRequest API (kube-apiserver
+    /// `--service-account-max-token-expiration`; 48 h here); longer requests are shortened.
+    pub max_token_expiration: Duration,
+    /// A request's body must arrive within this once its headers have (kube-apiserver's
+    /// request timeout: 60 s); 408 after it.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -85,6 +91,8 @@ impl Default for Limits {
             max_watches_per_connection: 1_000,
             slow_reader_timeout: Duration::from_secs(5),
             watch_buffer_bytes: 16 * 1024 * 1024,
+            max_token_expiration: Duration::from_secs(48 * 3600),
+            body_read_timeout: Duration::from_secs(60),
         }
     }
 }

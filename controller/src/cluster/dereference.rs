@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use kube::api::ListParams;
 use kube::runtime::reflector::Store;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use provisioning_crds::{ANNOTATION_APPROVE, Cluster, LABEL_CLUSTER, Server, TaskServ, condition};
 
 use super::plan::{ChildServer, ChildTaskServ, OtherCluster};
@@ -96,12 +96,12 @@ pub async fn children(cluster: &Cluster, namespace: &str, ctx: &Context) -> Resu
     let name = cluster.name_any();
     let uid = cluster.uid().unwrap_or_default();
     let selector = ListParams::default().labels(&format!("{LABEL_CLUSTER}={name}"));
-    let server_api: Api<Server> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut servers: Vec<ChildServer> = server_api.list(&selector).await?.items.iter().map(|s| child_server(s, &uid)).collect();
+    // Decoded one by one: a member that does not decode is reported, not fatal to the pass.
+    let servers = crate::decode::list::<Server>(&ctx.client, namespace, &selector).await?;
+    let mut servers: Vec<ChildServer> = servers.iter().map(|s| child_server(s, &uid)).collect();
     servers.sort_by(|a, b| a.name.cmp(&b.name));
-    let api: Api<TaskServ> = Api::namespaced(ctx.client.clone(), namespace);
-    let list = api.list(&selector).await?;
-    let mut taskservs: Vec<ChildTaskServ> = list.items.iter().map(|t| child_taskserv(t, &uid)).collect();
+    let list = crate::decode::list::<TaskServ>(&ctx.client, namespace, &selector).await?;
+    let mut taskservs: Vec<ChildTaskServ> = list.iter().map(|t| child_taskserv(t, &uid)).collect();
     taskservs.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Children { servers, taskservs })
 }

@@ -21,6 +21,7 @@ pub mod validate;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use kube::api::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -30,6 +31,7 @@ use provisioning_taskservs::Catalog;
 
 use crate::conditions::{self, DesiredCondition, Status};
 use crate::context::Context;
+use crate::decode;
 use crate::error::{AtStep, Error, Step};
 use crate::reconcile::{Note, Reconciled, error_policy, reconcile, report};
 use crate::sync::{cache, tracked_reflector};
@@ -57,14 +59,13 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (reader, stream) =
-        tracked_reflector(&ctx.stores.synced, cache::CLUSTERS, Api::<Cluster>::all(client.clone()), watcher::Config::default());
+    let (reader, stream) = tracked_reflector::<Cluster>(&ctx.stores.synced, cache::CLUSTERS, &client, watcher::Config::default());
     let controller = Controller::for_stream(stream, reader);
     let clusters = controller.store();
     let cctx = Arc::new(ClusterContext { ctx, catalog, clusters });
     controller
-        .owns(Api::<Server>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<TaskServ>::all(client), watcher::Config::default())
+        .owns_stream(decode::touched::<PartialObjectMeta<Server>>(&client, watcher::Config::default()))
+        .owns_stream(decode::touched::<PartialObjectMeta<TaskServ>>(&client, watcher::Config::default()))
         .with_config(settings)
         .graceful_shutdown_on(shutdown)
         .run(reconcile::<Cluster>, error_policy::<Cluster>, cctx)

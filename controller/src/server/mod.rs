@@ -136,7 +136,7 @@ impl Reconciled for Server {
 pub fn controller(client: &Client, synced: &CacheSync) -> Controller<Server> {
     let (reader, writer) = reflector::store::<Server>();
     let watch =
-        watcher(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic()).modify(|s| s.managed_fields_mut().clear());
+        crate::decode::watch::<Server>(client, watcher::Config::default().any_semantic()).modify(|s| s.managed_fields_mut().clear());
     let stream = synced.track(cache::SERVERS, reflector::reflector(writer, watch)).applied_objects();
     Controller::for_stream(stream, reader)
 }
@@ -163,10 +163,12 @@ pub async fn run(
     let (drift_trigger, drift_triggers) = crate::reconcile::Trigger::<Server>::new();
     let follower = tokio::spawn(drift::follow(ctx.clone(), drift_trigger.clone()));
     let surveyor = tokio::spawn(survey::run(ctx.clone(), drift_trigger));
+    // Decoded one by one (crate::decode): one undecodable Workspace is reported, not fatal.
+    let workspaces = crate::decode::touched::<Workspace>(&ctx.client, watcher::Config::default().any_semantic());
     controller
         .with_config(settings)
         .reconcile_on(futures::stream::select(triggers, drift_triggers))
-        .watches(Api::<Workspace>::all(ctx.client.clone()), watcher::Config::default().any_semantic(), move |ws: Workspace| {
+        .watches_stream(workspaces, move |ws: Workspace| {
             let ready = ws.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, condition::READY));
             let fingerprint = (ws.metadata.generation, ready);
             let changed = {

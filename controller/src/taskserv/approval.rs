@@ -14,6 +14,29 @@ use super::plan::{Operation, ServerPhase};
 // The gate itself is every kind's ([`crate::approval`]).
 pub use crate::approval::{AWAITING_APPROVAL, Gate, gate, gate_with, same_change};
 
+/// [`gate`] for a TaskServ, and the approval kept afterwards: only the changes it approved
+/// that are still to be carried out (those the current `plan` still has). A change carried
+/// out leaves the kept approval, so a later re-install of the same server (config drift, a
+/// changed `configFrom` Secret) is never covered by it; once all are carried out the kept
+/// approval is spent (no changes) and covers nothing.
+pub fn gate_kept(
+    approval: provisioning_crds::Approval,
+    annotation: Option<&str>,
+    plan: &Plan,
+    kept: Option<&Plan>,
+) -> (Gate, Option<Plan>) {
+    let gate = gate(approval, annotation, plan, kept);
+    let approved = match &gate {
+        Gate::Go { approved } => approved.clone(),
+        Gate::Wait | Gate::Stale(_) => kept.cloned(),
+    };
+    let approved = approved.map(|mut a| {
+        a.changes.retain(|c| plan.changes.iter().any(|p| same_change(p, c)));
+        a
+    });
+    (gate, approved)
+}
+
 /// Holds a plan that waits: only health checks start. A server held from an install stays
 /// `Pending` (the install is still due: the next pass plans it again, under the same plan id)
 /// with the last run it had; one held from a remove keeps its phase. Phase and Ready say what
@@ -127,6 +150,67 @@ mod tests {
         let carried = Plan { id: first.id.clone(), summary: first.summary.clone(), generation: first.generation, ..Default::default() };
         assert_eq!(gate(Approval::Manual, Some(&first.id), &second, Some(&carried)), Gate::Stale(first.id.clone()));
         assert_eq!(gate(Approval::Manual, Some(&second.id), &second, Some(&carried)), Gate::Go { approved: Some(second.clone()) });
+    }
+
+    #[test]
+    fn a_carried_out_approval_covers_no_later_re_install() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::taskserv::plan::taskserv_plan;
+        // s0 and s1 run redis 7.2 at generation 2; `phase` and the configFrom inputs vary.
+        let status = |phase: &str, inputs: &str, kept: Option<&Plan>| TaskServStatus {
+            servers: ["s0", "s1"]
+                .iter()
+                .map(|s| TaskServServerStatus {
+                    name: s.to_string(),
+                    phase: phase.into(),
+                    version: Some("7.2".into()),
+                    ..Default::default()
+                })
+                .collect(),
+            config_inputs_hash: Some(inputs.into()),
+            approved_plan: kept.cloned(),
+            ..Default::default()
+        };
+        let plan_of = |s: &TaskServStatus| taskserv_plan("TaskServ/ns/redis", Some(2), s, Some("7.2"));
+        // A configFrom Secret changed (inputs h2): re-install both; approved.
+        let first = plan_of(&status("Pending", "h2", None));
+        let (gate, kept) = gate_kept(Approval::Manual, Some(&first.id), &first, None);
+        assert!(gate.goes());
+        assert_eq!(kept.as_ref().map(|k| k.changes.len()), Some(2));
+        // s0 done: the kept approval holds s1 only, and still covers it.
+        let mut half = status("Pending", "h2", kept.as_ref());
+        half.servers[0].phase = "Installed".into();
+        let rest = plan_of(&half);
+        let (gate, kept) = gate_kept(Approval::Manual, Some(&first.id), &rest, kept.as_ref());
+        assert!(gate.goes());
+        assert_eq!(
+            kept.as_ref().map(|k| k.changes.iter().map(|c| c.resource.as_str()).collect::<Vec<_>>()),
+            Some(vec!["TaskServ/ns/redis on s1"])
+        );
+        // Both done: the approval is spent (kept under its id, with no changes).
+        let done = plan_of(&status("Installed", "h2", kept.as_ref()));
+        let (gate, kept) = gate_kept(Approval::Manual, Some(&first.id), &done, kept.as_ref());
+        assert!(gate.goes());
+        let spent = kept.clone().ok_or("kept")?;
+        assert!(spent.id == first.id && spent.changes.is_empty(), "{spent:?}");
+        // Config drift on s0 later: a re-install the annotation (still naming the first plan)
+        // does not cover.
+        let mut drift = status("Installed", "h2", Some(&spent));
+        drift.servers[0].phase = "Pending".into();
+        drift.servers[0].drifted_files = vec!["/etc/redis/redis.conf".into()];
+        let repair = plan_of(&drift);
+        assert_eq!(gate_kept(Approval::Manual, Some(&first.id), &repair, Some(&spent)).0, Gate::Wait);
+        // The Secret changes again (inputs h3): the same re-installs as the first plan, yet
+        // another plan id, which the old annotation does not approve.
+        let again = plan_of(&status("Pending", "h3", Some(&spent)));
+        assert_eq!(again.changes, first.changes);
+        assert_ne!(again.id, first.id, "the inputs and the spent approval are part of the id");
+        assert_eq!(gate_kept(Approval::Manual, Some(&first.id), &again, Some(&spent)).0, Gate::Wait);
+        // Even back at the first inputs (h2) the spent approval makes it another plan.
+        let back = plan_of(&status("Pending", "h2", Some(&spent)));
+        assert_ne!(back.id, first.id);
+        // Approving the new plan goes.
+        assert!(gate_kept(Approval::Manual, Some(&again.id), &again, Some(&spent)).0.goes());
+        Ok(())
     }
 
     #[test]

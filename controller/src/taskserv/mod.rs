@@ -35,6 +35,7 @@ use provisioning_taskservs::{Catalog, ScriptContext, ScriptPaths};
 
 use crate::conditions::{self, DesiredCondition, Status};
 use crate::context::Context;
+use crate::decode;
 use crate::error::{Error, ErrorClass, Step};
 use crate::permissions::may_watch_all_secrets;
 use crate::reconcile::{Note, Reconciled, Trigger, error_policy, reconcile, report};
@@ -76,8 +77,7 @@ pub async fn run(
     let client = ctx.client.clone();
     let ctx_client = client.clone();
     let (trigger, triggered) = Trigger::new();
-    let (reader, stream) =
-        tracked_reflector(&ctx.stores.synced, cache::TASKSERVS, Api::<TaskServ>::all(client.clone()), watcher::Config::default());
+    let (reader, stream) = tracked_reflector::<TaskServ>(&ctx.stores.synced, cache::TASKSERVS, &client, watcher::Config::default());
     let controller = Controller::for_stream(stream, reader);
     let store = controller.store();
     let tctx =
@@ -89,7 +89,7 @@ pub async fn run(
     let watch_secrets = may_watch_all_secrets(&ctx_client).await;
     let controller = controller
         // A Server coming, going or changing readiness re-plans the TaskServs that select it.
-        .watches(Api::<Server>::all(client), watcher::Config::default(), move |server: Server| {
+        .watches_stream(decode::touched::<Server>(&client, watcher::Config::default()), move |server: Server| {
             let namespace = server.namespace().unwrap_or_default();
             let name = server.name_any();
             let labels = server.labels().clone();
@@ -110,14 +110,16 @@ pub async fn run(
         // A referenced Secret or ConfigMap changing (metadata-only watches: values are read by
         // the reconcile, never by the watch) re-resolves the config: a rotated password
         // re-runs the install, an awaited Secret that appears lets the TaskServ go on.
-        .watches(Api::<PartialObjectMeta<ConfigMap>>::all(ctx_client.clone()), watcher::Config::default().any_semantic(), move |c| {
-            referrers(&by_config_map, ConfigSourceKind::ConfigMap, c.namespace(), &c.name_any())
-        });
+        .watches_stream(
+            decode::touched::<PartialObjectMeta<ConfigMap>>(&ctx_client, watcher::Config::default().any_semantic()),
+            move |c| referrers(&by_config_map, ConfigSourceKind::ConfigMap, c.namespace(), &c.name_any()),
+        );
     let mut _per_namespace = None;
     let controller = if watch_secrets {
-        controller.watches(Api::<PartialObjectMeta<Secret>>::all(ctx_client), watcher::Config::default().any_semantic(), move |s| {
-            referrers(&by_secret, ConfigSourceKind::Secret, s.namespace(), &s.name_any())
-        })
+        controller.watches_stream(
+            decode::touched::<PartialObjectMeta<Secret>>(&ctx_client, watcher::Config::default().any_semantic()),
+            move |s| referrers(&by_secret, ConfigSourceKind::Secret, s.namespace(), &s.name_any()),
+        )
     } else {
         // Only per namespace (deploy/rbac): one watch per workspace namespace that allows it.
         let trigger = tctx.trigger.clone();
@@ -318,11 +320,9 @@ fn gate_on_approval(
 ) -> Vec<Note> {
     let approval = crate::approval::approval_of(ts.spec.approval, ctx.workspace_for(namespace).spec.approval);
     let annotation = ts.annotations().get(provisioning_crds::ANNOTATION_APPROVE).map(String::as_str);
-    let gate = approval::gate(approval, annotation, taskserv_plan, previous.approved_plan.as_ref());
-    if let approval::Gate::Go { approved } = &gate {
-        desired.approved_plan = approved.clone();
-    } else {
-        desired.approved_plan = previous.approved_plan.clone();
+    let (gate, kept) = approval::gate_kept(approval, annotation, taskserv_plan, previous.approved_plan.as_ref());
+    desired.approved_plan = kept;
+    if !gate.goes() {
         approval::hold(desired, previous, launch, taskserv_plan);
     }
     let approved = crate::approval::newly_approved(previous.approved_plan.as_ref(), desired.approved_plan.as_ref());

@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
+use kube::ResourceExt;
 use kube::api::ListParams;
-use kube::{Api, ResourceExt};
 use provisioning_crds::{Cluster, TaskServ, Workspace};
 
 use super::status::AccountCheck;
@@ -75,12 +75,12 @@ pub async fn children(namespace: &str, ctx: &Context) -> Result<Vec<super::rollu
     let in_ns = |ns: Option<&str>| ns == Some(namespace);
     let servers = ctx.stores.servers.state();
     let clusters = if ctx.stores.clusters.state().iter().any(|c| in_ns(c.metadata.namespace.as_deref())) {
-        Api::<Cluster>::namespaced(ctx.client.clone(), namespace).list(&ListParams::default()).await?.items
+        crate::decode::list::<Cluster>(&ctx.client, namespace, &ListParams::default()).await?
     } else {
         vec![]
     };
     let taskservs = if ctx.stores.taskservs.state().iter().any(|t| in_ns(t.metadata.namespace.as_deref())) {
-        Api::<TaskServ>::namespaced(ctx.client.clone(), namespace).list(&ListParams::default()).await?.items
+        crate::decode::list::<TaskServ>(&ctx.client, namespace, &ListParams::default()).await?
     } else {
         vec![]
     };

@@ -29,6 +29,7 @@ use provisioning_crds::{Cluster, Server, TaskServ, Workspace, condition};
 
 use crate::conditions;
 use crate::context::Context;
+use crate::decode;
 use crate::error::{AtStep, Error, Step};
 use crate::permissions::may_watch_all_secrets;
 use crate::reconcile::{Reconciled, Trigger, error_policy, reconcile};
@@ -106,8 +107,7 @@ fn idle_input(ws: &Workspace, paused: bool) -> StatusInput<'_> {
 /// [`cache::WORKSPACES`]. Its store is the Workspace cache of [`crate::context::Stores`];
 /// [`run`] runs it.
 pub fn controller(client: &Client, synced: &CacheSync) -> Controller<Workspace> {
-    let (reader, stream) =
-        tracked_reflector(synced, cache::WORKSPACES, Api::<Workspace>::all(client.clone()), watcher::Config::default().any_semantic());
+    let (reader, stream) = tracked_reflector::<Workspace>(synced, cache::WORKSPACES, client, watcher::Config::default().any_semantic());
     Controller::for_stream(stream, reader)
 }
 
@@ -134,9 +134,14 @@ pub async fn run(
     let (m1, m2, m3) = (to_workspace.clone(), to_workspace.clone(), to_workspace);
     let mut controller = controller
         .with_config(settings.debounce(Duration::from_secs(1)))
-        .watches(Api::<Server>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Server| m1(s.namespace()))
-        .watches(Api::<TaskServ>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: TaskServ| m2(s.namespace()))
-        .watches(Api::<Cluster>::all(client.clone()), watcher::Config::default().any_semantic(), move |s: Cluster| m3(s.namespace()));
+        .watches_stream(decode::touched::<Server>(&client, watcher::Config::default().any_semantic()), move |s: Server| m1(s.namespace()))
+        .watches_stream(decode::touched::<TaskServ>(&client, watcher::Config::default().any_semantic()), move |s: TaskServ| {
+            m2(s.namespace())
+        })
+        .watches_stream(
+            decode::touched::<Cluster>(&client, watcher::Config::default().any_semantic()),
+            move |s: Cluster| m3(s.namespace()),
+        );
     // deploy/ grants Secrets per namespace only (deploy/rbac/secrets.yaml), so a cluster-wide
     // Secret watch would be refused forever: watch cluster-wide where allowed, else one watch
     // per workspace namespace that allows it, feeding the same mapping through a trigger.
@@ -144,8 +149,8 @@ pub async fn run(
     let (trigger, triggered) = Trigger::<Workspace>::new();
     let mut _per_namespace = None;
     if may_watch_all_secrets(&client).await {
-        controller =
-            controller.watches(Api::<PartialObjectMeta<Secret>>::all(client.clone()), watcher::Config::default().any_semantic(), on_secret);
+        controller = controller
+            .watches_stream(decode::touched::<PartialObjectMeta<Secret>>(&client, watcher::Config::default().any_semantic()), on_secret);
     } else {
         tracing::info!("no cluster-wide list/watch on Secrets (least privilege): watching them per workspace namespace");
         let workspaces = ctx.stores.workspaces.clone();

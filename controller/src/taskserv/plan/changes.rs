@@ -4,6 +4,7 @@
 //! only on Ready Servers, whose machines are).
 
 use provisioning_crds::{ChangeAction, Plan, PlannedChange, TaskServServerStatus, TaskServStatus};
+use sha2::{Digest, Sha256};
 
 use super::model::ServerPhase;
 use crate::server::plan::{plan_id, summary};
@@ -37,7 +38,34 @@ pub fn taskserv_plan(resource: &str, generation: Option<i64>, status: &TaskServS
             reason,
         });
     }
-    Plan { id: plan_id(resource, generation, None, &changes), summary: summary(&changes), changes, generation, ..Default::default() }
+    let id = taskserv_plan_id(resource, generation, status, &changes);
+    Plan { id, summary: summary(&changes), changes, generation, ..Default::default() }
+}
+
+/// The plan id ([`plan_id`]: resource, generation, changes) made single-use for a TaskServ,
+/// whose re-installs follow more than its spec: it also covers the config inputs (a changed
+/// `configFrom` Secret or generated secret is a new plan, though the generation stays) and,
+/// once the approval kept in `status.approvedPlan` is spent (every change it approved carried
+/// out), that approval's id — a later re-install that reads the same (config drift again) is
+/// never the plan approved before, so the annotation still naming it approves nothing new.
+fn taskserv_plan_id(resource: &str, generation: Option<i64>, status: &TaskServStatus, changes: &[PlannedChange]) -> String {
+    let base = plan_id(resource, generation, None, changes);
+    let spent = status.approved_plan.as_ref().filter(|p| p.changes.is_empty()).map(|p| p.id.as_str());
+    if changes.is_empty() || (status.config_inputs_hash.is_none() && status.install_inputs.is_empty() && spent.is_none()) {
+        return base;
+    }
+    let mut hash = Sha256::new();
+    for part in [base.as_str(), status.config_inputs_hash.as_deref().unwrap_or_default(), spent.unwrap_or_default()] {
+        hash.update(part.as_bytes());
+        hash.update([0]);
+    }
+    for (input, value) in &status.install_inputs {
+        hash.update(input.as_bytes());
+        hash.update([1]);
+        hash.update(value.as_bytes());
+        hash.update([0]);
+    }
+    hash.finalize().iter().take(5).map(|b| format!("{b:02x}")).collect()
 }
 
 /// `re-install (WHY)`: the input that changed (`config.port changed`), the machine, health,

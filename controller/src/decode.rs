@@ -1,0 +1,487 @@
+//! Watched objects decoded one by one, each within a depth and size budget.
+//!
+//! kube-rs decodes a list (or a watch event) in one piece: a single object it cannot decode
+//! fails the whole list, the watch cache never syncs and nothing is reconciled at all. On a
+//! real API server that is one `kubectl apply` away: `spec.config` of a TaskServ preserves
+//! unknown fields and the API server accepts JSON nested thousands of levels deep, while
+//! serde_json stops at 128 levels counted from the list (and an object's managedFields nest
+//! as deep as its spec). Our own API server refuses objects deeper than 64 levels, but the
+//! controller also runs against other API servers.
+//!
+//! So every watch of the controller ([`watch`]) decodes each item through [`Tolerant`]: the
+//! item is read into a value at most [`MAX_DEPTH`] levels deep and [`MAX_SIZE`] units large
+//! (values plus string bytes), never descending further (the rest is skipped without
+//! recursion), and only then converted into its type. An item that does not fit, or does not
+//! decode into its type, is left out of the cache and reported once per version: a Warning
+//! Event `Undecodable` on the object itself and one log line. Every other object goes on being
+//! reconciled. (An object left out keeps its last decodable version in a cache that already
+//! held it, until the next relist.)
+
+use std::borrow::Cow;
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{LazyLock, Mutex};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::events::EventType;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// How deep one object may nest (the object itself is level 1). Well below serde_json's 128
+/// levels counted from a list (list, `items` and the item take three), so that a decoded
+/// object can be encoded and decoded again inside a list or a patch.
+pub const MAX_DEPTH: usize = 100;
+
+/// How large one object may be: values plus string bytes (a real API server stores at most
+/// about 1.5 MiB per object; this is a bound on what the controller holds, not a policy).
+pub const MAX_SIZE: usize = 8 << 20;
+
+/// The reason of the Event on an object the controller cannot decode.
+pub const REASON: &str = "Undecodable";
+
+/// One watched item: decoded into `K`, or the reason it could not be (and its metadata, so
+/// that it can be named and reported).
+#[derive(Clone, Debug)]
+pub enum Tolerant<K> {
+    /// The item, decoded.
+    Decoded(K),
+    /// The item could not be decoded; `meta` holds its name, namespace, uid and version.
+    Undecodable {
+        /// What is known of its metadata.
+        meta: Box<ObjectMeta>,
+        /// Why (for the Event and the log line).
+        reason: String,
+    },
+}
+
+impl<K> Tolerant<K> {
+    /// The decoded item, if it was.
+    pub fn into_decoded(self) -> Option<K> {
+        match self {
+            Tolerant::Decoded(k) => Some(k),
+            Tolerant::Undecodable { .. } => None,
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Resource for Tolerant<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn metadata_api() -> bool {
+        K::metadata_api()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            Tolerant::Decoded(k) => k.meta(),
+            Tolerant::Undecodable { meta, .. } => meta,
+        }
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Tolerant::Decoded(k) => k.meta_mut(),
+            Tolerant::Undecodable { meta, .. } => meta,
+        }
+    }
+}
+
+impl<K: Serialize> Serialize for Tolerant<K> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Tolerant::Decoded(k) => k.serialize(serializer),
+            Tolerant::Undecodable { meta, .. } => serde_json::json!({ "metadata": meta }).serialize(serializer),
+        }
+    }
+}
+
+impl<'de, K: DeserializeOwned> Deserialize<'de> for Tolerant<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let budget = Budget::default();
+        let value = Bounded { budget: &budget, depth: 1 }.deserialize(deserializer)?;
+        if let Some(exceeded) = budget.exceeded.get() {
+            let reason = match exceeded {
+                Exceeded::Depth => format!("it nests deeper than {MAX_DEPTH} levels"),
+                Exceeded::Size => format!("it is larger than {MAX_SIZE} values and string bytes"),
+            };
+            return Ok(Tolerant::Undecodable { meta: Box::new(slim_meta(&value)), reason });
+        }
+        let meta = Box::new(slim_meta(&value));
+        Ok(match serde_json::from_value::<K>(value) {
+            Ok(k) => Tolerant::Decoded(k),
+            Err(e) => Tolerant::Undecodable { meta, reason: e.to_string() },
+        })
+    }
+}
+
+/// The metadata that names an object (what survives of it when the rest does not decode).
+fn slim_meta(value: &Value) -> ObjectMeta {
+    let meta = value.get("metadata");
+    let text = |key: &str| meta.and_then(|m| m.get(key)).and_then(Value::as_str).map(str::to_string);
+    ObjectMeta {
+        name: text("name"),
+        namespace: text("namespace"),
+        uid: text("uid"),
+        resource_version: text("resourceVersion"),
+        generation: meta.and_then(|m| m.get("generation")).and_then(Value::as_i64),
+        ..ObjectMeta::default()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Exceeded {
+    Depth,
+    Size,
+}
+
+#[derive(Default)]
+struct Budget {
+    used: Cell<usize>,
+    exceeded: Cell<Option<Exceeded>>,
+}
+
+impl Budget {
+    /// Counts `units`; false once the object is over its size.
+    fn spend(&self, units: usize) -> bool {
+        self.used.set(self.used.get().saturating_add(units));
+        if self.used.get() > MAX_SIZE {
+            self.exceeded.set(Some(Exceeded::Size));
+        }
+        self.exceeded.get().is_none()
+    }
+}
+
+/// Reads a value `depth` levels down; past [`MAX_DEPTH`] or [`MAX_SIZE`] it records that and
+/// skips the rest (serde_json skips without recursion).
+struct Bounded<'a> {
+    budget: &'a Budget,
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Bounded<'_> {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Bounded<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Value, E> {
+        self.budget.spend(1);
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Value, E> {
+        self.budget.spend(1);
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Value, E> {
+        self.budget.spend(1);
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
+        self.budget.spend(1);
+        Ok(Value::from(v))
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Value, E> {
+        self.visit_string(v.to_string())
+    }
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Value, E> {
+        self.budget.spend(1 + v.len());
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Value, E> {
+        self.budget.spend(1);
+        Ok(Value::Null)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Value, E> {
+        self.visit_unit()
+    }
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        if !self.enter() {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            return Ok(Value::Null);
+        }
+        loop {
+            if self.budget.exceeded.get().is_some() {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                break;
+            }
+            match seq.next_element_seed(Bounded { budget: self.budget, depth: self.depth + 1 })? {
+                Some(v) => items.push(v),
+                None => break,
+            }
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut fields = Map::new();
+        if !self.enter() {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            return Ok(Value::Null);
+        }
+        while let Some(key) = map.next_key::<String>()? {
+            if !self.budget.spend(key.len()) {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let value = map.next_value_seed(Bounded { budget: self.budget, depth: self.depth + 1 })?;
+            fields.insert(key, value);
+        }
+        Ok(Value::Object(fields))
+    }
+}
+
+impl Bounded<'_> {
+    /// Counts a list or map at this level; false when it is one level too deep (or the
+    /// object is already over budget) and is to be skipped.
+    fn enter(&self) -> bool {
+        if self.depth > MAX_DEPTH {
+            self.budget.exceeded.set(Some(Exceeded::Depth));
+        }
+        self.budget.spend(1)
+    }
+}
+
+/// What the controller watches: `K` cluster-wide, each item decoded on its own. The items
+/// that do not decode are reported ([`report`]) and left out; the stream goes on.
+pub fn watch<K>(client: &Client, config: watcher::Config) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+{
+    let reporter = client.clone();
+    watcher(Api::<Tolerant<K>>::all(client.clone()), config).filter_map(move |event| {
+        let decoded = event.map(|event| decoded_event(event, &reporter));
+        futures::future::ready(match decoded {
+            Ok(Some(event)) => Some(Ok(event)),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        })
+    })
+}
+
+/// [`watch`]'s objects as a trigger stream (for `Controller::watches_stream` and
+/// `owns_stream`, in place of `watches` and `owns`, which decode whole lists).
+pub fn touched<K>(client: &Client, config: watcher::Config) -> impl Stream<Item = Result<K, watcher::Error>> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    watch::<K>(client, config).touched_objects()
+}
+
+/// The `K` of `namespace` that `params` selects, listed and decoded one by one: an object that
+/// does not decode is reported ([`report`]) and left out of the list, not fatal to it.
+pub async fn list<K>(client: &Client, namespace: &str, params: &kube::api::ListParams) -> Result<Vec<K>, kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope> + Clone + DeserializeOwned + fmt::Debug,
+{
+    let list = Api::<Tolerant<K>>::namespaced(client.clone(), namespace).list(params).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|item| match item {
+            Tolerant::Decoded(k) => Some(k),
+            Tolerant::Undecodable { meta, reason } => {
+                report::<K>(client, &meta, &reason);
+                None
+            }
+        })
+        .collect())
+}
+
+/// A watch event of decoded items: `None` for an item that did not decode (reported).
+fn decoded_event<K>(event: watcher::Event<Tolerant<K>>, client: &Client) -> Option<watcher::Event<K>>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let decoded = |item: Tolerant<K>| match item {
+        Tolerant::Decoded(k) => Some(k),
+        Tolerant::Undecodable { meta, reason } => {
+            report::<K>(client, &meta, &reason);
+            None
+        }
+    };
+    match event {
+        watcher::Event::Apply(item) => decoded(item).map(watcher::Event::Apply),
+        watcher::Event::Delete(item) => decoded(item).map(watcher::Event::Delete),
+        watcher::Event::InitApply(item) => decoded(item).map(watcher::Event::InitApply),
+        watcher::Event::Init => Some(watcher::Event::Init),
+        watcher::Event::InitDone => Some(watcher::Event::InitDone),
+    }
+}
+
+/// Object versions already reported (uid and resourceVersion), so that several watches of the
+/// same kind, and relists, report each version once. Bounded: forgotten when full.
+static REPORTED: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Mutex::default);
+const REPORTED_CAP: usize = 10_000;
+
+/// Reports an object that could not be decoded: one log line and a Warning Event on the
+/// object, once per version.
+pub fn report<K: Resource<DynamicType = ()>>(client: &Client, meta: &ObjectMeta, reason: &str) {
+    let key = format!(
+        "{}/{}/{}@{}",
+        K::kind(&()),
+        meta.uid.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+        meta.resource_version.as_deref().unwrap_or_default()
+    );
+    {
+        let mut reported = REPORTED.lock().unwrap_or_else(|p| p.into_inner());
+        if reported.len() >= REPORTED_CAP {
+            reported.clear();
+        }
+        if !reported.insert(key) {
+            return;
+        }
+    }
+    let kind = K::kind(&()).to_string();
+    tracing::warn!(
+        kind,
+        namespace = meta.namespace.as_deref(),
+        name = meta.name.as_deref(),
+        resource_version = meta.resource_version.as_deref(),
+        reason,
+        "object cannot be decoded; it is not reconciled until it is fixed"
+    );
+    let note = crate::conditions::truncate(
+        &format!("The controller cannot decode this {kind}: {reason}. It is not reconciled until it is fixed (every other object is)."),
+        1000,
+    );
+    let regarding = ObjectReference {
+        api_version: Some(K::api_version(&()).to_string()),
+        kind: Some(kind),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        ..ObjectReference::default()
+    };
+    let publisher = crate::events::Publisher::new(client.clone(), crate::context::FIELD_MANAGER, "watch");
+    tokio::spawn(async move {
+        let what = crate::events::Occurrence { type_: EventType::Warning, reason: REASON, action: "Decode", note: Some(&note) };
+        if let Err(e) = publisher.publish(&what, &regarding).await {
+            tracing::debug!(error = %e, "could not publish the Undecodable event");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::ObjectList;
+
+    /// `levels` maps, one inside the other.
+    fn nested(levels: usize) -> String {
+        let mut s = String::from("1");
+        for _ in 0..levels {
+            s = format!("{{\"a\":{s}}}");
+        }
+        s
+    }
+
+    #[derive(Clone, Debug, Deserialize)]
+    struct Thing {
+        metadata: ObjectMeta,
+    }
+
+    fn list(items: &[String]) -> String {
+        format!("{{\"apiVersion\":\"v1\",\"kind\":\"List\",\"metadata\":{{\"resourceVersion\":\"7\"}},\"items\":[{}]}}", items.join(","))
+    }
+
+    fn item(name: &str, spec: &str) -> String {
+        format!(
+            "{{\"metadata\":{{\"name\":\"{name}\",\"namespace\":\"n\",\"uid\":\"u-{name}\",\"resourceVersion\":\"3\"}},\"spec\":{spec}}}"
+        )
+    }
+
+    #[test]
+    fn a_list_with_one_deep_item_decodes_the_others() -> Result<(), serde_json::Error> {
+        let text = list(&[item("ok", "{\"x\":1}"), item("deep", &nested(130)), item("ok2", "{}")]);
+        // Whole-list decoding (what kube-rs does) fails on the deep item:
+        assert!(serde_json::from_str::<ObjectList<Thing>>(&text).is_err());
+        let list: ObjectList<Tolerant<Thing>> = serde_json::from_str(&text)?;
+        let names: Vec<_> = list
+            .items
+            .iter()
+            .map(|i| match i {
+                Tolerant::Decoded(t) => (t.metadata.name.clone().unwrap_or_default(), true),
+                Tolerant::Undecodable { meta, .. } => (meta.name.clone().unwrap_or_default(), false),
+            })
+            .collect();
+        assert_eq!(names, vec![("ok".into(), true), ("deep".into(), false), ("ok2".into(), true)]);
+        let Tolerant::Undecodable { meta, reason } = &list.items[1] else {
+            return Err(serde::de::Error::custom("the deep item decoded"));
+        };
+        assert_eq!(meta.uid.as_deref(), Some("u-deep"));
+        assert!(reason.contains("deeper than 100"), "{reason}");
+        Ok(())
+    }
+
+    #[test]
+    fn depth_is_counted_from_the_object() -> Result<(), serde_json::Error> {
+        // item (level 1) → spec (levels 2…): MAX_DEPTH levels in all is fine, one more is not.
+        let fits = format!("[{}]", item("a", &nested(MAX_DEPTH - 1)));
+        let over = format!("[{}]", item("a", &nested(MAX_DEPTH)));
+        let fits: Vec<Tolerant<Thing>> = serde_json::from_str(&fits)?;
+        let over: Vec<Tolerant<Thing>> = serde_json::from_str(&over)?;
+        assert!(matches!(fits[0], Tolerant::Decoded(_)));
+        assert!(matches!(over[0], Tolerant::Undecodable { .. }));
+        Ok(())
+    }
+
+    #[test]
+    fn very_deep_and_very_large_items_cost_bounded_work() -> Result<(), serde_json::Error> {
+        let deep = format!("[{}]", item("a", &format!("{}{}", "[".repeat(100_000), "]".repeat(100_000))));
+        let items: Vec<Tolerant<Thing>> = serde_json::from_str(&deep)?;
+        assert!(matches!(items[0], Tolerant::Undecodable { .. }));
+        let big = format!("[{}]", item("a", &format!("[{}0]", "0,".repeat(MAX_SIZE))));
+        let items: Vec<Tolerant<Thing>> = serde_json::from_str(&big)?;
+        let Tolerant::Undecodable { reason, .. } = &items[0] else {
+            return Err(serde::de::Error::custom("the large item decoded"));
+        };
+        assert!(reason.contains("larger than"), "{reason}");
+        Ok(())
+    }
+
+    #[test]
+    fn an_item_of_the_wrong_shape_is_undecodable_not_fatal() -> Result<(), serde_json::Error> {
+        #[derive(Clone, Debug, Deserialize)]
+        struct Strict {
+            #[allow(dead_code)]
+            spec: std::collections::BTreeMap<String, u32>,
+        }
+        let items: Vec<Tolerant<Strict>> =
+            serde_json::from_str(&format!("[{},{}]", item("bad", "{\"x\":\"y\"}"), item("good", "{\"x\":1}")))?;
+        assert!(matches!(items[0], Tolerant::Undecodable { .. }));
+        assert!(matches!(items[1], Tolerant::Decoded(_)));
+        Ok(())
+    }
+}
