@@ -68,8 +68,13 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn main() -> BoxResult<()> {
     provisioning_apiserver::install_crypto_provider();
     // `BENCH_ONLY=events cargo bench -p provisioning-apiserver` runs only the Event simulation.
-    if std::env::var("BENCH_ONLY").as_deref() == Ok("events") {
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only == "events" {
         return simulated_event_day().await;
+    }
+    // `BENCH_ONLY=store`: the storage layer alone (16 in-process writers, no HTTP or TLS).
+    if only == "store" {
+        return store_writes().await;
     }
     let dir = tempfile::tempdir()?;
     let mut child = Command::new(env!("CARGO_BIN_EXE_apiserver-standalone"))
@@ -90,21 +95,135 @@ async fn main() -> BoxResult<()> {
         listening = line;
     }
     println!("{listening} (pid {pid})");
-    let result = run(dir.path(), pid).await;
+    // `BENCH_ONLY=creates`: part 1 alone (durable creates from 16 clients), with CPU seconds.
+    let result = if only == "creates" { creates_only(dir.path(), pid).await } else { run(dir.path(), pid).await };
     let _ = child.kill();
     let _ = child.wait();
     result?;
+    if only == "creates" {
+        return Ok(());
+    }
     simulated_event_day().await
 }
 
-async fn run(dir: &std::path::Path, pid: u32) -> BoxResult<()> {
-    let kubeconfig = dir.join("kubeconfig");
-    let admin = client(&kubeconfig).await?;
+/// CPU seconds (user + system) a process used so far, from `/proc/PID/stat`.
+fn cpu_seconds(pid: &str) -> f64 {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
+async fn create_crd(admin: &Client) -> BoxResult<()> {
     let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
         serde_yaml_ng::from_str(include_str!("../tests/fixtures/server-crd.yaml"))?;
     Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(admin.clone())
         .create(&PostParams::default(), &crd)
         .await?;
+    Ok(())
+}
+
+/// `OBJECTS` durable creates from `CLIENTS` kube-rs clients (one connection each), as many
+/// in flight as clients; returns creates/s.
+async fn durable_creates(kubeconfig: &std::path::Path, clients: usize, objects: usize) -> BoxResult<f64> {
+    let mut cls = vec![];
+    for _ in 0..clients {
+        cls.push(client(kubeconfig).await?);
+    }
+    let start = Instant::now();
+    let mut tasks = vec![];
+    for (c, cl) in cls.iter().enumerate() {
+        let api: Api<DynamicObject> = Api::namespaced_with(cl.clone(), "default", &server_resource());
+        tasks.push(tokio::spawn(async move {
+            for i in (c..objects).step_by(clients) {
+                let obj = server_like(&format!("srv-{i:05}"), i)?;
+                api.create(&PostParams::default(), &obj).await?;
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(objects as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Part 1 alone, with the CPU seconds of the server and of this (client) process.
+async fn creates_only(dir: &std::path::Path, pid: u32) -> BoxResult<()> {
+    let kubeconfig = dir.join("kubeconfig");
+    let admin = client(&kubeconfig).await?;
+    create_crd(&admin).await?;
+    let objects = std::env::var("BENCH_OBJECTS").ok().and_then(|s| s.parse().ok()).unwrap_or(OBJECTS);
+    let clients = std::env::var("BENCH_CLIENTS").ok().and_then(|s| s.parse().ok()).unwrap_or(CLIENTS);
+    let (server0, client0) = (cpu_seconds(&pid.to_string()), cpu_seconds("self"));
+    let t = Instant::now();
+    let rate = durable_creates(&kubeconfig, clients, objects).await?;
+    let wall = t.elapsed().as_secs_f64();
+    let (server_cpu, client_cpu) = (cpu_seconds(&pid.to_string()) - server0, cpu_seconds("self") - client0);
+    println!(
+        "creates: {objects} durable creates from {clients} clients in {wall:.2} s = {rate:.0}/s; CPU: server {server_cpu:.2} s ({:.0} µs/create), clients {client_cpu:.2} s ({:.0} µs/create); load average {}",
+        server_cpu * 1e6 / objects as f64,
+        client_cpu * 1e6 / objects as f64,
+        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().next().unwrap_or("?")
+    );
+    Ok(())
+}
+
+/// The storage layer alone: 16 tasks each writing their share of 10,000 Server-like objects
+/// through `Store::put` (durable, one fsync per commit), then updating each once with its
+/// revision as precondition; writes/s and writes per commit.
+async fn store_writes() -> BoxResult<()> {
+    use provisioning_apiserver::storage::{ObjKey, Precondition, Store};
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(&dir.path().join("state.redb"))?;
+    let clients = std::env::var("BENCH_CLIENTS").ok().and_then(|s| s.parse().ok()).unwrap_or(CLIENTS);
+    for phase in ["create", "update"] {
+        let commits0 = store.commits();
+        let t = Instant::now();
+        let mut tasks = vec![];
+        for c in 0..clients {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in (c..OBJECTS).step_by(clients) {
+                    let name = format!("srv-{i:05}");
+                    let key = ObjKey { storage: Arc::from("provisioning.dev/servers"), namespace: "default".into(), name: name.clone() };
+                    let mut obj = serde_json::to_value(server_like(&name, i)?)?;
+                    obj["metadata"]["uid"] = json!(format!("uid-{i}"));
+                    let pre = match store.get(&key) {
+                        Some(e) => {
+                            obj["spec"]["plan"] = json!("large");
+                            Precondition::Revision(e.rv)
+                        }
+                        None => Precondition::MustNotExist,
+                    };
+                    store.put(key, pre, obj).await?;
+                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        let wall = t.elapsed().as_secs_f64();
+        let commits = store.commits() - commits0;
+        println!(
+            "store {phase}s: {OBJECTS} durable writes from {clients} tasks in {wall:.2} s = {:.0}/s, {commits} commits ({:.1} writes per commit)",
+            OBJECTS as f64 / wall,
+            OBJECTS as f64 / commits.max(1) as f64
+        );
+    }
+    store.close();
+    Ok(())
+}
+
+async fn run(dir: &std::path::Path, pid: u32) -> BoxResult<()> {
+    let kubeconfig = dir.join("kubeconfig");
+    let admin = client(&kubeconfig).await?;
+    create_crd(&admin).await?;
     let rss_empty = rss_kib(pid);
 
     // 1. Durable creates from 16 concurrent clients.

@@ -58,10 +58,11 @@ async fn kill_9_loses_no_acknowledged_write_and_watch_resumes() -> TestResult {
         }
     });
 
-    // Writers stream creates; every acknowledged one is recorded.
+    // 16 writers (as many as the throughput bench's clients, so commits are shared) stream
+    // creates; every acknowledged one is recorded.
     let acked: Arc<Mutex<BTreeMap<String, u64>>> = Arc::new(Mutex::new(BTreeMap::new()));
     let mut writers = vec![];
-    for w in 0..8 {
+    for w in 0..16 {
         let cms = cms.clone();
         let acked = acked.clone();
         writers.push(tokio::spawn(async move {
