@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 const CI_SEEDS: [u64; 3] = [1, 2, 3];
 /// Steps per seed in CI.
 const CI_STEPS: usize = 12;
+/// Seeds run at once (each its own `provisioning dev`); `PROVISIONING_LIFECYCLE_JOBS` overrides.
+const CI_JOBS: usize = 3;
 /// How long one step may take to settle.
 const SETTLE: Duration = Duration::from_secs(90);
 /// Standalone Server names the model draws from.
@@ -270,15 +272,20 @@ fn unsettled(obj: &Value) -> Option<String> {
     Some(format!("{name} Ready={} ({}: {}), plan {summary:?}, Reconciling={reconciling}", ready["status"], ready["reason"], ready["message"]))
 }
 
-fn main_seeds() -> Result<(Vec<u64>, usize)> {
+/// Seeds, steps per seed and seeds run at once, from the environment (CI's set by default).
+fn main_seeds() -> Result<(Vec<u64>, usize, usize)> {
     let parse = |var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty());
-    let steps = match parse("PROVISIONING_LIFECYCLE_STEPS") {
-        Some(v) => v.trim().parse().with_context(|| format!("PROVISIONING_LIFECYCLE_STEPS={v:?} is not a number of steps"))?,
-        None => CI_STEPS,
+    let number = |var: &str, default: usize| -> Result<usize> {
+        match parse(var) {
+            Some(v) => v.trim().parse().with_context(|| format!("{var}={v:?} is not a number")),
+            None => Ok(default),
+        }
     };
+    let steps = number("PROVISIONING_LIFECYCLE_STEPS", CI_STEPS)?;
+    let jobs = number("PROVISIONING_LIFECYCLE_JOBS", CI_JOBS)?;
     if let Some(v) = parse("PROVISIONING_LIFECYCLE_SEED") {
         let seed = v.trim().parse().with_context(|| format!("PROVISIONING_LIFECYCLE_SEED={v:?} is not a seed (a number)"))?;
-        return Ok((vec![seed], steps));
+        return Ok((vec![seed], steps, 1));
     }
     if let Some(v) = parse("PROVISIONING_LIFECYCLE_SEEDS") {
         let bad = || format!("PROVISIONING_LIFECYCLE_SEEDS={v:?} is neither N (seeds 1..=N) nor A..B (seeds A..=B)");
@@ -286,28 +293,40 @@ fn main_seeds() -> Result<(Vec<u64>, usize)> {
             Some((a, b)) => (a.parse().with_context(bad)?, b.parse().with_context(bad)?),
             None => (1, v.trim().parse().with_context(bad)?),
         };
-        return Ok(((from..=to).collect(), steps));
+        return Ok(((from..=to).collect(), steps, jobs));
     }
-    Ok((CI_SEEDS.to_vec(), steps))
+    Ok((CI_SEEDS.to_vec(), steps, jobs))
 }
 
 #[test]
 fn model_based_lifecycle_on_the_simulated_provider() -> Result<()> {
-    let (seeds, steps) = main_seeds()?;
+    let (seeds, steps, jobs) = main_seeds()?;
     let started = Instant::now();
-    let mut failed = Vec::new();
-    for seed in &seeds {
-        let begun = Instant::now();
-        match run_seed(*seed, steps) {
-            Ok(()) => eprintln!("lifecycle seed {seed}: {steps} steps passed in {:.1}s", begun.elapsed().as_secs_f64()),
-            Err(e) => {
-                eprintln!("lifecycle seed {seed} FAILED (replay: PROVISIONING_LIFECYCLE_SEED={seed} PROVISIONING_LIFECYCLE_STEPS={steps}):\n{e:#}");
-                failed.push(*seed);
-            }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(Vec::new());
+    // Seeds run side by side, each with its own `provisioning dev`, data dir and namespace.
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, seeds.len().max(1)) {
+            scope.spawn(|| {
+                while let Some(seed) = seeds.get(next.fetch_add(1, std::sync::atomic::Ordering::SeqCst)).copied() {
+                    let begun = Instant::now();
+                    match run_seed(seed, steps) {
+                        Ok(()) => eprintln!("lifecycle seed {seed}: {steps} steps passed in {:.1}s", begun.elapsed().as_secs_f64()),
+                        Err(e) => {
+                            eprintln!(
+                                "lifecycle seed {seed} FAILED (replay: PROVISIONING_LIFECYCLE_SEED={seed} PROVISIONING_LIFECYCLE_STEPS={steps}):\n{e:#}"
+                            );
+                            failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(seed);
+                        }
+                    }
+                }
+            });
         }
-    }
+    });
+    let mut failed = failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    failed.sort_unstable();
     eprintln!(
-        "lifecycle: {} seeds x {steps} steps, {} failed {failed:?}, in {:.1}s",
+        "lifecycle: {} seeds x {steps} steps ({jobs} at a time), {} failed {failed:?}, in {:.1}s",
         seeds.len(),
         failed.len(),
         started.elapsed().as_secs_f64()
@@ -468,7 +487,12 @@ fn step(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
         }
         Action::SwitchApproval => {
             let target = pick_target(run, rng);
-            let approval = *rng.pick(&[Some("Manual"), Some("Automatic"), None]);
+            let current = match target {
+                Some(name) => run.model.servers.get(name).and_then(|s| s.approval),
+                None => run.model.cluster.as_ref().and_then(|c| c.approval),
+            };
+            let choices: Vec<Option<&'static str>> = [Some("Manual"), Some("Automatic"), None].into_iter().filter(|a| *a != current).collect();
+            let approval = *rng.pick(&choices);
             match target {
                 Some(name) => run.model.servers.get_mut(name).into_iter().for_each(|s| s.approval = approval),
                 None => run.model.cluster.iter_mut().for_each(|c| c.approval = approval),
