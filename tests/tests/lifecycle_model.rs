@@ -529,7 +529,13 @@ fn step(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
             let ns = run.ns.clone();
             run.wait_for(SETTLE, "the namespace deleted (and made anew by its Workspace)", |r| {
                 let now = r.kubectl(&["get", "namespace", &ns, "--ignore-not-found", "-o", "jsonpath={.metadata.uid}"])?;
-                Ok((now.trim() == uid.trim()).then(|| "the old namespace is still there".to_string()))
+                Ok(if now.trim() == uid.trim() {
+                    Some("the old namespace is still there".to_string())
+                } else if now.trim().is_empty() {
+                    Some("the Workspace has not made its namespace anew".to_string())
+                } else {
+                    None
+                })
             })?;
             Ok(Expect::Changes)
         }
