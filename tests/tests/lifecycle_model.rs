@@ -872,3 +872,20 @@ fn model_matches(run: &Run) -> Result<()> {
     }
     Ok(())
 }
+
+/// Found by seed 4: a namespace deleted with `kubectl delete namespace` after its last Server
+/// went stayed gone until the Workspace's next resync (10 minutes), because nothing told the
+/// Workspace and it trusted its memo of the namespace. It is made anew within seconds.
+#[test]
+fn a_workspace_makes_its_deleted_namespace_anew() -> Result<()> {
+    let mut run = Run::start(9_000)?;
+    recreate_workspace(&mut run)?;
+    let ns = run.ns.clone();
+    let uid = run.kubectl(&["get", "namespace", &ns, "-o", "jsonpath={.metadata.uid}"])?;
+    run.kubectl(&["delete", "namespace", &ns, "--timeout=60s"])?;
+    run.wait_for(Duration::from_secs(30), "the namespace made anew", |r| {
+        let now = r.kubectl(&["get", "namespace", &ns, "--ignore-not-found", "-o", "jsonpath={.metadata.uid}"])?;
+        Ok((now.trim().is_empty() || now.trim() == uid.trim()).then(|| format!("namespace uid now {now:?}, was {uid:?}")))
+    })?;
+    Ok(())
+}
