@@ -60,8 +60,8 @@ impl Rng {
         self.next() % 100 < percent
     }
 
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
+    fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())].clone()
     }
 }
 
@@ -124,7 +124,8 @@ fn server_json(ns: &str, name: &str, s: &ServerModel) -> Value {
             spec[key] = json!(v);
         }
     }
-    let mut obj = json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": name, "namespace": ns}, "spec": spec});
+    let mut obj =
+        json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server", "metadata": {"name": name, "namespace": ns}, "spec": spec});
     if s.paused {
         obj["metadata"]["annotations"] = json!({PAUSED: "true"});
     }
@@ -137,7 +138,8 @@ fn cluster_json(ns: &str, c: &ClusterModel) -> Value {
     if let Some(a) = c.approval {
         spec["approval"] = json!(a);
     }
-    let mut obj = json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Cluster", "metadata": {"name": CLUSTER, "namespace": ns}, "spec": spec});
+    let mut obj =
+        json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Cluster", "metadata": {"name": CLUSTER, "namespace": ns}, "spec": spec});
     if c.paused {
         obj["metadata"]["annotations"] = json!({PAUSED: "true"});
     }
@@ -146,11 +148,11 @@ fn cluster_json(ns: &str, c: &ClusterModel) -> Value {
 
 fn random_server(rng: &mut Rng) -> ServerModel {
     ServerModel {
-        plan: *rng.pick(&["small", "medium"]),
-        zone: *rng.pick(&["", "zone-a", "zone-b"]),
-        image: *rng.pick(&["", "debian-12", "debian-13"]),
-        update_policy: *rng.pick(&[None, None, Some("Replace"), Some("InPlace"), Some("Never")]),
-        approval: *rng.pick(&[None, None, None, Some("Automatic"), Some("Manual")]),
+        plan: rng.pick(&["small", "medium"]),
+        zone: rng.pick(&["", "zone-a", "zone-b"]),
+        image: rng.pick(&["", "debian-12", "debian-13"]),
+        update_policy: rng.pick(&[None, None, Some("Replace"), Some("InPlace"), Some("Never")]),
+        approval: rng.pick(&[None, None, None, Some("Automatic"), Some("Manual")]),
         paused: false,
     }
 }
@@ -160,15 +162,7 @@ impl Run {
         let tmp = tempfile::tempdir()?;
         let data_dir = tmp.path().join("data");
         let dev = Dev::start_in(&data_dir, &[])?;
-        Ok(Run {
-            ns: format!("lifecycle-{seed}"),
-            dev,
-            data_dir,
-            _tmp: tmp,
-            model: Model::default(),
-            trace: Vec::new(),
-            files: 0,
-        })
+        Ok(Run { ns: format!("lifecycle-{seed}"), dev, data_dir, _tmp: tmp, model: Model::default(), trace: Vec::new(), files: 0 })
     }
 
     fn kubectl(&self, args: &[&str]) -> Result<String> {
@@ -269,7 +263,10 @@ fn unsettled(obj: &Value) -> Option<String> {
     if stalled || ready["reason"] == "AwaitingApproval" {
         return None;
     }
-    Some(format!("{name} Ready={} ({}: {}), plan {summary:?}, Reconciling={reconciling}", ready["status"], ready["reason"], ready["message"]))
+    Some(format!(
+        "{name} Ready={} ({}: {}), plan {summary:?}, Reconciling={reconciling}",
+        ready["status"], ready["reason"], ready["message"]
+    ))
 }
 
 /// Seeds, steps per seed and seeds run at once, from the environment (CI's set by default).
@@ -448,11 +445,21 @@ fn step(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
     let actions = applicable(run)?;
     let total: usize = actions.iter().map(|(_, w)| w).sum();
     let mut at = rng.below(total);
-    let action = actions.iter().find(|(_, w)| if at < *w { true } else { at -= w; false }).map_or(Action::Restart, |(a, _)| *a);
+    let action = actions
+        .iter()
+        .find(|(_, w)| {
+            if at < *w {
+                true
+            } else {
+                at -= w;
+                false
+            }
+        })
+        .map_or(Action::Restart, |(a, _)| *a);
     match action {
         Action::CreateServer => {
             let free: Vec<&'static str> = SERVER_NAMES.iter().copied().filter(|n| !run.model.servers.contains_key(n)).collect();
-            let name = *rng.pick(&free);
+            let name = rng.pick(&free);
             let server = random_server(rng);
             run.trace.push(format!("create server {name} {server:?}"));
             run.model.servers.insert(name, server);
@@ -463,54 +470,24 @@ fn step(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
         Action::NoopEdit => noop_edit(run, rng),
         Action::Scale => {
             let cluster = run.model.cluster.as_mut().context("no cluster")?;
-            let replicas = *rng.pick(&[1, 2, 3].into_iter().filter(|r| *r != cluster.replicas).collect::<Vec<u64>>());
+            let replicas = rng.pick(&[1, 2, 3].into_iter().filter(|r| *r != cluster.replicas).collect::<Vec<u64>>());
             run.trace.push(format!("scale cluster {} -> {replicas}", cluster.replicas));
             cluster.replicas = replicas;
             run.apply(run.manifest())?;
             Ok(Expect::Changes)
         }
-        Action::PauseOrResume => {
-            let target = pick_target(run, rng);
-            let paused = match target {
-                Some(name) => run.model.servers.get_mut(name).map(|s| {
-                    s.paused = !s.paused;
-                    s.paused
-                }),
-                None => run.model.cluster.as_mut().map(|c| {
-                    c.paused = !c.paused;
-                    c.paused
-                }),
-            };
-            run.trace.push(format!("{} {}", if paused == Some(true) { "pause" } else { "resume" }, target.unwrap_or(CLUSTER)));
-            run.apply(run.manifest())?;
-            Ok(Expect::Changes)
-        }
-        Action::SwitchApproval => {
-            let target = pick_target(run, rng);
-            let current = match target {
-                Some(name) => run.model.servers.get(name).and_then(|s| s.approval),
-                None => run.model.cluster.as_ref().and_then(|c| c.approval),
-            };
-            let choices: Vec<Option<&'static str>> = [Some("Manual"), Some("Automatic"), None].into_iter().filter(|a| *a != current).collect();
-            let approval = *rng.pick(&choices);
-            match target {
-                Some(name) => run.model.servers.get_mut(name).into_iter().for_each(|s| s.approval = approval),
-                None => run.model.cluster.iter_mut().for_each(|c| c.approval = approval),
-            }
-            run.trace.push(format!("approval of {} -> {approval:?}", target.unwrap_or(CLUSTER)));
-            run.apply(run.manifest())?;
-            Ok(Expect::Changes)
-        }
+        Action::PauseOrResume => pause_or_resume(run, rng),
+        Action::SwitchApproval => switch_approval(run, rng),
         Action::Approve => {
             let waiting = awaiting_approval(run)?;
-            let (what, plan) = rng.pick(&waiting).clone();
+            let (what, plan) = rng.pick(&waiting);
             run.trace.push(format!("approve {what} plan {plan}"));
             run.kubectl(&["annotate", &what, "-n", &run.ns, "--overwrite", &format!("provisioning.dev/approve={plan}")])?;
             Ok(Expect::Changes)
         }
         Action::DeleteServer => {
             let names: Vec<&'static str> = run.model.servers.keys().copied().collect();
-            let name = *rng.pick(&names);
+            let name = rng.pick(&names);
             run.trace.push(format!("delete server {name}"));
             resume_all(run)?;
             run.model.servers.remove(name);
@@ -519,46 +496,13 @@ fn step(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
         }
         Action::DeleteClusterFirst | Action::DeleteTaskServsFirst => delete_cluster(run, action == Action::DeleteClusterFirst),
         Action::DeleteWorkspaceFirst => delete_workspace_first(run),
-        Action::DeleteNamespace => {
-            run.trace.push("delete namespace".into());
-            resume_all(run)?;
-            let uid = run.kubectl(&["get", "namespace", &run.ns, "-o", "jsonpath={.metadata.uid}"])?;
-            run.kubectl(&["delete", "namespace", &run.ns, "--wait=false"])?;
-            run.model.servers.clear();
-            run.model.cluster = None;
-            let ns = run.ns.clone();
-            run.wait_for(SETTLE, "the namespace deleted (and made anew by its Workspace)", |r| {
-                let now = r.kubectl(&["get", "namespace", &ns, "--ignore-not-found", "-o", "jsonpath={.metadata.uid}"])?;
-                Ok(if now.trim() == uid.trim() {
-                    Some("the old namespace is still there".to_string())
-                } else if now.trim().is_empty() {
-                    Some("the Workspace has not made its namespace anew".to_string())
-                } else {
-                    None
-                })
-            })?;
-            Ok(Expect::Changes)
-        }
+        Action::DeleteNamespace => delete_namespace(run),
         Action::DeleteFolderOrder => {
             run.trace.push("delete -f everything (folder order)".into());
             delete_all_folder_order(run)?;
             Ok(Expect::Changes)
         }
-        Action::Recreate => {
-            run.trace.push("re-create what is missing".into());
-            if !run.model.workspace {
-                recreate_workspace(run)?;
-            }
-            if run.model.cluster.is_none() {
-                run.model.cluster = Some(ClusterModel { replicas: 1 + rng.below(3) as u64, approval: None, paused: false });
-            }
-            if run.model.servers.is_empty() {
-                run.model.servers.insert(SERVER_NAMES[rng.below(SERVER_NAMES.len())], random_server(rng));
-            }
-            run.trace.push(format!("  now {:?} and cluster {:?}", run.model.servers, run.model.cluster));
-            run.apply(run.manifest())?;
-            Ok(Expect::Changes)
-        }
+        Action::Recreate => recreate(run, rng),
         Action::Restart => {
             run.trace.push("kill -9 of a settled provisioning dev, restart".into());
             run.restart()?;
@@ -567,22 +511,93 @@ fn step(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
     }
 }
 
+fn pause_or_resume(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
+    let target = pick_target(run, rng);
+    let paused = match target {
+        Some(name) => run.model.servers.get_mut(name).map(|s| {
+            s.paused = !s.paused;
+            s.paused
+        }),
+        None => run.model.cluster.as_mut().map(|c| {
+            c.paused = !c.paused;
+            c.paused
+        }),
+    };
+    run.trace.push(format!("{} {}", if paused == Some(true) { "pause" } else { "resume" }, target.unwrap_or(CLUSTER)));
+    run.apply(run.manifest())?;
+    Ok(Expect::Changes)
+}
+
+fn switch_approval(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
+    let target = pick_target(run, rng);
+    let current = match target {
+        Some(name) => run.model.servers.get(name).and_then(|s| s.approval),
+        None => run.model.cluster.as_ref().and_then(|c| c.approval),
+    };
+    let choices: Vec<Option<&'static str>> = [Some("Manual"), Some("Automatic"), None].into_iter().filter(|a| *a != current).collect();
+    let approval = rng.pick(&choices);
+    match target {
+        Some(name) => run.model.servers.get_mut(name).into_iter().for_each(|s| s.approval = approval),
+        None => run.model.cluster.iter_mut().for_each(|c| c.approval = approval),
+    }
+    run.trace.push(format!("approval of {} -> {approval:?}", target.unwrap_or(CLUSTER)));
+    run.apply(run.manifest())?;
+    Ok(Expect::Changes)
+}
+
+fn delete_namespace(run: &mut Run) -> Result<Expect> {
+    run.trace.push("delete namespace".into());
+    resume_all(run)?;
+    let uid = run.kubectl(&["get", "namespace", &run.ns, "-o", "jsonpath={.metadata.uid}"])?;
+    run.kubectl(&["delete", "namespace", &run.ns, "--wait=false"])?;
+    run.model.servers.clear();
+    run.model.cluster = None;
+    let ns = run.ns.clone();
+    run.wait_for(SETTLE, "the namespace deleted (and made anew by its Workspace)", |r| {
+        let now = r.kubectl(&["get", "namespace", &ns, "--ignore-not-found", "-o", "jsonpath={.metadata.uid}"])?;
+        Ok(if now.trim() == uid.trim() {
+            Some("the old namespace is still there".to_string())
+        } else if now.trim().is_empty() {
+            Some("the Workspace has not made its namespace anew".to_string())
+        } else {
+            None
+        })
+    })?;
+    Ok(Expect::Changes)
+}
+
+fn recreate(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
+    run.trace.push("re-create what is missing".into());
+    if !run.model.workspace {
+        recreate_workspace(run)?;
+    }
+    if run.model.cluster.is_none() {
+        run.model.cluster = Some(ClusterModel { replicas: 1 + rng.below(3) as u64, approval: None, paused: false });
+    }
+    if run.model.servers.is_empty() {
+        run.model.servers.insert(SERVER_NAMES[rng.below(SERVER_NAMES.len())], random_server(rng));
+    }
+    run.trace.push(format!("  now {:?} and cluster {:?}", run.model.servers, run.model.cluster));
+    run.apply(run.manifest())?;
+    Ok(Expect::Changes)
+}
+
 /// A standalone Server (Some) or the Cluster (None), among those present.
 fn pick_target(run: &Run, rng: &mut Rng) -> Option<&'static str> {
     let mut targets: Vec<Option<&'static str>> = run.model.servers.keys().copied().map(Some).collect();
     if run.model.cluster.is_some() {
         targets.push(None);
     }
-    if targets.is_empty() { None } else { *rng.pick(&targets) }
+    if targets.is_empty() { None } else { rng.pick(&targets) }
 }
 
 /// Changes one spec field of one standalone Server to a different value.
 fn edit_server(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
     let names: Vec<&'static str> = run.model.servers.keys().copied().collect();
-    let name = *rng.pick(&names);
+    let name = rng.pick(&names);
     let server = run.model.servers.get_mut(name).context("server in model")?;
     let fresh = random_server(rng);
-    let field = *rng.pick(&["plan", "zone", "image", "updatePolicy", "approval"]);
+    let field = rng.pick(&["plan", "zone", "image", "updatePolicy", "approval"]);
     let before = server.clone();
     // Draw until the value differs, so every edit changes the spec.
     let mut draw = fresh;
@@ -652,7 +667,8 @@ fn noop_edit(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
                 let ns = run.ns.clone();
                 run.wait_for(SETTLE, "Paused=True", |r| {
                     let obj = r.get_json(&["get", &what, "-n", &ns])?;
-                    Ok((!condition(&obj, "Paused").is_some_and(|c| c["status"] == "True")).then(|| format!("{:#}", obj["status"]["conditions"])))
+                    Ok((!condition(&obj, "Paused").is_some_and(|c| c["status"] == "True"))
+                        .then(|| format!("{:#}", obj["status"]["conditions"])))
                 })?;
                 run.kubectl(&["annotate", &what, "-n", &run.ns, &format!("{PAUSED}-")])?;
             }
@@ -669,7 +685,8 @@ fn awaiting_approval(run: &Run) -> Result<Vec<(String, String)>> {
         let owned = obj["metadata"]["ownerReferences"].as_array().is_some_and(|o| !o.is_empty());
         let kind = obj["kind"].as_str().unwrap_or_default();
         let plan = obj["status"]["plan"]["id"].as_str().unwrap_or_default();
-        let waiting = condition(&obj, "Ready").is_some_and(|c| c["reason"] == "AwaitingApproval") || obj["status"]["phase"] == "AwaitingApproval";
+        let waiting =
+            condition(&obj, "Ready").is_some_and(|c| c["reason"] == "AwaitingApproval") || obj["status"]["phase"] == "AwaitingApproval";
         if waiting && !owned && kind != "TaskServ" && !plan.is_empty() && obj["metadata"]["deletionTimestamp"].is_null() {
             let short = if kind == "Cluster" { "pcl" } else { "srv" };
             found.push((format!("{short}/{}", obj["metadata"]["name"].as_str().unwrap_or_default()), plan.to_string()));
@@ -705,7 +722,8 @@ fn wait_gone(run: &mut Run, what: &str, get: &[&str]) -> Result<Expect> {
 
 /// Deletes the Cluster and its TaskServs, the Cluster first or the TaskServs first.
 fn delete_cluster(run: &mut Run, cluster_first: bool) -> Result<Expect> {
-    run.trace.push(format!("delete {}", if cluster_first { "the cluster, then its taskservs" } else { "the taskservs, then their cluster" }));
+    run.trace
+        .push(format!("delete {}", if cluster_first { "the cluster, then its taskservs" } else { "the taskservs, then their cluster" }));
     resume_all(run)?;
     run.model.cluster = None;
     let ns = run.ns.clone();
@@ -789,15 +807,11 @@ fn check(run: &mut Run, expect: Expect, before: &(Vec<String>, Vec<String>)) -> 
     run.wait_for(SETTLE, "every object settled", |r| Ok(r.objects()?.iter().find_map(unsettled)))?;
     // The journal is written before the status that reports it; a short grace covers a
     // deletion's last write racing the poll.
-    run.wait_for(Duration::from_secs(10), "one machine per Server, none without one", |r| machines_match_servers(r))?;
+    run.wait_for(Duration::from_secs(10), "one machine per Server, none without one", machines_match_servers)?;
     model_matches(run)?;
     if expect == Expect::Nothing {
         let after = audited_changes(&run.data_dir)?;
-        ensure!(
-            after.0 == before.0,
-            "a no-op step ran scripts: {:?}",
-            after.0.get(before.0.len()..).unwrap_or(&after.0)
-        );
+        ensure!(after.0 == before.0, "a no-op step ran scripts: {:?}", after.0.get(before.0.len()..).unwrap_or(&after.0));
         ensure!(
             after.1 == before.1,
             "a no-op step changed machines at the provider: {:?}",
@@ -826,7 +840,8 @@ fn machines_match_servers(run: &Run) -> Result<Option<String>> {
         }
         uids.insert(uid);
     }
-    let orphans: Vec<_> = machines.iter().filter(|m| !m.tags.get("provisioning.dev/server-uid").is_some_and(|u| uids.contains(u))).collect();
+    let orphans: Vec<_> =
+        machines.iter().filter(|m| !m.tags.get("provisioning.dev/server-uid").is_some_and(|u| uids.contains(u))).collect();
     if !orphans.is_empty() {
         return Ok(Some(format!("machines without a Server: {orphans:?}")));
     }
@@ -863,7 +878,11 @@ fn model_matches(run: &Run) -> Result<()> {
         Some(c) => {
             let obj = objects.iter().find(|o| o["kind"] == "Cluster");
             if !c.paused && c.approval != Some("Manual") {
-                ensure!(obj.is_some_and(ready), "the Cluster ({c:?}) is not Ready: {:#}", obj.map(|o| o["status"].clone()).unwrap_or_default());
+                ensure!(
+                    obj.is_some_and(ready),
+                    "the Cluster ({c:?}) is not Ready: {:#}",
+                    obj.map(|o| o["status"].clone()).unwrap_or_default()
+                );
             }
             if obj.is_some_and(ready) && !c.paused {
                 ensure!(members == c.replicas, "the Ready Cluster has {members} members, replicas {}", c.replicas);
