@@ -711,11 +711,27 @@ fn resume_all(run: &mut Run) -> Result<()> {
 /// Waits until `get` finds nothing: a deletion finishes within the deadline.
 fn wait_gone(run: &mut Run, what: &str, get: &[&str]) -> Result<Expect> {
     let mut args: Vec<String> = get.iter().map(|s| s.to_string()).collect();
-    args.extend(["-n".into(), run.ns.clone(), "--ignore-not-found".into(), "-o".into(), "name".into()]);
+    args.extend(["-n".into(), run.ns.clone(), "--ignore-not-found".into()]);
     run.wait_for(SETTLE, &format!("the deletion of {what} finished"), |r| {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let left = r.kubectl(&args)?;
-        Ok((!left.trim().is_empty()).then(|| format!("still there: {}", left.trim())))
+        let left = r.get_json(&args)?;
+        let left: Vec<String> = left["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| {
+                let ready = condition(o, "Ready").cloned().unwrap_or_default();
+                format!(
+                    "{} (phase {}, Ready {}: {}, finalizers {})",
+                    name_of(o),
+                    o["status"]["phase"],
+                    ready["reason"],
+                    ready["message"],
+                    o["metadata"]["finalizers"]
+                )
+            })
+            .collect();
+        Ok((!left.is_empty()).then(|| format!("still there: {}", left.join("; "))))
     })?;
     Ok(Expect::Changes)
 }
