@@ -246,9 +246,19 @@ impl Drop for Dev {
     }
 }
 
+/// A machine alive at the simulated provider, as its journal records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimulatedMachine {
+    /// The machine's id at the provider.
+    pub id: String,
+    /// Its tags (`provisioning.dev/server-uid`, `provisioning.dev/namespace`, …).
+    pub tags: std::collections::BTreeMap<String, String>,
+}
+
 /// Machines alive in the simulated provider's journals (`simulated-*.jsonl`) under `data_dir`:
-/// an oracle the controller does not compute (creates minus deletes, by machine id).
-pub fn simulated_machines_alive(data_dir: &Path) -> Result<usize> {
+/// an oracle the controller does not compute (creates minus deletes, by machine id). A torn
+/// line (a writer killed mid-write) is skipped, as the provider's own store skips it.
+pub fn simulated_machines(data_dir: &Path) -> Result<Vec<SimulatedMachine>> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let p = e.path();
@@ -257,14 +267,21 @@ pub fn simulated_machines_alive(data_dir: &Path) -> Result<usize> {
     }
     let mut files = Vec::new();
     walk(data_dir, &mut files);
-    let mut alive = std::collections::BTreeSet::new();
+    let mut alive = std::collections::BTreeMap::new();
     for entry in files {
         if entry.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("simulated-") && n.ends_with(".jsonl")) {
             for line in std::fs::read_to_string(&entry)?.lines() {
-                let v: serde_json::Value = serde_json::from_str(line)?;
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
                 match v["op"].as_str() {
                     Some("create") => {
-                        alive.insert(v["machine"]["id"].as_str().unwrap_or_default().to_string());
+                        let id = v["machine"]["id"].as_str().unwrap_or_default().to_string();
+                        let tags = v["machine"]["tags"]
+                            .as_object()
+                            .into_iter()
+                            .flatten()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                            .collect();
+                        alive.insert(id.clone(), SimulatedMachine { id, tags });
                     }
                     Some("delete") => {
                         alive.remove(v["id"].as_str().unwrap_or_default());
@@ -274,5 +291,10 @@ pub fn simulated_machines_alive(data_dir: &Path) -> Result<usize> {
             }
         }
     }
-    Ok(alive.len())
+    Ok(alive.into_values().collect())
+}
+
+/// How many machines are alive in the simulated provider's journals under `data_dir`.
+pub fn simulated_machines_alive(data_dir: &Path) -> Result<usize> {
+    Ok(simulated_machines(data_dir)?.len())
 }

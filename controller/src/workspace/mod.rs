@@ -131,17 +131,24 @@ pub async fn run(
             .into_iter()
             .collect()
     };
-    let (m1, m2, m3) = (to_workspace.clone(), to_workspace.clone(), to_workspace);
+    let (m1, m2, m3, m4) = (to_workspace.clone(), to_workspace.clone(), to_workspace.clone(), to_workspace);
+    let memo = ctx.clone();
+    // A change of a Workspace's namespace (a deletion, above all) is looked at afresh, not
+    // through the once-per-resync memo: a namespace deleted after its last Server went would
+    // otherwise be made anew only at the next resync.
+    let on_namespace = move |ns: PartialObjectMeta<Namespace>| {
+        memo.forget_observed(&format!("namespace/{}", ns.name_any()));
+        m4(Some(ns.name_any()))
+    };
     let mut controller = controller
         .with_config(settings.debounce(Duration::from_secs(1)))
         .watches_stream(decode::touched::<Server>(&client, watcher::Config::default().any_semantic()), move |s: Server| m1(s.namespace()))
         .watches_stream(decode::touched::<TaskServ>(&client, watcher::Config::default().any_semantic()), move |s: TaskServ| {
             m2(s.namespace())
         })
-        .watches_stream(
-            decode::touched::<Cluster>(&client, watcher::Config::default().any_semantic()),
-            move |s: Cluster| m3(s.namespace()),
-        );
+        .watches_stream(decode::touched::<Cluster>(&client, watcher::Config::default().any_semantic()), move |s: Cluster| m3(s.namespace()))
+        // Metadata only (no spec to nest): bounded as it is.
+        .watches(Api::<PartialObjectMeta<Namespace>>::all(client.clone()), watcher::Config::default().any_semantic(), on_namespace);
     // deploy/ grants Secrets per namespace only (deploy/rbac/secrets.yaml), so a cluster-wide
     // Secret watch would be refused forever: watch cluster-wide where allowed, else one watch
     // per workspace namespace that allows it, feeding the same mapping through a trigger.
@@ -314,7 +321,9 @@ async fn ensure_namespace(namespace: &str, ws: &Workspace, fresh: bool, ctx: &Co
     let api: Api<Namespace> = Api::all(ctx.client.clone());
     if let Some(found) = api.get_opt(namespace).await? {
         if found.metadata.deletion_timestamp.is_some() {
-            // Not memoised: looked at again on the next pass until it is gone.
+            // Not memoised, and an earlier "Active" forgotten: looked at again on the next
+            // pass until it is gone (then made anew), even once no Server is being deleted.
+            ctx.forget_observed(&memo_key);
             return Ok(NamespaceState::Terminating);
         }
         ctx.mark_observed(&memo_key, &ws.name_any());
