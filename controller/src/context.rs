@@ -41,7 +41,7 @@ use crate::host::HostPaths;
 use crate::metrics::Metrics;
 
 /// Field manager of every write the controller makes.
-pub const FIELD_MANAGER: &str = "provisioning-controller";
+pub use crate::events::FIELD_MANAGER;
 
 /// Caches the controller reads from (filled by watches in `run`).
 #[derive(Clone)]
@@ -139,9 +139,9 @@ impl Context {
     }
 
     /// The provider of `account` in `ws`, built with its credentials.
-    /// The Workspace holds its finalizer first (see [`crate::workspace::hold::use_workspace`]).
+    /// The Workspace holds its finalizer first ([`use_workspace`]).
     pub async fn provider_for(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<SharedProvider, Error> {
-        crate::workspace::hold::use_workspace(self, ws).await?;
+        use_workspace(self, ws).await?;
         self.providers.get(ws, account).await
     }
 
@@ -435,6 +435,73 @@ impl Context {
     pub fn forget_observed(&self, key: &str) {
         let mut map = self.observations.lock().unwrap_or_else(|p| p.into_inner());
         map.remove(key);
+    }
+}
+
+/// Makes sure the Workspace named by `ws` holds its finalizer before a resource of its
+/// namespace uses one of its accounts (Crossplane's ProviderConfigUsage): a Workspace deleted
+/// before the controller's first visit had none, vanished at once, and left the machines made
+/// with its accounts without a provider to delete them. A Workspace being deleted without it
+/// lends its accounts to nothing.
+async fn use_workspace(ctx: &Context, ws: &EffectiveWorkspace) -> Result<(), Error> {
+    let Some(name) = &ws.name else { return Ok(()) };
+    let holds = |w: &provisioning_crds::Workspace| w.finalizers().iter().any(|f| f == provisioning_crds::FINALIZER);
+    let api: Api<provisioning_crds::Workspace> = Api::all(ctx.client.clone());
+    let cached = ctx.stores.workspaces.state().into_iter().find(|w| &w.name_any() == name);
+    let current = match cached {
+        Some(w) if holds(&w) => return Ok(()),
+        Some(w) => w.metadata.clone(),
+        None => match api.get_metadata_opt(name).await? {
+            Some(w) => w.metadata,
+            None => return Ok(()),
+        },
+    };
+    let deleting = |meta: &kube::api::ObjectMeta| Error::Stalled {
+        reason: "WorkspaceDeleting",
+        message: format!(
+            "workspace {name:?} is being deleted{}: its accounts are not used for anything new",
+            if meta.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == provisioning_crds::FINALIZER)) {
+                ""
+            } else {
+                " before the controller saw it"
+            }
+        ),
+    };
+    if current.deletion_timestamp.is_some() {
+        return Err(deleting(&current));
+    }
+    let finalizers: Vec<String> = current.finalizers.iter().flatten().cloned().chain([provisioning_crds::FINALIZER.to_string()]).collect();
+    match patch_finalizers(&api, name, current.resource_version.as_deref(), finalizers).await {
+        Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
+            // Changed meanwhile (often: its own reconciler just added the finalizer). Look again.
+            match api.get_metadata_opt(name).await? {
+                Some(w) if w.metadata.finalizers.iter().flatten().any(|f| f == provisioning_crds::FINALIZER) => Ok(()),
+                Some(w) if w.metadata.deletion_timestamp.is_some() => Err(deleting(&w.metadata)),
+                _ => Err(Error::InProgress(format!("workspace {name:?} changed while its finalizer was added; trying again"))),
+            }
+        }
+        other => other,
+    }
+}
+
+/// A merge patch of the finalizers, guarded by the resourceVersion they were read at (a
+/// concurrent change is a conflict, retried by the next pass, never a lost finalizer).
+pub(crate) async fn patch_finalizers<K>(
+    api: &Api<K>,
+    name: &str,
+    resource_version: Option<&str>,
+    finalizers: Vec<String>,
+) -> Result<(), Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = serde_json::json!({"metadata": {"resourceVersion": resource_version, "finalizers": finalizers}});
+    let params = PatchParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() };
+    match api.patch_metadata(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        // Gone meanwhile: nothing to hold or release.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

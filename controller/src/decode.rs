@@ -384,7 +384,7 @@ pub fn report<K: Resource<DynamicType = ()>>(client: &Client, meta: &ObjectMeta,
         resource_version: meta.resource_version.clone(),
         ..ObjectReference::default()
     };
-    let publisher = crate::events::Publisher::new(client.clone(), crate::context::FIELD_MANAGER, "watch");
+    let publisher = crate::events::Publisher::new(client.clone(), crate::events::FIELD_MANAGER, "watch");
     tokio::spawn(async move {
         let what = crate::events::Occurrence { type_: EventType::Warning, reason: REASON, action: "Decode", note: Some(&note) };
         if let Err(e) = publisher.publish(&what, &regarding).await {

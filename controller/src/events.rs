@@ -28,6 +28,9 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
+/// Field manager of every write the controller makes (re-exported by [`crate::context`]).
+pub const FIELD_MANAGER: &str = "provisioning-controller";
+
 /// How long a repeat joins the earlier Event's series.
 const SERIES_TTL: SignedDuration = SignedDuration::from_mins(6);
 /// How often expired entries are swept.

@@ -22,10 +22,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::{Api, Resource, ResourceExt};
 use provisioning_crds::{ProviderAccount, Server};
-use serde_json::json;
 
 use crate::context::Context;
 use crate::error::Error;
@@ -111,7 +110,7 @@ async fn hold_secrets(ctx: &Context, namespace: &str, secrets: &BTreeSet<String>
         let name = secret.name_any();
         let want = hold && secrets.contains(&name);
         if let Some(finalizers) = finalizers_for(secret.finalizers(), want) {
-            patch_finalizers(&api, &name, secret.meta().resource_version.as_deref(), finalizers).await?;
+            crate::context::patch_finalizers(&api, &name, secret.meta().resource_version.as_deref(), finalizers).await?;
             tracing::debug!(namespace, secret = %name, held = want, "credentials Secret hold changed");
         }
     }
@@ -130,7 +129,7 @@ async fn hold_binding(ctx: &Context, namespace: &str, hold: bool) -> Result<(), 
         Err(e) => return Err(e.into()),
     };
     let Some(finalizers) = finalizers_for(binding.finalizers(), hold) else { return Ok(()) };
-    match patch_finalizers(&api, CONTROLLER_BINDING, binding.meta().resource_version.as_deref(), finalizers).await {
+    match crate::context::patch_finalizers(&api, CONTROLLER_BINDING, binding.meta().resource_version.as_deref(), finalizers).await {
         Err(Error::Kube(kube::Error::Api(s))) if s.code == 403 => {
             forbidden_binding(ctx, namespace);
             Ok(())
@@ -159,71 +158,10 @@ fn once(ctx: &Context, namespace: &str, topic: &str, log: impl FnOnce()) {
     }
 }
 
-/// A merge patch of the finalizers, guarded by the resourceVersion they were read at (a
-/// concurrent change is a conflict, retried by the next pass, never a lost finalizer).
-async fn patch_finalizers<K>(api: &Api<K>, name: &str, resource_version: Option<&str>, finalizers: Vec<String>) -> Result<(), Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let patch = json!({"metadata": {"resourceVersion": resource_version, "finalizers": finalizers}});
-    let params = PatchParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() };
-    match api.patch_metadata(name, &params, &Patch::Merge(&patch)).await {
-        Ok(_) => Ok(()),
-        // Gone meanwhile: nothing to hold or release.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Makes sure the Workspace named by `ws` holds its finalizer before a resource of its
-/// namespace uses one of its accounts (Crossplane's ProviderConfigUsage): a Workspace deleted
-/// before the controller's first visit had none, vanished at once, and left the machines made
-/// with its accounts without a provider to delete them. A Workspace being deleted without it
-/// lends its accounts to nothing.
-pub async fn use_workspace(ctx: &Context, ws: &crate::effective_workspace::EffectiveWorkspace) -> Result<(), Error> {
-    let Some(name) = &ws.name else { return Ok(()) };
-    let holds = |w: &provisioning_crds::Workspace| w.finalizers().iter().any(|f| f == provisioning_crds::FINALIZER);
-    let api: Api<provisioning_crds::Workspace> = Api::all(ctx.client.clone());
-    let cached = ctx.stores.workspaces.state().into_iter().find(|w| &w.name_any() == name);
-    let current = match cached {
-        Some(w) if holds(&w) => return Ok(()),
-        Some(w) => w.metadata.clone(),
-        None => match api.get_metadata_opt(name).await? {
-            Some(w) => w.metadata,
-            None => return Ok(()),
-        },
-    };
-    let deleting = |meta: &kube::api::ObjectMeta| Error::Stalled {
-        reason: "WorkspaceDeleting",
-        message: format!(
-            "workspace {name:?} is being deleted{}: its accounts are not used for anything new",
-            if meta.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == provisioning_crds::FINALIZER)) {
-                ""
-            } else {
-                " before the controller saw it"
-            }
-        ),
-    };
-    if current.deletion_timestamp.is_some() {
-        return Err(deleting(&current));
-    }
-    let finalizers: Vec<String> = current.finalizers.iter().flatten().cloned().chain([provisioning_crds::FINALIZER.to_string()]).collect();
-    match patch_finalizers(&api, name, current.resource_version.as_deref(), finalizers).await {
-        Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
-            // Changed meanwhile (often: its own reconciler just added the finalizer). Look again.
-            match api.get_metadata_opt(name).await? {
-                Some(w) if w.metadata.finalizers.iter().flatten().any(|f| f == provisioning_crds::FINALIZER) => Ok(()),
-                Some(w) if w.metadata.deletion_timestamp.is_some() => Err(deleting(&w.metadata)),
-                _ => Err(Error::InProgress(format!("workspace {name:?} changed while its finalizer was added; trying again"))),
-            }
-        }
-        other => other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn account(v: serde_json::Value) -> Result<ProviderAccount, serde_json::Error> {
         serde_json::from_value(v)
