@@ -714,7 +714,9 @@ fn wait_gone(run: &mut Run, what: &str, get: &[&str]) -> Result<Expect> {
     args.extend(["-n".into(), run.ns.clone(), "--ignore-not-found".into()]);
     run.wait_for(SETTLE, &format!("the deletion of {what} finished"), |r| {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let left = r.get_json(&args)?;
+        // `--ignore-not-found` prints nothing at all (no empty List) once nothing is left.
+        let out = r.kubectl(&[args.as_slice(), &["-o", "json"]].concat())?;
+        let left: Value = if out.trim().is_empty() { json!({"items": []}) } else { serde_json::from_str(&out)? };
         let left: Vec<String> = left["items"]
             .as_array()
             .into_iter()

@@ -575,6 +575,17 @@ async fn prepare(
             (version, None, ts.spec.config.clone().unwrap_or_default(), Duration::from_secs(600))
         }
     };
+    // A removal never waits for an address: a peer with none that is not Ready has no machine
+    // to be a member on (one awaiting approval, or going with its Cluster, may never get one),
+    // so it is left out of the context instead of holding the removal (and the Cluster's
+    // deletion) forever.
+    let present: Vec<ServerFacts>;
+    let servers = if *operation == Operation::Remove {
+        present = servers.iter().filter(|s| s.name == server || s.ready || !s.addresses.is_empty()).cloned().collect();
+        present.as_slice()
+    } else {
+        servers
+    };
     let parts = dereference::context_parts(ts, server_facts, selected, servers, &ws, &version, previous);
     let context = ScriptContext {
         server: parts.server,
