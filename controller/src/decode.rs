@@ -407,9 +407,13 @@ mod tests {
         s
     }
 
+    /// Like our kinds: `spec` holds free-form JSON (a TaskServ's `config` preserves unknown
+    /// fields), decoded in full, so depth counts.
     #[derive(Clone, Debug, Deserialize)]
     struct Thing {
         metadata: ObjectMeta,
+        #[allow(dead_code, reason = "decoded for its depth, as a kind's spec is")]
+        spec: serde_json::Value,
     }
 
     fn list(items: &[String]) -> String {

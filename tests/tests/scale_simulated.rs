@@ -30,22 +30,29 @@ fn scaling_etcd_up_waits_for_the_new_members_address_instead_of_failing() -> Res
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/etcd", "-n", "scaling", "--timeout=120s"])?;
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "ts/etcd-etcd", "-n", "scaling", "--timeout=120s"])?;
 
+    // Every version of the TaskServ during the scale-up, from a watch started before it
+    // (polling can miss the whole scale-up: on the simulated provider it takes well under the
+    // time of one kubectl call).
+    let watch_out = dev.data_dir.join("scale-watch.json");
+    let mut watch = provisioning_e2e::kubectl_command(&dev.kubeconfig())
+        .args(["get", "ts", "etcd-etcd", "-n", "scaling", "-w", "-o", "json"])
+        .stdout(std::fs::File::create(&watch_out)?)
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    // The watch's first output is the current version: wait for it before patching.
+    let start = Instant::now();
+    while std::fs::metadata(&watch_out)?.len() == 0 {
+        ensure!(start.elapsed() < Duration::from_secs(30), "kubectl get -w printed nothing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     let patch = r#"[{"op":"replace","path":"/spec/pools/0/replicas","value":4}]"#;
     dev.kubectl_ok(&["patch", "cluster", "etcd", "-n", "scaling", "--type=json", "-p", patch])?;
 
     let start = Instant::now();
-    let mut seen_not_ready = false;
     loop {
         let ts = taskserv(&dev)?;
         let servers = ts["status"]["servers"].as_array().cloned().unwrap_or_default();
-        for s in &servers {
-            ensure!(s["phase"] != "Failed", "a server failed during the scale-up: {s}\n{}", dev.log_tail(40));
-        }
-        for type_ in ["Ready", "Installed"] {
-            let message = condition_message(&ts, type_);
-            ensure!(!message.contains("install failed"), "{type_}: {message}\n{}", dev.log_tail(40));
-        }
-        seen_not_ready |= !ready(&ts);
         let installed = servers.iter().filter(|s| s["phase"] == "Installed").count();
         if ready(&ts) && servers.len() == 4 && installed == 4 {
             break;
@@ -55,7 +62,32 @@ fn scaling_etcd_up_waits_for_the_new_members_address_instead_of_failing() -> Res
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    ensure!(seen_not_ready, "the scale-up was observed (the TaskServ left Ready while adding the member)");
+    // Let the watch print the last version, then read every version it saw.
+    let last = taskserv(&dev)?["metadata"]["resourceVersion"].clone();
+    let versions = |path: &std::path::Path| -> Result<Vec<Value>> {
+        let text = std::fs::read_to_string(path)?;
+        Ok(serde_json::Deserializer::from_str(&text).into_iter::<Value>().filter_map(Result::ok).collect())
+    };
+    let start = Instant::now();
+    while !versions(&watch_out)?.iter().any(|v| v["metadata"]["resourceVersion"] == last) {
+        ensure!(start.elapsed() < Duration::from_secs(30), "the watch never showed resourceVersion {last}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let seen = versions(&watch_out)?;
+    let mut seen_not_ready = false;
+    for ts in &seen {
+        for s in ts["status"]["servers"].as_array().cloned().unwrap_or_default() {
+            ensure!(s["phase"] != "Failed", "a server failed during the scale-up: {s}\n{}", dev.log_tail(40));
+        }
+        for type_ in ["Ready", "Installed"] {
+            let message = condition_message(ts, type_);
+            ensure!(!message.contains("install failed"), "{type_}: {message}\n{}", dev.log_tail(40));
+        }
+        seen_not_ready |= !ready(ts);
+    }
+    ensure!(seen_not_ready, "the scale-up was observed (the TaskServ left Ready while adding the member) in {} version(s)", seen.len());
 
     // Honesty on the simulated provider: nothing ran, and the TaskServ says so.
     let ts = taskserv(&dev)?;
