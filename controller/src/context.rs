@@ -331,11 +331,44 @@ impl Context {
         if !obj.meta().finalizers.as_ref().is_none_or(|f| f.is_empty()) || obj.meta().deletion_timestamp.is_some() {
             return Ok(false);
         }
+        self.add_finalizer_with(obj, None).await
+    }
+
+    /// Adds [`provisioning_crds::FINALIZER`] (kept beside any finalizers others hold) and, when
+    /// given, one annotation, in one merge patch guarded by resourceVersion. Returns whether
+    /// it wrote; `Ok(true)` also on a 409 (our copy is stale; the newer version's watch event
+    /// brings the object back), so a caller that must not go on without the write checks
+    /// the result of [`Self::finalizer_with_annotation`] instead.
+    async fn add_finalizer_with<K>(&self, obj: &K, annotation: Option<(&str, &str)>) -> Result<bool, Error>
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        match self.finalizer_with_annotation(obj, annotation).await {
+            Ok(()) => Ok(true),
+            Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes [`provisioning_crds::FINALIZER`] (appended to the finalizers already there) and,
+    /// when given, one annotation, in one merge patch guarded by resourceVersion: a 409 is
+    /// an error here, so nothing that must come after this write runs on a stale copy.
+    pub async fn finalizer_with_annotation<K>(&self, obj: &K, annotation: Option<(&str, &str)>) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = ()>,
+    {
         let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
-        let patch = serde_json::json!({ "metadata": {
-            "finalizers": [provisioning_crds::FINALIZER],
+        let mut finalizers = obj.meta().finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == provisioning_crds::FINALIZER) {
+            finalizers.push(provisioning_crds::FINALIZER.to_string());
+        }
+        let mut patch = serde_json::json!({ "metadata": {
+            "finalizers": finalizers,
             "resourceVersion": obj.meta().resource_version,
         }});
+        if let Some((key, value)) = annotation {
+            patch["metadata"]["annotations"] = serde_json::json!({ key: value });
+        }
         match self
             .dynamic_api(obj)
             .patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
@@ -344,10 +377,8 @@ impl Context {
             Ok(written) => {
                 self.record_written(&written);
                 self.metrics.record_write(&K::kind(&()));
-                Ok(true)
+                Ok(())
             }
-            // Our copy is stale; the newer version's watch event brings us back.
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(true),
             Err(e) => Err(e.into()),
         }
     }

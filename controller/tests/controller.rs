@@ -754,3 +754,81 @@ async fn cross_namespace_secrets_and_http_endpoints_are_refused() -> anyhow::Res
     stop(env, controller).await;
     Ok(())
 }
+
+/// Every version of Server `name` in `namespace` the watch delivers, in order.
+fn record_objects(client: &Client, namespace: &str, name: &str) -> Arc<Mutex<Vec<Server>>> {
+    let seen: Arc<Mutex<Vec<Server>>> = Arc::default();
+    let sink = seen.clone();
+    let api: Api<Server> = Api::namespaced(client.clone(), namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut stream = watcher(api, config).applied_objects().boxed();
+        while let Some(Ok(s)) = stream.next().await {
+            let mut seen = sink.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.last().is_none_or(|l: &Server| l.resource_version() != s.resource_version()) {
+                seen.push(s);
+            }
+        }
+    });
+    seen
+}
+
+/// DESIGN §1's leak guard: `provisioning.dev/create-pending` is on record (with the finalizer,
+/// in the same write) before the create call, stays until the status records the machine,
+/// then goes; a Server that never reached a create has no finalizer and is deleted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_pending_and_the_finalizer_are_written_before_the_create_and_cleared_after_it() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    create_workspace(&env.client, &simulated_workspace("guard", 0, 0, 10, 5)).await?;
+    let seen = record_objects(&env.client, "guard", "s1");
+    let api: Api<Server> = Api::namespaced(env.client.clone(), "guard");
+    tokio::time::sleep(Duration::from_millis(200)).await; // the watch's initial list first
+    api.create(&PostParams::default(), &server("guard", "s1", json!({"plan": "small"}))).await?;
+    wait_server(&api, "s1", "Ready without create-pending", |s| {
+        is_ready(s) && !s.annotations().contains_key(provisioning_crds::ANNOTATION_CREATE_PENDING)
+    })
+    .await?;
+    let versions = wait_for("the watch to deliver the settled version", DEADLINE, || {
+        let seen = seen.clone();
+        async move {
+            let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            seen.last()
+                .is_some_and(|s| is_ready(s) && !s.annotations().contains_key(provisioning_crds::ANNOTATION_CREATE_PENDING))
+                .then_some(seen)
+        }
+    })
+    .await?;
+    let pending = |s: &Server| s.annotations().contains_key(provisioning_crds::ANNOTATION_CREATE_PENDING);
+    let finalized = |s: &Server| s.finalizers().iter().any(|f| f == provisioning_crds::FINALIZER);
+    let machine = |s: &Server| s.status.as_ref().is_some_and(|st| st.provider_id.is_some());
+    let trail: Vec<String> =
+        versions.iter().map(|s| format!("finalizer={} pending={} machine={}", finalized(s), pending(s), machine(s))).collect();
+    let first_machine = versions.iter().position(machine).ok_or_else(|| anyhow::anyhow!("no version records a machine: {trail:?}"))?;
+    let guarded = versions.iter().position(|s| pending(s) && finalized(s) && !machine(s));
+    assert!(guarded.is_some_and(|g| g < first_machine), "create-pending with the finalizer before the machine: {trail:?}");
+    assert!(
+        versions.iter().all(|s| finalized(s) == pending(s) || machine(s)),
+        "the finalizer and create-pending arrive in one write: {trail:?}"
+    );
+    assert!(pending(&versions[first_machine]), "the machine is recorded before create-pending goes: {trail:?}");
+    let machines = testing::machines_in(&env.simulated("sim")?, "guard").await?;
+    assert_eq!(machines.len(), 1, "one machine");
+
+    // A Server that waits for approval made nothing: no finalizer, and a delete is immediate.
+    api.create(&PostParams::default(), &server("guard", "s2", json!({"plan": "small", "approval": "Manual"}))).await?;
+    let waiting = wait_server(&api, "s2", "waiting for approval", |s| {
+        s.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("AwaitingApproval")
+    })
+    .await?;
+    assert!(waiting.finalizers().is_empty(), "no finalizer before any provider step: {:?}", waiting.finalizers());
+    api.delete("s2", &DeleteParams::default()).await?;
+    wait_for("s2 gone", DEADLINE, || {
+        let api = api.clone();
+        async move { matches!(api.get("s2").await, Err(kube::Error::Api(e)) if e.code == 404).then_some(()) }
+    })
+    .await?;
+    assert_eq!(testing::machines_in(&env.simulated("sim")?, "guard").await?.len(), 1, "no machine for the unapproved Server");
+    stop(env, controller).await;
+    Ok(())
+}

@@ -25,10 +25,10 @@ use serde_json::json;
 const SERVERS: usize = 50;
 const NS: &str = "costs";
 
-/// Writes of one Server from create to Ready and settled (issue 31: ≤ 3): the finalizer, the
-/// create checkpoint (its first status, Provisioned=Creating: the leak guard, on record before
-/// the create call) and the status recording the machine. Measured 3 (5 before the checkpoint
-/// replaced the first status and the create-pending annotation's set and clear).
+/// Writes of one Server from create to Ready and settled (issue 31: ≤ 3): the finalizer with
+/// the create-pending annotation (DESIGN §1's leak guard, on record before the create call) in
+/// one write, the status recording the machine, the annotation cleared. Measured 3 (5 when the
+/// finalizer, a first status and the annotation's set and clear were separate writes).
 const SERVER_WRITES: f64 = 3.0;
 /// ChangeRecord writes per Server created: the record's create, its InProgress status and its
 /// Succeeded status.

@@ -12,6 +12,9 @@
 //!    the first-visit status (conditions start Unknown, never absent; a kind whose visit
 //!    writes its own, [`Reconciled::VISIT_WRITES_FIRST_STATUS`], skips it); after adding the
 //!    finalizer the visit ends and the watch event of the patch brings the object back;
+//!    (a kind that writes its finalizer itself before its first provider step,
+//!    [`Reconciled::FINALIZER_BEFORE_FIRST_ACTION`], skips this and runs `apply` directly
+//!    until its finalizer is there);
 //! 6. `kube::runtime::finalizer` with the kind's `apply` / `cleanup`;
 //! 7. the per-object backoff is reset after a successful visit.
 //!
@@ -81,6 +84,11 @@ pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + D
     /// or whatever the visit comes to, one write instead of two), so the skeleton does not
     /// write it beside the first finalizer.
     const VISIT_WRITES_FIRST_STATUS: bool = false;
+    /// Whether the kind writes its finalizer itself, right before the first step that can
+    /// leave something behind at a provider (Server: in one patch with the create-pending
+    /// annotation before its first create call, or before it records an adoption). Until then
+    /// its visits run without the finalizer, and deleting it has nothing to clean up.
+    const FINALIZER_BEFORE_FIRST_ACTION: bool = false;
     /// What the kind's reconciles share (the controller's context).
     type Ctx: Send + Sync + 'static;
     /// The kind's status.
@@ -163,6 +171,16 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
         obj.write_paused(ctx).await.at(Step::Paused)?;
         core.reset_backoff(K::KIND, obj.as_ref());
         return Ok(Action::await_change());
+    }
+    if K::FINALIZER_BEFORE_FIRST_ACTION && !obj.meta().finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == FINALIZER)) {
+        // Nothing was done at a provider yet (that write comes first), so a deletion has
+        // nothing to clean up; otherwise the kind's visit runs and writes the finalizer itself.
+        if deleting {
+            return Ok(Action::await_change());
+        }
+        let action = obj.clone().apply(ctx).await?;
+        core.reset_backoff(K::KIND, obj.as_ref());
+        return Ok(action);
     }
     // Finalizer first (its patch is guarded by resourceVersion), then the first status.
     let added = core.add_first_finalizer(obj.as_ref()).await.at(Step::Finalizer)?;

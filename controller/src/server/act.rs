@@ -123,7 +123,7 @@ pub async fn act(
                 None => create(server, p, ws, ctx, false, events).await,
             }
         }
-        // The caller recorded the create checkpoint (status Provisioned=Creating).
+        // The caller wrote the finalizer and create-pending first (Visit::guard).
         Step::Create => create(server, p, ws, ctx, false, events).await,
     }
 }

@@ -16,12 +16,15 @@
 //! Each step returns the next value or a [`visit::End`] (Stalled, Failed, Waiting, Done…);
 //! no step writes status or publishes events itself (provider steps add their events to the
 //! visit's, published with its report), except at the crash-safety checkpoints
-//! ([`visit::Visit::checkpoint`], each commented where taken: Provisioned=Creating before a
-//! first create — the leak guard, also the Server's first status, so a create to Ready is
-//! three writes: finalizer, checkpoint, the status recording the machine —, Drifted=True
-//! before a remediation, the spec change before the machine is touched) and the create-pending
+//! ([`visit::Visit::checkpoint`] and [`visit::Visit::guard`], each commented where taken: the
+//! finalizer with the `create-pending` annotation in one write before a first create — the
+//! leak guard of DESIGN §1, so a create to Ready is three writes: finalizer and annotation,
+//! the status recording the machine, the annotation cleared —, Drifted=True before a
+//! remediation, the spec change before the machine is touched) and the create-pending
 //! annotation set before a re-create (remediation, replacement; [`act`]) and cleared only after
-//! the status records the machine.
+//! the status records the machine. Until its first provider step a Server has no finalizer
+//! ([`Reconciled::FINALIZER_BEFORE_FIRST_ACTION`]): deleting one that waits for approval,
+//! quota or a valid spec has nothing to clean up.
 //!
 //! Concurrency choice: provider calls run inline in the reconcile, and the Controller runs
 //! with unbounded concurrency (one reconcile per object at a time is still guaranteed by
@@ -73,9 +76,10 @@ impl Reconciled for Server {
     const KIND: &'static str = KIND;
     // Cleanup deletes the machine: a paused Server keeps it until resumed.
     const PAUSE_HOLDS_DELETION: bool = true;
-    // The visit writes the first status itself: the create checkpoint before a create, or
-    // whatever the visit comes to (Visit::conclude).
+    // The visit writes the first status itself: whatever the visit comes to (Visit::conclude).
     const VISIT_WRITES_FIRST_STATUS: bool = true;
+    // The finalizer goes on with create-pending right before the first create (Visit::guard).
+    const FINALIZER_BEFORE_FIRST_ACTION: bool = true;
     type Status = ServerStatus;
     type Ctx = Context;
 
@@ -228,11 +232,14 @@ async fn run_steps(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Contex
     let mut applied = steps::gate_create(visit, &p, &step, approval)?;
     if step == plan::Step::Create {
         ctx.admit(ws).map_err(|e| End::failed(Step::Act, e, account))?;
-        // Checkpoint (leak guard): Provisioned=Creating is on record before the create call,
-        // so a crash mid-call leads to a lookup by owner tag, not a second machine, and a
-        // deletion finds the machine (status::create_started). It is also the first status.
-        let creating = visit.status(None, account.map(str::to_string), Some(p.valid.resolved_plan.clone()), Machine::Creating);
-        visit.checkpoint(creating, ctx).await?;
+        // Checkpoint (leak guard, DESIGN §1): the finalizer and `create-pending` in one write
+        // before the create call, so a crash mid-call leads to a lookup by owner tag, not a
+        // second machine, and a deletion waits for (and finds) the machine.
+        visit.guard(true, ctx).await?;
+    } else {
+        // Checkpoint: the finalizer before a machine is adopted or observed (only missing on
+        // a Server whose visits never reached a create; no-op otherwise).
+        visit.guard(false, ctx).await?;
     }
     let acted = act::act(server, step, &p, ws, ctx, &mut visit.events).await.map_err(|e| End::failed(Step::Act, e, account))?;
     let (acted, drift) = match acted {

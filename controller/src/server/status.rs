@@ -35,9 +35,10 @@ pub enum Machine {
     Creating,
 }
 
-/// Provisioned's reason from the create checkpoint until a machine is recorded: a create call
-/// may have been made, so the machine is looked up by owner tag before any other create and
-/// on deletion (the leak guard, like the `create-pending` annotation).
+/// Provisioned's reason after a create-pending write until a machine is recorded: a create
+/// call may have been made, so the machine is looked up by owner tag before any other create
+/// and on deletion (what the `create-pending` annotation says; earlier versions wrote this
+/// status instead of the annotation before a first create, so it is still honoured).
 pub const CREATING: &str = "Creating";
 
 /// Whether `status` records a create started without its machine recorded (the leak guard

@@ -31,6 +31,9 @@ pub struct Visit<'a> {
     /// The status this visit's checkpoint wrote (what later statuses build on and are
     /// compared with); `None` before any.
     written: Option<ServerStatus>,
+    /// Whether this visit wrote the `create-pending` annotation ([`Visit::guard`]), so the
+    /// status recording the machine clears it.
+    pending_written: bool,
 }
 
 /// How a visit ends.
@@ -98,7 +101,7 @@ pub struct Requeue {
 impl<'a> Visit<'a> {
     /// A visit of `server`, now.
     pub fn new(server: &'a Server) -> Self {
-        Visit { server, now: Timestamp::now(), events: Vec::new(), written: None }
+        Visit { server, now: Timestamp::now(), events: Vec::new(), written: None, pending_written: false }
     }
 
     /// The status on record: what this visit's checkpoint wrote, else the Server's.
@@ -108,6 +111,12 @@ impl<'a> Visit<'a> {
 
     /// The status as this visit learned it: [`status::desired`] over the status on record.
     pub fn status(&self, summary: Option<Summary>, provider: Option<String>, plan: Option<String>, machine: Machine) -> ServerStatus {
+        // After this visit's create-pending write, a status that records no machine says a
+        // create was started (Provisioned=False, reason Creating) like the annotation does.
+        let machine = match machine {
+            Machine::Unchanged | Machine::None if self.pending_written => Machine::Creating,
+            machine => machine,
+        };
         status::desired(StatusInput {
             previous: self.recorded(),
             generation: self.server.metadata.generation,
@@ -123,6 +132,28 @@ impl<'a> Visit<'a> {
     /// A Warning to publish with this visit's report.
     pub fn warn(&mut self, reason: &str, action: &'static str, note: String) {
         self.events.push(Note::warning(reason, action, note));
+    }
+
+    /// Checkpoint (the leak guard of DESIGN §1): the finalizer and, before a create call, the
+    /// `create-pending` annotation, in one metadata write guarded by resourceVersion, so a
+    /// crash mid-call leads to a lookup by owner tag, not a second machine, and a deletion
+    /// waits for that machine. Nothing happens when there is nothing to write. A stale copy
+    /// (409) ends the visit with a short requeue; nothing after it runs.
+    pub async fn guard(&mut self, create_pending: bool, ctx: &Context) -> Result<(), End> {
+        let has_finalizer = self.server.finalizers().iter().any(|f| f == provisioning_crds::FINALIZER);
+        if has_finalizer && !create_pending {
+            return Ok(());
+        }
+        let now = self.now.to_string();
+        let annotation = create_pending.then_some((ANNOTATION_CREATE_PENDING, now.as_str()));
+        match ctx.finalizer_with_annotation(self.server, annotation).await {
+            Ok(()) => {
+                self.pending_written |= create_pending;
+                Ok(())
+            }
+            Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => Err(End::Requeue(Action::requeue(std::time::Duration::from_secs(1)))),
+            Err(e) => Err(End::Broken(e.at(Step::Finalizer))),
+        }
     }
 
     /// Checkpoint: writes `status` now (and publishes the events so far), before the step
@@ -200,7 +231,7 @@ impl<'a> Visit<'a> {
         }
         let events = std::mem::take(&mut self.events);
         report(self.server, self.recorded(), status.as_ref(), events, ctx).await?;
-        if done && self.server.annotations().contains_key(ANNOTATION_CREATE_PENDING) {
+        if done && (self.pending_written || self.server.annotations().contains_key(ANNOTATION_CREATE_PENDING)) {
             // Checkpoint order: the machine is recorded in status first, so the guard can go.
             ctx.set_annotation(self.server, ANNOTATION_CREATE_PENDING, None).await.at(Step::Status)?;
         }
