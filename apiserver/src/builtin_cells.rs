@@ -32,7 +32,78 @@ pub fn cell(name: &str, obj: &Value) -> Value {
         "binding-sas" => json!(subjects(obj, "ServiceAccount")),
         "pdb-min" => json!(int_or_string(&spec["minAvailable"])),
         "pdb-max" => json!(int_or_string(&spec["maxUnavailable"])),
+        "pod-ready" => {
+            let containers = spec["containers"].as_array().map(Vec::len).unwrap_or(0);
+            let ready = statuses(status).filter(|c| c["ready"].as_bool() == Some(true)).count();
+            json!(format!("{ready}/{containers}"))
+        }
+        "pod-status" => json!(pod_status(obj)),
+        "pod-restarts" => json!(statuses(status).map(|c| c["restartCount"].as_i64().unwrap_or(0)).sum::<i64>().to_string()),
+        "node-status" => {
+            let ready = status["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Ready");
+            let word = match ready.and_then(|c| c["status"].as_str()) {
+                Some("True") => "Ready",
+                _ => "NotReady",
+            };
+            json!(if spec["unschedulable"].as_bool() == Some(true) { format!("{word},SchedulingDisabled") } else { word.to_string() })
+        }
+        "node-roles" => json!(node_roles(obj)),
+        "job-completions" => {
+            let want = spec["completions"].as_i64().map_or_else(|| "1".to_string(), |n| n.to_string());
+            json!(format!("{}/{want}", status["succeeded"].as_i64().unwrap_or(0)))
+        }
+        "cronjob-active" => json!(status["active"].as_array().map(Vec::len).unwrap_or(0)),
+        "slice-endpoints" => json!(slice_endpoints(obj)),
         _ => Value::Null,
+    }
+}
+
+/// A Pod's container statuses.
+fn statuses(status: &Value) -> impl Iterator<Item = &Value> {
+    status["containerStatuses"].as_array().into_iter().flatten()
+}
+
+/// A Pod's STATUS column: its reason, a waiting container's reason, else its phase (as
+/// kubectl's printPod, without the init-container detail).
+fn pod_status(obj: &Value) -> String {
+    if obj["metadata"]["deletionTimestamp"].is_string() {
+        return "Terminating".into();
+    }
+    let status = &obj["status"];
+    if let Some(reason) = non_empty(status["reason"].as_str()) {
+        return reason.to_string();
+    }
+    if let Some(waiting) = statuses(status).find_map(|c| non_empty(c["state"]["waiting"]["reason"].as_str())) {
+        return waiting.to_string();
+    }
+    non_empty(status["phase"].as_str()).unwrap_or("Pending").to_string()
+}
+
+/// A Node's ROLES column: the `node-role.kubernetes.io/<role>` labels.
+fn node_roles(obj: &Value) -> String {
+    let roles: Vec<&str> = obj["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, _)| k.strip_prefix("node-role.kubernetes.io/"))
+        .filter(|r| !r.is_empty())
+        .collect();
+    if roles.is_empty() { "<none>".into() } else { roles.join(",") }
+}
+
+/// An EndpointSlice's ENDPOINTS column: up to three addresses, then `+ N more...`.
+fn slice_endpoints(obj: &Value) -> String {
+    let all: Vec<&str> = obj["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|e| e["addresses"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect();
+    match all.len() {
+        0 => "<unset>".into(),
+        n if n <= 3 => all.join(","),
+        n => format!("{} + {} more...", all[..3].join(","), n - 3),
     }
 }
 

@@ -115,6 +115,19 @@ fn kinds() -> Vec<Kind> {
         k("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", add::<api::rbac::v1::ClusterRoleBinding>),
         k("policy", "v1", "PodDisruptionBudget", add::<api::policy::v1::PodDisruptionBudget>),
         k("networking.k8s.io", "v1", "NetworkPolicy", add::<api::networking::v1::NetworkPolicy>),
+        k("", "v1", "Pod", add::<api::core::v1::Pod>),
+        k("", "v1", "Node", add::<api::core::v1::Node>),
+        k("", "v1", "PersistentVolumeClaim", add::<api::core::v1::PersistentVolumeClaim>),
+        k("", "v1", "PersistentVolume", add::<api::core::v1::PersistentVolume>),
+        k("", "v1", "Endpoints", add::<api::core::v1::Endpoints>),
+        k("", "v1", "ResourceQuota", add::<api::core::v1::ResourceQuota>),
+        k("", "v1", "LimitRange", add::<api::core::v1::LimitRange>),
+        k("apps", "v1", "ReplicaSet", add::<api::apps::v1::ReplicaSet>),
+        k("apps", "v1", "StatefulSet", add::<api::apps::v1::StatefulSet>),
+        k("apps", "v1", "DaemonSet", add::<api::apps::v1::DaemonSet>),
+        k("batch", "v1", "Job", add::<api::batch::v1::Job>),
+        k("batch", "v1", "CronJob", add::<api::batch::v1::CronJob>),
+        k("discovery.k8s.io", "v1", "EndpointSlice", add::<api::discovery::v1::EndpointSlice>),
     ]
 }
 

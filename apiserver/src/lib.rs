@@ -10,6 +10,7 @@ pub mod auth;
 pub mod builtin_cells;
 pub mod builtin_schemas;
 pub mod celrules;
+pub mod default_service;
 pub mod discovery;
 pub mod error;
 pub mod gc;
@@ -164,6 +165,7 @@ pub async fn start(config: ApiServerConfig) -> anyhow::Result<RunningApiServer> 
             }
         }
     }
+    default_service::ensure(&core, addr).await?;
     auth::bootstrap::ensure(&*core).await?;
     auth::bootstrap::aggregate_once(&*core).await;
     let dir = config.data_dir.clone();

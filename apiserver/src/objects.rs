@@ -107,3 +107,18 @@ pub trait ObjectWriter: Send + Sync {
         opts: &WriteOptions,
     ) -> impl Future<Output = ApiResult<Written>> + Send;
 }
+
+/// The status a new Pod is stored with: nothing will run it (no nodes, kubelet or scheduler in
+/// the embedded control plane), so it says so where `kubectl get` and `kubectl describe` show
+/// it — phase Pending, `PodScheduled=False` with the reason — as kwok's fake nodes would.
+pub fn unrun_pod_status() -> Value {
+    serde_json::json!({
+        "phase": "Pending",
+        "conditions": [{
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "NoKubelet",
+            "message": "the embedded control plane (provisioning dev/apiserver) has no nodes, scheduler or kubelet: this Pod is stored and served but never runs",
+        }],
+    })
+}

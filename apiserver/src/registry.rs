@@ -283,6 +283,7 @@ pub fn builtins() -> Vec<ResourceType> {
     }];
     let mut all = vec![ns, secret, cm, ev, ev2, lease, crd];
     all.extend(workload_builtins());
+    all.extend(unrun_builtins());
     for rt in &mut all {
         // CRD objects keep their own checks (handlers::normalize_crd): the nested
         // openAPIV3Schema is recursive and is validated as a schema, not as data.
@@ -401,6 +402,142 @@ fn workload_builtins() -> Vec<ResourceType> {
     netpol.printer_columns =
         vec![col("Pod-Selector", "string", "#builtin:netpol-selector", 0, "The pod selector of the NetworkPolicy."), age_column()];
     vec![sa, svc, deploy, role, crole, rb, crb, pdb, netpol]
+}
+
+/// The core and workload kinds every client expects to find (k9s opens Pods, `kubectl get
+/// all` lists Pods, ReplicaSets, StatefulSets, DaemonSets, Jobs, CronJobs): stored and served
+/// like any other kind, with upstream's schemas and columns, but nothing runs them — the
+/// embedded control plane has no nodes, kubelet, scheduler or workload controllers. A Pod is
+/// stored with `PodScheduled=False` saying so ([`crate::objects::unrun_pod_status`]).
+#[allow(clippy::too_many_lines, reason = "a data table: the unrun built-in kinds and their printer columns")]
+fn unrun_builtins() -> Vec<ResourceType> {
+    let with = |mut rt: ResourceType, status: bool, all: bool, cols: Vec<PrinterColumn>| {
+        rt.has_status = status;
+        if all {
+            rt.categories = vec!["all".into()];
+        }
+        rt.printer_columns = cols;
+        rt
+    };
+    let path = |name: &str, type_: &str, json_path: &str| col(name, type_, json_path, 0, "");
+    let wide = |name: &str, json_path: &str| col(name, "string", json_path, 1, "");
+    vec![
+        with(
+            ResourceType::builtin("", "v1", "pods", "Pod", true, &["po"]),
+            true,
+            true,
+            vec![
+                col("Ready", "string", "#builtin:pod-ready", 0, "The aggregate readiness state of this pod for accepting traffic."),
+                col("Status", "string", "#builtin:pod-status", 0, "The aggregate status of the containers in this pod."),
+                col(
+                    "Restarts",
+                    "string",
+                    "#builtin:pod-restarts",
+                    0,
+                    "The number of times the containers in this pod have been restarted.",
+                ),
+                age_column(),
+                wide("IP", ".status.podIP"),
+                wide("Node", ".spec.nodeName"),
+            ],
+        ),
+        with(
+            ResourceType::builtin("", "v1", "nodes", "Node", false, &["no"]),
+            true,
+            false,
+            vec![
+                col("Status", "string", "#builtin:node-status", 0, "The status of the node"),
+                path("Roles", "string", "#builtin:node-roles"),
+                age_column(),
+                path("Version", "string", ".status.nodeInfo.kubeletVersion"),
+            ],
+        ),
+        with(
+            ResourceType::builtin("apps", "v1", "replicasets", "ReplicaSet", true, &["rs"]),
+            true,
+            true,
+            vec![
+                path("Desired", "integer", ".spec.replicas"),
+                path("Current", "integer", ".status.replicas"),
+                path("Ready", "integer", ".status.readyReplicas"),
+                age_column(),
+            ],
+        ),
+        with(
+            ResourceType::builtin("apps", "v1", "statefulsets", "StatefulSet", true, &["sts"]),
+            true,
+            true,
+            vec![col("Ready", "string", "#builtin:deploy-ready", 0, "Number of the pods with ready state."), age_column()],
+        ),
+        with(
+            ResourceType::builtin("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"]),
+            true,
+            true,
+            vec![
+                path("Desired", "integer", ".status.desiredNumberScheduled"),
+                path("Current", "integer", ".status.currentNumberScheduled"),
+                path("Ready", "integer", ".status.numberReady"),
+                path("Up-to-date", "integer", ".status.updatedNumberScheduled"),
+                path("Available", "integer", ".status.numberAvailable"),
+                age_column(),
+            ],
+        ),
+        with(
+            ResourceType::builtin("batch", "v1", "jobs", "Job", true, &[]),
+            true,
+            true,
+            vec![col("Completions", "string", "#builtin:job-completions", 0, "The completed and desired completions."), age_column()],
+        ),
+        with(
+            ResourceType::builtin("batch", "v1", "cronjobs", "CronJob", true, &["cj"]),
+            true,
+            true,
+            vec![
+                path("Schedule", "string", ".spec.schedule"),
+                path("Suspend", "boolean", ".spec.suspend"),
+                col("Active", "integer", "#builtin:cronjob-active", 0, "The number of running jobs."),
+                path("Last Schedule", "date", ".status.lastScheduleTime"),
+                age_column(),
+            ],
+        ),
+        with(
+            ResourceType::builtin("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true, &["pvc"]),
+            true,
+            false,
+            vec![
+                path("Status", "string", ".status.phase"),
+                path("Volume", "string", ".spec.volumeName"),
+                path("Capacity", "string", ".status.capacity.storage"),
+                path("StorageClass", "string", ".spec.storageClassName"),
+                age_column(),
+            ],
+        ),
+        with(
+            ResourceType::builtin("", "v1", "persistentvolumes", "PersistentVolume", false, &["pv"]),
+            true,
+            false,
+            vec![
+                path("Capacity", "string", ".spec.capacity.storage"),
+                path("Reclaim Policy", "string", ".spec.persistentVolumeReclaimPolicy"),
+                path("Status", "string", ".status.phase"),
+                path("StorageClass", "string", ".spec.storageClassName"),
+                age_column(),
+            ],
+        ),
+        with(ResourceType::builtin("", "v1", "endpoints", "Endpoints", true, &["ep"]), false, false, vec![age_column()]),
+        with(
+            ResourceType::builtin("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", true, &[]),
+            false,
+            false,
+            vec![
+                path("AddressType", "string", ".addressType"),
+                col("Endpoints", "string", "#builtin:slice-endpoints", 0, ""),
+                age_column(),
+            ],
+        ),
+        with(ResourceType::builtin("", "v1", "resourcequotas", "ResourceQuota", true, &["quota"]), true, false, vec![age_column()]),
+        with(ResourceType::builtin("", "v1", "limitranges", "LimitRange", true, &["limits"]), false, false, vec![age_column()]),
+    ]
 }
 
 /// Resource types derived from one CRD object (one per served version).

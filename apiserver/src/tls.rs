@@ -190,7 +190,7 @@ pub fn write_kubeconfig(dir: &Path, listen: SocketAddr, creds: &Credentials) -> 
     let ca_b64 = base64::engine::general_purpose::STANDARD.encode(creds.ca_pem.as_bytes());
     let server = format!("https://{}", client_host(listen));
     let cfg = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: provisioning\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}\nusers:\n- name: provisioning-admin\n  user:\n    token: {token}\ncontexts:\n- name: provisioning\n  context:\n    cluster: provisioning\n    user: provisioning-admin\n    namespace: default\ncurrent-context: provisioning\npreferences: {{}}\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: provisioning\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}\nusers:\n- name: provisioning-admin\n  user:\n    token: {token}\ncontexts:\n- name: provisioning\n  context:\n    cluster: provisioning\n    user: provisioning-admin\ncurrent-context: provisioning\npreferences: {{}}\n",
         token = creds.token
     );
     let path = dir.join("kubeconfig");

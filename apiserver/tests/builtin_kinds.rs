@@ -254,3 +254,114 @@ spec:
     ts.server.shutdown().await;
     Ok(())
 }
+
+const WORKLOADS: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: p1, namespace: work}
+spec: {containers: [{name: c, image: example/c:1}]}
+---
+apiVersion: apps/v1
+kind: ReplicaSet
+metadata: {name: rs1, namespace: work}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: rs1}}
+  template: {metadata: {labels: {app: rs1}}, spec: {containers: [{name: c, image: example/c:1}]}}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: sts1, namespace: work}
+spec:
+  serviceName: sts1
+  selector: {matchLabels: {app: sts1}}
+  template: {metadata: {labels: {app: sts1}}, spec: {containers: [{name: c, image: example/c:1}]}}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: ds1, namespace: work}
+spec:
+  selector: {matchLabels: {app: ds1}}
+  template: {metadata: {labels: {app: ds1}}, spec: {containers: [{name: c, image: example/c:1}]}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: job1, namespace: work}
+spec:
+  template: {spec: {restartPolicy: Never, containers: [{name: c, image: example/c:1}]}}
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: cj1, namespace: work}
+spec:
+  schedule: '*/5 * * * *'
+  jobTemplate: {spec: {template: {spec: {restartPolicy: Never, containers: [{name: c, image: example/c:1}]}}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: pvc1, namespace: work}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+";
+
+/// What a client that starts from Pods and `get all` sees (issue 27): the core and workload
+/// kinds answer with lists, not "the server doesn't have a resource type"; a Pod says that
+/// nothing runs it; the `default/kubernetes` Service and EndpointSlice point at the server;
+/// the kubeconfig's context names no namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn core_and_workload_kinds_answer_like_a_cluster_without_nodes() -> TestResult {
+    let ts = start().await?;
+    let kc = ts.server.kubeconfig_path();
+    let k = |args: &[&str], stdin: Option<&str>| kubectl(&kc, args, stdin);
+    for kind in [
+        "pods",
+        "nodes",
+        "replicasets",
+        "statefulsets",
+        "daemonsets",
+        "jobs",
+        "cronjobs",
+        "pvc",
+        "pv",
+        "endpoints",
+        "endpointslices",
+        "resourcequotas",
+        "limitranges",
+    ] {
+        let out = k(&["get", kind, "-A"], None);
+        assert!(out.ok, "kubectl get {kind} -A: {}", out.stderr);
+    }
+    let all = k(&["get", "all", "-A"], None);
+    assert!(all.ok && all.stdout.contains("service/kubernetes"), "get all -A:\n{}\n{}", all.stdout, all.stderr);
+    let port = ts.server.addr().port().to_string();
+    let svc = k(&["get", "svc", "kubernetes", "-n", "default", "-o", "jsonpath={.spec.ports[0].port}"], None);
+    assert_eq!(svc.stdout, port, "{}", svc.stderr);
+    let slice =
+        k(&["get", "endpointslice", "kubernetes", "-n", "default", "-o", "jsonpath={.endpoints[0].addresses[0]}:{.ports[0].port}"], None);
+    assert_eq!(slice.stdout, format!("127.0.0.1:{port}"), "{}", slice.stderr);
+
+    assert!(k(&["create", "namespace", "work"], None).ok);
+    let out = k(&["apply", "-f", "-"], Some(WORKLOADS));
+    assert!(out.ok, "apply workloads: {}\n{}", out.stdout, out.stderr);
+    let reason = k(&["get", "pod", "p1", "-n", "work", "-o", "jsonpath={.status.phase} {.status.conditions[0].reason}"], None);
+    assert_eq!(reason.stdout, "Pending NoKubelet", "{}", reason.stderr);
+    let pods = k(&["get", "pods", "-n", "work"], None);
+    assert!(pods.stdout.lines().any(|l| l.starts_with("p1 ") && l.contains("0/1") && l.contains("Pending")), "{}", pods.stdout);
+    let jobs = k(&["get", "jobs", "-n", "work"], None);
+    assert!(jobs.stdout.lines().any(|l| l.starts_with("job1 ") && l.contains("0/1")), "{}", jobs.stdout);
+    let all = k(&["get", "all", "-n", "work"], None);
+    for name in ["pod/p1", "replicaset.apps/rs1", "statefulset.apps/sts1", "daemonset.apps/ds1", "job.batch/job1", "cronjob.batch/cj1"] {
+        assert!(all.stdout.contains(name), "get all is missing {name}:\n{}", all.stdout);
+    }
+    // A misspelt field is refused as on a real server (schemas are upstream's).
+    let bad = k(
+        &["apply", "--validate=strict", "-f", "-"],
+        Some("apiVersion: v1\nkind: Pod\nmetadata: {name: p2, namespace: work}\nspec: {containerz: []}\n"),
+    );
+    assert!(!bad.ok, "a misspelt Pod field was accepted: {}", bad.stdout);
+
+    let ns = k(&["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.namespace}"], None);
+    assert!(ns.ok && ns.stdout.is_empty(), "the kubeconfig's context names a namespace: {:?}", ns.stdout);
+    let can = k(&["auth", "can-i", "list", "nodes"], None);
+    assert_eq!(can.stdout.trim(), "yes", "{}", can.stderr);
+    ts.server.shutdown().await;
+    Ok(())
+}

@@ -112,6 +112,9 @@ impl Core {
                 }
             }
             CRDS => self.normalize_crd(obj)?,
+            "/pods" if old.is_none() && obj["status"].as_object().is_none_or(serde_json::Map::is_empty) => {
+                obj["status"] = crate::objects::unrun_pod_status();
+            }
             _ => {}
         }
         Ok(())
