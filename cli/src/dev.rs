@@ -296,6 +296,23 @@ async fn start_console(
     Ok(console.login_url(admin))
 }
 
+/// The ClusterRoles of deploy/rbac/aggregated-roles.yaml, so that the built-in `view`, `edit`
+/// and `admin` roles cover our kinds under `provisioning dev` as on a cluster where deploy/ was
+/// applied (server-side apply: re-running dev brings them back to the shipped version).
+const AGGREGATED_ROLES: &str = include_str!("../../deploy/rbac/aggregated-roles.yaml");
+
+async fn install_aggregated_roles(client: &kube::Client) -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let roles: Vec<ClusterRole> = provisioning_yaml::documents(AGGREGATED_ROLES).context("reading the aggregated roles")?;
+    let api: kube::Api<ClusterRole> = kube::Api::all(client.clone());
+    let params = kube::api::PatchParams::apply("provisioning-dev").force();
+    for role in roles {
+        let name = role.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &kube::api::Patch::Apply(&role)).await.with_context(|| format!("applying ClusterRole {name}"))?;
+    }
+    Ok(())
+}
+
 /// Runs `provisioning dev`; returns the process exit code.
 pub async fn run_dev(opts: DevOptions) -> anyhow::Result<i32> {
     let mut api = provisioning_apiserver::ApiServerConfig::new(opts.data_dir.clone(), opts.listen);
@@ -304,6 +321,7 @@ pub async fn run_dev(opts: DevOptions) -> anyhow::Result<i32> {
     let kubeconfig = running.kubeconfig_path();
     let client = client_from_kubeconfig(&kubeconfig).await?;
     install_crds(&client, Duration::from_secs(30)).await?;
+    install_aggregated_roles(&client).await?;
 
     let mut config = opts.config.clone();
     config.leader_election = false;

@@ -20,6 +20,18 @@ fn quickstart_servers_become_ready_and_delete_cleanly() -> anyhow::Result<()> {
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "srv", "--all", "-n", "demo", "--timeout=120s"])?;
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "workspace/demo", "--timeout=60s"])?;
 
+    // The built-in roles cover our kinds as on a cluster where deploy/rbac was applied: `edit`
+    // in a namespace may change Servers there (and may not approve: that is `admin`'s).
+    dev.kubectl_ok(&["create", "serviceaccount", "editor", "-n", "demo"])?;
+    dev.kubectl_ok(&["create", "rolebinding", "editor", "--clusterrole=edit", "--serviceaccount=demo:editor", "-n", "demo"])?;
+    let as_editor = ["--as=system:serviceaccount:demo:editor", "-n", "demo"];
+    dev.wait_until(Duration::from_secs(30), "edit covers servers", |d| {
+        let out = d.kubectl(&[&["auth", "can-i", "patch", "servers.provisioning.dev"][..], &as_editor[..]].concat())?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim() == "yes")
+    })?;
+    let get = dev.kubectl_ok(&[&["get", "srv", "-o", "name"][..], &as_editor[..]].concat())?;
+    assert_eq!(get.lines().count(), 3, "{get}");
+
     // Printer columns through the Table API.
     let table = dev.kubectl_ok(&["get", "srv", "-n", "demo"])?;
     for col in ["NAME", "PROVIDER", "ADDRESS", "PHASE", "READY", "AGE"] {
