@@ -180,7 +180,13 @@ pub async fn authorize(ctx: &Context, rec: &Recorded, target: Target<'_>, distin
 /// does not count ([`authorize`]) is taken off (in memory only), with the `ApprovalRefused`
 /// Warning naming why. Reads the object's metadata afresh (the watch caches drop
 /// managedFields, which tell a server-stamped approver from a client-written one).
-pub async fn screen<K>(obj: Arc<K>, plural: &str, approval: Approval, distinct: bool, ctx: &Context) -> Result<(Arc<K>, Option<Note>), Error>
+pub async fn screen<K>(
+    obj: Arc<K>,
+    plural: &str,
+    approval: Approval,
+    distinct: bool,
+    ctx: &Context,
+) -> Result<(Arc<K>, Option<Note>), Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -238,7 +244,14 @@ mod tests {
         ]
         .into();
         let r = recorded(&annotations, &[]);
-        assert_eq!(r, Recorded { approver: Some("alice".into()), groups: vec!["team".into(), "system:authenticated".into()], changed_by: Some("bob".into()) });
+        assert_eq!(
+            r,
+            Recorded {
+                approver: Some("alice".into()),
+                groups: vec!["team".into(), "system:authenticated".into()],
+                changed_by: Some("bob".into())
+            }
+        );
         let forged = ManagedFieldsEntry {
             manager: Some("mallory".into()),
             fields_v1: Some(FieldsV1(serde_json::json!({"f:metadata": {"f:annotations": {"f:provisioning.dev/approved-by": {}}}}))),
