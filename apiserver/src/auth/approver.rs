@@ -108,16 +108,17 @@ mod tests {
     fn the_approver_is_the_user_of_the_request_that_set_the_approval() {
         let old = obj(json!({}));
         let mut new = obj(json!({APPROVE: "abc"}));
-        stamp(GROUP, Some(&old), &mut new, Some("alice"), &[]);
-        assert_eq!(annotation(&new, APPROVED_BY), Some("alice"), &[]);
+        stamp(GROUP, Some(&old), &mut new, Some("alice"), &["team-a".into(), "system:authenticated".into()]);
+        assert_eq!(annotation(&new, APPROVED_BY), Some("alice"));
+        assert_eq!(annotation(&new, APPROVED_BY_GROUPS), Some("team-a,system:authenticated"));
         // Another write that leaves the approval alone keeps who approved it.
         let mut later = new.clone();
         stamp(GROUP, Some(&new), &mut later, Some("controller"), &[]);
-        assert_eq!(annotation(&later, APPROVED_BY), Some("alice"), &[]);
+        assert_eq!(annotation(&later, APPROVED_BY), Some("alice"));
         // A new approval by someone else; then the approval removed.
         let mut again = obj(json!({APPROVE: "def", APPROVED_BY: "alice"}));
         stamp(GROUP, Some(&later), &mut again, Some("bob"), &[]);
-        assert_eq!(annotation(&again, APPROVED_BY), Some("bob"), &[]);
+        assert_eq!(annotation(&again, APPROVED_BY), Some("bob"));
         let mut removed = obj(json!({APPROVED_BY: "bob"}));
         stamp(GROUP, Some(&again), &mut removed, Some("bob"), &[]);
         assert_eq!(annotation(&removed, APPROVED_BY), None);
@@ -133,14 +134,14 @@ mod tests {
         let at = |g: i64, annotations: Value| json!({"metadata": {"name": "x", "generation": g, "annotations": annotations}});
         let mut created = at(1, json!({}));
         stamp(GROUP, None, &mut created, Some("alice"), &[]);
-        assert_eq!(annotation(&created, CHANGED_BY), Some("alice"), &[]);
+        assert_eq!(annotation(&created, CHANGED_BY), Some("alice"));
         // A metadata-only write (same generation) by someone else keeps it; a spec change does not.
         let mut labelled = at(1, json!({CHANGED_BY: "alice"}));
         stamp(GROUP, Some(&created), &mut labelled, Some("bob"), &[]);
-        assert_eq!(annotation(&labelled, CHANGED_BY), Some("alice"), &[]);
+        assert_eq!(annotation(&labelled, CHANGED_BY), Some("alice"));
         let mut changed = at(2, json!({CHANGED_BY: "alice"}));
         stamp(GROUP, Some(&labelled), &mut changed, Some("bob"), &[]);
-        assert_eq!(annotation(&changed, CHANGED_BY), Some("bob"), &[]);
+        assert_eq!(annotation(&changed, CHANGED_BY), Some("bob"));
         // Clients cannot write it.
         let mut forged = at(2, json!({CHANGED_BY: "mallory"}));
         assert!(keep(GROUP, Some(&changed), &mut forged).is_err_and(|e| e.contains(CHANGED_BY)));
@@ -158,7 +159,7 @@ mod tests {
         // A client that drops it (kubectl replace of a manifest) keeps the stored value.
         let mut dropped = obj(json!({APPROVE: "abc"}));
         keep(GROUP, Some(&stored), &mut dropped).expect("kept");
-        assert_eq!(annotation(&dropped, APPROVED_BY), Some("alice"), &[]);
+        assert_eq!(annotation(&dropped, APPROVED_BY), Some("alice"));
         let mut same = stored.clone();
         assert!(keep(GROUP, Some(&stored), &mut same).is_ok());
     }
