@@ -123,6 +123,15 @@ pub fn not_allowed(user: &str, target: Target<'_>) -> String {
     )
 }
 
+/// The refusal when the controller may not ask the API server about the approver.
+pub fn cannot_ask(user: &str, target: Target<'_>) -> String {
+    let Target { plural, namespace, name } = target;
+    format!(
+        "the approval of {plural} {namespace}/{name} is refused: the controller may not ask whether user {user:?} may {VERB} it \
+         (grant the controller create on subjectaccessreviews.authorization.k8s.io, as deploy/rbac does)"
+    )
+}
+
 /// Whether `user` (in `groups`) may approve `target`: a SubjectAccessReview.
 pub async fn may_approve(ctx: &Context, user: &str, groups: &[String], target: Target<'_>) -> Result<bool, Error> {
     let review = SubjectAccessReview {
@@ -146,22 +155,25 @@ pub async fn may_approve(ctx: &Context, user: &str, groups: &[String], target: T
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
-/// This controller's own user name (a SelfSubjectReview, asked once); `None` when the API
-/// server does not answer it (then no approval counts as the controller's own).
+/// This controller's own user name (a SelfSubjectReview, remembered once answered); `None`
+/// when the API server does not answer it (then no approval counts as the controller's own).
 pub async fn controller_user(ctx: &Context) -> Option<String> {
-    ctx.identity
-        .get_or_init(|| async {
-            let api: Api<SelfSubjectReview> = Api::all(ctx.client.clone());
-            match api.create(&PostParams::default(), &SelfSubjectReview::default()).await {
-                Ok(r) => r.status.and_then(|s| s.user_info).and_then(|u| u.username),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no SelfSubjectReview: approvals this controller passes down are checked like any other");
-                    None
-                }
-            }
-        })
-        .await
-        .clone()
+    if let Some(known) = ctx.identity.get() {
+        return known.clone();
+    }
+    let api: Api<SelfSubjectReview> = Api::all(ctx.client.clone());
+    match api.create(&PostParams::default(), &SelfSubjectReview::default()).await {
+        Ok(r) => {
+            let user = r.status.and_then(|s| s.user_info).and_then(|u| u.username);
+            let _ = ctx.identity.set(user.clone());
+            user
+        }
+        Err(e) => {
+            // Not remembered: asked again next time (a failure may be passing).
+            tracing::warn!(error = %e, "no SelfSubjectReview: approvals this controller passes down are checked like any other");
+            None
+        }
+    }
 }
 
 /// Whether the approval on `target` (recorded as `rec`) counts: `Ok(Err(refusal))` when not.
@@ -170,9 +182,14 @@ pub async fn authorize(ctx: &Context, rec: &Recorded, target: Target<'_>, distin
     match precheck(rec, target, distinct, controller.as_deref()) {
         Err(refusal) => Ok(Err(refusal)),
         Ok(Check::Controller) => Ok(Ok(())),
-        Ok(Check::Ask(user, groups)) => {
-            Ok(if may_approve(ctx, &user, &groups, target).await? { Ok(()) } else { Err(not_allowed(&user, target)) })
-        }
+        Ok(Check::Ask(user, groups)) => match may_approve(ctx, &user, &groups, target).await {
+            Ok(true) => Ok(Ok(())),
+            Ok(false) => Ok(Err(not_allowed(&user, target))),
+            // Not a passing failure: the controller may not ask. Refused, saying so, rather
+            // than a reconcile failing for ever.
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 403 => Ok(Err(cannot_ask(&user, target))),
+            Err(e) => Err(e),
+        },
     }
 }
 

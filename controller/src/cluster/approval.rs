@@ -460,10 +460,12 @@ pub async fn screen_pass_down(cluster: &Cluster, decision: &mut Decision, ctx: &
             MemberKind::Server => "servers",
             MemberKind::TaskServ => "taskservs",
         };
-        if authorize::may_approve(ctx, &user, &groups, Target { plural, namespace, name: &p.name }).await? {
-            kept.push(p);
-        } else {
-            refused.push(format!("{} {}", p.kind.as_str(), p.name));
+        match authorize::may_approve(ctx, &user, &groups, Target { plural, namespace, name: &p.name }).await {
+            Ok(true) => kept.push(p),
+            Ok(false) => refused.push(format!("{} {}", p.kind.as_str(), p.name)),
+            // The controller may not ask (deploy/rbac grants it): refused, not retried for ever.
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 403 => refused.push(format!("{} {}", p.kind.as_str(), p.name)),
+            Err(e) => return Err(e),
         }
     }
     decision.pass_down = kept;
