@@ -44,6 +44,9 @@ pub const APPROVAL_REFUSED: &str = "ApprovalRefused";
 /// The virtual verb an approver needs on the object.
 pub const VERB: &str = "approve";
 const GROUP: &str = "provisioning.dev";
+/// How another user re-approves the same plan id: the API server records the user of the
+/// write that changes the annotation.
+const AGAIN: &str = "to approve the same plan id as another user, remove the annotation and set it again";
 
 /// The object an approval is about.
 #[derive(Clone, Copy, Debug)]
@@ -108,7 +111,7 @@ pub fn precheck(rec: &Recorded, target: Target<'_>, distinct: bool, controller: 
         };
         return Err(format!(
             "the approval of {plural} {namespace}/{name} is refused: {who} may not also approve it (the Workspace sets \
-             requireDistinctApprover): another user who may {VERB} {plural} must set {ANNOTATION_APPROVE}"
+             requireDistinctApprover): another user who may {VERB} {plural} must set {ANNOTATION_APPROVE} ({AGAIN})"
         ));
     }
     Ok(Check::Ask(user.to_string(), rec.groups.clone()))
@@ -119,7 +122,8 @@ pub fn not_allowed(user: &str, target: Target<'_>) -> String {
     let Target { plural, namespace, name } = target;
     format!(
         "the approval of {plural} {namespace}/{name} is refused: user {user:?} may not {VERB} {plural} in namespace {namespace}: \
-         grant the {VERB} verb on {plural}.{GROUP} (the admin role aggregates it, edit does not)"
+         grant the {VERB} verb on {plural}.{GROUP} (the admin role aggregates it, edit does not), or have a user who holds it \
+         set {ANNOTATION_APPROVE} ({AGAIN})"
     )
 }
 
