@@ -44,6 +44,9 @@ pub struct WriteOptions {
     /// The authenticated user of the request (None: the server's own write): recorded as who
     /// approved a plan ([`crate::auth::approver`]).
     pub user: Option<String>,
+    /// The groups of [`WriteOptions::user`]: recorded with who approved a plan (the
+    /// controller's SubjectAccessReview of the approver needs them).
+    pub groups: Vec<String>,
 }
 
 /// What a write produced.

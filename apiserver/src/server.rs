@@ -570,6 +570,7 @@ fn write_options(req: &Request<Incoming>, q: &Query) -> ApiResult<WriteOptions> 
         force: q.flag("force") && q.get("force") != Some(""),
         escalation: req.extensions().get::<std::sync::Arc<crate::auth::escalation::Guard>>().cloned(),
         user: req.extensions().get::<crate::auth::identity::UserInfo>().map(|u| u.name.clone()),
+        groups: req.extensions().get::<crate::auth::identity::UserInfo>().map(|u| u.groups.clone()).unwrap_or_default(),
     })
 }
 

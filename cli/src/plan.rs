@@ -359,7 +359,7 @@ async fn plan_one(
             workspaces.iter(),
             &provisioning_controller::config::default_workspace(),
         );
-        own.or(ws.spec.approval).unwrap_or_default() == provisioning_crds::Approval::Manual
+        provisioning_controller::approval::approval_of(own, ws.spec.approval) == provisioning_crds::Approval::Manual
     };
     Ok(ObjectPlan { resource, plan: Plan { summary, changes, ..Default::default() }, needs_approval, note, refused: false })
 }
@@ -564,7 +564,8 @@ async fn cluster_plan(
         workspaces.iter(),
         &provisioning_controller::config::default_workspace(),
     );
-    let manual = cluster.spec.approval.or(ws.spec.approval).unwrap_or_default() == provisioning_crds::Approval::Manual;
+    let manual =
+        provisioning_controller::approval::approval_of(cluster.spec.approval, ws.spec.approval) == provisioning_crds::Approval::Manual;
     Ok(ObjectPlan { resource, needs_approval: manual && plan.has_changes(), plan, note: notes.join("\n  "), refused: false })
 }
 

@@ -29,6 +29,8 @@ use provisioning_crds::{ANNOTATION_APPROVE, Approval, ChangeAction, Plan, Planne
 
 use crate::reconcile::Note;
 
+pub mod authorize;
+
 /// Reason of `Ready=False` (and the phase) while a plan waits for approval.
 pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
 /// Event reason of an approval that names another plan than the current one.
@@ -142,9 +144,11 @@ impl Gate {
     }
 }
 
-/// The approval in force: the object's own, else its Workspace's (Automatic by default).
+/// The approval in force: Manual when the Workspace or the object asks for it, else
+/// Automatic. An object may tighten its Workspace's approval, never loosen it: its own
+/// `approval: Automatic` under a Manual Workspace still waits.
 pub fn approval_of(own: Option<Approval>, workspace_default: Option<Approval>) -> Approval {
-    own.or(workspace_default).unwrap_or_default()
+    if own == Some(Approval::Manual) || workspace_default == Some(Approval::Manual) { Approval::Manual } else { Approval::Automatic }
 }
 
 /// Whether two planned changes are the same: resource, action and target.

@@ -85,6 +85,8 @@ pub struct Context {
     pub audit: crate::audit::AuditLog,
     /// ChangeRecords, written after status writes ([`Context::apply_status`]).
     pub history: ChangeHistory,
+    /// This controller's user name, asked once ([`crate::approval::authorize::controller_user`]).
+    pub identity: tokio::sync::OnceCell<Option<String>>,
 }
 
 /// When an object's external state was last observed, and under which trigger.
@@ -122,6 +124,7 @@ impl Context {
             written: Mutex::new(HashMap::new()),
             audit,
             history,
+            identity: tokio::sync::OnceCell::new(),
         }
     }
 

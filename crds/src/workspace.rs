@@ -58,10 +58,16 @@ pub struct WorkspaceSpec {
     /// Limits for this workspace.
     #[serde(default)]
     pub limits: WorkspaceLimits,
-    /// Default approval of the namespace's Servers and Clusters: Automatic (plans are
-    /// carried out at once) or Manual (they wait for `provisioning.dev/approve: <plan id>`).
+    /// Approval of the namespace's Servers, TaskServs and Clusters: Automatic (plans are
+    /// carried out at once, unless an object asks for Manual itself) or Manual (every plan
+    /// waits for `provisioning.dev/approve: <plan id>`, set by a user who may `approve` the
+    /// object; an object's own `approval: Automatic` does not loosen it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<crate::Approval>,
+    /// Under Manual approval, refuse an approval by the user who last changed the object's
+    /// spec (four eyes: whoever writes a change cannot also approve it). Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_distinct_approver: bool,
 }
 
 /// Environment profile of a workspace.

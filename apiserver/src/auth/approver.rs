@@ -13,11 +13,14 @@ use serde_json::Value;
 pub const APPROVE: &str = "provisioning.dev/approve";
 /// The server-owned annotation naming the user that set [`APPROVE`].
 pub const APPROVED_BY: &str = "provisioning.dev/approved-by";
+/// The server-owned annotation naming the groups of the user that set [`APPROVE`] (comma
+/// separated): what the controller's SubjectAccessReview of the approver needs besides the name.
+pub const APPROVED_BY_GROUPS: &str = "provisioning.dev/approved-by-groups";
 /// The server-owned annotation naming the user whose write made the current spec generation
 /// (the ChangeRecord's `changedByUser`; field managers are names clients choose).
 pub const CHANGED_BY: &str = "provisioning.dev/changed-by";
 /// The server-owned annotations.
-const SERVER_OWNED: [&str; 2] = [APPROVED_BY, CHANGED_BY];
+const SERVER_OWNED: [&str; 3] = [APPROVED_BY, APPROVED_BY_GROUPS, CHANGED_BY];
 const GROUP: &str = "provisioning.dev";
 
 fn annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
@@ -35,7 +38,11 @@ pub fn keep(group: &str, old: Option<&Value>, new: &mut Value) -> Result<(), Str
         let before = old.and_then(|o| annotation(o, key)).map(str::to_string);
         match (annotation(new, key), before) {
             (Some(now), before) if Some(now) != before.as_deref() => {
-                let what = if key == APPROVED_BY { format!("the user who set {APPROVE}") } else { "the user who changed the spec".into() };
+                let what = match key {
+                    APPROVED_BY => format!("the user who set {APPROVE}"),
+                    APPROVED_BY_GROUPS => format!("the groups of the user who set {APPROVE}"),
+                    _ => "the user who changed the spec".into(),
+                };
                 return Err(format!("metadata.annotations[{key}]: set by the API server only ({what}); remove it from the request"));
             }
             (None, Some(before)) => set(new, key, Some(&before)),
@@ -45,10 +52,11 @@ pub fn keep(group: &str, old: Option<&Value>, new: &mut Value) -> Result<(), Str
     Ok(())
 }
 
-/// Stamps [`APPROVED_BY`] with `user` when the write changes [`APPROVE`] (removes it when
-/// the approval is removed, or when the writer has no user: the server's own writes), and
-/// [`CHANGED_BY`] when the write creates the object or makes a new generation.
-pub fn stamp(group: &str, old: Option<&Value>, new: &mut Value, user: Option<&str>) {
+/// Stamps [`APPROVED_BY`] with `user` (and [`APPROVED_BY_GROUPS`] with its `groups`) when the
+/// write changes [`APPROVE`] (removes them when the approval is removed, or when the writer
+/// has no user: the server's own writes), and [`CHANGED_BY`] when the write creates the
+/// object or makes a new generation.
+pub fn stamp(group: &str, old: Option<&Value>, new: &mut Value, user: Option<&str>, groups: &[String]) {
     if group != GROUP {
         return;
     }
@@ -64,7 +72,9 @@ pub fn stamp(group: &str, old: Option<&Value>, new: &mut Value, user: Option<&st
         return;
     }
     let by = now.and(user).map(str::to_string);
+    let by_groups = by.as_ref().map(|_| groups.join(","));
     set(new, APPROVED_BY, by.as_deref());
+    set(new, APPROVED_BY_GROUPS, by_groups.as_deref());
 }
 
 fn set(obj: &mut Value, key: &str, by: Option<&str>) {
@@ -98,22 +108,24 @@ mod tests {
     fn the_approver_is_the_user_of_the_request_that_set_the_approval() {
         let old = obj(json!({}));
         let mut new = obj(json!({APPROVE: "abc"}));
-        stamp(GROUP, Some(&old), &mut new, Some("alice"));
+        stamp(GROUP, Some(&old), &mut new, Some("alice"), &["team-a".into(), "system:authenticated".into()]);
         assert_eq!(annotation(&new, APPROVED_BY), Some("alice"));
+        assert_eq!(annotation(&new, APPROVED_BY_GROUPS), Some("team-a,system:authenticated"));
         // Another write that leaves the approval alone keeps who approved it.
         let mut later = new.clone();
-        stamp(GROUP, Some(&new), &mut later, Some("controller"));
+        stamp(GROUP, Some(&new), &mut later, Some("controller"), &[]);
         assert_eq!(annotation(&later, APPROVED_BY), Some("alice"));
         // A new approval by someone else; then the approval removed.
         let mut again = obj(json!({APPROVE: "def", APPROVED_BY: "alice"}));
-        stamp(GROUP, Some(&later), &mut again, Some("bob"));
+        stamp(GROUP, Some(&later), &mut again, Some("bob"), &[]);
         assert_eq!(annotation(&again, APPROVED_BY), Some("bob"));
         let mut removed = obj(json!({APPROVED_BY: "bob"}));
-        stamp(GROUP, Some(&again), &mut removed, Some("bob"));
+        stamp(GROUP, Some(&again), &mut removed, Some("bob"), &[]);
         assert_eq!(annotation(&removed, APPROVED_BY), None);
+        assert_eq!(annotation(&removed, APPROVED_BY_GROUPS), None);
         // Other groups are left alone.
         let mut core = obj(json!({APPROVE: "abc"}));
-        stamp("", Some(&old), &mut core, Some("alice"));
+        stamp("", Some(&old), &mut core, Some("alice"), &[]);
         assert_eq!(annotation(&core, APPROVED_BY), None);
     }
 
@@ -121,14 +133,14 @@ mod tests {
     fn the_spec_changer_is_the_user_of_the_write_that_made_the_generation() {
         let at = |g: i64, annotations: Value| json!({"metadata": {"name": "x", "generation": g, "annotations": annotations}});
         let mut created = at(1, json!({}));
-        stamp(GROUP, None, &mut created, Some("alice"));
+        stamp(GROUP, None, &mut created, Some("alice"), &[]);
         assert_eq!(annotation(&created, CHANGED_BY), Some("alice"));
         // A metadata-only write (same generation) by someone else keeps it; a spec change does not.
         let mut labelled = at(1, json!({CHANGED_BY: "alice"}));
-        stamp(GROUP, Some(&created), &mut labelled, Some("bob"));
+        stamp(GROUP, Some(&created), &mut labelled, Some("bob"), &[]);
         assert_eq!(annotation(&labelled, CHANGED_BY), Some("alice"));
         let mut changed = at(2, json!({CHANGED_BY: "alice"}));
-        stamp(GROUP, Some(&labelled), &mut changed, Some("bob"));
+        stamp(GROUP, Some(&labelled), &mut changed, Some("bob"), &[]);
         assert_eq!(annotation(&changed, CHANGED_BY), Some("bob"));
         // Clients cannot write it.
         let mut forged = at(2, json!({CHANGED_BY: "mallory"}));
@@ -142,6 +154,8 @@ mod tests {
         let refused = keep(GROUP, Some(&stored), &mut forged).expect_err("refused");
         assert!(refused.contains(APPROVED_BY) && refused.contains("API server only"), "{refused}");
         assert!(keep(GROUP, None, &mut obj(json!({APPROVED_BY: "mallory"}))).is_err(), "not on create either");
+        let mut groups = obj(json!({APPROVE: "abc", APPROVED_BY: "alice", APPROVED_BY_GROUPS: "system:masters"}));
+        assert!(keep(GROUP, Some(&stored), &mut groups).is_err_and(|e| e.contains(APPROVED_BY_GROUPS)), "nor the groups");
         // A client that drops it (kubectl replace of a manifest) keeps the stored value.
         let mut dropped = obj(json!({APPROVE: "abc"}));
         keep(GROUP, Some(&stored), &mut dropped).expect("kept");

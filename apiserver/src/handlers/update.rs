@@ -192,7 +192,7 @@ impl Core {
             );
         }
         // After managedFields: no field manager owns the server-owned approver.
-        crate::auth::approver::stamp(&rt.group, Some(&old), &mut new, opts.user.as_deref());
+        crate::auth::approver::stamp(&rt.group, Some(&old), &mut new, opts.user.as_deref(), &opts.groups);
         // No-op writes keep the revision (controllers must not trigger themselves).
         if without_managed_times(&old) == without_managed_times(&new) {
             return Ok(Written { output: Output::Stored(cur.clone()), warnings });

@@ -431,6 +431,55 @@ pub fn record(
     crate::approval::stale(&decision.gate, plan).into_iter().chain(approved.map(crate::approval::approved)).collect()
 }
 
+/// Keeps in `decision.pass_down` only the members the Cluster's approver may approve itself
+/// (a SubjectAccessReview per member, [`crate::approval::authorize`]): the controller passes
+/// an approval down no further than its approver could approve each member. Returns the
+/// `ApprovalRefused` Warning naming the members left waiting and what is missing.
+pub async fn screen_pass_down(cluster: &Cluster, decision: &mut Decision, ctx: &Context) -> Result<Option<Note>, Error> {
+    use crate::approval::authorize::{self, APPROVAL_REFUSED, Target};
+    if decision.pass_down.is_empty() {
+        return Ok(None);
+    }
+    let namespace = cluster.metadata.namespace.as_deref().ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = cluster.name_any();
+    let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), namespace);
+    let fresh = api.get_metadata_opt(&name).await?;
+    let rec = fresh.map(|f| authorize::recorded(f.annotations(), f.metadata.managed_fields.as_deref().unwrap_or_default()));
+    let controller = authorize::controller_user(ctx).await;
+    let Some((user, groups)) = rec.and_then(|r| Some((r.approver?, r.groups))) else {
+        decision.pass_down.clear();
+        return Ok(None);
+    };
+    if controller.as_deref() == Some(user.as_str()) {
+        return Ok(None);
+    }
+    let mut refused = Vec::new();
+    let mut kept = Vec::new();
+    for p in std::mem::take(&mut decision.pass_down) {
+        let plural = match p.kind {
+            MemberKind::Server => "servers",
+            MemberKind::TaskServ => "taskservs",
+        };
+        match authorize::may_approve(ctx, &user, &groups, Target { plural, namespace, name: &p.name }).await {
+            Ok(true) => kept.push(p),
+            Ok(false) => refused.push(format!("{} {}", p.kind.as_str(), p.name)),
+            // The controller may not ask (deploy/rbac grants it): refused, not retried for ever.
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 403 => refused.push(format!("{} {}", p.kind.as_str(), p.name)),
+            Err(e) => return Err(e),
+        }
+    }
+    decision.pass_down = kept;
+    if refused.is_empty() {
+        return Ok(None);
+    }
+    let note = format!(
+        "the approval of Cluster {namespace}/{name} is not passed down to {}: user {user:?} may not approve them: grant the approve \
+         verb on servers and taskservs.provisioning.dev in namespace {namespace} (they wait for their own approval meanwhile)",
+        refused.join(", ")
+    );
+    Ok(Some(Note::warning(APPROVAL_REFUSED, "Approve", note)))
+}
+
 /// Approves the covered members of a recorded [`Decision`] (a merge patch of each one's
 /// annotation). The approval's one `Approved` Event is the Cluster's ([`record`]): members
 /// approved here, over several passes as they plan, announce nothing of their own. A member
@@ -551,7 +600,8 @@ mod tests {
         let go = decide(Approval::Automatic, Some("zzz"), &p, &status, &[]);
         assert_eq!((go.gate, go.approved, go.pass_down.len()), (Gate::Go { approved: None }, None, 0));
         assert_eq!(approval_of(None, Some(Approval::Manual)), Approval::Manual);
-        assert_eq!(approval_of(Some(Approval::Automatic), Some(Approval::Manual)), Approval::Automatic);
+        assert_eq!(approval_of(Some(Approval::Automatic), Some(Approval::Manual)), Approval::Manual, "never loosened");
+        assert_eq!(approval_of(Some(Approval::Manual), Some(Approval::Automatic)), Approval::Manual, "tightened");
         assert_eq!(approval_of(None, None), Approval::Automatic);
     }
 

@@ -134,6 +134,11 @@ fn with_cost(mut status: ClusterStatus, children: &[plan::ChildServer], namespac
 
 async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, deleting: bool) -> Result<Action, Error> {
     let ctx = &cctx.ctx;
+    // An approval that does not count (crate::approval::authorize) is not seen by the gate.
+    let ws = ctx.workspace_for(namespace).spec;
+    let approval = approval::approval_of(cluster.spec.approval, ws.approval);
+    let (cluster, refused) =
+        crate::approval::authorize::screen(cluster, "clusters", approval, ws.require_distinct_approver, ctx).await.at(Step::Dereference)?;
     let name = cluster.name_any();
     let uid = cluster.uid().unwrap_or_default();
     let children = dereference::children(&cluster, namespace, ctx).await.at(Step::Dereference)?;
@@ -164,7 +169,7 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     };
     let mut plan = plan;
     // The Cluster's plan (over the children as observed, before acting) and its approval.
-    let gated = match (deleting, &services) {
+    let mut gated = match (deleting, &services) {
         (false, Ok(services)) => {
             let cluster_plan = plan::cluster_plan(&observed, namespace, services);
             let decision = approval::decision(&cluster, namespace, &observed, &cluster_plan, ctx);
@@ -173,6 +178,10 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         }
         _ => None,
     };
+    let mut refused: Vec<Note> = refused.into_iter().collect();
+    if let Some((_, decision)) = &mut gated {
+        refused.extend(approval::screen_pass_down(&cluster, decision, ctx).await.at(Step::Dereference)?);
+    }
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
     let mut events = plan.events.clone();
@@ -181,7 +190,7 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         stale = approval::record(&cluster, cluster_plan, decision, &mut status, &mut events, observed.now);
         status.plan = Some(cluster_plan.clone());
     }
-    let notes = stale.into_iter().chain(events.into_iter().map(|e| Note::planned(e, "Rollout")));
+    let notes = refused.into_iter().chain(stale).chain(events.into_iter().map(|e| Note::planned(e, "Rollout")));
     report(cluster.as_ref(), cluster.status.as_ref(), Some(&status), notes.collect(), ctx).await?;
     // Checkpoint: only once the approval in force is recorded (see approval::record).
     if let Some((_, decision)) = &gated {

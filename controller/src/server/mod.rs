@@ -208,7 +208,14 @@ pub async fn run(
 /// write and the events ([`Visit::conclude`]).
 async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Action, Error> {
     let refs = dereference::dereference(&server, namespace, ctx);
+    // An approval that does not count (crate::approval::authorize) is not seen by the gate.
+    let ws = &refs.workspace.spec;
+    let approval = plan::approval(&server, ws.approval);
+    let (server, refused) = crate::approval::authorize::screen(server, "servers", approval, ws.require_distinct_approver, ctx)
+        .await
+        .map_err(|e| e.at(Step::Dereference))?;
     let mut visit = Visit::new(&server);
+    visit.events.extend(refused);
     let end = match run_steps(&mut visit, &refs, ctx).await {
         Ok(end) | Err(end) => end,
     };

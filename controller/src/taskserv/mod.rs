@@ -212,6 +212,12 @@ impl Reconciled for TaskServ {
 
 async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, deleting: bool) -> Result<Action, Error> {
     let ctx = &tctx.ctx;
+    // An approval that does not count (crate::approval::authorize) is not seen by the gate.
+    let ws = ctx.workspace_for(namespace).spec;
+    let approval = crate::approval::approval_of(ts.spec.approval, ws.approval);
+    let (ts, refused) = crate::approval::authorize::screen(ts, "taskservs", approval, ws.require_distinct_approver, ctx)
+        .await
+        .map_err(|e| e.at(Step::Dereference))?;
     let servers = dereference::servers(&ctx.stores.servers, namespace);
     let peers = dereference::peers(&tctx.taskservs, namespace, &ts.name_any());
     // Dereference the config inputs (configFrom, generated secrets). Waiting on the user
@@ -275,7 +281,7 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
         }
     }
     // The stale approval's Warning first, then the plan's events, once the status is written.
-    let notes = stale.into_iter().chain(events.into_iter().map(|e| Note::planned(e, "Reconcile")));
+    let notes = refused.into_iter().chain(stale).chain(events.into_iter().map(|e| Note::planned(e, "Reconcile")));
     report(ts.as_ref(), ts.status.as_ref(), Some(&desired), notes.collect(), ctx).await?;
     // Checkpoint: the results are acknowledged only once the status recording them is written.
     tctx.runs.acknowledge(&key, results.len());
