@@ -310,6 +310,22 @@ impl RetryPolicy {
         let ceiling = self.backoff_ceiling(attempt);
         ceiling.mul_f64(rand::rng().random_range(0.5..=1.0))
     }
+
+    /// How long to wait before attempt `attempt + 1` after `error`, or `None` when the error
+    /// goes back to the caller: `Transient` backs off with jitter; `Throttled` waits the
+    /// provider's Retry-After (plus a little jitter to spread the restart) or the exponential
+    /// backoff when that is longer (EC2 sends no hint: repeated RequestLimitExceeded back off
+    /// further each time); a hint longer than `max_retry_after`, and everything else, is
+    /// returned.
+    pub fn retry_delay(&self, error: &ProviderError, attempt: u32) -> Option<Duration> {
+        match error {
+            ProviderError::Transient(_) => Some(self.backoff(attempt)),
+            ProviderError::Throttled { retry_after } if *retry_after <= self.max_retry_after => {
+                Some((*retry_after + self.backoff(1) / 4).max(self.backoff(attempt)))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Remembers rejected credentials so that they cost at most one call per backoff step.
@@ -372,12 +388,21 @@ impl CallGuard {
     }
 
     /// Runs `op` (the API action `action`) once through the limiter and the auth gate,
-    /// without retrying.
+    /// without retrying. While the account is paused for longer than the policy's
+    /// `max_retry_after`, fails with `Throttled` (the time left) without calling.
     pub async fn once<T, Fut>(&self, action: &str, op: impl FnOnce() -> Fut) -> ProviderResult<T>
     where
         Fut: Future<Output = ProviderResult<T>>,
     {
         self.auth.check()?;
+        // A pause longer than this guard waits through goes back to the caller at once (its
+        // requeue honours it) instead of holding the caller for minutes.
+        if let Some(until) = self.limiter.paused_until() {
+            let remaining = until.saturating_duration_since(Instant::now());
+            if remaining > self.policy.max_retry_after {
+                return Err(ProviderError::Throttled { retry_after: remaining });
+            }
+        }
         let permit = self.limiter.acquire(action).await;
         let result = op().await;
         drop(permit);
@@ -390,11 +415,8 @@ impl CallGuard {
     }
 
     /// Runs `op` (the API action `action`) until it succeeds, fails permanently, or the
-    /// attempts are used up. `Transient` errors back off with jitter; `Throttled` waits the
-    /// provider's Retry-After (holding back the whole account), or the exponential backoff
-    /// when that is longer (EC2 sends no hint: repeated RequestLimitExceeded back off
-    /// further each time); a hint longer than `max_retry_after` is returned to the caller.
-    /// Everything else is returned at once.
+    /// attempts are used up, waiting [`RetryPolicy::retry_delay`] between attempts (a
+    /// `Throttled` answer also holds back the whole account: see [`CallGuard::once`]).
     pub async fn retry<T, Fut>(&self, action: &str, mut op: impl FnMut() -> Fut) -> ProviderResult<T>
     where
         Fut: Future<Output = ProviderResult<T>>,
@@ -403,13 +425,8 @@ impl CallGuard {
         loop {
             attempt += 1;
             let result = self.once(action, &mut op).await;
-            let delay = match &result {
-                Err(ProviderError::Transient(_)) => self.policy.backoff(attempt),
-                Err(ProviderError::Throttled { retry_after }) if *retry_after <= self.policy.max_retry_after => {
-                    // The limiter is paused already; a little jitter spreads the restart.
-                    (*retry_after + self.policy.backoff(1) / 4).max(self.policy.backoff(attempt))
-                }
-                _ => return result,
+            let Some(delay) = result.as_ref().err().and_then(|e| self.policy.retry_delay(e, attempt)) else {
+                return result;
             };
             if attempt >= self.policy.max_attempts {
                 return result;

@@ -4,6 +4,7 @@
 //!   another, even when both tenants call their account by the same name;
 //! - one cloud account used by two tenants under different names shares one limiter: the
 //!   server's Retry-After holds back both;
+//! - a Retry-After longer than the provider waits through goes back to the caller at once;
 //! - calls in flight per account never exceed the cap, and each account has its own cap.
 //!
 //! Counted, not timed: the proxy counts requests and the most in flight at once per
@@ -17,7 +18,7 @@ use std::time::Duration;
 use provisioning_providers::aws::AwsProvider;
 use provisioning_providers::upcloud::UpcloudProvider;
 use provisioning_providers::{Credentials, Provider, ProviderConfig};
-use support::limit_proxy::{EC2_THROTTLED, LimitProxy, ProxyConfig, Throttle};
+use support::limit_proxy::{EC2_THROTTLED, Hold, LimitProxy, ProxyConfig, Throttle};
 use support::moto::Moto;
 use upcloud_double::{DoubleConfig, UpcloudDouble};
 
@@ -58,6 +59,9 @@ fn upcloud_config(name: &str, endpoint: &str, username: &str) -> ProviderConfig 
 /// Workspace account name "prod", other credentials) makes `calls` calls well within the
 /// deadline and A sends nothing more.
 async fn throttled_a_never_delays_b(proxy: &LimitProxy, a: Arc<dyn Provider>, b: Arc<dyn Provider>, a_id: &str, b_id: &str) -> TestResult {
+    // Warm the double up first (moto loads its EC2 backend on the first call: seconds on a
+    // busy machine), so that the deadline below measures the limiter, not the cold start.
+    b.list_servers(&[]).await?;
     let waiting = tokio::spawn(async move { a.list_servers(&[]).await });
     assert!(proxy.wait_for_requests(a_id, 1, Duration::from_secs(20)).await, "account A never called");
     let calls = 20;
@@ -68,9 +72,9 @@ async fn throttled_a_never_delays_b(proxy: &LimitProxy, a: Arc<dyn Provider>, b:
         Ok::<_, provisioning_providers::ProviderError>(())
     };
     // Without per-account limiters B would wait out A's 30 s pause.
-    tokio::time::timeout(Duration::from_secs(10), b_calls).await.map_err(|_| "account B was held back by account A's throttling")??;
+    tokio::time::timeout(Duration::from_secs(20), b_calls).await.map_err(|_| "account B was held back by account A's throttling")??;
     let (a_stats, b_stats) = (proxy.stats(a_id), proxy.stats(b_id));
-    assert_eq!(b_stats.requests, calls, "{b_stats:?}");
+    assert_eq!(b_stats.requests, calls + 1, "{b_stats:?}");
     assert_eq!((a_stats.requests, a_stats.throttled), (1, 1), "A honours Retry-After: no second call while paused");
     assert!(!waiting.is_finished(), "A is still waiting out its Retry-After");
     waiting.abort();
@@ -131,7 +135,13 @@ async fn one_aws_account_under_two_names_shares_the_retry_after_pause() -> TestR
         tokio::spawn(async move { x.list_servers(&[]).await })
     };
     assert!(proxy.wait_for_requests(key, 1, Duration::from_secs(20)).await, "no call arrived");
-    // Y's call goes out only after the pause X was told to take.
+    // Once X has heard the answer (a call sent before that cannot be held back)…
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while y.limiter().paused_until().is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "X never heard its throttling answer");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // …Y's call goes out only after the pause X was told to take.
     tokio::time::timeout(Duration::from_secs(20), y.list_servers(&[])).await??;
     tokio::time::timeout(Duration::from_secs(20), first).await???;
     let stats = proxy.stats(key);
@@ -144,18 +154,57 @@ async fn one_aws_account_under_two_names_shares_the_retry_after_pause() -> TestR
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_retry_after_goes_back_to_the_caller_without_further_calls() -> TestResult {
+    let moto = Moto::start();
+    let key = "AKIALIMITSLONGPAUSE1";
+    let throttle =
+        Throttle { principal: key.into(), status: 503, retry_after: Some("120".into()), body: EC2_THROTTLED.into(), first: None };
+    let proxy = LimitProxy::start(&moto.endpoint, ProxyConfig { throttle: Some(throttle), ..Default::default() }).await?;
+    let mut config = aws_config("long-pause", &proxy.endpoint, key);
+    config.images = [("debian-12".to_string(), "ami-1e749f67".to_string())].into();
+    let provider = provisioning_providers::build_provider(&config)?;
+    let request = provisioning_providers::ServerRequest {
+        identity: provisioning_providers::ServerIdentity {
+            uid: "long-pause-uid-1".into(),
+            namespace: "limits".into(),
+            name: "srv-1".into(),
+            cluster: None,
+        },
+        plan: "small".into(),
+        zone: String::new(),
+        image: "debian-12".into(),
+        ssh_public_key: None,
+        extra_tags: Default::default(),
+        host_key: None,
+    };
+    // Neither the create nor a later call sleeps through 120 s: both return `Throttled` with
+    // the time left (the controller requeues after it), and only the first reached the cloud.
+    for _ in 0..2 {
+        let result = tokio::time::timeout(Duration::from_secs(20), provider.ensure_server(&request)).await?;
+        assert!(
+            matches!(&result, Err(provisioning_providers::ProviderError::Throttled { retry_after }) if *retry_after > Duration::from_secs(60)),
+            "{result:?}"
+        );
+    }
+    let listed = tokio::time::timeout(Duration::from_secs(20), provider.list_servers(&[])).await?;
+    assert!(matches!(listed, Err(provisioning_providers::ProviderError::Throttled { .. })), "{listed:?}");
+    assert_eq!(proxy.stats(key).requests, 1, "{:?}", proxy.stats(key));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_in_flight_per_account_never_exceed_the_cap() -> TestResult {
     let moto = Moto::start();
     let cap = provisioning_providers::aws::MAX_IN_FLIGHT as u64;
-    // The proxy holds each request until the cap is reached (or 1 s passed): with a working
-    // cap exactly `cap` are ever in flight; without one, more arrive while the first wait.
-    let proxy =
-        LimitProxy::start(&moto.endpoint, ProxyConfig { hold_until_in_flight: Some((cap, Duration::from_secs(1))), ..Default::default() })
-            .await?;
+    let calls = 3 * cap;
+    // The proxy holds each request until the account has `cap` in flight (or made its last
+    // calls): with a working cap exactly `cap` are ever in flight; without one, more arrive
+    // while the first wait.
+    let hold = Hold { target: cap, total: calls, patience: Duration::from_secs(20) };
+    let proxy = LimitProxy::start(&moto.endpoint, ProxyConfig { hold: Some(hold), ..Default::default() }).await?;
     let (key_a, key_b) = ("AKIALIMITSINFLIGHTA1", "AKIALIMITSINFLIGHTB1");
     let a = provisioning_providers::build_provider(&aws_config("in-flight", &proxy.endpoint, key_a))?;
     let b = provisioning_providers::build_provider(&aws_config("in-flight", &proxy.endpoint, key_b))?;
-    let calls = 3 * cap;
     let mut tasks = Vec::new();
     for provider in [a, b] {
         for _ in 0..calls {

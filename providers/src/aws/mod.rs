@@ -94,6 +94,7 @@ pub fn default_limits(rate_limit: u32) -> AccountLimits {
 pub fn account_key(endpoint: &str, region: &str, access_key_id: &str) -> AccountKey {
     AccountKey::new("aws", endpoint, region, access_key_id)
 }
+
 /// Instance states that still hold a machine; `terminated` counts as gone.
 const LIVE_STATES: [&str; 5] = ["pending", "running", "stopping", "stopped", "shutting-down"];
 
@@ -495,17 +496,14 @@ impl Provider for AwsProvider {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.ensure(request, &instance_type).await {
-                Err(e) if e.is_retryable() && attempt < self.guard.policy.max_attempts => {
-                    let delay = match &e {
-                        ProviderError::Throttled { retry_after } => *retry_after,
-                        _ => self.guard.policy.backoff(attempt),
-                    };
-                    tracing::debug!(uid = %request.identity.uid, attempt, error = %e, "ensure_server retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                other => return other,
-            }
+            let result = self.ensure(request, &instance_type).await;
+            let delay = match &result {
+                Err(e) if attempt < self.guard.policy.max_attempts => self.guard.policy.retry_delay(e, attempt),
+                _ => None,
+            };
+            let Some(delay) = delay else { return result };
+            tracing::debug!(uid = %request.identity.uid, attempt, error = ?result.as_ref().err(), "ensure_server retrying");
+            tokio::time::sleep(delay).await;
         }
     }
 

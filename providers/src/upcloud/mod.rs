@@ -593,16 +593,13 @@ impl Provider for UpcloudProvider {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.ensure(request, &plan).await {
-                Err(e) if e.is_retryable() && attempt < self.guard.policy.max_attempts => {
-                    let delay = match &e {
-                        ProviderError::Throttled { retry_after } => *retry_after,
-                        _ => self.guard.policy.backoff(attempt),
-                    };
-                    tokio::time::sleep(delay).await;
-                }
-                other => return other,
-            }
+            let result = self.ensure(request, &plan).await;
+            let delay = match &result {
+                Err(e) if attempt < self.guard.policy.max_attempts => self.guard.policy.retry_delay(e, attempt),
+                _ => None,
+            };
+            let Some(delay) = delay else { return result };
+            tokio::time::sleep(delay).await;
         }
     }
 

@@ -32,14 +32,26 @@ pub struct Throttle {
     pub first: Option<u64>,
 }
 
+/// See [`ProxyConfig::hold`].
+#[derive(Clone, Copy, Debug)]
+pub struct Hold {
+    /// Requests of the principal in flight that release the held ones.
+    pub target: u64,
+    /// Requests the principal makes in all (the last ones are released without the target).
+    pub total: u64,
+    /// Longest hold.
+    pub patience: Duration,
+}
+
 /// What the proxy does.
 #[derive(Clone, Debug, Default)]
 pub struct ProxyConfig {
     /// Throttle one principal.
     pub throttle: Option<Throttle>,
-    /// Hold each request until this many of its principal's requests are in flight, or the
-    /// duration passed (makes a concurrency cap observable without timing assumptions).
-    pub hold_until_in_flight: Option<(u64, Duration)>,
+    /// Hold each request until its principal has `target` requests in flight or has made
+    /// `total` requests (the last ones), or `patience` passed (a safety net only): makes a
+    /// concurrency cap observable without timing assumptions.
+    pub hold: Option<Hold>,
     /// Forward with these basic-auth credentials (the UpCloud double knows one user only).
     pub upstream_basic_auth: Option<(String, String)>,
 }
@@ -200,12 +212,12 @@ async fn handle(
     if let Some(t) = throttle {
         return Ok(response(t.status, t.retry_after.as_deref(), &t.body));
     }
-    if let Some((target, patience)) = config.hold_until_in_flight {
-        let until = tokio::time::Instant::now() + patience;
+    if let Some(hold) = config.hold {
+        let until = tokio::time::Instant::now() + hold.patience;
         loop {
             let notified = changed.notified();
-            let now_in_flight = lock(stats).get(&who).map_or(0, |s| s.in_flight);
-            if now_in_flight >= target || tokio::time::timeout_at(until, notified).await.is_err() {
+            let (in_flight, requests) = lock(stats).get(&who).map_or((0, 0), |s| (s.in_flight, s.requests));
+            if in_flight >= hold.target || requests >= hold.total || tokio::time::timeout_at(until, notified).await.is_err() {
                 break;
             }
         }
