@@ -1,17 +1,33 @@
 //! Per-account rate limiting, retries with jittered exponential backoff, Retry-After
 //! handling and the authentication gate shared by the cloud providers (aws, upcloud).
 //!
-//! One [`RateLimiter`] exists per provider account (the registry hands the same limiter to
-//! every provider object of an account), so a throttled account slows down as a whole.
+//! One [`RateLimiter`] exists per provider account *as the cloud sees it* — an [`AccountKey`]
+//! made of the provider type, the API endpoint, the scope the cloud meters by (the AWS
+//! region) and the principal it authenticates (the AWS access key id, the UpCloud API user),
+//! never the account name a tenant chose in its Workspace. So two tenants (or two Workspaces)
+//! using the same cloud credentials share one limiter, and two different cloud accounts never
+//! do: a throttled account never delays another. The registry of limiters is process-wide;
+//! every provider object built for an account gets the same limiter.
+//!
+//! A limiter holds, per account:
+//! - token buckets ([`Buckets`]): one for every call, or one per API action shaped by the
+//!   action's category (Amazon EC2 meters each API action in its own bucket);
+//! - a cap on calls in flight at once ([`AccountLimits::max_in_flight`]);
+//! - an account-wide pause, set when the provider answers 429 / RequestLimitExceeded with a
+//!   Retry-After hint, during which no call of the account is sent.
+//!
 //! The [`AuthGate`] remembers rejected credentials: while its backoff step lasts, calls
 //! fail without touching the network, so bad credentials cost at most one call per step.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
 use rand::Rng;
+use sha2::Digest as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::{ProviderError, ProviderResult};
@@ -21,48 +37,198 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A token bucket: `rate` calls per second with a burst of one second's worth, plus an
-/// account-wide pause set when the provider answers 429/503 with Retry-After.
-#[derive(Debug)]
-pub struct RateLimiter {
-    rate: f64,
-    burst: f64,
-    state: Mutex<BucketState>,
+/// The shape of one token bucket.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BucketSpec {
+    /// Tokens when full: the burst allowed after a quiet spell.
+    pub capacity: f64,
+    /// Tokens added per second: the sustained call rate.
+    pub refill_per_second: f64,
 }
 
-#[derive(Debug)]
-struct BucketState {
-    tokens: f64,
-    refilled_at: Instant,
+impl BucketSpec {
+    /// A bucket of `capacity` tokens refilled at `refill_per_second`.
+    pub const fn new(capacity: f64, refill_per_second: f64) -> Self {
+        BucketSpec { capacity, refill_per_second }
+    }
+
+    /// `calls_per_second` (at least 1) with a burst of one second's worth.
+    pub fn per_second(calls_per_second: u32) -> Self {
+        let rate = f64::from(calls_per_second.max(1));
+        BucketSpec { capacity: rate, refill_per_second: rate }
+    }
+
+    fn sane(self) -> Self {
+        // Never a bucket that cannot hold one token or never refills.
+        BucketSpec { capacity: self.capacity.max(1.0), refill_per_second: self.refill_per_second.max(0.001) }
+    }
+}
+
+/// How an account's calls map to token buckets.
+#[derive(Clone, Copy, Debug)]
+pub enum Buckets {
+    /// One bucket for every call of the account.
+    Account(BucketSpec),
+    /// One bucket per API action, shaped by `shape(action)` (the action's category);
+    /// `name` identifies the classification (two `PerAction` with one name are equal).
+    PerAction {
+        /// Names the classification.
+        name: &'static str,
+        /// The bucket shape of an action.
+        shape: fn(&str) -> BucketSpec,
+    },
+}
+
+impl PartialEq for Buckets {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Buckets::Account(a), Buckets::Account(b)) => a == b,
+            (Buckets::PerAction { name: a, .. }, Buckets::PerAction { name: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// The limits of one provider account.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AccountLimits {
+    /// The token buckets calls take a token from.
+    pub buckets: Buckets,
+    /// Calls of the account in flight at once, at most (at least 1).
+    pub max_in_flight: usize,
+}
+
+/// What identifies one provider account to the cloud's limits: provider type, API endpoint,
+/// metering scope (AWS region; empty where the cloud meters account-wide) and the
+/// authenticated principal. The principal is kept only as a digest, so the key never holds
+/// a credential and can be logged.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct AccountKey(String);
+
+impl AccountKey {
+    /// The key of the account authenticated as `principal` at `endpoint` within `scope`.
+    pub fn new(provider_type: &str, endpoint: &str, scope: &str, principal: &str) -> Self {
+        let digest = sha2::Sha256::digest(principal.as_bytes());
+        let short: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let endpoint = endpoint.trim_end_matches('/');
+        AccountKey(format!("{provider_type}|{endpoint}|{scope}|{short}"))
+    }
+
+    /// The key as text (no credential in it).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for AccountKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The limiter of one provider account: token buckets, an in-flight cap and a pause.
+pub struct RateLimiter {
+    key: AccountKey,
+    state: Mutex<LimiterState>,
+    in_flight: Mutex<Arc<Semaphore>>,
+}
+
+struct LimiterState {
+    limits: AccountLimits,
+    buckets: HashMap<String, Bucket>,
     paused_until: Option<Instant>,
 }
 
-static LIMITERS: LazyLock<Mutex<HashMap<String, Arc<RateLimiter>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+struct Bucket {
+    tokens: f64,
+    refilled_at: Instant,
+}
+
+impl fmt::Debug for RateLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter").field("key", &self.key).field("limits", &self.limits()).finish_non_exhaustive()
+    }
+}
+
+/// A call slot: the call counts as in flight until this is dropped.
+#[derive(Debug)]
+pub struct CallPermit {
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+static LIMITERS: LazyLock<Mutex<HashMap<AccountKey, Weak<RateLimiter>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 impl RateLimiter {
-    /// A limiter allowing `calls_per_second` (at least 1).
-    pub fn new(calls_per_second: u32) -> Self {
-        let rate = f64::from(calls_per_second.max(1));
-        RateLimiter { rate, burst: rate, state: Mutex::new(BucketState { tokens: rate, refilled_at: Instant::now(), paused_until: None }) }
-    }
-
-    /// The limiter of one provider account, shared by every provider object built for it.
-    /// A changed rate replaces the limiter.
-    pub fn for_account(provider_type: &str, account: &str, calls_per_second: u32) -> Arc<RateLimiter> {
-        let key = format!("{provider_type}/{account}");
-        let mut limiters = lock(&LIMITERS);
-        match limiters.get(&key) {
-            Some(existing) if existing.rate == f64::from(calls_per_second.max(1)) => existing.clone(),
-            _ => {
-                let limiter = Arc::new(RateLimiter::new(calls_per_second));
-                limiters.insert(key, limiter.clone());
-                limiter
-            }
+    /// A limiter of its own (not shared through the registry).
+    pub fn new(key: AccountKey, limits: AccountLimits) -> Self {
+        let limits = AccountLimits { max_in_flight: limits.max_in_flight.max(1), ..limits };
+        RateLimiter {
+            key,
+            state: Mutex::new(LimiterState { limits, buckets: HashMap::new(), paused_until: None }),
+            in_flight: Mutex::new(Arc::new(Semaphore::new(limits.max_in_flight))),
         }
     }
 
-    /// Waits for a call slot.
-    pub async fn acquire(&self) {
+    /// The limiter of one provider account, shared by every provider object built for it
+    /// while any of them lives. Changed limits (an operator raised the account's rate) are
+    /// applied in place: the pause and the buckets' tokens carry over.
+    pub fn for_account(key: AccountKey, limits: AccountLimits) -> Arc<RateLimiter> {
+        let mut limiters = lock(&LIMITERS);
+        limiters.retain(|_, limiter| limiter.strong_count() > 0);
+        if let Some(existing) = limiters.get(&key).and_then(Weak::upgrade) {
+            existing.reconfigure(limits);
+            return existing;
+        }
+        let limiter = Arc::new(RateLimiter::new(key.clone(), limits));
+        limiters.insert(key, Arc::downgrade(&limiter));
+        limiter
+    }
+
+    /// The account this limiter serves.
+    pub fn key(&self) -> &AccountKey {
+        &self.key
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> AccountLimits {
+        lock(&self.state).limits
+    }
+
+    fn reconfigure(&self, limits: AccountLimits) {
+        let limits = AccountLimits { max_in_flight: limits.max_in_flight.max(1), ..limits };
+        let mut state = lock(&self.state);
+        if state.limits == limits {
+            return;
+        }
+        tracing::debug!(account = ?self.key, ?limits, "provider account limits changed");
+        if state.limits.max_in_flight != limits.max_in_flight {
+            // Calls holding a slot of the old semaphore finish on it; new calls use the new cap.
+            *lock(&self.in_flight) = Arc::new(Semaphore::new(limits.max_in_flight));
+        }
+        if state.limits.buckets != limits.buckets {
+            state.buckets.clear();
+        }
+        state.limits = limits;
+    }
+
+    /// Calls of the account in flight now.
+    pub fn in_flight(&self) -> usize {
+        let max = lock(&self.state).limits.max_in_flight;
+        max.saturating_sub(lock(&self.in_flight).available_permits())
+    }
+
+    /// Waits for a call slot for `action`: a free in-flight slot first, then (while the
+    /// account is not paused) a token from the action's bucket. The call counts as in
+    /// flight until the returned permit is dropped.
+    pub async fn acquire(&self, action: &str) -> CallPermit {
+        let semaphore = lock(&self.in_flight).clone();
+        // The semaphore is never closed; a closed one would only mean "no cap".
+        let permit = semaphore.acquire_owned().await.ok();
+        self.take_token(action).await;
+        CallPermit { _permit: permit }
+    }
+
+    async fn take_token(&self, action: &str) {
         loop {
             let wait = {
                 let mut state = lock(&self.state);
@@ -71,14 +237,19 @@ impl RateLimiter {
                     Some(until) if until > now => until - now,
                     _ => {
                         state.paused_until = None;
-                        let elapsed = now.saturating_duration_since(state.refilled_at).as_secs_f64();
-                        state.tokens = (state.tokens + elapsed * self.rate).min(self.burst);
-                        state.refilled_at = now;
-                        if state.tokens >= 1.0 {
-                            state.tokens -= 1.0;
+                        let (name, spec) = match state.limits.buckets {
+                            Buckets::Account(spec) => (String::new(), spec.sane()),
+                            Buckets::PerAction { shape, .. } => (action.to_string(), shape(action).sane()),
+                        };
+                        let bucket = state.buckets.entry(name).or_insert(Bucket { tokens: spec.capacity, refilled_at: now });
+                        let elapsed = now.saturating_duration_since(bucket.refilled_at).as_secs_f64();
+                        bucket.tokens = (bucket.tokens + elapsed * spec.refill_per_second).min(spec.capacity);
+                        bucket.refilled_at = now;
+                        if bucket.tokens >= 1.0 {
+                            bucket.tokens -= 1.0;
                             return;
                         }
-                        Duration::from_secs_f64((1.0 - state.tokens) / self.rate)
+                        Duration::from_secs_f64((1.0 - bucket.tokens) / spec.refill_per_second)
                     }
                 }
             };
@@ -93,6 +264,11 @@ impl RateLimiter {
         if state.paused_until.is_none_or(|current| current < until) {
             state.paused_until = Some(until);
         }
+    }
+
+    /// When the account's pause ends, if it is paused.
+    pub fn paused_until(&self) -> Option<Instant> {
+        lock(&self.state).paused_until.filter(|until| *until > Instant::now())
     }
 }
 
@@ -133,6 +309,22 @@ impl RetryPolicy {
     pub fn backoff(&self, attempt: u32) -> Duration {
         let ceiling = self.backoff_ceiling(attempt);
         ceiling.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+
+    /// How long to wait before attempt `attempt + 1` after `error`, or `None` when the error
+    /// goes back to the caller: `Transient` backs off with jitter; `Throttled` waits the
+    /// provider's Retry-After (plus a little jitter to spread the restart) or the exponential
+    /// backoff when that is longer (EC2 sends no hint: repeated RequestLimitExceeded back off
+    /// further each time); a hint longer than `max_retry_after`, and everything else, is
+    /// returned.
+    pub fn retry_delay(&self, error: &ProviderError, attempt: u32) -> Option<Duration> {
+        match error {
+            ProviderError::Transient(_) => Some(self.backoff(attempt)),
+            ProviderError::Throttled { retry_after } if *retry_after <= self.max_retry_after => {
+                Some((*retry_after + self.backoff(1) / 4).max(self.backoff(attempt)))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -190,49 +382,56 @@ pub struct CallGuard {
 }
 
 impl CallGuard {
-    /// A guard for one account.
-    pub fn new(provider_type: &str, account: &str, calls_per_second: u32, policy: RetryPolicy) -> Self {
-        CallGuard { limiter: RateLimiter::for_account(provider_type, account, calls_per_second), auth: AuthGate::default(), policy }
+    /// A guard for one account (its limiter shared with every other guard of the account).
+    pub fn new(key: AccountKey, limits: AccountLimits, policy: RetryPolicy) -> Self {
+        CallGuard { limiter: RateLimiter::for_account(key, limits), auth: AuthGate::default(), policy }
     }
 
-    /// Runs `op` once through the limiter and the auth gate, without retrying.
-    pub async fn once<T, Fut>(&self, op: impl FnOnce() -> Fut) -> ProviderResult<T>
+    /// Runs `op` (the API action `action`) once through the limiter and the auth gate,
+    /// without retrying. While the account is paused for longer than the policy's
+    /// `max_retry_after`, fails with `Throttled` (the time left) without calling.
+    pub async fn once<T, Fut>(&self, action: &str, op: impl FnOnce() -> Fut) -> ProviderResult<T>
     where
         Fut: Future<Output = ProviderResult<T>>,
     {
         self.auth.check()?;
-        self.limiter.acquire().await;
+        // A pause longer than this guard waits through goes back to the caller at once (its
+        // requeue honours it) instead of holding the caller for minutes.
+        if let Some(until) = self.limiter.paused_until() {
+            let remaining = until.saturating_duration_since(Instant::now());
+            if remaining > self.policy.max_retry_after {
+                return Err(ProviderError::Throttled { retry_after: remaining });
+            }
+        }
+        let permit = self.limiter.acquire(action).await;
         let result = op().await;
+        drop(permit);
         if let Err(ProviderError::Throttled { retry_after }) = &result {
+            tracing::debug!(account = ?self.limiter.key(), action, retry_after_ms = retry_after.as_millis() as u64, "provider throttled the account");
             self.limiter.pause_for(*retry_after);
         }
         self.auth.record(&result);
         result
     }
 
-    /// Runs `op` until it succeeds, fails permanently, or the attempts are used up.
-    /// `Transient` errors back off with jitter; `Throttled` waits the provider's Retry-After
-    /// (holding back the whole account); everything else is returned at once.
-    pub async fn retry<T, Fut>(&self, mut op: impl FnMut() -> Fut) -> ProviderResult<T>
+    /// Runs `op` (the API action `action`) until it succeeds, fails permanently, or the
+    /// attempts are used up, waiting [`RetryPolicy::retry_delay`] between attempts (a
+    /// `Throttled` answer also holds back the whole account: see [`CallGuard::once`]).
+    pub async fn retry<T, Fut>(&self, action: &str, mut op: impl FnMut() -> Fut) -> ProviderResult<T>
     where
         Fut: Future<Output = ProviderResult<T>>,
     {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let result = self.once(&mut op).await;
-            let delay = match &result {
-                Err(ProviderError::Transient(_)) => self.policy.backoff(attempt),
-                Err(ProviderError::Throttled { retry_after }) if *retry_after <= self.policy.max_retry_after => {
-                    // The limiter is paused already; a little jitter spreads the restart.
-                    *retry_after + self.policy.backoff(1) / 4
-                }
-                _ => return result,
+            let result = self.once(action, &mut op).await;
+            let Some(delay) = result.as_ref().err().and_then(|e| self.policy.retry_delay(e, attempt)) else {
+                return result;
             };
             if attempt >= self.policy.max_attempts {
                 return result;
             }
-            tracing::debug!(attempt, delay_ms = delay.as_millis() as u64, error = ?result.as_ref().err(), "retrying provider call");
+            tracing::debug!(attempt, action, delay_ms = delay.as_millis() as u64, error = ?result.as_ref().err(), "retrying provider call");
             tokio::time::sleep(delay).await;
         }
     }
@@ -323,11 +522,11 @@ mod tests {
 
     #[tokio::test]
     async fn auth_failures_cost_one_call_per_step() {
-        let guard = CallGuard::new("test", "auth-gate", 1000, RetryPolicy::default());
+        let guard = CallGuard::new(key("auth-gate"), limits(1000, 8), RetryPolicy::default());
         let calls = std::sync::atomic::AtomicU32::new(0);
         for _ in 0..5 {
             let r: ProviderResult<()> = guard
-                .retry(|| async {
+                .retry("Call", || async {
                     calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     Err(ProviderError::Auth("denied".into()))
                 })
@@ -339,10 +538,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn transient_errors_are_retried_a_bounded_number_of_times() {
-        let guard = CallGuard::new("test", "transient", 1000, RetryPolicy::default());
+        let guard = CallGuard::new(key("transient"), limits(1000, 8), RetryPolicy::default());
         let calls = std::sync::atomic::AtomicU32::new(0);
         let r: ProviderResult<()> = guard
-            .retry(|| async {
+            .retry("Call", || async {
                 calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 Err(ProviderError::Transient("boom".into()))
             })
@@ -353,12 +552,127 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn limiter_spaces_calls() {
-        let limiter = RateLimiter::new(10);
+        let limiter = RateLimiter::new(key("spaces"), limits(10, 8));
         let start = Instant::now();
         for _ in 0..30 {
-            limiter.acquire().await;
+            drop(limiter.acquire("Call").await);
         }
         // 10 from the burst, 20 more at 10/s.
         assert!(start.elapsed() >= Duration::from_millis(1900), "{:?}", start.elapsed());
+    }
+
+    fn key(principal: &str) -> AccountKey {
+        AccountKey::new("test", "http://127.0.0.1:1/", "", principal)
+    }
+
+    fn limits(calls_per_second: u32, max_in_flight: usize) -> AccountLimits {
+        AccountLimits { buckets: Buckets::Account(BucketSpec::per_second(calls_per_second)), max_in_flight }
+    }
+
+    fn by_verb(action: &str) -> BucketSpec {
+        if action.starts_with("Describe") { BucketSpec::new(100.0, 20.0) } else { BucketSpec::new(50.0, 5.0) }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_action_has_its_own_bucket_of_its_category() {
+        let limiter = RateLimiter::new(
+            key("per-action"),
+            AccountLimits { buckets: Buckets::PerAction { name: "by-verb", shape: by_verb }, max_in_flight: 1000 },
+        );
+        let start = Instant::now();
+        for _ in 0..50 {
+            drop(limiter.acquire("RunInstances").await);
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "the mutating burst is 50");
+        // RunInstances' bucket is empty: neither another action of the category nor a
+        // Describe waits for it.
+        for _ in 0..50 {
+            drop(limiter.acquire("TerminateInstances").await);
+        }
+        for _ in 0..100 {
+            drop(limiter.acquire("DescribeInstances").await);
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "other actions have buckets of their own");
+        // The 51st RunInstances waits for a refill at 5 per second: 10 more take 2 s.
+        for _ in 0..10 {
+            drop(limiter.acquire("RunInstances").await);
+        }
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        // The 101st DescribeInstances refills at 20 per second (2 s elapsed: 40 are back).
+        for _ in 0..60 {
+            drop(limiter.acquire("DescribeInstances").await);
+        }
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_in_flight_never_exceed_the_cap() {
+        let limiter = Arc::new(RateLimiter::new(key("in-flight"), limits(1000, 3)));
+        let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let max_seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..12 {
+            let (limiter, held, max_seen) = (limiter.clone(), held.clone(), max_seen.clone());
+            tasks.push(tokio::spawn(async move {
+                let permit = limiter.acquire("Call").await;
+                let now = held.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                max_seen.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                held.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                drop(permit);
+            }));
+        }
+        for task in tasks {
+            assert!(task.await.is_ok());
+        }
+        assert_eq!(max_seen.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(limiter.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_key_is_the_cloud_account_not_the_chosen_name() {
+        let a = AccountKey::new("aws", "https://ec2.eu-north-1.amazonaws.com/", "eu-north-1", "AKIAONE");
+        assert_eq!(a, AccountKey::new("aws", "https://ec2.eu-north-1.amazonaws.com", "eu-north-1", "AKIAONE"));
+        assert_ne!(a, AccountKey::new("aws", "https://ec2.eu-north-1.amazonaws.com/", "eu-north-1", "AKIATWO"));
+        assert_ne!(a, AccountKey::new("aws", "https://ec2.eu-west-1.amazonaws.com/", "eu-west-1", "AKIAONE"));
+        assert!(!format!("{a:?}").contains("AKIAONE"), "the principal is kept as a digest only");
+    }
+
+    #[tokio::test]
+    async fn one_limiter_per_account_and_changed_limits_keep_the_pause() {
+        let first = RateLimiter::for_account(key("shared"), limits(10, 4));
+        first.pause_for(Duration::from_secs(60));
+        let second = RateLimiter::for_account(key("shared"), limits(20, 8));
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(second.limits(), limits(20, 8));
+        assert!(second.paused_until().is_some(), "a new configuration does not lift the provider's pause");
+        let other = RateLimiter::for_account(key("someone-else"), limits(20, 8));
+        assert!(!Arc::ptr_eq(&first, &other));
+        assert!(other.paused_until().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttling_without_a_hint_backs_off_further_each_time() {
+        let policy = RetryPolicy { base_delay: Duration::from_secs(1), max_delay: Duration::from_secs(30), ..RetryPolicy::default() };
+        let guard = CallGuard::new(key("no-hint"), limits(1000, 8), policy);
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let r: ProviderResult<()> = guard
+            .retry("Call", || {
+                let calls = calls.clone();
+                async move {
+                    lock(&calls).push(start.elapsed());
+                    Err(ProviderError::Throttled { retry_after: DEFAULT_RETRY_AFTER })
+                }
+            })
+            .await;
+        assert!(matches!(r, Err(ProviderError::Throttled { .. })));
+        let calls = lock(&calls).clone();
+        assert_eq!(calls.len(), 6);
+        let gaps: Vec<Duration> = calls.windows(2).map(|w| w[1] - w[0]).collect();
+        // Never sooner than the hint; later gaps follow the exponential backoff (the fifth:
+        // ceiling 16 s, at least half of it).
+        assert!(gaps.iter().all(|g| *g >= DEFAULT_RETRY_AFTER), "{gaps:?}");
+        assert!(gaps[4] >= Duration::from_secs(8), "{gaps:?}");
     }
 }

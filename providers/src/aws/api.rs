@@ -105,6 +105,11 @@ impl Ec2Client {
         Ok(Ec2Client { account: config.name.clone(), endpoint: url.to_string(), region: region.to_string(), identity, secrets, http })
     }
 
+    /// The endpoint called (normalised URL).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
     /// Serialises and signs one call.
     pub fn prepare(&self, action: &str, params: &[(String, String)]) -> ProviderResult<PreparedRequest> {
         let mut form = form_urlencoded::Serializer::new(String::new());

@@ -3,8 +3,11 @@
 //! Machines are found by their identity tags (`DescribeInstances` with tag filters) before
 //! one is created, because a lost RunInstances response must never lead to a second machine
 //! and emulators ignore ClientToken (sent anyway: real EC2 honours it). Terminated instances
-//! count as gone. Every call goes through the account's rate limiter; transient failures are
-//! retried with jittered backoff, 429/503 honour Retry-After, auth failures are Permanent.
+//! count as gone. Every call goes through the account's rate limiter (keyed by endpoint,
+//! region and access key id: see [`account_key`]; EC2's documented per-action token buckets
+//! by default: see [`ec2_bucket`]); transient failures are retried with jittered backoff,
+//! 429/503 and RequestLimitExceeded honour Retry-After and back off exponentially, auth
+//! failures are Permanent.
 //!
 //! Safe defaults: instances require IMDSv2 (`MetadataOptions.HttpTokens=required`: no
 //! token-less metadata reads from an SSRF), start in the account's subnet, and join the
@@ -28,7 +31,7 @@ use self::model::{
     CreateSecurityGroupResponse, DescribeInstancesResponse, DescribeRegionsResponse, DescribeSecurityGroupsResponse,
     DescribeSubnetsResponse, Instance, RunInstancesResponse, TerminateInstancesResponse,
 };
-use crate::ratelimit::{CallGuard, RetryPolicy};
+use crate::ratelimit::{AccountKey, AccountLimits, BucketSpec, Buckets, CallGuard, RateLimiter, RetryPolicy};
 use crate::ssh::SshExecutor;
 use crate::{
     Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, NetworkSettings, Provider, ProviderConfig, ProviderError, ProviderId,
@@ -55,7 +58,43 @@ pub const IMAGES: [(&str, &str, &str); 3] = [
 ];
 
 const DEFAULT_REGION: &str = "us-east-1";
-const DEFAULT_RATE: u32 = 20;
+
+/// Amazon EC2 throttles each API action of an account and region in a token bucket of its
+/// own, shaped by the action's category ("Request throttling for the Amazon EC2 API",
+/// <https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html>, request
+/// token bucket sizes and refill rates): non-mutating actions (`Describe*`, `Get*`, `List*`,
+/// `Search*`) hold 100 tokens refilled at 20 per second; mutating, resource-intensive
+/// (RunInstances, TerminateInstances, AuthorizeSecurityGroupIngress, …) and uncategorised
+/// actions hold 50 refilled at 5 per second. (Unfiltered, unpaginated Describe calls have a
+/// smaller bucket, 50 at 10 per second; this provider always filters them.)
+pub fn ec2_bucket(action: &str) -> BucketSpec {
+    const NON_MUTATING: [&str; 4] = ["Describe", "Get", "List", "Search"];
+    if NON_MUTATING.iter().any(|prefix| action.starts_with(prefix)) { BucketSpec::new(100.0, 20.0) } else { BucketSpec::new(50.0, 5.0) }
+}
+
+/// Calls of one account in flight at once. EC2 documents no concurrency limit; 16 spreads a
+/// full Describe burst over several round trips without holding a socket per Server.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// The limits of an account: EC2's documented per-action buckets ([`ec2_bucket`]), or, when
+/// the Workspace sets `rateLimit` (an account whose limits AWS raised, or a test emulator),
+/// one bucket of that many calls per second for every call.
+pub fn default_limits(rate_limit: u32) -> AccountLimits {
+    let buckets = if rate_limit == 0 {
+        Buckets::PerAction { name: "ec2-documented", shape: ec2_bucket }
+    } else {
+        Buckets::Account(BucketSpec::per_second(rate_limit))
+    };
+    AccountLimits { buckets, max_in_flight: MAX_IN_FLIGHT }
+}
+
+/// EC2 meters an AWS account per region. The account is known here by its access key id
+/// (every principal of an account could share the bucket; an access key is the closest
+/// identity available without an extra STS call), at the endpoint actually called.
+pub fn account_key(endpoint: &str, region: &str, access_key_id: &str) -> AccountKey {
+    AccountKey::new("aws", endpoint, region, access_key_id)
+}
+
 /// Instance states that still hold a machine; `terminated` counts as gone.
 const LIVE_STATES: [&str; 5] = ["pending", "running", "stopping", "stopped", "shutting-down"];
 
@@ -90,12 +129,14 @@ impl AwsProvider {
     /// Builds the provider; fails on missing credentials or a malformed endpoint.
     pub fn new(config: &ProviderConfig) -> ProviderResult<Self> {
         let region = if config.region.is_empty() { DEFAULT_REGION.to_string() } else { config.region.clone() };
-        let rate = if config.rate_limit == 0 { DEFAULT_RATE } else { config.rate_limit };
+        let client = Ec2Client::new(config, &region)?;
+        let access_key_id = config.credentials.get("AWS_ACCESS_KEY_ID").unwrap_or_default();
+        let key = account_key(client.endpoint(), &region, access_key_id);
         Ok(AwsProvider {
             account: config.name.clone(),
-            client: Ec2Client::new(config, &region)?,
+            client,
+            guard: CallGuard::new(key, default_limits(config.rate_limit), RetryPolicy::default()),
             region,
-            guard: CallGuard::new("aws", &config.name, rate, RetryPolicy::default()),
             images: config.images.clone(),
             resolved_images: Mutex::new(HashMap::new()),
             ssh: SshExecutor::new(config, "admin"),
@@ -105,13 +146,18 @@ impl AwsProvider {
         })
     }
 
+    /// The account's limiter (shared by every provider of the same cloud account).
+    pub fn limiter(&self) -> &Arc<RateLimiter> {
+        &self.guard.limiter
+    }
+
     /// The raw transport (benchmarks measure signing and parsing through it).
     pub fn client(&self) -> &Ec2Client {
         &self.client
     }
 
     async fn call_retrying(&self, action: &str, params: &[(String, String)]) -> ProviderResult<String> {
-        self.guard.retry(|| self.client.call(action, params)).await
+        self.guard.retry(action, || self.client.call(action, params)).await
     }
 
     async fn describe(&self, params: Vec<(String, String)>) -> ProviderResult<Vec<Instance>> {
@@ -250,7 +296,7 @@ impl AwsProvider {
             if let Some(vpc) = &vpc {
                 params.push(("VpcId".into(), vpc.clone()));
             }
-            let xml = match self.guard.once(|| self.client.call("CreateSecurityGroup", &params)).await {
+            let xml = match self.guard.once("CreateSecurityGroup", || self.client.call("CreateSecurityGroup", &params)).await {
                 Ok(xml) => xml,
                 Err(e) if api::is_code(&e, "InvalidGroup.Duplicate") && attempts < 3 => {
                     tracing::debug!(account = %self.account, "the managed security group was created meanwhile; using it");
@@ -323,7 +369,7 @@ impl AwsProvider {
         }
         // Exactly one attempt: if the response is lost, the caller's next attempt looks the
         // machine up by tag first instead of creating again.
-        let xml = self.guard.once(|| self.client.call("RunInstances", &params)).await?;
+        let xml = self.guard.once("RunInstances", || self.client.call("RunInstances", &params)).await?;
         let parsed: RunInstancesResponse = self.client.parse("RunInstances", &xml)?;
         let instance =
             parsed.instances.items.first().ok_or_else(|| ProviderError::Transient("EC2 RunInstances returned no instance".into()))?;
@@ -450,17 +496,14 @@ impl Provider for AwsProvider {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.ensure(request, &instance_type).await {
-                Err(e) if e.is_retryable() && attempt < self.guard.policy.max_attempts => {
-                    let delay = match &e {
-                        ProviderError::Throttled { retry_after } => *retry_after,
-                        _ => self.guard.policy.backoff(attempt),
-                    };
-                    tracing::debug!(uid = %request.identity.uid, attempt, error = %e, "ensure_server retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                other => return other,
-            }
+            let result = self.ensure(request, &instance_type).await;
+            let delay = match &result {
+                Err(e) if attempt < self.guard.policy.max_attempts => self.guard.policy.retry_delay(e, attempt),
+                _ => None,
+            };
+            let Some(delay) = delay else { return result };
+            tracing::debug!(uid = %request.identity.uid, attempt, error = ?result.as_ref().err(), "ensure_server retrying");
+            tokio::time::sleep(delay).await;
         }
     }
 

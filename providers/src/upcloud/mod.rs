@@ -25,7 +25,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use self::model::*;
-use crate::ratelimit::{CallGuard, RetryPolicy, classify_status, redact, transport_error};
+use crate::ratelimit::{
+    AccountKey, AccountLimits, BucketSpec, Buckets, CallGuard, RateLimiter, RetryPolicy, classify_status, redact, transport_error,
+};
 use crate::ssh::SshExecutor;
 use crate::{
     Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId, ProviderResult,
@@ -54,7 +56,30 @@ pub const TEMPLATES: [(&str, &str); 3] = [
 
 const DEFAULT_ENDPOINT: &str = "https://api.upcloud.com";
 const DEFAULT_ZONE: &str = "fi-hel1";
-const DEFAULT_RATE: u32 = 10;
+/// UpCloud's API documentation (<https://developers.upcloud.com/1.3/>) states no numeric
+/// request-rate limit: it answers `429 Too Many Requests` when a client goes too fast, and
+/// resource limits (cores, memory, IPs) per account are read from `GET /1.3/account`. So the
+/// default stays conservative — one bucket of 10 calls per second with a burst of 10 for
+/// every call of an API user — and the server's 429 with Retry-After pauses the account.
+/// A Workspace's `rateLimit` replaces the rate.
+pub const DEFAULT_RATE: u32 = 10;
+
+/// Calls of one API user in flight at once (UpCloud documents none; server creation holds
+/// a call for seconds, so a handful in parallel is plenty).
+pub const MAX_IN_FLIGHT: usize = 8;
+
+/// The limits of an account: [`DEFAULT_RATE`] or the Workspace's `rateLimit`, and
+/// [`MAX_IN_FLIGHT`].
+pub fn default_limits(rate_limit: u32) -> AccountLimits {
+    let rate = if rate_limit == 0 { DEFAULT_RATE } else { rate_limit };
+    AccountLimits { buckets: Buckets::Account(BucketSpec::per_second(rate)), max_in_flight: MAX_IN_FLIGHT }
+}
+
+/// UpCloud authenticates (and meters) an API user, account-wide across zones; the account
+/// is known here by that user name at the endpoint actually called.
+pub fn account_key(endpoint: &str, username: &str) -> AccountKey {
+    AccountKey::new("upcloud", endpoint, "", username)
+}
 const LABEL_PREFIX: &str = "provisioning.dev/";
 const UPCLOUD_LABEL_PREFIX: &str = "provisioning_";
 
@@ -254,20 +279,26 @@ impl UpcloudProvider {
             .timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| ProviderError::Permanent(format!("cannot build the HTTP client: {e}")))?;
-        let rate = if config.rate_limit == 0 { DEFAULT_RATE } else { config.rate_limit };
+        let endpoint = endpoint.trim_end_matches('/').to_string();
+        let key = account_key(&endpoint, username);
         Ok(UpcloudProvider {
             account: config.name.clone(),
-            endpoint: endpoint.trim_end_matches('/').to_string(),
+            endpoint,
             zone: if config.zone.is_empty() { DEFAULT_ZONE.to_string() } else { config.zone.clone() },
             username: username.to_string(),
             password: password.to_string(),
             http,
-            guard: CallGuard::new("upcloud", &config.name, rate, RetryPolicy::default()),
+            guard: CallGuard::new(key, default_limits(config.rate_limit), RetryPolicy::default()),
             images: config.images.clone(),
             ssh: SshExecutor::new(config, "root"),
             firewall: firewall_rules(&config.network)?,
             ensuring: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The account's limiter (shared by every provider of the same API user).
+    pub fn limiter(&self) -> &Arc<RateLimiter> {
+        &self.guard.limiter
     }
 
     fn clean(&self, text: &str) -> String {
@@ -305,7 +336,7 @@ impl UpcloudProvider {
         query: &[(String, String)],
         body: Option<&str>,
     ) -> ProviderResult<(u16, String)> {
-        self.guard.retry(|| self.call(method(), path, query, body.map(str::to_string))).await
+        self.guard.retry(path, || self.call(method(), path, query, body.map(str::to_string))).await
     }
 
     fn parse<T: serde::de::DeserializeOwned>(what: &str, body: &str) -> ProviderResult<T> {
@@ -455,7 +486,7 @@ impl UpcloudProvider {
         let body = serde_json::to_string(&self.create_body(request, plan, &template))
             .map_err(|e| ProviderError::Permanent(format!("cannot serialise the create request: {e}")))?;
         // One attempt: after a lost response the next attempt finds the server by label.
-        let (_, response) = self.guard.once(|| self.call(Method::Post, "/server", &[], Some(body.clone()))).await?;
+        let (_, response) = self.guard.once("/server", || self.call(Method::Post, "/server", &[], Some(body.clone()))).await?;
         let created: ServerDetailsResponse = Self::parse("create server", &response)?;
         tracing::info!(account = %self.account, uid = %request.identity.uid, server = %created.server.uuid, "created UpCloud server");
         self.ensure_firewall(&created.server.uuid).await?;
@@ -562,16 +593,13 @@ impl Provider for UpcloudProvider {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.ensure(request, &plan).await {
-                Err(e) if e.is_retryable() && attempt < self.guard.policy.max_attempts => {
-                    let delay = match &e {
-                        ProviderError::Throttled { retry_after } => *retry_after,
-                        _ => self.guard.policy.backoff(attempt),
-                    };
-                    tokio::time::sleep(delay).await;
-                }
-                other => return other,
-            }
+            let result = self.ensure(request, &plan).await;
+            let delay = match &result {
+                Err(e) if attempt < self.guard.policy.max_attempts => self.guard.policy.retry_delay(e, attempt),
+                _ => None,
+            };
+            let Some(delay) = delay else { return result };
+            tokio::time::sleep(delay).await;
         }
     }
 

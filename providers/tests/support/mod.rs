@@ -1,9 +1,10 @@
-//! Test harnesses shared by the provider tests: the moto server, a real sshd and the
-//! fault-injecting proxy (the UpCloud test double is the `upcloud-double` crate, shared with
-//! the end-to-end tests). Each test binary uses a subset.
+//! Test harnesses shared by the provider tests: the moto server, a real sshd, the
+//! fault-injecting proxy and the account-limits proxy (the UpCloud test double is the
+//! `upcloud-double` crate, shared with the end-to-end tests). Each test binary uses a subset.
 #![allow(dead_code)]
 
 pub mod fault_proxy;
+pub mod limit_proxy;
 pub mod moto;
 pub mod sshd;
 
