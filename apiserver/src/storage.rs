@@ -252,7 +252,11 @@ fn serialize_with_rv_slot(value: &Value) -> Result<(Vec<u8>, Option<usize>), ser
     let mut out = Vec::with_capacity(2048);
     let mut slot = None;
     out.push(b'{');
-    for (i, (k, v)) in top.iter().enumerate() {
+    // Built-in kinds as upstream's typed encoder writes them: `kind` first, then `apiVersion`
+    // (custom resources stay in key order, as upstream's unstructured encoder writes them).
+    let kind = top.get_key_value("kind").filter(|_| builtin_api_version(top.get("apiVersion")));
+    let rest = top.iter().filter(|(k, _)| kind.is_none() || k.as_str() != "kind");
+    for (i, (k, v)) in kind.into_iter().chain(rest).enumerate() {
         if i > 0 {
             out.push(b',');
         }
@@ -287,6 +291,16 @@ fn serialize_with_rv_slot(value: &Value) -> Result<(Vec<u8>, Option<usize>), ser
     // Room for the revision's digits, so that the writer's splice does not reallocate.
     out.reserve(20);
     Ok((out, slot))
+}
+
+/// Whether `api_version` is a built-in group's (the core group, a group without a dot, or one
+/// under `k8s.io`, which CRDs may not take without upstream's approval annotation).
+fn builtin_api_version(api_version: Option<&Value>) -> bool {
+    let Some(av) = api_version.and_then(Value::as_str) else { return false };
+    match av.rsplit_once('/') {
+        None => true,
+        Some((group, _)) => !group.contains('.') || group.ends_with(".k8s.io"),
+    }
 }
 
 enum Msg {
@@ -783,7 +797,7 @@ fn stage(batch: Vec<WriteReq>, state: &RwLock<State>, base_rv: u64) -> (Vec<Stag
                 WriteOp::Delete => {
                     let mut value = current.as_ref().map(|c| c.value()).unwrap_or(Value::Null);
                     set_rv(&mut value, rv);
-                    let bytes = Bytes::from(serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?);
+                    let bytes = Bytes::from(serialize_with_rv_slot(&value).map_err(|e| StoreError::Internal(e.to_string()))?.0);
                     Arc::new(Entry::from_value(req.key.clone(), rv, &value, bytes))
                 }
             };
@@ -915,7 +929,14 @@ mod tests {
             let mut expected = v.clone();
             set_rv(&mut expected, rv);
             let got = Prepared::new(key("x"), v)?.finish(rv);
-            assert_eq!(std::str::from_utf8(&got.bytes)?, serde_json::to_string(&expected)?, "value {i}");
+            assert_eq!(serde_json::from_slice::<Value>(&got.bytes)?, expected, "value {i}");
+            let text = std::str::from_utf8(&got.bytes)?;
+            if i == 0 {
+                // A built-in kind: `kind` first, as upstream's typed encoder writes it.
+                assert!(text.starts_with(r#"{"kind":"ConfigMap","apiVersion":"v1","data":"#), "{text}");
+            } else {
+                assert_eq!(text, serde_json::to_string(&expected)?, "value {i}");
+            }
             assert_eq!(got.rv, rv);
         }
         Ok(())

@@ -358,6 +358,12 @@ async fn core_and_workload_kinds_answer_like_a_cluster_without_nodes() -> TestRe
     );
     assert!(!bad.ok, "a misspelt Pod field was accepted: {}", bad.stdout);
 
+    // Single built-in objects as upstream's typed encoder writes them: `kind` first.
+    let raw = k(&["get", "--raw", "/api/v1/namespaces/work/pods/p1"], None);
+    assert!(raw.stdout.starts_with(r#"{"kind":"Pod","apiVersion":"v1","metadata":"#), "{}", raw.stdout);
+    let raw = k(&["get", "--raw", "/apis/batch/v1/namespaces/work/jobs/job1"], None);
+    assert!(raw.stdout.starts_with(r#"{"kind":"Job","apiVersion":"batch/v1","#), "{}", raw.stdout);
+
     let ns = k(&["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.namespace}"], None);
     assert!(ns.ok && ns.stdout.is_empty(), "the kubeconfig's context names a namespace: {:?}", ns.stdout);
     let can = k(&["auth", "can-i", "list", "nodes"], None);
