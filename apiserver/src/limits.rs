@@ -231,8 +231,9 @@ mod tests {
         for i in 0..100 {
             drop(l.admit(&user(&format!("u{i}")), i % 2 == 0)?);
         }
-        assert!(l.held().users.is_empty());
-        assert_eq!((l.held().total.in_flight, l.held().total.watches), (0, 0));
+        let held = l.held();
+        assert!(held.users.is_empty());
+        assert_eq!((held.total.in_flight, held.total.watches), (0, 0));
         Ok(())
     }
 }
