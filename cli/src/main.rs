@@ -140,20 +140,20 @@ struct ApiLimitArgs {
     #[arg(long, value_parser = provisioning_apiserver::parse_duration)]
     min_request_timeout: Option<Duration>,
     /// Requests in flight (not watches) of all non-exempt users together (default 400).
-    #[arg(long)]
-    max_requests_inflight: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_requests_inflight: Option<u64>,
     /// Requests in flight (not watches) of one user (default 100); beyond: 429.
-    #[arg(long)]
-    max_requests_inflight_per_user: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_requests_inflight_per_user: Option<u64>,
     /// Open watches of all non-exempt users together (default 10000).
-    #[arg(long)]
-    max_watches: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_watches: Option<u64>,
     /// Open watches of one user (default 500); beyond: 429.
-    #[arg(long)]
-    max_watches_per_user: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_watches_per_user: Option<u64>,
     /// Open connections from one peer address (default 1024).
-    #[arg(long)]
-    max_connections_per_peer: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections_per_peer: Option<u64>,
     /// A user never refused by the per-user caps (repeatable; replaces the default, the
     /// controller's ServiceAccount; system:masters is always exempt).
     #[arg(long = "limits-exempt-user")]
@@ -162,7 +162,7 @@ struct ApiLimitArgs {
 
 impl ApiLimitArgs {
     fn apply(&self, limits: &mut provisioning_apiserver::Limits) {
-        let set = |v: Option<usize>, to: &mut usize| *to = v.unwrap_or(*to);
+        let set = |v: Option<u64>, to: &mut usize| *to = v.map_or(*to, |n| usize::try_from(n).unwrap_or(usize::MAX));
         limits.min_request_timeout = self.min_request_timeout.unwrap_or(limits.min_request_timeout);
         set(self.max_requests_inflight, &mut limits.max_requests_in_flight);
         set(self.max_requests_inflight_per_user, &mut limits.max_requests_in_flight_per_user);

@@ -193,7 +193,15 @@ fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
 /// The form of a POST: at most [`MAX_FORM`] bytes, all of them within `timeout` (a client
 /// trickling a body would hold its connection and a task forever; 408 after it).
 async fn read_form(req: Request<Incoming>, timeout: Duration) -> Result<HashMap<String, String>, Response<Body>> {
-    let body = match tokio::time::timeout(timeout, Limited::new(req.into_body(), MAX_FORM).collect()).await {
+    read_form_body(req.into_body(), timeout).await
+}
+
+async fn read_form_body<B>(body: B, timeout: Duration) -> Result<HashMap<String, String>, Response<Body>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let body = match tokio::time::timeout(timeout, Limited::new(body, MAX_FORM).collect()).await {
         Err(_) => {
             let m = format!("The form did not arrive within {} s.", timeout.as_secs());
             return Err(html(StatusCode::REQUEST_TIMEOUT, render::message_page("Request timeout", &m)));
@@ -476,5 +484,34 @@ async fn action(state: &ConsoleState, id: &str, session: &Session, form: HashMap
             }
         }
         Err(e) => failure(state, id, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_form_that_never_ends_is_408_and_a_large_one_413() -> anyhow::Result<()> {
+        // A body that sends a few bytes and then nothing, as a slowloris client does.
+        let first = futures::stream::iter([Ok::<_, Infallible>(hyper::body::Frame::data(Bytes::from_static(b"token=ab")))]);
+        let trickle = http_body_util::StreamBody::new(futures::StreamExt::chain(first, futures::stream::pending()));
+        let started = std::time::Instant::now();
+        // The outer timeout turns a read that never ends into a failure instead of a hang.
+        let refused = tokio::time::timeout(Duration::from_secs(5), read_form_body(trickle, Duration::from_millis(200)))
+            .await
+            .map_err(|_| anyhow::anyhow!("reading a form that never ends did not stop within 5 s"))?
+            .err()
+            .ok_or_else(|| anyhow::anyhow!("a form that never ended was read"))?;
+        assert_eq!(refused.status(), StatusCode::REQUEST_TIMEOUT);
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        let large = Full::new(Bytes::from(vec![b'a'; MAX_FORM + 1]));
+        let refused = read_form_body(large, Duration::from_secs(5)).await.err().ok_or_else(|| anyhow::anyhow!("a large form was read"))?;
+        assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let form = read_form_body(Full::new(Bytes::from_static(b"token=abc&csrf=x")), Duration::from_secs(5))
+            .await
+            .map_err(|r| anyhow::anyhow!("{}", r.status()))?;
+        assert_eq!(form.get("token").map(String::as_str), Some("abc"));
+        Ok(())
     }
 }
