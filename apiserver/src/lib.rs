@@ -15,6 +15,7 @@ pub mod discovery;
 pub mod error;
 pub mod gc;
 pub mod handlers;
+pub mod limits;
 pub mod objects;
 pub mod openapi;
 pub mod patch;

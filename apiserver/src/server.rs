@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{ApiError, ApiResult};
 use crate::handlers::{Core, DeleteOptions, FieldValidation, Output, Propagation, WriteOptions, parse_body};
+use crate::limits::{IdentityCaps, IdentityLimits};
 use crate::patch::PatchType;
 use crate::registry::ResourceType;
 use crate::selectors::{FieldLabels, FieldSelector, LabelSelector};
@@ -54,6 +55,7 @@ fn error_response(e: &ApiError) -> Response<Body> {
 /// idle, and a token that closes it (idle timeout, eviction at the connection cap, shutdown).
 struct ConnState {
     id: u64,
+    peer: std::net::IpAddr,
     in_flight: AtomicUsize,
     watches: AtomicUsize,
     idle_since_ms: AtomicU64,
@@ -64,7 +66,8 @@ struct ConnState {
 struct ServeState {
     started: tokio::time::Instant,
     conns: std::sync::Mutex<HashMap<u64, Arc<ConnState>>>,
-    watches: AtomicUsize,
+    /// Requests in flight and watches per authenticated user.
+    identities: Arc<IdentityLimits>,
     all_closed: tokio::sync::Notify,
 }
 
@@ -80,23 +83,32 @@ impl ServeState {
         }
     }
 
-    /// At the cap: closes the connection idle the longest; false when every one is busy.
-    fn make_room(&self, cap: usize) -> bool {
+    /// Room for a new connection from `peer`: at the peer's cap its own longest-idle
+    /// connection is closed, at the overall cap anyone's; false when the connections that
+    /// would have to go are all busy.
+    fn make_room(&self, peer: std::net::IpAddr, per_peer: usize, cap: usize) -> bool {
         let conns = self.conns();
-        if conns.len() < cap {
-            return true;
+        let open = |c: &&Arc<ConnState>| !c.close.is_cancelled();
+        let idle = |c: &&Arc<ConnState>| c.in_flight.load(Ordering::SeqCst) == 0;
+        let longest_idle = |of_peer: bool| {
+            conns
+                .values()
+                .filter(open)
+                .filter(idle)
+                .filter(|c| !of_peer || c.peer == peer)
+                .min_by_key(|c| c.idle_since_ms.load(Ordering::SeqCst))
+                .cloned()
+        };
+        // Connections already closing are on their way out and do not count.
+        if conns.values().filter(open).filter(|c| c.peer == peer).count() >= per_peer {
+            let Some(v) = longest_idle(true) else { return false };
+            v.close.cancel();
         }
-        let victim = conns
-            .values()
-            .filter(|c| c.in_flight.load(Ordering::SeqCst) == 0 && !c.close.is_cancelled())
-            .min_by_key(|c| c.idle_since_ms.load(Ordering::SeqCst));
-        match victim {
-            Some(v) => {
-                v.close.cancel();
-                true
-            }
-            None => false,
+        if conns.values().filter(open).count() >= cap {
+            let Some(v) = longest_idle(false) else { return false };
+            v.close.cancel();
         }
+        true
     }
 }
 
@@ -112,20 +124,20 @@ impl Drop for RequestGuard {
     fn drop(&mut self) {
         if self.watch {
             self.conn.watches.fetch_sub(1, Ordering::SeqCst);
-            self.serve.watches.fetch_sub(1, Ordering::SeqCst);
         }
         self.conn.idle_since_ms.store(self.serve.now_ms(), Ordering::SeqCst);
         self.conn.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// A response body that carries its request's guard.
-struct GuardedBody {
+/// A response body that carries what its request holds (its connection's bookkeeping, its
+/// user's place) until the body is dropped.
+struct Holding<G> {
     inner: Body,
-    _guard: RequestGuard,
+    _held: G,
 }
 
-impl hyper::body::Body for GuardedBody {
+impl<G: Unpin> hyper::body::Body for Holding<G> {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -161,7 +173,7 @@ pub async fn serve(core: Arc<Core>, listener: TcpListener, tls: Arc<rustls::Serv
     let state = Arc::new(ServeState {
         started: tokio::time::Instant::now(),
         conns: std::sync::Mutex::new(HashMap::new()),
-        watches: AtomicUsize::new(0),
+        identities: IdentityLimits::new(IdentityCaps::of(&core.limits)),
         all_closed: tokio::sync::Notify::new(),
     });
     let mut next_id = 0u64;
@@ -171,10 +183,10 @@ pub async fn serve(core: Arc<Core>, listener: TcpListener, tls: Arc<rustls::Serv
             a = listener.accept() => a,
             _ = core.shutdown.cancelled() => break,
         };
-        let tcp = match accepted {
-            Ok((tcp, _peer)) => {
+        let (tcp, peer) = match accepted {
+            Ok((tcp, peer)) => {
                 backoff = Duration::ZERO;
-                tcp
+                (tcp, peer.ip())
             }
             Err(e) => {
                 // Out of file descriptors and the like: back off as Go's http.Server does
@@ -188,8 +200,13 @@ pub async fn serve(core: Arc<Core>, listener: TcpListener, tls: Arc<rustls::Serv
                 continue;
             }
         };
-        if !state.make_room(core.limits.max_connections) {
-            tracing::warn!(cap = core.limits.max_connections, "connection cap reached with every connection busy; refusing one");
+        if !state.make_room(peer, core.limits.max_connections_per_peer, core.limits.max_connections) {
+            tracing::warn!(
+                %peer,
+                per_peer = core.limits.max_connections_per_peer,
+                cap = core.limits.max_connections,
+                "connection cap reached with every connection that could go busy; refusing one"
+            );
             drop(tcp);
             continue;
         }
@@ -197,6 +214,7 @@ pub async fn serve(core: Arc<Core>, listener: TcpListener, tls: Arc<rustls::Serv
         next_id += 1;
         let conn_state = Arc::new(ConnState {
             id: next_id,
+            peer,
             in_flight: AtomicUsize::new(0),
             watches: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(state.now_ms()),
@@ -241,30 +259,20 @@ async fn serve_connection(
                 async move {
                     conn.in_flight.fetch_add(1, Ordering::SeqCst);
                     let watch = is_watch_request(&req);
-                    let mut refused = None;
-                    if watch {
-                        let total = state.watches.fetch_add(1, Ordering::SeqCst) + 1;
-                        let mine = conn.watches.fetch_add(1, Ordering::SeqCst) + 1;
-                        if total > core.limits.max_watches {
-                            refused =
-                                Some(format!("too many watches open on this server (limit {}); try again later", core.limits.max_watches));
-                        } else if mine > core.limits.max_watches_per_connection {
-                            refused = Some(format!(
-                                "too many watches open on this connection (limit {}); try again later",
-                                core.limits.max_watches_per_connection
-                            ));
-                        }
-                    }
+                    // Per connection (before authentication: one client's HTTP/2 connection);
+                    // per user and in total after it, in `handle`.
+                    let over = watch && conn.watches.fetch_add(1, Ordering::SeqCst) >= core.limits.max_watches_per_connection;
+                    let identities = state.identities.clone();
                     let guard = RequestGuard { conn, serve: state, watch };
-                    let resp = match refused {
-                        Some(m) => {
-                            let mut r = error_response(&ApiError::too_many_requests(m));
-                            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                            r
-                        }
-                        None => handle(core, &token, req).await,
+                    let resp = if over {
+                        too_many(format!(
+                            "too many watches open on this connection (limit {}); try again later",
+                            core.limits.max_watches_per_connection
+                        ))
+                    } else {
+                        handle(core, &token, &identities, watch, req).await
                     };
-                    Ok::<_, Infallible>(resp.map(|inner| GuardedBody { inner, _guard: guard }))
+                    Ok::<_, Infallible>(resp.map(|inner| Holding { inner, _held: guard }))
                 }
             })
         };
@@ -334,8 +342,21 @@ impl Query {
     }
 }
 
-async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming>) -> Response<Body> {
-    use crate::auth::{Attributes, reviews};
+/// 429 with `Retry-After: 1`, as kube-apiserver's APF answers a request it has no place for.
+fn too_many(message: String) -> Response<Body> {
+    let mut r = error_response(&ApiError::too_many_requests(message));
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+async fn handle(
+    core: Arc<Core>,
+    auth: &crate::auth::Auth,
+    identities: &Arc<IdentityLimits>,
+    watch: bool,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    use crate::auth::Attributes;
     let path = req.uri().path().to_string();
     if path == "/readyz" && !core.store.is_ready() {
         // Not ready while storage cannot commit: load balancers and kubectl see it at once.
@@ -362,6 +383,28 @@ async fn handle(core: Arc<Core>, auth: &crate::auth::Auth, req: Request<Incoming
         Ok(u) => u,
         Err(e) => return error_response(&e),
     };
+    // The user's place, held until the response body is dropped (a watch's as long as it streams).
+    let permit = match identities.admit(&user, watch) {
+        Ok(p) => p,
+        Err(refused) => {
+            tracing::debug!(user = %user.name, %refused, "request refused at a per-user limit");
+            return too_many(refused.to_string());
+        }
+    };
+    authorized(core, auth, user, attrs, req).await.map(|inner| Holding { inner, _held: permit }.boxed_unsync())
+}
+
+/// The rest of [`handle`] for an authenticated user with a place: authorization, the
+/// discovery documents of the signer, reviews, then the resource routes.
+async fn authorized(
+    core: Arc<Core>,
+    auth: &crate::auth::Auth,
+    user: crate::auth::identity::UserInfo,
+    attrs: crate::auth::Attributes,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    use crate::auth::reviews;
+    let path = req.uri().path().to_string();
     let decision = auth.authorize(&core.store, &user, &attrs);
     if !decision.allowed {
         crate::auth::warn_forbidden(&user, &attrs);
@@ -720,15 +763,7 @@ fn watch_response(core: &Arc<Core>, q: &Query, t: &Target, labels: LabelSelector
         labels,
         fields,
         bookmarks: q.flag("allowWatchBookmarks"),
-        // Without timeoutSeconds kube-apiserver ends a watch after a random 30–60 min
-        // (spreading re-lists); so does this server.
-        timeout: Some(
-            q.get("timeoutSeconds")
-                .and_then(|s| s.parse::<u64>().ok())
-                .filter(|s| *s > 0)
-                .map(Duration::from_secs)
-                .unwrap_or_else(|| Duration::from_secs(1800 + rand::random_range(0..1800))),
-        ),
+        timeout: Some(watch_timeout(q.get("timeoutSeconds"), core.limits.min_request_timeout)),
         send_initial_events: q.flag("sendInitialEvents"),
         partial: shape.partial && shape.table.is_none(),
         table: shape.table,
@@ -739,6 +774,19 @@ fn watch_response(core: &Arc<Core>, q: &Query, t: &Target, labels: LabelSelector
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
     r
+}
+
+/// How long a watch lasts: without `timeoutSeconds` (or with 0) a random 1x–2x of
+/// `min_request_timeout`, spreading re-lists as kube-apiserver does (30–60 min); a client's
+/// own value at most 2x, so no client keeps a watch (and its place) open for as long as it
+/// likes.
+fn watch_timeout(requested: Option<&str>, min_request_timeout: Duration) -> Duration {
+    let min = min_request_timeout.max(Duration::from_secs(1));
+    let max = min * 2;
+    match requested.and_then(|s| s.parse::<u64>().ok()).filter(|s| *s > 0) {
+        Some(secs) => Duration::from_secs(secs).min(max),
+        None => min + Duration::from_millis(rand::random_range(0..min.as_millis() as u64)),
+    }
 }
 
 /// A list as `PartialObjectMetadataList` (metadata without managedFields).
@@ -819,4 +867,24 @@ fn delete_options(q: &Query, dopts: &Value) -> ApiResult<DeleteOptions> {
 
 fn content_type(req: &Request<Incoming>) -> String {
     req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("application/json").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_lasts_one_to_two_minimum_request_timeouts_and_a_client_cannot_ask_for_more() {
+        let min = Duration::from_secs(1800);
+        for _ in 0..100 {
+            let t = watch_timeout(None, min);
+            assert!(t >= min && t < min * 2, "{t:?}");
+            let t = watch_timeout(Some("0"), min);
+            assert!(t >= min && t < min * 2, "0 is no timeout of the client's: {t:?}");
+        }
+        assert_eq!(watch_timeout(Some("60"), min), Duration::from_secs(60));
+        assert_eq!(watch_timeout(Some("86400"), min), min * 2);
+        assert_eq!(watch_timeout(Some(&u64::MAX.to_string()), min), min * 2);
+        assert!(watch_timeout(Some("junk"), min) >= min);
+    }
 }

@@ -311,11 +311,13 @@ async fn watch_flood_and_slow_reader() -> TestResult {
     let token = token(ts.dir.path())?;
     let path = "/api/v1/namespaces/default/configmaps?watch=true";
 
-    // A flood: 80 watches on their own connections; beyond the total cap of 60 they get 429.
+    // A flood from a tenant: 80 watches on their own connections; beyond the total cap of 60
+    // they get 429 (system:masters would not be refused: see the per-user test below).
+    let flooder = tenant_token(&client, "flood", "flooder").await?;
     let mut open = vec![];
     let mut refused = 0;
     for _ in 0..80 {
-        let mut c = raw_watch(addr, tls.clone(), &token, path).await?;
+        let mut c = raw_watch(addr, tls.clone(), &flooder, "/api/v1/namespaces/flood/configmaps?watch=true").await?;
         match status_of(&mut c).await? {
             200 => open.push(c),
             429 => refused += 1,
@@ -422,6 +424,333 @@ async fn readyz_and_writes_when_storage_cannot_commit() -> TestResult {
     assert!(body["message"].as_str().unwrap_or_default().contains("storage cannot commit"), "{body}");
     // Reads still work.
     honest(&client, 1).await?;
+    ts.server.shutdown().await;
+    Ok(())
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A ServiceAccount `ns/name` (created here, with its namespace when missing) that may read,
+/// watch and create ConfigMaps in `ns`, and a TokenRequest token for it.
+async fn tenant_token(admin: &kube::Client, ns: &str, name: &str) -> Res<String> {
+    let post = |path: String, body: Value| {
+        let admin = admin.clone();
+        async move { raw(&admin, "POST", &path, "application/json", serde_json::to_vec(&body)?).await }
+    };
+    let (code, body) = post("/api/v1/namespaces".into(), json!({"metadata": {"name": ns}})).await?;
+    assert!(code == 201 || code == 409, "{body}");
+    let (code, body) = post(format!("/api/v1/namespaces/{ns}/serviceaccounts"), json!({"metadata": {"name": name}})).await?;
+    assert_eq!(code, 201, "{body}");
+    let rbac = "/apis/rbac.authorization.k8s.io/v1";
+    let role = json!({"metadata": {"name": format!("{name}-cm")},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create"]}]});
+    let (code, body) = post(format!("{rbac}/namespaces/{ns}/roles"), role).await?;
+    assert_eq!(code, 201, "{body}");
+    let binding = json!({"metadata": {"name": format!("{name}-cm")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{name}-cm")},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]});
+    let (code, body) = post(format!("{rbac}/namespaces/{ns}/rolebindings"), binding).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) =
+        post(format!("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token"), json!({"spec": {"expirationSeconds": 3600}})).await?;
+    assert_eq!(code, 201, "{body}");
+    Ok(body["status"]["token"].as_str().ok_or("no token in the TokenRequest")?.to_string())
+}
+
+/// A kube client (no retries) that authenticates with `token` instead of the admin's.
+async fn client_with_token(ts: &TestServer, name: &str, token: &str) -> Res<kube::Client> {
+    let text = std::fs::read_to_string(ts.server.kubeconfig_path())?;
+    let replaced: Vec<String> =
+        text.lines().map(|l| if l.trim_start().starts_with("token: ") { format!("    token: {token}") } else { l.to_string() }).collect();
+    let path = ts.dir.path().join(format!("kubeconfig-{name}"));
+    std::fs::write(&path, replaced.join("\n") + "\n")?;
+    client_no_retry(&path).await
+}
+
+/// Reads a raw response's head: the status code and the head's text.
+async fn head_of(c: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> Res<(u16, String)> {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut b)).await??;
+        if n == 0 {
+            return Err("connection closed before the response head".into());
+        }
+        head.push(b[0]);
+    }
+    let text = String::from_utf8_lossy(&head).to_string();
+    Ok((text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), text))
+}
+
+/// A few bytes of a 429's JSON body after its head (the message names the limit).
+async fn body_start(c: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> Res<String> {
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf)).await??;
+    Ok(String::from_utf8_lossy(&buf[..n]).to_string())
+}
+
+/// Whether a watch of `client` on ConfigMaps in `ns` opens and sees the ADDED event of a
+/// ConfigMap created after it started.
+async fn watch_sees_a_new_configmap(client: &kube::Client, writer: &kube::Client, ns: &str, name: &str) -> TestResult {
+    use futures::StreamExt;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let rv = cms.list(&ListParams::default()).await?.metadata.resource_version.unwrap_or_default();
+    let stream = cms.watch(&kube::api::WatchParams::default(), &rv).await?;
+    let mut stream = Box::pin(stream);
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    Api::<ConfigMap>::namespaced(writer.clone(), ns).create(&PostParams::default(), &cm).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(Ok(kube::api::WatchEvent::Added(o)))) if o.metadata.name.as_deref() == Some(name) => return Ok(()),
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(e))) => return Err(e.into()),
+            Ok(None) => return Err(format!("the watch ended before {name} was added").into()),
+            Err(_) => return Err(format!("the watch did not see {name} within 10 s").into()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_at_its_watch_cap_gets_429_and_the_controller_still_watches() -> TestResult {
+    let limits = provisioning_apiserver::Limits { max_watches_per_user: 5, max_watches: 8, ..Default::default() };
+    let ts = start_with(limits).await?;
+    let admin = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    let addr = ts.server.addr();
+    let tls = tls_client_config(ts.dir.path())?;
+    let alice = tenant_token(&admin, "lim-a", "alice").await?;
+    let bob = tenant_token(&admin, "lim-b", "bob").await?;
+    let controller = tenant_token(&admin, "provisioning-system", "provisioning-controller").await?;
+
+    // Alice opens watches up to her cap; the next is refused with 429 and Retry-After, as APF does.
+    let mut alices = vec![];
+    for _ in 0..5 {
+        let mut c = raw_watch(addr, tls.clone(), &alice, "/api/v1/namespaces/lim-a/configmaps?watch=true").await?;
+        let (code, head) = head_of(&mut c).await?;
+        assert_eq!(code, 200, "{head}");
+        alices.push(c);
+    }
+    let mut c = raw_watch(addr, tls.clone(), &alice, "/api/v1/namespaces/lim-a/configmaps?watch=true").await?;
+    let (code, head) = head_of(&mut c).await?;
+    assert_eq!(code, 429, "alice's sixth watch: {head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{head}");
+    let body = body_start(&mut c).await?;
+    assert!(body.contains("too many watches open for this user (limit 5)"), "{body}");
+    drop(c);
+
+    // Bob has his own share, up to what is left of the shared total (8).
+    let mut bobs = vec![];
+    for _ in 0..3 {
+        let mut c = raw_watch(addr, tls.clone(), &bob, "/api/v1/namespaces/lim-b/configmaps?watch=true").await?;
+        let (code, head) = head_of(&mut c).await?;
+        assert_eq!(code, 200, "bob: {head}");
+        bobs.push(c);
+    }
+    let mut c = raw_watch(addr, tls.clone(), &bob, "/api/v1/namespaces/lim-b/configmaps?watch=true").await?;
+    let (code, head) = head_of(&mut c).await?;
+    assert_eq!(code, 429, "bob beyond the shared total: {head}");
+    assert!(body_start(&mut c).await?.contains("too many watches open on this server (limit 8)"));
+    drop(c);
+
+    // With every tenant place taken, system:masters and the controller's ServiceAccount still
+    // open watches and see events.
+    watch_sees_a_new_configmap(&admin, &admin, "lim-a", "seen-by-admin").await?;
+    let controller_client = client_with_token(&ts, "controller", &controller).await?;
+    watch_sees_a_new_configmap(&controller_client, &admin, "provisioning-system", "seen-by-controller").await?;
+
+    // A watch that ends gives its place back: alice gets one again.
+    drop(alices.pop());
+    eventually("alice's closed watch is given back", Duration::from_secs(10), || {
+        let (tls, alice) = (tls.clone(), alice.clone());
+        async move {
+            match raw_watch(addr, tls, &alice, "/api/v1/namespaces/lim-a/configmaps?watch=true").await {
+                Ok(mut c) => head_of(&mut c).await.is_ok_and(|(code, _)| code == 200),
+                Err(_) => false,
+            }
+        }
+    })
+    .await?;
+    honest_after(&admin).await?;
+    ts.server.shutdown().await;
+    Ok(())
+}
+
+/// After the abuse: the admin's list answers within 1 s.
+async fn honest_after(admin: &kube::Client) -> TestResult {
+    let t = Instant::now();
+    Api::<ConfigMap>::namespaced(admin.clone(), "default").list(&ListParams::default()).await?;
+    assert!(t.elapsed() < Duration::from_secs(1), "honest list took {:?}", t.elapsed());
+    Ok(())
+}
+
+/// A create whose body never comes: the request stays in flight until the body timeout.
+async fn stuck_create(addr: std::net::SocketAddr, tls: std::sync::Arc<rustls::ClientConfig>, token: &str, ns: &str) -> Res<TlsConn> {
+    let mut c = tls_connect(addr, tls).await?;
+    let head = format!(
+        "POST /api/v1/namespaces/{ns}/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"metadata\""
+    );
+    c.write_all(head.as_bytes()).await?;
+    Ok(c)
+}
+
+type TlsConn = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// The status and Retry-After of a GET of ConfigMaps in `ns` with `client`.
+async fn list_status(client: &kube::Client, ns: &str) -> Res<(u16, Option<String>, String)> {
+    let req = http::Request::builder().uri(format!("/api/v1/namespaces/{ns}/configmaps")).body(Vec::new())?;
+    let resp = client.send(req.map(kube::client::Body::from)).await?;
+    let code = resp.status().as_u16();
+    let retry = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+    use http_body_util::BodyExt;
+    let body = String::from_utf8_lossy(&resp.into_body().collect().await?.to_bytes()).to_string();
+    Ok((code, retry, body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_at_its_in_flight_cap_gets_429_and_others_go_on() -> TestResult {
+    let limits = provisioning_apiserver::Limits {
+        max_requests_in_flight_per_user: 3,
+        body_read_timeout: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let ts = start_with(limits).await?;
+    let admin = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    let addr = ts.server.addr();
+    let tls = tls_client_config(ts.dir.path())?;
+    let alice_token = tenant_token(&admin, "inflight-a", "alice").await?;
+    let bob_token = tenant_token(&admin, "inflight-b", "bob").await?;
+    let alice = client_with_token(&ts, "alice", &alice_token).await?;
+    let bob = client_with_token(&ts, "bob", &bob_token).await?;
+
+    // Alice holds her 3 places with creates whose bodies never come.
+    let mut stuck = vec![];
+    for _ in 0..3 {
+        stuck.push(stuck_create(addr, tls.clone(), &alice_token, "inflight-a").await?);
+    }
+    eventually("alice's next request is refused", Duration::from_secs(10), || {
+        let alice = alice.clone();
+        async move { list_status(&alice, "inflight-a").await.is_ok_and(|(code, _, _)| code == 429) }
+    })
+    .await?;
+    let (code, retry, body) = list_status(&alice, "inflight-a").await?;
+    assert_eq!((code, retry.as_deref()), (429, Some("1")), "{body}");
+    assert!(body.contains("too many requests in flight for this user (limit 3)"), "{body}");
+    // Others go on: another tenant, and the admin (system:masters).
+    let (code, _, body) = list_status(&bob, "inflight-b").await?;
+    assert_eq!(code, 200, "bob: {body}");
+    honest_after(&admin).await?;
+    // Her places come back when those requests end.
+    drop(stuck);
+    eventually("alice's places are given back", Duration::from_secs(10), || {
+        let alice = alice.clone();
+        async move { list_status(&alice, "inflight-a").await.is_ok_and(|(code, _, _)| code == 200) }
+    })
+    .await?;
+    ts.server.shutdown().await;
+    Ok(())
+}
+
+/// Reads a watch response until it ends (chunked terminator or EOF); Err after `limit`.
+async fn until_watch_ends(c: &mut TlsConn, limit: Duration) -> Res<Duration> {
+    let t = Instant::now();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut tail = Vec::new();
+    loop {
+        let left = limit.saturating_sub(t.elapsed());
+        match tokio::time::timeout(left, c.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(t.elapsed()),
+            Ok(Ok(n)) => {
+                tail.extend_from_slice(&buf[..n]);
+                if tail.len() > 16 {
+                    tail.drain(..tail.len() - 16);
+                }
+                if tail.ends_with(b"0\r\n\r\n") {
+                    return Ok(t.elapsed());
+                }
+            }
+            Err(_) => return Err(format!("the watch was still open after {limit:?}").into()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_timeout_seconds_is_capped_by_the_server() -> TestResult {
+    let limits = provisioning_apiserver::Limits { min_request_timeout: Duration::from_secs(1), ..Default::default() };
+    let ts = start_with(limits).await?;
+    let addr = ts.server.addr();
+    let tls = tls_client_config(ts.dir.path())?;
+    let token = token(ts.dir.path())?;
+    // A client asking for an hour gets at most 2x the minimum request timeout (2 s).
+    let mut c = raw_watch(addr, tls.clone(), &token, "/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=3600").await?;
+    assert_eq!(status_of(&mut c).await?, 200);
+    let took = until_watch_ends(&mut c, Duration::from_secs(10)).await?;
+    assert!(took <= Duration::from_millis(2500), "an hour-long watch was cut only after {took:?}");
+    // Without timeoutSeconds: between 1x and 2x.
+    let mut c = raw_watch(addr, tls.clone(), &token, "/api/v1/namespaces/default/configmaps?watch=true").await?;
+    assert_eq!(status_of(&mut c).await?, 200);
+    let took = until_watch_ends(&mut c, Duration::from_secs(10)).await?;
+    assert!(took >= Duration::from_millis(900) && took <= Duration::from_millis(2500), "a watch without timeoutSeconds lasted {took:?}");
+    // A shorter value of the client's is kept.
+    let mut c = raw_watch(addr, tls, &token, "/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1").await?;
+    assert_eq!(status_of(&mut c).await?, 200);
+    let took = until_watch_ends(&mut c, Duration::from_secs(10)).await?;
+    assert!(took <= Duration::from_millis(1500), "timeoutSeconds=1 lasted {took:?}");
+    ts.server.shutdown().await;
+    Ok(())
+}
+
+/// A TLS connection to `addr` from the local address `from` (127.0.0.x: another peer).
+async fn tls_connect_from(from: &str, addr: std::net::SocketAddr, tls: std::sync::Arc<rustls::ClientConfig>) -> Res<TlsConn> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(format!("{from}:0").parse()?)?;
+    let tcp = socket.connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?.to_owned();
+    Ok(tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_flooding_connections_closes_only_its_own() -> TestResult {
+    const CAP: usize = 10;
+    let limits =
+        provisioning_apiserver::Limits { max_connections_per_peer: CAP, idle_timeout: Duration::from_secs(120), ..Default::default() };
+    let ts = start_with(limits).await?;
+    let addr = ts.server.addr();
+    let tls = tls_client_config(ts.dir.path())?;
+    // Someone else's idle keep-alive connections, opened first (the longest idle ones).
+    let mut others = vec![];
+    for _ in 0..3 {
+        others.push(tls_connect_from("127.0.0.1", addr, tls.clone()).await?);
+    }
+    // One peer opens 4x its cap.
+    let mut flood = vec![];
+    for _ in 0..4 * CAP {
+        if let Ok(c) = tls_connect_from("127.0.0.2", addr, tls.clone()).await {
+            flood.push(c);
+        }
+    }
+    // The server closes the flood's own longest-idle connections as it goes (the close
+    // reaches the client after a short grace), never the other peer's.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut closed = 0;
+    for c in flood.iter_mut() {
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(5));
+        if closed_within(c, left.min(Duration::from_millis(200))).await {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 3 * CAP - 2, "only {closed} of {} connections of one peer were closed at a cap of {CAP}", 4 * CAP);
+    for c in others.iter_mut() {
+        assert!(!closed_within(c, Duration::from_millis(50)).await, "another peer's idle connection was closed");
+    }
+    // The other peer's connections still serve requests.
+    let token = token(ts.dir.path())?;
+    for c in others.iter_mut() {
+        let req = format!("GET /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n");
+        c.write_all(req.as_bytes()).await?;
+        assert_eq!(status_of(c).await?, 200);
+    }
     ts.server.shutdown().await;
     Ok(())
 }

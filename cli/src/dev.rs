@@ -276,6 +276,8 @@ pub struct DevOptions {
     pub event_ttl: Duration,
     /// Where the web console listens (`None`: no console).
     pub console_addr: Option<std::net::SocketAddr>,
+    /// The embedded API server's limits (`event_ttl` above wins over the one in here).
+    pub api_limits: provisioning_apiserver::Limits,
 }
 
 /// Starts the web console with a certificate from the dev CA, writes its URL to
@@ -316,6 +318,7 @@ async fn install_aggregated_roles(client: &kube::Client) -> anyhow::Result<()> {
 /// Runs `provisioning dev`; returns the process exit code.
 pub async fn run_dev(opts: DevOptions) -> anyhow::Result<i32> {
     let mut api = provisioning_apiserver::ApiServerConfig::new(opts.data_dir.clone(), opts.listen);
+    api.limits = opts.api_limits.clone();
     api.limits.event_ttl = opts.event_ttl;
     let running = provisioning_apiserver::start(api).await?;
     let kubeconfig = running.kubeconfig_path();

@@ -40,6 +40,8 @@ enum Command {
         /// requests are shortened to it (kube-apiserver's flag of the same name).
         #[arg(long, default_value = "48h", value_parser = provisioning_apiserver::parse_duration)]
         service_account_max_token_expiration: Duration,
+        #[command(flatten)]
+        limits: ApiLimitArgs,
     },
     /// The controller against any API server (KUBECONFIG, --kubeconfig, or in-cluster).
     Controller(ControllerArgs),
@@ -129,6 +131,50 @@ enum Command {
     Test(TestArgs),
 }
 
+/// The embedded API server's per-user and per-peer limits (`apiserver` and `dev`); each
+/// unset one keeps its default (docs/limits-note.md).
+#[derive(clap::Args)]
+struct ApiLimitArgs {
+    /// Watches without timeoutSeconds end after a random 1x-2x of this; a client's longer
+    /// timeoutSeconds is cut to 2x (kube-apiserver's flag of the same name; default 30m).
+    #[arg(long, value_parser = provisioning_apiserver::parse_duration)]
+    min_request_timeout: Option<Duration>,
+    /// Requests in flight (not watches) of all non-exempt users together (default 400).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_requests_inflight: Option<u64>,
+    /// Requests in flight (not watches) of one user (default 100); beyond: 429.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_requests_inflight_per_user: Option<u64>,
+    /// Open watches of all non-exempt users together (default 10000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_watches: Option<u64>,
+    /// Open watches of one user (default 500); beyond: 429.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_watches_per_user: Option<u64>,
+    /// Open connections from one peer address (default 1024).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections_per_peer: Option<u64>,
+    /// A user never refused by the per-user caps (repeatable; replaces the default, the
+    /// controller's ServiceAccount; system:masters is always exempt).
+    #[arg(long = "limits-exempt-user")]
+    exempt_users: Vec<String>,
+}
+
+impl ApiLimitArgs {
+    fn apply(&self, limits: &mut provisioning_apiserver::Limits) {
+        let set = |v: Option<u64>, to: &mut usize| *to = v.map_or(*to, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        limits.min_request_timeout = self.min_request_timeout.unwrap_or(limits.min_request_timeout);
+        set(self.max_requests_inflight, &mut limits.max_requests_in_flight);
+        set(self.max_requests_inflight_per_user, &mut limits.max_requests_in_flight_per_user);
+        set(self.max_watches, &mut limits.max_watches);
+        set(self.max_watches_per_user, &mut limits.max_watches_per_user);
+        set(self.max_connections_per_peer, &mut limits.max_connections_per_peer);
+        if !self.exempt_users.is_empty() {
+            limits.exempt_users = self.exempt_users.clone();
+        }
+    }
+}
+
 /// `provisioning dev`'s arguments.
 #[derive(clap::Args)]
 struct DevArgs {
@@ -162,6 +208,8 @@ struct DevArgs {
     /// Do not serve the web console.
     #[arg(long)]
     no_console: bool,
+    #[command(flatten)]
+    limits: ApiLimitArgs,
 }
 
 /// `provisioning controller`'s arguments.
@@ -328,9 +376,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             init_logging(log_format, "warn");
             dev(args).await
         }
-        Command::Apiserver { data_dir, listen, event_ttl, service_account_max_token_expiration } => {
+        Command::Apiserver { data_dir, listen, event_ttl, service_account_max_token_expiration, limits } => {
             init_logging(log_format, "info");
             let mut api = provisioning_apiserver::ApiServerConfig::new(data_dir, listen);
+            limits.apply(&mut api.limits);
             api.limits.event_ttl = event_ttl;
             api.limits.max_token_expiration = service_account_max_token_expiration;
             provisioning_apiserver::run_cli_with(api).await?;
@@ -401,7 +450,10 @@ async fn dev(args: DevArgs) -> anyhow::Result<i32> {
         allow_insecure_endpoints,
         console_addr,
         no_console,
+        limits,
     } = args;
+    let mut api_limits = provisioning_apiserver::Limits::default();
+    limits.apply(&mut api_limits);
     let mut config = load_config(config.as_ref())?;
     config.allow_insecure_endpoints |= allow_insecure_endpoints;
     // A broken user catalog stops start-up here, before anything is served.
@@ -415,6 +467,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<i32> {
         config,
         event_ttl,
         console_addr: (!no_console).then_some(console_addr),
+        api_limits,
     })
     .await
 }

@@ -221,3 +221,92 @@ async fn own_events(dev: &Dev) -> Result<()> {
     );
     Ok(())
 }
+
+/// A client like [`client`] whose connections come from `from` (127.0.0.x: another peer).
+fn client_from(dev: &Dev, from: &str) -> Result<Client> {
+    let ca = std::fs::read(dev.data_dir.join("ca.crt")).context("reading dev's ca.crt")?;
+    Ok(Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&ca)?])
+        .redirect(reqwest::redirect::Policy::none())
+        .http1_only()
+        .local_address(from.parse::<std::net::IpAddr>()?)
+        .build()?)
+}
+
+/// `POST /login` with `token`.
+async fn sign_in(c: &Client, base: &str, token: &str) -> Result<Response> {
+    let form = format!("token={}", urlencode(token));
+    Ok(c.post(format!("{base}login")).header(CONTENT_TYPE, "application/x-www-form-urlencoded").body(form).send().await?)
+}
+
+/// Whether the session behind `cookie` is still signed in (its home page is not a redirect
+/// to the sign-in page).
+async fn signed_in(c: &Client, base: &str, cookie: &str) -> Result<bool> {
+    let r = c.get(base).header(COOKIE, cookie).send().await?;
+    let to_login = r.status() == StatusCode::SEE_OTHER && r.headers().get("location").is_some_and(|l| l == "/login");
+    Ok(!to_login)
+}
+
+/// The console's sign-in limits (cli/src/console/limits.rs SIGN_IN_BURST, session.rs
+/// MAX_SESSIONS_PER_USER).
+const SIGN_IN_BURST: usize = 10;
+const SESSIONS_PER_USER: usize = 16;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_is_rate_limited_per_peer_and_sessions_are_capped_per_user() -> Result<()> {
+    let dev = tokio::task::spawn_blocking(|| Dev::start(&[])).await??;
+    let result = sign_in_limits(&dev).await;
+    result.map_err(|e| e.context(format!("--- dev log tail ---\n{}", dev.log_tail(30))))
+}
+
+// Over 80 lines on purpose: one scenario, step by step, each step saying what it checks.
+async fn sign_in_limits(dev: &Dev) -> Result<()> {
+    console_login(dev).await?;
+    let base = std::fs::read_to_string(dev.data_dir.join("console-url"))?.trim().to_string();
+    let kubeconfig: serde_json::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(dev.kubeconfig())?)?;
+    let admin = kubeconfig["users"][0]["user"]["token"].as_str().context("dev's kubeconfig has no token")?.to_string();
+    let guessed = "guessed-token-7f3a9c";
+
+    // One peer guessing tokens: each attempt is checked with the API server (401) until its
+    // burst is used up; then 429 with Retry-After, even for the right token.
+    let mallory = client_from(dev, "127.0.0.1")?;
+    for i in 0..SIGN_IN_BURST {
+        let r = sign_in(&mallory, &base, &format!("{guessed}-{i}")).await?;
+        ensure!(r.status() == StatusCode::UNAUTHORIZED, "guess {} answered {}", i + 1, r.status());
+    }
+    let started = Instant::now();
+    let r = sign_in(&mallory, &base, &format!("{guessed}-x")).await?;
+    ensure!(r.status() == StatusCode::TOO_MANY_REQUESTS, "a guess past the burst answered {}", r.status());
+    let retry: u64 = r.headers().get("retry-after").context("no Retry-After")?.to_str()?.parse()?;
+    ensure!((1..=60).contains(&retry), "Retry-After {retry}");
+    ensure!(r.text().await?.contains("Too many sign-in attempts"), "the 429 page does not say why");
+    let r = sign_in(&mallory, &base, &admin).await?;
+    ensure!(r.status() == StatusCode::TOO_MANY_REQUESTS, "the right token got past the limit: {}", r.status());
+    ensure!(started.elapsed() < Duration::from_secs(5), "the refusals were slow");
+
+    // Another peer is not affected: its wrong token is checked (401), its right one signs in.
+    let alice = client_from(dev, "127.0.0.2")?;
+    let r = sign_in(&alice, &base, guessed).await?;
+    ensure!(r.status() == StatusCode::UNAUTHORIZED, "another peer's attempt answered {}", r.status());
+    let first_admin = session_cookie(&sign_in(&alice, &base, &admin).await?)?;
+
+    // Sessions per user: another user (a ServiceAccount) signs in once; the admin signs in
+    // again and again (from several peers, each within its burst). The admin's oldest session
+    // ends, the other user's stays.
+    dev.kubectl_ok(&["create", "serviceaccount", "viewer", "-n", "default"])?;
+    let viewer_token = dev.kubectl_ok(&["create", "token", "viewer", "-n", "default"])?.trim().to_string();
+    let bob = client_from(dev, "127.0.0.3")?;
+    let viewer = session_cookie(&sign_in(&bob, &base, &viewer_token).await?)?;
+    let mut newest = first_admin.clone();
+    for i in 0..SESSIONS_PER_USER {
+        let c = client_from(dev, &format!("127.0.0.{}", 4 + i / (SIGN_IN_BURST - 1)))?;
+        newest = session_cookie(&sign_in(&c, &base, &admin).await?)?;
+    }
+    ensure!(!signed_in(&alice, &base, &first_admin).await?, "the admin's oldest session survived {SESSIONS_PER_USER} newer ones");
+    ensure!(signed_in(&alice, &base, &newest).await?, "the admin's newest session was signed out");
+    ensure!(signed_in(&bob, &base, &viewer).await?, "one user's sign-ins signed another user out");
+
+    let log = dev.log();
+    ensure!(!log.contains(guessed) && !log.contains(&admin) && !log.contains(&viewer_token), "the log holds a token");
+    Ok(())
+}

@@ -60,12 +60,31 @@ pub struct Limits {
     pub event_ttl: Duration,
     /// Open connections at most; when full, the longest-idle connection is closed for a new one.
     pub max_connections: usize,
+    /// Open connections from one peer address at most (connections come before
+    /// authentication, so the address is all there is); when full, that peer's longest-idle
+    /// connection is closed for its new one, and when all of them are busy the new one is refused.
+    pub max_connections_per_peer: usize,
     /// A client must send a request's headers within this (Go's `ReadHeaderTimeout` in kube: 32 s).
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long is closed (kube: 90 s).
     pub idle_timeout: Duration,
-    /// Open watches at most, over all clients (429 beyond).
+    /// Open watches at most, over all non-exempt users (429 beyond).
     pub max_watches: usize,
+    /// Open watches of one user at most (429 beyond, as APF answers; others go on).
+    pub max_watches_per_user: usize,
+    /// Requests in flight (not watches) over all non-exempt users at most (kube-apiserver's
+    /// `--max-requests-inflight`: 400).
+    pub max_requests_in_flight: usize,
+    /// Requests in flight (not watches) of one user at most.
+    pub max_requests_in_flight_per_user: usize,
+    /// Users never refused by the per-user and shared caps (by default the controller's
+    /// ServiceAccount).
+    pub exempt_users: Vec<String>,
+    /// Groups whose members are never refused (by default `system:masters`, APF's `exempt`).
+    pub exempt_groups: Vec<String>,
+    /// A watch without `timeoutSeconds` ends after a random 1x–2x of this, and a client's
+    /// larger `timeoutSeconds` is cut to 2x (kube-apiserver's `--min-request-timeout`: 1800 s).
+    pub min_request_timeout: Duration,
     /// Open watches at most on one connection (one client; 429 beyond).
     pub max_watches_per_connection: usize,
     /// A watcher whose buffer stays full this long is dropped (the client re-lists).
@@ -85,9 +104,16 @@ impl Default for Limits {
         Limits {
             event_ttl: Duration::from_secs(3600),
             max_connections: 8192,
+            max_connections_per_peer: 1024,
             header_read_timeout: Duration::from_secs(32),
             idle_timeout: Duration::from_secs(90),
             max_watches: 10_000,
+            max_watches_per_user: 500,
+            max_requests_in_flight: 400,
+            max_requests_in_flight_per_user: 100,
+            exempt_users: vec![crate::limits::CONTROLLER_SERVICE_ACCOUNT.to_string()],
+            exempt_groups: vec![crate::auth::identity::MASTERS.to_string()],
+            min_request_timeout: Duration::from_secs(1800),
             max_watches_per_connection: 1_000,
             slow_reader_timeout: Duration::from_secs(5),
             watch_buffer_bytes: 16 * 1024 * 1024,

@@ -95,6 +95,15 @@ pub fn visitor_client(base: &kube::Config, token: SecretString) -> Result<Client
     Client::try_from(config).map_err(|e| ApiFailure::Other(format!("building a client: {e}")))
 }
 
+/// A client for `base` without any credentials, for requests that carry their own
+/// `Authorization` header (the sign-in check).
+pub fn anonymous_client(base: &kube::Config) -> Result<Client, ApiFailure> {
+    let mut config = base.clone();
+    config.auth_info = kube::config::AuthInfo::default();
+    config.headers.clear();
+    Client::try_from(config).map_err(|e| ApiFailure::Other(format!("building a client: {e}")))
+}
+
 fn api(client: &Client, kind: Kind, namespace: Option<&str>) -> Api<DynamicObject> {
     match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &kind.resource()),
@@ -208,12 +217,19 @@ pub async fn may(client: &Client, verb: &str, kind: Kind, namespace: Option<&str
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
-/// Who the token belongs to (SelfSubjectReview); also proves the token is accepted.
-pub async fn whoami(client: &Client) -> Result<String, ApiFailure> {
+/// Who `token` belongs to (SelfSubjectReview), which also proves the token is accepted; asked
+/// through `client`, one without credentials of its own ([`anonymous_client`]), shared by
+/// every sign-in.
+pub async fn whoami(client: &Client, token: &SecretString) -> Result<String, ApiFailure> {
+    use secrecy::ExposeSecret;
+    let mut bearer = http::HeaderValue::from_str(&format!("Bearer {}", token.expose_secret()))
+        .map_err(|_| ApiFailure::Other("the token cannot be sent in a header".into()))?;
+    bearer.set_sensitive(true);
     let req = http::Request::builder()
         .method("POST")
         .uri("/apis/authentication.k8s.io/v1/selfsubjectreviews")
         .header("content-type", "application/json")
+        .header(http::header::AUTHORIZATION, bearer)
         .body(serde_json::to_vec(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})).unwrap_or_default())
         .map_err(|e| ApiFailure::Other(e.to_string()))?;
     let answer: Value = client.request(req).await?;

@@ -23,7 +23,7 @@ use super::api::{self, ApiFailure, Kind};
 use super::pages::{self, Page};
 use super::render::{self, APPROVE, Layout, PAUSED, RECONCILE};
 use super::session::{self, Session};
-use super::{ConsoleState, live};
+use super::{ConsoleState, limits, live};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -32,36 +32,107 @@ const CONSOLE_CSS: &str = include_str!("assets/console.css");
 /// Largest form accepted (a token is a few KB).
 const MAX_FORM: usize = 64 * 1024;
 
-/// Accepts connections until `shutdown` is cancelled.
+/// Accepts connections until `shutdown` is cancelled, within the connection caps of
+/// [`ConsoleState::limits`].
 pub async fn serve(state: Arc<ConsoleState>, listener: TcpListener, tls: Arc<rustls::ServerConfig>, shutdown: CancellationToken) {
     let acceptor = TlsAcceptor::from(tls);
+    let mut refusing = false;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = shutdown.cancelled() => return,
         };
-        let Ok((tcp, _)) = accepted else {
+        let Ok((tcp, peer)) = accepted else {
             // Out of file descriptors and the like: wait instead of spinning.
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let (state, acceptor, shutdown) = (state.clone(), acceptor.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await else { return };
-            let svc = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(secure_headers(handle(state, req).await)) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(tls), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shutdown.cancelled() => conn.as_mut().graceful_shutdown(),
+        let Some(conn) = state.connections.open(peer.ip(), shutdown.child_token()) else {
+            // Logged once per burst of refusals.
+            if !refusing {
+                tracing::warn!(peer = %peer.ip(), "console connection cap reached with every connection busy; refusing connections");
             }
-        });
+            refusing = true;
+            continue;
+        };
+        refusing = false;
+        tokio::spawn(serve_connection(state.clone(), acceptor.clone(), tcp, peer.ip(), conn));
+    }
+}
+
+/// A response body that marks its connection busy until it is dropped (a live stream's for
+/// as long as it streams).
+struct Busy {
+    inner: Body,
+    _request: limits::RequestGuard,
+}
+
+impl hyper::body::Body for Busy {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// One connection: the TLS handshake (10 s), then HTTP/1.1 until the client closes it, it is
+/// idle for [`limits::ConsoleLimits::idle_timeout`], it is evicted at a cap or the console stops.
+async fn serve_connection(
+    state: Arc<ConsoleState>,
+    acceptor: TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    peer: std::net::IpAddr,
+    conn: limits::ConnGuard,
+) {
+    let close = conn.0.close.clone();
+    let handshake = tokio::select! {
+        r = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)) => r.ok().and_then(Result::ok),
+        _ = close.cancelled() => None,
+    };
+    let Some(tls) = handshake else { return };
+    let lim = state.limits.clone();
+    let tracked = conn.0.clone();
+    let svc = hyper::service::service_fn(move |req| {
+        let (state, request) = (state.clone(), tracked.request());
+        async move {
+            let resp = secure_headers(handle(state, peer, req).await);
+            Ok::<_, Infallible>(resp.map(|inner| Busy { inner, _request: request }.boxed()))
+        }
+    });
+    let http = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(lim.header_read_timeout)
+        .serve_connection(TokioIo::new(tls), svc);
+    tokio::pin!(http);
+    let mut ticker = tokio::time::interval((lim.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5)));
+    let mut closing_since: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = http.as_mut() => break,
+            _ = close.cancelled(), if closing_since.is_none() => {
+                http.as_mut().graceful_shutdown();
+                closing_since = Some(tokio::time::Instant::now());
+            }
+            _ = ticker.tick() => match closing_since {
+                // A client that ignores the close is dropped after a grace period.
+                Some(t) if t.elapsed() > Duration::from_secs(5) => break,
+                Some(_) => {}
+                None if conn.0.idle_for(lim.idle_timeout) => close.cancel(),
+                None => {}
+            },
+        }
     }
 }
 
@@ -119,14 +190,30 @@ fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
     form_urlencoded::parse(req.uri().query().unwrap_or_default().as_bytes()).find(|(k, _)| k == key).map(|(_, v)| v.into_owned())
 }
 
-async fn read_form(req: Request<Incoming>) -> Result<HashMap<String, String>, Response<Body>> {
-    let body = Limited::new(req.into_body(), MAX_FORM)
-        .collect()
-        .await
-        .map_err(|_| {
-            html(StatusCode::PAYLOAD_TOO_LARGE, render::message_page("Form too large", "The form is larger than the console accepts."))
-        })?
-        .to_bytes();
+/// The form of a POST: at most [`MAX_FORM`] bytes, all of them within `timeout` (a client
+/// trickling a body would hold its connection and a task forever; 408 after it).
+async fn read_form(req: Request<Incoming>, timeout: Duration) -> Result<HashMap<String, String>, Response<Body>> {
+    read_form_body(req.into_body(), timeout).await
+}
+
+async fn read_form_body<B>(body: B, timeout: Duration) -> Result<HashMap<String, String>, Response<Body>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let body = match tokio::time::timeout(timeout, Limited::new(body, MAX_FORM).collect()).await {
+        Err(_) => {
+            let m = format!("The form did not arrive within {} s.", timeout.as_secs());
+            return Err(html(StatusCode::REQUEST_TIMEOUT, render::message_page("Request timeout", &m)));
+        }
+        Ok(Err(_)) => {
+            return Err(html(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                render::message_page("Form too large", "The form is larger than the console accepts."),
+            ));
+        }
+        Ok(Ok(b)) => b.to_bytes(),
+    };
     Ok(form_urlencoded::parse(&body).into_owned().collect())
 }
 
@@ -165,8 +252,13 @@ fn failure(state: &ConsoleState, id: &str, e: ApiFailure) -> Response<Body> {
     }
 }
 
-async fn handle(state: Arc<ConsoleState>, req: Request<Incoming>) -> Response<Body> {
+async fn handle(state: Arc<ConsoleState>, peer: std::net::IpAddr, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
+    let attempt = (path == "/login" && (req.method() == Method::POST || req.uri().query().is_some_and(|q| q.contains("code="))))
+        .then(|| state.sign_in.attempt(peer));
+    if let Some(Err(wait)) = attempt {
+        return sign_in_limited(&state, peer, wait);
+    }
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/static/console.js") => return asset("text/javascript; charset=utf-8", CONSOLE_JS),
         (Method::GET, "/static/console.css") => return asset("text/css; charset=utf-8", CONSOLE_CSS),
@@ -183,7 +275,7 @@ async fn handle(state: Arc<ConsoleState>, req: Request<Incoming>) -> Response<Bo
     };
     match (req.method().clone(), path.as_str()) {
         (Method::POST, "/logout") => {
-            let form = match read_form(req).await {
+            let form = match read_form(req, state.limits.body_read_timeout).await {
                 Ok(f) => f,
                 Err(r) => return r,
             };
@@ -196,7 +288,7 @@ async fn handle(state: Arc<ConsoleState>, req: Request<Incoming>) -> Response<Bo
             if foreign_origin(&req) {
                 return forbidden("Cross-site request refused.");
             }
-            match read_form(req).await {
+            match read_form(req, state.limits.body_read_timeout).await {
                 Ok(form) => action(&state, &id, &session, form).await,
                 Err(r) => r,
             }
@@ -282,7 +374,7 @@ async fn login_post(state: &ConsoleState, req: Request<Incoming>) -> Response<Bo
     if foreign_origin(&req) {
         return forbidden("Cross-site request refused.");
     }
-    let form = match read_form(req).await {
+    let form = match read_form(req, state.limits.body_read_timeout).await {
         Ok(f) => f,
         Err(r) => return r,
     };
@@ -293,13 +385,20 @@ async fn login_post(state: &ConsoleState, req: Request<Incoming>) -> Response<Bo
     open_session(state, SecretString::from(token)).await
 }
 
-/// Checks the token with the API server (SelfSubjectReview) and opens a session for it.
+/// 429 for a peer out of sign-in attempts, saying when to try again.
+fn sign_in_limited(state: &ConsoleState, peer: std::net::IpAddr, wait: Duration) -> Response<Body> {
+    let secs = wait.as_secs().max(1);
+    tracing::debug!(%peer, retry_after = secs, "console sign-in attempts limited");
+    let m = format!("Too many sign-in attempts from your address: try again in {secs} s.");
+    let mut r = html(StatusCode::TOO_MANY_REQUESTS, render::login_page(Some(&m), dev_dir(state)));
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    r
+}
+
+/// Checks the token with the API server (SelfSubjectReview, through the one shared sign-in
+/// client) and opens a session for it with a client of its own.
 async fn open_session(state: &ConsoleState, token: SecretString) -> Response<Body> {
-    let client = match api::visitor_client(&state.api, token.clone()) {
-        Ok(c) => c,
-        Err(e) => return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&e.to_string()), dev_dir(state))),
-    };
-    let user = match api::whoami(&client).await {
+    let user = match api::whoami(&state.sign_in_client, &token).await {
         Ok(user) => user,
         // Authenticated, only not allowed to ask who it is.
         Err(ApiFailure::Forbidden(_)) => "unknown user".into(),
@@ -312,6 +411,10 @@ async fn open_session(state: &ConsoleState, token: SecretString) -> Response<Bod
         Err(e) => {
             return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&format!("Cannot reach the API server: {e}")), dev_dir(state)));
         }
+    };
+    let client = match api::visitor_client(&state.api, token.clone()) {
+        Ok(c) => c,
+        Err(e) => return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&e.to_string()), dev_dir(state))),
     };
     tracing::info!(%user, "console sign-in");
     let id = state.sessions.insert(Session::new(token, client, user));
@@ -381,5 +484,34 @@ async fn action(state: &ConsoleState, id: &str, session: &Session, form: HashMap
             }
         }
         Err(e) => failure(state, id, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_form_that_never_ends_is_408_and_a_large_one_413() -> anyhow::Result<()> {
+        // A body that sends a few bytes and then nothing, as a slowloris client does.
+        let first = futures::stream::iter([Ok::<_, Infallible>(hyper::body::Frame::data(Bytes::from_static(b"token=ab")))]);
+        let trickle = http_body_util::StreamBody::new(futures::StreamExt::chain(first, futures::stream::pending()));
+        let started = std::time::Instant::now();
+        // The outer timeout turns a read that never ends into a failure instead of a hang.
+        let refused = tokio::time::timeout(Duration::from_secs(5), read_form_body(trickle, Duration::from_millis(200)))
+            .await
+            .map_err(|_| anyhow::anyhow!("reading a form that never ends did not stop within 5 s"))?
+            .err()
+            .ok_or_else(|| anyhow::anyhow!("a form that never ended was read"))?;
+        assert_eq!(refused.status(), StatusCode::REQUEST_TIMEOUT);
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        let large = Full::new(Bytes::from(vec![b'a'; MAX_FORM + 1]));
+        let refused = read_form_body(large, Duration::from_secs(5)).await.err().ok_or_else(|| anyhow::anyhow!("a large form was read"))?;
+        assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let form = read_form_body(Full::new(Bytes::from_static(b"token=abc&csrf=x")), Duration::from_secs(5))
+            .await
+            .map_err(|r| anyhow::anyhow!("{}", r.status()))?;
+        assert_eq!(form.get("token").map(String::as_str), Some("abc"));
+        Ok(())
     }
 }

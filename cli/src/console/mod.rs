@@ -13,12 +13,14 @@
 //!   through [`html`];
 //! - [`live`]: watches with the visitor's token, re-rendering at most every 300 ms;
 //! - [`api`], [`session`], [`tls`]: API calls, sessions and one-time codes, certificates;
-//! - [`login_codes`]: one-time links issued by `provisioning login-link` for a dev console.
+//! - [`login_codes`]: one-time links issued by `provisioning login-link` for a dev console;
+//! - [`limits`]: connection caps, read timeouts and the sign-in rate limit of an exposed console.
 
 pub mod api;
 pub mod charts;
 pub mod html;
 pub mod http;
+pub mod limits;
 pub mod live;
 pub mod login_codes;
 pub mod pages;
@@ -67,6 +69,15 @@ pub struct ConsoleState {
     pub streams: Arc<live::StreamLimits>,
     /// See [`ConsoleOptions::dev`].
     pub dev: Option<DevSignIn>,
+    /// One client without credentials for every sign-in check (the token goes in that
+    /// request's header): a failed sign-in builds no TLS client of its own.
+    pub sign_in_client: kube::Client,
+    /// Sign-in attempts per peer.
+    pub sign_in: limits::SignInLimiter,
+    /// Open connections.
+    pub connections: Arc<limits::Connections>,
+    /// Caps and timeouts.
+    pub limits: limits::ConsoleLimits,
 }
 
 /// A started console.
@@ -98,7 +109,18 @@ pub async fn start(opts: ConsoleOptions, shutdown: CancellationToken) -> anyhow:
         tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| anyhow::anyhow!("binding the console to {}: {e}", opts.listen))?;
     let addr = listener.local_addr()?;
     let tls = tls::load(&opts.cert, addr)?;
-    let state = Arc::new(ConsoleState { sessions: session::Sessions::default(), api: opts.api, streams: Arc::default(), dev: opts.dev });
+    let limits = limits::ConsoleLimits::default();
+    let sign_in_client = api::anonymous_client(&opts.api).map_err(|e| anyhow::anyhow!("the console's API client: {e}"))?;
+    let state = Arc::new(ConsoleState {
+        sessions: session::Sessions::default(),
+        api: opts.api,
+        streams: Arc::default(),
+        dev: opts.dev,
+        sign_in_client,
+        sign_in: limits::SignInLimiter::new(limits.sign_in_burst, limits.sign_in_interval),
+        connections: limits::Connections::new(limits.max_connections, limits.max_connections_per_peer),
+        limits,
+    });
     tokio::spawn(http::serve(state.clone(), listener, tls, shutdown));
     Ok(RunningConsole { addr, state })
 }
