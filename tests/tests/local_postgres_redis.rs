@@ -8,7 +8,7 @@ use anyhow::Result;
 use provisioning_e2e::Dev;
 use provisioning_e2e::docker::{docker_ok, leftovers, server_container};
 
-const NS: &str = "default";
+const NS: &str = "data-demo";
 const CLUSTER: &str = "data";
 
 #[test]
@@ -16,6 +16,8 @@ fn postgres_and_redis_answer() -> Result<()> {
     provisioning_e2e::docker::require_node_image()?;
     assert!(leftovers(NS, CLUSTER)?.is_empty(), "leftovers of an earlier run: {:?}", leftovers(NS, CLUSTER)?);
     let mut dev = Dev::start(&["examples/local/postgres-redis.yaml"])?;
+    // The example ships its own Namespace: kubectl works in it.
+    dev.kubectl_ok(&["config", "set-context", "--current", "--namespace", NS])?;
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/data", "--timeout=600s"])?;
 
     // The generated passwords, from the Secrets named in status (passed to the clients
