@@ -1,6 +1,7 @@
 //! `examples/local/postgres-redis.yaml` end to end: PostgreSQL and Redis each on their own
 //! container, their passwords generated into Secrets the TaskServs own; the services answer
-//! with those passwords (psql, redis-cli PING); delete leaves nothing behind.
+//! with those passwords (psql, redis-cli PING); `kubectl delete namespace` of the example's
+//! namespace leaves nothing behind.
 
 use std::time::Duration;
 
@@ -65,8 +66,12 @@ fn postgres_and_redis_answer() -> Result<()> {
     let versions = dev.kubectl_ok(&["get", "ts", "-o", "jsonpath={range .items[*]}{.spec.service}={.status.installedVersion};{end}"])?;
     assert!(versions.contains("postgresql=15") && versions.contains("redis=7.0.15"), "{versions}");
 
-    dev.kubectl_ok(&["delete", "cluster", "data", "--timeout=300s"])?;
+    // The example goes as a namespace does (`kubectl delete namespace`): its contents are
+    // deleted, the Cluster tears its containers and network down, then the namespace is gone.
+    dev.kubectl_ok(&["delete", "namespace", NS, "--timeout=300s"])?;
     dev.wait_until(Duration::from_secs(120), "nothing left", |_| Ok(leftovers(NS, CLUSTER)?.is_empty()))?;
+    let left = dev.kubectl_ok(&["get", "clusters,servers,taskservs", "-A", "-o", "name"])?;
+    assert!(left.trim().is_empty(), "objects left after the namespace's deletion: {left}");
     dev.stop();
     Ok(())
 }
