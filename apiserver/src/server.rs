@@ -524,8 +524,13 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
         }
         ["openapi", "v2"] if get => {
             let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
-            return Ok(match openapi::v2(&reg, accept) {
-                Some(doc) => value_response(200, &doc),
+            return Ok(match openapi::v2_for(&reg, accept) {
+                Some((content_type, body)) => {
+                    let mut r = Response::new(full(body));
+                    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+                    r.headers_mut().insert(header::VARY, HeaderValue::from_static("Accept"));
+                    r
+                }
                 None => {
                     // What kube-openapi answers when no offered type is acceptable.
                     let mut r = Response::new(full("406 - Not Acceptable\n"));

@@ -242,12 +242,20 @@ spec:
     assert_eq!(doc["definitions"]["io.k8s.api.apps.v1.Deployment"]["x-kubernetes-group-version-kind"][0]["kind"], "Deployment");
     assert!(!out.stdout.contains("#/components/schemas/"), "v2 refers to v3 locations");
 
-    // A client that accepts only protobuf gets 406, as from kube-apiserver without it.
+    // A client that accepts only protobuf (kubectl) gets protobuf, as from kube-apiserver
+    // (`openapi_v2.rs` has kubectl use it); one that accepts neither form gets 406.
     let client = client_for(&kc).await?;
     let req = http::Request::builder()
         .uri("/openapi/v2")
         .header("accept", "application/com.github.proto-openapi.spec.v2@v1.0+protobuf")
         .body(Vec::new())?;
+    let resp = client.send(req.map(kube::client::Body::from)).await?;
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(
+        resp.headers().get("content-type").and_then(|v| v.to_str().ok()),
+        Some("application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+    );
+    let req = http::Request::builder().uri("/openapi/v2").header("accept", "application/yaml").body(Vec::new())?;
     let resp = client.send(req.map(kube::client::Body::from)).await?;
     assert_eq!(resp.status().as_u16(), 406);
 

@@ -105,6 +105,8 @@ fn etcd() -> Result<()> {
     let start = Instant::now();
     let mut dev = Dev::start(&["examples/local/etcd-cluster.yaml"])?;
     let up = start.elapsed();
+    // The example ships its own Namespace.
+    dev.kubectl_ok(&["config", "set-context", "--current", "--namespace", "etcd-demo"])?;
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/etcd", "--timeout=600s"])?;
     let ready = start.elapsed();
     println!(
@@ -117,7 +119,7 @@ fn etcd() -> Result<()> {
     println!("etcd: steps\n{steps}");
     dev.kubectl_ok(&["delete", "cluster", "etcd", "--timeout=300s"])?;
     dev.wait_until(Duration::from_secs(120), "etcd leftovers gone", |_| {
-        Ok(provisioning_e2e::docker::leftovers("default", "etcd")?.is_empty())
+        Ok(provisioning_e2e::docker::leftovers("etcd-demo", "etcd")?.is_empty())
     })?;
     dev.stop();
     Ok(())

@@ -69,9 +69,13 @@ pub fn provisioning_ok(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// A running `provisioning dev`.
+/// A running `provisioning dev`, or ([`Dev::start_split_in`]) the same control plane as two
+/// processes: `provisioning apiserver` and `provisioning controller`, so that the controller
+/// alone can be killed and started again.
 pub struct Dev {
     child: Option<Child>,
+    /// The controller's own process, in the two-process form.
+    controller: Option<Child>,
     /// Its data directory.
     pub data_dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
@@ -135,7 +139,7 @@ impl Dev {
             cmd.env(key, value);
         }
         let child = cmd.spawn().context("spawn provisioning dev")?;
-        let mut dev = Dev { child: Some(child), data_dir: data_dir.to_path_buf(), _tmp: None, log_path };
+        let mut dev = Dev { child: Some(child), controller: None, data_dir: data_dir.to_path_buf(), _tmp: None, log_path };
         dev.wait_until(Duration::from_secs(60), "kubeconfig written", |d| Ok(d.data_dir.join("kubeconfig").exists()))?;
         // The API answers once discovery of our group works.
         dev.wait_until(Duration::from_secs(60), "API serving provisioning.dev", |d| {
@@ -149,6 +153,73 @@ impl Dev {
             })?;
         }
         Ok(dev)
+    }
+
+    /// The control plane of `provisioning dev` as two processes on `data_dir` (reused across
+    /// restarts): `provisioning apiserver`, the CRDs applied as `provisioning dev` installs
+    /// them, and `provisioning controller` with its provider state in `data_dir/providers` (where
+    /// `provisioning dev` keeps it), both logging to one file.
+    pub fn start_split_in(data_dir: &Path) -> Result<Dev> {
+        std::fs::create_dir_all(data_dir)?;
+        let kubeconfig = data_dir.join("kubeconfig");
+        let _ = std::fs::remove_file(&kubeconfig);
+        let log_path = data_dir.join(format!("dev-{}.log", std::process::id()));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+        let child = Command::new(provisioning_bin())
+            .current_dir(workspace_root())
+            .arg("apiserver")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawn provisioning apiserver")?;
+        let mut dev = Dev { child: Some(child), controller: None, data_dir: data_dir.to_path_buf(), _tmp: None, log_path };
+        dev.wait_until(Duration::from_secs(60), "kubeconfig written", |d| Ok(d.data_dir.join("kubeconfig").exists()))?;
+        let crds = data_dir.join("crds.yaml");
+        std::fs::write(&crds, provisioning_ok(&["crds"])?)?;
+        let crds = crds.display().to_string();
+        dev.wait_until(Duration::from_secs(60), "the CRDs applied", |d| {
+            Ok(d.kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &crds]).map(|o| o.status.success()).unwrap_or(false))
+        })?;
+        dev.kubectl_ok(&["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])?;
+        dev.start_controller()?;
+        dev.wait_until(Duration::from_secs(60), "API serving provisioning.dev", |d| {
+            Ok(d.kubectl(&["get", "servers", "-A"]).map(|o| o.status.success()).unwrap_or(false))
+        })?;
+        Ok(dev)
+    }
+
+    /// Starts `provisioning controller` against this control plane (two-process form).
+    pub fn start_controller(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path)?;
+        let child = Command::new(provisioning_bin())
+            .current_dir(workspace_root())
+            .arg("controller")
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .arg("--state-dir")
+            .arg(self.data_dir.join("providers"))
+            .arg("--no-leader-election")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawn provisioning controller")?;
+        self.controller = Some(child);
+        Ok(())
+    }
+
+    /// Kills the controller's own process with SIGKILL (two-process form); the API server
+    /// keeps running.
+    pub fn kill9_controller(&mut self) {
+        if let Some(mut child) = self.controller.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// The kubeconfig path.
@@ -193,6 +264,11 @@ impl Dev {
             {
                 bail!("provisioning dev exited ({status}) while waiting for {what}\n{}", self.log_tail(60));
             }
+            if let Some(child) = self.controller.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("provisioning controller exited ({status}) while waiting for {what}\n{}", self.log_tail(60));
+            }
             if check(self)? {
                 return Ok(());
             }
@@ -215,22 +291,26 @@ impl Dev {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
-    /// Kills the process with SIGKILL (no cleanup), keeping the data dir.
+    /// Kills the process (both, in the two-process form) with SIGKILL (no cleanup), keeping
+    /// the data dir.
     pub fn kill9(&mut self) {
+        self.kill9_controller();
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
 
-    /// Stops the process gracefully (SIGTERM, then SIGKILL after 10 s).
+    /// Stops the process (the controller first, in the two-process form) gracefully (SIGTERM,
+    /// then SIGKILL after 10 s).
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        let processes = [self.controller.take(), self.child.take()];
+        for mut child in processes.into_iter().flatten() {
             let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
             let start = Instant::now();
             while start.elapsed() < Duration::from_secs(10) {
                 if let Ok(Some(_)) = child.try_wait() {
-                    return;
+                    break;
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }

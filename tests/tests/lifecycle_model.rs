@@ -1,13 +1,20 @@
 //! A model-based lifecycle test (issue 25, item 8) on the simulated provider: a seeded
 //! generator of user and operator actions — apply, edits of each Server spec field, no-op
 //! edits, scale, pause and resume, approval switches and approvals, deletion in each order
-//! users produce, kill -9 of `provisioning dev` at random moments and restarts — checked
+//! users produce, kill -9 of `provisioning dev` — or of the controller alone — at random
+//! moments and restarts — checked
 //! after every step against oracles the controller does not compute for itself: the
 //! simulated account's journal of machines (exactly one machine per Server, no machine without
 //! a Server, the Cluster's members as many as its replicas) and the audit log's script runs
 //! and provider changes (none for a no-op edit or a restart of a settled system). Every object
 //! must settle (Ready, Paused, awaiting an approval, or Stalled naming its reason) and every
 //! deletion must finish, each within a deadline.
+//!
+//! Odd seeds run `provisioning dev` (API server and controller in one process: a kill takes
+//! both); even seeds run the same control plane as two processes, `provisioning apiserver` and
+//! `provisioning controller`, and kill the controller alone (mid-step and settled) while the
+//! API server keeps serving — as a controller Pod's crash looks on a real cluster — besides
+//! killing both. Manifests are applied as a `kind: List` or as documents, in turn.
 //!
 //! CI runs a fixed set of seeds ([`CI_SEEDS`], [`CI_STEPS`] steps each). Environment:
 //! `PROVISIONING_LIFECYCLE_SEED=N` replays one seed; `PROVISIONING_LIFECYCLE_SEEDS=N` (seeds
@@ -105,6 +112,9 @@ enum Expect {
 struct Run {
     ns: String,
     dev: Dev,
+    /// The control plane is `provisioning apiserver` + `provisioning controller` (even seeds),
+    /// not `provisioning dev`.
+    split: bool,
     data_dir: PathBuf,
     _tmp: tempfile::TempDir,
     model: Model,
@@ -161,19 +171,29 @@ impl Run {
     fn start(seed: u64) -> Result<Run> {
         let tmp = tempfile::tempdir()?;
         let data_dir = tmp.path().join("data");
-        let dev = Dev::start_in(&data_dir, &[])?;
-        Ok(Run { ns: format!("lifecycle-{seed}"), dev, data_dir, _tmp: tmp, model: Model::default(), trace: Vec::new(), files: 0 })
+        let split = seed.is_multiple_of(2);
+        let dev = if split { Dev::start_split_in(&data_dir)? } else { Dev::start_in(&data_dir, &[])? };
+        let trace = vec![
+            if split { "control plane: provisioning apiserver + provisioning controller" } else { "control plane: provisioning dev" }
+                .into(),
+        ];
+        Ok(Run { ns: format!("lifecycle-{seed}"), dev, split, data_dir, _tmp: tmp, model: Model::default(), trace, files: 0 })
     }
 
     fn kubectl(&self, args: &[&str]) -> Result<String> {
         self.dev.kubectl_ok(args)
     }
 
-    /// `kubectl apply` of `objects` (a List, applied in order).
+    /// `kubectl apply` of `objects` (applied in order), as a `kind: List` or as documents in turn.
     fn apply(&mut self, objects: Vec<Value>) -> Result<()> {
         self.files += 1;
         let path = self.data_dir.join(format!("step-{}.json", self.files));
-        std::fs::write(&path, documents(&objects)?)?;
+        let text = if self.files.is_multiple_of(2) {
+            serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": objects}))?
+        } else {
+            documents(&objects)?
+        };
+        std::fs::write(&path, text)?;
         self.kubectl(&["apply", "-f", &path.display().to_string()])?;
         Ok(())
     }
@@ -189,11 +209,20 @@ impl Run {
         all
     }
 
-    /// Kills `provisioning dev` with SIGKILL and starts it again on the same data dir.
+    /// Kills `provisioning dev` (both processes, when split) with SIGKILL and starts it again
+    /// on the same data dir.
     fn restart(&mut self) -> Result<()> {
         self.dev.kill9();
-        self.dev = Dev::start_in(&self.data_dir, &[])?;
+        self.dev = if self.split { Dev::start_split_in(&self.data_dir)? } else { Dev::start_in(&self.data_dir, &[])? };
         Ok(())
+    }
+
+    /// Kills the controller's process alone with SIGKILL and starts it again; the API server
+    /// keeps serving (split control plane only).
+    fn restart_controller(&mut self) -> Result<()> {
+        ensure!(self.split, "the controller runs in provisioning dev's process");
+        self.dev.kill9_controller();
+        self.dev.start_controller()
     }
 
     fn get_json(&self, args: &[&str]) -> Result<Value> {
@@ -363,11 +392,18 @@ fn drive(run: &mut Run, rng: &mut Rng, steps: usize) -> Result<()> {
         let before = audited_changes(&run.data_dir)?;
         let expect = step(run, rng)?;
         if rng.chance(15) {
-            // kill -9 at a random moment of the step's work (mid-create, mid-delete …).
+            // kill -9 at a random moment of the step's work (mid-create, mid-delete …): of
+            // provisioning dev, or, split, of the controller alone (2 in 3) or of both.
             let after = rng.below(1500) as u64;
-            run.trace.push(format!("  kill -9 of provisioning dev after {after} ms, restart"));
-            std::thread::sleep(Duration::from_millis(after));
-            run.restart()?;
+            if run.split && rng.chance(67) {
+                run.trace.push(format!("  kill -9 of the controller alone after {after} ms, restart it"));
+                std::thread::sleep(Duration::from_millis(after));
+                run.restart_controller()?;
+            } else {
+                run.trace.push(format!("  kill -9 of provisioning dev after {after} ms, restart"));
+                std::thread::sleep(Duration::from_millis(after));
+                run.restart()?;
+            }
         }
         check(run, expect, &before)?;
     }
@@ -409,6 +445,7 @@ enum Action {
     DeleteFolderOrder,
     Recreate,
     Restart,
+    RestartController,
 }
 
 /// The actions that apply to what exists, with their weights.
@@ -437,6 +474,7 @@ fn applicable(run: &Run) -> Result<Vec<(Action, usize)>> {
     add(m.workspace && any, Action::DeleteFolderOrder, 1);
     add(!m.workspace || m.cluster.is_none() || m.servers.is_empty(), Action::Recreate, 3);
     add(true, Action::Restart, 1);
+    add(run.split, Action::RestartController, 1);
     Ok(all)
 }
 
@@ -506,6 +544,11 @@ fn step(run: &mut Run, rng: &mut Rng) -> Result<Expect> {
         Action::Restart => {
             run.trace.push("kill -9 of a settled provisioning dev, restart".into());
             run.restart()?;
+            Ok(Expect::Nothing)
+        }
+        Action::RestartController => {
+            run.trace.push("kill -9 of a settled controller alone, restart it".into());
+            run.restart_controller()?;
             Ok(Expect::Nothing)
         }
     }

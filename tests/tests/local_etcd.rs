@@ -9,7 +9,7 @@ use anyhow::Result;
 use provisioning_e2e::Dev;
 use provisioning_e2e::docker::{containers, docker, docker_ok, leftovers, server_container};
 
-const NS: &str = "default";
+const NS: &str = "etcd-demo";
 const CLUSTER: &str = "etcd";
 
 #[test]
@@ -17,6 +17,8 @@ fn etcd_cluster_converges_replicates_heals_and_deletes_cleanly() -> Result<()> {
     provisioning_e2e::docker::require_node_image()?;
     assert!(leftovers(NS, CLUSTER)?.is_empty(), "leftovers of an earlier run: {:?}", leftovers(NS, CLUSTER)?);
     let mut dev = Dev::start(&["examples/local/etcd-cluster.yaml"])?;
+    // The example ships its own Namespace: kubectl works in it.
+    dev.kubectl_ok(&["config", "set-context", "--current", "--namespace", NS])?;
 
     // Apply → Ready, through kubectl wait (kstatus conditions).
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/etcd", "--timeout=300s"])?;

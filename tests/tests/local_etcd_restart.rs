@@ -8,7 +8,7 @@ use anyhow::Result;
 use provisioning_e2e::Dev;
 use provisioning_e2e::docker::{containers, docker_ok, leftovers, server_container};
 
-const NS: &str = "default";
+const NS: &str = "etcd-demo";
 const CLUSTER: &str = "etcd";
 
 #[test]
@@ -16,6 +16,8 @@ fn killed_mid_rollout_the_rollout_finishes_without_duplicates() -> Result<()> {
     provisioning_e2e::docker::require_node_image()?;
     assert!(leftovers(NS, CLUSTER)?.is_empty(), "leftovers of an earlier run: {:?}", leftovers(NS, CLUSTER)?);
     let mut first = Dev::start(&["examples/local/etcd-cluster.yaml"])?;
+    // The example ships its own Namespace: kubectl works in it.
+    first.kubectl_ok(&["config", "set-context", "--current", "--namespace", NS])?;
     // Mid-rollout: servers are being created or etcd is being installed.
     first.wait_until(Duration::from_secs(180), "the rollout to be under way", |d| {
         let phases = d.kubectl_ok(&["get", "ts", "-o", "jsonpath={.items[*].status.servers[*].phase}"])?;
@@ -25,6 +27,8 @@ fn killed_mid_rollout_the_rollout_finishes_without_duplicates() -> Result<()> {
     first.kill9();
 
     let mut second = Dev::start_in(&first.data_dir, &[])?;
+    // The example ships its own Namespace: kubectl works in it.
+    second.kubectl_ok(&["config", "set-context", "--current", "--namespace", NS])?;
     second.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/etcd", "--timeout=300s"])?;
     let steps = second.kubectl_ok(&["get", "pcl", "etcd", "-o", "jsonpath={range .status.steps[*]}{.id}={.state};{end}"])?;
     assert_eq!(steps, "servers/members=Succeeded;taskserv/etcd=Succeeded;");

@@ -12,7 +12,7 @@ use anyhow::Result;
 use provisioning_e2e::Dev;
 use provisioning_e2e::docker::{docker, docker_ok, leftovers, server_container};
 
-const NS: &str = "default";
+const NS: &str = "etcd-demo";
 const CLUSTER: &str = "etcd";
 const MEMBERS: [&str; 3] = ["etcd-members-0", "etcd-members-1", "etcd-members-2"];
 
@@ -52,6 +52,8 @@ fn a_config_change_rolls_member_by_member_and_keeps_quorum() -> Result<()> {
     assert!(leftovers(NS, CLUSTER)?.is_empty(), "leftovers of an earlier run: {:?}", leftovers(NS, CLUSTER)?);
     let _cleanup = Cleanup;
     let mut dev = Dev::start(&["examples/local/etcd-cluster.yaml"])?;
+    // The example ships its own Namespace: kubectl works in it.
+    dev.kubectl_ok(&["config", "set-context", "--current", "--namespace", NS])?;
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/etcd", "--timeout=300s"])?;
     assert_eq!(dev.kubectl_ok(&["get", "ts", "etcd-etcd", "-o", "jsonpath={.status.updated}"])?, "3/3");
     assert_eq!(dev.kubectl_ok(&["get", "ts", "etcd-etcd", "-o", "jsonpath={.spec.rollout.maxUnavailable}"])?, "1");

@@ -8,7 +8,7 @@ use anyhow::Result;
 use provisioning_e2e::Dev;
 use provisioning_e2e::docker::{docker_ok, leftovers, server_container};
 
-const NS: &str = "default";
+const NS: &str = "web-demo";
 const CLUSTER: &str = "web";
 
 #[test]
@@ -16,6 +16,8 @@ fn requests_through_haproxy_reach_every_app_server() -> Result<()> {
     provisioning_e2e::docker::require_node_image()?;
     assert!(leftovers(NS, CLUSTER)?.is_empty(), "leftovers of an earlier run: {:?}", leftovers(NS, CLUSTER)?);
     let mut dev = Dev::start(&["examples/local/haproxy-web.yaml"])?;
+    // The example ships its own Namespace: kubectl works in it.
+    dev.kubectl_ok(&["config", "set-context", "--current", "--namespace", NS])?;
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/web", "ts/web-app", "--timeout=600s"])?;
 
     let lb = server_container(NS, "web-lb-0")?;

@@ -1,6 +1,7 @@
 //! `examples/local/postgres-redis.yaml` end to end: PostgreSQL and Redis each on their own
 //! container, their passwords generated into Secrets the TaskServs own; the services answer
-//! with those passwords (psql, redis-cli PING); delete leaves nothing behind.
+//! with those passwords (psql, redis-cli PING); `kubectl delete namespace` of the example's
+//! namespace leaves nothing behind.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use anyhow::Result;
 use provisioning_e2e::Dev;
 use provisioning_e2e::docker::{docker_ok, leftovers, server_container};
 
-const NS: &str = "default";
+const NS: &str = "data-demo";
 const CLUSTER: &str = "data";
 
 #[test]
@@ -16,6 +17,8 @@ fn postgres_and_redis_answer() -> Result<()> {
     provisioning_e2e::docker::require_node_image()?;
     assert!(leftovers(NS, CLUSTER)?.is_empty(), "leftovers of an earlier run: {:?}", leftovers(NS, CLUSTER)?);
     let mut dev = Dev::start(&["examples/local/postgres-redis.yaml"])?;
+    // The example ships its own Namespace: kubectl works in it.
+    dev.kubectl_ok(&["config", "set-context", "--current", "--namespace", NS])?;
     dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/data", "--timeout=600s"])?;
 
     // The generated passwords, from the Secrets named in status (passed to the clients
@@ -63,8 +66,12 @@ fn postgres_and_redis_answer() -> Result<()> {
     let versions = dev.kubectl_ok(&["get", "ts", "-o", "jsonpath={range .items[*]}{.spec.service}={.status.installedVersion};{end}"])?;
     assert!(versions.contains("postgresql=15") && versions.contains("redis=7.0.15"), "{versions}");
 
-    dev.kubectl_ok(&["delete", "cluster", "data", "--timeout=300s"])?;
+    // The example goes as a namespace does (`kubectl delete namespace`): its contents are
+    // deleted, the Cluster tears its containers and network down, then the namespace is gone.
+    dev.kubectl_ok(&["delete", "namespace", NS, "--timeout=300s"])?;
     dev.wait_until(Duration::from_secs(120), "nothing left", |_| Ok(leftovers(NS, CLUSTER)?.is_empty()))?;
+    let left = dev.kubectl_ok(&["get", "clusters,servers,taskservs", "-A", "-o", "name"])?;
+    assert!(left.trim().is_empty(), "objects left after the namespace's deletion: {left}");
     dev.stop();
     Ok(())
 }

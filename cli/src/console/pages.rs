@@ -85,6 +85,18 @@ pub fn workspace_namespace(ws: &Value) -> String {
         .to_string()
 }
 
+/// The namespaces of `servers` that no Workspace of `workspaces` covers, with their Server counts.
+fn unclaimed_namespaces(workspaces: &[Value], servers: &[Value]) -> Vec<(String, usize)> {
+    let claimed: std::collections::BTreeSet<String> = workspaces.iter().map(workspace_namespace).collect();
+    let mut out: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for ns in servers.iter().filter_map(|s| s["metadata"]["namespace"].as_str()) {
+        if !claimed.contains(ns) {
+            *out.entry(ns.to_string()).or_default() += 1;
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// A section's data, or why the visitor may not see it; a 401 ends the page.
 fn section(r: Result<Vec<Value>, ApiFailure>) -> Result<Section, ApiFailure> {
     match r {
@@ -111,7 +123,14 @@ pub async fn live_fragment(session: &Session, page: &Page) -> Result<String, Api
     let Page::Object { kind, namespace, name } = page else {
         let mut list = api::list(client, Kind::Workspace, None).await?;
         list.sort_by(|a, b| a["metadata"]["name"].as_str().cmp(&b["metadata"]["name"].as_str()));
-        return Ok(render::workspaces_fragment(&list, now));
+        // Namespaces whose Servers no Workspace covers; left out when the token may not list
+        // Servers in every namespace.
+        let servers = match api::list(client, Kind::Server, None).await {
+            Ok(servers) => servers,
+            Err(ApiFailure::Unauthorized) => return Err(ApiFailure::Unauthorized),
+            Err(_) => Vec::new(),
+        };
+        return Ok(render::workspaces_fragment(&list, &unclaimed_namespaces(&list, &servers), now));
     };
     let (kind, ns) = (*kind, namespace.as_deref());
     let object = api::get(client, kind, ns, name).await?;
@@ -197,5 +216,19 @@ mod tests {
         for bad in ["/namespaces/demo/pods/x", "/namespaces/demo/workspaces/x", "/workspaces/Bad_Name", "/namespaces/../servers/x", "/x"] {
             assert_eq!(Page::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn namespaces_with_servers_and_no_workspace_are_found() {
+        let workspaces = [
+            serde_json::json!({"metadata": {"name": "demo"}, "status": {"namespace": "demo"}}),
+            serde_json::json!({"metadata": {"name": "team"}, "spec": {"namespace": "team-ns"}}),
+        ];
+        let servers: Vec<Value> = ["demo", "team-ns", "legacy", "legacy", "etcd-demo"]
+            .iter()
+            .map(|ns| serde_json::json!({"metadata": {"name": "s", "namespace": ns}}))
+            .collect();
+        assert_eq!(unclaimed_namespaces(&workspaces, &servers), vec![("etcd-demo".to_string(), 1), ("legacy".to_string(), 2)]);
+        assert!(unclaimed_namespaces(&workspaces, &[]).is_empty());
     }
 }

@@ -144,26 +144,61 @@ fn ready_of(v: &Value) -> &str {
         .unwrap_or("Unknown")
 }
 
-/// The Workspaces list: phase, cost and counts, each name linking to its tree.
-pub fn workspaces_fragment(workspaces: &[Value], now: DateTime<Utc>) -> String {
-    if workspaces.is_empty() {
-        return "<p>No Workspaces yet. <code>kubectl apply -f examples/simulated/</code> creates one.</p>".into();
+/// The roll-up of a Workspace's resources as `kubectl get ws` shows it (`3/4 ready, 1
+/// failed`), with the worst one's reason and message while they are not all Ready (the
+/// `ResourcesReady` condition, as `clusterctl describe` shows a parent).
+fn rollup_cell(ws: &Value) -> String {
+    let summary = str_at(ws, "/status/counts/summary");
+    let mut out = if summary.is_empty() { "-".to_string() } else { esc(summary) };
+    let worst = ws["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "ResourcesReady"));
+    if let Some(c) = worst.filter(|c| c["status"] == "False") {
+        out.push_str(&format!(
+            "<br><span class=\"muted\">{}: {}</span>",
+            esc(c["reason"].as_str().unwrap_or_default()),
+            esc(c["message"].as_str().unwrap_or_default())
+        ));
     }
+    out
+}
+
+/// The Workspaces list: phase, the roll-up of their resources, cost and counts, each name
+/// linking to its tree; then the namespaces whose Servers no Workspace covers.
+pub fn workspaces_fragment(workspaces: &[Value], unclaimed: &[(String, usize)], now: DateTime<Utc>) -> String {
+    let mut out = if workspaces.is_empty() {
+        "<p>No Workspaces yet. <code>kubectl apply -f examples/simulated/</code> creates one.</p>".to_string()
+    } else {
+        workspaces_table(workspaces, now)
+    };
+    if !unclaimed.is_empty() {
+        out.push_str(
+            "<table id=\"no-workspace\"><caption>Namespaces with Servers but no Workspace (the controller's default workspace settings apply)</caption>\
+<thead><tr><th scope=\"col\">Namespace</th><th scope=\"col\">Servers</th></tr></thead><tbody>",
+        );
+        for (ns, servers) in unclaimed {
+            out.push_str(&format!("<tr><th scope=\"row\">{}</th><td>{servers}</td></tr>", esc(ns)));
+        }
+        out.push_str("</tbody></table>");
+    }
+    out
+}
+
+fn workspaces_table(workspaces: &[Value], now: DateTime<Utc>) -> String {
     let mut out = String::from(
         "<table><caption>Workspaces</caption><thead><tr><th scope=\"col\">Name</th><th scope=\"col\">Status</th>\
-<th scope=\"col\">Namespace</th><th scope=\"col\">Servers</th><th scope=\"col\">Clusters</th><th scope=\"col\">TaskServs</th>\
-<th scope=\"col\">Cost</th><th scope=\"col\">Age</th></tr></thead><tbody>",
+<th scope=\"col\">Resources</th><th scope=\"col\">Namespace</th><th scope=\"col\">Servers</th><th scope=\"col\">Clusters</th>\
+<th scope=\"col\">TaskServs</th><th scope=\"col\">Cost</th><th scope=\"col\">Age</th></tr></thead><tbody>",
     );
     for ws in workspaces {
         let name = str_at(ws, "/metadata/name");
         let count = |k: &str| ws["status"]["counts"][k].as_u64().map(|n| n.to_string()).unwrap_or_else(|| "-".into());
         let cost = str_at(ws, "/status/cost/summary");
         out.push_str(&format!(
-            "<tr id=\"ws-{id}\"><th scope=\"row\"><a href=\"{href}\">{n}</a></th><td>{badge}</td><td>{ns}</td><td>{s}</td><td>{c}</td><td>{t}</td><td>{cost}</td><td>{age}</td></tr>",
+            "<tr id=\"ws-{id}\"><th scope=\"row\"><a href=\"{href}\">{n}</a></th><td>{badge}</td><td>{rollup}</td><td>{ns}</td><td>{s}</td><td>{c}</td><td>{t}</td><td>{cost}</td><td>{age}</td></tr>",
             id = esc(name),
             href = esc(&object_path(Kind::Workspace, None, name)),
             n = esc(name),
             badge = badge(ready_of(ws), str_at(ws, "/status/phase")),
+            rollup = rollup_cell(ws),
             ns = esc(str_at(ws, "/status/namespace")),
             s = count("servers"),
             c = count("clusters"),
@@ -585,9 +620,30 @@ mod tests {
     fn values_from_the_api_are_escaped() {
         let ws = json!({"metadata": {"name": "<script>x</script>", "creationTimestamp": "2026-11-24T00:00:00Z"},
             "status": {"phase": "Ready\"><b>", "conditions": [{"type": "Ready", "status": "True"}]}});
-        let html = workspaces_fragment(&[ws], now());
-        assert!(!html.contains("<script>") && !html.contains("\"><b>"), "{html}");
+        let html = workspaces_fragment(&[ws], &[("<i>ns</i>".into(), 1)], now());
+        assert!(!html.contains("<script>") && !html.contains("\"><b>") && !html.contains("<i>"), "{html}");
         assert!(html.contains("&lt;script&gt;"), "{html}");
+    }
+
+    #[test]
+    fn the_home_page_rolls_up_each_workspace_and_names_uncovered_namespaces() {
+        let ws = json!({"metadata": {"name": "demo", "creationTimestamp": "2026-11-24T00:00:00Z"},
+            "status": {"phase": "Degraded", "namespace": "demo",
+                "counts": {"servers": 4, "clusters": 0, "taskservs": 0, "ready": 3, "progressing": 0, "failed": 1, "summary": "3/4 ready, 1 failed"},
+                "conditions": [{"type": "Ready", "status": "False", "reason": "ResourcesFailed"},
+                    {"type": "ResourcesReady", "status": "False", "reason": "UnknownProvider", "message": "Server broken: provider \"nowhere\" is not defined"}]}});
+        let html = workspaces_fragment(&[ws], &[("legacy".into(), 2)], now());
+        assert!(html.contains("<th scope=\"col\">Resources</th>"), "{html}");
+        assert!(html.contains("<td>3/4 ready, 1 failed<br><span class=\"muted\">UnknownProvider: Server broken: provider &quot;nowhere&quot; is not defined</span></td>"), "{html}");
+        assert!(
+            html.contains("Namespaces with Servers but no Workspace") && html.contains("<th scope=\"row\">legacy</th><td>2</td>"),
+            "{html}"
+        );
+        // All Ready: the counts only; nothing uncovered: no second table.
+        let ok = json!({"metadata": {"name": "demo"}, "status": {"counts": {"summary": "3/3 ready"},
+            "conditions": [{"type": "ResourcesReady", "status": "True", "reason": "AllReady", "message": "3/3 ready"}]}});
+        let html = workspaces_fragment(&[ok], &[], now());
+        assert!(html.contains("<td>3/3 ready</td>") && !html.contains("AllReady") && !html.contains("no-workspace"), "{html}");
     }
 
     #[test]
