@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::auth::identity::UserInfo;
 
-/// The controller's ServiceAccount (deploy/rbac/service-account.yaml), exempt by default.
-pub const CONTROLLER_SERVICE_ACCOUNT: &str = "system:serviceaccount:provisioning-system:provisioning-controller";
+pub use crate::auth::identity::CONTROLLER_SERVICE_ACCOUNT;
 
 /// What the caps are.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,6 +8,10 @@ use serde_json::{Value, json};
 pub const ADMIN_USER: &str = "provisioning-admin";
 /// The group that is allowed everything.
 pub const MASTERS: &str = "system:masters";
+
+/// The controller's ServiceAccount (deploy/rbac/service-account.yaml), exempt from the
+/// per-identity limits by default ([`crate::limits`]).
+pub const CONTROLLER_SERVICE_ACCOUNT: &str = "system:serviceaccount:provisioning-system:provisioning-controller";
 /// Every authenticated identity is in this group.
 pub const AUTHENTICATED: &str = "system:authenticated";
 

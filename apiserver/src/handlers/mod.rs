@@ -111,7 +111,7 @@ impl Default for Limits {
             max_watches_per_user: 500,
             max_requests_in_flight: 400,
             max_requests_in_flight_per_user: 100,
-            exempt_users: vec![crate::limits::CONTROLLER_SERVICE_ACCOUNT.to_string()],
+            exempt_users: vec![crate::auth::identity::CONTROLLER_SERVICE_ACCOUNT.to_string()],
             exempt_groups: vec![crate::auth::identity::MASTERS.to_string()],
             min_request_timeout: Duration::from_secs(1800),
             max_watches_per_connection: 1_000,
