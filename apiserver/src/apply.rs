@@ -596,7 +596,66 @@ fn record_update_now(
             }),
         }
     }
+    cap_update_managers(&mut entries);
     write_managed(new, &entries);
+}
+
+/// Most `Update` entries kept in managedFields, as kube-apiserver (`DefaultMaxUpdateManagers`):
+/// every client that writes with a new field manager name would add one more.
+pub const MAX_UPDATE_MANAGERS: usize = 10;
+/// The manager the oldest `Update` entries are merged into, one per apiVersion (upstream's name).
+pub const ANCIENT_CHANGES: &str = "ancient-changes";
+
+/// Merges the oldest `Update` entries into an `ancient-changes` entry per apiVersion until at
+/// most [`MAX_UPDATE_MANAGERS`] are left (structured-merge-diff's capManagers: the first entry
+/// of a version seen is kept until a second of that version arrives, then both become the
+/// bucket, which takes the newer time).
+fn cap_update_managers(entries: &mut Vec<ManagerEntry>) {
+    let mut updaters: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].operation != "Apply").collect();
+    let mut length = updaters.len();
+    if length <= MAX_UPDATE_MANAGERS {
+        return;
+    }
+    updaters.sort_by(|&a, &b| entries[a].time.cmp(&entries[b].time));
+    let is_bucket = |e: &ManagerEntry, version: &str| {
+        e.manager == ANCIENT_CHANGES && e.operation == "Update" && e.subresource.is_empty() && e.api_version == version
+    };
+    let mut first_of_version: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut merged = std::collections::HashSet::new();
+    for &i in &updaters {
+        if length <= MAX_UPDATE_MANAGERS {
+            break;
+        }
+        let version = entries[i].api_version.clone();
+        let Some(&first) = first_of_version.get(&version) else {
+            first_of_version.insert(version, i);
+            continue;
+        };
+        let bucket = match (0..entries.len()).find(|&b| !merged.contains(&b) && is_bucket(&entries[b], &version)) {
+            Some(b) => b,
+            None => {
+                let e = &mut entries[first];
+                e.manager = ANCIENT_CHANGES.into();
+                e.operation = "Update".into();
+                e.subresource = String::new();
+                first
+            }
+        };
+        if bucket == i {
+            continue;
+        }
+        let fields = std::mem::take(&mut entries[i].fields);
+        let time = entries[i].time.clone();
+        entries[bucket].fields.extend(fields);
+        entries[bucket].time = time;
+        merged.insert(i);
+        length -= 1;
+    }
+    let mut index = 0;
+    entries.retain(|_| {
+        index += 1;
+        !merged.contains(&(index - 1))
+    });
 }
 
 /// Parameters of one server-side apply.
@@ -704,6 +763,7 @@ fn apply_now(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
         subresource: sub,
         fields: applied_fields,
     });
+    cap_update_managers(&mut entries);
     write_managed(&mut out, &entries);
     Ok(out)
 }
@@ -905,6 +965,31 @@ mod tests {
         // An empty object applied as such is owned as a leaf and stays.
         let c = apply(&b, &json!({"status": {"phase": "Ready", "cost": {}}}), &req)?;
         assert_eq!(c["status"]["cost"], json!({}));
+        Ok(())
+    }
+
+    /// A twelfth manager writing: the two oldest Update entries become `ancient-changes`, so
+    /// managedFields holds at most ten Update entries (as kube-apiserver); Apply entries stay.
+    #[test]
+    fn update_managers_are_capped_at_ten() -> Result<(), ApiError> {
+        let mut obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {}});
+        let req = ApplyRequest { manager: "applier", force: false, scope: Scope::All, api_version: "v1", schema: None, now: "t00" };
+        obj = apply(&obj, &json!({"data": {"applied": "x"}}), &req)?;
+        for i in 0..12 {
+            let mut next = obj.clone();
+            next["data"][format!("k{i}")] = json!("v");
+            record_update(Some(&obj), &mut next, &format!("writer-{i}"), "v1", None, Scope::All, &format!("t{:02}", i + 1));
+            obj = next;
+        }
+        let entries = read_managed(&obj);
+        let updates: Vec<&ManagerEntry> = entries.iter().filter(|e| e.operation == "Update").collect();
+        assert_eq!(updates.len(), MAX_UPDATE_MANAGERS, "{:#}", obj["metadata"]);
+        let ancient = entries.iter().find(|e| e.manager == ANCIENT_CHANGES).ok_or_else(|| ApiError::bad_request("no ancient-changes"))?;
+        let owned: Vec<String> = ancient.fields.iter().map(|p| render_path(p)).collect();
+        assert_eq!(owned, [".data.k0", ".data.k1", ".data.k2"], "the three oldest writers' fields");
+        assert_eq!(ancient.time, "t03");
+        assert!(entries.iter().any(|e| e.manager == "applier" && e.operation == "Apply"));
+        assert!(!entries.iter().any(|e| ["writer-0", "writer-1", "writer-2"].contains(&e.manager.as_str())));
         Ok(())
     }
 
