@@ -56,10 +56,12 @@ async fn twenty_thousand_owner_references_update_and_apply_quickly() -> TestResu
         let client = client.clone();
         let reading = reading.clone();
         tokio::spawn(async move {
+            // The longest time between two answers (a stalled worker shows here, whether the
+            // GET or the pause between GETs was waiting).
             let mut slowest = Duration::ZERO;
             let mut answered = 0u32;
+            let mut last = Instant::now();
             while reading.load(Ordering::Relaxed) {
-                let t = Instant::now();
                 let r = tokio::time::timeout(
                     Duration::from_secs(5),
                     raw(&client, "GET", "/api/v1/namespaces/default/configmaps/mf-owner", "application/json", vec![]),
@@ -69,7 +71,8 @@ async fn twenty_thousand_owner_references_update_and_apply_quickly() -> TestResu
                     Ok(Ok((200, _))) => answered += 1,
                     other => return Err(format!("GET during the big writes: {other:?}")),
                 }
-                slowest = slowest.max(t.elapsed());
+                slowest = slowest.max(last.elapsed());
+                last = Instant::now();
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Ok((answered, slowest))
@@ -95,9 +98,9 @@ async fn twenty_thousand_owner_references_update_and_apply_quickly() -> TestResu
 
     reading.store(false, Ordering::Relaxed);
     let (answered, slowest) = reader.await??;
-    eprintln!("concurrent GETs: {answered}, slowest {slowest:?}");
+    eprintln!("concurrent GETs: {answered}, longest gap {slowest:?}");
     assert!(answered > 0, "no GET answered during the writes");
-    assert!(slowest < Duration::from_secs(2), "a GET waited {slowest:?} behind the big writes");
+    assert!(slowest < Duration::from_millis(2500), "no GET answered for {slowest:?} during the big writes");
 
     let (code, got) = raw(&client, "GET", &format!("{base}/mf-big"), "application/json", vec![]).await?;
     assert_eq!(code, 200);
