@@ -515,10 +515,10 @@ fn subresource_name(scope: Scope) -> String {
 }
 
 /// Objects with more nodes than this have their managedFields computed off the async workers.
-const OFFLOAD_NODES: usize = 2_000;
+pub(crate) const OFFLOAD_NODES: usize = 2_000;
 
 /// Whether `v` has more than `limit` nodes (stops counting there).
-fn larger_than(v: &Value, limit: usize) -> bool {
+pub(crate) fn larger_than(v: &Value, limit: usize) -> bool {
     fn count(v: &Value, left: &mut usize) -> bool {
         if *left == 0 {
             return true;
@@ -536,7 +536,7 @@ fn larger_than(v: &Value, limit: usize) -> bool {
 /// Runs `work` for a `large` object so that the async worker it was called on keeps serving
 /// (tokio's `block_in_place` hands the worker's other tasks to another thread). Small objects,
 /// and callers outside a multi-threaded runtime, run it in place.
-fn off_the_workers<R>(large: bool, work: impl FnOnce() -> R) -> R {
+pub(crate) fn off_the_workers<R>(large: bool, work: impl FnOnce() -> R) -> R {
     let multi = tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     if multi && large { tokio::task::block_in_place(work) } else { work() }
 }
