@@ -5,6 +5,12 @@
 //! `x-kubernetes-list-map-keys`, items `k:{...}`) or `set` (scalar items `v:<json>`), so
 //! several managers can own different entries of one list; `metadata.ownerReferences` is keyed
 //! by uid as in Kubernetes.
+//!
+//! Cost: every list is hashed once per key family (`Finder`, `merge_keyed`, `prune`), so the
+//! bookkeeping is linear in the object and its managedFields. What bounds them is the object
+//! limit (`validation::MAX_OBJECT_BYTES`, 3 MiB, the request body limit; etcd's 1.5 MiB is not
+//! ours to copy since we have no etcd), managedFields included: about 20,000 ownerReferences,
+//! and no separate count limit. `Update` entries are capped at ten as upstream does. Large objects are computed with `block_in_place`, off the async workers.
 
 use std::collections::BTreeSet;
 
@@ -226,57 +232,184 @@ pub fn from_fields_v1(v: &Value) -> FieldSet {
     out
 }
 
-fn key_match(item: &Value, tok: &str) -> bool {
-    if let Some(v) = tok.strip_prefix("v:") {
-        return serde_json::from_str::<Value>(v).is_ok_and(|v| &v == item);
+/// What a `k:` or `v:` token selects in a list, in a form that can be hashed: the key fields'
+/// names (sorted) and their values, or the member's JSON. Parsed once per token, so lookups
+/// never re-parse per item.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Selector {
+    /// `k:{...}`: the item whose fields `names` hold `values` (a JSON array, in name order).
+    Key { names: Vec<String>, values: String },
+    /// `v:<json>`: the set member equal to this JSON (rendered canonically).
+    Member(String),
+}
+
+impl Selector {
+    fn parse(tok: &str) -> Option<Self> {
+        if let Some(v) = tok.strip_prefix("v:") {
+            return serde_json::from_str::<Value>(v).ok().map(|v| Self::Member(v.to_string()));
+        }
+        let keys = serde_json::from_str::<Map<String, Value>>(tok.strip_prefix("k:")?).ok()?;
+        Some(Self::from_keys(keys.iter().map(|(k, v)| (k.as_str(), v))))
     }
-    let Some(keys) = tok.strip_prefix("k:").and_then(|j| serde_json::from_str::<Map<String, Value>>(j).ok()) else {
-        return false;
-    };
-    keys.iter().all(|(k, v)| item.get(k) == Some(v))
+
+    fn from_keys<'v>(pairs: impl Iterator<Item = (&'v str, &'v Value)>) -> Self {
+        let mut pairs: Vec<(&str, &Value)> = pairs.collect();
+        pairs.sort_by(|a, b| a.0.cmp(b.0));
+        let values: Vec<&Value> = pairs.iter().map(|(_, v)| *v).collect();
+        Self::Key {
+            names: pairs.iter().map(|(k, _)| (*k).to_string()).collect(),
+            values: Value::from(values.into_iter().cloned().collect::<Vec<_>>()).to_string(),
+        }
+    }
+
+    /// The index a list is hashed by for this kind of selector (key names, or members).
+    fn family(&self) -> String {
+        match self {
+            Self::Key { names, .. } => names.join("\u{0}"),
+            Self::Member(_) => "\u{1}member".into(),
+        }
+    }
+
+    fn hash_key(&self) -> &str {
+        match self {
+            Self::Key { values, .. } | Self::Member(values) => values,
+        }
+    }
+
+    /// This selector's hash key for `item` (None: the item lacks a key field).
+    fn key_of(&self, item: &Value) -> Option<String> {
+        match self {
+            Self::Key { names, .. } => {
+                let vals: Option<Vec<Value>> = names.iter().map(|n| item.get(n).cloned()).collect();
+                Some(Value::from(vals?).to_string())
+            }
+            Self::Member(_) => Some(item.to_string()),
+        }
+    }
+}
+
+/// Position of each item of `items` by `sel`'s family of keys (the first item wins, as a scan
+/// would find it).
+fn index_list(items: &[Value], sel: &Selector) -> std::collections::HashMap<String, usize> {
+    let mut idx = std::collections::HashMap::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        if let Some(k) = sel.key_of(item) {
+            idx.entry(k).or_insert(i);
+        }
+    }
+    idx
+}
+
+/// Looks paths up in one object, hashing each list it meets once per key family: a field set of
+/// n paths over lists of m items costs O(n + m), not O(n·m).
+struct Finder<'a> {
+    root: &'a Value,
+    lists: std::collections::HashMap<(usize, String), std::collections::HashMap<String, usize>>,
+}
+
+impl<'a> Finder<'a> {
+    fn new(root: &'a Value) -> Self {
+        Self { root, lists: std::collections::HashMap::new() }
+    }
+
+    fn get(&mut self, path: &[String]) -> Option<&'a Value> {
+        let mut cur = self.root;
+        for tok in path {
+            cur = if let Some(f) = tok.strip_prefix("f:") {
+                cur.get(f)?
+            } else if tok.starts_with("k:") || tok.starts_with("v:") {
+                let items = cur.as_array()?;
+                let sel = Selector::parse(tok)?;
+                let idx = self.lists.entry((std::ptr::from_ref(items) as usize, sel.family())).or_insert_with(|| index_list(items, &sel));
+                items.get(*idx.get(sel.hash_key())?)?
+            } else {
+                return None;
+            };
+        }
+        Some(cur)
+    }
 }
 
 /// The value at a path, if present.
 pub fn value_at<'a>(obj: &'a Value, path: &[String]) -> Option<&'a Value> {
-    let mut cur = obj;
-    for tok in path {
-        cur = if let Some(f) = tok.strip_prefix("f:") {
-            cur.get(f)?
-        } else if tok.starts_with("k:") || tok.starts_with("v:") {
-            cur.as_array()?.iter().find(|i| key_match(i, tok))?
-        } else {
-            return None;
-        };
-    }
-    Some(cur)
+    Finder::new(obj).get(path)
 }
 
-/// Removes the value at a path (no-op when absent).
-pub fn remove_at(obj: &mut Value, path: &[String]) {
-    let Some((last, parent_path)) = path.split_last() else { return };
-    let mut cur = obj;
-    for tok in parent_path {
-        let next = if let Some(f) = tok.strip_prefix("f:") {
-            cur.get_mut(f)
-        } else if tok.starts_with("k:") || tok.starts_with("v:") {
-            cur.as_array_mut().and_then(|a| a.iter_mut().find(|i| key_match(i, tok)))
-        } else {
-            None
-        };
-        match next {
-            Some(n) => cur = n,
-            None => return,
+/// Paths to remove, as a tree (a node marked `remove` goes with everything below it).
+#[derive(Default)]
+struct Removal {
+    remove: bool,
+    children: std::collections::BTreeMap<String, Removal>,
+}
+
+impl Removal {
+    fn build<'p>(paths: impl Iterator<Item = &'p FieldPath>) -> Self {
+        let mut root = Self::default();
+        for p in paths {
+            let mut node = &mut root;
+            for tok in p {
+                node = node.children.entry(tok.clone()).or_default();
+            }
+            node.remove = true;
         }
+        root
     }
-    if let Some(f) = last.strip_prefix("f:") {
-        if let Some(m) = cur.as_object_mut() {
-            m.remove(f);
+}
+
+/// Removes the marked paths from `value` in one pass; an object (below the top level) left
+/// empty by a removal goes too unless `kept` says someone owns it or sets something in it.
+/// Returns whether anything directly in `value` was removed.
+fn prune(value: &mut Value, node: &Removal, path: &mut FieldPath, kept: &dyn Fn(&[String]) -> bool) -> bool {
+    let mut removed_any = false;
+    match value {
+        Value::Object(m) => {
+            for (tok, child) in &node.children {
+                let Some(f) = tok.strip_prefix("f:") else { continue };
+                if child.remove {
+                    removed_any |= m.remove(f).is_some();
+                    continue;
+                }
+                let Some(cv) = m.get_mut(f) else { continue };
+                path.push(tok.clone());
+                let emptied = prune(cv, child, path, kept) && path.len() >= 2 && cv == &json!({}) && !kept(path);
+                path.pop();
+                if emptied {
+                    m.remove(f);
+                    removed_any = true;
+                }
+            }
         }
-    } else if (last.starts_with("k:") || last.starts_with("v:"))
-        && let Some(a) = cur.as_array_mut()
-    {
-        a.retain(|i| !key_match(i, last));
+        Value::Array(items) => {
+            let mut idx: std::collections::HashMap<String, std::collections::HashMap<String, usize>> = std::collections::HashMap::new();
+            let mut doomed: std::collections::HashMap<String, (Selector, std::collections::HashSet<String>)> =
+                std::collections::HashMap::new();
+            for (tok, child) in &node.children {
+                let Some(sel) = Selector::parse(tok) else { continue };
+                if child.remove {
+                    doomed.entry(sel.family()).or_insert_with(|| (sel.clone(), Default::default())).1.insert(sel.hash_key().to_string());
+                    continue;
+                }
+                let family = idx.entry(sel.family()).or_insert_with(|| index_list(items, &sel));
+                if let Some(&i) = family.get(sel.hash_key()) {
+                    path.push(tok.clone());
+                    prune(&mut items[i], child, path, kept);
+                    path.pop();
+                }
+            }
+            if !doomed.is_empty() {
+                let before = items.len();
+                items.retain(|item| !doomed.values().any(|(sel, keys)| sel.key_of(item).is_some_and(|k| keys.contains(&k))));
+                removed_any = items.len() != before;
+            }
+        }
+        _ => {}
     }
+    removed_any
+}
+
+/// Whether some path of `set` is `p` or below it.
+fn has_at_or_below(set: &FieldSet, p: &[String]) -> bool {
+    set.range(p.to_vec()..).next().is_some_and(|q| q.starts_with(p))
 }
 
 /// Merges an applied configuration into the live object (maps deep, keyed lists by key,
@@ -291,20 +424,16 @@ pub fn merge_applied(live: &mut Value, applied: &Value, schema: Option<&Value>, 
                     Some(lv) if lv.is_object() && av.is_object() => merge_applied(lv, av, cs, path),
                     Some(lv) if lv.is_array() && av.is_array() => {
                         if let Some(keys) = list_keys(cs, path) {
-                            let item_schema = cs.and_then(|s| s.get("items"));
-                            let Some(larr) = lv.as_array_mut() else { continue };
-                            for ai in av.as_array().into_iter().flatten() {
-                                let tok = item_token(ai, &keys, item_schema);
-                                match tok.and_then(|t| larr.iter_mut().find(|li| key_match(li, &t))) {
-                                    Some(li) => merge_applied(li, ai, item_schema, path),
-                                    None => larr.push(ai.clone()),
-                                }
+                            if let (Some(larr), Some(aarr)) = (lv.as_array_mut(), av.as_array()) {
+                                merge_keyed(larr, aarr, &keys, cs.and_then(|s| s.get("items")), path);
                             }
                         } else if is_set(cs) {
-                            let Some(larr) = lv.as_array_mut() else { continue };
-                            for ai in av.as_array().into_iter().flatten() {
-                                if !larr.contains(ai) {
-                                    larr.push(ai.clone());
+                            if let (Some(larr), Some(aarr)) = (lv.as_array_mut(), av.as_array()) {
+                                let mut members: std::collections::HashSet<String> = larr.iter().map(Value::to_string).collect();
+                                for ai in aarr {
+                                    if members.insert(ai.to_string()) {
+                                        larr.push(ai.clone());
+                                    }
                                 }
                             }
                         } else {
@@ -319,6 +448,29 @@ pub fn merge_applied(live: &mut Value, applied: &Value, schema: Option<&Value>, 
             }
         }
         _ => *live = applied.clone(),
+    }
+}
+
+/// Merges applied items of a keyed list into the live items by key (hashed once: linear in
+/// both lists).
+fn merge_keyed(larr: &mut Vec<Value>, aarr: &[Value], keys: &[String], item_schema: Option<&Value>, path: &mut FieldPath) {
+    let mut indexes: std::collections::HashMap<String, std::collections::HashMap<String, usize>> = std::collections::HashMap::new();
+    for ai in aarr {
+        let Some(sel) = item_token(ai, keys, item_schema).and_then(|t| Selector::parse(&t)) else {
+            larr.push(ai.clone());
+            continue;
+        };
+        let idx = indexes.entry(sel.family()).or_insert_with(|| index_list(larr, &sel));
+        match idx.get(sel.hash_key()).copied() {
+            Some(i) => merge_applied(&mut larr[i], ai, item_schema, path),
+            None => {
+                larr.push(ai.clone());
+                let pushed = larr.len() - 1;
+                if let Some(k) = sel.key_of(&larr[pushed]) {
+                    idx.entry(k).or_insert(pushed);
+                }
+            }
+        }
     }
 }
 
@@ -368,6 +520,33 @@ fn subresource_name(scope: Scope) -> String {
     if scope == Scope::Status { "status".into() } else { String::new() }
 }
 
+/// Objects with more nodes than this have their managedFields computed off the async workers.
+pub(crate) const OFFLOAD_NODES: usize = 2_000;
+
+/// Whether `v` has more than `limit` nodes (stops counting there).
+pub(crate) fn larger_than(v: &Value, limit: usize) -> bool {
+    fn count(v: &Value, left: &mut usize) -> bool {
+        if *left == 0 {
+            return true;
+        }
+        *left -= 1;
+        match v {
+            Value::Object(m) => m.values().any(|c| count(c, left)),
+            Value::Array(a) => a.iter().any(|c| count(c, left)),
+            _ => false,
+        }
+    }
+    count(v, &mut { limit })
+}
+
+/// Runs `work` for a `large` object so that the async worker it was called on keeps serving
+/// (tokio's `block_in_place` hands the worker's other tasks to another thread). Small objects,
+/// and callers outside a multi-threaded runtime, run it in place.
+pub(crate) fn off_the_workers<R>(large: bool, work: impl FnOnce() -> R) -> R {
+    let multi = tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi && large { tokio::task::block_in_place(work) } else { work() }
+}
+
 /// Records a non-apply write (create, update, patch) by `manager`: it takes ownership of every
 /// field it changed; fields that no longer exist are dropped from every manager.
 pub fn record_update(
@@ -379,15 +558,32 @@ pub fn record_update(
     scope: Scope,
     now: &str,
 ) {
+    let large = larger_than(new, OFFLOAD_NODES) || old.is_some_and(|o| larger_than(o, OFFLOAD_NODES));
+    off_the_workers(large, || record_update_now(old, new, manager, api_version, schema, scope, now));
+}
+
+fn record_update_now(
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    api_version: &str,
+    schema: Option<&Value>,
+    scope: Scope,
+    now: &str,
+) {
     let mut entries = old.map(read_managed).unwrap_or_default();
     let new_fields = field_set(new, schema, scope);
+    let mut in_new = Finder::new(new);
     let changed: FieldSet = match old {
-        Some(o) => new_fields.iter().filter(|p| value_at(o, p) != value_at(new, p)).cloned().collect(),
+        Some(o) => {
+            let mut in_old = Finder::new(o);
+            new_fields.iter().filter(|p| in_old.get(p) != in_new.get(p)).cloned().collect()
+        }
         None => new_fields.clone(),
     };
     let sub = subresource_name(scope);
     for e in entries.iter_mut() {
-        e.fields.retain(|p| !changed.contains(p) && value_at(new, p).is_some());
+        e.fields.retain(|p| !changed.contains(p) && in_new.get(p).is_some());
     }
     if !changed.is_empty() {
         match entries.iter_mut().find(|e| e.manager == manager && e.operation == "Update" && e.subresource == sub) {
@@ -406,7 +602,66 @@ pub fn record_update(
             }),
         }
     }
+    cap_update_managers(&mut entries);
     write_managed(new, &entries);
+}
+
+/// Most `Update` entries kept in managedFields, as kube-apiserver (`DefaultMaxUpdateManagers`):
+/// every client that writes with a new field manager name would add one more.
+pub const MAX_UPDATE_MANAGERS: usize = 10;
+/// The manager the oldest `Update` entries are merged into, one per apiVersion (upstream's name).
+pub const ANCIENT_CHANGES: &str = "ancient-changes";
+
+/// Merges the oldest `Update` entries into an `ancient-changes` entry per apiVersion until at
+/// most [`MAX_UPDATE_MANAGERS`] are left (structured-merge-diff's capManagers: the first entry
+/// of a version seen is kept until a second of that version arrives, then both become the
+/// bucket, which takes the newer time).
+fn cap_update_managers(entries: &mut Vec<ManagerEntry>) {
+    let mut updaters: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].operation != "Apply").collect();
+    let mut length = updaters.len();
+    if length <= MAX_UPDATE_MANAGERS {
+        return;
+    }
+    updaters.sort_by(|&a, &b| entries[a].time.cmp(&entries[b].time));
+    let is_bucket = |e: &ManagerEntry, version: &str| {
+        e.manager == ANCIENT_CHANGES && e.operation == "Update" && e.subresource.is_empty() && e.api_version == version
+    };
+    let mut first_of_version: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut merged = std::collections::HashSet::new();
+    for &i in &updaters {
+        if length <= MAX_UPDATE_MANAGERS {
+            break;
+        }
+        let version = entries[i].api_version.clone();
+        let Some(&first) = first_of_version.get(&version) else {
+            first_of_version.insert(version, i);
+            continue;
+        };
+        let bucket = match (0..entries.len()).find(|&b| !merged.contains(&b) && is_bucket(&entries[b], &version)) {
+            Some(b) => b,
+            None => {
+                let e = &mut entries[first];
+                e.manager = ANCIENT_CHANGES.into();
+                e.operation = "Update".into();
+                e.subresource = String::new();
+                first
+            }
+        };
+        if bucket == i {
+            continue;
+        }
+        let fields = std::mem::take(&mut entries[i].fields);
+        let time = entries[i].time.clone();
+        entries[bucket].fields.extend(fields);
+        entries[bucket].time = time;
+        merged.insert(i);
+        length -= 1;
+    }
+    let mut index = 0;
+    entries.retain(|_| {
+        index += 1;
+        !merged.contains(&(index - 1))
+    });
 }
 
 /// Parameters of one server-side apply.
@@ -478,6 +733,11 @@ fn duplicate_entries(value: &Value, schema: Option<&Value>, path: &mut FieldPath
 /// entries, check conflicts per manager, drop what this manager no longer applies, merge, then
 /// the managedFields bookkeeping.
 pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Value, ApiError> {
+    let large = larger_than(live, OFFLOAD_NODES) || larger_than(applied, OFFLOAD_NODES);
+    off_the_workers(large, || apply_now(live, applied, req))
+}
+
+fn apply_now(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Value, ApiError> {
     refuse_duplicate_entries(live, applied, req)?;
     let mut entries = read_managed(live);
     let applied_fields = field_set(applied, req.schema, req.scope);
@@ -496,8 +756,9 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
     drop_released_fields(&mut out, &entries, &applied_fields, req.manager, &sub);
     merge_applied(&mut out, &scoped_configuration(applied, req.scope), req.schema, &mut vec![]);
     // Other managers keep only what still exists.
+    let mut in_out = Finder::new(&out);
     for e in entries.iter_mut() {
-        e.fields.retain(|p| value_at(&out, p).is_some());
+        e.fields.retain(|p| in_out.get(p).is_some());
     }
     entries.retain(|e| !(e.manager == req.manager && e.operation == "Apply" && e.subresource == sub));
     entries.push(ManagerEntry {
@@ -508,6 +769,7 @@ pub fn apply(live: &Value, applied: &Value, req: &ApplyRequest<'_>) -> Result<Va
         subresource: sub,
         fields: applied_fields,
     });
+    cap_update_managers(&mut entries);
     write_managed(&mut out, &entries);
     Ok(out)
 }
@@ -542,6 +804,7 @@ fn conflicts(
     manager: &str,
 ) -> Vec<(String, FieldPath)> {
     let mut conflicts: Vec<(String, FieldPath)> = vec![];
+    let (mut in_live, mut in_applied) = (Finder::new(live), Finder::new(applied));
     for e in entries.iter() {
         if e.manager == manager {
             continue;
@@ -552,7 +815,7 @@ fn conflicts(
             if p.last().is_some_and(|t| t.starts_with("k:") || t.starts_with("v:")) {
                 continue;
             }
-            if e.fields.contains(p) && value_at(live, p) != value_at(applied, p) {
+            if e.fields.contains(p) && in_live.get(p) != in_applied.get(p) {
                 conflicts.push((e.manager.clone(), p.clone()));
             }
         }
@@ -579,47 +842,34 @@ fn conflict_error(conflicts: &[(String, FieldPath)]) -> ApiError {
 }
 
 /// Removes from `out` the fields `manager` applied before (in this subresource) but no longer
-/// does, and nobody else owns.
+/// does, and nobody else owns. Every check is a set lookup or a range query and the removal is
+/// one pass over `out`, so dropping thousands of list items stays linear.
 fn drop_released_fields(out: &mut Value, entries: &[ManagerEntry], applied_fields: &FieldSet, manager: &str, sub: &str) {
     let is_self = |e: &ManagerEntry| e.manager == manager && e.operation == "Apply" && e.subresource == sub;
+    let others: Vec<&FieldSet> = entries.iter().filter(|e| !is_self(e)).map(|e| &e.fields).collect();
     let previous: FieldSet = entries.iter().filter(|e| is_self(e)).flat_map(|e| e.fields.iter().cloned()).collect();
-    let owned_by_other = |p: &FieldPath| entries.iter().any(|e| !is_self(e) && e.fields.contains(p));
+    let owned_by_other = |p: &[String]| others.iter().any(|f| f.contains(p));
     // Someone else (another manager, or this manager's other entries) still owns `p` or a field
     // below it, or this apply sets something below it.
-    let in_use_below = |p: &FieldPath| {
-        entries.iter().filter(|e| !is_self(e)).any(|e| e.fields.iter().any(|q| q.starts_with(p)))
-            || applied_fields.iter().any(|q| q.starts_with(p))
-    };
+    let in_use_below = |p: &[String]| others.iter().any(|f| has_at_or_below(f, p)) || has_at_or_below(applied_fields, p);
+    let is_item = |p: &FieldPath| p.last().is_some_and(|t| t.starts_with("k:"));
     let candidates: Vec<&FieldPath> = previous.iter().filter(|p| !applied_fields.contains(*p)).filter(|p| !owned_by_other(p)).collect();
     // A keyed list item goes as a whole when nothing in it is still in use; otherwise it stays
     // (with its key fields) and only this manager's other fields in it go.
-    let removed_items: Vec<&FieldPath> =
-        candidates.iter().copied().filter(|p| p.last().is_some_and(|t| t.starts_with("k:")) && !in_use_below(p)).collect();
-    let mut removed: Vec<&FieldPath> = candidates
+    let removed_items: std::collections::HashSet<&FieldPath> =
+        candidates.iter().copied().filter(|p| is_item(p) && !in_use_below(p)).collect();
+    let removed = candidates
         .into_iter()
-        .filter(|p| !p.last().is_some_and(|t| t.starts_with("k:")) || removed_items.contains(p))
+        .filter(|p| !is_item(p) || removed_items.contains(p))
         // Inside an item removed as a whole: the item's removal takes care of it.
-        .filter(|p| !removed_items.iter().any(|i| i.len() < p.len() && p.starts_with(i)))
+        .filter(|p| !(1..p.len()).any(|n| removed_items.contains(&p[..n].to_vec())))
         // Key fields of an item that stays.
-        .filter(|p| !is_key_field(p))
-        .collect();
-    removed.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in removed {
-        remove_at(out, p);
-        // An object whose last field just went goes too (`status.plan: {}` would fail its
-        // schema's required fields), unless someone owns it as such or this apply sets it;
-        // top-level objects (spec, status) stay.
-        for depth in (2..p.len()).rev() {
-            let parent = &p[..depth];
-            let empty = parent.last().is_some_and(|t| t.starts_with("f:")) && value_at(out, parent).is_some_and(|v| v == &json!({}));
-            let kept =
-                entries.iter().any(|e| !is_self(e) && e.fields.contains(parent)) || applied_fields.iter().any(|q| q.starts_with(parent));
-            if !empty || kept {
-                break;
-            }
-            remove_at(out, parent);
-        }
-    }
+        .filter(|p| !is_key_field(p));
+    // An object whose last field just went goes too (`status.plan: {}` would fail its schema's
+    // required fields), unless someone owns it as such or this apply sets it; top-level objects
+    // (spec, status) stay.
+    let kept = |parent: &[String]| owned_by_other(parent) || has_at_or_below(applied_fields, parent);
+    prune(out, &Removal::build(removed), &mut vec![], &kept);
 }
 
 /// The part of the configuration `scope` may touch (no apiVersion/kind; status only through
@@ -721,6 +971,31 @@ mod tests {
         // An empty object applied as such is owned as a leaf and stays.
         let c = apply(&b, &json!({"status": {"phase": "Ready", "cost": {}}}), &req)?;
         assert_eq!(c["status"]["cost"], json!({}));
+        Ok(())
+    }
+
+    /// A twelfth manager writing: the two oldest Update entries become `ancient-changes`, so
+    /// managedFields holds at most ten Update entries (as kube-apiserver); Apply entries stay.
+    #[test]
+    fn update_managers_are_capped_at_ten() -> Result<(), ApiError> {
+        let mut obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {}});
+        let req = ApplyRequest { manager: "applier", force: false, scope: Scope::All, api_version: "v1", schema: None, now: "t00" };
+        obj = apply(&obj, &json!({"data": {"applied": "x"}}), &req)?;
+        for i in 0..12 {
+            let mut next = obj.clone();
+            next["data"][format!("k{i}")] = json!("v");
+            record_update(Some(&obj), &mut next, &format!("writer-{i}"), "v1", None, Scope::All, &format!("t{:02}", i + 1));
+            obj = next;
+        }
+        let entries = read_managed(&obj);
+        let updates: Vec<&ManagerEntry> = entries.iter().filter(|e| e.operation == "Update").collect();
+        assert_eq!(updates.len(), MAX_UPDATE_MANAGERS, "{:#}", obj["metadata"]);
+        let ancient = entries.iter().find(|e| e.manager == ANCIENT_CHANGES).ok_or_else(|| ApiError::bad_request("no ancient-changes"))?;
+        let owned: Vec<String> = ancient.fields.iter().map(|p| render_path(p)).collect();
+        assert_eq!(owned, [".data.k0", ".data.k1", ".data.k2"], "the three oldest writers' fields");
+        assert_eq!(ancient.time, "t03");
+        assert!(entries.iter().any(|e| e.manager == "applier" && e.operation == "Apply"));
+        assert!(!entries.iter().any(|e| ["writer-0", "writer-1", "writer-2"].contains(&e.manager.as_str())));
         Ok(())
     }
 

@@ -116,8 +116,9 @@ pub fn plan(target: &str, sets: &[String], namespace: &str, catalog: &Catalog, l
         let templates: Vec<&str> = library.templates().map(|t| t.name()).collect();
         bail!("{target:?} is neither a catalog service ({}) nor a template ({})", services.join(", "), templates.join(", "));
     };
-    // The Namespace first, labelled so a kept or leaked environment is easy to find.
-    objects.retain(|o| o["kind"] != "Namespace");
+    // The Namespace first, labelled so a kept or leaked environment is easy to find (the
+    // template's own for this namespace gives way; any other is refused by `confine`).
+    objects.retain(|o| !(o["apiVersion"] == "v1" && o["kind"] == "Namespace" && o["metadata"]["name"] == namespace));
     objects.insert(
         0,
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {TEST_LABEL: label_value(target)}}}),
@@ -135,6 +136,7 @@ pub fn plan(target: &str, sets: &[String], namespace: &str, catalog: &Catalog, l
             bail!("{target}: {kind} {} uses a cloud account; provisioning test runs on the local provider only", o["metadata"]["name"]);
         }
     }
+    confine(&mut objects[1..], namespace)?;
     let wanted: Vec<String> = {
         let mut w = Vec::new();
         for o in &objects {
@@ -156,6 +158,39 @@ pub fn plan(target: &str, sets: &[String], namespace: &str, catalog: &Catalog, l
         }
     }
     Ok(TestPlan { title: target.to_string(), namespace: namespace.to_string(), objects, services })
+}
+
+/// What `provisioning test` applies besides its own Namespace: our namespaced kinds and the
+/// ConfigMaps and Secrets they read, as (group, kind). It runs with the caller's credentials
+/// (`--kubeconfig`) and removes the environment by deleting the namespace, so nothing may land
+/// outside it: no cluster-scoped objects (RBAC, Workspaces, Namespaces), no other namespace.
+const ALLOWED_KINDS: [(&str, &str); 5] =
+    [("provisioning.dev", "Cluster"), ("provisioning.dev", "Server"), ("provisioning.dev", "TaskServ"), ("", "ConfigMap"), ("", "Secret")];
+
+/// Refuses, naming the object, anything `provisioning test` may not apply, and puts every
+/// object in `namespace`.
+fn confine(objects: &mut [Value], namespace: &str) -> anyhow::Result<()> {
+    for o in objects {
+        let api_version = o["apiVersion"].as_str().unwrap_or_default().to_string();
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g).to_string();
+        let kind = o["kind"].as_str().unwrap_or_default().to_string();
+        let what = format!("{kind} {} ({api_version})", o["metadata"]["name"].as_str().unwrap_or("<no name>"));
+        if !ALLOWED_KINDS.contains(&(group.as_str(), kind.as_str())) {
+            bail!(
+                "{what}: provisioning test applies only Cluster, Server, TaskServ, ConfigMap and Secret objects, all in its own namespace {namespace} (it runs with your credentials and deletes the namespace afterwards)"
+            );
+        }
+        let Some(metadata) = o.get_mut("metadata").and_then(Value::as_object_mut) else {
+            bail!("{what}: metadata must be an object");
+        };
+        match metadata.get("namespace") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(ns)) if ns.is_empty() || ns == namespace => {}
+            Some(other) => bail!("{what} is in namespace {other}: provisioning test applies objects only in its own namespace {namespace}"),
+        }
+        metadata.insert("namespace".into(), json!(namespace));
+    }
+    Ok(())
 }
 
 /// A label value made from `target` (underscores are allowed in label values).
@@ -357,6 +392,12 @@ pub async fn run_test(opts: TestOptions) -> anyhow::Result<i32> {
     let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     say!("provisioning test {}: namespace {}, services {}", plan.title, plan.namespace, plan.services.join(", "));
     let control = ControlPlane::start(&opts).await?;
+    // The namespace is deleted at the end: it must be the one this run makes.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(control.client.clone());
+    if namespaces.get_opt(&plan.namespace).await?.is_some() {
+        control.stop(false).await;
+        bail!("namespace {} already exists; provisioning test only uses a namespace it creates", plan.namespace);
+    }
     let mut cases = exercise(&control, &plan, &opts, &interrupted).await;
     if opts.keep {
         say!("--keep: everything stays in namespace {}", plan.namespace);
@@ -623,10 +664,40 @@ fn taskserv_cases(t: &TaskServ, rerun: Option<Rerun>) -> Vec<CaseResult> {
 }
 
 /// Deletes everything in `namespace` (Clusters and standalone TaskServs, then Servers, then
-/// the Namespace) and waits until no Server is left and Docker holds nothing with the
+/// the Namespace, which goes even when a step before it failed) and waits until no Server is left and Docker holds nothing with the
 /// namespace's label; fails naming what is left.
 async fn cleanup(client: &Client, namespace: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + CLEANUP_TIMEOUT;
+    let mut problems = Vec::new();
+    if let Err(e) = remove_environment(client, namespace, deadline).await {
+        problems.push(format!("{e:#}"));
+    }
+    // The namespace goes whatever failed above: with it its ConfigMaps, Secrets and anything
+    // left.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    match namespaces.delete(namespace, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => problems.push(format!("deleting the namespace {namespace}: {e}")),
+    }
+    // Networks go once their last container is gone: allow the controller a moment.
+    let docker_deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = docker_leftovers(namespace).await?;
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() >= docker_deadline {
+            problems.push(format!("left behind in Docker: {}", left.join(", ")));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if problems.is_empty() { Ok(()) } else { bail!("{}", problems.join("; ")) }
+}
+
+/// Clusters and standalone TaskServs, then Servers, each waited for.
+async fn remove_environment(client: &Client, namespace: &str, deadline: Instant) -> anyhow::Result<()> {
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), namespace);
     let taskservs: Api<TaskServ> = Api::namespaced(client.clone(), namespace);
     let servers: Api<Server> = Api::namespaced(client.clone(), namespace);
@@ -639,23 +710,7 @@ async fn cleanup(client: &Client, namespace: &str) -> anyhow::Result<()> {
     delete_all(&taskservs, &dp, &lp).await.context("deleting the TaskServs")?;
     wait_gone(&taskservs, deadline, "TaskServ").await?;
     delete_all(&servers, &dp, &lp).await.context("deleting the Servers")?;
-    wait_gone(&servers, deadline, "Server").await?;
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    if let Err(e) = namespaces.delete(namespace, &dp).await {
-        tracing::warn!(error = %e, namespace, "deleting the test namespace");
-    }
-    // Networks go once their last container is gone: allow the controller a moment.
-    let docker_deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = docker_leftovers(namespace).await?;
-        if left.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() >= docker_deadline {
-            bail!("left behind in Docker: {}", left.join(", "));
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_gone(&servers, deadline, "Server").await
 }
 
 /// Deletes every object `api` lists (one call each; "already gone" is fine).
@@ -764,6 +819,65 @@ mod tests {
         let cluster = p.objects.iter().find(|o| o["kind"] == "Cluster").expect("cluster");
         assert_eq!(cluster["metadata"]["namespace"], "ptest-2");
         assert_eq!(cluster["spec"]["pools"][0]["replicas"], 1);
+    }
+
+    /// A template rendering `manifests` (a Cluster of redis first, so the plan is otherwise
+    /// valid), in a library of its own.
+    fn hostile_library(dir: &std::path::Path, manifests: &str) -> anyhow::Result<TemplateLibrary> {
+        let t = dir.join("hostile");
+        std::fs::create_dir_all(&t)?;
+        std::fs::write(
+            t.join("template.yaml"),
+            "name: hostile\ndescription: renders more than it should\ndefaultNamespace: hostile\nparameters: []\n",
+        )?;
+        let cluster = "apiVersion: provisioning.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: r\nspec:\n  provider: local\n  pools:\n  - name: node\n    replicas: 1\n    plan: small\n  taskservs:\n  - service: redis\n    pools: [node]\n";
+        std::fs::write(t.join("manifests.yaml.j2"), format!("{cluster}---\n{manifests}"))?;
+        Ok(TemplateLibrary::load(dir)?)
+    }
+
+    /// `provisioning test` runs with the caller's credentials: a template may put only our
+    /// namespaced kinds and ConfigMaps/Secrets into the test namespace; anything else is refused
+    /// naming the object, before anything is created.
+    #[test]
+    fn a_template_cannot_reach_outside_the_test_namespace() -> anyhow::Result<()> {
+        let catalog = Catalog::load(&Catalog::default_dir())?;
+        let refused = [
+            (
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: grab\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}\nsubjects: [{kind: Group, name: system:authenticated, apiGroup: rbac.authorization.k8s.io}]\n",
+                "ClusterRoleBinding grab (rbac.authorization.k8s.io/v1): provisioning test applies only",
+            ),
+            (
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: plant\n  namespace: kube-system\ndata: {a: b}\n",
+                "ConfigMap plant (v1) is in namespace \"kube-system\"",
+            ),
+            ("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: elsewhere\n", "Namespace elsewhere (v1): provisioning test applies only"),
+            ("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: sa\n", "ServiceAccount sa (v1): provisioning test applies only"),
+            (
+                "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata:\n  name: ws\nspec:\n  providers: [{name: local, type: local}]\n",
+                "Workspace ws (provisioning.dev/v1alpha1): provisioning test applies only",
+            ),
+        ];
+        for (manifest, want) in refused {
+            let dir = tempfile::tempdir()?;
+            let library = hostile_library(dir.path(), manifest)?;
+            let e = match plan("hostile", &[], "ptest-h", &catalog, &library) {
+                Ok(p) => anyhow::bail!("{manifest}: planned {:?}", p.objects),
+                Err(e) => format!("{e:#}"),
+            };
+            assert!(e.contains(want), "{manifest}: {e}");
+        }
+        // Allowed kinds land in the test namespace, whatever the template left out.
+        let dir = tempfile::tempdir()?;
+        let library = hostile_library(dir.path(), "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata: {a: b}\n")?;
+        let p = plan("hostile", &[], "ptest-h", &catalog, &library)?;
+        assert_eq!(
+            p.objects.iter().map(|o| o["kind"].as_str().unwrap_or_default()).collect::<Vec<_>>(),
+            ["Namespace", "Cluster", "ConfigMap"]
+        );
+        for o in &p.objects[1..] {
+            assert_eq!(o["metadata"]["namespace"], "ptest-h", "{o}");
+        }
+        Ok(())
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The audit log: one JSON line per provider call and per task script run, appended to
 //! `<state dir>/audit/audit.jsonl` and rotated by size, read back ([`read_all`]) by
-//! `provisioning audit`.
+//! `provisioning audit`; optionally (`audit_stdout`) also streamed as the same JSON lines to
+//! stdout, where a cluster's log collector keeps them beyond the replica's volume.
 //!
 //! Writes go through a channel to one writer thread, so a reconcile never waits on the disk;
 //! the writer appends and `fdatasync`s after each batch it drains (a kill -9 loses at most the
@@ -164,18 +165,40 @@ pub struct AuditLog {
     tx: Option<Sender<Entry>>,
 }
 
+/// Where audit lines are streamed besides the file (stdout in a deployment).
+pub type Stream = Box<dyn Write + Send>;
+
 impl AuditLog {
     /// Opens (creating) `dir` and starts the writer thread.
     pub fn open(dir: &Path) -> anyhow::Result<AuditLog> {
-        AuditLog::open_with(dir, DEFAULT_MAX_BYTES, DEFAULT_KEEP)
+        AuditLog::open_with(dir, DEFAULT_MAX_BYTES, DEFAULT_KEEP, None)
     }
 
-    /// As [`AuditLog::open`], with the rotation size and count given.
-    pub fn open_with(dir: &Path, max_bytes: u64, keep: usize) -> anyhow::Result<AuditLog> {
+    /// As [`AuditLog::open`], with the rotation size and count given, each line also written
+    /// to `stream` when there is one.
+    pub fn open_with(dir: &Path, max_bytes: u64, keep: usize, stream: Option<Stream>) -> anyhow::Result<AuditLog> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating the audit directory {}", dir.display()))?;
         let file = Rotating::open(dir, max_bytes, keep)?;
+        AuditLog::start(Some(file), stream)
+    }
+
+    /// A log with no file that streams to `stream` (none: records nothing).
+    pub fn stream_only(stream: Option<Stream>) -> AuditLog {
+        if stream.is_none() {
+            return AuditLog::disabled();
+        }
+        AuditLog::start(None, stream).unwrap_or_else(|e| {
+            tracing::warn!(error = %format!("{e:#}"), "the audit log is off");
+            AuditLog::disabled()
+        })
+    }
+
+    fn start(file: Option<Rotating>, stream: Option<Stream>) -> anyhow::Result<AuditLog> {
         let (tx, rx) = channel();
-        std::thread::Builder::new().name("audit-writer".into()).spawn(move || write_loop(file, rx)).context("starting the audit writer")?;
+        std::thread::Builder::new()
+            .name("audit-writer".into())
+            .spawn(move || write_loop(file, stream, rx))
+            .context("starting the audit writer")?;
         Ok(AuditLog { tx: Some(tx) })
     }
 
@@ -239,21 +262,36 @@ impl Rotating {
     }
 }
 
-fn write_loop(mut file: Rotating, rx: Receiver<Entry>) {
+fn write_loop(mut file: Option<Rotating>, mut stream: Option<Stream>, rx: Receiver<Entry>) {
     let mut warned = false;
     while let Ok(first) = rx.recv() {
         let mut result = Ok(());
+        let mut streamed = Ok(());
         for entry in std::iter::once(first).chain(rx.try_iter()) {
             let Ok(mut line) = serde_json::to_vec(&entry) else { continue };
             line.push(b'\n');
-            if let Err(e) = file.append(&line) {
+            if let Some(file) = file.as_mut()
+                && let Err(e) = file.append(&line)
+            {
                 result = Err(e);
             }
+            if let Some(out) = stream.as_mut()
+                && let Err(e) = out.write_all(&line)
+            {
+                streamed = Err(e);
+            }
         }
-        let result = result.and_then(|()| file.file.sync_data());
-        match result {
+        if let Some(out) = stream.as_mut() {
+            streamed = streamed.and_then(|()| out.flush());
+        }
+        let result = match file.as_mut() {
+            Some(file) => result.and_then(|()| file.file.sync_data()),
+            None => Ok(()),
+        };
+        match result.and(streamed) {
             Err(e) if !warned => {
-                tracing::warn!(dir = %file.dir.display(), error = %e, "could not write the audit log; entries may be missing");
+                let dir = file.as_ref().map(|f| f.dir.display().to_string()).unwrap_or_default();
+                tracing::warn!(dir, error = %e, "could not write the audit log; entries may be missing");
                 warned = true;
             }
             Ok(()) => warned = false,
@@ -329,6 +367,57 @@ mod tests {
         }
     }
 
+    /// A `Write` that keeps what it is given, shared with the test.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// `audit_stdout`: every entry is streamed as the same JSON line the file gets (for a
+    /// cluster's log collector), also when the file cannot be opened.
+    #[test]
+    fn entries_are_streamed_as_json_lines_too() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let captured = Captured::default();
+        let log = AuditLog::open_with(dir.path(), DEFAULT_MAX_BYTES, DEFAULT_KEEP, Some(Box::new(captured.clone())))?;
+        log.record(Entry::now(call("ensure_server"), Duration::from_millis(5), "ok", None));
+        log.record(Entry::now(call("delete_server"), Duration::from_millis(7), "Permanent", Some("gone".into())));
+        let entries = wait_for_lines(dir.path(), 2);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let streamed = loop {
+            let text = String::from_utf8(captured.0.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone())?;
+            if text.lines().count() >= 2 || std::time::Instant::now() > deadline {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let file = std::fs::read_to_string(dir.path().join(FILE_NAME))?;
+        assert_eq!(entries.len(), 2);
+        assert_eq!(streamed, file, "the stream carries exactly the file's lines");
+        for line in streamed.lines() {
+            let v: serde_json::Value = serde_json::from_str(line)?;
+            assert_eq!(v["type"], "providerCall", "{line}");
+        }
+
+        let only = Captured::default();
+        let log = AuditLog::stream_only(Some(Box::new(only.clone())));
+        log.record(Entry::now(call("survey"), Duration::from_millis(1), "ok", None));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while only.0.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.is_empty() {
+            anyhow::ensure!(std::time::Instant::now() < deadline, "nothing streamed without a file");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
     #[tokio::test]
     async fn provider_calls_are_attributed_to_the_current_object() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -349,7 +438,7 @@ mod tests {
     #[test]
     fn the_log_rotates_by_size_and_keeps_a_bounded_number_of_files() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let log = AuditLog::open_with(dir.path(), 400, 2).expect("open");
+        let log = AuditLog::open_with(dir.path(), 400, 2, None).expect("open");
         for i in 0..40 {
             log.record(Entry::now(call(&format!("op{i}")), Duration::ZERO, "ok", None));
         }

@@ -65,6 +65,10 @@ pub struct ControllerConfig {
     pub allow_insecure_endpoints: bool,
     /// ChangeRecords kept per Server, TaskServ and Cluster (the newest); 0 records none.
     pub history_limit: usize,
+    /// Also write every audit entry as one JSON line to stdout (the controller logs to
+    /// stderr), for the cluster's log collector: the file under `state_dir` is per replica and
+    /// lives as long as its volume (an emptyDir in deploy/), stdout outlives both.
+    pub audit_stdout: bool,
     /// User catalog directories (each like `taskservs/catalog`: `<service>/taskserv.yaml`,
     /// scripts, templates, optional `lib/`), merged after the built-in catalog in order:
     /// a later entry overrides an earlier one's service of the same name.
@@ -95,6 +99,7 @@ impl Default for ControllerConfig {
             concurrency: 128,
             allow_insecure_endpoints: false,
             history_limit: 20,
+            audit_stdout: false,
             catalogs: Vec::new(),
             catalog_overrides: Vec::new(),
             max_health_interval_secs: 0,

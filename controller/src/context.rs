@@ -104,10 +104,12 @@ impl Context {
         let mut providers = ProviderRegistry::new(client.clone(), config.state_dir.clone(), host);
         providers.allow_insecure_endpoints = config.allow_insecure_endpoints;
         let audit_dir = crate::audit::dir_for_state_dir(&config.state_dir);
-        let audit = crate::audit::AuditLog::open(&audit_dir).unwrap_or_else(|e| {
-            tracing::warn!(dir = %audit_dir.display(), error = %format!("{e:#}"), "the audit log is off: its directory cannot be written (set state_dir to a writable directory)");
-            crate::audit::AuditLog::disabled()
-        });
+        let stream = config.audit_stdout.then(|| Box::new(std::io::stdout()) as crate::audit::Stream);
+        let audit = crate::audit::AuditLog::open_with(&audit_dir, crate::audit::DEFAULT_MAX_BYTES, crate::audit::DEFAULT_KEEP, stream)
+            .unwrap_or_else(|e| {
+                tracing::warn!(dir = %audit_dir.display(), error = %format!("{e:#}"), "the audit log file is off: its directory cannot be written (set state_dir to a writable directory)");
+                crate::audit::AuditLog::stream_only(config.audit_stdout.then(|| Box::new(std::io::stdout()) as crate::audit::Stream))
+            });
         let history = ChangeHistory::new(client.clone(), FIELD_MANAGER, config.history_limit);
         Context {
             client,

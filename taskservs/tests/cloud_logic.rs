@@ -142,3 +142,52 @@ fn downloads_need_a_matching_pinned_sha256() {
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert_eq!(std::fs::read(&dest).expect("downloaded"), b"release bytes");
 }
+
+/// The pkgs.k8s.io Release.key is trusted only with the pinned fingerprint: install.nu checks
+/// the download before dearmoring it into the keyring, and the check refuses any other key (a
+/// throwaway key made here stands in for a substituted one) and accepts the pinned one.
+#[test]
+fn the_kubernetes_apt_key_must_have_the_pinned_fingerprint() -> Result<(), Box<dyn std::error::Error>> {
+    let install = std::fs::read_to_string(crate_dir().join("catalog/kubernetes/install.nu"))?;
+    let (verify, dearmor) = (install.find("verify-key-fingerprint /tmp/k8s-release.key"), install.find("--dearmor"));
+    assert!(verify.is_some() && verify < dearmor, "install.nu verifies the key before trusting it");
+
+    let home = tempfile::tempdir()?;
+    let gpg = |args: &[&str]| std::process::Command::new("gpg").env("GNUPGHOME", home.path()).args(args).output();
+    let made = gpg(&["--batch", "--passphrase", "", "--quick-gen-key", "Throwaway <t@example.invalid>", "ed25519", "sign", "never"])?;
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let key = home.path().join("substitute.asc");
+    std::fs::write(&key, gpg(&["--batch", "--armor", "--export", "t@example.invalid"])?.stdout)?;
+    let listed =
+        String::from_utf8_lossy(&gpg(&["--batch", "--with-colons", "--show-keys", &key.display().to_string()])?.stdout).into_owned();
+    let own = listed.lines().find_map(|l| l.strip_prefix("fpr:::::::::")).and_then(|r| r.split(':').next()).unwrap_or_default().to_string();
+    assert_eq!(own.len(), 40, "{listed}");
+    let check = |pin: &str| {
+        std::process::Command::new(nu())
+            .current_dir(crate_dir().join("catalog"))
+            .env("GNUPGHOME", home.path())
+            .args(["--no-config-file", "-c", &format!("use kubernetes/common.nu *; verify-key-fingerprint '{}' {pin}", key.display())])
+            .output()
+    };
+    let refused = check("$K8S_APT_KEY_FINGERPRINT")?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a key other than the pinned one is refused");
+    for want in [own.as_str(), "is not the pinned", "DE15B14486CD377B9E876E1A234654DA9A296436", "refusing to trust it"] {
+        assert!(stderr.contains(want), "{want}: {stderr}");
+    }
+    let accepted = check(&own)?;
+    assert!(accepted.status.success(), "{}", String::from_utf8_lossy(&accepted.stderr));
+    let garbage = home.path().join("garbage.key");
+    std::fs::write(&garbage, "<html>not a key</html>")?;
+    let out = std::process::Command::new(nu())
+        .current_dir(crate_dir().join("catalog"))
+        .env("GNUPGHOME", home.path())
+        .args([
+            "--no-config-file",
+            "-c",
+            &format!("use kubernetes/common.nu *; verify-key-fingerprint '{}' $K8S_APT_KEY_FINGERPRINT", garbage.display()),
+        ])
+        .output()?;
+    assert!(!out.status.success(), "a download that is no key is refused");
+    Ok(())
+}

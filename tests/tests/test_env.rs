@@ -104,6 +104,31 @@ fn bad_targets_and_parameters_exit_1_naming_them_before_anything_is_created() ->
     Ok(())
 }
 
+/// `provisioning test` applies with the caller's credentials: a template that renders a
+/// ClusterRoleBinding (or anything outside the test namespace) is refused, naming the object,
+/// before a control plane starts or a namespace is chosen.
+#[test]
+fn a_template_reaching_outside_the_test_namespace_is_refused_before_anything_is_created() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let t = dir.path().join("grabber");
+    std::fs::create_dir_all(&t)?;
+    std::fs::write(t.join("template.yaml"), "name: grabber\ndescription: redis and a grab\ndefaultNamespace: grabber\nparameters: []\n")?;
+    std::fs::write(
+        t.join("manifests.yaml.j2"),
+        "apiVersion: provisioning.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: r\n  namespace: {{ namespace }}\nspec:\n  provider: local\n  pools:\n  - name: node\n    replicas: 1\n    plan: small\n  taskservs:\n  - service: redis\n    pools: [node]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: grab\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}\nsubjects: [{kind: Group, name: system:authenticated, apiGroup: rbac.authorization.k8s.io}]\n",
+    )?;
+    let out = Command::new(provisioning_bin())
+        .args(["test", "grabber"])
+        .env("PROVISIONING_TEMPLATES", dir.path())
+        .stdin(Stdio::null())
+        .output()?;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("ClusterRoleBinding grab (rbac.authorization.k8s.io/v1): provisioning test applies only"), "{stderr}");
+    assert!(!stdout.contains("namespace ptest-"), "{stdout}");
+    Ok(())
+}
+
 #[test]
 fn an_interrupted_test_cleans_up() -> Result<()> {
     require_node_image()?;

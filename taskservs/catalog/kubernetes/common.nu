@@ -4,6 +4,26 @@ use ../lib/ctx.nu [address-of members require-command]
 
 export const ADMIN_CONF = "/etc/kubernetes/admin.conf"
 
+# The pkgs.k8s.io signing key (the Kubernetes project's "isv:kubernetes OBS Project" key, the
+# same for every minor version's repository): a downloaded Release.key is trusted only when
+# this is its one primary key. When upstream rotates it, update the pin after checking the
+# new fingerprint against kubernetes.io.
+export const K8S_APT_KEY_FINGERPRINT = "DE15B14486CD377B9E876E1A234654DA9A296436"
+
+# Fails unless the OpenPGP key file `file` holds exactly one primary key, `fingerprint`.
+export def verify-key-fingerprint [file: path, fingerprint: string] {
+    let out = (^gpg --batch --with-colons --show-keys $file | complete)
+    if $out.exit_code != 0 {
+        error make {msg: $"($file) is not an OpenPGP key: ($out.stderr | str trim)"}
+    }
+    let records = ($out.stdout | lines | each {|l| $l | split row ":" })
+    # Each primary key's fingerprint is the `fpr` record right after its `pub` record.
+    let primaries = ($records | window 2 | where {|w| ($w.0 | first) == "pub" and ($w.1 | first) == "fpr" } | each {|w| $w.1 | get 9 })
+    if $primaries != [$fingerprint] {
+        error make {msg: $"($file): key fingerprint ($primaries | str join ', ') is not the pinned ($fingerprint); refusing to trust it"}
+    }
+}
+
 # The control-plane servers, sorted by name: the Cluster's servers of the control-plane pool,
 # or (standalone TaskServ) this server and its peers.
 export def control-planes [ctx: record]: nothing -> list<record> {

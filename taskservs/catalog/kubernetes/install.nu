@@ -29,6 +29,7 @@ def main [] {
     if not ($keyring | path exists) {
         mkdir /etc/apt/keyrings
         ^curl -fsSL --retry 5 -o /tmp/k8s-release.key $"https://pkgs.k8s.io/core:/stable:/($minor)/deb/Release.key"
+        verify-key-fingerprint /tmp/k8s-release.key $K8S_APT_KEY_FINGERPRINT
         ^gpg --dearmor --yes -o $keyring /tmp/k8s-release.key
     }
     let repo = $"deb [signed-by=($keyring)] https://pkgs.k8s.io/core:/stable:/($minor)/deb/ /\n"
