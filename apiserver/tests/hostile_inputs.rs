@@ -69,6 +69,13 @@ fn corpus() -> Vec<Case> {
         case("4 MiB body", "POST", CM, JSON, cm(&format!(r#"{{"k":"{}"}}"#, "x".repeat(4 << 20)))),
         case("YAML alias bomb", "POST", CM, YAML, laughs.clone()),
         case("deep YAML flow", "POST", CM, YAML, "[".repeat(100_000)),
+        case(
+            "YAML long string aliased",
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            YAML,
+            format!("s: &s {}\nspec: {{resourceAttributes: {{verb: [{}]}}}}\n", "x".repeat(1_000_000), vec!["*s"; 2_000].join(",")),
+        ),
         case("YAML merge keys", "POST", CM, YAML, "a: &a {k: v}\nb:\n  <<: [*a, *a, *a]\n  <<: *a\n"),
         case(
             "YAML foreign tags",
@@ -191,6 +198,7 @@ async fn every_hostile_input_gets_a_clear_answer_and_the_server_stays_up() -> Te
     // The refusals that must be refusals (a body that is valid is never among these).
     for name in [
         "deep JSON array",
+        "YAML long string aliased",
         "huge number",
         "invalid UTF-8",
         "4 MiB body",

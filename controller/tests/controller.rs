@@ -400,9 +400,21 @@ async fn adopts_a_machine_by_external_id() -> anyhow::Result<()> {
     assert_eq!(hijack.status.as_ref().and_then(|s| s.provider_id.clone()), None);
     assert_eq!(testing::machines_in(&provider, "delta").await?.len(), 2, "adoption created nothing");
 
-    // Deleting both: the adopted machine is orphaned by default, the refused one (even with
-    // deletionPolicy Delete) is left alone.
-    for name in ["adopted", "hijack"] {
+    // `adoptable` hands a machine over once: a second Server (another tenant's, say) naming the
+    // adopted machine is refused while the first records it, and is never recorded as its owner.
+    api.create(
+        &PostParams::default(),
+        &server("delta", "second", json!({"externalID": existing.provider_id.0, "deletionPolicy": "Delete"})),
+    )
+    .await?;
+    let second = wait_server(&api, "second", "Stalled", |s| condition(s, "Stalled").is_some_and(|c| c.0 == "True")).await?;
+    let message = stalled_message(&second);
+    assert!(message.contains("another Server already records it") && !message.contains("delta/adopted"), "{message}");
+    assert_eq!(second.status.as_ref().and_then(|s| s.provider_id.clone()), None);
+
+    // Deleting all three: the adopted machine is orphaned by default, the refused ones (even
+    // with deletionPolicy Delete) are left alone.
+    for name in ["second", "adopted", "hijack"] {
         api.delete(name, &DeleteParams::default()).await?;
         wait_gone(&api, name).await?;
     }

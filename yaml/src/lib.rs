@@ -4,11 +4,13 @@
 //! YAML aliases (`*name`) replay an anchored node (`&name`) wherever they appear, so a small
 //! document can expand to billions of values ("billion laughs"). The underlying parser bounds
 //! alias *jumps*, not the nodes they expand to. Every document is therefore first walked
-//! without allocating, counting the nodes it expands to; a document that expands to more than
-//! [`node_limit`] nodes for its size is refused before anything is built (the rule of go-yaml,
-//! which the Kubernetes API server uses: aliases are allowed, excessive aliasing is not).
-//! Without aliases a node needs at least one byte of input, so the limit never refuses a
-//! document that does not use them.
+//! without allocating, counting what it expands to — one unit per node plus one per byte of
+//! every string, so that one long string referenced many times counts for each copy — and a
+//! document that expands to more than [`node_limit`] units for its size is refused before
+//! anything is built (the rule of go-yaml, which the Kubernetes API server uses: aliases are
+//! allowed, excessive aliasing is not). Without aliases a node needs at least one byte of input
+//! and a string's bytes are at most its input's, so the limit never refuses a document that
+//! does not use them.
 //!
 //! A test in `yaml/tests/call_sites.rs` keeps product code from calling `serde_yaml_ng`'s
 //! decoders directly.
@@ -17,12 +19,15 @@ use serde::de::{self, DeserializeOwned, DeserializeSeed, EnumAccess, MapAccess, 
 use std::cell::Cell;
 use std::fmt;
 
-/// Nodes a document may expand to beyond one per input byte.
+/// Units (nodes and string bytes) a document may expand to beyond three per input byte.
 const BASE_NODES: usize = 10_000;
 
-/// The most nodes a YAML text of `len` bytes may expand to (all its documents together).
+/// The most units a YAML text of `len` bytes may expand to (all its documents together): one
+/// per node plus one per byte of each string, at most 10,000 plus three per input byte (an
+/// alias-free text reaches at most about two per byte: every node takes a byte, every string
+/// byte one more).
 pub fn node_limit(len: usize) -> usize {
-    BASE_NODES.saturating_add(len)
+    BASE_NODES.saturating_add(len.saturating_mul(3))
 }
 
 /// Why YAML was refused.
@@ -45,8 +50,8 @@ impl fmt::Display for Error {
             Error::Syntax(e) => write!(f, "{e}"),
             Error::ExcessiveAliasing { len, limit } => write!(
                 f,
-                "document contains excessive aliasing: its aliases (*name) expand it to more than {limit} nodes, \
-                 the most a {len}-byte YAML text may expand to"
+                "document contains excessive aliasing: its aliases (*name) expand it to more than {limit} nodes and \
+                 string bytes, the most a {len}-byte YAML text may expand to"
             ),
         }
     }
@@ -139,7 +144,11 @@ impl Budget {
     }
 
     fn tick<E: de::Error>(&self) -> Result<(), E> {
-        let used = self.used.get() + 1;
+        self.charge(1)
+    }
+
+    fn charge<E: de::Error>(&self, units: usize) -> Result<(), E> {
+        let used = self.used.get().saturating_add(units);
         self.used.set(used);
         if used > self.limit {
             self.exceeded.set(true);
@@ -173,7 +182,16 @@ impl<'de> Visitor<'de> for Count<'_> {
         f.write_str("any YAML node")
     }
 
-    leaf!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_i128: i128, visit_u128: u128, visit_f64: f64, visit_str: &str, visit_bytes: &[u8]);
+    leaf!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_i128: i128, visit_u128: u128, visit_f64: f64);
+
+    // A string costs its bytes too: an alias of a long string replays all of them.
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.0.charge(1 + v.len())
+    }
+
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<(), E> {
+        self.0.charge(1 + v.len())
+    }
 
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
         self.0.tick()
@@ -263,6 +281,23 @@ mod tests {
         assert_eq!(docs.len(), 3);
         assert!(docs[1].is_null());
         from_str::<serde_yaml_ng::Value>("a: !tagged [1, 2]\n").expect("tags are walked");
+    }
+
+    #[test]
+    fn one_long_string_aliased_many_times_is_refused() {
+        // 1 MB of text that would expand to 2 GB of string copies (each alias is 4 bytes of
+        // input but a million bytes of output): counted by bytes, refused at once.
+        let text = format!("s: &s {}\nrefs: [{}]\n", "x".repeat(1_000_000), vec!["*s"; 2_000].join(","));
+        let started = std::time::Instant::now();
+        let err = from_str::<Value>(&text).expect_err("refused");
+        assert!(err.is_excessive_aliasing(), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "took {:?}", started.elapsed());
+        // A long string used once or twice is fine, and so are long strings without aliases,
+        // block scalars and many short strings: an alias-free text never reaches the limit.
+        let twice = format!("s: &s {}\nagain: *s\n", "x".repeat(1_000_000));
+        from_str::<Value>(&twice).expect("two copies of one string fit");
+        let plain = format!("a: {0}\nb: \"{0}\"\nc: |\n  {0}\n  {0}\nd: [{1}]\n", "y".repeat(500_000), vec!["\"q\""; 100_000].join(","));
+        from_str::<Value>(&plain).expect("an alias-free document decodes whatever its strings");
     }
 
     #[test]

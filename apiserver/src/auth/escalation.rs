@@ -149,26 +149,39 @@ fn full_authority() -> Vec<PolicyRule> {
     ]
 }
 
-/// One verb on one resource (or one URL): upstream's `BreakdownRule`.
-fn breakdown(rule: &PolicyRule) -> Vec<PolicyRule> {
-    let mut out = vec![];
-    for verb in &rule.verbs {
-        for group in &rule.api_groups {
-            for resource in &rule.resources {
-                out.push(PolicyRule {
-                    verbs: vec![verb.clone()],
-                    api_groups: vec![group.clone()],
-                    resources: vec![resource.clone()],
-                    resource_names: rule.resource_names.clone(),
-                    non_resource_urls: vec![],
-                });
-            }
-        }
-        for url in &rule.non_resource_urls {
-            out.push(PolicyRule { verbs: vec![verb.clone()], non_resource_urls: vec![url.clone()], ..Default::default() });
-        }
-    }
-    out
+/// The most verb × group × resource (and verb × URL) combinations one write's rules may break
+/// down into for the escalation check. Upstream breaks every rule down without a bound; here a
+/// 20 KB Role of 1,000 verbs, groups and resources would be 10^9 combinations (memory and CPU
+/// for everyone), so rules beyond this are refused, naming the count.
+pub const MAX_BREAKDOWN: usize = 100_000;
+
+/// How many single-verb rules `rules` break down into (saturating).
+fn breakdown_size(rules: &[PolicyRule]) -> usize {
+    rules.iter().fold(0usize, |sum, r| {
+        let per_verb = r.api_groups.len().saturating_mul(r.resources.len()).saturating_add(r.non_resource_urls.len());
+        sum.saturating_add(r.verbs.len().saturating_mul(per_verb))
+    })
+}
+
+/// One verb on one resource (or one URL): upstream's `BreakdownRule`, produced one at a time.
+fn breakdown(rule: &PolicyRule) -> impl Iterator<Item = PolicyRule> + '_ {
+    rule.verbs.iter().flat_map(move |verb| {
+        let resources = rule.api_groups.iter().flat_map(move |group| {
+            rule.resources.iter().map(move |resource| PolicyRule {
+                verbs: vec![verb.clone()],
+                api_groups: vec![group.clone()],
+                resources: vec![resource.clone()],
+                resource_names: rule.resource_names.clone(),
+                non_resource_urls: vec![],
+            })
+        });
+        let urls = rule.non_resource_urls.iter().map(move |url| PolicyRule {
+            verbs: vec![verb.clone()],
+            non_resource_urls: vec![url.clone()],
+            ..Default::default()
+        });
+        resources.chain(urls)
+    })
 }
 
 fn has_or_star(list: &[String], item: &str) -> bool {
@@ -203,6 +216,12 @@ type RuleKey = (Vec<String>, Vec<String>, Vec<String>, Vec<String>);
 /// The broken-down rules of `rules` that no rule of `owned` covers, compacted (verbs of the same
 /// group/resource/names merged) and described as upstream's `CompactString`.
 pub fn missing_rules(owned: &[PolicyRule], rules: &[PolicyRule]) -> Vec<String> {
+    let size = breakdown_size(rules);
+    if size > MAX_BREAKDOWN {
+        return vec![format!(
+            "{{rules that break down into {size} verb/resource combinations: more than the {MAX_BREAKDOWN} the escalation check takes; split them or use \"*\"}}"
+        )];
+    }
     let mut compact: BTreeMap<RuleKey, Vec<String>> = BTreeMap::new();
     for sub in rules.iter().flat_map(breakdown) {
         if owned.iter().any(|o| covers(o, &sub)) {
@@ -245,6 +264,24 @@ mod tests {
 
     fn rule(v: Value) -> PolicyRule {
         PolicyRule::from_value(&v)
+    }
+
+    #[test]
+    fn a_role_that_breaks_down_into_a_billion_rules_is_refused_at_once() {
+        let many = |prefix: &str| (0..1_000).map(|i| json!(format!("{prefix}{i}"))).collect::<Vec<_>>();
+        let huge = [rule(json!({"verbs": many("v"), "apiGroups": many("g"), "resources": many("r")}))];
+        let owned = [rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": ["configmaps"]}))];
+        let started = std::time::Instant::now();
+        let missing = missing_rules(&owned, &huge);
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "took {:?}", started.elapsed());
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(missing[0].contains("1000000000 verb/resource combinations"), "{missing:?}");
+        // Even a user who holds everything gets the same answer: the check is bounded first.
+        assert_eq!(missing_rules(&full_authority(), &huge).len(), 1);
+        // Within the bound, coverage is checked as before.
+        let fits = [rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": many("r")}))];
+        assert_eq!(missing_rules(&owned, &fits).len(), 1_000, "one entry per resource not held");
+        assert!(missing_rules(&full_authority(), &fits).is_empty());
     }
 
     #[test]

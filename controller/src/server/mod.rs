@@ -222,6 +222,15 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     visit.conclude(end, ctx).await
 }
 
+/// Whether another Server (by uid, in any namespace: the controller's cache sees them all)
+/// records machine `id` in its status. Its name is not told: it may be another tenant's.
+fn adopted_elsewhere(server: &Server, id: &provisioning_providers::ProviderId, ctx: &Context) -> bool {
+    let uid = server.uid().unwrap_or_default();
+    ctx.stores.servers.state().iter().any(|other| {
+        other.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(id.0.as_str()) && other.uid().unwrap_or_default() != uid
+    })
+}
+
 /// observe → plan (pure) → decide (approval) → act, each step ending the visit early with an
 /// [`End`]: prepare ([`prepare`]) → approval of a machine to make → act → drift remediation
 /// → spec changes ([`spec_change::carry`]) → host key → the final status.
@@ -236,6 +245,15 @@ async fn run_steps(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Contex
     let account = Some(p.valid.account.name.as_str());
     let approval = plan::approval(server, ws.spec.approval);
     let step = plan::next_step(server);
+    if let plan::Step::Adopt(id) = &step
+        && adopted_elsewhere(server, id, ctx)
+    {
+        // One Server per machine: `adoptable` lets the machine's owner hand it over once, not
+        // every tenant sharing the account (or the Docker engine) take it over again.
+        let message =
+            format!("refusing to adopt machine {id} (spec.externalID): another Server already records it. Nothing was changed or deleted");
+        return Err(End::stalled(Step::Act, "AdoptionRefused", message));
+    }
     let mut applied = steps::gate_create(visit, &p, &step, approval)?;
     if step == plan::Step::Create {
         ctx.admit(ws).map_err(|e| End::failed(Step::Act, e, account))?;
