@@ -155,11 +155,15 @@ fn full_authority() -> Vec<PolicyRule> {
 /// for everyone), so rules beyond this are refused, naming the count.
 pub const MAX_BREAKDOWN: usize = 100_000;
 
-/// How many single-verb rules `rules` break down into (saturating).
+/// The most coverage checks (broken-down rules × the writer's own rules) one write may cost.
+pub const MAX_COVERAGE_CHECKS: usize = 20_000_000;
+
+/// How many single-verb rules `rules` break down into (saturating); every rule counts at least
+/// one, so that rules without verbs or groups still count.
 fn breakdown_size(rules: &[PolicyRule]) -> usize {
     rules.iter().fold(0usize, |sum, r| {
         let per_verb = r.api_groups.len().saturating_mul(r.resources.len()).saturating_add(r.non_resource_urls.len());
-        sum.saturating_add(r.verbs.len().saturating_mul(per_verb))
+        sum.saturating_add(r.verbs.len().saturating_mul(per_verb).max(1))
     })
 }
 
@@ -222,6 +226,12 @@ pub fn missing_rules(owned: &[PolicyRule], rules: &[PolicyRule]) -> Vec<String> 
             "{{rules that break down into {size} verb/resource combinations: more than the {MAX_BREAKDOWN} the escalation check takes; split them or use \"*\"}}"
         )];
     }
+    if size.saturating_mul(owned.len().max(1)) > MAX_COVERAGE_CHECKS {
+        return vec![format!(
+            "{{{size} verb/resource combinations checked against the {} rules the writer holds: more than the {MAX_COVERAGE_CHECKS} checks one write may cost}}",
+            owned.len()
+        )];
+    }
     let mut compact: BTreeMap<RuleKey, Vec<String>> = BTreeMap::new();
     for sub in rules.iter().flat_map(breakdown) {
         if owned.iter().any(|o| covers(o, &sub)) {
@@ -282,6 +292,21 @@ mod tests {
         let fits = [rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": many("r")}))];
         assert_eq!(missing_rules(&owned, &fits).len(), 1_000, "one entry per resource not held");
         assert!(missing_rules(&full_authority(), &fits).is_empty());
+    }
+
+    #[test]
+    fn many_rules_cost_no_quadratic_work() {
+        let named =
+            |i: usize| rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": ["configmaps"], "resourceNames": [format!("n{i}")]}));
+        let owned: Vec<PolicyRule> = (0..30_000).map(named).collect();
+        let started = std::time::Instant::now();
+        // 30,000 new rules against 30,000 held ones: 9 * 10^8 checks, refused before any.
+        let missing = missing_rules(&owned, &owned);
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "took {:?}", started.elapsed());
+        assert!(missing.len() == 1 && missing[0].contains("checks one write may cost"), "{missing:?}");
+        // Rules without verbs or groups still count.
+        let empty: Vec<PolicyRule> = (0..200_000).map(|_| rule(json!({"verbs": [], "apiGroups": []}))).collect();
+        assert!(missing_rules(&owned[..1], &empty)[0].contains("200000 verb/resource combinations"));
     }
 
     #[test]

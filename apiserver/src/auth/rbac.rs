@@ -12,7 +12,7 @@ use super::identity::UserInfo;
 pub const GROUP: &str = crate::registry::RBAC_GROUP;
 
 /// One `PolicyRule`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct PolicyRule {
     /// Verbs (`*` = all).
     pub verbs: Vec<String>,
@@ -287,9 +287,12 @@ impl Policy {
     pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> (Vec<PolicyRule>, Vec<String>) {
         let mut errors = vec![];
         let mut out: Vec<PolicyRule> = vec![];
+        // Duplicates dropped through a set: a user bound to tens of thousands of rules must not
+        // cost a quadratic scan on every RBAC write and rules review.
+        let mut seen: std::collections::HashSet<PolicyRule> = std::collections::HashSet::new();
         self.visit(user, namespace, &mut errors, |_, _, rules| {
             for r in rules {
-                if !out.contains(r) {
+                if seen.insert(r.clone()) {
                     out.push(r.clone());
                 }
             }

@@ -297,7 +297,19 @@ async fn cleanup(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<
     let step = plan::cleanup_step(&server);
     let mut events = Vec::new();
     let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
-    let deleted = if step == plan::CleanupStep::Nothing {
+    // An adopted machine another Server also records (two adoptions raced past the check in
+    // `run_steps`) is left alone: deleting it would destroy the other Server's machine.
+    let shared = !server.spec.external_id.is_empty()
+        && !id.is_empty()
+        && adopted_elsewhere(&server, &provisioning_providers::ProviderId(id.clone()), ctx);
+    let deleted = if shared {
+        events.push(Note::warning(
+            "MachineShared",
+            "DeleteMachine",
+            format!("machine {id} is also recorded by another Server: left running"),
+        ));
+        Ok(false)
+    } else if step == plan::CleanupStep::Nothing {
         if server.spec.effective_deletion_policy() == provisioning_crds::DeletionPolicy::Orphan {
             events.push(Note::normal("Orphaned", "DeleteMachine", format!("deletionPolicy Orphan: machine {id} left running")));
         }
