@@ -577,7 +577,8 @@ async fn run(
         channel.data(bytes).await.map_err(io)?;
     }
     channel.eof().await.map_err(io)?;
-    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let started = tokio::time::Instant::now();
+    let deadline = timeout.map(|t| started + t);
     let (mut out, mut err) = (LineStream::default(), LineStream::default());
     let mut exit_code = None;
     let mut timed_out = false;
@@ -603,8 +604,16 @@ async fn run(
             Some(_) => {}
         }
     }
+    // The machine's own `timeout` (started before our clock) may end the command first: its
+    // exit code 124 once the limit has passed is the same timeout, not the command's failure.
+    if !timed_out && exit_code == Some(TIMEOUT_EXIT) && timeout.is_some_and(|t| started.elapsed() >= t) {
+        timed_out = true;
+    }
     Ok(ExecResult { exit_code: if timed_out { None } else { exit_code }, timed_out, stdout: out.finish(sink), stderr: err.finish(sink) })
 }
+
+/// What coreutils' `timeout` exits with when the limit ends the command.
+const TIMEOUT_EXIT: i64 = 124;
 
 #[cfg(test)]
 mod tests {
