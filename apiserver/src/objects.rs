@@ -47,6 +47,8 @@ pub struct WriteOptions {
     /// The groups of [`WriteOptions::user`]: recorded with who approved a plan (the
     /// controller's SubjectAccessReview of the approver needs them).
     pub groups: Vec<String>,
+    /// The request's decode meter (None: the server's own write, not charged).
+    pub decode: Option<std::sync::Arc<provisioning_yaml::bounded::Meter>>,
 }
 
 /// What a write produced.

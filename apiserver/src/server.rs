@@ -26,6 +26,7 @@ use crate::selectors::{FieldLabels, FieldSelector, LabelSelector};
 use crate::storage::Entry;
 use crate::urlpath::percent_decode;
 use crate::{openapi, table, watch};
+use provisioning_yaml::bounded::Meter;
 
 /// Request bodies above this are refused with 413.
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -426,7 +427,8 @@ async fn authorized(
         let ct = content_type(&req);
         let result = async {
             let body = read_body(req, core.limits.body_read_timeout).await?;
-            let obj = if ct.contains("protobuf") { crate::auth::proto::decode(&body)? } else { parse_body(&body, &ct)? };
+            let obj =
+                if ct.contains("protobuf") { crate::auth::proto::decode(&body)? } else { decode_body(body, &ct, &core.meter()).await? };
             reviews::create(auth, &core.store, &user, &attrs, review, obj)
         }
         .await;
@@ -590,7 +592,20 @@ fn accept_info(req: &Request<Incoming>) -> (Option<String>, bool) {
     (if table { Some("Metadata".to_string()) } else { None }, partial && !table)
 }
 
-fn write_options(req: &Request<Incoming>, q: &Query) -> ApiResult<WriteOptions> {
+/// Decodes a request body within the request's decode meter (see [`parse_body`]); a large
+/// body is decoded on a blocking thread, off the async workers.
+async fn decode_body(body: Bytes, ct: &str, meter: &Option<Arc<Meter>>) -> ApiResult<Value> {
+    let meter = meter.clone().unwrap_or_default();
+    if body.len() <= 64 * 1024 {
+        return parse_body(&body, ct, &meter);
+    }
+    let ct = ct.to_string();
+    tokio::task::spawn_blocking(move || parse_body(&body, &ct, &meter))
+        .await
+        .map_err(|e| ApiError::internal(format!("decoding the request body: {e}")))?
+}
+
+fn write_options(core: &Core, req: &Request<Incoming>, q: &Query) -> ApiResult<WriteOptions> {
     let ua_manager = req
         .headers()
         .get(header::USER_AGENT)
@@ -619,6 +634,7 @@ fn write_options(req: &Request<Incoming>, q: &Query) -> ApiResult<WriteOptions> 
         escalation: req.extensions().get::<std::sync::Arc<crate::auth::escalation::Guard>>().cloned(),
         user: req.extensions().get::<crate::auth::identity::UserInfo>().map(|u| u.name.clone()),
         groups: req.extensions().get::<crate::auth::identity::UserInfo>().map(|u| u.groups.clone()).unwrap_or_default(),
+        decode: core.meter(),
     })
 }
 
@@ -675,23 +691,23 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
         }
         (Method::GET, name) => list_or_watch(&core, &q, &t, name.as_deref(), shape).await,
         (Method::POST, None) => {
-            let opts = write_options(&req, &q)?;
+            let opts = write_options(&core, &req, &q)?;
             let ct = content_type(&req);
             let body = read_body(req, core.limits.body_read_timeout).await?;
-            let obj = parse_body(&body, &ct)?;
+            let obj = decode_body(body, &ct, &opts.decode).await?;
             let w = core.create(&rt, ns, obj, &opts).await?;
             Ok(with_warnings(single(&core, &rt, &w.output, 201, &shape.table), &w.warnings))
         }
         (Method::PUT, Some(name)) => {
-            let opts = write_options(&req, &q)?;
+            let opts = write_options(&core, &req, &q)?;
             let ct = content_type(&req);
             let body = read_body(req, core.limits.body_read_timeout).await?;
-            let obj = parse_body(&body, &ct)?;
+            let obj = decode_body(body, &ct, &opts.decode).await?;
             let w = core.update(&rt, ns, name, obj, status, &opts).await?;
             Ok(with_warnings(single(&core, &rt, &w.output, 200, &shape.table), &w.warnings))
         }
         (Method::PATCH, Some(name)) => {
-            let opts = write_options(&req, &q)?;
+            let opts = write_options(&core, &req, &q)?;
             let ct = content_type(&req);
             let kind = PatchType::from_content_type(&ct)?;
             let body = read_body(req, core.limits.body_read_timeout).await?;
@@ -821,7 +837,7 @@ async fn delete(core: &Arc<Core>, req: Request<Incoming>, q: &Query, t: &Target)
     let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
     let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), FieldLabels::for_resource(&rt.storage, &rt.group))?;
     let body = read_body(req, core.limits.body_read_timeout).await?;
-    let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { parse_body(&body, &ct)? };
+    let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { decode_body(body, &ct, &core.meter()).await? };
     let opts = delete_options(q, &dopts)?;
     match &t.name {
         Some(name) => {

@@ -27,14 +27,14 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 #[test]
 fn product_code_decodes_yaml_only_through_the_bounded_decoder() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let allowed = root.join("yaml/src/lib.rs");
+    let allowed = [root.join("yaml/src/lib.rs"), root.join("yaml/src/bounded.rs")];
     let mut files = Vec::new();
     for krate in PRODUCT_CRATES {
         rust_files(&root.join(krate).join("src"), &mut files);
     }
     assert!(files.len() > 50, "found only {} source files under {}", files.len(), root.display());
     let mut offenders = Vec::new();
-    for file in files.iter().filter(|f| **f != allowed) {
+    for file in files.iter().filter(|f| !allowed.contains(f)) {
         let text = std::fs::read_to_string(file).unwrap_or_default();
         for (n, line) in text.lines().enumerate() {
             if DECODERS.iter().any(|d| line.contains(d)) {

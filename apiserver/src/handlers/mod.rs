@@ -18,6 +18,7 @@ mod update;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use provisioning_yaml::bounded::{self, DecodeBudget, DecodeError, Meter};
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -97,6 +98,10 @@ pub struct Limits {
     /// A request's body must arrive within this once its headers have (kube-apiserver's
     /// request timeout: 60 s); 408 after it.
     pub body_read_timeout: Duration,
+    /// Memory (estimated) all requests together may spend on decoding their bodies at once;
+    /// a request's first 256 KiB are its own, beyond that a body that finds the budget spent is
+    /// refused with 429 ([`provisioning_yaml::bounded`]).
+    pub decode_memory: usize,
 }
 
 impl Default for Limits {
@@ -119,6 +124,7 @@ impl Default for Limits {
             watch_buffer_bytes: 16 * 1024 * 1024,
             max_token_expiration: Duration::from_secs(48 * 3600),
             body_read_timeout: Duration::from_secs(60),
+            decode_memory: 512 * 1024 * 1024,
         }
     }
 }
@@ -146,6 +152,8 @@ pub struct Core {
     rebuild: tokio::sync::Mutex<()>,
     /// Requests by verb and resource, entries scanned per list and watch start.
     pub stats: Arc<crate::stats::Stats>,
+    /// Memory all requests together may spend decoding their bodies ([`Limits::decode_memory`]).
+    pub decode: Arc<DecodeBudget>,
 }
 
 /// RFC 3339 timestamp of now with second precision, as Kubernetes writes them.
@@ -167,8 +175,10 @@ pub(super) fn map_store(rt: &ResourceType, name: &str, e: StoreError) -> ApiErro
     }
 }
 
-/// Parses a request body as JSON or YAML; 400 when it is neither.
-pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
+/// Parses a request body as JSON or YAML within the request's decode `meter` (its memory is
+/// charged to the process-wide [`DecodeBudget`]); 400 when it is neither, 413 when it decodes
+/// to more than its size allows, 429 when the budget is spent.
+pub fn parse_body(body: &[u8], content_type: &str, meter: &Meter) -> ApiResult<Value> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request("the request body is empty"));
     }
@@ -176,12 +186,25 @@ pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
         return crate::protobuf::decode(body);
     }
     let yaml = content_type.contains("yaml");
-    match serde_json::from_slice::<Value>(body) {
+    let decode_error = |e: DecodeError, what: &str| match e {
+        DecodeError::Syntax(e) => ApiError::bad_request(format!("{what}: {e}")),
+        e @ DecodeError::TooLarge { .. } => ApiError::too_large_with(e.to_string()),
+        e @ DecodeError::Busy { .. } => ApiError::too_many_requests(e.to_string()),
+    };
+    match bounded::json_value(body, meter) {
         Ok(v) => Ok(v),
-        Err(e) if !yaml => Err(ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}"))),
+        Err(e) if !yaml || !matches!(e, DecodeError::Syntax(_)) => {
+            Err(decode_error(e, "the body of the request could not be decoded as JSON"))
+        }
         Err(_) => {
             let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("the request body is not UTF-8"))?;
-            provisioning_yaml::from_str::<Value>(text).map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))
+            // As go-yaml in kube-apiserver: an expansion beyond the limit is a 400.
+            bounded::yaml_value(text, meter).map_err(|e| match e {
+                DecodeError::TooLarge { .. } => {
+                    ApiError::bad_request(format!("error converting YAML to JSON: document contains excessive aliasing: {e}"))
+                }
+                e => decode_error(e, "error converting YAML to JSON"),
+            })
         }
     }
 }
@@ -198,6 +221,7 @@ impl Core {
 
     /// A core over an opened store with these limits.
     pub fn with_limits(store: Arc<Store>, limits: Limits) -> Arc<Core> {
+        let decode = DecodeBudget::new(limits.decode_memory);
         let core = Arc::new(Core {
             limits,
             store,
@@ -206,9 +230,15 @@ impl Core {
             gc_wakeup: Notify::new(),
             rebuild: tokio::sync::Mutex::new(()),
             stats: Arc::default(),
+            decode,
         });
         core.rebuild_registry_now();
         core
+    }
+
+    /// A decode meter for one request, charged to the process-wide budget.
+    pub fn meter(&self) -> Option<Arc<Meter>> {
+        Some(Arc::new(Meter::new(self.decode.clone())))
     }
 
     /// The current registry.

@@ -65,7 +65,9 @@ impl Core {
                 "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
             ));
         }
-        let patch_doc = parse_body(body, if kind == PatchType::Apply { "application/yaml" } else { content_type })?;
+        let unmetered = provisioning_yaml::bounded::Meter::unshared();
+        let meter = opts.decode.as_deref().unwrap_or(&unmetered);
+        let patch_doc = parse_body(body, if kind == PatchType::Apply { "application/yaml" } else { content_type }, meter)?;
         if kind == PatchType::Apply && (!opts.explicit_manager || opts.field_manager.is_empty()) {
             return Err(ApiError::bad_request("PATCH, field manager is required for apply requests"));
         }

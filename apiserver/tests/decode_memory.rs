@@ -1,0 +1,138 @@
+//! Memory spent decoding request bodies is bounded per body and for the whole process
+//! (issue 26, re-review N1). A 3 MiB body could decode to gigabytes — YAML aliases of small
+//! maps (2 GB from 3 MiB measured by the review), or plain JSON of nothing but tiny maps (~300
+//! MB) — and any authenticated identity may send one to `selfsubjectaccessreviews`, which every
+//! identity may create; 100 of them in flight per user. Now each body is refused beyond
+//! 8 MiB + 64 bytes per byte of itself (413; 400 "excessive aliasing" for YAML), and the decodes in flight together stay within
+//! the server's `decode_memory` (429 beyond, with Retry-After).
+//!
+//! One test per binary: the process's peak memory (VmHWM, reset before each phase) is the
+//! measurement.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use kube::client::Body;
+
+const REVIEW: &str = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+const CM: &str = "/api/v1/namespaces/default/configmaps";
+
+fn peak_mib() -> u64 {
+    status_kib("VmHWM:") / 1024
+}
+
+fn rss_mib() -> u64 {
+    status_kib("VmRSS:") / 1024
+}
+
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .unwrap_or(0)
+}
+
+/// Resets the peak to the current RSS (`echo 5 > /proc/self/clear_refs`).
+fn reset_peak() -> TestResult {
+    std::fs::write("/proc/self/clear_refs", "5")?;
+    Ok(())
+}
+
+async fn post(client: &kube::Client, path: &str, ctype: &str, body: Vec<u8>) -> Result<(u16, String), String> {
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("content-type", ctype)
+        .body(Body::from(body))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(120), client.send(req))
+        .await
+        .map_err(|_| "no answer within 120 s".to_string())?
+        .map_err(|e| format!("no answer: {e}"))?;
+    let code = resp.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((code, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// The review's bypass of the old node count: a comment to fill the body, one anchor of
+/// 1,000 one-entry maps, referenced 3,140 times (~2 GB as values).
+fn aliased_small_maps() -> Vec<u8> {
+    let refs = vec!["*a"; 3140].join(",");
+    let items = vec![r#"{"":~}"#; 1000].join(",");
+    let doc = format!("a: &a [{items}]\nb: [{refs}]\n");
+    format!("#{}\n{doc}", "x".repeat(3 * 1024 * 1024 - doc.len() - 64)).into_bytes()
+}
+
+/// 3 MiB of JSON that is nothing but one-entry maps (~300 MB as values).
+fn tiny_maps() -> Vec<u8> {
+    format!("[{}{{\"\":0}}]", r#"{"":0},"#.repeat(3 * 1024 * 1024 / 7 - 1)).into_bytes()
+}
+
+/// A valid body that decodes to ~50 MB: allowed alone, too much many at once.
+fn long_list() -> Vec<u8> {
+    format!("[{}0]", "0,".repeat(700_000)).into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decoding_costs_bounded_memory_per_body_and_per_process() -> TestResult {
+    let limits = provisioning_apiserver::Limits { decode_memory: 160 * 1024 * 1024, ..Default::default() };
+    let ts = start_with(limits).await?;
+    let client = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    // Warm up before the baseline.
+    post(&client, CM, "application/json", br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"w"}}"#.to_vec()).await?;
+
+    // 1. Amplifying bodies, four at once: each refused with 413 naming the limit; the
+    //    process's peak grows by at most the per-body limit's share, not by gigabytes.
+    let base = rss_mib();
+    reset_peak()?;
+    let mut sends = Vec::new();
+    for (path, ctype, body) in [
+        (REVIEW, "application/yaml", aliased_small_maps()),
+        (REVIEW, "application/yaml", aliased_small_maps()),
+        (CM, "application/json", tiny_maps()),
+        (CM, "application/json", tiny_maps()),
+    ] {
+        let client = client.clone();
+        sends.push(tokio::spawn(async move { post(&client, path, ctype, body).await }));
+    }
+    for s in sends {
+        let (code, text) = s.await??;
+        // YAML's is a 400 "excessive aliasing" as go-yaml's in kube-apiserver; JSON's a 413.
+        assert!(code == 400 || code == 413 || code == 429, "an amplifying body answered {code}: {text}");
+        assert!(text.contains("decodes to more than") || text.contains("budget"), "{text}");
+    }
+    let grew = peak_mib().saturating_sub(base);
+    eprintln!("amplifying bodies: RSS {base} MiB, peak +{grew} MiB");
+    assert!(grew < 500, "decoding four amplifying bodies raised the peak by {grew} MiB");
+
+    // 2. Many valid bodies of ~50 MB decoded each, at once: the ones beyond the 160 MiB budget
+    //    get 429 with Retry-After, the rest decode (and are refused as not an object: 400).
+    let base = rss_mib();
+    reset_peak()?;
+    let mut sends = Vec::new();
+    for _ in 0..12 {
+        let client = client.clone();
+        sends.push(tokio::spawn(async move { post(&client, CM, "application/json", long_list()).await }));
+    }
+    let mut codes = Vec::new();
+    for s in sends {
+        let (code, text) = s.await??;
+        assert!(code == 400 || code == 429, "answered {code}: {text}");
+        codes.push(code);
+    }
+    let grew = peak_mib().saturating_sub(base);
+    eprintln!("12 long lists at once: {codes:?}; RSS {base} MiB, peak +{grew} MiB");
+    assert!(codes.contains(&400), "no body was decoded: {codes:?}");
+    assert!(grew < 400, "twelve 50 MB decodes raised the peak by {grew} MiB");
+
+    // 3. The budget is given back: the server decodes and answers as before.
+    let (code, text) = post(&client, CM, "application/json", long_list()).await?;
+    assert_eq!(code, 400, "{text}");
+    let (code, text) =
+        post(&client, CM, "application/yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: after}\ndata: {a: b}\n".to_vec()).await?;
+    assert_eq!(code, 201, "{text}");
+    ts.server.shutdown().await;
+    Ok(())
+}
