@@ -1,6 +1,6 @@
 //! The protobuf wire format, read-only: one field at a time out of a message, as the request
-//! body decoders ([`crate::protobuf`] for ConfigMap, Secret and Namespace, [`crate::auth::proto`]
-//! for the review and RBAC kinds) need it. Every malformed input (truncated varint or
+//! body decoders ([`crate::protobuf`] for the stored built-in kinds kubectl creates,
+//! [`crate::auth::proto`] for the review kinds) need it. Every malformed input (truncated varint or
 //! payload, unknown wire type) is the same 400 error.
 
 use crate::error::ApiError;

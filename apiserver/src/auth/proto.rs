@@ -1,9 +1,9 @@
-//! Protobuf request bodies of the review kinds, TokenRequest, ServiceAccount and the RBAC kinds.
+//! Protobuf request bodies of the review kinds and TokenRequest.
 //!
-//! kubectl's typed clients (`kubectl create token|serviceaccount|role|rolebinding|clusterrole|
-//! clusterrolebinding`, `kubectl auth can-i`, `kubectl auth whoami`) send these as
-//! `application/vnd.kubernetes.protobuf`; the fields are decoded into the JSON the handlers read
-//! (field numbers from k8s.io/api authentication/v1, authorization/v1, rbac/v1 and core/v1).
+//! kubectl's typed clients (`kubectl create token`, `kubectl auth can-i`, `kubectl auth
+//! whoami`) send these as `application/vnd.kubernetes.protobuf`; the fields are decoded into
+//! the JSON the handlers read (field numbers from k8s.io/api authentication/v1 and
+//! authorization/v1). Stored kinds (ServiceAccount, RBAC, ...) are [`crate::protobuf`]'s.
 
 use serde_json::{Map, Value, json};
 
@@ -16,10 +16,7 @@ enum Kind {
     Str,
     Strs,
     Int,
-    Bool,
     Msg(&'static [(u64, &'static str, Kind)]),
-    /// repeated message
-    Msgs(&'static [(u64, &'static str, Kind)]),
     /// map<string, string>
     StrMap,
     /// map<string, ExtraValue{repeated string items = 1}>
@@ -33,34 +30,6 @@ const META: &[(u64, &str, Kind)] = &[
     (11, "labels", Kind::StrMap),
     (12, "annotations", Kind::StrMap),
     (14, "finalizers", Kind::Strs),
-];
-const POLICY_RULE: &[(u64, &str, Kind)] = &[
-    (1, "verbs", Kind::Strs),
-    (2, "apiGroups", Kind::Strs),
-    (3, "resources", Kind::Strs),
-    (4, "resourceNames", Kind::Strs),
-    (5, "nonResourceURLs", Kind::Strs),
-];
-const LABEL_SELECTOR: &[(u64, &str, Kind)] = &[
-    (1, "matchLabels", Kind::StrMap),
-    (2, "matchExpressions", Kind::Msgs(&[(1, "key", Kind::Str), (2, "operator", Kind::Str), (3, "values", Kind::Strs)])),
-];
-const SUBJECT: &[(u64, &str, Kind)] =
-    &[(1, "kind", Kind::Str), (2, "apiGroup", Kind::Str), (3, "name", Kind::Str), (4, "namespace", Kind::Str)];
-const ROLE_REF: &[(u64, &str, Kind)] = &[(1, "apiGroup", Kind::Str), (2, "kind", Kind::Str), (3, "name", Kind::Str)];
-const ROLE: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Msg(META)), (2, "rules", Kind::Msgs(POLICY_RULE))];
-const CLUSTER_ROLE: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Msg(META)),
-    (2, "rules", Kind::Msgs(POLICY_RULE)),
-    (3, "aggregationRule", Kind::Msg(&[(1, "clusterRoleSelectors", Kind::Msgs(LABEL_SELECTOR))])),
-];
-const BINDING: &[(u64, &str, Kind)] =
-    &[(1, "metadata", Kind::Msg(META)), (2, "subjects", Kind::Msgs(SUBJECT)), (3, "roleRef", Kind::Msg(ROLE_REF))];
-const SERVICE_ACCOUNT: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Msg(META)),
-    (2, "secrets", Kind::Msgs(&[(1, "kind", Kind::Str), (2, "namespace", Kind::Str), (3, "name", Kind::Str)])),
-    (3, "imagePullSecrets", Kind::Msgs(&[(1, "name", Kind::Str)])),
-    (4, "automountServiceAccountToken", Kind::Bool),
 ];
 const RESOURCE_ATTRS: &[(u64, &str, Kind)] = &[
     (1, "namespace", Kind::Str),
@@ -111,18 +80,8 @@ fn message(buf: &[u8], schema: &[(u64, &str, Kind)]) -> Result<Value, ApiError> 
             (Kind::Int, Field::Varint(v)) => {
                 m.insert(name.to_string(), json!(v as i64));
             }
-            (Kind::Bool, Field::Varint(v)) => {
-                m.insert(name.to_string(), json!(v != 0));
-            }
             (Kind::Msg(inner), Field::Bytes(b)) => {
                 m.insert(name.to_string(), message(b, inner)?);
-            }
-            (Kind::Msgs(inner), Field::Bytes(b)) => {
-                let item = message(b, inner)?;
-                let e = m.entry(name.to_string()).or_insert_with(|| json!([]));
-                if let Some(a) = e.as_array_mut() {
-                    a.push(item);
-                }
             }
             (Kind::StrMap, Field::Bytes(b)) => {
                 let (mut k, mut v) = (String::new(), String::new());
@@ -186,22 +145,8 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         "TokenRequest" => Some(TOKEN_REQUEST_SPEC),
         "TokenReview" => Some(TOKEN_REVIEW_SPEC),
         "SelfSubjectReview" => None,
-        _ => {
-            // Stored kinds whose identities and permissions this module evaluates
-            // (`kubectl create serviceaccount|role|rolebinding|clusterrole|clusterrolebinding`).
-            let whole: &[(u64, &str, Kind)] = match kind.as_str() {
-                "ServiceAccount" => SERVICE_ACCOUNT,
-                "Role" => ROLE,
-                "ClusterRole" => CLUSTER_ROLE,
-                "RoleBinding" | "ClusterRoleBinding" => BINDING,
-                other => {
-                    return Err(ApiError::unsupported_media_type(format!("protobuf is not supported for {other}; send application/json")));
-                }
-            };
-            let mut v = message(raw, whole)?;
-            v["apiVersion"] = json!(api_version);
-            v["kind"] = json!(kind);
-            return Ok(v);
+        other => {
+            return Err(ApiError::unsupported_media_type(format!("protobuf is not supported for {other}; send application/json")));
         }
     };
     let mut top: Vec<(u64, &str, Kind)> = vec![(1, "metadata", Kind::Msg(META))];
@@ -238,17 +183,6 @@ mod tests {
             json!({"namespace": "demo", "verb": "list", "group": "provisioning.dev", "resource": "servers"})
         );
         assert!(decode(b"k8s\x00\xff").is_err());
-        // A RoleBinding as `kubectl create rolebinding` sends it.
-        let subject = [field(1, b"ServiceAccount"), field(3, b"ci"), field(4, b"demo")].concat();
-        let role_ref = [field(1, b"rbac.authorization.k8s.io"), field(2, b"Role"), field(3, b"reader")].concat();
-        let label = [field(1, b"team"), field(2, b"a")].concat();
-        let meta = [field(1, b"ci-read"), field(3, b"demo"), field(11, &label)].concat();
-        let obj = [field(1, &meta), field(2, &subject), field(3, &role_ref)].concat();
-        let tm = [field(1, b"rbac.authorization.k8s.io/v1"), field(2, b"RoleBinding")].concat();
-        let v = decode(&[b"k8s\x00".to_vec(), field(1, &tm), field(2, &obj)].concat())?;
-        assert_eq!(v["metadata"], json!({"name": "ci-read", "namespace": "demo", "labels": {"team": "a"}}));
-        assert_eq!(v["subjects"], json!([{"kind": "ServiceAccount", "name": "ci", "namespace": "demo"}]));
-        assert_eq!(v["roleRef"]["name"], "reader");
         assert!(decode(b"nope").is_err());
         Ok(())
     }

@@ -75,17 +75,20 @@ impl Core {
             return Err(ApiError::bad_request("the patch must be a JSON object"));
         }
         let mut applied = patch_doc.clone();
+        let mut unnamed_apply = false;
         if kind == PatchType::Apply {
             Self::check_type(rt, &mut applied)?;
-            let an = applied["metadata"]["name"].as_str().unwrap_or_default();
-            if an != name {
-                return Err(ApiError::bad_request(format!("the name of the object ({an}) does not match the name on the URL ({name})")));
-            }
+            unnamed_apply = fill_identity_from_url(&mut applied, name, ns)?;
         }
         let want_rv = if kind == PatchType::Json { None } else { patch_doc["metadata"]["resourceVersion"].as_str().map(str::to_string) };
         for _ in 0..32 {
             let cur = match self.get(rt, ns, name) {
                 Ok(c) => c,
+                // Upstream applies to an empty object here: its name is the body's, so an
+                // unnamed body does not match the URL.
+                Err(e) if e.code == 404 && kind == PatchType::Apply && !status && unnamed_apply => {
+                    return Err(ApiError::bad_request(format!("the name of the object () does not match the name on the URL ({name})")));
+                }
                 Err(e) if e.code == 404 && kind == PatchType::Apply && !status => {
                     let now = now_rfc3339();
                     let mut live = json!({"apiVersion": rt.api_version(), "kind": rt.kind, "metadata": {"name": name}});
@@ -254,6 +257,35 @@ fn separate_status(rt: &ResourceType, old: &Value, new: &mut Value, status: bool
             }
         }
     }
+}
+
+/// As upstream's apply to an existing object, whose name and namespace the merged result
+/// keeps: a name or namespace the applied configuration leaves out is the URL's; a different
+/// one is a bad request. Returns whether the body had no name.
+fn fill_identity_from_url(applied: &mut Value, name: &str, ns: Option<&str>) -> ApiResult<bool> {
+    let md = applied["metadata"].as_object_mut().ok_or_else(|| ApiError::bad_request("metadata must be an object"))?;
+    let unnamed = match md.get("name") {
+        None | Some(Value::Null) => true,
+        Some(Value::String(an)) if an.is_empty() => true,
+        Some(Value::String(an)) if an == name => false,
+        Some(other) => {
+            let an = other.as_str().map_or_else(|| other.to_string(), str::to_string);
+            return Err(ApiError::bad_request(format!("the name of the object ({an}) does not match the name on the URL ({name})")));
+        }
+    };
+    if unnamed {
+        md.insert("name".into(), json!(name));
+    }
+    let Some(ns) = ns else { return Ok(unnamed) };
+    match md.get("namespace") {
+        None | Some(Value::Null) => drop(md.insert("namespace".into(), json!(ns))),
+        Some(Value::String(bn)) if bn.is_empty() => drop(md.insert("namespace".into(), json!(ns))),
+        Some(Value::String(bn)) if bn == ns => {}
+        Some(_) => {
+            return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+        }
+    }
+    Ok(unnamed)
 }
 
 /// Immutable and server-owned metadata come from the stored object; a namespace in the body
