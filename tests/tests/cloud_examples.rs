@@ -160,6 +160,16 @@ fn teardown(dev: &mut Dev, how: Teardown, manifest: &Path, namespace: &str, mut 
 
 #[test]
 fn aws_kubernetes_example_reaches_servers_ready_and_deletes_cleanly_as_a_folder() -> Result<()> {
+    aws_example(Teardown::Folder)
+}
+
+#[test]
+fn aws_kubernetes_example_deletes_cleanly_with_its_namespace() -> Result<()> {
+    aws_example(Teardown::Namespace)
+}
+
+/// The AWS example against its own moto and control plane, taken down as `how` says.
+fn aws_example(how: Teardown) -> Result<()> {
     let moto = Moto::start(&[])?;
     let tmp = tempfile::tempdir()?;
     let secret_key = unique_secret("aws-secret-key");
@@ -185,13 +195,23 @@ fn aws_kubernetes_example_reaches_servers_ready_and_deletes_cleanly_as_a_folder(
     }
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
 
-    teardown(&mut dev, Teardown::Folder, &manifest, "k8s-aws", || Ok(moto.live_instances(AWS_REGION)?.len()))?;
+    teardown(&mut dev, how, &manifest, "k8s-aws", || Ok(moto.live_instances(AWS_REGION)?.len()))?;
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
     Ok(())
 }
 
 #[test]
 fn upcloud_kubernetes_example_reaches_servers_ready_and_deletes_cleanly_with_its_namespace() -> Result<()> {
+    upcloud_example(Teardown::Namespace)
+}
+
+#[test]
+fn upcloud_kubernetes_example_deletes_cleanly_as_a_folder() -> Result<()> {
+    upcloud_example(Teardown::Folder)
+}
+
+/// The UpCloud example against its own API double and control plane, taken down as `how` says.
+fn upcloud_example(how: Teardown) -> Result<()> {
     let password = unique_secret("upcloud-password");
     let ssh_key = unique_secret("ssh-key");
     let upcloud = Upcloud::start(UPCLOUD_USER, &password)?;
@@ -216,9 +236,7 @@ fn upcloud_kubernetes_example_reaches_servers_ready_and_deletes_cleanly_with_its
     }
     assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
 
-    teardown(&mut dev, Teardown::Namespace, &manifest, "k8s-upcloud", || {
-        Ok(upcloud.double.server_count() + upcloud.double.storage_count())
-    })?;
+    teardown(&mut dev, how, &manifest, "k8s-upcloud", || Ok(upcloud.double.server_count() + upcloud.double.storage_count()))?;
     assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
     Ok(())
 }

@@ -2,7 +2,9 @@
 //! its three Clusters (etcd, HAProxy + web, PostgreSQL + Redis) on Docker, each in the
 //! Namespace its file ships; `kubectl delete -f examples/local/` deletes in file order —
 //! each file's Namespace first, then its Cluster and TaskServ, the order Argo CD prune and
-//! Flux garbage collection use — finishes, and leaves no container, network or volume.
+//! Flux garbage collection use — finishes, and leaves no container, network or volume. One
+//! of the three (PostgreSQL + Redis) is first taken down with `kubectl delete namespace`
+//! while the others keep running.
 //!
 //! The folder is copied with its namespaces renamed (`etcd-demo` → `lx-etcd`, …), so that this
 //! test never shares Docker containers with local_etcd, local_haproxy_web and
@@ -55,7 +57,7 @@ fn all_leftovers() -> Result<Vec<String>> {
 }
 
 #[test]
-fn folder_delete_of_the_local_examples_finishes_and_leaves_no_container() -> Result<()> {
+fn namespace_and_folder_delete_of_the_local_examples_finish_and_leave_no_container() -> Result<()> {
     provisioning_e2e::docker::require_node_image()?;
     assert!(all_leftovers()?.is_empty(), "leftovers of an earlier run: {:?}", all_leftovers()?);
     let tmp = tempfile::tempdir()?;
@@ -75,10 +77,20 @@ fn folder_delete_of_the_local_examples_finishes_and_leaves_no_container() -> Res
         assert_eq!(containers(ns, cluster)?.len(), servers, "one container per Server in {ns}/{cluster}");
     }
 
-    // kubectl deletes in file order, each file's Namespace before what is in it, and waits
-    // for every object to be gone (--wait is the default).
+    // One example by its namespace (`kubectl delete namespace`): its Cluster, Servers and
+    // containers go, the others stay up.
     let started = Instant::now();
-    let deleted = dev.kubectl_ok(&["delete", "-f", &folder, "--timeout=300s"])?;
+    dev.kubectl_ok(&["delete", "namespace", "lx-data", "--timeout=300s"])?;
+    dev.wait_until(Duration::from_secs(60), "no container, network or volume of lx-data left", |_| {
+        Ok(leftovers("lx-data", "data")?.is_empty())
+    })?;
+    assert_eq!(containers(NS, CLUSTER)?.len(), 3, "the other examples' machines stay");
+    eprintln!("kubectl delete namespace lx-data: everything gone in {:.1}s", started.elapsed().as_secs_f64());
+
+    // The rest as the folder: kubectl deletes in file order, each file's Namespace before
+    // what is in it, and waits for every object to be gone (--wait is the default).
+    let started = Instant::now();
+    let deleted = dev.kubectl_ok(&["delete", "-f", &folder, "--ignore-not-found", "--timeout=300s"])?;
     let first = deleted.lines().next().unwrap_or_default();
     assert!(first.starts_with("namespace \"lx-etcd\" deleted"), "{deleted}");
     dev.wait_until(Duration::from_secs(60), "no container, network or volume left", |_| Ok(all_leftovers()?.is_empty()))?;
