@@ -67,7 +67,7 @@ struct ConnState {
 struct ServeState {
     started: tokio::time::Instant,
     conns: std::sync::Mutex<HashMap<u64, Arc<ConnState>>>,
-    /// Requests in flight and watches per authenticated user.
+    /// Requests in flight and watches per flow (authenticated identity).
     identities: Arc<IdentityLimits>,
     all_closed: tokio::sync::Notify,
 }
@@ -380,15 +380,18 @@ async fn handle(
             return error_response(&ApiError::unauthorized());
         }
     };
+    // The flow comes from the authenticated identity: impersonation never moves a request to
+    // another flow (crate::limits).
+    let flow = identities.flow(&user);
     let user = match auth.impersonate(&core.store, user, req.headers()) {
         Ok(u) => u,
         Err(e) => return error_response(&e),
     };
-    // The user's place, held until the response body is dropped (a watch's as long as it streams).
-    let permit = match identities.admit(&user, watch) {
+    // The flow's place, held until the response body is dropped (a watch's as long as it streams).
+    let permit = match identities.admit(&flow, watch) {
         Ok(p) => p,
         Err(refused) => {
-            tracing::debug!(user = %user.name, %refused, "request refused at a per-user limit");
+            tracing::debug!(user = %user.name, %flow, %refused, "request refused at a per-flow limit");
             return too_many(refused.to_string());
         }
     };

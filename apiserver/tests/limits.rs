@@ -311,20 +311,27 @@ async fn watch_flood_and_slow_reader() -> TestResult {
     let token = token(ts.dir.path())?;
     let path = "/api/v1/namespaces/default/configmaps?watch=true";
 
-    // A flood from a tenant: 80 watches on their own connections; beyond the total cap of 60
-    // they get 429 (system:masters would not be refused: see the per-user test below).
-    let flooder = tenant_token(&client, "flood", "flooder").await?;
+    // A flood from two tenants: 80 watches each on their own connections. The first gets
+    // half the shared total of 60 (its fair share while alone), the second what leaves a
+    // newcomer's share free; beyond, 429 (system:masters would not be refused: see the
+    // per-user test below).
     let mut open = vec![];
-    let mut refused = 0;
-    for _ in 0..80 {
-        let mut c = raw_watch(addr, tls.clone(), &flooder, "/api/v1/namespaces/flood/configmaps?watch=true").await?;
-        match status_of(&mut c).await? {
-            200 => open.push(c),
-            429 => refused += 1,
-            other => return Err(format!("watch answered {other}").into()),
+    for (ns, want) in [("flood", 30), ("flood-2", 15)] {
+        let flooder = tenant_token(&client, ns, "flooder").await?;
+        let (mut opened, mut refused) = (0, 0);
+        for _ in 0..80 {
+            let mut c = raw_watch(addr, tls.clone(), &flooder, &format!("/api/v1/namespaces/{ns}/configmaps?watch=true")).await?;
+            match status_of(&mut c).await? {
+                200 => {
+                    open.push(c);
+                    opened += 1;
+                }
+                429 => refused += 1,
+                other => return Err(format!("watch answered {other}").into()),
+            }
         }
+        assert_eq!((opened, refused), (want, 80 - want), "{ns}: shared watch cap");
     }
-    assert_eq!((open.len(), refused), (60, 20), "total watch cap");
     honest(&client, 1).await?;
     drop(open);
     // Per connection (HTTP/2 multiplexes many watches on one connection): a kube client's
@@ -514,7 +521,7 @@ async fn watch_sees_a_new_configmap(client: &kube::Client, writer: &kube::Client
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_at_its_watch_cap_gets_429_and_the_controller_still_watches() -> TestResult {
-    let limits = provisioning_apiserver::Limits { max_watches_per_user: 5, max_watches: 8, ..Default::default() };
+    let limits = provisioning_apiserver::Limits { max_watches_per_user: 5, max_watches: 12, ..Default::default() };
     let ts = start_with(limits).await?;
     let admin = client_no_retry(&ts.server.kubeconfig_path()).await?;
     let addr = ts.server.addr();
@@ -536,12 +543,13 @@ async fn a_tenant_at_its_watch_cap_gets_429_and_the_controller_still_watches() -
     assert_eq!(code, 429, "alice's sixth watch: {head}");
     assert!(head.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{head}");
     let body = body_start(&mut c).await?;
-    assert!(body.contains("too many watches open for this user (limit 5)"), "{body}");
+    assert!(body.contains("too many watches open for this client's flow (serviceaccounts:lim-a) (limit 5)"), "{body}");
     drop(c);
 
-    // Bob has his own share, up to what is left of the shared total (8).
+    // Bob has his own share: past half of the shared total (12), his fair share of it
+    // (12 / (2 flows + 1) = 4).
     let mut bobs = vec![];
-    for _ in 0..3 {
+    for _ in 0..4 {
         let mut c = raw_watch(addr, tls.clone(), &bob, "/api/v1/namespaces/lim-b/configmaps?watch=true").await?;
         let (code, head) = head_of(&mut c).await?;
         assert_eq!(code, 200, "bob: {head}");
@@ -549,8 +557,12 @@ async fn a_tenant_at_its_watch_cap_gets_429_and_the_controller_still_watches() -
     }
     let mut c = raw_watch(addr, tls.clone(), &bob, "/api/v1/namespaces/lim-b/configmaps?watch=true").await?;
     let (code, head) = head_of(&mut c).await?;
-    assert_eq!(code, 429, "bob beyond the shared total: {head}");
-    assert!(body_start(&mut c).await?.contains("too many watches open on this server (limit 8)"));
+    assert_eq!(code, 429, "bob beyond his fair share: {head}");
+    let body = body_start(&mut c).await?;
+    assert!(
+        body.contains("flow (serviceaccounts:lim-b) holds its fair share of the 12 watches open on this server (4 held, 2 flows active)"),
+        "{body}"
+    );
     drop(c);
 
     // With every tenant place taken, system:masters and the controller's ServiceAccount still
@@ -559,12 +571,12 @@ async fn a_tenant_at_its_watch_cap_gets_429_and_the_controller_still_watches() -
     let controller_client = client_with_token(&ts, "controller", &controller).await?;
     watch_sees_a_new_configmap(&controller_client, &admin, "provisioning-system", "seen-by-controller").await?;
 
-    // A watch that ends gives its place back: alice gets one again.
-    drop(alices.pop());
-    eventually("alice's closed watch is given back", Duration::from_secs(10), || {
-        let (tls, alice) = (tls.clone(), alice.clone());
+    // A watch that ends gives its place back: bob gets one again.
+    drop(bobs.pop());
+    eventually("bob's closed watch is given back", Duration::from_secs(10), || {
+        let (tls, bob) = (tls.clone(), bob.clone());
         async move {
-            match raw_watch(addr, tls, &alice, "/api/v1/namespaces/lim-a/configmaps?watch=true").await {
+            match raw_watch(addr, tls, &bob, "/api/v1/namespaces/lim-b/configmaps?watch=true").await {
                 Ok(mut c) => head_of(&mut c).await.is_ok_and(|(code, _)| code == 200),
                 Err(_) => false,
             }
@@ -636,7 +648,7 @@ async fn a_tenant_at_its_in_flight_cap_gets_429_and_others_go_on() -> TestResult
     .await?;
     let (code, retry, body) = list_status(&alice, "inflight-a").await?;
     assert_eq!((code, retry.as_deref()), (429, Some("1")), "{body}");
-    assert!(body.contains("too many requests in flight for this user (limit 3)"), "{body}");
+    assert!(body.contains("too many requests in flight for this client's flow (serviceaccounts:inflight-a) (limit 3)"), "{body}");
     // Others go on: another tenant, and the admin (system:masters).
     let (code, _, body) = list_status(&bob, "inflight-b").await?;
     assert_eq!(code, 200, "bob: {body}");
@@ -751,6 +763,148 @@ async fn one_peer_flooding_connections_closes_only_its_own() -> TestResult {
         c.write_all(req.as_bytes()).await?;
         assert_eq!(status_of(c).await?, 200);
     }
+    ts.server.shutdown().await;
+    Ok(())
+}
+
+/// A request sent by hand on its own connection with extra headers (impersonation); the
+/// connection is returned unread.
+async fn raw_request(addr: std::net::SocketAddr, tls: std::sync::Arc<rustls::ClientConfig>, head: &str) -> Res<TlsConn> {
+    let mut c = tls_connect(addr, tls).await?;
+    c.write_all(head.as_bytes()).await?;
+    Ok(c)
+}
+
+/// A create in `ns` whose body never comes, made by `token` as `impersonate` (if any).
+fn stuck_create_head(token: &str, ns: &str, impersonate: Option<&str>) -> String {
+    let imp = impersonate.map(|u| format!("Impersonate-User: {u}\r\n")).unwrap_or_default();
+    format!(
+        "POST /api/v1/namespaces/{ns}/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n{imp}\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"metadata\""
+    )
+}
+
+/// A watch of ConfigMaps in `ns` by `token` as `impersonate` (if any).
+fn watch_head(token: &str, ns: &str, impersonate: Option<&str>) -> String {
+    let imp = impersonate.map(|u| format!("Impersonate-User: {u}\r\n")).unwrap_or_default();
+    format!(
+        "GET /api/v1/namespaces/{ns}/configmaps?watch=true HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n{imp}\
+         Accept: application/json\r\n\r\n"
+    )
+}
+
+/// Tenant a's setup in `ns`: a ServiceAccount `imp` that may impersonate every ServiceAccount
+/// of `ns` (as `edit` may), and ConfigMap rights for all of them; returns imp's token.
+async fn impersonator(admin: &kube::Client, ns: &str) -> Res<String> {
+    let token = tenant_token(admin, ns, "imp").await?;
+    let rbac = "/apis/rbac.authorization.k8s.io/v1";
+    let objects = [
+        (
+            "roles",
+            json!({"metadata": {"name": "impersonate-sas"},
+            "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]},
+                      {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create"]}]}),
+        ),
+        (
+            "rolebindings",
+            json!({"metadata": {"name": "imp-impersonates"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "impersonate-sas"},
+            "subjects": [{"kind": "ServiceAccount", "name": "imp", "namespace": ns},
+                         {"kind": "Group", "name": format!("system:serviceaccounts:{ns}"), "apiGroup": "rbac.authorization.k8s.io"}]}),
+        ),
+    ];
+    for (plural, body) in objects {
+        let (code, body) =
+            raw(admin, "POST", &format!("{rbac}/namespaces/{ns}/{plural}"), "application/json", serde_json::to_vec(&body)?).await?;
+        assert_eq!(code, 201, "{body}");
+    }
+    Ok(token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_many_service_accounts_and_impersonations_are_one_flow() -> TestResult {
+    // Issue 26 N3: the caps were keyed by the user after impersonation, so a tenant with 4
+    // minted ServiceAccount tokens and impersonation of made-up ServiceAccount names held the
+    // whole shared total and every other tenant got 429.
+    let limits = provisioning_apiserver::Limits {
+        max_requests_in_flight_per_user: 3,
+        max_requests_in_flight: 8,
+        max_watches_per_user: 3,
+        max_watches: 8,
+        body_read_timeout: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let ts = start_with(limits).await?;
+    let admin = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    let addr = ts.server.addr();
+    let tls = tls_client_config(ts.dir.path())?;
+    let imp = impersonator(&admin, "flow-a").await?;
+    let mut minted = vec![];
+    for i in 0..4 {
+        minted.push(tenant_token(&admin, "flow-a", &format!("minted-{i}")).await?);
+    }
+    let b_token = tenant_token(&admin, "flow-b", "b").await?;
+    let b = client_with_token(&ts, "flow-b", &b_token).await?;
+    let a = client_with_token(&ts, "flow-a", &minted[0]).await?;
+
+    // Requests in flight: 4 impersonated made-up names and 4 minted tokens, 2 stuck creates each.
+    let mut stuck = vec![];
+    for (i, token) in minted.iter().enumerate() {
+        let ghost = format!("system:serviceaccount:flow-a:ghost-{i}");
+        for _ in 0..2 {
+            stuck.push(raw_request(addr, tls.clone(), &stuck_create_head(&imp, "flow-a", Some(&ghost))).await?);
+            stuck.push(raw_request(addr, tls.clone(), &stuck_create_head(token, "flow-a", None)).await?);
+        }
+    }
+    eventually("tenant a is refused", Duration::from_secs(10), || {
+        let a = a.clone();
+        async move { list_status(&a, "flow-a").await.is_ok_and(|(code, _, _)| code == 429) }
+    })
+    .await?;
+    let (code, retry, body) = list_status(&a, "flow-a").await?;
+    assert_eq!((code, retry.as_deref()), (429, Some("1")), "{body}");
+    assert!(body.contains("too many requests in flight for this client's flow (serviceaccounts:flow-a) (limit 3)"), "{body}");
+    // Impersonating yet another name does not move imp to another flow.
+    let get = format!(
+        "GET /api/v1/namespaces/flow-a/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {imp}\r\n\
+         Impersonate-User: system:serviceaccount:flow-a:ghost-new\r\n\r\n"
+    );
+    let mut c = raw_request(addr, tls.clone(), &get).await?;
+    let (code, head) = head_of(&mut c).await?;
+    assert_eq!(code, 429, "{head}");
+    assert!(body_start(&mut c).await?.contains("(serviceaccounts:flow-a)"));
+    // Tenant b goes on: a list, and slow requests of its own up to its cap.
+    let (code, _, body) = list_status(&b, "flow-b").await?;
+    assert_eq!(code, 200, "tenant b: {body}");
+    honest_after(&admin).await?;
+    drop(stuck);
+    eventually("tenant a's places are given back", Duration::from_secs(10), || {
+        let a = a.clone();
+        async move { list_status(&a, "flow-a").await.is_ok_and(|(code, _, _)| code == 200) }
+    })
+    .await?;
+
+    // Watches: 3 per token or impersonated name, 8 names: tenant a holds one flow's 3.
+    let mut watches = vec![];
+    let mut open = 0;
+    for (i, token) in minted.iter().enumerate() {
+        let ghost = format!("system:serviceaccount:flow-a:ghost-{i}");
+        for _ in 0..3 {
+            for head in [watch_head(&imp, "flow-a", Some(&ghost)), watch_head(token, "flow-a", None)] {
+                let mut c = raw_request(addr, tls.clone(), &head).await?;
+                let (code, head) = head_of(&mut c).await?;
+                match code {
+                    200 => open += 1,
+                    429 => {}
+                    other => return Err(format!("tenant a's watch answered {other}: {head}").into()),
+                }
+                watches.push(c);
+            }
+        }
+    }
+    assert_eq!(open, 3, "tenant a's watches over 8 names");
+    watch_sees_a_new_configmap(&b, &admin, "flow-b", "seen-by-b").await?;
+    drop(watches);
     ts.server.shutdown().await;
     Ok(())
 }

@@ -71,7 +71,7 @@ fn render_cluster_page(objs: &Objects, history: &[ReadyPoint]) -> anyhow::Result
         object: &objs.clusters[0],
         rows: &rows,
         tree_namespace: "scale",
-        allowed: Allowed { patch: true, delete: true },
+        allowed: Allowed { patch: true, approve: true, delete: true },
         csrf: "csrf",
         events: Ok(vec![]),
         records: Ok(vec![]),

@@ -3,6 +3,7 @@
 //! objects and phases; watches a Cluster scale up without reloading the page; pauses and
 //! resumes a Server with its buttons (the annotation is read back with kubectl); approves a
 //! plan; a view-only ServiceAccount token sees no action buttons and its forged POST gets 403;
+//! an editor (no `approve` verb) sees no Approve button and its forged approve gets 403;
 //! a bad token, and a revoked one, get the sign-in page. Screenshots of the main pages go to
 //! target/console-screenshots/.
 #![allow(clippy::too_many_lines, reason = "end-to-end scenarios read as one story, step by step")]
@@ -277,6 +278,25 @@ async fn drive(dev: &Dev, driver: &Driver, profile: &std::path::Path) -> Result<
     wait_page(&c, "signed in again as admin", 45, |h| h.contains("id=\"ws-demo\"")).await?;
     c.goto(&again).await?;
     wait_page(&c, "the new link works once", 30, |h| h.contains("used already")).await?;
+
+    // An editor (the `edit` role: patch, not the `approve` verb) sees a waiting plan and the
+    // Pause/Resume buttons, but no Approve button, and a forged approve (with the page's CSRF
+    // token) is refused: an approval set by `edit` alone would not count (issue 26, item 5).
+    dev.kubectl_ok(&["apply", "-f", &workspace_root().join("deploy/rbac/aggregated-roles.yaml").display().to_string()])?;
+    dev.kubectl_ok(&["annotate", "server", "web-2", "-n", "demo", "provisioning.dev/approve-"])?;
+    dev.kubectl_ok(&["create", "serviceaccount", "editor", "-n", "demo"])?;
+    dev.kubectl_ok(&["create", "rolebinding", "console-editor", "-n", "demo", "--clusterrole=edit", "--serviceaccount=demo:editor"])?;
+    let token = dev.kubectl_ok(&["create", "token", "editor", "-n", "demo"])?.trim().to_string();
+    c.delete_all_cookies().await?;
+    sign_in_with_token(&c, &base, &token).await?;
+    wait_page(&c, "the editor signed in", 45, |h| h.contains("system:serviceaccount:demo:editor")).await?;
+    c.goto(&format!("{base}namespaces/demo/servers/web-2")).await?;
+    let html = wait_page(&c, "web-2's plan for the editor", 45, |h| h.contains("plan-7f3a") && h.contains("id=\"action-resume\"")).await?;
+    ensure!(!html.contains("id=\"action-approve\""), "an editor without the approve verb is offered Approve");
+    let fields = json!({"kind": "servers", "namespace": "demo", "name": "web-2", "action": "approve", "plan": "plan-7f3a"});
+    ensure!(forged_post(&c, fields).await? == 403, "an editor's forged approve was not refused");
+    ensure!(annotation(dev, &["server", "web-2", "-n", "demo"], "provisioning.dev/approve")?.is_none(), "the forged approve changed web-2");
+    screenshot(&c, "server-editor").await?;
 
     // A view-only ServiceAccount: no action buttons, and a forged action is refused.
     dev.kubectl_ok(&["apply", "-f", &workspace_root().join("deploy/rbac/aggregated-roles.yaml").display().to_string()])?;

@@ -250,7 +250,7 @@ async fn signed_in(c: &Client, base: &str, cookie: &str) -> Result<bool> {
 /// The console's sign-in limits (cli/src/console/limits.rs SIGN_IN_BURST, session.rs
 /// MAX_SESSIONS_PER_USER).
 const SIGN_IN_BURST: usize = 10;
-const SESSIONS_PER_USER: usize = 16;
+const SESSIONS_PER_USER: usize = 8;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sign_in_is_rate_limited_per_peer_and_sessions_are_capped_per_user() -> Result<()> {

@@ -44,6 +44,13 @@ impl UserInfo {
         }
     }
 
+    /// The namespace of a ServiceAccount identity (`system:serviceaccount:<ns>:<name>`), None
+    /// for any other user.
+    pub fn service_account_namespace(&self) -> Option<&str> {
+        let (ns, name) = self.name.strip_prefix("system:serviceaccount:")?.split_once(':')?;
+        (!ns.is_empty() && !name.is_empty()).then_some(ns)
+    }
+
     /// Whether the identity is in `system:masters`.
     pub fn is_master(&self) -> bool {
         self.groups.iter().any(|g| g == MASTERS)

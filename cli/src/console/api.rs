@@ -197,6 +197,10 @@ pub async fn change_records(client: &Client, namespace: &str, uid: &str) -> Resu
     Ok(out)
 }
 
+/// The virtual verb an approver needs on the object (as the controller checks it:
+/// controller/src/approval/authorize.rs).
+pub const APPROVE_VERB: &str = "approve";
+
 /// Whether the visitor may `verb` the `kind` object (SelfSubjectAccessReview).
 pub async fn may(client: &Client, verb: &str, kind: Kind, namespace: Option<&str>, name: &str) -> Result<bool, ApiFailure> {
     let review = SelfSubjectAccessReview {

@@ -417,8 +417,14 @@ async fn open_session(state: &ConsoleState, token: SecretString) -> Response<Bod
         Err(e) => return html(StatusCode::BAD_GATEWAY, render::login_page(Some(&e.to_string()), dev_dir(state))),
     };
     tracing::info!(%user, "console sign-in");
-    let id = state.sessions.insert(Session::new(token, client, user));
-    with_cookie(redirect("/"), &session::set_cookie(&id))
+    match state.sessions.insert(Session::new(token, client, user)) {
+        Ok(id) => with_cookie(redirect("/"), &session::set_cookie(&id)),
+        Err(full) => {
+            let mut r = html(StatusCode::SERVICE_UNAVAILABLE, render::login_page(Some(&full.to_string()), dev_dir(state)));
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            r
+        }
+    }
 }
 
 /// What an action does to the object.
@@ -441,7 +447,8 @@ async fn action(state: &ConsoleState, id: &str, session: &Session, form: HashMap
     if !pages::valid_name(name) || namespace.is_some_and(|ns| !pages::valid_name(ns)) {
         return html(StatusCode::BAD_REQUEST, render::message_page("Bad request", "name or namespace missing or invalid"));
     }
-    let (verb, change) = match field("action") {
+    // Each verb the action needs, asked with a SelfSubjectAccessReview.
+    let (verbs, change): (&[&str], Change) = match field("action") {
         "approve" => {
             let plan = field("plan");
             let current = match api::get(&session.client, kind, namespace, name).await {
@@ -454,22 +461,24 @@ async fn action(state: &ConsoleState, id: &str, session: &Session, form: HashMap
                 );
                 return html(StatusCode::CONFLICT, render::message_page("Plan changed", &m));
             }
-            ("patch", Change::Annotate(APPROVE, Some(plan.to_string())))
+            (&["patch", api::APPROVE_VERB], Change::Annotate(APPROVE, Some(plan.to_string())))
         }
-        "pause" => ("patch", Change::Annotate(PAUSED, Some("true".into()))),
-        "resume" => ("patch", Change::Annotate(PAUSED, None)),
-        "reconcile" => ("patch", Change::Annotate(RECONCILE, Some(Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))),
-        "delete" if field("confirm") == name => ("delete", Change::Delete),
+        "pause" => (&["patch"], Change::Annotate(PAUSED, Some("true".into()))),
+        "resume" => (&["patch"], Change::Annotate(PAUSED, None)),
+        "reconcile" => (&["patch"], Change::Annotate(RECONCILE, Some(Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))),
+        "delete" if field("confirm") == name => (&["delete"], Change::Delete),
         "delete" => return html(StatusCode::BAD_REQUEST, render::message_page("Not confirmed", "Deleting needs the confirmation page.")),
         other => return html(StatusCode::BAD_REQUEST, render::message_page("Bad request", &format!("unknown action {other:?}"))),
     };
-    match api::may(&session.client, verb, kind, namespace, name).await {
-        Ok(true) => {}
-        Ok(false) => {
-            let scope = namespace.map(|ns| format!(" in namespace {ns}")).unwrap_or_default();
-            return forbidden(&format!("{} may not {verb} {} {name}{scope}.", session.user, kind.plural()));
+    for verb in verbs {
+        match api::may(&session.client, verb, kind, namespace, name).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let scope = namespace.map(|ns| format!(" in namespace {ns}")).unwrap_or_default();
+                return forbidden(&format!("{} may not {verb} {} {name}{scope}.", session.user, kind.plural()));
+            }
+            Err(e) => return failure(state, id, e),
         }
-        Err(e) => return failure(state, id, e),
     }
     let done = match &change {
         Change::Annotate(key, value) => api::annotate(&session.client, kind, namespace, name, key, value.as_deref()).await,

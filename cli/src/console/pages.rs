@@ -107,13 +107,14 @@ fn section(r: Result<Vec<Value>, ApiFailure>) -> Result<Section, ApiFailure> {
     }
 }
 
-/// Whether the visitor may patch and delete the object.
+/// Whether the visitor may patch, approve and delete the object.
 pub async fn allowed(session: &Session, kind: Kind, namespace: Option<&str>, name: &str) -> Result<Allowed, ApiFailure> {
-    let (patch, delete) = futures::try_join!(
+    let (patch, approve, delete) = futures::try_join!(
         api::may(&session.client, "patch", kind, namespace, name),
+        api::may(&session.client, api::APPROVE_VERB, kind, namespace, name),
         api::may(&session.client, "delete", kind, namespace, name)
     )?;
-    Ok(Allowed { patch, delete })
+    Ok(Allowed { patch, approve, delete })
 }
 
 /// The live part of `page`, read with the visitor's token.

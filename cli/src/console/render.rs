@@ -252,8 +252,11 @@ pub fn tree_table(rows: &[Row], namespace: &str, now: DateTime<Utc>) -> String {
 /// What the visitor may do to the object (SelfSubjectAccessReview answers).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Allowed {
-    /// May patch it (approve, pause/resume, reconcile now).
+    /// May patch it (pause/resume, reconcile now; approving needs it too).
     pub patch: bool,
+    /// May `approve` it (the virtual verb the controller checks for the user who set the
+    /// approval: controller/src/approval/authorize.rs); the Approve button needs it and `patch`.
+    pub approve: bool,
     /// May delete it.
     pub delete: bool,
 }
@@ -286,7 +289,7 @@ pub fn actions(obj: &Value, kind: Kind, ns: Option<&str>, allowed: Allowed, csrf
         let plan_id = str_at(obj, "/status/plan/id");
         let approved = obj["metadata"]["annotations"][APPROVE].as_str();
         let has_changes = obj["status"]["plan"]["changes"].as_array().is_some_and(|cs| cs.iter().any(|c| c["action"] != "NoOp"));
-        if !plan_id.is_empty() && has_changes && approved != Some(plan_id) {
+        if allowed.approve && !plan_id.is_empty() && has_changes && approved != Some(plan_id) {
             let extra = format!("<input type=\"hidden\" name=\"plan\" value=\"{}\">", esc(plan_id));
             out.push_str(&action_form(csrf, kind, ns, name, "approve", &extra, &format!("✔ Approve plan {}", esc(plan_id))));
         }
@@ -651,13 +654,13 @@ mod tests {
         let obj = json!({"metadata": {"name": "web", "annotations": {PAUSED: "true"}},
             "status": {"plan": {"id": "p1", "summary": "1 to create", "changes": [{"action": "Create", "resource": "Server/demo/web"}]}}});
         assert_eq!(actions(&obj, Kind::Server, Some("demo"), Allowed::default(), "c"), "");
-        let all = actions(&obj, Kind::Server, Some("demo"), Allowed { patch: true, delete: true }, "c");
+        let all = actions(&obj, Kind::Server, Some("demo"), Allowed { patch: true, approve: true, delete: true }, "c");
         for id in ["action-approve", "action-resume", "action-reconcile", "action-delete"] {
             assert!(all.contains(id), "{id}: {all}");
         }
         assert!(!all.contains("action-pause"), "{all}");
         let approved = json!({"metadata": {"name": "web", "annotations": {APPROVE: "p1"}}, "status": {"plan": {"id": "p1"}}});
-        let html = actions(&approved, Kind::Server, Some("demo"), Allowed { patch: true, delete: false }, "c");
+        let html = actions(&approved, Kind::Server, Some("demo"), Allowed { patch: true, approve: true, delete: false }, "c");
         assert!(!html.contains("action-approve") && html.contains("action-pause") && !html.contains("action-delete"), "{html}");
         assert!(plan_section(&approved).contains("Approved"));
         let change = json!({"resource": "Server/demo/web", "field": "spec.plan", "action": "Update", "from": "small", "to": "medium"});
@@ -665,8 +668,22 @@ mod tests {
     }
 
     #[test]
+    fn approve_is_offered_only_to_a_visitor_who_may_approve() {
+        // Issue 26: `patch` alone (what `edit` holds) no longer makes an approval count, so the
+        // button follows the `approve` verb; approving without `patch` cannot set the annotation.
+        let obj = json!({"metadata": {"name": "web"},
+            "status": {"plan": {"id": "p1", "changes": [{"action": "Create", "resource": "Server/demo/web"}]}}});
+        let edit = actions(&obj, Kind::Server, Some("demo"), Allowed { patch: true, approve: false, delete: true }, "c");
+        assert!(!edit.contains("action-approve") && edit.contains("action-pause"), "{edit}");
+        let approve_only = actions(&obj, Kind::Server, Some("demo"), Allowed { patch: false, approve: true, delete: false }, "c");
+        assert!(!approve_only.contains("action-approve"), "{approve_only}");
+        let admin = actions(&obj, Kind::Server, Some("demo"), Allowed { patch: true, approve: true, delete: true }, "c");
+        assert!(admin.contains("action-approve"), "{admin}");
+    }
+
+    #[test]
     fn approve_is_offered_only_for_a_plan_that_changes_something() {
-        let allowed = Allowed { patch: true, delete: false };
+        let allowed = Allowed { patch: true, approve: true, delete: false };
         for changes in [json!([]), json!([{"action": "NoOp", "resource": "Server/demo/web"}]), Value::Null] {
             let obj = json!({"metadata": {"name": "web"}, "status": {"plan": {"id": "p1", "summary": "no changes", "changes": changes}}});
             let html = actions(&obj, Kind::Server, Some("demo"), allowed, "c");

@@ -21,14 +21,21 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(12 * 3600);
 /// How long a one-time login code stays valid.
 pub const CODE_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// Sessions kept in memory at most; a sign-in beyond it evicts the least recently used one
-/// (each holds a client and a chart history, so unbounded sign-ins would grow without end).
+/// Sessions kept in memory at most (each holds a client and a chart history, so unbounded
+/// sign-ins would grow without end). At the limit a sign-in ends the least recently used
+/// session that has been idle for [`EVICTABLE_AFTER`], and is refused when there is none: one
+/// user never signs another one out.
 pub const MAX_SESSIONS: usize = 1000;
 
-/// Sessions one user (as the API server names the token's owner) keeps at most; a sign-in
-/// beyond it ends that user's least recently used session, never another user's, so one
-/// signed-in user cannot sign everybody else out by signing in again and again.
-pub const MAX_SESSIONS_PER_USER: usize = 16;
+/// Sessions one owner keeps at most ([`owner`]: the user as the API server names the token's
+/// owner, or all ServiceAccounts of a namespace together, since whoever may create them there
+/// can mint tokens for any number); a sign-in beyond it ends that owner's least recently used
+/// session, never another owner's.
+pub const MAX_SESSIONS_PER_USER: usize = 8;
+
+/// How long a session must have gone without a request before another owner's sign-in may end
+/// it at [`MAX_SESSIONS`].
+pub const EVICTABLE_AFTER: Duration = Duration::from_secs(15 * 60);
 
 /// Points kept per Cluster in the ready-over-time chart.
 pub const HISTORY_POINTS: usize = 500;
@@ -56,6 +63,20 @@ pub struct ReadyPoint {
     pub desired: u32,
 }
 
+/// Whose share of the sessions a user uses: the ServiceAccounts of one namespace count
+/// together (`serviceaccounts:<ns>`), any other user by name (`user:<name>`).
+pub fn owner(user: &str) -> String {
+    match user.strip_prefix("system:serviceaccount:").and_then(|r| r.split_once(':')) {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => format!("serviceaccounts:{ns}"),
+        _ => format!("user:{user}"),
+    }
+}
+
+/// A sign-in refused because every kept session is in use (none idle for [`EVICTABLE_AFTER`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the console holds its limit of {0} sessions, all in use; try again later")]
+pub struct Full(pub usize);
+
 /// One signed-in visitor.
 pub struct Session {
     /// The visitor's bearer token (sent only to the API server).
@@ -66,6 +87,8 @@ pub struct Session {
     pub csrf: String,
     /// Who the API server says the token belongs to.
     pub user: String,
+    /// Whose share of the sessions this one uses ([`owner`]).
+    owner: String,
     last_seen: Mutex<Instant>,
     /// Live streams this session holds open (counted by [`super::live::StreamLimits`]).
     pub streams: Arc<AtomicUsize>,
@@ -86,6 +109,7 @@ impl Session {
             token,
             client,
             csrf: random_hex(),
+            owner: owner(&user),
             user,
             last_seen: Mutex::new(Instant::now()),
             streams: Arc::new(AtomicUsize::new(0)),
@@ -113,6 +137,7 @@ pub struct Sessions {
     codes: Mutex<HashMap<String, (SecretString, Instant)>>,
     max_sessions: usize,
     max_per_user: usize,
+    evictable_after: Duration,
 }
 
 impl Default for Sessions {
@@ -130,18 +155,26 @@ impl Sessions {
             codes: Mutex::default(),
             max_sessions: max_sessions.max(1),
             max_per_user: max_per_user.max(1),
+            evictable_after: EVICTABLE_AFTER,
         }
     }
 
-    /// Stores `session`, first dropping idle ones, then at the user's limit that user's least
-    /// recently used session, then at the overall limit the least recently used one; returns
-    /// its id (for the cookie).
-    pub fn insert(&self, session: Session) -> String {
+    /// The same store, where another owner's sign-in may end a session idle for `idle` (tests).
+    pub fn evictable_after(mut self, idle: Duration) -> Sessions {
+        self.evictable_after = idle;
+        self
+    }
+
+    /// Stores `session`, first dropping expired ones, then at the owner's limit that owner's
+    /// least recently used session, then at the overall limit the least recently used session
+    /// idle for at least [`EVICTABLE_AFTER`]; returns its id (for the cookie), or [`Full`] when
+    /// every kept session is in use.
+    pub fn insert(&self, session: Session) -> Result<String, Full> {
         let id = random_hex();
         let mut map = lock(&self.sessions);
         map.retain(|_, s| lock(&s.last_seen).elapsed() < IDLE_TIMEOUT);
         loop {
-            let own = map.iter().filter(|(_, s)| s.user == session.user);
+            let own = map.iter().filter(|(_, s)| s.owner == session.owner);
             if own.clone().count() < self.max_per_user {
                 break;
             }
@@ -153,12 +186,20 @@ impl Sessions {
             );
         }
         while map.len() >= self.max_sessions {
-            let Some(oldest) = map.iter().min_by_key(|(_, s)| *lock(&s.last_seen)).map(|(k, _)| k.clone()) else { break };
+            // The owner's own sessions, and other owners' idle ones, may go.
+            let evictable = map
+                .iter()
+                .map(|(k, s)| (k, s.owner == session.owner, *lock(&s.last_seen)))
+                .filter(|(_, own, seen)| *own || seen.elapsed() >= self.evictable_after);
+            let Some(oldest) = evictable.min_by_key(|(_, _, seen)| *seen).map(|(k, _, _)| k.clone()) else {
+                tracing::warn!(limit = self.max_sessions, "console session limit reached, every session in use: sign-in refused");
+                return Err(Full(self.max_sessions));
+            };
             map.remove(&oldest);
-            tracing::info!(limit = self.max_sessions, "console session limit reached: signed out the least recently used session");
+            tracing::info!(limit = self.max_sessions, "console session limit reached: signed out the least recently used idle session");
         }
         map.insert(id.clone(), Arc::new(session));
-        id
+        Ok(id)
     }
 
     /// Whether the session `id` is still kept (a live stream of an ended session stops).
@@ -248,7 +289,7 @@ mod tests {
         let s = Sessions::with_limits(3, 3);
         let mut ids = vec![];
         for _ in 0..3 {
-            ids.push(s.insert(new()));
+            ids.push(s.insert(new())?);
             std::thread::sleep(Duration::from_millis(2));
         }
         let [a, b, c] = <[String; 3]>::try_from(ids).map_err(|_| anyhow::anyhow!("three ids"))?;
@@ -256,14 +297,14 @@ mod tests {
         // `a` is used again, so `b` is now the least recently used.
         std::thread::sleep(Duration::from_millis(5));
         assert!(s.get(&a).is_some());
-        let d = s.insert(new());
+        let d = s.insert(new())?;
         assert_eq!(s.len(), 3, "the limit holds");
         assert!(s.get(&b).is_none(), "the least recently used session was evicted");
         for kept in [&a, &c, &d] {
             assert!(s.get(kept).is_some());
         }
         for _ in 0..10 {
-            s.insert(new());
+            s.insert(new())?;
         }
         assert_eq!(s.len(), 3);
         assert_eq!(Sessions::default().max_sessions, MAX_SESSIONS);
@@ -275,14 +316,57 @@ mod tests {
         let client = kube::Client::try_from(kube::Config::new("https://127.0.0.1:9".parse()?))?;
         let new = |user: &str| Session::new(SecretString::from("t0ken"), client.clone(), user.into());
         let s = Sessions::with_limits(4, 2);
-        let alice = s.insert(new("alice"));
-        let bob = s.insert(new("bob"));
+        let alice = s.insert(new("alice"))?;
+        let bob = s.insert(new("bob"))?;
         for _ in 0..20 {
-            s.insert(new("mallory"));
+            s.insert(new("mallory"))?;
             std::thread::sleep(Duration::from_millis(1));
         }
         assert!(s.contains(&alice) && s.contains(&bob), "other users' sessions are kept");
         assert_eq!(s.len(), 4, "alice, bob and mallory's newest two");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn many_service_account_tokens_do_not_sign_other_users_out() -> anyhow::Result<()> {
+        // Issue 26: a user with many ServiceAccount tokens (each a user name of its own) signed
+        // every other user out through the global LRU by signing in again and again.
+        let client = kube::Client::try_from(kube::Config::new("https://127.0.0.1:9".parse()?))?;
+        let new = |user: &str| Session::new(SecretString::from("t0ken"), client.clone(), user.into());
+        let s = Sessions::with_limits(4, 2);
+        let alice = s.insert(new("alice"))?;
+        let bob = s.insert(new("system:serviceaccount:b:viewer"))?;
+        for i in 0..20 {
+            s.insert(new(&format!("system:serviceaccount:evil:minted-{i}")))?;
+        }
+        assert!(s.contains(&alice) && s.contains(&bob), "one namespace's ServiceAccounts are one owner");
+        assert_eq!(s.len(), 4);
+        // Owners of their own (other namespaces) at the overall limit: refused, nobody signed out.
+        let full = s.insert(new("system:serviceaccount:evil-2:sa")).err();
+        assert_eq!(full, Some(Full(4)));
+        assert!(full.is_some_and(|f| f.to_string().contains("limit of 4 sessions")));
+        assert!(s.contains(&alice) && s.contains(&bob) && s.len() == 4);
+        assert_eq!(owner("system:serviceaccount:evil:x"), "serviceaccounts:evil");
+        assert_eq!(owner("system:serviceaccount:evil"), "user:system:serviceaccount:evil");
+        assert_eq!(owner("alice"), "user:alice");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn at_the_limit_only_idle_sessions_of_other_users_are_ended() -> anyhow::Result<()> {
+        let client = kube::Client::try_from(kube::Config::new("https://127.0.0.1:9".parse()?))?;
+        let new = |user: &str| Session::new(SecretString::from("t0ken"), client.clone(), user.into());
+        let s = Sessions::with_limits(2, 2).evictable_after(Duration::from_millis(300));
+        let alice = s.insert(new("alice"))?;
+        std::thread::sleep(Duration::from_millis(350));
+        let bob = s.insert(new("bob"))?;
+        // alice has been idle past the threshold, bob has not: carol's sign-in ends alice's.
+        let carol = s.insert(new("carol"))?;
+        assert!(!s.contains(&alice) && s.contains(&bob) && s.contains(&carol));
+        assert_eq!(s.insert(new("dave")).err(), Some(Full(2)), "bob and carol are in use");
+        // A user at the overall limit may still replace their own session.
+        let carol2 = s.insert(new("carol"))?;
+        assert!(s.contains(&bob) && s.contains(&carol2) && !s.contains(&carol));
         Ok(())
     }
 
