@@ -304,8 +304,21 @@ where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope> + Clone + DeserializeOwned + fmt::Debug,
 {
     let list = Api::<Tolerant<K>>::namespaced(client.clone(), namespace).list(params).await?;
-    Ok(list
-        .items
+    Ok(keep_decoded(client, list.items))
+}
+
+/// Every `K` (a cluster-scoped kind) that `params` selects, decoded one by one as [`list`]
+/// does: one undecodable Workspace does not hide the others.
+pub async fn list_cluster<K>(client: &Client, params: &kube::api::ListParams) -> Result<Vec<K>, kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope> + Clone + DeserializeOwned + fmt::Debug,
+{
+    let list = Api::<Tolerant<K>>::all(client.clone()).list(params).await?;
+    Ok(keep_decoded(client, list.items))
+}
+
+fn keep_decoded<K: Resource<DynamicType = ()>>(client: &Client, items: Vec<Tolerant<K>>) -> Vec<K> {
+    items
         .into_iter()
         .filter_map(|item| match item {
             Tolerant::Decoded(k) => Some(k),
@@ -314,7 +327,7 @@ where
                 None
             }
         })
-        .collect())
+        .collect()
 }
 
 /// A watch event of decoded items: `None` for an item that did not decode (reported).

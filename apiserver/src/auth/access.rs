@@ -230,8 +230,13 @@ impl Auth {
         {
             return p.clone();
         }
-        let vals = |k: &str| -> Vec<Value> { st.objects.get(k).map(|m| m.values().map(|e| e.value()).collect()).unwrap_or_default() };
-        let (crs, rs, crbs, rbs) = (vals(CLUSTERROLES), vals(ROLES), vals(CLUSTERROLEBINDINGS), vals(ROLEBINDINGS));
+        // The entries are shared; they are decoded after the store's lock is given back, so
+        // that rebuilding a large policy never holds up writers (one rebuild at a time: the
+        // cache's lock is held, and requests meanwhile wait for its result).
+        let entries = |k: &str| st.objects.get(k).map(|m| m.values().cloned().collect::<Vec<_>>()).unwrap_or_default();
+        let raw = [entries(CLUSTERROLES), entries(ROLES), entries(CLUSTERROLEBINDINGS), entries(ROLEBINDINGS)];
+        drop(st);
+        let [crs, rs, crbs, rbs] = raw.map(|es| es.iter().map(|e| e.value()).collect::<Vec<Value>>());
         let p = Arc::new(Policy::from_values(&crs, &rs, &crbs, &rbs));
         *cache = Some((fp, p.clone()));
         p

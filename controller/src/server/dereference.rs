@@ -1,7 +1,7 @@
 //! Dereference: read what a Server refers to (workspace, its rank for maxServers).
 
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::ListParams;
 use provisioning_crds::{Server, Workspace};
 
 use crate::context::Context;
@@ -64,7 +64,8 @@ pub async fn workspace_cache_behind(server: &Server, refs: &Refs, ctx: &Context)
     if refs.workspace.name.is_some() || has_machine(server) {
         return Ok(false);
     }
-    let live = Api::<Workspace>::all(ctx.client.clone()).list(&ListParams::default()).await?;
+    // Decoded one by one: a Workspace our decoder cannot read must not stall every Server.
+    let live = crate::decode::list_cluster::<Workspace>(&ctx.client, &ListParams::default()).await?;
     let live: Vec<std::sync::Arc<Workspace>> = live.items.into_iter().map(std::sync::Arc::new).collect();
     Ok(crate::effective_workspace::owner_of(&refs.workspace.namespace, live.iter()).is_some())
 }
