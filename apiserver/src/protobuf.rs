@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::error::ApiError;
 use crate::wire::{Field, bad, fields, text};
+use provisioning_yaml::bounded::Meter;
 
 /// The `runtime.Unknown` envelope after the `k8s\0` magic: apiVersion, kind and the raw object.
 fn envelope(body: &[u8]) -> Result<(String, String, &[u8]), ApiError> {
@@ -41,8 +42,15 @@ fn envelope(body: &[u8]) -> Result<(String, String, &[u8]), ApiError> {
     Ok((api_version, kind, raw))
 }
 
-/// Decodes a `k8s\0`-prefixed protobuf body into the JSON object it stands for.
-pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
+/// Memory charged per byte of a protobuf body (see [`decode`]).
+const COST_PER_BYTE: usize = 2 * provisioning_yaml::bounded::LIMIT_PER_BYTE;
+
+/// Decodes a `k8s\0`-prefixed protobuf body into the JSON object it stands for, its memory
+/// charged to the request's `meter` up front (429 when the shared budget cannot cover it).
+pub fn decode(body: &[u8], meter: &Meter) -> Result<Value, ApiError> {
+    // Every field takes at least two bytes and decodes to at most a node, a map entry and its
+    // bytes; embedded JSON (`fieldsV1`) at most what bounded JSON allows: charged up front.
+    meter.reserve(body.len().saturating_mul(COST_PER_BYTE)).map_err(|e| ApiError::too_many_requests(e.to_string()))?;
     let (api_version, kind, raw) = envelope(body)?;
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version.as_str()));
     let Some(msg) = kinds::message_for(group, &kind).filter(|_| version == "v1") else {

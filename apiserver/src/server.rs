@@ -430,8 +430,8 @@ async fn authorized(
         let ct = content_type(&req);
         let result = async {
             let body = read_body(req, core.limits.body_read_timeout).await?;
-            let obj =
-                if ct.contains("protobuf") { crate::auth::proto::decode(&body)? } else { decode_body(body, &ct, &core.meter()).await? };
+            // Protobuf review kinds reach auth::proto through the same metered path.
+            let obj = decode_body(body, &ct, &core.meter()).await?;
             reviews::create(auth, &core.store, &user, &attrs, review, obj)
         }
         .await;
@@ -764,8 +764,16 @@ async fn list_or_watch(core: &Arc<Core>, q: &Query, t: &Target, name: Option<&st
     let limit = q.get("limit").and_then(|s| s.parse::<usize>().ok()).filter(|l| *l > 0);
     let (entries, rv, cont, remaining) = core.list(rt, t.namespace.as_deref(), &labels, &fields, limit, q.get("continue"))?;
     if let Some(inc) = &shape.table {
-        let objs: Vec<Value> = entries.iter().map(|e| core.convert(rt, e.value())).collect();
-        return Ok(value_response(200, &table::table(rt, &objs, Some(rv.to_string()), cont, inc, true)));
+        // Row by row, each object decoded, converted and dropped before the next (a page of
+        // large objects would otherwise be in memory as values all at once), on a blocking
+        // thread: a page of large objects takes CPU time.
+        let (c, rtype, inc) = (core.clone(), rt.clone(), inc.clone());
+        let rows = tokio::task::spawn_blocking(move || {
+            entries.iter().map(|e| table::row(&rtype, &c.convert(&rtype, e.value()), &inc)).collect::<Vec<Value>>()
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("building the table: {e}")))?;
+        return Ok(value_response(200, &table::table_of_rows(rt, rows, Some(rv.to_string()), cont, true)));
     }
     if shape.partial {
         return Ok(value_response(200, &partial_list(&entries, rv, cont)));

@@ -281,6 +281,13 @@ pub fn row(rt: &ResourceType, obj: &Value, include_object: &str) -> Value {
 
 /// A Table for the given objects.
 pub fn table(rt: &ResourceType, objs: &[Value], rv: Option<String>, cont: Option<String>, include_object: &str, headers: bool) -> Value {
+    let rows: Vec<Value> = objs.iter().map(|o| row(rt, o, include_object)).collect();
+    table_of_rows(rt, rows, rv, cont, headers)
+}
+
+/// A Table of rows made with [`row`] (a list makes them one object at a time, so that only
+/// one decoded object is in memory at once).
+pub fn table_of_rows(rt: &ResourceType, rows: Vec<Value>, rv: Option<String>, cont: Option<String>, headers: bool) -> Value {
     let mut meta = json!({});
     if let Some(rv) = rv {
         meta["resourceVersion"] = json!(rv);
@@ -288,7 +295,6 @@ pub fn table(rt: &ResourceType, objs: &[Value], rv: Option<String>, cont: Option
     if let Some(c) = cont {
         meta["continue"] = json!(c);
     }
-    let rows: Vec<Value> = objs.iter().map(|o| row(rt, o, include_object)).collect();
     let mut t = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "rows": rows});
     if headers {
         t["columnDefinitions"] = json!(columns(rt));

@@ -75,6 +75,41 @@ fn long_list() -> Vec<u8> {
     format!("[{}0]", "0,".repeat(700_000)).into_bytes()
 }
 
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+
+fn varint(mut v: usize, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push(u8::try_from(v & 0x7f).unwrap_or_default() | 0x80);
+        v >>= 7;
+    }
+    out.push(u8::try_from(v).unwrap_or_default());
+}
+
+fn field(num: usize, bytes: &[u8], out: &mut Vec<u8>) {
+    varint(num << 3 | 2, out);
+    varint(bytes.len(), out);
+    out.extend_from_slice(bytes);
+}
+
+/// A ConfigMap named `name` with `finalizers` empty finalizers, in Kubernetes' protobuf
+/// envelope (`k8s\0`, runtime.Unknown{typeMeta, raw}); ObjectMeta name = 1, finalizers = 14.
+fn protobuf_configmap(name: &str, finalizers: usize) -> Vec<u8> {
+    let mut meta = Vec::new();
+    field(1, name.as_bytes(), &mut meta);
+    for _ in 0..finalizers {
+        field(14, b"", &mut meta);
+    }
+    let mut cm = Vec::new();
+    field(1, &meta, &mut cm);
+    let mut type_meta = Vec::new();
+    field(1, b"v1", &mut type_meta);
+    field(2, b"ConfigMap", &mut type_meta);
+    let mut unknown = Vec::new();
+    field(1, &type_meta, &mut unknown);
+    field(2, &cm, &mut unknown);
+    [b"k8s\0".as_slice(), &unknown].concat()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decoding_costs_bounded_memory_per_body_and_per_process() -> TestResult {
     let limits = provisioning_apiserver::Limits { decode_memory: 160 * 1024 * 1024, ..Default::default() };
@@ -127,7 +162,19 @@ async fn decoding_costs_bounded_memory_per_body_and_per_process() -> TestResult 
     assert!(codes.contains(&400), "no body was decoded: {codes:?}");
     assert!(grew < 400, "twelve 50 MB decodes raised the peak by {grew} MiB");
 
-    // 3. The budget is given back: the server decodes and answers as before.
+    // 3. Protobuf bodies draw on the same budget: 1.5 million empty finalizers in 3 MB (~100
+    //    MB as values) are charged up front, beyond the 160 MiB budget: 429, nothing decoded.
+    let base = rss_mib();
+    reset_peak()?;
+    let (code, text) = post(&client, CM, PROTOBUF, protobuf_configmap("fins", 1_500_000)).await?;
+    assert_eq!(code, 429, "{text}");
+    assert!(text.contains("budget"), "{text}");
+    let grew = peak_mib().saturating_sub(base);
+    assert!(grew < 64, "a refused protobuf body raised the peak by {grew} MiB");
+    let (code, text) = post(&client, CM, PROTOBUF, protobuf_configmap("few-fins", 1)).await?;
+    assert_eq!(code, 201, "{text}");
+
+    // 4. The budget is given back: the server decodes and answers as before.
     let (code, text) = post(&client, CM, "application/json", long_list()).await?;
     assert_eq!(code, 400, "{text}");
     let (code, text) =

@@ -115,6 +115,16 @@ impl Meter {
         self.charged.load(Ordering::Acquire)
     }
 
+    /// Charges `n` bytes up front, for a decoder that cannot charge as it builds (protobuf:
+    /// its values are bounded by a constant times its input): 429-style [`DecodeError::Busy`]
+    /// when the shared budget cannot cover them.
+    pub fn reserve(&self, n: usize) -> Result<(), DecodeError> {
+        self.charge(n).map_err(|f| match f {
+            Fail::Busy(total) => DecodeError::Busy { total },
+            Fail::TooLarge => DecodeError::TooLarge { len: 0, limit: 0 },
+        })
+    }
+
     fn charge(&self, n: usize) -> Result<(), Fail> {
         let charged = self.charged.fetch_add(n, Ordering::AcqRel).saturating_add(n);
         let Some(budget) = &self.budget else { return Ok(()) };
@@ -424,6 +434,8 @@ mod tests {
         assert!(matches!(err, DecodeError::Busy { .. }), "{err}");
         // Small bodies never wait on the budget.
         json_value(br#"{"kind":"ConfigMap","data":{"a":"b"}}"#, &Meter::new(budget.clone()))?;
+        // An up-front reservation (protobuf) draws on the same budget.
+        assert!(matches!(Meter::new(budget.clone()).reserve(64 * 1024 * 1024), Err(DecodeError::Busy { .. })));
         drop((first, second, third));
         assert_eq!(budget.in_use(), 0);
         json_value(list.as_bytes(), &Meter::new(budget.clone()))?;

@@ -183,7 +183,7 @@ pub fn parse_body(body: &[u8], content_type: &str, meter: &Meter) -> ApiResult<V
         return Err(ApiError::bad_request("the request body is empty"));
     }
     if content_type.contains("protobuf") {
-        return crate::protobuf::decode(body);
+        return crate::protobuf::decode(body, meter);
     }
     let yaml = content_type.contains("yaml");
     let decode_error = |e: DecodeError, what: &str| match e {

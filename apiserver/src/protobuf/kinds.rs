@@ -567,7 +567,8 @@ fn decode_into(buf: &[u8], msg: &Msg, out: &mut Map<String, Value>) -> Result<()
                         _ => return Err(bad()),
                     }
                 }
-                let v: Value = serde_json::from_slice(raw).map_err(|_| bad())?;
+                // Bounded as a JSON body is (its memory is charged up front by the caller).
+                let v = provisioning_yaml::bounded::json_value(raw, &provisioning_yaml::bounded::Meter::unshared()).map_err(|_| bad())?;
                 out.insert(name.into(), v);
             }
             (T::Status, Field::Bytes(b)) => {
