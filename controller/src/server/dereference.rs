@@ -66,6 +66,6 @@ pub async fn workspace_cache_behind(server: &Server, refs: &Refs, ctx: &Context)
     }
     // Decoded one by one: a Workspace our decoder cannot read must not stall every Server.
     let live = crate::decode::list_cluster::<Workspace>(&ctx.client, &ListParams::default()).await?;
-    let live: Vec<std::sync::Arc<Workspace>> = live.items.into_iter().map(std::sync::Arc::new).collect();
+    let live: Vec<std::sync::Arc<Workspace>> = live.into_iter().map(std::sync::Arc::new).collect();
     Ok(crate::effective_workspace::owner_of(&refs.workspace.namespace, live.iter()).is_some())
 }
