@@ -104,7 +104,8 @@ fn version_doc(reg: &Registry, group: &str, version: &str) -> Option<Value> {
                 let sub = s["name"].as_str()?.strip_prefix(&prefix)?;
                 Some(json!({
                     "subresource": sub,
-                    "responseKind": {"group": group, "version": version, "kind": s["kind"].as_str().unwrap_or(kind)},
+                    "responseKind": {"group": s["group"].as_str().unwrap_or(group), "version": s["version"].as_str().unwrap_or(version),
+                        "kind": s["kind"].as_str().unwrap_or(kind)},
                     "verbs": s["verbs"].clone(),
                 }))
             })
@@ -149,6 +150,20 @@ mod tests {
         assert_eq!(ns["scope"], "Cluster");
         assert_eq!(ns["responseKind"], json!({"group": "", "version": "v1", "kind": "Namespace"}));
         assert_eq!(ns["subresources"][0]["subresource"], "status");
+        // A subresource of another kind (Scale) names its own group and version.
+        let apps = apis(&reg);
+        let deploy = apps["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|g| g["metadata"]["name"] == "apps")
+            .flat_map(|g| g["versions"][0]["resources"].as_array().cloned().unwrap_or_default())
+            .find(|r| r["resource"] == "deployments")
+            .unwrap_or_default();
+        let scale =
+            deploy["subresources"].as_array().into_iter().flatten().find(|s| s["subresource"] == "scale").cloned().unwrap_or_default();
+        assert_eq!(scale["responseKind"], json!({"group": "autoscaling", "version": "v1", "kind": "Scale"}), "{deploy}");
+        assert_eq!(scale["verbs"], json!(["get", "patch", "update"]));
         let apis = apis(&reg);
         let names: Vec<&str> = apis["items"].as_array().into_iter().flatten().filter_map(|i| i["metadata"]["name"].as_str()).collect();
         let legacy: Vec<String> = reg.api_group_list()["groups"]

@@ -21,6 +21,7 @@ pub mod openapi;
 pub mod patch;
 pub mod protobuf;
 pub mod registry;
+pub mod scale;
 pub mod selectors;
 pub mod server;
 pub mod stats;

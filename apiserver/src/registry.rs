@@ -34,6 +34,7 @@ pub fn virtual_types() -> Vec<ResourceType> {
         custom: false,
         storage_version: true,
         rules: None,
+        scale: None,
     };
     vec![
         mk("authentication.k8s.io", "selfsubjectreviews", "SelfSubjectReview", false),
@@ -97,6 +98,30 @@ pub struct ResourceType {
     pub storage_version: bool,
     /// The schema's compiled `x-kubernetes-validations` rules (None when it has none).
     pub rules: Option<Arc<crate::celrules::Rules>>,
+    /// The `/scale` subresource's paths, when the kind has one (see [`crate::scale`]).
+    pub scale: Option<ScalePaths>,
+}
+
+/// Where a kind keeps what its `autoscaling/v1` Scale shows (a CRD's `subresources.scale`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScalePaths {
+    /// `.spec.replicas`-style path of the desired count.
+    pub spec_replicas: String,
+    /// Path of the observed count (0 when absent).
+    pub status_replicas: String,
+    /// Path of the selector: a string, or (built-in kinds) a LabelSelector object.
+    pub label_selector: Option<String>,
+}
+
+impl ScalePaths {
+    /// The paths of the built-in workload kinds (spec.replicas, status.replicas, spec.selector).
+    fn workload() -> Self {
+        ScalePaths {
+            spec_replicas: ".spec.replicas".into(),
+            status_replicas: ".status.replicas".into(),
+            label_selector: Some(".spec.selector".into()),
+        }
+    }
 }
 
 impl ResourceType {
@@ -123,6 +148,7 @@ impl ResourceType {
             custom: false,
             storage_version: true,
             rules: None,
+            scale: None,
         }
     }
 
@@ -150,6 +176,10 @@ impl ResourceType {
         if self.has_status {
             out.push(json!({"name": format!("{}/status", self.plural), "singularName": "", "namespaced": self.namespaced,
                 "kind": self.kind, "verbs": ["get", "patch", "update"]}));
+        }
+        if self.scale.is_some() {
+            out.push(json!({"name": format!("{}/scale", self.plural), "singularName": "", "namespaced": self.namespaced,
+                "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]}));
         }
         out
     }
@@ -337,6 +367,7 @@ fn workload_builtins() -> Vec<ResourceType> {
     ];
     let mut deploy = ResourceType::builtin("apps", "v1", "deployments", "Deployment", true, &["deploy"]);
     deploy.has_status = true;
+    deploy.scale = Some(ScalePaths::workload());
     deploy.categories = vec!["all".into()];
     deploy.printer_columns = vec![
         col("Ready", "string", "#builtin:deploy-ready", 0, "Number of the pod with ready state."),
@@ -413,6 +444,9 @@ fn workload_builtins() -> Vec<ResourceType> {
 fn unrun_builtins() -> Vec<ResourceType> {
     let with = |mut rt: ResourceType, status: bool, all: bool, cols: Vec<PrinterColumn>| {
         rt.has_status = status;
+        if rt.group == "apps" && matches!(rt.plural.as_str(), "replicasets" | "statefulsets") {
+            rt.scale = Some(ScalePaths::workload());
+        }
         if all {
             rt.categories = vec!["all".into()];
         }
@@ -601,6 +635,13 @@ pub fn from_crd(crd: &Value) -> Vec<ResourceType> {
             custom: true,
             storage_version: v["storage"].as_bool().unwrap_or(false),
             rules,
+            scale: v["subresources"].get("scale").and_then(|sc| {
+                Some(ScalePaths {
+                    spec_replicas: sc["specReplicasPath"].as_str()?.to_string(),
+                    status_replicas: sc["statusReplicasPath"].as_str()?.to_string(),
+                    label_selector: sc["labelSelectorPath"].as_str().map(str::to_string),
+                })
+            }),
         });
     }
     out

@@ -574,6 +574,7 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
     };
     if let Some(sub) = &target.subresource
         && !(sub == "status" && target.rt.has_status)
+        && !(sub == "scale" && target.rt.scale.is_some() && target.name.is_some())
         && !(sub == "finalize" && target.rt.storage == crate::handlers::NAMESPACES)
     {
         return Err(ApiError::path_not_found());
@@ -687,6 +688,9 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
     let status = t.subresource.as_deref() == Some("status");
     let method = req.method().clone();
     core.stats.request(request_verb(&method, t.name.is_some(), t.watch || q.flag("watch")), &rt.plural, t.subresource.as_deref());
+    if let (Some("scale"), Some(name)) = (t.subresource.as_deref(), &t.name) {
+        return scale(&core, req, &q, &rt, ns, name).await;
+    }
     match (method, &t.name) {
         (Method::GET, Some(name)) if !t.watch => {
             let e = core.get(&rt, ns, name)?;
@@ -722,6 +726,34 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
         (Method::DELETE, _) => delete(&core, req, &q, &t).await,
         (m, _) => Err(ApiError::method_not_allowed(format!("method {m} is not supported on this path"))),
     }
+}
+
+/// GET, PUT and PATCH of `.../NAME/scale` (see [`crate::scale`]).
+async fn scale(
+    core: &Core,
+    req: Request<Incoming>,
+    q: &Query,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+) -> ApiResult<Response<Body>> {
+    let method = req.method().clone();
+    if method == Method::GET {
+        return core.get_scale(rt, ns, name).map(|s| value_response(200, &s));
+    }
+    if method != Method::PUT && method != Method::PATCH {
+        return Err(ApiError::method_not_allowed(format!("method {method} is not supported on this path")));
+    }
+    let opts = write_options(core, &req, q)?;
+    let ct = content_type(&req);
+    let kind = if method == Method::PATCH { Some(PatchType::from_content_type(&ct)?) } else { None };
+    let body = read_body(req, core.limits.body_read_timeout).await?;
+    let doc = decode_body(body, if kind.is_some() { "application/json" } else { &ct }, &opts.decode).await?;
+    let s = match kind {
+        Some(k) => core.patch_scale(rt, ns, name, k, &doc, &opts).await?,
+        None => core.update_scale(rt, ns, name, &doc, &opts).await?,
+    };
+    Ok(value_response(200, &s))
 }
 
 /// The Kubernetes verb of a resource request (as RBAC and the request counters name it).
