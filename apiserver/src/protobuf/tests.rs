@@ -4,8 +4,12 @@
 
 use serde_json::{Value, json};
 
-use super::decode;
 use crate::error::ApiError;
+
+/// The decoder with a meter of its own (no shared budget).
+fn decode(body: &[u8]) -> Result<Value, ApiError> {
+    super::decode(body, &provisioning_yaml::bounded::Meter::unshared())
+}
 
 type R = Result<(), Box<dyn std::error::Error>>;
 
