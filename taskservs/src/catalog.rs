@@ -484,6 +484,32 @@ fn regular(path: &Path, kind: std::fs::FileType) -> Result<(), CatalogError> {
     })
 }
 
+/// Reads `path`, which was listed as a regular file: opened without following a symbolic link
+/// and without blocking on a FIFO, then checked on the open handle — a symlink, FIFO or device
+/// swapped in after the listing is refused, never followed to what it points at.
+fn read_regular(path: &Path) -> Result<Vec<u8>, CatalogError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| CatalogError::Io { path: path.to_path_buf(), source };
+    let mut file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path) {
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(CatalogError::Invalid {
+                path: path.to_path_buf(),
+                problem: "is a symbolic link; catalogs accept regular files and directories only".into(),
+            });
+        }
+        other => other.map_err(io)?,
+    };
+    let kind = file.metadata().map_err(io)?.file_type();
+    regular(path, kind)?;
+    if !kind.is_file() {
+        return Err(CatalogError::Invalid { path: path.to_path_buf(), problem: "is not a regular file".into() });
+    }
+    let mut content = Vec::new();
+    file.read_to_end(&mut content).map_err(io)?;
+    Ok(content)
+}
+
 /// Every regular file under `dir` (recursively; hidden entries skipped) into `out` as
 /// `prefix/<relative path>` → source. A missing `dir` adds nothing; a symlink, device, FIFO
 /// or socket (`dir` itself included) is an error naming its path.
@@ -535,7 +561,7 @@ fn sync_tree(dest: &Path, wanted: &BTreeMap<PathBuf, PathBuf>) -> Result<(), Cat
     }
     for (rel, source) in wanted {
         let target = dest.join(rel);
-        let content = std::fs::read(source).map_err(io(source))?;
+        let content = read_regular(source)?;
         if std::fs::read(&target).ok().as_deref() == Some(content.as_slice()) {
             continue;
         }
@@ -753,5 +779,31 @@ impl Catalog {
     pub fn render_templates(&self, service: &str, values: &Value) -> Result<BTreeMap<String, String>, TemplateError> {
         let entry = self.get(service).ok_or_else(|| TemplateError::UnknownService(service.to_string()))?;
         crate::templates::render(service, &entry.templates, values)
+    }
+}
+
+#[cfg(test)]
+mod read_tests {
+    use super::read_regular;
+
+    /// What was listed as a regular file may be swapped before it is read: a symlink is not
+    /// followed and a FIFO does not block the reader; both are refused naming the path.
+    #[test]
+    fn a_file_swapped_after_listing_is_refused_not_followed() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let secret = dir.path().join("secret.key");
+        std::fs::write(&secret, "KEY")?;
+        let plain = dir.path().join("plain.nu");
+        std::fs::write(&plain, "ok")?;
+        assert_eq!(read_regular(&plain)?, b"ok");
+        let link = dir.path().join("swapped.nu");
+        std::os::unix::fs::symlink(&secret, &link)?;
+        let e = read_regular(&link).err().ok_or("a symlink was followed")?.to_string();
+        assert!(e.contains("swapped.nu") && e.contains("symbolic link"), "{e}");
+        let fifo = dir.path().join("fifo.nu");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status()?.success());
+        let e = read_regular(&fifo).err().ok_or("a FIFO was read")?.to_string();
+        assert!(e.contains("fifo.nu") && e.contains("FIFO"), "{e}");
+        Ok(())
     }
 }
