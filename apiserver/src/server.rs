@@ -383,6 +383,7 @@ async fn handle(
     // The flow comes from the authenticated identity: impersonation never moves a request to
     // another flow (crate::limits).
     let flow = identities.flow(&user);
+    let authenticated = crate::auth::identity::Authenticated(user.clone());
     let user = match auth.impersonate(&core.store, user, req.headers()) {
         Ok(u) => u,
         Err(e) => return error_response(&e),
@@ -395,6 +396,8 @@ async fn handle(
             return too_many(refused.to_string());
         }
     };
+    let mut req = req;
+    req.extensions_mut().insert(authenticated);
     authorized(core, auth, user, attrs, req).await.map(|inner| Holding { inner, _held: permit }.boxed_unsync())
 }
 
@@ -609,6 +612,14 @@ async fn decode_body(body: Bytes, ct: &str, meter: &Option<Arc<Meter>>) -> ApiRe
         .map_err(|e| ApiError::internal(format!("decoding the request body: {e}")))?
 }
 
+/// The identity a write is recorded under: the one that authenticated, else the request's user.
+fn recorded_identity(req: &Request<Incoming>) -> Option<&crate::auth::identity::UserInfo> {
+    req.extensions()
+        .get::<crate::auth::identity::Authenticated>()
+        .map(|a| &a.0)
+        .or_else(|| req.extensions().get::<crate::auth::identity::UserInfo>())
+}
+
 fn write_options(core: &Core, req: &Request<Incoming>, q: &Query) -> ApiResult<WriteOptions> {
     let ua_manager = req
         .headers()
@@ -636,8 +647,10 @@ fn write_options(core: &Core, req: &Request<Incoming>, q: &Query) -> ApiResult<W
         field_validation,
         force: q.flag("force") && q.get("force") != Some(""),
         escalation: req.extensions().get::<std::sync::Arc<crate::auth::escalation::Guard>>().cloned(),
-        user: req.extensions().get::<crate::auth::identity::UserInfo>().map(|u| u.name.clone()),
-        groups: req.extensions().get::<crate::auth::identity::UserInfo>().map(|u| u.groups.clone()).unwrap_or_default(),
+        // Who approved or changed the spec: the identity that authenticated (an impersonator
+        // itself, not the user it impersonates; crate::auth::approver).
+        user: recorded_identity(req).map(|u| u.name.clone()),
+        groups: recorded_identity(req).map(|u| u.groups.clone()).unwrap_or_default(),
         decode: core.meter(),
     })
 }

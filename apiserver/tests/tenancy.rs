@@ -360,3 +360,43 @@ async fn a_yaml_alias_bomb_is_a_bad_request_and_the_server_answers_the_next() ->
     assert!(t.elapsed() < Duration::from_secs(2), "honest request took {:?}", t.elapsed());
     Ok(())
 }
+
+/// Impersonation never makes one person count as two (issue 26 re-review M2): an approval
+/// set while impersonating a ServiceAccount — one that may approve, or a second identity to
+/// get past `requireDistinctApprover` — is recorded as the impersonator's, as is a spec change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_set_through_impersonation_is_recorded_as_the_impersonators() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    // Servers in `a` for alice and for the ServiceAccount bot she may impersonate (`admin`).
+    let rules = json!([{"apiGroups": ["provisioning.dev"], "resources": ["servers"], "verbs": ["*"]}]);
+    let (code, body) = post(&admin, &format!("{RBAC}/namespaces/a/roles"), &role("a", "servers", rules)).await?;
+    assert_eq!(code, 201, "{body}");
+    for sa in ["alice", "bot"] {
+        let (code, body) =
+            post(&admin, &format!("{RBAC}/namespaces/a/rolebindings"), &role_binding("a", &format!("servers-{sa}"), "Role", "servers", sa))
+                .await?;
+        assert_eq!(code, 201, "{body}");
+    }
+    let servers = "/apis/provisioning.dev/v1alpha1/namespaces/a/servers";
+    let (code, created) = post(&alice, servers, &serde_json::to_value(server_obj("mine", "small")?)?).await?;
+    assert_eq!(code, 201, "{created}");
+    let changed_by = created["metadata"]["annotations"]["provisioning.dev/changed-by"].as_str().unwrap_or_default().to_string();
+    assert!(!changed_by.is_empty(), "{created}");
+    let bot = "system:serviceaccount:a:bot";
+    let patch = serde_json::to_vec(&json!({"metadata": {"annotations": {"provisioning.dev/approve": "plan-1"}}}))?;
+    let req = http::Request::builder()
+        .method("PATCH")
+        .uri(format!("{servers}/mine"))
+        .header("content-type", "application/merge-patch+json")
+        .header("Impersonate-User", bot)
+        .body(kube::client::Body::from(patch))?;
+    let resp = alice.send(req).await?;
+    let code = resp.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body()).await?.to_bytes();
+    let got: serde_json::Value = serde_json::from_slice(&bytes)?;
+    assert_eq!(code, 200, "{got}");
+    let annotations = &got["metadata"]["annotations"];
+    assert_eq!(annotations["provisioning.dev/approved-by"], json!(changed_by), "recorded as the impersonator: {annotations}");
+    assert_ne!(annotations["provisioning.dev/approved-by"], json!(bot), "{annotations}");
+    Ok(())
+}

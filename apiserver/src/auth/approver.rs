@@ -5,7 +5,9 @@
 //! current generation in `provisioning.dev/changed-by` (the ChangeRecord's `changedByUser`). Clients cannot write that annotation: a value they set is refused,
 //! one they drop is kept. It is stamped after managedFields are computed, so no field manager
 //! owns it (the controller trusts it only then: on an API server that does not stamp it, a
-//! client that wrote it owns it).
+//! client that wrote it owns it). Both name the identity that authenticated the request: a
+//! user impersonating another (a ServiceAccount that may approve, say) is recorded as
+//! itself, so impersonation never makes one person the changer and the approver.
 
 use serde_json::Value;
 

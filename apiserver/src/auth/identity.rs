@@ -28,6 +28,12 @@ pub struct UserInfo {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
+/// The identity that authenticated a request, before impersonation (a request extension):
+/// approvals and spec changes are recorded as its, so that impersonating another user — a
+/// ServiceAccount that may approve, say — never makes one person count as two.
+#[derive(Debug, Clone)]
+pub struct Authenticated(pub UserInfo);
+
 impl UserInfo {
     /// The identity of the admin token.
     pub fn admin() -> Self {
