@@ -5,9 +5,8 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,20 +17,7 @@ use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
 fn spawn_server(dir: &Path) -> Result<Child, Box<dyn std::error::Error + Send + Sync>> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_apiserver-standalone"))
-        .arg("--data-dir")
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    // The kubeconfig line is printed once the server accepts connections.
-    for line in BufReader::new(stdout).lines() {
-        if line?.starts_with("kubeconfig:") {
-            return Ok(child);
-        }
-    }
-    Err("server exited before it was ready".into())
+    spawn_standalone(dir)
 }
 
 #[tokio::test]

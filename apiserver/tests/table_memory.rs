@@ -6,31 +6,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 use kube::client::Body;
 
 const CM: &str = "/api/v1/namespaces/default/configmaps";
-
-fn spawn_server(dir: &Path) -> Result<Child, Box<dyn std::error::Error + Send + Sync>> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_apiserver-standalone"))
-        .arg("--data-dir")
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    for line in BufReader::new(stdout).lines() {
-        if line?.starts_with("kubeconfig:") {
-            return Ok(child);
-        }
-    }
-    Err("server exited before it was ready".into())
-}
 
 fn status_mib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -54,7 +35,7 @@ async fn a_table_of_large_objects_is_made_one_object_at_a_time() -> TestResult {
     provisioning_apiserver::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
-    let mut server = spawn_server(dir.path())?;
+    let mut server = spawn_standalone(dir.path())?;
     let client = client_for(&kubeconfig).await?;
     // Six 2.9 MB ConfigMaps of 220,000 keys each.
     for i in 0..6 {
@@ -71,7 +52,7 @@ async fn a_table_of_large_objects_is_made_one_object_at_a_time() -> TestResult {
     server.kill()?;
     server.wait()?;
 
-    let mut server = spawn_server(dir.path())?;
+    let mut server = spawn_standalone(dir.path())?;
     let client = client_for(&kubeconfig).await?;
     let pid = server.id();
     let ready = http::Request::builder().uri("/readyz").body(Body::empty())?;

@@ -192,3 +192,22 @@ pub async fn raw(
     let v = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
     Ok((status, v))
 }
+
+/// The embedded API server as its own process (`apiserver-standalone`) on `dir`, returned once
+/// it accepts connections (it prints its kubeconfig line then); the kubeconfig is `dir/kubeconfig`.
+pub fn spawn_standalone(dir: &Path) -> Result<std::process::Child, Box<dyn std::error::Error + Send + Sync>> {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_apiserver-standalone"))
+        .arg("--data-dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    for line in std::io::BufReader::new(stdout).lines() {
+        if line?.starts_with("kubeconfig:") {
+            return Ok(child);
+        }
+    }
+    Err("server exited before it was ready".into())
+}
