@@ -397,6 +397,12 @@ async fn handle(
         }
     };
     let mut req = req;
+    // Exempt identities (the controller, system:masters) decode outside the shared budget, as
+    // they are outside the flow caps: a tenant spending it never makes the controller's
+    // writes wait (each body is still bounded by its own limit).
+    if identities.is_exempt(&authenticated.0) {
+        req.extensions_mut().insert(DecodeExempt);
+    }
     req.extensions_mut().insert(authenticated);
     authorized(core, auth, user, attrs, req).await.map(|inner| Holding { inner, _held: permit }.boxed_unsync())
 }
@@ -612,6 +618,10 @@ async fn decode_body(body: Bytes, ct: &str, meter: &Option<Arc<Meter>>) -> ApiRe
         .map_err(|e| ApiError::internal(format!("decoding the request body: {e}")))?
 }
 
+/// Marks a request of an exempt identity: its bodies are decoded outside the shared budget.
+#[derive(Clone, Copy)]
+struct DecodeExempt;
+
 /// The identity a write is recorded under: the one that authenticated, else the request's user.
 fn recorded_identity(req: &Request<Incoming>) -> Option<&crate::auth::identity::UserInfo> {
     req.extensions()
@@ -651,7 +661,7 @@ fn write_options(core: &Core, req: &Request<Incoming>, q: &Query) -> ApiResult<W
         // itself, not the user it impersonates; crate::auth::approver).
         user: recorded_identity(req).map(|u| u.name.clone()),
         groups: recorded_identity(req).map(|u| u.groups.clone()).unwrap_or_default(),
-        decode: core.meter(),
+        decode: if req.extensions().get::<DecodeExempt>().is_some() { Some(Arc::default()) } else { core.meter() },
     })
 }
 

@@ -110,13 +110,51 @@ fn protobuf_configmap(name: &str, finalizers: usize) -> Vec<u8> {
     [b"k8s\0".as_slice(), &unknown].concat()
 }
 
+/// A client authenticated as ServiceAccount default/tenant, bound to `edit` in default.
+async fn tenant(admin: &kube::Client, kubeconfig: &std::path::Path) -> Result<kube::Client, Box<dyn std::error::Error + Send + Sync>> {
+    let (code, text) =
+        post(admin, "/api/v1/namespaces/default/serviceaccounts", "application/json", br#"{"metadata":{"name":"tenant"}}"#.to_vec())
+            .await?;
+    assert_eq!(code, 201, "{text}");
+    let binding = br#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"RoleBinding","metadata":{"name":"tenant-edit"},
+        "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"edit"},
+        "subjects":[{"kind":"ServiceAccount","name":"tenant","namespace":"default"}]}"#;
+    let (code, text) =
+        post(admin, "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", "application/json", binding.to_vec()).await?;
+    assert_eq!(code, 201, "{text}");
+    let (code, text) = post(
+        admin,
+        "/api/v1/namespaces/default/serviceaccounts/tenant/token",
+        "application/json",
+        br#"{"spec":{"expirationSeconds":3600}}"#.to_vec(),
+    )
+    .await?;
+    assert_eq!(code, 201, "{text}");
+    let token: serde_json::Value = serde_json::from_str(&text)?;
+    let token = token["status"]["token"].as_str().ok_or("no token")?;
+    let lines: Vec<String> = std::fs::read_to_string(kubeconfig)?
+        .lines()
+        .map(|l| if l.trim_start().starts_with("token: ") { format!("    token: {token}") } else { l.to_string() })
+        .collect();
+    let dir = kubeconfig.parent().ok_or("no parent")?.join("tenant");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, lines.join("\n") + "\n")?;
+    Ok(client_no_retry(&path).await?)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decoding_costs_bounded_memory_per_body_and_per_process() -> TestResult {
     let limits = provisioning_apiserver::Limits { decode_memory: 160 * 1024 * 1024, ..Default::default() };
     let ts = start_with(limits).await?;
-    let client = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    // The admin (system:masters) is exempt from the shared budget, as from the flow caps; the
+    // bodies below are sent by a tenant: a ServiceAccount with `edit` in default.
+    let admin = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    let client = tenant(&admin, &ts.server.kubeconfig_path()).await?;
     // Warm up before the baseline.
-    post(&client, CM, "application/json", br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"w"}}"#.to_vec()).await?;
+    let (code, text) =
+        post(&client, CM, "application/json", br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"w"}}"#.to_vec()).await?;
+    assert_eq!(code, 201, "{text}");
 
     // 1. Amplifying bodies, four at once: each refused with 413 naming the limit; the
     //    process's peak grows by at most the per-body limit's share, not by gigabytes.
@@ -161,6 +199,18 @@ async fn decoding_costs_bounded_memory_per_body_and_per_process() -> TestResult 
     eprintln!("12 long lists at once: {codes:?}; RSS {base} MiB, peak +{grew} MiB");
     assert!(codes.contains(&400), "no body was decoded: {codes:?}");
     assert!(grew < 400, "twelve 50 MB decodes raised the peak by {grew} MiB");
+
+    // 2b. The same from the exempt admin: decoded outside the shared budget, never a 429 (a
+    //     tenant spending the budget cannot hold up the controller's writes).
+    let mut sends = Vec::new();
+    for _ in 0..12 {
+        let admin = admin.clone();
+        sends.push(tokio::spawn(async move { post(&admin, CM, "application/json", long_list()).await }));
+    }
+    for s in sends {
+        let (code, text) = s.await??;
+        assert_eq!(code, 400, "an exempt identity's body: {text}");
+    }
 
     // 3. Protobuf bodies draw on the same budget: 1.5 million empty finalizers in 3 MB (~100
     //    MB as values) are charged up front, beyond the 160 MiB budget: 429, nothing decoded.
