@@ -140,7 +140,7 @@ async fn tenant(admin: &kube::Client, kubeconfig: &std::path::Path) -> Result<ku
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("kubeconfig");
     std::fs::write(&path, lines.join("\n") + "\n")?;
-    Ok(client_no_retry(&path).await?)
+    client_no_retry(&path).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
