@@ -437,10 +437,11 @@ async fn authorized(
             return error_response(&ApiError::method_not_allowed(format!("method {} is not supported on this path", req.method())));
         }
         let ct = content_type(&req);
+        let meter = request_meter(&core, &req);
         let result = async {
             let body = read_body(req, core.limits.body_read_timeout).await?;
             // Protobuf review kinds reach auth::proto through the same metered path.
-            let obj = decode_body(body, &ct, &core.meter()).await?;
+            let obj = decode_body(body, &ct, &meter).await?;
             reviews::create(auth, &core.store, &user, &attrs, review, obj)
         }
         .await;
@@ -622,6 +623,11 @@ async fn decode_body(body: Bytes, ct: &str, meter: &Option<Arc<Meter>>) -> ApiRe
 #[derive(Clone, Copy)]
 struct DecodeExempt;
 
+/// The decode meter of a request: outside the shared budget for an exempt identity.
+fn request_meter(core: &Core, req: &Request<Incoming>) -> Option<Arc<Meter>> {
+    if req.extensions().get::<DecodeExempt>().is_some() { Some(Arc::default()) } else { core.meter() }
+}
+
 /// The identity a write is recorded under: the one that authenticated, else the request's user.
 fn recorded_identity(req: &Request<Incoming>) -> Option<&crate::auth::identity::UserInfo> {
     req.extensions()
@@ -661,7 +667,7 @@ fn write_options(core: &Core, req: &Request<Incoming>, q: &Query) -> ApiResult<W
         // itself, not the user it impersonates; crate::auth::approver).
         user: recorded_identity(req).map(|u| u.name.clone()),
         groups: recorded_identity(req).map(|u| u.groups.clone()).unwrap_or_default(),
-        decode: if req.extensions().get::<DecodeExempt>().is_some() { Some(Arc::default()) } else { core.meter() },
+        decode: request_meter(core, req),
     })
 }
 
@@ -902,8 +908,9 @@ async fn delete(core: &Arc<Core>, req: Request<Incoming>, q: &Query, t: &Target)
     let ct = content_type(&req);
     let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
     let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), FieldLabels::for_resource(&rt.storage, &rt.group))?;
+    let meter = request_meter(core, &req);
     let body = read_body(req, core.limits.body_read_timeout).await?;
-    let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { decode_body(body, &ct, &core.meter()).await? };
+    let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { decode_body(body, &ct, &meter).await? };
     let opts = delete_options(q, &dopts)?;
     match &t.name {
         Some(name) => {

@@ -127,8 +127,21 @@ impl Meter {
 
     fn charge(&self, n: usize) -> Result<(), Fail> {
         let charged = self.charged.fetch_add(n, Ordering::AcqRel).saturating_add(n);
+        self.cover(charged)
+    }
+
+    /// Reserves ahead what a decode of `len` bytes will likely use (its per-byte share of
+    /// [`decode_limit`]), so that a large body is admitted or refused as a whole before it is
+    /// decoded: many large decodes growing together would otherwise share out the budget
+    /// until every one of them is refused.
+    fn reserve_ahead(&self, len: usize) -> Result<(), Fail> {
+        self.cover(self.charged().saturating_add(len.saturating_mul(LIMIT_PER_BYTE)))
+    }
+
+    /// Holds enough of the shared budget for `total` bytes charged.
+    fn cover(&self, total: usize) -> Result<(), Fail> {
         let Some(budget) = &self.budget else { return Ok(()) };
-        let need = charged.saturating_sub(FREE_PER_REQUEST);
+        let need = total.saturating_sub(FREE_PER_REQUEST);
         let mut reserved = self.reserved.load(Ordering::Acquire);
         while reserved < need {
             let step = (need - reserved).max(STEP);
@@ -204,8 +217,12 @@ struct Cost<'m> {
 }
 
 impl<'m> Cost<'m> {
-    fn new(meter: &'m Meter, len: usize) -> Self {
-        Cost { meter, used: Cell::new(0), limit: decode_limit(len), failed: Cell::new(None) }
+    fn new(meter: &'m Meter, len: usize) -> Result<Self, DecodeError> {
+        meter.reserve_ahead(len).map_err(|f| match f {
+            Fail::Busy(total) => DecodeError::Busy { total },
+            Fail::TooLarge => DecodeError::TooLarge { len, limit: decode_limit(len) },
+        })?;
+        Ok(Cost { meter, used: Cell::new(0), limit: decode_limit(len), failed: Cell::new(None) })
     }
 
     fn charge<E: de::Error>(&self, n: usize) -> Result<(), E> {
@@ -232,7 +249,7 @@ impl<'m> Cost<'m> {
 
 /// Decodes a JSON text into a value within `meter`'s budget and [`decode_limit`].
 pub fn json_value(bytes: &[u8], meter: &Meter) -> Result<Value, DecodeError> {
-    let cost = Cost::new(meter, bytes.len());
+    let cost = Cost::new(meter, bytes.len())?;
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = Build(&cost).deserialize(&mut de).map_err(|e| cost.error(bytes.len(), e))?;
     de.end().map_err(|e| cost.error(bytes.len(), e))?;
@@ -242,7 +259,7 @@ pub fn json_value(bytes: &[u8], meter: &Meter) -> Result<Value, DecodeError> {
 /// Decodes one YAML document into a value within `meter`'s budget and [`decode_limit`]
 /// (aliases are charged for every copy they expand to).
 pub fn yaml_value(text: &str, meter: &Meter) -> Result<Value, DecodeError> {
-    let cost = Cost::new(meter, text.len());
+    let cost = Cost::new(meter, text.len())?;
     Build(&cost).deserialize(serde_yaml_ng::Deserializer::from_str(text)).map_err(|e| cost.error(text.len(), e))
 }
 
@@ -422,7 +439,8 @@ mod tests {
     #[test]
     fn the_shared_budget_refuses_beyond_its_total_and_is_given_back() -> Result<(), DecodeError> {
         let budget = DecodeBudget::new(64 * 1024 * 1024);
-        let list = format!("[{}0]", "0,".repeat(500_000)); // ~1 MB, ~32 MB charged
+        // ~500 KB: ~32 MB reserved ahead (64 per byte), ~16 MB charged; two fit in 64 MiB.
+        let list = format!("[{}0]", "0,".repeat(250_000));
         let first = Meter::new(budget.clone());
         json_value(list.as_bytes(), &first)?;
         let held = budget.in_use();
