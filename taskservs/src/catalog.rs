@@ -487,7 +487,7 @@ fn regular(path: &Path, kind: std::fs::FileType) -> Result<(), CatalogError> {
 /// Reads `path`, which was listed as a regular file: opened without following a symbolic link
 /// and without blocking on a FIFO, then checked on the open handle — a symlink, FIFO or device
 /// swapped in after the listing is refused, never followed to what it points at.
-fn read_regular(path: &Path) -> Result<Vec<u8>, CatalogError> {
+pub(crate) fn read_regular(path: &Path) -> Result<Vec<u8>, CatalogError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let io = |source| CatalogError::Io { path: path.to_path_buf(), source };
@@ -508,6 +508,12 @@ fn read_regular(path: &Path) -> Result<Vec<u8>, CatalogError> {
     let mut content = Vec::new();
     file.read_to_end(&mut content).map_err(io)?;
     Ok(content)
+}
+
+/// [`read_regular`] as UTF-8 text.
+pub(crate) fn read_regular_text(path: &Path) -> Result<String, CatalogError> {
+    String::from_utf8(read_regular(path)?)
+        .map_err(|_| CatalogError::Invalid { path: path.to_path_buf(), problem: "is not UTF-8 text".into() })
 }
 
 /// Every regular file under `dir` (recursively; hidden entries skipped) into `out` as
@@ -666,7 +672,7 @@ fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogErr
     if !path.is_file() {
         return Err(invalid("missing taskserv.yaml (every catalog directory but lib/ is a service)".into()));
     }
-    let text = std::fs::read_to_string(&path).map_err(|source| CatalogError::Io { path: path.clone(), source })?;
+    let text = read_regular_text(&path)?;
     let manifest: TaskServManifest =
         provisioning_yaml::from_str(&text).map_err(|e| CatalogError::Parse { path: path.clone(), message: e.to_string() })?;
 
@@ -763,7 +769,7 @@ fn load_templates(dir: &Path) -> Result<BTreeMap<String, String>, CatalogError> 
         let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
             return Err(CatalogError::Invalid { path, problem: "template file name is not UTF-8".into() });
         };
-        let source = std::fs::read_to_string(&path).map_err(io(&path))?;
+        let source = read_regular_text(&path)?;
         // Parse now so a broken template is a start-up error, not a failed install.
         let mut env = crate::templates::template_env();
         env.add_template_owned(name.clone(), source.clone())

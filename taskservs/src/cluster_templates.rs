@@ -398,7 +398,8 @@ impl TemplateLibrary {
 fn load_template(dir: &Path, dir_name: &str) -> Result<ClusterTemplate, ClusterTemplateError> {
     let path = dir.join(TEMPLATE_MANIFEST);
     let invalid = |problem: String| ClusterTemplateError::Invalid { path: path.clone(), problem };
-    let text = std::fs::read_to_string(&path).map_err(|source| ClusterTemplateError::Io { path: path.clone(), source })?;
+    // Regular files only, read without following a symlink or blocking on a FIFO.
+    let text = crate::catalog::read_regular_text(&path).map_err(|e| invalid(e.to_string()))?;
     let manifest: TemplateManifest = provisioning_yaml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
     if manifest.name != dir_name {
         return Err(invalid(format!("name {:?} differs from its directory {dir_name:?}", manifest.name)));
@@ -425,7 +426,8 @@ fn load_template(dir: &Path, dir_name: &str) -> Result<ClusterTemplate, ClusterT
         p.parse(&p.default_text()).map_err(|problem| invalid(format!("default of parameter {}: {problem}", p.name)))?;
     }
     let source_path = dir.join(TEMPLATE_SOURCE);
-    let source = std::fs::read_to_string(&source_path).map_err(|source| ClusterTemplateError::Io { path: source_path.clone(), source })?;
+    let source = crate::catalog::read_regular_text(&source_path)
+        .map_err(|e| ClusterTemplateError::Invalid { path: source_path.clone(), problem: e.to_string() })?;
     let mut env = Environment::new();
     env.add_template(TEMPLATE_SOURCE, &source)
         .map_err(|e| ClusterTemplateError::Invalid { path: source_path.clone(), problem: e.to_string() })?;
