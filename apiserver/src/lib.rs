@@ -16,6 +16,7 @@ pub mod error;
 pub mod gc;
 pub mod handlers;
 pub mod limits;
+pub mod list_body;
 pub mod objects;
 pub mod openapi;
 pub mod patch;

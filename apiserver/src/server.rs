@@ -25,7 +25,7 @@ use crate::registry::ResourceType;
 use crate::selectors::{FieldLabels, FieldSelector, LabelSelector};
 use crate::storage::Entry;
 use crate::urlpath::percent_decode;
-use crate::{openapi, table, watch};
+use crate::{list_body, openapi, table, watch};
 use provisioning_yaml::bounded::Meter;
 
 /// Request bodies above this are refused with 413.
@@ -402,6 +402,8 @@ async fn handle(
     // writes wait (each body is still bounded by its own limit).
     if identities.is_exempt(&authenticated.0) {
         req.extensions_mut().insert(DecodeExempt);
+    } else {
+        req.extensions_mut().insert(DecodeFlow(flow.to_string()));
     }
     req.extensions_mut().insert(authenticated);
     authorized(core, auth, user, attrs, req).await.map(|inner| Holding { inner, _held: permit }.boxed_unsync())
@@ -623,9 +625,17 @@ async fn decode_body(body: Bytes, ct: &str, meter: &Option<Arc<Meter>>) -> ApiRe
 #[derive(Clone, Copy)]
 struct DecodeExempt;
 
-/// The decode meter of a request: outside the shared budget for an exempt identity.
+/// The flow whose fair share of the decode budget a request's bodies draw on.
+#[derive(Clone)]
+struct DecodeFlow(String);
+
+/// The decode meter of a request: outside the shared budget for an exempt identity, else
+/// within its flow's share of it.
 fn request_meter(core: &Core, req: &Request<Incoming>) -> Option<Arc<Meter>> {
-    if req.extensions().get::<DecodeExempt>().is_some() { Some(Arc::default()) } else { core.meter() }
+    if req.extensions().get::<DecodeExempt>().is_some() {
+        return Some(Arc::default());
+    }
+    core.meter(req.extensions().get::<DecodeFlow>().map(|f| f.0.clone()))
 }
 
 /// The identity a write is recorded under: the one that authenticated, else the request's user.
@@ -689,7 +699,7 @@ fn single(core: &Core, rt: &ResourceType, out: &Output, code: u16, table: &Optio
                 return value_response(code, &v);
             }
             let rv = v["metadata"]["resourceVersion"].as_str().map(str::to_string);
-            value_response(code, &table::table(rt, &[v], rv, None, inc, true))
+            value_response(code, &table::table(rt, vec![v], rv, None, inc, true))
         }
         (None, Output::Stored(e)) => json_response(code, core.render(rt, e)),
         (None, Output::Transient(v)) => value_response(code, &core.convert(rt, v.clone())),
@@ -824,22 +834,46 @@ async fn list_or_watch(core: &Arc<Core>, q: &Query, t: &Target, name: Option<&st
     }
     let limit = q.get("limit").and_then(|s| s.parse::<usize>().ok()).filter(|l| *l > 0);
     let (entries, rv, cont, remaining) = core.list(rt, t.namespace.as_deref(), &labels, &fields, limit, q.get("continue"))?;
-    if let Some(inc) = &shape.table {
-        // Row by row, each object decoded, converted and dropped before the next (a page of
-        // large objects would otherwise be in memory as values all at once), on a blocking
-        // thread: a page of large objects takes CPU time.
+    Ok(list_response(core, rt, entries, rv, cont, remaining, &shape))
+}
+
+/// A list page, streamed a chunk at a time ([`crate::list_body`]): as a Table (rows made one
+/// object at a time on a blocking thread), as partial object metadata, or the objects as
+/// stored. No shape holds the page twice, nor a decoded copy of every object.
+fn list_response(
+    core: &Arc<Core>,
+    rt: &ResourceType,
+    entries: Vec<Arc<Entry>>,
+    rv: u64,
+    cont: Option<String>,
+    remaining: Option<u64>,
+    shape: &Shape,
+) -> Response<Body> {
+    let (head, render, blocking): (Vec<u8>, list_body::Render, bool) = if let Some(inc) = &shape.table {
         let (c, rtype, inc) = (core.clone(), rt.clone(), inc.clone());
-        let rows = tokio::task::spawn_blocking(move || {
-            entries.iter().map(|e| table::row(&rtype, &c.convert(&rtype, e.value()), &inc)).collect::<Vec<Value>>()
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("building the table: {e}")))?;
-        return Ok(value_response(200, &table::table_of_rows(rt, rows, Some(rv.to_string()), cont, true)));
-    }
-    if shape.partial {
-        return Ok(value_response(200, &partial_list(&entries, rv, cont)));
-    }
-    Ok(json_response(200, core.list_body(rt, &entries, rv, cont.as_deref(), remaining)))
+        let head = table::table_head(rt, Some(rv.to_string()), cont);
+        (
+            head,
+            Arc::new(move |e: &Entry| serde_json::to_vec(&table::row(&rtype, c.convert(&rtype, e.value()), &inc)).unwrap_or_default()),
+            true,
+        )
+    } else if shape.partial {
+        let mut meta = json!({"resourceVersion": rv.to_string()});
+        if let Some(c) = cont {
+            meta["continue"] = json!(c);
+        }
+        let head = format!("{{\"kind\":\"PartialObjectMetadataList\",\"apiVersion\":\"meta.k8s.io/v1\",\"metadata\":{meta},\"items\":[")
+            .into_bytes();
+        (head, Arc::new(|e: &Entry| serde_json::to_vec(&list_body::partial_object(&e.bytes)).unwrap_or_default()), true)
+    } else {
+        let (c, rtype) = (core.clone(), rt.clone());
+        // Items are the stored bytes (a version conversion parses one object at a time).
+        let blocking = entries.iter().any(|e| e.api_version != rt.api_version());
+        (Core::list_head(rt, rv, cont.as_deref(), remaining), Arc::new(move |e: &Entry| c.render(&rtype, e).to_vec()), blocking)
+    };
+    let mut r = Response::new(list_body::streamed(head, b"]}", entries, render, blocking));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
 }
 
 /// A watch: events streamed as they come, from the requested revision.
@@ -880,25 +914,6 @@ fn watch_timeout(requested: Option<&str>, min_request_timeout: Duration) -> Dura
         Some(secs) => Duration::from_secs(secs).min(max),
         None => min + Duration::from_millis(rand::random_range(0..min.as_millis() as u64)),
     }
-}
-
-/// A list as `PartialObjectMetadataList` (metadata without managedFields).
-fn partial_list(entries: &[Arc<Entry>], rv: u64, cont: Option<String>) -> Value {
-    let items: Vec<Value> = entries
-        .iter()
-        .map(|e| {
-            let mut md = e.value()["metadata"].take();
-            if let Some(m) = md.as_object_mut() {
-                m.remove("managedFields");
-            }
-            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": md})
-        })
-        .collect();
-    let mut meta = json!({"resourceVersion": rv.to_string()});
-    if let Some(c) = cont {
-        meta["continue"] = json!(c);
-    }
-    json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items})
 }
 
 /// DELETE of one object, or of the collection (deletecollection) matching the selectors.

@@ -136,6 +136,18 @@ impl Entry {
         }
     }
 
+    /// An entry for `value` at revision 1 (unit tests of other modules).
+    #[cfg(test)]
+    pub(crate) fn for_test(value: &Value) -> Self {
+        let md = &value["metadata"];
+        let key = ObjKey {
+            storage: Arc::from("/configmaps"),
+            namespace: md["namespace"].as_str().unwrap_or_default().to_string(),
+            name: md["name"].as_str().unwrap_or_default().to_string(),
+        };
+        Self::from_value(key, 1, value, Bytes::from(serde_json::to_vec(value).unwrap_or_default()))
+    }
+
     /// Parses the stored bytes.
     pub fn value(&self) -> Value {
         serde_json::from_slice(&self.bytes).unwrap_or(Value::Null)

@@ -255,17 +255,18 @@ pub fn columns(rt: &ResourceType) -> Vec<Value> {
     cols
 }
 
-/// One Table row for an object. `include_object`: "None", "Metadata" (default) or "Object".
-pub fn row(rt: &ResourceType, obj: &Value, include_object: &str) -> Value {
+/// One Table row for an object (taken, not copied: with "Object" it becomes the row's object).
+/// `include_object`: "None", "Metadata" (default) or "Object".
+pub fn row(rt: &ResourceType, mut obj: Value, include_object: &str) -> Value {
     let mut cells = if own_name_column(rt) { vec![] } else { vec![json!(obj["metadata"]["name"].as_str().unwrap_or_default())] };
     for c in &rt.printer_columns {
-        cells.push(cell(c, obj));
+        cells.push(cell(c, &obj));
     }
     let object = match include_object {
         "None" => Value::Null,
-        "Object" => obj.clone(),
+        "Object" => obj,
         _ => {
-            let mut md = obj["metadata"].clone();
+            let mut md = obj["metadata"].take();
             if let Some(m) = md.as_object_mut() {
                 m.remove("managedFields");
             }
@@ -280,14 +281,24 @@ pub fn row(rt: &ResourceType, obj: &Value, include_object: &str) -> Value {
 }
 
 /// A Table for the given objects.
-pub fn table(rt: &ResourceType, objs: &[Value], rv: Option<String>, cont: Option<String>, include_object: &str, headers: bool) -> Value {
-    let rows: Vec<Value> = objs.iter().map(|o| row(rt, o, include_object)).collect();
-    table_of_rows(rt, rows, rv, cont, headers)
+pub fn table(rt: &ResourceType, objs: Vec<Value>, rv: Option<String>, cont: Option<String>, include_object: &str, headers: bool) -> Value {
+    let rows: Vec<Value> = objs.into_iter().map(|o| row(rt, o, include_object)).collect();
+    let mut t = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta(rv, cont), "rows": rows});
+    t["columnDefinitions"] = if headers { json!(columns(rt)) } else { json!([]) };
+    t
 }
 
-/// A Table of rows made with [`row`] (a list makes them one object at a time, so that only
-/// one decoded object is in memory at once).
-pub fn table_of_rows(rt: &ResourceType, rows: Vec<Value>, rv: Option<String>, cont: Option<String>, headers: bool) -> Value {
+/// The start of a Table list body, up to and including `"rows":[` (rows made with [`row`]
+/// follow, one at a time, then `]}`: see [`crate::list_body`]).
+pub fn table_head(rt: &ResourceType, rv: Option<String>, cont: Option<String>) -> Vec<u8> {
+    let head = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta(rv, cont), "columnDefinitions": columns(rt)});
+    let mut out = serde_json::to_vec(&head).unwrap_or_default();
+    out.pop(); // the closing brace: the rows follow
+    out.extend_from_slice(b",\"rows\":[");
+    out
+}
+
+fn list_meta(rv: Option<String>, cont: Option<String>) -> Value {
     let mut meta = json!({});
     if let Some(rv) = rv {
         meta["resourceVersion"] = json!(rv);
@@ -295,13 +306,7 @@ pub fn table_of_rows(rt: &ResourceType, rows: Vec<Value>, rv: Option<String>, co
     if let Some(c) = cont {
         meta["continue"] = json!(c);
     }
-    let mut t = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "rows": rows});
-    if headers {
-        t["columnDefinitions"] = json!(columns(rt));
-    } else {
-        t["columnDefinitions"] = json!([]);
-    }
-    t
+    meta
 }
 
 #[cfg(test)]

@@ -13,7 +13,10 @@ use crate::handlers::Core;
 use crate::registry::ResourceType;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::storage::{Entry, EventType};
-use crate::table;
+use crate::{list_body, table};
+
+/// Objects larger than this are shaped (Table row, partial metadata) on a blocking thread.
+const BLOCKING_ABOVE: usize = 64 * 1024;
 
 /// How often a bookmark is sent to watchers that allow them.
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
@@ -110,22 +113,30 @@ impl Emitter {
         line.extend_from_slice(b"{\"type\":\"");
         line.extend_from_slice(kind.as_bytes());
         line.extend_from_slice(b"\",\"object\":");
-        match &self.table {
-            Some(inc) => {
-                let obj = self.core.convert(&self.rt, e.value());
-                let t = table::table(&self.rt, &[obj], Some(e.rv.to_string()), None, inc, !self.sent_headers);
-                self.sent_headers = true;
-                line.extend_from_slice(&serde_json::to_vec(&t).unwrap_or_default());
-            }
-            None if self.partial => {
-                let mut md = e.value()["metadata"].take();
-                if let Some(m) = md.as_object_mut() {
-                    m.remove("managedFields");
+        if self.table.is_none() && !self.partial {
+            line.extend_from_slice(&self.core.render(&self.rt, e));
+        } else {
+            let headers = !self.sent_headers;
+            self.sent_headers = true;
+            let (core, rt, table, bytes, rv) = (self.core.clone(), self.rt.clone(), self.table.clone(), e.bytes.clone(), e.rv);
+            let shaped = move || match table {
+                Some(inc) => {
+                    let obj = core.convert(&rt, serde_json::from_slice(&bytes).unwrap_or_default());
+                    serde_json::to_vec(&table::table(&rt, vec![obj], Some(rv.to_string()), None, &inc, headers)).unwrap_or_default()
                 }
-                let obj = json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": md});
-                line.extend_from_slice(&serde_json::to_vec(&obj).unwrap_or_default());
-            }
-            None => line.extend_from_slice(&self.core.render(&self.rt, e)),
+                None => serde_json::to_vec(&list_body::partial_object(&bytes)).unwrap_or_default(),
+            };
+            // A large object is decoded on a blocking thread, not on the async worker that
+            // serves every other request.
+            let out = if e.bytes.len() > BLOCKING_ABOVE {
+                match tokio::task::spawn_blocking(shaped).await {
+                    Ok(out) => out,
+                    Err(_) => return false,
+                }
+            } else {
+                shaped()
+            };
+            line.extend_from_slice(&out);
         }
         line.extend_from_slice(b"}\n");
         self.send_raw(line).await

@@ -65,6 +65,33 @@ async fn a_table_of_large_objects_is_made_one_object_at_a_time() -> TestResult {
     let grew = status_mib(pid, "VmHWM:").saturating_sub(base);
     eprintln!("a Table of six wide ConfigMaps ({len} bytes): server RSS {base} MiB, peak +{grew} MiB");
     assert!(grew < 200, "listing six 2.9 MB objects as a Table raised the server's peak by {grew} MiB");
+
+    // Four lists at once as partial object metadata, then four as a Table with whole objects
+    // (second re-review: each held every row's decoded object, ~65 MB per stored object, until
+    // the page was done: 4 × 6 × 65 MB). Streamed, a list holds one object at a time.
+    // Bounds: partial metadata decodes only metadata (before: each whole object, ~65 MB, per
+    // list at a time: ~260 MiB); a whole-object Table holds one object per list (before: six).
+    for (what, accept, query, bound) in [
+        ("PartialObjectMetadataList", "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io", "", 180),
+        ("Table with includeObject=Object", "application/json;as=Table;v=v1;g=meta.k8s.io", "?includeObject=Object", 450),
+    ] {
+        let base = status_mib(pid, "VmRSS:");
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5")?;
+        let mut lists = vec![];
+        for _ in 0..4 {
+            let req = http::Request::builder().uri(format!("{CM}{query}")).header("accept", accept).body(Body::empty())?;
+            let client = client.clone();
+            lists.push(tokio::spawn(async move { send(&client, req).await }));
+        }
+        for l in lists {
+            let (code, len) = l.await??;
+            assert_eq!(code, 200, "{what}");
+            assert!(len > 1000, "{what}: {len} bytes");
+        }
+        let grew = status_mib(pid, "VmHWM:").saturating_sub(base);
+        eprintln!("four lists as {what} at once: server RSS {base} MiB, peak +{grew} MiB");
+        assert!(grew < bound, "four lists of six 2.9 MB objects as {what} raised the server's peak by {grew} MiB");
+    }
     server.kill()?;
     server.wait()?;
     Ok(())

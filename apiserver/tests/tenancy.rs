@@ -400,3 +400,73 @@ async fn an_approval_set_through_impersonation_is_recorded_as_the_impersonators(
     assert_ne!(annotations["provisioning.dev/approved-by"], json!(bot), "{annotations}");
     Ok(())
 }
+
+/// Loosening a Workspace's approval policy is an approval of its own (issue 26 re-review):
+/// a user who may edit Workspaces (here: a ClusterRole with update/patch on them, as a
+/// ClusterRoleBinding to `edit` gives) cannot turn Manual into Automatic, nor switch off
+/// `requireDistinctApprover`; tightening needs nothing more; with `approve` on the Workspace
+/// it may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_approver_loosens_a_workspaces_approval_policy() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    let crds = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds/crds.yaml"))?;
+    let doc = crds.split("\n---").find(|d| d.contains("name: workspaces.provisioning.dev")).ok_or("no Workspace CRD")?;
+    let (code, body) =
+        raw(&admin, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", "application/yaml", doc.as_bytes().to_vec()).await?;
+    assert_eq!(code, 201, "{body}");
+    let workspaces = "/apis/provisioning.dev/v1alpha1/workspaces";
+    eventually("workspaces served", Duration::from_secs(30), || {
+        let c = admin.clone();
+        async move { raw(&c, "GET", workspaces, "application/json", vec![]).await.is_ok_and(|(s, _)| s == 200) }
+    })
+    .await?;
+    let ws = json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": "wsa"},
+        "spec": {"namespace": "a", "approval": "Manual", "requireDistinctApprover": true}});
+    let (code, body) = post(&admin, workspaces, &ws).await?;
+    assert_eq!(code, 201, "{body}");
+    let editor = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "ws-editor"},
+        "rules": [{"apiGroups": ["provisioning.dev"], "resources": ["workspaces"], "verbs": ["get", "list", "update", "patch"]}]});
+    let (code, body) = post(&admin, &format!("{RBAC}/clusterroles"), &editor).await?;
+    assert_eq!(code, 201, "{body}");
+    let bind = |name: &str, role: &str| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "alice", "namespace": "a"}]})
+    };
+    let (code, body) = post(&admin, &format!("{RBAC}/clusterrolebindings"), &bind("alice-ws-editor", "ws-editor")).await?;
+    assert_eq!(code, 201, "{body}");
+    let patch = |spec: Value| {
+        let c = alice.clone();
+        async move {
+            let body = serde_json::to_vec(&json!({"spec": spec}))?;
+            raw(&c, "PATCH", "/apis/provisioning.dev/v1alpha1/workspaces/wsa", "application/merge-patch+json", body).await
+        }
+    };
+    for (spec, what) in [
+        (json!({"approval": "Automatic"}), "spec.approval from Manual to Automatic"),
+        (json!({"approval": null}), "spec.approval from Manual to the default"),
+        (json!({"requireDistinctApprover": false}), "spec.requireDistinctApprover from true to false"),
+    ] {
+        let (code, body) = patch(spec.clone()).await?;
+        assert_eq!(code, 403, "{spec}: {body}");
+        let msg = body["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(what) && msg.contains("approve verb"), "{msg}");
+    }
+    let (code, got) = raw(&admin, "GET", &format!("{workspaces}/wsa"), "application/json", vec![]).await?;
+    assert_eq!((code, &got["spec"]["approval"], &got["spec"]["requireDistinctApprover"]), (200, &json!("Manual"), &json!(true)));
+    // Other edits of the Workspace are an editor's to make.
+    let (code, body) = patch(json!({"environment": "prod"})).await?;
+    assert_eq!(code, 200, "{body}");
+    // With `approve` on Workspaces (deploy/rbac's provisioning-approve, here by hand) it may.
+    let approver = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "ws-approver"},
+        "rules": [{"apiGroups": ["provisioning.dev"], "resources": ["workspaces"], "verbs": ["approve"]}]});
+    let (code, body) = post(&admin, &format!("{RBAC}/clusterroles"), &approver).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = post(&admin, &format!("{RBAC}/clusterrolebindings"), &bind("alice-ws-approver", "ws-approver")).await?;
+    assert_eq!(code, 201, "{body}");
+    eventually("alice may loosen it", Duration::from_secs(30), || async {
+        patch(json!({"approval": "Automatic", "requireDistinctApprover": false})).await.is_ok_and(|(s, _)| s == 200)
+    })
+    .await?;
+    Ok(())
+}

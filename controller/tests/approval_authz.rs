@@ -40,19 +40,28 @@ async fn manual_workspace(client: &Client, ns: &str, extra: Value) -> anyhow::Re
 /// ServiceAccount `name` in `ns` with a Role of `verbs` on `resources` in provisioning.dev;
 /// returns a client with its token.
 async fn tenant(env: &TestEnv, ns: &str, name: &str, rules: Value) -> anyhow::Result<Client> {
+    tenant_from(env, ns, ns, name, rules).await
+}
+
+/// A client for ServiceAccount `sa_ns/name` holding `rules` in `ns`.
+async fn tenant_from(env: &TestEnv, ns: &str, sa_ns: &str, name: &str, rules: Value) -> anyhow::Result<Client> {
     let pp = PostParams::default();
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}}))?;
-    Api::<ServiceAccount>::namespaced(env.client.clone(), ns).create(&pp, &sa).await?;
+    if sa_ns != ns {
+        let namespace: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({"metadata": {"name": sa_ns}}))?;
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone()).create(&pp, &namespace).await?;
+    }
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name, "namespace": sa_ns}}))?;
+    Api::<ServiceAccount>::namespaced(env.client.clone(), sa_ns).create(&pp, &sa).await?;
     let role: Role = serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "rules": rules}))?;
     Api::<Role>::namespaced(env.client.clone(), ns).create(&pp, &role).await?;
     let binding: RoleBinding = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": ns},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": sa_ns}]
     }))?;
     Api::<RoleBinding>::namespaced(env.client.clone(), ns).create(&pp, &binding).await?;
     let request: TokenRequest = serde_json::from_value(json!({"spec": {"audiences": []}}))?;
-    let answer = Api::<ServiceAccount>::namespaced(env.client.clone(), ns).create_token_request(name, &pp, &request).await?;
+    let answer = Api::<ServiceAccount>::namespaced(env.client.clone(), sa_ns).create_token_request(name, &pp, &request).await?;
     let token = answer.status.map(|s| s.token).ok_or_else(|| anyhow::anyhow!("no token for {name}"))?;
     let mut kubeconfig = Kubeconfig::read_from(&env.kubeconfig)?;
     for named in &mut kubeconfig.auth_infos {
@@ -155,7 +164,10 @@ async fn the_last_writer_of_the_spec_cannot_approve_it_under_require_distinct_ap
     let ns = "approve-distinct";
     manual_workspace(&env.client, ns, json!({"requireDistinctApprover": true})).await?;
     let author = tenant(&env, ns, "author", rules(&["servers"], true)).await?;
-    let reviewer = tenant(&env, ns, "reviewer", rules(&["servers"], true)).await?;
+    // A ServiceAccount of the namespace is anyone's who may edit it (a token of it can be
+    // requested): not a second person. The reviewer is one of another namespace.
+    let same_ns = tenant(&env, ns, "ci", rules(&["servers"], true)).await?;
+    let reviewer = tenant_from(&env, ns, "approve-distinct-reviewers", "reviewer", rules(&["servers"], true)).await?;
     let servers: Api<Server> = Api::namespaced(env.client.clone(), ns);
 
     // The author writes the Server and approves it in the same breath: refused.
@@ -168,6 +180,14 @@ async fn the_last_writer_of_the_spec_cannot_approve_it_under_require_distinct_ap
     .await?;
     assert!(refused.contains("approve-distinct:author") && refused.contains("last changed its spec"), "{refused}");
     assert!(!machine(&servers.get("db").await?), "no machine on the author's own approval");
+
+    approve::<Server>(&same_ns, ns, "db", &id).await?;
+    let refused = wait_for("a same-namespace ServiceAccount's approval refused", DEADLINE, || {
+        warning(&env.client, ns, "db", "ApprovalRefused", "is a ServiceAccount of namespace")
+    })
+    .await?;
+    assert!(refused.contains("approve-distinct:ci"), "{refused}");
+    assert!(!machine(&servers.get("db").await?), "no machine on a same-namespace ServiceAccount's approval");
 
     // Another user who may approve: carried out.
     approve::<Server>(&reviewer, ns, "db", &id).await?;

@@ -22,9 +22,10 @@
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The cost model: estimated bytes of memory of each part of a decoded value.
 pub mod cost {
@@ -58,17 +59,20 @@ pub const FREE_PER_REQUEST: usize = 256 * 1024;
 /// Reservations from the shared budget are taken in steps of this many bytes.
 const STEP: usize = 1024 * 1024;
 
-/// Memory for decoding shared by every request of a process.
+/// Memory for decoding shared by every request of a process, with a fair share per flow
+/// (the API server's flows: one per user, one per namespace's ServiceAccounts).
 #[derive(Debug)]
 pub struct DecodeBudget {
     total: usize,
     used: AtomicUsize,
+    /// Bytes each flow holds now (flows holding nothing are removed).
+    flows: Mutex<HashMap<String, usize>>,
 }
 
 impl DecodeBudget {
     /// A budget of `total` bytes.
     pub fn new(total: usize) -> Arc<DecodeBudget> {
-        Arc::new(DecodeBudget { total, used: AtomicUsize::new(0) })
+        Arc::new(DecodeBudget { total, used: AtomicUsize::new(0), flows: Mutex::default() })
     }
 
     /// The budget's size in bytes.
@@ -81,11 +85,42 @@ impl DecodeBudget {
         self.used.load(Ordering::Acquire)
     }
 
-    fn reserve(&self, n: usize) -> bool {
-        self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| used.checked_add(n).filter(|u| *u <= self.total)).is_ok()
+    /// Bytes the requests of `flow` hold now.
+    pub fn held_by(&self, flow: &str) -> usize {
+        self.flows.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(flow).copied().unwrap_or_default()
     }
 
-    fn release(&self, n: usize) {
+    /// Takes `n` bytes for `flow`. A flow holding nothing may take what is free (one body of
+    /// any admissible size gets through), but a flow already holding some never takes the
+    /// budget past half for itself: one identity sending many large bodies at once cannot
+    /// spend the budget every other identity needs.
+    fn reserve(&self, n: usize, flow: Option<&str>) -> bool {
+        let mut flows = self.flows.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(f) = flow {
+            let held = flows.get(f).copied().unwrap_or_default();
+            if held > 0 && held.saturating_add(n) > self.total / 2 {
+                return false;
+            }
+        }
+        if self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| used.checked_add(n).filter(|u| *u <= self.total)).is_err() {
+            return false;
+        }
+        if let Some(f) = flow {
+            *flows.entry(f.to_string()).or_default() += n;
+        }
+        true
+    }
+
+    fn release(&self, n: usize, flow: Option<&str>) {
+        if let Some(f) = flow {
+            let mut flows = self.flows.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(held) = flows.get_mut(f) {
+                *held = held.saturating_sub(n);
+                if *held == 0 {
+                    flows.remove(f);
+                }
+            }
+        }
         self.used.fetch_sub(n, Ordering::AcqRel);
     }
 }
@@ -95,6 +130,7 @@ impl DecodeBudget {
 #[derive(Debug, Default)]
 pub struct Meter {
     budget: Option<Arc<DecodeBudget>>,
+    flow: Option<String>,
     charged: AtomicUsize,
     reserved: AtomicUsize,
 }
@@ -107,7 +143,12 @@ impl Meter {
 
     /// A meter reserving beyond [`FREE_PER_REQUEST`] from `budget`.
     pub fn new(budget: Arc<DecodeBudget>) -> Meter {
-        Meter { budget: Some(budget), charged: AtomicUsize::new(0), reserved: AtomicUsize::new(0) }
+        Meter { budget: Some(budget), flow: None, charged: AtomicUsize::new(0), reserved: AtomicUsize::new(0) }
+    }
+
+    /// A meter reserving from `budget` within the fair share of `flow`.
+    pub fn for_flow(budget: Arc<DecodeBudget>, flow: String) -> Meter {
+        Meter { budget: Some(budget), flow: Some(flow), charged: AtomicUsize::new(0), reserved: AtomicUsize::new(0) }
     }
 
     /// Bytes charged so far (estimated by [`cost`]).
@@ -119,13 +160,10 @@ impl Meter {
     /// its values are bounded by a constant times its input): 429-style [`DecodeError::Busy`]
     /// when the shared budget cannot cover them.
     pub fn reserve(&self, n: usize) -> Result<(), DecodeError> {
-        self.charge(n).map_err(|f| match f {
-            Fail::Busy(total) => DecodeError::Busy { total },
-            Fail::TooLarge => DecodeError::TooLarge { len: 0, limit: 0 },
-        })
+        self.charge(n).map_err(|Busy(total)| DecodeError::Busy { total })
     }
 
-    fn charge(&self, n: usize) -> Result<(), Fail> {
+    fn charge(&self, n: usize) -> Result<(), Busy> {
         let charged = self.charged.fetch_add(n, Ordering::AcqRel).saturating_add(n);
         self.cover(charged)
     }
@@ -133,20 +171,24 @@ impl Meter {
     /// Reserves ahead what a decode of `len` bytes will likely use (its per-byte share of
     /// [`decode_limit`]), so that a large body is admitted or refused as a whole before it is
     /// decoded: many large decodes growing together would otherwise share out the budget
-    /// until every one of them is refused.
-    fn reserve_ahead(&self, len: usize) -> Result<(), Fail> {
+    /// until every one of them is refused. Bodies up to [`RESERVE_AHEAD_ABOVE`] charge as they
+    /// are built instead (most never leave their free part).
+    fn reserve_ahead(&self, len: usize) -> Result<(), Busy> {
+        if len <= RESERVE_AHEAD_ABOVE {
+            return Ok(());
+        }
         self.cover(self.charged().saturating_add(len.saturating_mul(LIMIT_PER_BYTE)))
     }
 
     /// Holds enough of the shared budget for `total` bytes charged.
-    fn cover(&self, total: usize) -> Result<(), Fail> {
+    fn cover(&self, total: usize) -> Result<(), Busy> {
         let Some(budget) = &self.budget else { return Ok(()) };
         let need = total.saturating_sub(FREE_PER_REQUEST);
         let mut reserved = self.reserved.load(Ordering::Acquire);
         while reserved < need {
             let step = (need - reserved).max(STEP);
-            if !budget.reserve(step) {
-                return Err(Fail::Busy(budget.total));
+            if !budget.reserve(step, self.flow.as_deref()) {
+                return Err(Busy(budget.total));
             }
             reserved = self.reserved.fetch_add(step, Ordering::AcqRel) + step;
         }
@@ -154,10 +196,13 @@ impl Meter {
     }
 }
 
+/// Bodies larger than this reserve their share of the budget before they are decoded.
+pub const RESERVE_AHEAD_ABOVE: usize = 256 * 1024;
+
 impl Drop for Meter {
     fn drop(&mut self) {
         if let Some(budget) = &self.budget {
-            budget.release(*self.reserved.get_mut());
+            budget.release(*self.reserved.get_mut(), self.flow.as_deref());
         }
     }
 }
@@ -202,6 +247,10 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
+/// The shared budget (of this many bytes) cannot cover a reservation now.
+#[derive(Debug, Clone, Copy)]
+struct Busy(usize);
+
 #[derive(Debug, Clone, Copy)]
 enum Fail {
     TooLarge,
@@ -218,17 +267,14 @@ struct Cost<'m> {
 
 impl<'m> Cost<'m> {
     fn new(meter: &'m Meter, len: usize) -> Result<Self, DecodeError> {
-        meter.reserve_ahead(len).map_err(|f| match f {
-            Fail::Busy(total) => DecodeError::Busy { total },
-            Fail::TooLarge => DecodeError::TooLarge { len, limit: decode_limit(len) },
-        })?;
+        meter.reserve_ahead(len).map_err(|Busy(total)| DecodeError::Busy { total })?;
         Ok(Cost { meter, used: Cell::new(0), limit: decode_limit(len), failed: Cell::new(None) })
     }
 
     fn charge<E: de::Error>(&self, n: usize) -> Result<(), E> {
         let used = self.used.get().saturating_add(n);
         self.used.set(used);
-        let fail = if used > self.limit { Some(Fail::TooLarge) } else { self.meter.charge(n).err() };
+        let fail = if used > self.limit { Some(Fail::TooLarge) } else { self.meter.charge(n).err().map(|Busy(total)| Fail::Busy(total)) };
         match fail {
             Some(f) => {
                 self.failed.set(Some(f));
@@ -458,6 +504,31 @@ mod tests {
         assert_eq!(budget.in_use(), 0);
         json_value(list.as_bytes(), &Meter::new(budget.clone()))?;
         assert_eq!(budget.in_use(), 0);
+        Ok(())
+    }
+    #[test]
+    fn one_flow_never_holds_more_than_half_while_another_can_start() -> Result<(), DecodeError> {
+        let budget = DecodeBudget::new(64 * 1024 * 1024);
+        // ~500 KB bodies reserve ~32 MB ahead each.
+        let list = format!("[{}0]", "0,".repeat(250_000));
+        let a1 = Meter::for_flow(budget.clone(), "user:a".into());
+        json_value(list.as_bytes(), &a1)?;
+        // A second large body of the same flow would take it past half: refused.
+        let a2 = Meter::for_flow(budget.clone(), "user:a".into());
+        let err = json_value(list.as_bytes(), &a2).expect_err("flow a holds half");
+        assert!(matches!(err, DecodeError::Busy { .. }), "{err}");
+        assert_eq!(budget.held_by("user:a"), a1.reserved.load(Ordering::Acquire));
+        // Another flow's body still gets in.
+        let b1 = Meter::for_flow(budget.clone(), "serviceaccounts:b".into());
+        json_value(list.as_bytes(), &b1)?;
+        // Bodies up to RESERVE_AHEAD_ABOVE reserve nothing ahead (64 per byte would be 12 MiB
+        // here, past the flow's half): a 200 KB ConfigMap charges as it is built and fits in
+        // its free part.
+        let small = format!(r#"{{"data":{{"a":"{}"}}}}"#, "x".repeat(200_000));
+        let a3 = Meter::for_flow(budget.clone(), "user:a".into());
+        json_value(small.as_bytes(), &a3)?;
+        drop((a1, a2, a3, b1));
+        assert_eq!((budget.in_use(), budget.held_by("user:a"), budget.held_by("serviceaccounts:b")), (0, 0, 0));
         Ok(())
     }
 }

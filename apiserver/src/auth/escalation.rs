@@ -8,6 +8,10 @@
 //!   who is in `system:masters`.
 //!
 //! * A ClusterRole with an `aggregationRule` needs `escalate` (or `system:masters`).
+//! * A Workspace's approval policy is loosened (`spec.approval` from Manual to anything else,
+//!   `spec.requireDistinctApprover` from true to false) only by a user who may `approve`
+//!   that Workspace (the virtual verb the approvals themselves need): whoever may only edit
+//!   a Workspace cannot turn off the approvals of its namespace (tightening needs nothing).
 //!
 //! An update that changes nothing but the fields the garbage collector needs (ownerReferences,
 //! finalizers) is not checked, as upstream's `IsOnlyMutatingGCFields`: a controller may put
@@ -34,6 +38,10 @@ const KINDS: [(&str, &str); 4] = [
     ("rbac.authorization.k8s.io/clusterrolebindings", "clusterrolebindings"),
 ];
 
+/// Our group, and the storage key of Workspaces.
+const PROVISIONING: &str = "provisioning.dev";
+const WORKSPACES: &str = "provisioning.dev/workspaces";
+
 /// The escalation check of one request: who writes, and the policy they hold.
 #[derive(Debug, Clone)]
 pub struct Guard {
@@ -47,7 +55,8 @@ impl Guard {
     pub fn for_request(user: &UserInfo, a: &Attributes, policy: impl FnOnce() -> Arc<Policy>) -> Option<Arc<Guard>> {
         let writes = matches!(a.verb.as_str(), "create" | "update" | "patch");
         let rbac = a.resource_request && a.api_group == GROUP && KINDS.iter().any(|(_, plural)| *plural == a.resource);
-        if !writes || !rbac || user.is_master() {
+        let workspace = a.resource_request && a.api_group == PROVISIONING && a.resource == "workspaces" && a.subresource.is_empty();
+        if !writes || !(rbac || workspace) || user.is_master() {
             return None;
         }
         Some(Arc::new(Guard { user: user.clone(), policy: policy() }))
@@ -55,6 +64,9 @@ impl Guard {
 
     /// Checks the object a write would store (`old`: the stored one on update).
     pub fn check(&self, storage: &str, new: &Value, old: Option<&Value>) -> ApiResult<()> {
+        if storage == WORKSPACES {
+            return self.check_approval_policy(new, old);
+        }
         let Some((_, plural)) = KINDS.iter().find(|(s, _)| *s == storage) else { return Ok(()) };
         let name = new["metadata"]["name"].as_str().unwrap_or_default();
         let namespace = new["metadata"]["namespace"].as_str().unwrap_or_default();
@@ -89,11 +101,33 @@ impl Guard {
         self.confirm_no_escalation(namespace, &rules).map_err(forbidden)
     }
 
+    /// A Workspace write that loosens its approval policy needs `approve` on it.
+    fn check_approval_policy(&self, new: &Value, old: Option<&Value>) -> ApiResult<()> {
+        let Some(old) = old else { return Ok(()) };
+        let Some(loosened) = loosened_approval(old, new) else { return Ok(()) };
+        let name = new["metadata"]["name"].as_str().unwrap_or_default();
+        if self.allowed_in(PROVISIONING, "approve", "workspaces", "", name) {
+            return Ok(());
+        }
+        let mut e = ApiError::forbidden(format!(
+            "workspaces.{PROVISIONING} {name:?} is forbidden: {loosened} loosens the approval of the namespace's plans, which \
+             needs the approve verb on the Workspace (user {:?} may edit it but not approve: the admin role of a namespace does \
+             not grant it on cluster-scoped Workspaces; a ClusterRole with approve on workspaces.{PROVISIONING} does)",
+            self.user.name
+        ));
+        e.details = Some(serde_json::json!({"name": name, "group": PROVISIONING, "kind": "workspaces"}));
+        Err(e)
+    }
+
     fn allowed(&self, verb: &str, plural: &str, namespace: &str, name: &str) -> bool {
+        self.allowed_in(GROUP, verb, plural, namespace, name)
+    }
+
+    fn allowed_in(&self, group: &str, verb: &str, plural: &str, namespace: &str, name: &str) -> bool {
         let a = Attributes {
             verb: verb.into(),
             resource_request: true,
-            api_group: GROUP.into(),
+            api_group: group.into(),
             api_version: "v1".into(),
             resource: plural.into(),
             subresource: String::new(),
@@ -123,6 +157,17 @@ impl Guard {
         }
         Err(msg)
     }
+}
+
+/// What in a Workspace write loosens its approval policy, if anything.
+fn loosened_approval(old: &Value, new: &Value) -> Option<String> {
+    let manual = |v: &Value| v["spec"]["approval"].as_str() == Some("Manual");
+    let distinct = |v: &Value| v["spec"]["requireDistinctApprover"].as_bool() == Some(true);
+    if manual(old) && !manual(new) {
+        let to = new["spec"]["approval"].as_str().unwrap_or("the default (Automatic)");
+        return Some(format!("spec.approval from Manual to {to}"));
+    }
+    (distinct(old) && !distinct(new)).then(|| "spec.requireDistinctApprover from true to false".to_string())
 }
 
 /// Upstream's `IsOnlyMutatingGCFields`: `new` differs from `old` in nothing but ownerReferences

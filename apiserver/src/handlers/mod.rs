@@ -236,9 +236,13 @@ impl Core {
         core
     }
 
-    /// A decode meter for one request, charged to the process-wide budget.
-    pub fn meter(&self) -> Option<Arc<Meter>> {
-        Some(Arc::new(Meter::new(self.decode.clone())))
+    /// A decode meter for one request, charged to the process-wide budget (within the fair
+    /// share of `flow`, when given).
+    pub fn meter(&self, flow: Option<String>) -> Option<Arc<Meter>> {
+        Some(Arc::new(match flow {
+            Some(f) => Meter::for_flow(self.decode.clone(), f),
+            None => Meter::new(self.decode.clone()),
+        }))
     }
 
     /// The current registry.

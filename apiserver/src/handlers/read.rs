@@ -162,23 +162,10 @@ impl Core {
 
     /// Renders a list response body from entries without re-parsing them.
     pub fn list_body(&self, rt: &ResourceType, entries: &[Arc<Entry>], rv: u64, cont: Option<&str>, remaining: Option<u64>) -> Bytes {
-        let mut meta = Map::new();
-        meta.insert("resourceVersion".into(), json!(rv.to_string()));
-        if let Some(c) = cont {
-            meta.insert("continue".into(), json!(c));
-        }
-        if let Some(r) = remaining {
-            meta.insert("remainingItemCount".into(), json!(r));
-        }
-        let head = format!(
-            "{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[",
-            rt.list_kind,
-            rt.api_version(),
-            Value::Object(meta)
-        );
+        let head = Self::list_head(rt, rv, cont, remaining);
         let size: usize = entries.iter().map(|e| e.bytes.len() + 1).sum::<usize>() + head.len() + 2;
         let mut out = Vec::with_capacity(size);
-        out.extend_from_slice(head.as_bytes());
+        out.extend_from_slice(&head);
         for (i, e) in entries.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
@@ -187,5 +174,19 @@ impl Core {
         }
         out.extend_from_slice(b"]}");
         Bytes::from(out)
+    }
+
+    /// The start of a list body, up to and including `"items":[` (the items follow, then `]}`).
+    pub fn list_head(rt: &ResourceType, rv: u64, cont: Option<&str>, remaining: Option<u64>) -> Vec<u8> {
+        let mut meta = Map::new();
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        if let Some(c) = cont {
+            meta.insert("continue".into(), json!(c));
+        }
+        if let Some(r) = remaining {
+            meta.insert("remainingItemCount".into(), json!(r));
+        }
+        format!("{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[", rt.list_kind, rt.api_version(), Value::Object(meta))
+            .into_bytes()
     }
 }

@@ -13,7 +13,8 @@
 //!   in group `provisioning.dev`, asked with a SubjectAccessReview for the user and its
 //!   groups): deploy/rbac grants it to `admin`, not to `edit`;
 //! - under the Workspace's `requireDistinctApprover`, that user is not the one who last
-//!   changed the spec (`provisioning.dev/changed-by`; unknown counts as the same);
+//!   changed the spec (`provisioning.dev/changed-by`; unknown counts as the same), nor a
+//!   ServiceAccount of the object's namespace (whoever may edit it may act as those);
 //! - or the approval was set by this controller itself (a Cluster passing its approval
 //!   down), which checks the Cluster's approver against each member first ([`may_approve`]).
 //!
@@ -112,6 +113,17 @@ pub fn precheck(rec: &Recorded, target: Target<'_>, distinct: bool, controller: 
         return Err(format!(
             "the approval of {plural} {namespace}/{name} is refused: {who} may not also approve it (the Workspace sets \
              requireDistinctApprover): another user who may {VERB} {plural} must set {ANNOTATION_APPROVE} ({AGAIN})"
+        ));
+    }
+    // Anyone who may edit a namespace may act as its ServiceAccounts (`create
+    // serviceaccounts/token` is part of `edit`, as upstream's), so under four eyes a
+    // ServiceAccount of the object's own namespace is not a second person.
+    if distinct && user.strip_prefix("system:serviceaccount:").and_then(|r| r.split_once(':')).is_some_and(|(ns, _)| ns == namespace) {
+        return Err(format!(
+            "the approval of {plural} {namespace}/{name} is refused: {user:?} is a ServiceAccount of namespace {namespace}, and \
+             whoever may edit that namespace may act as it (a token of it can be requested), so under the Workspace's \
+             requireDistinctApprover it is not a second person: a user, or a ServiceAccount of another namespace, who may \
+             {VERB} {plural} must set {ANNOTATION_APPROVE} ({AGAIN})"
         ));
     }
     Ok(Check::Ask(user.to_string(), rec.groups.clone()))
@@ -251,6 +263,13 @@ mod tests {
         assert!(same.contains("last changed its spec") && same.contains("requireDistinctApprover"), "{same}");
         assert!(precheck(&rec(Some("alice"), None), T, true, None).is_err(), "an unknown spec writer is not distinct");
         assert!(precheck(&rec(Some("alice"), Some("bob")), T, true, None).is_ok());
+        // A ServiceAccount of the object's namespace is anyone's with edit there: not a second
+        // person under requireDistinctApprover (one of another namespace may be).
+        let own_sa = precheck(&rec(Some("system:serviceaccount:a:ci"), Some("bob")), T, true, None).expect_err("own SA");
+        assert!(own_sa.contains("is a ServiceAccount of namespace a"), "{own_sa}");
+        assert!(precheck(&rec(Some("system:serviceaccount:a:ci"), Some("bob")), T, false, None).is_ok(), "without four eyes it asks");
+        assert!(precheck(&rec(Some("system:serviceaccount:ops:ci"), Some("bob")), T, true, None).is_ok());
+        assert!(precheck(&rec(Some("system:serviceaccount:ab:ci"), Some("bob")), T, true, None).is_ok());
         let denied = not_allowed("alice", T);
         assert!(denied.contains("user \"alice\" may not approve servers in namespace a: grant the approve verb"), "{denied}");
     }

@@ -1,0 +1,144 @@
+//! List responses streamed into the response body a chunk at a time.
+//!
+//! A list page is made of stored entries the store already holds (`Arc<Entry>`): the body is
+//! `head item,item,… tail`, and each item is rendered only when the client has taken the
+//! chunks before it. So whatever the page's size, a request holds at most one chunk of
+//! rendered output and one item's decoded value — not a copy of the page, nor (for a Table
+//! with `includeObject=Object`, or `as=PartialObjectMetadata`) a decoded copy of every object
+//! at once. Items that need decoding (Table rows, metadata, version conversion) are rendered on
+//! a blocking thread one chunk at a time; the thread is never held while the client reads.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+
+use serde_json::{Value, json};
+
+use crate::storage::Entry;
+
+/// A chunk is sent once it holds this many bytes (or the page ends).
+pub const CHUNK: usize = 64 * 1024;
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Renders one item of the page.
+pub type Render = Arc<dyn Fn(&Entry) -> Vec<u8> + Send + Sync>;
+
+struct Page {
+    head: Option<Vec<u8>>,
+    tail: &'static [u8],
+    entries: Vec<Arc<Entry>>,
+    next: usize,
+    render: Render,
+    done: bool,
+}
+
+impl Page {
+    /// The next chunk: items from `next` until the chunk is full or the page ends.
+    fn chunk(&mut self) -> Vec<u8> {
+        let mut out = self.head.take().unwrap_or_default();
+        while self.next < self.entries.len() && out.len() < CHUNK {
+            if self.next > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&(self.render)(&self.entries[self.next]));
+            self.next += 1;
+        }
+        if self.next == self.entries.len() {
+            out.extend_from_slice(self.tail);
+            self.done = true;
+        }
+        out
+    }
+}
+
+/// A streamed body `head` + the items rendered by `render`, comma-separated, + `tail`.
+/// `blocking`: render on a blocking thread (items that are decoded); otherwise inline (items
+/// that are copied as stored).
+pub fn streamed(head: Vec<u8>, tail: &'static [u8], entries: Vec<Arc<Entry>>, render: Render, blocking: bool) -> Body {
+    let page = Page { head: Some(head), tail, entries, next: 0, render, done: false };
+    let stream = futures::stream::unfold(Some(page), move |page| async move {
+        let mut page = page?;
+        if page.done {
+            return None;
+        }
+        let (chunk, page) = if blocking {
+            match tokio::task::spawn_blocking(move || (page.chunk(), page)).await {
+                Ok(r) => r,
+                // A panic while rendering ends the body (the client sees a truncated list and
+                // fails to decode it) rather than the server.
+                Err(_) => return None,
+            }
+        } else {
+            (page.chunk(), page)
+        };
+        Some((Ok::<_, Infallible>(Frame::data(Bytes::from(chunk))), Some(page)))
+    });
+    StreamBody::new(stream).boxed_unsync()
+}
+
+/// A stored object as `PartialObjectMetadata` (metadata without managedFields). Only the
+/// metadata is decoded: the rest of the object is skipped, not built.
+pub fn partial_object(stored: &[u8]) -> Value {
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        #[serde(default)]
+        metadata: Value,
+    }
+    let mut md = serde_json::from_slice::<Metadata>(stored).map(|m| m.metadata).unwrap_or_default();
+    if let Some(m) = md.as_object_mut() {
+        m.remove("managedFields");
+    }
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": md})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, pad: usize) -> Arc<Entry> {
+        let v = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"x": "y".repeat(pad)}});
+        Arc::new(Entry::for_test(&v))
+    }
+
+    async fn collect(body: Body) -> (Vec<usize>, Vec<u8>) {
+        let mut sizes = vec![];
+        let mut all = vec![];
+        let mut body = body;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(d) = frame.into_data() {
+                sizes.push(d.len());
+                all.extend_from_slice(&d);
+            }
+        }
+        (sizes, all)
+    }
+
+    #[tokio::test]
+    async fn a_page_is_sent_in_chunks_and_is_the_same_json() -> anyhow::Result<()> {
+        let entries: Vec<_> = (0..40).map(|i| entry(&format!("c{i}"), 10_000)).collect();
+        for blocking in [false, true] {
+            let render: Render = Arc::new(|e: &Entry| e.bytes.to_vec());
+            let body = streamed(b"{\"items\":[".to_vec(), b"]}", entries.clone(), render, blocking);
+            let (sizes, all) = collect(body).await;
+            assert!(sizes.len() >= 5, "40 items of 10 kB in 64 KiB chunks: {sizes:?}");
+            assert!(sizes.iter().all(|s| *s < CHUNK + 11_000), "no chunk over a chunk plus one item: {sizes:?}");
+            let v: Value = serde_json::from_slice(&all)?;
+            assert_eq!(v["items"].as_array().map(Vec::len), Some(40));
+            assert_eq!(v["items"][39]["metadata"]["name"], "c39");
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_empty_page_is_head_and_tail() -> anyhow::Result<()> {
+        let render: Render = Arc::new(|e: &Entry| e.bytes.to_vec());
+        let (_, all) = collect(streamed(b"{\"items\":[".to_vec(), b"]}", vec![], render, true)).await;
+        assert_eq!(serde_json::from_slice::<Value>(&all)?, json!({"items": []}));
+        Ok(())
+    }
+}
