@@ -740,16 +740,20 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let opts = write_options(&core, &req, &q)?;
             let ct = content_type(&req);
             let body = read_body(req, core.limits.body_read_timeout).await?;
+            let heavy = body.len() > LARGE_WRITE;
             let obj = decode_body(body, &ct, &opts.decode).await?;
-            let w = core.create(&rt, ns, obj, &opts).await?;
+            let (c, r, n) = (core.clone(), rt.clone(), t.namespace.clone());
+            let w = off_workers(heavy, async move { c.create(&r, n.as_deref(), obj, &opts).await }).await?;
             Ok(with_warnings(single(&core, &rt, &w.output, 201, &shape.table), &w.warnings))
         }
         (Method::PUT, Some(name)) => {
             let opts = write_options(&core, &req, &q)?;
             let ct = content_type(&req);
             let body = read_body(req, core.limits.body_read_timeout).await?;
+            let heavy = body.len() > LARGE_WRITE || stored_size(&core, &rt, ns, name) > LARGE_WRITE;
             let obj = decode_body(body, &ct, &opts.decode).await?;
-            let w = core.update(&rt, ns, name, obj, status, &opts).await?;
+            let (c, r, n, name) = (core.clone(), rt.clone(), t.namespace.clone(), name.clone());
+            let w = off_workers(heavy, async move { c.update(&r, n.as_deref(), &name, obj, status, &opts).await }).await?;
             Ok(with_warnings(single(&core, &rt, &w.output, 200, &shape.table), &w.warnings))
         }
         (Method::PATCH, Some(name)) => {
@@ -758,13 +762,38 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let kind = PatchType::from_content_type(&ct)?;
             let body = read_body(req, core.limits.body_read_timeout).await?;
             let existed = core.get(&rt, ns, name).is_ok();
-            let w = core.patch(&rt, ns, name, kind, &body, &ct, status, &opts).await?;
+            let heavy = body.len() > LARGE_WRITE || stored_size(&core, &rt, ns, name) > LARGE_WRITE;
+            let (c, r, n, nm) = (core.clone(), rt.clone(), t.namespace.clone(), name.clone());
+            let w = off_workers(heavy, async move { c.patch(&r, n.as_deref(), &nm, kind, &body, &ct, status, &opts).await }).await?;
             let code = if existed || kind != PatchType::Apply { 200 } else { 201 };
             Ok(with_warnings(single(&core, &rt, &w.output, code, &shape.table), &w.warnings))
         }
         (Method::DELETE, _) => delete(&core, req, &q, &t).await,
         (m, _) => Err(ApiError::method_not_allowed(format!("method {m} is not supported on this path"))),
     }
+}
+
+/// A write whose body or stored object is larger than this is a large write ([`off_workers`]).
+const LARGE_WRITE: usize = 64 * 1024;
+
+/// The stored size of an object (0 when there is none).
+fn stored_size(core: &Core, rt: &ResourceType, ns: Option<&str>, name: &str) -> usize {
+    core.get(rt, ns, name).map_or(0, |e| e.bytes.len())
+}
+
+/// Runs a write; a large one ([`LARGE_WRITE`]) on a blocking thread, two at a time: its
+/// CPU-heavy parts (decoding a patch, merging, managedFields, validation, serialisation) then
+/// never hold an async worker, which keeps answering health checks, watches and small requests.
+async fn off_workers<T: Send + 'static>(heavy: bool, write: impl Future<Output = ApiResult<T>> + Send + 'static) -> ApiResult<T> {
+    static LARGE_WRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    if !heavy {
+        return write.await;
+    }
+    let _turn = LARGE_WRITES.acquire().await.map_err(|e| ApiError::internal(format!("waiting for a large write's turn: {e}")))?;
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || runtime.block_on(write))
+        .await
+        .map_err(|e| ApiError::internal(format!("a large write failed: {e}")))?
 }
 
 /// GET, PUT and PATCH of `.../NAME/scale` (see [`crate::scale`]).

@@ -236,8 +236,16 @@ impl Auth {
         let entries = |k: &str| st.objects.get(k).map(|m| m.values().cloned().collect::<Vec<_>>()).unwrap_or_default();
         let raw = [entries(CLUSTERROLES), entries(ROLES), entries(CLUSTERROLEBINDINGS), entries(ROLEBINDINGS)];
         drop(st);
-        let [crs, rs, crbs, rbs] = raw.map(|es| es.iter().map(|e| e.value()).collect::<Vec<Value>>());
-        let p = Arc::new(Policy::from_values(&crs, &rs, &crbs, &rbs));
+        let rebuild = move || {
+            let [crs, rs, crbs, rbs] = raw.map(|es| es.iter().map(|e| e.value()).collect::<Vec<Value>>());
+            Arc::new(Policy::from_values(&crs, &rs, &crbs, &rbs))
+        };
+        // Decoding every role is CPU work: on a multi-threaded runtime the async worker hands
+        // its other tasks to the rest first (block_in_place), so a tenant rewriting large Roles
+        // does not stall the requests queued behind this one.
+        let multi_thread =
+            tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let p = if multi_thread { tokio::task::block_in_place(rebuild) } else { rebuild() };
         *cache = Some((fp, p.clone()));
         p
     }
