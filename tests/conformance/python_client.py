@@ -310,7 +310,38 @@ def service_checks(core, ns):
         expect(out.spec.type == "ClusterIP", f"type {out.spec.type}")
         out = core.patch_namespaced_service("svc1", ns, {"spec": {"ports": [{"port": 80, "targetPort": 9090, "name": "http"}]}})
         expect(out.spec.ports[0].target_port == 9090, f"ports {out.spec.ports}")
-        core.delete_namespaced_service("svc1", ns)
+        gone = core.delete_namespaced_service("svc1", ns)
+        expect(gone.metadata.name == "svc1", f"delete answered {gone}")
+
+    @check("service: NodePort gets node ports kept across a replace")
+    def _():
+        svc = client.V1Service(
+            metadata=client.V1ObjectMeta(name="svc2"),
+            spec=client.V1ServiceSpec(type="NodePort", selector={"app": "web"}, ports=[client.V1ServicePort(port=80)]),
+        )
+        out = core.create_namespaced_service(ns, svc)
+        port = out.spec.ports[0].node_port
+        expect(port and 30000 <= port <= 32767 and out.spec.external_traffic_policy == "Cluster", f"spec {out.spec}")
+        out.spec.selector = {"app": "other"}
+        out = core.replace_namespaced_service("svc2", ns, out)
+        expect(out.spec.ports[0].node_port == port, f"node port changed: {out.spec.ports}")
+        core.delete_namespaced_service("svc2", ns)
+
+    @check("pod: create/read (defaulted, never runs)/delete")
+    def _():
+        pod = client.V1Pod(
+            metadata=client.V1ObjectMeta(name="pod1"),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")]),
+        )
+        out = core.create_namespaced_pod(ns, pod)
+        c = out.spec.containers[0]
+        expect(c.image_pull_policy == "Always" and out.spec.restart_policy == "Always", f"pod spec {out.spec}")
+        expect(out.status.phase == "Pending", f"pod status {out.status}")
+        gone = core.delete_namespaced_pod("pod1", ns)
+        expect(gone.metadata.name == "pod1", f"delete answered {gone}")
+        sa = core.create_namespaced_service_account(ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="sa1")))
+        gone = core.delete_namespaced_service_account("sa1", ns)
+        expect(gone.metadata.uid == sa.metadata.uid, f"delete answered {gone}")
 
 
 def job_checks(batch, ns):
