@@ -391,6 +391,10 @@ def selector_and_paging_checks(core, ns):
                 break
             expect(page.metadata.remaining_item_count in (None, 7 - len(seen)), f"remainingItemCount {page.metadata}")
         expect(pages == 3 and sorted(seen) == [f"p{i}" for i in range(7)], f"pages {pages} seen {seen}")
+        by_name = core.list_namespaced_config_map(ns, field_selector="metadata.name=p2").items
+        expect([c.metadata.name for c in by_name] == ["p2"], f"field selector {[c.metadata.name for c in by_name]}")
+        anywhere = core.list_config_map_for_all_namespaces(field_selector=f"metadata.namespace={ns}", label_selector="set=page")
+        expect(len(anywhere.items) == 7, f"all-namespaces list with selectors: {len(anywhere.items)}")
         core.delete_collection_namespaced_config_map(ns, label_selector="set=page")
         left = core.list_namespaced_config_map(ns, label_selector="set=page").items
         expect(left == [], f"left after deletecollection {left}")
@@ -467,7 +471,7 @@ def custom_resource_checks(custom, ns):
             "metadata": {"name": "srv1", "labels": {"role": "web"}},
             "spec": {"plan": "small"},
         }
-        custom.create_namespaced_custom_object(GROUP, VERSION, ns, "servers", body)
+        created = custom.create_namespaced_custom_object(GROUP, VERSION, ns, "servers", body)
         got = custom.get_namespaced_custom_object(GROUP, VERSION, ns, "servers", "srv1")
         expect(got["spec"]["plan"] == "small", f"spec {got['spec']}")
         items = custom.list_namespaced_custom_object(GROUP, VERSION, ns, "servers", label_selector="role=web")["items"]
@@ -488,6 +492,16 @@ def custom_resource_checks(custom, ns):
             422,
             lambda: custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "servers", "srv1", {"spec": {"plan": 7}}),
         )
+        w = watch.Watch()
+        seen = []
+        for ev in w.stream(
+            custom.list_namespaced_custom_object, GROUP, VERSION, ns, "servers", resource_version=created["metadata"]["resourceVersion"], timeout_seconds=10
+        ):
+            seen.append((ev["type"], ev["object"]["metadata"]["name"], ev["object"].get("status", {}).get("phase")))
+            if len(seen) == 2:
+                w.stop()
+        # The spec patch, then the status patch (the ignored status in a main-resource patch is a no-op).
+        expect(seen == [("MODIFIED", "srv1", None), ("MODIFIED", "srv1", "Pending")], f"watch of servers: {seen}")
         custom.delete_namespaced_custom_object(GROUP, VERSION, ns, "servers", "srv1")
         expect_status(404, lambda: custom.get_namespaced_custom_object(GROUP, VERSION, ns, "servers", "srv1"))
 
