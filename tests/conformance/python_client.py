@@ -119,6 +119,7 @@ def main():
     selector_and_paging_checks(core, ns)
     watch_checks(core, ns)
     custom_resource_checks(custom, ns)
+    dynamic_and_utils_checks(ns)
 
     @check("delete namespace")
     def _():
@@ -421,7 +422,7 @@ def watch_checks(core, ns):
         rvs = [int(r) for _, r in events]
         expect(rvs == sorted(rvs) and len(set(rvs)) == 3, f"resourceVersions not increasing: {rvs}")
 
-    @check("watch: bookmarks allowed and a too-old resourceVersion is 410")
+    @check("watch from resourceVersion 1: its events, or 410 Gone as an ApiException")
     def _():
         w = watch.Watch()
         try:
@@ -504,6 +505,56 @@ def custom_resource_checks(custom, ns):
         expect(seen == [("MODIFIED", "srv1", None), ("MODIFIED", "srv1", "Pending")], f"watch of servers: {seen}")
         custom.delete_namespaced_custom_object(GROUP, VERSION, ns, "servers", "srv1")
         expect_status(404, lambda: custom.get_namespaced_custom_object(GROUP, VERSION, ns, "servers", "srv1"))
+
+
+def dynamic_and_utils_checks(ns):
+    from kubernetes import dynamic, utils
+
+    @check("utils.create_from_dict (a Deployment and a Service)")
+    def _():
+        docs = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "fromyaml", "namespace": ns},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "fromyaml"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "fromyaml"}},
+                        "spec": {"containers": [{"name": "c", "image": "nginx"}]},
+                    },
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "fromyaml", "namespace": ns},
+                "spec": {"selector": {"app": "fromyaml"}, "ports": [{"port": 80}]},
+            },
+        ]
+        for d in docs:
+            utils.create_from_dict(client.ApiClient(), d)
+
+    @check("dynamic client: discovery, get/list/patch/delete of built-in and custom kinds")
+    def _():
+        dyn = dynamic.DynamicClient(client.ApiClient())
+        deployments = dyn.resources.get(api_version="apps/v1", kind="Deployment")
+        d = deployments.get(name="fromyaml", namespace=ns)
+        expect(d.spec.replicas == 1, f"replicas {d.spec.replicas}")
+        deployments.patch(
+            name="fromyaml", namespace=ns, body={"spec": {"replicas": 2}}, content_type="application/merge-patch+json"
+        )
+        names = [i.metadata.name for i in deployments.get(namespace=ns).items]
+        expect(names == ["fromyaml"], f"deployments {names}")
+        servers = dyn.resources.get(api_version=f"{GROUP}/{VERSION}", kind="Server")
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Server", "metadata": {"name": "dyn1"}, "spec": {"plan": "small"}}
+        servers.server_side_apply(body=body, namespace=ns, field_manager="py-dynamic")
+        expect(servers.get(name="dyn1", namespace=ns).spec.plan == "small", "server spec")
+        workspaces = dyn.resources.get(api_version=f"{GROUP}/{VERSION}", kind="Workspace")
+        expect(workspaces.namespaced is False and servers.namespaced is True, "scopes from discovery")
+        servers.delete(name="dyn1", namespace=ns)
+        deployments.delete(name="fromyaml", namespace=ns)
+        dyn.resources.get(api_version="v1", kind="Service").delete(name="fromyaml", namespace=ns)
 
 
 if __name__ == "__main__":
