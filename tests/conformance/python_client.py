@@ -11,6 +11,7 @@ failure (one gap should not hide the next) and exits 1 when any check failed. Th
 created by the script and must not exist yet (callers pass a unique one).
 """
 
+import datetime
 import sys
 import time
 import traceback
@@ -120,6 +121,7 @@ def main():
     watch_checks(core, ns)
     custom_resource_checks(custom, ns)
     dynamic_and_utils_checks(ns)
+    other_kinds_checks(ns)
 
     @check("delete namespace")
     def _():
@@ -505,6 +507,77 @@ def custom_resource_checks(custom, ns):
         expect(seen == [("MODIFIED", "srv1", None), ("MODIFIED", "srv1", "Pending")], f"watch of servers: {seen}")
         custom.delete_namespaced_custom_object(GROUP, VERSION, ns, "servers", "srv1")
         expect_status(404, lambda: custom.get_namespaced_custom_object(GROUP, VERSION, ns, "servers", "srv1"))
+
+
+def other_kinds_checks(ns):
+    core, apps = client.CoreV1Api(), client.AppsV1Api()
+    meta = client.V1ObjectMeta
+
+    @check("authorization: SelfSubjectAccessReview, SelfSubjectRulesReview, SelfSubjectReview")
+    def _():
+        authz = client.AuthorizationV1Api()
+        attrs = client.V1ResourceAttributes(verb="list", resource="pods", namespace=ns)
+        review = authz.create_self_subject_access_review(
+            client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs))
+        )
+        expect(review.status.allowed is True, f"review {review.status}")
+        authz.create_self_subject_rules_review(client.V1SelfSubjectRulesReview(spec=client.V1SelfSubjectRulesReviewSpec(namespace=ns)))
+        who = client.AuthenticationV1Api().create_self_subject_review(client.V1SelfSubjectReview())
+        expect(who.status.user_info.username, f"whoami {who.status}")
+
+    @check("RBAC Role/RoleBinding and a ServiceAccount token (TokenRequest)")
+    def _():
+        rbac = client.RbacAuthorizationV1Api()
+        rule = client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["get"])
+        rbac.create_namespaced_role(ns, client.V1Role(metadata=meta(name="r"), rules=[rule]))
+        ref = client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="r")
+        subject = client.RbacV1Subject(kind="ServiceAccount", name="sa-token", namespace=ns)
+        rbac.create_namespaced_role_binding(ns, client.V1RoleBinding(metadata=meta(name="rb"), role_ref=ref, subjects=[subject]))
+        core.create_namespaced_service_account(ns, client.V1ServiceAccount(metadata=meta(name="sa-token")))
+        spec = client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        tok = core.create_namespaced_service_account_token("sa-token", ns, client.AuthenticationV1TokenRequest(spec=spec))
+        expect(tok.status.token and tok.status.expiration_timestamp, "no token")
+
+    @check("Lease replace, core Event create/list, events.k8s.io Event create")
+    def _():
+        coord = client.CoordinationV1Api()
+        coord.create_namespaced_lease(ns, client.V1Lease(metadata=meta(name="l"), spec=client.V1LeaseSpec(holder_identity="me")))
+        lease = coord.read_namespaced_lease("l", ns)
+        lease.spec.holder_identity = "you"
+        expect(coord.replace_namespaced_lease("l", ns, lease).spec.holder_identity == "you", "lease not replaced")
+        obj = client.V1ObjectReference(kind="Pod", name="x", namespace=ns)
+        core.create_namespaced_event(ns, client.CoreV1Event(metadata=meta(name="e1"), involved_object=obj, reason="R", message="m", type="Normal"))
+        names = [e.metadata.name for e in core.list_namespaced_event(ns, field_selector="involvedObject.name=x").items]
+        expect(names == ["e1"], f"events {names}")
+        now = datetime.datetime.now(datetime.timezone.utc)
+        ev = client.EventsV1Event(
+            metadata=meta(name="e2"), event_time=now, reporting_controller="example.com/c", reporting_instance="i",
+            action="Act", reason="R", regarding=obj, type="Normal",
+        )
+        client.EventsV1Api().create_namespaced_event(ns, ev)
+
+    @check("StatefulSet, DaemonSet, ReplicaSet create (defaulted), StatefulSet scale, deletecollection")
+    def _():
+        def template(app):
+            labels = {"app": app}
+            return client.V1LabelSelector(match_labels=labels), client.V1PodTemplateSpec(
+                metadata=meta(labels=labels), spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="x:1")])
+            )
+
+        sel, tpl = template("sts")
+        sts = apps.create_namespaced_stateful_set(
+            ns, client.V1StatefulSet(metadata=meta(name="sts"), spec=client.V1StatefulSetSpec(service_name="sts", selector=sel, template=tpl))
+        )
+        expect(sts.spec.pod_management_policy == "OrderedReady" and sts.spec.update_strategy.type == "RollingUpdate", f"{sts.spec}")
+        expect(apps.patch_namespaced_stateful_set_scale("sts", ns, {"spec": {"replicas": 3}}).spec.replicas == 3, "sts scale")
+        sel, tpl = template("ds")
+        ds = apps.create_namespaced_daemon_set(ns, client.V1DaemonSet(metadata=meta(name="ds"), spec=client.V1DaemonSetSpec(selector=sel, template=tpl)))
+        expect(ds.spec.update_strategy.rolling_update.max_unavailable == 1, f"{ds.spec.update_strategy}")
+        sel, tpl = template("rs")
+        rs = apps.create_namespaced_replica_set(ns, client.V1ReplicaSet(metadata=meta(name="rs"), spec=client.V1ReplicaSetSpec(selector=sel, template=tpl)))
+        expect(rs.spec.replicas == 1, f"{rs.spec}")
+        apps.delete_collection_namespaced_stateful_set(ns)
+        expect(apps.list_namespaced_stateful_set(ns).items == [], "statefulsets left after deletecollection")
 
 
 def dynamic_and_utils_checks(ns):
