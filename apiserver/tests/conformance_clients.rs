@@ -178,6 +178,13 @@ async fn kubectl_typed_workload_commands_work() -> TestResult {
     for field in ["KIND:       Deployment", "FIELD: spec <DeploymentSpec>", "replicas", "strategy", "template", "progressDeadlineSeconds"] {
         assert!(out.contains(field), "explain deployment.spec is missing {field}:\n{out}");
     }
+    // kubectl itself warns for a cluster-scoped resource whenever a namespace is in effect (it
+    // fills in `default` when the kubeconfig names none), as against any cluster; -A does not.
+    let out = k(&["auth", "can-i", "list", "nodes"]);
+    assert_eq!(out.stdout.trim(), "yes", "{}", out.stderr);
+    assert!(out.stderr.contains("Warning: resource 'nodes' is not namespace scoped"), "{}", out.stderr);
+    let out = k(&["auth", "can-i", "list", "nodes", "-A"]);
+    assert_eq!((out.stdout.trim(), out.stderr.as_str()), ("yes", ""));
     let out = must(&k(&["get", "all", "-A"]), "get all -A")?;
     for name in ["pod/p1", "service/web", "deployment.apps/web", "job.batch/j1", "service/kubernetes"] {
         assert!(out.contains(name), "get all -A is missing {name}:\n{out}");
