@@ -217,8 +217,10 @@ fn service(spec: &mut Map<String, Value>, old: Option<&Value>, taken: impl FnOnc
     // What the stored object had keeps (upstream retains allocated values a client omits).
     if let Some(old) = old.filter(|o| o["type"] != "ExternalName" && !external_name) {
         for k in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
-            if let Some(v) = old.get(k).filter(|v| !v.is_null()) {
-                fill(spec, k, v.clone());
+            // Empty counts as omitted (upstream's patchAllocatedValues).
+            let omitted = spec.get(k).is_none_or(|v| v.is_null() || v == "" || v.as_array().is_some_and(Vec::is_empty));
+            if omitted && let Some(v) = old.get(k).filter(|v| !v.is_null()) {
+                spec.insert(k.into(), v.clone());
             }
         }
     }
@@ -322,7 +324,7 @@ mod tests {
         let np = first["spec"]["ports"][0]["nodePort"].as_u64().unwrap_or_default();
         assert!(NODE_PORTS.contains(&u16::try_from(np).unwrap_or_default()), "{first}");
         assert_eq!(first["spec"]["ports"][0]["targetPort"], 80);
-        let mut second = json!({"spec": {"type": "NodePort", "ports": [{"port": 80}]}});
+        let mut second = json!({"spec": {"type": "NodePort", "clusterIP": "", "ports": [{"port": 80}]}});
         apply("/services", &mut second, Some(&first), none);
         assert_eq!(second["spec"]["clusterIP"], json!(ip));
         assert_eq!(second["spec"]["ports"][0]["nodePort"], json!(np));
