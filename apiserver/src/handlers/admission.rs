@@ -11,7 +11,34 @@ use crate::error::{ApiError, ApiResult, Cause};
 use crate::registry::ResourceType;
 use crate::validation;
 
+/// (namespace, name) of an object.
+fn obj_name(obj: &Value) -> (String, String) {
+    let md = &obj["metadata"];
+    (md["namespace"].as_str().unwrap_or_default().to_string(), md["name"].as_str().unwrap_or_default().to_string())
+}
+
 impl Core {
+    /// ClusterIPs and node ports of the stored Services (other than `except`, the one written).
+    fn services_taken(&self, except: (String, String)) -> super::defaults::Taken {
+        let mut t = super::defaults::Taken { ips: Default::default(), node_ports: Default::default() };
+        let st = self.store.read();
+        for e in st.candidates("/services", None, &Default::default(), None) {
+            if (e.key.namespace.as_str(), e.key.name.as_str()) == (except.0.as_str(), except.1.as_str()) {
+                continue;
+            }
+            let v = e.value();
+            if let Some(ip) = v["spec"]["clusterIP"].as_str() {
+                t.ips.insert(ip.to_string());
+            }
+            for p in v["spec"]["ports"].as_array().into_iter().flatten() {
+                if let Some(n) = p["nodePort"].as_u64() {
+                    t.node_ports.insert(n);
+                }
+            }
+        }
+        t
+    }
+
     /// Admission checks every stored object passes, whatever wrote it (create, update, each
     /// kind of patch): size, nesting depth and metadata (labels and annotations).
     pub(super) fn admit(rt: &ResourceType, obj: &Value) -> ApiResult<()> {
@@ -80,6 +107,10 @@ impl Core {
 
     /// Kind-specific normalisation done on every write.
     pub(super) fn normalize(&self, rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> ApiResult<()> {
+        if rt.group.is_empty() || matches!(rt.group.as_str(), "apps" | "batch") {
+            let who = obj_name(obj);
+            super::defaults::apply(&rt.storage, obj, old, || self.services_taken(who));
+        }
         match rt.storage.as_str() {
             "/secrets" => {
                 if let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|m| m.remove("stringData")) {

@@ -13,6 +13,24 @@ use crate::storage::{Entry, ObjKey, Precondition, StoreError};
 /// Namespaces kube-apiserver refuses to delete.
 pub const IMMORTAL_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
 
+/// Kinds whose DELETE answers with the deleted object rather than a Status, as upstream's
+/// stores with `ReturnDeletedObject` do (typed clients decode the answer as the kind: the
+/// Python client's `delete_namespaced_service` fails on a Status).
+const RETURN_DELETED_OBJECT: &[&str] = &[
+    "/pods",
+    "/services",
+    "/persistentvolumeclaims",
+    "/persistentvolumes",
+    "/podtemplates",
+    "/resourcequotas",
+    "/serviceaccounts",
+    "storage.k8s.io/storageclasses",
+    "storage.k8s.io/csidrivers",
+    "storage.k8s.io/csinodes",
+    "storage.k8s.io/volumeattachments",
+    "storage.k8s.io/volumeattributesclasses",
+];
+
 impl Core {
     /// DELETE of one object. Returns the object (deferred deletion) or a success Status.
     pub async fn delete(&self, rt: &ResourceType, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> ApiResult<Output> {
@@ -60,6 +78,9 @@ impl Core {
                         self.gc_wakeup.notify_one();
                         if rt.storage == CRDS {
                             self.after_crd_delete(&e).await;
+                        }
+                        if RETURN_DELETED_OBJECT.contains(&rt.storage.as_str()) {
+                            return Ok(Output::Transient(obj));
                         }
                         return Ok(Output::Transient(json!({
                             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",

@@ -11,6 +11,7 @@
 
 mod admission;
 mod create;
+mod defaults;
 mod delete;
 mod read;
 mod update;

@@ -182,6 +182,27 @@ msg!(
     "Toleration",
     [(1, "key", T::Str), (2, "operator", T::Str), (3, "value", T::Str), (4, "effect", T::Str), (5, "tolerationSeconds", T::Int)]
 );
+msg!(SE_LINUX, "SELinuxOptions", [(1, "user", T::Str), (2, "role", T::Str), (3, "type", T::Str), (4, "level", T::Str)]);
+msg!(SYSCTL, "Sysctl", [(1, "name", T::Str), (2, "value", T::Str)]);
+msg!(SECCOMP, "SeccompProfile", [(1, "type", T::Str), (2, "localhostProfile", T::Str)]);
+// What the server defaults a pod template to (`securityContext: {}`) comes back in objects
+// kubectl reads and writes again (`kubectl create job --from=cronjob/...`).
+msg!(
+    POD_SECURITY,
+    "PodSecurityContext",
+    [
+        (1, "seLinuxOptions", T::M(&SE_LINUX)),
+        (2, "runAsUser", T::Int),
+        (3, "runAsNonRoot", T::Bool),
+        (5, "fsGroup", T::Int),
+        (6, "runAsGroup", T::Int),
+        (7, "sysctls", T::Ms(&SYSCTL)),
+        (9, "fsGroupChangePolicy", T::Str),
+        (10, "seccompProfile", T::M(&SECCOMP)),
+        (12, "supplementalGroupsPolicy", T::Str),
+        (13, "seLinuxChangePolicy", T::Str)
+    ]
+);
 msg!(
     POD_SPEC,
     "PodSpec",
@@ -198,6 +219,7 @@ msg!(
         (11, "hostNetwork", T::Bool0),
         (12, "hostPID", T::Bool0),
         (13, "hostIPC", T::Bool0),
+        (14, "securityContext", T::M(&POD_SECURITY)),
         (15, "imagePullSecrets", T::Ms(&LOCAL_REF)),
         (16, "hostname", T::Str),
         (17, "subdomain", T::Str),
