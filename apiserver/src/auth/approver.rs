@@ -29,14 +29,28 @@ fn annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
     obj["metadata"]["annotations"][key].as_str()
 }
 
-/// Refuses a client's own value of [`APPROVED_BY`] on a `provisioning.dev` object (`old`:
-/// the stored object, `None` on create) and restores the stored one a client dropped.
-/// `Err` carries the message of the refusal.
-pub fn keep(group: &str, old: Option<&Value>, new: &mut Value) -> Result<(), String> {
-    if group != GROUP {
-        return Ok(());
+/// Storage keys of the kinds a TaskServ reads through `configFrom`: the writer of their data
+/// is recorded in [`CHANGED_BY`] too (a configFrom edit changes a plan as a spec edit does, so
+/// under `requireDistinctApprover` its writer may not approve that plan either).
+const CONFIG_SOURCES: [&str; 2] = ["/configmaps", "/secrets"];
+
+/// The server-owned annotations of objects stored under `storage` (none for other kinds).
+fn server_owned(storage: &str) -> &'static [&'static str] {
+    if storage.split('/').next() == Some(GROUP) {
+        &SERVER_OWNED
+    } else if CONFIG_SOURCES.contains(&storage) {
+        &SERVER_OWNED[2..]
+    } else {
+        &[]
     }
-    for key in SERVER_OWNED {
+}
+
+/// Refuses a client's own value of a server-owned annotation (`provisioning.dev` objects, and
+/// [`CHANGED_BY`] of ConfigMaps and Secrets; `storage`: the kind's storage key, `old`: the
+/// stored object, `None` on create) and restores the stored one a client dropped. `Err`
+/// carries the message of the refusal.
+pub fn keep(storage: &str, old: Option<&Value>, new: &mut Value) -> Result<(), String> {
+    for &key in server_owned(storage) {
         let before = old.and_then(|o| annotation(o, key)).map(str::to_string);
         match (annotation(new, key), before) {
             (Some(now), before) if Some(now) != before.as_deref() => {
@@ -58,11 +72,19 @@ pub fn keep(group: &str, old: Option<&Value>, new: &mut Value) -> Result<(), Str
 /// write changes [`APPROVE`] (removes them when the approval is removed, or when the writer
 /// has no user: the server's own writes), and [`CHANGED_BY`] when the write creates the
 /// object or makes a new generation.
-pub fn stamp(group: &str, old: Option<&Value>, new: &mut Value, user: Option<&str>, groups: &[String]) {
-    if group != GROUP {
+pub fn stamp(storage: &str, old: Option<&Value>, new: &mut Value, user: Option<&str>, groups: &[String]) {
+    let user = user.filter(|u| !u.is_empty());
+    if CONFIG_SOURCES.contains(&storage) {
+        // A ConfigMap's or Secret's data written (or the object created): who wrote it.
+        let data = |v: &Value| (v.get("data").cloned(), v.get("binaryData").cloned());
+        if old.is_none_or(|o| data(o) != data(new)) {
+            set(new, CHANGED_BY, user);
+        }
         return;
     }
-    let user = user.filter(|u| !u.is_empty());
+    if storage.split('/').next() != Some(GROUP) {
+        return;
+    }
     // A create, or a write that made a new generation (a spec change): who made it.
     let generation = |v: &Value| v["metadata"]["generation"].as_i64();
     if old.is_none_or(|o| generation(o) != generation(new)) {
@@ -164,5 +186,31 @@ mod tests {
         assert_eq!(annotation(&dropped, APPROVED_BY), Some("alice"));
         let mut same = stored.clone();
         assert!(keep(GROUP, Some(&stored), &mut same).is_ok());
+    }
+    #[test]
+    fn the_writer_of_a_configmaps_or_secrets_data_is_recorded() {
+        let mut created = json!({"metadata": {"name": "cfg"}, "data": {"a": "1"}});
+        stamp("/configmaps", None, &mut created, Some("alice"), &[]);
+        assert_eq!(annotation(&created, CHANGED_BY), Some("alice"));
+        let mut labelled = created.clone();
+        labelled["metadata"]["labels"] = json!({"x": "y"});
+        stamp("/configmaps", Some(&created), &mut labelled, Some("bob"), &[]);
+        assert_eq!(annotation(&labelled, CHANGED_BY), Some("alice"), "a label is not the data");
+        let mut changed = labelled.clone();
+        changed["data"]["a"] = json!("2");
+        stamp("/configmaps", Some(&labelled), &mut changed, Some("bob"), &[]);
+        assert_eq!(annotation(&changed, CHANGED_BY), Some("bob"));
+        let mut secret = json!({"metadata": {"name": "s"}, "data": {"p": "eA=="}});
+        stamp("/secrets", None, &mut secret, Some("carol"), &[]);
+        assert_eq!(annotation(&secret, CHANGED_BY), Some("carol"));
+        let mut forged = changed.clone();
+        forged["metadata"]["annotations"][CHANGED_BY] = json!("mallory");
+        assert!(keep("/configmaps", Some(&changed), &mut forged).is_err_and(|e| e.contains(CHANGED_BY)));
+        // Other kinds: nothing recorded, nothing refused; approved-by means nothing on a ConfigMap.
+        let mut other = json!({"metadata": {"name": "p", "annotations": {CHANGED_BY: "x", APPROVED_BY: "y"}}});
+        assert!(
+            keep("/pods", None, &mut other).is_ok()
+                && keep("/configmaps", None, &mut json!({"metadata": {"annotations": {APPROVED_BY: "y"}}})).is_ok()
+        );
     }
 }

@@ -108,7 +108,7 @@ impl Core {
         {
             m.remove("status");
         }
-        crate::auth::approver::keep(&rt.group, None, obj).map_err(|m| {
+        crate::auth::approver::keep(&rt.storage, None, obj).map_err(|m| {
             ApiError::invalid(&rt.kind, &rt.group, &name, vec![crate::error::Cause::new("FieldValueForbidden", "metadata.annotations", m)])
         })?;
         self.normalize(rt, obj, None)?;
@@ -122,7 +122,7 @@ impl Core {
             apply::record_update(None, obj, &opts.field_manager, &rt.api_version(), rt.schema.as_ref(), Self::scope_for(rt, false), &now);
         }
         // After managedFields: no field manager owns the server-owned approver.
-        crate::auth::approver::stamp(&rt.group, None, obj, opts.user.as_deref(), &opts.groups);
+        crate::auth::approver::stamp(&rt.storage, None, obj, opts.user.as_deref(), &opts.groups);
         if opts.dry_run {
             return Ok(Written { output: Output::Transient(obj.clone()), warnings });
         }

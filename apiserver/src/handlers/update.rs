@@ -172,7 +172,7 @@ impl Core {
         let mut warnings = vec![];
         separate_status(rt, &old, &mut new, status, applied);
         keep_server_metadata(rt, &old, &mut new, applied)?;
-        crate::auth::approver::keep(&rt.group, Some(&old), &mut new).map_err(|m| {
+        crate::auth::approver::keep(&rt.storage, Some(&old), &mut new).map_err(|m| {
             ApiError::invalid(&rt.kind, &rt.group, &name, vec![Cause::new("FieldValueForbidden", "metadata.annotations", m)])
         })?;
         refuse_new_finalizers_while_deleting(rt, &old, &new, &name)?;
@@ -197,7 +197,7 @@ impl Core {
             );
         }
         // After managedFields: no field manager owns the server-owned approver.
-        crate::auth::approver::stamp(&rt.group, Some(&old), &mut new, opts.user.as_deref(), &opts.groups);
+        crate::auth::approver::stamp(&rt.storage, Some(&old), &mut new, opts.user.as_deref(), &opts.groups);
         // No-op writes keep the revision (controllers must not trigger themselves).
         if without_managed_times(&old) == without_managed_times(&new) {
             return Ok(Written { output: Output::Stored(cur.clone()), warnings });

@@ -69,6 +69,9 @@ pub struct Recorded {
     pub groups: Vec<String>,
     /// The authenticated user whose write made the current spec.
     pub changed_by: Option<String>,
+    /// The objects the plan also reads (a TaskServ's `configFrom` ConfigMaps and Secrets), each
+    /// with the user who last wrote its data, as the API server recorded it.
+    pub sources: Vec<(String, Option<String>)>,
 }
 
 /// What the API server recorded on an object (its annotations and managedFields).
@@ -79,7 +82,7 @@ pub fn recorded(annotations: &std::collections::BTreeMap<String, String>, manage
         .and_then(|_| server_stamped(Some(annotations), managed_fields, ANNOTATION_APPROVED_BY_GROUPS))
         .map(|g| g.split(',').map(str::trim).filter(|g| !g.is_empty()).map(str::to_string).collect())
         .unwrap_or_default();
-    Recorded { approver, groups, changed_by: server_stamped(Some(annotations), managed_fields, ANNOTATION_CHANGED_BY) }
+    Recorded { approver, groups, changed_by: server_stamped(Some(annotations), managed_fields, ANNOTATION_CHANGED_BY), sources: vec![] }
 }
 
 /// What is left to ask once the recorded facts are looked at.
@@ -109,6 +112,18 @@ pub fn precheck(rec: &Recorded, target: Target<'_>, distinct: bool, controller: 
         let who = match rec.changed_by.as_deref() {
             Some(_) => format!("user {user:?} last changed its spec and"),
             None => format!("the last writer of its spec is not recorded, so user {user:?}"),
+        };
+        return Err(format!(
+            "the approval of {plural} {namespace}/{name} is refused: {who} may not also approve it (the Workspace sets \
+             requireDistinctApprover): another user who may {VERB} {plural} must set {ANNOTATION_APPROVE} ({AGAIN})"
+        ));
+    }
+    // A configFrom edit changes the plan as a spec edit does: its writer is not a second
+    // person either (unknown counts as the same).
+    if distinct && let Some((source, writer)) = rec.sources.iter().find(|(_, w)| w.as_deref().is_none_or(|w| w == user)) {
+        let who = match writer {
+            Some(_) => format!("user {user:?} last wrote the data of {source}, which the plan reads (configFrom), and"),
+            None => format!("the last writer of {source}, which the plan reads (configFrom), is not recorded, so user {user:?}"),
         };
         return Err(format!(
             "the approval of {plural} {namespace}/{name} is refused: {who} may not also approve it (the Workspace sets \
@@ -218,6 +233,7 @@ pub async fn screen<K>(
     plural: &str,
     approval: Approval,
     distinct: bool,
+    sources: &[(&str, &str)],
     ctx: &Context,
 ) -> Result<(Arc<K>, Option<Note>), Error>
 where
@@ -231,7 +247,10 @@ where
     let name = obj.name_any();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
     let Some(fresh) = api.get_metadata_opt(&name).await? else { return Ok((obj, None)) };
-    let rec = recorded(fresh.annotations(), fresh.metadata.managed_fields.as_deref().unwrap_or_default());
+    let mut rec = recorded(fresh.annotations(), fresh.metadata.managed_fields.as_deref().unwrap_or_default());
+    if distinct {
+        rec.sources = source_writers(ctx, &namespace, sources).await?;
+    }
     let target = Target { plural, namespace: &namespace, name: &name };
     match authorize(ctx, &rec, target, distinct).await? {
         Ok(()) => Ok((obj, None)),
@@ -243,6 +262,25 @@ where
     }
 }
 
+/// Who last wrote the data of each `(kind, name)` source (ConfigMap or Secret) of `namespace`,
+/// as the API server recorded it; sources that do not exist are left out (the plan waits
+/// for them anyway).
+async fn source_writers(ctx: &Context, namespace: &str, sources: &[(&str, &str)]) -> Result<Vec<(String, Option<String>)>, Error> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let mut out = Vec::with_capacity(sources.len());
+    for &(kind, name) in sources {
+        let meta = match kind {
+            "Secret" => Api::<Secret>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?.map(|m| m.metadata),
+            _ => Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?.map(|m| m.metadata),
+        };
+        if let Some(m) = meta {
+            let writer = server_stamped(m.annotations.as_ref(), m.managed_fields.as_deref().unwrap_or_default(), ANNOTATION_CHANGED_BY);
+            out.push((format!("{kind} {namespace}/{name}"), writer));
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,7 +288,7 @@ mod tests {
     const T: Target<'static> = Target { plural: "servers", namespace: "a", name: "web" };
 
     fn rec(approver: Option<&str>, changed_by: Option<&str>) -> Recorded {
-        Recorded { approver: approver.map(Into::into), groups: vec!["g".into()], changed_by: changed_by.map(Into::into) }
+        Recorded { approver: approver.map(Into::into), groups: vec!["g".into()], changed_by: changed_by.map(Into::into), sources: vec![] }
     }
 
     #[test]
@@ -270,6 +308,16 @@ mod tests {
         assert!(precheck(&rec(Some("system:serviceaccount:a:ci"), Some("bob")), T, false, None).is_ok(), "without four eyes it asks");
         assert!(precheck(&rec(Some("system:serviceaccount:ops:ci"), Some("bob")), T, true, None).is_ok());
         assert!(precheck(&rec(Some("system:serviceaccount:ab:ci"), Some("bob")), T, true, None).is_ok());
+        // The writer of a configFrom source is not a second person either (unknown: the same).
+        let mut with_sources = rec(Some("alice"), Some("bob"));
+        with_sources.sources = vec![("ConfigMap a/cfg".into(), Some("carol".into()))];
+        assert!(precheck(&with_sources, T, true, None).is_ok());
+        with_sources.sources.push(("Secret a/pw".into(), Some("alice".into())));
+        let own_source = precheck(&with_sources, T, true, None).expect_err("alice wrote the Secret");
+        assert!(own_source.contains("last wrote the data of Secret a/pw"), "{own_source}");
+        assert!(precheck(&with_sources, T, false, None).is_ok(), "only under four eyes");
+        with_sources.sources = vec![("ConfigMap a/old".into(), None)];
+        assert!(precheck(&with_sources, T, true, None).is_err_and(|e| e.contains("is not recorded")));
         let denied = not_allowed("alice", T);
         assert!(denied.contains("user \"alice\" may not approve servers in namespace a: grant the approve verb"), "{denied}");
     }
@@ -289,7 +337,8 @@ mod tests {
             Recorded {
                 approver: Some("alice".into()),
                 groups: vec!["team".into(), "system:authenticated".into()],
-                changed_by: Some("bob".into())
+                changed_by: Some("bob".into()),
+                sources: vec![]
             }
         );
         let forged = ManagedFieldsEntry {

@@ -137,8 +137,9 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     // An approval that does not count (crate::approval::authorize) is not seen by the gate.
     let ws = ctx.workspace_for(namespace).spec;
     let approval = approval::approval_of(cluster.spec.approval, ws.approval);
-    let (cluster, refused) =
-        crate::approval::authorize::screen(cluster, "clusters", approval, ws.require_distinct_approver, ctx).await.at(Step::Dereference)?;
+    let (cluster, refused) = crate::approval::authorize::screen(cluster, "clusters", approval, ws.require_distinct_approver, &[], ctx)
+        .await
+        .at(Step::Dereference)?;
     let name = cluster.name_any();
     let uid = cluster.uid().unwrap_or_default();
     let children = dereference::children(&cluster, namespace, ctx).await.at(Step::Dereference)?;

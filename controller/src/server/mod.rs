@@ -211,7 +211,7 @@ async fn apply(server: Arc<Server>, namespace: &str, ctx: &Context) -> Result<Ac
     // An approval that does not count (crate::approval::authorize) is not seen by the gate.
     let ws = &refs.workspace.spec;
     let approval = plan::approval(&server, ws.approval);
-    let (server, refused) = crate::approval::authorize::screen(server, "servers", approval, ws.require_distinct_approver, ctx)
+    let (server, refused) = crate::approval::authorize::screen(server, "servers", approval, ws.require_distinct_approver, &[], ctx)
         .await
         .map_err(|e| e.at(Step::Dereference))?;
     let mut visit = Visit::new(&server);

@@ -215,7 +215,10 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     // An approval that does not count (crate::approval::authorize) is not seen by the gate.
     let ws = ctx.workspace_for(namespace).spec;
     let approval = crate::approval::approval_of(ts.spec.approval, ws.approval);
-    let (ts, refused) = crate::approval::authorize::screen(ts, "taskservs", approval, ws.require_distinct_approver, ctx)
+    // Under four eyes, the writers of the configFrom sources may not approve either.
+    let sources: Vec<(&str, String)> = ts.spec.config_from.iter().map(|c| (c.kind.as_str(), c.name.clone())).collect();
+    let sources: Vec<(&str, &str)> = sources.iter().map(|(k, n)| (*k, n.as_str())).collect();
+    let (ts, refused) = crate::approval::authorize::screen(ts.clone(), "taskservs", approval, ws.require_distinct_approver, &sources, ctx)
         .await
         .map_err(|e| e.at(Step::Dereference))?;
     let servers = dereference::servers(&ctx.stores.servers, namespace);
