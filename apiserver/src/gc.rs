@@ -40,13 +40,14 @@ pub fn event_last_written(ev: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
 /// `now` is a parameter so that a simulation (the bench) can run a day in seconds.
 pub async fn expire_events(core: &Core, now: chrono::DateTime<chrono::Utc>, ttl: Duration) -> usize {
     let Ok(ttl) = chrono::Duration::from_std(ttl) else { return 0 };
-    let expired: Vec<Arc<Entry>> = {
-        let st = core.store.read();
-        st.objects
-            .get(EVENTS)
-            .map(|m| m.values().filter(|e| event_last_written(&e.value()).is_none_or(|t| t + ttl <= now)).cloned().collect())
-            .unwrap_or_default()
-    };
+    // The entries are shared, and decoded after the store's lock is given back (a long read
+    // holds up the writer and every reader behind it), on a blocking thread.
+    let events: Vec<Arc<Entry>> = core.store.read().objects.get(EVENTS).map(|m| m.values().cloned().collect()).unwrap_or_default();
+    let expired: Vec<Arc<Entry>> = tokio::task::spawn_blocking(move || {
+        events.into_iter().filter(|e| event_last_written(&e.value()).is_none_or(|t| t + ttl <= now)).collect()
+    })
+    .await
+    .unwrap_or_default();
     let mut n = 0;
     // Like an etcd lease running out: finalizers do not hold an expired Event. Deletes go in
     // groups so that they share commits (the writer folds queued writes into one).

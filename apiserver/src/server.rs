@@ -706,11 +706,39 @@ fn single(core: &Core, rt: &ResourceType, out: &Output, code: u16, table: &Optio
     }
 }
 
+/// One object in the shape asked for ([`single`]). A Table of an object over 64 KiB is made on a
+/// blocking thread, its decoding charged to the request's flow first (429 when the budget cannot
+/// cover it).
+async fn shaped(core: &Arc<Core>, rt: &Arc<ResourceType>, out: Output, code: u16, shape: &Shape) -> ApiResult<Response<Body>> {
+    let len = match &out {
+        Output::Stored(e) => e.bytes.len(),
+        Output::Transient(_) => 0,
+    };
+    if shape.table.is_none() || len <= LARGE_WRITE {
+        return Ok(single(core, rt, &out, code, &shape.table));
+    }
+    let _charged = match &shape.meter {
+        Some(m) => {
+            m.reserve(len.saturating_mul(provisioning_yaml::bounded::LIMIT_PER_BYTE)).map_err(crate::handlers::decode_refusal)?;
+            Some(m.clone())
+        }
+        None => None,
+    };
+    let (c, r, table) = (core.clone(), rt.clone(), shape.table.clone());
+    tokio::task::spawn_blocking(move || single(&c, &r, &out, code, &table))
+        .await
+        .map_err(|e| ApiError::internal(format!("making the table: {e}")))
+}
+
 /// The response shape a client asked for: a Table (`includeObject` policy), partial object
 /// metadata, or the objects themselves.
 struct Shape {
     table: Option<String>,
     partial: bool,
+    /// The request's decode meter: decoding stored objects to shape them is charged to it.
+    meter: Option<Arc<Meter>>,
+    /// The request's flow (None: an exempt identity), for a watch's shares.
+    flow: Option<String>,
 }
 
 /// One resource request: a match over the verbs (get, list, watch, create, update, patch,
@@ -721,7 +749,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
     if let (Some(tb), Some(inc)) = (table.as_mut(), q.get("includeObject")) {
         *tb = inc.to_string();
     }
-    let shape = Shape { table, partial };
+    let shape = Shape { table, partial, meter: request_meter(&core, &req), flow: req.extensions().get::<DecodeFlow>().map(|f| f.0.clone()) };
     let rt = t.rt.clone();
     let ns = t.namespace.as_deref();
     let status = t.subresource.as_deref() == Some("status");
@@ -733,7 +761,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
     match (method, &t.name) {
         (Method::GET, Some(name)) if !t.watch => {
             let e = core.get(&rt, ns, name)?;
-            Ok(single(&core, &rt, &Output::Stored(e), 200, &shape.table))
+            shaped(&core, &rt, Output::Stored(e), 200, &shape).await
         }
         (Method::GET, name) => list_or_watch(&core, &q, &t, name.as_deref(), shape).await,
         (Method::POST, None) => {
@@ -743,8 +771,8 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let heavy = body.len() > LARGE_WRITE;
             let obj = decode_body(body, &ct, &opts.decode).await?;
             let (c, r, n) = (core.clone(), rt.clone(), t.namespace.clone());
-            let w = off_workers(heavy, async move { c.create(&r, n.as_deref(), obj, &opts).await }).await?;
-            Ok(with_warnings(single(&core, &rt, &w.output, 201, &shape.table), &w.warnings))
+            let w = off_workers(heavy, shape.flow.clone(), async move { c.create(&r, n.as_deref(), obj, &opts).await }).await?;
+            Ok(with_warnings(shaped(&core, &rt, w.output, 201, &shape).await?, &w.warnings))
         }
         (Method::PUT, Some(name)) => {
             let opts = write_options(&core, &req, &q)?;
@@ -753,8 +781,8 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let heavy = body.len() > LARGE_WRITE || stored_size(&core, &rt, ns, name) > LARGE_WRITE;
             let obj = decode_body(body, &ct, &opts.decode).await?;
             let (c, r, n, name) = (core.clone(), rt.clone(), t.namespace.clone(), name.clone());
-            let w = off_workers(heavy, async move { c.update(&r, n.as_deref(), &name, obj, status, &opts).await }).await?;
-            Ok(with_warnings(single(&core, &rt, &w.output, 200, &shape.table), &w.warnings))
+            let w = off_workers(heavy, shape.flow.clone(), async move { c.update(&r, n.as_deref(), &name, obj, status, &opts).await }).await?;
+            Ok(with_warnings(shaped(&core, &rt, w.output, 200, &shape).await?, &w.warnings))
         }
         (Method::PATCH, Some(name)) => {
             let opts = write_options(&core, &req, &q)?;
@@ -764,9 +792,9 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let existed = core.get(&rt, ns, name).is_ok();
             let heavy = body.len() > LARGE_WRITE || stored_size(&core, &rt, ns, name) > LARGE_WRITE;
             let (c, r, n, nm) = (core.clone(), rt.clone(), t.namespace.clone(), name.clone());
-            let w = off_workers(heavy, async move { c.patch(&r, n.as_deref(), &nm, kind, &body, &ct, status, &opts).await }).await?;
+            let w = off_workers(heavy, shape.flow.clone(), async move { c.patch(&r, n.as_deref(), &nm, kind, &body, &ct, status, &opts).await }).await?;
             let code = if existed || kind != PatchType::Apply { 200 } else { 201 };
-            Ok(with_warnings(single(&core, &rt, &w.output, code, &shape.table), &w.warnings))
+            Ok(with_warnings(shaped(&core, &rt, w.output, code, &shape).await?, &w.warnings))
         }
         (Method::DELETE, _) => delete(&core, req, &q, &t).await,
         (m, _) => Err(ApiError::method_not_allowed(format!("method {m} is not supported on this path"))),
@@ -784,17 +812,57 @@ fn stored_size(core: &Core, rt: &ResourceType, ns: Option<&str>, name: &str) -> 
 /// Runs a write; a large one ([`LARGE_WRITE`]) on a blocking thread, two at a time: its
 /// CPU-heavy parts (decoding a patch, merging, managedFields, validation, serialisation) then
 /// never hold an async worker, which keeps answering health checks, watches and small requests.
-async fn off_workers<T: Send + 'static>(heavy: bool, write: impl Future<Output = ApiResult<T>> + Send + 'static) -> ApiResult<T> {
+/// A flow has at most [`LARGE_WRITES_PER_FLOW`] large writes queued or running (429 beyond),
+/// so one identity cannot fill the queue everyone's large writes wait in; exempt identities
+/// (`flow` None: the controller) have two turns of their own.
+async fn off_workers<T: Send + 'static>(
+    heavy: bool,
+    flow: Option<String>,
+    write: impl Future<Output = ApiResult<T>> + Send + 'static,
+) -> ApiResult<T> {
     static LARGE_WRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    static EXEMPT_LARGE_WRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    static PER_FLOW: std::sync::Mutex<Option<HashMap<String, usize>>> = std::sync::Mutex::new(None);
     if !heavy {
         return write.await;
     }
-    let _turn = LARGE_WRITES.acquire().await.map_err(|e| ApiError::internal(format!("waiting for a large write's turn: {e}")))?;
+    // The flow's place in the queue, given back when the write ends (or its request is dropped).
+    struct Place(String);
+    impl Drop for Place {
+        fn drop(&mut self) {
+            let mut flows = PER_FLOW.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(n) = flows.get_or_insert_with(HashMap::new).get_mut(&self.0) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    flows.as_mut().map(|f| f.remove(&self.0));
+                }
+            }
+        }
+    }
+    let (_place, queue) = match flow {
+        Some(f) => {
+            let mut flows = PER_FLOW.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let n = flows.get_or_insert_with(HashMap::new).entry(f.clone()).or_default();
+            if *n >= LARGE_WRITES_PER_FLOW {
+                return Err(ApiError::too_many_requests(format!(
+                    "{f} has {LARGE_WRITES_PER_FLOW} writes of large objects (over {} KiB) in progress; try again shortly",
+                    LARGE_WRITE / 1024
+                )));
+            }
+            *n += 1;
+            (Some(Place(f)), &LARGE_WRITES)
+        }
+        None => (None, &EXEMPT_LARGE_WRITES),
+    };
+    let _turn = queue.acquire().await.map_err(|e| ApiError::internal(format!("waiting for a large write's turn: {e}")))?;
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || runtime.block_on(write))
         .await
         .map_err(|e| ApiError::internal(format!("a large write failed: {e}")))?
 }
+
+/// Large writes a flow may have queued or running at once ([`off_workers`]).
+const LARGE_WRITES_PER_FLOW: usize = 2;
 
 /// GET, PUT and PATCH of `.../NAME/scale` (see [`crate::scale`]).
 async fn scale(
@@ -863,7 +931,7 @@ async fn list_or_watch(core: &Arc<Core>, q: &Query, t: &Target, name: Option<&st
     }
     let limit = q.get("limit").and_then(|s| s.parse::<usize>().ok()).filter(|l| *l > 0);
     let (entries, rv, cont, remaining) = core.list(rt, t.namespace.as_deref(), &labels, &fields, limit, q.get("continue"))?;
-    Ok(list_response(core, rt, entries, rv, cont, remaining, &shape))
+    list_response(core, rt, entries, rv, cont, remaining, &shape)
 }
 
 /// A list page, streamed a chunk at a time ([`crate::list_body`]): as a Table (rows made one
@@ -877,7 +945,18 @@ fn list_response(
     cont: Option<String>,
     remaining: Option<u64>,
     shape: &Shape,
-) -> Response<Body> {
+) -> ApiResult<Response<Body>> {
+    // Shaping decodes each stored object (one at a time): the largest one's decode is charged
+    // to the request's flow before the answer starts (429 when the budget cannot cover it), and
+    // held until the body is sent.
+    let converting = entries.iter().any(|e| e.api_version != rt.api_version());
+    if (shape.table.is_some() || shape.partial || converting)
+        && let Some(meter) = &shape.meter
+    {
+        let largest = entries.iter().map(|e| e.bytes.len()).max().unwrap_or_default();
+        meter.reserve(largest.saturating_mul(provisioning_yaml::bounded::LIMIT_PER_BYTE)).map_err(crate::handlers::decode_refusal)?;
+    }
+    let held = shape.meter.clone();
     let (head, render, blocking): (Vec<u8>, list_body::Render, bool) = if let Some(inc) = &shape.table {
         let (c, rtype, inc) = (core.clone(), rt.clone(), inc.clone());
         let head = table::table_head(rt, Some(rv.to_string()), cont);
@@ -897,12 +976,15 @@ fn list_response(
     } else {
         let (c, rtype) = (core.clone(), rt.clone());
         // Items are the stored bytes (a version conversion parses one object at a time).
-        let blocking = entries.iter().any(|e| e.api_version != rt.api_version());
-        (Core::list_head(rt, rv, cont.as_deref(), remaining), Arc::new(move |e: &Entry| c.render(&rtype, e).to_vec()), blocking)
+        (Core::list_head(rt, rv, cont.as_deref(), remaining), Arc::new(move |e: &Entry| c.render(&rtype, e).to_vec()), converting)
     };
+    let render: list_body::Render = Arc::new(move |e: &Entry| {
+        let _charged = &held;
+        render(e)
+    });
     let mut r = Response::new(list_body::streamed(head, b"]}", entries, render, blocking));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r
+    Ok(r)
 }
 
 /// A watch: events streamed as they come, from the requested revision.
@@ -923,6 +1005,7 @@ fn watch_response(core: &Arc<Core>, q: &Query, t: &Target, labels: LabelSelector
         send_initial_events: q.flag("sendInitialEvents"),
         partial: shape.partial && shape.table.is_none(),
         table: shape.table,
+        flow: shape.flow,
     };
     let rx = watch::start(core.clone(), t.rt.clone(), params);
     let stream = futures::stream::unfold(rx, |mut rx| async move { rx.next().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx)) });

@@ -14,6 +14,7 @@ use crate::registry::ResourceType;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::storage::{Entry, EventType};
 use crate::{list_body, table};
+use provisioning_yaml::bounded::{DecodeBudget, LIMIT_PER_BYTE, Meter};
 
 /// Objects larger than this are shaped (Table row, partial metadata) on a blocking thread.
 const BLOCKING_ABOVE: usize = 64 * 1024;
@@ -41,14 +42,37 @@ pub struct WatchParams {
     pub table: Option<String>,
     /// `PartialObjectMetadata` output (metadata-only watches: kube-rs `Api<PartialObjectMeta<K>>`).
     pub partial: bool,
+    /// The flow of the watching identity (None: exempt): its events' queued bytes and the
+    /// decoding of large objects it needs shaped are charged to that flow's shares.
+    pub flow: Option<String>,
 }
 
 /// Bytes queued for one watcher and not yet taken by its connection, with a wake-up for the
 /// producer when the reader catches up.
-#[derive(Default)]
 struct Backlog {
     bytes: AtomicUsize,
     drained: Notify,
+    /// The shared budget the queued bytes are charged to, and the flow (None: not charged).
+    charged: Option<(Arc<DecodeBudget>, String)>,
+}
+
+impl Backlog {
+    fn taken(&self, len: usize) {
+        self.bytes.fetch_sub(len, Ordering::SeqCst);
+        if let Some((budget, flow)) = &self.charged {
+            budget.release(len, Some(flow));
+        }
+        self.drained.notify_one();
+    }
+}
+
+impl Drop for Backlog {
+    fn drop(&mut self) {
+        // Lines queued but never taken (the client went away): given back.
+        if let Some((budget, flow)) = &self.charged {
+            budget.release(*self.bytes.get_mut(), Some(flow));
+        }
+    }
 }
 
 /// The receiving end of a watch: JSON lines until the watch ends.
@@ -61,8 +85,7 @@ impl WatchStream {
     /// The next line, None when the watch ended.
     pub async fn next(&mut self) -> Option<Bytes> {
         let b = self.rx.recv().await?;
-        self.backlog.bytes.fetch_sub(b.len(), Ordering::SeqCst);
-        self.backlog.drained.notify_one();
+        self.backlog.taken(b.len());
         Some(b)
     }
 }
@@ -75,6 +98,7 @@ struct Emitter {
     table: Option<String>,
     partial: bool,
     sent_headers: bool,
+    flow: Option<String>,
 }
 
 impl Emitter {
@@ -88,20 +112,28 @@ impl Emitter {
         let len = line.len();
         loop {
             let queued = self.backlog.bytes.load(Ordering::SeqCst);
-            if queued == 0 || queued + len <= limits.watch_buffer_bytes {
+            // Within this watcher's buffer, and the flow's share of all watchers' buffers.
+            let fits = queued == 0 || queued + len <= limits.watch_buffer_bytes;
+            if fits && self.backlog.charged.as_ref().is_none_or(|(budget, flow)| budget.reserve(len, Some(flow))) {
                 break;
             }
+            // Another watcher's reader may free the shared budget: look again shortly.
             let drained = self.backlog.drained.notified();
-            if tokio::time::timeout_at(deadline, drained).await.is_err() {
-                tracing::info!(resource = %self.rt.plural, queued, "dropping a watch whose client stopped reading");
+            let retry = (tokio::time::Instant::now() + Duration::from_millis(100)).min(deadline);
+            if tokio::time::timeout_at(retry, drained).await.is_err() && tokio::time::Instant::now() >= deadline {
+                tracing::info!(resource = %self.rt.plural, queued, "dropping a watch whose client stopped reading (or whose flow's watch buffers are full)");
                 return false;
             }
         }
         self.backlog.bytes.fetch_add(len, Ordering::SeqCst);
         match tokio::time::timeout_at(deadline, self.tx.send(Bytes::from(line))).await {
             Ok(Ok(())) => true,
-            Ok(Err(_)) => false,
+            Ok(Err(_)) => {
+                self.backlog.taken(len);
+                false
+            }
             Err(_) => {
+                self.backlog.taken(len);
                 tracing::info!(resource = %self.rt.plural, "dropping a watch whose client stopped reading");
                 false
             }
@@ -127,8 +159,10 @@ impl Emitter {
                 None => serde_json::to_vec(&list_body::partial_object(&bytes)).unwrap_or_default(),
             };
             // A large object is decoded on a blocking thread, not on the async worker that
-            // serves every other request.
+            // serves every other request, and its decoding is charged to the watcher's flow
+            // (the watch waits for room, and is dropped like a slow reader without it).
             let out = if e.bytes.len() > BLOCKING_ABOVE {
+                let Some(_charged) = self.decode_room(e.bytes.len()).await else { return false };
                 match tokio::task::spawn_blocking(shaped).await {
                     Ok(out) => out,
                     Err(_) => return false,
@@ -140,6 +174,25 @@ impl Emitter {
         }
         line.extend_from_slice(b"}\n");
         self.send_raw(line).await
+    }
+
+    /// A meter holding room to decode an object of `len` stored bytes, from the flow's share
+    /// of the decode budget (an unshared one for an exempt watcher); None when no room came
+    /// within the slow-reader timeout.
+    async fn decode_room(&self, len: usize) -> Option<Arc<Meter>> {
+        let Some(flow) = &self.flow else { return Some(Arc::default()) };
+        let deadline = tokio::time::Instant::now() + self.core.limits.slow_reader_timeout;
+        loop {
+            let meter = self.core.meter(Some(flow.clone()))?;
+            if meter.reserve(len.saturating_mul(LIMIT_PER_BYTE)).is_ok() {
+                return Some(meter);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::info!(resource = %self.rt.plural, %flow, "dropping a watch: no decode budget to shape a large object for it");
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     async fn bookmark(&self, rv: u64, initial_end: bool) -> bool {
@@ -178,7 +231,8 @@ fn matches(p: &WatchParams, e: &Entry) -> bool {
 /// Starts a watch; lines of JSON arrive on the returned receiver until it ends.
 pub fn start(core: Arc<Core>, rt: Arc<ResourceType>, p: WatchParams) -> WatchStream {
     let (tx, rx) = mpsc::channel(256);
-    let backlog = Arc::new(Backlog::default());
+    let charged = p.flow.clone().map(|f| (core.watch_buffers.clone(), f));
+    let backlog = Arc::new(Backlog { bytes: AtomicUsize::new(0), drained: Notify::new(), charged });
     let em_backlog = backlog.clone();
     tokio::spawn(async move {
         let mut em = Emitter {
@@ -189,6 +243,7 @@ pub fn start(core: Arc<Core>, rt: Arc<ResourceType>, p: WatchParams) -> WatchStr
             table: p.table.clone(),
             partial: p.partial,
             sent_headers: false,
+            flow: p.flow.clone(),
         };
         run(&mut em, p).await;
     });

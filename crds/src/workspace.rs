@@ -31,11 +31,13 @@ use crate::common::*;
     {"rule": "!has(self.providers) || self.providers.all(p, self.providers.exists_one(q, q.name == p.name))",
      "message": "provider account names must be unique"},
     {"rule": "!has(self.providers) || !has(self.defaults) || !has(self.defaults.provider) || self.defaults.provider == 'local' || self.providers.exists(p, p.name == self.defaults.provider)",
-     "message": "defaults.provider must name one of spec.providers"}
+     "message": "defaults.provider must name one of spec.providers"},
+    {"rule": "has(self.namespace) == has(oldSelf.namespace) && (!has(self.namespace) || self.namespace == oldSelf.namespace)",
+     "message": "spec.namespace is immutable: moving a Workspace to another namespace would hand the old one's objects to another Workspace's (or the default) approval and accounts; create a new Workspace instead"}
 ]))]
 pub struct WorkspaceSpec {
     /// Namespace whose Servers, TaskServs and Clusters belong to this workspace. Defaults to
-    /// the workspace's name; created if absent.
+    /// the workspace's name; created if absent. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional_dns1123_label")]
     pub namespace: Option<String>,

@@ -94,7 +94,7 @@ impl DecodeBudget {
     /// any admissible size gets through), but a flow already holding some never takes the
     /// budget past half for itself: one identity sending many large bodies at once cannot
     /// spend the budget every other identity needs.
-    fn reserve(&self, n: usize, flow: Option<&str>) -> bool {
+    pub fn reserve(&self, n: usize, flow: Option<&str>) -> bool {
         let mut flows = self.flows.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(f) = flow {
             let held = flows.get(f).copied().unwrap_or_default();
@@ -111,7 +111,8 @@ impl DecodeBudget {
         true
     }
 
-    fn release(&self, n: usize, flow: Option<&str>) {
+    /// Gives back `n` bytes [`DecodeBudget::reserve`]d for `flow`.
+    pub fn release(&self, n: usize, flow: Option<&str>) {
         if let Some(f) = flow {
             let mut flows = self.flows.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(held) = flows.get_mut(f) {

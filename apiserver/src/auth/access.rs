@@ -24,6 +24,12 @@ const ROLEBINDINGS: &str = "rbac.authorization.k8s.io/rolebindings";
 
 type Fingerprint = [(usize, u64); 4];
 
+/// The RBAC objects' counts and newest revisions: changes whenever one is written.
+fn fingerprint(st: &crate::storage::State) -> Fingerprint {
+    let fp_of = |k: &str| st.objects.get(k).map(|m| (m.len(), m.values().map(|e| e.rv).max().unwrap_or(0))).unwrap_or((0, 0));
+    [fp_of(CLUSTERROLES), fp_of(ROLES), fp_of(CLUSTERROLEBINDINGS), fp_of(ROLEBINDINGS)]
+}
+
 /// Authentication and authorization state of one server.
 pub struct Auth {
     admin_token: String,
@@ -31,6 +37,8 @@ pub struct Auth {
     audiences: Vec<String>,
     max_token_expiration_seconds: i64,
     cache: Mutex<Option<(Fingerprint, Arc<Policy>)>>,
+    /// Held by the one request rebuilding the policy.
+    rebuilding: Mutex<()>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -71,6 +79,7 @@ impl Auth {
             audiences,
             max_token_expiration_seconds: tokens::DEFAULT_MAX_EXPIRATION_SECONDS,
             cache: Mutex::new(None),
+            rebuilding: Mutex::new(()),
         }
     }
 
@@ -218,35 +227,50 @@ impl Auth {
 
     /// The current RBAC policy, rebuilt only when an RBAC object changed.
     pub fn policy(&self, store: &Store) -> Arc<Policy> {
-        let st = store.read();
-        let fp_of = |k: &str| st.objects.get(k).map(|m| (m.len(), m.values().map(|e| e.rv).max().unwrap_or(0))).unwrap_or((0, 0));
-        let fp: Fingerprint = [fp_of(CLUSTERROLES), fp_of(ROLES), fp_of(CLUSTERROLEBINDINGS), fp_of(ROLEBINDINGS)];
-        let mut cache = match self.cache.lock() {
+        let lock = |m: &Mutex<Option<(Fingerprint, Arc<Policy>)>>| match m.lock() {
             Ok(c) => c,
             Err(p) => p.into_inner(),
         };
-        if let Some((cached, p)) = cache.as_ref()
-            && *cached == fp
-        {
-            return p.clone();
-        }
-        // The entries are shared; they are decoded after the store's lock is given back, so
-        // that rebuilding a large policy never holds up writers (one rebuild at a time: the
-        // cache's lock is held, and requests meanwhile wait for its result).
-        let entries = |k: &str| st.objects.get(k).map(|m| m.values().cloned().collect::<Vec<_>>()).unwrap_or_default();
-        let raw = [entries(CLUSTERROLES), entries(ROLES), entries(CLUSTERROLEBINDINGS), entries(ROLEBINDINGS)];
-        drop(st);
+        let fp = fingerprint(&store.read());
+        let previous = match lock(&self.cache).as_ref() {
+            Some((cached, p)) if *cached == fp => return p.clone(),
+            other => other.map(|(_, p)| p.clone()),
+        };
+        // One rebuild at a time. A request arriving meanwhile answers from the policy before
+        // the change (as kube-apiserver's informer-fed RBAC cache lags a write by moments)
+        // rather than blocking its async worker on the rebuild; the next request after the
+        // rebuild sees the new one.
+        let _rebuilding = match (self.rebuilding.try_lock(), previous) {
+            (Ok(g), _) => g,
+            (Err(std::sync::TryLockError::Poisoned(p)), _) => p.into_inner(),
+            (Err(std::sync::TryLockError::WouldBlock), Some(previous)) => return previous,
+            (Err(std::sync::TryLockError::WouldBlock), None) => match self.rebuilding.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            },
+        };
+        // Entries are shared and decoded after the store's lock is given back, so that
+        // rebuilding a large policy never holds up writers.
+        let (fp, raw) = {
+            let st = store.read();
+            let fp = fingerprint(&st);
+            if let Some((cached, p)) = lock(&self.cache).as_ref()
+                && *cached == fp
+            {
+                return p.clone();
+            }
+            let entries = |k: &str| st.objects.get(k).map(|m| m.values().cloned().collect::<Vec<_>>()).unwrap_or_default();
+            (fp, [entries(CLUSTERROLES), entries(ROLES), entries(CLUSTERROLEBINDINGS), entries(ROLEBINDINGS)])
+        };
         let rebuild = move || {
             let [crs, rs, crbs, rbs] = raw.map(|es| es.iter().map(|e| e.value()).collect::<Vec<Value>>());
             Arc::new(Policy::from_values(&crs, &rs, &crbs, &rbs))
         };
         // Decoding every role is CPU work: on a multi-threaded runtime the async worker hands
-        // its other tasks to the rest first (block_in_place), so a tenant rewriting large Roles
-        // does not stall the requests queued behind this one.
-        let multi_thread =
-            tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        // its other tasks to the rest first (block_in_place).
+        let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         let p = if multi_thread { tokio::task::block_in_place(rebuild) } else { rebuild() };
-        *cache = Some((fp, p.clone()));
+        *lock(&self.cache) = Some((fp, p.clone()));
         p
     }
 

@@ -21,8 +21,10 @@ impl Core {
     /// ClusterIPs and node ports of the stored Services (other than `except`, the one written).
     fn services_taken(&self, except: (String, String)) -> super::defaults::Taken {
         let mut t = super::defaults::Taken { ips: Default::default(), node_ports: Default::default() };
-        let st = self.store.read();
-        for e in st.candidates("/services", None, &Default::default(), None) {
+        // The entries are shared and decoded after the store's lock is given back: a long read
+        // would hold up the writer, and every reader queued behind it.
+        let services: Vec<_> = self.store.read().candidates("/services", None, &Default::default(), None).cloned().collect();
+        for e in services {
             if (e.key.namespace.as_str(), e.key.name.as_str()) == (except.0.as_str(), except.1.as_str()) {
                 continue;
             }

@@ -103,6 +103,11 @@ pub struct Limits {
     /// a request's first 256 KiB are its own, beyond that a body that finds the budget spent is
     /// refused with 429 ([`provisioning_yaml::bounded`]).
     pub decode_memory: usize,
+    /// Bytes all watchers together may hold queued for their clients (each at most
+    /// `watch_buffer_bytes`), shared fairly by flow; exempt identities' watches are not counted.
+    /// A watcher that cannot queue an event within `slow_reader_timeout` is dropped (its client
+    /// re-lists).
+    pub watch_memory: usize,
 }
 
 impl Default for Limits {
@@ -126,6 +131,7 @@ impl Default for Limits {
             max_token_expiration: Duration::from_secs(48 * 3600),
             body_read_timeout: Duration::from_secs(60),
             decode_memory: 512 * 1024 * 1024,
+            watch_memory: 1024 * 1024 * 1024,
         }
     }
 }
@@ -155,6 +161,8 @@ pub struct Core {
     pub stats: Arc<crate::stats::Stats>,
     /// Memory all requests together may spend decoding their bodies ([`Limits::decode_memory`]).
     pub decode: Arc<DecodeBudget>,
+    /// Bytes all watchers may hold queued ([`Limits::watch_memory`]).
+    pub watch_buffers: Arc<DecodeBudget>,
 }
 
 /// RFC 3339 timestamp of now with second precision, as Kubernetes writes them.
@@ -176,6 +184,15 @@ pub(super) fn map_store(rt: &ResourceType, name: &str, e: StoreError) -> ApiErro
     }
 }
 
+/// The answer to a decode the budget or the size limit refused: 413 or 429.
+pub fn decode_refusal(e: DecodeError) -> ApiError {
+    match e {
+        DecodeError::Syntax(e) => ApiError::bad_request(e),
+        e @ DecodeError::TooLarge { .. } => ApiError::too_large_with(e.to_string()),
+        e @ DecodeError::Busy { .. } => ApiError::too_many_requests(e.to_string()),
+    }
+}
+
 /// Parses a request body as JSON or YAML within the request's decode `meter` (its memory is
 /// charged to the process-wide [`DecodeBudget`]); 400 when it is neither, 413 when it decodes
 /// to more than its size allows, 429 when the budget is spent.
@@ -189,8 +206,7 @@ pub fn parse_body(body: &[u8], content_type: &str, meter: &Meter) -> ApiResult<V
     let yaml = content_type.contains("yaml");
     let decode_error = |e: DecodeError, what: &str| match e {
         DecodeError::Syntax(e) => ApiError::bad_request(format!("{what}: {e}")),
-        e @ DecodeError::TooLarge { .. } => ApiError::too_large_with(e.to_string()),
-        e @ DecodeError::Busy { .. } => ApiError::too_many_requests(e.to_string()),
+        e => decode_refusal(e),
     };
     match bounded::json_value(body, meter) {
         Ok(v) => Ok(v),
@@ -223,6 +239,7 @@ impl Core {
     /// A core over an opened store with these limits.
     pub fn with_limits(store: Arc<Store>, limits: Limits) -> Arc<Core> {
         let decode = DecodeBudget::new(limits.decode_memory);
+        let watch_buffers = DecodeBudget::new(limits.watch_memory);
         let core = Arc::new(Core {
             limits,
             store,
@@ -232,6 +249,7 @@ impl Core {
             rebuild: tokio::sync::Mutex::new(()),
             stats: Arc::default(),
             decode,
+            watch_buffers,
         });
         core.rebuild_registry_now();
         core

@@ -435,7 +435,10 @@ pub fn record(
 /// (a SubjectAccessReview per member, [`crate::approval::authorize`]): the controller passes
 /// an approval down no further than its approver could approve each member. Returns the
 /// `ApprovalRefused` Warning naming the members left waiting and what is missing.
-pub async fn screen_pass_down(cluster: &Cluster, decision: &mut Decision, ctx: &Context) -> Result<Option<Note>, Error> {
+/// Under `requireDistinctApprover` a member whose spec the approver wrote itself (or whose
+/// writer is not recorded) is not passed the approval either: the members are the
+/// controller's to write, and an edit of one by hand is a change of its own.
+pub async fn screen_pass_down(cluster: &Cluster, decision: &mut Decision, distinct: bool, ctx: &Context) -> Result<Option<Note>, Error> {
     use crate::approval::authorize::{self, APPROVAL_REFUSED, Target};
     if decision.pass_down.is_empty() {
         return Ok(None);
@@ -460,6 +463,10 @@ pub async fn screen_pass_down(cluster: &Cluster, decision: &mut Decision, ctx: &
             MemberKind::Server => "servers",
             MemberKind::TaskServ => "taskservs",
         };
+        if distinct && member_changed_by(ctx, p.kind, namespace, &p.name).await?.is_none_or(|c| c == user) {
+            refused.push(format!("{} {} (its spec was last written by the approver, or by someone not recorded)", p.kind.as_str(), p.name));
+            continue;
+        }
         match authorize::may_approve(ctx, &user, &groups, Target { plural, namespace, name: &p.name }).await {
             Ok(true) => kept.push(p),
             Ok(false) => refused.push(format!("{} {}", p.kind.as_str(), p.name)),
@@ -474,7 +481,8 @@ pub async fn screen_pass_down(cluster: &Cluster, decision: &mut Decision, ctx: &
     }
     let note = format!(
         "the approval of Cluster {namespace}/{name} is not passed down to {}: user {user:?} may not approve them: grant the approve \
-         verb on servers and taskservs.provisioning.dev in namespace {namespace} (they wait for their own approval meanwhile)",
+         verb on servers and taskservs.provisioning.dev in namespace {namespace}, or under requireDistinctApprover have another \
+         user approve (they wait for their own approval meanwhile)",
         refused.join(", ")
     );
     Ok(Some(Note::warning(APPROVAL_REFUSED, "Approve", note)))
@@ -815,4 +823,16 @@ mod tests {
         assert_eq!(status.phase.as_deref(), Some("AwaitingApproval"));
         assert_eq!(events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), vec!["StepStarted"]);
     }
+}
+
+/// Who last wrote a member's spec, as the API server recorded it (None: not recorded, or the
+/// member is gone).
+async fn member_changed_by(ctx: &Context, kind: MemberKind, namespace: &str, name: &str) -> Result<Option<String>, Error> {
+    let meta = match kind {
+        MemberKind::Server => Api::<provisioning_crds::Server>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?,
+        MemberKind::TaskServ => {
+            Api::<provisioning_crds::TaskServ>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?
+        }
+    };
+    Ok(meta.and_then(|m| crate::approval::authorize::recorded(m.annotations(), m.metadata.managed_fields.as_deref().unwrap_or_default()).changed_by))
 }

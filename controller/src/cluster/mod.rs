@@ -137,7 +137,11 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     // An approval that does not count (crate::approval::authorize) is not seen by the gate.
     let ws = ctx.workspace_for(namespace).spec;
     let approval = approval::approval_of(cluster.spec.approval, ws.approval);
-    let (cluster, refused) = crate::approval::authorize::screen(cluster, "clusters", approval, ws.require_distinct_approver, &[], ctx)
+    // Under four eyes, the writers of the services' configFrom sources may not approve either.
+    let sources: Vec<(&str, &str)> =
+        cluster.spec.taskservs.iter().flat_map(|t| t.config_from.iter()).map(|c| (c.kind.as_str(), c.name.as_str())).collect();
+    let (cluster, refused) =
+        crate::approval::authorize::screen(cluster.clone(), "clusters", approval, ws.require_distinct_approver, &sources, ctx)
         .await
         .at(Step::Dereference)?;
     let name = cluster.name_any();
@@ -181,7 +185,7 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     };
     let mut refused: Vec<Note> = refused.into_iter().collect();
     if let Some((_, decision)) = &mut gated {
-        refused.extend(approval::screen_pass_down(&cluster, decision, ctx).await.at(Step::Dereference)?);
+        refused.extend(approval::screen_pass_down(&cluster, decision, ws.require_distinct_approver, ctx).await.at(Step::Dereference)?);
     }
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
