@@ -77,7 +77,7 @@ pub async fn run(
     let client = ctx.client.clone();
     let ctx_client = client.clone();
     let (trigger, triggered) = Trigger::new();
-    let (reader, stream) = tracked_reflector::<TaskServ>(&ctx.stores.synced, cache::TASKSERVS, &client, watcher::Config::default());
+    let (reader, stream) = tracked_reflector::<TaskServ>(&ctx.stores.synced, cache::TASKSERVS, &client, ctx.scope().config());
     let controller = Controller::for_stream(stream, reader);
     let store = controller.store();
     let tctx =
@@ -89,7 +89,7 @@ pub async fn run(
     let watch_secrets = may_watch_all_secrets(&ctx_client).await;
     let controller = controller
         // A Server coming, going or changing readiness re-plans the TaskServs that select it.
-        .watches_stream(decode::touched::<Server>(&client, watcher::Config::default()), move |server: Server| {
+        .watches_stream(decode::touched::<Server>(&client, tctx.ctx.scope().config()), move |server: Server| {
             let namespace = server.namespace().unwrap_or_default();
             let name = server.name_any();
             let labels = server.labels().clone();
