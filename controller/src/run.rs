@@ -20,7 +20,8 @@ use crate::context::{Context, Stores};
 use crate::leader::{LeaderElector, LeaseSettings};
 use crate::metrics::{Health, Metrics};
 use crate::reconcile::Trigger;
-use crate::shard::{Membership, Scope, Shard};
+use crate::shard::assign::Membership;
+use crate::shard::{Scope, Shard};
 use crate::sync::{CacheSync, cache, metadata_store_in};
 use crate::{cluster, server, taskserv, workspace};
 
@@ -138,7 +139,7 @@ pub async fn run_with_metrics(
 }
 
 /// Runs the controllers beside this replica's shard membership and assignment
-/// ([`crate::shard::run`]) until shutdown (its member Lease is then deleted, so the others
+/// ([`crate::shard::assign::run`]) until shutdown (its member Lease is then deleted, so the others
 /// take its Workspaces over at once) or until the Lease cannot be renewed (an error: the
 /// process stops acting before the others treat it as dead).
 async fn run_sharded(ctx: Arc<Context>, shard: Arc<Shard>, controllers: impl Future<Output = ((), (), (), ())>) -> anyhow::Result<()> {
@@ -151,10 +152,10 @@ async fn run_sharded(ctx: Arc<Context>, shard: Arc<Shard>, controllers: impl Fut
     let identity = shard.identity.clone();
     tokio::select! {
         _ = controllers => {
-            crate::shard::leave(ctx.client.clone(), &membership, &identity).await;
+            crate::shard::assign::leave(ctx.client.clone(), &membership, &identity).await;
             Ok(())
         }
-        lost = crate::shard::run(ctx.clone(), shard, membership.clone()) => Err(lost.into()),
+        lost = crate::shard::assign::run(ctx.clone(), shard, membership.clone()) => Err(lost.into()),
     }
 }
 

@@ -73,29 +73,3 @@ fn a_dead_holders_objects_go_to_the_ring_owner_without_acknowledgement() {
     assert_eq!(claim.relabels.len(), 2);
     assert!(claim.relabels.iter().all(|r| r.to == owner));
 }
-
-#[test]
-fn the_gate_admits_only_own_objects_outside_draining_namespaces() {
-    let shard = Shard::new("r1");
-    let mine: BTreeMap<String, String> = [(LABEL.to_string(), "r1".to_string())].into();
-    let theirs: BTreeMap<String, String> = [(LABEL.to_string(), "r2".to_string())].into();
-    assert!(shard.enter(&theirs, "ns").is_none());
-    assert!(shard.enter(&BTreeMap::new(), "ns").is_none());
-    let guard = shard.enter(&mine, "ns");
-    assert!(guard.is_some());
-    assert!(!shard.drain("ns"), "one reconcile in flight");
-    assert!(shard.enter(&mine, "ns").is_none(), "no new reconcile while draining");
-    drop(guard);
-    assert!(shard.drain("ns"), "drained once it ended");
-    shard.undrain("ns");
-    assert!(shard.enter(&mine, "ns").is_some());
-}
-
-#[test]
-fn label_values_are_valid() {
-    assert_eq!(label_value("Host_1-42-00ab"), "host-1-42-00ab");
-    let long = label_value(&"x".repeat(200));
-    assert!(long.len() <= 63, "{long}");
-    assert_ne!(label_value(&"x".repeat(200)), label_value(&"x".repeat(201)));
-    assert_eq!(label_value("--"), "replica");
-}
