@@ -47,7 +47,7 @@ fn spawn_replica(dev: &Dev, dir: &Path, name: &str) -> Result<Replica> {
     std::fs::write(
         &config,
         format!(
-            "state_dir = {:?}\nsharding = true\nlease_namespace = \"default\"\nmetrics_addr = \"127.0.0.1:{metrics}\"\n",
+            "state_dir = {:?}\nsharding = true\naudit_stdout = true\nlease_namespace = \"default\"\nmetrics_addr = \"127.0.0.1:{metrics}\"\n",
             dev.data_dir.join("providers").display().to_string()
         ),
     )?;
@@ -187,6 +187,48 @@ fn creates_per_server(data_dir: &Path) -> Result<BTreeMap<String, usize>> {
     Ok(out)
 }
 
+/// Per object, the replicas that made provider calls for it, in time order with repeats
+/// collapsed (`A, B`: A acted, then B); from each replica's audit lines on its stdout.
+fn actors_per_object(dir: &Path, replicas: &[&str]) -> Result<BTreeMap<String, Vec<String>>> {
+    let mut calls: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for replica in replicas {
+        for line in std::fs::read_to_string(dir.join(format!("{replica}.log")))?.lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else { continue };
+            let (Some(time), Some(kind), Some(name)) = (v["time"].as_str(), v["object"]["kind"].as_str(), v["object"]["name"].as_str())
+            else {
+                continue;
+            };
+            let object = format!("{kind}/{}/{name}", v["object"]["namespace"].as_str().unwrap_or_default());
+            calls.entry(object).or_default().push((time.to_string(), (*replica).to_string()));
+        }
+    }
+    Ok(calls
+        .into_iter()
+        .map(|(object, mut calls)| {
+            calls.sort();
+            let mut actors: Vec<String> = calls.into_iter().map(|(_, r)| r).collect();
+            actors.dedup();
+            (object, actors)
+        })
+        .collect())
+}
+
+/// No object was acted on by two replicas at once: per object, each replica's provider calls
+/// form one run (`A, B` after a hand-over; never `A, B, A`).
+fn check_no_interleaving(dir: &Path, replicas: &[&str]) -> Result<usize> {
+    let actors = actors_per_object(dir, replicas)?;
+    ensure!(!actors.is_empty(), "no audit lines found in the replicas' output");
+    let interleaved: Vec<_> = actors
+        .iter()
+        .filter(|(_, a)| {
+            let distinct: BTreeSet<&String> = a.iter().collect();
+            distinct.len() != a.len()
+        })
+        .collect();
+    ensure!(interleaved.is_empty(), "objects acted on by two replicas in turn: {interleaved:?}");
+    Ok(actors.values().filter(|a| a.len() > 1).count())
+}
+
 fn scrape(port: u16) -> Result<String> {
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -262,6 +304,8 @@ fn replicas_split_workspaces_survive_a_kill_and_rebalance_on_join_without_double
         Ok(servers_ready(&objs) > 0)
     })?;
     let ready_at_kill = servers_ready(&objs);
+    // So far each object was acted on by one replica only.
+    check_no_interleaving(&dir, &["replica1", "replica2"])?;
     ensure!(ready_at_kill < total, "the rollout was over before the kill ({ready_at_kill}/{total}): slow the account down");
     let lost = held(&objs, &id2);
     drop(r2.take());
@@ -278,6 +322,8 @@ fn replicas_split_workspaces_survive_a_kill_and_rebalance_on_join_without_double
         Ok(servers_ready(&objs) == total)
     })?;
     check_exactly_one_machine_each(&dev, &objs)?;
+    let handed = check_no_interleaving(&dir, &["replica1", "replica2"])?;
+    eprintln!("{handed} objects were acted on by replica2, then replica1");
 
     // A third replica joins: it takes some Workspaces over; every Workspace ends with one
     // live label, and nothing is created twice.
@@ -301,6 +347,8 @@ fn replicas_split_workspaces_survive_a_kill_and_rebalance_on_join_without_double
     let alive = provisioning_e2e::simulated_machines(&dev.data_dir)?;
     let ours = alive.iter().filter(|m| m.tags.get("provisioning.dev/namespace").is_some_and(|n| n.starts_with(PREFIX))).count();
     ensure!(ours == total + WORKSPACES, "{ours} machines alive for {} Servers", total + WORKSPACES);
+    let handed = check_no_interleaving(&dir, &["replica1", "replica2", "replica3"])?;
+    eprintln!("{handed} objects were acted on by two replicas in turn (after a kill or a hand-over), none by two at once");
 
     // Visible: the label as a kubectl column, and each replica's count on its /metrics.
     let column = dev.kubectl_ok(&["get", "servers", "-n", &format!("{PREFIX}-00"), "-L", LABEL])?;
