@@ -174,10 +174,13 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
         None => None,
         Some(shard) => {
             match shard.enter(obj.meta().labels.as_ref().unwrap_or(&std::collections::BTreeMap::new()), &obj.shard_namespace()) {
-                Some(guard) => Some(guard),
-                // Handed over (or about to be): its relabel makes it leave this replica's watch;
-                // if the namespace comes back instead, this looks again.
-                None => return Ok(Action::requeue(SHARD_REQUEUE)),
+                Ok(guard) => Some(guard),
+                // Another replica's (a Workspace: that cache is not per shard); a relabel to
+                // this replica is a watch event that brings it back.
+                Err(crate::shard::Refused::NotMine) => return Ok(Action::await_change()),
+                // Handed over (or about to be): its relabel makes it leave this replica's
+                // watch; if the namespace comes back instead, this looks again.
+                Err(crate::shard::Refused::Draining) => return Ok(Action::requeue(SHARD_REQUEUE)),
             }
         }
     };

@@ -17,6 +17,7 @@ use provisioning_crds::{Cluster, Server, TaskServ, Workspace};
 use super::{LABEL, LEASE_PREFIX, MEMBER_LABEL, Shard, ring};
 use crate::context::Context;
 use crate::effective_workspace::claimed_namespace;
+use crate::sync::CacheSync;
 
 /// Lease timing of the shard members.
 #[derive(Clone, Debug)]
@@ -42,17 +43,22 @@ struct Everything {
     servers: reflector::Store<PartialObjectMeta<Server>>,
     taskservs: reflector::Store<PartialObjectMeta<TaskServ>>,
     clusters: reflector::Store<PartialObjectMeta<Cluster>>,
+    /// Nothing is decided before all three hold their initial list (a missing namespace
+    /// would change this replica's view of the ring's keys).
+    synced: CacheSync,
 }
 
-fn everything_of<K>(client: &Client) -> reflector::Store<PartialObjectMeta<K>>
+const EVERY_SERVER: &str = "shard: every Server";
+const EVERY_TASKSERV: &str = "shard: every TaskServ";
+const EVERY_CLUSTER: &str = "shard: every Cluster";
+
+fn everything_of<K>(client: &Client, synced: &CacheSync, name: &'static str) -> reflector::Store<PartialObjectMeta<K>>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream =
-        reflector::reflector(writer, crate::decode::watch::<PartialObjectMeta<K>>(client, watcher::Config::default().any_semantic()))
-            .default_backoff()
-            .for_each(|_| futures::future::ready(()));
+    let watch = crate::decode::watch::<PartialObjectMeta<K>>(client, watcher::Config::default().any_semantic());
+    let stream = synced.track(name, reflector::reflector(writer, watch)).default_backoff().for_each(|_| futures::future::ready(()));
     tokio::spawn(stream);
     reader
 }
@@ -149,10 +155,12 @@ fn plan(me: &str, live: &BTreeSet<String>, items: &[Item], idle: &dyn Fn(&str) -
 /// Runs this replica's membership and assignment until its Lease cannot be renewed (an
 /// error) or `shutdown` (its Lease is deleted, so the others take over at once).
 pub async fn run(ctx: Arc<Context>, shard: Arc<Shard>, membership: Membership) -> ShardError {
+    let synced = CacheSync::new(&[EVERY_SERVER, EVERY_TASKSERV, EVERY_CLUSTER]);
     let everything = Everything {
-        servers: everything_of::<Server>(&ctx.client),
-        taskservs: everything_of::<TaskServ>(&ctx.client),
-        clusters: everything_of::<Cluster>(&ctx.client),
+        servers: everything_of::<Server>(&ctx.client, &synced, EVERY_SERVER),
+        taskservs: everything_of::<TaskServ>(&ctx.client, &synced, EVERY_TASKSERV),
+        clusters: everything_of::<Cluster>(&ctx.client, &synced, EVERY_CLUSTER),
+        synced,
     };
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &membership.namespace);
     let lease_name = format!("{LEASE_PREFIX}{}", shard.identity);
@@ -189,7 +197,7 @@ pub async fn run(ctx: Arc<Context>, shard: Arc<Shard>, membership: Membership) -
         }
         // Nothing is assigned before every cache holds its initial list: an unsynced cache
         // would make objects look unlabelled.
-        if !ctx.stores.synced.is_synced() {
+        if !ctx.stores.synced.is_synced() || !everything.synced.is_synced() {
             continue;
         }
         round(&ctx, &shard, &everything, &live).await;
@@ -303,11 +311,22 @@ async fn renew(leases: &Api<Lease>, name: &str, identity: &str, duration: Durati
     }
 }
 
-/// The identities holding a live member Lease.
+/// The identities holding a live member Lease. Leases dead for an hour (a replica killed
+/// without its graceful stop) are deleted on the way.
 async fn live_members(leases: &Api<Lease>) -> Result<BTreeSet<String>, kube::Error> {
     let now = Timestamp::now();
     let list = leases.list(&ListParams::default().labels(&format!("{MEMBER_LABEL}=true"))).await?;
-    Ok(list.items.into_iter().filter_map(|l| l.spec).filter(|s| !expired(s, now)).filter_map(|s| s.holder_identity).collect())
+    let mut live = BTreeSet::new();
+    for lease in list.items {
+        let name = lease.name_any();
+        let Some(spec) = lease.spec else { continue };
+        if !expired(&spec, now) {
+            live.extend(spec.holder_identity);
+        } else if expired(&spec, now - SignedDuration::from_hours(1)) {
+            let _ = leases.delete(&name, &Default::default()).await;
+        }
+    }
+    Ok(live)
 }
 
 /// Whether a Lease's term has run out at `now`.

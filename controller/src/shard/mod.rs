@@ -105,6 +105,17 @@ struct Gate {
     in_flight: HashMap<String, usize>,
 }
 
+/// Why a reconcile may not start on this replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The object carries another replica's label, or none yet (its label change is a watch
+    /// event that brings it back).
+    NotMine,
+    /// Its namespace is being handed over (it will leave this replica's watch, or the
+    /// namespace comes back and it is looked at again).
+    Draining,
+}
+
 /// A reconcile in flight in one namespace; ends when dropped.
 #[derive(Debug)]
 pub struct InFlight {
@@ -135,18 +146,18 @@ impl Shard {
     }
 
     /// Lets a reconcile of an object with `labels` in `namespace` (a Workspace: the one it
-    /// claims) start, or not: the object must carry this replica's label and the namespace
-    /// must not be handed over. The returned guard counts it in flight until dropped.
-    pub fn enter(self: &Arc<Self>, labels: &BTreeMap<String, String>, namespace: &str) -> Option<InFlight> {
+    /// claims) start, or says why not: the object must carry this replica's label and the
+    /// namespace must not be handed over. The returned guard counts it in flight until dropped.
+    pub fn enter(self: &Arc<Self>, labels: &BTreeMap<String, String>, namespace: &str) -> Result<InFlight, Refused> {
         if labels.get(LABEL) != Some(&self.identity) {
-            return None;
+            return Err(Refused::NotMine);
         }
         let mut gate = self.lock();
         if gate.draining.contains(namespace) {
-            return None;
+            return Err(Refused::Draining);
         }
         *gate.in_flight.entry(namespace.to_string()).or_default() += 1;
-        Some(InFlight { shard: self.clone(), namespace: namespace.to_string() })
+        Ok(InFlight { shard: self.clone(), namespace: namespace.to_string() })
     }
 
     /// Stops starting reconciles in `namespace`; true once none is in flight there.
@@ -176,16 +187,19 @@ mod tests {
         let shard = Shard::new("r1");
         let mine: BTreeMap<String, String> = [(LABEL.to_string(), "r1".to_string())].into();
         let theirs: BTreeMap<String, String> = [(LABEL.to_string(), "r2".to_string())].into();
-        assert!(shard.enter(&theirs, "ns").is_none());
-        assert!(shard.enter(&BTreeMap::new(), "ns").is_none());
+        assert_eq!(shard.enter(&theirs, "ns").err(), Some(Refused::NotMine));
+        assert_eq!(shard.enter(&BTreeMap::new(), "ns").err(), Some(Refused::NotMine));
         let guard = shard.enter(&mine, "ns");
-        assert!(guard.is_some());
+        assert!(guard.is_ok());
         assert!(!shard.drain("ns"), "one reconcile in flight");
-        assert!(shard.enter(&mine, "ns").is_none(), "no new reconcile while draining");
+        assert_eq!(shard.enter(&mine, "ns").err(), Some(Refused::Draining), "no new reconcile while draining");
+        let other = shard.enter(&mine, "other");
+        assert!(other.is_ok(), "other namespaces go on");
         drop(guard);
-        assert!(shard.drain("ns"), "drained once it ended");
+        assert!(shard.drain("ns"), "drained once its own reconcile ended (another namespace's does not count)");
+        drop(other);
         shard.undrain("ns");
-        assert!(shard.enter(&mine, "ns").is_some());
+        assert!(shard.enter(&mine, "ns").is_ok());
     }
 
     #[test]
