@@ -160,6 +160,14 @@ impl Shard {
         Ok(InFlight { shard: self.clone(), namespace: namespace.to_string() })
     }
 
+    /// Counts work a reconcile started in `namespace` and left running after it returned (a
+    /// TaskServ's script run) as in flight until the guard is dropped, so a hand-over waits
+    /// for it too. Only from inside an admitted reconcile (its own guard still held).
+    pub fn hold(self: &Arc<Self>, namespace: &str) -> InFlight {
+        *self.lock().in_flight.entry(namespace.to_string()).or_default() += 1;
+        InFlight { shard: self.clone(), namespace: namespace.to_string() }
+    }
+
     /// Stops starting reconciles in `namespace`; true once none is in flight there.
     fn drain(&self, namespace: &str) -> bool {
         let mut gate = self.lock();
@@ -198,6 +206,14 @@ mod tests {
         drop(guard);
         assert!(shard.drain("ns"), "drained once its own reconcile ended (another namespace's does not count)");
         drop(other);
+        shard.undrain("ns");
+        // Work a reconcile left running (a script run) holds the drain too.
+        let visit = shard.enter(&mine, "ns");
+        let run = shard.hold("ns");
+        drop(visit);
+        assert!(!shard.drain("ns"), "the script run is still in flight");
+        drop(run);
+        assert!(shard.drain("ns"));
         shard.undrain("ns");
         assert!(shard.enter(&mine, "ns").is_ok());
     }

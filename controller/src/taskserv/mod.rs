@@ -380,7 +380,10 @@ fn start_run(
     let trigger = tctx.trigger.clone();
     let server_trigger = tctx.servers.clone();
     let server = server.to_string();
+    // Sharded: the run counts as in flight in its namespace, so a hand-over waits for it.
+    let held = ctx.shard.as_ref().map(|shard| shard.hold(ts.namespace().as_deref().unwrap_or_default()));
     tokio::spawn(async move {
+        let _held = held;
         let object = ObjectRef::from_obj(ts.as_ref());
         // A template error may quote a rendered value: filter it like script output.
         let redact = |message: String| valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);
