@@ -1,12 +1,14 @@
 //! Sharded controllers (issue 31, item 3): three `provisioning controller` processes with
 //! `sharding = true` against one API server, on the simulated provider.
 //!
-//! Two replicas split 12 Workspaces (3 Servers each); every Workspace's objects carry exactly
-//! one live replica's `provisioning.dev/shard` label. One replica is killed with SIGKILL in
-//! the middle of the rollout: its Workspaces are relabelled to the survivor within 15 s and
-//! every Server reaches Ready. A third replica joins: it takes some Workspaces over (drain,
-//! relabel, take over), new Servers created after that reach Ready, and the simulated
-//! provider's journal — the oracle — shows exactly one machine created per Server.
+//! Two replicas split 12 Workspaces (3 Servers each, and an etcd Cluster in one); every
+//! Workspace's objects carry exactly one live replica's `provisioning.dev/shard` label. One
+//! replica is killed with SIGKILL in the middle of the rollout: its Workspaces are relabelled
+//! to the survivor within 15 s and every Server reaches Ready. A third replica joins: it takes
+//! some Workspaces over (drain, relabel, take over); new Servers created after that reach
+//! Ready, so do the Cluster and its TaskServ. The simulated provider's journal shows exactly
+//! one machine created per Server, and the replicas' audit lines show each object's provider
+//! calls coming from one replica, or from one and then the next, never back and forth.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -22,6 +24,9 @@ const LABEL: &str = "provisioning.dev/shard";
 const PREFIX: &str = "shard-t";
 const WORKSPACES: usize = 12;
 const SERVERS_PER: usize = 3;
+/// Members of the etcd Cluster in the first Workspace (its Servers and TaskServ are sharded
+/// with the namespace too).
+const MEMBERS: usize = 3;
 
 struct Replica {
     child: Child,
@@ -105,7 +110,7 @@ struct Obj {
 }
 
 fn objects(dev: &Dev) -> Result<Vec<Obj>> {
-    let list = get_json(dev, &["get", "workspaces,servers", "-A", "-o", "json"])?;
+    let list = get_json(dev, &["get", "workspaces,servers,clusters,taskservs", "-A", "-o", "json"])?;
     let mut out = Vec::new();
     for item in list["items"].as_array().into_iter().flatten() {
         let kind = item["kind"].as_str().unwrap_or_default().to_string();
@@ -255,6 +260,32 @@ fn check_exactly_one_machine_each(dev: &Dev, objs: &[Obj]) -> Result<()> {
     Ok(())
 }
 
+/// 12 Workspaces on a slow simulated account (1.5 s per call, one operation at a time, so the
+/// rollout is still going when a replica is killed), 3 Servers each, and an etcd Cluster in
+/// the first: (Namespaces and Workspaces, the rest).
+fn manifests() -> (Vec<Value>, Vec<Value>) {
+    let mut first = Vec::new();
+    for i in 0..WORKSPACES {
+        let ns = format!("{PREFIX}-{i:02}");
+        first.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+        first.push(json!({
+            "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": ns},
+            "spec": {
+                "providers": [{"name": "sim", "type": "simulated", "simulation": {"latencyMs": 1500}}],
+                "defaults": {"provider": "sim"},
+                "limits": {"maxServers": 10, "parallelLimit": 1}
+            }
+        }));
+    }
+    let mut servers: Vec<Value> =
+        (0..WORKSPACES).flat_map(|i| (0..SERVERS_PER).map(move |j| server(&format!("{PREFIX}-{i:02}"), &format!("web-{j}")))).collect();
+    servers.push(json!({
+        "apiVersion": "provisioning.dev/v1alpha1", "kind": "Cluster", "metadata": {"name": "etcd", "namespace": format!("{PREFIX}-00")},
+        "spec": {"pools": [{"name": "members", "replicas": MEMBERS, "plan": "small"}], "taskservs": [{"service": "etcd", "pools": ["members"]}]}
+    }));
+    (first, servers)
+}
+
 #[test]
 fn replicas_split_workspaces_survive_a_kill_and_rebalance_on_join_without_double_work() -> Result<()> {
     let tmp = tempfile::tempdir()?;
@@ -265,26 +296,11 @@ fn replicas_split_workspaces_survive_a_kill_and_rebalance_on_join_without_double
     let id1 = wait_identity(&mut dev, &r1)?;
     let id2 = wait_identity(&mut dev, r2.as_ref().context("r2")?)?;
 
-    // 12 Workspaces on a slow simulated account (1 s per call, one operation at a time), so
-    // the rollout is still going when a replica is killed.
-    let mut first = Vec::new();
-    for i in 0..WORKSPACES {
-        let ns = format!("{PREFIX}-{i:02}");
-        first.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-        first.push(json!({
-            "apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": ns},
-            "spec": {
-                "providers": [{"name": "sim", "type": "simulated", "simulation": {"latencyMs": 1000}}],
-                "defaults": {"provider": "sim"},
-                "limits": {"maxServers": 10, "parallelLimit": 1}
-            }
-        }));
-    }
-    apply_json(&dev, &dir, "workspaces.json", first)?;
-    let servers: Vec<Value> =
-        (0..WORKSPACES).flat_map(|i| (0..SERVERS_PER).map(move |j| server(&format!("{PREFIX}-{i:02}"), &format!("web-{j}")))).collect();
+    let (workspaces, servers) = manifests();
+    apply_json(&dev, &dir, "workspaces.json", workspaces)?;
     apply_json(&dev, &dir, "servers.json", servers)?;
-    let total = WORKSPACES * SERVERS_PER;
+    let total = WORKSPACES * SERVERS_PER + MEMBERS;
+    let count = |objs: &[Obj], kind: &str| objs.iter().filter(|o| o.kind == kind).count();
 
     // Split between the two: each Workspace's objects carry one live replica's label, and
     // both replicas hold some.
@@ -295,10 +311,7 @@ fn replicas_split_workspaces_survive_a_kill_and_rebalance_on_join_without_double
     dev.wait_until(Duration::from_secs(60), "the Workspaces split between replica1 and replica2", |d| {
         objs = objects(d)?;
         let (one, two) = (held(&objs, &id1), held(&objs, &id2));
-        Ok(objs.len() == WORKSPACES + total
-            && one_live_label_each(&objs, &[&id1, &id2])
-            && (1..=8).contains(&one)
-            && (1..=8).contains(&two))
+        Ok(count(&objs, "Server") == total && one_live_label_each(&objs, &[&id1, &id2]) && (1..=8).contains(&one) && (1..=8).contains(&two))
     })?;
 
     // Mid-rollout: some Servers Ready, not all. Kill -9 replica2.
@@ -350,6 +363,11 @@ fn replicas_split_workspaces_survive_a_kill_and_rebalance_on_join_without_double
     let alive = provisioning_e2e::simulated_machines(&dev.data_dir)?;
     let ours = alive.iter().filter(|m| m.tags.get("provisioning.dev/namespace").is_some_and(|n| n.starts_with(PREFIX))).count();
     ensure!(ours == total + WORKSPACES, "{ours} machines alive for {} Servers", total + WORKSPACES);
+    // The Cluster and its TaskServ went on under whichever replica holds their namespace.
+    dev.wait_until(Duration::from_secs(120), "the etcd Cluster and its TaskServ Ready", |d| {
+        objs = objects(d)?;
+        Ok(objs.iter().filter(|o| o.kind == "Cluster" || o.kind == "TaskServ").filter(|o| o.ready).count() == 2)
+    })?;
     let handed = check_no_interleaving(&dir, &["replica1", "replica2", "replica3"])?;
     eprintln!("{handed} objects were acted on by two replicas in turn (after a kill or a hand-over), none by two at once");
 

@@ -155,6 +155,49 @@ fn plan(me: &str, live: &BTreeSet<String>, items: &[Item], idle: &dyn Fn(&str) -
 /// Runs this replica's membership and assignment until its Lease cannot be renewed (an
 /// error) or `shutdown` (its Lease is deleted, so the others take over at once).
 pub async fn run(ctx: Arc<Context>, shard: Arc<Shard>, membership: Membership) -> ShardError {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &membership.namespace);
+    // Renewal runs beside the assignment (a slow round of relabels never delays it), every
+    // half renewal period: a dead member is noticed within half a period of its Lease running
+    // out.
+    let period = (membership.renew / 2).max(Duration::from_millis(500));
+    tokio::select! {
+        lost = hold(&leases, &shard.identity, &membership, period) => lost,
+        () = assign(&ctx, &shard, &leases, period) => unreachable_end(),
+    }
+}
+
+/// `assign` loops for ever; this satisfies the type of the `select!` arm.
+fn unreachable_end() -> ShardError {
+    ShardError::Lost("(the assignment loop ended)".into())
+}
+
+/// Renews this replica's member Lease every `period` until it could not for
+/// `duration - renew` (each attempt bounded by `period`); returns then.
+async fn hold(leases: &Api<Lease>, identity: &str, membership: &Membership, period: Duration) -> ShardError {
+    let lease_name = format!("{LEASE_PREFIX}{identity}");
+    let fence = membership.duration.saturating_sub(membership.renew);
+    let mut last_renewal = Instant::now();
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let error = match tokio::time::timeout(period, renew(leases, &lease_name, identity, membership.duration)).await {
+            Ok(Ok(())) => {
+                last_renewal = Instant::now();
+                continue;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {period:?}"),
+        };
+        tracing::warn!(lease = %lease_name, %error, "could not renew the shard Lease");
+        if last_renewal.elapsed() >= fence {
+            return ShardError::Lost(lease_name);
+        }
+    }
+}
+
+/// The assignment loop: every `period`, the live members, then one [`round`].
+async fn assign(ctx: &Arc<Context>, shard: &Arc<Shard>, leases: &Api<Lease>, period: Duration) {
     let synced = CacheSync::new(&[EVERY_SERVER, EVERY_TASKSERV, EVERY_CLUSTER]);
     let everything = Everything {
         servers: everything_of::<Server>(&ctx.client, &synced, EVERY_SERVER),
@@ -162,30 +205,15 @@ pub async fn run(ctx: Arc<Context>, shard: Arc<Shard>, membership: Membership) -
         clusters: everything_of::<Cluster>(&ctx.client, &synced, EVERY_CLUSTER),
         synced,
     };
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &membership.namespace);
-    let lease_name = format!("{LEASE_PREFIX}{}", shard.identity);
-    let fence = membership.duration.saturating_sub(membership.renew);
-    let mut last_renewal = Instant::now();
-    let mut interval = tokio::time::interval(membership.renew);
+    let mut interval = tokio::time::interval(period);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_live = BTreeSet::new();
     loop {
         interval.tick().await;
-        match renew(&leases, &lease_name, &shard.identity, membership.duration).await {
-            Ok(()) => last_renewal = Instant::now(),
-            Err(e) => {
-                tracing::warn!(lease = %lease_name, error = %e, "could not renew the shard Lease");
-                if last_renewal.elapsed() >= fence {
-                    return ShardError::Lost(lease_name);
-                }
-                continue;
-            }
-        }
-        let live = match live_members(&leases).await {
-            Ok(mut live) => {
-                live.insert(shard.identity.clone());
-                live
-            }
+        let live = match live_members(leases).await {
+            // This replica counts as a member once its own Lease is there.
+            Ok(live) if live.contains(&shard.identity) => live,
+            Ok(_) => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "could not list the shard members' Leases; assignment unchanged this round");
                 continue;
@@ -200,7 +228,7 @@ pub async fn run(ctx: Arc<Context>, shard: Arc<Shard>, membership: Membership) -
         if !ctx.stores.synced.is_synced() || !everything.synced.is_synced() {
             continue;
         }
-        round(&ctx, &shard, &everything, &live).await;
+        round(ctx, shard, &everything, &live).await;
     }
 }
 

@@ -4,7 +4,8 @@
 //!
 //! - **Membership** is the set of live Leases labelled [`MEMBER_LABEL`] in the lease
 //!   namespace: each replica holds `provisioning-shard-<identity>` and renews it every
-//!   `lease_renew_secs`; a Lease not renewed within its duration is dead. A replica that
+//!   `lease_renew_secs / 2` (the assignment's period too); a Lease not renewed within its
+//!   duration is dead. A replica that
 //!   cannot renew for `duration - renew` stops (the process exits) before anyone may treat
 //!   it as dead, as the leader does.
 //! - **Assignment** is [`ring::assign`] over the live members and the shard keys (every
@@ -26,7 +27,7 @@
 //!   after the drain; the new owner's watch then brings them in. Its own stale cached copies
 //!   are older than the relabel, which [`crate::context::Context::is_stale`] refuses. A dead
 //!   holder (Lease expired) acknowledges nothing: the new owner relabels at once, within
-//!   `lease_duration + lease_renew` of the death (12 s with the defaults).
+//!   `lease_duration + lease_renew / 2` of the death (11 s with the defaults).
 //!
 //! The Workspace cache stays unfiltered (every replica resolves any namespace's settings, as
 //! before), and the shard loop keeps metadata-only caches of every Server, TaskServ and
