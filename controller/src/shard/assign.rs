@@ -172,10 +172,12 @@ fn unreachable_end() -> ShardError {
 }
 
 /// Renews this replica's member Lease every `period` until it could not for
-/// `duration - renew` (each attempt bounded by `period`); returns then.
+/// `duration - renew - period` (each attempt bounded by `period`); returns then, at most
+/// `duration - renew` after the last renewal, before any other replica may see the Lease as
+/// dead (the Lease's renewTime is taken before the call that renewed it).
 async fn hold(leases: &Api<Lease>, identity: &str, membership: &Membership, period: Duration) -> ShardError {
     let lease_name = format!("{LEASE_PREFIX}{identity}");
-    let fence = membership.duration.saturating_sub(membership.renew);
+    let fence = membership.duration.saturating_sub(membership.renew + period);
     let mut last_renewal = Instant::now();
     let mut interval = tokio::time::interval(period);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -73,3 +73,20 @@ fn a_dead_holders_objects_go_to_the_ring_owner_without_acknowledgement() {
     assert_eq!(claim.relabels.len(), 2);
     assert!(claim.relabels.iter().all(|r| r.to == owner));
 }
+
+#[tokio::test]
+async fn a_replica_that_cannot_renew_its_lease_stops_before_it_counts_as_dead() -> Result<(), Box<dyn std::error::Error>> {
+    // An API server that refuses every connection: no renewal ever succeeds.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = kube::Config::new(format!("http://{closed}").parse()?);
+    let leases: Api<Lease> = Api::namespaced(Client::try_from(config)?, "default");
+    let membership = Membership { namespace: "default".into(), duration: Duration::from_secs(4), renew: Duration::from_secs(1) };
+    let started = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(10), hold(&leases, "r1", &membership, Duration::from_millis(500))).await?;
+    let took = started.elapsed();
+    assert!(matches!(lost, ShardError::Lost(ref name) if name == "provisioning-shard-r1"), "{lost:?}");
+    // Stops after duration - renew - period (2.5 s), before the Lease may be treated as dead
+    // by others (4 s after its last renewal).
+    assert!(took >= Duration::from_millis(2500) && took < Duration::from_secs(4), "stopped after {took:?}");
+    Ok(())
+}
