@@ -110,7 +110,11 @@ struct Obj {
 }
 
 fn objects(dev: &Dev) -> Result<Vec<Obj>> {
-    let list = get_json(dev, &["get", "workspaces,servers,clusters,taskservs", "-A", "-o", "json"])?;
+    objects_of(dev, "workspaces,servers,clusters,taskservs")
+}
+
+fn objects_of(dev: &Dev, kinds: &str) -> Result<Vec<Obj>> {
+    let list = get_json(dev, &["get", kinds, "-A", "-o", "json"])?;
     let mut out = Vec::new();
     for item in list["items"].as_array().into_iter().flatten() {
         let kind = item["kind"].as_str().unwrap_or_default().to_string();
@@ -314,25 +318,27 @@ fn replicas_split_workspaces_survive_a_kill_and_rebalance_on_join_without_double
         Ok(count(&objs, "Server") == total && one_live_label_each(&objs, &[&id1, &id2]) && (1..=8).contains(&one) && (1..=8).contains(&two))
     })?;
 
-    // Mid-rollout: some Servers Ready, not all. Kill -9 replica2.
-    dev.wait_until(Duration::from_secs(120), "the first Server Ready", |d| {
-        objs = objects(d)?;
-        Ok(servers_ready(&objs) > 0)
+    // Mid-rollout: some machines created at the provider, not all. Kill -9 replica2.
+    let mut created = 0;
+    dev.wait_until(Duration::from_secs(120), "the first machines created", |d| {
+        created = creates_per_server(&d.data_dir)?.len();
+        Ok(created > 0)
     })?;
-    let ready_at_kill = servers_ready(&objs);
-    // So far each object was acted on by one replica only.
-    check_no_interleaving(&dir, &["replica1", "replica2"])?;
-    ensure!(ready_at_kill < total, "the rollout was over before the kill ({ready_at_kill}/{total}): slow the account down");
-    let lost = held(&objs, &id2);
     drop(r2.take());
     let killed = Instant::now();
+    ensure!(created < total, "the rollout was over before the kill ({created}/{total} machines): slow the account down");
+    // Its Lease is not expired yet: the labels are as they were at the kill.
+    objs = objects(&dev)?;
+    let lost = held(&objs, &id2);
+    // Up to the kill each object was acted on by one replica only.
+    check_no_interleaving(&dir, &["replica1", "replica2"])?;
     dev.wait_until(Duration::from_secs(40), "replica2's Workspaces relabelled to replica1", |d| {
         objs = objects(d)?;
         Ok(one_live_label_each(&objs, &[&id1]))
     })?;
     let moved_in = killed.elapsed();
     ensure!(moved_in <= Duration::from_secs(15), "replica2's {lost} Workspaces took {moved_in:?} to move (limit 15 s)");
-    eprintln!("kill -9 of replica2 at {ready_at_kill}/{total} Ready: its {lost} Workspaces moved in {:.1} s", moved_in.as_secs_f64());
+    eprintln!("kill -9 of replica2 at {created}/{total} machines created: its {lost} Workspaces moved in {:.1} s", moved_in.as_secs_f64());
     dev.wait_until(Duration::from_secs(240), "every Server Ready after the kill", |d| {
         objs = objects(d)?;
         Ok(servers_ready(&objs) == total)
