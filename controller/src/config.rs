@@ -5,6 +5,9 @@
 //! state_dir = "/var/lib/provisioning"
 //! leader_election = true
 //! lease_namespace = "provisioning-system"
+//! # Split the objects over every replica by Workspace instead (no single leader; see
+//! # `crate::shard`): each replica holds a Lease `provisioning-shard-<identity>` there.
+//! sharding = false
 //! # Accept `http://` provider endpoints (emulators such as moto or a test double only).
 //! allow_insecure_endpoints = false
 //! # User catalogs, merged after the built-in one (later entries override earlier ones by
@@ -40,7 +43,11 @@ pub struct ControllerConfig {
     pub default_workspace: WorkspaceSpec,
     /// Whether to take a Lease before acting (needed when more than one replica runs).
     pub leader_election: bool,
-    /// Namespace of the Lease.
+    /// Whether replicas split the objects by Workspace (each acting on its own share, over a
+    /// consistent-hash ring of the live member Leases) instead of one leader acting on all;
+    /// `leader_election` is then not used. Off by default.
+    pub sharding: bool,
+    /// Namespace of the Lease (the leader's, or each shard member's).
     pub lease_namespace: String,
     /// Name of the Lease.
     pub lease_name: String,
@@ -89,6 +96,7 @@ impl Default for ControllerConfig {
             state_dir: PathBuf::from(".data/providers"),
             default_workspace: default_workspace(),
             leader_election: true,
+            sharding: false,
             lease_namespace: "default".into(),
             lease_name: "provisioning-controller".into(),
             lease_duration_secs: 10,

@@ -87,6 +87,8 @@ pub struct Context {
     pub history: ChangeHistory,
     /// This controller's user name, asked once ([`crate::approval::authorize::controller_user`]).
     pub identity: tokio::sync::OnceCell<Option<String>>,
+    /// This replica's shard (`sharding = true`): reconciles pass its gate ([`crate::shard`]).
+    pub shard: Option<Arc<crate::shard::Shard>>,
 }
 
 /// When an object's external state was last observed, and under which trigger.
@@ -127,6 +129,15 @@ impl Context {
             audit,
             history,
             identity: tokio::sync::OnceCell::new(),
+            shard: None,
+        }
+    }
+
+    /// What this replica's watches select: everything, or (sharded) its shard label.
+    pub fn scope(&self) -> crate::shard::Scope {
+        match &self.shard {
+            Some(shard) => crate::shard::Scope::of(&shard.identity),
+            None => crate::shard::Scope::all(),
         }
     }
 
@@ -319,10 +330,20 @@ impl Context {
             return;
         };
         if let Ok(rv) = rv.parse::<u64>() {
-            let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = written.entry(uid.to_string()).or_insert(0);
-            *slot = (*slot).max(rv);
+            self.note_written_version(uid, rv);
         }
+    }
+
+    /// Records a write of ours (resourceVersion `rv`) to the object `uid` that did not go
+    /// through [`Self::apply_status`]: cached copies older than it are stale (a shard
+    /// hand-over's relabel, [`crate::shard`]).
+    pub fn note_written_version(&self, uid: &str, rv: u64) {
+        if uid.is_empty() {
+            return;
+        }
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = written.entry(uid.to_string()).or_insert(0);
+        *slot = (*slot).max(rv);
     }
 
     /// Adds [`provisioning_crds::FINALIZER`] to an object that has no finalizers at all, with a

@@ -55,6 +55,7 @@ pub mod reconcile;
 pub mod run;
 pub mod secret_watch;
 pub mod server;
+pub mod shard;
 pub mod sync;
 pub mod taskserv;
 pub mod testing;

@@ -59,6 +59,15 @@ pub struct ScriptLabels {
     pub outcome: String,
 }
 
+/// Labels of a shard's owned objects.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabels {
+    /// The replica's shard identity (one per replica).
+    pub shard: String,
+    /// Workspace, Server, TaskServ, Cluster.
+    pub kind: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn reconcile_histogram() -> Histogram {
@@ -89,6 +98,10 @@ pub struct Metrics {
     pub script_runs: Family<ScriptLabels, Counter>,
     /// 1 while this replica holds the leader Lease.
     pub leader: Gauge,
+    /// Objects carrying this replica's shard label, by kind (`sharding = true`).
+    pub shard_objects: Family<ShardLabels, Gauge>,
+    /// Namespaces (Workspaces) this replica holds (`sharding = true`).
+    pub shard_namespaces: Gauge,
 }
 
 impl Default for Metrics {
@@ -103,6 +116,8 @@ impl Default for Metrics {
         let api_writes = Family::<KindLabels, Counter>::default();
         let script_runs = Family::<ScriptLabels, Counter>::default();
         let leader = Gauge::default();
+        let shard_objects = Family::<ShardLabels, Gauge>::default();
+        let shard_namespaces = Gauge::default();
         registry.register("reconciles", "Reconciles started", reconciles.clone());
         registry.register("reconcile_errors", "Failed reconciles by category", errors.clone());
         registry.register("reconcile_duration_seconds", "Reconcile duration", reconcile_duration.clone());
@@ -112,6 +127,8 @@ impl Default for Metrics {
         registry.register("api_writes", "Writes to the API server by reconcilers", api_writes.clone());
         registry.register("script_runs", "Task script runs", script_runs.clone());
         registry.register("leader", "1 while this replica is the leader", leader.clone());
+        registry.register("shard_objects", "Objects carrying this replica's shard label", shard_objects.clone());
+        registry.register("shard_namespaces", "Namespaces this replica holds", shard_namespaces.clone());
         Metrics {
             registry,
             reconciles,
@@ -123,6 +140,8 @@ impl Default for Metrics {
             api_writes,
             script_runs,
             leader,
+            shard_objects,
+            shard_namespaces,
         }
     }
 }

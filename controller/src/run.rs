@@ -20,7 +20,9 @@ use crate::context::{Context, Stores};
 use crate::leader::{LeaderElector, LeaseSettings};
 use crate::metrics::{Health, Metrics};
 use crate::reconcile::Trigger;
-use crate::sync::{CacheSync, cache, metadata_store};
+use crate::shard::assign::Membership;
+use crate::shard::{Scope, Shard};
+use crate::sync::{CacheSync, cache, metadata_store_in};
 use crate::{cluster, server, taskserv, workspace};
 
 /// A unique identity for this replica (Lease holder, event reporting instance).
@@ -51,7 +53,11 @@ pub async fn run_with_metrics(
     }
     let identity = replica_identity();
     let shutdown = shutdown.shared();
-    let elector = if config.leader_election {
+    // Sharded (crate::shard): no single leader; this replica acts on the objects labelled
+    // with its identity, which its watches select.
+    let shard = config.sharding.then(|| Shard::new(&crate::shard::label_value(&identity)));
+    let scope = shard.as_ref().map_or_else(Scope::all, |s| Scope::of(&s.identity));
+    let elector = if config.leader_election && shard.is_none() {
         let elector = LeaderElector::new(
             client.clone(),
             LeaseSettings {
@@ -81,13 +87,13 @@ pub async fn run_with_metrics(
     let catalog = Arc::new(config.load_catalog()?);
     // No reconcile acts before all of these caches hold their initial list (crate::sync).
     let synced = CacheSync::new(cache::ALL);
-    let server_controller = server::controller(&client, &synced);
+    let server_controller = server::controller(&client, &synced, &scope);
     let workspace_controller = workspace::controller(&client, &synced);
     let stores = Stores {
         workspaces: workspace_controller.store(),
         servers: server_controller.store(),
-        taskservs: metadata_store::<TaskServ>(client.clone(), &synced, cache::TASKSERV_META, shutdown.clone()),
-        clusters: metadata_store::<Cluster>(client.clone(), &synced, cache::CLUSTER_META, shutdown.clone()),
+        taskservs: metadata_store_in::<TaskServ>(client.clone(), &synced, cache::TASKSERV_META, scope.config(), shutdown.clone()),
+        clusters: metadata_store_in::<Cluster>(client.clone(), &synced, cache::CLUSTER_META, scope.config(), shutdown.clone()),
         synced,
     };
     // Host paths handed to providers: resolved (and a missing one reported) once, here.
@@ -97,7 +103,9 @@ pub async fn run_with_metrics(
         host.catalog = Some(crate::host::materialize_catalog(&catalog, &config.state_dir)?);
     }
     host.log_problems();
-    let ctx = Arc::new(Context::new(client.clone(), config.clone(), metrics.clone(), stores.clone(), identity, host));
+    let mut ctx = Context::new(client.clone(), config.clone(), metrics.clone(), stores.clone(), identity, host);
+    ctx.shard = shard.clone();
+    let ctx = Arc::new(ctx);
     tokio::spawn(report_cache_sync(stores, health.clone()));
 
     // Other kinds' reconcilers ask the Server reconciler to look now through this (no API write).
@@ -108,8 +116,9 @@ pub async fn run_with_metrics(
         taskserv::run(ctx.clone(), catalog.clone(), server_trigger, settings.clone(), shutdown.clone()),
         cluster::run(ctx.clone(), catalog, settings, shutdown.clone()),
     );
-    match &elector {
-        Some(elector) => {
+    match (elector, shard) {
+        (_, Some(shard)) => run_sharded(ctx, shard, controllers).await,
+        (Some(elector), None) => {
             tokio::select! {
                 _ = controllers => {
                     elector.release().await;
@@ -122,10 +131,31 @@ pub async fn run_with_metrics(
                 }
             }
         }
-        None => {
+        (None, None) => {
             controllers.await;
             Ok(())
         }
+    }
+}
+
+/// Runs the controllers beside this replica's shard membership and assignment
+/// ([`crate::shard::assign::run`]) until shutdown (its member Lease is then deleted, so the others
+/// take its Workspaces over at once) or until the Lease cannot be renewed (an error: the
+/// process stops acting before the others treat it as dead).
+async fn run_sharded(ctx: Arc<Context>, shard: Arc<Shard>, controllers: impl Future<Output = ((), (), (), ())>) -> anyhow::Result<()> {
+    let membership = Membership {
+        namespace: ctx.config.lease_namespace.clone(),
+        duration: ctx.config.lease_duration(),
+        renew: ctx.config.lease_renew(),
+    };
+    tracing::info!(identity = %shard.identity, lease_namespace = %membership.namespace, "sharding: acting on the Workspaces assigned to this replica");
+    let identity = shard.identity.clone();
+    tokio::select! {
+        _ = controllers => {
+            crate::shard::assign::leave(ctx.client.clone(), &membership, &identity).await;
+            Ok(())
+        }
+        lost = crate::shard::assign::run(ctx.clone(), shard, membership.clone()) => Err(lost.into()),
     }
 }
 

@@ -143,12 +143,23 @@ pub fn metadata_store<K>(
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
+    metadata_store_in(client, synced, name, watcher::Config::default(), shutdown)
+}
+
+/// [`metadata_store`] of the objects `config` selects (a shard's label, [`crate::shard::Scope`]).
+pub fn metadata_store_in<K>(
+    client: Client,
+    synced: &CacheSync,
+    name: &'static str,
+    config: watcher::Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> reflector::Store<PartialObjectMeta<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
     let (reader, writer) = reflector::store();
     let stream = synced
-        .track(
-            name,
-            reflector::reflector(writer, decode::watch::<PartialObjectMeta<K>>(&client, watcher::Config::default().any_semantic())),
-        )
+        .track(name, reflector::reflector(writer, decode::watch::<PartialObjectMeta<K>>(&client, config.any_semantic())))
         .default_backoff()
         .for_each(|_| futures::future::ready(()));
     // Stops with the controller: a watch left running past shutdown logs connect errors

@@ -160,6 +160,17 @@ impl Dev {
     /// them, and `provisioning controller` with its provider state in `data_dir/providers` (where
     /// `provisioning dev` keeps it), both logging to one file.
     pub fn start_split_in(data_dir: &Path) -> Result<Dev> {
+        let mut dev = Dev::start_apiserver_in(data_dir)?;
+        dev.start_controller()?;
+        dev.wait_until(Duration::from_secs(60), "API serving provisioning.dev", |d| {
+            Ok(d.kubectl(&["get", "servers", "-A"]).map(|o| o.status.success()).unwrap_or(false))
+        })?;
+        Ok(dev)
+    }
+
+    /// The API server of [`Dev::start_split_in`] with the CRDs applied and no controller (a
+    /// test starts its own, e.g. several sharded replicas).
+    pub fn start_apiserver_in(data_dir: &Path) -> Result<Dev> {
         std::fs::create_dir_all(data_dir)?;
         let kubeconfig = data_dir.join("kubeconfig");
         let _ = std::fs::remove_file(&kubeconfig);
@@ -186,11 +197,12 @@ impl Dev {
             Ok(d.kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &crds]).map(|o| o.status.success()).unwrap_or(false))
         })?;
         dev.kubectl_ok(&["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])?;
-        dev.start_controller()?;
-        dev.wait_until(Duration::from_secs(60), "API serving provisioning.dev", |d| {
-            Ok(d.kubectl(&["get", "servers", "-A"]).map(|o| o.status.success()).unwrap_or(false))
-        })?;
         Ok(dev)
+    }
+
+    /// The log file both processes of the two-process form write to.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
     }
 
     /// Starts `provisioning controller` against this control plane (two-process form).

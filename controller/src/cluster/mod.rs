@@ -24,7 +24,6 @@ use futures::StreamExt;
 use kube::api::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerSettings, Controller};
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use provisioning_crds::{Cluster, ClusterStatus, Server, TaskServ, condition};
 use provisioning_taskservs::Catalog;
@@ -59,13 +58,14 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (reader, stream) = tracked_reflector::<Cluster>(&ctx.stores.synced, cache::CLUSTERS, &client, watcher::Config::default());
+    let (reader, stream) = tracked_reflector::<Cluster>(&ctx.stores.synced, cache::CLUSTERS, &client, ctx.scope().config());
     let controller = Controller::for_stream(stream, reader);
     let clusters = controller.store();
+    let scope = ctx.scope();
     let cctx = Arc::new(ClusterContext { ctx, catalog, clusters });
     controller
-        .owns_stream(decode::touched::<PartialObjectMeta<Server>>(&client, watcher::Config::default()))
-        .owns_stream(decode::touched::<PartialObjectMeta<TaskServ>>(&client, watcher::Config::default()))
+        .owns_stream(decode::touched::<PartialObjectMeta<Server>>(&client, scope.config()))
+        .owns_stream(decode::touched::<PartialObjectMeta<TaskServ>>(&client, scope.config()))
         .with_config(settings)
         .graceful_shutdown_on(shutdown)
         .run(reconcile::<Cluster>, error_policy::<Cluster>, cctx)

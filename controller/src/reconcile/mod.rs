@@ -44,6 +44,9 @@ use tracing::Instrument;
 use crate::context::{Context, is_paused};
 use crate::error::{AtStep, Error, Step};
 pub use crate::time::STALE_REQUEUE;
+
+/// When an object its replica may not act on now (sharded: being handed over) is looked at again.
+pub const SHARD_REQUEUE: std::time::Duration = std::time::Duration::from_secs(5);
 pub use note::Note;
 
 mod note;
@@ -96,6 +99,12 @@ pub trait Reconciled: Resource<DynamicType = ()> + Clone + Debug + Serialize + D
 
     /// The controller core inside the kind's context.
     fn core(ctx: &Self::Ctx) -> &Context;
+
+    /// The namespace this object is sharded by ([`crate::shard`]): its own by default (a
+    /// Workspace: the one it claims).
+    fn shard_namespace(&self) -> String {
+        self.meta().namespace.clone().unwrap_or_default()
+    }
 
     /// The API of this object (namespaced or cluster-wide), for the finalizer.
     fn api(&self, ctx: &Context) -> Api<Self>;
@@ -159,6 +168,22 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
     // Nothing acts on a cache that has not synced (a restarted controller would
     // otherwise resolve a Server to the default workspace: see crate::sync).
     core.caches_synced().await.at(Step::CacheSync)?;
+    // Sharded: only an object carrying this replica's label, in a namespace it is not
+    // handing over; the guard counts the visit in flight until it ends (crate::shard).
+    let _in_flight = match &core.shard {
+        None => None,
+        Some(shard) => {
+            match shard.enter(obj.meta().labels.as_ref().unwrap_or(&std::collections::BTreeMap::new()), &obj.shard_namespace()) {
+                Ok(guard) => Some(guard),
+                // Another replica's (a Workspace: that cache is not per shard); a relabel to
+                // this replica is a watch event that brings it back.
+                Err(crate::shard::Refused::NotMine) => return Ok(Action::await_change()),
+                // Handed over (or about to be): its relabel makes it leave this replica's
+                // watch; if the namespace comes back instead, this looks again.
+                Err(crate::shard::Refused::Draining) => return Ok(Action::requeue(SHARD_REQUEUE)),
+            }
+        }
+    };
     if core.is_stale(obj.as_ref()) {
         // An older copy than our own last write: acting on it would redo recorded work (and
         // re-run recorded script runs). The watch event of the newer version usually brings

@@ -137,10 +137,10 @@ impl Reconciled for Server {
 /// The Server controller over its cache (managedFields dropped: at 10,000 Servers they are
 /// most of its memory), marked synced in `synced` as [`cache::SERVERS`]. Its store is the
 /// Server cache of [`crate::context::Stores`]; [`run`] runs it.
-pub fn controller(client: &Client, synced: &CacheSync) -> Controller<Server> {
+/// Sharded, only the Servers of `scope` (selected server-side by the shard label).
+pub fn controller(client: &Client, synced: &CacheSync, scope: &crate::shard::Scope) -> Controller<Server> {
     let (reader, writer) = reflector::store::<Server>();
-    let watch =
-        crate::decode::watch::<Server>(client, watcher::Config::default().any_semantic()).modify(|s| s.managed_fields_mut().clear());
+    let watch = crate::decode::watch::<Server>(client, scope.config().any_semantic()).modify(|s| s.managed_fields_mut().clear());
     let stream = synced.track(cache::SERVERS, reflector::reflector(writer, watch)).applied_objects();
     Controller::for_stream(stream, reader)
 }

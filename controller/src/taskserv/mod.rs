@@ -77,7 +77,7 @@ pub async fn run(
     let client = ctx.client.clone();
     let ctx_client = client.clone();
     let (trigger, triggered) = Trigger::new();
-    let (reader, stream) = tracked_reflector::<TaskServ>(&ctx.stores.synced, cache::TASKSERVS, &client, watcher::Config::default());
+    let (reader, stream) = tracked_reflector::<TaskServ>(&ctx.stores.synced, cache::TASKSERVS, &client, ctx.scope().config());
     let controller = Controller::for_stream(stream, reader);
     let store = controller.store();
     let tctx =
@@ -89,7 +89,7 @@ pub async fn run(
     let watch_secrets = may_watch_all_secrets(&ctx_client).await;
     let controller = controller
         // A Server coming, going or changing readiness re-plans the TaskServs that select it.
-        .watches_stream(decode::touched::<Server>(&client, watcher::Config::default()), move |server: Server| {
+        .watches_stream(decode::touched::<Server>(&client, tctx.ctx.scope().config()), move |server: Server| {
             let namespace = server.namespace().unwrap_or_default();
             let name = server.name_any();
             let labels = server.labels().clone();
@@ -383,7 +383,10 @@ fn start_run(
     let trigger = tctx.trigger.clone();
     let server_trigger = tctx.servers.clone();
     let server = server.to_string();
+    // Sharded: the run counts as in flight in its namespace, so a hand-over waits for it.
+    let held = ctx.shard.as_ref().map(|shard| shard.hold(ts.namespace().as_deref().unwrap_or_default()));
     tokio::spawn(async move {
+        let _held = held;
         let object = ObjectRef::from_obj(ts.as_ref());
         // A template error may quote a rendered value: filter it like script output.
         let redact = |message: String| valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);

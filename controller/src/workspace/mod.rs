@@ -43,6 +43,10 @@ pub const KIND: &str = "Workspace";
 pub const LABEL_WORKSPACE: &str = "provisioning.dev/workspace";
 
 impl Reconciled for Workspace {
+    fn shard_namespace(&self) -> String {
+        crate::effective_workspace::claimed_namespace(self)
+    }
+
     const KIND: &'static str = KIND;
     const PAUSE_HOLDS_DELETION: bool = true;
     type Status = provisioning_crds::WorkspaceStatus;
@@ -123,6 +127,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
+    // Sharded: the namespace's objects that this replica holds (the Workspace cache itself
+    // stays whole, crate::shard).
+    let scope = ctx.scope();
     let ws_store = ctx.stores.workspaces.clone();
     let to_workspace = move |namespace: Option<String>| -> Vec<ObjectRef<Workspace>> {
         let Some(namespace) = namespace else { return vec![] };
@@ -142,11 +149,9 @@ pub async fn run(
     };
     let mut controller = controller
         .with_config(settings.debounce(Duration::from_secs(1)))
-        .watches_stream(decode::touched::<Server>(&client, watcher::Config::default().any_semantic()), move |s: Server| m1(s.namespace()))
-        .watches_stream(decode::touched::<TaskServ>(&client, watcher::Config::default().any_semantic()), move |s: TaskServ| {
-            m2(s.namespace())
-        })
-        .watches_stream(decode::touched::<Cluster>(&client, watcher::Config::default().any_semantic()), move |s: Cluster| m3(s.namespace()))
+        .watches_stream(decode::touched::<Server>(&client, scope.config().any_semantic()), move |s: Server| m1(s.namespace()))
+        .watches_stream(decode::touched::<TaskServ>(&client, scope.config().any_semantic()), move |s: TaskServ| m2(s.namespace()))
+        .watches_stream(decode::touched::<Cluster>(&client, scope.config().any_semantic()), move |s: Cluster| m3(s.namespace()))
         // Metadata only (no spec to nest): bounded as it is.
         .watches(Api::<PartialObjectMeta<Namespace>>::all(client.clone()), watcher::Config::default().any_semantic(), on_namespace);
     // deploy/ grants Secrets per namespace only (deploy/rbac/secrets.yaml), so a cluster-wide
