@@ -749,7 +749,8 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
     if let (Some(tb), Some(inc)) = (table.as_mut(), q.get("includeObject")) {
         *tb = inc.to_string();
     }
-    let shape = Shape { table, partial, meter: request_meter(&core, &req), flow: req.extensions().get::<DecodeFlow>().map(|f| f.0.clone()) };
+    let shape =
+        Shape { table, partial, meter: request_meter(&core, &req), flow: req.extensions().get::<DecodeFlow>().map(|f| f.0.clone()) };
     let rt = t.rt.clone();
     let ns = t.namespace.as_deref();
     let status = t.subresource.as_deref() == Some("status");
@@ -781,7 +782,8 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let heavy = body.len() > LARGE_WRITE || stored_size(&core, &rt, ns, name) > LARGE_WRITE;
             let obj = decode_body(body, &ct, &opts.decode).await?;
             let (c, r, n, name) = (core.clone(), rt.clone(), t.namespace.clone(), name.clone());
-            let w = off_workers(heavy, shape.flow.clone(), async move { c.update(&r, n.as_deref(), &name, obj, status, &opts).await }).await?;
+            let w =
+                off_workers(heavy, shape.flow.clone(), async move { c.update(&r, n.as_deref(), &name, obj, status, &opts).await }).await?;
             Ok(with_warnings(shaped(&core, &rt, w.output, 200, &shape).await?, &w.warnings))
         }
         (Method::PATCH, Some(name)) => {
@@ -792,7 +794,12 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let existed = core.get(&rt, ns, name).is_ok();
             let heavy = body.len() > LARGE_WRITE || stored_size(&core, &rt, ns, name) > LARGE_WRITE;
             let (c, r, n, nm) = (core.clone(), rt.clone(), t.namespace.clone(), name.clone());
-            let w = off_workers(heavy, shape.flow.clone(), async move { c.patch(&r, n.as_deref(), &nm, kind, &body, &ct, status, &opts).await }).await?;
+            let w = off_workers(
+                heavy,
+                shape.flow.clone(),
+                async move { c.patch(&r, n.as_deref(), &nm, kind, &body, &ct, status, &opts).await },
+            )
+            .await?;
             let code = if existed || kind != PatchType::Apply { 200 } else { 201 };
             Ok(with_warnings(shaped(&core, &rt, w.output, code, &shape).await?, &w.warnings))
         }

@@ -454,6 +454,11 @@ async fn only_an_approver_loosens_a_workspaces_approval_policy() -> TestResult {
     }
     let (code, got) = raw(&admin, "GET", &format!("{workspaces}/wsa"), "application/json", vec![]).await?;
     assert_eq!((code, &got["spec"]["approval"], &got["spec"]["requireDistinctApprover"]), (200, &json!("Manual"), &json!(true)));
+    // Nor by moving the Workspace: spec.namespace is immutable (its namespace would fall to
+    // the default, Automatic, or to another Workspace's policy).
+    let (code, body) = patch(json!({"namespace": "b"})).await?;
+    assert_eq!(code, 422, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("spec.namespace is immutable"), "{body}");
     // Other edits of the Workspace are an editor's to make.
     let (code, body) = patch(json!({"environment": "prod"})).await?;
     assert_eq!(code, 200, "{body}");

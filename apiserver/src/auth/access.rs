@@ -24,6 +24,15 @@ const ROLEBINDINGS: &str = "rbac.authorization.k8s.io/rolebindings";
 
 type Fingerprint = [(usize, u64); 4];
 
+type Cache = Mutex<Option<(Fingerprint, Arc<Policy>)>>;
+
+fn lock_cache(m: &Cache) -> std::sync::MutexGuard<'_, Option<(Fingerprint, Arc<Policy>)>> {
+    match m.lock() {
+        Ok(c) => c,
+        Err(p) => p.into_inner(),
+    }
+}
+
 /// The RBAC objects' counts and newest revisions: changes whenever one is written.
 fn fingerprint(st: &crate::storage::State) -> Fingerprint {
     let fp_of = |k: &str| st.objects.get(k).map(|m| (m.len(), m.values().map(|e| e.rv).max().unwrap_or(0))).unwrap_or((0, 0));
@@ -36,7 +45,7 @@ pub struct Auth {
     signer: tokens::Signer,
     audiences: Vec<String>,
     max_token_expiration_seconds: i64,
-    cache: Mutex<Option<(Fingerprint, Arc<Policy>)>>,
+    cache: Cache,
     /// Held by the one request rebuilding the policy.
     rebuilding: Mutex<()>,
 }
@@ -227,12 +236,8 @@ impl Auth {
 
     /// The current RBAC policy, rebuilt only when an RBAC object changed.
     pub fn policy(&self, store: &Store) -> Arc<Policy> {
-        let lock = |m: &Mutex<Option<(Fingerprint, Arc<Policy>)>>| match m.lock() {
-            Ok(c) => c,
-            Err(p) => p.into_inner(),
-        };
         let fp = fingerprint(&store.read());
-        let previous = match lock(&self.cache).as_ref() {
+        let previous = match lock_cache(&self.cache).as_ref() {
             Some((cached, p)) if *cached == fp => return p.clone(),
             other => other.map(|(_, p)| p.clone()),
         };
@@ -254,7 +259,7 @@ impl Auth {
         let (fp, raw) = {
             let st = store.read();
             let fp = fingerprint(&st);
-            if let Some((cached, p)) = lock(&self.cache).as_ref()
+            if let Some((cached, p)) = lock_cache(&self.cache).as_ref()
                 && *cached == fp
             {
                 return p.clone();
@@ -268,9 +273,10 @@ impl Auth {
         };
         // Decoding every role is CPU work: on a multi-threaded runtime the async worker hands
         // its other tasks to the rest first (block_in_place).
-        let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let multi_thread =
+            tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         let p = if multi_thread { tokio::task::block_in_place(rebuild) } else { rebuild() };
-        *lock(&self.cache) = Some((fp, p.clone()));
+        *lock_cache(&self.cache) = Some((fp, p.clone()));
         p
     }
 

@@ -526,6 +526,22 @@ async fn approve_members<'a>(namespace: &str, pass_down: &'a [PassDown], ctx: &C
     Ok(approved)
 }
 
+/// Who last wrote a member's spec, as the API server recorded it (None: not recorded, or the
+/// member is gone).
+async fn member_changed_by(ctx: &Context, kind: MemberKind, namespace: &str, name: &str) -> Result<Option<String>, Error> {
+    let meta = match kind {
+        MemberKind::Server => {
+            Api::<provisioning_crds::Server>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?.map(|m| m.metadata)
+        }
+        MemberKind::TaskServ => {
+            Api::<provisioning_crds::TaskServ>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?.map(|m| m.metadata)
+        }
+    };
+    Ok(meta.and_then(|m| {
+        crate::approval::authorize::recorded(&m.annotations.unwrap_or_default(), m.managed_fields.as_deref().unwrap_or_default()).changed_by
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -823,16 +839,4 @@ mod tests {
         assert_eq!(status.phase.as_deref(), Some("AwaitingApproval"));
         assert_eq!(events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), vec!["StepStarted"]);
     }
-}
-
-/// Who last wrote a member's spec, as the API server recorded it (None: not recorded, or the
-/// member is gone).
-async fn member_changed_by(ctx: &Context, kind: MemberKind, namespace: &str, name: &str) -> Result<Option<String>, Error> {
-    let meta = match kind {
-        MemberKind::Server => Api::<provisioning_crds::Server>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?,
-        MemberKind::TaskServ => {
-            Api::<provisioning_crds::TaskServ>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?
-        }
-    };
-    Ok(meta.and_then(|m| crate::approval::authorize::recorded(m.annotations(), m.metadata.managed_fields.as_deref().unwrap_or_default()).changed_by))
 }

@@ -142,8 +142,8 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         cluster.spec.taskservs.iter().flat_map(|t| t.config_from.iter()).map(|c| (c.kind.as_str(), c.name.as_str())).collect();
     let (cluster, refused) =
         crate::approval::authorize::screen(cluster.clone(), "clusters", approval, ws.require_distinct_approver, &sources, ctx)
-        .await
-        .at(Step::Dereference)?;
+            .await
+            .at(Step::Dereference)?;
     let name = cluster.name_any();
     let uid = cluster.uid().unwrap_or_default();
     let children = dereference::children(&cluster, namespace, ctx).await.at(Step::Dereference)?;
