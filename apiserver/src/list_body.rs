@@ -28,6 +28,14 @@ type Body = UnsyncBoxBody<Bytes, Infallible>;
 /// Renders one item of the page.
 pub type Render = Arc<dyn Fn(&Entry) -> Vec<u8> + Send + Sync>;
 
+/// Charges the decoding of one chunk: called with the stored size of the chunk's largest item,
+/// it returns what holds the charge while the chunk is made, or None when the budget has no
+/// room now.
+pub type Charge = Arc<dyn Fn(usize) -> Option<Box<dyn Send>> + Send + Sync>;
+
+/// How long a chunk waits for room in the budget before the body is cut off.
+const CHARGE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 struct Page {
     head: Option<Vec<u8>>,
     tail: &'static [u8],
@@ -38,6 +46,20 @@ struct Page {
 }
 
 impl Page {
+    /// The stored size of the largest item the next chunk will likely take.
+    fn next_largest(&self) -> usize {
+        let mut taken = 0;
+        let mut largest = 0;
+        for e in self.entries.iter().skip(self.next) {
+            largest = largest.max(e.bytes.len());
+            taken += e.bytes.len();
+            if taken >= CHUNK {
+                break;
+            }
+        }
+        largest
+    }
+
     /// The next chunk: items from `next` until the chunk is full or the page ends.
     fn chunk(&mut self) -> Vec<u8> {
         let mut out = self.head.take().unwrap_or_default();
@@ -59,24 +81,60 @@ impl Page {
 /// A streamed body `head` + the items rendered by `render`, comma-separated, + `tail`.
 /// `blocking`: render on a blocking thread (items that are decoded); otherwise inline (items
 /// that are copied as stored).
-pub fn streamed(head: Vec<u8>, tail: &'static [u8], entries: Vec<Arc<Entry>>, render: Render, blocking: bool) -> Body {
+/// With `charge`, each chunk made on a blocking thread is charged while it is made (the charge
+/// is not held while the client reads: a client that stops reading holds no budget); a chunk
+/// that finds no room within [`CHARGE_WAIT`] ends the body early (the client sees a cut-off
+/// list and retries).
+pub fn streamed(
+    head: Vec<u8>,
+    tail: &'static [u8],
+    entries: Vec<Arc<Entry>>,
+    render: Render,
+    blocking: bool,
+    charge: Option<Charge>,
+) -> Body {
     let page = Page { head: Some(head), tail, entries, next: 0, render, done: false };
-    let stream = futures::stream::unfold(Some(page), move |page| async move {
-        let mut page = page?;
-        if page.done {
-            return None;
-        }
-        let (chunk, page) = if blocking {
-            match tokio::task::spawn_blocking(move || (page.chunk(), page)).await {
-                Ok(r) => r,
-                // A panic while rendering ends the body (the client sees a truncated list and
-                // fails to decode it) rather than the server.
-                Err(_) => return None,
+    let stream = futures::stream::unfold(Some(page), move |page| {
+        let charge = charge.clone();
+        async move {
+            let mut page = page?;
+            if page.done {
+                return None;
             }
-        } else {
-            (page.chunk(), page)
-        };
-        Some((Ok::<_, Infallible>(Frame::data(Bytes::from(chunk))), Some(page)))
+            let held = match &charge {
+                Some(charge) if blocking => {
+                    let largest = page.next_largest();
+                    let deadline = tokio::time::Instant::now() + CHARGE_WAIT;
+                    loop {
+                        if let Some(h) = charge(largest) {
+                            break Some(h);
+                        }
+                        if tokio::time::Instant::now() >= deadline {
+                            tracing::info!(largest, "cutting off a list: no decode budget to make its next chunk");
+                            return None;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+                _ => None,
+            };
+            let (chunk, page) = if blocking {
+                match tokio::task::spawn_blocking(move || {
+                    let _held = held;
+                    (page.chunk(), page)
+                })
+                .await
+                {
+                    Ok(r) => r,
+                    // A panic while rendering ends the body (the client sees a truncated list and
+                    // fails to decode it) rather than the server.
+                    Err(_) => return None,
+                }
+            } else {
+                (page.chunk(), page)
+            };
+            Some((Ok::<_, Infallible>(Frame::data(Bytes::from(chunk))), Some(page)))
+        }
     });
     StreamBody::new(stream).boxed_unsync()
 }
@@ -123,7 +181,7 @@ mod tests {
         let entries: Vec<_> = (0..40).map(|i| entry(&format!("c{i}"), 10_000)).collect();
         for blocking in [false, true] {
             let render: Render = Arc::new(|e: &Entry| e.bytes.to_vec());
-            let body = streamed(b"{\"items\":[".to_vec(), b"]}", entries.clone(), render, blocking);
+            let body = streamed(b"{\"items\":[".to_vec(), b"]}", entries.clone(), render, blocking, None);
             let (sizes, all) = collect(body).await;
             assert!(sizes.len() >= 5, "40 items of 10 kB in 64 KiB chunks: {sizes:?}");
             assert!(sizes.iter().all(|s| *s < CHUNK + 11_000), "no chunk over a chunk plus one item: {sizes:?}");
@@ -137,7 +195,7 @@ mod tests {
     #[tokio::test]
     async fn an_empty_page_is_head_and_tail() -> anyhow::Result<()> {
         let render: Render = Arc::new(|e: &Entry| e.bytes.to_vec());
-        let (_, all) = collect(streamed(b"{\"items\":[".to_vec(), b"]}", vec![], render, true)).await;
+        let (_, all) = collect(streamed(b"{\"items\":[".to_vec(), b"]}", vec![], render, true, None)).await;
         assert_eq!(serde_json::from_slice::<Value>(&all)?, json!({"items": []}));
         Ok(())
     }

@@ -717,7 +717,7 @@ async fn shaped(core: &Arc<Core>, rt: &Arc<ResourceType>, out: Output, code: u16
     if shape.table.is_none() || len <= LARGE_WRITE {
         return Ok(single(core, rt, &out, code, &shape.table));
     }
-    let _charged = match &shape.meter {
+    let charged = match &shape.meter {
         Some(m) => {
             m.reserve(len.saturating_mul(provisioning_yaml::bounded::LIMIT_PER_BYTE)).map_err(crate::handlers::decode_refusal)?;
             Some(m.clone())
@@ -725,9 +725,13 @@ async fn shaped(core: &Arc<Core>, rt: &Arc<ResourceType>, out: Output, code: u16
         None => None,
     };
     let (c, r, table) = (core.clone(), rt.clone(), shape.table.clone());
-    tokio::task::spawn_blocking(move || single(&c, &r, &out, code, &table))
-        .await
-        .map_err(|e| ApiError::internal(format!("making the table: {e}")))
+    // The reservation goes with the work (held until it ends, even if the client resets).
+    tokio::task::spawn_blocking(move || {
+        let _charged = charged;
+        single(&c, &r, &out, code, &table)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("making the table: {e}")))
 }
 
 /// The response shape a client asked for: a Table (`includeObject` policy), partial object
@@ -792,7 +796,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let kind = PatchType::from_content_type(&ct)?;
             let body = read_body(req, core.limits.body_read_timeout).await?;
             let existed = core.get(&rt, ns, name).is_ok();
-            let heavy = body.len() > LARGE_WRITE || stored_size(&core, &rt, ns, name) > LARGE_WRITE;
+            let heavy = body.len() > LARGE_WRITE || stored_size(&core, &rt, ns, name) > LARGE_WRITE || may_expand(kind, &body);
             let (c, r, n, nm) = (core.clone(), rt.clone(), t.namespace.clone(), name.clone());
             let w = off_workers(
                 heavy,
@@ -810,6 +814,17 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
 
 /// A write whose body or stored object is larger than this is a large write ([`off_workers`]).
 const LARGE_WRITE: usize = 64 * 1024;
+
+/// Whether a small patch body may make a large object: JSON patch `copy`/`move` operations
+/// (each may duplicate a subtree), or YAML aliases in an apply body.
+fn may_expand(kind: PatchType, body: &[u8]) -> bool {
+    let has = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+    match kind {
+        PatchType::Json => has(b"copy") || has(b"move"),
+        PatchType::Apply => has(b"*"),
+        PatchType::Merge | PatchType::Strategic => false,
+    }
+}
 
 /// The stored size of an object (0 when there is none).
 fn stored_size(core: &Core, rt: &ResourceType, ns: Option<&str>, name: &str) -> usize {
@@ -846,7 +861,7 @@ async fn off_workers<T: Send + 'static>(
             }
         }
     }
-    let (_place, queue) = match flow {
+    let (place, queue) = match flow {
         Some(f) => {
             let mut flows = PER_FLOW.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let n = flows.get_or_insert_with(HashMap::new).entry(f.clone()).or_default();
@@ -861,11 +876,16 @@ async fn off_workers<T: Send + 'static>(
         }
         None => (None, &EXEMPT_LARGE_WRITES),
     };
-    let _turn = queue.acquire().await.map_err(|e| ApiError::internal(format!("waiting for a large write's turn: {e}")))?;
+    let turn = queue.acquire().await.map_err(|e| ApiError::internal(format!("waiting for a large write's turn: {e}")))?;
     let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || runtime.block_on(write))
-        .await
-        .map_err(|e| ApiError::internal(format!("a large write failed: {e}")))?
+    // The turn and the flow's place go with the work: a client that resets its request stops
+    // waiting for the answer, not the write, and must not free its place while it runs.
+    tokio::task::spawn_blocking(move || {
+        let _held = (turn, place);
+        runtime.block_on(write)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("a large write failed: {e}")))?
 }
 
 /// Large writes a flow may have queued or running at once ([`off_workers`]).
@@ -953,17 +973,27 @@ fn list_response(
     remaining: Option<u64>,
     shape: &Shape,
 ) -> ApiResult<Response<Body>> {
-    // Shaping decodes each stored object (one at a time): the largest one's decode is charged
-    // to the request's flow before the answer starts (429 when the budget cannot cover it), and
-    // held until the body is sent.
+    // Shaping decodes each stored object (one at a time), charged to the request's flow: whether
+    // the budget has room for the largest one is asked before the answer starts (429 when it
+    // has not); then each chunk is charged while it is made, never while the client reads.
     let converting = entries.iter().any(|e| e.api_version != rt.api_version());
-    if (shape.table.is_some() || shape.partial || converting)
-        && let Some(meter) = &shape.meter
-    {
-        let largest = entries.iter().map(|e| e.bytes.len()).max().unwrap_or_default();
-        meter.reserve(largest.saturating_mul(provisioning_yaml::bounded::LIMIT_PER_BYTE)).map_err(crate::handlers::decode_refusal)?;
-    }
-    let held = shape.meter.clone();
+    let charge: Option<list_body::Charge> = match (&shape.meter, shape.flow.clone()) {
+        (Some(_), Some(flow)) if shape.table.is_some() || shape.partial || converting => {
+            let largest = entries.iter().map(|e| e.bytes.len()).max().unwrap_or_default();
+            let per_byte = provisioning_yaml::bounded::LIMIT_PER_BYTE;
+            core.meter(Some(flow.clone()))
+                .map(|m| m.reserve(largest.saturating_mul(per_byte)))
+                .transpose()
+                .map_err(crate::handlers::decode_refusal)?;
+            let c = core.clone();
+            Some(Arc::new(move |largest: usize| {
+                let meter = c.meter(Some(flow.clone()))?;
+                meter.reserve(largest.saturating_mul(per_byte)).ok()?;
+                Some(Box::new(meter) as Box<dyn Send>)
+            }))
+        }
+        _ => None,
+    };
     let (head, render, blocking): (Vec<u8>, list_body::Render, bool) = if let Some(inc) = &shape.table {
         let (c, rtype, inc) = (core.clone(), rt.clone(), inc.clone());
         let head = table::table_head(rt, Some(rv.to_string()), cont);
@@ -985,11 +1015,7 @@ fn list_response(
         // Items are the stored bytes (a version conversion parses one object at a time).
         (Core::list_head(rt, rv, cont.as_deref(), remaining), Arc::new(move |e: &Entry| c.render(&rtype, e).to_vec()), converting)
     };
-    let render: list_body::Render = Arc::new(move |e: &Entry| {
-        let _charged = &held;
-        render(e)
-    });
-    let mut r = Response::new(list_body::streamed(head, b"]}", entries, render, blocking));
+    let mut r = Response::new(list_body::streamed(head, b"]}", entries, render, blocking, charge));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Ok(r)
 }

@@ -107,15 +107,23 @@ impl Emitter {
     /// slow-reader timeout), in which case it is dropped like kube-apiserver drops a watcher
     /// whose buffer is full, and the client re-lists.
     async fn send_raw(&self, line: Vec<u8>) -> bool {
-        let limits = &self.core.limits;
-        let deadline = tokio::time::Instant::now() + limits.slow_reader_timeout;
+        let deadline = tokio::time::Instant::now() + self.core.limits.slow_reader_timeout;
         let len = line.len();
+        self.room(len, deadline).await && self.push(vec![Bytes::from(line)], len, deadline).await
+    }
+
+    /// Waits until `len` more bytes fit this watcher's buffer and its flow's share of all
+    /// watchers' buffers, and counts them queued; false (the watch ends) when they did not fit
+    /// by `deadline`.
+    async fn room(&self, len: usize, deadline: tokio::time::Instant) -> bool {
+        let limits = &self.core.limits;
         loop {
             let queued = self.backlog.bytes.load(Ordering::SeqCst);
             // Within this watcher's buffer, and the flow's share of all watchers' buffers.
             let fits = queued == 0 || queued + len <= limits.watch_buffer_bytes;
             if fits && self.backlog.charged.as_ref().is_none_or(|(budget, flow)| budget.reserve(len, Some(flow))) {
-                break;
+                self.backlog.bytes.fetch_add(len, Ordering::SeqCst);
+                return true;
             }
             // Another watcher's reader may free the shared budget: look again shortly.
             let drained = self.backlog.drained.notified();
@@ -125,55 +133,87 @@ impl Emitter {
                 return false;
             }
         }
-        self.backlog.bytes.fetch_add(len, Ordering::SeqCst);
-        match tokio::time::timeout_at(deadline, self.tx.send(Bytes::from(line))).await {
-            Ok(Ok(())) => true,
-            Ok(Err(_)) => {
-                self.backlog.taken(len);
-                false
-            }
-            Err(_) => {
-                self.backlog.taken(len);
-                tracing::info!(resource = %self.rt.plural, "dropping a watch whose client stopped reading");
-                false
-            }
-        }
     }
 
-    async fn send(&mut self, kind: &str, e: &Entry) -> bool {
-        let mut line = Vec::with_capacity(e.bytes.len() + 32);
-        line.extend_from_slice(b"{\"type\":\"");
-        line.extend_from_slice(kind.as_bytes());
-        line.extend_from_slice(b"\",\"object\":");
-        if self.table.is_none() && !self.partial {
-            line.extend_from_slice(&self.core.render(&self.rt, e));
-        } else {
-            let headers = !self.sent_headers;
-            self.sent_headers = true;
-            let (core, rt, table, bytes, rv) = (self.core.clone(), self.rt.clone(), self.table.clone(), e.bytes.clone(), e.rv);
-            let shaped = move || match table {
-                Some(inc) => {
-                    let obj = core.convert(&rt, serde_json::from_slice(&bytes).unwrap_or_default());
-                    serde_json::to_vec(&table::table(&rt, vec![obj], Some(rv.to_string()), None, &inc, headers)).unwrap_or_default()
+    /// Sends the parts of one line (`len` bytes in all, already counted by [`Emitter::room`]).
+    async fn push(&self, parts: Vec<Bytes>, len: usize, deadline: tokio::time::Instant) -> bool {
+        let mut left = len;
+        for part in parts {
+            let n = part.len();
+            match tokio::time::timeout_at(deadline, self.tx.send(part)).await {
+                Ok(Ok(())) => left -= n,
+                failed => {
+                    self.backlog.taken(left);
+                    if failed.is_err() {
+                        tracing::info!(resource = %self.rt.plural, "dropping a watch whose client stopped reading");
+                    }
+                    return false;
                 }
-                None => serde_json::to_vec(&list_body::partial_object(&bytes)).unwrap_or_default(),
-            };
-            // A large object is decoded on a blocking thread, not on the async worker that
-            // serves every other request, and its decoding is charged to the watcher's flow
-            // (the watch waits for room, and is dropped like a slow reader without it).
-            let out = if e.bytes.len() > BLOCKING_ABOVE {
-                let Some(_charged) = self.decode_room(e.bytes.len()).await else { return false };
-                match tokio::task::spawn_blocking(shaped).await {
-                    Ok(out) => out,
-                    Err(_) => return false,
-                }
-            } else {
-                shaped()
-            };
-            line.extend_from_slice(&out);
+            }
         }
-        line.extend_from_slice(b"}\n");
-        self.send_raw(line).await
+        true
+    }
+
+    /// One event. The object is sent as stored (shared, never copied per watcher), or shaped
+    /// (Table row, partial metadata) after room for it was counted.
+    async fn send(&mut self, kind: &str, e: &Entry) -> bool {
+        let deadline = tokio::time::Instant::now() + self.core.limits.slow_reader_timeout;
+        let prefix = Bytes::from(format!("{{\"type\":\"{kind}\",\"object\":"));
+        let suffix = Bytes::from_static(b"}\n");
+        if self.table.is_none() && !self.partial {
+            let object = self.core.render(&self.rt, e);
+            let len = prefix.len() + object.len() + suffix.len();
+            return self.room(len, deadline).await && self.push(vec![prefix, object, suffix], len, deadline).await;
+        }
+        // Room for about the stored size first (nothing is built before it is counted), then
+        // the difference once the shape's size is known.
+        let estimate = prefix.len() + e.bytes.len() + suffix.len() + 4096;
+        if !self.room(estimate, deadline).await {
+            return false;
+        }
+        let headers = !self.sent_headers;
+        self.sent_headers = true;
+        let (core, rt, table, bytes, rv) = (self.core.clone(), self.rt.clone(), self.table.clone(), e.bytes.clone(), e.rv);
+        let shaped = move || match table {
+            Some(inc) => {
+                let obj = core.convert(&rt, serde_json::from_slice(&bytes).unwrap_or_default());
+                serde_json::to_vec(&table::table(&rt, vec![obj], Some(rv.to_string()), None, &inc, headers)).unwrap_or_default()
+            }
+            None => serde_json::to_vec(&list_body::partial_object(&bytes)).unwrap_or_default(),
+        };
+        // A large object is decoded on a blocking thread, not on the async worker that
+        // serves every other request, and its decoding is charged to the watcher's flow
+        // (the watch waits for room, and is dropped like a slow reader without it).
+        let out = if e.bytes.len() > BLOCKING_ABOVE {
+            let Some(charged) = self.decode_room(e.bytes.len()).await else {
+                self.backlog.taken(estimate);
+                return false;
+            };
+            match tokio::task::spawn_blocking(move || {
+                let _charged = charged;
+                shaped()
+            })
+            .await
+            {
+                Ok(out) => out,
+                Err(_) => {
+                    self.backlog.taken(estimate);
+                    return false;
+                }
+            }
+        } else {
+            shaped()
+        };
+        let len = prefix.len() + out.len() + suffix.len();
+        if len > estimate {
+            if !self.room(len - estimate, deadline).await {
+                self.backlog.taken(estimate);
+                return false;
+            }
+        } else {
+            self.backlog.taken(estimate - len);
+        }
+        self.push(vec![prefix, Bytes::from(out), suffix], len, deadline).await
     }
 
     /// A meter holding room to decode an object of `len` stored bytes, from the flow's share

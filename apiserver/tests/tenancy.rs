@@ -475,3 +475,33 @@ async fn only_an_approver_loosens_a_workspaces_approval_policy() -> TestResult {
     .await?;
     Ok(())
 }
+
+/// The shard label names the controller replica that owns an object (sharded mode): only the
+/// controller (and `system:masters`) writes it, so a tenant cannot move its objects between
+/// replicas and have two act on one (fourth re-review X5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_cannot_write_the_shard_label() -> TestResult {
+    let (_ts, admin, alice) = setup().await?;
+    let rules = json!([{"apiGroups": ["provisioning.dev"], "resources": ["servers"], "verbs": ["*"]}]);
+    let (code, body) = post(&admin, &format!("{RBAC}/namespaces/a/roles"), &role("a", "servers", rules)).await?;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) =
+        post(&admin, &format!("{RBAC}/namespaces/a/rolebindings"), &role_binding("a", "servers-alice", "Role", "servers", "alice")).await?;
+    assert_eq!(code, 201, "{body}");
+    let servers = "/apis/provisioning.dev/v1alpha1/namespaces/a/servers";
+    let mut obj = serde_json::to_value(server_obj("labelled", "small")?)?;
+    obj["metadata"]["labels"] = json!({"provisioning.dev/shard": "replica-2"});
+    let (code, body) = post(&alice, servers, &obj).await?;
+    assert_eq!(code, 422, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("set by the controller only"), "{body}");
+    let (code, body) = post(&admin, servers, &obj).await?;
+    assert_eq!(code, 201, "the admin (system:masters) may: {body}");
+    let patch = serde_json::to_vec(&json!({"metadata": {"labels": {"provisioning.dev/shard": "replica-1"}}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{servers}/labelled"), "application/merge-patch+json", patch).await?;
+    assert_eq!(code, 422, "{body}");
+    let patch = serde_json::to_vec(&json!({"metadata": {"labels": {"provisioning.dev/shard": null, "team": "a"}}}))?;
+    let (code, body) = raw(&alice, "PATCH", &format!("{servers}/labelled"), "application/merge-patch+json", patch).await?;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["metadata"]["labels"], json!({"provisioning.dev/shard": "replica-2", "team": "a"}), "a dropped label is kept");
+    Ok(())
+}

@@ -101,6 +101,36 @@ pub fn stamp(storage: &str, old: Option<&Value>, new: &mut Value, user: Option<&
     set(new, APPROVED_BY_GROUPS, by_groups.as_deref());
 }
 
+/// The label naming the controller replica that owns an object in sharded mode.
+pub const SHARD_LABEL: &str = "provisioning.dev/shard";
+
+/// Keeps [`SHARD_LABEL`] on `provisioning.dev` objects the controller's: a writer that may not
+/// write it (`may_write`: the exempt identities — the controller, `system:masters`) cannot set,
+/// change or remove it (a value it drops is restored), so a tenant cannot move its objects
+/// between replicas and have two act on one.
+pub fn keep_shard_label(storage: &str, old: Option<&Value>, new: &mut Value, may_write: bool) -> Result<(), String> {
+    if may_write || storage.split('/').next() != Some(GROUP) {
+        return Ok(());
+    }
+    let label = |v: &Value| v["metadata"]["labels"][SHARD_LABEL].as_str().map(str::to_string);
+    let before = old.and_then(label);
+    match (label(new), before) {
+        (Some(now), before) if Some(&now) != before.as_ref() => Err(format!(
+            "metadata.labels[{SHARD_LABEL}]: set by the controller only (the replica that owns the object); remove it from the request"
+        )),
+        (None, Some(before)) => {
+            if let Some(md) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                let labels = md.entry("labels").or_insert_with(|| Value::Object(Default::default()));
+                if let Some(l) = labels.as_object_mut() {
+                    l.insert(SHARD_LABEL.into(), Value::String(before));
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 fn set(obj: &mut Value, key: &str, by: Option<&str>) {
     let Some(metadata) = obj.get_mut("metadata").and_then(Value::as_object_mut) else { return };
     match by {
@@ -212,5 +242,17 @@ mod tests {
             keep("/pods", None, &mut other).is_ok()
                 && keep("/configmaps", None, &mut json!({"metadata": {"annotations": {APPROVED_BY: "y"}}})).is_ok()
         );
+    }
+    #[test]
+    fn only_the_controller_writes_the_shard_label() {
+        let stored = json!({"metadata": {"name": "web", "labels": {SHARD_LABEL: "r1"}}});
+        let mut moved = json!({"metadata": {"name": "web", "labels": {SHARD_LABEL: "r2"}}});
+        assert!(keep_shard_label(GROUP, Some(&stored), &mut moved, false).is_err_and(|e| e.contains(SHARD_LABEL)));
+        assert!(keep_shard_label(GROUP, None, &mut moved.clone(), false).is_err(), "not on create either");
+        let mut dropped = json!({"metadata": {"name": "web"}});
+        keep_shard_label(GROUP, Some(&stored), &mut dropped, false).expect("restored");
+        assert_eq!(dropped["metadata"]["labels"][SHARD_LABEL], "r1");
+        assert!(keep_shard_label(GROUP, Some(&stored), &mut moved, true).is_ok(), "the controller moves it");
+        assert!(keep_shard_label("/configmaps", None, &mut moved, false).is_ok(), "other kinds are not ours");
     }
 }

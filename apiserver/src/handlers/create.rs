@@ -108,9 +108,16 @@ impl Core {
         {
             m.remove("status");
         }
-        crate::auth::approver::keep(&rt.storage, None, obj).map_err(|m| {
-            ApiError::invalid(&rt.kind, &rt.group, &name, vec![crate::error::Cause::new("FieldValueForbidden", "metadata.annotations", m)])
-        })?;
+        crate::auth::approver::keep(&rt.storage, None, obj)
+            .and_then(|()| crate::auth::approver::keep_shard_label(&rt.storage, None, obj, self.may_write_shard_label(opts)))
+            .map_err(|m| {
+                ApiError::invalid(
+                    &rt.kind,
+                    &rt.group,
+                    &name,
+                    vec![crate::error::Cause::new("FieldValueForbidden", "metadata.annotations", m)],
+                )
+            })?;
         self.normalize(rt, obj, None)?;
         Self::admit(rt, obj)?;
         if let Some(guard) = &opts.escalation {

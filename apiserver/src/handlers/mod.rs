@@ -255,6 +255,15 @@ impl Core {
         core
     }
 
+    /// Whether the writer of `opts` may write the controller's shard label: the server's own
+    /// writes and the exempt identities (the controller, `system:masters`).
+    pub fn may_write_shard_label(&self, opts: &WriteOptions) -> bool {
+        match &opts.user {
+            None => true,
+            Some(user) => self.limits.exempt_users.contains(user) || opts.groups.iter().any(|g| self.limits.exempt_groups.contains(g)),
+        }
+    }
+
     /// A decode meter for one request, charged to the process-wide budget (within the fair
     /// share of `flow`, when given).
     pub fn meter(&self, flow: Option<String>) -> Option<Arc<Meter>> {

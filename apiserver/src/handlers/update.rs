@@ -172,9 +172,11 @@ impl Core {
         let mut warnings = vec![];
         separate_status(rt, &old, &mut new, status, applied);
         keep_server_metadata(rt, &old, &mut new, applied)?;
-        crate::auth::approver::keep(&rt.storage, Some(&old), &mut new).map_err(|m| {
-            ApiError::invalid(&rt.kind, &rt.group, &name, vec![Cause::new("FieldValueForbidden", "metadata.annotations", m)])
-        })?;
+        crate::auth::approver::keep(&rt.storage, Some(&old), &mut new)
+            .and_then(|()| crate::auth::approver::keep_shard_label(&rt.storage, Some(&old), &mut new, self.may_write_shard_label(opts)))
+            .map_err(|m| {
+                ApiError::invalid(&rt.kind, &rt.group, &name, vec![Cause::new("FieldValueForbidden", "metadata.annotations", m)])
+            })?;
         refuse_new_finalizers_while_deleting(rt, &old, &new, &name)?;
         self.normalize(rt, &mut new, Some(&old))?;
         Self::admit(rt, &new)?;
