@@ -63,7 +63,12 @@ impl Page {
     /// The next chunk: items from `next` until the chunk is full or the page ends.
     fn chunk(&mut self) -> Vec<u8> {
         let mut out = self.head.take().unwrap_or_default();
-        while self.next < self.entries.len() && out.len() < CHUNK {
+        // A chunk also ends once it has taken CHUNK stored bytes: exactly the items
+        // [`Page::next_largest`] looked at when the chunk was charged (rendered rows can be far
+        // smaller than the objects they are made from).
+        let mut stored = 0;
+        while self.next < self.entries.len() && out.len() < CHUNK && stored < CHUNK {
+            stored += self.entries[self.next].bytes.len();
             if self.next > 0 {
                 out.push(b',');
             }
@@ -197,6 +202,30 @@ mod tests {
         let render: Render = Arc::new(|e: &Entry| e.bytes.to_vec());
         let (_, all) = collect(streamed(b"{\"items\":[".to_vec(), b"]}", vec![], render, true, None)).await;
         assert_eq!(serde_json::from_slice::<Value>(&all)?, json!({"items": []}));
+        Ok(())
+    }
+    #[tokio::test]
+    async fn every_item_a_chunk_decodes_is_covered_by_its_charge() -> anyhow::Result<()> {
+        // A small object first, then large ones whose rows render small (a Table without the
+        // object): each chunk's charge must cover the largest object it decodes.
+        let mut entries = vec![entry("small", 70_000)];
+        entries.extend((0..6).map(|i| entry(&format!("large{i}"), 300_000)));
+        let charged: Arc<std::sync::Mutex<Vec<usize>>> = Arc::default();
+        let decoded: Arc<std::sync::Mutex<Vec<(usize, usize)>>> = Arc::default();
+        let (c, d) = (charged.clone(), decoded.clone());
+        let charge: Charge = Arc::new(move |largest| {
+            c.lock().map(|mut v| v.push(largest)).ok()?;
+            Some(Box::new(()) as Box<dyn Send>)
+        });
+        let render: Render = Arc::new(move |e: &Entry| {
+            let _ = d.lock().map(|mut v| v.push((e.bytes.len(), 0)));
+            b"{}".to_vec()
+        });
+        let (sizes, _) = collect(streamed(b"{\"rows\":[".to_vec(), b"]}", entries, render, true, Some(charge))).await;
+        let charged = charged.lock().map(|v| v.clone()).unwrap_or_default();
+        assert_eq!(charged.len(), sizes.len(), "one charge per chunk: {charged:?} {sizes:?}");
+        assert!(charged.iter().skip(1).all(|c| *c >= 300_000), "every chunk after the first holds a large object: {charged:?}");
+        assert!(charged[0] >= 70_000 && charged.len() >= 6, "{charged:?}");
         Ok(())
     }
 }

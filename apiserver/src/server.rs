@@ -775,6 +775,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let body = read_body(req, core.limits.body_read_timeout).await?;
             let heavy = body.len() > LARGE_WRITE;
             let obj = decode_body(body, &ct, &opts.decode).await?;
+            let heavy = heavy || decoded_large(&opts.decode);
             let (c, r, n) = (core.clone(), rt.clone(), t.namespace.clone());
             let w = off_workers(heavy, shape.flow.clone(), async move { c.create(&r, n.as_deref(), obj, &opts).await }).await?;
             Ok(with_warnings(shaped(&core, &rt, w.output, 201, &shape).await?, &w.warnings))
@@ -785,6 +786,7 @@ async fn resource(core: Arc<Core>, req: Request<Incoming>, t: Target) -> ApiResu
             let body = read_body(req, core.limits.body_read_timeout).await?;
             let heavy = body.len() > LARGE_WRITE || stored_size(&core, &rt, ns, name) > LARGE_WRITE;
             let obj = decode_body(body, &ct, &opts.decode).await?;
+            let heavy = heavy || decoded_large(&opts.decode);
             let (c, r, n, name) = (core.clone(), rt.clone(), t.namespace.clone(), name.clone());
             let w =
                 off_workers(heavy, shape.flow.clone(), async move { c.update(&r, n.as_deref(), &name, obj, status, &opts).await }).await?;
@@ -818,12 +820,26 @@ const LARGE_WRITE: usize = 64 * 1024;
 /// Whether a small patch body may make a large object: JSON patch `copy`/`move` operations
 /// (each may duplicate a subtree), or YAML aliases in an apply body.
 fn may_expand(kind: PatchType, body: &[u8]) -> bool {
-    let has = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+    #[derive(serde::Deserialize)]
+    struct Op {
+        #[serde(default)]
+        op: String,
+    }
     match kind {
-        PatchType::Json => has(b"copy") || has(b"move"),
-        PatchType::Apply => has(b"*"),
+        // The operations decoded (an escaped `\u0063opy` is a copy too); undecodable: the patch
+        // fails anyway, as a large write.
+        PatchType::Json => serde_json::from_slice::<Vec<Op>>(body).map_or(true, |ops| ops.iter().any(|o| o.op == "copy" || o.op == "move")),
+        PatchType::Apply => body.contains(&b'*'),
         PatchType::Merge | PatchType::Strategic => false,
     }
+}
+
+/// A decoded body estimated ([`Meter::charged`]) above this makes its write a large one.
+const LARGE_DECODED: usize = 1024 * 1024;
+
+/// Whether a decoded body made its write a large one (YAML aliases expand a small text).
+fn decoded_large(meter: &Option<Arc<Meter>>) -> bool {
+    meter.as_ref().is_some_and(|m| m.charged() > LARGE_DECODED)
 }
 
 /// The stored size of an object (0 when there is none).
@@ -1125,6 +1141,16 @@ fn content_type(req: &Request<Incoming>) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_patch_that_may_make_a_large_object_is_a_large_write() {
+        use super::{PatchType, may_expand};
+        assert!(may_expand(PatchType::Json, br#"[{"op":"copy","from":"/a","path":"/b"}]"#));
+        assert!(may_expand(PatchType::Json, br#"[{"op":"\u0063opy","from":"/a","path":"/b"}]"#), "escaped");
+        assert!(!may_expand(PatchType::Json, br#"[{"op":"replace","path":"/a","value":"copy"}]"#));
+        assert!(may_expand(PatchType::Apply, b"a: &x [1]\nb: *x\n"));
+        assert!(!may_expand(PatchType::Merge, b"{}"));
+    }
+
     use super::*;
 
     #[test]

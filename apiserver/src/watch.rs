@@ -155,13 +155,13 @@ impl Emitter {
     }
 
     /// One event. The object is sent as stored (shared, never copied per watcher), or shaped
-    /// (Table row, partial metadata) after room for it was counted.
+    /// (Table row, partial metadata, another version) after room for it was counted.
     async fn send(&mut self, kind: &str, e: &Entry) -> bool {
         let deadline = tokio::time::Instant::now() + self.core.limits.slow_reader_timeout;
         let prefix = Bytes::from(format!("{{\"type\":\"{kind}\",\"object\":"));
         let suffix = Bytes::from_static(b"}\n");
-        if self.table.is_none() && !self.partial {
-            let object = self.core.render(&self.rt, e);
+        if self.table.is_none() && !self.partial && e.api_version == self.rt.api_version() {
+            let object = e.bytes.clone();
             let len = prefix.len() + object.len() + suffix.len();
             return self.room(len, deadline).await && self.push(vec![prefix, object, suffix], len, deadline).await;
         }
@@ -172,14 +172,17 @@ impl Emitter {
             return false;
         }
         let headers = !self.sent_headers;
-        self.sent_headers = true;
-        let (core, rt, table, bytes, rv) = (self.core.clone(), self.rt.clone(), self.table.clone(), e.bytes.clone(), e.rv);
+        self.sent_headers |= self.table.is_some();
+        let (core, rt, table, partial, bytes, rv) =
+            (self.core.clone(), self.rt.clone(), self.table.clone(), self.partial, e.bytes.clone(), e.rv);
+        // A Table row, partial metadata, or the object converted to the watched version.
         let shaped = move || match table {
             Some(inc) => {
                 let obj = core.convert(&rt, serde_json::from_slice(&bytes).unwrap_or_default());
                 serde_json::to_vec(&table::table(&rt, vec![obj], Some(rv.to_string()), None, &inc, headers)).unwrap_or_default()
             }
-            None => serde_json::to_vec(&list_body::partial_object(&bytes)).unwrap_or_default(),
+            None if partial => serde_json::to_vec(&list_body::partial_object(&bytes)).unwrap_or_default(),
+            None => serde_json::to_vec(&core.convert(&rt, serde_json::from_slice(&bytes).unwrap_or_default())).unwrap_or_default(),
         };
         // A large object is decoded on a blocking thread, not on the async worker that
         // serves every other request, and its decoding is charged to the watcher's flow
