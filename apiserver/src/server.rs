@@ -908,17 +908,39 @@ async fn off_workers<T: Send + 'static>(
 const LARGE_WRITES_PER_FLOW: usize = 2;
 
 /// GET, PUT and PATCH of `.../NAME/scale` (see [`crate::scale`]).
+// A large object's scale is read and written like any large object: GET decodes it on a
+// blocking thread with the decode charged to the request's flow; PUT and PATCH are large writes
+// (off_workers: two at a time, two per flow).
 async fn scale(
-    core: &Core,
+    core: &Arc<Core>,
     req: Request<Incoming>,
     q: &Query,
-    rt: &ResourceType,
+    rt: &Arc<ResourceType>,
     ns: Option<&str>,
     name: &str,
 ) -> ApiResult<Response<Body>> {
     let method = req.method().clone();
+    let large = stored_size(core, rt, ns, name) > LARGE_WRITE;
+    let flow = req.extensions().get::<DecodeFlow>().map(|f| f.0.clone());
+    let (c, r, n, nm) = (core.clone(), rt.clone(), ns.map(str::to_string), name.to_string());
     if method == Method::GET {
-        return core.get_scale(rt, ns, name).map(|s| value_response(200, &s));
+        if !large {
+            return core.get_scale(rt, ns, name).map(|s| value_response(200, &s));
+        }
+        let charged = match request_meter(core, &req) {
+            Some(m) => {
+                m.reserve(stored_size(core, rt, ns, name).saturating_mul(provisioning_yaml::bounded::LIMIT_PER_BYTE))
+                    .map_err(crate::handlers::decode_refusal)?;
+                Some(m)
+            }
+            None => None,
+        };
+        return tokio::task::spawn_blocking(move || {
+            let _charged = charged;
+            c.get_scale(&r, n.as_deref(), &nm).map(|s| value_response(200, &s))
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("reading the scale: {e}")))?;
     }
     if method != Method::PUT && method != Method::PATCH {
         return Err(ApiError::method_not_allowed(format!("method {method} is not supported on this path")));
@@ -928,10 +950,14 @@ async fn scale(
     let kind = if method == Method::PATCH { Some(PatchType::from_content_type(&ct)?) } else { None };
     let body = read_body(req, core.limits.body_read_timeout).await?;
     let doc = decode_body(body, if kind.is_some() { "application/json" } else { &ct }, &opts.decode).await?;
-    let s = match kind {
-        Some(k) => core.patch_scale(rt, ns, name, k, &doc, &opts).await?,
-        None => core.update_scale(rt, ns, name, &doc, &opts).await?,
-    };
+    let heavy = large || decoded_large(&opts.decode);
+    let s = off_workers(heavy, flow, async move {
+        match kind {
+            Some(k) => c.patch_scale(&r, n.as_deref(), &nm, k, &doc, &opts).await,
+            None => c.update_scale(&r, n.as_deref(), &nm, &doc, &opts).await,
+        }
+    })
+    .await?;
     Ok(value_response(200, &s))
 }
 
@@ -1085,13 +1111,22 @@ async fn delete(core: &Arc<Core>, req: Request<Incoming>, q: &Query, t: &Target)
     let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
     let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), FieldLabels::for_resource(&rt.storage, &rt.group))?;
     let meter = request_meter(core, &req);
+    let req_flow = req.extensions().get::<DecodeFlow>().map(|f| f.0.clone());
     let body = read_body(req, core.limits.body_read_timeout).await?;
     let dopts: Value = if body.iter().all(u8::is_ascii_whitespace) { json!({}) } else { decode_body(body, &ct, &meter).await? };
     let opts = delete_options(q, &dopts)?;
     match &t.name {
         Some(name) => {
-            let out = core.delete(rt, ns, name, &opts).await?;
-            Ok(single(core, rt, &out, 200, &None))
+            // Deleting a large object decodes and may rewrite it: a large write.
+            let heavy = stored_size(core, rt, ns, name) > LARGE_WRITE;
+            let flow = req_flow.clone();
+            let (c, r, n, nm) = (core.clone(), rt.clone(), t.namespace.clone(), name.clone());
+            let out = off_workers(heavy, flow, async move {
+                let out = c.delete(&r, n.as_deref(), &nm, &opts).await?;
+                Ok(single(&c, &r, &out, 200, &None))
+            })
+            .await?;
+            Ok(out)
         }
         None => {
             let (entries, rv, _, _) = core.list(rt, ns, &labels, &fields, None, None)?;
@@ -1141,6 +1176,16 @@ fn content_type(req: &Request<Incoming>) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_media_type_parameter_does_not_make_a_body_yaml() {
+        use provisioning_yaml::bounded::Meter;
+        let meter = Meter::unshared();
+        let yaml_only = b"a: &x [1]\nb: *x\n";
+        assert!(crate::handlers::parse_body(yaml_only, "application/merge-patch+json; x=yaml", &meter).is_err(), "JSON only");
+        assert!(crate::handlers::parse_body(yaml_only, "application/yaml; charset=utf-8", &meter).is_ok());
+        assert!(crate::handlers::parse_body(br#"{"a":1}"#, "application/json; x=yaml", &meter).is_ok());
+    }
+
     #[test]
     fn a_patch_that_may_make_a_large_object_is_a_large_write() {
         use super::{PatchType, may_expand};

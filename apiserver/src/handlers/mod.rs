@@ -200,10 +200,12 @@ pub fn parse_body(body: &[u8], content_type: &str, meter: &Meter) -> ApiResult<V
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request("the request body is empty"));
     }
-    if content_type.contains("protobuf") {
+    // The media type itself, not its parameters (`application/merge-patch+json; x=yaml` is JSON).
+    let media = content_type.split(';').next().unwrap_or_default().trim();
+    if media.contains("protobuf") {
         return crate::protobuf::decode(body, meter);
     }
-    let yaml = content_type.contains("yaml");
+    let yaml = media.contains("yaml");
     let decode_error = |e: DecodeError, what: &str| match e {
         DecodeError::Syntax(e) => ApiError::bad_request(format!("{what}: {e}")),
         e => decode_refusal(e),
