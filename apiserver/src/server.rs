@@ -706,15 +706,16 @@ fn single(core: &Core, rt: &ResourceType, out: &Output, code: u16, table: &Optio
     }
 }
 
-/// One object in the shape asked for ([`single`]). A Table of an object over 64 KiB is made on a
-/// blocking thread, its decoding charged to the request's flow first (429 when the budget cannot
-/// cover it).
+/// One object in the shape asked for ([`single`]). An object over 64 KiB that must be decoded to
+/// answer (a Table, or a stored object served in another version, as an Event read as
+/// events.k8s.io) is made on a blocking thread, its decoding charged to the request's flow first
+/// (429 when the budget cannot cover it); otherwise the stored bytes are sent as they are.
 async fn shaped(core: &Arc<Core>, rt: &Arc<ResourceType>, out: Output, code: u16, shape: &Shape) -> ApiResult<Response<Body>> {
-    let len = match &out {
-        Output::Stored(e) => e.bytes.len(),
-        Output::Transient(_) => 0,
+    let (len, converted) = match &out {
+        Output::Stored(e) => (e.bytes.len(), e.api_version != rt.api_version()),
+        Output::Transient(_) => (0, false),
     };
-    if shape.table.is_none() || len <= LARGE_WRITE {
+    if (shape.table.is_none() && !converted) || len <= LARGE_WRITE {
         return Ok(single(core, rt, &out, code, &shape.table));
     }
     let charged = match &shape.meter {

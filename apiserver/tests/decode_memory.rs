@@ -239,26 +239,7 @@ async fn decoding_costs_bounded_memory_per_body_and_per_process() -> TestResult 
     let (code, text) = post(&client, CM, PROTOBUF, protobuf_configmap("few-fins", 1)).await?;
     assert_eq!(code, 201, "{text}");
 
-    // 3b. Shaping stored objects draws on the same budget (third re-review, H1): a Table of a
-    //     2.9 MB object would decode to up to 64 bytes per byte, beyond the 160 MiB budget: the
-    //     tenant's list and get as a Table are refused before they start (429), its plain list is
-    //     served, and the exempt admin's Table too.
-    let big = format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"big"}},"data":{{"a":"{}"}}}}"#, "x".repeat(2_900_000));
-    let (code, text) = post(&admin, CM, "application/json", big.into_bytes()).await?;
-    assert_eq!(code, 201, "{text}");
-    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
-    for (who, c, path, accept, want) in [
-        ("tenant", &client, CM.to_string(), TABLE, 429),
-        ("tenant", &client, format!("{CM}/big"), TABLE, 429),
-        ("tenant", &client, CM.to_string(), "application/json", 200),
-        ("admin", &admin, CM.to_string(), TABLE, 200),
-    ] {
-        let req = http::Request::builder().uri(&path).header("accept", accept).body(kube::client::Body::empty())?;
-        let resp = c.send(req).await?;
-        let code = resp.status().as_u16();
-        let body = http_body_util::BodyExt::collect(resp.into_body()).await?.to_bytes();
-        assert_eq!(code, want, "{who} GET {path} as {accept}: {}", String::from_utf8_lossy(&body[..body.len().min(300)]));
-    }
+    shaping_is_charged(&admin, &client).await?;
 
     // 4. The budget is given back: the server decodes and answers as before.
     let (code, text) = post(&client, CM, "application/json", long_list()).await?;
@@ -267,5 +248,41 @@ async fn decoding_costs_bounded_memory_per_body_and_per_process() -> TestResult 
         post(&client, CM, "application/yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: after}\ndata: {a: b}\n".to_vec()).await?;
     assert_eq!(code, 201, "{text}");
     ts.server.shutdown().await;
+    Ok(())
+}
+
+async fn shaping_is_charged(admin: &kube::Client, client: &kube::Client) -> TestResult {
+    // 3b. Shaping stored objects draws on the same budget (third re-review, H1): a Table of a
+    //     2.9 MB object would decode to up to 64 bytes per byte, beyond the 160 MiB budget: the
+    //     tenant's list and get as a Table are refused before they start (429), its plain list is
+    //     served, and the exempt admin's Table too.
+    let big = format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"big"}},"data":{{"a":"{}"}}}}"#, "x".repeat(2_900_000));
+    let (code, text) = post(admin, CM, "application/json", big.into_bytes()).await?;
+    assert_eq!(code, 201, "{text}");
+    // A 2.9 MB Event is stored as core/v1; read as events.k8s.io/v1 it is decoded to be
+    // converted (sixth re-review, M1): charged like a Table.
+    let event = format!(
+        r#"{{"apiVersion":"v1","kind":"Event","metadata":{{"name":"bigev"}},"involvedObject":{{"kind":"ConfigMap","name":"big"}},"reason":"R","message":"{}"}}"#,
+        "x".repeat(2_900_000)
+    );
+    let (code, text) = post(admin, "/api/v1/namespaces/default/events", "application/json", event.into_bytes()).await?;
+    assert_eq!(code, 201, "{}", &text[..text.len().min(300)]);
+    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+    for (who, c, path, accept, want) in [
+        ("tenant", client, "/apis/events.k8s.io/v1/namespaces/default/events/bigev".to_string(), "application/json", 429),
+        ("tenant", client, "/api/v1/namespaces/default/events/bigev".to_string(), "application/json", 200),
+        ("admin", admin, "/apis/events.k8s.io/v1/namespaces/default/events/bigev".to_string(), "application/json", 200),
+        ("tenant", client, CM.to_string(), TABLE, 429),
+        ("tenant", client, format!("{CM}/big"), TABLE, 429),
+        ("tenant", client, CM.to_string(), "application/json", 200),
+        ("admin", admin, CM.to_string(), TABLE, 200),
+    ] {
+        let req = http::Request::builder().uri(&path).header("accept", accept).body(kube::client::Body::empty())?;
+        let resp = c.send(req).await?;
+        let code = resp.status().as_u16();
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await?.to_bytes();
+        assert_eq!(code, want, "{who} GET {path} as {accept}: {}", String::from_utf8_lossy(&body[..body.len().min(300)]));
+    }
+
     Ok(())
 }

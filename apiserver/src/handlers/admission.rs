@@ -19,25 +19,29 @@ fn obj_name(obj: &Value) -> (String, String) {
 
 impl Core {
     /// ClusterIPs and node ports of the stored Services (other than `except`, the one written).
+    /// Each Service's allocation is read once per revision (only `spec.clusterIP(s)` and the
+    /// ports' `nodePort`s are decoded) and kept in [`Core::service_allocations`]: creating a
+    /// Service never re-decodes every stored Service.
     fn services_taken(&self, except: (String, String)) -> super::defaults::Taken {
         let mut t = super::defaults::Taken { ips: Default::default(), node_ports: Default::default() };
-        // The entries are shared and decoded after the store's lock is given back: a long read
+        // The entries are shared and read after the store's lock is given back: a long read
         // would hold up the writer, and every reader queued behind it.
         let services: Vec<_> = self.store.read().candidates("/services", None, &Default::default(), None).cloned().collect();
+        let mut cache = self.service_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut fresh = std::collections::HashMap::with_capacity(services.len());
         for e in services {
-            if (e.key.namespace.as_str(), e.key.name.as_str()) == (except.0.as_str(), except.1.as_str()) {
-                continue;
+            let key = (e.key.namespace.clone(), e.key.name.clone());
+            let alloc = match cache.remove(&key) {
+                Some(a) if a.rv == e.rv => a,
+                _ => super::defaults::Allocation::of(e.rv, &e.bytes),
+            };
+            if key != except {
+                t.ips.extend(alloc.ips.iter().cloned());
+                t.node_ports.extend(alloc.node_ports.iter().copied());
             }
-            let v = e.value();
-            if let Some(ip) = v["spec"]["clusterIP"].as_str() {
-                t.ips.insert(ip.to_string());
-            }
-            for p in v["spec"]["ports"].as_array().into_iter().flatten() {
-                if let Some(n) = p["nodePort"].as_u64() {
-                    t.node_ports.insert(n);
-                }
-            }
+            fresh.insert(key, alloc);
         }
+        *cache = fresh;
         t
     }
 
@@ -111,7 +115,9 @@ impl Core {
     pub(super) fn normalize(&self, rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> ApiResult<()> {
         if rt.group.is_empty() || matches!(rt.group.as_str(), "apps" | "batch") {
             let who = obj_name(obj);
-            super::defaults::apply(&rt.storage, obj, old, || self.services_taken(who));
+            let name = who.1.clone();
+            super::defaults::apply(&rt.storage, obj, old, || self.services_taken(who))
+                .map_err(|causes| ApiError::invalid(&rt.kind, &rt.group, &name, causes))?;
         }
         match rt.storage.as_str() {
             "/secrets" => {

@@ -163,6 +163,9 @@ pub struct Core {
     pub decode: Arc<DecodeBudget>,
     /// Bytes all watchers may hold queued ([`Limits::watch_memory`]).
     pub watch_buffers: Arc<DecodeBudget>,
+    /// Each stored Service's cluster IPs and node ports by (namespace, name), as of a revision
+    /// (admission's `services_taken`).
+    service_allocations: std::sync::Mutex<std::collections::HashMap<(String, String), defaults::Allocation>>,
 }
 
 /// RFC 3339 timestamp of now with second precision, as Kubernetes writes them.
@@ -252,6 +255,7 @@ impl Core {
             stats: Arc::default(),
             decode,
             watch_buffers,
+            service_allocations: Default::default(),
         });
         core.rebuild_registry_now();
         core
