@@ -1131,14 +1131,36 @@ async fn delete(core: &Arc<Core>, req: Request<Incoming>, q: &Query, t: &Target)
         }
         None => {
             let (entries, rv, _, _) = core.list(rt, ns, &labels, &fields, None, None)?;
+            // Each object's delete decodes it: a large one is a large write of its own (the
+            // flow's turns, not an async worker). The answer lists the deleted objects while they
+            // are small together; beyond that it is a Status (as upstream answers a collection
+            // delete that returns no list), so a slow reader holds no copy of what was deleted.
             let mut deleted = vec![];
+            let (mut total, mut listed) = (0usize, true);
             for e in entries {
-                let ens = if rt.namespaced { Some(e.key.namespace.as_str()) } else { None };
-                match core.delete(rt, ens, &e.key.name, &opts).await {
-                    Ok(_) => deleted.push(e),
+                let ens = if rt.namespaced { Some(e.key.namespace.clone()) } else { None };
+                let (c, r, nm, o) = (core.clone(), rt.clone(), e.key.name.clone(), opts.clone());
+                let heavy = e.bytes.len() > LARGE_WRITE;
+                match off_workers(heavy, req_flow.clone(), async move { c.delete(&r, ens.as_deref(), &nm, &o).await.map(|_| ()) }).await {
+                    Ok(()) => {
+                        total = total.saturating_add(e.bytes.len());
+                        listed = listed && total <= LARGE_WRITE;
+                        if listed {
+                            deleted.push(e);
+                        } else {
+                            deleted.clear();
+                        }
+                    }
                     Err(err) if err.code == 404 => {}
                     Err(err) => return Err(err),
                 }
+            }
+            if !listed {
+                let details = json!({"group": rt.group, "kind": rt.plural});
+                return Ok(value_response(
+                    200,
+                    &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200, "details": details}),
+                ));
             }
             Ok(json_response(200, core.list_body(rt, &deleted, rv, None, None)))
         }
