@@ -92,13 +92,46 @@ pub fn approver(annotations: Option<&std::collections::BTreeMap<String, String>>
 /// spec generation (the embedded API server writes it; clients cannot).
 pub const ANNOTATION_CHANGED_BY: &str = "provisioning.dev/changed-by";
 
+/// Whether the API server the controller talks to records who set an approval and who changed
+/// a spec (`approved-by`, `approved-by-groups`, `changed-by`) and refuses clients that write
+/// them: decided once at start-up ([`set_writers_recorded`]). Until then, and whenever it is
+/// not known, nothing a client could have written is trusted.
+static WRITERS_RECORDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets whether the API server records writers (see [`WRITERS_RECORDED`]): the embedded
+/// control plane does; another API server only with an admission webhook that stamps the
+/// annotations (config `api_server_records_writers = true`).
+pub fn set_writers_recorded(recorded: bool) {
+    WRITERS_RECORDED.store(recorded, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether an API server whose `/version` says `git_version` is the embedded control plane
+/// (which stamps the annotations and refuses clients that write them).
+pub fn version_records_writers(git_version: &str) -> bool {
+    git_version.ends_with("+provisioning")
+}
+
 /// The value of the server-owned annotation `key` (`approved-by`, `changed-by`): counted only
-/// when no field manager owns it (the API server stamped it; a client that wrote it owns it).
+/// when the API server records it ([`set_writers_recorded`]) and no field manager owns it (a
+/// client that wrote it owns it). On another API server a client can write the annotation and
+/// then reset managedFields, so there nothing is trusted.
 pub fn server_stamped(
     annotations: Option<&std::collections::BTreeMap<String, String>>,
     managed_fields: &[ManagedFieldsEntry],
     key: &str,
 ) -> Option<String> {
+    stamped_if(WRITERS_RECORDED.load(std::sync::atomic::Ordering::SeqCst) || cfg!(test), annotations, managed_fields, key)
+}
+
+fn stamped_if(
+    recorded: bool,
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    managed_fields: &[ManagedFieldsEntry],
+    key: &str,
+) -> Option<String> {
+    if !recorded {
+        return None;
+    }
     let field = format!("f:{key}");
     let owned = managed_fields
         .iter()
@@ -239,6 +272,19 @@ pub fn stale(gate: &Gate, plan: &Plan) -> Option<Note> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stamps_count_only_where_the_api_server_records_them() {
+        let annotations: std::collections::BTreeMap<String, String> =
+            [("provisioning.dev/approved-by".to_string(), "system:admin".to_string())].into();
+        // No manager owns it (managedFields reset): trusted on the embedded control plane only.
+        assert_eq!(stamped_if(true, Some(&annotations), &[], "provisioning.dev/approved-by").as_deref(), Some("system:admin"));
+        assert_eq!(stamped_if(false, Some(&annotations), &[], "provisioning.dev/approved-by"), None);
+        assert!(version_records_writers("v1.37.0+provisioning"));
+        for other in ["v1.31.2", "v1.30.4-eks-a737599", "v1.29.1+k3s1", "v1.37.0+provisioning-fork", ""] {
+            assert!(!version_records_writers(other), "{other}");
+        }
+    }
 
     fn plan(id: &str) -> Plan {
         Plan {

@@ -87,6 +87,12 @@ pub struct ControllerConfig {
     /// Upper bound of every service's health-check interval, in seconds (0: the catalog's
     /// own intervals). `provisioning test` sets it so checks run again soon after Ready.
     pub max_health_interval_secs: u64,
+    /// Whether the API server records who sets an approval and who changes a spec
+    /// (`provisioning.dev/approved-by`, `-groups`, `changed-by`) and refuses clients that
+    /// write them. Unset: detected (the embedded control plane does; on another API server a
+    /// client can write them, so Manual approvals there are refused). Set `true` only with an
+    /// admission webhook that stamps them and refuses other writers.
+    pub api_server_records_writers: Option<bool>,
 }
 
 impl Default for ControllerConfig {
@@ -111,6 +117,7 @@ impl Default for ControllerConfig {
             catalogs: Vec::new(),
             catalog_overrides: Vec::new(),
             max_health_interval_secs: 0,
+            api_server_records_writers: None,
         }
     }
 }

@@ -103,6 +103,10 @@ pub async fn run_with_metrics(
         host.catalog = Some(crate::host::materialize_catalog(&catalog, &config.state_dir)?);
     }
     host.log_problems();
+    crate::approval::set_writers_recorded(match config.api_server_records_writers {
+        Some(set) => set,
+        None => api_server_records_writers(&client).await,
+    });
     let mut ctx = Context::new(client.clone(), config.clone(), metrics.clone(), stores.clone(), identity, host);
     ctx.shard = shard.clone();
     let ctx = Arc::new(ctx);
@@ -174,4 +178,23 @@ async fn report_cache_sync(stores: Stores, health: Health) {
     }
     tracing::info!(took_ms = started.elapsed().as_millis() as u64, "watch caches synced");
     health.set_ready(true);
+}
+
+/// Whether the API server records who approves and who changes objects (the embedded control
+/// plane, by its `/version`); logged once when it does not.
+async fn api_server_records_writers(client: &Client) -> bool {
+    match client.apiserver_version().await {
+        Ok(v) if crate::approval::version_records_writers(&v.git_version) => true,
+        Ok(v) => {
+            tracing::info!(
+                version = %v.git_version,
+                "this API server does not record who approves or changes objects: Manual approvals are refused (ApprovalRefused) unless an admission webhook stamps provisioning.dev/approved-by and the controller's config says api_server_records_writers = true"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the API server's version: approvals it may not have recorded are not trusted");
+            false
+        }
+    }
 }
