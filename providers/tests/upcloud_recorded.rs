@@ -667,3 +667,62 @@ async fn the_provider_sends_what_upcloud_recorded() -> TestResult {
         Err(format!("the provider's requests differ from recorded UpCloud traffic:\n{}", failures.join("\n")).into())
     }
 }
+
+/// The provider's response types read every recorded response of the operations it performs
+/// (`serde` ignores fields it does not use: this checks the fields it needs are there, with
+/// the types it expects), and the recorded error is classified by its status and code.
+#[test]
+fn the_provider_reads_recorded_responses() -> TestResult {
+    use provisioning_providers::ProviderError;
+    use provisioning_providers::upcloud::model::{FirewallRuleListResponse, ServerDetailsResponse, ServerListResponse};
+    use provisioning_providers::upcloud::{classify_error, machine_state};
+    let mut failures = Vec::new();
+    let mut read = 0;
+    for interaction in load_all()? {
+        let body = &interaction.response_body;
+        let result = match (interaction.code, interaction.operation().as_str()) {
+            (200..=299, "POST /server" | "GET /server/{uuid}" | "POST /server/{uuid}/stop") => {
+                serde_json::from_str::<ServerDetailsResponse>(body).map(|r| {
+                    if matches!(machine_state(&r.server.state), MachineState::Other(_)) {
+                        failures.push(format!("{}: state {:?} is not mapped", interaction.name(), r.server.state));
+                    }
+                    if r.server.ip_addresses.ip_address.iter().all(|ip| ip.access != "public") {
+                        failures.push(format!("{}: no public address read", interaction.name()));
+                    }
+                })
+            }
+            (200..=299, "GET /server") => serde_json::from_str::<ServerListResponse>(body).map(|r| {
+                if r.servers.server.iter().any(|s| s.labels.label.is_empty()) {
+                    failures.push(format!("{}: a listed server's labels were not read", interaction.name()));
+                }
+            }),
+            (200..=299, "GET /server/{uuid}/firewall_rule") => serde_json::from_str::<FirewallRuleListResponse>(body).map(|_| ()),
+            (400..=599, _) => {
+                let error = classify_error("UpCloud test", interaction.code, None, body);
+                let code = json(body).and_then(|b| b.pointer("/error/error_code").and_then(Value::as_str).map(str::to_string));
+                if let Some(code) = code
+                    && !error.to_string().contains(&code)
+                {
+                    failures.push(format!("{}: the error {error} does not name {code}", interaction.name()));
+                }
+                if interaction.code == 400 && !matches!(error, ProviderError::InvalidRequest(_)) {
+                    failures.push(format!("{}: a 400 is classified as {error:?}", interaction.name()));
+                }
+                Ok(())
+            }
+            _ => continue,
+        };
+        read += 1;
+        if let Err(e) = result {
+            failures.push(format!("{}: unreadable: {e}", interaction.name()));
+        }
+    }
+    if read < 20 {
+        failures.push(format!("only {read} recorded responses were read"));
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("recorded UpCloud responses the provider misreads:\n{}", failures.join("\n")).into())
+    }
+}
