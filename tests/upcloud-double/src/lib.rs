@@ -13,8 +13,10 @@
 //!   networking, login user, unknown attributes. Errors come back as
 //!   `{"error": {"error_code": …, "error_message": …}}` with UpCloud's codes and statuses.
 //! - States advance over time: a new server is `maintenance` while it is created, then
-//!   `started`; `stop` takes it through `maintenance` to `stopped`; delete needs `stopped`
+//!   `started`; `stop` (`200`, the server as it was) takes it through `maintenance` to
+//!   `stopped`; `start` brings a stopped one back; delete needs `stopped`
 //!   (`409 SERVER_STATE_ILLEGAL` otherwise) and removes the storages only with `?storages=1`.
+//!   A malformed server UUID in any `/server/{uuid}…` path is `400 SERVER_INVALID`.
 //! - `GET /1.3/server?label=key=value` filters by label (several filters are ANDed; `label=key`
 //!   matches the key alone).
 //! - Server firewall ("Firewall" in the API docs): `firewall` is `on` or `off` at create
@@ -23,7 +25,12 @@
 //!   [...]}}`, every value a string, unset ones empty) and adds one (`201`, `{"firewall_rule":
 //!   {…}}`, at `position` or last; direction and action required, a family whenever a
 //!   protocol, address or port is given); `DELETE …/firewall_rule/{position}` removes one
-//!   (`204`) and renumbers the rest.
+//!   (`204`) and renumbers the rest; `GET …/firewall_rule/{position}` shows one and `PUT
+//!   …/firewall_rule` replaces them all (`204`).
+//! - Checked against real traffic: `providers/tests/upcloud_recorded.rs` replays the requests
+//!   UpCloud's Go SDK recorded against the real API (`providers/tests/fixtures/upcloud-vcr/`)
+//!   and compares status codes, body shapes and error codes; every request received is kept
+//!   in [`UpcloudDouble::journal`] so that a client's requests can be compared too.
 #![allow(clippy::too_many_lines, reason = "a test double: each handler answers one UpCloud API route as its document describes it")]
 // Handlers return ready-made error responses through `Result`'s error side.
 #![allow(clippy::result_large_err)]
