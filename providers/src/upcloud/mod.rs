@@ -506,7 +506,11 @@ fn hostname(name: &str, namespace: &str) -> String {
 
 /// Classifies an UpCloud error response.
 pub fn classify_error(what: &str, status: u16, retry_after: Option<&str>, body: &str) -> ProviderError {
-    let detail = serde_json::from_str::<ErrorResponse>(body).ok().map(|e| e.error);
+    // The classic `{"error": {…}}` or the problem-details form of UpCloud's newer APIs.
+    let detail = serde_json::from_str::<ErrorResponse>(body)
+        .ok()
+        .map(|e| e.error)
+        .or_else(|| serde_json::from_str::<ProblemResponse>(body).ok().map(ProblemResponse::into_detail));
     let text = match &detail {
         Some(d) => format!("{what}: {} ({})", d.error_message, d.error_code),
         None => format!("{what}: HTTP {status}"),
@@ -714,5 +718,20 @@ mod tests {
         assert!(matches!(classify_error("x", 429, Some("3"), ""), ProviderError::Throttled { .. }));
         assert!(matches!(classify_error("x", 400, None, &doc("ZONE_INVALID")), ProviderError::InvalidRequest(_)));
         assert_eq!(hostname("Web_1", "Prod"), "web-1.prod");
+    }
+
+    #[test]
+    fn problem_details_errors_name_their_code() {
+        // Bodies recorded by upcloud-go-api (loadbalancer.yaml and
+        // loadbalancercerticatebundlesandfrontendtlsconfigs.yaml of upcloud/service/fixtures).
+        let not_found = r#"{"correlation_id":"01JY3V06MVWFHKM60ZYMHGE4C1","status":404,"title":"Service not found.","type":"https://developers.upcloud.com/1.3/errors#ERROR_RESOURCE_NOT_FOUND"}"#;
+        let error = classify_error("x", 404, None, not_found);
+        assert!(matches!(&error, ProviderError::NotFound(m) if m.contains("Service not found. (ERROR_RESOURCE_NOT_FOUND)")), "{error:?}");
+        let invalid = r#"{"correlation_id":"01KFDTBWFKWSYR6T8BDHY1JD5J","invalid_params":[{"name":"frontends.0.properties.http2_enabled","reason":"At least one certificate bundle must be attached to enable HTTP/2."}],"status":400,"title":"Validation error.","type":"https://developers.upcloud.com/1.3/errors#ERROR_INVALID_REQUEST"}"#;
+        let error = classify_error("x", 400, None, invalid);
+        assert!(
+            matches!(&error, ProviderError::InvalidRequest(m) if m.contains("ERROR_INVALID_REQUEST") && m.contains("frontends.0.properties.http2_enabled: At least one")),
+            "{error:?}"
+        );
     }
 }

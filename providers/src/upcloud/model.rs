@@ -347,3 +347,43 @@ pub struct ErrorDetail {
     /// Human-readable message.
     pub error_message: String,
 }
+
+/// UpCloud's newer error document (RFC 7807 problem details), which its load balancer, file
+/// storage and other newer APIs answer with (recorded by upcloud-go-api), e.g.
+/// `{"type": "https://developers.upcloud.com/1.3/errors#ERROR_RESOURCE_NOT_FOUND", "title":
+/// "Service not found.", "status": 404, "correlation_id": "…"}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProblemResponse {
+    /// A URL whose fragment is the error code.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Human-readable summary.
+    pub title: String,
+    /// Which request fields are invalid, and why.
+    #[serde(default)]
+    pub invalid_params: Vec<InvalidParam>,
+}
+
+/// One entry of `invalid_params`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct InvalidParam {
+    /// The field, e.g. `frontends.0.properties.http2_enabled`.
+    #[serde(default)]
+    pub name: String,
+    /// Why it is invalid.
+    #[serde(default)]
+    pub reason: String,
+}
+
+impl ProblemResponse {
+    /// As the classic `error` object: the code from the type's fragment, the title and each
+    /// invalid field's reason as the message.
+    pub fn into_detail(self) -> ErrorDetail {
+        let code = self.kind.rsplit_once('#').map_or(self.kind.as_str(), |(_, code)| code).to_string();
+        let mut message = self.title;
+        for param in self.invalid_params {
+            message.push_str(&format!(" {}: {}", param.name, param.reason));
+        }
+        ErrorDetail { error_code: code, error_message: message }
+    }
+}

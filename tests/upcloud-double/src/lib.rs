@@ -13,8 +13,10 @@
 //!   networking, login user, unknown attributes. Errors come back as
 //!   `{"error": {"error_code": …, "error_message": …}}` with UpCloud's codes and statuses.
 //! - States advance over time: a new server is `maintenance` while it is created, then
-//!   `started`; `stop` takes it through `maintenance` to `stopped`; delete needs `stopped`
+//!   `started`; `stop` (`200`, the server as it was) takes it through `maintenance` to
+//!   `stopped`; `start` brings a stopped one back; delete needs `stopped`
 //!   (`409 SERVER_STATE_ILLEGAL` otherwise) and removes the storages only with `?storages=1`.
+//!   A malformed server UUID in any `/server/{uuid}…` path is `400 SERVER_INVALID`.
 //! - `GET /1.3/server?label=key=value` filters by label (several filters are ANDed; `label=key`
 //!   matches the key alone).
 //! - Server firewall ("Firewall" in the API docs): `firewall` is `on` or `off` at create
@@ -23,7 +25,12 @@
 //!   [...]}}`, every value a string, unset ones empty) and adds one (`201`, `{"firewall_rule":
 //!   {…}}`, at `position` or last; direction and action required, a family whenever a
 //!   protocol, address or port is given); `DELETE …/firewall_rule/{position}` removes one
-//!   (`204`) and renumbers the rest.
+//!   (`204`) and renumbers the rest; `GET …/firewall_rule/{position}` shows one and `PUT
+//!   …/firewall_rule` replaces them all (`204`).
+//! - Checked against real traffic: `providers/tests/upcloud_recorded.rs` replays the requests
+//!   UpCloud's Go SDK recorded against the real API (`providers/tests/fixtures/upcloud-vcr/`)
+//!   and compares status codes, body shapes and error codes; every request received is kept
+//!   in [`UpcloudDouble::journal`] so that a client's requests can be compared too.
 #![allow(clippy::too_many_lines, reason = "a test double: each handler answers one UpCloud API route as its document describes it")]
 // Handlers return ready-made error responses through `Result`'s error side.
 #![allow(clippy::result_large_err)]
@@ -60,11 +67,14 @@ pub const PLANS: [(&str, u32, u32, u32); 8] = [
     ("16xCPU-64GB", 16, 65536, 1280),
 ];
 
-/// Public templates (cloud-init: they need `metadata: yes`).
-pub const TEMPLATES: [(&str, &str); 3] = [
-    ("01000000-0000-4000-8000-000020070100", "Debian GNU/Linux 12 (Bookworm)"),
-    ("01000000-0000-4000-8000-000030220200", "Ubuntu Server 22.04 LTS (Jammy Jellyfish)"),
-    ("01000000-0000-4000-8000-000030240200", "Ubuntu Server 24.04 LTS (Noble Numbat)"),
+/// Public templates: UUID, title, and whether it is a cloud-init template (those need
+/// `metadata: yes`). Debian 11 is the classic template UpCloud's own recorded traffic clones
+/// (with `metadata: no`, see `providers/tests/fixtures/upcloud-vcr/`).
+pub const TEMPLATES: [(&str, &str, bool); 4] = [
+    ("01000000-0000-4000-8000-000020060100", "Debian GNU/Linux 11 (Bullseye)", false),
+    ("01000000-0000-4000-8000-000020070100", "Debian GNU/Linux 12 (Bookworm)", true),
+    ("01000000-0000-4000-8000-000030220200", "Ubuntu Server 22.04 LTS (Jammy Jellyfish)", true),
+    ("01000000-0000-4000-8000-000030240200", "Ubuntu Server 24.04 LTS (Noble Numbat)", true),
 ];
 
 /// Timing and account of the double.
@@ -111,9 +121,15 @@ struct Server {
     labels: Vec<(String, String)>,
     phase: Phase,
     storages: Vec<String>,
-    ips: Vec<(String, String, String)>,
+    /// Network interfaces in order: type (`public`, `utility`, `private`) and addresses
+    /// (address, family).
+    interfaces: Vec<(String, Vec<(String, String)>)>,
     firewall: String,
     firewall_rules: Vec<Value>,
+    metadata: String,
+    /// Seconds since the epoch.
+    created: u64,
+    serial: u32,
 }
 
 impl Server {
@@ -135,16 +151,22 @@ impl Server {
         json!({ "label": self.labels.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>() })
     }
 
+    /// A server as `GET /1.3/server` lists it (the fields of UpCloud's recorded list).
     fn summary(&mut self) -> Value {
         let state = self.state();
         json!({
             "core_number": self.cores.to_string(),
+            "created": self.created,
+            "host": 7_653_311_107u64,
             "hostname": self.hostname,
             "labels": self.labels_json(),
             "license": 0,
             "memory_amount": self.memory.to_string(),
             "plan": self.plan,
-            "progress": "0",
+            "plan_ipv4_bytes": "0",
+            "plan_ipv6_bytes": "0",
+            "server_group": null,
+            "simple_backup": "no",
             "state": state,
             "tags": {"tag": []},
             "title": self.title,
@@ -153,22 +175,39 @@ impl Server {
         })
     }
 
+    /// A server as `GET /1.3/server/{uuid}` (and stop, start) shows it.
     fn details(&mut self, storages: &HashMap<String, Storage>) -> Value {
         let mut v = self.summary();
         v["boot_order"] = json!("disk");
         v["firewall"] = json!(self.firewall);
-        v["host"] = json!(7_653_311_107u64);
-        v["metadata"] = json!("yes");
+        v["metadata"] = json!(self.metadata);
         v["nic_model"] = json!("virtio");
         v["timezone"] = json!("UTC");
         v["video_model"] = json!("vga");
         v["remote_access_enabled"] = json!("no");
-        v["ip_addresses"] = json!({ "ip_address": self.ips.iter().map(|(access, address, family)| json!({
-            "access": access, "address": address, "family": family, "part_of_plan": if access == "public" { "yes" } else { "no" }
-        })).collect::<Vec<_>>() });
+        v["remote_access_password"] = json!(format!("rap{:05x}", self.serial));
+        v["remote_access_type"] = json!("vnc");
+        v["ip_addresses"] = json!({ "ip_address": self.interfaces.iter().flat_map(|(access, ips)| ips.iter().map(move |(address, family)| json!({
+            "access": access, "address": address, "family": family
+        }))).collect::<Vec<_>>() });
+        v["networking"] = json!({ "interfaces": { "interface": self.interfaces.iter().enumerate().map(|(i, (kind, ips))| json!({
+            "bootable": "no",
+            "index": i + 1,
+            "ip_addresses": { "ip_address": ips.iter().map(|(address, family)| json!({
+                "address": address, "dhcp_provided": "yes", "family": family, "floating": "no", "release_policy": "release"
+            })).collect::<Vec<_>>() },
+            "mac": format!("da:45:c4:{:02x}:{:02x}:{:02x}", self.serial / 256 % 256, self.serial % 256, i),
+            "network": match kind.as_str() {
+                "public" => format!("03000000-0000-4000-80{}-000000000000", if ips.first().is_some_and(|(_, f)| f == "IPv6") { "46" } else { "44" }),
+                _ => format!("03{:06x}-0000-4000-8000-{:012x}", self.serial, i),
+            },
+            "source_ip_filtering": "yes",
+            "type": kind,
+        })).collect::<Vec<_>>() } });
         v["storage_devices"] = json!({ "storage_device": self.storages.iter().enumerate().filter_map(|(i, uuid)| storages.get(uuid).map(|s| json!({
-            "address": format!("virtio:{i}"), "part_of_plan": "yes", "storage": uuid, "storage_size": s.size,
-            "storage_tier": s.tier, "storage_title": s.title, "type": "disk", "boot_disk": if i == 0 { "1" } else { "0" }
+            "address": format!("virtio:{i}"), "storage": uuid, "storage_size": s.size,
+            "storage_tier": s.tier, "storage_title": s.title, "type": "disk", "boot_disk": if i == 0 { "1" } else { "0" },
+            "labels": [], "storage_encrypted": "no"
         }))).collect::<Vec<_>>() });
         v
     }
@@ -188,6 +227,23 @@ struct State {
     serial: u32,
 }
 
+/// One request as the double received it (see [`UpcloudDouble::journal`]).
+#[derive(Clone, Debug)]
+pub struct ReceivedRequest {
+    /// `GET`, `POST`…
+    pub method: String,
+    /// The path as sent, e.g. `/1.3/server/{uuid}/stop`.
+    pub path: String,
+    /// The query string as sent (empty when none), e.g. `label=a%3Db`.
+    pub query: String,
+    /// The `Accept` header (empty when none).
+    pub accept: String,
+    /// The `Content-Type` header (empty when none).
+    pub content_type: String,
+    /// The body as text (empty when none).
+    pub body: String,
+}
+
 /// A running double; stops when dropped.
 pub struct UpcloudDouble {
     /// `http://127.0.0.1:<port>`.
@@ -196,6 +252,7 @@ pub struct UpcloudDouble {
     pub requests: Arc<AtomicU64>,
     /// Requests served per `METHOD /path` (query strings dropped).
     log: Arc<Mutex<HashMap<String, u64>>>,
+    journal: Arc<Mutex<Vec<ReceivedRequest>>>,
     state: Arc<Mutex<State>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -221,22 +278,38 @@ impl UpcloudDouble {
         let state = Arc::new(Mutex::new(State::default()));
         let requests = Arc::new(AtomicU64::new(0));
         let log: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+        let journal: Arc<Mutex<Vec<ReceivedRequest>>> = Arc::default();
         let task = {
-            let (state, requests, log) = (state.clone(), requests.clone(), log.clone());
+            let (state, requests, log, journal) = (state.clone(), requests.clone(), log.clone(), journal.clone());
             tokio::spawn(async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else { continue };
-                    let (state, requests, log, config) = (state.clone(), requests.clone(), log.clone(), config.clone());
+                    let (state, requests, log, journal, config) =
+                        (state.clone(), requests.clone(), log.clone(), journal.clone(), config.clone());
                     tokio::spawn(async move {
                         let service = service_fn(move |req: Request<Incoming>| {
-                            let (state, requests, log, config) = (state.clone(), requests.clone(), log.clone(), config.clone());
+                            let (state, requests, log, journal, config) =
+                                (state.clone(), requests.clone(), log.clone(), journal.clone(), config.clone());
                             async move {
                                 requests.fetch_add(1, Ordering::SeqCst);
                                 {
                                     let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
                                     *log.entry(format!("{} {}", req.method(), req.uri().path().trim_end_matches('/'))).or_insert(0) += 1;
                                 }
-                                Ok::<_, std::convert::Infallible>(handle(req, &state, &config).await)
+                                let (parts, body) = req.into_parts();
+                                let Ok(body) = body.collect().await.map(http_body_util::Collected::to_bytes) else {
+                                    return Ok(error(400, "REQUEST_INVALID", "The request body could not be read."));
+                                };
+                                let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                                journal.lock().unwrap_or_else(|p| p.into_inner()).push(ReceivedRequest {
+                                    method: parts.method.to_string(),
+                                    path: parts.uri.path().to_string(),
+                                    query: parts.uri.query().unwrap_or("").to_string(),
+                                    accept: header("accept"),
+                                    content_type: header("content-type"),
+                                    body: String::from_utf8_lossy(&body).into_owned(),
+                                });
+                                Ok::<_, std::convert::Infallible>(handle(Request::from_parts(parts, body), &state, &config))
                             }
                         });
                         let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
@@ -244,7 +317,7 @@ impl UpcloudDouble {
                 }
             })
         };
-        Ok(UpcloudDouble { endpoint: format!("http://{local}"), requests, log, state, task })
+        Ok(UpcloudDouble { endpoint: format!("http://{local}"), requests, log, journal, state, task })
     }
 
     /// Servers that exist, in any state.
@@ -278,6 +351,11 @@ impl UpcloudDouble {
             state.storages.remove(&storage);
         }
         true
+    }
+
+    /// Every request served so far, in the order received (including rejected ones).
+    pub fn journal(&self) -> Vec<ReceivedRequest> {
+        self.journal.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// How many requests of `method` on exactly `path` (e.g. `GET /1.3/server`) were served.
@@ -315,7 +393,7 @@ fn error(status: u16, code: &str, message: &str) -> Response<Full<Bytes>> {
     reply(status, Some(json!({"error": {"error_code": code, "error_message": message}})))
 }
 
-fn authorized(req: &Request<Incoming>, config: &DoubleConfig) -> bool {
+fn authorized(req: &Request<Bytes>, config: &DoubleConfig) -> bool {
     let expected = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", config.username, config.password));
     req.headers()
         .get("authorization")
@@ -324,7 +402,7 @@ fn authorized(req: &Request<Incoming>, config: &DoubleConfig) -> bool {
         .is_some_and(|v| v.trim() == expected)
 }
 
-async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleConfig) -> Response<Full<Bytes>> {
+fn handle(req: Request<Bytes>, state: &Mutex<State>, config: &DoubleConfig) -> Response<Full<Bytes>> {
     if !authorized(&req, config) {
         return error(401, "AUTHENTICATION_FAILED", "Authentication failed using the given username and password.");
     }
@@ -333,14 +411,18 @@ async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleCon
     let query: Vec<(String, String)> =
         req.uri().query().map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect()).unwrap_or_default();
     let content_type = req.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return error(400, "REQUEST_INVALID", "The request body could not be read."),
-    };
+    let body = req.into_body();
     let Some(rest) = path.strip_prefix("/1.3") else {
         return error(404, "NOT_FOUND", "The requested API version does not exist.");
     };
     let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    // A malformed server UUID is refused before anything else (UpCloud's recorded
+    // `POST /1.3/server/invalid/start`: 400 SERVER_INVALID).
+    if let ["server", uuid, ..] = segments.as_slice()
+        && uuid::Uuid::parse_str(uuid).is_err()
+    {
+        return error(400, "SERVER_INVALID", "The server UUID is invalid.");
+    }
     let mut state = match state.lock() {
         Ok(s) => s,
         Err(poisoned) => poisoned.into_inner(),
@@ -410,18 +492,39 @@ async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleCon
             if !matches!(stop_type, "soft" | "hard") {
                 return error(400, "STOP_TYPE_INVALID", "The stop type is invalid.");
             }
+            // UpCloud's recorded stops (upcloud-go-api) send `"timeout": "900"`: a string of
+            // seconds, over the 600 once assumed here.
             if let Some(timeout) = body.pointer("/stop_server/timeout")
-                && timeout.as_str().is_none_or(|t| t.parse::<u32>().map_or(true, |t| !(1..=600).contains(&t)))
+                && timeout.as_str().is_none_or(|t| t.parse::<u32>().map_or(true, |t| !(1..=3600).contains(&t)))
             {
                 return error(400, "TIMEOUT_INVALID", "The timeout is invalid.");
+            }
+            if let Some(action) = body.pointer("/stop_server/timeout_action")
+                && !matches!(action.as_str(), Some("ignore" | "destroy"))
+            {
+                return error(400, "TIMEOUT_ACTION_INVALID", "The timeout_action is invalid.");
             }
             let State { servers, storages, .. } = &mut *state;
             let Some(server) = servers.get_mut(*uuid) else { return not_found(uuid) };
             if server.state() != "started" {
                 return error(409, "SERVER_STATE_ILLEGAL", &format!("The server {uuid} is not in a state in which it can be stopped."));
             }
+            // UpCloud answers 200 with the server as it was when the stop was accepted.
+            let details = server.details(storages);
             server.phase = Phase::Stopping { until: Instant::now() + config.stop_time };
-            reply(202, Some(json!({"server": server.details(storages)})))
+            reply(200, Some(json!({"server": details})))
+        }
+        (Method::POST, ["server", uuid, "start"]) => {
+            if let Err(response) = parse_body() {
+                return response;
+            }
+            let State { servers, storages, .. } = &mut *state;
+            let Some(server) = servers.get_mut(*uuid) else { return not_found(uuid) };
+            if server.state() != "stopped" {
+                return error(409, "SERVER_STATE_ILLEGAL", &format!("The server {uuid} is not in a state in which it can be started."));
+            }
+            server.phase = Phase::Started;
+            reply(200, Some(json!({"server": server.details(storages)})))
         }
         (Method::DELETE, ["server", uuid]) => {
             let Some(server) = state.servers.get_mut(*uuid) else { return not_found(uuid) };
@@ -457,6 +560,34 @@ async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleCon
                 }
             }
         }
+        (Method::GET, ["server", uuid, "firewall_rule", position]) => {
+            let Some(server) = state.servers.get(*uuid) else { return not_found(uuid) };
+            match position.parse::<usize>().ok().filter(|p| (1..=server.firewall_rules.len()).contains(p)) {
+                None => error(404, "FIREWALL_RULE_NOT_FOUND", &format!("The firewall rule {position} does not exist.")),
+                Some(p) => reply(200, Some(json!({"firewall_rule": server.firewall_rules[p - 1]}))),
+            }
+        }
+        (Method::PUT, ["server", uuid, "firewall_rule"]) => {
+            // Replaces every rule at once: `{"firewall_rules": {"firewall_rule": [...]}}`.
+            let body = match parse_body() {
+                Ok(b) => b,
+                Err(response) => return response,
+            };
+            let Some(server) = state.servers.get_mut(*uuid) else { return not_found(uuid) };
+            let Some(items) = body.pointer("/firewall_rules/firewall_rule").and_then(Value::as_array) else {
+                return error(400, "FIREWALL_RULES_INVALID", "The request must contain {\"firewall_rules\": {\"firewall_rule\": [...]}}.");
+            };
+            let mut rules: Vec<Value> = Vec::new();
+            for item in items {
+                match firewall_rule(&json!({ "firewall_rule": item }), rules.len()) {
+                    Err(response) => return response,
+                    Ok((position, rule)) => rules.insert(position - 1, rule),
+                }
+            }
+            renumber(&mut rules);
+            server.firewall_rules = rules;
+            reply(204, None)
+        }
         (Method::DELETE, ["server", uuid, "firewall_rule", position]) => {
             let Some(server) = state.servers.get_mut(*uuid) else { return not_found(uuid) };
             match position.parse::<usize>().ok().filter(|p| (1..=server.firewall_rules.len()).contains(p)) {
@@ -471,7 +602,7 @@ async fn handle(req: Request<Incoming>, state: &Mutex<State>, config: &DoubleCon
         (_, ["server", _, "firewall_rule"] | ["server", _, "firewall_rule", _]) => {
             error(405, "METHOD_NOT_ALLOWED", &format!("The method {method} is not allowed here."))
         }
-        (_, ["account" | "zone" | "plan" | "server"] | ["server", _] | ["server", _, "stop"]) => {
+        (_, ["account" | "zone" | "plan" | "server"] | ["server", _] | ["server", _, "stop" | "start"]) => {
             error(405, "METHOD_NOT_ALLOWED", &format!("The method {method} is not allowed here."))
         }
         _ => error(404, "NOT_FOUND", "The requested resource does not exist."),
@@ -643,10 +774,35 @@ fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Resp
     if !valid_hostname(hostname) {
         return error(400, "HOSTNAME_INVALID", &format!("The hostname {hostname} is invalid."));
     }
+    // No plan (or `custom`): `core_number` and `memory_amount` (strings), 1 core and 1 GiB
+    // by default, as UpCloud's recorded create without a plan answers.
     let plan = text("plan").unwrap_or("custom");
-    let Some((_, cores, memory, _)) = PLANS.iter().find(|(name, ..)| *name == plan) else {
-        return error(400, "PLAN_INVALID", &format!("The plan {plan} does not exist."));
+    let (cores, memory) = if plan == "custom" {
+        let number = |k: &str, default: u32| match server.get(k) {
+            None => Some(default),
+            Some(v) => v.as_str().and_then(|v| v.parse::<u32>().ok()).or_else(|| v.as_u64().and_then(|v| u32::try_from(v).ok())),
+        };
+        let Some(cores) = number("core_number", 1).filter(|c| (1..=80).contains(c)) else {
+            return error(400, "CORE_NUMBER_INVALID", "The core_number is invalid.");
+        };
+        let Some(memory) = number("memory_amount", 1024).filter(|m| *m >= 1024 && m % 1024 == 0) else {
+            return error(400, "MEMORY_AMOUNT_INVALID", "The memory_amount is invalid.");
+        };
+        (cores, memory)
+    } else {
+        let Some((_, cores, memory, _)) = PLANS.iter().find(|(name, ..)| *name == plan) else {
+            return error(400, "PLAN_INVALID", &format!("The plan {plan} does not exist."));
+        };
+        (*cores, *memory)
     };
+    let metadata = text("metadata").unwrap_or("no");
+    if !matches!(metadata, "yes" | "no") {
+        return error(400, "METADATA_INVALID", "The metadata attribute must be yes or no.");
+    }
+    let password_delivery = text("password_delivery").unwrap_or("none");
+    if !matches!(password_delivery, "none" | "email" | "sms") {
+        return error(400, "PASSWORD_DELIVERY_INVALID", "The password_delivery attribute must be none, email or sms.");
+    }
     // Labels.
     let mut labels = Vec::new();
     if let Some(list) = server.get("labels") {
@@ -695,17 +851,17 @@ fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Resp
         }
         if action == Some("clone") {
             let template = device.get("storage").and_then(Value::as_str).unwrap_or("");
-            if !TEMPLATES.iter().any(|(uuid, _)| *uuid == template) {
+            let Some((_, _, cloud_init)) = TEMPLATES.iter().find(|(uuid, ..)| *uuid == template) else {
                 return error(404, "STORAGE_NOT_FOUND", &format!("The storage {template} does not exist."));
-            }
-            if text("metadata") != Some("yes") {
+            };
+            if *cloud_init && metadata != "yes" {
                 return error(400, "METADATA_DISABLED_ON_CLOUD-INIT", "The metadata service must be enabled for cloud-init templates.");
             }
         }
         new_storages.push(Storage { title: storage_title.to_string(), size: size as u32, tier: tier.to_string() });
     }
-    // Networking.
-    let mut ip_kinds = Vec::new();
+    // Networking: interfaces in order, each with its address families.
+    let mut ip_kinds: Vec<(String, Vec<String>)> = Vec::new();
     if let Some(networking) = server.get("networking") {
         let Some(interfaces) = networking.pointer("/interfaces/interface").and_then(Value::as_array) else {
             return error(400, "NETWORKING_INVALID", "The interfaces must be given as {\"interfaces\": {\"interface\": [...]}}.");
@@ -720,15 +876,13 @@ fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Resp
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(|ip| ip.get("family").and_then(Value::as_str)).collect())
                 .unwrap_or_default();
-            for family in families {
-                if !matches!(family, "IPv4" | "IPv6") {
-                    return error(400, "IP_ADDRESS_INVALID", "The address family is invalid.");
-                }
-                ip_kinds.push((kind.to_string(), family.to_string()));
+            if families.iter().any(|family| !matches!(*family, "IPv4" | "IPv6")) {
+                return error(400, "IP_ADDRESS_INVALID", "The address family is invalid.");
             }
+            ip_kinds.push((kind.to_string(), families.iter().map(|f| f.to_string()).collect()));
         }
     } else {
-        ip_kinds = vec![("public".into(), "IPv4".into()), ("utility".into(), "IPv4".into())];
+        ip_kinds = vec![("public".into(), vec!["IPv4".into()]), ("utility".into(), vec!["IPv4".into()])];
     }
     if let Some(login) = server.get("login_user") {
         let keys = login.pointer("/ssh_keys/ssh_key").and_then(Value::as_array).cloned().unwrap_or_default();
@@ -749,18 +903,24 @@ fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Resp
         state.storages.insert(id.clone(), storage);
         storage_ids.push(id);
     }
-    let ips = ip_kinds
+    let interfaces = ip_kinds
         .into_iter()
         .enumerate()
-        .map(|(i, (access, family))| {
-            let address = match (access.as_str(), family.as_str()) {
-                // Documentation ranges: clearly fake, never routed.
-                ("public", "IPv4") => format!("198.51.{}.{}", serial / 250 % 250, serial % 250 + 1),
-                ("public", _) => format!("2001:db8::{serial:x}:{i}"),
-                (_, "IPv4") => format!("10.{}.{}.{}", i + 1, serial / 250 % 250, serial % 250 + 1),
-                _ => format!("fd00::{serial:x}:{i}"),
-            };
-            (access, address, family)
+        .map(|(i, (access, families))| {
+            let ips = families
+                .into_iter()
+                .map(|family| {
+                    let address = match (access.as_str(), family.as_str()) {
+                        // Documentation ranges: clearly fake, never routed.
+                        ("public", "IPv4") => format!("198.51.{}.{}", serial / 250 % 250, serial % 250 + 1),
+                        ("public", _) => format!("2001:db8::{serial:x}:{i}"),
+                        (_, "IPv4") => format!("10.{}.{}.{}", i + 1, serial / 250 % 250, serial % 250 + 1),
+                        _ => format!("fd00::{serial:x}:{i}"),
+                    };
+                    (address, family)
+                })
+                .collect();
+            (access, ips)
         })
         .collect();
     let mut created = Server {
@@ -769,16 +929,32 @@ fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Resp
         title: title.to_string(),
         hostname: hostname.to_string(),
         plan: plan.to_string(),
-        cores: *cores,
-        memory: *memory,
+        cores,
+        memory,
         labels,
         phase: Phase::Creating { until: Instant::now() + config.create_time },
         storages: storage_ids,
-        ips,
+        interfaces,
         firewall: firewall.to_string(),
         firewall_rules: Vec::new(),
+        metadata: metadata.to_string(),
+        created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        serial,
     };
-    let details = created.details(&state.storages);
+    // The create answer is the details with the creation progress; a server without
+    // password delivery gets its root password here.
+    let mut details = created.details(&state.storages);
+    if let Some(object) = details.as_object_mut() {
+        object.insert("progress".into(), json!("0"));
+        if password_delivery == "none" {
+            let username = server.get("login_user").and_then(|l| l.get("username")).and_then(Value::as_str).unwrap_or("root");
+            object.insert("username".into(), json!(username));
+            let with_password = server.get("login_user").and_then(|l| l.get("create_password")).and_then(Value::as_str) != Some("no");
+            if with_password {
+                object.insert("password".into(), json!(format!("pw{:014x}", u64::from(serial) * 0x9e37_79b9)));
+            }
+        }
+    }
     state.servers.insert(uuid, created);
     reply(202, Some(json!({"server": details})))
 }
