@@ -238,9 +238,11 @@ pub fn gate_with(
     if annotation == Some(plan.id.as_str()) {
         return Gate::Go { approved: Some(plan.clone()) };
     }
-    // An approval covers the spec it was given for: after a spec change (a new generation)
+    // An approval covers the spec and the inputs it was given for: after a spec change (a new
+    // generation) or a change of what the plan reads from other objects (a configFrom Secret)
     // only an approval of the new plan goes.
-    let same_spec = |before: &Plan| before.generation.is_none() || before.generation == plan.generation;
+    let same_generation = |before: &Plan| before.generation.is_none() || before.generation == plan.generation;
+    let same_spec = |before: &Plan| same_generation(before) && before.inputs == plan.inputs;
     if let Some(before) = approved.filter(|b| same_spec(b))
         && annotation == Some(before.id.as_str())
         && plan.changes.iter().filter(|c| c.action != ChangeAction::NoOp).all(|c| covered(c, before))
@@ -248,7 +250,9 @@ pub fn gate_with(
         return Gate::Go { approved: Some(before.clone()) };
     }
     match annotation {
-        Some(a) if Some(a) != approved.filter(|b| same_spec(b)).map(|p| p.id.as_str()) => stale_id(a),
+        // Naming the approval kept for this spec is not stale (its plan was approved; the
+        // current one waits for its own).
+        Some(a) if Some(a) != approved.filter(|b| same_generation(b)).map(|p| p.id.as_str()) => stale_id(a),
         _ => Gate::Wait,
     }
 }

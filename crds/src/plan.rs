@@ -108,6 +108,12 @@ pub struct Plan {
     /// needs a new approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
+    /// The version of the inputs read from other objects (a TaskServ's `configFrom`) the plan
+    /// was computed with: an approval kept while its plan is carried out covers those inputs
+    /// only, changed inputs need a new approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub inputs: Option<String>,
 }
 
 impl Plan {

@@ -265,7 +265,7 @@ fn finish(
 ) -> ServerPlan {
     let (monthly_cost_delta, currency) = delta.unwrap_or_default();
     let id = plan_id(&resource(server), server.metadata.generation, machine, &changes);
-    let plan = Plan { id, summary: summary(&changes), changes, monthly_cost_delta, currency, generation: None };
+    let plan = Plan { id, summary: summary(&changes), changes, monthly_cost_delta, currency, generation: None, inputs: None };
     ServerPlan { plan, carry }
 }
 

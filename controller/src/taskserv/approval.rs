@@ -176,6 +176,12 @@ mod tests {
         let (gate, kept) = gate_kept(Approval::Manual, Some(&first.id), &first, None);
         assert!(gate.goes());
         assert_eq!(kept.as_ref().map(|k| k.changes.len()), Some(2));
+        // The Secret changes again (inputs h3) while both still wait to install: the same
+        // installs, but the kept approval was given for h2 and does not cover them (seventh
+        // re-review: the new config would have gone in under the old approval).
+        let changed = plan_of(&status("Pending", "h3", kept.as_ref()));
+        assert_eq!(changed.changes, first.changes);
+        assert!(!gate_kept(Approval::Manual, Some(&first.id), &changed, kept.as_ref()).0.goes(), "changed inputs need a new approval");
         // s0 done: the kept approval holds s1 only, and still covers it.
         let mut half = status("Pending", "h2", kept.as_ref());
         half.servers[0].phase = "Installed".into();

@@ -39,7 +39,7 @@ pub fn taskserv_plan(resource: &str, generation: Option<i64>, status: &TaskServS
         });
     }
     let id = taskserv_plan_id(resource, generation, status, &changes);
-    Plan { id, summary: summary(&changes), changes, generation, ..Default::default() }
+    Plan { id, summary: summary(&changes), changes, generation, inputs: status.config_inputs_hash.clone(), ..Default::default() }
 }
 
 /// The plan id ([`plan_id`]: resource, generation, changes) made single-use for a TaskServ,
