@@ -34,7 +34,7 @@ fn server_doc(name: &str) -> Value {
 
 fn manifest(dir: &Path, moto: &Moto) -> Result<String> {
     let docs = vec![
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": {"provisioning.dev/workspace": NAMESPACE}}}),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "aws-creds", "namespace": NAMESPACE}, "type": "Opaque",
             "stringData": {"AWS_ACCESS_KEY_ID": "AKIAE2ECOSTBUDGET001", "AWS_SECRET_ACCESS_KEY": "e2e-cost-budget"}}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": NAMESPACE},

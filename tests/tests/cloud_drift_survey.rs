@@ -28,7 +28,7 @@ const SERVERS: [&str; 3] = ["a", "b", "c"];
 
 fn manifest(dir: &Path, endpoint: &str, password: &str) -> Result<String> {
     let mut docs = vec![
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": {"provisioning.dev/workspace": NAMESPACE}}}),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "upcloud-credentials", "namespace": NAMESPACE},
             "type": "Opaque", "stringData": {"UPCLOUD_USERNAME": USER, "UPCLOUD_PASSWORD": password}}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": NAMESPACE},

@@ -144,7 +144,7 @@ fn aws_taskserv_runs_as_root_through_sudo_and_a_sudo_password_is_a_clear_error()
             "ssh": {"user": USER, "addressOverride": node.ip, "hostKeys": "FirstUse"}})
     };
     let docs = vec![
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": {"provisioning.dev/workspace": NAMESPACE}}}),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "aws-creds", "namespace": NAMESPACE}, "type": "Opaque",
             "stringData": {"AWS_ACCESS_KEY_ID": "AKIAE2ESSHSUDO000001", "AWS_SECRET_ACCESS_KEY": aws_secret, "SSH_PRIVATE_KEY": private}}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": NAMESPACE},
@@ -206,7 +206,7 @@ fn upcloud_taskserv_runs_as_root_through_sudo() -> Result<()> {
     let (private, public) = login_key(tmp.path())?;
     let node = CloudNode::start(&public, Sudo::Passwordless)?;
     let docs = vec![
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": {"provisioning.dev/workspace": NAMESPACE}}}),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "upcloud-creds", "namespace": NAMESPACE}, "type": "Opaque",
             "stringData": {"UPCLOUD_USERNAME": "e2e-sudo", "UPCLOUD_PASSWORD": password, "SSH_PRIVATE_KEY": private}}),
         json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": NAMESPACE},

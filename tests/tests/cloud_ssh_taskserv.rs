@@ -45,7 +45,7 @@ fn key_lines(pem: &str) -> Vec<String> {
 
 fn manifest(dir: &Path, moto: &Moto, sshd: &Sshd, account_key: &str, aws_secret: &str, remote_dir: &Path, marker: &Path) -> Result<String> {
     let docs = vec![
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": {"provisioning.dev/workspace": NAMESPACE}}}),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "aws-creds", "namespace": NAMESPACE}, "type": "Opaque",
             "stringData": {"AWS_ACCESS_KEY_ID": "AKIAE2ESSHTASKSERV01", "AWS_SECRET_ACCESS_KEY": aws_secret, "SSH_PRIVATE_KEY": account_key}}),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web-ssh", "namespace": NAMESPACE}, "type": "kubernetes.io/ssh-auth",

@@ -183,11 +183,39 @@ impl ProviderRegistry {
         Ok(provider)
     }
 
+    /// Whether `namespace` lets Workspace `workspace` use its Secrets: the namespace carries
+    /// the label `provisioning.dev/workspace=<workspace>`, set by whoever may edit namespaces
+    /// (or by the controller when it created the namespace for that Workspace). Creating a
+    /// Workspace that claims a namespace is not enough: its account's endpoint is the
+    /// Workspace author's, and the credentials would be sent there.
+    async fn opted_in(&self, namespace: &str, workspace: &str) -> Result<(), Error> {
+        let found = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone()).get_metadata_opt(namespace).await?;
+        let label = found.as_ref().and_then(|n| n.metadata.labels.as_ref()?.get(crate::workspace::LABEL_WORKSPACE).cloned());
+        if label.as_deref() == Some(workspace) {
+            return Ok(());
+        }
+        let has = match label {
+            Some(other) => format!("is labelled {}={other:?}", crate::workspace::LABEL_WORKSPACE),
+            None if found.is_none() => "does not exist yet".to_string(),
+            None => format!("has no label {}", crate::workspace::LABEL_WORKSPACE),
+        };
+        Err(Error::Stalled {
+            reason: "NamespaceNotOptedIn",
+            message: format!(
+                "namespace {namespace:?} {has}: it has not opted in to workspace {workspace:?} reading its Secrets; whoever may edit namespaces opts it in with `kubectl label namespace {namespace} {}={workspace}`",
+                crate::workspace::LABEL_WORKSPACE
+            ),
+        })
+    }
+
     async fn credentials(&self, ws: &EffectiveWorkspace, account: &ProviderAccount) -> Result<(Credentials, Option<String>), Error> {
         let Some(reference) = &account.credentials_secret_ref else {
             return Ok((Credentials::default(), None));
         };
         let namespace = reference.namespace.clone().unwrap_or_else(|| ws.namespace.clone());
+        if let Some(workspace) = &ws.name {
+            self.opted_in(&namespace, workspace).await?;
+        }
         let secret = Api::<Secret>::namespaced(self.client.clone(), &namespace).get_opt(&reference.name).await?;
         let Some(secret) = secret else {
             return Err(Error::Stalled {
