@@ -749,7 +749,7 @@ mod tests {
             }
             tokio::task::yield_now().await;
             self.chunks += 1;
-            Some(if self.chunks % 2 == 0 {
+            Some(if self.chunks.is_multiple_of(2) {
                 ChannelMsg::Data { data: bytes::Bytes::from_static(b"flood\nflood\nflood\n") }
             } else {
                 ChannelMsg::ExtendedData { data: bytes::Bytes::from(vec![b'x'; 32 << 10]), ext: 1 }
