@@ -177,7 +177,8 @@ impl ScriptOutcome {
     }
     /// The config files a check reported as changed since install (`configDrift: true` with
     /// `driftedFiles`, the catalog's lib/check.nu contract; the check exits 3 then). Bounded:
-    /// at most 16 names of at most 256 characters (the machine writes them).
+    /// at most 16 names of at most 256 characters, control characters escaped (the machine
+    /// writes them; they reach status, events and logs).
     pub fn drifted_files(&self) -> Vec<String> {
         let Some(result) = self.result.as_ref() else { return Vec::new() };
         if result.get("configDrift").and_then(serde_json::Value::as_bool) != Some(true) {
@@ -186,7 +187,13 @@ impl ScriptOutcome {
         let mut files: Vec<String> = result
             .get("driftedFiles")
             .and_then(serde_json::Value::as_array)
-            .map(|a| a.iter().filter_map(serde_json::Value::as_str).take(16).map(|f| f.chars().take(256).collect()).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(serde_json::Value::as_str)
+                    .take(16)
+                    .map(|f| escape_controls(&f.chars().take(256).collect::<String>()).into_owned())
+                    .collect()
+            })
             .unwrap_or_default();
         if files.is_empty() {
             files.push("(unnamed config file)".into());
@@ -605,6 +612,23 @@ mod tests {
         assert_eq!(lines, ["[provisioning] 996 output lines dropped: the log could not keep up", "after"]);
         assert_eq!(escape_controls("\u{1b}[2J\u{202e}ok\t"), "\\u{1b}[2J\\u{202e}ok\t");
         assert_eq!(escape_controls(&escape_controls("\u{1b}")), "\\u{1b}", "idempotent");
+    }
+
+    #[test]
+    fn drifted_file_names_from_the_machine_are_escaped() {
+        let now = Utc::now();
+        let outcome = ScriptOutcome {
+            service: "x".into(),
+            step: ScriptStep::Check,
+            exit_code: Some(3),
+            timed_out: false,
+            result: Some(serde_json::json!({"configDrift": true, "driftedFiles": ["/etc/a\u{1b}[2J.conf"]})),
+            result_error: None,
+            output_tail: String::new(),
+            started_at: now,
+            finished_at: now,
+        };
+        assert_eq!(outcome.drifted_files(), ["/etc/a\\u{1b}[2J.conf"]);
     }
 
     #[test]
