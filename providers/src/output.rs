@@ -26,7 +26,9 @@ pub const CAPTURE_CAP: usize = 4 << 20;
 pub const RUN_STREAM_CAP: u64 = 8 << 20;
 /// A good capacity for the channel behind an [`OutputSink`].
 pub const QUEUE_LINES: usize = 1024;
-/// Lines the sink writes itself (drops, cuts, the byte cap) start with this.
+/// Lines the sink writes itself (drops, cuts, the byte cap) start with this. The script
+/// runner (taskservs `runner.rs`, `is_gap_notice`) recognises "… lines dropped" and "… not
+/// streamed" after it, and then builds the output tail from the returned output instead.
 pub const NOTICE_PREFIX: &str = "[provisioning] ";
 
 /// Where output lines go as they come: a bounded channel that never blocks the command's

@@ -261,7 +261,9 @@ pub async fn run_script_redacted(
         let redactor = redactor.clone();
         tokio::spawn(async move {
             let mut forward = Forward::new(output);
+            let mut incomplete = false;
             while let Some(line) = line_rx.recv().await {
+                incomplete |= is_gap_notice(&line);
                 let line = escape_controls(&redactor.redact(&line)).into_owned();
                 if let Ok(mut t) = tail.lock() {
                     t.push(&line);
@@ -269,6 +271,7 @@ pub async fn run_script_redacted(
                 forward.send(line);
             }
             forward.finish();
+            incomplete
         })
     };
 
@@ -276,16 +279,21 @@ pub async fn run_script_redacted(
     let result = tokio::time::timeout(timeout + EXECUTOR_GRACE, exec.exec(argv, stdin, timeout, Some(line_tx))).await;
     let finished_at = Utc::now();
     // The executor dropped its sender when it returned; give stragglers a moment.
-    let _ = tokio::time::timeout(Duration::from_secs(2), forwarder).await;
+    let incomplete = !matches!(tokio::time::timeout(Duration::from_secs(2), forwarder).await, Ok(Ok(false)));
     let exec_output = match result {
         Ok(out) => out?,
         Err(_) => return Err(RunError::ExecutorHung(timeout + EXECUTOR_GRACE)),
     };
 
     let mut output_tail = tail.lock().map(|t| t.render()).unwrap_or_default();
-    if output_tail.is_empty() {
-        // The executor did not stream: build the tail from what it returned.
+    let returned = !(exec_output.stdout.is_empty() && exec_output.stderr.is_empty());
+    if output_tail.is_empty() || (incomplete && returned) {
+        // The executor did not stream, or not all of it (a flood, the stream cap): build the
+        // tail from what it returned, which ends where the command ended.
         let mut t = OutputTail::default();
+        if incomplete {
+            t.push("[provisioning] output was not streamed in full; its last lines:");
+        }
         for line in exec_output.stdout.lines().chain(exec_output.stderr.lines()) {
             t.push(&escape_controls(&redactor.redact(line)));
         }
@@ -307,6 +315,12 @@ pub async fn run_script_redacted(
         started_at,
         finished_at,
     })
+}
+
+/// Whether an executor's line says that lines were left out of the stream (the providers'
+/// notices: dropped lines, the stream cap).
+fn is_gap_notice(line: &str) -> bool {
+    line.starts_with("[provisioning] ") && (line.contains(" lines dropped") || line.contains("not streamed"))
 }
 
 /// Forwards lines to the caller's queue without waiting: a full queue drops the line and
@@ -593,6 +607,28 @@ mod tests {
         let first = rx.try_recv().unwrap_or_default();
         assert_eq!(first, "\\u{1b}]0;owned\\u{7}line 0", "escaped before anyone logs it");
         assert!(!outcome.output_tail.contains('\x1b'), "{}", outcome.output_tail);
+        Ok(())
+    }
+
+    /// Streams a few lines, says some were dropped, and returns output ending elsewhere.
+    struct Gappy;
+
+    #[async_trait::async_trait]
+    impl ScriptExecutor for Gappy {
+        async fn exec(&self, _: Vec<String>, _: Vec<u8>, _: Duration, output: Option<Sender<String>>) -> Result<ExecOutput, RunError> {
+            if let Some(output) = output {
+                let _ = output.try_send("early line".into());
+                let _ = output.try_send("[provisioning] 5000 output lines dropped: the log could not keep up".into());
+            }
+            Ok(ExecOutput { exit_code: Some(1), timed_out: false, stdout: "early line\n...\nfinal error\n".into(), stderr: String::new() })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_with_gaps_leaves_the_tail_to_the_returned_output() -> Result<(), RunError> {
+        let outcome = run_script(&Gappy, ScriptStep::Install, "echo", &ScriptContext::default(), Duration::from_secs(30), None).await?;
+        assert!(outcome.output_tail.starts_with("[provisioning] output was not streamed in full"), "{}", outcome.output_tail);
+        assert!(outcome.output_tail.ends_with("final error"), "{}", outcome.output_tail);
         Ok(())
     }
 
