@@ -137,7 +137,7 @@ async fn running_with_address(
 
 /// `exec` of `echo`: exit code 0, and (for real) its output returned and streamed.
 async fn exec_echo(provider: &dyn Provider, identity: &ServerIdentity, id: &ProviderId, real_exec: bool) -> Result<(), ContractViolation> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = crate::OutputSink::channel();
     let result = provider.exec_owned(id, &identity.uid, echo(Some(tx))).await.map_err(|e| fail("exec", e))?;
     check(result.exit_code == Some(0), format!("exec exit code 0, got {:?}", result.exit_code))?;
     if real_exec {
@@ -151,7 +151,7 @@ async fn exec_echo(provider: &dyn Provider, identity: &ServerIdentity, id: &Prov
     Ok(())
 }
 
-fn echo(output: Option<tokio::sync::mpsc::UnboundedSender<String>>) -> ExecRequest {
+fn echo(output: Option<crate::OutputSink>) -> ExecRequest {
     ExecRequest {
         argv: vec!["echo".into(), "contract-hello".into()],
         stdin: None,

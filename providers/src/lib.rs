@@ -12,6 +12,7 @@ pub mod aws;
 pub mod contract;
 pub mod error;
 pub mod local;
+pub mod output;
 pub mod plans;
 pub mod prices;
 pub mod ratelimit;

@@ -319,7 +319,7 @@ impl Provider for SimulatedProvider {
         let line = format!("{SCRIPTS_NOT_RUN} ({script})");
         let stdout = format!("{line}\n{{\"simulated\":true}}\n");
         if let Some(sink) = &request.output {
-            let _ = sink.send(line);
+            sink.send(&line);
         }
         Ok(ExecResult { exit_code: Some(0), timed_out: false, stdout, stderr: String::new() })
     }

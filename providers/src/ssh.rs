@@ -7,8 +7,11 @@
 //!   exposed so the controller can store it in `status.hostKey`. A changed key is refused.
 //! - Before the first command, the configured assets (the `nu` binary, task scripts) are
 //!   copied over, once per content hash: a marker file on the machine records the hash.
-//! - Output is streamed line by line to `ExecRequest::output`; a timeout returns
-//!   `ExecResult { timed_out: true, .. }`. Every command runs under the machine's own
+//! - Output is streamed line by line to `ExecRequest::output`, bounded and escaped (see
+//!   [`crate::output`]: a machine is outside input); a timeout returns
+//!   `ExecResult { timed_out: true, .. }`. Every command over SSH has a deadline, also the
+//!   asset copy's own (`cat` of the marker, the copy, the marker write): a machine that
+//!   never answers or streams forever costs a bounded time and memory. Every command runs under the machine's own
 //!   `timeout(1)`, which kills the command's whole process group when time is up, also when
 //!   the command runs as root (a signal over SSH cannot reach it) or the controller is gone.
 //! - A non-root login user (cloud images: `admin`, `debian`…) becomes root through `sudo -n`
@@ -27,13 +30,16 @@ use russh::client;
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use sha2::{Digest, Sha256};
 
+use crate::output::{LineStream, escape_controls};
 use crate::{ExecRequest, ExecResult, OutputSink, ProviderConfig, ProviderError, ProviderResult, SshAsset, SshPrivateKey};
 
-/// Most output kept per stream; the rest is still streamed but not returned.
-const MAX_CAPTURE: usize = 4 * 1024 * 1024;
 const DEFAULT_MARKER: &str = "/var/lib/provisioning/assets.sha256";
 /// How long a command may ignore the TERM of its time limit before `timeout(1)` kills it.
 const KILL_AFTER_SECS: u32 = 5;
+/// Time an asset copy gets at least, plus a second per [`ASSET_COPY_RATE`] bytes.
+const ASSET_COPY_MIN: Duration = Duration::from_secs(60);
+/// Slowest transfer an asset copy is allowed (bytes per second).
+const ASSET_COPY_RATE: u64 = 256 << 10;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Critical sections are single map operations: a poisoned lock still holds valid data.
@@ -260,7 +266,7 @@ impl SshExecutor {
         if !self.assets.is_empty() {
             self.ensure_assets(machine, session).await?;
         }
-        let result = run(session, command, request.stdin.as_deref(), request.output.as_ref(), Some(request.timeout)).await?;
+        let result = run(session, command, request.stdin.as_deref(), request.output.as_ref(), request.timeout).await?;
         if self.become_root && result.exit_code == Some(1) && result.stderr.trim_start().starts_with("sudo: ") {
             // Sudo itself refused (its rules changed since the probe): probe again next time,
             // so the run after this one reports why.
@@ -274,8 +280,7 @@ impl SshExecutor {
     /// the first command on a machine and again after sudo refused one.
     async fn check_sudo(&self, machine: &str, host: &str, session: &client::Handle<HostKeyCheck>) -> ProviderResult<()> {
         // `-n`: never prompt; sudo fails at once when it would need a password.
-        let probe =
-            run(session, "command -v sudo >/dev/null 2>&1 || exit 127; sudo -n true", None, None, Some(self.connect_timeout)).await?;
+        let probe = run(session, "command -v sudo >/dev/null 2>&1 || exit 127; sudo -n true", None, None, self.connect_timeout).await?;
         match sudo_problem(&probe) {
             None => Ok(()),
             Some(problem) => Err(ProviderError::Permanent(format!(
@@ -361,6 +366,27 @@ impl SshExecutor {
         if self.become_root { format!("sudo -n -- sh -c {}", quote(script)) } else { script.to_string() }
     }
 
+    /// Runs one step of the asset copy within `limit`; running out of time is an error
+    /// naming the step and its command.
+    async fn asset_step(
+        &self,
+        session: &client::Handle<HostKeyCheck>,
+        machine: &str,
+        script: &str,
+        stdin: Option<&[u8]>,
+        limit: Duration,
+    ) -> ProviderResult<ExecResult> {
+        let command = self.as_root(script);
+        let result = run(session, &command, stdin, None, limit).await?;
+        if result.timed_out {
+            return Err(ProviderError::Transient(format!(
+                "preparing machine {machine}: `{}` did not finish within {limit:?}",
+                escape_controls(&command)
+            )));
+        }
+        Ok(result)
+    }
+
     /// Copies the assets unless the machine's marker already names their content hash.
     async fn ensure_assets(&self, machine: &str, session: &client::Handle<HostKeyCheck>) -> ProviderResult<()> {
         let hash = self.assets_hash().await?.clone();
@@ -373,7 +399,8 @@ impl SshExecutor {
             return Ok(());
         }
         let marker = quote(&self.assets_marker);
-        let current = run(session, &self.as_root(&format!("cat {marker} 2>/dev/null || true")), None, None, None).await?;
+        let read_marker = format!("cat {marker} 2>/dev/null || true");
+        let current = self.asset_step(session, machine, &read_marker, None, self.connect_timeout).await?;
         if current.stdout.trim() != hash {
             for asset in &self.assets {
                 let content = tokio::fs::read(&asset.local)
@@ -383,19 +410,23 @@ impl SshExecutor {
                 let tmp = quote(&format!("{}.provisioning-tmp", asset.remote));
                 let copy =
                     format!("mkdir -p \"$(dirname {remote})\" && cat > {tmp} && chmod {:o} {tmp} && mv -f {tmp} {remote}", asset.mode);
-                let copied = run(session, &self.as_root(&copy), Some(&content), None, None).await?;
+                let limit = ASSET_COPY_MIN + Duration::from_secs(content.len() as u64 / ASSET_COPY_RATE);
+                let copied = self.asset_step(session, machine, &copy, Some(&content), limit).await?;
                 if copied.exit_code != Some(0) {
                     return Err(ProviderError::Transient(format!(
                         "copying {} to machine {machine} failed: {}",
                         asset.remote,
-                        copied.stderr.trim()
+                        excerpt(&copied.stderr)
                     )));
                 }
             }
             let write_marker = format!("mkdir -p \"$(dirname {marker})\" && printf %s {hash} > {marker}");
-            let written = run(session, &self.as_root(&write_marker), None, None, None).await?;
+            let written = self.asset_step(session, machine, &write_marker, None, self.connect_timeout).await?;
             if written.exit_code != Some(0) {
-                return Err(ProviderError::Transient(format!("recording assets on machine {machine} failed: {}", written.stderr.trim())));
+                return Err(ProviderError::Transient(format!(
+                    "recording assets on machine {machine} failed: {}",
+                    excerpt(&written.stderr)
+                )));
             }
             tracing::info!(machine, assets = self.assets.len(), hash = %hash, "copied assets");
         }
@@ -490,6 +521,7 @@ fn sudo_problem(probe: &ExecResult) -> Option<String> {
         Some(127) => Some("sudo is not installed on the machine".into()),
         code => {
             let said: String = probe.stderr.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("").chars().take(200).collect();
+            let said = escape_controls(&said);
             let code = code.map_or_else(|| "no exit status".to_string(), |c| format!("exit code {c}"));
             Some(if said.is_empty() {
                 format!("`sudo -n true` failed ({code})")
@@ -529,87 +561,109 @@ fn build_command(request: &ExecRequest, become_root: bool) -> ProviderResult<Str
     Ok(words.join(" "))
 }
 
-/// Splits a byte stream into lines, sends each to the sink and keeps a bounded copy.
-#[derive(Default)]
-struct LineStream {
-    pending: Vec<u8>,
-    captured: Vec<u8>,
+/// What a machine said (stderr) in an error message: the last 300 characters of its last
+/// non-empty line, control characters escaped (errors reach status and events).
+fn excerpt(text: &str) -> String {
+    let line = text.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("");
+    let start = line.char_indices().rev().nth(299).map_or(0, |(i, _)| i);
+    escape_controls(&line[start..]).into_owned()
 }
 
-impl LineStream {
-    fn push(&mut self, data: &[u8], sink: Option<&OutputSink>) {
-        if self.captured.len() < MAX_CAPTURE {
-            let room = MAX_CAPTURE - self.captured.len();
-            self.captured.extend_from_slice(&data[..data.len().min(room)]);
-        }
-        self.pending.extend_from_slice(data);
-        while let Some(pos) = self.pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = self.pending.drain(..=pos).collect();
-            if let Some(sink) = sink {
-                let _ = sink.send(String::from_utf8_lossy(&line[..line.len() - 1]).trim_end_matches('\r').to_string());
-            }
-        }
+/// The messages of a command's channel, and hanging it up (a trait so that the deadline and
+/// the bounds of [`collect`] are tested without a machine).
+trait Messages {
+    fn next_message(&mut self) -> impl std::future::Future<Output = Option<ChannelMsg>> + Send;
+    fn hang_up(&mut self) -> impl std::future::Future<Output = ()> + Send;
+}
+
+impl Messages for russh::Channel<client::Msg> {
+    async fn next_message(&mut self) -> Option<ChannelMsg> {
+        self.wait().await
     }
 
-    fn finish(mut self, sink: Option<&OutputSink>) -> String {
-        if !self.pending.is_empty()
-            && let Some(sink) = sink
-        {
-            let _ = sink.send(String::from_utf8_lossy(&self.pending).to_string());
-        }
-        self.pending.clear();
-        String::from_utf8_lossy(&self.captured).to_string()
+    async fn hang_up(&mut self) {
+        // Best effort: OpenSSH delivers the signal; closing the channel hangs up. Bounded:
+        // a session that does not take the messages any more must not hold us either.
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            let _ = self.signal(russh::Sig::KILL).await;
+            let _ = self.close().await;
+        })
+        .await;
     }
 }
 
-/// Runs one command on an open session.
+/// What a command's channel carried until it closed or the deadline passed.
+struct Collected {
+    out: LineStream,
+    err: LineStream,
+    exit_code: Option<i64>,
+    timed_out: bool,
+}
+
+/// Reads a command's messages until the channel closes or `deadline` passes (then the
+/// command is hung up and `timed_out` set). Output is kept and streamed bounded.
+async fn collect(channel: &mut impl Messages, deadline: tokio::time::Instant, sink: Option<&OutputSink>) -> Collected {
+    let mut collected = Collected { out: LineStream::default(), err: LineStream::default(), exit_code: None, timed_out: false };
+    loop {
+        let Ok(msg) = tokio::time::timeout_at(deadline, channel.next_message()).await else {
+            collected.timed_out = true;
+            channel.hang_up().await;
+            break;
+        };
+        match msg {
+            None => break,
+            Some(ChannelMsg::Data { data }) => collected.out.push(&data, sink),
+            Some(ChannelMsg::ExtendedData { data, ext: 1 }) => collected.err.push(&data, sink),
+            Some(ChannelMsg::ExitStatus { exit_status }) => collected.exit_code = Some(i64::from(exit_status)),
+            Some(_) => {}
+        }
+    }
+    collected
+}
+
+/// Runs one command on an open session; all of it (opening the channel, sending stdin,
+/// reading the output) ends by `timeout`.
 async fn run(
     session: &client::Handle<HostKeyCheck>,
     command: &str,
     stdin: Option<&[u8]>,
     sink: Option<&OutputSink>,
-    timeout: Option<Duration>,
+    timeout: Duration,
 ) -> ProviderResult<ExecResult> {
     let io = |e: russh::Error| ProviderError::Transient(format!("SSH channel: {e}"));
-    let mut channel = session.channel_open_session().await.map_err(io)?;
-    channel.exec(true, command).await.map_err(io)?;
-    if let Some(bytes) = stdin {
-        channel.data(bytes).await.map_err(io)?;
-    }
-    channel.eof().await.map_err(io)?;
     let started = tokio::time::Instant::now();
-    let deadline = timeout.map(|t| started + t);
-    let (mut out, mut err) = (LineStream::default(), LineStream::default());
-    let mut exit_code = None;
-    let mut timed_out = false;
-    loop {
-        let msg = match deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline, channel.wait()).await {
-                Ok(msg) => msg,
-                Err(_) => {
-                    timed_out = true;
-                    // Best effort: OpenSSH delivers the signal; closing the channel hangs up.
-                    let _ = channel.signal(russh::Sig::KILL).await;
-                    let _ = channel.close().await;
-                    break;
-                }
-            },
-            None => channel.wait().await,
-        };
-        match msg {
-            None => break,
-            Some(ChannelMsg::Data { data }) => out.push(&data, sink),
-            Some(ChannelMsg::ExtendedData { data, ext: 1 }) => err.push(&data, sink),
-            Some(ChannelMsg::ExitStatus { exit_status }) => exit_code = Some(i64::from(exit_status)),
-            Some(_) => {}
+    let deadline = started + timeout;
+    let timed_out = || ExecResult { exit_code: None, timed_out: true, stdout: String::new(), stderr: String::new() };
+    let Ok(opened) = tokio::time::timeout_at(deadline, session.channel_open_session()).await else {
+        return Ok(timed_out());
+    };
+    let mut channel = opened.map_err(io)?;
+    let send = async {
+        channel.exec(true, command).await?;
+        if let Some(bytes) = stdin {
+            channel.data(bytes).await?;
+        }
+        channel.eof().await
+    };
+    match tokio::time::timeout_at(deadline, send).await {
+        Ok(sent) => sent.map_err(io)?,
+        Err(_) => {
+            // A machine that does not read its stdin (a full window) holds no one past the deadline.
+            channel.hang_up().await;
+            return Ok(timed_out());
         }
     }
+    let Collected { mut out, mut err, exit_code, mut timed_out } = collect(&mut channel, deadline, sink).await;
     // The machine's own `timeout` (started before our clock) may end the command first: its
     // exit code 124 once the limit has passed is the same timeout, not the command's failure.
-    if !timed_out && exit_code == Some(TIMEOUT_EXIT) && timeout.is_some_and(|t| started.elapsed() >= t) {
+    if !timed_out && exit_code == Some(TIMEOUT_EXIT) && started.elapsed() >= timeout {
         timed_out = true;
     }
-    Ok(ExecResult { exit_code: if timed_out { None } else { exit_code }, timed_out, stdout: out.finish(sink), stderr: err.finish(sink) })
+    let (stdout, stderr) = (out.finish(sink), err.finish(sink));
+    if let Some(sink) = sink {
+        sink.finish();
+    }
+    Ok(ExecResult { exit_code: if timed_out { None } else { exit_code }, timed_out, stdout, stderr })
 }
 
 /// What coreutils' `timeout` exits with when the limit ends the command.
@@ -668,16 +722,68 @@ mod tests {
         assert!(!executor("admin", Some(false)));
     }
 
-    #[test]
-    fn lines_are_streamed_and_captured() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut s = LineStream::default();
-        s.push(b"one\ntw", Some(&tx));
-        s.push(b"o\nthree", Some(&tx));
-        let all = s.finish(Some(&tx));
-        assert_eq!(all, "one\ntwo\nthree");
-        let lines: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
-        assert_eq!(lines, ["one", "two", "three"]);
+    /// A command that never ends and never says anything.
+    struct Silent {
+        hung_up: bool,
+    }
+
+    impl Messages for Silent {
+        async fn next_message(&mut self) -> Option<ChannelMsg> {
+            if self.hung_up { None } else { std::future::pending().await }
+        }
+        async fn hang_up(&mut self) {
+            self.hung_up = true;
+        }
+    }
+
+    /// A command that floods short lines (and a line without end on stderr) until hung up.
+    struct Flood {
+        chunks: u64,
+        hung_up: bool,
+    }
+
+    impl Messages for Flood {
+        async fn next_message(&mut self) -> Option<ChannelMsg> {
+            if self.hung_up {
+                return None;
+            }
+            tokio::task::yield_now().await;
+            self.chunks += 1;
+            Some(if self.chunks.is_multiple_of(2) {
+                ChannelMsg::Data { data: bytes::Bytes::from_static(b"flood\nflood\nflood\n") }
+            } else {
+                ChannelMsg::ExtendedData { data: bytes::Bytes::from(vec![b'x'; 32 << 10]), ext: 1 }
+            })
+        }
+        async fn hang_up(&mut self) {
+            self.hung_up = true;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_command_that_never_ends_is_hung_up_at_its_deadline() {
+        let mut channel = Silent { hung_up: false };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
+        let collected = collect(&mut channel, deadline, None).await;
+        assert!(collected.timed_out && channel.hung_up);
+        assert_eq!(collected.exit_code, None);
+        assert_eq!(tokio::time::Instant::now(), deadline);
+    }
+
+    #[tokio::test]
+    async fn a_flood_costs_bounded_memory_and_ends_at_the_deadline() {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let sink = OutputSink::new(tx);
+        let mut channel = Flood { chunks: 0, hung_up: false };
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+        let mut collected = collect(&mut channel, deadline, Some(&sink)).await;
+        assert!(collected.timed_out && channel.hung_up);
+        // A stderr line without end stays cut, and the queue nobody reads stays at 8.
+        assert!(channel.chunks > 100, "{}", channel.chunks);
+        assert_eq!(rx.len(), 8);
+        assert!(sink.dropped() > 0);
+        assert!(collected.err.held() <= (4 << 20) + (128 << 10), "{}", collected.err.held());
+        assert!(collected.err.finish(None).len() <= 4 << 20);
     }
 
     #[test]

@@ -169,8 +169,8 @@ pub enum DeleteOutcome {
     InProgress,
 }
 
-/// A stream of output lines from a running command.
-pub type OutputSink = tokio::sync::mpsc::UnboundedSender<String>;
+/// A stream of output lines from a running command (bounded, escaped: see [`crate::output`]).
+pub use crate::output::OutputSink;
 
 /// A command to run on a machine.
 #[derive(Clone, Debug)]

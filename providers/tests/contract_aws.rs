@@ -118,7 +118,7 @@ async fn ssh_pins_host_keys_copies_assets_once_and_times_out() {
     assert_eq!(provider.pinned_host_key(&id), None, "nothing pinned before first contact");
 
     // First run: assets land with their modes, output streams, env and stdin arrive.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = provisioning_providers::OutputSink::channel();
     let mut first = request(&[&remote.join("bin/nu").display().to_string(), "one two"], Duration::from_secs(30));
     first.output = Some(tx);
     let result = provider.exec(&id, first).await.unwrap_or_else(|e| panic!("exec: {e}\n{}", sshd.log()));

@@ -291,7 +291,7 @@ async fn exec_streams_output_and_honours_timeout() {
     let server = f.running(&f.request("runner", None, "small")).await;
 
     // Lines arrive while the command still runs; stderr and the exit code come back.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = provisioning_providers::OutputSink::channel();
     let script = "echo first; sleep 1.5; echo second; echo oops >&2; exit 3";
     let request = ExecRequest {
         argv: vec!["sh".into(), "-c".into(), script.into()],

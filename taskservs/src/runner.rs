@@ -9,8 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
-use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc::{Sender, channel, error::TrySendError};
 
 use crate::context::ScriptContext;
 use crate::error::RunError;
@@ -25,6 +25,12 @@ pub const TAIL_LINES: usize = 20;
 pub const TAIL_BYTES: usize = 4096;
 /// Upper bound of stdout/stderr kept whole by [`LocalProcessExecutor`].
 const MAX_CAPTURE_BYTES: usize = 4 << 20;
+/// Lines queued between the executor, the runner and the caller (each queue drops lines
+/// and counts them when its reader falls behind: a machine may flood output).
+pub const OUTPUT_QUEUE: usize = 1024;
+/// A streamed line longer than this is cut ([`LocalProcessExecutor`]; the providers cut at
+/// the same length).
+const LINE_CAP: usize = 64 << 10;
 /// How long the runner waits beyond the timeout for an executor to return.
 const EXECUTOR_GRACE: Duration = Duration::from_secs(30);
 
@@ -120,13 +126,13 @@ pub struct ExecOutput {
 pub trait ScriptExecutor: Send + Sync {
     /// Runs `argv` (no shell involved), writes `stdin` then closes it, kills the command after
     /// `timeout` (reporting `timed_out`), and sends each output line (stdout and stderr) to
-    /// `output` as it comes.
+    /// `output` as it comes, never waiting for it (a full queue drops the line).
     async fn exec(
         &self,
         argv: Vec<String>,
         stdin: Vec<u8>,
         timeout: Duration,
-        output: Option<UnboundedSender<String>>,
+        output: Option<Sender<String>>,
     ) -> Result<ExecOutput, RunError>;
 
     /// Where `nu` and the catalog are where this executor runs commands. The default is the
@@ -171,7 +177,8 @@ impl ScriptOutcome {
     }
     /// The config files a check reported as changed since install (`configDrift: true` with
     /// `driftedFiles`, the catalog's lib/check.nu contract; the check exits 3 then). Bounded:
-    /// at most 16 names of at most 256 characters (the machine writes them).
+    /// at most 16 names of at most 256 characters, control characters escaped (the machine
+    /// writes them; they reach status, events and logs).
     pub fn drifted_files(&self) -> Vec<String> {
         let Some(result) = self.result.as_ref() else { return Vec::new() };
         if result.get("configDrift").and_then(serde_json::Value::as_bool) != Some(true) {
@@ -180,7 +187,13 @@ impl ScriptOutcome {
         let mut files: Vec<String> = result
             .get("driftedFiles")
             .and_then(serde_json::Value::as_array)
-            .map(|a| a.iter().filter_map(serde_json::Value::as_str).take(16).map(|f| f.chars().take(256).collect()).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(serde_json::Value::as_str)
+                    .take(16)
+                    .map(|f| escape_controls(&f.chars().take(256).collect::<String>()).into_owned())
+                    .collect()
+            })
             .unwrap_or_default();
         if files.is_empty() {
             files.push("(unnamed config file)".into());
@@ -217,7 +230,7 @@ pub async fn run_script(
     service: &str,
     ctx: &ScriptContext,
     timeout: Duration,
-    output: Option<UnboundedSender<String>>,
+    output: Option<Sender<String>>,
 ) -> Result<ScriptOutcome, RunError> {
     run_script_redacted(exec, step, service, ctx, timeout, output, &Redactor::default()).await
 }
@@ -231,7 +244,7 @@ pub async fn run_script_redacted(
     service: &str,
     ctx: &ScriptContext,
     timeout: Duration,
-    output: Option<UnboundedSender<String>>,
+    output: Option<Sender<String>>,
     redactor: &Redactor,
 ) -> Result<ScriptOutcome, RunError> {
     if !is_valid_service_name(service) {
@@ -242,21 +255,23 @@ pub async fn run_script_redacted(
 
     // Tee the executor's lines: forward them and keep a tail.
     let tail = Arc::new(Mutex::new(OutputTail::default()));
-    let (line_tx, mut line_rx) = unbounded_channel::<String>();
+    let (line_tx, mut line_rx) = channel::<String>(OUTPUT_QUEUE);
     let forwarder = {
         let tail = Arc::clone(&tail);
         let redactor = redactor.clone();
         tokio::spawn(async move {
+            let mut forward = Forward::new(output);
+            let mut incomplete = false;
             while let Some(line) = line_rx.recv().await {
-                let line = redactor.redact(&line);
+                incomplete |= is_gap_notice(&line);
+                let line = escape_controls(&redactor.redact(&line)).into_owned();
                 if let Ok(mut t) = tail.lock() {
                     t.push(&line);
                 }
-                if let Some(out) = &output {
-                    // A closed receiver only means nobody listens any more.
-                    let _ = out.send(line);
-                }
+                forward.send(line);
             }
+            forward.finish();
+            incomplete
         })
     };
 
@@ -264,18 +279,23 @@ pub async fn run_script_redacted(
     let result = tokio::time::timeout(timeout + EXECUTOR_GRACE, exec.exec(argv, stdin, timeout, Some(line_tx))).await;
     let finished_at = Utc::now();
     // The executor dropped its sender when it returned; give stragglers a moment.
-    let _ = tokio::time::timeout(Duration::from_secs(2), forwarder).await;
+    let incomplete = !matches!(tokio::time::timeout(Duration::from_secs(2), forwarder).await, Ok(Ok(false)));
     let exec_output = match result {
         Ok(out) => out?,
         Err(_) => return Err(RunError::ExecutorHung(timeout + EXECUTOR_GRACE)),
     };
 
     let mut output_tail = tail.lock().map(|t| t.render()).unwrap_or_default();
-    if output_tail.is_empty() {
-        // The executor did not stream: build the tail from what it returned.
+    let returned = !(exec_output.stdout.is_empty() && exec_output.stderr.is_empty());
+    if output_tail.is_empty() || (incomplete && returned) {
+        // The executor did not stream, or not all of it (a flood, the stream cap): build the
+        // tail from what it returned, which ends where the command ended.
         let mut t = OutputTail::default();
+        if incomplete {
+            t.push("[provisioning] output was not streamed in full; its last lines:");
+        }
         for line in exec_output.stdout.lines().chain(exec_output.stderr.lines()) {
-            t.push(&redactor.redact(line));
+            t.push(&escape_controls(&redactor.redact(line)));
         }
         output_tail = t.render();
     }
@@ -295,6 +315,77 @@ pub async fn run_script_redacted(
         started_at,
         finished_at,
     })
+}
+
+/// Whether an executor's line says that lines were left out of the stream (the providers'
+/// notices: dropped lines, the stream cap).
+fn is_gap_notice(line: &str) -> bool {
+    line.starts_with("[provisioning] ") && (line.contains(" lines dropped") || line.contains("not streamed"))
+}
+
+/// Forwards lines to the caller's queue without waiting: a full queue drops the line and
+/// counts it; the count is said before the next line that fits, and logged at the end.
+struct Forward {
+    out: Option<Sender<String>>,
+    unreported: u64,
+    dropped: u64,
+}
+
+impl Forward {
+    fn new(out: Option<Sender<String>>) -> Self {
+        Forward { out, unreported: 0, dropped: 0 }
+    }
+
+    fn send(&mut self, line: String) {
+        let Some(out) = &self.out else { return };
+        if self.unreported > 0 {
+            match out.try_send(format!("[provisioning] {} output lines dropped: the log could not keep up", self.unreported)) {
+                Ok(()) => self.unreported = 0,
+                Err(TrySendError::Closed(_)) => return,
+                Err(TrySendError::Full(_)) => {
+                    self.unreported += 1;
+                    self.dropped += 1;
+                    return;
+                }
+            }
+        }
+        if let Err(TrySendError::Full(_)) = out.try_send(line) {
+            self.unreported += 1;
+            self.dropped += 1;
+        }
+    }
+
+    fn finish(self) {
+        if let Some(out) = &self.out
+            && self.unreported > 0
+        {
+            let _ = out.try_send(format!("[provisioning] {} output lines dropped: the log could not keep up", self.unreported));
+        }
+        if self.dropped > 0 {
+            tracing::warn!(dropped = self.dropped, "script output lines were dropped: the log could not keep up");
+        }
+    }
+}
+
+/// `text` with every control character (but tab), DEL, C1 control and bidirectional
+/// formatting character written as `\u{..}`: output never moves a terminal's cursor,
+/// recolours it or reorders what a log reader sees. Idempotent (what it writes is printable).
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    fn unsafe_char(c: char) -> bool {
+        (c.is_control() && c != '\t') || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The JSON of the last `PROVISIONING_RESULT ` line of `stdout`, if there is one.
@@ -374,7 +465,7 @@ impl ScriptExecutor for LocalProcessExecutor {
         argv: Vec<String>,
         stdin: Vec<u8>,
         timeout: Duration,
-        output: Option<UnboundedSender<String>>,
+        output: Option<Sender<String>>,
     ) -> Result<ExecOutput, RunError> {
         let Some((program, args)) = argv.split_first() else {
             return Err(RunError::Executor("empty argv".into()));
@@ -444,20 +535,31 @@ fn kill_group(pid: Option<u32>) {
     let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
 }
 
-/// Reads lines (lossy UTF-8), forwards each, and returns the whole text (bounded).
-async fn read_lines(pipe: impl AsyncRead + Unpin, output: Option<UnboundedSender<String>>) -> String {
+/// Reads lines (lossy UTF-8, cut at [`LINE_CAP`]), forwards each without waiting (a full
+/// queue drops it), and returns the whole text (bounded).
+async fn read_lines(pipe: impl AsyncRead + Unpin, output: Option<Sender<String>>) -> String {
     let mut reader = BufReader::new(pipe);
     let mut whole = String::new();
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
+        match (&mut reader).take(LINE_CAP as u64).read_until(b'\n', &mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(_) => {
+                if buf.last() != Some(&b'\n') && buf.len() == LINE_CAP {
+                    // Cut: skip the rest of the line, a bounded read at a time.
+                    let mut rest = Vec::new();
+                    while let Ok(1..) = (&mut reader).take(LINE_CAP as u64).read_until(b'\n', &mut rest).await {
+                        if rest.last() == Some(&b'\n') {
+                            break;
+                        }
+                        rest.clear();
+                    }
+                }
                 let line = String::from_utf8_lossy(&buf);
                 let line = line.trim_end_matches(['\n', '\r']);
                 if let Some(out) = &output {
-                    let _ = out.send(line.to_string());
+                    let _ = out.try_send(line.to_string());
                 }
                 if whole.len() + line.len() < MAX_CAPTURE_BYTES {
                     whole.push_str(line);
@@ -479,6 +581,90 @@ mod tests {
         assert_eq!(parse_result(out), Some(Ok(serde_json::json!({"a": 2}))));
         assert_eq!(parse_result("no marker\n"), None);
         assert!(matches!(parse_result("PROVISIONING_RESULT {oops"), Some(Err(_))));
+    }
+
+    /// Floods the runner with lines, as a compromised machine can, and ends.
+    struct Flood;
+
+    #[async_trait::async_trait]
+    impl ScriptExecutor for Flood {
+        async fn exec(&self, _: Vec<String>, _: Vec<u8>, _: Duration, output: Option<Sender<String>>) -> Result<ExecOutput, RunError> {
+            let Some(output) = output else { return Err(RunError::Executor("no output queue".into())) };
+            for i in 0..200_000 {
+                // What providers do: never wait for the reader.
+                let _ = output.try_send(format!("\x1b]0;owned\x07line {i}"));
+            }
+            Ok(ExecOutput { exit_code: Some(0), timed_out: false, stdout: String::new(), stderr: String::new() })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_never_drains_holds_at_most_its_queue() -> Result<(), RunError> {
+        let (tx, mut rx) = channel(8);
+        let ctx = ScriptContext::default();
+        let outcome = run_script(&Flood, ScriptStep::Install, "echo", &ctx, Duration::from_secs(30), Some(tx)).await?;
+        assert_eq!(rx.len(), 8, "the caller's queue never grows past its bound");
+        let first = rx.try_recv().unwrap_or_default();
+        assert_eq!(first, "\\u{1b}]0;owned\\u{7}line 0", "escaped before anyone logs it");
+        assert!(!outcome.output_tail.contains('\x1b'), "{}", outcome.output_tail);
+        Ok(())
+    }
+
+    /// Streams a few lines, says some were dropped, and returns output ending elsewhere.
+    struct Gappy;
+
+    #[async_trait::async_trait]
+    impl ScriptExecutor for Gappy {
+        async fn exec(&self, _: Vec<String>, _: Vec<u8>, _: Duration, output: Option<Sender<String>>) -> Result<ExecOutput, RunError> {
+            if let Some(output) = output {
+                let _ = output.try_send("early line".into());
+                let _ = output.try_send("[provisioning] 5000 output lines dropped: the log could not keep up".into());
+            }
+            Ok(ExecOutput { exit_code: Some(1), timed_out: false, stdout: "early line\n...\nfinal error\n".into(), stderr: String::new() })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_with_gaps_leaves_the_tail_to_the_returned_output() -> Result<(), RunError> {
+        let outcome = run_script(&Gappy, ScriptStep::Install, "echo", &ScriptContext::default(), Duration::from_secs(30), None).await?;
+        assert!(outcome.output_tail.starts_with("[provisioning] output was not streamed in full"), "{}", outcome.output_tail);
+        assert!(outcome.output_tail.ends_with("final error"), "{}", outcome.output_tail);
+        Ok(())
+    }
+
+    #[test]
+    fn forwarding_never_waits_and_says_what_it_dropped() {
+        let (tx, mut rx) = channel(4);
+        let mut forward = Forward::new(Some(tx));
+        for i in 0..1000 {
+            forward.send(format!("line {i}"));
+        }
+        assert_eq!(rx.len(), 4);
+        assert_eq!(forward.dropped, 996);
+        let lines: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(lines, ["line 0", "line 1", "line 2", "line 3"]);
+        forward.send("after".into());
+        let lines: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(lines, ["[provisioning] 996 output lines dropped: the log could not keep up", "after"]);
+        assert_eq!(escape_controls("\u{1b}[2J\u{202e}ok\t"), "\\u{1b}[2J\\u{202e}ok\t");
+        assert_eq!(escape_controls(&escape_controls("\u{1b}")), "\\u{1b}", "idempotent");
+    }
+
+    #[test]
+    fn drifted_file_names_from_the_machine_are_escaped() {
+        let now = Utc::now();
+        let outcome = ScriptOutcome {
+            service: "x".into(),
+            step: ScriptStep::Check,
+            exit_code: Some(3),
+            timed_out: false,
+            result: Some(serde_json::json!({"configDrift": true, "driftedFiles": ["/etc/a\u{1b}[2J.conf"]})),
+            result_error: None,
+            output_tail: String::new(),
+            started_at: now,
+            finished_at: now,
+        };
+        assert_eq!(outcome.drifted_files(), ["/etc/a\\u{1b}[2J.conf"]);
     }
 
     #[test]

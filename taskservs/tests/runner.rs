@@ -39,7 +39,7 @@ async fn result_and_streamed_output() {
     let out = dir.path().join("value");
     let mut context = ctx("echo", json!({"value": "plain", "outFile": out}));
     context.templates.insert("a.conf".into(), "x = 1\n".into());
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(provisioning_taskservs::OUTPUT_QUEUE);
     let outcome = run_script(&executor(), ScriptStep::Install, "echo", &context, Duration::from_secs(30), Some(tx)).await.expect("runs");
     assert!(outcome.succeeded(), "{outcome:?}");
     assert_eq!(outcome.exit_code, Some(0));
@@ -188,7 +188,7 @@ impl ScriptExecutor for BufferedExecutor {
         argv: Vec<String>,
         stdin: Vec<u8>,
         _timeout: Duration,
-        _output: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+        _output: Option<tokio::sync::mpsc::Sender<String>>,
     ) -> Result<provisioning_taskservs::ExecOutput, RunError> {
         assert_eq!(argv[0], "/usr/local/bin/nu", "default paths are the container layout");
         let ctx: serde_json::Value = serde_json::from_slice(&stdin).map_err(RunError::Context)?;
@@ -217,7 +217,7 @@ async fn known_secrets_are_redacted_from_streamed_lines_and_the_tail() {
     let secret = "s3cr3t 'q' \"dq\" $(id) `x` back\\slash\nsecond-line-of-it";
     let context = ctx("echo", json!({"value": secret, "outFile": out}));
     let redactor = provisioning_taskservs::Redactor::new([secret]);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(provisioning_taskservs::OUTPUT_QUEUE);
     let outcome = provisioning_taskservs::run_script_redacted(
         &executor(),
         ScriptStep::Install,

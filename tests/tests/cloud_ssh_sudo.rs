@@ -296,7 +296,7 @@ fn sudo_exec_passes_stdin_output_exit_codes_and_kills_the_process_group_on_timeo
         let id = provider.ensure_server(&server).await.map_err(|e| anyhow::anyhow!("ensure_server: {e}"))?.provider_id;
 
         // Stdin, env and streamed output pass through sudo; the command is root.
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, mut rx) = provisioning_providers::OutputSink::channel();
         let mut with_stdin = request(&["sh", "-c", "printf '%s|%s|' \"$(id -u)\" \"$GREETING\"; cat; echo; echo second"], Duration::from_secs(30));
         with_stdin.env = [("GREETING".to_string(), "hello world".to_string())].into();
         with_stdin.stdin = Some(b"{\"from\": \"stdin\"}".to_vec());

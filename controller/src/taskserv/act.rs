@@ -148,7 +148,7 @@ impl ScriptExecutor for ProviderExecutor {
         argv: Vec<String>,
         stdin: Vec<u8>,
         timeout: Duration,
-        output: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+        output: Option<tokio::sync::mpsc::Sender<String>>,
     ) -> Result<ExecOutput, RunError> {
         let argv = match &self.lock_file {
             Some(lock) => {
@@ -159,6 +159,8 @@ impl ScriptExecutor for ProviderExecutor {
             }
             None => argv,
         };
+        // The provider's sink never waits on the queue: a full one drops (and counts) lines.
+        let output = output.map(provisioning_providers::OutputSink::new);
         let request = ExecRequest { argv, stdin: Some(stdin), env: BTreeMap::new(), timeout, output, ssh_key: self.ssh_key.clone() };
         let result = self.provider.exec_owned(&self.id, &self.server_uid, request).await.map_err(|e| RunError::Executor(e.to_string()))?;
         Ok(ExecOutput { exit_code: result.exit_code, timed_out: result.timed_out, stdout: result.stdout, stderr: result.stderr })
@@ -217,7 +219,9 @@ fn script_run(outcome: &Result<ScriptOutcome, RunError>, step: ScriptStep, start
 }
 
 async fn run_step(req: &RunRequest, step: ScriptStep) -> Result<ScriptOutcome, RunError> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    // Bounded: when logging is slower than the machine, the runner drops and counts lines
+    // instead of queueing them (they are escaped before they get here).
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(provisioning_taskservs::OUTPUT_QUEUE);
     let server = req.server.clone();
     let service = req.context.taskserv.service.clone();
     let object = req.object.to_string();

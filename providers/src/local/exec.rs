@@ -10,12 +10,9 @@ use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use super::docker::{classify, status_of};
-use crate::{ExecRequest, ExecResult, OutputSink, ProviderError, ProviderResult};
+use crate::output::LineStream;
+use crate::{ExecRequest, ExecResult, ProviderError, ProviderResult};
 
-/// Output kept per stream; beyond it the oldest bytes go (the tail holds the result JSON).
-const OUTPUT_CAP: usize = 4 << 20;
-/// A line longer than this is emitted in pieces.
-const LINE_CAP: usize = 64 << 10;
 /// Environment variable marking every process of one exec, so a timeout can kill them all
 /// (Docker has no API to kill an exec).
 pub const EXEC_ID_ENV: &str = "PROVISIONING_EXEC_ID";
@@ -39,9 +36,10 @@ pub async fn run(docker: &Docker, container: &str, request: ExecRequest) -> Prov
     let mut env: Vec<String> = request.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
     env.push(format!("{EXEC_ID_ENV}={marker}"));
     let deadline = tokio::time::Instant::now() + request.timeout;
-    let mut stdout = StreamBuffer::default();
-    let mut stderr = StreamBuffer::default();
-    let sink = request.output.clone();
+    // Bounded per stream (the tail is kept, lines are cut at 64 KiB): see `crate::output`.
+    let mut stdout = LineStream::default();
+    let mut stderr = LineStream::default();
+    let sink = request.output.as_ref();
 
     let session = async {
         let created = docker
@@ -76,8 +74,8 @@ pub async fn run(docker: &Docker, container: &str, request: ExecRequest) -> Prov
         });
         while let Some(item) = output.next().await {
             match item.map_err(|e| ProviderError::Transient(format!("exec output from {container}: {e}")))? {
-                LogOutput::StdOut { message } | LogOutput::Console { message } => stdout.push(&message, &sink),
-                LogOutput::StdErr { message } => stderr.push(&message, &sink),
+                LogOutput::StdOut { message } | LogOutput::Console { message } => stdout.push(&message, sink),
+                LogOutput::StdErr { message } => stderr.push(&message, sink),
                 LogOutput::StdIn { .. } => {}
             }
         }
@@ -93,17 +91,19 @@ pub async fn run(docker: &Docker, container: &str, request: ExecRequest) -> Prov
     };
 
     let outcome = tokio::time::timeout_at(deadline, session).await;
-    stdout.finish(&sink);
-    stderr.finish(&sink);
+    let (stdout, stderr) = (stdout.finish(sink), stderr.finish(sink));
+    if let Some(sink) = sink {
+        sink.finish();
+    }
     let exec_id = match outcome {
         Ok(result) => result?,
         Err(_elapsed) => {
             kill(docker, container, &marker).await;
-            return Ok(ExecResult { exit_code: None, timed_out: true, stdout: stdout.into_string(), stderr: stderr.into_string() });
+            return Ok(ExecResult { exit_code: None, timed_out: true, stdout, stderr });
         }
     };
     let exit_code = exit_code(docker, &exec_id).await?;
-    Ok(ExecResult { exit_code, timed_out: false, stdout: stdout.into_string(), stderr: stderr.into_string() })
+    Ok(ExecResult { exit_code, timed_out: false, stdout, stderr })
 }
 
 /// The exit code once the engine has noticed the end of the command (shortly after the
@@ -150,80 +150,5 @@ fn exec_error(container: &str, step: &str, e: bollard::errors::Error) -> Provide
         Some(404) => ProviderError::NotFound(format!("container {container}")),
         Some(409) => ProviderError::Transient(format!("{step} in {container}: the container is not running ({e})")),
         _ => classify(step, e),
-    }
-}
-
-/// One output stream: everything (up to [`OUTPUT_CAP`], keeping the tail) plus the
-/// unfinished line.
-#[derive(Default)]
-struct StreamBuffer {
-    all: Vec<u8>,
-    partial: Vec<u8>,
-}
-
-impl StreamBuffer {
-    fn push(&mut self, chunk: &[u8], sink: &Option<OutputSink>) {
-        self.all.extend_from_slice(chunk);
-        if self.all.len() > OUTPUT_CAP {
-            let excess = self.all.len() - OUTPUT_CAP;
-            self.all.drain(..excess);
-        }
-        self.partial.extend_from_slice(chunk);
-        while let Some(end) = self.partial.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = self.partial.drain(..=end).collect();
-            emit(&line[..line.len() - 1], sink);
-        }
-        if self.partial.len() > LINE_CAP {
-            emit(&std::mem::take(&mut self.partial), sink);
-        }
-    }
-
-    fn finish(&mut self, sink: &Option<OutputSink>) {
-        if !self.partial.is_empty() {
-            emit(&std::mem::take(&mut self.partial), sink);
-        }
-    }
-
-    fn into_string(self) -> String {
-        String::from_utf8_lossy(&self.all).into_owned()
-    }
-}
-
-fn emit(line: &[u8], sink: &Option<OutputSink>) {
-    if let Some(sink) = sink {
-        let text = String::from_utf8_lossy(line);
-        // A closed receiver means nobody is listening any more; the output is still collected.
-        let _ = sink.send(text.strip_suffix('\r').unwrap_or(&text).to_string());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lines_are_split_across_chunks() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let sink = Some(tx);
-        let mut buffer = StreamBuffer::default();
-        buffer.push(b"one\ntw", &sink);
-        buffer.push(b"o\r\nthree", &sink);
-        buffer.finish(&sink);
-        let mut lines = Vec::new();
-        while let Ok(line) = rx.try_recv() {
-            lines.push(line);
-        }
-        assert_eq!(lines, ["one", "two", "three"]);
-        assert_eq!(buffer.into_string(), "one\ntwo\r\nthree");
-    }
-
-    #[test]
-    fn output_keeps_the_tail() {
-        let mut buffer = StreamBuffer::default();
-        buffer.push(&vec![b'a'; OUTPUT_CAP], &None);
-        buffer.push(b"\n{\"result\":true}\n", &None);
-        let text = buffer.into_string();
-        assert_eq!(text.len(), OUTPUT_CAP);
-        assert!(text.ends_with("{\"result\":true}\n"));
     }
 }

@@ -22,7 +22,10 @@ use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::{OutputSink, ProviderError};
+use crate::ProviderError;
+
+/// Progress lines of an image build (our own build's output, shown to whoever runs it).
+pub type ProgressSink = tokio::sync::mpsc::UnboundedSender<String>;
 
 /// Repository of the node image.
 pub const NODE_IMAGE_REPO: &str = "provisioning-node";
@@ -131,7 +134,7 @@ pub struct NodeImageOptions {
     /// Rebuild even when the tag exists.
     pub force: bool,
     /// Where progress lines go (debootstrap's output among them).
-    pub progress: Option<OutputSink>,
+    pub progress: Option<ProgressSink>,
 }
 
 impl Default for NodeImageOptions {
@@ -600,7 +603,7 @@ async fn tag_latest(docker: &Docker, tag: &str) -> Result<(), ImageError> {
 /// Progress lines to the caller's sink, or to the log when there is none (once, not both:
 /// `provisioning image build` prints the sink and logs at info).
 #[derive(Clone)]
-struct Progress(Option<OutputSink>);
+struct Progress(Option<ProgressSink>);
 
 impl Progress {
     fn say(&self, line: String) {

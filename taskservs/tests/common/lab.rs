@@ -131,7 +131,7 @@ impl ScriptExecutor for DockerExec {
         argv: Vec<String>,
         stdin: Vec<u8>,
         timeout: Duration,
-        output: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+        output: Option<tokio::sync::mpsc::Sender<String>>,
     ) -> Result<ExecOutput, RunError> {
         let mut full = vec![docker(), "exec".into(), "-i".into(), self.container.clone()];
         full.extend(argv);
