@@ -32,6 +32,41 @@ pub enum ProviderError {
     /// Any other failure that retrying will not fix.
     #[error("provider error: {0}")]
     Permanent(String),
+    /// "Not now" or "not here": an account quota is used up (vCPUs, instances, addresses…) or
+    /// the zone has no capacity for what was asked. Retrying at once will not help; retrying
+    /// slowly may (capacity comes back, a quota is raised, other machines go).
+    #[error("{}", capacity_text(*.kind, quota, asked, message))]
+    Capacity {
+        /// An account quota, or the zone's capacity.
+        kind: CapacityKind,
+        /// The provider's name for the limit (EC2 `VcpuLimitExceeded`, UpCloud
+        /// `SERVER_RESOURCES_UNAVAILABLE`…).
+        quota: String,
+        /// What was asked, for humans (`1 × t3.large (2 vCPUs) in zone eu-north-1a`); empty
+        /// when the layer that classified the error did not know (see [`ProviderError::asking`]).
+        asked: String,
+        /// The provider's own words.
+        message: String,
+    },
+}
+
+/// Which limit a [`ProviderError::Capacity`] hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapacityKind {
+    /// An account quota (raised by asking the provider, or freed by deleting machines).
+    Quota,
+    /// The zone (or host pool) lacks capacity for this machine type now.
+    Insufficient,
+}
+
+fn capacity_text(kind: CapacityKind, quota: &str, asked: &str, message: &str) -> String {
+    let what = match kind {
+        CapacityKind::Quota => "quota exceeded",
+        CapacityKind::Insufficient => "insufficient capacity",
+    };
+    let asked = if asked.is_empty() { String::new() } else { format!(" asking for {asked}") };
+    let message = if message.is_empty() { String::new() } else { format!(": {message}") };
+    format!("{what} ({quota}){asked}{message}")
 }
 
 impl ProviderError {
@@ -50,6 +85,51 @@ impl ProviderError {
             ProviderError::InvalidRequest(_) => "InvalidRequest",
             ProviderError::NotOwned(_) => "NotOwned",
             ProviderError::Permanent(_) => "Permanent",
+            ProviderError::Capacity { kind: CapacityKind::Quota, .. } => "QuotaExceeded",
+            ProviderError::Capacity { kind: CapacityKind::Insufficient, .. } => "InsufficientCapacity",
         }
+    }
+
+    /// A [`ProviderError::Capacity`] names what was asked (`asked`, unless it already does);
+    /// any other error is returned as it is.
+    pub fn asking(self, asked: impl FnOnce() -> String) -> Self {
+        match self {
+            ProviderError::Capacity { kind, quota, asked: previous, message } if previous.is_empty() => {
+                ProviderError::Capacity { kind, quota, asked: asked(), message }
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_errors_name_the_quota_and_what_was_asked() {
+        let e = ProviderError::Capacity {
+            kind: CapacityKind::Quota,
+            quota: "VcpuLimitExceeded".into(),
+            asked: String::new(),
+            message: "limit of 32 vCPUs".into(),
+        };
+        assert!(!e.is_retryable());
+        assert_eq!(e.category(), "QuotaExceeded");
+        let e = e.asking(|| "1 × t3.large (2 vCPUs)".into());
+        assert_eq!(e.to_string(), "quota exceeded (VcpuLimitExceeded) asking for 1 × t3.large (2 vCPUs): limit of 32 vCPUs");
+        // Asked once: an outer layer does not overwrite it.
+        assert_eq!(e.clone().asking(|| "other".into()), e);
+        let e = ProviderError::Capacity {
+            kind: CapacityKind::Insufficient,
+            quota: "InsufficientInstanceCapacity".into(),
+            asked: String::new(),
+            message: String::new(),
+        };
+        assert_eq!(
+            (e.category(), e.to_string().as_str()),
+            ("InsufficientCapacity", "insufficient capacity (InsufficientInstanceCapacity)")
+        );
+        assert_eq!(ProviderError::Transient("x".into()).asking(|| "y".into()), ProviderError::Transient("x".into()));
     }
 }
