@@ -195,7 +195,7 @@ impl Error {
                 ProviderError::Throttled { retry_after } => ErrorClass::Throttled { retry_after: *retry_after },
                 ProviderError::Transient(_) => ErrorClass::Transient,
                 ProviderError::NotFound(_) => ErrorClass::NotFound,
-                ProviderError::Capacity { .. } => ErrorClass::Capacity,
+                ProviderError::Capacity(_) => ErrorClass::Capacity,
                 ProviderError::Auth(_) | ProviderError::InvalidRequest(_) | ProviderError::NotOwned(_) | ProviderError::Permanent(_) => {
                     ErrorClass::Permanent
                 }
@@ -357,12 +357,12 @@ mod tests {
     fn quota_and_capacity_errors_wait_five_minutes_every_time() {
         let e = Error::provider(
             "aws",
-            ProviderError::Capacity {
+            ProviderError::Capacity(Box::new(provisioning_providers::CapacityError {
                 kind: provisioning_providers::CapacityKind::Quota,
                 quota: "VcpuLimitExceeded".into(),
                 asked: "1 instance of type t3.large, 2 vCPUs".into(),
                 message: "m".into(),
-            },
+            })),
         );
         assert_eq!((e.class(), e.category()), (ErrorClass::Capacity, "QuotaExceeded"));
         for attempt in [0, 1, 5, 20] {

@@ -20,7 +20,7 @@ pub mod ssh;
 pub mod types;
 pub mod upcloud;
 
-pub use error::{CapacityKind, ProviderError, ProviderResult};
+pub use error::{CapacityError, CapacityKind, ProviderError, ProviderResult};
 pub use types::*;
 
 use std::sync::Arc;

@@ -197,10 +197,10 @@ async fn quota_and_capacity_errors_name_the_limit_and_what_was_asked_and_are_tri
     proxy.answer("RunInstances", u32::MAX, 400, error_doc("VcpuLimitExceeded", vcpu));
     let err = provider.ensure_server(&request("quota-1", "large", "eu-north-1a")).await.err().ok_or("RunInstances was refused")?;
     match &err {
-        ProviderError::Capacity { kind: CapacityKind::Quota, quota, asked, message } => {
-            assert_eq!(quota, "VcpuLimitExceeded");
-            assert!(asked.contains("t3.large") && asked.contains("2 vCPUs") && asked.contains("eu-north-1a"), "{asked}");
-            assert!(message.contains("vCPU limit of 32"), "{message}");
+        ProviderError::Capacity(c) if c.kind == CapacityKind::Quota => {
+            assert_eq!(c.quota, "VcpuLimitExceeded");
+            assert!(c.asked.contains("t3.large") && c.asked.contains("2 vCPUs") && c.asked.contains("eu-north-1a"), "{c:?}");
+            assert!(c.message.contains("vCPU limit of 32"), "{c:?}");
         }
         other => return Err(format!("expected a quota error, got {other:?}").into()),
     }
@@ -211,7 +211,7 @@ async fn quota_and_capacity_errors_name_the_limit_and_what_was_asked_and_are_tri
     proxy.answer("RunInstances", u32::MAX, 500, error_doc("InsufficientInstanceCapacity", "We currently do not have sufficient capacity"));
     let err = provider.ensure_server(&request("quota-2", "xlarge", "")).await.err().ok_or("RunInstances was refused")?;
     assert!(
-        matches!(&err, ProviderError::Capacity { kind: CapacityKind::Insufficient, asked, .. } if asked.contains("t3.xlarge") && asked.contains("4 vCPUs")),
+        matches!(&err, ProviderError::Capacity(c) if c.kind == CapacityKind::Insufficient && c.asked.contains("t3.xlarge") && c.asked.contains("4 vCPUs")),
         "{err:?}"
     );
     assert_eq!(proxy.seen("RunInstances"), 2, "{err}");

@@ -320,12 +320,12 @@ mod tests {
         let capacity = |kind| {
             Error::provider(
                 "aws-main",
-                provisioning_providers::ProviderError::Capacity {
+                provisioning_providers::ProviderError::Capacity(Box::new(provisioning_providers::CapacityError {
                     kind,
                     quota: "VcpuLimitExceeded".into(),
                     asked: "1 instance of type t3.large, 2 vCPUs in zone eu-north-1a".into(),
                     message: "EC2 RunInstances: You have requested more vCPU capacity than your current vCPU limit of 32 allows".into(),
-                },
+                })),
             )
         };
         let end = End::failed(Step::Act, capacity(provisioning_providers::CapacityKind::Quota), Some("aws-main"));

@@ -193,8 +193,10 @@ impl Ec2Client {
             ProviderError::InvalidRequest(m) => ProviderError::InvalidRequest(clean(&m)),
             ProviderError::NotOwned(m) => ProviderError::NotOwned(clean(&m)),
             ProviderError::Permanent(m) => ProviderError::Permanent(clean(&m)),
-            ProviderError::Capacity { kind, quota, asked, message } => {
-                ProviderError::Capacity { kind, quota, asked: clean(&asked), message: clean(&message) }
+            ProviderError::Capacity(mut c) => {
+                c.asked = clean(&c.asked);
+                c.message = clean(&c.message);
+                ProviderError::Capacity(c)
             }
             throttled @ ProviderError::Throttled { .. } => throttled,
         }
@@ -227,8 +229,7 @@ pub fn classify_error(action: &str, status: u16, retry_after: Option<&str>, body
     if TRANSIENT_CODES.contains(&code) {
         return ProviderError::Transient(text);
     }
-    let capacity =
-        |kind| ProviderError::Capacity { kind, quota: code.to_string(), asked: String::new(), message: format!("EC2 {action}: {message}") };
+    let capacity = |kind| ProviderError::capacity(kind, code, format!("EC2 {action}: {message}"));
     if QUOTA_CODES.contains(&code) {
         return capacity(crate::CapacityKind::Quota);
     }
@@ -305,17 +306,14 @@ mod tests {
         };
         for code in ["VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"] {
             let e = classify_error("RunInstances", 400, None, &doc(code));
-            assert!(
-                matches!(&e, ProviderError::Capacity { kind: crate::CapacityKind::Quota, quota, .. } if quota == code),
-                "{code}: {e:?}"
-            );
+            assert!(matches!(&e, ProviderError::Capacity(c) if c.kind == crate::CapacityKind::Quota && c.quota == code), "{code}: {e:?}");
             assert_eq!(e.category(), "QuotaExceeded");
         }
         // EC2 answers InsufficientInstanceCapacity with HTTP 500: still not a quick retry.
         for (code, status) in [("InsufficientInstanceCapacity", 500), ("InsufficientHostCapacity", 400), ("InsufficientCapacity", 400)] {
             let e = classify_error("RunInstances", status, None, &doc(code));
             assert!(
-                matches!(&e, ProviderError::Capacity { kind: crate::CapacityKind::Insufficient, quota, .. } if quota == code),
+                matches!(&e, ProviderError::Capacity(c) if c.kind == crate::CapacityKind::Insufficient && c.quota == code),
                 "{code}: {e:?}"
             );
             assert!(!e.is_retryable() && e.to_string().contains(code), "{e}");

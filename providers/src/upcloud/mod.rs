@@ -513,7 +513,7 @@ pub fn classify_error(what: &str, status: u16, retry_after: Option<&str>, body: 
     };
     if let Some(kind) = detail.as_ref().and_then(|d| capacity_kind(&d.error_code)) {
         let (code, message) = detail.map(|d| (d.error_code, d.error_message)).unwrap_or_default();
-        return ProviderError::Capacity { kind, quota: code, asked: String::new(), message: format!("{what}: {message}") };
+        return ProviderError::capacity(kind, code, format!("{what}: {message}"));
     }
     if let Some(error) = classify_status(status, retry_after, || text.clone()) {
         return error;
@@ -743,11 +743,11 @@ mod tests {
             (400, "CORES_LIMIT_EXCEEDED", crate::CapacityKind::Quota),
         ] {
             let e = classify_error("create server", status, None, &doc(code));
-            assert!(matches!(&e, ProviderError::Capacity { kind: k, quota, .. } if *k == kind && quota == code), "{code}: {e:?}");
+            assert!(matches!(&e, ProviderError::Capacity(c) if c.kind == kind && c.quota == code), "{code}: {e:?}");
             assert!(!e.is_retryable());
         }
         // A limit of one object (rules of one firewall) is the spec's, not the account's.
-        assert!(!matches!(classify_error("x", 400, None, &doc("FIREWALL_RULE_LIMIT_REACHED")), ProviderError::Capacity { .. }));
+        assert!(!matches!(classify_error("x", 400, None, &doc("FIREWALL_RULE_LIMIT_REACHED")), ProviderError::Capacity(_)));
         assert_eq!(hostname("Web_1", "Prod"), "web-1.prod");
     }
 }
