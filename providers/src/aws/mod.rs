@@ -338,18 +338,27 @@ impl AwsProvider {
         }
     }
 
-    /// Deletes the account's managed security groups that no live instance uses any more
+    /// Deletes the account's managed security groups once no live instance is in one of them
     /// (found by name and the account and managed tags: never a group this provider did not
-    /// create). `Ok(false)` while EC2 still holds one as in use (DependencyViolation: retry
-    /// later), for at most [`GROUP_RELEASE_PATIENCE`]. Idempotent; a create racing with it
-    /// finds its group gone at RunInstances and re-creates it ([`AwsProvider::ensure`]).
+    /// create). One DescribeInstances while machines remain; the group look-up and delete
+    /// only after the last. `Ok(false)` while EC2 still holds a group as in use
+    /// (DependencyViolation: retry later), for at most [`GROUP_RELEASE_PATIENCE`].
+    /// Idempotent; a create racing with it finds its group gone at RunInstances and
+    /// re-creates it ([`AwsProvider::ensure`]), and a delete racing with a create is refused
+    /// by EC2 (DependencyViolation) and finds the new machine next time.
     pub async fn release_unused_groups(&self) -> ProviderResult<bool> {
-        // Serialises with this process's look-ups of the group (a create waits, then misses
-        // the cache and finds or re-creates it).
+        let name = managed_group_name(&self.account);
+        let members =
+            vec![("Filter.1.Name".to_string(), "instance.group-name".to_string()), ("Filter.1.Value.1".to_string(), name.clone())];
+        if !self.describe_live(members).await?.is_empty() {
+            return Ok(true);
+        }
+        // Serialises the delete with this process's look-ups of the group (a create waits,
+        // then misses the cache and finds or re-creates it).
         let mut cached = self.managed_group.lock().await;
         let filter = [
             ("Filter.1.Name", "group-name".to_string()),
-            ("Filter.1.Value.1", managed_group_name(&self.account)),
+            ("Filter.1.Value.1", name),
             ("Filter.2.Name", format!("tag:{TAG_ACCOUNT}")),
             ("Filter.2.Value.1", self.account.clone()),
             ("Filter.3.Name", format!("tag:{TAG_MANAGED}")),
@@ -361,11 +370,6 @@ impl AwsProvider {
         let mut released = true;
         for group in groups.groups.items {
             let id = group.group_id;
-            let users =
-                self.describe_live(vec![("Filter.1.Name".into(), "instance.group-id".into()), ("Filter.1.Value.1".into(), id.clone())]);
-            if !users.await?.is_empty() {
-                continue;
-            }
             match self.call_retrying("DeleteSecurityGroup", &[("GroupId".to_string(), id.clone())]).await {
                 Ok(_) => tracing::info!(account = %self.account, group = %id, "deleted the account's security group: no machine uses it"),
                 Err(e) if api::is_code(&e, "InvalidGroup.NotFound") => {}
