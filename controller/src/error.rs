@@ -28,7 +28,13 @@ pub enum ErrorClass {
     Permanent,
     /// Work in flight (a deletion the provider is still doing): poll at a fixed short pace.
     InProgress,
+    /// "Not now" or "not here" (a provider quota used up, a zone without capacity): Stalled,
+    /// looked at again on a slow fixed schedule ([`CAPACITY_RETRY`]), not the backoff.
+    Capacity,
 }
+
+/// How often an object stalled on a quota or on a zone's capacity looks again (jittered).
+pub const CAPACITY_RETRY: Duration = Duration::from_secs(300);
 
 impl ErrorClass {
     /// Stable label for metrics.
@@ -39,6 +45,7 @@ impl ErrorClass {
             ErrorClass::NotFound => "not_found",
             ErrorClass::Permanent => "permanent",
             ErrorClass::InProgress => "in_progress",
+            ErrorClass::Capacity => "capacity",
         }
     }
 }
@@ -188,6 +195,7 @@ impl Error {
                 ProviderError::Throttled { retry_after } => ErrorClass::Throttled { retry_after: *retry_after },
                 ProviderError::Transient(_) => ErrorClass::Transient,
                 ProviderError::NotFound(_) => ErrorClass::NotFound,
+                ProviderError::Capacity(_) => ErrorClass::Capacity,
                 ProviderError::Auth(_) | ProviderError::InvalidRequest(_) | ProviderError::NotOwned(_) | ProviderError::Permanent(_) => {
                     ErrorClass::Permanent
                 }
@@ -281,6 +289,7 @@ fn backoff_bounds(class: ErrorClass) -> (Duration, Duration) {
         // 30 s, 60 s, 2 min, 4 min, 8 min, then 10 min: a Stalled object never storms an API.
         ErrorClass::Permanent => (Duration::from_secs(30), Duration::from_secs(600)),
         ErrorClass::InProgress => (Duration::from_secs(2), Duration::from_secs(2)),
+        ErrorClass::Capacity => (CAPACITY_RETRY, CAPACITY_RETRY),
     }
 }
 
@@ -342,6 +351,27 @@ mod tests {
         assert!(delays.windows(2).all(|w| w[0] <= w[1]), "{delays:?}");
         assert!(delays[0] >= Duration::from_secs(20));
         assert!(delays[7] >= Duration::from_secs(300), "{delays:?}");
+    }
+
+    #[test]
+    fn quota_and_capacity_errors_wait_five_minutes_every_time() {
+        let e = Error::provider(
+            "aws",
+            ProviderError::Capacity(Box::new(provisioning_providers::CapacityError {
+                kind: provisioning_providers::CapacityKind::Quota,
+                quota: "VcpuLimitExceeded".into(),
+                asked: "1 instance of type t3.large, 2 vCPUs".into(),
+                message: "m".into(),
+            })),
+        );
+        assert_eq!((e.class(), e.category()), (ErrorClass::Capacity, "QuotaExceeded"));
+        for attempt in [0, 1, 5, 20] {
+            let d = backoff_delay(ErrorClass::Capacity, attempt, -1.0);
+            assert!(
+                d >= Duration::from_secs(240) && backoff_delay(ErrorClass::Capacity, attempt, 1.0) <= Duration::from_secs(360),
+                "{d:?}"
+            );
+        }
     }
 
     #[test]

@@ -198,7 +198,8 @@ pub struct ProviderAccount {
     pub ssh: Option<SshAccess>,
     /// aws: security groups new instances join (`sg-…`). Empty: a group the controller
     /// manages for the account (`provisioning-<account>`, tagged `provisioning.dev/account`)
-    /// allowing SSH from `sshSourceCidrs` and all traffic between its members, nothing else.
+    /// allowing SSH from `sshSourceCidrs` and all traffic between its members, nothing else;
+    /// deleted when no machine uses it any more.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 5))]
     pub security_group_ids: Vec<String>,
@@ -208,7 +209,9 @@ pub struct ProviderAccount {
     pub subnet_id: String,
     /// Source networks (CIDR, e.g. the controller's egress address `203.0.113.7/32`) allowed
     /// to reach SSH (22/tcp): in the aws managed group, and as the first upcloud firewall
-    /// rules when `firewallRules` is set. Empty: any source (key-only SSH with pinned host keys).
+    /// rules when `firewallRules` is set. Required there: empty stalls Servers
+    /// (`SshSourcesMissing`) before anything is created; any source only when written
+    /// (`0.0.0.0/0`, `::/0`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub ssh_source_cidrs: Vec<String>,

@@ -21,7 +21,7 @@ pub mod ssh;
 pub mod types;
 pub mod upcloud;
 
-pub use error::{ProviderError, ProviderResult};
+pub use error::{CapacityError, CapacityKind, ProviderError, ProviderResult};
 pub use types::*;
 
 use std::sync::Arc;

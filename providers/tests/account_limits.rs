@@ -37,6 +37,7 @@ fn aws_config(name: &str, endpoint: &str, access_key: &str) -> ProviderConfig {
             ]
             .into(),
         ),
+        network: provisioning_providers::NetworkSettings { ssh_source_cidrs: vec!["203.0.113.7/32".into()], ..Default::default() },
         ..Default::default()
     }
 }

@@ -43,6 +43,8 @@ fn config(endpoint: &str, state_dir: &std::path::Path, sshd: &Sshd, assets: Vec<
             connect_timeout: Duration::from_secs(10),
             become_root: None,
         },
+        // SSH to the managed group from one documentation address (never "any" by default).
+        network: provisioning_providers::NetworkSettings { ssh_source_cidrs: vec!["203.0.113.7/32".into()], ..Default::default() },
         ..Default::default()
     }
 }

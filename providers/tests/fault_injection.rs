@@ -38,6 +38,8 @@ fn config(name: &str, endpoint: &str, state_dir: &std::path::Path) -> ProviderCo
         images: [("debian-12".to_string(), "ami-1e749f67".to_string())].into(),
         rate_limit: 500,
         state_dir: state_dir.to_path_buf(),
+        // SSH to the managed group from one documentation address (never "any" by default).
+        network: provisioning_providers::NetworkSettings { ssh_source_cidrs: vec!["203.0.113.7/32".into()], ..Default::default() },
         ..Default::default()
     }
 }

@@ -48,6 +48,34 @@ impl Moto {
         Ok(moto)
     }
 
+    /// How many security groups named as the aws provider's managed group of `account` moto
+    /// holds in `region` (DescribeSecurityGroups by name).
+    pub fn managed_groups(&self, region: &str, account: &str) -> Result<usize> {
+        let config = provisioning_providers::ProviderConfig {
+            name: "e2e-observer".into(),
+            provider_type: "aws".into(),
+            region: region.into(),
+            endpoint: self.endpoint.clone(),
+            credentials: provisioning_providers::Credentials(
+                [
+                    ("AWS_ACCESS_KEY_ID".to_string(), "AKIAE2EOBSERVER00001".to_string()),
+                    ("AWS_SECRET_ACCESS_KEY".to_string(), "e2e-observer".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let provider = provisioning_providers::aws::AwsProvider::new(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let name = provisioning_providers::aws::managed_group_name(account);
+        let params = [("Filter.1.Name".to_string(), "group-name".to_string()), ("Filter.1.Value.1".to_string(), name)];
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let xml = runtime
+            .block_on(provider.client().call("DescribeSecurityGroups", &params))
+            .map_err(|e| anyhow::anyhow!("DescribeSecurityGroups at moto: {e}"))?;
+        // One <groupName> per group (rules name groups by id only).
+        Ok(xml.matches("<groupName>").count())
+    }
+
     /// The live (not terminated) instances at moto in `region`, as seen through
     /// DescribeInstances.
     pub fn live_instances(&self, region: &str) -> Result<Vec<provisioning_providers::ServerObservation>> {

@@ -44,6 +44,7 @@ fn manifest(dir: &Path, moto: &Moto) -> Result<String> {
                 "name": ACCOUNT, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
                 "credentialsSecretRef": {"name": "aws-creds"},
                 "images": {"debian-12": MOTO_AMI},
+                "sshSourceCidrs": ["127.0.0.1/32"],
             }],
             "limits": {"monthlyBudget": {"amount": "40", "currency": "USD"}},
         }}),

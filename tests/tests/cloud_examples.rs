@@ -193,9 +193,14 @@ fn aws_example(how: Teardown) -> Result<()> {
         ensure!(machine.tags.get("provisioning.dev/namespace").map(String::as_str) == Some("k8s-aws"), "{:?}", machine.tags);
         ensure!(machine.tags.get("provisioning.dev/cluster").map(String::as_str) == Some("k8s"), "{:?}", machine.tags);
     }
+    // The machines share the security group the controller manages for the account.
+    ensure!(moto.managed_groups(AWS_REGION, "aws-eu")? == 1, "one managed security group for the account");
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
 
-    teardown(&mut dev, how, &manifest, "k8s-aws", || Ok(moto.live_instances(AWS_REGION)?.len()))?;
+    // Nothing left: no machine, and no managed security group (deleted with the last machine).
+    teardown(&mut dev, how, &manifest, "k8s-aws", || {
+        Ok(moto.live_instances(AWS_REGION)?.len() + moto.managed_groups(AWS_REGION, "aws-eu")?)
+    })?;
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
     Ok(())
 }

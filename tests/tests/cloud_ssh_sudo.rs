@@ -140,7 +140,7 @@ fn aws_taskserv_runs_as_root_through_sudo_and_a_sudo_password_is_a_clear_error()
     let aws_secret = unique_secret("aws-secret-key");
     let account = |name: &str, node: &CloudNode| {
         json!({"name": name, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
-            "credentialsSecretRef": {"name": "aws-creds"}, "images": {"debian-12": MOTO_AMI},
+            "credentialsSecretRef": {"name": "aws-creds"}, "images": {"debian-12": MOTO_AMI}, "sshSourceCidrs": ["127.0.0.1/32"],
             "ssh": {"user": USER, "addressOverride": node.ip, "hostKeys": "FirstUse"}})
     };
     let docs = vec![
@@ -264,6 +264,7 @@ fn sudo_exec_passes_stdin_output_exit_codes_and_kills_the_process_group_on_timeo
         images: [("debian-12".to_string(), MOTO_AMI.to_string())].into(),
         state_dir: tmp.path().join("state"),
         ssh: SshSettings { user: USER.into(), address_override: Some(node.ip.clone()), ..Default::default() },
+        network: provisioning_providers::NetworkSettings { ssh_source_cidrs: vec!["127.0.0.1/32".into()], ..Default::default() },
         ..Default::default()
     };
     let provider = build_provider(&config).map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -58,7 +58,7 @@ fn manifest(dir: &Path, moto: &Moto, sshd: &Sshd, account_key: &str, aws_secret:
             "providers": [{
                 "name": ACCOUNT, "type": "aws", "region": REGION, "endpoint": moto.endpoint,
                 "credentialsSecretRef": {"name": "aws-creds"},
-                "images": {"debian-12": MOTO_AMI},
+                "images": {"debian-12": MOTO_AMI}, "sshSourceCidrs": ["127.0.0.1/32"],
                 "ssh": {"user": sshd.user, "port": sshd.port, "addressOverride": "127.0.0.1", "hostKeys": "FirstUse", "remoteDir": remote_dir.display().to_string()},
             }],
         }}),

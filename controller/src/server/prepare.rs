@@ -83,5 +83,10 @@ pub async fn prepare(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Cont
     } else {
         None
     };
+    if made_with.is_none() {
+        // Before any machine (and any security group) is made: SSH only from where the
+        // account says (a Server whose machine exists keeps being observed).
+        validate::ssh_sources(&valid.account).map_err(stall)?;
+    }
     Ok(Prepared { provider, valid, cost, login_key })
 }

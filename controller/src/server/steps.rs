@@ -21,11 +21,32 @@ pub fn gate_create(visit: &mut Visit<'_>, p: &Prepared, step: &plan::Step, appro
     if !matches!(step, plan::Step::Create | plan::Step::FindThenCreate) {
         return Ok(None);
     }
+    if let Some(wait) = capacity_cooldown(visit.server, visit.now) {
+        // Our own writes of the failed attempt bring the Server back at once: the provider is
+        // asked again on the slow schedule only (nothing to record meanwhile).
+        return Err(End::Requeue(kube::runtime::controller::Action::requeue(wait)));
+    }
     let planned = p.plan(visit.server, None).plan;
     if !approval::check(visit, approval, &planned) {
         return Err(approval::wait(visit, &planned, &p.cost, (Some(p.valid.account.name.clone()), Machine::Unchanged), |s| s));
     }
     Ok(Some(planned))
+}
+
+/// How long a Server whose last create ran into a quota or a zone without capacity
+/// (Stalled `QuotaExceeded`/`InsufficientCapacity` for its current generation) waits before
+/// the provider is asked again ([`crate::error::CAPACITY_RETRY`] after the stall began);
+/// `None` when it may ask now (another stall, a changed spec, the time is up).
+pub fn capacity_cooldown(server: &provisioning_crds::Server, now: k8s_openapi::jiff::Timestamp) -> Option<std::time::Duration> {
+    let status = server.status.as_ref()?;
+    let stalled = crate::conditions::find(&status.conditions, provisioning_crds::condition::STALLED)?;
+    let capacity = stalled.status == "True" && matches!(stalled.reason.as_str(), "QuotaExceeded" | "InsufficientCapacity");
+    if !capacity || stalled.observed_generation != server.metadata.generation {
+        return None;
+    }
+    let elapsed = now.as_second().saturating_sub(stalled.last_transition_time.0.as_second());
+    let left = i64::try_from(crate::error::CAPACITY_RETRY.as_secs()).ok()?.saturating_sub(elapsed);
+    (left > 0).then(|| std::time::Duration::from_secs(left.unsigned_abs()))
 }
 
 /// A drifted machine: under Manual approval its remediation is a plan that waits like any
@@ -114,5 +135,43 @@ pub fn finish(visit: &Visit<'_>, p: &Prepared, done: Outcome) -> ServerStatus {
             drift::record(desired.clone(), server.status.as_ref(), &found, visit.now)
         }
         _ => desired,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    fn stalled(reason: &str, generation: i64, since: Timestamp) -> provisioning_crds::Server {
+        let mut s = crate::testing::server("team-a", "web-0", serde_json::json!({"provider": "aws", "plan": "small"}));
+        s.metadata.generation = Some(2);
+        s.status = Some(ServerStatus {
+            conditions: vec![Condition {
+                type_: "Stalled".into(),
+                status: "True".into(),
+                reason: reason.into(),
+                message: "m".into(),
+                observed_generation: Some(generation),
+                last_transition_time: Time(since),
+            }],
+            ..Default::default()
+        });
+        s
+    }
+
+    #[test]
+    fn a_capacity_stall_asks_the_provider_again_only_after_five_minutes() -> Result<(), Box<dyn std::error::Error>> {
+        let t0 = Timestamp::from_second(1_800_000_000)?;
+        let at = |secs: i64| Timestamp::from_second(1_800_000_000 + secs);
+        let quota = stalled("QuotaExceeded", 2, t0);
+        assert_eq!(capacity_cooldown(&quota, at(1)?), Some(std::time::Duration::from_secs(299)));
+        assert_eq!(capacity_cooldown(&stalled("InsufficientCapacity", 2, t0), at(240)?), Some(std::time::Duration::from_secs(60)));
+        assert_eq!(capacity_cooldown(&quota, at(300)?), None, "time is up");
+        assert_eq!(capacity_cooldown(&stalled("QuotaExceeded", 1, t0), at(1)?), None, "the spec changed since");
+        assert_eq!(capacity_cooldown(&stalled("UnknownPlan", 2, t0), at(1)?), None, "another stall");
+        Ok(())
     }
 }

@@ -47,6 +47,54 @@ pub fn account(spec: &ServerSpec, ws: &EffectiveWorkspace, made_with: Option<&st
     }
 }
 
+/// Where SSH to the account's new machines may come from, before anything is created at the
+/// provider: an aws account with no `securityGroupIds` (the controller's managed group) and
+/// an upcloud account with `firewallRules` need `sshSourceCidrs` — empty is an error naming
+/// the field, never "any source" (`0.0.0.0/0` and `::/0` are accepted only as written) — and
+/// each entry must be a CIDR.
+pub fn ssh_sources(account: &ProviderAccount) -> Result<(), Invalid> {
+    use provisioning_crds::ProviderType;
+    let fenced = match account.provider_type {
+        ProviderType::Aws => account.security_group_ids.is_empty(),
+        ProviderType::Upcloud => !account.firewall_rules.is_empty(),
+        ProviderType::Local | ProviderType::Simulated => false,
+    };
+    if !fenced {
+        return Ok(());
+    }
+    if account.ssh_source_cidrs.is_empty() {
+        let what = match account.provider_type {
+            ProviderType::Aws => "the security group the controller manages for it (no securityGroupIds are set)",
+            _ => "its servers' firewall (firewallRules are set)",
+        };
+        return Err(Invalid {
+            reason: "SshSourcesMissing",
+            message: format!(
+                "provider account {:?} has no sshSourceCidrs, which {what} needs: list the networks SSH may come from \
+                 (the controller's egress address, e.g. 203.0.113.7/32), or 0.0.0.0/0 (and ::/0) explicitly to allow any source",
+                account.name
+            ),
+        });
+    }
+    for cidr in &account.ssh_source_cidrs {
+        let valid = cidr.split_once('/').is_some_and(|(ip, prefix)| match ip.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(_)) => prefix.parse::<u8>().is_ok_and(|p| p <= 32),
+            Ok(std::net::IpAddr::V6(_)) => prefix.parse::<u8>().is_ok_and(|p| p <= 128),
+            Err(_) => false,
+        });
+        if !valid {
+            return Err(Invalid {
+                reason: "SshSourcesInvalid",
+                message: format!(
+                    "sshSourceCidrs of provider account {:?}: {cidr:?} is not a CIDR (address/prefix, e.g. 203.0.113.7/32)",
+                    account.name
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Checks the workspace's maxServers. `rank` is how many Servers of the namespace are older
 /// than this one (`None` when the Server already has a machine and so is within the limit).
 pub fn within_limit(rank: Option<usize>, ws: &EffectiveWorkspace) -> Result<(), Invalid> {
@@ -123,6 +171,30 @@ mod tests {
             plan: "t3.small".into(),
             tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         }
+    }
+
+    fn account(value: serde_json::Value) -> ProviderAccount {
+        serde_json::from_value(value).unwrap_or_else(|e| panic!("account: {e}"))
+    }
+
+    #[test]
+    fn ssh_sources_are_required_where_the_controller_fences_ssh() {
+        let missing = ssh_sources(&account(serde_json::json!({"name": "aws-main", "type": "aws"}))).expect_err("empty");
+        assert_eq!(missing.reason, "SshSourcesMissing");
+        assert!(missing.message.contains("sshSourceCidrs") && missing.message.contains("\"aws-main\""), "{}", missing.message);
+        // "Any" only when written, IPv4 and IPv6.
+        assert_eq!(ssh_sources(&account(serde_json::json!({"name": "a", "type": "aws", "sshSourceCidrs": ["0.0.0.0/0", "::/0"]}))), Ok(()));
+        assert_eq!(ssh_sources(&account(serde_json::json!({"name": "a", "type": "aws", "sshSourceCidrs": ["203.0.113.7/32"]}))), Ok(()));
+        let bad = ssh_sources(&account(serde_json::json!({"name": "a", "type": "aws", "sshSourceCidrs": ["203.0.113.7"]})))
+            .expect_err("no prefix");
+        assert!(bad.reason == "SshSourcesInvalid" && bad.message.contains("203.0.113.7"), "{bad:?}");
+        // The account's own groups, an upcloud account without a firewall, local: not fenced here.
+        assert_eq!(ssh_sources(&account(serde_json::json!({"name": "a", "type": "aws", "securityGroupIds": ["sg-1"]}))), Ok(()));
+        assert_eq!(ssh_sources(&account(serde_json::json!({"name": "u", "type": "upcloud"}))), Ok(()));
+        assert_eq!(ssh_sources(&account(serde_json::json!({"name": "l", "type": "local"}))), Ok(()));
+        let rules = serde_json::json!([{"direction": "in", "action": "accept", "protocol": "tcp", "destinationPort": "443"}]);
+        let upcloud = ssh_sources(&account(serde_json::json!({"name": "u", "type": "upcloud", "firewallRules": rules}))).expect_err("fw");
+        assert!(upcloud.reason == "SshSourcesMissing" && upcloud.message.contains("firewallRules"), "{upcloud:?}");
     }
 
     #[test]

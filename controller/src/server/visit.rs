@@ -199,7 +199,9 @@ impl<'a> Visit<'a> {
             End::Failed { step, error, account } => {
                 let message = error.to_string();
                 let summary = match error.class() {
-                    ErrorClass::Permanent => Summary::stalled(error.category(), message.clone()),
+                    // A quota or a zone without capacity: Stalled, naming the limit and what
+                    // was asked, looked at again on the slow schedule of ErrorClass::Capacity.
+                    ErrorClass::Permanent | ErrorClass::Capacity => Summary::stalled(error.category(), message.clone()),
                     _ => Summary::progressing(error.category(), message.clone()),
                 };
                 let status = self.status(Some(summary), account, None, Machine::Unchanged);
@@ -309,6 +311,41 @@ mod tests {
         let (status, _) = visit.settle(End::failed(Step::Act, Error::MissingField("metadata.uid"), Some("sim")), REQUEUE);
         assert_eq!(status.and_then(|s| s.provider), Some("sim".to_string()));
         assert_eq!(reasons(&visit), vec![(true, "MissingField".to_string())]);
+    }
+
+    #[test]
+    fn a_quota_or_capacity_error_stalls_naming_the_limit_and_what_was_asked() {
+        let s = server();
+        let mut visit = Visit::new(&s);
+        let capacity = |kind| {
+            Error::provider(
+                "aws-main",
+                provisioning_providers::ProviderError::Capacity(Box::new(provisioning_providers::CapacityError {
+                    kind,
+                    quota: "VcpuLimitExceeded".into(),
+                    asked: "1 instance of type t3.large, 2 vCPUs in zone eu-north-1a".into(),
+                    message: "EC2 RunInstances: You have requested more vCPU capacity than your current vCPU limit of 32 allows".into(),
+                })),
+            )
+        };
+        let end = End::failed(Step::Act, capacity(provisioning_providers::CapacityKind::Quota), Some("aws-main"));
+        let (status, result) = visit.settle(end, REQUEUE);
+        let status = status.expect("a status to write");
+        let stalled = conditions::find(&status.conditions, condition::STALLED).expect("Stalled");
+        assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("True", "QuotaExceeded"));
+        for part in ["VcpuLimitExceeded", "t3.large", "2 vCPUs", "eu-north-1a", "aws-main"] {
+            assert!(stalled.message.contains(part), "{part}: {}", stalled.message);
+        }
+        assert!(!conditions::is_true(&status.conditions, condition::RECONCILING));
+        assert_eq!(reasons(&visit), vec![(true, "QuotaExceeded".to_string())]);
+        // The slow schedule, not the backoff of permanent errors.
+        let error = result.expect_err("retried later");
+        assert_eq!(error.class(), ErrorClass::Capacity);
+        let mut visit = Visit::new(&s);
+        let end = End::failed(Step::Act, capacity(provisioning_providers::CapacityKind::Insufficient), Some("aws-main"));
+        let (status, _) = visit.settle(end, REQUEUE);
+        let stalled = status.and_then(|s| conditions::find(&s.conditions, condition::STALLED).cloned()).expect("Stalled");
+        assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("True", "InsufficientCapacity"));
     }
 
     #[test]

@@ -537,7 +537,7 @@ impl PrepareError {
             PrepareError::ServerNotFound(_) | PrepareError::NoMachine(_) | PrepareError::Invalid(_) => Retry::Permanent,
             PrepareError::WaitingForAddress(_) => Retry::Wait,
             PrepareError::Call(e) => match e.class() {
-                ErrorClass::Permanent | ErrorClass::NotFound => Retry::Permanent,
+                ErrorClass::Permanent | ErrorClass::NotFound | ErrorClass::Capacity => Retry::Permanent,
                 class @ (ErrorClass::Transient | ErrorClass::Throttled { .. } | ErrorClass::InProgress) => Retry::Transient(class),
             },
         }

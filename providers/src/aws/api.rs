@@ -34,7 +34,30 @@ const AUTH_CODES: &[&str] = &[
     "AccessDeniedException",
 ];
 const THROTTLE_CODES: &[&str] = &["RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException"];
-const TRANSIENT_CODES: &[&str] = &["InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "InsufficientInstanceCapacity"];
+const TRANSIENT_CODES: &[&str] = &["InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable"];
+/// Error codes meaning "not now": an account quota is used up ("Error codes for the Amazon
+/// EC2 API", <https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html>).
+/// Retrying at once cannot help; a slow retry may (machines go, the quota is raised).
+const QUOTA_CODES: &[&str] = &[
+    "VcpuLimitExceeded",
+    "InstanceLimitExceeded",
+    "MaxSpotInstanceCountExceeded",
+    "ResourceLimitExceeded",
+    "SecurityGroupLimitExceeded",
+    "VolumeLimitExceeded",
+    "AddressLimitExceeded",
+];
+/// Error codes meaning "not here, not now": the zone (or its hosts, or the subnet's address
+/// pool) has no capacity for what was asked (same page: "wait a few minutes, or request
+/// another instance type or Availability Zone").
+const CAPACITY_CODES: &[&str] = &[
+    "InsufficientInstanceCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientCapacity",
+    "InsufficientReservedInstanceCapacity",
+    "UnfulfillableCapacity",
+    "InsufficientFreeAddressesInSubnet",
+];
 
 /// A signed, serialised EC2 request, ready to send.
 pub struct PreparedRequest {
@@ -170,6 +193,11 @@ impl Ec2Client {
             ProviderError::InvalidRequest(m) => ProviderError::InvalidRequest(clean(&m)),
             ProviderError::NotOwned(m) => ProviderError::NotOwned(clean(&m)),
             ProviderError::Permanent(m) => ProviderError::Permanent(clean(&m)),
+            ProviderError::Capacity(mut c) => {
+                c.asked = clean(&c.asked);
+                c.message = clean(&c.message);
+                ProviderError::Capacity(c)
+            }
             throttled @ ProviderError::Throttled { .. } => throttled,
         }
     }
@@ -200,6 +228,13 @@ pub fn classify_error(action: &str, status: u16, retry_after: Option<&str>, body
     }
     if TRANSIENT_CODES.contains(&code) {
         return ProviderError::Transient(text);
+    }
+    let capacity = |kind| ProviderError::capacity(kind, code, format!("EC2 {action}: {message}"));
+    if QUOTA_CODES.contains(&code) {
+        return capacity(crate::CapacityKind::Quota);
+    }
+    if CAPACITY_CODES.contains(&code) {
+        return capacity(crate::CapacityKind::Insufficient);
     }
     if let Some(error) = classify_status(status, retry_after, || text.clone()) {
         return error;
@@ -262,5 +297,26 @@ mod tests {
         assert!(matches!(classify_error("X", 502, None, "<html>bad gateway</html>"), ProviderError::Transient(_)));
         assert!(matches!(classify_error("X", 400, None, &doc("InvalidInstanceID.NotFound")), ProviderError::NotFound(_)));
         assert!(matches!(classify_error("X", 400, None, &doc("InvalidAMIID.Malformed")), ProviderError::InvalidRequest(_)));
+    }
+
+    #[test]
+    fn quota_and_capacity_errors_are_neither_invalid_nor_transient() {
+        let doc = |code: &str| {
+            format!("<Response><Errors><Error><Code>{code}</Code><Message>m</Message></Error></Errors><RequestID>r</RequestID></Response>")
+        };
+        for code in ["VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"] {
+            let e = classify_error("RunInstances", 400, None, &doc(code));
+            assert!(matches!(&e, ProviderError::Capacity(c) if c.kind == crate::CapacityKind::Quota && c.quota == code), "{code}: {e:?}");
+            assert_eq!(e.category(), "QuotaExceeded");
+        }
+        // EC2 answers InsufficientInstanceCapacity with HTTP 500: still not a quick retry.
+        for (code, status) in [("InsufficientInstanceCapacity", 500), ("InsufficientHostCapacity", 400), ("InsufficientCapacity", 400)] {
+            let e = classify_error("RunInstances", status, None, &doc(code));
+            assert!(
+                matches!(&e, ProviderError::Capacity(c) if c.kind == crate::CapacityKind::Insufficient && c.quota == code),
+                "{code}: {e:?}"
+            );
+            assert!(!e.is_retryable() && e.to_string().contains(code), "{e}");
+        }
     }
 }

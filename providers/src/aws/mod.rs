@@ -118,7 +118,14 @@ pub struct AwsProvider {
     managed_group: tokio::sync::Mutex<Option<String>>,
     /// One ensure per Server uid at a time inside this process.
     ensuring: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Managed groups EC2 refused to delete as still in use (DependencyViolation), since when.
+    in_use_since: Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// How long a managed group that no live instance uses may stay "in use" for EC2
+/// (DependencyViolation: network interfaces of terminated instances detaching) before a
+/// delete stops waiting for it; the next Server delete of the account tries again.
+pub const GROUP_RELEASE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Critical sections are single map operations: a poisoned lock still holds valid data.
@@ -143,6 +150,7 @@ impl AwsProvider {
             network: config.network.clone(),
             managed_group: tokio::sync::Mutex::new(None),
             ensuring: Mutex::new(HashMap::new()),
+            in_use_since: Mutex::new(HashMap::new()),
         })
     }
 
@@ -185,7 +193,12 @@ impl AwsProvider {
             params.push((format!("Filter.{}.Name", i + 1), format!("tag:{key}")));
             params.push((format!("Filter.{}.Value.1", i + 1), value.clone()));
         }
-        let n = tags.len() + 1;
+        self.describe_live(params).await
+    }
+
+    /// Live instances matching the filters `params` (numbered from 1).
+    async fn describe_live(&self, mut params: Vec<(String, String)>) -> ProviderResult<Vec<Instance>> {
+        let n = params.iter().filter(|(k, _)| k.ends_with(".Name")).count() + 1;
         params.push((format!("Filter.{n}.Name"), "instance-state-name".into()));
         for (i, state) in LIVE_STATES.iter().enumerate() {
             params.push((format!("Filter.{n}.Value.{}", i + 1), (*state).to_string()));
@@ -248,6 +261,8 @@ impl AwsProvider {
         if !self.network.security_group_ids.is_empty() {
             return Ok(self.network.security_group_ids.clone());
         }
+        // Before anything is created: the group's SSH rule needs its sources.
+        check_ssh_sources(&self.account, &self.network.ssh_source_cidrs)?;
         let mut cached = self.managed_group.lock().await;
         if let Some(id) = cached.as_ref() {
             return Ok(vec![id.clone()]);
@@ -314,13 +329,73 @@ impl AwsProvider {
     }
 
     async fn authorize_managed_group(&self, group_id: &str) -> ProviderResult<()> {
-        let params = managed_group_ingress(group_id, &self.network.ssh_source_cidrs);
+        let params = managed_group_ingress(group_id, &self.network.ssh_source_cidrs)?;
         match self.call_retrying("AuthorizeSecurityGroupIngress", &params).await {
             Ok(_) => Ok(()),
             // Added meanwhile by another process of ours: the rules are there.
             Err(e) if api::is_code(&e, "InvalidPermission.Duplicate") => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Deletes the account's managed security groups once no live instance is in one of them
+    /// (found by name and the account and managed tags: never a group this provider did not
+    /// create). One DescribeInstances while machines remain; the group look-up and delete
+    /// only after the last. `Ok(false)` while EC2 still holds a group as in use
+    /// (DependencyViolation: retry later), for at most [`GROUP_RELEASE_PATIENCE`].
+    /// Idempotent; a create racing with it finds its group gone at RunInstances and
+    /// re-creates it ([`AwsProvider::ensure`]), and a delete racing with a create is refused
+    /// by EC2 (DependencyViolation) and finds the new machine next time.
+    pub async fn release_unused_groups(&self) -> ProviderResult<bool> {
+        let name = managed_group_name(&self.account);
+        let members =
+            vec![("Filter.1.Name".to_string(), "instance.group-name".to_string()), ("Filter.1.Value.1".to_string(), name.clone())];
+        if !self.describe_live(members).await?.is_empty() {
+            return Ok(true);
+        }
+        // Serialises the delete with this process's look-ups of the group (a create waits,
+        // then misses the cache and finds or re-creates it).
+        let mut cached = self.managed_group.lock().await;
+        let filter = [
+            ("Filter.1.Name", "group-name".to_string()),
+            ("Filter.1.Value.1", name),
+            ("Filter.2.Name", format!("tag:{TAG_ACCOUNT}")),
+            ("Filter.2.Value.1", self.account.clone()),
+            ("Filter.3.Name", format!("tag:{TAG_MANAGED}")),
+            ("Filter.3.Value.1", "true".to_string()),
+        ]
+        .map(|(k, v)| (k.to_string(), v));
+        let xml = self.call_retrying("DescribeSecurityGroups", &filter).await?;
+        let groups: DescribeSecurityGroupsResponse = self.client.parse("DescribeSecurityGroups", &xml)?;
+        let mut released = true;
+        for group in groups.groups.items {
+            let id = group.group_id;
+            match self.call_retrying("DeleteSecurityGroup", &[("GroupId".to_string(), id.clone())]).await {
+                Ok(_) => tracing::info!(account = %self.account, group = %id, "deleted the account's security group: no machine uses it"),
+                Err(e) if api::is_code(&e, "InvalidGroup.NotFound") => {}
+                Err(e) if api::is_code(&e, "DependencyViolation") => {
+                    let since = *lock(&self.in_use_since).entry(id.clone()).or_insert_with(std::time::Instant::now);
+                    if since.elapsed() < GROUP_RELEASE_PATIENCE {
+                        tracing::debug!(account = %self.account, group = %id, "security group still in use at EC2; deleting it later");
+                        released = false;
+                    } else {
+                        tracing::warn!(account = %self.account, group = %id, "security group still in use at EC2 after {GROUP_RELEASE_PATIENCE:?}: left for the next delete");
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            lock(&self.in_use_since).remove(&id);
+            if cached.as_deref() == Some(id.as_str()) {
+                *cached = None;
+            }
+        }
+        Ok(released)
+    }
+
+    /// `Gone` once the account's unused managed groups are released, else `InProgress`.
+    async fn gone(&self) -> ProviderResult<DeleteOutcome> {
+        Ok(if self.release_unused_groups().await? { DeleteOutcome::Gone } else { DeleteOutcome::InProgress })
     }
 
     fn run_params(&self, request: &ServerRequest, instance_type: &str, image_id: &str) -> Vec<(String, String)> {
@@ -369,7 +444,16 @@ impl AwsProvider {
         }
         // Exactly one attempt: if the response is lost, the caller's next attempt looks the
         // machine up by tag first instead of creating again.
-        let xml = self.guard.once("RunInstances", || self.client.call("RunInstances", &params)).await?;
+        let xml = match self.guard.once("RunInstances", || self.client.call("RunInstances", &params)).await {
+            Ok(xml) => xml,
+            // The managed group was released (its last machine deleted) since it was cached:
+            // forget it; the next attempt finds or re-creates it.
+            Err(e) if self.network.security_group_ids.is_empty() && api::is_code(&e, "InvalidGroup.NotFound") => {
+                *self.managed_group.lock().await = None;
+                return Err(ProviderError::Transient(format!("the account's security group went away meanwhile; re-creating it ({e})")));
+            }
+            Err(e) => return Err(e.asking(|| asked(instance_type, &request.zone, &self.region))),
+        };
         let parsed: RunInstancesResponse = self.client.parse("RunInstances", &xml)?;
         let instance =
             parsed.instances.items.first().ok_or_else(|| ProviderError::Transient("EC2 RunInstances returned no instance".into()))?;
@@ -399,22 +483,62 @@ pub fn managed_group_name(account: &str) -> String {
 }
 
 /// AuthorizeSecurityGroupIngress parameters of the managed group: SSH from `ssh_sources`
-/// (any source when empty) and everything from members of the group itself.
-pub fn managed_group_ingress(group_id: &str, ssh_sources: &[String]) -> Vec<(String, String)> {
+/// (IPv4 and IPv6 CIDRs; `0.0.0.0/0` or `::/0` only when written so) and everything from
+/// members of the group itself. No sources is an error naming the field.
+pub fn managed_group_ingress(group_id: &str, ssh_sources: &[String]) -> ProviderResult<Vec<(String, String)>> {
+    if ssh_sources.is_empty() {
+        return Err(ssh_sources_missing(&format!("the rules of security group {group_id}")));
+    }
     let mut params = vec![
         ("GroupId".to_string(), group_id.to_string()),
         ("IpPermissions.1.IpProtocol".to_string(), "tcp".to_string()),
         ("IpPermissions.1.FromPort".to_string(), "22".to_string()),
         ("IpPermissions.1.ToPort".to_string(), "22".to_string()),
     ];
-    let any = ["0.0.0.0/0".to_string()];
-    let sources = if ssh_sources.is_empty() { &any[..] } else { ssh_sources };
-    for (i, cidr) in sources.iter().enumerate() {
-        params.push((format!("IpPermissions.1.IpRanges.{}.CidrIp", i + 1), cidr.clone()));
+    let (v6, v4): (Vec<&String>, Vec<&String>) = ssh_sources.iter().partition(|cidr| cidr.contains(':'));
+    for (i, cidr) in v4.iter().enumerate() {
+        params.push((format!("IpPermissions.1.IpRanges.{}.CidrIp", i + 1), (*cidr).clone()));
+    }
+    for (i, cidr) in v6.iter().enumerate() {
+        params.push((format!("IpPermissions.1.Ipv6Ranges.{}.CidrIpv6", i + 1), (*cidr).clone()));
     }
     params.push(("IpPermissions.2.IpProtocol".to_string(), "-1".to_string()));
     params.push(("IpPermissions.2.Groups.1.GroupId".to_string(), group_id.to_string()));
-    params
+    Ok(params)
+}
+
+fn ssh_sources_missing(whose: &str) -> ProviderError {
+    ProviderError::InvalidRequest(format!(
+        "sshSourceCidrs for {whose} is empty: list the networks SSH may come from (the controller's egress \
+         address, e.g. 203.0.113.7/32), or 0.0.0.0/0 explicitly to allow any source"
+    ))
+}
+
+/// The managed group allows SSH only from sources the account lists (never "any" by default).
+fn check_ssh_sources(account: &str, ssh_sources: &[String]) -> ProviderResult<()> {
+    if ssh_sources.is_empty() { Err(ssh_sources_missing(&format!("the managed security group of account {account:?}"))) } else { Ok(()) }
+}
+
+/// vCPUs of an EC2 instance type, from its size by EC2's naming (`large` 2, `xlarge` 4,
+/// `Nxlarge` 4·N; burstable `t3`/`t3a`/`t4g` have 2 from `nano` up, `t2` 1 up to `small`);
+/// `None` where the name does not tell (`metal`, unknown sizes).
+pub fn vcpus(instance_type: &str) -> Option<u32> {
+    let (family, size) = instance_type.split_once('.')?;
+    match size {
+        "nano" | "micro" | "small" if family == "t2" => Some(1),
+        "nano" | "micro" | "small" | "medium" if family.starts_with('t') => Some(2),
+        "medium" => Some(1),
+        "large" => Some(2),
+        "xlarge" => Some(4),
+        _ => size.strip_suffix("xlarge")?.parse::<u32>().ok().map(|n| n * 4),
+    }
+}
+
+/// What a RunInstances asks for, for a quota or capacity error.
+fn asked(instance_type: &str, zone: &str, region: &str) -> String {
+    let cpus = vcpus(instance_type).map(|n| format!(", {n} vCPUs")).unwrap_or_default();
+    let place = if zone.is_empty() { format!("region {region} (any zone)") } else { format!("zone {zone}") };
+    format!("1 instance of type {instance_type}{cpus} in {place}")
 }
 
 /// Maps EC2's instance state names.
@@ -523,23 +647,33 @@ impl Provider for AwsProvider {
     }
 
     async fn delete_server(&self, id: &ProviderId) -> ProviderResult<DeleteOutcome> {
-        // Already terminated (or never existed): nothing to call.
+        // Already terminated (or never existed): nothing to call but the account's groups.
         if self.observe_server(id).await?.is_none() {
-            return Ok(DeleteOutcome::Gone);
+            return self.gone().await;
         }
         let params = vec![("InstanceId.1".to_string(), id.native_id().to_string())];
         // TerminateInstances is idempotent: repeating it after a lost response is safe.
         let xml = match self.call_retrying("TerminateInstances", &params).await {
             Ok(xml) => xml,
-            Err(ProviderError::NotFound(_)) => return Ok(DeleteOutcome::Gone),
+            Err(ProviderError::NotFound(_)) => return self.gone().await,
             Err(e) => return Err(e),
         };
         let parsed: TerminateInstancesResponse = self.client.parse("TerminateInstances", &xml)?;
         let state = parsed.instances.items.iter().find(|c| c.instance_id == id.native_id()).map(|c| machine_state(&c.current.name));
-        Ok(match state {
-            None | Some(MachineState::Terminated) => DeleteOutcome::Gone,
-            Some(_) => DeleteOutcome::InProgress,
-        })
+        match state {
+            None | Some(MachineState::Terminated) => self.gone().await,
+            Some(_) => Ok(DeleteOutcome::InProgress),
+        }
+    }
+
+    // Like the default, but a machine already gone still releases the account's unused
+    // security groups: its first delete may have ended while it was shutting down.
+    async fn delete_owned(&self, id: &ProviderId, server_uid: &str) -> ProviderResult<DeleteOutcome> {
+        match self.observe_server(id).await? {
+            Some(o) => crate::check_owner(&o, server_uid, "delete")?,
+            None => return self.gone().await,
+        }
+        self.delete_server(id).await
     }
 
     async fn exec(&self, id: &ProviderId, request: ExecRequest) -> ProviderResult<ExecResult> {
@@ -600,5 +734,27 @@ mod tests {
         assert!(p.resolve_plan("huge").is_err());
         assert_eq!(machine_state("shutting-down"), MachineState::Terminating);
         assert_eq!(machine_state("terminated"), MachineState::Terminated);
+    }
+
+    #[test]
+    fn ssh_sources_are_required_and_taken_as_written() {
+        let err = managed_group_ingress("sg-1", &[]).expect_err("no sources");
+        assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("sshSourceCidrs")), "{err:?}");
+        let params = managed_group_ingress("sg-1", &["0.0.0.0/0".into(), "::/0".into()]).expect("explicit any");
+        assert!(params.contains(&("IpPermissions.1.IpRanges.1.CidrIp".into(), "0.0.0.0/0".into())), "{params:?}");
+        assert!(params.contains(&("IpPermissions.1.Ipv6Ranges.1.CidrIpv6".into(), "::/0".into())), "{params:?}");
+        let params = managed_group_ingress("sg-1", &["203.0.113.7/32".into()]).expect("one source");
+        assert!(!params.iter().any(|(_, v)| v == "0.0.0.0/0"), "{params:?}");
+    }
+
+    #[test]
+    fn vcpus_follow_ec2_sizes() {
+        let cases =
+            [("t3.small", Some(2)), ("t2.micro", Some(1)), ("m7i.large", Some(2)), ("m7i.2xlarge", Some(8)), ("c6g.medium", Some(1))];
+        for (t, n) in cases {
+            assert_eq!(vcpus(t), n, "{t}");
+        }
+        assert_eq!(vcpus("m7i.metal-24xl"), None);
+        assert_eq!(asked("t3.xlarge", "", "eu-north-1"), "1 instance of type t3.xlarge, 4 vCPUs in region eu-north-1 (any zone)");
     }
 }

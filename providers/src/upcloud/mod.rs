@@ -515,6 +515,10 @@ pub fn classify_error(what: &str, status: u16, retry_after: Option<&str>, body: 
         Some(d) => format!("{what}: {} ({})", d.error_message, d.error_code),
         None => format!("{what}: HTTP {status}"),
     };
+    if let Some(kind) = detail.as_ref().and_then(|d| capacity_kind(&d.error_code)) {
+        let (code, message) = detail.map(|d| (d.error_code, d.error_message)).unwrap_or_default();
+        return ProviderError::capacity(kind, code, format!("{what}: {message}"));
+    }
     if let Some(error) = classify_status(status, retry_after, || text.clone()) {
         return error;
     }
@@ -528,6 +532,22 @@ pub fn classify_error(what: &str, status: u16, retry_after: Option<&str>, body: 
         400..=499 => ProviderError::InvalidRequest(text),
         _ => ProviderError::Permanent(text),
     }
+}
+
+/// Whether an UpCloud error code means "not here, not now" (the zone lacks resources) or
+/// "not now" (an account limit), per the error codes of UpCloud API 1.3 (as UpCloud's Go
+/// client lists them): `*_RESOURCES_UNAVAILABLE` is the zone's capacity; account limits end
+/// in `_LIMIT_REACHED` / `_LIMIT_EXCEEDED`, except the per-object ones (rules of one
+/// firewall, devices of one server, routes of one router), which a retry never fixes.
+pub fn capacity_kind(code: &str) -> Option<crate::CapacityKind> {
+    const PER_OBJECT: [&str; 3] = ["FIREWALL_RULE_LIMIT_REACHED", "STORAGE_DEVICE_LIMIT_REACHED", "STATIC_ROUTE_LIMIT_REACHED"];
+    if code.ends_with("_RESOURCES_UNAVAILABLE") || code == "INSUFFICIENT_CAPACITY" {
+        return Some(crate::CapacityKind::Insufficient);
+    }
+    if (code.ends_with("_LIMIT_REACHED") || code.ends_with("_LIMIT_EXCEEDED")) && !PER_OBJECT.contains(&code) {
+        return Some(crate::CapacityKind::Quota);
+    }
+    None
 }
 
 /// Maps UpCloud's server states.
@@ -717,6 +737,21 @@ mod tests {
         assert!(matches!(classify_error("x", 409, None, &doc("SERVER_STATE_ILLEGAL")), ProviderError::Transient(_)));
         assert!(matches!(classify_error("x", 429, Some("3"), ""), ProviderError::Throttled { .. }));
         assert!(matches!(classify_error("x", 400, None, &doc("ZONE_INVALID")), ProviderError::InvalidRequest(_)));
+        // "Not here" and "not now": never InvalidRequest, never a quick retry.
+        for (status, code, kind) in [
+            (409, "SERVER_RESOURCES_UNAVAILABLE", crate::CapacityKind::Insufficient),
+            (409, "STORAGE_RESOURCES_UNAVAILABLE", crate::CapacityKind::Insufficient),
+            (409, "IP_ADDRESS_RESOURCES_UNAVAILABLE", crate::CapacityKind::Insufficient),
+            (409, "SERVER_CREATING_LIMIT_REACHED", crate::CapacityKind::Quota),
+            (409, "IP_ADDRESS_LIMIT_REACHED", crate::CapacityKind::Quota),
+            (400, "CORES_LIMIT_EXCEEDED", crate::CapacityKind::Quota),
+        ] {
+            let e = classify_error("create server", status, None, &doc(code));
+            assert!(matches!(&e, ProviderError::Capacity(c) if c.kind == kind && c.quota == code), "{code}: {e:?}");
+            assert!(!e.is_retryable());
+        }
+        // A limit of one object (rules of one firewall) is the spec's, not the account's.
+        assert!(!matches!(classify_error("x", 400, None, &doc("FIREWALL_RULE_LIMIT_REACHED")), ProviderError::Capacity(_)));
         assert_eq!(hostname("Web_1", "Prod"), "web-1.prod");
     }
 
