@@ -20,10 +20,12 @@ use tokio::sync::mpsc;
 
 /// A line longer than this is cut (and marked) when streamed.
 pub const LINE_CAP: usize = 64 << 10;
-/// Output kept per stream; beyond it the oldest bytes go (the tail holds the result JSON).
-pub const CAPTURE_CAP: usize = 4 << 20;
+/// Output kept per stream; beyond it the oldest bytes go (the tail holds the result JSON,
+/// itself at most 64 KiB). Small, since every script run in flight holds two: the controller's
+/// memory is what bounds the number of runs (see the controller's `MAX_SCRIPT_RUNS`).
+pub const CAPTURE_CAP: usize = 128 << 10;
 /// Bytes of lines streamed per run (per sink and its clones); the rest is not streamed.
-pub const RUN_STREAM_CAP: u64 = 8 << 20;
+pub const RUN_STREAM_CAP: u64 = 256 << 10;
 /// A good capacity for the channel behind an [`OutputSink`].
 pub const QUEUE_LINES: usize = 1024;
 /// Lines the sink writes itself (drops, cuts, the byte cap) start with this. The script
@@ -342,16 +344,17 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(8);
         let sink = OutputSink::new(tx);
         let mut s = LineStream::default();
-        for i in 0..100_000 {
+        // 20,000 lines (about 210 KB, under the per-run stream cap).
+        for i in 0..20_000 {
             s.push(format!("line {i}\n").as_bytes(), Some(&sink));
         }
         assert_eq!(rx.len(), 8, "the channel never grows past its bound");
-        assert_eq!(sink.dropped(), 100_000 - 8);
+        assert_eq!(sink.dropped(), 20_000 - 8);
         let first = drain(&mut rx);
         assert_eq!(first[0], "line 0");
         // Room again: the drop count is said before the next line.
         s.push(b"after\n", Some(&sink));
-        assert_eq!(drain(&mut rx), [format!("{NOTICE_PREFIX}99992 output lines dropped: the log could not keep up"), "after".into()]);
+        assert_eq!(drain(&mut rx), [format!("{NOTICE_PREFIX}19992 output lines dropped: the log could not keep up"), "after".into()]);
     }
 
     #[test]

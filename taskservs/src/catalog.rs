@@ -10,6 +10,8 @@ use serde_json::Value;
 use crate::error::{CatalogError, ConfigViolation, ResolveError, TemplateError, ValidationError};
 use crate::manifest::{KNOWN_PROVIDERS, REQUIRED_SCRIPTS, TaskServManifest, is_valid_service_name};
 
+/// The longest a service's script may run (`timeoutSeconds`): a day.
+pub const MAX_TIMEOUT_SECONDS: u64 = 24 * 3600;
 /// Environment variable naming the catalog directory (overrides the built-in default).
 pub const CATALOG_ENV: &str = "PROVISIONING_CATALOG";
 
@@ -719,6 +721,9 @@ fn load_service(dir: &Path, dir_name: &str) -> Result<CatalogService, CatalogErr
     }
     if manifest.timeout_seconds == 0 {
         return Err(invalid("timeoutSeconds must be > 0".into()));
+    }
+    if manifest.timeout_seconds > MAX_TIMEOUT_SECONDS {
+        return Err(invalid(format!("timeoutSeconds must be at most {MAX_TIMEOUT_SECONDS} (24 hours), got {}", manifest.timeout_seconds)));
     }
     if manifest.health.interval_seconds == 0 {
         return Err(invalid("health.intervalSeconds must be > 0".into()));

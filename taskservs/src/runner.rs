@@ -24,7 +24,10 @@ pub const TAIL_LINES: usize = 20;
 /// How many bytes of output the tail keeps.
 pub const TAIL_BYTES: usize = 4096;
 /// Upper bound of stdout/stderr kept whole by [`LocalProcessExecutor`].
-const MAX_CAPTURE_BYTES: usize = 4 << 20;
+const MAX_CAPTURE_BYTES: usize = 128 << 10;
+/// The longest result line parsed (`PROVISIONING_RESULT …`); a longer one is a result error,
+/// never decoded (a hostile machine could otherwise make a run decode megabytes of JSON).
+pub const RESULT_CAP: usize = 64 << 10;
 /// Lines queued between the executor, the runner and the caller (each queue drops lines
 /// and counts them when its reader falls behind: a machine may flood output).
 pub const OUTPUT_QUEUE: usize = 1024;
@@ -391,6 +394,9 @@ pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
 /// The JSON of the last `PROVISIONING_RESULT ` line of `stdout`, if there is one.
 pub fn parse_result(stdout: &str) -> Option<Result<Value, String>> {
     let line = stdout.lines().rev().find_map(|l| l.trim_end_matches('\r').strip_prefix(RESULT_MARKER))?;
+    if line.len() > RESULT_CAP {
+        return Some(Err(format!("the result line is {} bytes, more than the limit of {RESULT_CAP}", line.len())));
+    }
     Some(serde_json::from_str(line.trim()).map_err(|e| format!("{e} in {:?}", truncate(line, 200))))
 }
 
@@ -574,6 +580,14 @@ async fn read_lines(pipe: impl AsyncRead + Unpin, output: Option<Sender<String>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_result_line_over_the_cap_is_an_error_never_decoded() {
+        let huge = format!("{RESULT_MARKER}[{}0]\n", "0,".repeat(RESULT_CAP));
+        let parsed = parse_result(&huge);
+        assert!(matches!(&parsed, Some(Err(e)) if e.contains("more than the limit")), "{parsed:?}");
+        assert!(matches!(parse_result(&format!("{RESULT_MARKER}{{\"ok\":1}}\n")), Some(Ok(_))));
+    }
 
     #[test]
     fn the_last_result_line_wins() {

@@ -211,9 +211,10 @@ fn script_run(outcome: &Result<ScriptOutcome, RunError>, step: ScriptStep, start
                 started_at: Some(started),
                 finished_at: Some(rfc3339(k8s_openapi::jiff::Timestamp::now())),
                 exit_code: None,
-                output_tail: Some(e.to_string()),
+                // The error may quote what the machine sent (an SSH algorithm list): bounded.
+                output_tail: Some(crate::conditions::truncate(&e.to_string(), provisioning_taskservs::TAIL_BYTES)),
             },
-            e.to_string(),
+            crate::conditions::truncate(&e.to_string(), provisioning_taskservs::TAIL_BYTES),
         ),
     }
 }

@@ -338,6 +338,23 @@ fn gate_on_approval(
     crate::approval::stale(&gate, taskserv_plan).into_iter().chain(approved.map(crate::approval::approved)).collect()
 }
 
+/// Script runs in flight in the whole controller. Each holds up to about 1 MiB of what its
+/// machine printed (two 128 KiB captures, up to 3x once decoded lossily, and 256 KiB of
+/// streamed lines), so this, not anything a tenant sets (Clusters' `parallelLimit`), bounds
+/// that memory: about 128 MiB.
+const MAX_SCRIPT_RUNS: u32 = 128;
+/// Script runs in flight per namespace: a tenant whose scripts sleep until their timeout
+/// holds at most a quarter of the controller's runs.
+const MAX_SCRIPT_RUNS_PER_NAMESPACE: u32 = 32;
+// Checked when built: the runs' output together stays well inside the controller's 512 MiB
+// (per run: stdout and stderr captures, which lossy decoding may triple, and the lines
+// streamed), and one namespace takes at most a quarter of the runs.
+const _: () = {
+    let per_run = 2 * 3 * provisioning_providers::output::CAPTURE_CAP as u64 + provisioning_providers::output::RUN_STREAM_CAP;
+    assert!(MAX_SCRIPT_RUNS as u64 * per_run <= 192 << 20);
+    assert!(MAX_SCRIPT_RUNS_PER_NAMESPACE * 4 <= MAX_SCRIPT_RUNS);
+};
+
 /// The semaphore bounding this TaskServ's script runs: its Cluster's `parallelLimit`, or the
 /// workspace's for a standalone TaskServ.
 #[derive(Clone, Debug)]
@@ -396,6 +413,11 @@ fn start_run(
             Ok(request) => {
                 ctx.backoffs.reset(&backoff_key);
                 let _permit = ctx.permit(&limit.key, limit.limit).await;
+                // Then the namespace's and the controller's shares (always taken last, so no
+                // run waits for one while holding it).
+                let namespace = ts.namespace().unwrap_or_default();
+                let _namespace_permit = ctx.permit(&format!("scripts-of-namespace/{namespace}"), MAX_SCRIPT_RUNS_PER_NAMESPACE).await;
+                let _global_permit = ctx.permit("scripts-of-controller", MAX_SCRIPT_RUNS).await;
                 let result = act::run_operation(&request).await;
                 request_host_key_record(&ctx, &server_trigger, &request.executor, &server, ts.namespace().as_deref().unwrap_or_default());
                 result

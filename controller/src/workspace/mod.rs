@@ -143,9 +143,21 @@ pub async fn run(
     // A change of a Workspace's namespace (a deletion, above all) is looked at afresh, not
     // through the once-per-resync memo: a namespace deleted after its last Server went would
     // otherwise be made anew only at the next resync.
+    // A namespace that opts in (or out) changes what its Servers stalled on the opt-in may do:
+    // they are looked at again at once, not at their next backoff.
+    let opt_in_servers = servers.clone();
     let on_namespace = move |ns: PartialObjectMeta<Namespace>| {
         memo.forget_observed(&format!("namespace/{}", ns.name_any()));
-        m4(Some(ns.name_any()))
+        let name = ns.name_any();
+        for server in memo.stores.servers.state().iter().filter(|s| {
+            s.metadata.namespace.as_deref() == Some(name.as_str())
+                && s.status.as_ref().is_some_and(|st| {
+                    st.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "True" && c.reason == "NamespaceNotOptedIn")
+                })
+        }) {
+            opt_in_servers.send(ObjectRef::from_obj(server.as_ref()));
+        }
+        m4(Some(name))
     };
     let mut controller = controller
         .with_config(settings.debounce(Duration::from_secs(1)))
