@@ -63,7 +63,10 @@ async fn backup_during_writes_then_kill_9_restore_keeps_exactly_the_snapshot_and
 
     // A non-admin (impersonated by the admin) is refused the snapshot: it holds every Secret.
     let req = http::Request::get("/backup").header("Impersonate-User", "jane").body(kube::client::Body::empty())?;
-    assert_eq!(client.send(req).await?.status().as_u16(), 403, "GET /backup is for cluster-admin only");
+    let refused = client.send(req).await?;
+    assert_eq!(refused.status().as_u16(), 403, "GET /backup is for cluster-admin only");
+    let body = String::from_utf8_lossy(&refused.into_body().collect().await?.to_bytes()).into_owned();
+    assert!(body.contains("jane") && body.contains("/backup"), "{body}");
 
     let acked: Acked = Arc::new(Mutex::new(BTreeMap::new()));
     let writers = spawn_writers(&cms, &acked);
