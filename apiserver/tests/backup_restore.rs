@@ -4,7 +4,7 @@
 //! at or below the snapshot's revision is there with its resourceVersion, nothing after it; the
 //! revision moved past everything clients saw, so a watch from a pre-restore resourceVersion
 //! gets 410 Gone (clients relist) and new writes get higher resourceVersions; the credentials
-//! came along (same CA and admin token). `GET /backup` is refused to a non-admin.
+//! came along (same CA and admin token; a ServiceAccount token issued before still works). `GET /backup` is refused to a non-admin.
 
 mod common;
 
@@ -68,6 +68,13 @@ async fn backup_during_writes_then_kill_9_restore_keeps_exactly_the_snapshot_and
     let body = String::from_utf8_lossy(&refused.into_body().collect().await?.to_bytes()).into_owned();
     assert!(body.contains("jane") && body.contains("/backup"), "{body}");
 
+    // A ServiceAccount token issued before the backup must still work after the restore.
+    let old_kubeconfig = old_dir.join("kubeconfig");
+    assert!(kubectl(&old_kubeconfig, &["create", "serviceaccount", "backup-ci", "-n", "default"], None).ok);
+    let issued = kubectl(&old_kubeconfig, &["create", "token", "backup-ci", "-n", "default"], None);
+    assert!(issued.ok, "{}", issued.stderr);
+    let sa_token = issued.stdout.trim().to_string();
+
     let acked: Acked = Arc::new(Mutex::new(BTreeMap::new()));
     let writers = spawn_writers(&cms, &acked);
     acked_at_least(&acked, 150).await?;
@@ -109,6 +116,11 @@ async fn backup_during_writes_then_kill_9_restore_keeps_exactly_the_snapshot_and
         }
     }
     let list_rv: u64 = list.metadata.resource_version.unwrap_or_default().parse()?;
+    let new_kubeconfig = new_dir.join("kubeconfig");
+    let as_sa = kubectl(&new_kubeconfig, &["--token", &sa_token, "get", "--raw", "/version"], None);
+    assert!(as_sa.ok, "a token issued before the backup is valid after the restore: {}", as_sa.stderr);
+    let forged = kubectl(&new_kubeconfig, &["--token", "not-a-token", "get", "--raw", "/version"], None);
+    assert!(!forged.ok && forged.stderr.contains("Unauthorized"), "{}", forged.stderr);
     assert!(list_rv >= restored.revision && list_rv > max_acked, "the revision moved past what clients saw: {list_rv}");
 
     // A watch from a resourceVersion seen before the restore (lost write, snapshot, older) is
