@@ -35,6 +35,8 @@ use sha2::{Digest, Sha256};
 
 /// The `format` field of a backup's header.
 pub const FORMAT: &str = "provisioning-backup";
+/// How every backup starts.
+const MAGIC: &[u8] = br#"{"format":"provisioning-backup","version":"#;
 /// The version of the format this build writes and reads.
 pub const VERSION: u64 = 1;
 /// How far a restore moves the revision past the backup's (etcd's documented example value):
@@ -60,15 +62,16 @@ pub struct Backup {
 /// Encodes a backup (header, objects, files, checksum trailer).
 pub fn encode(backup: &Backup) -> anyhow::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(backup.objects.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>() + 256);
-    let header = json!({
-        "format": FORMAT,
-        "version": VERSION,
-        "revision": backup.revision,
-        "objects": backup.objects.len(),
-        "files": backup.files.len(),
-        "createdAt": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-    });
-    serde_json::to_writer(&mut out, &header)?;
+    // Written field by field so that every backup starts with MAGIC (`json!` sorts keys).
+    let created = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let header = format!(
+        r#"{{"format":"{FORMAT}","version":{VERSION},"revision":{},"objects":{},"files":{},"createdAt":"{created}"}}"#,
+        backup.revision,
+        backup.objects.len(),
+        backup.files.len()
+    );
+    debug_assert!(header.as_bytes().starts_with(MAGIC));
+    out.extend_from_slice(header.as_bytes());
     out.push(b'\n');
     for (key, object) in &backup.objects {
         ensure!(!object.contains(&b'\n'), "object {key:?} is not stored as one line of JSON");
@@ -96,6 +99,8 @@ fn hex(bytes: &[u8]) -> String {
 /// counts, every object a JSON object) with an error naming what is wrong.
 pub fn decode(data: &[u8]) -> anyhow::Result<Backup> {
     ensure!(!data.is_empty(), "the backup is empty");
+    let start = &data[..data.len().min(MAGIC.len())];
+    ensure!(MAGIC.starts_with(start), "not a provisioning backup (it does not start with {})", String::from_utf8_lossy(MAGIC));
     ensure!(data.ends_with(b"\n"), "the backup is truncated: it does not end with its checksum line");
     let body_end = data[..data.len() - 1].iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
     let trailer: Value = serde_json::from_slice(&data[body_end..])
@@ -268,10 +273,12 @@ mod tests {
             assert!(err.contains("truncated"), "cut at {cut}: {err}");
         }
         let mut flipped = data.clone();
-        flipped[30] ^= 0x01;
+        flipped[data.len() / 2] ^= 0x01;
         let err = decode(&flipped).err().map(|e| format!("{e:#}")).unwrap_or_default();
         assert!(err.contains("corrupt") && err.contains("sha256"), "{err}");
         assert!(format!("{:#}", decode(b"").err().unwrap_or_else(|| anyhow::anyhow!(""))).contains("empty"));
+        let err = decode(b"garbage\n").err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(err.contains("not a provisioning backup"), "{err}");
         Ok(())
     }
 
