@@ -7,6 +7,7 @@
 
 pub mod apply;
 pub mod auth;
+pub mod backup;
 pub mod builtin_cells;
 pub mod builtin_schemas;
 pub mod celrules;

@@ -500,6 +500,28 @@ struct Target {
 
 // Over 80 lines on purpose: the URL table (discovery, openapi, version, health, resources) as
 // one match, like kube-apiserver's mux.
+/// `GET /backup`: one consistent snapshot of the store (see [`crate::backup`]). Authorized as
+/// the non-resource URL `/backup` (cluster-admin's `nonResourceURLs: ["*"]` by default): the
+/// snapshot holds every Secret. The server logs who took it and at which revision.
+async fn backup_response(core: &Arc<Core>, req: &Request<Incoming>) -> ApiResult<Response<Body>> {
+    let user = req.extensions().get::<crate::auth::identity::UserInfo>().map(|u| u.name.clone()).unwrap_or_default();
+    let store = core.store.clone();
+    let encoded = tokio::task::spawn_blocking(move || {
+        let (revision, objects) = store.snapshot();
+        let count = objects.len();
+        crate::backup::encode(&crate::backup::Backup { revision, objects, files: vec![] }).map(|b| (b, revision, count))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    let (body, revision, objects) = encoded;
+    tracing::info!(%user, revision, objects, "backup snapshot taken");
+    let mut r = Response::new(full(body));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(r)
+}
+
 async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Body>> {
     let path = req.uri().path().trim_end_matches('/').to_string();
     let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
@@ -557,6 +579,7 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> ApiResult<Response<Bo
                 }
             });
         }
+        ["backup"] if get => return backup_response(&core, &req).await,
         ["openapi", "v3"] if get => return Ok(value_response(200, &openapi::index(&reg))),
         ["openapi", "v3", rest @ ..] if get => {
             let gv = rest.join("/");

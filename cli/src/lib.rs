@@ -11,9 +11,11 @@
 //! - [`template`]: `provisioning template list|render` — Cluster templates into manifests;
 //! - [`test_command`]: `provisioning test` — a throwaway environment that creates a service or
 //!   template, checks it and removes everything;
-//! - [`catalog`]: `provisioning catalog list|show`.
+//! - [`catalog`]: `provisioning catalog list|show`;
+//! - [`backup`]: `provisioning backup` and `provisioning restore` of the embedded control plane.
 
 pub mod audit;
+pub mod backup;
 pub mod catalog;
 pub mod console;
 pub mod dev;

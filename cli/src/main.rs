@@ -91,6 +91,32 @@ enum Command {
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
     },
+    /// A consistent snapshot of the embedded control plane (every object at one revision, plus
+    /// the CA, its key, the ServiceAccount signing key and the admin token) into FILE, mode
+    /// 0600: it holds every Secret. Taken from the running server (GET /backup with D's admin
+    /// kubeconfig) or, when none runs on D, from D's database file.
+    Backup {
+        /// Data directory of `provisioning dev` or `provisioning apiserver`.
+        #[arg(long, default_value = ".data")]
+        data_dir: PathBuf,
+        /// The backup file to write.
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+    },
+    /// Rebuilds a data dir from a backup (verified first: a corrupt or truncated file is
+    /// refused). The restored server starts at the backup's revision + 1e9, so clients that
+    /// saw a newer resourceVersion relist (410 Gone) instead of missing changes.
+    Restore {
+        /// The backup file.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// The data directory to create (must be missing or empty unless --force).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Restore over a non-empty data dir: it is moved aside to D.before-restore-<time>.
+        #[arg(long)]
+        force: bool,
+    },
     /// What applying manifests would change, against the current cluster; changes nothing.
     /// Exit 0: no changes, 2: changes, 1: error.
     Plan {
@@ -401,6 +427,32 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Audit { data_dir, object, since, output } => {
             provisioning_cli::audit::run(&data_dir, object, since, &output)?;
+            Ok(0)
+        }
+        Command::Backup { data_dir, output } => {
+            let (revision, objects, source) = provisioning_cli::backup::run_backup(&data_dir, &output).await?;
+            let from = match source {
+                provisioning_cli::backup::Source::Server => "the running server",
+                provisioning_cli::backup::Source::File => "the database file",
+            };
+            println!(
+                "backup of revision {revision} ({objects} objects, from {from}) written to {} (mode 0600: it holds every Secret and the CA and signing keys)",
+                output.display()
+            );
+            Ok(0)
+        }
+        Command::Restore { file, data_dir, force } => {
+            let (backup, done) = provisioning_cli::backup::run_restore(&file, &data_dir, force)?;
+            if let Some(aside) = &done.moved_aside {
+                println!("moved the previous data dir aside to {}", aside.display());
+            }
+            println!(
+                "restored {} objects of revision {} into {}; the server starts at revision {} (older resourceVersions get 410 Gone: clients relist)",
+                backup.objects.len(),
+                backup.revision,
+                data_dir.display(),
+                done.revision
+            );
             Ok(0)
         }
         Command::Plan { files, output, kubeconfig, context } => {
