@@ -63,7 +63,7 @@ fn scenario(dev: &mut Dev, moto: &Moto) -> Result<()> {
 
     // A label for another Workspace is no opt-in for this one.
     dev.kubectl_ok(&["label", "namespace", NAMESPACE, "provisioning.dev/workspace=someone-else"])?;
-    let message = stalled_not_opted_in(dev, "someone-else")?;
+    stalled_not_opted_in(dev, "someone-else")?;
     ensure!(moto.live_instances(REGION)?.is_empty(), "an instance was created under another workspace's label");
 
     dev.kubectl_ok(&["label", "--overwrite", "namespace", NAMESPACE, &format!("provisioning.dev/workspace={NAMESPACE}")])?;
