@@ -11,6 +11,10 @@ use std::sync::Arc;
 use kube::ResourceExt;
 use provisioning_crds::{ProviderAccount, Workspace, WorkspaceSpec};
 
+/// Label on a namespace naming the Workspace it opted in to (the controller puts it on the
+/// namespaces it creates for a Workspace): that Workspace's accounts may read its Secrets.
+pub const LABEL_WORKSPACE: &str = "provisioning.dev/workspace";
+
 /// The namespace a Workspace claims.
 pub fn claimed_namespace(ws: &Workspace) -> String {
     ws.spec.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| ws.name_any())

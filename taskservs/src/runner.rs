@@ -28,6 +28,10 @@ const MAX_CAPTURE_BYTES: usize = 128 << 10;
 /// The longest result line parsed (`PROVISIONING_RESULT …`); a longer one is a result error,
 /// never decoded (a hostile machine could otherwise make a run decode megabytes of JSON).
 pub const RESULT_CAP: usize = 64 << 10;
+/// The most values (objects, arrays, scalars) a result is decoded into: a result is a few
+/// facts (a version, a drift flag and file names), and a 64 KiB line of tiny objects would
+/// otherwise decode to about 90 times its size.
+pub const RESULT_NODES: usize = 1024;
 /// Lines queued between the executor, the runner and the caller (each queue drops lines
 /// and counts them when its reader falls behind: a machine may flood output).
 pub const OUTPUT_QUEUE: usize = 1024;
@@ -397,7 +401,34 @@ pub fn parse_result(stdout: &str) -> Option<Result<Value, String>> {
     if line.len() > RESULT_CAP {
         return Some(Err(format!("the result line is {} bytes, more than the limit of {RESULT_CAP}", line.len())));
     }
+    let nodes = json_nodes(line);
+    if nodes > RESULT_NODES {
+        return Some(Err(format!("the result has about {nodes} values, more than the limit of {RESULT_NODES}")));
+    }
     Some(serde_json::from_str(line.trim()).map_err(|e| format!("{e} in {:?}", truncate(line, 200))))
+}
+
+/// An upper bound of the values `json` decodes to, counted without decoding: one more than
+/// its separators and openings outside strings.
+fn json_nodes(json: &str) -> usize {
+    let (mut nodes, mut in_string, mut escaped) = (1usize, false, false);
+    for b in json.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' | b':' => nodes += 1,
+            _ => {}
+        }
+    }
+    nodes
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -580,6 +611,18 @@ async fn read_lines(pipe: impl AsyncRead + Unpin, output: Option<Sender<String>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_result_of_too_many_values_is_an_error_never_decoded() {
+        let maps = format!("{RESULT_MARKER}[{}{{\"\":0}}]\n", "{\"\":0},".repeat(2000));
+        assert!(maps.len() < RESULT_CAP);
+        let parsed = parse_result(&maps);
+        assert!(matches!(&parsed, Some(Err(e)) if e.contains("values, more than the limit")), "{parsed:?}");
+        // Separators inside strings are not values.
+        let text = format!("{RESULT_MARKER}{{\"version\":\"{}\"}}\n", ",[{:".repeat(5000));
+        assert!(matches!(parse_result(&text), Some(Ok(_))));
+        assert_eq!(json_nodes(r#"{"a":[1,2],"b":"x,y\",z"}"#), 7);
+    }
 
     #[test]
     fn a_result_line_over_the_cap_is_an_error_never_decoded() {

@@ -216,7 +216,7 @@ async fn known_secrets_are_redacted_from_streamed_lines_and_the_tail() {
     let out = dir.path().join("value");
     let secret = "s3cr3t 'q' \"dq\" $(id) `x` back\\slash\nsecond-line-of-it";
     let context = ctx("echo", json!({"value": secret, "outFile": out}));
-    let redactor = provisioning_taskservs::Redactor::new([secret]);
+    let redactor = provisioning_taskservs::Redactor::try_new([secret]).expect("a redactor");
     let (tx, mut rx) = tokio::sync::mpsc::channel(provisioning_taskservs::OUTPUT_QUEUE);
     let outcome = provisioning_taskservs::run_script_redacted(
         &executor(),

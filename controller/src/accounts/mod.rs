@@ -190,20 +190,20 @@ impl ProviderRegistry {
     /// Workspace author's, and the credentials would be sent there.
     async fn opted_in(&self, namespace: &str, workspace: &str) -> Result<(), Error> {
         let found = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone()).get_metadata_opt(namespace).await?;
-        let label = found.as_ref().and_then(|n| n.metadata.labels.as_ref()?.get(crate::workspace::LABEL_WORKSPACE).cloned());
+        let label = found.as_ref().and_then(|n| n.metadata.labels.as_ref()?.get(crate::effective_workspace::LABEL_WORKSPACE).cloned());
         if label.as_deref() == Some(workspace) {
             return Ok(());
         }
         let has = match label {
-            Some(other) => format!("is labelled {}={other:?}", crate::workspace::LABEL_WORKSPACE),
+            Some(other) => format!("is labelled {}={other:?}", crate::effective_workspace::LABEL_WORKSPACE),
             None if found.is_none() => "does not exist yet".to_string(),
-            None => format!("has no label {}", crate::workspace::LABEL_WORKSPACE),
+            None => format!("has no label {}", crate::effective_workspace::LABEL_WORKSPACE),
         };
         Err(Error::Stalled {
             reason: "NamespaceNotOptedIn",
             message: format!(
                 "namespace {namespace:?} {has}: it has not opted in to workspace {workspace:?} reading its Secrets; whoever may edit namespaces opts it in with `kubectl label namespace {namespace} {}={workspace}`",
-                crate::workspace::LABEL_WORKSPACE
+                crate::effective_workspace::LABEL_WORKSPACE
             ),
         })
     }

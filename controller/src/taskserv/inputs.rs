@@ -122,6 +122,9 @@ pub enum InputsError {
     /// A key could not be generated.
     #[error("generating a secret failed: {0}")]
     Generate(String),
+    /// The secret values of the config are too many to redact from script output.
+    #[error("{0}")]
+    TooManySecrets(String),
     /// An API call failed (retried with backoff).
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -136,6 +139,7 @@ impl InputsError {
             InputsError::ForeignGeneratedSecret { .. } => "GeneratedSecretConflict",
             InputsError::Kube(_) => "ApiError",
             InputsError::Generate(_) => "GenerateFailed",
+            InputsError::TooManySecrets(_) => "SecretsTooMany",
         }
     }
 }
@@ -522,12 +526,8 @@ pub async fn resolve(client: &Client, ts: &TaskServ, catalog: &Catalog, generate
             generated_secret = Some(name);
         }
     }
-    Ok(ResolvedInputs {
-        config,
-        redactor: Redactor::new(&known_secrets),
-        hash: inputs_hash(&ts.uid().unwrap_or_default(), &sources, &generated),
-        generated_secret,
-    })
+    let redactor = Redactor::try_new(&known_secrets).map_err(InputsError::TooManySecrets)?;
+    Ok(ResolvedInputs { config, redactor, hash: inputs_hash(&ts.uid().unwrap_or_default(), &sources, &generated), generated_secret })
 }
 
 async fn write_generated(

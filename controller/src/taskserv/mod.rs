@@ -338,19 +338,20 @@ fn gate_on_approval(
     crate::approval::stale(&gate, taskserv_plan).into_iter().chain(approved.map(crate::approval::approved)).collect()
 }
 
-/// Script runs in flight in the whole controller. Each holds up to about 1 MiB of what its
-/// machine printed (two 128 KiB captures, up to 3x once decoded lossily, and 256 KiB of
-/// streamed lines), so this, not anything a tenant sets (Clusters' `parallelLimit`), bounds
-/// that memory: about 128 MiB.
-const MAX_SCRIPT_RUNS: u32 = 128;
+/// Script runs in flight in the whole controller. Each holds at most about 2.4 MiB of what
+/// its machine printed: two 128 KiB captures (up to 3x once decoded lossily), 256 KiB of
+/// streamed lines (up to about 4x once secrets are redacted) and two results (an install's is
+/// kept while its check runs) of at most 1024 values (about 640 bytes each at worst) — so this, not anything a tenant sets (Clusters'
+/// `parallelLimit`), bounds that memory.
+const MAX_SCRIPT_RUNS: u32 = 64;
 /// Script runs in flight per namespace: a tenant whose scripts sleep until their timeout
 /// holds at most a quarter of the controller's runs.
-const MAX_SCRIPT_RUNS_PER_NAMESPACE: u32 = 32;
-// Checked when built: the runs' output together stays well inside the controller's 512 MiB
-// (per run: stdout and stderr captures, which lossy decoding may triple, and the lines
-// streamed), and one namespace takes at most a quarter of the runs.
+const MAX_SCRIPT_RUNS_PER_NAMESPACE: u32 = 16;
+// Checked when built: the runs' output together stays well inside the controller's 512 MiB,
+// and one namespace takes at most a quarter of the runs.
 const _: () = {
-    let per_run = 2 * 3 * provisioning_providers::output::CAPTURE_CAP as u64 + provisioning_providers::output::RUN_STREAM_CAP;
+    use provisioning_providers::output::{CAPTURE_CAP, RUN_STREAM_CAP};
+    let per_run = 2 * 3 * CAPTURE_CAP as u64 + 4 * RUN_STREAM_CAP + 2 * 640 * provisioning_taskservs::RESULT_NODES as u64;
     assert!(MAX_SCRIPT_RUNS as u64 * per_run <= 192 << 20);
     assert!(MAX_SCRIPT_RUNS_PER_NAMESPACE * 4 <= MAX_SCRIPT_RUNS);
 };

@@ -39,8 +39,7 @@ use status::{AccountCheck, StatusInput};
 /// Kind name used in metrics and logs.
 pub const KIND: &str = "Workspace";
 
-/// Label put on namespaces a Workspace created.
-pub const LABEL_WORKSPACE: &str = "provisioning.dev/workspace";
+pub use crate::effective_workspace::LABEL_WORKSPACE;
 
 impl Reconciled for Workspace {
     fn shard_namespace(&self) -> String {
