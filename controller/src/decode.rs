@@ -9,7 +9,7 @@
 //! controller also runs against other API servers.
 //!
 //! So every watch of the controller ([`watch`]) decodes each item through [`Tolerant`]: the
-//! item is read into a value at most [`MAX_DEPTH`] levels deep and [`MAX_SIZE`] units large
+//! item is read into a value at most [`MAX_DEPTH`] levels deep and [`MAX_SIZE`] bytes large (estimated)
 //! (values plus string bytes), never descending further (the rest is skipped without
 //! recursion), and only then converted into its type. An item that does not fit, or does not
 //! decode into its type, is left out of the cache and reported once per version: a Warning
@@ -29,6 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::events::EventType;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
+use provisioning_yaml::bounded::cost;
 use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -38,9 +39,12 @@ use serde_json::{Map, Value};
 /// object can be encoded and decoded again inside a list or a patch.
 pub const MAX_DEPTH: usize = 100;
 
-/// How large one object may be: values plus string bytes (a real API server stores at most
-/// about 1.5 MiB per object; this is a bound on what the controller holds, not a policy).
-pub const MAX_SIZE: usize = 8 << 20;
+/// How much memory one decoded object may take, estimated with the cost model the API server
+/// charges decoding with (`provisioning_yaml::bounded::cost`: a node per value, a B-tree leaf
+/// per map, string bytes): a watch cache holds every object decoded, so an object of tiny
+/// maps (about 90 times its size once decoded) is refused as `Undecodable` beyond this, not
+/// held. Real objects take a small fraction of it.
+pub const MAX_SIZE: usize = 16 << 20;
 
 /// The reason of the Event on an object the controller cannot decode.
 pub const REASON: &str = "Undecodable";
@@ -119,7 +123,7 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Tolerant<K> {
         if let Some(exceeded) = budget.exceeded.get() {
             let reason = match exceeded {
                 Exceeded::Depth => format!("it nests deeper than {MAX_DEPTH} levels"),
-                Exceeded::Size => format!("it is larger than {MAX_SIZE} values and string bytes"),
+                Exceeded::Size => format!("it would take more than {} MiB of memory decoded", MAX_SIZE >> 20),
             };
             return Ok(Tolerant::Undecodable { meta: Box::new(slim_meta(&value)), reason });
         }
@@ -189,30 +193,30 @@ impl<'de> Visitor<'de> for Bounded<'_> {
         f.write_str("a JSON value")
     }
     fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Value, E> {
-        self.budget.spend(1);
+        self.budget.spend(cost::NODE);
         Ok(Value::Bool(v))
     }
     fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Value, E> {
-        self.budget.spend(1);
+        self.budget.spend(cost::NODE);
         Ok(Value::from(v))
     }
     fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Value, E> {
-        self.budget.spend(1);
+        self.budget.spend(cost::NODE);
         Ok(Value::from(v))
     }
     fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
-        self.budget.spend(1);
+        self.budget.spend(cost::NODE);
         Ok(Value::from(v))
     }
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Value, E> {
         self.visit_string(v.to_string())
     }
     fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Value, E> {
-        self.budget.spend(1 + v.len());
+        self.budget.spend(cost::NODE + cost::bytes(v.len()));
         Ok(Value::String(v))
     }
     fn visit_unit<E: serde::de::Error>(self) -> Result<Value, E> {
-        self.budget.spend(1);
+        self.budget.spend(cost::NODE);
         Ok(Value::Null)
     }
     fn visit_none<E: serde::de::Error>(self) -> Result<Value, E> {
@@ -248,7 +252,8 @@ impl<'de> Visitor<'de> for Bounded<'_> {
             return Ok(Value::Null);
         }
         while let Some(key) = map.next_key::<String>()? {
-            if !self.budget.spend(key.len()) {
+            let entry = if fields.is_empty() { cost::FIRST_ENTRY } else { cost::ENTRY };
+            if !self.budget.spend(entry + cost::bytes(key.len())) {
                 map.next_value::<IgnoredAny>()?;
                 continue;
             }
@@ -266,7 +271,7 @@ impl Bounded<'_> {
         if self.depth > MAX_DEPTH {
             self.budget.exceeded.set(Some(Exceeded::Depth));
         }
-        self.budget.spend(1)
+        self.budget.spend(cost::NODE)
     }
 }
 
@@ -479,12 +484,26 @@ mod tests {
         let deep = format!("[{}]", item("a", &format!("{}{}", "[".repeat(100_000), "]".repeat(100_000))));
         let items: Vec<Tolerant<Thing>> = serde_json::from_str(&deep)?;
         assert!(matches!(items[0], Tolerant::Undecodable { .. }));
-        let big = format!("[{}]", item("a", &format!("[{}0]", "0,".repeat(MAX_SIZE))));
+        let big = format!("[{}]", item("a", &format!("[{}0]", "0,".repeat(MAX_SIZE / 16))));
         let items: Vec<Tolerant<Thing>> = serde_json::from_str(&big)?;
         let Tolerant::Undecodable { reason, .. } = &items[0] else {
             return Err(serde::de::Error::custom("the large item decoded"));
         };
-        assert!(reason.contains("larger than"), "{reason}");
+        assert!(reason.contains("MiB of memory decoded"), "{reason}");
+        Ok(())
+    }
+
+    #[test]
+    fn an_item_that_decodes_to_far_more_than_its_size_is_undecodable() -> Result<(), serde_json::Error> {
+        // 300,000 one-entry maps: 2.4 MB of text, about 230 MB decoded (a B-tree leaf each).
+        // Counted by values it was 600,000 units, under the old limit, and held in the cache.
+        let maps = format!("[{}{{\"\":0}}]", "{\"\":0},".repeat(299_999));
+        let items: Vec<Tolerant<Thing>> = serde_json::from_str(&format!("[{}]", item("a", &maps)))?;
+        assert!(matches!(items[0], Tolerant::Undecodable { .. }));
+        // An ordinary config decodes.
+        let fine = format!("[{}]", item("a", r#"{"backends":[{"name":"web","port":80}],"replicas":3}"#));
+        let items: Vec<Tolerant<Thing>> = serde_json::from_str(&fine)?;
+        assert!(matches!(items[0], Tolerant::Decoded(_)));
         Ok(())
     }
 

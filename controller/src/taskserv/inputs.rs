@@ -159,18 +159,37 @@ impl std::fmt::Debug for Merged {
     }
 }
 
+/// The most text all of a TaskServ's `configFrom` values may come to: each is decoded into the
+/// config (YAML of tiny maps decodes to up to 64 times its size), and every reconcile does it.
+pub const MAX_CONFIG_FROM_BYTES: usize = 256 << 10;
+
 /// Merges `sources` into `base` in order (later entries win). An entry with `targetPath`
 /// sets that dotted path to the key's text; without it the key's text is YAML whose mapping
 /// is deep-merged (mappings merge key by key, anything else replaces). A missing object or
-/// key is skipped when `optional`, an error otherwise.
+/// key is skipped when `optional`, an error otherwise; values over [`MAX_CONFIG_FROM_BYTES`]
+/// together are refused.
 pub fn merge(base: Option<&Value>, sources: &[SourceValue], namespace: &str) -> Result<Merged, InputsError> {
     let mut config = match base {
         Some(v) if !v.is_null() => v.clone(),
         _ => Value::Object(Default::default()),
     };
     let mut secrets = Vec::new();
+    let mut total = 0usize;
     for (index, sv) in sources.iter().enumerate() {
         let s = &sv.source;
+        total = total.saturating_add(sv.value.as_ref().map_or(0, String::len));
+        if total > MAX_CONFIG_FROM_BYTES {
+            return Err(InputsError::Unusable {
+                index,
+                kind: s.kind.as_str(),
+                name: s.name.clone(),
+                key: s.key.clone(),
+                problem: format!(
+                    "the configFrom values come to more than {} KiB together (the limit of what the controller reads into a config)",
+                    MAX_CONFIG_FROM_BYTES >> 10
+                ),
+            });
+        }
         let kind = s.kind.as_str();
         let unusable = |problem: String| InputsError::Unusable { index, kind, name: s.name.clone(), key: s.key.clone(), problem };
         let Some(text) = &sv.value else {
@@ -577,6 +596,23 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn config_from_values_over_the_limit_together_are_refused() {
+        let source = |name: &str| ConfigFromSource {
+            kind: ConfigSourceKind::ConfigMap,
+            name: name.into(),
+            key: "k".into(),
+            target_path: String::new(),
+            optional: false,
+        };
+        let half = format!("a: \"{}\"\n", "x".repeat(MAX_CONFIG_FROM_BYTES / 2));
+        let sources =
+            [SourceValue { source: source("one"), value: Some(half.clone()) }, SourceValue { source: source("two"), value: Some(half) }];
+        let refused = merge(None, &sources, "ns");
+        assert!(matches!(&refused, Err(InputsError::Unusable { index: 1, problem, .. }) if problem.contains("256 KiB")), "{refused:?}");
+        assert!(merge(None, &sources[..1], "ns").is_ok());
+    }
+
     fn src(kind: ConfigSourceKind, name: &str, key: &str, target: &str, optional: bool, value: Option<&str>) -> SourceValue {
         SourceValue {
             source: ConfigFromSource { kind, name: name.into(), key: key.into(), target_path: target.into(), optional },
@@ -629,7 +665,7 @@ mod tests {
     /// aliases is refused (quickly, in bounded memory), naming the problem; a Secret's too.
     #[test]
     fn a_yaml_alias_bomb_in_config_from_is_refused() {
-        let bomb = format!("a: &a [{}]\nb: [{}]\n", vec!["x"; 100_000].join(","), vec!["*a"; 50_000].join(","));
+        let bomb = format!("a: &a [{}]\nb: [{}]\n", vec!["x"; 30_000].join(","), vec!["*a"; 30_000].join(","));
         for kind in [ConfigSourceKind::ConfigMap, ConfigSourceKind::Secret] {
             let started = std::time::Instant::now();
             let e = merge(None, &[src(kind, "bomb", "values.yaml", "", false, Some(&bomb))], "ns").expect_err("refused");
