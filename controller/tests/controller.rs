@@ -66,8 +66,9 @@ fn secret(namespace: &str, name: &str, string_data: serde_json::Value) -> anyhow
     }))?)
 }
 
+/// Creates namespace `name`, opted in to the Workspace of the same name (its Secrets may be read).
 async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
-    let namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    let namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"provisioning.dev/workspace": name}}}))?;
     Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
     Ok(())
 }

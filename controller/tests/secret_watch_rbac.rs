@@ -49,7 +49,7 @@ fn kubeconfig_with_token(admin: &Path, token: &str) -> anyhow::Result<PathBuf> {
 const NAMESPACE: &str = r#"
 apiVersion: v1
 kind: Namespace
-metadata: {name: kappa}
+metadata: {name: kappa, labels: {provisioning.dev/workspace: kappa}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding

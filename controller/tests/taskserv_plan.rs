@@ -583,7 +583,7 @@ fn failed_install_on_s0() -> (Pass, Plan) {
 fn with_inputs_hash(p: &mut Pass, hash: &str) {
     if let Ok(v) = p.validated.as_mut() {
         v.inputs_hash = Some(hash.to_string());
-        v.config["password"] = serde_json::Value::String(format!("from-secret-{hash}"));
+        std::sync::Arc::make_mut(&mut v.config)["password"] = serde_json::Value::String(format!("from-secret-{hash}"));
     }
 }
 

@@ -393,7 +393,8 @@ fn start_run(
     let ts = ts.clone();
     let servers = servers.to_vec();
     let selected = selected.clone();
-    let valid = valid.cloned();
+    // One copy per TaskServ pass, shared by its runs (the config itself is shared).
+    let valid = valid.cloned().map(std::sync::Arc::new);
     let ctx = tctx.ctx.clone();
     let catalog = tctx.catalog.clone();
     let runs = tctx.runs.clone();
@@ -409,21 +410,26 @@ fn start_run(
         // A template error may quote a rendered value: filter it like script output.
         let redact = |message: String| valid.as_ref().map(|v| v.redactor.redact(&message)).unwrap_or(message);
         let backoff_key = format!("{key}/{server}/prepare");
-        let prepared = prepare(&ts, &server, &operation, &servers, &selected, valid.as_ref(), &ctx, &catalog).await;
+        // The permits come before the run is prepared (its context, rendered templates and
+        // stdin are copies of the config): the TaskServ's (Cluster or workspace) share, then
+        // the namespace's and the controller's (always in this order, so no run waits for one
+        // while holding a later one). They are given back before any backoff.
+        let namespace = ts.namespace().unwrap_or_default();
+        let permit = ctx.permit(&limit.key, limit.limit).await;
+        let namespace_permit = ctx.permit(&format!("scripts-of-namespace/{namespace}"), MAX_SCRIPT_RUNS_PER_NAMESPACE).await;
+        let global_permit = ctx.permit("scripts-of-controller", MAX_SCRIPT_RUNS).await;
+        let permits = (permit, namespace_permit, global_permit);
+        let prepared = prepare(&ts, &server, &operation, &servers, &selected, valid.as_deref(), &ctx, &catalog).await;
         let result = match prepared.map_err(|e| (e.retry(), e)) {
             Ok(request) => {
                 ctx.backoffs.reset(&backoff_key);
-                let _permit = ctx.permit(&limit.key, limit.limit).await;
-                // Then the namespace's and the controller's shares (always taken last, so no
-                // run waits for one while holding it).
-                let namespace = ts.namespace().unwrap_or_default();
-                let _namespace_permit = ctx.permit(&format!("scripts-of-namespace/{namespace}"), MAX_SCRIPT_RUNS_PER_NAMESPACE).await;
-                let _global_permit = ctx.permit("scripts-of-controller", MAX_SCRIPT_RUNS).await;
+                let _permits = permits;
                 let result = act::run_operation(&request).await;
                 request_host_key_record(&ctx, &server_trigger, &request.executor, &server, ts.namespace().as_deref().unwrap_or_default());
                 result
             }
             Err((Retry::Transient(class), error)) => {
+                drop(permits);
                 // Not a failed install: hold the server's slot for the backoff (so no reconcile
                 // starts the run again sooner), then free it and reconcile, which starts the run
                 // again with the inputs of that moment.
@@ -442,6 +448,7 @@ fn start_run(
                 return;
             }
             Err((Retry::Wait, error)) => {
+                drop(permits);
                 // A peer still being created (no address yet): nothing ran, nothing failed.
                 // Hold the slot briefly, then reconcile with the Servers of that moment.
                 tracing::info!(taskserv = %object, server = %server, script = operation.script(), "{error}");
@@ -607,7 +614,7 @@ async fn prepare(
         (_, None) => {
             // Removing an invalid TaskServ still runs remove.nu with what status says.
             let version = ts.status.as_ref().and_then(|s| s.installed_version.clone()).unwrap_or_default();
-            (version, None, ts.spec.config.clone().unwrap_or_default(), Duration::from_secs(600))
+            (version, None, std::sync::Arc::new(ts.spec.config.clone().unwrap_or_default()), Duration::from_secs(600))
         }
     };
     // A removal never waits for an address: a peer with none that is not Ready has no machine
@@ -628,7 +635,8 @@ async fn prepare(
         cluster: parts.cluster,
         workspace: parts.workspace,
         taskserv: parts.taskserv,
-        config,
+        // The run's own copy (rendered into templates and stdin), made after its permits.
+        config: config.as_ref().clone(),
         templates: Default::default(),
     };
     let unaddressed = unaddressed_peers(&context, servers);

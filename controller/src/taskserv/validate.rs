@@ -15,8 +15,9 @@ pub struct ValidTaskServ {
     pub service: String,
     /// Version to converge to (the spec's, or the catalog default).
     pub version: String,
-    /// Config with the schema's defaults filled in.
-    pub config: Value,
+    /// Config with the schema's defaults filled in (shared: every script run of the TaskServ
+    /// reads it, none copies it).
+    pub config: std::sync::Arc<Value>,
     /// Services that must be installed first (the closure of `requires`, install order).
     pub dependencies: Vec<String>,
     /// Time limit of one script run.
@@ -94,7 +95,7 @@ pub fn validate_resolved(
     Ok(ValidTaskServ {
         service: resolved.service,
         version: resolved.version,
-        config: resolved.config,
+        config: std::sync::Arc::new(resolved.config),
         dependencies,
         timeout: resolved.timeout,
         health_interval: resolved.health_interval,
