@@ -366,8 +366,10 @@ struct Bound {
 
 async fn bound(ts: &TaskServ, namespace: &str, ctx: &Context) -> Bound {
     if let Some(cluster) = ts.labels().get(LABEL_CLUSTER) {
-        let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), namespace);
-        if let Ok(Some(c)) = api.get_opt(cluster).await {
+        // Read through the bounded decoder, as the watches are: a Cluster too large to decode
+        // is not held here either (it is reported Undecodable by its own watch).
+        let api: Api<crate::decode::Tolerant<Cluster>> = Api::namespaced(ctx.client.clone(), namespace);
+        if let Ok(Some(crate::decode::Tolerant::Decoded(c))) = api.get_opt(cluster).await {
             return Bound { key: format!("cluster/{namespace}/{cluster}"), limit: c.spec.parallel_limit };
         }
     }
