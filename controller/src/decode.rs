@@ -43,8 +43,9 @@ pub const MAX_DEPTH: usize = 100;
 /// charges decoding with (`provisioning_yaml::bounded::cost`: a node per value, a B-tree leaf
 /// per map, string bytes): a watch cache holds every object decoded, so an object of tiny
 /// maps (about 90 times its size once decoded) is refused as `Undecodable` beyond this, not
-/// held. Real objects take a small fraction of it.
-pub const MAX_SIZE: usize = 16 << 20;
+/// held. Real objects take a small fraction of it; a tenant needs hundreds of objects at the
+/// limit to fill the controller's memory (an object-count quota's job).
+pub const MAX_SIZE: usize = 2 << 20;
 
 /// The reason of the Event on an object the controller cannot decode.
 pub const REASON: &str = "Undecodable";
