@@ -282,8 +282,20 @@ pub fn watch<K>(client: &Client, config: watcher::Config) -> impl Stream<Item = 
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
 {
+    watch_in(client, Api::<Tolerant<K>>::all(client.clone()), config)
+}
+
+/// [`watch`] over `api` (one namespace's, for instance), each item decoded on its own.
+pub fn watch_in<K>(
+    client: &Client,
+    api: Api<Tolerant<K>>,
+    config: watcher::Config,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+{
     let reporter = client.clone();
-    watcher(Api::<Tolerant<K>>::all(client.clone()), config).filter_map(move |event| {
+    watcher(api, config).filter_map(move |event| {
         let decoded = event.map(|event| decoded_event(event, &reporter));
         futures::future::ready(match decoded {
             Ok(Some(event)) => Some(Ok(event)),
