@@ -43,8 +43,9 @@ pub const MAX_DEPTH: usize = 100;
 /// charges decoding with (`provisioning_yaml::bounded::cost`: a node per value, a B-tree leaf
 /// per map, string bytes): a watch cache holds every object decoded, so an object of tiny
 /// maps (about 90 times its size once decoded) is refused as `Undecodable` beyond this, not
-/// held. Real objects take a small fraction of it.
-pub const MAX_SIZE: usize = 16 << 20;
+/// held. Real objects take a small fraction of it; a tenant needs hundreds of objects at the
+/// limit to fill the controller's memory (an object-count quota's job).
+pub const MAX_SIZE: usize = 2 << 20;
 
 /// The reason of the Event on an object the controller cannot decode.
 pub const REASON: &str = "Undecodable";
@@ -281,8 +282,20 @@ pub fn watch<K>(client: &Client, config: watcher::Config) -> impl Stream<Item = 
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
 {
+    watch_in(client, Api::<Tolerant<K>>::all(client.clone()), config)
+}
+
+/// [`watch`] over `api` (one namespace's, for instance), each item decoded on its own.
+pub fn watch_in<K>(
+    client: &Client,
+    api: Api<Tolerant<K>>,
+    config: watcher::Config,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+{
     let reporter = client.clone();
-    watcher(Api::<Tolerant<K>>::all(client.clone()), config).filter_map(move |event| {
+    watcher(api, config).filter_map(move |event| {
         let decoded = event.map(|event| decoded_event(event, &reporter));
         futures::future::ready(match decoded {
             Ok(Some(event)) => Some(Ok(event)),

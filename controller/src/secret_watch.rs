@@ -87,8 +87,11 @@ pub fn spawn(
 }
 
 async fn watch(client: Client, namespace: String, on_secret: Arc<dyn Fn(PartialObjectMeta<Secret>) + Send + Sync>) {
-    let api: Api<PartialObjectMeta<Secret>> = Api::namespaced(client, &namespace);
-    let mut stream = watcher(api, watcher::Config::default().any_semantic()).default_backoff().touched_objects().boxed();
+    // Each Secret's metadata decoded on its own, within the decoder's bounds (a tenant's labels
+    // are not bounded in number), in small pages.
+    let api: Api<crate::decode::Tolerant<PartialObjectMeta<Secret>>> = Api::namespaced(client.clone(), &namespace);
+    let config = watcher::Config::default().any_semantic().page_size(50);
+    let mut stream = crate::decode::watch_in(&client, api, config).default_backoff().touched_objects().boxed();
     while let Some(item) = stream.next().await {
         match item {
             Ok(secret) => on_secret(secret),

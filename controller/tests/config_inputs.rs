@@ -168,3 +168,31 @@ async fn secrets_are_generated_once_owned_waited_for_and_never_echoed() -> anyho
     env.shutdown().await;
     Ok(())
 }
+
+/// configFrom values over 256 KiB together are refused while they are read (the controller
+/// stops at the entry that passes the limit, before keeping it), naming that entry; nothing
+/// of the value is echoed (twelfth re-review, H2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_from_values_over_the_limit_are_refused_while_read() -> anyhow::Result<()> {
+    let env = TestEnv::start().await?;
+    let controller = env.start_controller(env.config());
+    workspace(&env.client).await?;
+    let tss: Api<TaskServ> = Api::namespaced(env.client.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), NS);
+    secrets.create(&PostParams::default(), &secret("big", "value", &"BIGVALUE".repeat(20_000))?).await?;
+    // 32 entries naming the same 160 KB value: the second passes the limit.
+    let entries: Vec<serde_json::Value> =
+        (0..32).map(|_| json!({"kind": "Secret", "name": "big", "key": "value", "targetPath": "password"})).collect();
+    let spec = json!({"service": "postgresql", "config": {"user": "app"}, "configFrom": entries});
+    tss.create(&PostParams::default(), &taskserv("many", spec)?).await?;
+    let many = wait_ts(&tss, "many", "refused: configFrom too large", |t| {
+        cond(t, "Stalled").is_some_and(|c| c.0 == "True" && c.1 == "ConfigFromInvalid")
+    })
+    .await?;
+    let message = cond(&many, "Stalled").map(|c| c.2).unwrap_or_default();
+    assert!(message.contains("configFrom[1]") && message.contains("256 KiB"), "{message}");
+    assert!(!message.contains("BIGVALUE"), "{message}");
+    controller.stop().await;
+    env.shutdown().await;
+    Ok(())
+}

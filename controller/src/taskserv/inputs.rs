@@ -184,10 +184,7 @@ pub fn merge(base: Option<&Value>, sources: &[SourceValue], namespace: &str) -> 
                 kind: s.kind.as_str(),
                 name: s.name.clone(),
                 key: s.key.clone(),
-                problem: format!(
-                    "the configFrom values come to more than {} KiB together (the limit of what the controller reads into a config)",
-                    MAX_CONFIG_FROM_BYTES >> 10
-                ),
+                problem: too_much_config_from(),
             });
         }
         let kind = s.kind.as_str();
@@ -441,10 +438,21 @@ fn secret_text(secret: &Secret, key: &str) -> Option<Result<String, ()>> {
 
 /// Reads every `configFrom` entry of `ts` from its namespace; a missing object that is not
 /// `optional` is an error naming it.
+/// `configFrom` reads in flight in the whole controller: each GET decodes the whole Secret or
+/// ConfigMap (up to the API server's object limit, several times that once decoded), whatever
+/// key is used, and every TaskServ reconcile reads its sources.
+static CONFIG_FROM_READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+
 async fn read_sources(client: &Client, ts: &TaskServ, namespace: &str) -> Result<Vec<SourceValue>, InputsError> {
+    if ts.spec.config_from.is_empty() {
+        return Ok(vec![]);
+    }
+    // The semaphore is never closed.
+    let _reading = CONFIG_FROM_READS.acquire().await.ok();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let mut sources = Vec::with_capacity(ts.spec.config_from.len());
+    let mut total = 0usize;
     for (index, source) in ts.spec.config_from.iter().enumerate() {
         let kind = source.kind.as_str();
         let not_utf8 = || InputsError::Unusable {
@@ -482,9 +490,27 @@ async fn read_sources(client: &Client, ts: &TaskServ, namespace: &str) -> Result
                 what: "the object",
             });
         }
+        // Stop as soon as the values pass the limit, before keeping the next one.
+        total = total.saturating_add(value.as_ref().map_or(0, String::len));
+        if total > MAX_CONFIG_FROM_BYTES {
+            return Err(InputsError::Unusable {
+                index,
+                kind,
+                name: source.name.clone(),
+                key: source.key.clone(),
+                problem: too_much_config_from(),
+            });
+        }
         sources.push(SourceValue { source: source.clone(), value });
     }
     Ok(sources)
+}
+
+fn too_much_config_from() -> String {
+    format!(
+        "the configFrom values come to more than {} KiB together (the limit of what the controller reads into a config)",
+        MAX_CONFIG_FROM_BYTES >> 10
+    )
 }
 
 /// Reads every `configFrom` entry of `ts` (same namespace only: the entries have no

@@ -279,8 +279,11 @@ async fn apply(ts: Arc<TaskServ>, namespace: &str, tctx: &TaskServContext, delet
     if !launch.is_empty() {
         let selected = plan::selected_servers(&ts.spec, &servers);
         let limit = bound(&ts, namespace, ctx).await;
+        // One copy of the Servers' facts for all the runs started now (a Server's labels are
+        // the tenant's: never copied per run).
+        let shared: Arc<[ServerFacts]> = servers.clone().into();
         for (server, operation) in launch {
-            start_run(&ts, &server, operation, &servers, &selected, validated.as_ref().ok(), &limit, tctx);
+            start_run(&ts, &server, operation, &shared, &selected, validated.as_ref().ok(), &limit, tctx);
         }
     }
     // The stale approval's Warning first, then the plan's events, once the status is written.
@@ -366,8 +369,10 @@ struct Bound {
 
 async fn bound(ts: &TaskServ, namespace: &str, ctx: &Context) -> Bound {
     if let Some(cluster) = ts.labels().get(LABEL_CLUSTER) {
-        let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), namespace);
-        if let Ok(Some(c)) = api.get_opt(cluster).await {
+        // Read through the bounded decoder, as the watches are: a Cluster too large to decode
+        // is not held here either (it is reported Undecodable by its own watch).
+        let api: Api<crate::decode::Tolerant<Cluster>> = Api::namespaced(ctx.client.clone(), namespace);
+        if let Ok(Some(crate::decode::Tolerant::Decoded(c))) = api.get_opt(cluster).await {
             return Bound { key: format!("cluster/{namespace}/{cluster}"), limit: c.spec.parallel_limit };
         }
     }
@@ -380,7 +385,7 @@ fn start_run(
     ts: &Arc<TaskServ>,
     server: &str,
     operation: Operation,
-    servers: &[ServerFacts],
+    servers: &Arc<[ServerFacts]>,
     selected: &BTreeSet<String>,
     valid: Option<&ValidTaskServ>,
     limit: &Bound,
@@ -391,7 +396,7 @@ fn start_run(
         return;
     }
     let ts = ts.clone();
-    let servers = servers.to_vec();
+    let servers = servers.clone();
     let selected = selected.clone();
     // One copy per TaskServ pass, shared by its runs (the config itself is shared).
     let valid = valid.cloned().map(std::sync::Arc::new);

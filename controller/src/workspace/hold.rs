@@ -23,6 +23,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::ListParams;
+use kube::core::PartialObjectMeta;
 use kube::{Api, Resource, ResourceExt};
 use provisioning_crds::{ProviderAccount, Server};
 
@@ -105,7 +106,9 @@ async fn hold_secrets(ctx: &Context, namespace: &str, secrets: &BTreeSet<String>
         return Ok(());
     }
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let listed = api.list_metadata(&ListParams::default()).await?.items;
+    // Each Secret's metadata decoded within the decoder's bounds (a tenant's labels are not
+    // bounded in number).
+    let listed = crate::decode::list::<PartialObjectMeta<Secret>>(&ctx.client, namespace, &ListParams::default()).await?;
     for secret in listed {
         let name = secret.name_any();
         let want = hold && secrets.contains(&name);
