@@ -30,14 +30,33 @@ impl Moto {
     /// `INITIAL_NO_AUTH_ACTION_COUNT=0` to make it check credentials.
     pub fn start(env: &[(&str, &str)]) -> Result<Moto> {
         let binary = tool("PROVISIONING_MOTO", "moto_server");
-        let port = free_port()?;
+        // Moto binds port 0 itself and prints the port ("Running on http://127.0.0.1:PORT"):
+        // picking a free port first races with every other test binding port 0 meanwhile
+        // (moto takes seconds to start), and the test then talks to whatever got the port.
         let mut command = Command::new(binary);
-        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        command.args(["-H", "127.0.0.1", "-p", "0"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         for (k, v) in env {
             command.env(k, v);
         }
-        let child = command.spawn().context("spawn moto_server (run scripts/setup.sh)")?;
-        let moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}/") };
+        let mut child = command.spawn().context("spawn moto_server (run scripts/setup.sh)")?;
+        let stderr = child.stderr.take().context("moto's stderr is piped")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads the port, then keeps draining stderr (moto logs every request there).
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            let mut tx = Some(tx);
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(port) = line.split("Running on http://127.0.0.1:").nth(1).and_then(|rest| rest.trim().parse::<u16>().ok())
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(port);
+                }
+            }
+        });
+        let mut moto = Moto { child, endpoint: String::new() };
+        let port = rx.recv_timeout(Duration::from_secs(60)).map_err(|_| anyhow::anyhow!("moto_server did not report its port within 60 s"))?;
+        moto.endpoint = format!("http://127.0.0.1:{port}/");
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if start.elapsed() > Duration::from_secs(60) {

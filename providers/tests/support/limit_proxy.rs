@@ -111,7 +111,9 @@ impl LimitProxy {
         let stats: Arc<Mutex<HashMap<String, PrincipalStats>>> = Arc::default();
         let changed = Arc::new(tokio::sync::Notify::new());
         let upstream = upstream.trim_end_matches('/').to_string();
-        let client = reqwest::Client::new();
+        // No idle upstream connections kept: a connection the double closed while idle would
+        // fail the next forward (a proxy artefact, not something the provider under test did).
+        let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().map_err(std::io::Error::other)?;
         let shared = Arc::new((stats.clone(), changed.clone(), upstream, client, config));
         let task = tokio::spawn(async move {
             loop {
@@ -235,7 +237,10 @@ async fn handle(
     if let Some((user, password)) = &config.upstream_basic_auth {
         forward = forward.basic_auth(user, Some(password));
     }
-    let upstream_response = forward.send().await.map_err(|_| Dropped)?;
+    let upstream_response = forward.send().await.map_err(|e| {
+        eprintln!("limit proxy: forwarding to {upstream} failed: {e}");
+        Dropped
+    })?;
     let status = upstream_response.status();
     let headers = upstream_response.headers().clone();
     let bytes = upstream_response.bytes().await.map_err(|_| Dropped)?;
