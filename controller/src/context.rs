@@ -247,7 +247,7 @@ impl Context {
     /// [`FIELD_MANAGER`]) unless it equals `current`. Returns whether it wrote.
     pub async fn apply_status<K, S>(&self, obj: &K, current: Option<&S>, desired: &S) -> Result<bool, Error>
     where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Serialize,
         S: Serialize + PartialEq,
     {
         if current == Some(desired) {
@@ -264,13 +264,17 @@ impl Context {
             "metadata": metadata,
             "status": desired,
         });
-        let written = self.dynamic_api(obj).patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+        let written = self.slim_api(obj).patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
         self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
         let kind = K::kind(&());
         if self.history.recorded(&kind) {
             let before = current.and_then(|c| serde_json::to_value(c).ok());
-            self.history.after_status_write(&kind, &written, before.as_ref(), &patch["status"]).await;
+            // The record describes the spec this status was made for: the cached copy's (the
+            // answer's spec may be a newer generation's, and is not decoded).
+            let spec =
+                || serde_json::to_value(obj).ok().and_then(|mut v| v.get_mut("spec").map(serde_json::Value::take)).unwrap_or_default();
+            self.history.after_status_write(&kind, spec, &written, before.as_ref(), &patch["status"]);
         }
         Ok(true)
     }
@@ -283,7 +287,7 @@ impl Context {
         let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
         let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
         let written = self
-            .dynamic_api(obj)
+            .slim_api(obj)
             .patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
             .await?;
         self.record_written(&written);
@@ -302,6 +306,15 @@ impl Context {
             Some(ns) => Api::dynamic(self.client.clone(), &resource, &Scope::Namespaced).constrain(ns),
             None => Api::dynamic(self.client.clone(), &resource, &Scope::Cluster),
         }
+    }
+
+    /// Reads and writes of `obj`'s kind in its namespace whose answers are decoded slim
+    /// ([`crate::slim`]): the live object a write answers with is a tenant's to make large.
+    pub fn slim_api<K>(&self, obj: &K) -> crate::slim::SlimApi
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        crate::slim::SlimApi::of::<K>(self.client.clone(), obj.meta().namespace.as_deref())
     }
 
     /// Whether `obj` (from the watch cache) is older than our own last write to it. The
@@ -325,8 +338,8 @@ impl Context {
         }
     }
 
-    fn record_written(&self, obj: &DynamicObject) {
-        let (Some(uid), Some(rv)) = (obj.metadata.uid.as_deref(), obj.metadata.resource_version.as_deref()) else {
+    fn record_written(&self, obj: &crate::slim::Slim) {
+        let (Some(uid), Some(rv)) = (obj.uid(), obj.resource_version()) else {
             return;
         };
         if let Ok(rv) = rv.parse::<u64>() {
@@ -396,7 +409,7 @@ impl Context {
             patch["metadata"]["annotations"] = serde_json::json!({ key: value });
         }
         match self
-            .dynamic_api(obj)
+            .slim_api(obj)
             .patch(&name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
             .await
         {
@@ -503,13 +516,13 @@ impl Context {
 async fn use_workspace(ctx: &Context, ws: &EffectiveWorkspace) -> Result<(), Error> {
     let Some(name) = &ws.name else { return Ok(()) };
     let holds = |w: &provisioning_crds::Workspace| w.finalizers().iter().any(|f| f == provisioning_crds::FINALIZER);
-    let api: Api<provisioning_crds::Workspace> = Api::all(ctx.client.clone());
+    let api = crate::slim::SlimApi::of::<provisioning_crds::Workspace>(ctx.client.clone(), None);
     let cached = ctx.stores.workspaces.state().into_iter().find(|w| &w.name_any() == name);
     let current = match cached {
         Some(w) if holds(&w) => return Ok(()),
         Some(w) => w.metadata.clone(),
-        None => match api.get_metadata_opt(name).await? {
-            Some(w) => w.metadata,
+        None => match api.get_opt(name).await? {
+            Some(w) => w.meta(),
             None => return Ok(()),
         },
     };
@@ -531,9 +544,9 @@ async fn use_workspace(ctx: &Context, ws: &EffectiveWorkspace) -> Result<(), Err
     match patch_finalizers(&api, name, current.resource_version.as_deref(), finalizers).await {
         Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
             // Changed meanwhile (often: its own reconciler just added the finalizer). Look again.
-            match api.get_metadata_opt(name).await? {
-                Some(w) if w.metadata.finalizers.iter().flatten().any(|f| f == provisioning_crds::FINALIZER) => Ok(()),
-                Some(w) if w.metadata.deletion_timestamp.is_some() => Err(deleting(&w.metadata)),
+            match api.get_opt(name).await?.map(|w| w.meta()) {
+                Some(w) if w.finalizers.iter().flatten().any(|f| f == provisioning_crds::FINALIZER) => Ok(()),
+                Some(w) if w.deletion_timestamp.is_some() => Err(deleting(&w)),
                 _ => Err(Error::InProgress(format!("workspace {name:?} changed while its finalizer was added; trying again"))),
             }
         }
@@ -543,18 +556,15 @@ async fn use_workspace(ctx: &Context, ws: &EffectiveWorkspace) -> Result<(), Err
 
 /// A merge patch of the finalizers, guarded by the resourceVersion they were read at (a
 /// concurrent change is a conflict, retried by the next pass, never a lost finalizer).
-pub(crate) async fn patch_finalizers<K>(
-    api: &Api<K>,
+pub(crate) async fn patch_finalizers(
+    api: &crate::slim::SlimApi,
     name: &str,
     resource_version: Option<&str>,
     finalizers: Vec<String>,
-) -> Result<(), Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
+) -> Result<(), Error> {
     let patch = serde_json::json!({"metadata": {"resourceVersion": resource_version, "finalizers": finalizers}});
     let params = PatchParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() };
-    match api.patch_metadata(name, &params, &Patch::Merge(&patch)).await {
+    match api.patch(name, &params, &Patch::Merge(&patch)).await {
         Ok(_) => Ok(()),
         // Gone meanwhile: nothing to hold or release.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),

@@ -19,7 +19,7 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{LazyLock, Mutex};
 
@@ -348,25 +348,100 @@ fn keep_decoded<K: Resource<DynamicType = ()>>(client: &Client, items: Vec<Toler
         .collect()
 }
 
-/// A watch event of decoded items: `None` for an item that did not decode (reported).
+/// A watch event of decoded items: `None` for an item that did not decode (reported, and
+/// marked as a newer version than the cached copy: see [`superseded_by_undecodable`]).
 fn decoded_event<K>(event: watcher::Event<Tolerant<K>>, client: &Client) -> Option<watcher::Event<K>>
 where
     K: Resource<DynamicType = ()>,
 {
-    let decoded = |item: Tolerant<K>| match item {
-        Tolerant::Decoded(k) => Some(k),
+    let decoded = |item: Tolerant<K>, applied: bool| match item {
+        Tolerant::Decoded(k) => {
+            if applied {
+                Undecodable::decoded::<K>(k.meta());
+            } else {
+                Undecodable::forget::<K>(k.meta());
+            }
+            Some(k)
+        }
         Tolerant::Undecodable { meta, reason } => {
             report::<K>(client, &meta, &reason);
+            if applied {
+                Undecodable::mark::<K>(&meta);
+            } else {
+                Undecodable::forget::<K>(&meta);
+            }
             None
         }
     };
     match event {
-        watcher::Event::Apply(item) => decoded(item).map(watcher::Event::Apply),
-        watcher::Event::Delete(item) => decoded(item).map(watcher::Event::Delete),
-        watcher::Event::InitApply(item) => decoded(item).map(watcher::Event::InitApply),
+        watcher::Event::Apply(item) => decoded(item, true).map(watcher::Event::Apply),
+        watcher::Event::Delete(item) => decoded(item, false).map(watcher::Event::Delete),
+        watcher::Event::InitApply(item) => decoded(item, true).map(watcher::Event::InitApply),
         watcher::Event::Init => Some(watcher::Event::Init),
         watcher::Event::InitDone => Some(watcher::Event::InitDone),
     }
+}
+
+/// Objects (by the decoded type and uid: a metadata-only watch of the same kind decodes what a
+/// full one cannot) whose newest version seen by a watch did not decode, with that version's
+/// resourceVersion: the cache still holds an older copy (or none), which must not be acted on
+/// — its spec is not what the object says now, and a write made for it answers with the live
+/// version, which is the one too large to decode. Bounded: forgotten when full (then an old
+/// copy may be acted on again, as before this mark existed).
+static UNDECODABLE: LazyLock<Mutex<HashMap<String, String>>> = LazyLock::new(Mutex::default);
+const UNDECODABLE_CAP: usize = 10_000;
+
+struct Undecodable;
+
+impl Undecodable {
+    fn key<K>(uid: &str) -> String {
+        format!("{}/{uid}", std::any::type_name::<K>())
+    }
+
+    fn mark<K>(meta: &ObjectMeta) {
+        let (Some(uid), Some(rv)) = (meta.uid.as_deref(), meta.resource_version.as_deref()) else { return };
+        let key = Self::key::<K>(uid);
+        let mut marks = UNDECODABLE.lock().unwrap_or_else(|p| p.into_inner());
+        if marks.len() >= UNDECODABLE_CAP && !marks.contains_key(&key) {
+            marks.clear();
+        }
+        marks.insert(key, rv.to_string());
+    }
+
+    /// A decodable version arrived: a mark for an older (or the same) version goes.
+    fn decoded<K>(meta: &ObjectMeta) {
+        let (Some(uid), Some(rv)) = (meta.uid.as_deref(), meta.resource_version.as_deref()) else { return };
+        let key = Self::key::<K>(uid);
+        let mut marks = UNDECODABLE.lock().unwrap_or_else(|p| p.into_inner());
+        if marks.get(&key).is_some_and(|marked| !newer(marked, rv)) {
+            marks.remove(&key);
+        }
+    }
+
+    fn forget<K>(meta: &ObjectMeta) {
+        if let Some(uid) = meta.uid.as_deref() {
+            UNDECODABLE.lock().unwrap_or_else(|p| p.into_inner()).remove(&Self::key::<K>(uid));
+        }
+    }
+}
+
+/// Whether resourceVersion `a` is newer than `b`: compared as numbers where both are (etcd and
+/// the embedded control plane); otherwise any other value counts as newer (opaque versions).
+fn newer(a: &str, b: &str) -> bool {
+    match (a.parse::<u64>(), b.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a > b,
+        _ => a != b,
+    }
+}
+
+/// Whether a newer version of the object `meta` describes (a cached copy) was seen by a watch
+/// and could not be decoded: then the copy is out of date and is not acted on until a
+/// decodable version arrives (the Warning Event on the object says why).
+pub fn superseded_by_undecodable<K: Resource>(obj: &K) -> bool {
+    let meta = obj.meta();
+    let (Some(uid), Some(rv)) = (meta.uid.as_deref(), meta.resource_version.as_deref()) else { return false };
+    let key = Undecodable::key::<K>(uid);
+    UNDECODABLE.lock().unwrap_or_else(|p| p.into_inner()).get(&key).is_some_and(|marked| newer(marked, rv))
 }
 
 /// Object versions already reported (uid and resourceVersion), so that several watches of the
@@ -428,6 +503,39 @@ pub fn report<K: Resource<DynamicType = ()>>(client: &Client, meta: &ObjectMeta,
 mod tests {
     use super::*;
     use kube::core::ObjectList;
+
+    #[tokio::test]
+    async fn a_cached_copy_is_superseded_while_its_newer_version_does_not_decode() -> Result<(), Box<dyn std::error::Error>> {
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse()?))?;
+        let meta = |rv: &str| ObjectMeta {
+            name: Some("t".into()),
+            namespace: Some("n".into()),
+            uid: Some(format!("uid-superseded-{}", std::process::id())),
+            resource_version: Some(rv.into()),
+            ..ObjectMeta::default()
+        };
+        let copy = |rv: &str| provisioning_crds::TaskServ { metadata: meta(rv), spec: Default::default(), status: None };
+        let undecodable =
+            |rv: &str| Tolerant::<provisioning_crds::TaskServ>::Undecodable { meta: Box::new(meta(rv)), reason: "too large".into() };
+        // Cached at 5; version 7 arrives and does not decode: the copy at 5 is out of date.
+        assert!(decoded_event(watcher::Event::Apply(Tolerant::Decoded(copy("5"))), &client).is_some());
+        assert!(!superseded_by_undecodable(&copy("5")));
+        assert!(decoded_event(watcher::Event::Apply(undecodable("7")), &client).is_none());
+        assert!(superseded_by_undecodable(&copy("5")), "the cached copy is older than the undecodable version");
+        // Only for the kind whose decode failed (a metadata-only cache of it is not affected).
+        let meta_only: kube::api::PartialObjectMeta<provisioning_crds::TaskServ> = serde_json::from_value(
+            serde_json::json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta("5")}),
+        )?;
+        assert!(!superseded_by_undecodable(&meta_only));
+        // A fixed version (8) decodes: acted on again.
+        assert!(decoded_event(watcher::Event::Apply(Tolerant::Decoded(copy("8"))), &client).is_some());
+        assert!(!superseded_by_undecodable(&copy("8")));
+        // Deleted while undecodable: the mark goes with it.
+        assert!(decoded_event(watcher::Event::Apply(undecodable("9")), &client).is_none());
+        assert!(decoded_event(watcher::Event::Delete(undecodable("10")), &client).is_none());
+        assert!(!superseded_by_undecodable(&copy("8")));
+        Ok(())
+    }
 
     /// `levels` maps, one inside the other.
     fn nested(levels: usize) -> String {

@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ManagedFieldsEntry, OwnerReference, Time};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use provisioning_crds::{ChangeRecord, ChangeRecordSpec, ChangeRecordStatus, ChangedObject, LABEL_CHANGE_OF, SpecWriter};
 use serde_json::Value;
@@ -141,15 +141,14 @@ pub fn summary(previous: Option<i64>, generation: i64, fields: &[String]) -> Str
 /// Spec writers from managedFields: those that own one of the `changed` fields (paths such as
 /// `spec.plan`) first — managedFields times have whole seconds, so two writers in the same
 /// second are told apart by what they own — then the most recent.
-pub fn spec_writers(obj: &DynamicObject, changed: &[String]) -> Vec<SpecWriter> {
+pub fn spec_writers(managed_fields: &[ManagedFieldsEntry], changed: &[String]) -> Vec<SpecWriter> {
     // The top-level spec field of each changed path: `spec.pools[a].replicas` → `f:pools`.
     let tops: Vec<String> = changed
         .iter()
         .filter_map(|p| p.strip_prefix("spec."))
         .map(|p| format!("f:{}", p.split(['.', '[']).next().unwrap_or_default()))
         .collect();
-    let mut writers: Vec<(bool, SpecWriter)> = obj
-        .managed_fields()
+    let mut writers: Vec<(bool, SpecWriter)> = managed_fields
         .iter()
         .filter(|m| m.subresource.is_none())
         .filter_map(|m| Some((m, m.fields_v1.as_ref()?.0.get("f:spec")?)))
@@ -210,21 +209,32 @@ pub struct ChangeHistory {
     /// Records kept per object; 0 turns the history off.
     limit: usize,
     /// The writers' queues, started by the first record (they need the runtime).
-    queues: Arc<OnceLock<Vec<mpsc::UnboundedSender<Job>>>>,
+    queues: Arc<OnceLock<Vec<mpsc::Sender<Job>>>>,
 }
 
 /// Background writers; one object's records always go through the same one.
 const WRITERS: usize = 16;
+/// Transitions waiting per writer; past this they are dropped (history only).
+const QUEUE: usize = 4096;
 /// Objects whose records a writer remembers; past this it forgets them all (an object it no
 /// longer knows costs one label-selected list, answered from the API server's label index).
 const REMEMBERED: usize = 100_000;
 
-/// One status write whose transition is to be recorded.
+/// One status write whose transition is to be recorded: what the record needs, taken when the
+/// write was made (never the object itself, whose live version a tenant can make large).
 struct Job {
     kind: String,
-    written: DynamicObject,
+    name: String,
+    namespace: String,
     uid: String,
-    after: Value,
+    /// Digests of the spec the status was written for (the cached copy's).
+    digests: BTreeMap<String, String>,
+    /// The object's managedFields as the write answered them, slim ([`crate::slim`]).
+    managed_fields: Vec<ManagedFieldsEntry>,
+    /// Who made the spec generation (the server-owned annotation), if recorded.
+    changed_by_user: Option<String>,
+    /// The status's plan, if any.
+    plan: Option<Value>,
     transition: Transition,
     /// Whether the object had a status before this write (else it can have no records yet).
     had_status: bool,
@@ -252,40 +262,49 @@ impl ChangeHistory {
         self.limit > 0 && RECORDED_KINDS.contains(&kind)
     }
 
-    /// Called after a status write of `written` (a Server, TaskServ or Cluster): queues what
-    /// the transition from `before` to `after` means for the background writer. Never fails
-    /// and never waits for the API.
-    pub async fn after_status_write(&self, kind: &str, written: &DynamicObject, before: Option<&Value>, after: &Value) {
+    /// Called after a status write (`written`, the write's slim answer) for the object whose
+    /// spec is `spec` (the copy the status was made for): queues what the transition from
+    /// `before` to `after` means for the background writer. Never fails and never waits for
+    /// the API; a writer far behind (its queue full) drops the transition with a warning
+    /// (history only).
+    pub fn after_status_write(
+        &self,
+        kind: &str,
+        spec: impl FnOnce() -> Value,
+        written: &crate::slim::Slim,
+        before: Option<&Value>,
+        after: &Value,
+    ) {
         if !self.recorded(kind) {
             return;
         }
-        let t = transition(before, after);
-        if t == Transition::default() {
-            return;
-        }
-        let (Some(_), Some(uid)) = (written.namespace(), written.uid()) else { return };
-        let had_status = before.and_then(|b| b.get("observedGeneration")).is_some_and(|g| !g.is_null());
+        let Some(job) = job_of(kind, spec, written, before, after) else { return };
         let queues = self.queues.get_or_init(|| {
             (0..WRITERS)
                 .map(|_| {
-                    let (tx, rx) = mpsc::unbounded_channel();
+                    let (tx, rx) = mpsc::channel(QUEUE);
                     tokio::spawn(self.clone().write_loop(rx));
                     tx
                 })
                 .collect()
         });
-        let shard = uid.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % queues.len().max(1);
-        let job = Job { kind: kind.to_string(), written: written.clone(), uid, after: after.clone(), transition: t, had_status };
-        if let Some(q) = queues.get(shard)
-            && q.send(job).is_err()
-        {
-            tracing::warn!(kind, "the ChangeRecord writer has stopped (history only; the object is unaffected)");
+        let shard = job.uid.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % queues.len().max(1);
+        if let Some(q) = queues.get(shard) {
+            match q.try_send(job) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(job)) => {
+                    tracing::warn!(kind, object = %job.name, "the ChangeRecord writer is behind; this transition is not recorded (history only; the object is unaffected)");
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    tracing::warn!(kind, "the ChangeRecord writer has stopped (history only; the object is unaffected)");
+                }
+            }
         }
     }
 
     /// One writer: takes jobs in order and writes their records, remembering per object uid
     /// the records it knows so that only an object it never saw costs a list.
-    async fn write_loop(self, mut rx: mpsc::UnboundedReceiver<Job>) {
+    async fn write_loop(self, mut rx: mpsc::Receiver<Job>) {
         let mut known: HashMap<String, Vec<Known>> = HashMap::new();
         while let Some(job) = rx.recv().await {
             if known.len() >= REMEMBERED {
@@ -294,16 +313,15 @@ impl ChangeHistory {
             if let Err(e) = self.record(&job, &mut known).await {
                 // The next transition lists again rather than trust what may be half written.
                 known.remove(&job.uid);
-                tracing::warn!(kind = %job.kind, object = %job.written.name_any(), error = %e, "could not write the ChangeRecord (history only; the object is unaffected)");
+                tracing::warn!(kind = %job.kind, object = %job.name, error = %e, "could not write the ChangeRecord (history only; the object is unaffected)");
             }
         }
     }
 
     async fn record(&self, job: &Job, known: &mut HashMap<String, Vec<Known>>) -> Result<(), kube::Error> {
-        let Some(namespace) = job.written.namespace() else { return Ok(()) };
-        let api: Api<ChangeRecord> = Api::namespaced(self.client.clone(), &namespace);
+        let api: Api<ChangeRecord> = Api::namespaced(self.client.clone(), &job.namespace);
         let now = crate::time::now_seconds().to_string();
-        let change = Change { kind: &job.kind, written: &job.written, uid: &job.uid, after: &job.after, now: &now };
+        let change = Change { job, now: &now };
         let finished = job.transition.finished.as_ref().map(|(generation, outcome)| {
             let status = match outcome {
                 Outcome::Succeeded => record_status("Succeeded", None, &now),
@@ -323,7 +341,7 @@ impl ChangeHistory {
             self.start(&api, &change, generation, &mut history, end).await?;
         }
         if let Some((generation, status)) = &finished {
-            let name = record_name(&job.kind, &job.written.name_any(), &job.uid, *generation);
+            let name = record_name(&job.kind, &job.name, &job.uid, *generation);
             let done = history.iter().any(|k| k.generation == *generation && k.phase.as_deref() == status.phase.as_deref());
             if !done {
                 match self.patch_status(&api, &name, status).await {
@@ -383,8 +401,9 @@ impl ChangeHistory {
         history: &mut Vec<Known>,
         end: Option<&ChangeRecordStatus>,
     ) -> Result<(), kube::Error> {
-        let Change { kind, written, uid, now, .. } = *change;
-        let name = record_name(kind, &written.name_any(), uid, generation);
+        let Change { job, now } = *change;
+        let (kind, uid) = (job.kind.as_str(), job.uid.as_str());
+        let name = record_name(kind, &job.name, uid, generation);
         if history.iter().any(|r| r.generation == generation) {
             return Ok(());
         }
@@ -423,22 +442,46 @@ impl ChangeHistory {
     }
 }
 
+/// The job of one status write (pure): `None` when the transition means nothing for the history.
+fn job_of(kind: &str, spec: impl FnOnce() -> Value, written: &crate::slim::Slim, before: Option<&Value>, after: &Value) -> Option<Job> {
+    let transition = transition(before, after);
+    if transition == Transition::default() {
+        return None;
+    }
+    let meta = written.meta();
+    let (Some(namespace), Some(uid), Some(name)) = (meta.namespace, meta.uid, meta.name) else { return None };
+    let had_status = before.and_then(|b| b.get("observedGeneration")).is_some_and(|g| !g.is_null());
+    let managed_fields = meta.managed_fields.unwrap_or_default();
+    let changed_by_user =
+        crate::approval::server_stamped(meta.annotations.as_ref(), &managed_fields, crate::approval::ANNOTATION_CHANGED_BY);
+    Some(Job {
+        kind: kind.to_string(),
+        digests: field_digests(&spec(), &uid),
+        name,
+        namespace,
+        uid,
+        managed_fields,
+        changed_by_user,
+        plan: after.get("plan").filter(|p| !p.is_null()).cloned(),
+        transition,
+        had_status,
+    })
+}
+
 /// The object whose change is being recorded, as one status write saw it.
 #[derive(Clone, Copy)]
 struct Change<'a> {
-    kind: &'a str,
-    written: &'a DynamicObject,
-    uid: &'a str,
-    after: &'a Value,
+    job: &'a Job,
     now: &'a str,
 }
 
 /// The record of `change` at `generation`, its fields compared with the `previous` record's
 /// (generation, field digests) (pure).
 fn new_record(change: &Change<'_>, name: &str, generation: i64, previous: Option<(i64, &BTreeMap<String, String>)>) -> ChangeRecord {
-    let Change { kind, written, uid, after, now } = *change;
-    let object_name = written.name_any();
-    let digests = field_digests(written.data.get("spec").unwrap_or(&Value::Null), uid);
+    let Change { job, now } = *change;
+    let (kind, uid) = (job.kind.as_str(), job.uid.as_str());
+    let object_name = job.name.clone();
+    let digests = job.digests.clone();
     let fields = previous.map(|(_, p)| changed_fields(p, &digests)).unwrap_or_default();
     let mut record = ChangeRecord::new(
         name,
@@ -446,21 +489,17 @@ fn new_record(change: &Change<'_>, name: &str, generation: i64, previous: Option
             object: ChangedObject { kind: kind.into(), name: object_name.clone(), uid: uid.into() },
             generation,
             previous_generation: previous.map(|(g, _)| g),
-            changed_by: spec_writers(written, &fields),
-            changed_by_user: crate::approval::server_stamped(
-                written.metadata.annotations.as_ref(),
-                written.managed_fields(),
-                crate::approval::ANNOTATION_CHANGED_BY,
-            ),
+            changed_by: spec_writers(&job.managed_fields, &fields),
+            changed_by_user: job.changed_by_user.clone(),
             summary: summary(previous.map(|(g, _)| g), generation, &fields),
             changed_fields: fields,
             field_digests: digests,
-            plan: after.get("plan").filter(|p| !p.is_null()).cloned(),
+            plan: job.plan.clone(),
             started_at: now.into(),
             approvals: Vec::new(),
         },
     );
-    record.metadata.namespace = written.namespace();
+    record.metadata.namespace = Some(job.namespace.clone());
     record.metadata.labels = Some([(LABEL_CHANGE_OF.to_string(), uid.to_string())].into());
     record.metadata.owner_references = Some(vec![OwnerReference {
         api_version: provisioning_crds::API_VERSION.into(),
@@ -534,7 +573,7 @@ mod tests {
 
     #[test]
     fn spec_writers_come_from_managed_fields_newest_first() {
-        let obj: DynamicObject = serde_json::from_value(json!({
+        let obj: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": "provisioning.dev/v1alpha1", "kind": "Server",
         "metadata": {"name": "web-0", "managedFields": [
             {"manager": "kubectl-client-side-apply", "operation": "Update", "time": "2026-11-25T06:00:00Z",
@@ -547,7 +586,7 @@ mod tests {
         .expect("object");
         let managers = |changed: &[&str]| -> Vec<String> {
             let changed: Vec<String> = changed.iter().map(|c| c.to_string()).collect();
-            spec_writers(&obj, &changed).into_iter().map(|w| w.manager).collect()
+            spec_writers(obj.metadata.managed_fields.as_deref().unwrap_or_default(), &changed).into_iter().map(|w| w.manager).collect()
         };
         assert_eq!(managers(&[]), vec!["kubectl-edit", "kubectl-client-side-apply"], "newest first");
         // The owner of the changed field comes first, whatever the times say.
@@ -557,7 +596,7 @@ mod tests {
 
     #[test]
     fn the_record_names_the_authenticated_user_the_api_server_recorded() -> Result<(), serde_json::Error> {
-        let object = |managed: Value| -> Result<DynamicObject, serde_json::Error> {
+        let object = |managed: Value| -> Result<crate::slim::Slim, serde_json::Error> {
             serde_json::from_value(json!({
                 "apiVersion": "provisioning.dev/v1alpha1", "kind": "Server",
                 "metadata": {"name": "web-0", "namespace": "a", "uid": "u1", "generation": 2,
@@ -565,8 +604,10 @@ mod tests {
                     "managedFields": managed},
                 "spec": {"plan": "small"}}))
         };
-        let record = |obj: &DynamicObject| {
-            let change = Change { kind: "Server", written: obj, uid: "u1", after: &Value::Null, now: "2026-11-26T00:00:00Z" };
+        let record = |obj: &crate::slim::Slim| {
+            let after = json!({"observedGeneration": 2});
+            let job = job_of("Server", || json!({"plan": "small"}), obj, None, &after)?;
+            let change = Change { job: &job, now: "2026-11-26T00:00:00Z" };
             new_record(&change, "server-web-0-g2-u1", 2, None).spec.changed_by_user
         };
         // Stamped by the API server (no field manager owns it): the user of the write.

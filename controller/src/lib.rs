@@ -56,6 +56,7 @@ pub mod run;
 pub mod secret_watch;
 pub mod server;
 pub mod shard;
+pub mod slim;
 pub mod sync;
 pub mod taskserv;
 pub mod testing;

@@ -7,6 +7,7 @@ use provisioning_crds::{Server, TaskServ};
 use super::plan::Plan;
 use crate::context::{Context, FIELD_MANAGER};
 use crate::error::Error;
+use crate::slim::SlimApi;
 
 /// Applies and deletes what the plan says. Deletes first (scale down frees names and quota),
 /// then Servers, then TaskServs.
@@ -22,14 +23,17 @@ pub async fn act(plan: &Plan, namespace: &str, ctx: &Context) -> Result<(), Erro
         delete(&servers, name).await?;
         ctx.metrics.record_write("Server");
     }
+    // The answers are the live children, decoded slim (crate::slim): a tenant can make them large.
+    let (apply_servers, apply_taskservs) =
+        (SlimApi::of::<Server>(ctx.client.clone(), Some(namespace)), SlimApi::of::<TaskServ>(ctx.client.clone(), Some(namespace)));
     for server in &plan.apply_servers {
         let name = server.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
-        servers.patch(&name, &params, &Patch::Apply(server)).await?;
+        apply_servers.patch(&name, &params, &Patch::Apply(server)).await?;
         ctx.metrics.record_write("Server");
     }
     for ts in &plan.apply_taskservs {
         let name = ts.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
-        taskservs.patch(&name, &params, &Patch::Apply(ts)).await?;
+        apply_taskservs.patch(&name, &params, &Patch::Apply(ts)).await?;
         ctx.metrics.record_write("TaskServ");
     }
     Ok(())

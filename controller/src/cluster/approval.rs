@@ -506,8 +506,9 @@ pub async fn pass_down(cluster: &Cluster, decision: &Decision, ctx: &Context) ->
 /// Sets each member's `provisioning.dev/approve` to its plan id: metadata only, the member's
 /// spec and status are left alone. Returns those approved (a member already gone is not).
 async fn approve_members<'a>(namespace: &str, pass_down: &'a [PassDown], ctx: &Context) -> Result<Vec<&'a PassDown>, Error> {
-    let servers: Api<Server> = Api::namespaced(ctx.client.clone(), namespace);
-    let taskservs: Api<TaskServ> = Api::namespaced(ctx.client.clone(), namespace);
+    // The answers are the live members, decoded slim (crate::slim): a tenant can make them large.
+    let servers = crate::slim::SlimApi::of::<Server>(ctx.client.clone(), Some(namespace));
+    let taskservs = crate::slim::SlimApi::of::<TaskServ>(ctx.client.clone(), Some(namespace));
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..Default::default() };
     let mut approved = Vec::new();
     for p in pass_down {

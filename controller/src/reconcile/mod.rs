@@ -33,7 +33,7 @@ use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Error as FinalizerError;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource};
 use provisioning_crds::{ClusterStatus, FINALIZER, ServerStatus, TaskServStatus, WorkspaceStatus};
@@ -191,6 +191,14 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
         tracing::debug!("cached copy older than our last write; looking again shortly");
         return Ok(Action::requeue(STALE_REQUEUE));
     }
+    if crate::decode::superseded_by_undecodable(obj.as_ref()) {
+        // A newer version exists that the watch could not decode (reported on the object once
+        // per version): this copy's spec is no longer the object's. Acting on it would carry
+        // out what was replaced, and its writes would answer with the oversized live version.
+        // The watch event of a decodable version brings the object back.
+        tracing::debug!("a newer version of this object cannot be decoded; not acting on the cached copy");
+        return Ok(Action::await_change());
+    }
     let deleting = obj.meta().deletion_timestamp.is_some();
     if is_paused(obj.as_ref()) && (K::PAUSE_HOLDS_DELETION || !deleting) {
         obj.write_paused(ctx).await.at(Step::Paused)?;
@@ -215,16 +223,53 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
     if added {
         return Ok(Action::await_change());
     }
-    let api = obj.api(core);
-    let action = finalizer(&api, FINALIZER, obj.clone(), |event| async {
-        match event {
-            Finalizer::Apply(obj) => obj.apply(ctx).await,
-            Finalizer::Cleanup(obj) => obj.cleanup(ctx).await,
-        }
-    })
-    .await?;
+    let action = finalize(core, obj.clone(), ctx).await?;
     core.reset_backoff(K::KIND, obj.as_ref());
     Ok(action)
+}
+
+/// kube-runtime's `finalizer` step with its patches' answers decoded slim ([`crate::slim`]):
+/// with our finalizer, `apply` (or `cleanup` once deleting, then the finalizer is removed by a
+/// JSON patch that tests its index, so a concurrent change of the list fails instead of
+/// removing another's); without it, it is added first (a JSON patch testing the list).
+async fn finalize<K: Reconciled>(core: &Context, obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, FinalizerError<Error>> {
+    use json_patch::{AddOperation, PatchOperation, RemoveOperation, TestOperation};
+    let name = obj.meta().name.clone().ok_or(FinalizerError::UnnamedObject)?;
+    let finalizers = obj.meta().finalizers.clone().unwrap_or_default();
+    let index = finalizers.iter().position(|f| f == FINALIZER);
+    let deleting = obj.meta().deletion_timestamp.is_some();
+    let pointer = |path: &str| json_patch::jsonptr::PointerBuf::parse(path).map_err(|_| FinalizerError::InvalidFinalizer);
+    let params = kube::api::PatchParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() };
+    let api = core.slim_api(obj.as_ref());
+    match (index, deleting) {
+        (Some(_), false) => obj.apply(ctx).await.map_err(FinalizerError::ApplyFailed),
+        (Some(i), true) => {
+            let action = obj.clone().cleanup(ctx).await.map_err(FinalizerError::CleanupFailed)?;
+            let path = format!("/metadata/finalizers/{i}");
+            let patch = json_patch::Patch(vec![
+                PatchOperation::Test(TestOperation { path: pointer(&path)?, value: FINALIZER.into() }),
+                PatchOperation::Remove(RemoveOperation { path: pointer(&path)? }),
+            ]);
+            api.patch(&name, &params, &kube::api::Patch::Json::<()>(patch)).await.map_err(FinalizerError::RemoveFinalizer)?;
+            Ok(action)
+        }
+        (None, false) => {
+            let patch = json_patch::Patch(if finalizers.is_empty() {
+                vec![
+                    PatchOperation::Test(TestOperation { path: pointer("/metadata/finalizers")?, value: serde_json::Value::Null }),
+                    PatchOperation::Add(AddOperation { path: pointer("/metadata/finalizers")?, value: vec![FINALIZER].into() }),
+                ]
+            } else {
+                vec![
+                    PatchOperation::Test(TestOperation { path: pointer("/metadata/finalizers")?, value: finalizers.clone().into() }),
+                    PatchOperation::Add(AddOperation { path: pointer("/metadata/finalizers/-")?, value: FINALIZER.into() }),
+                ]
+            });
+            api.patch(&name, &params, &kube::api::Patch::Json::<()>(patch)).await.map_err(FinalizerError::AddFinalizer)?;
+            Ok(Action::await_change())
+        }
+        (None, true) => Ok(Action::await_change()),
+    }
 }
 
 /// The one place a visit reports: its status patch (`desired`; skipped when `None` or
@@ -232,7 +277,7 @@ async fn visit<K: Reconciled>(obj: Arc<K>, ctx: &K::Ctx) -> Result<Action, Error
 /// publishes nothing (the next visit plans the same events again from the unchanged status).
 pub async fn report<K, S>(obj: &K, current: Option<&S>, desired: Option<&S>, events: Vec<Note>, ctx: &Context) -> Result<(), Error>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Serialize,
     S: Serialize + PartialEq,
 {
     if let Some(desired) = desired {
@@ -256,14 +301,12 @@ async fn approval_trail<K>(obj: &K, plan_id: &str, ctx: &Context) -> Option<Stri
 where
     K: Resource<DynamicType = ()>,
 {
-    let resource = kube::api::ApiResource::erase::<K>(&());
     let namespace = obj.meta().namespace.as_deref().unwrap_or_default();
-    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &resource);
+    // The live object decoded slim (crate::slim): a tenant can make it large.
+    let api = crate::slim::SlimApi::of::<K>(ctx.client.clone(), Some(namespace));
     let name = obj.meta().name.as_deref().unwrap_or_default();
-    let who = match api.get(name).await {
-        Ok(found) => {
-            crate::approval::approver(found.metadata.annotations.as_ref(), found.metadata.managed_fields.as_deref().unwrap_or_default())
-        }
+    let who = match api.get(name).await.map(|found| found.meta()) {
+        Ok(found) => crate::approval::approver(found.annotations.as_ref(), found.managed_fields.as_deref().unwrap_or_default()),
         Err(e) => {
             tracing::debug!(error = %e, "could not read who approved the plan");
             crate::approval::Approver::default()
@@ -312,7 +355,8 @@ where
     let approvals = approvals_with(record.spec.approvals, approval);
     let patch = serde_json::json!({ "spec": { "approvals": approvals } });
     let params = kube::api::PatchParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() };
-    api.patch(&name, &params, &kube::api::Patch::Merge(&patch)).await.map(drop)
+    let slim = crate::slim::SlimApi::of::<provisioning_crds::ChangeRecord>(ctx.client.clone(), Some(&object.namespace));
+    slim.patch(&name, &params, &kube::api::Patch::Merge(&patch)).await.map(drop)
 }
 
 /// A record's approvals with `approval` added: once per plan id, the newest 16 kept.

@@ -17,6 +17,7 @@ use provisioning_crds::{Cluster, Server, TaskServ, Workspace};
 use super::{LABEL, LEASE_PREFIX, MEMBER_LABEL, Shard, ring};
 use crate::context::Context;
 use crate::effective_workspace::claimed_namespace;
+use crate::slim::SlimApi;
 use crate::sync::CacheSync;
 
 /// Lease timing of the shard members.
@@ -284,13 +285,15 @@ async fn write_label(ctx: &Context, item: &Item, to: &str) -> Result<Option<u64>
     let params = PatchParams { field_manager: Some(crate::context::FIELD_MANAGER.into()), ..Default::default() };
     let ns = item.namespace.clone().unwrap_or_default();
     let client = ctx.client.clone();
-    let rv = match item.kind {
-        "Workspace" => Api::<Workspace>::all(client).patch(&item.name, &params, &Patch::Merge(&patch)).await?.resource_version(),
-        "Server" => Api::<Server>::namespaced(client, &ns).patch(&item.name, &params, &Patch::Merge(&patch)).await?.resource_version(),
-        "TaskServ" => Api::<TaskServ>::namespaced(client, &ns).patch(&item.name, &params, &Patch::Merge(&patch)).await?.resource_version(),
-        _ => Api::<Cluster>::namespaced(client, &ns).patch(&item.name, &params, &Patch::Merge(&patch)).await?.resource_version(),
+    // The answer is the live object, decoded slim (crate::slim): a tenant can make it large.
+    let api = match item.kind {
+        "Workspace" => SlimApi::of::<Workspace>(client, None),
+        "Server" => SlimApi::of::<Server>(client, Some(&ns)),
+        "TaskServ" => SlimApi::of::<TaskServ>(client, Some(&ns)),
+        _ => SlimApi::of::<Cluster>(client, Some(&ns)),
     };
-    Ok(rv.and_then(|rv| rv.parse().ok()))
+    let written = api.patch(&item.name, &params, &Patch::Merge(&patch)).await?;
+    Ok(written.resource_version().and_then(|rv| rv.parse().ok()))
 }
 
 /// Objects and namespaces this replica holds, on /metrics.

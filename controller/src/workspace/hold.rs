@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::ListParams;
 use kube::core::PartialObjectMeta;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use provisioning_crds::{ProviderAccount, Server};
 
 use crate::context::Context;
@@ -105,7 +105,7 @@ async fn hold_secrets(ctx: &Context, namespace: &str, secrets: &BTreeSet<String>
         });
         return Ok(());
     }
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let api = crate::slim::SlimApi::of::<Secret>(ctx.client.clone(), Some(namespace));
     // Each Secret's metadata decoded within the decoder's bounds (a tenant's labels are not
     // bounded in number).
     let listed = crate::decode::list::<PartialObjectMeta<Secret>>(&ctx.client, namespace, &ListParams::default()).await?;
@@ -121,9 +121,9 @@ async fn hold_secrets(ctx: &Context, namespace: &str, secrets: &BTreeSet<String>
 }
 
 async fn hold_binding(ctx: &Context, namespace: &str, hold: bool) -> Result<(), Error> {
-    let api: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), namespace);
-    let binding = match api.get_metadata_opt(CONTROLLER_BINDING).await {
-        Ok(Some(binding)) => binding,
+    let api = crate::slim::SlimApi::of::<RoleBinding>(ctx.client.clone(), Some(namespace));
+    let binding = match api.get_opt(CONTROLLER_BINDING).await {
+        Ok(Some(binding)) => binding.meta(),
         Ok(None) => return Ok(()),
         Err(kube::Error::Api(s)) if s.code == 403 => {
             forbidden_binding(ctx, namespace);
@@ -131,8 +131,8 @@ async fn hold_binding(ctx: &Context, namespace: &str, hold: bool) -> Result<(), 
         }
         Err(e) => return Err(e.into()),
     };
-    let Some(finalizers) = finalizers_for(binding.finalizers(), hold) else { return Ok(()) };
-    match crate::context::patch_finalizers(&api, CONTROLLER_BINDING, binding.meta().resource_version.as_deref(), finalizers).await {
+    let Some(finalizers) = finalizers_for(binding.finalizers.as_deref().unwrap_or_default(), hold) else { return Ok(()) };
+    match crate::context::patch_finalizers(&api, CONTROLLER_BINDING, binding.resource_version.as_deref(), finalizers).await {
         Err(Error::Kube(kube::Error::Api(s))) if s.code == 403 => {
             forbidden_binding(ctx, namespace);
             Ok(())
