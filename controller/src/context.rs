@@ -20,12 +20,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::api::{ApiResource, DynamicObject, PartialObjectMeta, Patch, PatchParams};
-use kube::discovery::Scope;
+use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use provisioning_crds::{Cluster, ProviderAccount, Server, TaskServ, Workspace};
 use provisioning_providers::{ProviderResult, SharedProvider};
 use serde::Serialize;
@@ -293,19 +292,6 @@ impl Context {
         self.record_written(&written);
         self.metrics.record_write(&K::kind(&()));
         Ok(())
-    }
-
-    /// An untyped API for `obj`'s kind, in its namespace when it has one (works for both
-    /// namespaced and cluster-scoped kinds).
-    pub fn dynamic_api<K>(&self, obj: &K) -> Api<DynamicObject>
-    where
-        K: Resource<DynamicType = ()>,
-    {
-        let resource = ApiResource::erase::<K>(&());
-        match obj.meta().namespace.as_deref() {
-            Some(ns) => Api::dynamic(self.client.clone(), &resource, &Scope::Namespaced).constrain(ns),
-            None => Api::dynamic(self.client.clone(), &resource, &Scope::Cluster),
-        }
     }
 
     /// Reads and writes of `obj`'s kind in its namespace whose answers are decoded slim

@@ -120,7 +120,7 @@ impl<K: Serialize> Serialize for Tolerant<K> {
 impl<'de, K: DeserializeOwned> Deserialize<'de> for Tolerant<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let budget = Budget::default();
-        let value = Bounded { budget: &budget, depth: 1 }.deserialize(deserializer)?;
+        let value = Bounded { budget: &budget, depth: 1, metadata: false }.deserialize(deserializer)?;
         if let Some(exceeded) = budget.exceeded.get() {
             let reason = match exceeded {
                 Exceeded::Depth => format!("it nests deeper than {MAX_DEPTH} levels"),
@@ -156,17 +156,29 @@ enum Exceeded {
     Size,
 }
 
-#[derive(Default)]
 struct Budget {
     used: Cell<usize>,
     exceeded: Cell<Option<Exceeded>>,
+    limit: usize,
 }
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget { used: Cell::new(0), exceeded: Cell::new(None), limit: MAX_SIZE }
+    }
+}
+
+/// The metadata fields that name an object, read whatever came before them (a tenant's
+/// managedFields or labels sort first and can use up the budget), each within its own small
+/// budget: an undecodable object is still reported, marked and skipped by its uid.
+const IDENTITY: &[&str] = &["name", "namespace", "uid", "resourceVersion", "generation"];
+const IDENTITY_BUDGET: usize = 4096;
 
 impl Budget {
     /// Counts `units`; false once the object is over its size.
     fn spend(&self, units: usize) -> bool {
         self.used.set(self.used.get().saturating_add(units));
-        if self.used.get() > MAX_SIZE {
+        if self.used.get() > self.limit {
             self.exceeded.set(Some(Exceeded::Size));
         }
         self.exceeded.get().is_none()
@@ -178,6 +190,8 @@ impl Budget {
 struct Bounded<'a> {
     budget: &'a Budget,
     depth: usize,
+    /// The object's `metadata` map: its [`IDENTITY`] fields are read even over budget.
+    metadata: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for Bounded<'_> {
@@ -238,7 +252,7 @@ impl<'de> Visitor<'de> for Bounded<'_> {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
                 break;
             }
-            match seq.next_element_seed(Bounded { budget: self.budget, depth: self.depth + 1 })? {
+            match seq.next_element_seed(Bounded { budget: self.budget, depth: self.depth + 1, metadata: false })? {
                 Some(v) => items.push(v),
                 None => break,
             }
@@ -248,17 +262,28 @@ impl<'de> Visitor<'de> for Bounded<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut fields = Map::new();
-        if !self.enter() {
+        if !self.enter() && !self.metadata {
             while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
             return Ok(Value::Null);
         }
         while let Some(key) = map.next_key::<String>()? {
             let entry = if fields.is_empty() { cost::FIRST_ENTRY } else { cost::ENTRY };
-            if !self.budget.spend(entry + cost::bytes(key.len())) {
-                map.next_value::<IgnoredAny>()?;
+            let metadata = self.depth == 1 && key == "metadata";
+            if !self.budget.spend(entry + cost::bytes(key.len())) && !metadata {
+                if self.metadata && IDENTITY.contains(&key.as_str()) {
+                    // Its own small budget: what it exceeds is not kept, and is not counted
+                    // against the object (already over).
+                    let own = Budget { limit: IDENTITY_BUDGET, ..Budget::default() };
+                    let value = map.next_value_seed(Bounded { budget: &own, depth: self.depth + 1, metadata: false })?;
+                    if own.exceeded.get().is_none() {
+                        fields.insert(key, value);
+                    }
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
                 continue;
             }
-            let value = map.next_value_seed(Bounded { budget: self.budget, depth: self.depth + 1 })?;
+            let value = map.next_value_seed(Bounded { budget: self.budget, depth: self.depth + 1, metadata })?;
             fields.insert(key, value);
         }
         Ok(Value::Object(fields))
@@ -611,6 +636,33 @@ mod tests {
             return Err(serde::de::Error::custom("the large item decoded"));
         };
         assert!(reason.contains("MiB of memory decoded"), "{reason}");
+        Ok(())
+    }
+
+    #[test]
+    fn an_undecodable_item_keeps_its_name_and_uid_whatever_sorts_before_them() -> Result<(), serde_json::Error> {
+        // Keys arrive sorted: managedFields (and labels, annotations, finalizers) before name,
+        // namespace, resourceVersion and uid. Bloated or deep, they use up the budget first.
+        let bloat = format!("[{}{{\"a\":{{}}}}]", "{\"a\":{}},".repeat(40_000));
+        let deep = format!("{}1{}", "{\"a\":".repeat(200), "}".repeat(200));
+        for managed in [bloat, deep] {
+            let text = format!(
+                r#"[{{"apiVersion":"v1","kind":"Thing","metadata":{{"managedFields":{managed},"name":"t","namespace":"n","resourceVersion":"7","uid":"u-7"}},"spec":{{}}}}]"#
+            );
+            let items: Vec<Tolerant<Thing>> = serde_json::from_str(&text)?;
+            let Tolerant::Undecodable { meta, .. } = &items[0] else {
+                return Err(serde::de::Error::custom("the bloated item decoded"));
+            };
+            let seen = (meta.name.as_deref(), meta.namespace.as_deref(), meta.resource_version.as_deref(), meta.uid.as_deref());
+            assert_eq!(seen, (Some("t"), Some("n"), Some("7"), Some("u-7")));
+        }
+        // An identity field that is itself oversized is left out, not kept.
+        let long = "x".repeat(IDENTITY_BUDGET * 2);
+        let bloat = format!("[{}{{\"a\":{{}}}}]", "{\"a\":{}},".repeat(40_000));
+        let text = format!(r#"[{{"metadata":{{"managedFields":{bloat},"name":"{long}","uid":"u-8"}}}}]"#);
+        let items: Vec<Tolerant<Thing>> = serde_json::from_str(&text)?;
+        let Tolerant::Undecodable { meta, .. } = &items[0] else { return Err(serde::de::Error::custom("decoded")) };
+        assert_eq!((meta.name.as_deref(), meta.uid.as_deref()), (None, Some("u-8")));
         Ok(())
     }
 

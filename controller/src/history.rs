@@ -216,6 +216,8 @@ pub struct ChangeHistory {
 const WRITERS: usize = 16;
 /// Transitions waiting per writer; past this they are dropped (history only).
 const QUEUE: usize = 4096;
+/// Spec writers a record names at most (the newest).
+const SPEC_WRITERS: usize = 16;
 /// Objects whose records a writer remembers; past this it forgets them all (an object it no
 /// longer knows costs one label-selected list, answered from the API server's label index).
 const REMEMBERED: usize = 100_000;
@@ -451,9 +453,14 @@ fn job_of(kind: &str, spec: impl FnOnce() -> Value, written: &crate::slim::Slim,
     let meta = written.meta();
     let (Some(namespace), Some(uid), Some(name)) = (meta.namespace, meta.uid, meta.name) else { return None };
     let had_status = before.and_then(|b| b.get("observedGeneration")).is_some_and(|g| !g.is_null());
-    let managed_fields = meta.managed_fields.unwrap_or_default();
+    let mut managed_fields = meta.managed_fields.unwrap_or_default();
     let changed_by_user =
         crate::approval::server_stamped(meta.annotations.as_ref(), &managed_fields, crate::approval::ANNOTATION_CHANGED_BY);
+    // Only spec writers matter to the record, the newest SPEC_WRITERS of them (a client can
+    // write managedFields: their number is not bounded otherwise).
+    managed_fields.retain(|m| m.subresource.is_none() && m.fields_v1.as_ref().is_some_and(|f| f.0.get("f:spec").is_some()));
+    managed_fields.sort_by(|a, b| b.time.as_ref().map(|t| t.0).cmp(&a.time.as_ref().map(|t| t.0)));
+    managed_fields.truncate(SPEC_WRITERS);
     Some(Job {
         kind: kind.to_string(),
         digests: field_digests(&spec(), &uid),

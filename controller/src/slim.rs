@@ -15,7 +15,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta, Time};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta, OwnerReference, Time};
 use kube::api::{ApiResource, GetParams, Patch, PatchParams};
 use kube::{Client, Resource};
 use serde::de::IgnoredAny;
@@ -41,7 +43,8 @@ struct SlimMeta {
     annotations: Option<BTreeMap<String, String>>,
     finalizers: Option<Vec<String>>,
     deletion_timestamp: Option<Time>,
-    managed_fields: Option<Vec<SlimManaged>>,
+    owner_references: Option<Capped<OwnerReference>>,
+    managed_fields: Option<ManagedList>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -55,19 +58,145 @@ struct SlimManaged {
     fields_v1: Option<SlimFields>,
 }
 
-/// Of a managedFields entry's field set: the top-level spec fields and the annotations owned.
+/// Of a managedFields entry's field set: the top-level spec fields and the controller's own
+/// annotations (`provisioning.dev/…`) owned — at most [`KEYS`] of each (a client can write
+/// managedFields, phantom keys included).
 #[derive(Clone, Debug, Default, Deserialize)]
 struct SlimFields {
     #[serde(rename = "f:metadata")]
     metadata: Option<SlimFieldsMeta>,
     #[serde(rename = "f:spec")]
-    spec: Option<BTreeMap<String, IgnoredAny>>,
+    spec: Option<Keys<AnyKey>>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
 struct SlimFieldsMeta {
     #[serde(rename = "f:annotations")]
-    annotations: Option<BTreeMap<String, IgnoredAny>>,
+    annotations: Option<Keys<OurAnnotation>>,
+}
+
+/// The first [`KEYS`] items of a list (the rest skipped).
+#[derive(Clone, Debug, Default)]
+struct Capped<T> {
+    items: Vec<T>,
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Capped<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = Capped<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Capped<T>, A::Error> {
+                let mut items = Vec::new();
+                while items.len() < KEYS {
+                    match seq.next_element::<T>()? {
+                        Some(item) => items.push(item),
+                        None => return Ok(Capped { items }),
+                    }
+                }
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Capped { items })
+            }
+        }
+        deserializer.deserialize_seq(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A managedFields list: the first [`KEYS`] entries, and after them up to [`KEYS`] more that
+/// own one of the controller's annotations (a client can write managedFields, as many entries
+/// as the object's size allows; the entries that matter are those owning our annotations).
+#[derive(Clone, Debug, Default)]
+struct ManagedList {
+    entries: Vec<SlimManaged>,
+}
+
+impl SlimManaged {
+    fn owns_our_annotation(&self) -> bool {
+        self.fields_v1.as_ref().and_then(|f| f.metadata.as_ref()).and_then(|m| m.annotations.as_ref()).is_some_and(|a| !a.keys.is_empty())
+    }
+}
+
+impl<'de> Deserialize<'de> for ManagedList {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = ManagedList;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a managedFields list")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ManagedList, A::Error> {
+                let mut entries = Vec::new();
+                let mut ours_beyond = 0;
+                while let Some(entry) = seq.next_element::<SlimManaged>()? {
+                    if entries.len() < KEYS {
+                        entries.push(entry);
+                    } else if ours_beyond < KEYS && entry.owns_our_annotation() {
+                        ours_beyond += 1;
+                        entries.push(entry);
+                    }
+                }
+                Ok(ManagedList { entries })
+            }
+        }
+        deserializer.deserialize_seq(Visit)
+    }
+}
+
+/// Most keys kept of one field set's map.
+const KEYS: usize = 64;
+
+/// Which keys of a field set's map are kept.
+trait KeyFilter {
+    fn keep(key: &str) -> bool;
+}
+
+#[derive(Clone, Debug, Default)]
+struct AnyKey;
+impl KeyFilter for AnyKey {
+    fn keep(_: &str) -> bool {
+        true
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct OurAnnotation;
+impl KeyFilter for OurAnnotation {
+    fn keep(key: &str) -> bool {
+        key.starts_with("f:provisioning.dev/")
+    }
+}
+
+/// The keys of a map (values skipped), at most [`KEYS`] that `F` keeps.
+#[derive(Clone, Debug, Default)]
+struct Keys<F> {
+    keys: Vec<String>,
+    filter: std::marker::PhantomData<F>,
+}
+
+impl<'de, F: KeyFilter> Deserialize<'de> for Keys<F> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<F>(std::marker::PhantomData<F>);
+        impl<'de, F: KeyFilter> serde::de::Visitor<'de> for Visit<F> {
+            type Value = Keys<F>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a field set map")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Keys<F>, A::Error> {
+                let mut keys = Vec::new();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    map.next_value::<IgnoredAny>()?;
+                    if keys.len() < KEYS && F::keep(&key) {
+                        keys.push(key.into_owned());
+                    }
+                }
+                Ok(Keys { keys, filter: std::marker::PhantomData })
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
+    }
 }
 
 impl Slim {
@@ -84,7 +213,8 @@ impl Slim {
             annotations: m.annotations.clone(),
             finalizers: m.finalizers.clone(),
             deletion_timestamp: m.deletion_timestamp.clone(),
-            managed_fields: m.managed_fields.as_ref().map(|all| all.iter().map(SlimManaged::entry).collect()),
+            owner_references: m.owner_references.as_ref().map(|o| o.items.clone()),
+            managed_fields: m.managed_fields.as_ref().map(|all| all.entries.iter().map(SlimManaged::entry).collect()),
             ..ObjectMeta::default()
         }
     }
@@ -103,14 +233,13 @@ impl Slim {
 impl SlimManaged {
     fn entry(&self) -> ManagedFieldsEntry {
         let fields = self.fields_v1.as_ref().map(|f| {
-            let keys =
-                |m: &BTreeMap<String, IgnoredAny>| m.keys().map(|k| (k.clone(), serde_json::json!({}))).collect::<serde_json::Map<_, _>>();
+            let keys = |keys: &[String]| keys.iter().map(|k| (k.clone(), serde_json::json!({}))).collect::<serde_json::Map<_, _>>();
             let mut out = serde_json::Map::new();
             if let Some(annotations) = f.metadata.as_ref().and_then(|m| m.annotations.as_ref()) {
-                out.insert("f:metadata".into(), serde_json::json!({ "f:annotations": keys(annotations) }));
+                out.insert("f:metadata".into(), serde_json::json!({ "f:annotations": keys(&annotations.keys) }));
             }
             if let Some(spec) = &f.spec {
-                out.insert("f:spec".into(), serde_json::Value::Object(keys(spec)));
+                out.insert("f:spec".into(), serde_json::Value::Object(keys(&spec.keys)));
             }
             FieldsV1(serde_json::Value::Object(out))
         });
@@ -122,6 +251,100 @@ impl SlimManaged {
             fields_v1: fields,
             ..ManagedFieldsEntry::default()
         }
+    }
+}
+
+/// A Secret or ConfigMap read for some of its keys: its slim metadata and only the data keys
+/// the reader asked for (a tenant's object may hold ~1 MiB of tiny keys, tens of MiB decoded).
+#[derive(Clone, Debug, Default)]
+pub struct SlimData {
+    /// Slim metadata (owner references included, the first [`KEYS`]).
+    pub meta: ObjectMeta,
+    /// Kept keys of the base64 map (a Secret's `data`, a ConfigMap's `binaryData`).
+    pub bytes: BTreeMap<String, ByteString>,
+    /// Kept keys of the text map (a ConfigMap's `data`).
+    pub text: BTreeMap<String, String>,
+    /// The Secret's `type`.
+    pub type_: Option<String>,
+}
+
+impl SlimData {
+    /// As a Secret holding only the kept keys.
+    pub fn secret(self) -> Secret {
+        Secret { metadata: self.meta, data: Some(self.bytes), type_: self.type_, ..Secret::default() }
+    }
+
+    /// As a ConfigMap holding only the kept keys.
+    pub fn config_map(self) -> ConfigMap {
+        ConfigMap { metadata: self.meta, data: Some(self.text), binary_data: Some(self.bytes), ..ConfigMap::default() }
+    }
+}
+
+/// Decodes a Secret (`secret`) or ConfigMap answer keeping the data keys `keep` accepts.
+struct DataSeed<'a> {
+    keep: &'a (dyn Fn(&str) -> bool + Sync),
+    secret: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DataSeed<'_> {
+    type Value = SlimData;
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<SlimData, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for DataSeed<'_> {
+    type Value = SlimData;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a Secret or ConfigMap")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<SlimData, A::Error> {
+        let mut out = SlimData::default();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match (key.as_ref(), self.secret) {
+                ("metadata", _) => out.meta = Slim { metadata: map.next_value()? }.meta(),
+                ("type", true) => out.type_ = map.next_value()?,
+                ("data", true) | ("binaryData", false) => {
+                    out.bytes = map.next_value_seed(KeptKeys { keep: self.keep, _value: std::marker::PhantomData })?
+                }
+                ("data", false) => out.text = map.next_value_seed(KeptKeys { keep: self.keep, _value: std::marker::PhantomData })?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A map keeping only the entries whose key `keep` accepts (the others' values skipped).
+struct KeptKeys<'a, V> {
+    keep: &'a (dyn Fn(&str) -> bool + Sync),
+    _value: std::marker::PhantomData<V>,
+}
+
+impl<'de, V: Deserialize<'de>> serde::de::DeserializeSeed<'de> for KeptKeys<'_, V> {
+    type Value = BTreeMap<String, V>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for KeptKeys<'_, V> {
+    type Value = BTreeMap<String, V>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a map of data keys")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if (self.keep)(&key) {
+                out.insert(key.into_owned(), map.next_value::<V>()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -169,6 +392,26 @@ impl SlimApi {
         self.client.request::<Slim>(req).await
     }
 
+    /// GET of a Secret (`secret`) or ConfigMap keeping only the data keys `keep` accepts;
+    /// `None` when there is no such object.
+    pub async fn get_data(&self, name: &str, secret: bool, keep: &(dyn Fn(&str) -> bool + Sync)) -> Result<Option<SlimData>, kube::Error> {
+        let mut req = self.request.get(name, &GetParams::default()).map_err(kube::Error::BuildRequest)?;
+        req.extensions_mut().insert("get");
+        let text = match self.client.request_text(req).await {
+            Ok(text) => text,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(Some(decode_data(&text, secret, keep).map_err(kube::Error::SerdeError)?))
+    }
+
+    /// DELETE of the object; the answer (the object, or a Status) decoded slim.
+    pub async fn delete(&self, name: &str) -> Result<Slim, kube::Error> {
+        let mut req = self.request.delete(name, &kube::api::DeleteParams::default()).map_err(kube::Error::BuildRequest)?;
+        req.extensions_mut().insert("delete");
+        self.client.request::<Slim>(req).await
+    }
+
     /// [`Self::get`], `None` when there is no such object.
     pub async fn get_opt(&self, name: &str) -> Result<Option<Slim>, kube::Error> {
         match self.get(name).await {
@@ -177,6 +420,15 @@ impl SlimApi {
             Err(e) => Err(e),
         }
     }
+}
+
+/// A Secret (`secret`) or ConfigMap answer with only the data keys `keep` accepts.
+pub fn decode_data(text: &str, secret: bool, keep: &(dyn Fn(&str) -> bool + Sync)) -> Result<SlimData, serde_json::Error> {
+    use serde::de::DeserializeSeed as _;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let data = DataSeed { keep, secret }.deserialize(&mut de)?;
+    de.end()?;
+    Ok(data)
 }
 
 #[cfg(test)]
@@ -189,7 +441,7 @@ mod tests {
         let text = format!(
             r#"{{"apiVersion":"provisioning.dev/v1alpha1","kind":"TaskServ","metadata":{{"name":"t","namespace":"n","uid":"u-1","resourceVersion":"42","generation":3,
             "annotations":{{"a":"b"}},"finalizers":["f"],"managedFields":[{{"manager":"kubectl","operation":"Apply","time":"2026-11-27T08:00:00Z",
-            "fieldsV1":{{"f:metadata":{{"f:annotations":{{"f:a":{{}}}}}},"f:spec":{{"f:config":{deep},"f:service":{{}}}}}}}}]}},"spec":{{"config":{deep}}}}}"#
+            "fieldsV1":{{"f:metadata":{{"f:annotations":{{"f:a":{{}},"f:provisioning.dev/approve":{{}}}}}},"f:spec":{{"f:config":{deep},"f:service":{{}}}}}}}}]}},"spec":{{"config":{deep}}}}}"#
         );
         // The typed decode gives up on the depth; the slim one skips it.
         assert!(serde_json::from_str::<serde_json::Value>(&text).is_err());
@@ -201,8 +453,57 @@ mod tests {
         let fields = managed.first().and_then(|m| m.fields_v1.clone()).map(|f| f.0);
         assert_eq!(
             fields,
-            Some(serde_json::json!({"f:metadata": {"f:annotations": {"f:a": {}}}, "f:spec": {"f:config": {}, "f:service": {}}}))
+            Some(
+                serde_json::json!({"f:metadata": {"f:annotations": {"f:provisioning.dev/approve": {}}}, "f:spec": {"f:config": {}, "f:service": {}}})
+            ),
+            "only the controller's own annotations are kept"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn secrets_and_config_maps_keep_only_the_keys_asked_for() -> Result<(), serde_json::Error> {
+        let tiny: Vec<String> = (0..50_000).map(|i| format!("\"k{i}\":\"\"")).collect();
+        let secret = format!(
+            r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"s","uid":"u","ownerReferences":[{{"apiVersion":"v1","kind":"TaskServ","name":"t","uid":"o"}}]}},"data":{{{},"wanted":"aGk="}},"type":"Opaque"}}"#,
+            tiny.join(",")
+        );
+        let s = decode_data(&secret, true, &|k| k == "wanted")?.secret();
+        assert_eq!(
+            s.data.map(|d| d.into_iter().map(|(k, v)| (k, v.0)).collect::<Vec<_>>()),
+            Some(vec![("wanted".to_string(), b"hi".to_vec())])
+        );
+        assert_eq!(s.metadata.owner_references.map(|o| o.len()), Some(1));
+        assert_eq!(s.type_.as_deref(), Some("Opaque"));
+        let cm = format!(r#"{{"metadata":{{"name":"c"}},"data":{{{},"conf":"x: 1"}},"binaryData":{{"bin":"aGk="}}}}"#, tiny.join(","));
+        let c = decode_data(&cm, false, &|k| k == "conf" || k == "bin")?.config_map();
+        assert_eq!(c.data.and_then(|d| d.get("conf").cloned()).as_deref(), Some("x: 1"));
+        assert_eq!(c.binary_data.map(|d| d.len()), Some(1));
+        Ok(())
+    }
+
+    #[test]
+    fn phantom_field_set_keys_are_capped() -> Result<(), serde_json::Error> {
+        let phantom: Vec<String> = (0..100_000).map(|i| format!("\"f:k{i}\":{{}}")).collect();
+        let text = format!(
+            r#"{{"metadata":{{"uid":"u","managedFields":[{{"manager":"m","fieldsV1":{{"f:metadata":{{"f:annotations":{{{}}}}},"f:spec":{{{}}}}}}}]}}}}"#,
+            phantom.join(","),
+            phantom.join(",")
+        );
+        let slim: Slim = serde_json::from_str(&text)?;
+        let managed = slim.meta().managed_fields.unwrap_or_default();
+        let fields = managed.first().and_then(|m| m.fields_v1.clone()).map(|f| f.0).unwrap_or_default();
+        assert_eq!(fields["f:spec"].as_object().map(serde_json::Map::len), Some(KEYS));
+        assert_eq!(fields["f:metadata"]["f:annotations"].as_object().map(serde_json::Map::len), Some(0));
+        // Entries: the first KEYS, then only those owning one of our annotations.
+        let mut entries: Vec<String> =
+            (0..10_000).map(|i| format!(r#"{{"manager":"m{i}","fieldsV1":{{"f:spec":{{"f:x":{{}}}}}}}}"#)).collect();
+        entries.push(r#"{"manager":"late","fieldsV1":{"f:metadata":{"f:annotations":{"f:provisioning.dev/approve":{}}}}}"#.into());
+        let text = format!(r#"{{"metadata":{{"managedFields":[{}]}}}}"#, entries.join(","));
+        let slim: Slim = serde_json::from_str(&text)?;
+        let managers: Vec<String> = slim.meta().managed_fields.unwrap_or_default().into_iter().filter_map(|m| m.manager).collect();
+        assert_eq!(managers.len(), KEYS + 1);
+        assert_eq!(managers.last().map(String::as_str), Some("late"));
         Ok(())
     }
 }

@@ -216,7 +216,14 @@ impl ProviderRegistry {
         if let Some(workspace) = &ws.name {
             self.opted_in(&namespace, workspace).await?;
         }
-        let secret = Api::<Secret>::namespaced(self.client.clone(), &namespace).get_opt(&reference.name).await?;
+        // Only credential-like keys (upper-case, digits, `_`) are decoded (crate::slim): the
+        // Secret is the tenant's to make large.
+        let secret = crate::slim::SlimApi::of::<Secret>(self.client.clone(), Some(&namespace))
+            .get_data(&reference.name, true, &|k| {
+                k.len() <= 128 && k.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            })
+            .await?
+            .map(crate::slim::SlimData::secret);
         let Some(secret) = secret else {
             return Err(Error::Stalled {
                 reason: "CredentialsNotFound",

@@ -245,9 +245,10 @@ where
     }
     let namespace = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(fresh) = api.get_metadata_opt(&name).await? else { return Ok((obj, None)) };
-    let mut rec = recorded(fresh.annotations(), fresh.metadata.managed_fields.as_deref().unwrap_or_default());
+    // Metadata decoded slim (crate::slim): the tenant can bloat managedFields.
+    let api = crate::slim::SlimApi::of::<K>(ctx.client.clone(), Some(&namespace));
+    let Some(fresh) = api.get_opt(&name).await?.map(|f| f.meta()) else { return Ok((obj, None)) };
+    let mut rec = recorded(&fresh.annotations.unwrap_or_default(), fresh.managed_fields.as_deref().unwrap_or_default());
     if distinct {
         rec.sources = source_writers(ctx, &namespace, sources).await?;
     }
@@ -269,10 +270,12 @@ async fn source_writers(ctx: &Context, namespace: &str, sources: &[(&str, &str)]
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let mut out = Vec::with_capacity(sources.len());
     for &(kind, name) in sources {
-        let meta = match kind {
-            "Secret" => Api::<Secret>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?.map(|m| m.metadata),
-            _ => Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?.map(|m| m.metadata),
+        // Metadata decoded slim (crate::slim): the tenant can bloat managedFields.
+        let api = match kind {
+            "Secret" => crate::slim::SlimApi::of::<Secret>(ctx.client.clone(), Some(namespace)),
+            _ => crate::slim::SlimApi::of::<ConfigMap>(ctx.client.clone(), Some(namespace)),
         };
+        let meta = api.get_opt(name).await?.map(|m| m.meta());
         if let Some(m) = meta {
             let writer = server_stamped(m.annotations.as_ref(), m.managed_fields.as_deref().unwrap_or_default(), ANNOTATION_CHANGED_BY);
             out.push((format!("{kind} {namespace}/{name}"), writer));

@@ -1,7 +1,6 @@
 //! Act: children by server-side apply (one field manager), deletes by name.
 
-use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use provisioning_crds::{Server, TaskServ};
 
 use super::plan::Plan;
@@ -12,9 +11,10 @@ use crate::slim::SlimApi;
 /// Applies and deletes what the plan says. Deletes first (scale down frees names and quota),
 /// then Servers, then TaskServs.
 pub async fn act(plan: &Plan, namespace: &str, ctx: &Context) -> Result<(), Error> {
-    let servers: Api<Server> = Api::namespaced(ctx.client.clone(), namespace);
-    let taskservs: Api<TaskServ> = Api::namespaced(ctx.client.clone(), namespace);
     let params = PatchParams::apply(FIELD_MANAGER).force();
+    // Every answer is the live child, decoded slim (crate::slim): a tenant can make it large.
+    let (servers, taskservs) =
+        (SlimApi::of::<Server>(ctx.client.clone(), Some(namespace)), SlimApi::of::<TaskServ>(ctx.client.clone(), Some(namespace)));
     for name in &plan.delete_taskservs {
         delete(&taskservs, name).await?;
         ctx.metrics.record_write("TaskServ");
@@ -23,27 +23,22 @@ pub async fn act(plan: &Plan, namespace: &str, ctx: &Context) -> Result<(), Erro
         delete(&servers, name).await?;
         ctx.metrics.record_write("Server");
     }
-    // The answers are the live children, decoded slim (crate::slim): a tenant can make them large.
-    let (apply_servers, apply_taskservs) =
-        (SlimApi::of::<Server>(ctx.client.clone(), Some(namespace)), SlimApi::of::<TaskServ>(ctx.client.clone(), Some(namespace)));
     for server in &plan.apply_servers {
         let name = server.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
-        apply_servers.patch(&name, &params, &Patch::Apply(server)).await?;
+        servers.patch(&name, &params, &Patch::Apply(server)).await?;
         ctx.metrics.record_write("Server");
     }
     for ts in &plan.apply_taskservs {
         let name = ts.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
-        apply_taskservs.patch(&name, &params, &Patch::Apply(ts)).await?;
+        taskservs.patch(&name, &params, &Patch::Apply(ts)).await?;
         ctx.metrics.record_write("TaskServ");
     }
     Ok(())
 }
 
-async fn delete<K>(api: &Api<K>, name: &str) -> Result<(), Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.delete(name, &DeleteParams::default()).await {
+/// Deletes a child; the answer (the member, still there while finalizers run) decoded slim.
+async fn delete(api: &SlimApi, name: &str) -> Result<(), Error> {
+    match api.delete(name).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),

@@ -39,8 +39,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
 use provisioning_crds::{
     ANNOTATION_APPROVE, Approval, ChangeAction, Cluster, ClusterStatus, Plan, PlannedChange, Server, TaskServ, condition,
 };
@@ -445,9 +445,10 @@ pub async fn screen_pass_down(cluster: &Cluster, decision: &mut Decision, distin
     }
     let namespace = cluster.metadata.namespace.as_deref().ok_or(Error::MissingField("metadata.namespace"))?;
     let name = cluster.name_any();
-    let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), namespace);
-    let fresh = api.get_metadata_opt(&name).await?;
-    let rec = fresh.map(|f| authorize::recorded(f.annotations(), f.metadata.managed_fields.as_deref().unwrap_or_default()));
+    // Metadata decoded slim (crate::slim): the tenant can bloat managedFields.
+    let api = crate::slim::SlimApi::of::<Cluster>(ctx.client.clone(), Some(namespace));
+    let fresh = api.get_opt(&name).await?.map(|f| f.meta());
+    let rec = fresh.map(|f| authorize::recorded(&f.annotations.unwrap_or_default(), f.managed_fields.as_deref().unwrap_or_default()));
     let controller = authorize::controller_user(ctx).await;
     let Some((user, groups)) = rec.and_then(|r| Some((r.approver?, r.groups))) else {
         decision.pass_down.clear();
@@ -530,14 +531,12 @@ async fn approve_members<'a>(namespace: &str, pass_down: &'a [PassDown], ctx: &C
 /// Who last wrote a member's spec, as the API server recorded it (None: not recorded, or the
 /// member is gone).
 async fn member_changed_by(ctx: &Context, kind: MemberKind, namespace: &str, name: &str) -> Result<Option<String>, Error> {
-    let meta = match kind {
-        MemberKind::Server => {
-            Api::<provisioning_crds::Server>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?.map(|m| m.metadata)
-        }
-        MemberKind::TaskServ => {
-            Api::<provisioning_crds::TaskServ>::namespaced(ctx.client.clone(), namespace).get_metadata_opt(name).await?.map(|m| m.metadata)
-        }
+    // Metadata decoded slim (crate::slim): the tenant can bloat managedFields.
+    let api = match kind {
+        MemberKind::Server => crate::slim::SlimApi::of::<provisioning_crds::Server>(ctx.client.clone(), Some(namespace)),
+        MemberKind::TaskServ => crate::slim::SlimApi::of::<provisioning_crds::TaskServ>(ctx.client.clone(), Some(namespace)),
     };
+    let meta = api.get_opt(name).await?.map(|m| m.meta());
     Ok(meta.and_then(|m| {
         crate::approval::authorize::recorded(&m.annotations.unwrap_or_default(), m.managed_fields.as_deref().unwrap_or_default()).changed_by
     }))

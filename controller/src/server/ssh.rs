@@ -100,7 +100,14 @@ pub async fn server_key(client: &Client, server: &Server) -> Result<Option<Serve
     let own_namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let namespace = check_key_namespace(reference, &own_namespace, &server.name_any())
         .map_err(|p| Error::Stalled { reason: p.reason, message: p.message })?;
-    let secret = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&reference.name).await?;
+    // Only the key read and a few others (named when the key is missing) are decoded
+    // (crate::slim): the Secret is the tenant's to make large.
+    let others = std::sync::atomic::AtomicUsize::new(0);
+    let keep = |k: &str| k == SSH_KEY_FIELD || others.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 16;
+    let secret = crate::slim::SlimApi::of::<Secret>(client.clone(), Some(&namespace))
+        .get_data(&reference.name, true, &keep)
+        .await?
+        .map(crate::slim::SlimData::secret);
     key_from_secret(secret.as_ref(), &namespace, &reference.name, &server.name_any())
         .map(Some)
         .map_err(|p| Error::Stalled { reason: p.reason, message: p.message })
@@ -163,7 +170,10 @@ pub fn host_key_from_secret(secret: Option<&Secret>, server: &Server) -> Result<
 /// Reads a Server's generated host key (`None`: none was generated).
 pub async fn generated_host_key(client: &Client, server: &Server) -> Result<Option<HostKey>, Error> {
     let namespace = server.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let secret = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&host_key_secret_name(&server.name_any())).await?;
+    let secret = crate::slim::SlimApi::of::<Secret>(client.clone(), Some(&namespace))
+        .get_data(&host_key_secret_name(&server.name_any()), true, &|k| k == HOST_KEY_PRIVATE || k == HOST_KEY_PUBLIC)
+        .await?
+        .map(crate::slim::SlimData::secret);
     host_key_from_secret(secret.as_ref(), server).map_err(|message| Error::Stalled { reason: "HostKeySecretInvalid", message })
 }
 

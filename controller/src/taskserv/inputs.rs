@@ -449,8 +449,9 @@ async fn read_sources(client: &Client, ts: &TaskServ, namespace: &str) -> Result
     }
     // The semaphore is never closed.
     let _reading = CONFIG_FROM_READS.acquire().await.ok();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    // Only the key read is decoded (crate::slim): the object is the tenant's to make large.
+    let secrets = crate::slim::SlimApi::of::<Secret>(client.clone(), Some(namespace));
+    let config_maps = crate::slim::SlimApi::of::<ConfigMap>(client.clone(), Some(namespace));
     let mut sources = Vec::with_capacity(ts.spec.config_from.len());
     let mut total = 0usize;
     for (index, source) in ts.spec.config_from.iter().enumerate() {
@@ -463,22 +464,26 @@ async fn read_sources(client: &Client, ts: &TaskServ, namespace: &str) -> Result
             problem: "the value is not UTF-8 text".into(),
         };
         let (exists, value) = match source.kind {
-            ConfigSourceKind::Secret => match secrets.get_opt(&source.name).await? {
-                None => (false, None),
-                Some(s) => (true, secret_text(&s, &source.key).transpose().map_err(|_| not_utf8())?),
-            },
-            ConfigSourceKind::ConfigMap => match config_maps.get_opt(&source.name).await? {
-                None => (false, None),
-                Some(cm) => {
-                    let text = cm.data.as_ref().and_then(|d| d.get(&source.key)).cloned();
-                    let binary = cm.binary_data.as_ref().and_then(|d| d.get(&source.key));
-                    match (text, binary) {
-                        (Some(t), _) => (true, Some(t)),
-                        (None, Some(b)) => (true, Some(String::from_utf8(b.0.clone()).map_err(|_| not_utf8())?)),
-                        (None, None) => (true, None),
+            ConfigSourceKind::Secret => {
+                match secrets.get_data(&source.name, true, &|k| k == source.key).await?.map(crate::slim::SlimData::secret) {
+                    None => (false, None),
+                    Some(s) => (true, secret_text(&s, &source.key).transpose().map_err(|_| not_utf8())?),
+                }
+            }
+            ConfigSourceKind::ConfigMap => {
+                match config_maps.get_data(&source.name, false, &|k| k == source.key).await?.map(crate::slim::SlimData::config_map) {
+                    None => (false, None),
+                    Some(cm) => {
+                        let text = cm.data.as_ref().and_then(|d| d.get(&source.key)).cloned();
+                        let binary = cm.binary_data.as_ref().and_then(|d| d.get(&source.key));
+                        match (text, binary) {
+                            (Some(t), _) => (true, Some(t)),
+                            (None, Some(b)) => (true, Some(String::from_utf8(b.0.clone()).map_err(|_| not_utf8())?)),
+                            (None, None) => (true, None),
+                        }
                     }
                 }
-            },
+            }
         };
         if !exists && !source.optional {
             return Err(InputsError::Missing {
@@ -536,7 +541,12 @@ pub async fn resolve(client: &Client, ts: &TaskServ, catalog: &Catalog, generate
     let mut generated: BTreeMap<String, String> = BTreeMap::new();
     let mut generated_secret = None;
     if !unset.is_empty() {
-        let existing = secrets.get_opt(&name).await?;
+        // Only the generated keys are decoded (crate::slim): the tenant can add others.
+        let wanted: std::collections::BTreeSet<String> = unset.iter().map(|f| f.dotted()).collect();
+        let existing = crate::slim::SlimApi::of::<Secret>(client.clone(), Some(&namespace))
+            .get_data(&name, true, &|k| wanted.contains(k))
+            .await?
+            .map(crate::slim::SlimData::secret);
         let uid = ts.uid().unwrap_or_default();
         if let Some(s) = &existing
             && !s.owner_references().iter().any(|o| o.uid == uid)
@@ -583,9 +593,11 @@ async fn write_generated(
     data: BTreeMap<String, ByteString>,
 ) -> Result<(), InputsError> {
     if exists {
-        // Adds the new keys only: values generated earlier are never replaced.
+        // Adds the new keys only: values generated earlier are never replaced. The answer is
+        // decoded slim (crate::slim): the tenant can have made the Secret large.
         let patch = serde_json::json!({"data": data});
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        let slim = crate::slim::SlimApi::of::<Secret>(api.clone().into_client(), ts.namespace().as_deref());
+        slim.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         return Ok(());
     }
     let owner = OwnerReference {
