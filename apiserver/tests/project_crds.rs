@@ -41,3 +41,44 @@ async fn project_crds_are_established_and_discoverable() -> TestResult {
     ts.server.shutdown().await;
     Ok(())
 }
+
+/// `instanceProfile` (Server and Cluster pool) is an IAM name or an instance-profile ARN:
+/// anything else is refused at admission, naming the field.
+#[tokio::test]
+async fn instance_profiles_are_names_or_arns_at_admission() -> TestResult {
+    use kube::api::DynamicObject;
+    use kube::core::{ApiResource, GroupVersionKind};
+    let ts = start().await?;
+    let client = client_for(&ts.server.kubeconfig_path()).await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in provisioning_crds::all_crds() {
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    let ar =
+        |kind: &str, plural: &str| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("provisioning.dev", "v1alpha1", kind), plural);
+    let servers: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar("Server", "servers"));
+    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar("Cluster", "clusters"));
+    let server = |name: &str, profile: &str| -> Result<DynamicObject, serde_json::Error> {
+        serde_json::from_value(serde_json::json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Server",
+            "metadata": {"name": name}, "spec": {"instanceProfile": profile}}))
+    };
+    let pp = PostParams::default();
+    servers.create(&pp, &server("by-name", "eks-node")?).await?;
+    servers.create(&pp, &server("by-arn", "arn:aws:iam::123456789012:instance-profile/nodes/eks-node")?).await?;
+    for (name, bad) in
+        [("spaced", "eks node"), ("short-account", "arn:aws:iam::1234:instance-profile/p"), ("role", "arn:aws:iam::123456789012:role/p")]
+    {
+        match servers.create(&pp, &server(name, bad)?).await {
+            Err(kube::Error::Api(s)) => assert!(s.code == 422 && s.message.contains("spec.instanceProfile"), "{bad}: {s:?}"),
+            other => return Err(format!("{bad} accepted: {other:?}").into()),
+        }
+    }
+    let cluster: DynamicObject = serde_json::from_value(serde_json::json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "profiled"}, "spec": {"pools": [{"name": "workers", "replicas": 1, "instanceProfile": "bad profile"}]}}))?;
+    match clusters.create(&pp, &cluster).await {
+        Err(kube::Error::Api(s)) => assert!(s.code == 422 && s.message.contains("instanceProfile"), "{s:?}"),
+        other => return Err(format!("a pool's bad instanceProfile was accepted: {other:?}").into()),
+    }
+    ts.server.shutdown().await;
+    Ok(())
+}

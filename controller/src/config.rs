@@ -17,6 +17,12 @@
 //! # names, and "lib" for its shared lib/ files. Nothing by default.
 //! catalog_overrides = ["redis"]
 //!
+//! # Let aws accounts assume roles with the controller's own web identity (IRSA / EKS Pod
+//! # Identity token), only for the listed namespace and role pairs. Off when absent.
+//! [aws_web_identity]
+//! token_file = "/var/run/secrets/eks.amazonaws.com/serviceaccount/token"
+//! grants = [{ namespace = "team-a", role_arns = ["arn:aws:iam::123456789012:role/team-a-provisioning"] }]
+//!
 //! # Settings for namespaces that no Workspace claims (same fields as Workspace.spec).
 //! [default_workspace]
 //! providers = [{ name = "local", type = "local" }]
@@ -93,6 +99,9 @@ pub struct ControllerConfig {
     /// client can write them, so Manual approvals there are refused). Set `true` only with an
     /// admission webhook that stamps them and refuses other writers.
     pub api_server_records_writers: Option<bool>,
+    /// Whether (and for whom) aws accounts may assume a role with the controller's own web
+    /// identity token. Absent: never (see [`crate::accounts::AwsWebIdentity`]).
+    pub aws_web_identity: Option<crate::accounts::AwsWebIdentity>,
 }
 
 impl Default for ControllerConfig {
@@ -118,6 +127,7 @@ impl Default for ControllerConfig {
             catalog_overrides: Vec::new(),
             max_health_interval_secs: 0,
             api_server_records_writers: None,
+            aws_web_identity: None,
         }
     }
 }
@@ -279,6 +289,26 @@ mod tests {
         assert_eq!(&layers[1..], c.catalogs.as_slice());
         let e = c.load_catalog().expect_err("missing dir").to_string();
         assert!(e.contains("mine") && e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn web_identity_is_off_unless_configured_with_grants() {
+        assert_eq!(ControllerConfig::from_toml("").expect("parses").aws_web_identity, None);
+        let c = ControllerConfig::from_toml(
+            r#"
+            [aws_web_identity]
+            token_file = "/var/run/token"
+            grants = [{ namespace = "team-a", role_arns = ["arn:aws:iam::123456789012:role/a"] }]
+            "#,
+        )
+        .expect("parses");
+        let web = c.aws_web_identity.expect("set");
+        assert_eq!(web.token_file, PathBuf::from("/var/run/token"));
+        assert_eq!(web.grants[0].namespace, "team-a");
+        assert!(
+            ControllerConfig::from_toml("[aws_web_identity]\ntoken_file = \"/t\"\nallow_all = true\n").is_err(),
+            "unknown keys refused"
+        );
     }
 
     #[test]

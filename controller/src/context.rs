@@ -104,6 +104,7 @@ impl Context {
         let recorder = crate::events::Publisher::new(client.clone(), FIELD_MANAGER, &instance);
         let mut providers = ProviderRegistry::new(client.clone(), config.state_dir.clone(), host);
         providers.allow_insecure_endpoints = config.allow_insecure_endpoints;
+        providers.aws_web_identity = config.aws_web_identity.clone();
         let audit_dir = crate::audit::dir_for_state_dir(&config.state_dir);
         let stream = config.audit_stdout.then(|| Box::new(std::io::stdout()) as crate::audit::Stream);
         let audit = crate::audit::AuditLog::open_with(&audit_dir, crate::audit::DEFAULT_MAX_BYTES, crate::audit::DEFAULT_KEEP, stream)

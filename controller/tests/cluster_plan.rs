@@ -274,6 +274,15 @@ fn pools_become_owned_labelled_servers() {
 }
 
 #[test]
+fn a_pools_instance_profile_reaches_its_servers() {
+    let yaml = K8S.replace("{name: workers, replicas: 2}", "{name: workers, replicas: 2, instanceProfile: eks-node}");
+    let plan = World::new(&yaml).plan();
+    let profiles: Vec<(&str, &str)> =
+        plan.apply_servers.iter().map(|s| (s.metadata.name.as_deref().unwrap_or_default(), s.spec.instance_profile.as_str())).collect();
+    assert_eq!(profiles, [("k8s-cp-0", ""), ("k8s-workers-0", "eks-node"), ("k8s-workers-1", "eks-node")]);
+}
+
+#[test]
 fn taskservs_follow_their_servers_with_the_right_spec() {
     let (_, second) = World::with_servers_up(ETCD);
     assert_eq!(step(&second.status, "servers/members").state, "Succeeded");

@@ -119,6 +119,7 @@ fn machine_request(uid: &str, namespace: &str, name: &str, plan: &str, adoptable
         } else {
             Default::default()
         },
+        instance_profile: String::new(),
         host_key: None,
     }
 }

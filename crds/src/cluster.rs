@@ -91,6 +91,12 @@ pub struct ServerPool {
     /// Image of the pool's servers. Empty: the workspace default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image: String,
+    /// aws: the IAM instance profile of the pool's servers (an IAM name or
+    /// `arn:aws:iam::<12 digits>:instance-profile/<name>`; see Server `instanceProfile`).
+    /// Empty: none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(schema_with = "optional_instance_profile")]
+    pub instance_profile: String,
     /// Labels put on the pool's Servers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,

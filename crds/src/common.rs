@@ -121,6 +121,15 @@ pub fn optional_dns1123_label(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// Schema of an (optional) aws instance profile: an IAM name, or an instance-profile ARN.
+pub fn optional_instance_profile(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 512,
+        "pattern": "^([A-Za-z0-9_+=,.@-]{1,128}|arn:aws[a-z-]*:iam::[0-9]{12}:instance-profile/([A-Za-z0-9_+=,.@-]+/)*[A-Za-z0-9_+=,.@-]{1,128})?$"
+    })
+}
+
 /// Schema of a list of DNS-1123 labels.
 pub fn dns1123_label_list(_: &mut SchemaGenerator) -> Schema {
     json_schema!({

@@ -48,6 +48,12 @@ pub struct ServerSpec {
     /// cloud machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_key_secret_ref: Option<SecretReference>,
+    /// aws: the IAM instance profile the machine gets (what its cloud-controller-manager,
+    /// EBS CSI driver… run as): an IAM name or `arn:aws:iam::<12 digits>:instance-profile/<name>`.
+    /// Empty: none. Applied when the machine is created. Other providers refuse it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(schema_with = "optional_instance_profile")]
+    pub instance_profile: String,
     /// What deleting the Server does to the machine: Delete it, or Orphan it (leave it running).
     /// Unset: Delete for a machine the Server created, Orphan for an adopted one
     /// (`externalID`), so deleting the Server never destroys a machine it did not make unless

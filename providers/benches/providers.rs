@@ -77,6 +77,7 @@ fn request(namespace: &str, i: usize) -> ServerRequest {
         image: "debian-12".into(),
         ssh_public_key: None,
         extra_tags: Default::default(),
+        instance_profile: String::new(),
         host_key: None,
     }
 }

@@ -89,6 +89,7 @@ async fn create_once(provider: &dyn Provider, opts: &ContractOptions) -> Result<
         image: opts.image.clone(),
         ssh_public_key: None,
         extra_tags: Default::default(),
+        instance_profile: String::new(),
         host_key: None,
     };
     check(provider.find_server(&identity).await.map_err(|e| fail("find_server", e))?.is_none(), "no machine before create")?;

@@ -156,6 +156,7 @@ fn request(uid: &str, plan: &str, zone: &str) -> ServerRequest {
         image: "debian-12".into(),
         ssh_public_key: None,
         extra_tags: Default::default(),
+        instance_profile: String::new(),
         host_key: None,
     }
 }

@@ -141,6 +141,7 @@ impl Fixture {
             image: "debian-12".into(),
             ssh_public_key: None,
             extra_tags: BTreeMap::new(),
+            instance_profile: String::new(),
             host_key: None,
         }
     }

@@ -107,6 +107,7 @@ async fn the_double_validates_requests_like_upcloud() {
         image: "debian-12".into(),
         ssh_public_key: None,
         extra_tags: Default::default(),
+        instance_profile: String::new(),
         host_key: None,
     };
     let err = provider.ensure_server(&request).await.expect_err("unknown zone");
@@ -151,6 +152,7 @@ async fn firewall_rules_are_attached_to_new_servers() {
         image: "debian-12".into(),
         ssh_public_key: None,
         extra_tags: Default::default(),
+        instance_profile: String::new(),
         host_key: None,
     };
     let created = provider.ensure_server(&request).await.expect("create");

@@ -27,7 +27,7 @@ use provisioning_providers::{Credentials, ProviderError, SharedProvider};
 pub use self::build::{
     DEFAULT_REMOTE_CATALOG, DEFAULT_REMOTE_NU, account_state_dir, provider_config, remote_layout, ssh_settings, uses_ssh,
 };
-pub use self::rules::{AccountRefused, check_account, check_endpoint};
+pub use self::rules::{AccountRefused, AwsWebIdentity, WebIdentityGrant, check_account, check_aws_identity, check_endpoint};
 use crate::effective_workspace::EffectiveWorkspace;
 use crate::error::Error;
 use crate::host::HostPaths;
@@ -74,6 +74,8 @@ pub struct ProviderRegistry {
     secret_versions: Mutex<HashMap<String, String>>,
     /// Whether `http://` account endpoints are accepted (controller config).
     pub allow_insecure_endpoints: bool,
+    /// Who may assume aws roles with the controller's web identity (controller config).
+    pub aws_web_identity: Option<AwsWebIdentity>,
 }
 
 impl ProviderRegistry {
@@ -87,6 +89,7 @@ impl ProviderRegistry {
             cache: Mutex::new(HashMap::new()),
             secret_versions: Mutex::new(HashMap::new()),
             allow_insecure_endpoints: false,
+            aws_web_identity: None,
         }
     }
 
@@ -151,7 +154,10 @@ impl ProviderRegistry {
                 return Ok(c.provider.clone());
             }
         }
-        let (credentials, secret_version) = self.credentials(ws, account).await?;
+        let (mut credentials, secret_version) = self.credentials(ws, account).await?;
+        // What the Secret asks of the controller's own identity (web identity), before use.
+        check_aws_identity(account, &ws.namespace, &mut credentials, self.aws_web_identity.as_ref())
+            .map_err(|r| Error::Stalled { reason: r.reason, message: r.message })?;
         {
             let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(c) = cache.get_mut(&key)

@@ -206,6 +206,8 @@ fn request(
         // (spec.sshKeySecretRef), else the account's.
         ssh_public_key: login_key.map(str::to_string).or_else(|| provider.ssh_public_key()),
         extra_tags: Default::default(),
+        // Checked by validate::instance_profile (aws only, name or ARN).
+        instance_profile: server.spec.instance_profile.clone(),
         host_key,
     })
 }

@@ -123,7 +123,29 @@ pub fn validate(
     let resolved_plan = resolve_plan(&plan).map_err(|message| Invalid { reason: "UnknownPlan", message })?;
     let zone = [&spec.zone, &account.zone, &ws.spec.defaults.zone].into_iter().find(|z| !z.is_empty()).cloned().unwrap_or_default();
     let image = if spec.image.is_empty() { ws.spec.defaults.image.clone() } else { spec.image.clone() };
+    instance_profile(&spec.instance_profile, &account)?;
     Ok(ValidServer { account, plan, resolved_plan, zone, image })
+}
+
+/// An instance profile (`spec.instanceProfile`) is an aws thing, written as an IAM name or an
+/// instance-profile ARN ([`provisioning_providers::aws::check_instance_profile`]); empty is
+/// none. Whether it exists is EC2's answer when the machine is created.
+pub fn instance_profile(profile: &str, account: &ProviderAccount) -> Result<(), Invalid> {
+    if profile.is_empty() {
+        return Ok(());
+    }
+    if account.provider_type != provisioning_crds::ProviderType::Aws {
+        return Err(Invalid {
+            reason: "InstanceProfileUnsupported",
+            message: format!(
+                "spec.instanceProfile {profile:?} is set but provider account {:?} is of type {}: only aws machines have instance profiles",
+                account.name,
+                account.provider_type.as_str()
+            ),
+        });
+    }
+    provisioning_providers::aws::check_instance_profile(profile)
+        .map_err(|e| Invalid { reason: "InvalidInstanceProfile", message: format!("spec.instanceProfile: {e}") })
 }
 
 /// Whether a Server may adopt the machine `observed` named by its `spec.externalID` (pure).
@@ -175,6 +197,18 @@ mod tests {
 
     fn account(value: serde_json::Value) -> ProviderAccount {
         serde_json::from_value(value).unwrap_or_else(|e| panic!("account: {e}"))
+    }
+
+    #[test]
+    fn instance_profiles_are_aws_names_or_arns() {
+        let aws = account(serde_json::json!({"name": "aws-main", "type": "aws"}));
+        assert_eq!(instance_profile("", &aws), Ok(()));
+        assert_eq!(instance_profile("eks-node", &aws), Ok(()));
+        assert_eq!(instance_profile("arn:aws:iam::123456789012:instance-profile/eks-node", &aws), Ok(()));
+        let bad = instance_profile("arn:aws:iam::1234:instance-profile/x", &aws).expect_err("short account");
+        assert!(bad.reason == "InvalidInstanceProfile" && bad.message.contains("spec.instanceProfile"), "{bad:?}");
+        let local = instance_profile("eks-node", &account(serde_json::json!({"name": "l", "type": "local"}))).expect_err("local");
+        assert!(local.reason == "InstanceProfileUnsupported" && local.message.contains("\"l\""), "{local:?}");
     }
 
     #[test]

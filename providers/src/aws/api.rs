@@ -3,14 +3,13 @@
 //! RunInstances must not be repeated blindly (emulators ignore ClientToken).
 
 use std::fmt;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
-use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 
+use super::credentials::{AwsCredentials, sign_query};
 use super::model::{self, ErrorResponse};
-use crate::ratelimit::{classify_status, redact, transport_error};
+use crate::ratelimit::{classify_status, transport_error};
 use crate::{ProviderConfig, ProviderError, ProviderResult};
 
 /// The EC2 API version spoken.
@@ -80,8 +79,7 @@ pub struct Ec2Client {
     account: String,
     endpoint: String,
     region: String,
-    identity: Identity,
-    secrets: Vec<String>,
+    credentials: AwsCredentials,
     http: reqwest::Client,
 }
 
@@ -91,41 +89,28 @@ impl fmt::Debug for Ec2Client {
             .field("account", &self.account)
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
-            .field("credentials", &"[redacted]")
+            .field("credentials", &self.credentials)
             .finish()
     }
 }
 
 impl Ec2Client {
-    /// Builds the client; credentials come from `config.credentials`.
+    /// Builds the client; credentials come from `config.credentials` (static keys, or a role
+    /// assumed with them or with a web identity: [`AwsCredentials`]).
     pub fn new(config: &ProviderConfig, region: &str) -> ProviderResult<Self> {
-        let creds = &config.credentials;
-        let missing = |key: &str| ProviderError::Auth(format!("the credentials of aws account {:?} hold no {key}", config.name));
-        let access_key = creds.get("AWS_ACCESS_KEY_ID").filter(|v| !v.is_empty()).ok_or_else(|| missing("AWS_ACCESS_KEY_ID"))?;
-        let secret_key = creds.get("AWS_SECRET_ACCESS_KEY").filter(|v| !v.is_empty()).ok_or_else(|| missing("AWS_SECRET_ACCESS_KEY"))?;
-        let session_token = creds.get("AWS_SESSION_TOKEN").filter(|v| !v.is_empty());
         let endpoint = if config.endpoint.is_empty() { format!("https://ec2.{region}.amazonaws.com/") } else { config.endpoint.clone() };
         let url = reqwest::Url::parse(&endpoint)
             .map_err(|e| ProviderError::InvalidRequest(format!("aws endpoint {endpoint:?} is not a URL: {e}")))?;
         if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {
             return Err(ProviderError::InvalidRequest(format!("aws endpoint {endpoint:?} needs http(s) and a host")));
         }
-        let identity: Identity = aws_credential_types::Credentials::new(
-            access_key,
-            secret_key,
-            session_token.map(str::to_string),
-            None,
-            "provisioning-workspace-secret",
-        )
-        .into();
-        let mut secrets = vec![access_key.to_string(), secret_key.to_string()];
-        secrets.extend(session_token.map(str::to_string));
+        let credentials = AwsCredentials::new(config, region)?;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| ProviderError::Permanent(format!("cannot build the HTTP client: {e}")))?;
-        Ok(Ec2Client { account: config.name.clone(), endpoint: url.to_string(), region: region.to_string(), identity, secrets, http })
+        Ok(Ec2Client { account: config.name.clone(), endpoint: url.to_string(), region: region.to_string(), credentials, http })
     }
 
     /// The endpoint called (normalised URL).
@@ -133,36 +118,39 @@ impl Ec2Client {
         &self.endpoint
     }
 
-    /// Serialises and signs one call.
+    /// The account's credentials.
+    pub fn credentials(&self) -> &AwsCredentials {
+        &self.credentials
+    }
+
+    /// Serialises and signs one call with the credentials known without a call (static keys,
+    /// or temporary ones already fetched and fresh).
     pub fn prepare(&self, action: &str, params: &[(String, String)]) -> ProviderResult<PreparedRequest> {
+        let identity = self
+            .credentials
+            .cached_identity()
+            .ok_or_else(|| ProviderError::Transient(format!("EC2 {action}: the account's temporary credentials are not fetched yet")))?;
+        self.prepare_with(&identity, action, params)
+    }
+
+    fn prepare_with(&self, identity: &Identity, action: &str, params: &[(String, String)]) -> ProviderResult<PreparedRequest> {
         let mut form = form_urlencoded::Serializer::new(String::new());
         form.append_pair("Action", action).append_pair("Version", API_VERSION);
         for (k, v) in params {
             form.append_pair(k, v);
         }
         let body = form.finish();
-        let base_headers = [("content-type", CONTENT_TYPE)];
-        let signable = SignableRequest::new("POST", &self.endpoint, base_headers.into_iter(), SignableBody::Bytes(body.as_bytes()))
+        let signed = sign_query(identity, &self.region, "ec2", &self.endpoint, &body)
             .map_err(|e| ProviderError::Permanent(format!("cannot sign {action}: {e}")))?;
-        let params = v4::SigningParams::builder()
-            .identity(&self.identity)
-            .region(&self.region)
-            .name("ec2")
-            .time(SystemTime::now())
-            .settings(SigningSettings::default())
-            .build()
-            .map_err(|e| ProviderError::Permanent(format!("cannot sign {action}: {e}")))?
-            .into();
-        let (instructions, _signature) =
-            sign(signable, &params).map_err(|e| ProviderError::Permanent(format!("cannot sign {action}: {e}")))?.into_parts();
         let mut headers = vec![("content-type".to_string(), CONTENT_TYPE.to_string())];
-        headers.extend(instructions.headers().map(|(k, v)| (k.to_string(), v.to_string())));
+        headers.extend(signed);
         Ok(PreparedRequest { body, headers })
     }
 
     /// Sends one call and returns the response document, or the classified error.
     pub async fn call(&self, action: &str, params: &[(String, String)]) -> ProviderResult<String> {
-        let prepared = self.prepare(action, params)?;
+        let identity = self.credentials.identity().await?;
+        let prepared = self.prepare_with(&identity, action, params)?;
         let mut request = self.http.post(&self.endpoint).body(prepared.body);
         for (k, v) in &prepared.headers {
             request = request.header(k.as_str(), v.as_str());
@@ -184,22 +172,7 @@ impl Ec2Client {
     }
 
     fn redact_error(&self, error: ProviderError) -> ProviderError {
-        let secrets: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
-        let clean = |m: &String| redact(m, &secrets);
-        match error {
-            ProviderError::Transient(m) => ProviderError::Transient(clean(&m)),
-            ProviderError::NotFound(m) => ProviderError::NotFound(clean(&m)),
-            ProviderError::Auth(m) => ProviderError::Auth(clean(&m)),
-            ProviderError::InvalidRequest(m) => ProviderError::InvalidRequest(clean(&m)),
-            ProviderError::NotOwned(m) => ProviderError::NotOwned(clean(&m)),
-            ProviderError::Permanent(m) => ProviderError::Permanent(clean(&m)),
-            ProviderError::Capacity(mut c) => {
-                c.asked = clean(&c.asked);
-                c.message = clean(&c.message);
-                ProviderError::Capacity(c)
-            }
-            throttled @ ProviderError::Throttled { .. } => throttled,
-        }
+        self.credentials.redact_error(error)
     }
 }
 

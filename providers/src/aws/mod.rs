@@ -18,6 +18,7 @@
 //! default group.
 
 pub mod api;
+pub mod credentials;
 pub mod model;
 
 use std::collections::{BTreeMap, HashMap};
@@ -137,8 +138,8 @@ impl AwsProvider {
     pub fn new(config: &ProviderConfig) -> ProviderResult<Self> {
         let region = if config.region.is_empty() { DEFAULT_REGION.to_string() } else { config.region.clone() };
         let client = Ec2Client::new(config, &region)?;
-        let access_key_id = config.credentials.get("AWS_ACCESS_KEY_ID").unwrap_or_default();
-        let key = account_key(client.endpoint(), &region, access_key_id);
+        // Metered as the role when one is assumed, else as the access key.
+        let key = account_key(client.endpoint(), &region, &client.credentials().principal());
         Ok(AwsProvider {
             account: config.name.clone(),
             client,
@@ -418,6 +419,12 @@ impl AwsProvider {
         if !request.zone.is_empty() {
             params.push(("Placement.AvailabilityZone".into(), request.zone.clone()));
         }
+        // Checked at admission and plan; an ARN goes as Arn, a name as Name.
+        match request.instance_profile.trim() {
+            "" => {}
+            arn if arn.starts_with("arn:") => params.push(("IamInstanceProfile.Arn".into(), arn.to_string())),
+            name => params.push(("IamInstanceProfile.Name".into(), name.to_string())),
+        }
         // IMDSv2 only: instance credentials cannot be read by a token-less GET (SSRF).
         params.push(("MetadataOptions.HttpTokens".into(), "required".into()));
         params.push(("MetadataOptions.HttpEndpoint".into(), "enabled".into()));
@@ -475,6 +482,32 @@ struct ImageItem {
     image_id: String,
     #[serde(rename = "creationDate", default)]
     creation_date: String,
+}
+
+/// Checks the shape of an instance profile as a Server or pool names it: an IAM name (1 to
+/// 128 letters, digits and `_+=,.@-`) or `arn:aws:iam::<12 digits>:instance-profile/<path/name>`.
+/// The error says what is wrong (whether it exists is EC2's answer at RunInstances).
+pub fn check_instance_profile(value: &str) -> Result<(), String> {
+    let name_ok =
+        |name: &str| !name.is_empty() && name.len() <= 128 && name.chars().all(|c| c.is_ascii_alphanumeric() || "_+=,.@-".contains(c));
+    if let Some(rest) = value.strip_prefix("arn:") {
+        let parts: Vec<&str> = rest.splitn(5, ':').collect();
+        let ok = matches!(parts.as_slice(), [partition, "iam", "", account, resource]
+            if partition.starts_with("aws")
+                && account.len() == 12
+                && account.bytes().all(|b| b.is_ascii_digit())
+                && resource.strip_prefix("instance-profile/").and_then(|p| p.rsplit('/').next()).is_some_and(name_ok));
+        return if ok {
+            Ok(())
+        } else {
+            Err(format!("instance profile {value:?} is not an ARN of the form arn:aws:iam::<12 digits>:instance-profile/<name>"))
+        };
+    }
+    if name_ok(value) {
+        Ok(())
+    } else {
+        Err(format!("instance profile {value:?} is not an IAM name (1 to 128 letters, digits and _+=,.@-) nor an instance-profile ARN"))
+    }
 }
 
 /// Name of the security group managed for `account`.
@@ -745,6 +778,27 @@ mod tests {
         assert!(params.contains(&("IpPermissions.1.Ipv6Ranges.1.CidrIpv6".into(), "::/0".into())), "{params:?}");
         let params = managed_group_ingress("sg-1", &["203.0.113.7/32".into()]).expect("one source");
         assert!(!params.iter().any(|(_, v)| v == "0.0.0.0/0"), "{params:?}");
+    }
+
+    #[test]
+    fn instance_profiles_are_names_or_arns() {
+        for ok in
+            ["eks-node", "a", "arn:aws:iam::123456789012:instance-profile/eks-node", "arn:aws:iam::123456789012:instance-profile/path/to/p"]
+        {
+            assert_eq!(check_instance_profile(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "has space",
+            "arn:aws:iam::1234:instance-profile/p",
+            "arn:aws:iam::123456789012:role/p",
+            "arn:aws:iam::123456789012:instance-profile/",
+            "arn:aws:ec2::123456789012:instance-profile/p",
+        ] {
+            let e = check_instance_profile(bad).expect_err(bad);
+            assert!(e.contains("instance profile"), "{e}");
+        }
+        assert!(check_instance_profile(&"x".repeat(129)).is_err());
     }
 
     #[test]

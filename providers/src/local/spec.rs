@@ -287,6 +287,7 @@ mod tests {
             image: "debian-12".into(),
             ssh_public_key: None,
             extra_tags: BTreeMap::from([("team".to_string(), "blue".to_string())]),
+            instance_profile: String::new(),
             host_key: None,
         };
         let spec = container_spec(&request, "provisioning-node:latest", &Mounts::default()).expect("spec");

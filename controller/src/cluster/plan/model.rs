@@ -279,6 +279,7 @@ pub(super) fn pool_server(o: &Observed<'_>, pool: &ServerPool, name: &str, surge
         plan: pool.plan.clone(),
         zone: pool.zone.clone(),
         image: pool.image.clone(),
+        instance_profile: pool.instance_profile.clone(),
         approval: o.spec.approval,
         ..Default::default()
     };
