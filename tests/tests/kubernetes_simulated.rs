@@ -1,0 +1,141 @@
+//! A Kubernetes Cluster on the simulated provider, end to end: its machines print what the
+//! first control plane's scripts print (the admin kubeconfig on a `PROVISIONING_SECRET` line);
+//! the controller exports it to the Secret `<cluster>-kubeconfig` in Cluster API's format,
+//! pointing at the control-plane endpoint, rotates it when the endpoint or the CA changes,
+//! never writes it over a Secret it does not own, and never lets it into status, events,
+//! logs or the audit log. The install's stages are Cluster conditions `provisioning trace`
+//! shows.
+#![allow(clippy::too_many_lines, reason = "end-to-end scenarios read as one story, step by step")]
+
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use base64::Engine;
+use provisioning_e2e::{Dev, provisioning_bin};
+use serde_json::Value;
+
+const NS: &str = "k8s-sim";
+/// base64 of the simulated machines' client key: what must never leave the Secret.
+const CLIENT_KEY: &str = "c2ltdWxhdGVkIGNsaWVudCBrZXk=";
+
+fn json(dev: &Dev, args: &[&str]) -> Result<Value> {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["-o", "json"]);
+    Ok(serde_json::from_str(&dev.kubectl_ok(&all)?)?)
+}
+
+fn condition(cluster: &Value, t: &str) -> Option<(String, String, String)> {
+    let c = cluster["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == t)?;
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+fn cluster(dev: &Dev, name: &str) -> Result<Value> {
+    json(dev, &["get", "cluster", name, "-n", NS])
+}
+
+/// The kubeconfig in the Secret, decoded.
+fn kubeconfig(secret: &Value) -> Result<Value> {
+    let b64 = secret["data"]["value"].as_str().context("no data.value")?;
+    let text = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64)?)?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+#[test]
+fn kubernetes_cluster_exports_its_kubeconfig_and_shows_its_stages() -> Result<()> {
+    let mut dev = Dev::start(&[])?;
+    let manifest = provisioning_e2e::workspace_root().join("tests/tests/kubernetes_simulated.yaml");
+    dev.kubectl_ok(&["apply", "-f", &manifest.display().to_string()])?;
+
+    dev.wait_until(Duration::from_secs(240), "Cluster kube exports its kubeconfig", |d| {
+        Ok(condition(&cluster(d, "kube")?, "KubeconfigReady").is_some_and(|c| c.0 == "True"))
+    })?;
+    dev.kubectl_ok(&["wait", "--for=condition=Ready", "cluster/kube", "-n", NS, "--timeout=120s"])?;
+    let kube = cluster(&dev, "kube")?;
+    let uid = kube["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+
+    // The stages, from which members are done.
+    assert_eq!(
+        condition(&kube, "ControlPlaneInitialized"),
+        Some(("True".into(), "Initialized".into(), "kubeadm init done on kube-control-plane-0".into()))
+    );
+    assert_eq!(condition(&kube, "ControlPlaneAvailable"), Some(("True".into(), "MembersJoined".into(), "2/2 members".into())));
+    assert_eq!(condition(&kube, "WorkersJoined"), Some(("True".into(), "MembersJoined".into(), "1/1 members".into())));
+    assert_eq!(condition(&kube, "CNIReady").map(|c| c.0), Some("True".into()));
+    assert_eq!(condition(&kube, "StorageReady"), None, "no storage service, no condition");
+
+    // The Secret, in Cluster API's format, owned by the Cluster, its server the endpoint
+    // (the first control plane's address and 6443: no controlPlaneEndpoint is set).
+    let secret = json(&dev, &["get", "secret", "kube-kubeconfig", "-n", NS])?;
+    assert_eq!(secret["type"], "cluster.x-k8s.io/secret");
+    assert_eq!(secret["metadata"]["labels"]["cluster.x-k8s.io/cluster-name"], "kube");
+    let owner = &secret["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (owner["kind"].as_str(), owner["uid"].as_str(), owner["controller"].as_bool()),
+        (Some("Cluster"), Some(uid.as_str()), Some(true))
+    );
+    let server = json(&dev, &["get", "server", "kube-control-plane-0", "-n", NS])?;
+    let address = server["status"]["addresses"][0]["address"].as_str().context("no address")?.to_string();
+    let config = kubeconfig(&secret)?;
+    assert_eq!(config["clusters"][0]["cluster"]["server"], format!("https://{address}:6443"));
+    assert_eq!(config["users"][0]["user"]["client-key-data"], CLIENT_KEY);
+    let first_ca = config["clusters"][0]["cluster"]["certificate-authority-data"].clone();
+    assert_eq!(
+        condition(&kube, "KubeconfigReady"),
+        Some(("True".into(), "Exported".into(), format!("Secret kube-kubeconfig (server https://{address}:6443)")))
+    );
+
+    // A Secret of that name the Cluster does not own is never written over.
+    dev.wait_until(Duration::from_secs(120), "Cluster taken refuses the Secret it does not own", |d| {
+        Ok(condition(&cluster(d, "taken")?, "KubeconfigReady").is_some_and(|c| c.1 == "SecretNotOwned"))
+    })?;
+    let (_, _, message) = condition(&cluster(&dev, "taken")?, "KubeconfigReady").unwrap_or_default();
+    assert!(message.contains("Secret k8s-sim/taken-kubeconfig exists and is not owned by Cluster taken"), "{message}");
+    let foreign = json(&dev, &["get", "secret", "taken-kubeconfig", "-n", NS])?;
+    assert_eq!(foreign["data"]["value"], base64::engine::general_purpose::STANDARD.encode("not ours"));
+    assert!(foreign["metadata"]["ownerReferences"].is_null(), "{foreign}");
+
+    // `provisioning trace` shows the stages.
+    let out = Command::new(provisioning_bin())
+        .args(["trace", "cluster/kube", "-n", NS, "--kubeconfig"])
+        .arg(dev.kubeconfig())
+        .env_remove("KUBECONFIG")
+        .output()?;
+    let table = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "trace failed: {}", String::from_utf8_lossy(&out.stderr));
+    for row in [
+        "Stage/ControlPlaneInitialized",
+        "Stage/ControlPlaneAvailable",
+        "2/2 members",
+        "Stage/WorkersJoined",
+        "Stage/CNIReady",
+        "Stage/KubeconfigReady",
+    ] {
+        assert!(table.contains(row), "{row} missing:\n{table}");
+    }
+
+    // Rotation: a new endpoint and a new CA key (the machine's CA changes with it) rewrite it.
+    let patch = r#"[{"op":"add","path":"/spec/taskservs/1/config","value":{"controlPlaneEndpoint":"api.kube.example:6443","caKey":"-----BEGIN PRIVATE KEY-----\nrotated for the test\n-----END PRIVATE KEY-----\n"}}]"#;
+    dev.kubectl_ok(&["patch", "cluster", "kube", "-n", NS, "--type", "json", "-p", patch])?;
+    dev.wait_until(Duration::from_secs(240), "the Secret is rotated to the new endpoint and CA", |d| {
+        let config = kubeconfig(&json(d, &["get", "secret", "kube-kubeconfig", "-n", NS])?)?;
+        let cluster = &config["clusters"][0]["cluster"];
+        Ok(cluster["server"] == "https://api.kube.example:6443" && cluster["certificate-authority-data"] != first_ca)
+    })?;
+
+    // Never in status, events, logs or the audit log: only the Secret holds it.
+    let mut places = Vec::new();
+    for kind in ["clusters", "taskservs", "servers", "events", "changerecords"] {
+        places.push((kind.to_string(), dev.kubectl_ok(&["get", kind, "-n", NS, "-o", "json"])?));
+    }
+    places.push(("controller log".into(), dev.log()));
+    let data_dir = dev.data_dir.display().to_string();
+    places.push(("audit log".into(), provisioning_e2e::provisioning_ok(&["audit", "--data-dir", &data_dir, "-o", "json"])?));
+    for (place, text) in &places {
+        assert!(!text.contains(CLIENT_KEY) && !text.contains("simulated client key"), "the kubeconfig leaked into {place}");
+    }
+    let taskservs = &places[1].1;
+    assert!(taskservs.contains("a secret result line was withheld"), "the first control plane's tail says what was withheld");
+    Ok(())
+}
