@@ -208,10 +208,7 @@ pub async fn export(
     };
     let current = existing.as_ref().and_then(value_of);
     let Some(source) = offered.as_ref().map(|o| o.kubeconfig.clone()).or_else(|| current.clone()) else {
-        let why = if stages::conditions(servers, taskservs)
-            .iter()
-            .any(|c| c.type_ == provisioning_crds::kubernetes_condition::CONTROL_PLANE_INITIALIZED && c.status == Status::True)
-        {
+        let why = if k8s.serving.contains_key(init) {
             format!("waiting for {init} to report the admin kubeconfig (its next health check)")
         } else {
             format!("waiting for kubeadm init on {init}")

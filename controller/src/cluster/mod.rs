@@ -16,6 +16,7 @@ pub mod act;
 pub mod approval;
 pub mod dereference;
 pub mod kubeconfig;
+pub mod pins;
 pub mod plan;
 pub mod stages;
 pub mod validate;
@@ -141,10 +142,10 @@ async fn kubernetes_conditions(
     namespace: &str,
     children: &dereference::Children,
     status: &mut ClusterStatus,
-    ctx: &Context,
+    cctx: &ClusterContext,
 ) {
-    let mut desired = stages::conditions(&children.servers, &children.taskservs);
-    match kubeconfig::export(cluster, namespace, &children.servers, &children.taskservs, ctx).await {
+    let mut desired = stages::conditions(&children.servers, &children.taskservs, &cctx.catalog);
+    match kubeconfig::export(cluster, namespace, &children.servers, &children.taskservs, &cctx.ctx).await {
         Ok(c) => desired.extend(c),
         Err(e) => desired.push(DesiredCondition::new(
             provisioning_crds::kubernetes_condition::KUBECONFIG_READY,
@@ -220,7 +221,7 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
     let mut events = plan.events.clone();
     if !deleting {
-        kubernetes_conditions(&cluster, namespace, &children, &mut status, ctx).await;
+        kubernetes_conditions(&cluster, namespace, &children, &mut status, cctx).await;
     }
     let mut stale = Vec::new();
     if let Some((cluster_plan, decision)) = &gated {

@@ -9,6 +9,7 @@
 //! script printed: a machine can only make its own member look done or not.
 
 use provisioning_crds::{LABEL_POOL, kubernetes_condition as kc};
+use provisioning_taskservs::Catalog;
 
 use super::plan::{ChildServer, ChildTaskServ};
 use crate::conditions::{DesiredCondition, Status};
@@ -69,7 +70,7 @@ fn joined(k8s: &ChildTaskServ, members: &[String]) -> usize {
 }
 
 /// The stage conditions of a Cluster (empty without the kubernetes service).
-pub fn conditions(servers: &[ChildServer], taskservs: &[ChildTaskServ]) -> Vec<DesiredCondition> {
+pub fn conditions(servers: &[ChildServer], taskservs: &[ChildTaskServ], catalog: &Catalog) -> Vec<DesiredCondition> {
     let Some(k8s) = kubernetes_taskserv(taskservs) else { return Vec::new() };
     let roles = roles(k8s, servers);
     let mut out = Vec::new();
@@ -100,20 +101,23 @@ pub fn conditions(servers: &[ChildServer], taskservs: &[ChildTaskServ]) -> Vec<D
     } else {
         DesiredCondition::new(kc::WORKERS_JOINED, Status::False, "MembersJoining", format!("{n}/{m} members"))
     });
-    if let Some(c) = service_condition(kc::CNI_READY, CNI_SERVICES, taskservs) {
+    if let Some(c) = service_condition(kc::CNI_READY, CNI_SERVICES, taskservs, catalog) {
         out.push(c);
     }
-    if let Some(c) = service_condition(kc::STORAGE_READY, STORAGE_SERVICES, taskservs) {
+    if let Some(c) = service_condition(kc::STORAGE_READY, STORAGE_SERVICES, taskservs, catalog) {
         out.push(c);
     }
     out
 }
 
-/// Ready when the Cluster's TaskServ of one of `services` is Ready; none when it has none.
-fn service_condition(type_: &str, services: &[&str], taskservs: &[ChildTaskServ]) -> Option<DesiredCondition> {
+/// Ready when the Cluster's TaskServ of one of `services` is Ready and its downloads are
+/// pinned ([`super::pins`]); none when it has no such service.
+fn service_condition(type_: &str, services: &[&str], taskservs: &[ChildTaskServ], catalog: &Catalog) -> Option<DesiredCondition> {
     let ts = taskservs.iter().find(|t| services.contains(&t.spec.service.as_str()) && t.owned && !t.deleting)?;
     let service = &ts.spec.service;
-    Some(if ts.ready {
+    Some(if let Some(missing) = super::pins::missing(ts, catalog) {
+        DesiredCondition::new(type_, Status::False, "PinMissing", missing)
+    } else if ts.ready {
         DesiredCondition::new(type_, Status::True, "Ready", format!("{service} ready on {} servers", ts.serving.len()))
     } else if let Some(stalled) = &ts.stalled {
         DesiredCondition::new(type_, Status::False, "Stalled", format!("{service}: {stalled}"))
@@ -173,35 +177,51 @@ mod tests {
         conds.iter().find(|c| c.type_ == t).map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
     }
 
+    fn catalog() -> Catalog {
+        Catalog::load(&Catalog::default_dir()).unwrap_or_else(|e| unreachable!("the catalog loads: {e}"))
+    }
+
     #[test]
     fn stages_follow_which_members_are_done() {
+        let catalog = catalog();
         let servers = [server("k8s-cp-1", "control-plane"), server("k8s-cp-0", "control-plane"), server("k8s-w-0", "workers")];
         // Nothing done yet: the first control plane by name is the one kubeadm init waits for.
-        let conds = conditions(&servers, &[taskserv("kubernetes", &[], false)]);
+        let conds = conditions(&servers, &[taskserv("kubernetes", &[], false)], &catalog);
         assert_eq!(get(&conds, kc::CONTROL_PLANE_INITIALIZED), Some(("False", "WaitingForInit", "kubeadm init on k8s-cp-0 not done yet")));
         assert_eq!(get(&conds, kc::CONTROL_PLANE_AVAILABLE), Some(("False", "MembersJoining", "0/2 members")));
         assert_eq!(get(&conds, kc::WORKERS_JOINED), Some(("False", "WaitingForControlPlane", "0/1 members")));
         assert_eq!(get(&conds, kc::CNI_READY), None, "no CNI service, no condition");
         // A worker done before init (a forged or early success) does not initialise anything.
-        let conds = conditions(&servers, &[taskserv("kubernetes", &["k8s-w-0", "k8s-cp-1"], false)]);
+        let conds = conditions(&servers, &[taskserv("kubernetes", &["k8s-w-0", "k8s-cp-1"], false)], &catalog);
         assert_eq!(get(&conds, kc::CONTROL_PLANE_INITIALIZED).map(|c| c.0), Some("False"));
         assert_eq!(get(&conds, kc::CONTROL_PLANE_AVAILABLE).map(|c| c.2), Some("1/2 members"));
         // Init done, one of two control planes.
-        let conds = conditions(&servers, &[taskserv("kubernetes", &["k8s-cp-0"], false), taskserv("cilium", &[], false)]);
+        let conds = conditions(&servers, &[taskserv("kubernetes", &["k8s-cp-0"], false), taskserv("cilium", &[], false)], &catalog);
         assert_eq!(get(&conds, kc::CONTROL_PLANE_INITIALIZED), Some(("True", "Initialized", "kubeadm init done on k8s-cp-0")));
         assert_eq!(get(&conds, kc::CONTROL_PLANE_AVAILABLE), Some(("False", "MembersJoining", "1/2 members")));
         assert_eq!(get(&conds, kc::WORKERS_JOINED), Some(("False", "MembersJoining", "0/1 members")));
-        assert_eq!(get(&conds, kc::CNI_READY).map(|c| (c.0, c.1)), Some(("False", "Installing")));
+        assert_eq!(get(&conds, kc::CNI_READY).map(|c| (c.0, c.1)), Some(("False", "PinMissing")), "the catalog ships no cilium pin");
         // All done.
         let all = ["k8s-cp-0", "k8s-cp-1", "k8s-w-0"];
-        let ts = [taskserv("kubernetes", &all, true), taskserv("cilium", &["k8s-cp-0"], true), taskserv("rook-ceph", &all, true)];
-        let conds = conditions(&servers, &ts);
+        let pin = "0".repeat(64);
+        let mut cilium = taskserv("cilium", &["k8s-cp-0"], false);
+        cilium.spec.config = Some(serde_json::json!({"cliSha256": {"v0.16.22": pin}}));
+        let conds = conditions(&servers, &[taskserv("kubernetes", &all, true), cilium.clone()], &catalog);
+        assert_eq!(get(&conds, kc::CNI_READY).map(|c| (c.0, c.1)), Some(("False", "Installing")));
+        cilium.ready = true;
+        let mut rook = taskserv("rook-ceph", &all, true);
+        let keys = ["v1.15.6/crds.yaml", "v1.15.6/common.yaml", "v1.15.6/operator.yaml"];
+        rook.spec.config = Some(
+            serde_json::json!({"manifestSha256": keys.iter().map(|k| (k.to_string(), serde_json::json!(pin))).collect::<serde_json::Map<_, _>>()}),
+        );
+        let ts = [taskserv("kubernetes", &all, true), cilium, rook];
+        let conds = conditions(&servers, &ts, &catalog);
         assert_eq!(get(&conds, kc::CONTROL_PLANE_AVAILABLE), Some(("True", "MembersJoined", "2/2 members")));
         assert_eq!(get(&conds, kc::WORKERS_JOINED), Some(("True", "MembersJoined", "1/1 members")));
         assert_eq!(get(&conds, kc::CNI_READY), Some(("True", "Ready", "cilium ready on 1 servers")));
         assert_eq!(get(&conds, kc::STORAGE_READY), Some(("True", "Ready", "rook-ceph ready on 3 servers")));
         // No kubernetes service: no stage conditions at all.
-        assert!(conditions(&servers, &[taskserv("etcd", &all, true)]).is_empty());
+        assert!(conditions(&servers, &[taskserv("etcd", &all, true)], &catalog).is_empty());
     }
 
     #[test]
