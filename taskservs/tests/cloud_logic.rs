@@ -205,9 +205,11 @@ fn the_first_control_plane_reports_its_kubeconfig_on_a_line_the_runner_withholds
 #[test]
 fn a_late_joiner_gets_the_join_token_again_for_an_hour_only() -> Result<(), Box<dyn std::error::Error>> {
     // Which servers have not joined: the Cluster's servers that are not nodes.
-    let script = format!("use kubernetes/common.nu *\n{CLUSTER}not-yet-joined ($base | insert server {{name: cp-0}}) [cp-0 cp-1] | str join ','");
+    let script =
+        format!("use kubernetes/common.nu *\n{CLUSTER}not-yet-joined ($base | insert server {{name: cp-0}}) [cp-0 cp-1] | str join ','");
     assert_eq!(nu_eval(&script), "w-0");
-    let script = format!("use kubernetes/common.nu *\n{CLUSTER}not-yet-joined ($base | insert server {{name: cp-0}}) [w-0 cp-1 cp-0] | length");
+    let script =
+        format!("use kubernetes/common.nu *\n{CLUSTER}not-yet-joined ($base | insert server {{name: cp-0}}) [w-0 cp-1 cp-0] | length");
     assert_eq!(nu_eval(&script), "0");
     // The InitConfiguration `kubeadm token create --config` reads: the generated token, 1h.
     let script = "use kubernetes/common.nu *; token-config {config: {bootstrapToken: \"abcdef.0123456789abcdef\"}}";
