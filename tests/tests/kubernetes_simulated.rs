@@ -143,3 +143,40 @@ fn kubernetes_cluster_exports_its_kubeconfig_and_shows_its_stages() -> Result<()
     assert!(taskservs.contains("a secret result line was withheld"), "the first control plane's tail says what was withheld");
     Ok(())
 }
+
+/// The flagship template as a user tries it: `provisioning template render kubernetes_3node
+/// --set cloud=simulated`, applied, reaches Ready with its stages and the kubeconfig Secret.
+#[test]
+fn the_kubernetes_3node_template_reaches_ready_with_its_kubeconfig_on_the_simulated_provider() -> Result<()> {
+    const TPL_NS: &str = "k8s-tpl-sim";
+    let mut dev = Dev::start(&[])?;
+    let tmp = tempfile::tempdir()?;
+    let file = tmp.path().join("k8s.yaml");
+    let file_arg = file.display().to_string();
+    provisioning_e2e::provisioning_ok(&[
+        "template",
+        "render",
+        "kubernetes_3node",
+        "--set",
+        "cloud=simulated",
+        "-n",
+        TPL_NS,
+        "-o",
+        &file_arg,
+    ])?;
+    dev.kubectl_ok(&["apply", "-f", &file_arg])?;
+    dev.wait_until(Duration::from_secs(240), "the template's Cluster is Ready with its kubeconfig", |d| {
+        let c = json(d, &["get", "cluster", "k8s", "-n", TPL_NS])?;
+        Ok(condition(&c, "Ready").is_some_and(|c| c.0 == "True") && condition(&c, "KubeconfigReady").is_some_and(|c| c.0 == "True"))
+    })?;
+    let c = json(&dev, &["get", "cluster", "k8s", "-n", TPL_NS])?;
+    assert_eq!(condition(&c, "ControlPlaneAvailable").map(|c| c.2), Some("1/1 members".into()));
+    assert_eq!(condition(&c, "WorkersJoined").map(|c| c.2), Some("2/2 members".into()));
+    // What the rendered comment tells the user to run.
+    let value = dev.kubectl_ok(&["get", "secret", "k8s-kubeconfig", "-n", TPL_NS, "-o", "jsonpath={.data.value}"])?;
+    let config: Value = serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(value.trim())?)?;
+    let server = json(&dev, &["get", "server", "k8s-control-plane-0", "-n", TPL_NS])?;
+    let address = server["status"]["addresses"][0]["address"].as_str().context("no address")?;
+    assert_eq!(config["clusters"][0]["cluster"]["server"], format!("https://{address}:6443"));
+    Ok(())
+}
