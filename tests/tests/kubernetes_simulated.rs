@@ -141,6 +141,14 @@ fn kubernetes_cluster_exports_its_kubeconfig_and_shows_its_stages() -> Result<()
     }
     let taskservs = &places[1].1;
     assert!(taskservs.contains("a secret result line was withheld"), "the first control plane's tail says what was withheld");
+
+    // Deleted with its Cluster; the foreign Secret outlives the Cluster that did not own it.
+    dev.kubectl_ok(&["delete", "cluster", "kube", "taken", "-n", NS, "--timeout=180s"])?;
+    dev.wait_until(Duration::from_secs(60), "the kubeconfig Secret is deleted with its Cluster", |d| {
+        let out = d.kubectl(&["get", "secret", "kube-kubeconfig", "-n", NS])?;
+        Ok(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound"))
+    })?;
+    dev.kubectl_ok(&["get", "secret", "taken-kubeconfig", "-n", NS])?;
     Ok(())
 }
 

@@ -64,8 +64,10 @@ fn offers() -> std::sync::MutexGuard<'static, HashMap<(String, String), Offer>> 
     OFFERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Called by the TaskServ reconciler for a succeeded run's secret result: keeps its
-/// `kubeconfig` (a string) for the Cluster of `taskserv`. Anything else in it is ignored.
+/// Called by the TaskServ reconciler for a succeeded run's secret result of the kubernetes
+/// service: keeps its `kubeconfig` (a string) for the Cluster of `taskserv`, the latest run's
+/// only (at most one per TaskServ, at most 64 KiB: the runner's result cap).
+/// Anything else in it is ignored.
 pub fn offer(namespace: &str, taskserv: &str, server: &str, secret: &SecretResult) {
     let Some(kubeconfig) = secret.0.get("kubeconfig").and_then(Value::as_str) else { return };
     offers()

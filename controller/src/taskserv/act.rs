@@ -239,6 +239,7 @@ async fn run_step(req: &RunRequest, step: ScriptStep) -> Result<ScriptOutcome, R
     if let Ok(o) = &outcome
         && o.succeeded()
         && let Some(secret) = &o.secret
+        && req.context.taskserv.service == crate::cluster::stages::KUBERNETES
     {
         crate::cluster::kubeconfig::offer(req.object.namespace.as_deref().unwrap_or_default(), &req.object.name, &req.server, secret);
     }
