@@ -8,6 +8,10 @@ export const ADMIN_CONF = "/etc/kubernetes/admin.conf"
 # same for every minor version's repository): a downloaded Release.key is trusted only when
 # this is its one primary key. When upstream rotates it, update the pin after checking the
 # new fingerprint against kubernetes.io.
+# Source: the same fingerprint is pinned for https://pkgs.k8s.io/core:/stable:/v<minor>/deb/Release.key
+# by puppetlabs/puppetlabs-kubernetes, manifests/packages.pp (`kubernetes_key_id` default,
+# commit d37babaee1ccb6b023ef723ae4599852d5e3a065) — a third party's pin, not a file the
+# Kubernetes project publishes: `gpg --show-keys Release.key` is the check that counts.
 export const K8S_APT_KEY_FINGERPRINT = "DE15B14486CD377B9E876E1A234654DA9A296436"
 
 # Fails unless the OpenPGP key file `file` holds exactly one primary key, `fingerprint`.
