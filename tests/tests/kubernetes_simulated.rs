@@ -119,6 +119,22 @@ fn kubernetes_cluster_exports_its_kubeconfig_and_shows_its_stages() -> Result<()
         assert!(table.contains(row), "{row} missing:\n{table}");
     }
 
+    // A late joiner (a scale-up): WorkersJoined counts it once its kubernetes install is done.
+    dev.kubectl_ok(&[
+        "patch",
+        "cluster",
+        "kube",
+        "-n",
+        NS,
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/pools/1/replicas","value":2}]"#,
+    ])?;
+    dev.wait_until(Duration::from_secs(240), "the late worker has joined", |d| {
+        Ok(condition(&cluster(d, "kube")?, "WorkersJoined") == Some(("True".into(), "MembersJoined".into(), "2/2 members".into())))
+    })?;
+
     // Rotation: a new endpoint and a new CA key (the machine's CA changes with it) rewrite it.
     let patch = r#"[{"op":"add","path":"/spec/taskservs/1/config","value":{"controlPlaneEndpoint":"api.kube.example:6443","caKey":"-----BEGIN PRIVATE KEY-----\nrotated for the test\n-----END PRIVATE KEY-----\n"}}]"#;
     dev.kubectl_ok(&["patch", "cluster", "kube", "-n", NS, "--type", "json", "-p", patch])?;
