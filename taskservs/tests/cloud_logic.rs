@@ -212,12 +212,13 @@ fn a_late_joiner_gets_the_join_token_again_for_an_hour_only() -> Result<(), Box<
         format!("use kubernetes/common.nu *\n{CLUSTER}not-yet-joined ($base | insert server {{name: cp-0}}) [w-0 cp-1 cp-0] | length");
     assert_eq!(nu_eval(&script), "0");
     // The InitConfiguration `kubeadm token create --config` reads: the generated token, 1h.
-    let script = "use kubernetes/common.nu *; token-config {config: {bootstrapToken: \"abcdef.0123456789abcdef\"}}";
+    let script = "use kubernetes/common.nu *; token-config {config: {bootstrapToken: \"abcdef.0123456789abcdef\", certificateKey: \"k\"}}";
     let config: serde_json::Value = serde_json::from_str(&nu_eval(script))?;
     assert_eq!((config["apiVersion"].as_str(), config["kind"].as_str()), (Some("kubeadm.k8s.io/v1beta4"), Some("InitConfiguration")));
     let token = &config["bootstrapTokens"][0];
     assert_eq!((token["token"].as_str(), token["ttl"].as_str()), (Some("abcdef.0123456789abcdef"), Some("1h0m0s")));
     assert_eq!(token["usages"], serde_json::json!(["signing", "authentication"]));
+    assert_eq!(config["certificateKey"], "k", "a late control plane gets the certificates uploaded again");
     // kubeadm init's own token is as short-lived.
     let init = std::fs::read_to_string(crate_dir().join("catalog/kubernetes/templates/kubeadm-init.yaml"))?;
     assert!(init.contains("ttl: 1h0m0s") && !init.contains("24h"), "{init}");

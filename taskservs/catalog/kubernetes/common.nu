@@ -146,12 +146,16 @@ export def token-config [ctx: record]: nothing -> string {
             groups: ["system:bootstrappers:kubeadm:default-node-token"]
             description: "provisioning: join of a late member"
         }]
+        # For `kubeadm init phase upload-certs`: the control-plane certificates a joining
+        # control plane downloads (kubeadm deletes the uploaded copy after two hours).
+        certificateKey: $ctx.config.certificateKey
     } | to json
 }
 
 # First control plane, on every health check: while a server of the Cluster has not joined
 # (a scale-up days after init, when kubeadm init's token has long expired), the bootstrap
-# token exists again for JOIN_TOKEN_TTL; once every server is a node it is left to expire.
+# token exists again for JOIN_TOKEN_TTL (and, for a control plane, the uploaded certificates
+# again); once every server is a node the token is left to expire.
 export def ensure-join-token [ctx: record] {
     let nodes = (kubectl get nodes -o "jsonpath={.items[*].metadata.name}")
     if $nodes.exit_code != 0 { return }
@@ -167,4 +171,11 @@ export def ensure-join-token [ctx: record] {
     # kubeadm prints the token it created: captured, never shown.
     let created = (^kubeadm token create --kubeconfig $ADMIN_CONF --config /etc/kubernetes/kubeadm-token.yaml | complete)
     if $created.exit_code != 0 { log "could not renew the join token (kubeadm token create failed)" }
+    # A late control plane also needs the uploaded certificates again (they expire after 2 h).
+    let cps = (control-planes $ctx | get name)
+    if ($pending | any {|p| $p in $cps }) {
+        # kubeadm prints the certificate key it used: captured, never shown.
+        let uploaded = (^kubeadm init phase upload-certs --upload-certs --config /etc/kubernetes/kubeadm-token.yaml | complete)
+        if $uploaded.exit_code != 0 { log "could not upload the control-plane certificates again (kubeadm init phase upload-certs failed)" }
+    }
 }
