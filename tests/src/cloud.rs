@@ -55,7 +55,8 @@ impl Moto {
             }
         });
         let mut moto = Moto { child, endpoint: String::new() };
-        let port = rx.recv_timeout(Duration::from_secs(60)).map_err(|_| anyhow::anyhow!("moto_server did not report its port within 60 s"))?;
+        let port =
+            rx.recv_timeout(Duration::from_secs(60)).map_err(|_| anyhow::anyhow!("moto_server did not report its port within 60 s"))?;
         moto.endpoint = format!("http://127.0.0.1:{port}/");
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {

@@ -206,6 +206,9 @@ pub async fn export(
         )));
     }
     let Some(endpoint) = endpoint(k8s, init, namespace, ctx) else {
+        if let Some(o) = offered {
+            return_offer(namespace, &k8s.name, o);
+        }
         return Ok(Some(cond(Status::False, "WaitingForEndpoint", format!("the address of {init} is not known yet"))));
     };
     let current = existing.as_ref().and_then(value_of);

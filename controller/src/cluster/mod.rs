@@ -151,7 +151,7 @@ async fn kubernetes_conditions(
             provisioning_crds::kubernetes_condition::KUBECONFIG_READY,
             Status::False,
             "ExportFailed",
-            format!("writing Secret {}: {e}", kubeconfig::secret_name(&cluster.name_any())),
+            format!("exporting the kubeconfig to Secret {}: {e}", kubeconfig::secret_name(&cluster.name_any())),
         )),
     }
     if desired.is_empty() {
