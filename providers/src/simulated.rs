@@ -320,20 +320,20 @@ impl Provider for SimulatedProvider {
         let script = script.map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or_default();
         let line = format!("{SCRIPTS_NOT_RUN} ({script})");
         let path = request.argv.iter().rev().find(|a| a.ends_with(".nu")).map(String::as_str).unwrap_or_default();
-        let extra = crate::simulated_scripts::simulated_lines(path, request.stdin.as_deref());
+        let simulated = crate::simulated_scripts::simulate(path, request.stdin.as_deref()).await;
         let mut stdout = format!("{line}\n");
-        for l in &extra {
+        for l in &simulated.lines {
             stdout.push_str(l);
             stdout.push('\n');
         }
         stdout.push_str("{\"simulated\":true}\n");
         if let Some(sink) = &request.output {
             sink.send(&line);
-            for l in &extra {
+            for l in &simulated.lines {
                 sink.send(l);
             }
         }
-        Ok(ExecResult { exit_code: Some(0), timed_out: false, stdout, stderr: String::new() })
+        Ok(ExecResult { exit_code: Some(simulated.exit_code), timed_out: false, stdout, stderr: String::new() })
     }
 
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {

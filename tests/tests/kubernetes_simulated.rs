@@ -44,7 +44,9 @@ fn kubeconfig(secret: &Value) -> Result<Value> {
 
 #[test]
 fn kubernetes_cluster_exports_its_kubeconfig_and_shows_its_stages() -> Result<()> {
-    let mut dev = Dev::start(&[])?;
+    // At info, so that the log holds every script line the controller passes on.
+    let tmp = tempfile::tempdir()?;
+    let mut dev = Dev::start_in_with(&tmp.path().join("data"), &[], &[("RUST_LOG", "info")], &[])?;
     let manifest = provisioning_e2e::workspace_root().join("tests/tests/kubernetes_simulated.yaml");
     dev.kubectl_ok(&["apply", "-f", &manifest.display().to_string()])?;
 
@@ -149,7 +151,9 @@ fn kubernetes_cluster_exports_its_kubeconfig_and_shows_its_stages() -> Result<()
     for kind in ["clusters", "taskservs", "servers", "events", "changerecords"] {
         places.push((kind.to_string(), dev.kubectl_ok(&["get", kind, "-n", NS, "-o", "json"])?));
     }
-    places.push(("controller log".into(), dev.log()));
+    let log = dev.log();
+    ensure!(log.contains("simulated: scripts not run (install.nu)"), "the log holds the script lines");
+    places.push(("controller log".into(), log));
     let data_dir = dev.data_dir.display().to_string();
     places.push(("audit log".into(), provisioning_e2e::provisioning_ok(&["audit", "--data-dir", &data_dir, "-o", "json"])?));
     for (place, text) in &places {
@@ -202,5 +206,59 @@ fn the_kubernetes_3node_template_reaches_ready_with_its_kubeconfig_on_the_simula
     let server = json(&dev, &["get", "server", "k8s-control-plane-0", "-n", TPL_NS])?;
     let address = server["status"]["addresses"][0]["address"].as_str().context("no address")?;
     assert_eq!(config["clusters"][0]["cluster"]["server"], format!("https://{address}:6443"));
+    Ok(())
+}
+
+/// A scale-up long after `kubeadm init`, when its bootstrap token has expired: the simulated
+/// machines keep kubeadm's token (2 s here instead of an hour), a joiner without a valid token
+/// fails, and the first control plane's health check renews the token while a server of the
+/// Cluster is not a node — so the late worker joins.
+#[test]
+fn a_late_worker_joins_with_the_token_the_first_control_plane_renews() -> Result<()> {
+    const LATE_NS: &str = "k8s-late-sim";
+    let tmp = tempfile::tempdir()?;
+    let config = tmp.path().join("controller.toml");
+    std::fs::write(&config, "max_health_interval_secs = 2\n")?;
+    let config_arg = config.display().to_string();
+    let env = [("PROVISIONING_SIMULATED_JOIN_TOKEN_TTL_SECS", "2"), ("RUST_LOG", "info")];
+    let mut dev = Dev::start_in_with(&tmp.path().join("data"), &[], &env, &["--config", &config_arg])?;
+    let manifest = format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[
+          {{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{LATE_NS}"}}}},
+          {{"apiVersion":"provisioning.dev/v1alpha1","kind":"Workspace","metadata":{{"name":"{LATE_NS}"}},
+            "spec":{{"defaults":{{"provider":"sim"}},"providers":[{{"name":"sim","type":"simulated"}}]}}}},
+          {{"apiVersion":"provisioning.dev/v1alpha1","kind":"Cluster","metadata":{{"name":"late","namespace":"{LATE_NS}"}},
+            "spec":{{"pools":[{{"name":"control-plane","replicas":1,"plan":"small"}},{{"name":"workers","replicas":1,"plan":"small"}}],
+              "taskservs":[{{"service":"containerd"}},{{"service":"kubernetes"}}]}}}}]}}"#
+    );
+    let file = tmp.path().join("late.json");
+    std::fs::write(&file, manifest)?;
+    dev.kubectl_ok(&["apply", "-f", &file.display().to_string()])?;
+    let joined = |d: &Dev, n: &str| -> Result<bool> {
+        let c = json(d, &["get", "cluster", "late", "-n", LATE_NS])?;
+        Ok(condition(&c, "WorkersJoined") == Some(("True".into(), "MembersJoined".into(), format!("{n} members"))))
+    };
+    dev.wait_until(Duration::from_secs(180), "the first worker has joined", |d| joined(d, "1/1"))?;
+    // "Days later": the token's lifetime passes with every server a node, so nobody renews it.
+    std::thread::sleep(Duration::from_secs(3));
+    dev.kubectl_ok(&[
+        "patch",
+        "cluster",
+        "late",
+        "-n",
+        LATE_NS,
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/pools/1/replicas","value":2}]"#,
+    ])?;
+    dev.wait_until(Duration::from_secs(180), "the late worker has joined", |d| joined(d, "2/2"))?;
+    let log = dev.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("simulated") || l.contains("kubernetes")).collect();
+    assert!(
+        log.contains("simulated: join token renewed for late-workers-1"),
+        "the first control plane's check renewed the token for the late worker:\n{}",
+        lines.join("\n")
+    );
     Ok(())
 }
