@@ -263,11 +263,29 @@ impl<'a> Index<'a> {
     }
 }
 
+/// The stages of a Kubernetes install (its Cluster conditions, in the order they are
+/// reached), one row each: READY is the condition's status, STATUS its reason.
+fn stage_rows(out: &mut Vec<Row>, depth: usize, cluster: &Value) {
+    for t in provisioning_crds::kubernetes_condition::ALL {
+        let Some(c) = condition(cluster, t) else { continue };
+        out.push(Row {
+            depth,
+            object: format!("Stage/{t}"),
+            ready: c["status"].as_str().unwrap_or("Unknown").to_string(),
+            status: c["reason"].as_str().unwrap_or_default().to_string(),
+            created: String::new(),
+            message: c["message"].as_str().unwrap_or_default().to_string(),
+            steps: String::new(),
+        });
+    }
+}
+
 fn cluster_subtree(out: &mut Vec<Row>, depth: usize, cluster: &Value, idx: &Index<'_>) {
     let cname = name_of(cluster);
     let mut row = object_row(depth, "Cluster", cluster);
     row.steps = cluster_steps(cluster);
     out.push(row);
+    stage_rows(out, depth + 1, cluster);
     let servers: &[&Value] = idx.servers_of.get(cname).map(Vec::as_slice).unwrap_or_default();
     let taskservs: Vec<&TaskServInfo<'_>> =
         idx.taskservs_of.get(cname).into_iter().flatten().filter_map(|&i| idx.taskservs.get(i)).collect();
@@ -616,6 +634,31 @@ mod tests {
             ],
             taskservs: vec![ts_etcd, redis, orphan],
         }
+    }
+
+    #[test]
+    fn a_kubernetes_clusters_stages_are_rows_under_it() -> anyhow::Result<()> {
+        let mut objs = sample();
+        let stage = |t: &str, status: &str, reason: &str, msg: &str| json!({"type": t, "status": status, "reason": reason, "message": msg});
+        if let Some(conds) = objs.clusters[0]["status"]["conditions"].as_array_mut() {
+            conds.push(stage("WorkersJoined", "False", "MembersJoining", "1/2 members"));
+            conds.push(stage("ControlPlaneInitialized", "True", "Initialized", "kubeadm init done on k8s-cp-0"));
+        }
+        let rows = build(&Root::Cluster("etcd".into()), &objs)?;
+        let stages: Vec<(&str, &str, &str, &str)> = rows
+            .iter()
+            .filter(|r| r.object.starts_with("Stage/"))
+            .map(|r| (r.object.as_str(), r.ready.as_str(), r.status.as_str(), r.message.as_str()))
+            .collect();
+        assert_eq!(
+            stages,
+            [
+                ("Stage/ControlPlaneInitialized", "True", "Initialized", "kubeadm init done on k8s-cp-0"),
+                ("Stage/WorkersJoined", "False", "MembersJoining", "1/2 members"),
+            ]
+        );
+        assert_eq!((rows[1].depth, rows[3].object.as_str()), (1, "Pool/members"), "stages come first, pools after");
+        Ok(())
     }
 
     #[test]

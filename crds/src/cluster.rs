@@ -8,6 +8,34 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::*;
 
+/// The Cluster conditions of a Kubernetes install (a Cluster with the `kubernetes` service),
+/// derived from which members' TaskServs are done, and of its exported kubeconfig.
+pub mod kubernetes_condition {
+    /// `kubeadm init` is done on the first control-plane server.
+    pub const CONTROL_PLANE_INITIALIZED: &str = "ControlPlaneInitialized";
+    /// Every control-plane server has joined (message "n/m members").
+    pub const CONTROL_PLANE_AVAILABLE: &str = "ControlPlaneAvailable";
+    /// Every worker has joined (message "n/m members").
+    pub const WORKERS_JOINED: &str = "WorkersJoined";
+    /// The CNI service (cilium) is Ready; only when the Cluster has one.
+    pub const CNI_READY: &str = "CNIReady";
+    /// The storage service (rook-ceph) is Ready; only when the Cluster has one.
+    pub const STORAGE_READY: &str = "StorageReady";
+    /// The admin kubeconfig is in the Secret `<cluster>-kubeconfig` (Cluster API's format).
+    pub const KUBECONFIG_READY: &str = "KubeconfigReady";
+    /// Every condition above, in the order they are reached.
+    pub const ALL: [&str; 6] =
+        [CONTROL_PLANE_INITIALIZED, CONTROL_PLANE_AVAILABLE, WORKERS_JOINED, CNI_READY, STORAGE_READY, KUBECONFIG_READY];
+}
+
+/// Suffix of the Secret holding a Kubernetes Cluster's admin kubeconfig (`<cluster>-kubeconfig`,
+/// as Cluster API names it).
+pub const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
+/// The type of that Secret (Cluster API's).
+pub const KUBECONFIG_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
+/// The label naming the Cluster on that Secret (Cluster API's).
+pub const LABEL_CAPI_CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
+
 /// Pools of Servers plus the TaskServs to install on them, in dependency order.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(

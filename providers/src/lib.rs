@@ -17,6 +17,7 @@ pub mod plans;
 pub mod prices;
 pub mod ratelimit;
 pub mod simulated;
+pub mod simulated_scripts;
 pub mod ssh;
 pub mod types;
 pub mod upcloud;

@@ -11,6 +11,8 @@
 //! `exec` runs nothing: it reports success with "simulated: scripts not run (install.nu)"
 //! ([`SCRIPTS_NOT_RUN`]) as its output and `{"simulated":true}` on stdout, so that taskserv
 //! rollouts can be exercised at scale without machines — and nobody mistakes them for runs.
+//! The few results the controller acts on (a Kubernetes cluster's kubeconfig) are printed
+//! as the real scripts would ([`crate::simulated_scripts`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
@@ -317,11 +319,21 @@ impl Provider for SimulatedProvider {
         let script = request.argv.iter().rev().find(|a| a.ends_with(".nu")).or(request.argv.first());
         let script = script.map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or_default();
         let line = format!("{SCRIPTS_NOT_RUN} ({script})");
-        let stdout = format!("{line}\n{{\"simulated\":true}}\n");
+        let path = request.argv.iter().rev().find(|a| a.ends_with(".nu")).map(String::as_str).unwrap_or_default();
+        let simulated = crate::simulated_scripts::simulate(path, request.stdin.as_deref()).await;
+        let mut stdout = format!("{line}\n");
+        for l in &simulated.lines {
+            stdout.push_str(l);
+            stdout.push('\n');
+        }
+        stdout.push_str("{\"simulated\":true}\n");
         if let Some(sink) = &request.output {
             sink.send(&line);
+            for l in &simulated.lines {
+                sink.send(l);
+            }
         }
-        Ok(ExecResult { exit_code: Some(0), timed_out: false, stdout, stderr: String::new() })
+        Ok(ExecResult { exit_code: Some(simulated.exit_code), timed_out: false, stdout, stderr: String::new() })
     }
 
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {

@@ -34,6 +34,7 @@ pub use error::{CatalogError, ConfigViolation, ResolveError, RunError, TemplateE
 pub use manifest::{HealthSpec, KNOWN_PROVIDERS, REQUIRED_SCRIPTS, TaskServManifest};
 pub use redact::{MIN_SECRET_LEN, REDACTED, Redactor};
 pub use runner::{
-    ExecOutput, LocalProcessExecutor, OUTPUT_QUEUE, RESULT_MARKER, RESULT_NODES, ScriptExecutor, ScriptOutcome, ScriptPaths, ScriptStep,
-    TAIL_BYTES, TAIL_LINES, parse_result, run_script, run_script_redacted,
+    ExecOutput, LocalProcessExecutor, OUTPUT_QUEUE, RESULT_MARKER, RESULT_NODES, SECRET_MARKER, SECRET_WITHHELD, ScriptExecutor,
+    ScriptOutcome, ScriptPaths, ScriptStep, SecretResult, TAIL_BYTES, TAIL_LINES, parse_result, parse_secret, run_script,
+    run_script_redacted,
 };

@@ -19,6 +19,13 @@ use crate::redact::Redactor;
 
 /// Prefix of the stdout line carrying a script's JSON result (see `lib/ctx.nu` `emit-result`).
 pub const RESULT_MARKER: &str = "PROVISIONING_RESULT ";
+/// Prefix of the stdout line carrying a script's secret result (a built cluster's admin
+/// kubeconfig): never forwarded, never in the tail, logs, status or events — the line is
+/// replaced by [`SECRET_WITHHELD`] wherever output goes — and parsed into
+/// [`ScriptOutcome::secret`], whose `Debug` prints nothing of it.
+pub const SECRET_MARKER: &str = "PROVISIONING_SECRET ";
+/// What output shows instead of a [`SECRET_MARKER`] line.
+pub const SECRET_WITHHELD: &str = "[provisioning] a secret result line was withheld from the output";
 /// How many lines of output the tail keeps.
 pub const TAIL_LINES: usize = 20;
 /// How many bytes of output the tail keeps.
@@ -165,12 +172,26 @@ pub struct ScriptOutcome {
     pub result: Option<Value>,
     /// Set when a result line was there but its JSON did not parse.
     pub result_error: Option<String>,
+    /// The JSON after the last `PROVISIONING_SECRET ` line of stdout, if any (never
+    /// serialized, never printed).
+    #[serde(skip)]
+    pub secret: Option<SecretResult>,
     /// The last lines of output (at most 20 lines and 4 KiB).
     pub output_tail: String,
     /// When the run started.
     pub started_at: DateTime<Utc>,
     /// When it finished.
     pub finished_at: DateTime<Utc>,
+}
+
+/// A script's secret result (see [`SECRET_MARKER`]): its `Debug` says only that it is there.
+#[derive(Clone, PartialEq)]
+pub struct SecretResult(pub Value);
+
+impl std::fmt::Debug for SecretResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretResult(<withheld>)")
+    }
 }
 
 impl ScriptOutcome {
@@ -271,7 +292,7 @@ pub async fn run_script_redacted(
             let mut incomplete = false;
             while let Some(line) = line_rx.recv().await {
                 incomplete |= is_gap_notice(&line);
-                let line = escape_controls(&redactor.redact(&line)).into_owned();
+                let line = escape_controls(&redactor.redact(withhold_secret(&line))).into_owned();
                 if let Ok(mut t) = tail.lock() {
                     t.push(&line);
                 }
@@ -302,7 +323,7 @@ pub async fn run_script_redacted(
             t.push("[provisioning] output was not streamed in full; its last lines:");
         }
         for line in exec_output.stdout.lines().chain(exec_output.stderr.lines()) {
-            t.push(&escape_controls(&redactor.redact(line)));
+            t.push(&escape_controls(&redactor.redact(withhold_secret(line))));
         }
         output_tail = t.render();
     }
@@ -311,6 +332,14 @@ pub async fn run_script_redacted(
         Some(Ok(value)) => (Some(value), None),
         Some(Err(e)) => (None, Some(redactor.redact(&e))),
     };
+    let secret = match parse_secret(&exec_output.stdout) {
+        Some(Ok(value)) => Some(SecretResult(value)),
+        Some(Err(e)) => {
+            tracing::warn!(service, step = %step, "ignoring the secret result line: {e}");
+            None
+        }
+        None => None,
+    };
     Ok(ScriptOutcome {
         service: service.to_string(),
         step,
@@ -318,6 +347,7 @@ pub async fn run_script_redacted(
         timed_out: exec_output.timed_out,
         result,
         result_error,
+        secret,
         output_tail,
         started_at,
         finished_at,
@@ -393,6 +423,24 @@ pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
         }
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// `line`, or [`SECRET_WITHHELD`] when it is a secret result line.
+fn withhold_secret(line: &str) -> &str {
+    if line.trim_start().starts_with(SECRET_MARKER.trim_end()) { SECRET_WITHHELD } else { line }
+}
+
+/// The JSON of the last `PROVISIONING_SECRET ` line of `stdout`, if there is one. Its errors
+/// never quote the line.
+pub fn parse_secret(stdout: &str) -> Option<Result<Value, String>> {
+    let line = stdout.lines().rev().find_map(|l| l.trim_end_matches('\r').strip_prefix(SECRET_MARKER))?;
+    if line.len() > RESULT_CAP {
+        return Some(Err(format!("the secret result line is {} bytes, more than the limit of {RESULT_CAP}", line.len())));
+    }
+    if json_nodes(line) > RESULT_NODES {
+        return Some(Err(format!("the secret result has more than {RESULT_NODES} values")));
+    }
+    Some(serde_json::from_str(line.trim()).map_err(|e| format!("the secret result is not JSON (line {}, column {})", e.line(), e.column())))
 }
 
 /// The JSON of the last `PROVISIONING_RESULT ` line of `stdout`, if there is one.
@@ -689,6 +737,49 @@ mod tests {
         Ok(())
     }
 
+    /// Prints a kubeconfig on a secret result line (streamed and returned), as the first
+    /// control plane of a Kubernetes cluster does.
+    struct SecretPrinter;
+
+    const KUBECONFIG_LINE: &str = "PROVISIONING_SECRET {\"kubeconfig\":\"client-key-data: c2VjcmV0\"}";
+
+    #[async_trait::async_trait]
+    impl ScriptExecutor for SecretPrinter {
+        async fn exec(&self, _: Vec<String>, _: Vec<u8>, _: Duration, output: Option<Sender<String>>) -> Result<ExecOutput, RunError> {
+            let stdout = format!("==> kubeadm init\n{KUBECONFIG_LINE}\nPROVISIONING_RESULT {{\"version\":\"1.31.4\"}}\n");
+            if let Some(output) = output {
+                for line in stdout.lines() {
+                    let _ = output.try_send(line.to_string());
+                }
+            }
+            Ok(ExecOutput { exit_code: Some(0), timed_out: false, stdout, stderr: String::new() })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_secret_result_line_is_parsed_and_never_shown() -> Result<(), RunError> {
+        let (tx, mut rx) = channel(16);
+        let outcome =
+            run_script(&SecretPrinter, ScriptStep::Install, "kubernetes", &ScriptContext::default(), Duration::from_secs(30), Some(tx))
+                .await?;
+        let forwarded: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert!(forwarded.iter().all(|l| !l.contains("c2VjcmV0")), "{forwarded:?}");
+        assert!(forwarded.iter().any(|l| l == SECRET_WITHHELD), "{forwarded:?}");
+        assert!(!outcome.output_tail.contains("c2VjcmV0") && outcome.output_tail.contains(SECRET_WITHHELD), "{}", outcome.output_tail);
+        assert!(!format!("{outcome:?}").contains("c2VjcmV0"), "Debug prints nothing of it");
+        assert!(!serde_json::to_string(&outcome)?.contains("c2VjcmV0"), "never serialized");
+        assert_eq!(outcome.secret, Some(SecretResult(serde_json::json!({"kubeconfig": "client-key-data: c2VjcmV0"}))));
+        assert_eq!(outcome.reported_version(), Some("1.31.4"), "the plain result is still there");
+        // Not streamed: the tail is built from the returned stdout, and withholds it too.
+        let outcome =
+            run_script(&SecretPrinter, ScriptStep::Install, "kubernetes", &ScriptContext::default(), Duration::from_secs(30), None).await?;
+        assert!(!outcome.output_tail.contains("c2VjcmV0"), "{}", outcome.output_tail);
+        // A malformed secret line is ignored and its error quotes nothing of it.
+        let err = parse_secret("PROVISIONING_SECRET {\"kubeconfig\": c2VjcmV0").and_then(Result::err).unwrap_or_default();
+        assert!(err.contains("not JSON") && !err.contains("c2VjcmV0"), "{err}");
+        Ok(())
+    }
+
     #[test]
     fn forwarding_never_waits_and_says_what_it_dropped() {
         let (tx, mut rx) = channel(4);
@@ -717,6 +808,7 @@ mod tests {
             timed_out: false,
             result: Some(serde_json::json!({"configDrift": true, "driftedFiles": ["/etc/a\u{1b}[2J.conf"]})),
             result_error: None,
+            secret: None,
             output_tail: String::new(),
             started_at: now,
             finished_at: now,

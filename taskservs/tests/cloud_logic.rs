@@ -191,3 +191,36 @@ fn the_kubernetes_apt_key_must_have_the_pinned_fingerprint() -> Result<(), Box<d
     assert!(!out.status.success(), "a download that is no key is refused");
     Ok(())
 }
+
+#[test]
+fn the_first_control_plane_reports_its_kubeconfig_on_a_line_the_runner_withholds() -> Result<(), Box<dyn std::error::Error>> {
+    let kubeconfig = "apiVersion: v1\nkind: Config\nusers:\n- name: admin\n  user: {client-key-data: S0VZ}\n";
+    let line = nu_eval(&format!("use kubernetes/common.nu *; kubeconfig-secret-line {}", serde_json::to_string(kubeconfig)?));
+    assert!(line.starts_with(provisioning_taskservs::SECRET_MARKER), "{line}");
+    let parsed = provisioning_taskservs::parse_secret(&format!("==> kubeadm init\n{line}\n")).ok_or("no secret line")??;
+    assert_eq!(parsed["kubeconfig"], kubeconfig);
+    Ok(())
+}
+
+#[test]
+fn a_late_joiner_gets_the_join_token_again_for_an_hour_only() -> Result<(), Box<dyn std::error::Error>> {
+    // Which servers have not joined: the Cluster's servers that are not nodes.
+    let script =
+        format!("use kubernetes/common.nu *\n{CLUSTER}not-yet-joined ($base | insert server {{name: cp-0}}) [cp-0 cp-1] | str join ','");
+    assert_eq!(nu_eval(&script), "w-0");
+    let script =
+        format!("use kubernetes/common.nu *\n{CLUSTER}not-yet-joined ($base | insert server {{name: cp-0}}) [w-0 cp-1 cp-0] | length");
+    assert_eq!(nu_eval(&script), "0");
+    // The InitConfiguration `kubeadm token create --config` reads: the generated token, 1h.
+    let script = "use kubernetes/common.nu *; token-config {config: {bootstrapToken: \"abcdef.0123456789abcdef\", certificateKey: \"k\"}}";
+    let config: serde_json::Value = serde_json::from_str(&nu_eval(script))?;
+    assert_eq!((config["apiVersion"].as_str(), config["kind"].as_str()), (Some("kubeadm.k8s.io/v1beta4"), Some("InitConfiguration")));
+    let token = &config["bootstrapTokens"][0];
+    assert_eq!((token["token"].as_str(), token["ttl"].as_str()), (Some("abcdef.0123456789abcdef"), Some("1h0m0s")));
+    assert_eq!(token["usages"], serde_json::json!(["signing", "authentication"]));
+    assert_eq!(config["certificateKey"], "k", "a late control plane gets the certificates uploaded again");
+    // kubeadm init's own token is as short-lived.
+    let init = std::fs::read_to_string(crate_dir().join("catalog/kubernetes/templates/kubeadm-init.yaml"))?;
+    assert!(init.contains("ttl: 1h0m0s") && !init.contains("24h"), "{init}");
+    Ok(())
+}

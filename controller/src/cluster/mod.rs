@@ -15,7 +15,10 @@
 pub mod act;
 pub mod approval;
 pub mod dereference;
+pub mod kubeconfig;
+pub mod pins;
 pub mod plan;
+pub mod stages;
 pub mod validate;
 
 use std::sync::Arc;
@@ -132,6 +135,33 @@ fn with_cost(mut status: ClusterStatus, children: &[plan::ChildServer], namespac
     status
 }
 
+/// Adds the conditions of a Kubernetes install ([`stages`]) and of its exported kubeconfig
+/// ([`kubeconfig::export`]) to `status`; nothing for a Cluster without the kubernetes service.
+async fn kubernetes_conditions(
+    cluster: &Cluster,
+    namespace: &str,
+    children: &dereference::Children,
+    status: &mut ClusterStatus,
+    cctx: &ClusterContext,
+) {
+    let mut desired = stages::conditions(&children.servers, &children.taskservs, &cctx.catalog);
+    match kubeconfig::export(cluster, namespace, &children.servers, &children.taskservs, &cctx.ctx).await {
+        Ok(c) => desired.extend(c),
+        Err(e) => desired.push(DesiredCondition::new(
+            provisioning_crds::kubernetes_condition::KUBECONFIG_READY,
+            Status::False,
+            "ExportFailed",
+            format!("exporting the kubeconfig to Secret {}: {e}", kubeconfig::secret_name(&cluster.name_any())),
+        )),
+    }
+    if desired.is_empty() {
+        return;
+    }
+    let previous = cluster.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    status.conditions.retain(|c| !desired.iter().any(|d| d.type_ == c.type_));
+    status.conditions.extend(conditions::merge(previous, &desired, cluster.metadata.generation, now_seconds()));
+}
+
 async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, deleting: bool) -> Result<Action, Error> {
     let ctx = &cctx.ctx;
     // An approval that does not count (crate::approval::authorize) is not seen by the gate.
@@ -190,6 +220,9 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
     let mut events = plan.events.clone();
+    if !deleting {
+        kubernetes_conditions(&cluster, namespace, &children, &mut status, cctx).await;
+    }
     let mut stale = Vec::new();
     if let Some((cluster_plan, decision)) = &gated {
         stale = approval::record(&cluster, cluster_plan, decision, &mut status, &mut events, observed.now);

@@ -235,6 +235,14 @@ async fn run_step(req: &RunRequest, step: ScriptStep) -> Result<ScriptOutcome, R
     let outcome =
         run_script_redacted(&req.executor, step, &req.context.taskserv.service, &req.context, req.timeout, Some(tx), &req.redactor).await;
     let _ = logger.await;
+    // A secret result (a built Kubernetes cluster's kubeconfig) goes to its Cluster only.
+    if let Ok(o) = &outcome
+        && o.succeeded()
+        && let Some(secret) = &o.secret
+        && req.context.taskserv.service == crate::cluster::stages::KUBERNETES
+    {
+        crate::cluster::kubeconfig::offer(req.object.namespace.as_deref().unwrap_or_default(), &req.object.name, &req.server, secret);
+    }
     outcome
 }
 

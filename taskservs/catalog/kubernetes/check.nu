@@ -16,5 +16,10 @@ def main [] {
         let node = (kubectl get node $ctx.server.name -o "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
         if ($node.stdout | str trim) != "True" { fail $"node ($ctx.server.name) is not Ready" --code 2 }
     }
+    if $role == "init" {
+        ensure-join-token $ctx
+        # The admin kubeconfig for the Secret <cluster>-kubeconfig (rotated CA, new endpoint).
+        export-kubeconfig
+    }
     emit-result {healthy: true, version: $ctx.taskserv.version, role: $role}
 }

@@ -1,6 +1,6 @@
 # Helpers shared by kubernetes's scripts.
 
-use ../lib/ctx.nu [address-of members require-command]
+use ../lib/ctx.nu [address-of members require-command log]
 
 export const ADMIN_CONF = "/etc/kubernetes/admin.conf"
 
@@ -8,6 +8,10 @@ export const ADMIN_CONF = "/etc/kubernetes/admin.conf"
 # same for every minor version's repository): a downloaded Release.key is trusted only when
 # this is its one primary key. When upstream rotates it, update the pin after checking the
 # new fingerprint against kubernetes.io.
+# Source: the same fingerprint is pinned for https://pkgs.k8s.io/core:/stable:/v<minor>/deb/Release.key
+# by puppetlabs/puppetlabs-kubernetes, manifests/packages.pp (`kubernetes_key_id` default,
+# commit d37babaee1ccb6b023ef723ae4599852d5e3a065) — a third party's pin, not a file the
+# Kubernetes project publishes: `gpg --show-keys Release.key` is the check that counts.
 export const K8S_APT_KEY_FINGERPRINT = "DE15B14486CD377B9E876E1A234654DA9A296436"
 
 # Fails unless the OpenPGP key file `file` holds exactly one primary key, `fingerprint`.
@@ -103,4 +107,75 @@ export def join-config [ctx: record, endpoint: string, ca_hash: string, control_
         $base | insert controlPlane {certificateKey: $ctx.config.certificateKey, localAPIEndpoint: {advertiseAddress: $advertise, bindPort: 6443}}
     } else { $base }
     $config | to json
+}
+
+# How long a bootstrap token lives: kubeadm init's, and each one renewed for a late joiner.
+export const JOIN_TOKEN_TTL = "1h0m0s"
+
+# The line that carries the admin kubeconfig to the controller: the runner withholds
+# `PROVISIONING_SECRET` lines from every output (logs, status, events) and the controller
+# writes the kubeconfig into the Secret `<cluster>-kubeconfig` only.
+export def kubeconfig-secret-line [kubeconfig: string]: nothing -> string {
+    $"PROVISIONING_SECRET ({kubeconfig: $kubeconfig} | to json --raw)"
+}
+
+# First control plane only: reports /etc/kubernetes/admin.conf on the secret line.
+export def export-kubeconfig [] {
+    if ($ADMIN_CONF | path exists) {
+        print (kubeconfig-secret-line (open --raw $ADMIN_CONF | decode utf-8))
+    }
+}
+
+# Servers of the Cluster (or this TaskServ's peers) that are not nodes yet.
+export def not-yet-joined [ctx: record, nodes: list<string>]: nothing -> list<string> {
+    let servers = ($ctx | get -o cluster.servers | default [])
+    let members = if ($servers | is-not-empty) { $servers | get name } else { members $ctx | get name }
+    $members | where {|m| $m not-in $nodes } | sort
+}
+
+# The InitConfiguration `kubeadm token create --config` reads: the generated bootstrap token
+# again, for JOIN_TOKEN_TTL only (JSON is YAML; written to a 0600 file, never on a command line).
+export def token-config [ctx: record]: nothing -> string {
+    {
+        apiVersion: "kubeadm.k8s.io/v1beta4"
+        kind: InitConfiguration
+        bootstrapTokens: [{
+            token: $ctx.config.bootstrapToken
+            ttl: $JOIN_TOKEN_TTL
+            usages: [signing authentication]
+            groups: ["system:bootstrappers:kubeadm:default-node-token"]
+            description: "provisioning: join of a late member"
+        }]
+        # For `kubeadm init phase upload-certs`: the control-plane certificates a joining
+        # control plane downloads (kubeadm deletes the uploaded copy after two hours).
+        certificateKey: $ctx.config.certificateKey
+    } | to json
+}
+
+# First control plane, on every health check: while a server of the Cluster has not joined
+# (a scale-up days after init, when kubeadm init's token has long expired), the bootstrap
+# token exists again for JOIN_TOKEN_TTL (and, for a control plane, the uploaded certificates
+# again); once every server is a node the token is left to expire.
+export def ensure-join-token [ctx: record] {
+    let nodes = (kubectl get nodes -o "jsonpath={.items[*].metadata.name}")
+    if $nodes.exit_code != 0 { return }
+    let pending = (not-yet-joined $ctx ($nodes.stdout | split row " " | where {|n| $n != "" }))
+    if ($pending | is-empty) { return }
+    let id = ($ctx.config.bootstrapToken | split row "." | first)
+    # Only the ids are read: the listing holds whole tokens and is never printed.
+    let listed = (^kubeadm token list --kubeconfig $ADMIN_CONF -o "jsonpath={.token}{\"\\n\"}" | complete)
+    let ids = ($listed.stdout | lines | each {|t| $t | split row "." | first })
+    if $listed.exit_code == 0 and ($id in $ids) { return }
+    log $"join token renewed for ($pending | str join ', ') \(valid ($JOIN_TOKEN_TTL)\)"
+    write-secret-file /etc/kubernetes/kubeadm-token.yaml (token-config $ctx) | ignore
+    # kubeadm prints the token it created: captured, never shown.
+    let created = (^kubeadm token create --kubeconfig $ADMIN_CONF --config /etc/kubernetes/kubeadm-token.yaml | complete)
+    if $created.exit_code != 0 { log "could not renew the join token (kubeadm token create failed)" }
+    # A late control plane also needs the uploaded certificates again (they expire after 2 h).
+    let cps = (control-planes $ctx | get name)
+    if ($pending | any {|p| $p in $cps }) {
+        # kubeadm prints the certificate key it used: captured, never shown.
+        let uploaded = (^kubeadm init phase upload-certs --upload-certs --config /etc/kubernetes/kubeadm-token.yaml | complete)
+        if $uploaded.exit_code != 0 { log "could not upload the control-plane certificates again (kubeadm init phase upload-certs failed)" }
+    }
 }

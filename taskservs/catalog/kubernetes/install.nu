@@ -76,6 +76,7 @@ def main [] {
         log $"kubeadm join \(($role)\)"
         ^kubeadm join --config /etc/kubernetes/kubeadm-join.yaml
     }
+    if $role == "init" { export-kubeconfig }
     emit-result {
         version: $version
         role: $role
