@@ -75,44 +75,96 @@ pub fn transition(before: Option<&Value>, after: &Value) -> Transition {
     Transition { started: started.then_some(now), finished }
 }
 
+/// Longest map key (or list-entry name) written into a path as it is; a longer one is cut and
+/// followed by a digest of the whole key (a tenant's free-form config may hold any keys).
+const MAX_KEY: usize = 64;
+/// Paths this long are not descended further (their subtree is one leaf).
+const MAX_PATH: usize = 512;
+
+/// `key` as a path segment: itself when short, else its start and a digest of it.
+pub fn path_key(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.len() <= MAX_KEY {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    let mut cut = 40;
+    while !key.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let digest: String = Sha256::digest(key.as_bytes()).iter().take(4).map(|b| format!("{b:02x}")).collect();
+    std::borrow::Cow::Owned(format!("{}…{digest}", &key[..cut]))
+}
+
 /// Salted digests of every leaf of `spec` (path → 16 hex digits). The salt (the object's uid)
-/// keeps equal values of different objects apart; values themselves are never stored.
+/// keeps equal values of different objects apart; values themselves are never stored. At most
+/// [`MAX_FIELDS`] leaves: the entries of a map or list past that are one leaf (`path.…`); long
+/// keys are shortened ([`path_key`]) and paths stop at [`MAX_PATH`] bytes, so the digests
+/// cost a bounded amount whatever the spec holds.
 pub fn field_digests(spec: &Value, salt: &str) -> BTreeMap<String, String> {
-    fn walk(path: String, value: &Value, depth: usize, out: &mut Vec<(String, Value)>) {
-        let deeper = depth < 6 && out.len() < MAX_FIELDS;
-        match value {
-            Value::Object(map) if deeper && !map.is_empty() => {
-                for (k, v) in map {
-                    walk(format!("{path}.{k}"), v, depth + 1, out);
-                }
+    let digest = |path: &str, write: &mut dyn FnMut(&mut Sha256)| -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(salt.as_bytes());
+        hasher.update([0]);
+        hasher.update(path.as_bytes());
+        hasher.update([0]);
+        write(&mut hasher);
+        hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+    };
+    let mut out = BTreeMap::new();
+    walk_digests("spec", spec, 0, &mut out, &digest);
+    out
+}
+
+type LeafDigest<'a> = dyn Fn(&str, &mut dyn FnMut(&mut Sha256)) -> String + 'a;
+
+fn walk_digests(path: &str, value: &Value, depth: usize, out: &mut BTreeMap<String, String>, digest: &LeafDigest<'_>) {
+    let deeper = depth < 6 && path.len() < MAX_PATH && out.len() < MAX_FIELDS;
+    // The entries from the one that would pass MAX_FIELDS on: one leaf.
+    let rest = |out: &mut BTreeMap<String, String>, entries: &mut dyn Iterator<Item = (String, &Value)>| {
+        let path = format!("{path}.…");
+        let d = digest(&path, &mut |h| {
+            for (label, v) in &mut *entries {
+                h.update(label.as_bytes());
+                h.update([0]);
+                h.update(v.to_string().as_bytes());
+                h.update([0]);
             }
-            Value::Array(items) if deeper && !items.is_empty() => {
-                for (i, v) in items.iter().enumerate() {
-                    // List-map entries are named by their key, so a reorder is not a change.
-                    let key = ["name", "service", "kind"].iter().find_map(|k| v.get(*k).and_then(Value::as_str));
-                    let label = key.map(String::from).unwrap_or_else(|| i.to_string());
-                    walk(format!("{path}[{label}]"), v, depth + 1, out);
+        });
+        out.insert(path, d);
+    };
+    match value {
+        Value::Object(map) if deeper && !map.is_empty() => {
+            let mut entries = map.iter().map(|(k, v)| (k.clone(), v));
+            while let Some((k, v)) = entries.next() {
+                if out.len() + 1 >= MAX_FIELDS {
+                    rest(out, &mut std::iter::once((k, v)).chain(entries.by_ref()));
+                    return;
                 }
+                walk_digests(&format!("{path}.{}", path_key(&k)), v, depth + 1, out, digest);
             }
-            leaf => out.push((path, leaf.clone())),
+        }
+        Value::Array(items) if deeper && !items.is_empty() => {
+            // List-map entries are named by their key, so a reorder is not a change.
+            let label = |i: usize, v: &Value| {
+                ["name", "service", "kind"]
+                    .iter()
+                    .find_map(|k| v.get(*k).and_then(Value::as_str))
+                    .map(|k| path_key(k).into_owned())
+                    .unwrap_or_else(|| i.to_string())
+            };
+            let mut entries = items.iter().enumerate().map(|(i, v)| (label(i, v), v));
+            while let Some((l, v)) = entries.next() {
+                if out.len() + 1 >= MAX_FIELDS {
+                    rest(out, &mut std::iter::once((l, v)).chain(entries.by_ref()));
+                    return;
+                }
+                walk_digests(&format!("{path}[{l}]"), v, depth + 1, out, digest);
+            }
+        }
+        leaf => {
+            let d = digest(path, &mut |h| h.update(leaf.to_string().as_bytes()));
+            out.insert(path.to_string(), d);
         }
     }
-    let mut leaves = Vec::new();
-    walk("spec".into(), spec, 0, &mut leaves);
-    leaves
-        .into_iter()
-        .map(|(path, value)| {
-            let mut hasher = Sha256::new();
-            hasher.update(salt.as_bytes());
-            hasher.update([0]);
-            hasher.update(path.as_bytes());
-            hasher.update([0]);
-            hasher.update(value.to_string().as_bytes());
-            let digest = hasher.finalize();
-            let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-            (path, hex)
-        })
-        .collect()
 }
 
 /// Paths added, removed or changed between two digest maps, sorted.
@@ -461,9 +513,19 @@ fn job_of(kind: &str, spec: impl FnOnce() -> Value, written: &crate::slim::Slim,
     managed_fields.retain(|m| m.subresource.is_none() && m.fields_v1.as_ref().is_some_and(|f| f.0.get("f:spec").is_some()));
     managed_fields.sort_by(|a, b| b.time.as_ref().map(|t| t.0).cmp(&a.time.as_ref().map(|t| t.0)));
     managed_fields.truncate(SPEC_WRITERS);
+    // Of each, only the spec's own top-level fields (a client-written entry may name others).
+    let spec = spec();
+    let tops: std::collections::BTreeSet<String> =
+        spec.as_object().map(|m| m.keys().map(|k| format!("f:{k}")).collect()).unwrap_or_default();
+    for entry in &mut managed_fields {
+        if let Some(owned) = entry.fields_v1.as_mut().and_then(|f| f.0.get_mut("f:spec")).and_then(Value::as_object_mut) {
+            owned.retain(|k, _| tops.contains(k));
+        }
+        entry.manager = entry.manager.take().map(|m| m.chars().take(128).collect());
+    }
     Some(Job {
         kind: kind.to_string(),
-        digests: field_digests(&spec(), &uid),
+        digests: field_digests(&spec, &uid),
         name,
         namespace,
         uid,
@@ -548,6 +610,25 @@ mod tests {
         assert_eq!(t, Transition { started: Some(3), finished: Some((3, Outcome::Failed("bad plan".into()))) });
         // No observedGeneration: nothing to record.
         assert_eq!(transition(None, &json!({"phase": "Pending"})), Transition::default());
+    }
+
+    #[test]
+    fn digests_cost_a_bounded_amount_whatever_the_spec_holds() {
+        // A 512 KiB key over 5,000 leaves: each path would repeat the key.
+        let long = "k".repeat(512 << 10);
+        let wide: serde_json::Map<String, Value> = (0..5000).map(|i| (format!("a{i}"), json!(0))).collect();
+        let spec = json!({"config": {long.clone(): Value::Object(wide)}});
+        let digests = field_digests(&spec, "u");
+        assert!(digests.len() <= MAX_FIELDS, "{}", digests.len());
+        let bytes: usize = digests.keys().map(String::len).sum();
+        assert!(bytes < MAX_FIELDS * (MAX_PATH + 64), "{bytes} bytes of paths");
+        assert!(digests.keys().all(|p| !p.contains(&long[..100])), "the long key is shortened");
+        // A change past the limit still shows (in the leaf that holds the rest).
+        let mut changed = spec.clone();
+        changed["config"][&long]["a4999"] = json!(1);
+        assert_eq!(changed_fields(&digests, &field_digests(&changed, "u")).len(), 1);
+        // An ordinary spec: one digest per leaf, as before.
+        assert_eq!(field_digests(&json!({"plan": "small", "image": "debian-12"}), "u").len(), 2);
     }
 
     #[test]

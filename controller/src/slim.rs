@@ -7,8 +7,8 @@
 //! object, 1 MiB of tiny maps costs ~70 MiB, and a 130-deep map is an error after the write
 //! succeeded. The watch caches bound their decode ([`crate::decode`]); these answers are
 //! decoded here into [`Slim`]: the metadata the controller reads (name, uid, resourceVersion,
-//! generation, annotations, finalizers, and of each managedFields entry who wrote it and which
-//! top-level spec fields and annotations it owns). serde_json skips everything else
+//! generation, annotations, finalizers, the first labels and ownerReferences, and of each
+//! managedFields entry who wrote it and which top-level spec fields and annotations it owns). serde_json skips everything else
 //! without building it (iteratively, whatever its depth), so an answer costs its text (the
 //! API server's object size limit) and the few fields kept.
 
@@ -41,6 +41,7 @@ struct SlimMeta {
     resource_version: Option<String>,
     generation: Option<i64>,
     annotations: Option<BTreeMap<String, String>>,
+    labels: Option<CappedLabels>,
     finalizers: Option<Vec<String>>,
     deletion_timestamp: Option<Time>,
     owner_references: Option<Capped<OwnerReference>>,
@@ -145,8 +146,40 @@ impl<'de> Deserialize<'de> for ManagedList {
     }
 }
 
+/// The first [`KEYS`] labels (a tenant may add as many as the object's size allows).
+#[derive(Clone, Debug, Default)]
+struct CappedLabels {
+    labels: BTreeMap<String, String>,
+}
+
+impl<'de> Deserialize<'de> for CappedLabels {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = CappedLabels;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("labels")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<CappedLabels, A::Error> {
+                let mut labels = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if labels.len() < KEYS && key.len() <= MAX_KEY_LEN {
+                        labels.insert(key, map.next_value::<String>()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(CappedLabels { labels })
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}
+
 /// Most keys kept of one field set's map.
 const KEYS: usize = 64;
+/// Longest field-set key kept (`f:` and a field name; longer ones are no field of ours).
+const MAX_KEY_LEN: usize = 320;
 
 /// Which keys of a field set's map are kept.
 trait KeyFilter {
@@ -188,7 +221,7 @@ impl<'de, F: KeyFilter> Deserialize<'de> for Keys<F> {
                 let mut keys = Vec::new();
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
                     map.next_value::<IgnoredAny>()?;
-                    if keys.len() < KEYS && F::keep(&key) {
+                    if keys.len() < KEYS && key.len() <= MAX_KEY_LEN && F::keep(&key) {
                         keys.push(key.into_owned());
                     }
                 }
@@ -211,6 +244,7 @@ impl Slim {
             resource_version: m.resource_version.clone(),
             generation: m.generation,
             annotations: m.annotations.clone(),
+            labels: m.labels.as_ref().map(|l| l.labels.clone()),
             finalizers: m.finalizers.clone(),
             deletion_timestamp: m.deletion_timestamp.clone(),
             owner_references: m.owner_references.as_ref().map(|o| o.items.clone()),

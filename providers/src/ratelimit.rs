@@ -476,6 +476,39 @@ pub fn transport_error(what: &str, error: &reqwest::Error) -> ProviderError {
     ProviderError::Transient(text)
 }
 
+/// Most bytes of a cloud API answer read (EC2 pages, UpCloud lists): an endpoint (which a
+/// Workspace may point anywhere) that sends more is refused, not buffered.
+pub const MAX_ANSWER: usize = 16 << 20;
+/// Most bytes of an error answer's text kept for its classification and message.
+pub const MAX_ERROR_TEXT: usize = 16 << 10;
+
+/// Reads an answer's body as text, refusing one over `cap` bytes (checked as it arrives, and
+/// up front when the length is announced) with a `Transient` error naming the cap.
+pub async fn text_capped(mut response: reqwest::Response, cap: usize, what: &str) -> ProviderResult<String> {
+    // Not worth retrying: no real answer of these APIs comes near the cap.
+    let too_large = || ProviderError::Permanent(format!("{what}: the answer is larger than {} KiB; refused", cap >> 10));
+    if response.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| transport_error(&format!("{what} response"), &e))? {
+        if body.len() + chunk.len() > cap {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The first [`MAX_ERROR_TEXT`] bytes of an error answer (on a character boundary).
+pub fn error_text(text: &str) -> &str {
+    let mut end = text.len().min(MAX_ERROR_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// Replaces every occurrence of a secret in `text` (providers echo request parts in errors).
 pub fn redact(text: &str, secrets: &[&str]) -> String {
     let mut out = text.to_string();

@@ -78,6 +78,23 @@ pub struct ProviderRegistry {
     pub aws_web_identity: Option<AwsWebIdentity>,
 }
 
+/// The credential keys any provider reads from an account's Secret, and the controller-only ones
+/// a tenant's Secret is refused for setting.
+const CREDENTIAL_KEYS: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ROLE_ARN",
+    "AWS_EXTERNAL_ID",
+    "AWS_ROLE_SESSION_NAME",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_STS_ENDPOINT",
+    "UPCLOUD_USERNAME",
+    "UPCLOUD_PASSWORD",
+    "SIMULATED_TOKEN",
+    "SSH_PRIVATE_KEY",
+];
+
 impl ProviderRegistry {
     /// A registry building providers with state under `state_dir`, handing them the host
     /// paths resolved at start-up.
@@ -222,12 +239,10 @@ impl ProviderRegistry {
         if let Some(workspace) = &ws.name {
             self.opted_in(&namespace, workspace).await?;
         }
-        // Only credential-like keys (upper-case, digits, `_`) are decoded (crate::slim): the
-        // Secret is the tenant's to make large.
+        // Only the keys a provider reads (and those refused when a tenant sets them) are
+        // decoded (crate::slim): the Secret is the tenant's to make large.
         let secret = crate::slim::SlimApi::of::<Secret>(self.client.clone(), Some(&namespace))
-            .get_data(&reference.name, true, &|k| {
-                k.len() <= 128 && k.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-            })
+            .get_data(&reference.name, true, &|k| CREDENTIAL_KEYS.contains(&k))
             .await?
             .map(crate::slim::SlimData::secret);
         let Some(secret) = secret else {

@@ -194,7 +194,11 @@ pub async fn export(
         None => None,
     };
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let existing = api.get_opt(&secret_name).await?;
+    // Only the key used is decoded (crate::slim): a tenant can make a Secret of that name large.
+    let existing = crate::slim::SlimApi::of::<Secret>(ctx.client.clone(), Some(namespace))
+        .get_data(&secret_name, true, &|k| k == SECRET_KEY)
+        .await?
+        .map(crate::slim::SlimData::secret);
     let uid = cluster.uid().unwrap_or_default();
     if let Some(s) = &existing
         && !owned_by(s, &uid)
@@ -274,7 +278,9 @@ async fn write(
                 "metadata": {"resourceVersion": s.resource_version(), "labels": want.metadata.labels},
                 "data": want.data,
             });
-            api.patch(secret_name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
+            // The answer decoded slim (crate::slim): the Secret may hold a tenant's bloat.
+            crate::slim::SlimApi::of::<Secret>(api.clone().into_client(), s.namespace().as_deref())
+                .patch(secret_name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&patch))
                 .await?;
             ctx.metrics.record_write("Secret");
             tracing::info!(cluster = %name, secret = %secret_name, "kubeconfig rotated");

@@ -343,10 +343,10 @@ pub fn install_inputs(salt: &str, service: &str, config: &Value) -> BTreeMap<Str
     let mut out = BTreeMap::new();
     out.insert("service".to_string(), fingerprint(salt, "service", service));
     let mut leaves = Vec::new();
-    config_leaves("config", config, &mut leaves);
-    for (path, value) in leaves {
-        let text = canonical(value);
-        out.insert(path.clone(), fingerprint(salt, &path, &text));
+    config_leaves("config", config, 0, &mut leaves);
+    for (path, text) in leaves {
+        let fingerprint = fingerprint(salt, &path, &text);
+        out.insert(path, fingerprint);
     }
     out
 }
@@ -382,18 +382,32 @@ fn fingerprint(salt: &str, name: &str, text: &str) -> String {
     format!("sha256:{hex}")
 }
 
-/// Every leaf of `value` under `prefix`: mappings are walked key by key; anything else (a
-/// scalar, a list, an empty mapping) is one leaf.
-fn config_leaves<'v>(prefix: &str, value: &'v Value, out: &mut Vec<(String, &'v Value)>) {
+/// Most inputs named per install (the rest of a mapping past it is one input, `prefix.…`).
+const MAX_INPUTS: usize = 256;
+/// Mappings deeper than this are one input.
+const MAX_INPUT_DEPTH: usize = 8;
+
+/// Every leaf of `value` under `prefix`, with its canonical text: mappings are walked key by
+/// key; anything else (a scalar, a list, an empty mapping) is one leaf. Bounded whatever the
+/// config holds (status records these names): at most [`MAX_INPUTS`] leaves, long keys
+/// shortened ([`crate::history::path_key`]), mappings past [`MAX_INPUT_DEPTH`] one leaf.
+fn config_leaves(prefix: &str, value: &Value, depth: usize, out: &mut Vec<(String, String)>) {
     match value {
-        Value::Object(map) if !map.is_empty() => {
-            for (k, v) in map {
-                config_leaves(&format!("{prefix}.{k}"), v, out);
+        Value::Object(map) if !map.is_empty() && depth < MAX_INPUT_DEPTH && out.len() < MAX_INPUTS => {
+            let mut entries = map.iter();
+            while let Some((k, v)) = entries.next() {
+                if out.len() + 1 >= MAX_INPUTS {
+                    let rest: BTreeMap<&String, String> = std::iter::once((k, v)).chain(entries).map(|(k, v)| (k, canonical(v))).collect();
+                    let text: Vec<String> = rest.into_iter().map(|(k, v)| format!("{}:{v}", Value::String(k.clone()))).collect();
+                    out.push((format!("{prefix}.…"), text.join(",")));
+                    return;
+                }
+                config_leaves(&format!("{prefix}.{}", crate::history::path_key(k)), v, depth + 1, out);
             }
         }
         // No config at all: nothing to compare.
         Value::Null if prefix == "config" => {}
-        _ => out.push((prefix.to_string(), value)),
+        _ => out.push((prefix.to_string(), canonical(value))),
     }
 }
 
@@ -738,6 +752,21 @@ mod tests {
         assert_ne!(Some(h1.clone()), inputs_hash("uid-2", &one, &none));
         assert_eq!(Some(h1), inputs_hash("uid-1", &one, &none));
         assert_eq!(inputs_hash("uid-1", &[], &none), None);
+    }
+
+    #[test]
+    fn install_inputs_are_bounded_whatever_the_config_holds() {
+        let long = "k".repeat(512 << 10);
+        let wide: serde_json::Map<String, Value> = (0..5000).map(|i| (format!("a{i}"), json!(0))).collect();
+        let config = json!({ long.clone(): Value::Object(wide) });
+        let inputs = install_inputs("ts", "web", &config);
+        assert!(inputs.len() <= MAX_INPUTS + 1, "{}", inputs.len());
+        let bytes: usize = inputs.keys().map(String::len).sum();
+        assert!(bytes < 64 << 10, "{bytes} bytes of names");
+        // A change past the limit still shows.
+        let mut changed = config.clone();
+        changed[&long]["a4999"] = json!(1);
+        assert_eq!(changed_inputs(&inputs, &install_inputs("ts", "web", &changed)).len(), 1);
     }
 
     #[test]

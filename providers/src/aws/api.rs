@@ -158,11 +158,13 @@ impl Ec2Client {
         let response = request.send().await.map_err(|e| self.redact_error(transport_error(&format!("EC2 {action}"), &e)))?;
         let status = response.status().as_u16();
         let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = response.text().await.map_err(|e| self.redact_error(transport_error(&format!("EC2 {action} response"), &e)))?;
+        let text = crate::ratelimit::text_capped(response, crate::ratelimit::MAX_ANSWER, &format!("EC2 {action}"))
+            .await
+            .map_err(|e| self.redact_error(e))?;
         if (200..300).contains(&status) {
             return Ok(text);
         }
-        Err(self.redact_error(classify_error(action, status, retry_after.as_deref(), &text)))
+        Err(self.redact_error(classify_error(action, status, retry_after.as_deref(), crate::ratelimit::error_text(&text))))
     }
 
     /// Parses a successful response document.

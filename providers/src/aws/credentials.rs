@@ -497,9 +497,17 @@ impl AwsCredentials {
         let response = request.body(body).send().await.map_err(|e| transport_error(&what, &e))?;
         let status = response.status().as_u16();
         let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = response.text().await.map_err(|e| transport_error(&format!("{what} response"), &e))?;
+        // An STS answer is a few KiB; the endpoint may be a tenant's.
+        let text = crate::ratelimit::text_capped(response, 1 << 20, &what).await?;
         if !(200..300).contains(&status) {
-            return Err(classify_sts_error(&self.account, action, role_arn, status, retry_after.as_deref(), &text));
+            return Err(classify_sts_error(
+                &self.account,
+                action,
+                role_arn,
+                status,
+                retry_after.as_deref(),
+                crate::ratelimit::error_text(&text),
+            ));
         }
         let parsed: StsResponse =
             crate::aws::model::parse(&text).map_err(|e| ProviderError::Transient(format!("{what}: unreadable response: {e}")))?;

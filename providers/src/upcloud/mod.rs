@@ -322,11 +322,14 @@ impl UpcloudProvider {
         let response = request.send().await.map_err(|e| ProviderError::Transient(self.clean(&transport_error(&what, &e).to_string())))?;
         let status = response.status().as_u16();
         let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = response.text().await.map_err(|e| ProviderError::Transient(self.clean(&transport_error(&what, &e).to_string())))?;
+        let text = crate::ratelimit::text_capped(response, crate::ratelimit::MAX_ANSWER, &what).await.map_err(|e| match e {
+            ProviderError::Permanent(m) => ProviderError::Permanent(self.clean(&m)),
+            other => ProviderError::Transient(self.clean(&other.to_string())),
+        })?;
         if (200..300).contains(&status) {
             return Ok((status, text));
         }
-        Err(classify_error(&what, status, retry_after.as_deref(), &self.clean(&text)))
+        Err(classify_error(&what, status, retry_after.as_deref(), &self.clean(crate::ratelimit::error_text(&text))))
     }
 
     async fn call_retrying(

@@ -1,0 +1,125 @@
+//! A cloud endpoint is whatever a Workspace account names (issue 26, fifteenth re-review N2):
+//! an answer of 64 MiB, or an error document of megabytes, must not be buffered whole. The
+//! aws and UpCloud providers read at most 16 MiB of an answer (refused beyond, a Permanent
+//! error naming the cap) and keep 16 KiB of an error's text.
+//!
+//! A tiny HTTP server on 127.0.0.1 streams the answers (generated chunk by chunk, so only the
+//! client's side is measured). One test per binary: the process's peak memory (VmHWM, reset
+//! before the phase) is the measurement.
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use provisioning_providers::{Credentials, ProviderConfig, ProviderError, build_provider};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+const HUGE: usize = 64 << 20;
+const CHUNK: usize = 64 << 10;
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// 200 with 64 MiB of `x` for every request, or 400 with a 4 MiB error message when the path
+/// holds `error`.
+async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let error = req.uri().path().contains("error");
+    let (status, total) = if error { (400, 4 << 20) } else { (200, HUGE) };
+    let prefix = if error { "<Response><Errors><Error><Code>InvalidParameterValue</Code><Message>" } else { "" };
+    let suffix = if error { "</Message></Error></Errors><RequestID>caps</RequestID></Response>" } else { "" };
+    let last = total / CHUNK - 1;
+    let chunks = futures::stream::iter((0..total / CHUNK).map(move |i| {
+        let mut chunk = vec![b'x'; CHUNK];
+        if i == 0 {
+            chunk[..prefix.len()].copy_from_slice(prefix.as_bytes());
+        }
+        if i == last {
+            chunk[CHUNK - suffix.len()..].copy_from_slice(suffix.as_bytes());
+        }
+        Ok::<_, Infallible>(Frame::data(Bytes::from(chunk)))
+    }));
+    let body = StreamBody::new(chunks).boxed();
+    Ok(Response::builder().status(status).header("content-type", "application/xml").body(body).unwrap_or_default())
+}
+
+async fn serve() -> Result<String, std::io::Error> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service_fn(handle)).await;
+            });
+        }
+    });
+    Ok(format!("http://{addr}"))
+}
+
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .unwrap_or(0)
+}
+
+fn aws(endpoint: &str) -> ProviderConfig {
+    ProviderConfig {
+        name: "caps".into(),
+        provider_type: "aws".into(),
+        region: "eu-north-1".into(),
+        endpoint: endpoint.into(),
+        credentials: Credentials(
+            [
+                ("AWS_ACCESS_KEY_ID".to_string(), "AKIACAPSCAPSCAPS0001".to_string()),
+                ("AWS_SECRET_ACCESS_KEY".to_string(), "caps-secret".to_string()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    }
+}
+
+fn upcloud(endpoint: &str) -> ProviderConfig {
+    ProviderConfig {
+        name: "caps".into(),
+        provider_type: "upcloud".into(),
+        zone: "de-fra1".into(),
+        endpoint: endpoint.into(),
+        credentials: Credentials(
+            [("UPCLOUD_USERNAME".to_string(), "caps".to_string()), ("UPCLOUD_PASSWORD".to_string(), "caps-password".to_string())].into(),
+        ),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_answers_are_refused_not_buffered_and_error_text_is_clipped() -> TestResult {
+    let endpoint = serve().await?;
+    std::fs::write("/proc/self/clear_refs", "5")?;
+    let base = status_kib("VmRSS:") / 1024;
+    for config in [aws(&endpoint), upcloud(&endpoint)] {
+        let provider = build_provider(&config)?;
+        let started = std::time::Instant::now();
+        let result = provider.list_servers(&[]).await;
+        let error = result.err().ok_or("a 64 MiB answer was accepted")?;
+        eprintln!("{}: {error} after {:?}", config.provider_type, started.elapsed());
+        assert!(matches!(error, ProviderError::Permanent(_)), "{error:?}");
+        assert!(error.to_string().contains("larger than 16384 KiB"), "{error}");
+    }
+    let grew = (status_kib("VmHWM:") / 1024).saturating_sub(base);
+    eprintln!("two 64 MiB answers refused: peak +{grew} MiB");
+    assert!(grew < 48, "reading was not capped: peak +{grew} MiB");
+
+    // A well-formed error document with a 4 MiB message: what is kept of it is clipped.
+    let error_endpoint = format!("{endpoint}/error");
+    let provider = build_provider(&aws(&error_endpoint))?;
+    let error = provider.list_servers(&[]).await.err().ok_or("an error answer was accepted")?;
+    let text = error.to_string();
+    eprintln!("error answer: {} bytes of message", text.len());
+    assert!(text.len() < 20 << 10, "the error text is {} bytes", text.len());
+    Ok(())
+}
