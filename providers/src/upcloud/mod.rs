@@ -178,6 +178,13 @@ pub fn firewall_rules(network: &crate::NetworkSettings) -> ProviderResult<Vec<Up
         return Ok(Vec::new());
     }
     let invalid = |i: usize, why: String| ProviderError::InvalidRequest(format!("firewallRules[{i}]: {why}"));
+    // With a firewall the controller's SSH must be let in from somewhere; an empty list is not
+    // "from anywhere" (0.0.0.0/0 is accepted only when written).
+    if network.ssh_source_cidrs.is_empty() {
+        return Err(ProviderError::InvalidRequest(
+            "sshSourceCidrs is empty: with firewallRules the firewall lets SSH in only from these ranges; list the controller's egress CIDRs (0.0.0.0/0 only if you mean it)".into(),
+        ));
+    }
     let mut rules = Vec::new();
     for cidr in &network.ssh_source_cidrs {
         let (start, end, family) = address_range(cidr).map_err(|e| ProviderError::InvalidRequest(format!("sshSourceCidrs: {e}")))?;
@@ -191,18 +198,6 @@ pub fn firewall_rules(network: &crate::NetworkSettings) -> ProviderResult<Vec<Up
             destination_port_start: Some("22".into()),
             destination_port_end: Some("22".into()),
             comment: Some("provisioning: SSH from the controller".into()),
-            ..Default::default()
-        });
-    }
-    if network.ssh_source_cidrs.is_empty() {
-        rules.push(UpcloudFirewallRule {
-            direction: "in".into(),
-            action: "accept".into(),
-            family: Some("IPv4".into()),
-            protocol: Some("tcp".into()),
-            destination_port_start: Some("22".into()),
-            destination_port_end: Some("22".into()),
-            comment: Some("provisioning: SSH (set sshSourceCidrs to narrow)".into()),
             ..Default::default()
         });
     }
@@ -724,6 +719,16 @@ impl Provider for UpcloudProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_firewall_without_ssh_sources_is_refused_not_opened_to_everyone() {
+        let rule = crate::FirewallRule { direction: "out".into(), action: "accept".into(), ..Default::default() };
+        let network = crate::NetworkSettings { firewall_rules: vec![rule], ..Default::default() };
+        let refused = firewall_rules(&network).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("sshSourceCidrs"), "{refused}");
+        let open = crate::NetworkSettings { ssh_source_cidrs: vec!["0.0.0.0/0".into()], ..network };
+        assert!(firewall_rules(&open).is_ok_and(|r| r.iter().any(|r| r.destination_port_start.as_deref() == Some("22"))));
+    }
 
     #[test]
     fn label_keys_round_trip() {
