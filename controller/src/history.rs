@@ -14,6 +14,7 @@
 //! fails the reconcile.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ManagedFieldsEntry, OwnerReference, Time};
@@ -262,12 +263,18 @@ pub struct ChangeHistory {
     limit: usize,
     /// The writers' queues, started by the first record (they need the runtime).
     queues: Arc<OnceLock<Vec<mpsc::Sender<Job>>>>,
+    /// Bytes the queued jobs hold (about), against [`QUEUE_BYTES`].
+    queued: Arc<AtomicUsize>,
 }
 
 /// Background writers; one object's records always go through the same one.
 const WRITERS: usize = 16;
 /// Transitions waiting per writer; past this they are dropped (history only).
 const QUEUE: usize = 4096;
+/// What queued jobs may hold together, all writers (about; digests, writers, plans).
+const QUEUE_BYTES: usize = 32 << 20;
+/// What one writer may remember of records (about) before it forgets them all.
+const KNOWN_BYTES: usize = 4 << 20;
 /// Spec writers a record names at most (the newest).
 const SPEC_WRITERS: usize = 16;
 /// Objects whose records a writer remembers; past this it forgets them all (an object it no
@@ -294,6 +301,32 @@ struct Job {
     had_status: bool,
 }
 
+/// Only the newest record's digests are ever compared (with the next generation's): the
+/// others' are dropped.
+fn forget_older_digests(history: &mut [Known]) {
+    if let Some((_, older)) = history.split_last_mut() {
+        for k in older {
+            k.digests = BTreeMap::new();
+        }
+    }
+}
+
+impl Known {
+    fn bytes(&self) -> usize {
+        self.name.len() + 64 + self.digests.iter().map(|(p, d)| p.len() + d.len() + 64).sum::<usize>()
+    }
+}
+
+impl Job {
+    /// About what the job holds, for the queues' byte budget.
+    fn bytes(&self) -> usize {
+        let digests: usize = self.digests.iter().map(|(p, d)| p.len() + d.len() + 64).sum();
+        let writers: usize = self.managed_fields.iter().map(|m| 256 + m.fields_v1.as_ref().map_or(0, |f| f.0.to_string().len())).sum();
+        let plan = self.plan.as_ref().map_or(0, |p| p.to_string().len());
+        1024 + self.name.len() + digests + writers + plan
+    }
+}
+
 /// What a writer knows of one record it wrote or listed.
 #[derive(Clone, Debug)]
 struct Known {
@@ -307,7 +340,7 @@ impl ChangeHistory {
     /// A history writing with `client` under `field_manager`, keeping `limit` records per
     /// object (0: off).
     pub fn new(client: Client, field_manager: &'static str, limit: usize) -> Self {
-        ChangeHistory { client, field_manager, limit, queues: Arc::default() }
+        ChangeHistory { client, field_manager, limit, queues: Arc::default(), queued: Arc::default() }
     }
 
     /// Whether changes of `kind` are recorded (history on, a recorded kind): the caller skips
@@ -343,13 +376,22 @@ impl ChangeHistory {
                 .collect()
         });
         let shard = job.uid.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % queues.len().max(1);
+        // Queued jobs together hold at most QUEUE_BYTES (a tenant's spec shapes their digests).
+        let bytes = job.bytes();
+        if self.queued.fetch_add(bytes, Ordering::SeqCst) + bytes > QUEUE_BYTES {
+            self.queued.fetch_sub(bytes, Ordering::SeqCst);
+            tracing::warn!(kind, object = %job.name, "the ChangeRecord writers are behind; this transition is not recorded (history only; the object is unaffected)");
+            return;
+        }
         if let Some(q) = queues.get(shard) {
             match q.try_send(job) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(job)) => {
+                    self.queued.fetch_sub(bytes, Ordering::SeqCst);
                     tracing::warn!(kind, object = %job.name, "the ChangeRecord writer is behind; this transition is not recorded (history only; the object is unaffected)");
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => {
+                    self.queued.fetch_sub(bytes, Ordering::SeqCst);
                     tracing::warn!(kind, "the ChangeRecord writer has stopped (history only; the object is unaffected)");
                 }
             }
@@ -360,15 +402,20 @@ impl ChangeHistory {
     /// the records it knows so that only an object it never saw costs a list.
     async fn write_loop(self, mut rx: mpsc::Receiver<Job>) {
         let mut known: HashMap<String, Vec<Known>> = HashMap::new();
+        // An upper bound of what `known` holds (each job adds its object's records again).
+        let mut known_bytes = 0usize;
         while let Some(job) = rx.recv().await {
-            if known.len() >= REMEMBERED {
+            if known.len() >= REMEMBERED || known_bytes > KNOWN_BYTES {
                 known.clear();
+                known_bytes = 0;
             }
             if let Err(e) = self.record(&job, &mut known).await {
                 // The next transition lists again rather than trust what may be half written.
                 known.remove(&job.uid);
                 tracing::warn!(kind = %job.kind, object = %job.name, error = %e, "could not write the ChangeRecord (history only; the object is unaffected)");
             }
+            known_bytes += known.get(&job.uid).map_or(0, |h| h.iter().map(Known::bytes).sum());
+            self.queued.fetch_sub(job.bytes(), Ordering::SeqCst);
         }
     }
 
@@ -412,6 +459,7 @@ impl ChangeHistory {
                 }
             }
         }
+        forget_older_digests(&mut history);
         known.insert(job.uid.clone(), history);
         Ok(())
     }
@@ -431,6 +479,7 @@ impl ChangeHistory {
             })
             .collect();
         records.sort_by_key(|r| r.generation);
+        forget_older_digests(&mut records);
         Ok(records)
     }
 

@@ -476,9 +476,10 @@ pub fn transport_error(what: &str, error: &reqwest::Error) -> ProviderError {
     ProviderError::Transient(text)
 }
 
-/// Most bytes of a cloud API answer read (EC2 pages, UpCloud lists): an endpoint (which a
-/// Workspace may point anywhere) that sends more is refused, not buffered.
-pub const MAX_ANSWER: usize = 16 << 20;
+/// Most bytes of a cloud API answer read (EC2 pages, all pages of one DescribeInstances
+/// together, UpCloud lists): an endpoint (which a Workspace may point anywhere) that sends
+/// more is refused, not buffered. About 1,500 EC2 instances, or 8,000 UpCloud servers.
+pub const MAX_ANSWER: usize = 8 << 20;
 /// Most bytes of an error answer's text kept for its classification and message.
 pub const MAX_ERROR_TEXT: usize = 16 << 10;
 
@@ -497,7 +498,7 @@ pub async fn text_capped(mut response: reqwest::Response, cap: usize, what: &str
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(String::from_utf8_lossy(&body).into_owned())
+    Ok(String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
 /// The first [`MAX_ERROR_TEXT`] bytes of an error answer (on a character boundary).

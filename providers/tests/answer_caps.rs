@@ -1,7 +1,8 @@
 //! A cloud endpoint is whatever a Workspace account names (issue 26, fifteenth re-review N2):
 //! an answer of 64 MiB, or an error document of megabytes, must not be buffered whole. The
-//! aws and UpCloud providers read at most 16 MiB of an answer (refused beyond, a Permanent
-//! error naming the cap) and keep 16 KiB of an error's text.
+//! aws and UpCloud providers read at most 8 MiB of an answer (refused beyond, a Permanent
+//! error naming the cap; for EC2 all pages of one call together) and keep 16 KiB of an
+//! error's text.
 //!
 //! A tiny HTTP server on 127.0.0.1 streams the answers (generated chunk by chunk, so only the
 //! client's side is measured). One test per binary: the process's peak memory (VmHWM, reset
@@ -27,6 +28,15 @@ type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 /// 200 with 64 MiB of `x` for every request, or 400 with a 4 MiB error message when the path
 /// holds `error`.
 async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    if req.uri().path().contains("pages") {
+        // A valid DescribeInstances page of ~1 MiB that always says more follow.
+        let items = "<item><instancesSet/></item>".repeat(36_000);
+        let page = format!(
+            "<DescribeInstancesResponse><reservationSet>{items}</reservationSet><nextToken>more</nextToken></DescribeInstancesResponse>"
+        );
+        let body = http_body_util::Full::new(Bytes::from(page)).map_err(|never| match never {}).boxed();
+        return Ok(Response::builder().status(200).header("content-type", "application/xml").body(body).unwrap_or_default());
+    }
     let error = req.uri().path().contains("error");
     let (status, total) = if error { (400, 4 << 20) } else { (200, HUGE) };
     let prefix = if error { "<Response><Errors><Error><Code>InvalidParameterValue</Code><Message>" } else { "" };
@@ -108,11 +118,16 @@ async fn oversized_answers_are_refused_not_buffered_and_error_text_is_clipped() 
         let error = result.err().ok_or("a 64 MiB answer was accepted")?;
         eprintln!("{}: {error} after {:?}", config.provider_type, started.elapsed());
         assert!(matches!(error, ProviderError::Permanent(_)), "{error:?}");
-        assert!(error.to_string().contains("larger than 16384 KiB"), "{error}");
+        assert!(error.to_string().contains("larger than 8192 KiB"), "{error}");
     }
     let grew = (status_kib("VmHWM:") / 1024).saturating_sub(base);
     eprintln!("two 64 MiB answers refused: peak +{grew} MiB");
     assert!(grew < 48, "reading was not capped: peak +{grew} MiB");
+
+    // Pages of 1 MiB without end: refused once they pass the cap together.
+    let provider = build_provider(&aws(&format!("{endpoint}/pages")))?;
+    let error = provider.list_servers(&[]).await.err().ok_or("endless pages were accepted")?;
+    assert!(matches!(error, ProviderError::Permanent(_)) && error.to_string().contains("together"), "{error}");
 
     // A well-formed error document with a 4 MiB message: what is kept of it is clipped.
     let error_endpoint = format!("{endpoint}/error");

@@ -69,10 +69,26 @@ fn offers() -> std::sync::MutexGuard<'static, HashMap<(String, String), Offer>> 
 /// only (at most one per TaskServ, at most 64 KiB: the runner's result cap).
 /// Anything else in it is ignored.
 pub fn offer(namespace: &str, taskserv: &str, server: &str, secret: &SecretResult) {
-    let Some(kubeconfig) = secret.0.get("kubeconfig").and_then(Value::as_str) else { return };
-    offers()
-        .insert((namespace.to_string(), taskserv.to_string()), Offer { server: server.to_string(), kubeconfig: kubeconfig.to_string() });
+    let Some(kubeconfig) = secret.0.get("kubeconfig").and_then(Value::as_str).filter(|k| k.len() <= MAX_KUBECONFIG) else { return };
+    let mut offers = offers();
+    let key = (namespace.to_string(), taskserv.to_string());
+    // Bounded: a machine's output cannot make the controller keep more than MAX_OFFERS of them
+    // (one per TaskServ; a Cluster pass takes its own; the next health check offers again).
+    if offers.len() >= MAX_OFFERS && !offers.contains_key(&key) {
+        tracing::warn!(
+            namespace,
+            taskserv,
+            "too many kubeconfigs waiting for their Cluster; this one is offered again by the next health check"
+        );
+        return;
+    }
+    offers.insert(key, Offer { server: server.to_string(), kubeconfig: kubeconfig.to_string() });
 }
+
+/// Most kubeconfig offers waiting for their Cluster at once.
+const MAX_OFFERS: usize = 256;
+/// Largest kubeconfig accepted (kubeadm's admin.conf is ~6 KiB), from a machine or a Secret.
+const MAX_KUBECONFIG: usize = 64 << 10;
 
 fn take_offer(namespace: &str, taskserv: &str) -> Option<Offer> {
     offers().remove(&(namespace.to_string(), taskserv.to_string()))
@@ -108,6 +124,9 @@ pub struct Invalid(pub &'static str);
 /// `kubeconfig` (YAML or JSON, as kubeadm writes `admin.conf`) with every cluster's server
 /// set to `https://<endpoint>`, as JSON (which is YAML; kubectl reads it).
 pub fn normalize(kubeconfig: &str, endpoint: &str) -> Result<String, Invalid> {
+    if kubeconfig.len() > MAX_KUBECONFIG {
+        return Err(Invalid("the kubeconfig is larger than 64 KiB"));
+    }
     let mut config: Value = provisioning_yaml::from_str(kubeconfig).map_err(|_| Invalid("the kubeconfig is not YAML"))?;
     if config.get("kind").and_then(Value::as_str) != Some("Config") {
         return Err(Invalid("the kubeconfig is not of kind Config"));
@@ -123,9 +142,16 @@ pub fn normalize(kubeconfig: &str, endpoint: &str) -> Result<String, Invalid> {
             return Err(Invalid("a cluster of the kubeconfig has no certificate-authority-data"));
         }
         cluster.insert("server".into(), Value::String(format!("https://{endpoint}")));
+        // Only what kubeadm writes: no proxy, no skipped verification for tools that read it.
+        cluster.retain(|k, _| matches!(k.as_str(), "server" | "certificate-authority-data"));
     }
-    if config.get("users").and_then(Value::as_array).is_none_or(Vec::is_empty) {
-        return Err(Invalid("the kubeconfig has no users"));
+    let users =
+        config.get_mut("users").and_then(Value::as_array_mut).filter(|u| !u.is_empty()).ok_or(Invalid("the kubeconfig has no users"))?;
+    for u in users {
+        // Credentials as data only: no `exec` or auth-provider command for a reader to run.
+        if let Some(user) = u.get_mut("user").and_then(Value::as_object_mut) {
+            user.retain(|k, _| matches!(k.as_str(), "client-certificate-data" | "client-key-data" | "token"));
+        }
     }
     serde_json::to_string_pretty(&config).map_err(|_| Invalid("the kubeconfig could not be written"))
 }
@@ -306,6 +332,22 @@ mod tests {
         assert_eq!(normalize("{{{", "x:1"), Err(Invalid("the kubeconfig is not YAML")));
         let no_ca = ADMIN_CONF.replace("certificate-authority-data: Q0E=", "insecure-skip-tls-verify: true");
         assert_eq!(normalize(&no_ca, "x:1"), Err(Invalid("a cluster of the kubeconfig has no certificate-authority-data")));
+        // Too large to parse (a tenant's Secret of that name, or a machine's output).
+        let large = format!("{ADMIN_CONF}# {}", "0".repeat(MAX_KUBECONFIG));
+        assert_eq!(normalize(&large, "x:1"), Err(Invalid("the kubeconfig is larger than 64 KiB")));
+        // Nothing a reader would run or trust beyond what kubeadm writes.
+        let extra = ADMIN_CONF
+            .replace(
+                "    server: https://10.0.0.5:6443\n",
+                "    server: https://10.0.0.5:6443\n    proxy-url: http://evil:3128\n    insecure-skip-tls-verify: true\n",
+            )
+            .replace(
+                "user: {client-certificate-data: Q0VSVA==, client-key-data: S0VZ}",
+                "user: {client-certificate-data: Q0VSVA==, client-key-data: S0VZ, exec: {command: /bin/sh}}",
+            );
+        let out: Value = serde_json::from_str(&normalize(&extra, "x:1").map_err(|e| e.0)?)?;
+        assert_eq!(out["clusters"][0]["cluster"].as_object().map(|c| c.len()), Some(2), "{out}");
+        assert!(out["users"][0]["user"].get("exec").is_none(), "{out}");
         Ok(())
     }
 

@@ -172,12 +172,22 @@ impl AwsProvider {
     async fn describe(&self, params: Vec<(String, String)>) -> ProviderResult<Vec<Instance>> {
         let mut instances = Vec::new();
         let mut next_token: Option<String> = None;
+        // All pages together within one answer's cap: the endpoint is a Workspace's to name,
+        // and what its pages decode to is kept until the last one.
+        let mut read = 0usize;
         loop {
             let mut page = params.clone();
             if let Some(token) = &next_token {
                 page.push(("NextToken".into(), token.clone()));
             }
             let xml = self.call_retrying("DescribeInstances", &page).await?;
+            read += xml.len();
+            if read > crate::ratelimit::MAX_ANSWER {
+                return Err(ProviderError::Permanent(format!(
+                    "EC2 DescribeInstances: the answers are larger than {} KiB together; refused",
+                    crate::ratelimit::MAX_ANSWER >> 10
+                )));
+            }
             let parsed: DescribeInstancesResponse = self.client.parse("DescribeInstances", &xml)?;
             instances.extend(parsed.reservations.items.into_iter().flat_map(|r| r.instances.items));
             match parsed.next_token.filter(|t| !t.is_empty()) {
