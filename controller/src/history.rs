@@ -294,8 +294,8 @@ struct Job {
     managed_fields: Vec<ManagedFieldsEntry>,
     /// Who made the spec generation (the server-owned annotation), if recorded.
     changed_by_user: Option<String>,
-    /// The status's plan, if any.
-    plan: Option<Value>,
+    /// The status's plan, if any, as its JSON text (what it holds is counted exactly).
+    plan: Option<String>,
     transition: Transition,
     /// Whether the object had a status before this write (else it can have no records yet).
     had_status: bool,
@@ -322,7 +322,7 @@ impl Job {
     fn bytes(&self) -> usize {
         let digests: usize = self.digests.iter().map(|(p, d)| p.len() + d.len() + 64).sum();
         let writers: usize = self.managed_fields.iter().map(|m| 256 + m.fields_v1.as_ref().map_or(0, |f| f.0.to_string().len())).sum();
-        let plan = self.plan.as_ref().map_or(0, |p| p.to_string().len());
+        let plan = self.plan.as_ref().map_or(0, String::len);
         1024 + self.name.len() + digests + writers + plan
     }
 }
@@ -580,7 +580,7 @@ fn job_of(kind: &str, spec: impl FnOnce() -> Value, written: &crate::slim::Slim,
         uid,
         managed_fields,
         changed_by_user,
-        plan: after.get("plan").filter(|p| !p.is_null()).cloned(),
+        plan: after.get("plan").filter(|p| !p.is_null()).map(Value::to_string),
         transition,
         had_status,
     })
@@ -612,7 +612,7 @@ fn new_record(change: &Change<'_>, name: &str, generation: i64, previous: Option
             summary: summary(previous.map(|(g, _)| g), generation, &fields),
             changed_fields: fields,
             field_digests: digests,
-            plan: job.plan.clone(),
+            plan: job.plan.as_deref().and_then(|p| serde_json::from_str(p).ok()),
             started_at: now.into(),
             approvals: Vec::new(),
         },

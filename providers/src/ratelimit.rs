@@ -480,6 +480,10 @@ pub fn transport_error(what: &str, error: &reqwest::Error) -> ProviderError {
 /// together, UpCloud lists): an endpoint (which a Workspace may point anywhere) that sends
 /// more is refused, not buffered. About 1,500 EC2 instances, or 8,000 UpCloud servers.
 pub const MAX_ANSWER: usize = 8 << 20;
+/// Most bytes of the answers to a look-up of one machine (by id or by its Server's uid tag):
+/// a few machines' worth; anything larger is refused before it is parsed.
+pub const LOOKUP_CAP: usize = 256 << 10;
+
 /// Most bytes of an error answer's text kept for its classification and message.
 pub const MAX_ERROR_TEXT: usize = 16 << 10;
 

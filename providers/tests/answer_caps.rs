@@ -128,6 +128,10 @@ async fn oversized_answers_are_refused_not_buffered_and_error_text_is_clipped() 
     let provider = build_provider(&aws(&format!("{endpoint}/pages")))?;
     let error = provider.list_servers(&[]).await.err().ok_or("endless pages were accepted")?;
     assert!(matches!(error, ProviderError::Permanent(_)) && error.to_string().contains("together"), "{error}");
+    // A look-up of one machine expects a few KiB: refused at 256 KiB, before parsing.
+    let identity = provisioning_providers::ServerIdentity { uid: "u-1".into(), namespace: "n".into(), name: "s".into(), cluster: None };
+    let error = provider.find_server(&identity).await.err().ok_or("a 1 MiB look-up answer was accepted")?;
+    assert!(error.to_string().contains("larger than 256 KiB"), "{error}");
 
     // A well-formed error document with a 4 MiB message: what is kept of it is clipped.
     let error_endpoint = format!("{endpoint}/error");

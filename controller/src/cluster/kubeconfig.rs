@@ -49,6 +49,8 @@ const API_PORT: u16 = 6443;
 struct Offer {
     server: String,
     kubeconfig: String,
+    /// Arrival order (the oldest is evicted first).
+    at: u64,
 }
 
 impl std::fmt::Debug for Offer {
@@ -72,19 +74,33 @@ pub fn offer(namespace: &str, taskserv: &str, server: &str, secret: &SecretResul
     let Some(kubeconfig) = secret.0.get("kubeconfig").and_then(Value::as_str).filter(|k| k.len() <= MAX_KUBECONFIG) else { return };
     let mut offers = offers();
     let key = (namespace.to_string(), taskserv.to_string());
-    // Bounded: a machine's output cannot make the controller keep more than MAX_OFFERS of them
-    // (one per TaskServ; a Cluster pass takes its own; the next health check offers again).
-    if offers.len() >= MAX_OFFERS && !offers.contains_key(&key) {
-        tracing::warn!(
-            namespace,
-            taskserv,
-            "too many kubeconfigs waiting for their Cluster; this one is offered again by the next health check"
-        );
-        return;
+    // Bounded: at most MAX_OFFERS_PER_NAMESPACE per namespace and MAX_OFFERS in all, the
+    // oldest evicted (its TaskServ's next health check offers again), so one tenant's
+    // standalone or orphaned kubernetes TaskServs cannot keep another's Cluster waiting.
+    if !offers.contains_key(&key) {
+        let in_namespace = offers.keys().filter(|(ns, _)| ns == namespace).count();
+        let oldest = |offers: &HashMap<(String, String), Offer>, same_namespace: bool| {
+            offers.iter().filter(|((ns, _), _)| !same_namespace || ns == namespace).min_by_key(|(_, o)| o.at).map(|(k, _)| k.clone())
+        };
+        let evict = if in_namespace >= MAX_OFFERS_PER_NAMESPACE {
+            oldest(&offers, true)
+        } else if offers.len() >= MAX_OFFERS {
+            oldest(&offers, false)
+        } else {
+            None
+        };
+        if let Some(evicted) = evict {
+            offers.remove(&evicted);
+        }
     }
-    offers.insert(key, Offer { server: server.to_string(), kubeconfig: kubeconfig.to_string() });
+    let at = OFFER_CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    offers.insert(key, Offer { server: server.to_string(), kubeconfig: kubeconfig.to_string(), at });
 }
 
+/// Orders offers by arrival (for eviction).
+static OFFER_CLOCK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Most offers of one namespace waiting at once.
+const MAX_OFFERS_PER_NAMESPACE: usize = 8;
 /// Most kubeconfig offers waiting for their Cluster at once.
 const MAX_OFFERS: usize = 256;
 /// Largest kubeconfig accepted (kubeadm's admin.conf is ~6 KiB), from a machine or a Secret.
@@ -96,7 +112,10 @@ fn take_offer(namespace: &str, taskserv: &str) -> Option<Offer> {
 
 /// Puts back an offer taken by a pass that could not write it (unless a newer one came).
 fn return_offer(namespace: &str, taskserv: &str, offer: Offer) {
-    offers().entry((namespace.to_string(), taskserv.to_string())).or_insert(offer);
+    let mut offers = offers();
+    if offers.len() < MAX_OFFERS {
+        offers.entry((namespace.to_string(), taskserv.to_string())).or_insert(offer);
+    }
 }
 
 /// The Secret's name for Cluster `cluster`.
@@ -359,5 +378,20 @@ mod tests {
         assert!(take_offer("ns-offers", "ts").is_none(), "taken once");
         offer("ns-offers", "ts", "cp-0", &SecretResult(serde_json::json!({"kubeconfig": 5})));
         assert!(take_offer("ns-offers", "ts").is_none());
+    }
+
+    #[test]
+    fn one_namespaces_offers_cannot_crowd_out_anothers() {
+        let kubeconfig = SecretResult(serde_json::json!({"kubeconfig": ADMIN_CONF}));
+        offer("ns-victim", "k8s", "cp-0", &kubeconfig);
+        for i in 0..(MAX_OFFERS * 2) {
+            offer("ns-flood", &format!("ts-{i}"), "cp-0", &kubeconfig);
+        }
+        let flood = offers().keys().filter(|(ns, _)| ns == "ns-flood").count();
+        assert_eq!(flood, MAX_OFFERS_PER_NAMESPACE, "the flooding namespace keeps its newest only");
+        assert!(take_offer("ns-victim", "k8s").is_some(), "another namespace's offer stays");
+        // The newest is kept, the oldest evicted.
+        assert!(take_offer("ns-flood", &format!("ts-{}", MAX_OFFERS * 2 - 1)).is_some());
+        assert!(take_offer("ns-flood", "ts-0").is_none());
     }
 }

@@ -32,6 +32,7 @@ use self::model::{
     CreateSecurityGroupResponse, DescribeInstancesResponse, DescribeRegionsResponse, DescribeSecurityGroupsResponse,
     DescribeSubnetsResponse, Instance, RunInstancesResponse, TerminateInstancesResponse,
 };
+use crate::ratelimit::LOOKUP_CAP;
 use crate::ratelimit::{AccountKey, AccountLimits, BucketSpec, Buckets, CallGuard, RateLimiter, RetryPolicy};
 use crate::ssh::SshExecutor;
 use crate::{
@@ -169,7 +170,10 @@ impl AwsProvider {
         self.guard.retry(action, || self.client.call(action, params)).await
     }
 
-    async fn describe(&self, params: Vec<(String, String)>) -> ProviderResult<Vec<Instance>> {
+    /// DescribeInstances, every page, within `cap` bytes of answers together (checked before
+    /// each page is parsed): a look-up of one machine expects a few KiB ([`LOOKUP_CAP`]), a
+    /// list of the account's machines more ([`crate::ratelimit::MAX_ANSWER`]).
+    async fn describe(&self, params: Vec<(String, String)>, cap: usize) -> ProviderResult<Vec<Instance>> {
         let mut instances = Vec::new();
         let mut next_token: Option<String> = None;
         // All pages together within one answer's cap: the endpoint is a Workspace's to name,
@@ -182,10 +186,10 @@ impl AwsProvider {
             }
             let xml = self.call_retrying("DescribeInstances", &page).await?;
             read += xml.len();
-            if read > crate::ratelimit::MAX_ANSWER {
+            if read > cap {
                 return Err(ProviderError::Permanent(format!(
                     "EC2 DescribeInstances: the answers are larger than {} KiB together; refused",
-                    crate::ratelimit::MAX_ANSWER >> 10
+                    cap >> 10
                 )));
             }
             let parsed: DescribeInstancesResponse = self.client.parse("DescribeInstances", &xml)?;
@@ -198,28 +202,28 @@ impl AwsProvider {
     }
 
     /// Live instances carrying all of `tags`.
-    async fn describe_tagged(&self, tags: &[(String, String)]) -> ProviderResult<Vec<Instance>> {
+    async fn describe_tagged(&self, tags: &[(String, String)], cap: usize) -> ProviderResult<Vec<Instance>> {
         let mut params = Vec::new();
         for (i, (key, value)) in tags.iter().enumerate() {
             params.push((format!("Filter.{}.Name", i + 1), format!("tag:{key}")));
             params.push((format!("Filter.{}.Value.1", i + 1), value.clone()));
         }
-        self.describe_live(params).await
+        self.describe_live(params, cap).await
     }
 
     /// Live instances matching the filters `params` (numbered from 1).
-    async fn describe_live(&self, mut params: Vec<(String, String)>) -> ProviderResult<Vec<Instance>> {
+    async fn describe_live(&self, mut params: Vec<(String, String)>, cap: usize) -> ProviderResult<Vec<Instance>> {
         let n = params.iter().filter(|(k, _)| k.ends_with(".Name")).count() + 1;
         params.push((format!("Filter.{n}.Name"), "instance-state-name".into()));
         for (i, state) in LIVE_STATES.iter().enumerate() {
             params.push((format!("Filter.{n}.Value.{}", i + 1), (*state).to_string()));
         }
-        self.describe(params).await
+        self.describe(params, cap).await
     }
 
     async fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
         let tags = [(crate::tags::SERVER_UID.to_string(), identity.uid.clone())];
-        let mut found: Vec<ServerObservation> = self.describe_tagged(&tags).await?.iter().map(observe).collect();
+        let mut found: Vec<ServerObservation> = self.describe_tagged(&tags, LOOKUP_CAP).await?.iter().map(observe).collect();
         if found.len() > 1 {
             // Only a cloud that lost a ClientToken could get here; report, never pick silently.
             tracing::warn!(uid = %identity.uid, count = found.len(), "several machines carry one Server uid");
@@ -361,7 +365,7 @@ impl AwsProvider {
         let name = managed_group_name(&self.account);
         let members =
             vec![("Filter.1.Name".to_string(), "instance.group-name".to_string()), ("Filter.1.Value.1".to_string(), name.clone())];
-        if !self.describe_live(members).await?.is_empty() {
+        if !self.describe_live(members, crate::ratelimit::MAX_ANSWER).await?.is_empty() {
             return Ok(true);
         }
         // Serialises the delete with this process's look-ups of the group (a create waits,
@@ -680,7 +684,7 @@ impl Provider for AwsProvider {
 
     async fn observe_server(&self, id: &ProviderId) -> ProviderResult<Option<ServerObservation>> {
         let params = vec![("InstanceId.1".to_string(), id.native_id().to_string())];
-        match self.describe(params).await {
+        match self.describe(params, LOOKUP_CAP).await {
             Ok(instances) => {
                 Ok(instances.iter().find(|i| i.instance_id == id.native_id()).map(observe).filter(|o| o.state != MachineState::Terminated))
             }
@@ -740,7 +744,7 @@ impl Provider for AwsProvider {
     }
 
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
-        Ok(self.describe_tagged(tags).await?.iter().map(observe).collect())
+        Ok(self.describe_tagged(tags, crate::ratelimit::MAX_ANSWER).await?.iter().map(observe).collect())
     }
 
     fn ssh_public_key(&self) -> Option<String> {

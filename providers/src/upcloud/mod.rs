@@ -341,17 +341,30 @@ impl UpcloudProvider {
         serde_json::from_str(body).map_err(|e| ProviderError::Transient(format!("UpCloud {what}: unreadable response: {e}")))
     }
 
+    /// Refuses an answer larger than `cap` before it is parsed (what it decodes to is several
+    /// times its size; the endpoint is a Workspace's to name).
+    fn within(what: &str, body: &str, cap: usize) -> ProviderResult<()> {
+        if body.len() > cap {
+            return Err(ProviderError::Permanent(format!("UpCloud {what}: the answer is larger than {} KiB; refused", cap >> 10)));
+        }
+        Ok(())
+    }
+
     async fn details(&self, uuid: &str) -> ProviderResult<Option<ServerDetails>> {
         match self.call_retrying(|| Method::Get, &format!("/server/{uuid}"), &[], None).await {
-            Ok((_, body)) => Ok(Some(Self::parse::<ServerDetailsResponse>("server details", &body)?.server)),
+            Ok((_, body)) => {
+                Self::within("server details", &body, crate::ratelimit::LOOKUP_CAP)?;
+                Ok(Some(Self::parse::<ServerDetailsResponse>("server details", &body)?.server))
+            }
             Err(ProviderError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    async fn list(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerSummary>> {
+    async fn list(&self, tags: &[(String, String)], cap: usize) -> ProviderResult<Vec<ServerSummary>> {
         let query: Vec<(String, String)> = tags.iter().map(|(k, v)| ("label".to_string(), format!("{}={v}", label_key(k)))).collect();
         let (_, body) = self.call_retrying(|| Method::Get, "/server", &query, None).await?;
+        Self::within("server list", &body, cap)?;
         let listed: ServerListResponse = Self::parse("server list", &body)?;
         // Filter again locally: the label filter is the API's, the guarantee is ours.
         Ok(listed
@@ -364,7 +377,7 @@ impl UpcloudProvider {
 
     async fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
         let tags = [(crate::tags::SERVER_UID.to_string(), identity.uid.clone())];
-        let mut found = self.list(&tags).await?;
+        let mut found = self.list(&tags, crate::ratelimit::LOOKUP_CAP).await?;
         found.sort_by(|a, b| a.uuid.cmp(&b.uuid));
         let Some(summary) = found.into_iter().next() else { return Ok(None) };
         // The list carries no addresses; the details do.
@@ -682,7 +695,7 @@ impl Provider for UpcloudProvider {
     }
 
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {
-        let listed = self.list(tags).await?;
+        let listed = self.list(tags, crate::ratelimit::MAX_ANSWER).await?;
         let mut observed = Vec::with_capacity(listed.len());
         for summary in listed {
             if let Some(details) = self.details(&summary.uuid).await? {
@@ -696,7 +709,7 @@ impl Provider for UpcloudProvider {
     /// per-server details call is made.
     async fn survey(&self, tags: &[(String, String)]) -> ProviderResult<Vec<crate::MachineSummary>> {
         Ok(self
-            .list(tags)
+            .list(tags, crate::ratelimit::MAX_ANSWER)
             .await?
             .into_iter()
             .map(|s| crate::MachineSummary { provider_id: ProviderId::new("upcloud", &s.uuid), state: machine_state(&s.state) })
