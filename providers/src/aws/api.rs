@@ -147,8 +147,14 @@ impl Ec2Client {
         Ok(PreparedRequest { body, headers })
     }
 
-    /// Sends one call and returns the response document, or the classified error.
+    /// Sends one call and returns the response document, or the classified error (an answer
+    /// over [`crate::ratelimit::MAX_ANSWER`] is refused).
     pub async fn call(&self, action: &str, params: &[(String, String)]) -> ProviderResult<String> {
+        self.call_capped(action, params, crate::ratelimit::MAX_ANSWER).await
+    }
+
+    /// [`Self::call`], reading at most `cap` bytes of the answer.
+    pub async fn call_capped(&self, action: &str, params: &[(String, String)], cap: usize) -> ProviderResult<String> {
         let identity = self.credentials.identity().await?;
         let prepared = self.prepare_with(&identity, action, params)?;
         let mut request = self.http.post(&self.endpoint).body(prepared.body);
@@ -158,9 +164,7 @@ impl Ec2Client {
         let response = request.send().await.map_err(|e| self.redact_error(transport_error(&format!("EC2 {action}"), &e)))?;
         let status = response.status().as_u16();
         let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = crate::ratelimit::text_capped(response, crate::ratelimit::MAX_ANSWER, &format!("EC2 {action}"))
-            .await
-            .map_err(|e| self.redact_error(e))?;
+        let text = crate::ratelimit::text_capped(response, cap, &format!("EC2 {action}")).await.map_err(|e| self.redact_error(e))?;
         if (200..300).contains(&status) {
             return Ok(text);
         }

@@ -134,6 +134,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Most bytes of the answer read for an EC2 action: the account's images (a name pattern may
+/// match many) up to [`crate::ratelimit::MAX_ANSWER`]; everything else is about one machine or
+/// one group ([`LOOKUP_CAP`]). DescribeInstances passes its own cap.
+fn answer_cap(action: &str) -> usize {
+    match action {
+        "DescribeImages" | "DescribeInstances" => crate::ratelimit::MAX_ANSWER,
+        _ => LOOKUP_CAP,
+    }
+}
+
+/// `params` (filters numbered from 1) with a filter for live instance states added.
+fn live_filter(mut params: Vec<(String, String)>) -> Vec<(String, String)> {
+    let n = params.iter().filter(|(k, _)| k.ends_with(".Name")).count() + 1;
+    params.push((format!("Filter.{n}.Name"), "instance-state-name".into()));
+    for (i, state) in LIVE_STATES.iter().enumerate() {
+        params.push((format!("Filter.{n}.Value.{}", i + 1), (*state).to_string()));
+    }
+    params
+}
+
 impl AwsProvider {
     /// Builds the provider; fails on missing credentials or a malformed endpoint.
     pub fn new(config: &ProviderConfig) -> ProviderResult<Self> {
@@ -167,7 +187,11 @@ impl AwsProvider {
     }
 
     async fn call_retrying(&self, action: &str, params: &[(String, String)]) -> ProviderResult<String> {
-        self.guard.retry(action, || self.client.call(action, params)).await
+        self.call_retrying_capped(action, params, answer_cap(action)).await
+    }
+
+    async fn call_retrying_capped(&self, action: &str, params: &[(String, String)], cap: usize) -> ProviderResult<String> {
+        self.guard.retry(action, || self.client.call_capped(action, params, cap)).await
     }
 
     /// DescribeInstances, every page, within `cap` bytes of answers together (checked before
@@ -184,7 +208,7 @@ impl AwsProvider {
             if let Some(token) = &next_token {
                 page.push(("NextToken".into(), token.clone()));
             }
-            let xml = self.call_retrying("DescribeInstances", &page).await?;
+            let xml = self.call_retrying_capped("DescribeInstances", &page, cap.saturating_sub(read).max(1)).await?;
             read += xml.len();
             if read > cap {
                 return Err(ProviderError::Permanent(format!(
@@ -212,13 +236,8 @@ impl AwsProvider {
     }
 
     /// Live instances matching the filters `params` (numbered from 1).
-    async fn describe_live(&self, mut params: Vec<(String, String)>, cap: usize) -> ProviderResult<Vec<Instance>> {
-        let n = params.iter().filter(|(k, _)| k.ends_with(".Name")).count() + 1;
-        params.push((format!("Filter.{n}.Name"), "instance-state-name".into()));
-        for (i, state) in LIVE_STATES.iter().enumerate() {
-            params.push((format!("Filter.{n}.Value.{}", i + 1), (*state).to_string()));
-        }
-        self.describe(params, cap).await
+    async fn describe_live(&self, params: Vec<(String, String)>, cap: usize) -> ProviderResult<Vec<Instance>> {
+        self.describe(live_filter(params), cap).await
     }
 
     async fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
@@ -326,7 +345,11 @@ impl AwsProvider {
             if let Some(vpc) = &vpc {
                 params.push(("VpcId".into(), vpc.clone()));
             }
-            let xml = match self.guard.once("CreateSecurityGroup", || self.client.call("CreateSecurityGroup", &params)).await {
+            let xml = match self
+                .guard
+                .once("CreateSecurityGroup", || self.client.call_capped("CreateSecurityGroup", &params, LOOKUP_CAP))
+                .await
+            {
                 Ok(xml) => xml,
                 Err(e) if api::is_code(&e, "InvalidGroup.Duplicate") && attempts < 3 => {
                     tracing::debug!(account = %self.account, "the managed security group was created meanwhile; using it");
@@ -365,9 +388,16 @@ impl AwsProvider {
         let name = managed_group_name(&self.account);
         let members =
             vec![("Filter.1.Name".to_string(), "instance.group-name".to_string()), ("Filter.1.Value.1".to_string(), name.clone())];
-        if !self.describe_live(members, crate::ratelimit::MAX_ANSWER).await?.is_empty() {
+        // Whether any member is left: one small page is the answer (runs on every delete).
+        let mut page = live_filter(members);
+        page.push(("MaxResults".to_string(), "5".to_string()));
+        let xml = self.call_retrying_capped("DescribeInstances", &page, LOOKUP_CAP).await?;
+        let parsed: DescribeInstancesResponse = self.client.parse("DescribeInstances", &xml)?;
+        drop(xml);
+        if parsed.reservations.items.iter().any(|r| !r.instances.items.is_empty()) {
             return Ok(true);
         }
+        drop(parsed);
         // Serialises the delete with this process's look-ups of the group (a create waits,
         // then misses the cache and finds or re-creates it).
         let mut cached = self.managed_group.lock().await;
@@ -465,7 +495,7 @@ impl AwsProvider {
         }
         // Exactly one attempt: if the response is lost, the caller's next attempt looks the
         // machine up by tag first instead of creating again.
-        let xml = match self.guard.once("RunInstances", || self.client.call("RunInstances", &params)).await {
+        let xml = match self.guard.once("RunInstances", || self.client.call_capped("RunInstances", &params, LOOKUP_CAP)).await {
             Ok(xml) => xml,
             // The managed group was released (its last machine deleted) since it was cached:
             // forget it; the next attempt finds or re-creates it.
@@ -706,7 +736,9 @@ impl Provider for AwsProvider {
             Err(e) => return Err(e),
         };
         let parsed: TerminateInstancesResponse = self.client.parse("TerminateInstances", &xml)?;
+        drop(xml);
         let state = parsed.instances.items.iter().find(|c| c.instance_id == id.native_id()).map(|c| machine_state(&c.current.name));
+        drop(parsed);
         match state {
             None | Some(MachineState::Terminated) => self.gone().await,
             Some(_) => Ok(DeleteOutcome::InProgress),

@@ -301,7 +301,16 @@ impl UpcloudProvider {
     }
 
     /// One HTTP call: `Ok((status, body))` for 2xx, the classified error otherwise.
-    async fn call(&self, method: Method, path: &str, query: &[(String, String)], body: Option<String>) -> ProviderResult<(u16, String)> {
+    /// `cap`: most bytes of the answer read ([`crate::ratelimit::LOOKUP_CAP`] for one
+    /// machine's data, [`crate::ratelimit::MAX_ANSWER`] for the account's list).
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(String, String)],
+        body: Option<String>,
+        cap: usize,
+    ) -> ProviderResult<(u16, String)> {
         let url = reqwest::Url::parse_with_params(&format!("{}/1.3{path}", self.endpoint), query)
             .map_err(|e| ProviderError::InvalidRequest(format!("UpCloud {path}: {e}")))?;
         let mut request = match method {
@@ -317,7 +326,7 @@ impl UpcloudProvider {
         let response = request.send().await.map_err(|e| ProviderError::Transient(self.clean(&transport_error(&what, &e).to_string())))?;
         let status = response.status().as_u16();
         let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = crate::ratelimit::text_capped(response, crate::ratelimit::MAX_ANSWER, &what).await.map_err(|e| match e {
+        let text = crate::ratelimit::text_capped(response, cap, &what).await.map_err(|e| match e {
             ProviderError::Permanent(m) => ProviderError::Permanent(self.clean(&m)),
             other => ProviderError::Transient(self.clean(&other.to_string())),
         })?;
@@ -333,29 +342,18 @@ impl UpcloudProvider {
         path: &str,
         query: &[(String, String)],
         body: Option<&str>,
+        cap: usize,
     ) -> ProviderResult<(u16, String)> {
-        self.guard.retry(path, || self.call(method(), path, query, body.map(str::to_string))).await
+        self.guard.retry(path, || self.call(method(), path, query, body.map(str::to_string), cap)).await
     }
 
     fn parse<T: serde::de::DeserializeOwned>(what: &str, body: &str) -> ProviderResult<T> {
         serde_json::from_str(body).map_err(|e| ProviderError::Transient(format!("UpCloud {what}: unreadable response: {e}")))
     }
 
-    /// Refuses an answer larger than `cap` before it is parsed (what it decodes to is several
-    /// times its size; the endpoint is a Workspace's to name).
-    fn within(what: &str, body: &str, cap: usize) -> ProviderResult<()> {
-        if body.len() > cap {
-            return Err(ProviderError::Permanent(format!("UpCloud {what}: the answer is larger than {} KiB; refused", cap >> 10)));
-        }
-        Ok(())
-    }
-
     async fn details(&self, uuid: &str) -> ProviderResult<Option<ServerDetails>> {
-        match self.call_retrying(|| Method::Get, &format!("/server/{uuid}"), &[], None).await {
-            Ok((_, body)) => {
-                Self::within("server details", &body, crate::ratelimit::LOOKUP_CAP)?;
-                Ok(Some(Self::parse::<ServerDetailsResponse>("server details", &body)?.server))
-            }
+        match self.call_retrying(|| Method::Get, &format!("/server/{uuid}"), &[], None, crate::ratelimit::LOOKUP_CAP).await {
+            Ok((_, body)) => Ok(Some(Self::parse::<ServerDetailsResponse>("server details", &body)?.server)),
             Err(ProviderError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }
@@ -363,8 +361,7 @@ impl UpcloudProvider {
 
     async fn list(&self, tags: &[(String, String)], cap: usize) -> ProviderResult<Vec<ServerSummary>> {
         let query: Vec<(String, String)> = tags.iter().map(|(k, v)| ("label".to_string(), format!("{}={v}", label_key(k)))).collect();
-        let (_, body) = self.call_retrying(|| Method::Get, "/server", &query, None).await?;
-        Self::within("server list", &body, cap)?;
+        let (_, body) = self.call_retrying(|| Method::Get, "/server", &query, None, cap).await?;
         let listed: ServerListResponse = Self::parse("server list", &body)?;
         // Filter again locally: the label filter is the API's, the guarantee is ours.
         Ok(listed
@@ -452,7 +449,7 @@ impl UpcloudProvider {
             return Ok(());
         }
         let path = format!("/server/{uuid}/firewall_rule");
-        let (_, body) = self.call_retrying(|| Method::Get, &path, &[], None).await?;
+        let (_, body) = self.call_retrying(|| Method::Get, &path, &[], None, crate::ratelimit::LOOKUP_CAP).await?;
         let existing: FirewallRuleListResponse = Self::parse("firewall rules", &body)?;
         let normalized = |rules: &[UpcloudFirewallRule]| -> Vec<UpcloudFirewallRule> {
             // UpCloud reports unset fields as empty strings.
@@ -476,13 +473,19 @@ impl UpcloudProvider {
         if normalized(&existing.firewall_rules.firewall_rule) == normalized(&self.firewall) {
             return Ok(());
         }
-        for position in (1..=existing.firewall_rules.firewall_rule.len()).rev() {
-            self.call_retrying(|| Method::Delete, &format!("{path}/{position}"), &[], None).await?;
+        // Only the count is kept across the delete calls (UpCloud allows 1,000 rules).
+        let count = existing.firewall_rules.firewall_rule.len();
+        drop(existing);
+        if count > MAX_FIREWALL_RULES {
+            return Err(ProviderError::Permanent(format!("UpCloud {path}: {count} firewall rules; UpCloud allows {MAX_FIREWALL_RULES}")));
+        }
+        for position in (1..=count).rev() {
+            self.call_retrying(|| Method::Delete, &format!("{path}/{position}"), &[], None, crate::ratelimit::LOOKUP_CAP).await?;
         }
         for rule in &self.firewall {
             let body = serde_json::to_string(&FirewallRuleRequest { firewall_rule: rule.clone() })
                 .map_err(|e| ProviderError::Permanent(format!("cannot serialise a firewall rule: {e}")))?;
-            self.call_retrying(|| Method::Post, &path, &[], Some(&body)).await?;
+            self.call_retrying(|| Method::Post, &path, &[], Some(&body), crate::ratelimit::LOOKUP_CAP).await?;
         }
         Ok(())
     }
@@ -497,13 +500,23 @@ impl UpcloudProvider {
         let body = serde_json::to_string(&self.create_body(request, plan, &template))
             .map_err(|e| ProviderError::Permanent(format!("cannot serialise the create request: {e}")))?;
         // One attempt: after a lost response the next attempt finds the server by label.
-        let (_, response) = self.guard.once("/server", || self.call(Method::Post, "/server", &[], Some(body.clone()))).await?;
+        let (_, response) = self
+            .guard
+            .once("/server", || self.call(Method::Post, "/server", &[], Some(body.clone()), crate::ratelimit::LOOKUP_CAP))
+            .await?;
         let created: ServerDetailsResponse = Self::parse("create server", &response)?;
+        drop(response);
         tracing::info!(account = %self.account, uid = %request.identity.uid, server = %created.server.uuid, "created UpCloud server");
-        self.ensure_firewall(&created.server.uuid).await?;
-        Ok(observe(&created.server))
+        // What is kept across the firewall calls is the observation, not the answer.
+        let observed = observe(&created.server);
+        drop(created);
+        self.ensure_firewall(observed.provider_id.native_id()).await?;
+        Ok(observed)
     }
 }
+
+/// Most firewall rules of one UpCloud server (UpCloud's own limit).
+const MAX_FIREWALL_RULES: usize = 1000;
 
 /// A hostname UpCloud accepts: lower-case letters, digits and dashes, dot-separated.
 fn hostname(name: &str, namespace: &str) -> String {
@@ -614,7 +627,7 @@ impl Provider for UpcloudProvider {
     }
 
     async fn validate_credentials(&self) -> ProviderResult<()> {
-        self.call_retrying(|| Method::Get, "/account", &[], None).await.map(|_| ())
+        self.call_retrying(|| Method::Get, "/account", &[], None, crate::ratelimit::LOOKUP_CAP).await.map(|_| ())
     }
 
     async fn ensure_server(&self, request: &ServerRequest) -> ProviderResult<ServerObservation> {
@@ -654,7 +667,10 @@ impl Provider for UpcloudProvider {
                 let body =
                     serde_json::to_string(&StopServerRequest { stop_server: StopServer { stop_type: "hard".into(), timeout: None } })
                         .map_err(|e| ProviderError::Permanent(format!("cannot serialise the stop request: {e}")))?;
-                match self.call_retrying(|| Method::Post, &format!("/server/{uuid}/stop"), &[], Some(&body)).await {
+                match self
+                    .call_retrying(|| Method::Post, &format!("/server/{uuid}/stop"), &[], Some(&body), crate::ratelimit::LOOKUP_CAP)
+                    .await
+                {
                     Ok(_) => Ok(DeleteOutcome::InProgress),
                     Err(ProviderError::NotFound(_)) => Ok(DeleteOutcome::Gone),
                     Err(e) => Err(e),
@@ -662,7 +678,7 @@ impl Provider for UpcloudProvider {
             }
             "stopped" => {
                 let query = [("storages".to_string(), "1".to_string())];
-                match self.call_retrying(|| Method::Delete, &format!("/server/{uuid}"), &query, None).await {
+                match self.call_retrying(|| Method::Delete, &format!("/server/{uuid}"), &query, None, crate::ratelimit::LOOKUP_CAP).await {
                     Ok(_) | Err(ProviderError::NotFound(_)) => Ok(DeleteOutcome::Gone),
                     Err(e) => Err(e),
                 }
