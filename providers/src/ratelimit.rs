@@ -496,24 +496,23 @@ pub async fn text_capped(mut response: reqwest::Response, cap: usize, what: &str
         return Err(too_large());
     }
     let mut body = Vec::new();
-    // Answers being read, all accounts together, hold at most ANSWER_BUDGET: a reader waits
-    // for room (an endpoint that trickles many large answers cannot stack them up).
+    // Answers being read, all accounts together, hold at most ANSWER_BUDGET, charged by the
+    // bytes read so far (not by chunk); a reader that finds no room fails at once (Transient,
+    // retried) rather than wait while holding what it has.
     let mut held: Option<tokio::sync::SemaphorePermit<'static>> = None;
+    let mut charged_kib = 0u32;
     while let Some(chunk) = response.chunk().await.map_err(|e| transport_error(&format!("{what} response"), &e))? {
         if body.len() + chunk.len() > cap {
             return Err(too_large());
         }
         // The first FREE_ANSWER bytes of every answer are not charged: ordinary answers never
         // wait, whatever a hostile endpoint does to the budget.
-        let charged = (body.len() + chunk.len()).saturating_sub(FREE_ANSWER.max(body.len()));
-        if charged > 0 {
-            let kib = u32::try_from(charged.div_ceil(1024)).unwrap_or(u32::MAX);
-            let permit = tokio::time::timeout(ANSWER_WAIT, ANSWER_BUDGET.acquire_many(kib))
-                .await
-                .map_err(|_| {
-                    ProviderError::Transient(format!("{what}: other provider answers fill the controller's budget; trying again"))
-                })?
-                .map_err(|_| ProviderError::Transient(format!("{what}: the answer budget is closed")))?;
+        let due = u32::try_from((body.len() + chunk.len()).saturating_sub(FREE_ANSWER).div_ceil(1024)).unwrap_or(u32::MAX);
+        if due > charged_kib {
+            let permit = ANSWER_BUDGET.try_acquire_many(due - charged_kib).map_err(|_| {
+                ProviderError::Transient(format!("{what}: other provider answers fill the controller's budget; trying again"))
+            })?;
+            charged_kib = due;
             match held.as_mut() {
                 Some(h) => h.merge(permit),
                 None => held = Some(permit),
@@ -521,15 +520,20 @@ pub async fn text_capped(mut response: reqwest::Response, cap: usize, what: &str
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(String::from_utf8(body).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    // Refused rather than converted: a lossy conversion triples invalid bytes.
+    String::from_utf8(body).map_err(|_| ProviderError::Permanent(format!("{what}: the answer is not UTF-8 text; refused")))
+}
+
+/// Whether `value`, taken from a cloud API's answer, is at most `max` bytes of the characters
+/// `allowed` accepts (ids, tokens and names are checked before they are kept or sent again).
+pub fn well_formed(value: &str, max: usize, allowed: impl Fn(char) -> bool) -> bool {
+    !value.is_empty() && value.len() <= max && value.chars().all(allowed)
 }
 
 /// Provider answers being read at once, all accounts together (in KiB): 64 MiB.
 static ANSWER_BUDGET: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(64 << 10);
 /// Bytes of each answer read without charging [`ANSWER_BUDGET`].
 const FREE_ANSWER: usize = 64 << 10;
-/// Longest wait for room in [`ANSWER_BUDGET`].
-const ANSWER_WAIT: Duration = Duration::from_secs(30);
 
 /// The first [`MAX_ERROR_TEXT`] bytes of an error answer (on a character boundary).
 pub fn error_text(text: &str) -> &str {

@@ -28,6 +28,11 @@ type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 /// 200 with 64 MiB of `x` for every request, or 400 with a 4 MiB error message when the path
 /// holds `error`.
 async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    if req.uri().path().contains("latin1") {
+        // Not UTF-8: converted lossily each invalid byte would become three.
+        let body = http_body_util::Full::new(Bytes::from(vec![0xFFu8; 100_000])).map_err(|never| match never {}).boxed();
+        return Ok(Response::builder().status(200).header("content-type", "application/xml").body(body).unwrap_or_default());
+    }
     if req.uri().path().contains("small") {
         let body = http_body_util::Full::new(Bytes::from_static(
             b"<Response><Errors><Error><Code>Unavailable</Code><Message>small</Message></Error></Errors></Response>",
@@ -157,6 +162,11 @@ async fn oversized_answers_are_refused_not_buffered_and_error_text_is_clipped() 
     // A look-up of one machine expects a few KiB: refused at 256 KiB.
     let error = provider.find_server(&identity).await.err().ok_or("a 1 MiB look-up answer was accepted")?;
     assert!(error.to_string().contains("larger than 256 KiB"), "{error}");
+
+    // An answer that is not UTF-8 is refused, not converted.
+    let error =
+        build_provider(&aws(&format!("{endpoint}/latin1")))?.find_server(&identity).await.err().ok_or("a non-UTF-8 answer was accepted")?;
+    assert!(error.to_string().contains("not UTF-8"), "{error}");
 
     // A well-formed error document with a 4 MiB message: what is kept of it is clipped.
     let error_endpoint = format!("{endpoint}/error");

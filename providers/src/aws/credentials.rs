@@ -512,6 +512,16 @@ impl AwsCredentials {
         let parsed: StsResponse =
             crate::aws::model::parse(&text).map_err(|e| ProviderError::Transient(format!("{what}: unreadable response: {e}")))?;
         let c = parsed.result.credentials;
+        // Kept and sent with every call: only values of credentials' shape are.
+        let sane = crate::ratelimit::well_formed(&c.access_key_id, 128, |ch| ch.is_ascii_alphanumeric())
+            && crate::ratelimit::well_formed(&c.secret_access_key, 256, |ch| ch.is_ascii_graphic())
+            && crate::ratelimit::well_formed(&c.session_token, 16 << 10, |ch| ch.is_ascii_graphic());
+        if !sane {
+            return Err(ProviderError::Auth(format!(
+                "aws account {:?}: {what} returned credentials that are not well formed",
+                self.account
+            )));
+        }
         let expires = chrono::DateTime::parse_from_rfc3339(c.expiration.trim())
             .map_err(|e| ProviderError::Transient(format!("{what}: unreadable Expiration {:?}: {e}", c.expiration)))?;
         let expires = SystemTime::from(expires.with_timezone(&chrono::Utc));

@@ -217,7 +217,13 @@ impl AwsProvider {
                 )));
             }
             let parsed: DescribeInstancesResponse = self.client.parse("DescribeInstances", &xml)?;
-            instances.extend(parsed.reservations.items.into_iter().flat_map(|r| r.instances.items));
+            instances.extend(
+                parsed.reservations.items.into_iter().flat_map(|r| r.instances.items).filter(|i| valid_instance_id(&i.instance_id)),
+            );
+            // A token is sent back with the next page: only a token's shape is.
+            if parsed.next_token.as_ref().is_some_and(|t| t.len() > 4096) {
+                return Err(ProviderError::Permanent("EC2 DescribeInstances: a nextToken over 4 KiB; refused".into()));
+            }
             match parsed.next_token.filter(|t| !t.is_empty()) {
                 Some(token) => next_token = Some(token),
                 None => return Ok(instances),
@@ -277,7 +283,8 @@ impl AwsProvider {
         ];
         let xml = self.call_retrying("DescribeImages", &params).await?;
         let parsed: ImagesResponse = self.client.parse("DescribeImages", &xml)?;
-        let newest = parsed.images.items.into_iter().max_by(|a, b| a.creation_date.cmp(&b.creation_date));
+        let newest =
+            parsed.images.items.into_iter().filter(|i| valid_image_id(&i.image_id)).max_by(|a, b| a.creation_date.cmp(&b.creation_date));
         let Some(newest) = newest else {
             return Err(ProviderError::InvalidRequest(format!(
                 "no AMI for image {image:?} in region {} (owner {owner}, name {pattern}); set it in the Workspace's images",
@@ -506,8 +513,12 @@ impl AwsProvider {
             Err(e) => return Err(e.asking(|| asked(instance_type, &request.zone, &self.region))),
         };
         let parsed: RunInstancesResponse = self.client.parse("RunInstances", &xml)?;
-        let instance =
-            parsed.instances.items.first().ok_or_else(|| ProviderError::Transient("EC2 RunInstances returned no instance".into()))?;
+        let instance = parsed
+            .instances
+            .items
+            .first()
+            .filter(|i| valid_instance_id(&i.instance_id))
+            .ok_or_else(|| ProviderError::Transient("EC2 RunInstances returned no instance with a well-formed id".into()))?;
         tracing::info!(account = %self.account, uid = %request.identity.uid, instance = %instance.instance_id, "created EC2 instance");
         Ok(observe(instance))
     }
@@ -631,10 +642,25 @@ pub fn machine_state(name: &str) -> MachineState {
     }
 }
 
+/// An EC2 instance id as EC2 makes them (`i-` and 8 or 17 hex digits).
+fn valid_instance_id(id: &str) -> bool {
+    id.strip_prefix("i-").is_some_and(|hex| crate::ratelimit::well_formed(hex, 17, |c| c.is_ascii_hexdigit()))
+}
+
+/// An AMI id (`ami-` and 8 or 17 hex digits).
+fn valid_image_id(id: &str) -> bool {
+    id.strip_prefix("ami-").is_some_and(|hex| crate::ratelimit::well_formed(hex, 17, |c| c.is_ascii_hexdigit()))
+}
+
+/// What an answer says of a machine, as far as it is well formed: addresses and DNS names of
+/// at most 253 bytes, an instance type of at most 64, the first 64 tags (keys ≤ 128 bytes,
+/// values ≤ 256, EC2's own limits).
 fn observe(instance: &Instance) -> ServerObservation {
     let mut addresses = Vec::new();
     let mut push = |kind: &str, value: &Option<String>| {
-        if let Some(v) = value.as_ref().filter(|v| !v.is_empty()) {
+        if let Some(v) =
+            value.as_ref().filter(|v| crate::ratelimit::well_formed(v, 253, |c| c.is_ascii_alphanumeric() || ".-:".contains(c)))
+        {
             addresses.push(Address { kind: kind.into(), address: v.clone() });
         }
     };
@@ -646,8 +672,15 @@ fn observe(instance: &Instance) -> ServerObservation {
         provider_id: ProviderId::new("aws", &instance.instance_id),
         state: machine_state(&instance.state.name),
         addresses,
-        plan: instance.instance_type.clone(),
-        tags: instance.tags.items.iter().map(|t| (t.key.clone(), t.value.clone().unwrap_or_default())).collect(),
+        plan: instance.instance_type.chars().take(64).collect(),
+        tags: instance
+            .tags
+            .items
+            .iter()
+            .filter(|t| t.key.len() <= 128 && t.value.as_ref().is_none_or(|v| v.len() <= 256))
+            .take(64)
+            .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
+            .collect(),
     }
 }
 

@@ -363,11 +363,13 @@ impl UpcloudProvider {
         let query: Vec<(String, String)> = tags.iter().map(|(k, v)| ("label".to_string(), format!("{}={v}", label_key(k)))).collect();
         let (_, body) = self.call_retrying(|| Method::Get, "/server", &query, None, cap).await?;
         let listed: ServerListResponse = Self::parse("server list", &body)?;
-        // Filter again locally: the label filter is the API's, the guarantee is ours.
+        // Filter again locally: the label filter is the API's, the guarantee is ours (and a
+        // server's uuid, used in later paths and in status, has a UUID's shape).
         Ok(listed
             .servers
             .server
             .into_iter()
+            .filter(|s| s.uuid.len() == 36 && crate::ratelimit::well_formed(&s.uuid, 36, |c| c.is_ascii_hexdigit() || c == '-'))
             .filter(|s| tags.iter().all(|(k, v)| s.labels.label.iter().any(|l| l.key == label_key(k) && &l.value == v)))
             .collect())
     }
@@ -584,11 +586,18 @@ pub fn machine_state(state: &str) -> MachineState {
     }
 }
 
+/// What an answer says of a server, as far as it is well formed (addresses that parse, a plan
+/// name of at most 64 bytes, the first 64 labels of at most 256 bytes each).
 fn observe(details: &ServerDetails) -> ServerObservation {
     let mut addresses: Vec<Address> = Vec::new();
     // IPv4 first: SSH and status prefer it.
     for family in ["IPv4", "IPv6"] {
-        for ip in details.ip_addresses.ip_address.iter().filter(|ip| ip.family == family) {
+        for ip in details
+            .ip_addresses
+            .ip_address
+            .iter()
+            .filter(|ip| ip.family == family && ip.address.len() <= 64 && ip.address.parse::<std::net::IpAddr>().is_ok())
+        {
             let kind = if ip.access == "public" { "ExternalIP" } else { "InternalIP" };
             addresses.push(Address { kind: kind.into(), address: ip.address.clone() });
         }
@@ -597,8 +606,15 @@ fn observe(details: &ServerDetails) -> ServerObservation {
         provider_id: ProviderId::new("upcloud", &details.uuid),
         state: machine_state(&details.state),
         addresses,
-        plan: details.plan.clone(),
-        tags: details.labels.label.iter().map(|l| (tag_key(&l.key), l.value.clone())).collect(),
+        plan: details.plan.chars().take(64).collect(),
+        tags: details
+            .labels
+            .label
+            .iter()
+            .filter(|l| l.key.len() <= 256 && l.value.len() <= 256)
+            .take(64)
+            .map(|l| (tag_key(&l.key), l.value.clone()))
+            .collect(),
     }
 }
 
