@@ -314,7 +314,7 @@ impl AwsProvider {
             subnet => {
                 let xml = self.call_retrying("DescribeSubnets", &[("SubnetId.1".to_string(), subnet.to_string())]).await?;
                 let parsed: DescribeSubnetsResponse = self.client.parse("DescribeSubnets", &xml)?;
-                let vpc = parsed.subnets.items.into_iter().next().map(|s| s.vpc_id);
+                let vpc = parsed.subnets.items.into_iter().next().map(|s| s.vpc_id).filter(|v| valid_id(v, "vpc-"));
                 Some(vpc.ok_or_else(|| {
                     ProviderError::InvalidRequest(format!("subnet {subnet:?} of account {:?} does not exist", self.account))
                 })?)
@@ -332,7 +332,8 @@ impl AwsProvider {
             attempts += 1;
             let xml = self.call_retrying("DescribeSecurityGroups", &filter).await?;
             let parsed: DescribeSecurityGroupsResponse = self.client.parse("DescribeSecurityGroups", &xml)?;
-            match parsed.groups.items.into_iter().next() {
+            // A group's id is cached and sent with every create: only an id's shape is.
+            match parsed.groups.items.into_iter().find(|g| valid_id(&g.group_id, "sg-")) {
                 Some(group) if !group.ingress.items.is_empty() => break group.group_id,
                 Some(group) => {
                     self.authorize_managed_group(&group.group_id).await?;
@@ -365,6 +366,9 @@ impl AwsProvider {
                 Err(e) => return Err(e),
             };
             let created: CreateSecurityGroupResponse = self.client.parse("CreateSecurityGroup", &xml)?;
+            if !valid_id(&created.group_id, "sg-") {
+                return Err(ProviderError::Transient("EC2 CreateSecurityGroup returned no well-formed group id".into()));
+            }
             tracing::info!(account = %self.account, group = %created.group_id, "created the account's security group");
             self.authorize_managed_group(&created.group_id).await?;
             break created.group_id;
@@ -420,13 +424,20 @@ impl AwsProvider {
         let xml = self.call_retrying("DescribeSecurityGroups", &filter).await?;
         let groups: DescribeSecurityGroupsResponse = self.client.parse("DescribeSecurityGroups", &xml)?;
         let mut released = true;
-        for group in groups.groups.items {
+        // At most a few of the account's own groups (one per VPC); ids of a group's shape only.
+        for group in groups.groups.items.into_iter().filter(|g| valid_id(&g.group_id, "sg-")).take(MAX_MANAGED_GROUPS) {
             let id = group.group_id;
             match self.call_retrying("DeleteSecurityGroup", &[("GroupId".to_string(), id.clone())]).await {
                 Ok(_) => tracing::info!(account = %self.account, group = %id, "deleted the account's security group: no machine uses it"),
                 Err(e) if api::is_code(&e, "InvalidGroup.NotFound") => {}
                 Err(e) if api::is_code(&e, "DependencyViolation") => {
-                    let since = *lock(&self.in_use_since).entry(id.clone()).or_insert_with(std::time::Instant::now);
+                    let since = {
+                        let mut in_use = lock(&self.in_use_since);
+                        if in_use.len() >= MAX_MANAGED_GROUPS && !in_use.contains_key(&id) {
+                            in_use.clear();
+                        }
+                        *in_use.entry(id.clone()).or_insert_with(std::time::Instant::now)
+                    };
                     if since.elapsed() < GROUP_RELEASE_PATIENCE {
                         tracing::debug!(account = %self.account, group = %id, "security group still in use at EC2; deleting it later");
                         released = false;
@@ -642,6 +653,14 @@ pub fn machine_state(name: &str) -> MachineState {
     }
 }
 
+/// Managed groups of one account handled at once (one per VPC the account's machines use).
+const MAX_MANAGED_GROUPS: usize = 16;
+
+/// An EC2 resource id: `prefix` and 8 or 17 hex digits.
+fn valid_id(id: &str, prefix: &str) -> bool {
+    id.strip_prefix(prefix).is_some_and(|hex| crate::ratelimit::well_formed(hex, 17, |c| c.is_ascii_hexdigit()))
+}
+
 /// An EC2 instance id as EC2 makes them (`i-` and 8 or 17 hex digits).
 fn valid_instance_id(id: &str) -> bool {
     id.strip_prefix("i-").is_some_and(|hex| crate::ratelimit::well_formed(hex, 17, |c| c.is_ascii_hexdigit()))
@@ -828,6 +847,15 @@ impl Provider for AwsProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_from_answers_are_kept_only_in_their_shape() {
+        assert!(valid_id("sg-0123456789abcdef0", "sg-") && valid_id("sg-12345678", "sg-") && valid_id("vpc-0a1b2c3d", "vpc-"));
+        assert!(!valid_id("sg-", "sg-") && !valid_id(&format!("sg-{}", "a".repeat(18)), "sg-") && !valid_id("sg-xyz12345", "sg-"));
+        assert!(!valid_id("vpc-0a1b2c3d", "sg-"));
+        assert!(valid_instance_id("i-0123456789abcdef0") && !valid_instance_id(&format!("i-{}", "0".repeat(300_000))));
+        assert!(valid_image_id("ami-1e749f67") && !valid_image_id("ami-../../x"));
+    }
 
     #[test]
     fn plans_and_states_map() {

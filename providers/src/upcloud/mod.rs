@@ -353,7 +353,14 @@ impl UpcloudProvider {
 
     async fn details(&self, uuid: &str) -> ProviderResult<Option<ServerDetails>> {
         match self.call_retrying(|| Method::Get, &format!("/server/{uuid}"), &[], None, crate::ratelimit::LOOKUP_CAP).await {
-            Ok((_, body)) => Ok(Some(Self::parse::<ServerDetailsResponse>("server details", &body)?.server)),
+            Ok((_, body)) => {
+                let details = Self::parse::<ServerDetailsResponse>("server details", &body)?.server;
+                // Its uuid goes into status and later paths: it must be the one asked for.
+                if details.uuid != uuid {
+                    return Err(ProviderError::Transient(format!("UpCloud server details: asked for {uuid}, answered another server")));
+                }
+                Ok(Some(details))
+            }
             Err(ProviderError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }
@@ -508,6 +515,11 @@ impl UpcloudProvider {
             .await?;
         let created: ServerDetailsResponse = Self::parse("create server", &response)?;
         drop(response);
+        if !(created.server.uuid.len() == 36
+            && crate::ratelimit::well_formed(&created.server.uuid, 36, |c| c.is_ascii_hexdigit() || c == '-'))
+        {
+            return Err(ProviderError::Transient("UpCloud create server: the answer holds no well-formed server uuid".into()));
+        }
         tracing::info!(account = %self.account, uid = %request.identity.uid, server = %created.server.uuid, "created UpCloud server");
         // What is kept across the firewall calls is the observation, not the answer.
         let observed = observe(&created.server);
