@@ -26,7 +26,7 @@ fn answer(action: &str) -> (u16, String) {
         "DescribeInstances" => (200, "<DescribeInstancesResponse><requestId>r</requestId><reservationSet/></DescribeInstancesResponse>".into()),
         "DescribeSecurityGroups" => (
             200,
-            "<DescribeSecurityGroupsResponse><securityGroupInfo><item><groupId>sg-0stub</groupId><ipPermissions><item><ipProtocol>tcp</ipProtocol></item></ipPermissions></item></securityGroupInfo></DescribeSecurityGroupsResponse>".into(),
+            "<DescribeSecurityGroupsResponse><securityGroupInfo><item><groupId>sg-0123456789abcdef0</groupId><ipPermissions><item><ipProtocol>tcp</ipProtocol></item></ipPermissions></item></securityGroupInfo></DescribeSecurityGroupsResponse>".into(),
         ),
         "RunInstances" => (400, error("VcpuLimitExceeded", "You have requested more vCPU capacity than your current vCPU limit of 0 allows")),
         other => (400, error("UnsupportedOperation", &format!("the stub does not do {other}"))),
