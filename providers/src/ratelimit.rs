@@ -498,26 +498,21 @@ pub async fn text_capped(mut response: reqwest::Response, cap: usize, what: &str
     let mut body = Vec::new();
     // Answers being read, all accounts together, hold at most ANSWER_BUDGET, charged by the
     // bytes read so far (not by chunk); a reader that finds no room fails at once (Transient,
-    // retried) rather than wait while holding what it has.
-    let mut held: Option<tokio::sync::SemaphorePermit<'static>> = None;
-    let mut charged_kib = 0u32;
+    // retried) rather than wait while holding what it has. The answers of one source (the
+    // peer address, and the host name asked) hold at most SOURCE_SHARE of it, so that one
+    // hostile endpoint cannot fill the budget for every other account.
+    let sources = [response.remote_addr().map(|a| format!("ip:{}", a.ip())), response.url().host_str().map(|h| format!("host:{h}"))];
+    let mut charge = AnswerCharge::new(sources.into_iter().flatten().collect());
     while let Some(chunk) = response.chunk().await.map_err(|e| transport_error(&format!("{what} response"), &e))? {
         if body.len() + chunk.len() > cap {
             return Err(too_large());
         }
-        // The first FREE_ANSWER bytes of every answer are not charged: ordinary answers never
-        // wait, whatever a hostile endpoint does to the budget.
-        let due = u32::try_from((body.len() + chunk.len()).saturating_sub(FREE_ANSWER).div_ceil(1024)).unwrap_or(u32::MAX);
-        if due > charged_kib {
-            let permit = ANSWER_BUDGET.try_acquire_many(due - charged_kib).map_err(|_| {
-                ProviderError::Transient(format!("{what}: other provider answers fill the controller's budget; trying again"))
-            })?;
-            charged_kib = due;
-            match held.as_mut() {
-                Some(h) => h.merge(permit),
-                None => held = Some(permit),
-            }
-        }
+        charge.grow(body.len() + chunk.len()).map_err(|full| {
+            ProviderError::Transient(match full {
+                Full::Source => format!("{what}: this endpoint's other answers fill its share of the controller's budget; trying again"),
+                Full::Budget => format!("{what}: other provider answers fill the controller's budget; trying again"),
+            })
+        })?;
         body.extend_from_slice(&chunk);
     }
     // Refused rather than converted: a lossy conversion triples invalid bytes.
@@ -531,9 +526,85 @@ pub fn well_formed(value: &str, max: usize, allowed: impl Fn(char) -> bool) -> b
 }
 
 /// Provider answers being read at once, all accounts together (in KiB): 64 MiB.
-static ANSWER_BUDGET: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(64 << 10);
+static ANSWER_BUDGET: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(BUDGET_KIB as usize);
+const BUDGET_KIB: u32 = 64 << 10;
 /// Bytes of each answer read without charging [`ANSWER_BUDGET`].
 const FREE_ANSWER: usize = 64 << 10;
+/// What the answers from one source (a peer address; a host name) may hold of the budget at
+/// once, in KiB: one answer of [`MAX_ANSWER`]. Filling the budget takes eight sources.
+const SOURCE_SHARE_KIB: u32 = BUDGET_KIB / 8;
+/// KiB of the budget held per source.
+static SOURCE_HELD: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// KiB of [`ANSWER_BUDGET`] held by answers being read now (for tests and metrics).
+pub fn answers_held_kib() -> u32 {
+    BUDGET_KIB.saturating_sub(u32::try_from(ANSWER_BUDGET.available_permits()).unwrap_or(u32::MAX))
+}
+
+/// Which limit an answer being read ran into.
+#[derive(Debug, PartialEq)]
+enum Full {
+    /// Its source's share of the budget.
+    Source,
+    /// The budget, all sources together.
+    Budget,
+}
+
+/// What one answer being read holds of [`ANSWER_BUDGET`] and of its sources' shares; given
+/// back when dropped.
+struct AnswerCharge {
+    sources: Vec<String>,
+    kib: u32,
+    held: Option<tokio::sync::SemaphorePermit<'static>>,
+}
+
+impl AnswerCharge {
+    fn new(sources: Vec<String>) -> Self {
+        AnswerCharge { sources, kib: 0, held: None }
+    }
+
+    /// Charges the answer for `read` bytes read so far (the first [`FREE_ANSWER`] are free).
+    fn grow(&mut self, read: usize) -> Result<(), Full> {
+        let due = u32::try_from(read.saturating_sub(FREE_ANSWER).div_ceil(1024)).unwrap_or(u32::MAX);
+        if due <= self.kib {
+            return Ok(());
+        }
+        let more = due - self.kib;
+        {
+            let mut shares = lock(&SOURCE_HELD);
+            if self.sources.iter().any(|s| shares.get(s).copied().unwrap_or(0).saturating_add(more) > SOURCE_SHARE_KIB) {
+                return Err(Full::Source);
+            }
+            let permit = ANSWER_BUDGET.try_acquire_many(more).map_err(|_| Full::Budget)?;
+            for source in &self.sources {
+                *shares.entry(source.clone()).or_insert(0) += more;
+            }
+            match self.held.as_mut() {
+                Some(h) => h.merge(permit),
+                None => self.held = Some(permit),
+            }
+        }
+        self.kib = due;
+        Ok(())
+    }
+}
+
+impl Drop for AnswerCharge {
+    fn drop(&mut self) {
+        if self.kib == 0 {
+            return;
+        }
+        let mut shares = lock(&SOURCE_HELD);
+        for source in &self.sources {
+            if let Some(held) = shares.get_mut(source) {
+                *held = held.saturating_sub(self.kib);
+                if *held == 0 {
+                    shares.remove(source);
+                }
+            }
+        }
+    }
+}
 
 /// The first [`MAX_ERROR_TEXT`] bytes of an error answer (on a character boundary).
 pub fn error_text(text: &str) -> &str {
@@ -556,6 +627,22 @@ pub fn redact(text: &str, secrets: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_source_holds_at_most_its_share_of_the_answer_budget_and_gives_it_back() {
+        let mut first = AnswerCharge::new(vec!["test:share-a".into()]);
+        // One answer of the largest size fits in a source's share.
+        assert_eq!(first.grow(MAX_ANSWER), Ok(()));
+        let mut second = AnswerCharge::new(vec!["test:share-a".into(), "test:share-b".into()]);
+        assert_eq!(second.grow(FREE_ANSWER), Ok(()), "the first 64 KiB of an answer are free");
+        assert_eq!(second.grow(FREE_ANSWER + (128 << 10)), Err(Full::Source), "a second large answer of one source");
+        let mut other = AnswerCharge::new(vec!["test:share-c".into()]);
+        assert_eq!(other.grow(1 << 20), Ok(()), "another source is not held back");
+        drop(first);
+        assert_eq!(second.grow(2 << 20), Ok(()), "the share comes back when an answer is done");
+        drop((second, other));
+        assert!(!lock(&SOURCE_HELD).keys().any(|k| k.starts_with("test:share")), "nothing stays charged");
+    }
 
     #[test]
     fn retry_after_seconds_and_dates() {
