@@ -39,6 +39,9 @@ use crate::history::ChangeHistory;
 use crate::host::HostPaths;
 use crate::metrics::Metrics;
 
+/// Longest a cloud provider call (other than a script run) may take, retries included.
+const CLOUD_CALL_DEADLINE: Duration = Duration::from_secs(600);
+
 /// Field manager of every write the controller makes.
 pub use crate::events::FIELD_MANAGER;
 
@@ -226,7 +229,19 @@ impl Context {
     {
         let _permit = self.permit(&ws.key(), ws.spec.limits.parallel_limit).await;
         let start = Instant::now();
-        let result = call.await;
+        // A cloud API call ends within a deadline, whatever its endpoint does (answers
+        // trickling in, pages without end): it holds a reconcile slot and the Workspace's
+        // permit meanwhile. Script runs have their own timeouts; local calls may build images.
+        let result = if matches!(provider.provider_type(), "aws" | "upcloud") && operation != "exec" {
+            tokio::time::timeout(CLOUD_CALL_DEADLINE, call).await.unwrap_or_else(|_| {
+                Err(provisioning_providers::ProviderError::Transient(format!(
+                    "{operation} did not finish within {} s; cancelled",
+                    CLOUD_CALL_DEADLINE.as_secs()
+                )))
+            })
+        } else {
+            call.await
+        };
         let elapsed = start.elapsed();
         let outcome = match &result {
             Ok(_) => "ok",

@@ -167,8 +167,10 @@ pub struct ProviderAccount {
     /// Kind of provider: local, aws, upcloud or simulated.
     #[serde(rename = "type")]
     pub provider_type: ProviderType,
-    /// AWS region (e.g. eu-west-1).
+    /// AWS region (e.g. eu-west-1): lower-case words joined by `-` ending in a number. It
+    /// names the regional endpoints (`ec2.<region>.amazonaws.com`), so nothing else is accepted.
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(regex(pattern = r"^([a-z]{2,4}(-[a-z]{1,16}){1,3}-[0-9]{1,2})?$"), length(max = 32))]
     pub region: String,
     /// UpCloud zone (e.g. fi-hel1) or default zone for the account.
     #[serde(default, skip_serializing_if = "String::is_empty")]

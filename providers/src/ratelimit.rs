@@ -489,27 +489,26 @@ pub const MAX_ERROR_TEXT: usize = 16 << 10;
 
 /// Reads an answer's body as text, refusing one over `cap` bytes (checked as it arrives, and
 /// up front when the length is announced) with a `Transient` error naming the cap.
-pub async fn text_capped(mut response: reqwest::Response, cap: usize, what: &str) -> ProviderResult<String> {
+pub async fn text_capped(mut response: reqwest::Response, cap: usize, what: &str, source: &AnswerSource) -> ProviderResult<String> {
     // Not worth retrying: no real answer of these APIs comes near the cap.
     let too_large = || ProviderError::Permanent(format!("{what}: the answer is larger than {} KiB; refused", cap >> 10));
     if response.content_length().is_some_and(|n| n > cap as u64) {
         return Err(too_large());
     }
     let mut body = Vec::new();
-    // Answers being read, all accounts together, hold at most ANSWER_BUDGET, charged by the
-    // bytes read so far (not by chunk); a reader that finds no room fails at once (Transient,
-    // retried) rather than wait while holding what it has. The answers of one source (the
-    // peer address, and the host name asked) hold at most SOURCE_SHARE of it, so that one
-    // hostile endpoint cannot fill the budget for every other account.
-    let sources = [response.remote_addr().map(|a| format!("ip:{}", a.ip())), response.url().host_str().map(|h| format!("host:{h}"))];
-    let mut charge = AnswerCharge::new(sources.into_iter().flatten().collect());
+    // Answers being read hold at most a budget, charged by the bytes read so far (not by
+    // chunk); a reader that finds no room fails at once (Transient, retried) rather than wait
+    // while holding what it has. Answers of a provider's public endpoint and of endpoints a
+    // Workspace names have budgets of their own, and each tenant holds at most a share of the
+    // latter: one hostile endpoint fills neither the public budget nor other tenants' room.
+    let mut charge = AnswerCharge::new(source.clone());
     while let Some(chunk) = response.chunk().await.map_err(|e| transport_error(&format!("{what} response"), &e))? {
         if body.len() + chunk.len() > cap {
             return Err(too_large());
         }
         charge.grow(body.len() + chunk.len()).map_err(|full| {
             ProviderError::Transient(match full {
-                Full::Source => format!("{what}: this endpoint's other answers fill its share of the controller's budget; trying again"),
+                Full::Share => format!("{what}: this namespace's other answers from its own endpoints fill its share of the controller's budget; trying again"),
                 Full::Budget => format!("{what}: other provider answers fill the controller's budget; trying again"),
             })
         })?;
@@ -519,48 +518,71 @@ pub async fn text_capped(mut response: reqwest::Response, cap: usize, what: &str
     String::from_utf8(body).map_err(|_| ProviderError::Permanent(format!("{what}: the answer is not UTF-8 text; refused")))
 }
 
+/// Whose answer is being read, for the budgets of [`text_capped`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnswerSource {
+    /// A provider's own public endpoint (or one the controller's config names).
+    Public,
+    /// An endpoint a Workspace names, used by this tenant (its namespace).
+    Tenant(String),
+}
+
+impl AnswerSource {
+    /// The source of answers to calls made for `config` at its account endpoint.
+    pub fn of(config: &crate::ProviderConfig) -> Self {
+        if config.endpoint.is_empty() { AnswerSource::Public } else { AnswerSource::Tenant(config.tenant.clone()) }
+    }
+}
+
 /// Whether `value`, taken from a cloud API's answer, is at most `max` bytes of the characters
 /// `allowed` accepts (ids, tokens and names are checked before they are kept or sent again).
 pub fn well_formed(value: &str, max: usize, allowed: impl Fn(char) -> bool) -> bool {
     !value.is_empty() && value.len() <= max && value.chars().all(allowed)
 }
 
-/// Provider answers being read at once, all accounts together (in KiB): 64 MiB.
-static ANSWER_BUDGET: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(BUDGET_KIB as usize);
-const BUDGET_KIB: u32 = 64 << 10;
-/// Bytes of each answer read without charging [`ANSWER_BUDGET`].
+/// Answers of public endpoints being read at once, all accounts together (in KiB).
+static PUBLIC_BUDGET: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(BUDGET_KIB as usize);
+/// Answers of endpoints Workspaces name being read at once, all tenants together (in KiB).
+static TENANT_BUDGET: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(BUDGET_KIB as usize);
+/// Each budget: 32 MiB.
+const BUDGET_KIB: u32 = 32 << 10;
+/// Bytes of each answer read without charging a budget.
 const FREE_ANSWER: usize = 64 << 10;
-/// What the answers from one source (a peer address; a host name) may hold of the budget at
-/// once, in KiB: one answer of [`MAX_ANSWER`]. Filling the budget takes eight sources.
-const SOURCE_SHARE_KIB: u32 = BUDGET_KIB / 8;
-/// KiB of the budget held per source.
-static SOURCE_HELD: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// What the answers of one tenant's own endpoints may hold of [`TENANT_BUDGET`] at once, in
+/// KiB: one answer of [`MAX_ANSWER`]. Filling the budget takes four tenants' endpoints.
+const TENANT_SHARE_KIB: u32 = 8 << 10;
+/// KiB of [`TENANT_BUDGET`] held per tenant.
+static TENANT_HELD: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// KiB of [`ANSWER_BUDGET`] held by answers being read now (for tests and metrics).
-pub fn answers_held_kib() -> u32 {
-    BUDGET_KIB.saturating_sub(u32::try_from(ANSWER_BUDGET.available_permits()).unwrap_or(u32::MAX))
+/// KiB of the budget of `source`'s kind held by answers being read now (for tests, metrics).
+pub fn answers_held_kib(source: &AnswerSource) -> u32 {
+    let budget = match source {
+        AnswerSource::Public => &PUBLIC_BUDGET,
+        AnswerSource::Tenant(_) => &TENANT_BUDGET,
+    };
+    BUDGET_KIB.saturating_sub(u32::try_from(budget.available_permits()).unwrap_or(u32::MAX))
 }
 
 /// Which limit an answer being read ran into.
 #[derive(Debug, PartialEq)]
 enum Full {
-    /// Its source's share of the budget.
-    Source,
-    /// The budget, all sources together.
+    /// Its tenant's share of the budget.
+    Share,
+    /// The budget, all together.
     Budget,
 }
 
-/// What one answer being read holds of [`ANSWER_BUDGET`] and of its sources' shares; given
-/// back when dropped.
+/// What one answer being read holds of its budget (and of its tenant's share); given back
+/// when dropped.
 struct AnswerCharge {
-    sources: Vec<String>,
+    source: AnswerSource,
     kib: u32,
     held: Option<tokio::sync::SemaphorePermit<'static>>,
 }
 
 impl AnswerCharge {
-    fn new(sources: Vec<String>) -> Self {
-        AnswerCharge { sources, kib: 0, held: None }
+    fn new(source: AnswerSource) -> Self {
+        AnswerCharge { source, kib: 0, held: None }
     }
 
     /// Charges the answer for `read` bytes read so far (the first [`FREE_ANSWER`] are free).
@@ -570,19 +592,22 @@ impl AnswerCharge {
             return Ok(());
         }
         let more = due - self.kib;
-        {
-            let mut shares = lock(&SOURCE_HELD);
-            if self.sources.iter().any(|s| shares.get(s).copied().unwrap_or(0).saturating_add(more) > SOURCE_SHARE_KIB) {
-                return Err(Full::Source);
+        let permit = match &self.source {
+            AnswerSource::Public => PUBLIC_BUDGET.try_acquire_many(more).map_err(|_| Full::Budget)?,
+            AnswerSource::Tenant(tenant) => {
+                let mut shares = lock(&TENANT_HELD);
+                let held = shares.get(tenant).copied().unwrap_or(0);
+                if held.saturating_add(more) > TENANT_SHARE_KIB {
+                    return Err(Full::Share);
+                }
+                let permit = TENANT_BUDGET.try_acquire_many(more).map_err(|_| Full::Budget)?;
+                shares.insert(tenant.clone(), held + more);
+                permit
             }
-            let permit = ANSWER_BUDGET.try_acquire_many(more).map_err(|_| Full::Budget)?;
-            for source in &self.sources {
-                *shares.entry(source.clone()).or_insert(0) += more;
-            }
-            match self.held.as_mut() {
-                Some(h) => h.merge(permit),
-                None => self.held = Some(permit),
-            }
+        };
+        match self.held.as_mut() {
+            Some(h) => h.merge(permit),
+            None => self.held = Some(permit),
         }
         self.kib = due;
         Ok(())
@@ -591,16 +616,15 @@ impl AnswerCharge {
 
 impl Drop for AnswerCharge {
     fn drop(&mut self) {
+        let AnswerSource::Tenant(tenant) = &self.source else { return };
         if self.kib == 0 {
             return;
         }
-        let mut shares = lock(&SOURCE_HELD);
-        for source in &self.sources {
-            if let Some(held) = shares.get_mut(source) {
-                *held = held.saturating_sub(self.kib);
-                if *held == 0 {
-                    shares.remove(source);
-                }
+        let mut shares = lock(&TENANT_HELD);
+        if let Some(held) = shares.get_mut(tenant) {
+            *held = held.saturating_sub(self.kib);
+            if *held == 0 {
+                shares.remove(tenant);
             }
         }
     }
@@ -629,19 +653,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_source_holds_at_most_its_share_of_the_answer_budget_and_gives_it_back() {
-        let mut first = AnswerCharge::new(vec!["test:share-a".into()]);
-        // One answer of the largest size fits in a source's share.
+    fn one_tenant_holds_at_most_its_share_of_the_answer_budget_and_gives_it_back() {
+        let tenant = |t: &str| AnswerSource::Tenant(format!("test-share-{t}"));
+        let mut first = AnswerCharge::new(tenant("a"));
+        // One answer of the largest size fits in a tenant's share.
         assert_eq!(first.grow(MAX_ANSWER), Ok(()));
-        let mut second = AnswerCharge::new(vec!["test:share-a".into(), "test:share-b".into()]);
+        let mut second = AnswerCharge::new(tenant("a"));
         assert_eq!(second.grow(FREE_ANSWER), Ok(()), "the first 64 KiB of an answer are free");
-        assert_eq!(second.grow(FREE_ANSWER + (128 << 10)), Err(Full::Source), "a second large answer of one source");
-        let mut other = AnswerCharge::new(vec!["test:share-c".into()]);
-        assert_eq!(other.grow(1 << 20), Ok(()), "another source is not held back");
+        assert_eq!(second.grow(FREE_ANSWER + (128 << 10)), Err(Full::Share), "a second large answer of one tenant");
+        let mut other = AnswerCharge::new(tenant("b"));
+        assert_eq!(other.grow(1 << 20), Ok(()), "another tenant is not held back");
+        let mut public = AnswerCharge::new(AnswerSource::Public);
+        assert_eq!(public.grow(MAX_ANSWER), Ok(()), "public endpoints' answers have their own budget");
         drop(first);
         assert_eq!(second.grow(2 << 20), Ok(()), "the share comes back when an answer is done");
-        drop((second, other));
-        assert!(!lock(&SOURCE_HELD).keys().any(|k| k.starts_with("test:share")), "nothing stays charged");
+        drop((second, other, public));
+        assert!(!lock(&TENANT_HELD).keys().any(|k| k.starts_with("test-share")), "nothing stays charged");
     }
 
     #[test]

@@ -263,6 +263,9 @@ pub struct ProviderConfig {
     pub zone: String,
     /// Endpoint override; empty for the public endpoint.
     pub endpoint: String,
+    /// The tenant (Workspace namespace) the account serves: answers of its endpoint override
+    /// are charged to this tenant's share of the controller's budget.
+    pub tenant: String,
     /// Secret values.
     pub credentials: Credentials,
     /// Abstract image → native id overrides.

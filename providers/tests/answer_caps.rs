@@ -41,11 +41,21 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         .boxed();
         return Ok(Response::builder().status(400).header("content-type", "application/xml").body(body).unwrap_or_default());
     }
+    if req.uri().path().contains("tinypages") || req.uri().path().contains("samepages") {
+        // Tiny valid pages that always say more follow: with a new token each, or the same one.
+        static PAGE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let token = if req.uri().path().contains("same") { 0 } else { PAGE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) };
+        let page = format!("<DescribeInstancesResponse><reservationSet/><nextToken>t{token}</nextToken></DescribeInstancesResponse>");
+        let body = http_body_util::Full::new(Bytes::from(page)).map_err(|never| match never {}).boxed();
+        return Ok(Response::builder().status(200).header("content-type", "application/xml").body(body).unwrap_or_default());
+    }
     if req.uri().path().contains("pages") {
-        // A valid DescribeInstances page of ~1 MiB that always says more follow.
+        // A valid DescribeInstances page of ~1 MiB that always says more follow (a new token each).
+        static PAGE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let token = PAGE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let items = "<item><instancesSet/></item>".repeat(36_000);
         let page = format!(
-            "<DescribeInstancesResponse><reservationSet>{items}</reservationSet><nextToken>more</nextToken></DescribeInstancesResponse>"
+            "<DescribeInstancesResponse><reservationSet>{items}</reservationSet><nextToken>more{token}</nextToken></DescribeInstancesResponse>"
         );
         let body = http_body_util::Full::new(Bytes::from(page)).map_err(|never| match never {}).boxed();
         return Ok(Response::builder().status(200).header("content-type", "application/xml").body(body).unwrap_or_default());
@@ -162,6 +172,17 @@ async fn oversized_answers_are_refused_not_buffered_and_error_text_is_clipped() 
     // A look-up of one machine expects a few KiB: refused at 256 KiB.
     let error = provider.find_server(&identity).await.err().ok_or("a 1 MiB look-up answer was accepted")?;
     assert!(error.to_string().contains("larger than 256 KiB"), "{error}");
+
+    // Tiny pages without end (twenty-first re-review M3): refused after a number of pages, not
+    // after the bytes of days of pages; a token sent twice is refused at once.
+    let provider = build_provider(&aws(&format!("{endpoint}/tinypages")))?;
+    let error = provider.list_servers(&[]).await.err().ok_or("endless tiny pages were accepted")?;
+    assert!(error.to_string().contains("more than 200 pages"), "{error}");
+    let error = provider.find_server(&identity).await.err().ok_or("endless tiny look-up pages were accepted")?;
+    assert!(error.to_string().contains("more than 20 pages"), "{error}");
+    let provider = build_provider(&aws(&format!("{endpoint}/samepages")))?;
+    let error = provider.list_servers(&[]).await.err().ok_or("a repeated token was followed")?;
+    assert!(error.to_string().contains("the same nextToken twice"), "{error}");
 
     // An answer that is not UTF-8 is refused, not converted.
     let error =

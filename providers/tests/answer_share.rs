@@ -1,10 +1,9 @@
 //! One hostile endpoint cannot fill the controller's budget for provider answers (issue 26,
-//! twentieth re-review N6): answers being read hold at most 64 MiB together, and a Workspace
-//! author who points accounts at an endpoint that sends 8 MiB and then stalls, nine times at
-//! once, used to hold all of it — every other account's answers over 64 KiB then failed.
-//! Now the answers of one source (peer address; host name) hold at most an eighth.
-//!
-//! The hostile endpoint listens on 127.0.0.2, an ordinary one on 127.0.0.1 (both loopback).
+//! twentieth re-review N6, twenty-first M2): answers being read used to hold at most 64 MiB
+//! together, and a Workspace author who points accounts at an endpoint that sends 8 MiB and
+//! then stalls, nine times at once, held all of it — every other account's answers over
+//! 64 KiB then failed. Now answers of endpoints a Workspace names have a budget apart from the
+//! providers' public endpoints, and one tenant (namespace) holds at most 8 MiB of it.
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -63,9 +62,10 @@ where
     Ok(format!("http://{addr}"))
 }
 
-fn aws(endpoint: &str, key: usize) -> ProviderConfig {
+fn aws(endpoint: &str, tenant: &str, key: usize) -> ProviderConfig {
     ProviderConfig {
         name: format!("share-{key}"),
+        tenant: tenant.into(),
         provider_type: "aws".into(),
         region: "eu-north-1".into(),
         endpoint: endpoint.into(),
@@ -86,30 +86,31 @@ async fn a_stalling_endpoint_cannot_fill_the_answer_budget_for_other_accounts() 
     let hostile = serve("127.0.0.2", stalling).await?;
     let honest = serve("127.0.0.1", ordinary).await?;
 
-    // Nine accounts at the hostile endpoint list their machines at once.
+    // Nine accounts of one namespace at the hostile endpoint list their machines at once.
     let mut readers = Vec::new();
     for key in 0..9 {
-        let provider = build_provider(&aws(&hostile, key))?;
+        let provider = build_provider(&aws(&hostile, "hostile", key))?;
         readers.push(tokio::spawn(async move { provider.list_servers(&[]).await.map(|_| ()) }));
     }
     // Until what they hold stops growing (each answer is read as fast as it arrives).
     let started = Instant::now();
+    let tenants = provisioning_providers::ratelimit::AnswerSource::Tenant(String::new());
     let mut last = u32::MAX;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let held = provisioning_providers::ratelimit::answers_held_kib();
+        let held = provisioning_providers::ratelimit::answers_held_kib(&tenants);
         if held == last && held > 0 {
             break;
         }
         assert!(started.elapsed() < Duration::from_secs(30), "the stalling answers were not read (held {held} KiB)");
         last = held;
     }
-    let held = provisioning_providers::ratelimit::answers_held_kib();
+    let held = provisioning_providers::ratelimit::answers_held_kib(&tenants);
     eprintln!("the hostile endpoint's answers hold {held} KiB of the budget");
-    assert!(held <= 8 << 10, "one endpoint holds {held} KiB, more than its eighth of the budget");
+    assert!(held <= 8 << 10, "one tenant's endpoint holds {held} KiB, more than its share of the budget");
 
-    // Another account, elsewhere, still reads an answer of 1 MiB.
-    let provider = build_provider(&aws(&honest, 100))?;
+    // Another tenant's account, at its own endpoint, still reads an answer of 1 MiB.
+    let provider = build_provider(&aws(&honest, "honest", 100))?;
     let servers = provider.list_servers(&[]).await.map_err(|e| format!("the ordinary account's 1 MiB answer failed: {e}"))?;
     assert!(servers.is_empty(), "{servers:?}");
     for reader in readers {

@@ -96,6 +96,8 @@ pub fn provider_config(account: &ProviderAccount, credentials: Credentials, stat
         region: account.region.clone(),
         zone: account.zone.clone(),
         endpoint: account.endpoint.clone(),
+        // Set by the caller, which knows the Workspace.
+        tenant: String::new(),
         credentials,
         images: account.images.clone(),
         rate_limit: account.rate_limit,

@@ -186,7 +186,8 @@ impl ProviderRegistry {
             }
         }
         let state_dir = account_state_dir(&self.state_dir, ws, account);
-        let config = provider_config(account, credentials, &state_dir, &self.host);
+        let mut config = provider_config(account, credentials, &state_dir, &self.host);
+        config.tenant = ws.namespace.clone();
         let provider = provisioning_providers::build_provider(&config).map_err(|e| match e {
             ProviderError::InvalidRequest(message) => Error::Stalled { reason: "ProviderUnavailable", message },
             other => Error::provider(&account.name, other),

@@ -7,7 +7,7 @@ use provisioning_crds::ProviderAccount;
 /// read (no Secret) and nothing is sent (no provider request) for such an account.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccountRefused {
-    /// Condition reason: CrossNamespaceReference, InsecureEndpoint or InvalidEndpoint.
+    /// Condition reason: CrossNamespaceReference, InvalidRegion, InsecureEndpoint or InvalidEndpoint.
     pub reason: &'static str,
     /// What is wrong and how to fix it (names the account, Secret and endpoint; never a value).
     pub message: String,
@@ -27,6 +27,21 @@ pub fn check_account(account: &ProviderAccount, namespace: &str, allow_insecure_
             message: format!(
                 "provider account {:?}: credentialsSecretRef names Secret {other}/{} but Secrets may only be referenced in the workspace's own namespace {namespace:?}; create the Secret there and drop credentialsSecretRef.namespace",
                 account.name, reference.name
+            ),
+        });
+    }
+    if account.provider_type == provisioning_crds::ProviderType::Aws
+        && !account.region.is_empty()
+        && !provisioning_providers::aws::valid_region(&account.region)
+    {
+        // The region names the regional endpoints' hosts (EC2, and STS, where a web identity
+        // token goes): "x@attacker.example/" would send requests elsewhere.
+        let shown: String = account.region.chars().take(64).collect();
+        return Err(AccountRefused {
+            reason: "InvalidRegion",
+            message: format!(
+                "provider account {:?}: region {shown:?} is not an AWS region (lower-case words joined by '-' ending in a number, e.g. eu-north-1)",
+                account.name
             ),
         });
     }
@@ -168,6 +183,20 @@ mod tests {
     fn account(yaml: &str) -> ProviderAccount {
         #[allow(clippy::expect_used)]
         provisioning_yaml::from_str(yaml).expect("account")
+    }
+
+    #[test]
+    fn an_aws_region_that_would_change_the_endpoints_host_is_refused() {
+        // Twenty-first re-review H1: the region is placed into https://sts.<region>.amazonaws.com/
+        // where the controller's web identity token is posted.
+        for region in ["x@attacker.example/", "x.attacker.example/", "a@attacker.example:8443/x?", "eu-north-1.", "EU-NORTH-1", "eu-north-"] {
+            let refused = check_account(&account(&format!("{{name: a, type: aws, region: {region:?}}}")), "ns", false)
+                .expect_err(region);
+            assert_eq!(refused.reason, "InvalidRegion", "{region}");
+        }
+        for region in ["eu-north-1", "us-gov-west-1", "ap-southeast-2", "eusc-de-east-1", ""] {
+            assert_eq!(check_account(&account(&format!("{{name: a, type: aws, region: {region:?}}}")), "ns", false), Ok(()), "{region}");
+        }
     }
 
     #[test]

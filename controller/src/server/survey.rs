@@ -75,48 +75,88 @@ pub async fn run(ctx: Arc<Context>, trigger: Trigger<Server>) {
     }
 }
 
+/// Accounts surveyed at once.
+const SURVEY_CONCURRENCY: usize = 4;
+
 /// One round over every provider account built so far. Returns the number of list calls made.
+/// Accounts are listed a few at a time, each within one survey interval: an account whose
+/// endpoint answers slowly (or never finishes paging) delays no other account's survey.
 pub async fn survey_once(ctx: &Context, trigger: &Trigger<Server>) -> usize {
+    use futures::StreamExt as _;
     let servers = ctx.stores.servers.state();
-    let mut calls = 0;
-    for (ws, account, provider) in ctx.providers.cached_accounts() {
-        if provider.machine_event_source().is_some() {
-            continue;
+    let accounts = ctx.providers.cached_accounts();
+    // Boxed: a stream of borrowing async fns is otherwise not provably Send (rustc #110338).
+    let mut rounds: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send + '_>>> = Vec::with_capacity(accounts.len());
+    for (ws, account, provider) in &accounts {
+        rounds.push(Box::pin(within_interval(ctx, trigger, &servers, ws, account, provider)));
+    }
+    futures::stream::iter(rounds).buffer_unordered(SURVEY_CONCURRENCY).fold(0, |total, calls| async move { total + calls }).await
+}
+
+/// [`survey_account`] within one survey interval.
+async fn within_interval(
+    ctx: &Context,
+    trigger: &Trigger<Server>,
+    servers: &[Arc<Server>],
+    ws: &crate::effective_workspace::EffectiveWorkspace,
+    account: &str,
+    provider: &provisioning_providers::SharedProvider,
+) -> usize {
+    let deadline = ctx.config.survey();
+    match tokio::time::timeout(deadline, survey_account(ctx, trigger, servers, ws, account, provider)).await {
+        Ok(calls) => calls,
+        Err(_) => {
+            tracing::warn!(namespace = %ws.namespace, %account, ?deadline, "drift survey: listing the account's machines took longer than the survey interval; skipped this round");
+            1
         }
-        let mine = surveyed(&servers, &ws.namespace, &account);
-        if mine.is_empty() {
-            continue;
+    }
+}
+
+/// Surveys one account: lists its machines in the Workspace's namespace and queues the
+/// Servers whose recorded machine differs. Returns the number of list calls made (0 or 1).
+async fn survey_account(
+    ctx: &Context,
+    trigger: &Trigger<Server>,
+    servers: &[Arc<Server>],
+    ws: &crate::effective_workspace::EffectiveWorkspace,
+    account: &str,
+    provider: &provisioning_providers::SharedProvider,
+) -> usize {
+    if provider.machine_event_source().is_some() {
+        return 0;
+    }
+    let mine = surveyed(servers, &ws.namespace, account);
+    if mine.is_empty() {
+        return 0;
+    }
+    let filter = [(tags::NAMESPACE.to_string(), ws.namespace.clone())];
+    let listed = match ctx.provider_call(ws, provider, account, "survey", provider.survey(&filter)).await {
+        Ok(listed) => listed,
+        Err(e) => {
+            // The Servers' own reconciles observe (and report) at their resync meanwhile.
+            tracing::warn!(namespace = %ws.namespace, %account, error = %e, "drift survey: listing the account's machines failed");
+            return 1;
         }
-        calls += 1;
-        let filter = [(tags::NAMESPACE.to_string(), ws.namespace.clone())];
-        let listed = match ctx.provider_call(&ws, &provider, &account, "survey", provider.survey(&filter)).await {
-            Ok(listed) => listed,
-            Err(e) => {
-                // The Servers' own reconciles observe (and report) at their resync meanwhile.
-                tracing::warn!(namespace = %ws.namespace, %account, error = %e, "drift survey: listing the account's machines failed");
-                continue;
-            }
-        };
-        let by_id: HashMap<&str, &MachineSummary> = listed.iter().map(|m| (m.provider_id.0.as_str(), m)).collect();
-        for server in mine {
-            let uid = server.uid().unwrap_or_default();
-            let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
-            match verdict(server, &by_id) {
-                Verdict::Confirmed => ctx.mark_observed(&uid, &super::act::fingerprint(server, &provisioning_providers::ProviderId(id))),
-                Verdict::Look(why) => {
-                    tracing::info!(
-                        namespace = %ws.namespace,
-                        name = %server.name_any(),
-                        %why,
-                        "drift survey: machine differs from the Server's status; checking the Server"
-                    );
-                    ctx.forget_observed(&uid);
-                    trigger.send(ObjectRef::from_obj(server.as_ref()));
-                }
+    };
+    let by_id: HashMap<&str, &MachineSummary> = listed.iter().map(|m| (m.provider_id.0.as_str(), m)).collect();
+    for server in mine {
+        let uid = server.uid().unwrap_or_default();
+        let id = server.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+        match verdict(server, &by_id) {
+            Verdict::Confirmed => ctx.mark_observed(&uid, &super::act::fingerprint(server, &provisioning_providers::ProviderId(id))),
+            Verdict::Look(why) => {
+                tracing::info!(
+                    namespace = %ws.namespace,
+                    name = %server.name_any(),
+                    %why,
+                    "drift survey: machine differs from the Server's status; checking the Server"
+                );
+                ctx.forget_observed(&uid);
+                trigger.send(ObjectRef::from_obj(server.as_ref()));
             }
         }
     }
-    calls
+    1
 }
 
 #[cfg(test)]

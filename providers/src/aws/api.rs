@@ -81,6 +81,8 @@ pub struct Ec2Client {
     region: String,
     credentials: AwsCredentials,
     http: reqwest::Client,
+    /// Whose budget its answers are charged to.
+    source: crate::ratelimit::AnswerSource,
 }
 
 impl fmt::Debug for Ec2Client {
@@ -98,7 +100,7 @@ impl Ec2Client {
     /// Builds the client; credentials come from `config.credentials` (static keys, or a role
     /// assumed with them or with a web identity: [`AwsCredentials`]).
     pub fn new(config: &ProviderConfig, region: &str) -> ProviderResult<Self> {
-        let endpoint = if config.endpoint.is_empty() { format!("https://ec2.{region}.amazonaws.com/") } else { config.endpoint.clone() };
+        let endpoint = if config.endpoint.is_empty() { super::regional_endpoint("ec2", &config.name, region)? } else { config.endpoint.clone() };
         let url = reqwest::Url::parse(&endpoint)
             .map_err(|e| ProviderError::InvalidRequest(format!("aws endpoint {endpoint:?} is not a URL: {e}")))?;
         if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {
@@ -106,11 +108,20 @@ impl Ec2Client {
         }
         let credentials = AwsCredentials::new(config, region)?;
         let http = reqwest::Client::builder()
+            // A redirect would take a request (and what it carries) to a host no one checked.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| ProviderError::Permanent(format!("cannot build the HTTP client: {e}")))?;
-        Ok(Ec2Client { account: config.name.clone(), endpoint: url.to_string(), region: region.to_string(), credentials, http })
+        Ok(Ec2Client {
+            account: config.name.clone(),
+            endpoint: url.to_string(),
+            region: region.to_string(),
+            credentials,
+            http,
+            source: crate::ratelimit::AnswerSource::of(config),
+        })
     }
 
     /// The endpoint called (normalised URL).
@@ -164,7 +175,7 @@ impl Ec2Client {
         let response = request.send().await.map_err(|e| self.redact_error(transport_error(&format!("EC2 {action}"), &e)))?;
         let status = response.status().as_u16();
         let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = crate::ratelimit::text_capped(response, cap, &format!("EC2 {action}")).await.map_err(|e| self.redact_error(e))?;
+        let text = crate::ratelimit::text_capped(response, cap, &format!("EC2 {action}"), &self.source).await.map_err(|e| self.redact_error(e))?;
         if (200..300).contains(&status) {
             return Ok(text);
         }

@@ -224,6 +224,8 @@ pub struct AwsCredentials {
     keys: Option<Identity>,
     static_key_id: String,
     sts_endpoint: String,
+    /// Whose budget STS answers are charged to (the tenant's when its endpoint is the account's).
+    answers: crate::ratelimit::AnswerSource,
     region: String,
     http: reqwest::Client,
     margin: Duration,
@@ -289,14 +291,17 @@ impl AwsCredentials {
         if let Source::AssumeRole { external_id: Some(id), .. } = &source {
             secrets.push(id.clone());
         }
-        let regional = format!("https://sts.{region}.amazonaws.com/");
-        let sts_endpoint = match &source {
-            Source::WebIdentity { .. } => value(config, STS_ENDPOINT).map_or(regional, str::to_string),
-            _ if config.endpoint.is_empty() => regional,
-            _ => config.endpoint.clone(),
+        // The region is placed into a host name: only a region's shape (no '/', '@', '.').
+        let regional = super::regional_endpoint("sts", &config.name, region)?;
+        let (sts_endpoint, answers) = match &source {
+            Source::WebIdentity { .. } => (value(config, STS_ENDPOINT).map_or(regional, str::to_string), crate::ratelimit::AnswerSource::Public),
+            _ if config.endpoint.is_empty() => (regional, crate::ratelimit::AnswerSource::Public),
+            _ => (config.endpoint.clone(), crate::ratelimit::AnswerSource::of(config)),
         };
         let sts_endpoint = url_checked(&sts_endpoint, "aws STS")?;
         let http = reqwest::Client::builder()
+            // A redirect would take a request (and what it carries) to a host no one checked.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
             .build()
@@ -308,6 +313,7 @@ impl AwsCredentials {
             keys,
             static_key_id,
             sts_endpoint,
+            answers,
             region: region.to_string(),
             http,
             margin: REFRESH_MARGIN,
@@ -498,7 +504,7 @@ impl AwsCredentials {
         let status = response.status().as_u16();
         let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
         // An STS answer is a few KiB; the endpoint may be a tenant's.
-        let text = crate::ratelimit::text_capped(response, 1 << 20, &what).await?;
+        let text = crate::ratelimit::text_capped(response, 1 << 20, &what, &self.answers).await?;
         if !(200..300).contains(&status) {
             return Err(classify_sts_error(
                 &self.account,
@@ -688,6 +694,12 @@ mod tests {
         web.endpoint = "https://tenant.example.test/".into();
         let c = AwsCredentials::new(&web, "eu-north-1").map_err(|e| e.to_string())?;
         assert_eq!(c.sts_endpoint(), "https://sts.eu-north-1.amazonaws.com/");
+        // A region is placed into the host name: one that would move the host is refused
+        // (https://sts.x@attacker.example/.amazonaws.com/ is a request to attacker.example).
+        for region in ["x@attacker.example/", "x.attacker.example/", "a@attacker.example:8443/x?"] {
+            let refused = AwsCredentials::new(&web, region).err().ok_or(format!("region {region:?} was accepted"))?;
+            assert!(refused.to_string().contains("is not an AWS region"), "{refused}");
+        }
         web.credentials.0.insert(STS_ENDPOINT.into(), "http://127.0.0.1:5000/".into());
         let c = AwsCredentials::new(&web, "eu-north-1").map_err(|e| e.to_string())?;
         assert_eq!(c.sts_endpoint(), "http://127.0.0.1:5000/");

@@ -154,10 +154,45 @@ fn live_filter(mut params: Vec<(String, String)>) -> Vec<(String, String)> {
     params
 }
 
+/// Whether `region` has the shape of an AWS region (`eu-north-1`, `us-gov-west-1`): it is
+/// placed into endpoint host names, so anything else (a `/`, an `@`, a dot) is refused.
+pub fn valid_region(region: &str) -> bool {
+    let Some((words, number)) = region.rsplit_once('-') else { return false };
+    let mut words = words.split('-');
+    let first = words.next().unwrap_or_default();
+    let rest: Vec<&str> = words.collect();
+    region.len() <= 32
+        && (1..=2).contains(&number.len())
+        && number.bytes().all(|b| b.is_ascii_digit())
+        && (2..=4).contains(&first.len())
+        && first.bytes().all(|b| b.is_ascii_lowercase())
+        && (1..=3).contains(&rest.len())
+        && rest.iter().all(|w| (1..=16).contains(&w.len()) && w.bytes().all(|b| b.is_ascii_lowercase()))
+}
+
+/// The error for a region that is not one.
+pub fn invalid_region(account: &str, region: &str) -> ProviderError {
+    let shown: String = region.chars().take(64).collect();
+    ProviderError::InvalidRequest(format!(
+        "aws account {account:?}: region {shown:?} is not an AWS region (lower-case words joined by '-' ending in a number, e.g. eu-north-1); set spec.providers[].region"
+    ))
+}
+
+/// `https://<service>.<region>.amazonaws.com/`, for a region of the right shape only.
+pub fn regional_endpoint(service: &str, account: &str, region: &str) -> ProviderResult<String> {
+    if !valid_region(region) {
+        return Err(invalid_region(account, region));
+    }
+    Ok(format!("https://{service}.{region}.amazonaws.com/"))
+}
+
 impl AwsProvider {
-    /// Builds the provider; fails on missing credentials or a malformed endpoint.
+    /// Builds the provider; fails on missing credentials or a malformed endpoint or region.
     pub fn new(config: &ProviderConfig) -> ProviderResult<Self> {
         let region = if config.region.is_empty() { DEFAULT_REGION.to_string() } else { config.region.clone() };
+        if !valid_region(&region) {
+            return Err(invalid_region(&config.name, &region));
+        }
         let client = Ec2Client::new(config, &region)?;
         // Metered as the role when one is assumed, else as the access key.
         let key = account_key(client.endpoint(), &region, &client.credentials().principal());
@@ -203,7 +238,15 @@ impl AwsProvider {
         // All pages together within one answer's cap: the endpoint is a Workspace's to name,
         // and what its pages decode to is kept until the last one.
         let mut read = 0usize;
+        // And few pages, each with a new token: an endpoint sending tiny pages that always say
+        // more follow would otherwise hold the caller for days.
+        let max_pages = if cap <= LOOKUP_CAP { MAX_LOOKUP_PAGES } else { MAX_LIST_PAGES };
+        let mut pages = 0usize;
         loop {
+            pages += 1;
+            if pages > max_pages {
+                return Err(ProviderError::Permanent(format!("EC2 DescribeInstances: more than {max_pages} pages; refused")));
+            }
             let mut page = params.clone();
             if let Some(token) = &next_token {
                 page.push(("NextToken".into(), token.clone()));
@@ -225,6 +268,9 @@ impl AwsProvider {
                 return Err(ProviderError::Permanent("EC2 DescribeInstances: a nextToken over 4 KiB; refused".into()));
             }
             match parsed.next_token.filter(|t| !t.is_empty()) {
+                Some(token) if next_token.as_ref() == Some(&token) => {
+                    return Err(ProviderError::Permanent("EC2 DescribeInstances: the same nextToken twice; refused".into()));
+                }
                 Some(token) => next_token = Some(token),
                 None => return Ok(instances),
             }
@@ -653,15 +699,21 @@ pub fn machine_state(name: &str) -> MachineState {
     }
 }
 
+/// Pages of one DescribeInstances look-up of a machine (EC2 answers it in one).
+const MAX_LOOKUP_PAGES: usize = 20;
+/// Pages of one DescribeInstances list (EC2 pages by up to 1,000 instances; the answers
+/// together stay within [`MAX_ANSWER`] as well).
+const MAX_LIST_PAGES: usize = 200;
+
 /// Managed groups of one account handled at once (one per VPC the account's machines use).
 const MAX_MANAGED_GROUPS: usize = 16;
 
-/// An EC2 resource id: `prefix` and 8 or 17 hex digits.
+/// An EC2 resource id: `prefix` and at most 17 hex digits (EC2 makes 8 or 17).
 fn valid_id(id: &str, prefix: &str) -> bool {
     id.strip_prefix(prefix).is_some_and(|hex| crate::ratelimit::well_formed(hex, 17, |c| c.is_ascii_hexdigit()))
 }
 
-/// An EC2 instance id as EC2 makes them (`i-` and 8 or 17 hex digits).
+/// An EC2 instance id: `i-` and at most 17 hex digits (EC2 makes 8 or 17).
 fn valid_instance_id(id: &str) -> bool {
     id.strip_prefix("i-").is_some_and(|hex| crate::ratelimit::well_formed(hex, 17, |c| c.is_ascii_hexdigit()))
 }

@@ -118,6 +118,8 @@ pub struct UpcloudProvider {
     username: String,
     password: String,
     http: reqwest::Client,
+    /// Whose budget its answers are charged to.
+    source: crate::ratelimit::AnswerSource,
     guard: CallGuard,
     images: BTreeMap<String, String>,
     ssh: SshExecutor,
@@ -270,6 +272,8 @@ impl UpcloudProvider {
             return Err(ProviderError::InvalidRequest(format!("upcloud endpoint {endpoint:?} needs http(s) and a host")));
         }
         let http = reqwest::Client::builder()
+            // A redirect would take a request (and what it carries) to a host no one checked.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(60))
             .build()
@@ -283,6 +287,7 @@ impl UpcloudProvider {
             username: username.to_string(),
             password: password.to_string(),
             http,
+            source: crate::ratelimit::AnswerSource::of(config),
             guard: CallGuard::new(key, default_limits(config.rate_limit), RetryPolicy::default()),
             images: config.images.clone(),
             ssh: SshExecutor::new(config, "root"),
@@ -326,7 +331,7 @@ impl UpcloudProvider {
         let response = request.send().await.map_err(|e| ProviderError::Transient(self.clean(&transport_error(&what, &e).to_string())))?;
         let status = response.status().as_u16();
         let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = crate::ratelimit::text_capped(response, cap, &what).await.map_err(|e| match e {
+        let text = crate::ratelimit::text_capped(response, cap, &what, &self.source).await.map_err(|e| match e {
             ProviderError::Permanent(m) => ProviderError::Permanent(self.clean(&m)),
             other => ProviderError::Transient(self.clean(&other.to_string())),
         })?;
