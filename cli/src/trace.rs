@@ -474,10 +474,6 @@ pub fn render_json(rows: &[Row]) -> Value {
     if rows.is_empty() { Value::Null } else { node(rows, 0).0 }
 }
 
-fn to_values<K: serde::Serialize>(items: Vec<K>) -> anyhow::Result<Vec<Value>> {
-    items.into_iter().map(|o| serde_json::to_value(o).context("encoding an object")).collect()
-}
-
 /// Lists what the tree of `root` needs from `namespace` (a Workspace: its own namespace).
 pub async fn fetch(client: &Client, root: &Root, namespace: &str) -> anyhow::Result<Objects> {
     let mut ns = namespace.to_string();
@@ -493,10 +489,18 @@ pub async fn fetch(client: &Client, root: &Root, namespace: &str) -> anyhow::Res
         objs.workspace = Some(serde_json::to_value(ws)?);
     }
     objs.namespace = ns.clone();
-    let lp = ListParams::default();
-    objs.clusters = to_values(Api::<Cluster>::namespaced(client.clone(), &ns).list(&lp).await.context("listing Clusters")?.items)?;
-    objs.servers = to_values(Api::<Server>::namespaced(client.clone(), &ns).list(&lp).await.context("listing Servers")?.items)?;
-    objs.taskservs = to_values(Api::<TaskServ>::namespaced(client.clone(), &ns).list(&lp).await.context("listing TaskServs")?.items)?;
+    // Each object read within the controller's per-object depth and size budget (one over it
+    // is shown by name only), as the web console does.
+    let list = |ar: kube::api::ApiResource, what: &'static str| {
+        let api: Api<provisioning_controller::decode::BoundedObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+        async move {
+            let items = api.list(&ListParams::default()).await.with_context(|| format!("listing {what}"))?.items;
+            anyhow::Ok(items.into_iter().map(provisioning_controller::decode::BoundedObject::into_value).collect::<Vec<_>>())
+        }
+    };
+    objs.clusters = list(kube::api::ApiResource::erase::<Cluster>(&()), "Clusters").await?;
+    objs.servers = list(kube::api::ApiResource::erase::<Server>(&()), "Servers").await?;
+    objs.taskservs = list(kube::api::ApiResource::erase::<TaskServ>(&()), "TaskServs").await?;
     Ok(objs)
 }
 

@@ -136,6 +136,82 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Tolerant<K> {
     }
 }
 
+/// An object of any kind (as [`kube::api::DynamicObject`] is), read as a JSON value within
+/// the same depth and size budget as [`Tolerant`]: for readers that show objects rather than
+/// act on them (the web console, `provisioning trace`). An object over the budget keeps only
+/// the metadata that names it, plus `"undecodable": <why>` at its top level.
+#[derive(Clone, Debug)]
+pub struct BoundedObject {
+    /// The object (or its naming metadata and `undecodable`), with `apiVersion` and `kind`.
+    pub value: Value,
+    meta: ObjectMeta,
+}
+
+impl BoundedObject {
+    /// The value, as read.
+    pub fn into_value(self) -> Value {
+        self.value
+    }
+}
+
+impl Resource for BoundedObject {
+    type DynamicType = kube::api::ApiResource;
+    type Scope = kube::core::DynamicResourceScope;
+
+    fn kind(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+    fn group(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+    fn version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+    fn api_version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+    fn plural(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.meta
+    }
+}
+
+impl Serialize for BoundedObject {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for BoundedObject {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let budget = Budget::default();
+        let mut value = Bounded { budget: &budget, depth: 1, metadata: false }.deserialize(deserializer)?;
+        let meta = slim_meta(&value);
+        if let Some(exceeded) = budget.exceeded.get() {
+            let reason = match exceeded {
+                Exceeded::Depth => format!("it nests deeper than {MAX_DEPTH} levels"),
+                Exceeded::Size => format!("it would take more than {} MiB of memory decoded", MAX_SIZE >> 20),
+            };
+            let field = |key: &str| value.get(key).filter(|v| v.is_string()).cloned().unwrap_or(Value::Null);
+            value = serde_json::json!({
+                "apiVersion": field("apiVersion"),
+                "kind": field("kind"),
+                "metadata": {
+                    "name": meta.name, "namespace": meta.namespace, "uid": meta.uid,
+                    "resourceVersion": meta.resource_version, "generation": meta.generation,
+                },
+                "undecodable": reason,
+            });
+        }
+        Ok(BoundedObject { value, meta })
+    }
+}
+
 /// The metadata that names an object (what survives of it when the rest does not decode).
 fn slim_meta(value: &Value) -> ObjectMeta {
     let meta = value.get("metadata");
@@ -677,6 +753,22 @@ mod tests {
         let fine = format!("[{}]", item("a", r#"{"backends":[{"name":"web","port":80}],"replicas":3}"#));
         let items: Vec<Tolerant<Thing>> = serde_json::from_str(&fine)?;
         assert!(matches!(items[0], Tolerant::Decoded(_)));
+        Ok(())
+    }
+
+    #[test]
+    fn objects_shown_by_the_console_and_trace_are_read_within_the_budget() -> Result<(), serde_json::Error> {
+        // Twenty-first re-review H3: the console decoded a tenant's TaskServ of 209,692 tiny
+        // maps (3 MiB) whole, twice (~300 MiB), in the controller's process.
+        let maps = format!("[{}{{\"a\":0,\"bb\":0}}]", "{\"a\":0,\"bb\":0},".repeat(209_691));
+        let text = list(&[item("big", &format!("{{\"config\":{{\"x\":{maps}}}}}")), item("ok", r#"{"config":{"port":80}}"#)]);
+        let list: ObjectList<BoundedObject> = serde_json::from_str(&text)?;
+        let big = &list.items[0].value;
+        assert!(big["undecodable"].as_str().is_some_and(|r| r.contains("MiB of memory decoded")), "{}", big["undecodable"]);
+        assert_eq!((big["metadata"]["name"].as_str(), big.get("spec")), (Some("big"), None));
+        assert_eq!(list.items[0].meta().uid.as_deref(), Some("u-big"));
+        let ok = &list.items[1].value;
+        assert_eq!((ok["spec"]["config"]["port"].as_i64(), ok.get("undecodable")), (Some(80), None));
         Ok(())
     }
 

@@ -3,7 +3,8 @@
 //! SelfSubjectAccessReviews, and the annotation patches and deletes behind the actions.
 
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use provisioning_controller::decode::BoundedObject;
 use kube::{Api, Client};
 use provisioning_crds::{GROUP, LABEL_CHANGE_OF, VERSION};
 use secrecy::SecretString;
@@ -104,15 +105,18 @@ pub fn anonymous_client(base: &kube::Config) -> Result<Client, ApiFailure> {
     Client::try_from(config).map_err(|e| ApiFailure::Other(format!("building a client: {e}")))
 }
 
-fn api(client: &Client, kind: Kind, namespace: Option<&str>) -> Api<DynamicObject> {
+// Objects are read within the controller's per-object depth and size budget (a tenant's
+// object of tiny maps decodes to ~90 times its size): one over it is shown by name only.
+fn api(client: &Client, kind: Kind, namespace: Option<&str>) -> Api<BoundedObject> {
     match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &kind.resource()),
         None => Api::all_with(client.clone(), &kind.resource()),
     }
 }
 
-fn to_value(o: DynamicObject) -> Result<Value, ApiFailure> {
-    serde_json::to_value(o).map_err(|e| ApiFailure::Other(format!("encoding an object: {e}")))
+#[allow(clippy::unnecessary_wraps)] // one signature for every caller's `?`
+fn to_value(o: BoundedObject) -> Result<Value, ApiFailure> {
+    Ok(o.into_value())
 }
 
 /// Lists `kind` (in `namespace`, or across all for a Workspace) as JSON.
@@ -144,7 +148,7 @@ pub async fn namespace_objects(client: &Client, namespace: &str, workspace: Opti
 /// Events (events.k8s.io/v1) about `kind`/`name` in `namespace`, oldest first.
 pub async fn events_about(client: &Client, namespace: &str, kind: Kind, name: &str) -> Result<Vec<Value>, ApiFailure> {
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("events.k8s.io", "v1", "Event"), "events");
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    let api: Api<BoundedObject> = Api::namespaced_with(client.clone(), namespace, &ar);
     // Only this object's events: the API server filters (a namespace can hold thousands).
     let lp = ListParams::default().fields(&event_selector(kind, name));
     let mut out: Vec<Value> = api
@@ -179,7 +183,7 @@ pub fn event_time(e: &Value) -> &str {
 /// not serve the kind (an older CRD set).
 pub async fn change_records(client: &Client, namespace: &str, uid: &str) -> Result<Vec<Value>, ApiFailure> {
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, "ChangeRecord"), "changerecords");
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    let api: Api<BoundedObject> = Api::namespaced_with(client.clone(), namespace, &ar);
     // The controller labels each record with the uid it records: only those are listed.
     let items = match api.list(&ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await {
         Ok(list) => list.items,

@@ -12,7 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use hyper::body::{Body, Frame};
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{ApiResource, GroupVersionKind};
+use provisioning_controller::decode::BoundedObject;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
@@ -148,7 +149,8 @@ fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource
 fn changes(client: &Client, page: &Page, namespace: Option<String>) -> futures::stream::BoxStream<'static, ()> {
     let g = provisioning_crds::GROUP;
     let v = provisioning_crds::VERSION;
-    let mut apis: Vec<(Api<DynamicObject>, watcher::Config)> = vec![];
+    // Change notifications only: each object read within the per-object budget.
+    let mut apis: Vec<(Api<BoundedObject>, watcher::Config)> = vec![];
     let all = watcher::Config::default();
     if matches!(page, Page::Workspaces | Page::Object { kind: Kind::Workspace, .. }) {
         apis.push((Api::all_with(client.clone(), &resource(g, v, "Workspace", "workspaces")), all.clone()));
