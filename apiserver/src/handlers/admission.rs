@@ -214,6 +214,7 @@ impl Core {
                 ),
             )),
         }
+        causes.extend(conversion_causes(&obj["spec"]["conversion"], versions.len()));
         for (i, v) in versions.iter().enumerate() {
             if let Some(schema) = v["schema"].get("openAPIV3Schema") {
                 let rules = crate::celrules::Rules::from_schema(schema);
@@ -239,6 +240,24 @@ impl Core {
             if !stored.contains(&s) {
                 stored.push(s);
             }
+        }
+        // Upstream's ValidateCustomResourceDefinitionStoredVersions: a version objects may
+        // still be stored at cannot be dropped (a rollback of the CRD first needs a migration).
+        let names: Vec<&str> = versions.iter().filter_map(|v| v["name"].as_str()).collect();
+        let gone: Vec<Cause> = stored
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !names.contains(&s.as_str()))
+            .map(|(i, s)| {
+                Cause::new(
+                    "FieldValueInvalid",
+                    &format!("status.storedVersions[{i}]"),
+                    format!("Invalid value: \"{s}\": must appear in spec.versions"),
+                )
+            })
+            .collect();
+        if !gone.is_empty() {
+            return Err(ApiError::invalid("CustomResourceDefinition", "apiextensions.k8s.io", &name, gone));
         }
         let names = obj["spec"]["names"].clone();
         let keep_time = |t: &str| -> String {
@@ -330,5 +349,30 @@ impl Core {
         } else {
             Scope::All
         }
+    }
+}
+
+/// `spec.conversion` of a CRD with `versions` versions: strategy None or Webhook (upstream's
+/// values). This control plane converts by rewriting `apiVersion` only (None): a CRD with more
+/// than one version whose objects need a conversion webhook is refused rather than served
+/// unconverted.
+fn conversion_causes(conversion: &Value, versions: usize) -> Vec<Cause> {
+    match conversion["strategy"].as_str() {
+        None if conversion.is_null() => vec![],
+        Some("None") => vec![],
+        Some("Webhook") if versions <= 1 => vec![],
+        Some("Webhook") => vec![Cause::new(
+            "FieldValueNotSupported",
+            "spec.conversion.strategy",
+            "Unsupported value: \"Webhook\": this control plane converts between versions only by rewriting apiVersion (strategy None) and calls no conversion webhook; serve one version, or use identical schemas with strategy None",
+        )],
+        other => vec![Cause::new(
+            "FieldValueNotSupported",
+            "spec.conversion.strategy",
+            format!(
+                "Unsupported value: {}: supported values: \"None\", \"Webhook\"",
+                other.map_or_else(|| conversion["strategy"].to_string(), |s| format!("\"{s}\""))
+            ),
+        )],
     }
 }
