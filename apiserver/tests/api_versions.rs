@@ -87,6 +87,17 @@ async fn kubectl_and_watches_at_either_version() -> TestResult {
     let listed: Vec<&str> = group["versions"].as_array().into_iter().flatten().filter_map(|v| v["version"].as_str()).collect();
     assert_eq!(listed, ["v1beta1", "v1alpha1"]);
 
+    // `kubectl explain` at either version (OpenAPI v3 per group-version).
+    for v in ["v1alpha1", "v1beta1"] {
+        let out = k(&["explain", "servers.spec.plan", &format!("--api-version=provisioning.dev/{v}")], None);
+        assert!(
+            out.ok && out.stdout.contains(&format!("provisioning.dev/{v}")) && out.stdout.contains("plan"),
+            "{v}: {} {}",
+            out.stdout,
+            out.stderr
+        );
+    }
+
     // A Server written at v1alpha1 (client-side apply), read at v1beta1 and back.
     let alpha = "apiVersion: provisioning.dev/v1alpha1
 kind: Server

@@ -244,6 +244,12 @@ async fn server_becomes_ready_with_one_machine_and_resync_writes_nothing() -> an
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "alpha");
     let list = events.list(&Default::default()).await?;
     assert!(list.items.iter().any(|e| e.reason.as_deref() == Some("Ready")), "Ready event recorded");
+    // ... found by the selector `kubectl events --for server/s1` sends: the object at its
+    // preferred version (v1beta1 is listed first in discovery).
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(env.client.clone(), "alpha");
+    let selector = "involvedObject.kind=Server,involvedObject.apiVersion=provisioning.dev/v1beta1,involvedObject.name=s1";
+    let found = core.list(&kube::api::ListParams::default().fields(selector)).await?;
+    assert!(found.items.iter().any(|e| e.reason.as_deref() == Some("Ready")), "kubectl events --for server/s1 finds nothing");
 
     stop(env, controller).await;
     Ok(())

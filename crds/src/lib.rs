@@ -45,6 +45,14 @@ pub const BETA_VERSION: &str = "v1beta1";
 /// stays `v1alpha1` only).
 pub const BETA_KINDS: [&str; 4] = ["Workspace", "Server", "TaskServ", "Cluster"];
 
+/// The `apiVersion` a client resolves `kind` to by default: discovery's preferred version,
+/// [`BETA_VERSION`] for the [`BETA_KINDS`] (the API server lists a CRD's versions by priority,
+/// beta before alpha), else [`API_VERSION`]. Events name their object at it, because
+/// `kubectl events --for server/NAME` selects `involvedObject.apiVersion` at that version.
+pub fn preferred_api_version(kind: &str) -> &'static str {
+    if BETA_KINDS.contains(&kind) { "provisioning.dev/v1beta1" } else { API_VERSION }
+}
+
 /// All CustomResourceDefinitions, in a stable order.
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
     vec![Workspace::crd(), Server::crd(), TaskServ::crd(), Cluster::crd(), ChangeRecord::crd()]
@@ -273,6 +281,7 @@ mod tests {
                 continue;
             }
             assert_eq!(names, [(VERSION, true, true), (BETA_VERSION, true, false)], "{kind}");
+            assert_eq!(preferred_api_version(&kind), format!("{GROUP}/{BETA_VERSION}"));
             let [alpha, beta] = [&crd.spec.versions[0], &crd.spec.versions[1]].map(|v| {
                 let mut v = serde_json::to_value(v).expect("version serialises");
                 v["name"] = serde_json::Value::Null;
