@@ -93,6 +93,12 @@ impl Core {
     /// Whether a stored entry is at the storage version of its resource (a write of an
     /// unchanged object still stores one that is not: that is how storage is migrated).
     pub fn at_storage_version(&self, rt: &ResourceType, e: &Entry) -> bool {
+        if !rt.custom {
+            return true;
+        }
+        if rt.storage_version {
+            return e.api_version == rt.api_version();
+        }
         self.storage_type(rt).is_none_or(|st| e.api_version == st.api_version())
     }
 
