@@ -91,7 +91,9 @@ async fn kubectl_and_watches_at_either_version() -> TestResult {
     for v in ["v1alpha1", "v1beta1"] {
         let out = k(&["explain", "servers.spec.plan", &format!("--api-version=provisioning.dev/{v}")], None);
         assert!(
-            out.ok && out.stdout.contains(&format!("provisioning.dev/{v}")) && out.stdout.contains("plan"),
+            out.ok
+                && out.stdout.lines().any(|l| l.starts_with("VERSION:") && l.trim_end().ends_with(v))
+                && out.stdout.contains("FIELD: plan"),
             "{v}: {} {}",
             out.stdout,
             out.stderr
