@@ -478,16 +478,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::MigrateStorage { group, kubeconfig, context } => {
             init_logging(log_format, "warn");
             let (client, _) = provisioning_cli::plan::client(kubeconfig, context).await?;
-            for m in provisioning_cli::migrate::migrate_storage(&client, &group).await? {
-                println!(
-                    "{}: {} objects stored at {}; storedVersions [{}] -> [{}]",
-                    m.crd,
-                    m.objects,
-                    m.storage_version,
-                    m.stored_before.join(", "),
-                    m.storage_version
-                );
-            }
+            provisioning_cli::migrate::run(&client, &group).await?;
             Ok(0)
         }
         Command::Crds => {

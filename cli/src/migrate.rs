@@ -34,6 +34,21 @@ pub struct Migrated {
     pub stored_before: Vec<String>,
 }
 
+/// `provisioning migrate-storage`: migrates, printing one line per CRD.
+pub async fn run(client: &Client, group: &str) -> anyhow::Result<()> {
+    for m in migrate_storage(client, group).await? {
+        println!(
+            "{}: {} objects stored at {}; storedVersions [{}] -> [{}]",
+            m.crd,
+            m.objects,
+            m.storage_version,
+            m.stored_before.join(", "),
+            m.storage_version
+        );
+    }
+    Ok(())
+}
+
 /// Migrates every CRD of `group` (each in turn); stops at the first CRD that cannot be
 /// migrated completely, leaving its storedVersions untouched.
 pub async fn migrate_storage(client: &Client, group: &str) -> anyhow::Result<Vec<Migrated>> {

@@ -235,30 +235,8 @@ impl Core {
             obj["spec"]["conversion"] = json!({"strategy": "None"});
         }
         let now = now_rfc3339();
-        let mut stored = strs(&obj["status"]["storedVersions"]);
-        for s in storage {
-            if !stored.contains(&s) {
-                stored.push(s);
-            }
-        }
-        // Upstream's ValidateCustomResourceDefinitionStoredVersions: a version objects may
-        // still be stored at cannot be dropped (a rollback of the CRD first needs a migration).
-        let names: Vec<&str> = versions.iter().filter_map(|v| v["name"].as_str()).collect();
-        let gone: Vec<Cause> = stored
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !names.contains(&s.as_str()))
-            .map(|(i, s)| {
-                Cause::new(
-                    "FieldValueInvalid",
-                    &format!("status.storedVersions[{i}]"),
-                    format!("Invalid value: \"{s}\": must appear in spec.versions"),
-                )
-            })
-            .collect();
-        if !gone.is_empty() {
-            return Err(ApiError::invalid("CustomResourceDefinition", "apiextensions.k8s.io", &name, gone));
-        }
+        let stored = stored_versions(&obj["status"]["storedVersions"], storage, &versions)
+            .map_err(|gone| ApiError::invalid("CustomResourceDefinition", "apiextensions.k8s.io", &name, gone))?;
         let names = obj["spec"]["names"].clone();
         let keep_time = |t: &str| -> String {
             obj["status"]["conditions"]
@@ -375,4 +353,31 @@ fn conversion_causes(conversion: &Value, versions: usize) -> Vec<Cause> {
             ),
         )],
     }
+}
+
+/// A CRD's `status.storedVersions` with its storage version added; every entry must still be
+/// one of `versions` (upstream's ValidateCustomResourceDefinitionStoredVersions: a version
+/// objects may still be stored at cannot be dropped; a rollback of the CRD first needs a
+/// migration).
+fn stored_versions(recorded: &Value, storage: Vec<String>, versions: &[Value]) -> Result<Vec<String>, Vec<Cause>> {
+    let mut stored = strs(recorded);
+    for s in storage {
+        if !stored.contains(&s) {
+            stored.push(s);
+        }
+    }
+    let names: Vec<&str> = versions.iter().filter_map(|v| v["name"].as_str()).collect();
+    let gone: Vec<Cause> = stored
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !names.contains(&s.as_str()))
+        .map(|(i, s)| {
+            Cause::new(
+                "FieldValueInvalid",
+                format!("status.storedVersions[{i}]"),
+                format!("Invalid value: \"{s}\": must appear in spec.versions"),
+            )
+        })
+        .collect();
+    if gone.is_empty() { Ok(stored) } else { Err(gone) }
 }
