@@ -319,6 +319,43 @@ async fn every_kind_round_trips_between_versions_without_loss() -> TestResult {
     Ok(())
 }
 
+/// Why v1alpha1 stays the storage version: a rollback to the previous release's CRDs (v1alpha1
+/// only, applied by its controller with the same field manager) is accepted, and what was
+/// written at v1beta1 meanwhile is read there unchanged.
+#[tokio::test]
+async fn a_rollback_to_v1alpha1_only_crds_keeps_every_object() -> TestResult {
+    let ts = start().await?;
+    let client = client_for(&ts.server.kubeconfig_path()).await?;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(client.clone());
+    let apply = kube::api::PatchParams::apply("provisioning-controller").force();
+    for crd in provisioning_crds::all_crds() {
+        crds.patch(&crd.metadata.name.clone().unwrap_or_default(), &apply, &kube::api::Patch::Apply(&crd)).await?;
+    }
+    let beta = api(&client, "v1beta1", "Server", Some("default"));
+    let obj = json!({"apiVersion": "provisioning.dev/v1beta1", "kind": "Server", "metadata": {"name": "made-at-beta"},
+                     "spec": {"plan": "large", "zone": "eu-west-1a"}});
+    beta.create(&PostParams::default(), &serde_json::from_value(obj)?).await?;
+    let before = serde_json::to_value(api(&client, "v1alpha1", "Server", Some("default")).get("made-at-beta").await?)?;
+    // The previous release's CRDs: v1alpha1 only.
+    for mut crd in provisioning_crds::all_crds() {
+        crd.spec.versions.retain(|v| v.name == "v1alpha1");
+        crd.spec.conversion = None;
+        crds.patch(&crd.metadata.name.clone().unwrap_or_default(), &apply, &kube::api::Patch::Apply(&crd)).await?;
+    }
+    let served = crds.get("servers.provisioning.dev").await?;
+    let names: Vec<&str> = served.spec.versions.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["v1alpha1"]);
+    eventually("v1beta1 no longer served", Duration::from_secs(5), || {
+        let beta = beta.clone();
+        async move { matches!(beta.get("made-at-beta").await, Err(kube::Error::Api(s)) if s.code == 404) }
+    })
+    .await?;
+    let after = serde_json::to_value(api(&client, "v1alpha1", "Server", Some("default")).get("made-at-beta").await?)?;
+    assert_eq!(after, before);
+    ts.server.shutdown().await;
+    Ok(())
+}
+
 /// `status.storedVersions` records every version objects may be stored at: a CRD update that
 /// drops one is refused (naming the field), as upstream refuses a rollback before a migration.
 #[tokio::test]
