@@ -420,7 +420,8 @@ impl Context {
         // what `kubectl events --for KIND/NAME` selects on (involvedObject.apiVersion).
         let mut regarding = obj.object_ref(&());
         if regarding.api_version.as_deref() == Some(provisioning_crds::API_VERSION) {
-            regarding.api_version = Some(provisioning_crds::preferred_api_version(&regarding.kind.clone().unwrap_or_default()).to_string());
+            regarding.api_version =
+                Some(provisioning_crds::preferred_api_version(regarding.kind.as_deref().unwrap_or_default()).to_string());
         }
         match self.recorder.publish(&what, &regarding).await {
             Ok(()) => {}
