@@ -82,7 +82,9 @@ async fn event_field_selectors_table_and_kubectl() -> TestResult {
         let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": kind,
             "metadata": {"name": name}, "spec": serde_json::from_str::<Value>(spec)?}))?;
         let created = api.create(&PostParams::default(), &obj).await?;
-        let mut about = json!({"apiVersion": "provisioning.dev/v1alpha1", "kind": kind, "name": name,
+        // As the controller names its objects: at the preferred version (`kubectl events --for`
+        // selects on it).
+        let mut about = json!({"apiVersion": provisioning_crds::preferred_api_version(kind), "kind": kind, "name": name,
             "uid": created.metadata.uid, "resourceVersion": created.metadata.resource_version});
         if namespaced {
             about["namespace"] = json!("default");
@@ -115,7 +117,7 @@ async fn event_field_selectors_table_and_kubectl() -> TestResult {
         ("involvedObject.kind=Server".into(), vec!["web-1.ev1", "web-1.warn"]),
         ("involvedObject.name=web-1,involvedObject.namespace=default".into(), vec!["web-1.ev1", "web-1.warn"]),
         (format!("involvedObject.uid={uid}"), vec!["web-1.ev1", "web-1.warn"]),
-        ("involvedObject.apiVersion=provisioning.dev/v1alpha1,involvedObject.kind=Workspace".into(), vec!["workspace-1.ev1"]),
+        ("involvedObject.apiVersion=provisioning.dev/v1beta1,involvedObject.kind=Workspace".into(), vec!["workspace-1.ev1"]),
         (format!("involvedObject.resourceVersion={rv},involvedObject.kind=Server"), vec!["web-1.ev1", "web-1.warn"]),
         ("involvedObject.fieldPath=spec.plan".into(), vec!["web-1.warn"]),
         ("reason=ClusterProvisioned".into(), vec!["cluster-1.ev1"]),

@@ -279,7 +279,9 @@ async fn k9s_session_replayed() -> TestResult {
     };
     let prov = group("provisioning.dev");
     let servers = find(&prov["versions"][0], "servers");
-    assert_eq!(prov["versions"][0]["version"], "v1alpha1");
+    // Both served versions, the preferred (v1beta1) first, as kube-apiserver orders them.
+    assert_eq!(prov["versions"][0]["version"], "v1beta1");
+    assert_eq!(prov["versions"][1]["version"], "v1alpha1");
     assert_eq!(servers["scope"], "Namespaced");
     assert_eq!(servers["shortNames"], json!(["srv"]));
     assert_eq!(servers["categories"], json!(["provisioning"]));

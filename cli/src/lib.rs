@@ -12,13 +12,15 @@
 //! - [`test_command`]: `provisioning test` — a throwaway environment that creates a service or
 //!   template, checks it and removes everything;
 //! - [`catalog`]: `provisioning catalog list|show`;
-//! - [`backup`]: `provisioning backup` and `provisioning restore` of the embedded control plane.
+//! - [`backup`]: `provisioning backup` and `provisioning restore` of the embedded control plane;
+//! - [`migrate`]: `provisioning migrate-storage` — every object stored at its storage version.
 
 pub mod audit;
 pub mod backup;
 pub mod catalog;
 pub mod console;
 pub mod dev;
+pub mod migrate;
 pub mod plan;
 pub mod template;
 pub mod test_command;

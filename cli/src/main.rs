@@ -133,6 +133,21 @@ enum Command {
         #[arg(long)]
         context: Option<String>,
     },
+    /// Stores every object of the group's CRDs at its storage version (each read and written
+    /// back unchanged), then sets each CRD's status.storedVersions to the storage version alone,
+    /// so that a later release may stop serving an older version. Run it after an upgrade that
+    /// changed a storage version (docs/upgrade.md); safe to repeat.
+    MigrateStorage {
+        /// API group whose CRDs are migrated.
+        #[arg(long, default_value = provisioning_crds::GROUP)]
+        group: String,
+        /// Kubeconfig file; default: $KUBECONFIG, ~/.kube/config, then in-cluster config.
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Kubeconfig context (default: the current one).
+        #[arg(long)]
+        context: Option<String>,
+    },
     /// Prints all CRDs as YAML.
     Crds,
     /// The local provider's node image.
@@ -459,6 +474,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             init_logging(log_format, "warn");
             let (client, namespace) = provisioning_cli::plan::client(kubeconfig, context).await?;
             provisioning_cli::plan::run(client, &files, &namespace, &output).await
+        }
+        Command::MigrateStorage { group, kubeconfig, context } => {
+            init_logging(log_format, "warn");
+            let (client, _) = provisioning_cli::plan::client(kubeconfig, context).await?;
+            provisioning_cli::migrate::run(&client, &group).await?;
+            Ok(0)
         }
         Command::Crds => {
             print!("{}", provisioning_crds::crds_yaml()?);

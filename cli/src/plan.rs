@@ -160,6 +160,8 @@ impl Drop for Scratch {
 /// Plans every document against the cluster `client` talks to; `default_namespace` for
 /// namespaced objects that name none.
 pub async fn plan(client: Client, docs: &[(PathBuf, Value)], default_namespace: &str) -> anyhow::Result<PlanReport> {
+    let docs: Vec<(PathBuf, Value)> = docs.iter().map(|(f, d)| (f.clone(), as_v1alpha1(d))).collect();
+    let docs = docs.as_slice();
     let mut workspaces: Vec<Arc<Workspace>> = Api::<Workspace>::all(client.clone())
         .list(&Default::default())
         .await
@@ -192,6 +194,19 @@ pub async fn plan(client: Client, docs: &[(PathBuf, Value)], default_namespace: 
     report.changes = report.objects.iter().any(|o| o.plan.has_changes());
     report.refused = report.objects.iter().filter(|o| o.refused).count();
     Ok(report)
+}
+
+/// A `v1beta1` object as `v1alpha1`, the version the planners' types are: the same schema
+/// (conversion `None`), so only `apiVersion` changes (docs/upgrade.md).
+fn as_v1alpha1(doc: &Value) -> Value {
+    let beta = format!("{}/{}", provisioning_crds::GROUP, provisioning_crds::BETA_VERSION);
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    if doc["apiVersion"].as_str() != Some(beta.as_str()) || !provisioning_crds::BETA_KINDS.contains(&kind) {
+        return doc.clone();
+    }
+    let mut doc = doc.clone();
+    doc["apiVersion"] = Value::String(API_VERSION.into());
+    doc
 }
 
 /// `Err(why)` when the API server serves no such apiVersion/kind (and no CustomResourceDefinition

@@ -93,6 +93,16 @@ fn plan_refuses_what_admission_or_the_controller_would_refuse() -> anyhow::Resul
     let out = plan(&dev, dir.path(), "good", &good)?;
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("refused"), "{}", text(&out));
+    // The same at v1beta1 (the same schema, docs/upgrade.md): planned alike, not passed
+    // through unplanned; and refused alike.
+    let beta = |m: &str| m.replace("provisioning.dev/v1alpha1", "provisioning.dev/v1beta1");
+    let out = plan(&dev, dir.path(), "good-beta", &beta(&good))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(!stdout.contains("refused") && !stdout.contains("applied as it is") && !stdout.contains("not planned"), "{}", text(&out));
+    let out = plan(&dev, dir.path(), "misspelt-beta", &beta(&server("{plna: small}")))?;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unknown field \"spec.plna\""), "{}", text(&out));
     Ok(())
 }
 

@@ -431,7 +431,14 @@ impl Context {
     {
         let note = note.map(|n| crate::conditions::truncate(&n, 1000));
         let what = crate::events::Occurrence { type_, reason, action, note: note.as_deref() };
-        match self.recorder.publish(&what, &obj.object_ref(&())).await {
+        // Named at the kind's preferred version (v1beta1 for the served-twice kinds): that is
+        // what `kubectl events --for KIND/NAME` selects on (involvedObject.apiVersion).
+        let mut regarding = obj.object_ref(&());
+        if regarding.api_version.as_deref() == Some(provisioning_crds::API_VERSION) {
+            regarding.api_version =
+                Some(provisioning_crds::preferred_api_version(regarding.kind.as_deref().unwrap_or_default()).to_string());
+        }
+        match self.recorder.publish(&what, &regarding).await {
             Ok(()) => {}
             // Upstream's NamespaceLifecycle refuses new content in a namespace being deleted.
             Err(kube::Error::Api(s)) if s.code == 403 && !s.message.contains("is being terminated") => {

@@ -244,7 +244,33 @@ async fn server_becomes_ready_with_one_machine_and_resync_writes_nothing() -> an
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "alpha");
     let list = events.list(&Default::default()).await?;
     assert!(list.items.iter().any(|e| e.reason.as_deref() == Some("Ready")), "Ready event recorded");
+    // ... found by the selector `kubectl events --for server/s1` sends: the object at its
+    // preferred version (v1beta1 is listed first in discovery).
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(env.client.clone(), "alpha");
+    let selector = "involvedObject.kind=Server,involvedObject.apiVersion=provisioning.dev/v1beta1,involvedObject.name=s1";
+    let found = core.list(&kube::api::ListParams::default().fields(selector)).await?;
+    assert!(found.items.iter().any(|e| e.reason.as_deref() == Some("Ready")), "kubectl events --for server/s1 finds nothing");
 
+    stop(env, controller).await;
+    Ok(())
+}
+
+/// A Server written at v1beta1 (same schema, stored at v1alpha1) is reconciled like any other
+/// by the controller, which reads and writes v1alpha1; its status reads back at v1beta1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_written_at_v1beta1_is_reconciled() -> anyhow::Result<()> {
+    use kube::api::DynamicObject;
+    use kube::core::{ApiResource, GroupVersionKind};
+    let (env, controller, api) = start_with_workspace("beta").await?;
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("provisioning.dev", "v1beta1", "Server"), "servers");
+    let beta: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), "beta", &ar);
+    let obj = json!({"apiVersion": "provisioning.dev/v1beta1", "kind": "Server", "metadata": {"name": "b1"}, "spec": {"plan": "small"}});
+    beta.create(&PostParams::default(), &serde_json::from_value(obj)?).await?;
+    let ready = wait_server(&api, "b1", "Ready", is_ready).await?;
+    assert_eq!(testing::machines_in(&env.simulated("sim")?, "beta").await?.len(), 1);
+    let read = beta.get("b1").await?;
+    assert_eq!(read.types.map(|t| t.api_version).as_deref(), Some("provisioning.dev/v1beta1"));
+    assert_eq!(read.data["status"]["providerID"], json!(ready.status.and_then(|s| s.provider_id)));
     stop(env, controller).await;
     Ok(())
 }

@@ -1,6 +1,10 @@
 //! API types of Provisioning: `provisioning.dev/v1alpha1` Workspace, Server, TaskServ,
 //! Cluster, and ChangeRecord (the history the controller writes). Types only (serde + schemars + kube derive); the CRD YAML in `deploy/crds/` is
 //! generated from them by `provisioning crds`.
+//!
+//! Workspace, Server, TaskServ and Cluster are also served as `v1beta1` with the same schema
+//! (docs/upgrade.md): the CRDs list both versions, `v1alpha1` stays the storage version and
+//! conversion is `None` (only `apiVersion` changes between them).
 
 // kube's `#[kube(printcolumn(name = .., type_ = .., json_path = ..))]` repeats the same keys per
 // column by design; clippy reads each repetition as a duplicated attribute.
@@ -29,10 +33,25 @@ use kube::CustomResourceExt;
 
 /// API group of every kind.
 pub const GROUP: &str = "provisioning.dev";
-/// API version of every kind.
+/// API version of every kind, and the storage version of every CRD.
 pub const VERSION: &str = "v1alpha1";
 /// `apiVersion` as written in manifests.
 pub const API_VERSION: &str = "provisioning.dev/v1alpha1";
+/// The second served version of Workspace, Server, TaskServ and Cluster: the same schema as
+/// [`VERSION`] (conversion strategy `None`); not the storage version yet, so that a rollback to
+/// a release without it finds every object stored at a version it serves (docs/upgrade.md).
+pub const BETA_VERSION: &str = "v1beta1";
+/// Kinds served at [`BETA_VERSION`] as well (ChangeRecord, written only by the controller,
+/// stays `v1alpha1` only).
+pub const BETA_KINDS: [&str; 4] = ["Workspace", "Server", "TaskServ", "Cluster"];
+
+/// The `apiVersion` a client resolves `kind` to by default: discovery's preferred version,
+/// [`BETA_VERSION`] for the [`BETA_KINDS`] (the API server lists a CRD's versions by priority,
+/// beta before alpha), else [`API_VERSION`]. Events name their object at it, because
+/// `kubectl events --for server/NAME` selects `involvedObject.apiVersion` at that version.
+pub fn preferred_api_version(kind: &str) -> &'static str {
+    if BETA_KINDS.contains(&kind) { "provisioning.dev/v1beta1" } else { API_VERSION }
+}
 
 /// All CustomResourceDefinitions, in a stable order.
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
@@ -42,9 +61,27 @@ pub fn all_crds() -> Vec<CustomResourceDefinition> {
             // Fall back to the CRD as derived if the round trip ever failed (it cannot: same type).
             let Ok(mut v) = serde_json::to_value(&crd) else { return crd };
             unwrap_descriptions(&mut v);
+            add_beta_version(&mut v);
             serde_json::from_value(v).unwrap_or(crd)
         })
         .collect()
+}
+
+/// Serves a [`BETA_KINDS`] CRD at [`BETA_VERSION`] too: a copy of its `v1alpha1` entry (schema,
+/// printer columns, subresources), served and not stored, listed after it; conversion `None`
+/// (written out, as upstream defaults it): identical schemas need no webhook.
+fn add_beta_version(crd: &mut serde_json::Value) {
+    let kind = crd["spec"]["names"]["kind"].as_str().unwrap_or_default();
+    if !BETA_KINDS.contains(&kind) {
+        return;
+    }
+    let Some(versions) = crd["spec"]["versions"].as_array_mut() else { return };
+    let Some(mut beta) = versions.iter().find(|v| v["name"] == VERSION).cloned() else { return };
+    beta["name"] = serde_json::json!(BETA_VERSION);
+    beta["storage"] = serde_json::json!(false);
+    beta["served"] = serde_json::json!(true);
+    versions.push(beta);
+    crd["spec"]["conversion"] = serde_json::json!({"strategy": "None"});
 }
 
 /// Doc comments are wrapped at the source's line width; `kubectl explain` wraps descriptions
@@ -230,6 +267,31 @@ mod tests {
         ];
         let expected: Vec<(String, String)> = expected.iter().map(|(p, t)| (p.to_string(), t.to_string())).collect();
         assert_eq!(found, expected);
+    }
+
+    /// The four kinds list v1alpha1 (storage) then v1beta1 (served) with the same schema,
+    /// columns and subresources, conversion None; ChangeRecord stays v1alpha1 only.
+    #[test]
+    fn beta_versions_are_served_copies_of_the_storage_version() {
+        for crd in all_crds() {
+            let kind = crd.spec.names.kind.clone();
+            let names: Vec<(&str, bool, bool)> = crd.spec.versions.iter().map(|v| (v.name.as_str(), v.served, v.storage)).collect();
+            if !BETA_KINDS.contains(&kind.as_str()) {
+                assert_eq!(names, [(VERSION, true, true)], "{kind}");
+                continue;
+            }
+            assert_eq!(names, [(VERSION, true, true), (BETA_VERSION, true, false)], "{kind}");
+            assert_eq!(preferred_api_version(&kind), format!("{GROUP}/{BETA_VERSION}"));
+            let [alpha, beta] = [&crd.spec.versions[0], &crd.spec.versions[1]].map(|v| {
+                let mut v = serde_json::to_value(v).expect("version serialises");
+                v["name"] = serde_json::Value::Null;
+                v["storage"] = serde_json::Value::Null;
+                v
+            });
+            assert_eq!(alpha, beta, "{kind}: v1beta1 differs from v1alpha1");
+            let conversion = serde_json::to_value(&crd.spec.conversion).expect("conversion serialises");
+            assert_eq!(conversion, serde_json::json!({"strategy": "None"}), "{kind}");
+        }
     }
 
     #[test]

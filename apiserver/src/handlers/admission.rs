@@ -214,6 +214,7 @@ impl Core {
                 ),
             )),
         }
+        causes.extend(conversion_causes(&obj["spec"]["conversion"], versions.len()));
         for (i, v) in versions.iter().enumerate() {
             if let Some(schema) = v["schema"].get("openAPIV3Schema") {
                 let rules = crate::celrules::Rules::from_schema(schema);
@@ -234,12 +235,8 @@ impl Core {
             obj["spec"]["conversion"] = json!({"strategy": "None"});
         }
         let now = now_rfc3339();
-        let mut stored = strs(&obj["status"]["storedVersions"]);
-        for s in storage {
-            if !stored.contains(&s) {
-                stored.push(s);
-            }
-        }
+        let stored = stored_versions(&obj["status"]["storedVersions"], storage, &versions)
+            .map_err(|gone| ApiError::invalid("CustomResourceDefinition", "apiextensions.k8s.io", &name, gone))?;
         let names = obj["spec"]["names"].clone();
         let keep_time = |t: &str| -> String {
             obj["status"]["conditions"]
@@ -331,4 +328,56 @@ impl Core {
             Scope::All
         }
     }
+}
+
+/// `spec.conversion` of a CRD with `versions` versions: strategy None or Webhook (upstream's
+/// values). This control plane converts by rewriting `apiVersion` only (None): a CRD with more
+/// than one version whose objects need a conversion webhook is refused rather than served
+/// unconverted.
+fn conversion_causes(conversion: &Value, versions: usize) -> Vec<Cause> {
+    match conversion["strategy"].as_str() {
+        None if conversion.is_null() => vec![],
+        Some("None") => vec![],
+        Some("Webhook") if versions <= 1 => vec![],
+        Some("Webhook") => vec![Cause::new(
+            "FieldValueNotSupported",
+            "spec.conversion.strategy",
+            "Unsupported value: \"Webhook\": this control plane converts between versions only by rewriting apiVersion (strategy None) and calls no conversion webhook; serve one version, or use identical schemas with strategy None",
+        )],
+        other => vec![Cause::new(
+            "FieldValueNotSupported",
+            "spec.conversion.strategy",
+            format!(
+                "Unsupported value: {}: supported values: \"None\", \"Webhook\"",
+                other.map_or_else(|| conversion["strategy"].to_string(), |s| format!("\"{s}\""))
+            ),
+        )],
+    }
+}
+
+/// A CRD's `status.storedVersions` with its storage version added; every entry must still be
+/// one of `versions` (upstream's ValidateCustomResourceDefinitionStoredVersions: a version
+/// objects may still be stored at cannot be dropped; a rollback of the CRD first needs a
+/// migration).
+fn stored_versions(recorded: &Value, storage: Vec<String>, versions: &[Value]) -> Result<Vec<String>, Vec<Cause>> {
+    let mut stored = strs(recorded);
+    for s in storage {
+        if !stored.contains(&s) {
+            stored.push(s);
+        }
+    }
+    let names: Vec<&str> = versions.iter().filter_map(|v| v["name"].as_str()).collect();
+    let gone: Vec<Cause> = stored
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !names.contains(&s.as_str()))
+        .map(|(i, s)| {
+            Cause::new(
+                "FieldValueInvalid",
+                format!("status.storedVersions[{i}]"),
+                format!("Invalid value: \"{s}\": must appear in spec.versions"),
+            )
+        })
+        .collect();
+    if gone.is_empty() { Ok(stored) } else { Err(gone) }
 }

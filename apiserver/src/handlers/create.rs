@@ -134,7 +134,8 @@ impl Core {
             return Ok(Written { output: Output::Transient(obj.clone()), warnings });
         }
         let key = Self::key(rt, namespace.as_deref(), &name);
-        let entry = self.store.put(key, Precondition::MustNotExist, obj.clone()).await.map_err(|e| map_store(rt, &name, e))?;
+        let entry =
+            self.store.put(key, Precondition::MustNotExist, self.to_storage(rt, obj.clone())).await.map_err(|e| map_store(rt, &name, e))?;
         if rt.storage == CRDS {
             self.rebuild_registry().await;
         }

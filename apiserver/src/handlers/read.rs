@@ -81,6 +81,35 @@ impl Core {
         v
     }
 
+    /// The object as it is stored: a custom resource at its CRD's storage version (upstream
+    /// encodes every write at the storage version, whatever version it came in at).
+    pub fn to_storage(&self, rt: &ResourceType, v: Value) -> Value {
+        match self.storage_type(rt) {
+            Some(st) => self.convert(&st, v),
+            None => v,
+        }
+    }
+
+    /// Whether a stored entry is at the storage version of its resource (a write of an
+    /// unchanged object still stores one that is not: that is how storage is migrated).
+    pub fn at_storage_version(&self, rt: &ResourceType, e: &Entry) -> bool {
+        if !rt.custom {
+            return true;
+        }
+        if rt.storage_version {
+            return e.api_version == rt.api_version();
+        }
+        self.storage_type(rt).is_none_or(|st| e.api_version == st.api_version())
+    }
+
+    /// The storage version's type of a custom resource served at another version.
+    fn storage_type(&self, rt: &ResourceType) -> Option<Arc<ResourceType>> {
+        if !rt.custom || rt.storage_version {
+            return None;
+        }
+        self.registry().by_storage(&rt.storage).filter(|st| st.storage_version)
+    }
+
     /// GET of one object.
     pub fn get(&self, rt: &ResourceType, ns: Option<&str>, name: &str) -> ApiResult<Arc<Entry>> {
         self.store.get(&Self::key(rt, ns, name)).ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))

@@ -200,8 +200,11 @@ impl Core {
         }
         // After managedFields: no field manager owns the server-owned approver.
         crate::auth::approver::stamp(&rt.storage, Some(&old), &mut new, opts.user.as_deref(), &opts.groups);
-        // No-op writes keep the revision (controllers must not trigger themselves).
-        if without_managed_times(&old) == without_managed_times(&new) {
+        // No-op writes keep the revision (controllers must not trigger themselves), unless the
+        // object is stored at another version than the storage version: rewriting it at the
+        // storage version is what a storage migration's unchanged write is for (upstream
+        // compares the encoded bytes, which then differ).
+        if without_managed_times(&old) == without_managed_times(&new) && self.at_storage_version(rt, cur) {
             return Ok(Written { output: Output::Stored(cur.clone()), warnings });
         }
         if opts.dry_run {
@@ -224,7 +227,8 @@ impl Core {
             }
             return Ok(Output::Stored(e));
         }
-        let entry = self.store.put(key, Precondition::Revision(cur.rv), new).await.map_err(|e| map_store(rt, name, e))?;
+        let entry =
+            self.store.put(key, Precondition::Revision(cur.rv), self.to_storage(rt, new)).await.map_err(|e| map_store(rt, name, e))?;
         if rt.storage == CRDS {
             self.rebuild_registry().await;
         }
