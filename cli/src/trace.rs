@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use futures::StreamExt;
 use kube::api::ListParams;
+use kube::api::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use provisioning_crds::{Cluster, LABEL_CLUSTER, LABEL_POOL, Server, TaskServ, Workspace};
@@ -560,11 +561,12 @@ pub async fn run(client: Client, root: Root, namespace: String, format: Format, 
     }
     let ns = objs.namespace.clone();
     let cfg = watcher::Config::default();
+    // Change notifications only: metadata is all that is decoded (a tenant's spec can be large).
     let changes = futures::stream::select_all(vec![
-        watcher(Api::<Cluster>::namespaced(client.clone(), &ns), cfg.clone()).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
-        watcher(Api::<Server>::namespaced(client.clone(), &ns), cfg.clone()).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
-        watcher(Api::<TaskServ>::namespaced(client.clone(), &ns), cfg.clone()).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
-        watcher(Api::<Workspace>::all(client.clone()), cfg).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
+        watcher(Api::<PartialObjectMeta<Cluster>>::namespaced(client.clone(), &ns), cfg.clone()).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
+        watcher(Api::<PartialObjectMeta<Server>>::namespaced(client.clone(), &ns), cfg.clone()).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
+        watcher(Api::<PartialObjectMeta<TaskServ>>::namespaced(client.clone(), &ns), cfg.clone()).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
+        watcher(Api::<PartialObjectMeta<Workspace>>::all(client.clone()), cfg).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
     ]);
     tokio::pin!(changes);
     let mut ticker = tokio::time::interval(Duration::from_secs(5));

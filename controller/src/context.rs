@@ -39,8 +39,10 @@ use crate::history::ChangeHistory;
 use crate::host::HostPaths;
 use crate::metrics::Metrics;
 
-/// Longest a cloud provider call (other than a script run) may take, retries included.
+/// Longest a cloud provider read may take, retries included.
 const CLOUD_CALL_DEADLINE: Duration = Duration::from_secs(600);
+/// The provider calls [`CLOUD_CALL_DEADLINE`] applies to: reads, which start nothing.
+const DEADLINED: &[&str] = &["find_server", "observe_server", "survey", "validate_credentials"];
 
 /// Field manager of every write the controller makes.
 pub use crate::events::FIELD_MANAGER;
@@ -178,11 +180,23 @@ impl Context {
         };
         self.metrics.queue_depth.inc();
         *self.waiters.lock().unwrap_or_else(|p| p.into_inner()).entry(key.to_string()).or_insert(0) += 1;
-        let permit = semaphore.acquire_owned().await;
-        if let Some(n) = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).get_mut(key) {
-            *n = n.saturating_sub(1);
+        // Counted out when the wait ends, also when the waiting future is dropped (a caller's
+        // timeout): a count left behind would turn every later create of the Workspace away.
+        struct Waiting<'a> {
+            ctx: &'a Context,
+            key: &'a str,
         }
-        self.metrics.queue_depth.dec();
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                if let Some(n) = self.ctx.waiters.lock().unwrap_or_else(|p| p.into_inner()).get_mut(self.key) {
+                    *n = n.saturating_sub(1);
+                }
+                self.ctx.metrics.queue_depth.dec();
+            }
+        }
+        let waiting = Waiting { ctx: self, key };
+        let permit = semaphore.acquire_owned().await;
+        drop(waiting);
         // The semaphore is never closed, so acquiring cannot fail; fall back to a fresh one.
         match permit {
             Ok(p) => p,
@@ -229,10 +243,12 @@ impl Context {
     {
         let _permit = self.permit(&ws.key(), ws.spec.limits.parallel_limit).await;
         let start = Instant::now();
-        // A cloud API call ends within a deadline, whatever its endpoint does (answers
+        // A cloud API read ends within a deadline, whatever its endpoint does (answers
         // trickling in, pages without end): it holds a reconcile slot and the Workspace's
-        // permit meanwhile. Script runs have their own timeouts; local calls may build images.
-        let result = if matches!(provider.provider_type(), "aws" | "upcloud") && operation != "exec" {
+        // permit meanwhile. Not creates, updates or deletes: cancelled half-way they would
+        // start over (an UpCloud create with a thousand firewall rules at one call per second
+        // would never finish); their calls are bounded one by one. Local calls may build images.
+        let result = if matches!(provider.provider_type(), "aws" | "upcloud") && DEADLINED.contains(&operation) {
             tokio::time::timeout(CLOUD_CALL_DEADLINE, call).await.unwrap_or_else(|_| {
                 Err(provisioning_providers::ProviderError::Transient(format!(
                     "{operation} did not finish within {} s; cancelled",

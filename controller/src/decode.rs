@@ -189,12 +189,118 @@ impl Serialize for BoundedObject {
 
 impl<'de> Deserialize<'de> for BoundedObject {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let budget = Budget::default();
+        bounded_object(deserializer, MAX_SIZE).map(|(object, _)| object)
+    }
+}
+
+/// What the objects of one listing for display ([`bounded_page`]) may take decoded together,
+/// estimated as [`MAX_SIZE`] is; objects past it are shown by name only.
+pub const LIST_SIZE: usize = 16 << 20;
+
+/// Reads one page of a list answer (`{"metadata":{"continue":…},"items":[…]}`) for display:
+/// each item within [`MAX_SIZE`] and within what is `left` of the listing's budget (reduced
+/// by what each item took); items past it keep only what names them. Returns the items and
+/// the `continue` token.
+pub fn bounded_page(text: &str, left: &mut usize) -> Result<(Vec<Value>, Option<String>), serde_json::Error> {
+    let left_cell = Cell::new(*left);
+    let page = {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let page = PageSeed { left: &left_cell }.deserialize(&mut de)?;
+        de.end()?;
+        page
+    };
+    *left = left_cell.get();
+    Ok(page)
+}
+
+struct PageSeed<'a> {
+    left: &'a Cell<usize>,
+}
+
+impl<'de> DeserializeSeed<'de> for PageSeed<'_> {
+    type Value = (Vec<Value>, Option<String>);
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PageSeed<'_> {
+    type Value = (Vec<Value>, Option<String>);
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        #[derive(Deserialize)]
+        struct ListMeta {
+            #[serde(default, rename = "continue")]
+            continue_token: Option<String>,
+        }
+        let (mut items, mut token) = (Vec::new(), None);
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match key.as_ref() {
+                "items" => items = map.next_value_seed(ItemsSeed { left: self.left })?,
+                "metadata" => token = map.next_value::<ListMeta>()?.continue_token.filter(|t| !t.is_empty()),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok((items, token))
+    }
+}
+
+struct ItemsSeed<'a> {
+    left: &'a Cell<usize>,
+}
+
+impl<'de> DeserializeSeed<'de> for ItemsSeed<'_> {
+    type Value = Vec<Value>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ItemsSeed<'_> {
+    type Value = Vec<Value>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list's items")
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some((object, used)) = seq.next_element_seed(ItemSeed { limit: self.left.get().min(MAX_SIZE) })? {
+            self.left.set(self.left.get().saturating_sub(used));
+            items.push(object.value);
+        }
+        Ok(items)
+    }
+}
+
+struct ItemSeed {
+    limit: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for ItemSeed {
+    type Value = (BoundedObject, usize);
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        bounded_object(deserializer, self.limit)
+    }
+}
+
+/// One object read within `limit` (estimated): the object, and what it took.
+fn bounded_object<'de, D: Deserializer<'de>>(deserializer: D, limit: usize) -> Result<(BoundedObject, usize), D::Error> {
+    {
+        let budget = Budget { limit, ..Budget::default() };
         let mut value = Bounded { budget: &budget, depth: 1, metadata: false }.deserialize(deserializer)?;
         let meta = slim_meta(&value);
         if let Some(exceeded) = budget.exceeded.get() {
             let reason = match exceeded {
                 Exceeded::Depth => format!("it nests deeper than {MAX_DEPTH} levels"),
+                Exceeded::Size if limit < MAX_SIZE => {
+                    format!("the objects listed before it use up what a listing may take decoded ({} MiB)", LIST_SIZE >> 20)
+                }
                 Exceeded::Size => format!("it would take more than {} MiB of memory decoded", MAX_SIZE >> 20),
             };
             let field = |key: &str| value.get(key).filter(|v| v.is_string()).cloned().unwrap_or(Value::Null);
@@ -208,7 +314,7 @@ impl<'de> Deserialize<'de> for BoundedObject {
                 "undecodable": reason,
             });
         }
-        Ok(BoundedObject { value, meta })
+        Ok((BoundedObject { value, meta }, budget.used.get().min(limit)))
     }
 }
 
@@ -338,7 +444,8 @@ impl<'de> Visitor<'de> for Bounded<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut fields = Map::new();
-        if !self.enter() && !self.metadata {
+        // The object itself is always entered: what names it is read whatever the budget.
+        if !self.enter() && !self.metadata && self.depth > 1 {
             while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
             return Ok(Value::Null);
         }
@@ -769,6 +876,32 @@ mod tests {
         assert_eq!(list.items[0].meta().uid.as_deref(), Some("u-big"));
         let ok = &list.items[1].value;
         assert_eq!((ok["spec"]["config"]["port"].as_i64(), ok.get("undecodable")), (Some(80), None));
+        Ok(())
+    }
+
+    #[test]
+    fn a_listing_for_display_is_bounded_as_a_whole_not_only_per_object() -> Result<(), serde_json::Error> {
+        // Twenty-second review H: 150 objects of ~30 KiB of tiny maps each stay under the
+        // per-object budget but decode to ~200 MiB together.
+        let maps = format!("[{}{{\"a\":0,\"bb\":0}}]", "{\"a\":0,\"bb\":0},".repeat(2_200));
+        let items: Vec<String> = (0..150).map(|i| item(&format!("t{i}"), &format!("{{\"config\":{{\"x\":{maps}}}}}"))).collect();
+        let text = format!("{{\"kind\":\"List\",\"metadata\":{{\"continue\":\"next-page\"}},\"items\":[{}]}}", items.join(","));
+        let mut left = LIST_SIZE;
+        let (read, token) = bounded_page(&text, &mut left)?;
+        assert_eq!((read.len(), token.as_deref()), (150, Some("next-page")));
+        let full = read.iter().filter(|o| o.get("undecodable").is_none()).count();
+        assert!(full > 0 && full < 150, "{full} of 150 read in full");
+        let last = &read[149];
+        assert_eq!(last["metadata"]["name"].as_str(), Some("t149"));
+        assert!(last["undecodable"].as_str().is_some_and(|r| r.contains("use up what a listing may take")), "{}", last["undecodable"]);
+        assert_eq!(left, 0);
+        // The next page of the same listing has nothing left: names only.
+        let (again, token) = bounded_page(&list(&[item("small", "{}")]), &mut left)?;
+        assert_eq!((again[0]["metadata"]["name"].as_str(), again[0].get("undecodable").is_some(), token), (Some("small"), true, None));
+        // A fresh listing reads ordinary objects in full.
+        let mut left = LIST_SIZE;
+        let (fine, _) = bounded_page(&list(&[item("a", r#"{"config":{"port":80}}"#)]), &mut left)?;
+        assert_eq!(fine[0]["spec"]["config"]["port"].as_i64(), Some(80));
         Ok(())
     }
 

@@ -121,8 +121,43 @@ fn to_value(o: BoundedObject) -> Result<Value, ApiFailure> {
 
 /// Lists `kind` (in `namespace`, or across all for a Workspace) as JSON.
 pub async fn list(client: &Client, kind: Kind, namespace: Option<&str>) -> Result<Vec<Value>, ApiFailure> {
-    let items = api(client, kind, namespace).list(&ListParams::default()).await?.items;
-    items.into_iter().map(to_value).collect()
+    bounded_list(&api(client, kind, namespace), &ListParams::default()).await
+}
+
+/// Listings the console decodes at once, all visitors together.
+static LISTINGS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+/// Objects per page of a listing (each at most the API server's object size as text).
+const PAGE: u32 = 10;
+/// Objects of one listing shown at most.
+const MAX_LISTED: usize = 2_000;
+
+/// What `params` selects of `api`, read page by page for display: all objects of the listing
+/// within [`provisioning_controller::decode::LIST_SIZE`] decoded (those past it, and any one
+/// over the per-object budget, shown by name only), two listings at a time in the process
+/// (the console runs in the controller's), at most [`MAX_LISTED`] objects.
+async fn bounded_list(api: &Api<BoundedObject>, params: &ListParams) -> Result<Vec<Value>, ApiFailure> {
+    let _turn = LISTINGS.acquire().await.map_err(|_| ApiFailure::Other("the console is stopping".into()))?;
+    let mut left = provisioning_controller::decode::LIST_SIZE;
+    let mut items = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut page = params.clone().limit(PAGE);
+        if let Some(t) = token.take() {
+            page = page.continue_token(&t);
+        }
+        let request = kube::core::Request::new(api.resource_url())
+            .list(&page)
+            .map_err(|e| ApiFailure::Other(format!("building a list request: {e}")))?;
+        let text = api.clone().into_client().request_text(request).await?;
+        let (got, next) = provisioning_controller::decode::bounded_page(&text, &mut left)
+            .map_err(|e| ApiFailure::Other(format!("reading a list: {e}")))?;
+        drop(text);
+        items.extend(got);
+        match next {
+            Some(next) if items.len() < MAX_LISTED => token = Some(next),
+            _ => return Ok(items),
+        }
+    }
 }
 
 /// Reads one object as JSON.
@@ -151,13 +186,8 @@ pub async fn events_about(client: &Client, namespace: &str, kind: Kind, name: &s
     let api: Api<BoundedObject> = Api::namespaced_with(client.clone(), namespace, &ar);
     // Only this object's events: the API server filters (a namespace can hold thousands).
     let lp = ListParams::default().fields(&event_selector(kind, name));
-    let mut out: Vec<Value> = api
-        .list(&lp)
+    let mut out: Vec<Value> = bounded_list(&api, &lp)
         .await?
-        .items
-        .into_iter()
-        .map(to_value)
-        .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .filter(|e| e["regarding"]["kind"] == kind.name() && e["regarding"]["name"] == name)
         .collect();
@@ -185,15 +215,12 @@ pub async fn change_records(client: &Client, namespace: &str, uid: &str) -> Resu
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, "ChangeRecord"), "changerecords");
     let api: Api<BoundedObject> = Api::namespaced_with(client.clone(), namespace, &ar);
     // The controller labels each record with the uid it records: only those are listed.
-    let items = match api.list(&ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await {
-        Ok(list) => list.items,
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(vec![]),
-        Err(e) => return Err(e.into()),
+    let items = match bounded_list(&api, &ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await {
+        Ok(items) => items,
+        Err(ApiFailure::NotFound(_)) => return Ok(vec![]),
+        Err(e) => return Err(e),
     };
     let mut out: Vec<Value> = items
-        .into_iter()
-        .map(to_value)
-        .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .filter(|r| r["metadata"]["ownerReferences"].as_array().is_some_and(|o| o.iter().any(|o| o["uid"] == uid)))
         .collect();
