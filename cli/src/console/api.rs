@@ -162,6 +162,8 @@ async fn bounded_list(api: &Api<BoundedObject>, params: &ListParams) -> Result<V
 
 /// Reads one object as JSON.
 pub async fn get(client: &Client, kind: Kind, namespace: Option<&str>, name: &str) -> Result<Value, ApiFailure> {
+    // Counted with the listings: each object may take up to the per-object budget decoded.
+    let _turn = LISTINGS.acquire().await.map_err(|_| ApiFailure::Other("the console is stopping".into()))?;
     to_value(api(client, kind, namespace).get(name).await?)
 }
 
