@@ -704,8 +704,46 @@ fn write_options(core: &Core, req: &Request<Incoming>, q: &Query) -> ApiResult<W
     })
 }
 
+/// Most bytes of Warning headers one reply carries, and the length each is cut to when they
+/// would carry more (upstream's warning recorder: 4 Ki runes in total, 256 per warning).
+const MAX_WARNING_BYTES: usize = 4 * 1024;
+const MAX_WARNING_ITEM: usize = 256;
+/// Most Warning headers one reply carries (clients cap a reply's headers: hyper at 100).
+const MAX_WARNINGS: usize = 50;
+
+/// The warnings a reply carries: each once, cut to [`MAX_WARNING_ITEM`] characters when all of
+/// them would be more than [`MAX_WARNING_BYTES`], no more than fit in that and
+/// [`MAX_WARNINGS`], and then one saying how many more there were.
+fn capped_warnings(warnings: &[String]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let unique: Vec<&String> = warnings.iter().filter(|w| seen.insert(w.as_str())).collect();
+    let total: usize = unique.iter().map(|w| w.len()).sum();
+    let cut = |w: &String| -> String {
+        if total > MAX_WARNING_BYTES && w.chars().count() > MAX_WARNING_ITEM {
+            w.chars().take(MAX_WARNING_ITEM).collect()
+        } else {
+            w.clone()
+        }
+    };
+    let mut out = Vec::new();
+    let mut used = 0usize;
+    for (i, w) in unique.iter().enumerate() {
+        let w = cut(w);
+        let last = i + 1 == unique.len();
+        // Room for the summary line unless this is the last warning.
+        let (count_room, byte_room) = if last { (MAX_WARNINGS, MAX_WARNING_BYTES) } else { (MAX_WARNINGS - 1, MAX_WARNING_BYTES - 64) };
+        if out.len() + 1 > count_room || used + w.len() > byte_room {
+            out.push(format!("... and {} more warnings", unique.len() - i));
+            break;
+        }
+        used += w.len();
+        out.push(w);
+    }
+    out
+}
+
 fn with_warnings(mut r: Response<Body>, warnings: &[String]) -> Response<Body> {
-    for w in warnings {
+    for w in capped_warnings(warnings) {
         let text = format!("299 - \"{}\"", w.replace('"', "\\\""));
         if let Ok(h) = HeaderValue::from_str(&text) {
             r.headers_mut().append(header::WARNING, h);
@@ -1222,6 +1260,22 @@ fn content_type(req: &Request<Incoming>) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn warnings_are_capped_by_count_and_bytes() {
+        let many: Vec<String> = (0..20_000).map(|i| format!("unknown field \"spec.u{i}\"")).collect();
+        let out = super::capped_warnings(&many);
+        assert_eq!(out.len(), super::MAX_WARNINGS);
+        assert_eq!(out[super::MAX_WARNINGS - 1], format!("... and {} more warnings", 20_000 - (super::MAX_WARNINGS - 1)));
+        let long: Vec<String> = (0..40).map(|i| format!("{i}{}", "x".repeat(1000))).collect();
+        let out = super::capped_warnings(&long);
+        assert!(out.iter().map(String::len).sum::<usize>() <= super::MAX_WARNING_BYTES + 64, "{out:?}");
+        assert!(out.iter().all(|w| w.len() <= 256 || w.starts_with("...")), "cut to 256 characters");
+        assert!(out.last().is_some_and(|w| w.contains("more warnings")), "{out:?}");
+        // A few short ones: each once, as they were.
+        let few = vec!["a".to_string(), "b".to_string(), "a".to_string()];
+        assert_eq!(super::capped_warnings(&few), vec!["a".to_string(), "b".to_string()]);
+    }
+
     #[test]
     fn a_media_type_parameter_does_not_make_a_body_yaml() {
         use provisioning_yaml::bounded::Meter;

@@ -278,7 +278,10 @@ impl Core {
             if !out.unknown.is_empty() {
                 match opts.field_validation {
                     FieldValidation::Strict => {
-                        let list: Vec<String> = out.unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+                        let mut list: Vec<String> = out.unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+                        if out.unknown_more > 0 {
+                            list.push(format!("and {} more unknown fields", out.unknown_more));
+                        }
                         return Err(ApiError::bad_request(format!(
                             "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
                             rt.kind,
@@ -287,11 +290,16 @@ impl Core {
                             list.join(", ")
                         )));
                     }
-                    FieldValidation::Warn => warnings.extend(out.unknown.iter().map(|u| format!("unknown field \"{u}\""))),
+                    FieldValidation::Warn => {
+                        warnings.extend(out.unknown.iter().map(|u| format!("unknown field \"{u}\"")));
+                        if out.unknown_more > 0 {
+                            warnings.push(format!("and {} more unknown fields", out.unknown_more));
+                        }
+                    }
                     FieldValidation::Ignore => {}
                 }
             }
-            causes.extend(out.causes);
+            causes.extend(out.causes.into_vec());
         }
         if causes.iter().any(|c| c.reason != "FieldValueDuplicate") {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, causes));
