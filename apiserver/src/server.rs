@@ -909,7 +909,7 @@ fn stored_size(core: &Core, rt: &ResourceType, ns: Option<&str>, name: &str) -> 
     core.get(rt, ns, name).map_or(0, |e| e.bytes.len())
 }
 
-/// Runs a write; a large one ([`LARGE_WRITE`]) on a blocking thread, two at a time: its
+/// Runs a write; a large one ([`LARGE_WRITE`]) on a blocking thread, [`LARGE_WRITE_SLOTS`] at a time: its
 /// CPU-heavy parts (decoding a patch, merging, managedFields, validation, serialisation) then
 /// never hold an async worker, which keeps answering health checks, watches and small requests.
 /// A flow has at most [`LARGE_WRITES_PER_FLOW`] large writes queued or running (429 beyond),
@@ -920,7 +920,7 @@ async fn off_workers<T: Send + 'static>(
     flow: Option<String>,
     write: impl Future<Output = ApiResult<T>> + Send + 'static,
 ) -> ApiResult<T> {
-    static LARGE_WRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    static LARGE_WRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LARGE_WRITE_SLOTS);
     static EXEMPT_LARGE_WRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
     static PER_FLOW: std::sync::Mutex<Option<HashMap<String, usize>>> = std::sync::Mutex::new(None);
     if !heavy {
@@ -966,13 +966,18 @@ async fn off_workers<T: Send + 'static>(
     .map_err(|e| ApiError::internal(format!("a large write failed: {e}")))?
 }
 
-/// Large writes a flow may have queued or running at once ([`off_workers`]).
-const LARGE_WRITES_PER_FLOW: usize = 2;
+/// Large writes of non-exempt flows running at once ([`off_workers`]).
+const LARGE_WRITE_SLOTS: usize = 2;
+
+/// Large writes a flow may have queued or running at once ([`off_workers`]): fewer than the
+/// slots, so that one flow never holds all of them (a slow write, e.g. a dry-run patch repeated,
+/// would otherwise stop every other tenant's large writes).
+const LARGE_WRITES_PER_FLOW: usize = LARGE_WRITE_SLOTS - 1;
 
 /// GET, PUT and PATCH of `.../NAME/scale` (see [`crate::scale`]).
 // A large object's scale is read and written like any large object: GET decodes it on a
 // blocking thread with the decode charged to the request's flow; PUT and PATCH are large writes
-// (off_workers: two at a time, two per flow).
+// (off_workers: two at a time, one per flow).
 async fn scale(
     core: &Arc<Core>,
     req: Request<Incoming>,
@@ -1260,6 +1265,12 @@ fn content_type(req: &Request<Incoming>) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_flow_never_holds_every_large_write_slot() {
+        const { assert!(super::LARGE_WRITES_PER_FLOW < super::LARGE_WRITE_SLOTS) };
+        assert_eq!(super::LARGE_WRITES_PER_FLOW, 1);
+    }
+
     #[test]
     fn warnings_are_capped_by_count_and_bytes() {
         let many: Vec<String> = (0..20_000).map(|i| format!("unknown field \"spec.u{i}\"")).collect();
