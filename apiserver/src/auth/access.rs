@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use http::HeaderMap;
-use serde_json::Value;
 
 use super::attributes::{Attributes, warn_forbidden};
 use super::identity::{AUTHENTICATED, UserInfo};
@@ -268,8 +267,11 @@ impl Auth {
             (fp, [entries(CLUSTERROLES), entries(ROLES), entries(CLUSTERROLEBINDINGS), entries(ROLEBINDINGS)])
         };
         let rebuild = move || {
-            let [crs, rs, crbs, rbs] = raw.map(|es| es.iter().map(|e| e.value()).collect::<Vec<Value>>());
-            Arc::new(Policy::from_values(&crs, &rs, &crbs, &rbs))
+            let [crs, rs, crbs, rbs] = &raw;
+            fn bytes(es: &[Arc<crate::storage::Entry>]) -> impl Iterator<Item = &[u8]> {
+                es.iter().map(|e| e.bytes.as_ref())
+            }
+            Arc::new(Policy::from_stored(bytes(crs), bytes(rs), bytes(crbs), bytes(rbs)))
         };
         // Decoding every role is CPU work: on a multi-threaded runtime the async worker hands
         // its other tasks to the rest first (block_in_place).

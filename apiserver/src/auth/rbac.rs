@@ -11,18 +11,36 @@ use super::identity::UserInfo;
 /// The API group of the RBAC kinds.
 pub const GROUP: &str = crate::registry::RBAC_GROUP;
 
+/// Most subjects one RoleBinding or ClusterRoleBinding may name (422 beyond, at admission).
+/// Upstream has no such cap; here every binding is held, decoded, by the policy and a
+/// binding of 3 MiB names ~95,000 subjects.
+pub const MAX_BINDING_SUBJECTS: usize = 1_000;
+
+/// A null where a value is expected reads as the default (the API writes `null` lists).
+fn null_default<'de, D: serde::Deserializer<'de>, T: Default + serde::Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+use serde::Deserialize;
+
 /// One `PolicyRule`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct PolicyRule {
     /// Verbs (`*` = all).
+    #[serde(deserialize_with = "null_default")]
     pub verbs: Vec<String>,
     /// API groups (`""` = core, `*` = all).
+    #[serde(deserialize_with = "null_default")]
     pub api_groups: Vec<String>,
     /// Resources, `plural/subresource`, `*`, `*/subresource`.
+    #[serde(deserialize_with = "null_default")]
     pub resources: Vec<String>,
     /// Names the rule is limited to (empty = all).
+    #[serde(deserialize_with = "null_default")]
     pub resource_names: Vec<String>,
     /// Non-resource paths (`*` suffix = prefix match).
+    #[serde(rename = "nonResourceURLs", deserialize_with = "null_default")]
     pub non_resource_urls: Vec<String>,
 }
 
@@ -82,14 +100,60 @@ impl PolicyRule {
 }
 
 /// One subject of a binding.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
 pub struct Subject {
     /// User, Group or ServiceAccount.
+    #[serde(deserialize_with = "null_default")]
     pub kind: String,
     /// Name.
+    #[serde(deserialize_with = "null_default")]
     pub name: String,
     /// Namespace (ServiceAccounts).
+    #[serde(deserialize_with = "null_default")]
     pub namespace: String,
+}
+
+/// `metadata` as the policy needs it.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct MetaDoc {
+    #[serde(deserialize_with = "null_default")]
+    name: String,
+    #[serde(deserialize_with = "null_default")]
+    namespace: String,
+}
+
+/// A stored Role or ClusterRole, only what the policy needs (everything else is skipped while
+/// decoding: no `Value` tree of the whole object).
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct RoleDoc {
+    #[serde(deserialize_with = "null_default")]
+    metadata: MetaDoc,
+    #[serde(deserialize_with = "null_default")]
+    rules: Vec<PolicyRule>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct RoleRefDoc {
+    #[serde(deserialize_with = "null_default")]
+    kind: String,
+    #[serde(deserialize_with = "null_default")]
+    name: String,
+}
+
+/// A stored RoleBinding or ClusterRoleBinding, only what the policy needs.
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct BindingDoc {
+    #[serde(deserialize_with = "null_default")]
+    metadata: MetaDoc,
+    #[serde(deserialize_with = "null_default")]
+    role_ref: RoleRefDoc,
+    #[serde(deserialize_with = "null_default")]
+    subjects: Vec<Subject>,
 }
 
 impl Subject {
@@ -189,7 +253,61 @@ fn rules_of(v: &Value) -> Vec<PolicyRule> {
     v["rules"].as_array().into_iter().flatten().map(PolicyRule::from_value).collect()
 }
 
+/// A Role's or ClusterRole's ((namespace, name), rules) from its stored JSON, decoded straight
+/// into the rules; an object of another shape through its `Value` (alone, as before).
+fn role_from_bytes(bytes: &[u8]) -> ((String, String), Vec<PolicyRule>) {
+    match serde_json::from_slice::<RoleDoc>(bytes) {
+        Ok(d) => ((d.metadata.namespace, d.metadata.name), d.rules),
+        Err(_) => {
+            let v: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+            let md = &v["metadata"];
+            let key = (md["namespace"].as_str().unwrap_or_default().to_string(), md["name"].as_str().unwrap_or_default().to_string());
+            (key, rules_of(&v))
+        }
+    }
+}
+
+/// A binding from its stored JSON (see [`role_from_bytes`]).
+fn binding_from_bytes(bytes: &[u8]) -> Binding {
+    match serde_json::from_slice::<BindingDoc>(bytes) {
+        Ok(d) => Binding {
+            name: d.metadata.name,
+            namespace: d.metadata.namespace,
+            role_kind: d.role_ref.kind,
+            role_name: d.role_ref.name,
+            subjects: d.subjects,
+        },
+        Err(_) => Binding::from_value(&serde_json::from_slice(bytes).unwrap_or(Value::Null)),
+    }
+}
+
 impl Policy {
+    /// Builds a policy from the stored JSON of the RBAC objects, one object at a time and
+    /// straight into what the policy holds (rules, roleRef, subjects): rebuilding never holds
+    /// a `Value` tree of every role and binding at once (~23 times their stored size).
+    pub fn from_stored<'a>(
+        cluster_roles: impl IntoIterator<Item = &'a [u8]>,
+        roles: impl IntoIterator<Item = &'a [u8]>,
+        cluster_bindings: impl IntoIterator<Item = &'a [u8]>,
+        bindings: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Self {
+        let mut p = Policy::default();
+        for cr in cluster_roles {
+            let ((_, name), rules) = role_from_bytes(cr);
+            p.cluster_roles.insert(name, rules);
+        }
+        for r in roles {
+            let (key, rules) = role_from_bytes(r);
+            p.roles.insert(key, rules);
+        }
+        p.cluster_bindings = cluster_bindings.into_iter().map(binding_from_bytes).collect();
+        for b in bindings {
+            let b = binding_from_bytes(b);
+            p.bindings.entry(b.namespace.clone()).or_default().push(b);
+        }
+        p
+    }
+
     /// Builds a policy from the JSON of stored objects.
     pub fn from_values<'a>(
         cluster_roles: impl IntoIterator<Item = &'a Value>,
@@ -371,6 +489,41 @@ mod tests {
             json!({"metadata": {"name": "status", "namespace": "demo"}, "roleRef": {"kind": "Role", "name": "status-writer"}, "subjects": [{"kind": "User", "name": "system:serviceaccount:demo:ci"}]}),
         ];
         Policy::from_values(&crs, &roles, &crbs, &rbs)
+    }
+
+    #[test]
+    fn a_policy_from_stored_bytes_decides_as_one_from_values() {
+        let crs = [json!({"metadata": {"name": "server-reader", "labels": {"a": "b"}, "managedFields": [{"manager": "x"}]},
+            "rules": [{"verbs": ["get", "list", "watch"], "apiGroups": ["provisioning.dev"], "resources": ["servers"], "resourceNames": null}]})];
+        let roles = [json!({"metadata": {"name": "status-writer", "namespace": "demo"},
+            "rules": [{"verbs": ["update"], "apiGroups": ["provisioning.dev"], "resources": ["servers/status"]}]})];
+        let crbs = [json!({"metadata": {"name": "dangling"}, "roleRef": {"kind": "ClusterRole", "name": "gone"}, "subjects": null})];
+        let rbs = [
+            json!({"metadata": {"name": "read", "namespace": "demo"}, "roleRef": {"kind": "ClusterRole", "name": "server-reader"},
+                "subjects": [{"kind": "ServiceAccount", "name": "ci"}]}),
+            // Not of the API's shape (a number as a name): read through its Value, as before.
+            json!({"metadata": {"name": "status", "namespace": "demo"}, "roleRef": {"kind": "Role", "name": "status-writer"},
+                "subjects": [{"kind": "User", "name": "system:serviceaccount:demo:ci"}, {"kind": "User", "name": 5}]}),
+        ];
+        let bytes = |vs: &[Value]| vs.iter().map(|v| serde_json::to_vec(v).unwrap_or_default()).collect::<Vec<_>>();
+        let (c, r, cb, b) = (bytes(&crs), bytes(&roles), bytes(&crbs), bytes(&rbs));
+        let stored = Policy::from_stored(
+            c.iter().map(Vec::as_slice),
+            r.iter().map(Vec::as_slice),
+            cb.iter().map(Vec::as_slice),
+            b.iter().map(Vec::as_slice),
+        );
+        let values = Policy::from_values(&crs, &roles, &crbs, &rbs);
+        for a in [
+            res("list", "provisioning.dev", "servers", "", "demo", ""),
+            res("list", "provisioning.dev", "servers", "", "other", ""),
+            res("update", "provisioning.dev", "servers", "status", "demo", "a"),
+            res("update", "provisioning.dev", "servers", "", "demo", "a"),
+        ] {
+            assert_eq!(stored.authorize(&sa("demo", "ci"), &a), values.authorize(&sa("demo", "ci"), &a), "{a:?}");
+        }
+        assert!(stored.authorize(&sa("demo", "ci"), &res("update", "provisioning.dev", "servers", "status", "demo", "a")).allowed);
+        assert_eq!(stored.rules_for(&sa("demo", "ci"), "demo"), values.rules_for(&sa("demo", "ci"), "demo"));
     }
 
     #[test]

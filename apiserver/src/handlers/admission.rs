@@ -69,6 +69,15 @@ impl Core {
         if !causes.is_empty() {
             return Err(ApiError::invalid(&rt.kind, &rt.group, name, causes));
         }
+        // Every binding is held by the RBAC policy: its subjects are capped (upstream has no cap).
+        let max = crate::auth::rbac::MAX_BINDING_SUBJECTS;
+        if rt.group == crate::registry::RBAC_GROUP
+            && matches!(rt.kind.as_str(), "RoleBinding" | "ClusterRoleBinding")
+            && let Some(n) = obj["subjects"].as_array().map(Vec::len).filter(|n| *n > max)
+        {
+            let why = format!("Too many: {n}: must have at most {max} items");
+            return Err(ApiError::invalid(&rt.kind, &rt.group, name, vec![Cause::new("FieldValueTooMany", "subjects", why)]));
+        }
         let size = serde_json::to_vec(obj).map(|b| b.len()).unwrap_or(usize::MAX);
         if size > validation::MAX_OBJECT_BYTES {
             return Err(ApiError::too_large_with(format!(
