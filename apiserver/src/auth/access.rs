@@ -21,7 +21,7 @@ const ROLES: &str = "rbac.authorization.k8s.io/roles";
 const CLUSTERROLEBINDINGS: &str = "rbac.authorization.k8s.io/clusterrolebindings";
 const ROLEBINDINGS: &str = "rbac.authorization.k8s.io/rolebindings";
 
-type Fingerprint = [(usize, u64); 4];
+type Fingerprint = u64;
 
 type Cache = Mutex<Option<(Fingerprint, Arc<Policy>)>>;
 
@@ -32,10 +32,11 @@ fn lock_cache(m: &Cache) -> std::sync::MutexGuard<'_, Option<(Fingerprint, Arc<P
     }
 }
 
-/// The RBAC objects' counts and newest revisions: changes whenever one is written.
+/// The store's RBAC generation: changes whenever an RBAC object is written, read in O(1) (it
+/// is read on every request that is not the admin's; iterating the RBAC objects was 2.1 ms at
+/// 100k of them, under the store's read lock).
 fn fingerprint(st: &crate::storage::State) -> Fingerprint {
-    let fp_of = |k: &str| st.objects.get(k).map(|m| (m.len(), m.values().map(|e| e.rv).max().unwrap_or(0))).unwrap_or((0, 0));
-    [fp_of(CLUSTERROLES), fp_of(ROLES), fp_of(CLUSTERROLEBINDINGS), fp_of(ROLEBINDINGS)]
+    st.rbac_generation
 }
 
 /// Authentication and authorization state of one server.
