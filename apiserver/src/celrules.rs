@@ -226,17 +226,20 @@ impl Rules {
     }
 
     /// Evaluates every rule against `new` (the whole object after defaulting and pruning), with
-    /// `old` the stored object on update.
+    /// `old` the stored object on update. Stops once the causes' list is full (the object is
+    /// refused whatever the other rules say).
     // Over 80 lines on purpose: one pass over the rules with the cost budget, oldSelf and
     // messageExpression handling side by side, as upstream's validator evaluates them.
     pub fn validate(&self, new: &Value, old: Option<&Value>) -> Vec<Cause> {
-        let mut causes = vec![];
-        let started = Instant::now();
-        let mut spent: u64 = 0;
+        let mut causes = crate::error::Causes::default();
+        let (started, mut spent) = (Instant::now(), 0u64);
         for g in &self.groups {
             let mut locs = vec![];
             locate(new, old, &g.steps, String::new(), &mut locs);
             for (path, nv, ov) in locs {
+                if causes.overflowed() {
+                    return causes.into_vec();
+                }
                 let root = g.steps.is_empty();
                 let field = if root { "<nil>".to_string() } else { path.clone() };
                 let unchanged = ov.is_some_and(|o| o == nv);
@@ -267,7 +270,7 @@ impl Rules {
                                 r.error_string()
                             ),
                         ));
-                        return causes;
+                        return causes.into_vec();
                     }
                     spent = spent.saturating_add(cost);
                     if spent > REQUEST_COST_BUDGET || started.elapsed() > REQUEST_TIME_BUDGET {
@@ -276,7 +279,7 @@ impl Rules {
                             &g.schema_type,
                             "validation failed due to running out of cost budget, no further validation rules will be run".to_string(),
                         ));
-                        return causes;
+                        return causes.into_vec();
                     }
                     let (sv, osv) = bound.get_or_insert_with(|| {
                         let sc = Some(&g.schema);
@@ -327,7 +330,7 @@ impl Rules {
                 }
             }
         }
-        causes
+        causes.into_vec()
     }
 }
 

@@ -20,6 +20,69 @@ impl Cause {
     }
 }
 
+/// Most causes one `Invalid` error lists; the rest are summed up in one last entry (a hostile
+/// body of 3 MiB could otherwise ask for half a million causes and a reply of hundreds of MB).
+pub const MAX_CAUSES: usize = 100;
+
+/// Most bytes of cause messages (and field paths) one `Invalid` error carries.
+pub const MAX_CAUSE_BYTES: usize = 64 * 1024;
+
+/// A collector of causes with a cap ([`MAX_CAUSES`], [`MAX_CAUSE_BYTES`]): causes beyond it are
+/// counted, not kept, and validators stop walking once [`Causes::overflowed`] says so.
+#[derive(Debug, Default)]
+pub struct Causes {
+    list: Vec<Cause>,
+    bytes: usize,
+    omitted: usize,
+}
+
+impl Causes {
+    /// Keeps `c` when there is room, otherwise counts it as omitted.
+    pub fn push(&mut self, c: Cause) {
+        let size = c.field.len() + c.message.len();
+        // Room is left for the last entry, so that `ApiError::invalid` keeps the list as it is.
+        if self.list.len() < MAX_CAUSES - 1 && self.bytes + size <= MAX_CAUSE_BYTES - 256 {
+            self.bytes += size;
+            self.list.push(c);
+        } else {
+            self.omitted += 1;
+        }
+    }
+    /// Whether a cause was refused: the error is certain and its list full, so a validator may
+    /// stop walking.
+    pub fn overflowed(&self) -> bool {
+        self.omitted > 0
+    }
+    /// Whether no cause was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty() && self.omitted == 0
+    }
+    /// The causes kept.
+    pub fn iter(&self) -> std::slice::Iter<'_, Cause> {
+        self.list.iter()
+    }
+    /// The causes kept, and one last entry saying that more were found when some were not kept
+    /// (validators stop at the first one beyond the cap, so how many more is not known).
+    pub fn into_vec(mut self) -> Vec<Cause> {
+        if self.overflowed() {
+            self.list.push(Cause::new(
+                "FieldValueTooMany",
+                "",
+                format!("... and more errors (only the first {} are listed)", self.list.len()),
+            ));
+        }
+        self.list
+    }
+}
+
+impl Extend<Cause> for Causes {
+    fn extend<T: IntoIterator<Item = Cause>>(&mut self, iter: T) {
+        for c in iter {
+            self.push(c);
+        }
+    }
+}
+
 /// An error answered to a client as a `Status` object.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{code} {reason}: {message}")]
@@ -132,8 +195,25 @@ impl ApiError {
         Self::new(406, "NotAcceptable", message)
     }
     /// 422 Invalid with causes; message formatted like kube-apiserver.
-    pub fn invalid(kind: &str, group: &str, name: &str, causes: Vec<Cause>) -> Self {
+    /// At most [`MAX_CAUSES`] causes and [`MAX_CAUSE_BYTES`] of their text are listed, then one
+    /// "... and N more errors" entry (an upstream-shaped Status of bounded size, whatever the
+    /// body asked for).
+    pub fn invalid(kind: &str, group: &str, name: &str, mut causes: Vec<Cause>) -> Self {
         let qualified = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
+        let mut bytes = 0usize;
+        let keep = causes
+            .iter()
+            .take(MAX_CAUSES)
+            .take_while(|c| {
+                bytes += c.field.len() + c.message.len();
+                bytes <= MAX_CAUSE_BYTES
+            })
+            .count();
+        if keep < causes.len() {
+            let more = causes.len() - keep;
+            causes.truncate(keep);
+            causes.push(Cause::new("FieldValueTooMany", "", format!("... and {more} more errors")));
+        }
         let parts: Vec<String> =
             causes.iter().map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) }).collect();
         let joined = if parts.len() == 1 { parts[0].clone() } else { format!("[{}]", parts.join(", ")) };
@@ -173,5 +253,48 @@ impl ApiError {
     /// 422 without causes (e.g. a JSON patch that does not apply).
     pub fn unprocessable(message: impl Into<String>) -> Self {
         Self::new(422, "Invalid", message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invalid_error_lists_at_most_the_cap_then_how_many_more() {
+        let many: Vec<Cause> =
+            (0..5000).map(|i| Cause::new("FieldValueInvalid", "metadata.labels", format!("Invalid value: \"-{i}\""))).collect();
+        let e = ApiError::invalid("ConfigMap", "", "x", many);
+        let causes = e.details.as_ref().and_then(|d| d["causes"].as_array().cloned()).unwrap_or_default();
+        assert_eq!(causes.len(), MAX_CAUSES + 1);
+        assert_eq!(causes[MAX_CAUSES]["message"], "... and 4900 more errors");
+        assert!(e.message.starts_with("ConfigMap \"x\" is invalid: [metadata.labels: Invalid value: \"-0\", "), "{}", e.message);
+        assert!(e.message.ends_with(", ... and 4900 more errors]"), "{}", e.message);
+        // Long messages: the byte cap stops the list first.
+        let long: Vec<Cause> = (0..50).map(|_| Cause::new("FieldValueInvalid", "spec", "x".repeat(10_000))).collect();
+        let e = ApiError::invalid("S", "g", "x", long);
+        assert!(e.message.len() < MAX_CAUSE_BYTES + 1024, "{}", e.message.len());
+        // One or a few causes: exactly as before.
+        let e = ApiError::invalid("ConfigMap", "", "x", vec![Cause::new("FieldValueRequired", "data", "Required value")]);
+        assert_eq!(e.message, "ConfigMap \"x\" is invalid: data: Required value");
+    }
+
+    #[test]
+    fn the_collector_keeps_room_for_its_last_entry_and_says_it_overflowed() {
+        let mut c = Causes::default();
+        assert!(c.is_empty() && !c.overflowed());
+        for i in 0..MAX_CAUSES - 1 {
+            c.push(Cause::new("FieldValueInvalid", "f", format!("{i}")));
+        }
+        assert!(!c.overflowed());
+        c.push(Cause::new("FieldValueInvalid", "f", "one more"));
+        assert!(c.overflowed());
+        let v = c.into_vec();
+        assert_eq!(v.len(), MAX_CAUSES);
+        assert!(v[MAX_CAUSES - 1].message.contains("more errors"), "{:?}", v[MAX_CAUSES - 1]);
+        // ApiError::invalid keeps such a list as it is.
+        let e = ApiError::invalid("S", "", "x", v);
+        let causes = e.details.as_ref().and_then(|d| d["causes"].as_array().cloned()).unwrap_or_default();
+        assert_eq!(causes.len(), MAX_CAUSES);
     }
 }

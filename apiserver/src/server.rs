@@ -704,8 +704,46 @@ fn write_options(core: &Core, req: &Request<Incoming>, q: &Query) -> ApiResult<W
     })
 }
 
+/// Most bytes of Warning headers one reply carries, and the length each is cut to when they
+/// would carry more (upstream's warning recorder: 4 Ki runes in total, 256 per warning).
+const MAX_WARNING_BYTES: usize = 4 * 1024;
+const MAX_WARNING_ITEM: usize = 256;
+/// Most Warning headers one reply carries (clients cap a reply's headers: hyper at 100).
+const MAX_WARNINGS: usize = 50;
+
+/// The warnings a reply carries: each once, cut to [`MAX_WARNING_ITEM`] characters when all of
+/// them would be more than [`MAX_WARNING_BYTES`], no more than fit in that and
+/// [`MAX_WARNINGS`], and then one saying how many more there were.
+fn capped_warnings(warnings: &[String]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let unique: Vec<&String> = warnings.iter().filter(|w| seen.insert(w.as_str())).collect();
+    let total: usize = unique.iter().map(|w| w.len()).sum();
+    let cut = |w: &String| -> String {
+        if total > MAX_WARNING_BYTES && w.chars().count() > MAX_WARNING_ITEM {
+            w.chars().take(MAX_WARNING_ITEM).collect()
+        } else {
+            w.clone()
+        }
+    };
+    let mut out = Vec::new();
+    let mut used = 0usize;
+    for (i, w) in unique.iter().enumerate() {
+        let w = cut(w);
+        let last = i + 1 == unique.len();
+        // Room for the summary line unless this is the last warning.
+        let (count_room, byte_room) = if last { (MAX_WARNINGS, MAX_WARNING_BYTES) } else { (MAX_WARNINGS - 1, MAX_WARNING_BYTES - 64) };
+        if out.len() + 1 > count_room || used + w.len() > byte_room {
+            out.push(format!("... and {} more warnings", unique.len() - i));
+            break;
+        }
+        used += w.len();
+        out.push(w);
+    }
+    out
+}
+
 fn with_warnings(mut r: Response<Body>, warnings: &[String]) -> Response<Body> {
-    for w in warnings {
+    for w in capped_warnings(warnings) {
         let text = format!("299 - \"{}\"", w.replace('"', "\\\""));
         if let Ok(h) = HeaderValue::from_str(&text) {
             r.headers_mut().append(header::WARNING, h);
@@ -871,7 +909,7 @@ fn stored_size(core: &Core, rt: &ResourceType, ns: Option<&str>, name: &str) -> 
     core.get(rt, ns, name).map_or(0, |e| e.bytes.len())
 }
 
-/// Runs a write; a large one ([`LARGE_WRITE`]) on a blocking thread, two at a time: its
+/// Runs a write; a large one ([`LARGE_WRITE`]) on a blocking thread, [`LARGE_WRITE_SLOTS`] at a time: its
 /// CPU-heavy parts (decoding a patch, merging, managedFields, validation, serialisation) then
 /// never hold an async worker, which keeps answering health checks, watches and small requests.
 /// A flow has at most [`LARGE_WRITES_PER_FLOW`] large writes queued or running (429 beyond),
@@ -882,7 +920,7 @@ async fn off_workers<T: Send + 'static>(
     flow: Option<String>,
     write: impl Future<Output = ApiResult<T>> + Send + 'static,
 ) -> ApiResult<T> {
-    static LARGE_WRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    static LARGE_WRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LARGE_WRITE_SLOTS);
     static EXEMPT_LARGE_WRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
     static PER_FLOW: std::sync::Mutex<Option<HashMap<String, usize>>> = std::sync::Mutex::new(None);
     if !heavy {
@@ -928,13 +966,18 @@ async fn off_workers<T: Send + 'static>(
     .map_err(|e| ApiError::internal(format!("a large write failed: {e}")))?
 }
 
-/// Large writes a flow may have queued or running at once ([`off_workers`]).
-const LARGE_WRITES_PER_FLOW: usize = 2;
+/// Large writes of non-exempt flows running at once ([`off_workers`]).
+const LARGE_WRITE_SLOTS: usize = 2;
+
+/// Large writes a flow may have queued or running at once ([`off_workers`]): fewer than the
+/// slots, so that one flow never holds all of them (a slow write, e.g. a dry-run patch repeated,
+/// would otherwise stop every other tenant's large writes).
+const LARGE_WRITES_PER_FLOW: usize = LARGE_WRITE_SLOTS - 1;
 
 /// GET, PUT and PATCH of `.../NAME/scale` (see [`crate::scale`]).
 // A large object's scale is read and written like any large object: GET decodes it on a
 // blocking thread with the decode charged to the request's flow; PUT and PATCH are large writes
-// (off_workers: two at a time, two per flow).
+// (off_workers: two at a time, one per flow).
 async fn scale(
     core: &Arc<Core>,
     req: Request<Incoming>,
@@ -1222,6 +1265,28 @@ fn content_type(req: &Request<Incoming>) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_flow_never_holds_every_large_write_slot() {
+        const { assert!(super::LARGE_WRITES_PER_FLOW < super::LARGE_WRITE_SLOTS) };
+        assert_eq!(super::LARGE_WRITES_PER_FLOW, 1);
+    }
+
+    #[test]
+    fn warnings_are_capped_by_count_and_bytes() {
+        let many: Vec<String> = (0..20_000).map(|i| format!("unknown field \"spec.u{i}\"")).collect();
+        let out = super::capped_warnings(&many);
+        assert_eq!(out.len(), super::MAX_WARNINGS);
+        assert_eq!(out[super::MAX_WARNINGS - 1], format!("... and {} more warnings", 20_000 - (super::MAX_WARNINGS - 1)));
+        let long: Vec<String> = (0..40).map(|i| format!("{i}{}", "x".repeat(1000))).collect();
+        let out = super::capped_warnings(&long);
+        assert!(out.iter().map(String::len).sum::<usize>() <= super::MAX_WARNING_BYTES + 64, "{out:?}");
+        assert!(out.iter().all(|w| w.len() <= 256 || w.starts_with("...")), "cut to 256 characters");
+        assert!(out.last().is_some_and(|w| w.contains("more warnings")), "{out:?}");
+        // A few short ones: each once, as they were.
+        let few = vec!["a".to_string(), "b".to_string(), "a".to_string()];
+        assert_eq!(super::capped_warnings(&few), vec!["a".to_string(), "b".to_string()]);
+    }
+
     #[test]
     fn a_media_type_parameter_does_not_make_a_body_yaml() {
         use provisioning_yaml::bounded::Meter;

@@ -356,6 +356,9 @@ pub struct State {
     /// storage key -> label key -> label value -> (namespace, name) of the objects carrying it:
     /// label-selected lists and watch starts read these instead of scanning the resource.
     pub labels: HashMap<Arc<str>, LabelIndex>,
+    /// Bumped by every write of an RBAC object (Role, ClusterRole and their bindings): the
+    /// authorizer's cached policy is current while this is unchanged, known in O(1).
+    pub rbac_generation: u64,
 }
 
 /// One resource's label index: label key → value → (namespace, name).
@@ -415,6 +418,9 @@ impl State {
     }
 
     fn apply(&mut self, key: &ObjKey, new: Option<Arc<Entry>>) -> Option<Arc<Entry>> {
+        if key.storage.strip_prefix(crate::registry::RBAC_GROUP).is_some_and(|rest| rest.starts_with('/')) {
+            self.rbac_generation += 1;
+        }
         let map = self.objects.entry(key.storage.clone()).or_default();
         let k = (key.namespace.clone(), key.name.clone());
         let prev = match &new {
@@ -1003,6 +1009,23 @@ mod tests {
         store.delete(key("a"), Precondition::Revision(a.rv)).await?;
         assert_eq!(names("app=y")?, ["b"]);
         assert_eq!(names("app!=z")?, ["b"], "a selector the index cannot answer scans the namespace");
+        store.close();
+        Ok(())
+    }
+
+    /// The RBAC generation moves with every write of an RBAC object and with nothing else.
+    #[tokio::test]
+    async fn rbac_writes_bump_the_rbac_generation() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(&dir.path().join("state.redb"))?;
+        let start = store.read().rbac_generation;
+        store.put(key("a"), Precondition::MustNotExist, json!({"metadata": {"name": "a"}})).await?;
+        assert_eq!(store.read().rbac_generation, start, "a ConfigMap is not an RBAC object");
+        let rb = ObjKey { storage: Arc::from("rbac.authorization.k8s.io/rolebindings"), namespace: "default".into(), name: "r".into() };
+        let e = store.put(rb.clone(), Precondition::MustNotExist, json!({"metadata": {"name": "r"}})).await?;
+        assert_eq!(store.read().rbac_generation, start + 1);
+        store.delete(rb, Precondition::Revision(e.rv)).await?;
+        assert_eq!(store.read().rbac_generation, start + 2);
         store.close();
         Ok(())
     }

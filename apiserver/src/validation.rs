@@ -7,7 +7,7 @@ use std::sync::{LazyLock, Mutex};
 use regex::Regex;
 use serde_json::Value;
 
-use crate::error::Cause;
+use crate::error::{Cause, Causes};
 
 static SUBDOMAIN: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$").ok());
@@ -75,9 +75,9 @@ fn qualified_name_error(key: &str) -> Option<String> {
 
 /// Validates `metadata.labels` and `metadata.annotations` as kube-apiserver does for every
 /// object: maps of strings, qualified-name keys, label values of at most 63 characters, and
-/// annotations of at most 256 KiB in total.
+/// annotations of at most 256 KiB in total. Stops at the causes' cap ([`Causes`]).
 pub fn validate_metadata(md: &Value) -> Vec<Cause> {
-    let mut causes = vec![];
+    let mut causes = Causes::default();
     for field in ["labels", "annotations"] {
         match md.get(field) {
             None | Some(Value::Null) | Some(Value::Object(_)) => {}
@@ -86,6 +86,9 @@ pub fn validate_metadata(md: &Value) -> Vec<Cause> {
     }
     if let Some(labels) = md.get("labels").and_then(Value::as_object) {
         for (k, v) in labels {
+            if causes.overflowed() {
+                return causes.into_vec();
+            }
             if let Some(m) = qualified_name_error(k) {
                 causes.push(Cause::new("FieldValueInvalid", "metadata.labels", format!("Invalid value: {}: {m}", json_str(k))));
             }
@@ -106,6 +109,9 @@ pub fn validate_metadata(md: &Value) -> Vec<Cause> {
     if let Some(ann) = md.get("annotations").and_then(Value::as_object) {
         let mut total = 0usize;
         for (k, v) in ann {
+            if causes.overflowed() {
+                return causes.into_vec();
+            }
             if let Some(m) = qualified_name_error(&k.to_lowercase()) {
                 causes.push(Cause::new("FieldValueInvalid", "metadata.annotations", format!("Invalid value: {}: {m}", json_str(k))));
             }
@@ -129,7 +135,7 @@ pub fn validate_metadata(md: &Value) -> Vec<Cause> {
             ));
         }
     }
-    causes
+    causes.into_vec()
 }
 
 /// kube's `ValidateRBACName` (`path.IsValidPathSegmentName`), for the RBAC kinds' names: anything usable as one URL path
@@ -199,13 +205,30 @@ fn render(v: &Value) -> String {
     }
 }
 
+/// Most unknown field paths an [`Outcome`] names (each becomes a warning or part of a strict
+/// decoding error); the rest are counted.
+pub const MAX_UNKNOWN_FIELDS: usize = 100;
+
 /// Result of processing an object against its schema.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    /// Validation failures.
-    pub causes: Vec<Cause>,
-    /// Paths of fields that were pruned because the schema does not know them.
+    /// Validation failures (capped; the walk stops once the cap overflows).
+    pub causes: Causes,
+    /// Paths of fields that were pruned because the schema does not know them (the first
+    /// [`MAX_UNKNOWN_FIELDS`]).
     pub unknown: Vec<String>,
+    /// Unknown fields pruned beyond those named in `unknown`.
+    pub unknown_more: usize,
+}
+
+impl Outcome {
+    fn pruned(&mut self, path: String) {
+        if self.unknown.len() < MAX_UNKNOWN_FIELDS {
+            self.unknown.push(path);
+        } else {
+            self.unknown_more += 1;
+        }
+    }
 }
 
 /// Prunes, defaults and validates `obj` (a whole custom resource) against `schema`.
@@ -235,7 +258,7 @@ pub fn process(obj: &mut Value, schema: &Value) -> Outcome {
             None if preserve => {}
             None => {
                 m.remove(&k);
-                out.unknown.push(k.clone());
+                out.pruned(k.clone());
             }
         }
     }
@@ -288,6 +311,10 @@ fn regex_for(pattern: &str) -> Option<Regex> {
 /// structural schema does: type, enum, then per kind of value (prune, default, required,
 /// bounds, formats, list types).
 fn walk(v: &mut Value, s: &Value, path: &str, out: &mut Outcome) {
+    // The object is invalid and its causes full: the rest of it is not looked at.
+    if out.causes.overflowed() {
+        return;
+    }
     if v.is_null() && s.get("nullable").and_then(Value::as_bool) == Some(true) {
         return;
     }
@@ -355,6 +382,9 @@ fn walk_object(m: &mut serde_json::Map<String, Value>, s: &Value, path: &str, ou
     let embedded = s.get("x-kubernetes-embedded-resource").and_then(Value::as_bool) == Some(true);
     let keys: Vec<String> = m.keys().cloned().collect();
     for k in keys {
+        if out.causes.overflowed() {
+            return;
+        }
         let child_path = format!("{path}.{k}");
         let cs = props.and_then(|p| p.get(&k)).or_else(|| addl.filter(|a| a.is_object()));
         match cs {
@@ -371,7 +401,7 @@ fn walk_object(m: &mut serde_json::Map<String, Value>, s: &Value, path: &str, ou
             None if embedded && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") => {}
             None => {
                 m.remove(&k);
-                out.unknown.push(child_path);
+                out.pruned(child_path);
             }
         }
     }
@@ -420,6 +450,9 @@ fn walk_array(items: &mut [Value], s: &Value, path: &str, out: &mut Outcome) {
     list_duplicates(items, s, path, out);
     if let Some(is) = s.get("items") {
         for (i, item) in items.iter_mut().enumerate() {
+            if out.causes.overflowed() {
+                return;
+            }
             walk(item, is, &format!("{path}[{i}]"), out);
         }
     }
@@ -494,6 +527,9 @@ fn list_duplicates(items: &[Value], s: &Value, path: &str, out: &mut Outcome) {
     // By serialized identity: big lists stay linear.
     let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
     for (i, item) in items.iter().enumerate() {
+        if out.causes.overflowed() {
+            return;
+        }
         let Some(id) = identity(item) else { continue };
         if !seen.insert(id.to_string()) {
             out.causes.push(Cause::new("FieldValueDuplicate", format!("{path}[{i}]"), format!("Duplicate value: {}", go_value(&id))));
@@ -561,6 +597,29 @@ mod tests {
         let big = "x".repeat(MAX_ANNOTATIONS_BYTES);
         let c = validate_metadata(&json!({"annotations": {"a": big}}));
         assert!(c.iter().any(|c| c.reason == "FieldValueTooLong"), "{:?}", c);
+    }
+
+    #[test]
+    fn many_bad_labels_stop_at_the_cap() {
+        let labels: serde_json::Map<String, Value> = (0..50_000).map(|i| (format!("-{i}"), json!("-"))).collect();
+        let c = validate_metadata(&json!({"labels": labels}));
+        assert_eq!(c.len(), crate::error::MAX_CAUSES, "{}", c.len());
+        assert!(c[c.len() - 1].message.contains("more errors"), "{:?}", c[c.len() - 1]);
+    }
+
+    #[test]
+    fn a_schema_walk_stops_at_the_cap_and_names_at_most_100_unknown_fields() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "items": {"type": "array", "items": {"type": "string"}}}}}});
+        let mut obj = json!({"spec": {"items": vec![json!(1); 50_000]}});
+        let out = process(&mut obj, &schema);
+        assert!(out.causes.overflowed());
+        assert_eq!(out.causes.into_vec().len(), crate::error::MAX_CAUSES);
+        let spec: serde_json::Map<String, Value> = (0..5_000).map(|i| (format!("u{i}"), json!(1))).collect();
+        let mut obj = json!({"spec": spec});
+        let out = process(&mut obj, &schema);
+        assert_eq!((out.unknown.len(), out.unknown_more), (MAX_UNKNOWN_FIELDS, 4_900));
+        assert_eq!(obj["spec"].as_object().map(serde_json::Map::len), Some(0), "every unknown field is pruned");
     }
 
     #[test]

@@ -908,3 +908,44 @@ async fn a_tenants_many_service_accounts_and_impersonations_are_one_flow() -> Te
     ts.server.shutdown().await;
     Ok(())
 }
+
+/// The object limit holds for what is stored, managedFields included (issue 26, twenty-first
+/// re-review item 6): it was checked before managedFields were recorded, so a ConfigMap of
+/// 200,000 small keys (2.6 MB) was stored at ~5.6 MB, one managedFields entry per key. Now a
+/// create or an update whose stored form would exceed 3 MiB is a 413, dry run too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_object_limit_counts_managed_fields() -> TestResult {
+    let ts = start().await?;
+    let client = client_no_retry(&ts.server.kubeconfig_path()).await?;
+    let cm = |name: &str, keys: usize| {
+        let data: serde_json::Map<String, Value> = (0..keys).map(|i| (format!("k{i:06}"), json!(""))).collect();
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data})
+    };
+    let path = "/api/v1/namespaces/default/configmaps";
+    let body = serde_json::to_vec(&cm("wide", 200_000))?;
+    assert!(body.len() < 3 * 1024 * 1024, "the body itself is within the limit: {}", body.len());
+    for query in ["?dryRun=All", ""] {
+        let (code, status) = raw(&client, "POST", &format!("{path}{query}"), "application/json", body.clone()).await?;
+        assert_eq!(code, 413, "{query}: {}", status["message"]);
+        assert_eq!(status["reason"], "RequestEntityTooLarge");
+        let message = status["message"].as_str().unwrap_or_default();
+        assert!(message.contains("request is too large") && message.contains("managedFields"), "{message}");
+    }
+    let (code, _) = raw(&client, "GET", &format!("{path}/wide"), "application/json", vec![]).await?;
+    assert_eq!(code, 404, "nothing was stored");
+    // An update growing a small ConfigMap the same way: refused, the stored one unchanged.
+    let (code, status) = raw(&client, "POST", path, "application/json", serde_json::to_vec(&cm("grows", 10))?).await?;
+    assert_eq!(code, 201, "{}", status["message"]);
+    let grow = json!({"data": cm("grows", 200_000)["data"]});
+    let (code, status) =
+        raw(&client, "PATCH", &format!("{path}/grows"), "application/merge-patch+json", serde_json::to_vec(&grow)?).await?;
+    assert_eq!(code, 413, "{}", status["message"]);
+    let (code, stored) = raw(&client, "GET", &format!("{path}/grows"), "application/json", vec![]).await?;
+    assert_eq!(code, 200);
+    assert_eq!(stored["data"].as_object().map(serde_json::Map::len), Some(10));
+    // Below the limit with managedFields: stored as before.
+    let (code, status) = raw(&client, "POST", path, "application/json", serde_json::to_vec(&cm("fits", 50_000))?).await?;
+    assert_eq!(code, 201, "{}", status["message"]);
+    ts.server.shutdown().await;
+    Ok(())
+}

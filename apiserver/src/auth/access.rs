@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use http::HeaderMap;
-use serde_json::Value;
 
 use super::attributes::{Attributes, warn_forbidden};
 use super::identity::{AUTHENTICATED, UserInfo};
@@ -22,7 +21,7 @@ const ROLES: &str = "rbac.authorization.k8s.io/roles";
 const CLUSTERROLEBINDINGS: &str = "rbac.authorization.k8s.io/clusterrolebindings";
 const ROLEBINDINGS: &str = "rbac.authorization.k8s.io/rolebindings";
 
-type Fingerprint = [(usize, u64); 4];
+type Fingerprint = u64;
 
 type Cache = Mutex<Option<(Fingerprint, Arc<Policy>)>>;
 
@@ -33,10 +32,11 @@ fn lock_cache(m: &Cache) -> std::sync::MutexGuard<'_, Option<(Fingerprint, Arc<P
     }
 }
 
-/// The RBAC objects' counts and newest revisions: changes whenever one is written.
+/// The store's RBAC generation: changes whenever an RBAC object is written, read in O(1) (it
+/// is read on every request that is not the admin's; iterating the RBAC objects was 2.1 ms at
+/// 100k of them, under the store's read lock).
 fn fingerprint(st: &crate::storage::State) -> Fingerprint {
-    let fp_of = |k: &str| st.objects.get(k).map(|m| (m.len(), m.values().map(|e| e.rv).max().unwrap_or(0))).unwrap_or((0, 0));
-    [fp_of(CLUSTERROLES), fp_of(ROLES), fp_of(CLUSTERROLEBINDINGS), fp_of(ROLEBINDINGS)]
+    st.rbac_generation
 }
 
 /// Authentication and authorization state of one server.
@@ -268,8 +268,11 @@ impl Auth {
             (fp, [entries(CLUSTERROLES), entries(ROLES), entries(CLUSTERROLEBINDINGS), entries(ROLEBINDINGS)])
         };
         let rebuild = move || {
-            let [crs, rs, crbs, rbs] = raw.map(|es| es.iter().map(|e| e.value()).collect::<Vec<Value>>());
-            Arc::new(Policy::from_values(&crs, &rs, &crbs, &rbs))
+            let [crs, rs, crbs, rbs] = &raw;
+            fn bytes(es: &[Arc<crate::storage::Entry>]) -> impl Iterator<Item = &[u8]> {
+                es.iter().map(|e| e.bytes.as_ref())
+            }
+            Arc::new(Policy::from_stored(bytes(crs), bytes(rs), bytes(crbs), bytes(rbs)))
         };
         // Decoding every role is CPU work: on a multi-threaded runtime the async worker hands
         // its other tasks to the rest first (block_in_place).

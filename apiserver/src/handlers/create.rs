@@ -130,6 +130,7 @@ impl Core {
         }
         // After managedFields: no field manager owns the server-owned approver.
         crate::auth::approver::stamp(&rt.storage, None, obj, opts.user.as_deref(), &opts.groups);
+        Self::admit_stored(obj)?;
         if opts.dry_run {
             return Ok(Written { output: Output::Transient(obj.clone()), warnings });
         }

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value, json};
 
-use crate::error::Cause;
+use crate::error::{Cause, Causes};
 
 /// The Service ClusterIP range (kube-apiserver's default `--service-cluster-ip-range`,
 /// 10.96.0.0/12): 10.96.0.0 .. 10.111.255.255.
@@ -271,7 +271,7 @@ fn service(spec: &mut Map<String, Value>, old: Option<&Value>, taken: impl FnOnc
         }
     }
     let mut lazy = Lazy { f: Some(taken), v: None };
-    let mut causes = vec![];
+    let mut causes = Causes::default();
     if !external_name {
         if spec.get("clusterIP").is_none_or(|v| v.is_null() || v == "") {
             let ip = free_ip(&lazy.get().ips).ok_or_else(|| {
@@ -295,8 +295,20 @@ fn service(spec: &mut Map<String, Value>, old: Option<&Value>, taken: impl FnOnc
     }
     let old_ports: Vec<Value> = old.and_then(|o| o["ports"].as_array().cloned()).unwrap_or_default();
     let held: HashSet<u64> = old_ports.iter().filter_map(|o| o["nodePort"].as_u64()).collect();
+    // The old node port of each (port, protocol), looked up once per port (not a scan per port).
+    let mut kept_ports: std::collections::HashMap<(String, String), u64> = std::collections::HashMap::new();
+    for o in &old_ports {
+        if let Some(n) = o["nodePort"].as_u64() {
+            kept_ports.entry((o["port"].to_string(), o["protocol"].to_string())).or_insert(n);
+        }
+    }
     let mut used: HashSet<(u64, String)> = HashSet::new();
+    // The node ports this Service holds so far, kept as it grows (not rebuilt per port).
+    let mut ours: HashSet<u64> = HashSet::new();
     for (i, p) in spec.get_mut("ports").and_then(Value::as_array_mut).into_iter().flatten().enumerate() {
+        if causes.overflowed() {
+            break;
+        }
         let Some(p) = p.as_object_mut() else { continue };
         fill(p, "protocol", json!("TCP"));
         if let Some(port) = p.get("port").cloned() {
@@ -307,29 +319,30 @@ fn service(spec: &mut Map<String, Value>, old: Option<&Value>, taken: impl FnOnc
         }
         let field = format!("spec.ports[{i}].nodePort");
         if p.get("nodePort").is_none_or(Value::is_null) {
-            let kept =
-                old_ports.iter().find(|o| o["port"] == p["port"] && o["protocol"] == p["protocol"]).and_then(|o| o["nodePort"].as_u64());
-            let ours: HashSet<u64> = used.iter().map(|(n, _)| *n).collect();
+            let key = (p.get("port").unwrap_or(&Value::Null).to_string(), p.get("protocol").unwrap_or(&Value::Null).to_string());
+            let kept = kept_ports.get(&key).copied();
             let Some(port) = kept.or_else(|| free_node_port(&lazy.get().node_ports, &ours)) else {
+                // One cause: every later port would find the range as full.
                 causes.push(Cause::new("FieldValueInvalid", field, "failed to allocate a node port: range of valid ports is full"));
-                continue;
+                break;
             };
             p.insert("nodePort".into(), json!(port));
         } else if let Some(n) = p["nodePort"].as_u64().filter(|n| !held.contains(n)) {
             chosen_node_port(n, &field, &mut lazy, &mut causes);
         }
         let protocol = p["protocol"].as_str().unwrap_or_default().to_string();
-        if let Some(n) = p["nodePort"].as_u64()
-            && !used.insert((n, protocol))
-        {
-            causes.push(Cause::new("FieldValueDuplicate", field, format!("Duplicate value: {n}")));
+        if let Some(n) = p["nodePort"].as_u64() {
+            ours.insert(n);
+            if !used.insert((n, protocol)) {
+                causes.push(Cause::new("FieldValueDuplicate", field, format!("Duplicate value: {n}")));
+            }
         }
     }
-    if causes.is_empty() { Ok(()) } else { Err(causes) }
+    if causes.is_empty() { Ok(()) } else { Err(causes.into_vec()) }
 }
 
 /// Checks a cluster IP the client chose: "None" (headless), or a free address in the range.
-fn chosen_ip<F: FnOnce() -> Taken>(ip: &Value, any_address: bool, lazy: &mut Lazy<F>, causes: &mut Vec<Cause>) {
+fn chosen_ip<F: FnOnce() -> Taken>(ip: &Value, any_address: bool, lazy: &mut Lazy<F>, causes: &mut Causes) {
     let text = ip.as_str().unwrap_or_default();
     if text == "None" || any_address {
         return;
@@ -355,7 +368,7 @@ fn chosen_ip<F: FnOnce() -> Taken>(ip: &Value, any_address: bool, lazy: &mut Laz
 }
 
 /// Checks a node port the client chose: in the range and held by no other Service.
-fn chosen_node_port<F: FnOnce() -> Taken>(n: u64, field: &str, lazy: &mut Lazy<F>, causes: &mut Vec<Cause>) {
+fn chosen_node_port<F: FnOnce() -> Taken>(n: u64, field: &str, lazy: &mut Lazy<F>, causes: &mut Causes) {
     let (lo, hi) = (u64::from(*NODE_PORTS.start()), u64::from(*NODE_PORTS.end()));
     if !(lo..=hi).contains(&n) {
         causes.push(Cause::new(
@@ -485,6 +498,18 @@ mod tests {
         let mut one = json!({"spec": {"type": "NodePort", "ports": [{"port": 80}]}});
         assert!(apply("/services", &mut one, None, holding(&[], &almost)).is_ok());
         assert_eq!(one["spec"]["ports"][0]["nodePort"], 31000);
+    }
+
+    #[test]
+    fn a_full_range_is_one_cause_however_many_ports_ask() {
+        let ports: Vec<Value> = (0..10_000).map(|i| json!({"port": i + 1})).collect();
+        let mut svc = json!({"spec": {"type": "NodePort", "ports": ports}});
+        let causes = apply("/services", &mut svc, None, none).err().unwrap_or_default();
+        assert_eq!(causes.len(), 1, "{:?}", causes.iter().take(3).collect::<Vec<_>>());
+        assert!(causes[0].message.contains("range of valid ports is full"), "{:?}", causes[0]);
+        // The ports before the range filled got distinct node ports.
+        let given: HashSet<u64> = svc["spec"]["ports"].as_array().into_iter().flatten().filter_map(|p| p["nodePort"].as_u64()).collect();
+        assert_eq!(given.len(), 2768);
     }
 
     #[test]

@@ -207,6 +207,7 @@ impl Core {
         if without_managed_times(&old) == without_managed_times(&new) && self.at_storage_version(rt, cur) {
             return Ok(Written { output: Output::Stored(cur.clone()), warnings });
         }
+        Self::admit_stored(&new)?;
         if opts.dry_run {
             return Ok(Written { output: Output::Transient(new), warnings });
         }
