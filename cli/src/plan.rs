@@ -268,7 +268,7 @@ pub fn admit(doc: &Value, old: Option<&Value>) -> Result<Value, String> {
         let list: Vec<String> = outcome.unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
         return Err(format!("{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}", list.join(", ")));
     }
-    causes.extend(outcome.causes);
+    causes.extend(outcome.causes.into_vec());
     if causes.is_empty() {
         causes.extend(celrules::Rules::from_schema(&schema).validate(&obj, old));
     }
