@@ -125,6 +125,15 @@ pub struct ServerPool {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(schema_with = "optional_instance_profile")]
     pub instance_profile: String,
+    /// Zones tried, in order, when `zone` has no capacity for a member (see Server
+    /// `fallbackZones`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "fallback_zones")]
+    pub fallback_zones: Vec<String>,
+    /// Whether the pool's servers get a public IPv4 address (see Server `publicIp`). Unset:
+    /// the provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<bool>,
     /// Labels put on the pool's Servers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,

@@ -157,6 +157,7 @@ fn request(uid: &str, plan: &str, zone: &str) -> ServerRequest {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     }
 }

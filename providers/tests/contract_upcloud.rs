@@ -108,6 +108,7 @@ async fn the_double_validates_requests_like_upcloud() {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     };
     let err = provider.ensure_server(&request).await.expect_err("unknown zone");
@@ -153,6 +154,7 @@ async fn firewall_rules_are_attached_to_new_servers() {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     };
     let created = provider.ensure_server(&request).await.expect("create");

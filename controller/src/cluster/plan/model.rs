@@ -280,6 +280,8 @@ pub(super) fn pool_server(o: &Observed<'_>, pool: &ServerPool, name: &str, surge
         zone: pool.zone.clone(),
         image: pool.image.clone(),
         instance_profile: pool.instance_profile.clone(),
+        fallback_zones: pool.fallback_zones.clone(),
+        public_ip: pool.public_ip,
         approval: o.spec.approval,
         ..Default::default()
     };
