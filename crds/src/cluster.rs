@@ -116,6 +116,12 @@ pub struct ServerPool {
     /// Zone of the pool's servers. Empty: the workspace default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub zone: String,
+    /// Zones the pool's servers are spread over, in order: member `i` is in `zones[i % n]`
+    /// (three zones, three replicas: one per zone). Instead of `zone` (not both). A member's
+    /// fallback zones are the pool's `fallbackZones` other than its own zone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "pool_zones")]
+    pub zones: Vec<String>,
     /// Image of the pool's servers. Empty: the workspace default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image: String,

@@ -162,6 +162,20 @@ pub fn fallback_zones(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// Schema of a pool's `zones`: at most 16 zone names, in the order members are spread
+/// (atomic: the order is the content).
+pub fn pool_zones(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_ZONE_SUBNETS,
+        "items": {
+            "type": "string",
+            "maxLength": 63,
+            "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+        }
+    })
+}
+
 /// Schema of a list of DNS-1123 labels.
 pub fn dns1123_label_list(_: &mut SchemaGenerator) -> Schema {
     json_schema!({

@@ -195,6 +195,8 @@ mod tests {
             ("Cluster.spec.pools", "map[\"name\"]"),
             // Tried in order: the order is the content.
             ("Cluster.spec.pools[].fallbackZones", "atomic"),
+            // Members are spread in this order: the order is the content.
+            ("Cluster.spec.pools[].zones", "atomic"),
             ("Cluster.spec.taskservs", "map[\"service\"]"),
             // configFrom merges in order: the order is the content.
             ("Cluster.spec.taskservs[].configFrom", "atomic"),

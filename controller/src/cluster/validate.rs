@@ -53,6 +53,18 @@ pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec
         }
     }
     for p in &spec.pools {
+        if !p.zones.is_empty() && !p.zone.is_empty() {
+            return Err(invalid(
+                "InvalidPool",
+                format!("pool {:?}: set zone or zones (the zones its members are spread over), not both", p.name),
+            ));
+        }
+        let mut seen_zones = BTreeSet::new();
+        if let Some(twice) = p.zones.iter().find(|z| !seen_zones.insert(z.as_str())) {
+            return Err(invalid("InvalidPool", format!("pool {:?}: zones lists {twice:?} twice", p.name)));
+        }
+    }
+    for p in &spec.pools {
         let Some(r) = &p.rollout else { continue };
         if r.max_unavailable == 0 && r.max_surge == 0 {
             return Err(invalid(
