@@ -204,7 +204,8 @@ async fn three_subnets(ec2: &provisioning_providers::aws::AwsProvider) -> anyhow
 /// Live instances and managed security groups of account `zones` at moto.
 async fn leftovers(ec2: &provisioning_providers::aws::AwsProvider) -> anyhow::Result<(usize, usize)> {
     let live = ec2.list_servers(&[]).await?.len();
-    let params = [("Filter.1.Name".to_string(), "group-name".to_string()), ("Filter.1.Value.1".to_string(), "provisioning-zones".to_string())];
+    let params =
+        [("Filter.1.Name".to_string(), "group-name".to_string()), ("Filter.1.Value.1".to_string(), "provisioning-zones".to_string())];
     let xml = ec2.client().call("DescribeSecurityGroups", &params).await?;
     Ok((live, usize::from(xml.contains("<groupName>provisioning-zones</groupName>"))))
 }

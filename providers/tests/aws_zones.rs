@@ -103,7 +103,8 @@ async fn describe(ec2: &AwsProvider, id: &ProviderId) -> Result<String, Box<dyn 
 /// Live instances and security groups named as the account's managed group, at moto.
 async fn leftovers(ec2: &AwsProvider) -> Result<(usize, usize), Box<dyn std::error::Error>> {
     let live = ec2.list_servers(&[]).await?.into_iter().filter(|o| o.state != MachineState::Terminated).count();
-    let params = [("Filter.1.Name".to_string(), "group-name".to_string()), ("Filter.1.Value.1".to_string(), format!("provisioning-{ACCOUNT}"))];
+    let params =
+        [("Filter.1.Name".to_string(), "group-name".to_string()), ("Filter.1.Value.1".to_string(), format!("provisioning-{ACCOUNT}"))];
     let xml = ec2.client().call("DescribeSecurityGroups", &params).await?;
     let mut groups = all(&xml, "groupId");
     groups.sort();
@@ -183,7 +184,10 @@ async fn subnets_of_two_vpcs_or_in_another_zone_are_refused_before_anything_is_m
     let swapped: BTreeMap<String, String> = [(ZONES[0].to_string(), two[ZONES[1]].clone())].into();
     let provider = AwsProvider::new(&config(&proxy.endpoint, &swapped))?;
     let err = provider.ensure_server(&request("swapped", ZONES[0], None)).await.err().ok_or("a subnet in another zone was accepted")?;
-    assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("listed for zone eu-north-1a") && m.contains("eu-north-1b")), "{err:?}");
+    assert!(
+        matches!(&err, ProviderError::InvalidRequest(m) if m.contains("listed for zone eu-north-1a") && m.contains("eu-north-1b")),
+        "{err:?}"
+    );
 
     // A subnet that does not exist.
     let missing: BTreeMap<String, String> = [(ZONES[0].to_string(), "subnet-0123456789abcdef0".to_string())].into();

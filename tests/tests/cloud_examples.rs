@@ -198,10 +198,17 @@ fn aws_example(how: Teardown) -> Result<()> {
         .as_array()
         .context("items")?
         .iter()
-        .map(|s| (s["metadata"]["name"].as_str().unwrap_or_default().to_string(), s["status"]["zone"].as_str().unwrap_or_default().to_string()))
+        .map(|s| {
+            (s["metadata"]["name"].as_str().unwrap_or_default().to_string(), s["status"]["zone"].as_str().unwrap_or_default().to_string())
+        })
         .collect();
     zones.sort();
-    let want = [("k8s-control-plane-0", "eu-north-1a"), ("k8s-workers-0", "eu-north-1a"), ("k8s-workers-1", "eu-north-1b"), ("k8s-workers-2", "eu-north-1c")];
+    let want = [
+        ("k8s-control-plane-0", "eu-north-1a"),
+        ("k8s-workers-0", "eu-north-1a"),
+        ("k8s-workers-1", "eu-north-1b"),
+        ("k8s-workers-2", "eu-north-1c"),
+    ];
     ensure!(zones.iter().map(|(n, z)| (n.as_str(), z.as_str())).eq(want), "members spread over the zones: {zones:?}");
     let live = moto.live_instances(AWS_REGION)?;
     let at_moto: BTreeSet<String> = live.iter().map(|o| o.provider_id.0.clone()).collect();

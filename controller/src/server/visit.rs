@@ -213,7 +213,7 @@ impl<'a> Visit<'a> {
                     && let Some((zone, allowed)) = &self.zone_asked
                 {
                     // The next create tries the next allowed zone (validate::placement).
-                    let round = super::validate::tried_zones(server).and_then(|_| status.zone_fallback.as_ref());
+                    let round = super::validate::tried_zones(server).and(status.zone_fallback.as_ref());
                     status.zone_fallback = Some(status::no_capacity_in(round, zone, allowed, self.now));
                 }
                 self.warn(error.category(), "Provision", message);

@@ -1032,7 +1032,10 @@ mod tests {
         assert!(subnet_for("a", &three, "").is_err(), "no zone and no subnetId: refused");
         // subnetId: the default when the map is empty, and for no zone.
         assert_eq!(subnet_for("a", &network(&[], "subnet-0d"), "eu-west-1a").ok().flatten().as_deref(), Some("subnet-0d"));
-        assert_eq!(subnet_for("a", &network(&[("eu-north-1a", "subnet-0a")], "subnet-0d"), "").ok().flatten().as_deref(), Some("subnet-0d"));
+        assert_eq!(
+            subnet_for("a", &network(&[("eu-north-1a", "subnet-0a")], "subnet-0d"), "").ok().flatten().as_deref(),
+            Some("subnet-0d")
+        );
         assert_eq!(subnet_for("a", &network(&[], ""), "eu-north-1a").ok().flatten(), None);
         // Shapes and bounds.
         for (bad, field) in [
@@ -1051,17 +1054,26 @@ mod tests {
 
     #[test]
     fn subnets_must_exist_sit_in_their_zone_and_share_one_vpc() {
-        let subnet = |id: &str, vpc: &str, zone: &str| model::Subnet {
-            subnet_id: id.into(),
-            vpc_id: vpc.into(),
-            availability_zone: zone.into(),
-        };
+        let subnet =
+            |id: &str, vpc: &str, zone: &str| model::Subnet { subnet_id: id.into(), vpc_id: vpc.into(), availability_zone: zone.into() };
         let wanted = configured_subnets(&network(&[("eu-north-1a", "subnet-0a"), ("eu-north-1b", "subnet-0b")], "subnet-0d"));
-        let good = [subnet("subnet-0a", "vpc-01", "eu-north-1a"), subnet("subnet-0b", "vpc-01", "eu-north-1b"), subnet("subnet-0d", "vpc-01", "eu-north-1c")];
+        let good = [
+            subnet("subnet-0a", "vpc-01", "eu-north-1a"),
+            subnet("subnet-0b", "vpc-01", "eu-north-1b"),
+            subnet("subnet-0d", "vpc-01", "eu-north-1c"),
+        ];
         assert_eq!(check_subnets("a", &wanted, &good).ok().as_deref(), Some("vpc-01"));
-        let two_vpcs = [subnet("subnet-0a", "vpc-01", "eu-north-1a"), subnet("subnet-0b", "vpc-02", "eu-north-1b"), subnet("subnet-0d", "vpc-01", "x")];
+        let two_vpcs = [
+            subnet("subnet-0a", "vpc-01", "eu-north-1a"),
+            subnet("subnet-0b", "vpc-02", "eu-north-1b"),
+            subnet("subnet-0d", "vpc-01", "x"),
+        ];
         assert!(check_subnets("a", &wanted, &two_vpcs).is_err_and(|e| e.to_string().contains("more than one VPC")));
-        let wrong_zone = [subnet("subnet-0a", "vpc-01", "eu-north-1b"), subnet("subnet-0b", "vpc-01", "eu-north-1b"), subnet("subnet-0d", "vpc-01", "x")];
+        let wrong_zone = [
+            subnet("subnet-0a", "vpc-01", "eu-north-1b"),
+            subnet("subnet-0b", "vpc-01", "eu-north-1b"),
+            subnet("subnet-0d", "vpc-01", "x"),
+        ];
         assert!(check_subnets("a", &wanted, &wrong_zone).is_err_and(|e| e.to_string().contains("listed for zone eu-north-1a")));
         assert!(check_subnets("a", &wanted, &good[..2]).is_err_and(|e| e.to_string().contains("subnet-0d")));
     }
