@@ -91,6 +91,12 @@ fn plan_refuses_what_admission_or_the_controller_would_refuse() -> anyhow::Resul
                 .to_string(),
             "zoneSubnets",
         ),
+        (
+            "zoneSubnets on an upcloud account",
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: zones-upcloud}\nspec:\n  providers: [{name: up, type: upcloud, zoneSubnets: {fi-hel1: subnet-0a1a1a1a}}]\n"
+                .to_string(),
+            "only aws accounts map zones to subnets",
+        ),
     ];
     for (what, manifest, reason) in &cases {
         let out = plan(&dev, dir.path(), &what.replace(' ', "-"), manifest)?;

@@ -160,6 +160,9 @@ impl ProviderType {
 /// A provider account.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.zoneSubnets) || self.type == 'aws'", "message": "zoneSubnets: only aws accounts map zones to subnets"}
+]))]
 pub struct ProviderAccount {
     /// Name resources use in `spec.provider`.
     #[schemars(schema_with = "dns1123_label")]
