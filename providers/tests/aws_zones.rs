@@ -4,7 +4,8 @@
 //! subnets of two VPCs (or a subnet listed under another zone) are refused before any
 //! security group or machine is made; `publicIp` false leaves the machine without a public
 //! address and true gives it one (moto gives none by default, so the pair shows the switch is
-//! sent); after the deletes nothing the provider made is left (instances, security groups).
+//! sent); `subnetId` alone still places every machine; after the deletes nothing the
+//! provider made is left (instances, security groups).
 
 mod support;
 
@@ -220,6 +221,22 @@ async fn public_ip_false_gives_no_public_address_and_true_gives_one() -> TestRes
 
     delete_until_gone(&provider, &private.provider_id, "private").await?;
     delete_until_gone(&provider, &public.provider_id, "public").await?;
+    assert_eq!(leftovers(&admin).await?, (0, 0));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subnet_id_alone_still_places_every_machine() -> TestResult {
+    let moto = Moto::start();
+    let admin = AwsProvider::new(&config(&moto.endpoint, &BTreeMap::new()))?;
+    let (vpc, subnets) = make_network(&admin, "10.60", &ZONES[1..2]).await?;
+    let mut cfg = config(&moto.endpoint, &BTreeMap::new());
+    cfg.network.subnet_id = subnets[ZONES[1]].clone();
+    let provider = AwsProvider::new(&cfg)?;
+    let obs = provider.ensure_server(&request("plain", "", None)).await?;
+    let xml = describe(&admin, &obs.provider_id).await?;
+    assert_eq!((first(&xml, "subnetId")?, first(&xml, "vpcId")?), (subnets[ZONES[1]].clone(), vpc), "{xml}");
+    delete_until_gone(&provider, &obs.provider_id, "plain").await?;
     assert_eq!(leftovers(&admin).await?, (0, 0));
     Ok(())
 }
