@@ -694,9 +694,10 @@ pub fn subnet_for(account: &str, network: &NetworkSettings, zone: &str) -> Provi
         return Ok(Some(network.subnet_id.clone()));
     }
     let zones: Vec<&str> = network.zone_subnets.keys().map(String::as_str).collect();
-    let asked = if zone.is_empty() { "no zone".to_string() } else { format!("zone {zone:?}") };
+    let asked = if zone.is_empty() { "a machine without a zone".to_string() } else { format!("zone {zone:?}") };
     Err(ProviderError::InvalidRequest(format!(
-        "{asked} has no subnet in provider account {account:?}: spec.providers[].zoneSubnets lists {};          set the Server's zone (or the pool's) to one of them, or add the zone to zoneSubnets",
+        "{asked} has no subnet in provider account {account:?}: spec.providers[].zoneSubnets lists {}; set the \
+         Server's zone (or the pool's) to one of them, or add the zone to zoneSubnets (or set subnetId)",
         zones.join(", ")
     )))
 }
