@@ -97,6 +97,11 @@ fn plan_refuses_what_admission_or_the_controller_would_refuse() -> anyhow::Resul
                 .to_string(),
             "only aws accounts map zones to subnets",
         ),
+        (
+            "a pool with zone and zones",
+            format!("apiVersion: provisioning.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: spread, namespace: {NS}}}\nspec:\n  pools: [{{name: w, replicas: 3, zone: eu-north-1a, zones: [eu-north-1a, eu-north-1b]}}]\n  taskservs: []\n"),
+            "set zone or zones",
+        ),
     ];
     for (what, manifest, reason) in &cases {
         let out = plan(&dev, dir.path(), &what.replace(' ', "-"), manifest)?;

@@ -103,6 +103,10 @@ fn default_parallel_limit() -> u32 {
 /// A pool of identical servers.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.zones) || size(self.zones) == 0 || !has(self.zone) || self.zone == ''",
+     "message": "set zone or zones (the zones the pool's members are spread over), not both"}
+]))]
 pub struct ServerPool {
     /// Pool name; servers are named `<cluster>-<pool>-<index>`.
     #[schemars(schema_with = "dns1123_label")]
