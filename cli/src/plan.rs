@@ -461,10 +461,12 @@ fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], 
     );
     let provider = provisioning_providers::build_provider(&config)
         .map_err(|e| anyhow::anyhow!("provider account {:?} of {resource}: {e}", account.name))?;
-    let valid = match validate::validate(&server.spec, &ws, account, |p| provider.resolve_plan(p).map_err(|e| e.to_string())) {
+    let mut valid = match validate::validate(&server.spec, &ws, account, |p| provider.resolve_plan(p).map_err(|e| e.to_string())) {
         Ok(v) => v,
         Err(invalid) => return refused(format!("{}: {}", invalid.reason, invalid.message)),
     };
+    // As the reconcile places it (a machine in a fallback zone stays there).
+    valid.zone = validate::placement(&valid, server);
     let planned = plan::spec_plan(
         server,
         &valid,

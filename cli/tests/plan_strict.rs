@@ -12,7 +12,7 @@ use provisioning_e2e::Dev;
 
 const NS: &str = "plan-strict";
 
-const WORKSPACE: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: plan-strict}\n---\napiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: plan-strict}\nspec:\n  defaults: {provider: sim}\n  providers: [{name: sim, type: simulated}]\n";
+const WORKSPACE: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: plan-strict}\n---\napiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: plan-strict}\nspec:\n  defaults: {provider: sim}\n  providers: [{name: sim, type: simulated}, {name: aws, type: aws, region: eu-north-1, zoneSubnets: {eu-north-1a: subnet-0a1a1a1a1a1a1a1a1, eu-north-1b: subnet-0b1b1b1b1b1b1b1b1}}]\n";
 
 fn plan(dev: &Dev, dir: &Path, name: &str, manifest: &str) -> anyhow::Result<Output> {
     let path = dir.join(format!("{name}.yaml"));
@@ -80,6 +80,28 @@ fn plan_refuses_what_admission_or_the_controller_would_refuse() -> anyhow::Resul
             taskserv("{service: redis, config: {port: 99999}, servers: {names: [web]}}"),
             "InvalidConfig",
         ),
+        // Networks per zone (issue 28): the same checks as the controller's, before any call.
+        ("zone outside zoneSubnets", server("{provider: aws, zone: eu-west-1a}"), "spec.providers[].zoneSubnets"),
+        ("fallback zone outside zoneSubnets", server("{provider: aws, zone: eu-north-1a, fallbackZones: [eu-north-1c]}"), "InvalidZone"),
+        ("fallback zones without a zone", server("{fallbackZones: [eu-north-1b]}"), "InvalidFallbackZones"),
+        ("publicIp on a simulated account", server("{publicIp: false}"), "PublicIpUnsupported"),
+        (
+            "zoneSubnets of another shape",
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: zones-bad}\nspec:\n  providers: [{name: aws, type: aws, zoneSubnets: {eu-north-1a: sg-0a1a1a1a}}]\n"
+                .to_string(),
+            "zoneSubnets",
+        ),
+        (
+            "zoneSubnets on an upcloud account",
+            "apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {name: zones-upcloud}\nspec:\n  providers: [{name: up, type: upcloud, zoneSubnets: {fi-hel1: subnet-0a1a1a1a}}]\n"
+                .to_string(),
+            "only aws accounts map zones to subnets",
+        ),
+        (
+            "a pool with zone and zones",
+            format!("apiVersion: provisioning.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: spread, namespace: {NS}}}\nspec:\n  pools: [{{name: w, replicas: 3, zone: eu-north-1a, zones: [eu-north-1a, eu-north-1b]}}]\n  taskservs: []\n"),
+            "set zone or zones",
+        ),
     ];
     for (what, manifest, reason) in &cases {
         let out = plan(&dev, dir.path(), &what.replace(' ', "-"), manifest)?;
@@ -90,9 +112,16 @@ fn plan_refuses_what_admission_or_the_controller_would_refuse() -> anyhow::Resul
     }
     // The same objects, written right: accepted (exit 2: they would be created).
     let good = format!("{}---\n{}", server("{plan: small}"), taskserv("{service: redis, config: {port: 6380}, servers: {names: [web]}}"));
+    let zoned =
+        server("{provider: aws, zone: eu-north-1a, fallbackZones: [eu-north-1b], publicIp: false}").replace("name: web", "name: zoned");
+    let good = format!("{good}---\n{zoned}");
     let out = plan(&dev, dir.path(), "good", &good)?;
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("refused"), "{}", text(&out));
+    // The plan shows where the machine goes: its zone's subnet, no public address, the fallback.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let part = "in eu-north-1a (subnet subnet-0a1a1a1a1a1a1a1a1, no public IP, then eu-north-1b when out of capacity)";
+    assert!(stdout.contains(part), "{part}: {}", text(&out));
     // The same at v1beta1 (the same schema, docs/upgrade.md): planned alike, not passed
     // through unplanned; and refused alike.
     let beta = |m: &str| m.replace("provisioning.dev/v1alpha1", "provisioning.dev/v1beta1");

@@ -65,7 +65,10 @@ fn main() -> anyhow::Result<()> {
         plan: "medium".into(),
         resolved_plan: local.resolve_plan("medium")?,
         zone: String::new(),
+        spec_zone: String::new(),
         image: "debian-12".into(),
+        fallback_zones: Vec::new(),
+        public_ip: None,
     };
     let server_plans = |members: &[(provisioning_crds::Server, ServerStatus)]| {
         members

@@ -148,6 +148,7 @@ pub fn default_workspace() -> WorkspaceSpec {
             ssh: None,
             security_group_ids: Vec::new(),
             subnet_id: String::new(),
+            zone_subnets: Default::default(),
             ssh_source_cidrs: Vec::new(),
             firewall_rules: Vec::new(),
         }],

@@ -283,6 +283,49 @@ fn a_pools_instance_profile_reaches_its_servers() {
 }
 
 #[test]
+fn a_pool_spread_over_zones_puts_one_member_in_each_and_falls_back_to_the_others() {
+    let yaml = ETCD.replace(
+        "plan: small, labels: {tier: data}}",
+        "plan: small, zones: [eu-north-1a, eu-north-1b, eu-north-1c], fallbackZones: [eu-north-1b, eu-north-1c, eu-north-1a], publicIp: false, labels: {tier: data}}",
+    );
+    let plan = World::new(&yaml).plan();
+    let placed: Vec<(String, String, Vec<String>, Option<bool>)> = plan
+        .apply_servers
+        .iter()
+        .map(|s| (s.metadata.name.clone().unwrap_or_default(), s.spec.zone.clone(), s.spec.fallback_zones.clone(), s.spec.public_ip))
+        .collect();
+    let z = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        placed,
+        [
+            ("etcd-members-0".into(), "eu-north-1a".into(), z(&["eu-north-1b", "eu-north-1c"]), Some(false)),
+            ("etcd-members-1".into(), "eu-north-1b".into(), z(&["eu-north-1c", "eu-north-1a"]), Some(false)),
+            ("etcd-members-2".into(), "eu-north-1c".into(), z(&["eu-north-1b", "eu-north-1a"]), Some(false)),
+        ]
+    );
+    // zone and zones together, or a zone twice: refused.
+    let both = ETCD.replace("plan: small,", "plan: small, zone: eu-north-1a, zones: [eu-north-1b],");
+    let refused = validate::validate("etcd", &cluster(&both).spec, &catalog()).expect_err("zone and zones");
+    assert!(refused.reason == "InvalidPool" && refused.message.contains("zones"), "{refused:?}");
+    let twice = ETCD.replace("plan: small,", "plan: small, zones: [eu-north-1a, eu-north-1a],");
+    assert_eq!(validate::validate("etcd", &cluster(&twice).spec, &catalog()).map_err(|e| e.reason), Err("InvalidPool"));
+}
+
+#[test]
+fn a_converged_spread_pool_with_max_surge_is_not_rolling() {
+    // Each member is compared with its own zone's spec: none differs, so no surge Server.
+    let yaml = ETCD.replace(
+        "labels: {tier: data}}]",
+        "zones: [eu-north-1a, eu-north-1b, eu-north-1c], labels: {tier: data}, rollout: {maxUnavailable: 0, maxSurge: 1}}]",
+    );
+    let mut w = World::new(&yaml);
+    w.converge();
+    let p = w.plan();
+    assert!(World::applied(&p).is_empty(), "{:?}", World::applied(&p));
+    assert!(!p.apply_servers.iter().any(|s| s.metadata.name.as_deref().is_some_and(|n| n.contains("surge"))));
+}
+
+#[test]
 fn taskservs_follow_their_servers_with_the_right_spec() {
     let (_, second) = World::with_servers_up(ETCD);
     assert_eq!(step(&second.status, "servers/members").state, "Succeeded");

@@ -120,6 +120,7 @@ fn machine_request(uid: &str, namespace: &str, name: &str, plan: &str, adoptable
             Default::default()
         },
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     }
 }

@@ -43,6 +43,7 @@ async fn a_container_created_but_never_started_is_finished_not_duplicated() -> a
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     };
     local.create_unstarted(&request).await?;

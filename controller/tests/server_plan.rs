@@ -29,7 +29,10 @@ fn valid(server: &Server, provider: &dyn Provider) -> ValidServer {
         resolved_plan: provider.resolve_plan(&plan).expect("plan resolves"),
         plan,
         zone: server.spec.zone.clone(),
+        spec_zone: server.spec.zone.clone(),
         image: if server.spec.image.is_empty() { "debian-12".into() } else { server.spec.image.clone() },
+        fallback_zones: server.spec.fallback_zones.clone(),
+        public_ip: server.spec.public_ip,
     }
 }
 

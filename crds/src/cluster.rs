@@ -103,6 +103,10 @@ fn default_parallel_limit() -> u32 {
 /// A pool of identical servers.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.zones) || size(self.zones) == 0 || !has(self.zone) || self.zone == ''",
+     "message": "set zone or zones (the zones the pool's members are spread over), not both"}
+]))]
 pub struct ServerPool {
     /// Pool name; servers are named `<cluster>-<pool>-<index>`.
     #[schemars(schema_with = "dns1123_label")]
@@ -116,6 +120,12 @@ pub struct ServerPool {
     /// Zone of the pool's servers. Empty: the workspace default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub zone: String,
+    /// Zones the pool's servers are spread over, in order: member `i` is in `zones[i % n]`
+    /// (three zones, three replicas: one per zone). Instead of `zone` (not both). A member's
+    /// fallback zones are the pool's `fallbackZones` other than its own zone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "pool_zones")]
+    pub zones: Vec<String>,
     /// Image of the pool's servers. Empty: the workspace default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image: String,
@@ -125,6 +135,15 @@ pub struct ServerPool {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(schema_with = "optional_instance_profile")]
     pub instance_profile: String,
+    /// Zones tried, in order, when `zone` has no capacity for a member (see Server
+    /// `fallbackZones`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "fallback_zones")]
+    pub fallback_zones: Vec<String>,
+    /// Whether the pool's servers get a public IPv4 address (see Server `publicIp`). Unset:
+    /// the provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<bool>,
     /// Labels put on the pool's Servers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,

@@ -130,6 +130,52 @@ pub fn optional_instance_profile(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// Most zones an aws account maps to subnets (`zoneSubnets`).
+pub const MAX_ZONE_SUBNETS: usize = 16;
+/// Most fallback zones of a Server or pool (`fallbackZones`).
+pub const MAX_FALLBACK_ZONES: usize = 8;
+
+/// Schema of an account's `zoneSubnets`: zone name → `subnet-` and 8 or 17 hex digits.
+pub fn zone_subnets(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": MAX_ZONE_SUBNETS,
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": 24,
+            "pattern": "^subnet-([0-9a-f]{8}|[0-9a-f]{17})$"
+        }
+    })
+}
+
+/// Schema of `fallbackZones`: zone names, in the order they are tried (atomic: the order is
+/// the content).
+pub fn fallback_zones(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_FALLBACK_ZONES,
+        "items": {
+            "type": "string",
+            "maxLength": 63,
+            "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+        }
+    })
+}
+
+/// Schema of a pool's `zones`: at most 16 zone names, in the order members are spread
+/// (atomic: the order is the content).
+pub fn pool_zones(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_ZONE_SUBNETS,
+        "items": {
+            "type": "string",
+            "maxLength": 63,
+            "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+        }
+    })
+}
+
 /// Schema of a list of DNS-1123 labels.
 pub fn dns1123_label_list(_: &mut SchemaGenerator) -> Schema {
     json_schema!({

@@ -230,6 +230,10 @@ mod tests {
             ("ChangeRecord.status.conditions", "map[\"type\"]"),
             ("Cluster.spec.dependsOn", "set"),
             ("Cluster.spec.pools", "map[\"name\"]"),
+            // Tried in order: the order is the content.
+            ("Cluster.spec.pools[].fallbackZones", "atomic"),
+            // Members are spread in this order: the order is the content.
+            ("Cluster.spec.pools[].zones", "atomic"),
             ("Cluster.spec.taskservs", "map[\"service\"]"),
             // configFrom merges in order: the order is the content.
             ("Cluster.spec.taskservs[].configFrom", "atomic"),
@@ -241,10 +245,13 @@ mod tests {
             ("Cluster.status.steps", "map[\"id\"]"),
             ("Cluster.status.taskservs", "map[\"service\"]"),
             // Addresses may repeat a type (two InternalIPs), as on a Node: atomic.
+            ("Server.spec.fallbackZones", "atomic"),
             ("Server.status.addresses", "atomic"),
             ("Server.status.conditions", "map[\"type\"]"),
             // A plan's changes are listed in the order they are carried out.
             ("Server.status.plan.changes", "atomic"),
+            // The order tried is the content.
+            ("Server.status.zoneFallback.tried", "atomic"),
             ("TaskServ.spec.configFrom", "atomic"),
             ("TaskServ.spec.dependsOn", "set"),
             ("TaskServ.spec.servers.names", "set"),

@@ -54,6 +54,19 @@ pub struct ServerSpec {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(schema_with = "optional_instance_profile")]
     pub instance_profile: String,
+    /// Zones tried, in order, after `zone` answered a create with insufficient capacity (not
+    /// a quota: those are the account's, in every zone). Needs `zone`; with an aws account's
+    /// `zoneSubnets` each must be listed there. The zone the machine was made in is
+    /// `status.zone`; a machine in any of these zones matches the spec (no replacement).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "fallback_zones")]
+    pub fallback_zones: Vec<String>,
+    /// Whether the machine gets a public IPv4 address (aws: the primary interface's
+    /// `AssociatePublicIpAddress`; upcloud: the public interface). Unset: the provider's
+    /// default (aws: the subnet's auto-assign setting; upcloud: a public interface). Applied
+    /// when the machine is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<bool>,
     /// What deleting the Server does to the machine: Delete it, or Orphan it (leave it running).
     /// Unset: Delete for a machine the Server created, Orphan for an adopted one
     /// (`externalID`), so deleting the Server never destroys a machine it did not make unless
@@ -134,9 +147,16 @@ pub struct ServerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<crate::ServerCost>,
     /// The zone the machine was created in ("" for the account default), recorded at create
-    /// time: a later spec change is planned against it.
+    /// time: a later spec change is planned against it (a machine in one of
+    /// `spec.fallbackZones` matches the spec).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// While no machine exists and creates find no capacity (`InsufficientCapacity`), with
+    /// `spec.fallbackZones`: the zones tried in this round. The next create tries the first
+    /// zone not tried; once all were, the next round starts five minutes after this one.
+    /// Cleared when a machine is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone_fallback: Option<ZoneFallback>,
     /// The image the machine was created from, recorded at create time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -146,4 +166,17 @@ pub struct ServerStatus {
     /// The id of the plan carried out last (an approval naming it is not stale, only used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_applied_plan: Option<String>,
+}
+
+/// The zones a Server's creates found without capacity in one round (see
+/// [`ServerStatus::zone_fallback`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ZoneFallback {
+    /// Zones tried without capacity, in the order tried (the zone, then fallback zones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 9))]
+    pub tried: Vec<String>,
+    /// When the round's first create found no capacity.
+    pub since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }

@@ -160,6 +160,9 @@ impl ProviderType {
 /// A provider account.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.zoneSubnets) || self.type == 'aws'", "message": "zoneSubnets: only aws accounts map zones to subnets"}
+]))]
 pub struct ProviderAccount {
     /// Name resources use in `spec.provider`.
     #[schemars(schema_with = "dns1123_label")]
@@ -209,6 +212,14 @@ pub struct ProviderAccount {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 64))]
     pub subnet_id: String,
+    /// aws: the subnet of each availability zone (`eu-north-1a: subnet-…`), at most 16, all in
+    /// one VPC (checked with DescribeSubnets before the first machine is made, like each
+    /// subnet's zone). A Server or pool whose zone is listed starts in that zone's subnet; a
+    /// zone not listed is refused before anything is created (`InvalidZone`). Empty: every
+    /// machine starts in `subnetId` (or the region's default subnet).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(schema_with = "zone_subnets")]
+    pub zone_subnets: std::collections::BTreeMap<String, String>,
     /// Source networks (CIDR, e.g. the controller's egress address `203.0.113.7/32`) allowed
     /// to reach SSH (22/tcp): in the aws managed group, and as the first upcloud firewall
     /// rules when `firewallRules` is set. Required there: empty stalls Servers

@@ -78,6 +78,7 @@ fn request(namespace: &str, i: usize) -> ServerRequest {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     }
 }

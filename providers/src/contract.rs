@@ -90,6 +90,7 @@ async fn create_once(provider: &dyn Provider, opts: &ContractOptions) -> Result<
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     };
     check(provider.find_server(&identity).await.map_err(|e| fail("find_server", e))?.is_none(), "no machine before create")?;

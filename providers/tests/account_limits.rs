@@ -177,6 +177,7 @@ async fn a_long_retry_after_goes_back_to_the_caller_without_further_calls() -> T
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     };
     // Neither the create nor a later call sleeps through 120 s: both return `Throttled` with

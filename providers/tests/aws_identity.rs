@@ -49,6 +49,7 @@ fn request(uid: &str, instance_profile: &str) -> ServerRequest {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: instance_profile.into(),
+        public_ip: None,
         host_key: None,
     }
 }

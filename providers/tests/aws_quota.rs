@@ -7,126 +7,18 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use provisioning_providers::aws::AwsProvider;
 use provisioning_providers::{
     CapacityKind, Credentials, DeleteOutcome, NetworkSettings, Provider, ProviderConfig, ProviderError, ProviderId, ServerIdentity,
     ServerRequest,
 };
+use support::ec2_proxy::{Ec2Proxy as Proxy, error_doc};
 use support::moto::Moto;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const MOTO_AMI: &str = "ami-1e749f67";
 const GROUP: &str = "provisioning-quota";
-
-/// Answers of the proxy: action → (times left, HTTP status, body); everything else goes to moto.
-#[derive(Default)]
-struct Script {
-    answers: HashMap<String, (u32, u16, String)>,
-    seen: HashMap<String, u32>,
-}
-
-/// A proxy in front of moto that answers the scripted actions itself.
-struct Proxy {
-    endpoint: String,
-    script: Arc<Mutex<Script>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn error_doc(code: &str, message: &str) -> String {
-    format!(
-        "<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors><RequestID>quota</RequestID></Response>"
-    )
-}
-
-impl Proxy {
-    async fn start(upstream: &str) -> Result<Proxy, Box<dyn std::error::Error>> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let endpoint = format!("http://{}/", listener.local_addr()?);
-        let script = Arc::new(Mutex::new(Script::default()));
-        let upstream = upstream.trim_end_matches('/').to_string();
-        let shared = script.clone();
-        let task = tokio::spawn(async move {
-            let client = reqwest::Client::new();
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let (script, upstream, client) = (shared.clone(), upstream.clone(), client.clone());
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: Request<Incoming>| {
-                        let (script, upstream, client) = (script.clone(), upstream.clone(), client.clone());
-                        async move { handle(req, &script, &upstream, &client).await }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-        });
-        Ok(Proxy { endpoint, script, task })
-    }
-
-    fn answer(&self, action: &str, times: u32, status: u16, body: String) {
-        if let Ok(mut s) = self.script.lock() {
-            s.answers.insert(action.to_string(), (times, status, body));
-        }
-    }
-
-    fn seen(&self, action: &str) -> u32 {
-        self.script.lock().map(|s| s.seen.get(action).copied().unwrap_or(0)).unwrap_or(0)
-    }
-}
-
-async fn handle(
-    req: Request<Incoming>,
-    script: &Mutex<Script>,
-    upstream: &str,
-    client: &reqwest::Client,
-) -> Result<Response<Full<Bytes>>, std::io::Error> {
-    let (parts, body) = req.into_parts();
-    let body = body.collect().await.map_err(std::io::Error::other)?.to_bytes();
-    let action = form_urlencoded::parse(&body).find(|(k, _)| k == "Action").map(|(_, v)| v.to_string()).unwrap_or_default();
-    let scripted = {
-        let mut s = script.lock().map_err(|_| std::io::Error::other("poisoned"))?;
-        *s.seen.entry(action.clone()).or_default() += 1;
-        match s.answers.get_mut(&action) {
-            Some((left, status, body)) if *left > 0 => {
-                *left -= 1;
-                Some((*status, body.clone()))
-            }
-            _ => None,
-        }
-    };
-    if let Some((status, body)) = scripted {
-        return Response::builder()
-            .status(status)
-            .header("content-type", "text/xml")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(std::io::Error::other);
-    }
-    let mut forward = client.post(format!("{upstream}{}", parts.uri.path())).body(body.to_vec());
-    for (name, value) in &parts.headers {
-        if name != "content-length" {
-            forward = forward.header(name, value);
-        }
-    }
-    let answer = forward.send().await.map_err(std::io::Error::other)?;
-    let status = answer.status().as_u16();
-    let bytes = answer.bytes().await.map_err(std::io::Error::other)?;
-    Response::builder().status(status).header("content-type", "text/xml").body(Full::new(bytes)).map_err(std::io::Error::other)
-}
 
 fn config(endpoint: &str, ssh_sources: &[&str]) -> ProviderConfig {
     ProviderConfig {
@@ -157,6 +49,7 @@ fn request(uid: &str, plan: &str, zone: &str) -> ServerRequest {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     }
 }

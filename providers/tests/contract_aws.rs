@@ -77,6 +77,7 @@ async fn running_machine(provider: &SharedProvider, uid: &str) -> provisioning_p
         ssh_public_key: Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA3f0Y9v7tXb1cQm5r8HkS3y0x3oQeU1dN6q7YV1b2c3 test".into()),
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     };
     let created = provider.ensure_server(&request).await.expect("ensure");
@@ -230,6 +231,7 @@ async fn instances_require_imdsv2_and_join_a_minimal_managed_group() {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: Some(provisioning_providers::HostKey { private, public: public.clone() }),
     };
     let keyed = shared.ensure_server(&keyed).await.expect("create with a host key");

@@ -142,6 +142,7 @@ impl Fixture {
             ssh_public_key: None,
             extra_tags: BTreeMap::new(),
             instance_profile: String::new(),
+            public_ip: None,
             host_key: None,
         }
     }

@@ -18,6 +18,7 @@ fn request(uid: &str) -> ServerRequest {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     }
 }

@@ -108,6 +108,7 @@ async fn the_double_validates_requests_like_upcloud() {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     };
     let err = provider.ensure_server(&request).await.expect_err("unknown zone");
@@ -153,6 +154,7 @@ async fn firewall_rules_are_attached_to_new_servers() {
         ssh_public_key: None,
         extra_tags: Default::default(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: None,
     };
     let created = provider.ensure_server(&request).await.expect("create");
@@ -190,4 +192,30 @@ async fn firewall_rules_are_attached_to_new_servers() {
     bad.network.firewall_rules[0].source = "10.0.0.0/99".into();
     let Err(err) = build_provider(&bad) else { panic!("a malformed rule must be refused") };
     assert!(matches!(&err, ProviderError::InvalidRequest(m) if m.contains("firewallRules[0]")), "{err:?}");
+}
+
+#[tokio::test]
+async fn public_ip_false_creates_a_server_without_a_public_address() {
+    let double = UpcloudDouble::start(DoubleConfig::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider = build_provider(&config(&double.endpoint, dir.path(), "api-password", None)).expect("build");
+    let request = |uid: &str, public_ip: Option<bool>| ServerRequest {
+        identity: ServerIdentity { uid: uid.into(), namespace: "ns".into(), name: uid.into(), cluster: None },
+        plan: "small".into(),
+        zone: String::new(),
+        image: "debian-12".into(),
+        ssh_public_key: None,
+        extra_tags: Default::default(),
+        instance_profile: String::new(),
+        public_ip,
+        host_key: None,
+    };
+    let kinds = |o: &provisioning_providers::ServerObservation| o.addresses.iter().map(|a| a.kind.clone()).collect::<Vec<_>>();
+    let private = provider.ensure_server(&request("no-public", Some(false))).await.expect("create");
+    let observed = provider.observe_server(&private.provider_id).await.expect("observe").expect("exists");
+    assert!(!kinds(&observed).contains(&"ExternalIP".to_string()), "{:?}", observed.addresses);
+    assert!(kinds(&observed).contains(&"InternalIP".to_string()), "the utility address: {:?}", observed.addresses);
+    let default = provider.ensure_server(&request("default", None)).await.expect("create");
+    let observed = provider.observe_server(&default.provider_id).await.expect("observe").expect("exists");
+    assert!(kinds(&observed).contains(&"ExternalIP".to_string()), "unset: a public address as before: {:?}", observed.addresses);
 }

@@ -549,6 +549,7 @@ async fn server_life(double: &UpcloudDouble) -> TestResult {
         ssh_public_key: Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB1T1cTs0m8kEy5m8VSx1TkAvD8KnZ5cm8x0fFJ4dGQf controller".into()),
         extra_tags: BTreeMap::new(),
         instance_profile: String::new(),
+        public_ip: None,
         host_key: Some(HostKey { private, public }),
     };
     let created = provider.ensure_server(&request).await?;

@@ -128,6 +128,63 @@ pub fn moto_live_instances(endpoint: &str, region: &str) -> Result<Vec<provision
     }
 }
 
+/// Makes a VPC and one subnet per zone of `zones` at the moto server `endpoint` in `region`
+/// (what an account's `zoneSubnets` names on a real account): zone → subnet id.
+pub fn moto_subnets(endpoint: &str, region: &str, zones: &[String]) -> Result<std::collections::BTreeMap<String, String>> {
+    let config = provisioning_providers::ProviderConfig {
+        name: "e2e-network".into(),
+        provider_type: "aws".into(),
+        region: region.into(),
+        endpoint: endpoint.to_string(),
+        credentials: provisioning_providers::Credentials(
+            [
+                ("AWS_ACCESS_KEY_ID".to_string(), "AKIAE2EOBSERVER00001".to_string()),
+                ("AWS_SECRET_ACCESS_KEY".to_string(), "e2e-observer".to_string()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    let provider = provisioning_providers::aws::AwsProvider::new(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let call = |action: &str, params: Vec<(String, String)>| {
+        runtime.block_on(provider.client().call(action, &params)).map_err(|e| anyhow::anyhow!("{action} at moto: {e}"))
+    };
+    let first = |xml: &str, tag: &str| -> Result<String> {
+        xml.split(&format!("<{tag}>"))
+            .nth(1)
+            .and_then(|r| r.split_once(&format!("</{tag}>")).map(|(v, _)| v.to_string()))
+            .ok_or_else(|| anyhow::anyhow!("no <{tag}> in moto's answer: {xml}"))
+    };
+    let vpc = first(&call("CreateVpc", vec![("CidrBlock".into(), "10.77.0.0/16".into())])?, "vpcId")?;
+    let mut subnets = std::collections::BTreeMap::new();
+    for (i, zone) in zones.iter().enumerate() {
+        let params = vec![
+            ("VpcId".into(), vpc.clone()),
+            ("CidrBlock".into(), format!("10.77.{}.0/24", i + 1)),
+            ("AvailabilityZone".into(), zone.clone()),
+        ];
+        subnets.insert(zone.clone(), first(&call("CreateSubnet", params)?, "subnetId")?);
+    }
+    Ok(subnets)
+}
+
+/// Points every aws account of `docs` (an example's documents) whose `zoneSubnets` lists zones
+/// at subnets made for those zones at moto (`moto_subnets`); the zones stay the example's.
+pub fn point_zone_subnets_at_moto(docs: &mut [Value], endpoint: &str) -> Result<()> {
+    for ws in docs_of_kind(docs, "Workspace") {
+        let Some(accounts) = ws["spec"]["providers"].as_array_mut() else { continue };
+        for account in accounts {
+            let Some(map) = account.get("zoneSubnets").and_then(Value::as_object) else { continue };
+            let zones: Vec<String> = map.keys().cloned().collect();
+            let region = account["region"].as_str().unwrap_or("us-east-1").to_string();
+            let subnets = moto_subnets(endpoint, &region, &zones)?;
+            account["zoneSubnets"] = serde_json::to_value(subnets)?;
+        }
+    }
+    Ok(())
+}
+
 impl Drop for Moto {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -37,6 +37,7 @@ fn example_copy(
     endpoint: &str,
     images: &[(&str, &str)],
     secret_values: &[(&str, &str)],
+    moto_network: bool,
 ) -> Result<PathBuf> {
     let mut docs = read_yaml_docs(example)?;
     // Realistic as shipped: the account talks to the real cloud, the Secret holds placeholders.
@@ -57,6 +58,10 @@ fn example_copy(
         }
     }
     ensure!(accounts == 1, "{example}: expected one provider account, found {accounts}");
+    if moto_network {
+        // The example's zones, each mapped to a subnet made for it at moto (one VPC).
+        provisioning_e2e::cloud::point_zone_subnets_at_moto(&mut docs, endpoint)?;
+    }
     let mut secrets = 0;
     for secret in docs_of_kind(&mut docs, "Secret") {
         let data = secret["stringData"].as_object_mut().context("Secret stringData")?;
@@ -84,15 +89,15 @@ fn apply_once(dev: &Dev, manifest: &Path) -> Result<()> {
 /// Waits for `ServersReady` on the Cluster `k8s` of `namespace` and checks its Servers: three,
 /// Ready, each with a providerID, plans resolved as the example's pools say. Returns the
 /// providerIDs.
-fn servers_ready(dev: &mut Dev, namespace: &str, plans: (&str, &str)) -> Result<BTreeSet<String>> {
-    dev.wait_until(Duration::from_secs(60), "the Cluster's 3 Servers exist", |d| {
-        Ok(get_json(d, &["srv", "-n", namespace])?["items"].as_array().map_or(0, Vec::len) == 3)
+fn servers_ready(dev: &mut Dev, namespace: &str, plans: (&str, &str), count: usize) -> Result<BTreeSet<String>> {
+    dev.wait_until(Duration::from_secs(60), &format!("the Cluster's {count} Servers exist"), |d| {
+        Ok(get_json(d, &["srv", "-n", namespace])?["items"].as_array().map_or(0, Vec::len) == count)
     })?;
     dev.kubectl_ok(&["wait", "--for=condition=ServersReady", "pcl/k8s", "-n", namespace, "--timeout=300s"])?;
     let cluster = get_json(dev, &["pcl", "k8s", "-n", namespace])?;
     let servers_ready = condition(&cluster, "ServersReady").context("ServersReady")?;
-    ensure!(servers_ready["message"].as_str().is_some_and(|m| m.contains("3/3")), "{servers_ready}");
-    ensure!(cluster["status"]["servers"]["ready"] == 3, "{}", cluster["status"]);
+    ensure!(servers_ready["message"].as_str().is_some_and(|m| m.contains(&format!("{count}/{count}"))), "{servers_ready}");
+    ensure!(cluster["status"]["servers"]["ready"] == count, "{}", cluster["status"]);
     let servers = get_json(dev, &["srv", "-n", namespace])?;
     let mut ids = BTreeSet::new();
     for server in servers["items"].as_array().context("items")? {
@@ -104,7 +109,7 @@ fn servers_ready(dev: &mut Dev, namespace: &str, plans: (&str, &str)) -> Result<
         let want = if name.contains("control-plane") { plans.0 } else { plans.1 };
         ensure!(server["status"]["resolvedPlan"] == want, "Server {name} (pool {pool}): resolvedPlan {}", server["status"]["resolvedPlan"]);
     }
-    ensure!(ids.len() == 3, "three distinct machines: {ids:?}");
+    ensure!(ids.len() == count, "{count} distinct machines: {ids:?}");
     // The Workspace's account check runs in its own reconcile (re-triggered when its Secret
     // appears), so it may finish a moment after the Servers.
     dev.wait_until(Duration::from_secs(60), "the Workspace's provider account is ready", |d| {
@@ -181,11 +186,30 @@ fn aws_example(how: Teardown) -> Result<()> {
         &moto.endpoint,
         &[("debian-12", MOTO_AMI)],
         &[("AWS_ACCESS_KEY_ID", "AKIAE2ETEST000000001"), ("AWS_SECRET_ACCESS_KEY", &secret_key), ("SSH_PRIVATE_KEY", &ssh_key)],
+        true,
     )?;
     let mut dev = Dev::start_allowing_insecure_endpoints(&[])?;
     apply_once(&dev, &manifest)?;
 
-    let ids = servers_ready(&mut dev, "k8s-aws", ("t3.medium", "t3.large"))?;
+    // One control-plane machine and three workers, one per zone.
+    let ids = servers_ready(&mut dev, "k8s-aws", ("t3.medium", "t3.large"), 4)?;
+    let servers = get_json(&dev, &["srv", "-n", "k8s-aws"])?;
+    let mut zones: Vec<(String, String)> = servers["items"]
+        .as_array()
+        .context("items")?
+        .iter()
+        .map(|s| {
+            (s["metadata"]["name"].as_str().unwrap_or_default().to_string(), s["status"]["zone"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    zones.sort();
+    let want = [
+        ("k8s-control-plane-0", "eu-north-1a"),
+        ("k8s-workers-0", "eu-north-1a"),
+        ("k8s-workers-1", "eu-north-1b"),
+        ("k8s-workers-2", "eu-north-1c"),
+    ];
+    ensure!(zones.iter().map(|(n, z)| (n.as_str(), z.as_str())).eq(want), "members spread over the zones: {zones:?}");
     let live = moto.live_instances(AWS_REGION)?;
     let at_moto: BTreeSet<String> = live.iter().map(|o| o.provider_id.0.clone()).collect();
     ensure!(at_moto == ids, "machines at moto {at_moto:?} != providerIDs {ids:?}");
@@ -228,11 +252,12 @@ fn upcloud_example(how: Teardown) -> Result<()> {
         upcloud.endpoint(),
         &[],
         &[("UPCLOUD_USERNAME", UPCLOUD_USER), ("UPCLOUD_PASSWORD", &password), ("SSH_PRIVATE_KEY", &ssh_key)],
+        false,
     )?;
     let mut dev = Dev::start_allowing_insecure_endpoints(&[])?;
     apply_once(&dev, &manifest)?;
 
-    let ids = servers_ready(&mut dev, "k8s-upcloud", ("2xCPU-4GB", "4xCPU-8GB"))?;
+    let ids = servers_ready(&mut dev, "k8s-upcloud", ("2xCPU-4GB", "4xCPU-8GB"), 3)?;
     let at_double = upcloud.double.server_states();
     ensure!(at_double.len() == 3, "{} servers at the double: {at_double:?}", at_double.len());
     ensure!(at_double.values().all(|state| state == "started"), "{at_double:?}");
@@ -271,11 +296,11 @@ fn account_refused(dev: &mut Dev, name: &str) -> Result<String> {
 }
 
 /// Waits until the Cluster's three Servers in `namespace` are Stalled, none with a machine.
-fn servers_stalled(dev: &mut Dev, namespace: &str) -> Result<Vec<Value>> {
+fn servers_stalled(dev: &mut Dev, namespace: &str, count: usize) -> Result<Vec<Value>> {
     dev.wait_until(Duration::from_secs(120), &format!("the Servers of {namespace} are Stalled"), |d| {
         let servers = get_json(d, &["srv", "-n", namespace])?;
         let items = servers["items"].as_array().cloned().unwrap_or_default();
-        Ok(items.len() == 3 && items.iter().all(|s| condition(s, "Stalled").is_some_and(|c| c["status"] == "True")))
+        Ok(items.len() == count && items.iter().all(|s| condition(s, "Stalled").is_some_and(|c| c["status"] == "True")))
     })?;
     let servers = get_json(dev, &["srv", "-n", namespace])?;
     let items = servers["items"].as_array().cloned().unwrap_or_default();
@@ -301,6 +326,8 @@ fn bad_credentials_stall_with_the_clouds_message_and_no_secret_leaks() -> Result
         &moto.endpoint,
         &[("debian-12", MOTO_AMI)],
         &[("AWS_ACCESS_KEY_ID", "AKIAE2EUNKNOWNKEY001"), ("AWS_SECRET_ACCESS_KEY", &aws_secret), ("SSH_PRIVATE_KEY", &ssh_key)],
+        // Refused before any subnet is looked at: the example's placeholder subnets stay.
+        false,
     )?;
     let up = example_copy(
         UPCLOUD_EXAMPLE,
@@ -309,6 +336,7 @@ fn bad_credentials_stall_with_the_clouds_message_and_no_secret_leaks() -> Result
         upcloud.endpoint(),
         &[],
         &[("UPCLOUD_USERNAME", UPCLOUD_USER), ("UPCLOUD_PASSWORD", &upcloud_password), ("SSH_PRIVATE_KEY", &ssh_key)],
+        false,
     )?;
     let (aws, up) = (aws.display().to_string(), up.display().to_string());
     let mut dev = Dev::start_allowing_insecure_endpoints(&[&aws, &up])?;
@@ -318,8 +346,8 @@ fn bad_credentials_stall_with_the_clouds_message_and_no_secret_leaks() -> Result
     let upcloud_message = account_refused(&mut dev, "k8s-upcloud")?;
     ensure!(upcloud_message.contains("AUTHENTICATION_FAILED"), "UpCloud's own message: {upcloud_message}");
 
-    for namespace in ["k8s-aws", "k8s-upcloud"] {
-        for server in servers_stalled(&mut dev, namespace)? {
+    for (namespace, count) in [("k8s-aws", 4), ("k8s-upcloud", 3)] {
+        for server in servers_stalled(&mut dev, namespace, count)? {
             let stalled = condition(&server, "Stalled").cloned().unwrap_or_default();
             ensure!(stalled["message"].as_str().is_some_and(|m| !m.is_empty()), "{stalled}");
         }

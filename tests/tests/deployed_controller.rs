@@ -460,6 +460,8 @@ fn aws_example(dir: &Path, endpoint: &str) -> Result<PathBuf> {
             account["images"]["debian-12"] = json!(MOTO_AMI);
         }
     }
+    // The example's zones, each mapped to a subnet made for it at moto (one VPC).
+    provisioning_e2e::cloud::point_zone_subnets_at_moto(&mut docs, endpoint)?;
     for secret in docs_of_kind(&mut docs, "Secret") {
         let data = secret["stringData"].as_object_mut().context("stringData")?;
         data.insert("AWS_ACCESS_KEY_ID".into(), json!("AKIAE2ETEST000000002"));

@@ -110,6 +110,7 @@ pub fn provider_config(account: &ProviderAccount, credentials: Credentials, stat
         network: provisioning_providers::NetworkSettings {
             security_group_ids: account.security_group_ids.clone(),
             subnet_id: account.subnet_id.clone(),
+            zone_subnets: account.zone_subnets.clone(),
             ssh_source_cidrs: account.ssh_source_cidrs.clone(),
             firewall_rules: account
                 .firewall_rules

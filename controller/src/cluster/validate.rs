@@ -41,15 +41,27 @@ fn invalid(reason: &'static str, message: impl Into<String>) -> InvalidCluster {
     InvalidCluster { reason, message: message.into() }
 }
 
-/// Validates the spec and returns the services in install order.
-// Over 80 lines on purpose: one flat list of independent checks in the order users read the
-// spec (pools, then services, versions, configs, dependencies), each returning its own reason.
-pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec<ServicePlan>, InvalidCluster> {
+/// The pools' own checks (pure): names declared once, `zone` or `zones` (each zone once),
+/// rollouts that can make progress and whose surge Servers no other pool's names take.
+/// Returns the pool names.
+fn pools(name: &str, spec: &ClusterSpec) -> Result<Vec<String>, InvalidCluster> {
     let pool_names: Vec<String> = spec.pools.iter().map(|p| p.name.clone()).collect();
     let mut seen_pools = BTreeSet::new();
     for p in &pool_names {
         if !seen_pools.insert(p) {
             return Err(invalid("DuplicatePool", format!("pool {p:?} is declared twice")));
+        }
+    }
+    for p in &spec.pools {
+        if !p.zones.is_empty() && !p.zone.is_empty() {
+            return Err(invalid(
+                "InvalidPool",
+                format!("pool {:?}: set zone or zones (the zones its members are spread over), not both", p.name),
+            ));
+        }
+        let mut seen_zones = BTreeSet::new();
+        if let Some(twice) = p.zones.iter().find(|z| !seen_zones.insert(z.as_str())) {
+            return Err(invalid("InvalidPool", format!("pool {:?}: zones lists {twice:?} twice", p.name)));
         }
     }
     for p in &spec.pools {
@@ -69,6 +81,14 @@ pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec
             ));
         }
     }
+    Ok(pool_names)
+}
+
+/// Validates the spec and returns the services in install order.
+// Over 80 lines on purpose: one flat list of independent checks in the order users read the
+// spec (pools, then services, versions, configs, dependencies), each returning its own reason.
+pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec<ServicePlan>, InvalidCluster> {
+    let pool_names = pools(name, spec)?;
     if spec.depends_on.iter().any(|d| d == name) {
         return Err(invalid("DependencyCycle", format!("Cluster {name} depends on itself")));
     }

@@ -208,6 +208,8 @@ fn request(
         extra_tags: Default::default(),
         // Checked by validate::instance_profile (aws only, name or ARN).
         instance_profile: server.spec.instance_profile.clone(),
+        // Checked by validate::public_ip (cloud providers only).
+        public_ip: valid.public_ip,
         host_key,
     })
 }

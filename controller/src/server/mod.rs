@@ -255,6 +255,9 @@ async fn run_steps(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Contex
         return Err(End::stalled(Step::Act, "AdoptionRefused", message));
     }
     let mut applied = steps::gate_create(visit, &p, &step, approval)?;
+    if matches!(step, plan::Step::Create | plan::Step::FindThenCreate) && !p.valid.fallback_zones.is_empty() {
+        visit.zone_asked = Some((p.valid.zone.clone(), p.valid.allowed_zones()));
+    }
     if step == plan::Step::Create {
         ctx.admit(ws).map_err(|e| End::failed(Step::Act, e, account))?;
         // Checkpoint (leak guard, DESIGN §1): the finalizer and `create-pending` in one write

@@ -139,12 +139,26 @@ pub fn spec_plan(
     }
     let Some(machine) = machine else {
         let zone = if desired.zone.is_empty() { String::new() } else { format!(" in {}", desired.zone) };
+        let mut extras = Vec::new();
+        if let Some(subnet) = desired.account.zone_subnets.get(&desired.zone) {
+            extras.push(format!("subnet {subnet}"));
+        }
+        match desired.public_ip {
+            Some(true) => extras.push("public IP".to_string()),
+            Some(false) => extras.push("no public IP".to_string()),
+            None => {}
+        }
+        let fallbacks: Vec<String> = desired.allowed_zones().into_iter().filter(|z| *z != desired.zone).collect();
+        if !desired.fallback_zones.is_empty() {
+            extras.push(format!("then {} when out of capacity", fallbacks.join(", ")));
+        }
+        let extras = if extras.is_empty() { String::new() } else { format!(" ({})", extras.join(", ")) };
         let change = PlannedChange {
             resource: who.clone(),
             field: String::new(),
             action: ChangeAction::Create,
             from: String::new(),
-            to: format!("{} machine from {}{zone} at account {}", desired.resolved_plan, desired.image, desired.account.name),
+            to: format!("{} machine from {}{zone}{extras} at account {}", desired.resolved_plan, desired.image, desired.account.name),
             reason: "no machine yet".into(),
         };
         let delta = cost_delta(&price, None, &desired.resolved_plan, &desired.zone);

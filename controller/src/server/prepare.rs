@@ -57,13 +57,15 @@ pub async fn prepare(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Cont
     let stall = |invalid: validate::Invalid| End::stalled(Step::Validate, invalid.reason, invalid.message);
     let account = validate::account(&server.spec, ws, made_with).map_err(stall)?;
     let provider = ctx.provider_for(ws, &account).await.map_err(|e| End::failed(Step::Dereference, e, Some(&account.name)))?;
-    let valid = validate::validate(&server.spec, ws, account, |plan| {
+    let mut valid = validate::validate(&server.spec, ws, account, |plan| {
         provider.resolve_plan(plan).map_err(|e| match e {
             provisioning_providers::ProviderError::InvalidRequest(m) => m,
             other => other.to_string(),
         })
     })
     .map_err(stall)?;
+    // spec.fallbackZones: where the machine is, or the zone the next create tries.
+    valid.zone = validate::placement(&valid, server);
     validate::within_limit(refs.rank, ws).map_err(stall)?;
     // Cost, and the monthly budget before any machine is made (see budget).
     let namespace = server.metadata.namespace.as_deref();

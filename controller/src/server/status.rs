@@ -205,6 +205,8 @@ pub fn record_host_key(mut status: ServerStatus, pinned: Option<&str>) -> Server
 /// fields existed. Later spec changes are planned against what is recorded here.
 pub fn record_machine_spec(mut status: ServerStatus, previous: Option<&ServerStatus>, zone: &str, image: &str) -> ServerStatus {
     let Some(id) = status.provider_id.clone() else { return status };
+    // A machine was made: the zones tried without capacity no longer matter.
+    status.zone_fallback = None;
     let same_machine = previous.and_then(|p| p.provider_id.as_deref()) == Some(id.as_str());
     if !same_machine || status.zone.is_none() {
         status.zone = Some(zone.to_string());
@@ -213,6 +215,28 @@ pub fn record_machine_spec(mut status: ServerStatus, previous: Option<&ServerSta
         status.image = Some(image.to_string());
     }
     status
+}
+
+/// The round of zones tried without capacity after a create in `zone` found none (pure):
+/// `round` (the current one, if any) with `zone` added, or a new round from `now` when there
+/// is none, `zone` was already tried in it, or every `allowed` zone was (the round is over).
+pub fn no_capacity_in(
+    round: Option<&provisioning_crds::ZoneFallback>,
+    zone: &str,
+    allowed: &[String],
+    now: k8s_openapi::jiff::Timestamp,
+) -> provisioning_crds::ZoneFallback {
+    match round {
+        Some(r) if !r.tried.iter().any(|t| t == zone) && allowed.iter().any(|a| !r.tried.contains(a)) => {
+            let mut next = r.clone();
+            next.tried.push(zone.to_string());
+            next
+        }
+        _ => provisioning_crds::ZoneFallback {
+            tried: vec![zone.to_string()],
+            since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+        },
+    }
 }
 
 /// One line describing a plan's field changes: "spec.plan cpu1-mem1g → cpu2-mem2g (update)".

@@ -21,7 +21,7 @@ pub fn gate_create(visit: &mut Visit<'_>, p: &Prepared, step: &plan::Step, appro
     if !matches!(step, plan::Step::Create | plan::Step::FindThenCreate) {
         return Ok(None);
     }
-    if let Some(wait) = capacity_cooldown(visit.server, visit.now) {
+    if let Some(wait) = capacity_cooldown(visit.server, &p.valid, visit.now) {
         // Our own writes of the failed attempt bring the Server back at once: the provider is
         // asked again on the slow schedule only (nothing to record meanwhile).
         return Err(End::Requeue(kube::runtime::controller::Action::requeue(wait)));
@@ -36,15 +36,30 @@ pub fn gate_create(visit: &mut Visit<'_>, p: &Prepared, step: &plan::Step, appro
 /// How long a Server whose last create ran into a quota or a zone without capacity
 /// (Stalled `QuotaExceeded`/`InsufficientCapacity` for its current generation) waits before
 /// the provider is asked again ([`crate::error::CAPACITY_RETRY`] after the stall began);
-/// `None` when it may ask now (another stall, a changed spec, the time is up).
-pub fn capacity_cooldown(server: &provisioning_crds::Server, now: k8s_openapi::jiff::Timestamp) -> Option<std::time::Duration> {
+/// `None` when it may ask now (another stall, a changed spec, the time is up). With
+/// `spec.fallbackZones` a zone not tried in this round is asked at once, and once every
+/// zone was tried the wait counts from the round's start (`status.zoneFallback.since`).
+pub fn capacity_cooldown(
+    server: &provisioning_crds::Server,
+    valid: &super::validate::ValidServer,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Option<std::time::Duration> {
     let status = server.status.as_ref()?;
     let stalled = crate::conditions::find(&status.conditions, provisioning_crds::condition::STALLED)?;
     let capacity = stalled.status == "True" && matches!(stalled.reason.as_str(), "QuotaExceeded" | "InsufficientCapacity");
     if !capacity || stalled.observed_generation != server.metadata.generation {
         return None;
     }
-    let elapsed = now.as_second().saturating_sub(stalled.last_transition_time.0.as_second());
+    let mut since = stalled.last_transition_time.0;
+    if let (Some(tried), Some(round)) = (super::validate::tried_zones(server), status.zone_fallback.as_ref())
+        && !valid.fallback_zones.is_empty()
+    {
+        if valid.allowed_zones().iter().any(|z| !tried.contains(z)) {
+            return None;
+        }
+        since = round.since.0;
+    }
+    let elapsed = now.as_second().saturating_sub(since.as_second());
     let left = i64::try_from(crate::error::CAPACITY_RETRY.as_secs()).ok()?.saturating_sub(elapsed);
     (left > 0).then(|| std::time::Duration::from_secs(left.unsigned_abs()))
 }
@@ -162,16 +177,80 @@ mod tests {
         s
     }
 
+    fn valid(zone: &str, fallback: &[&str]) -> super::super::validate::ValidServer {
+        super::super::validate::ValidServer {
+            account: serde_json::from_value(serde_json::json!({"name": "aws", "type": "aws"})).unwrap_or_else(|e| panic!("{e}")),
+            plan: "small".into(),
+            resolved_plan: "t3.small".into(),
+            zone: zone.into(),
+            spec_zone: zone.into(),
+            image: "debian-12".into(),
+            fallback_zones: fallback.iter().map(|z| z.to_string()).collect(),
+            public_ip: None,
+        }
+    }
+
     #[test]
     fn a_capacity_stall_asks_the_provider_again_only_after_five_minutes() -> Result<(), Box<dyn std::error::Error>> {
         let t0 = Timestamp::from_second(1_800_000_000)?;
         let at = |secs: i64| Timestamp::from_second(1_800_000_000 + secs);
         let quota = stalled("QuotaExceeded", 2, t0);
-        assert_eq!(capacity_cooldown(&quota, at(1)?), Some(std::time::Duration::from_secs(299)));
-        assert_eq!(capacity_cooldown(&stalled("InsufficientCapacity", 2, t0), at(240)?), Some(std::time::Duration::from_secs(60)));
-        assert_eq!(capacity_cooldown(&quota, at(300)?), None, "time is up");
-        assert_eq!(capacity_cooldown(&stalled("QuotaExceeded", 1, t0), at(1)?), None, "the spec changed since");
-        assert_eq!(capacity_cooldown(&stalled("UnknownPlan", 2, t0), at(1)?), None, "another stall");
+        let v = valid("", &[]);
+        assert_eq!(capacity_cooldown(&quota, &v, at(1)?), Some(std::time::Duration::from_secs(299)));
+        assert_eq!(capacity_cooldown(&stalled("InsufficientCapacity", 2, t0), &v, at(240)?), Some(std::time::Duration::from_secs(60)));
+        assert_eq!(capacity_cooldown(&quota, &v, at(300)?), None, "time is up");
+        assert_eq!(capacity_cooldown(&stalled("QuotaExceeded", 1, t0), &v, at(1)?), None, "the spec changed since");
+        assert_eq!(capacity_cooldown(&stalled("UnknownPlan", 2, t0), &v, at(1)?), None, "another stall");
+        Ok(())
+    }
+
+    #[test]
+    fn no_capacity_moves_the_next_create_to_the_next_fallback_zone_then_waits_a_round() -> Result<(), Box<dyn std::error::Error>> {
+        use super::super::validate::placement;
+        let t0 = Timestamp::from_second(1_800_000_000)?;
+        let at = |secs: i64| Timestamp::from_second(1_800_000_000 + secs);
+        let v = valid("eu-north-1a", &["eu-north-1b", "eu-north-1c"]);
+        let allowed = v.allowed_zones();
+        let with_round = |round: Option<provisioning_crds::ZoneFallback>, reason: &str, generation: i64| {
+            let mut s = stalled(reason, generation, t0);
+            if let Some(st) = s.status.as_mut() {
+                st.zone_fallback = round;
+            }
+            s
+        };
+        // Nothing tried yet: the spec's zone.
+        assert_eq!(placement(&v, &crate::testing::server("team-a", "web-0", serde_json::json!({}))), "eu-north-1a");
+        // 1a had no capacity: 1b at once, no wait.
+        let round = status::no_capacity_in(None, "eu-north-1a", &allowed, t0);
+        let s = with_round(Some(round.clone()), "InsufficientCapacity", 2);
+        assert_eq!(placement(&v, &s), "eu-north-1b");
+        assert_eq!(capacity_cooldown(&s, &v, at(1)?), None, "an untried zone is asked at once");
+        // 1b neither: 1c at once.
+        let round = status::no_capacity_in(Some(&round), "eu-north-1b", &allowed, at(2)?);
+        assert_eq!(round.tried, ["eu-north-1a", "eu-north-1b"]);
+        assert_eq!(round.since, Time(t0), "one round");
+        let s = with_round(Some(round.clone()), "InsufficientCapacity", 2);
+        assert_eq!((placement(&v, &s).as_str(), capacity_cooldown(&s, &v, at(3)?)), ("eu-north-1c", None));
+        // Every zone tried: back to 1a, after the round's five minutes.
+        let round = status::no_capacity_in(Some(&round), "eu-north-1c", &allowed, at(4)?);
+        let s = with_round(Some(round.clone()), "InsufficientCapacity", 2);
+        assert_eq!(placement(&v, &s), "eu-north-1a");
+        assert_eq!(capacity_cooldown(&s, &v, at(10)?), Some(std::time::Duration::from_secs(290)));
+        assert_eq!(capacity_cooldown(&s, &v, at(300)?), None);
+        // 1a fails again: a new round from then (so each round waits its five minutes).
+        let next = status::no_capacity_in(Some(&round), "eu-north-1a", &allowed, at(301)?);
+        assert_eq!((next.tried.as_slice(), next.since.clone()), (["eu-north-1a".to_string()].as_slice(), Time(at(301)?)));
+        // A quota (the account's, every zone) or an older generation's stall: the spec's zone.
+        assert_eq!(placement(&v, &with_round(Some(round.clone()), "QuotaExceeded", 2)), "eu-north-1a");
+        assert_eq!(placement(&v, &with_round(Some(round), "InsufficientCapacity", 1)), "eu-north-1a");
+        // A machine made in a fallback zone stays there; one outside the allowed zones does not.
+        let mut made = crate::testing::server("team-a", "web-0", serde_json::json!({}));
+        made.status = Some(ServerStatus { provider_id: Some("aws://i-0a".into()), zone: Some("eu-north-1c".into()), ..Default::default() });
+        assert_eq!(placement(&v, &made), "eu-north-1c");
+        made.status = Some(ServerStatus { provider_id: Some("aws://i-0a".into()), zone: Some("eu-west-1a".into()), ..Default::default() });
+        assert_eq!(placement(&v, &made), "eu-north-1a");
+        // No fallback zones: the spec's zone, whatever status says.
+        assert_eq!(placement(&valid("eu-north-1a", &[]), &made), "eu-north-1a");
         Ok(())
     }
 }

@@ -13,10 +13,26 @@ pub struct ValidServer {
     pub plan: String,
     /// Provider-native plan.
     pub resolved_plan: String,
-    /// Zone ("" for the account default).
+    /// Zone the machine is (to be) made in ("" for the account default): the spec's, or the
+    /// fallback zone a create moves on to ([`placement`]).
     pub zone: String,
+    /// The zone the spec asks for (with defaults), the first one tried.
+    pub spec_zone: String,
     /// Image.
     pub image: String,
+    /// Zones tried after the spec's when it has no capacity (`spec.fallbackZones`).
+    pub fallback_zones: Vec<String>,
+    /// Whether the machine gets a public IPv4 address (`spec.publicIp`; `None`: the provider's
+    /// default).
+    pub public_ip: Option<bool>,
+}
+
+impl ValidServer {
+    /// The zones a machine of this spec may be in, in the order they are tried: the spec's,
+    /// then its fallback zones.
+    pub fn allowed_zones(&self) -> Vec<String> {
+        std::iter::once(self.spec_zone.clone()).chain(self.fallback_zones.iter().cloned()).collect()
+    }
 }
 
 /// Why a Server cannot be provisioned as written. Becomes `Stalled=True` with `message`.
@@ -124,7 +140,122 @@ pub fn validate(
     let zone = [&spec.zone, &account.zone, &ws.spec.defaults.zone].into_iter().find(|z| !z.is_empty()).cloned().unwrap_or_default();
     let image = if spec.image.is_empty() { ws.spec.defaults.image.clone() } else { spec.image.clone() };
     instance_profile(&spec.instance_profile, &account)?;
-    Ok(ValidServer { account, plan, resolved_plan, zone, image })
+    zones(&zone, &spec.fallback_zones, &account)?;
+    public_ip(spec.public_ip, &account)?;
+    Ok(ValidServer {
+        account,
+        plan,
+        resolved_plan,
+        spec_zone: zone.clone(),
+        zone,
+        image,
+        fallback_zones: spec.fallback_zones.clone(),
+        public_ip: spec.public_ip,
+    })
+}
+
+/// The zone and `spec.fallbackZones` against the account (pure): fallback zones need a zone
+/// to fall back from, are distinct, at most [`provisioning_crds::MAX_FALLBACK_ZONES`]; an aws
+/// account's `zoneSubnets` (well formed, at most 16) must list every one of them
+/// (`InvalidZone`, naming the field) — the same check the provider makes before any create.
+pub fn zones(zone: &str, fallback_zones: &[String], account: &ProviderAccount) -> Result<(), Invalid> {
+    use provisioning_crds::ProviderType;
+    if !fallback_zones.is_empty() {
+        let why = if zone.is_empty() {
+            Some("needs a zone to fall back from: set spec.zone (or the pool's zone)".to_string())
+        } else if fallback_zones.len() > provisioning_crds::MAX_FALLBACK_ZONES {
+            Some(format!("lists {} zones; at most {}", fallback_zones.len(), provisioning_crds::MAX_FALLBACK_ZONES))
+        } else {
+            let mut seen = std::collections::BTreeSet::from([zone]);
+            fallback_zones.iter().find(|z| !seen.insert(z.as_str())).map(|z| format!("lists zone {z:?} twice (or the zone itself)"))
+        };
+        if let Some(why) = why {
+            return Err(Invalid { reason: "InvalidFallbackZones", message: format!("spec.fallbackZones {why}") });
+        }
+    }
+    if account.zone_subnets.is_empty() {
+        return Ok(());
+    }
+    if account.provider_type != ProviderType::Aws {
+        return Err(Invalid {
+            reason: "InvalidZoneSubnets",
+            message: format!(
+                "provider account {:?} is of type {} but sets zoneSubnets, which only aws accounts have",
+                account.name,
+                account.provider_type.as_str()
+            ),
+        });
+    }
+    let network = provisioning_providers::NetworkSettings {
+        zone_subnets: account.zone_subnets.clone(),
+        subnet_id: account.subnet_id.clone(),
+        ..Default::default()
+    };
+    provisioning_providers::aws::check_zone_subnets(&network).map_err(|e| Invalid {
+        reason: "InvalidZoneSubnets",
+        message: format!("spec.providers[].{e} (provider account {:?})", account.name),
+    })?;
+    for z in std::iter::once(zone).chain(fallback_zones.iter().map(String::as_str)) {
+        provisioning_providers::aws::subnet_for(&account.name, &network, z).map_err(|e| Invalid {
+            reason: "InvalidZone",
+            message: match e {
+                provisioning_providers::ProviderError::InvalidRequest(m) => m,
+                other => other.to_string(),
+            },
+        })?;
+    }
+    Ok(())
+}
+
+/// `spec.publicIp` is for cloud machines (aws, upcloud); local and simulated ones have no
+/// public address to turn on or off.
+pub fn public_ip(public_ip: Option<bool>, account: &ProviderAccount) -> Result<(), Invalid> {
+    use provisioning_crds::ProviderType;
+    match (public_ip, account.provider_type) {
+        (None, _) | (Some(_), ProviderType::Aws | ProviderType::Upcloud) => Ok(()),
+        (Some(_), other) => Err(Invalid {
+            reason: "PublicIpUnsupported",
+            message: format!(
+                "spec.publicIp is set but provider account {:?} is of type {}: only aws and upcloud machines have public addresses",
+                account.name,
+                other.as_str()
+            ),
+        }),
+    }
+}
+
+/// The zone a create of this Server asks for (pure). Without `spec.fallbackZones`: the
+/// spec's zone. With them: a machine that exists stays where it is while its zone is allowed
+/// (having fallen back is no reason to replace it); while creates find no capacity
+/// (Stalled `InsufficientCapacity` for the current generation) the first allowed zone not
+/// tried in this round (`status.zoneFallback.tried`), else — every zone tried — the spec's
+/// zone again, once the round's wait is over ([`crate::server::steps::capacity_cooldown`]).
+pub fn placement(valid: &ValidServer, server: &provisioning_crds::Server) -> String {
+    if valid.fallback_zones.is_empty() {
+        return valid.spec_zone.clone();
+    }
+    let allowed = valid.allowed_zones();
+    let Some(status) = server.status.as_ref() else { return valid.spec_zone.clone() };
+    if status.provider_id.as_deref().is_some_and(|id| !id.is_empty()) {
+        return status.zone.clone().filter(|z| allowed.contains(z)).unwrap_or_else(|| valid.spec_zone.clone());
+    }
+    match tried_zones(server) {
+        Some(tried) => allowed.into_iter().find(|z| !tried.contains(z)).unwrap_or_else(|| valid.spec_zone.clone()),
+        None => valid.spec_zone.clone(),
+    }
+}
+
+/// The zones tried without capacity in the current round: `status.zoneFallback.tried` while
+/// the Server is Stalled `InsufficientCapacity` for its current generation, else `None`.
+pub fn tried_zones(server: &provisioning_crds::Server) -> Option<&[String]> {
+    let status = server.status.as_ref()?;
+    let stalled = crate::conditions::find(&status.conditions, provisioning_crds::condition::STALLED)?;
+    let no_capacity =
+        stalled.status == "True" && stalled.reason == "InsufficientCapacity" && stalled.observed_generation == server.metadata.generation;
+    if !no_capacity {
+        return None;
+    }
+    status.zone_fallback.as_ref().map(|f| f.tried.as_slice())
 }
 
 /// An instance profile (`spec.instanceProfile`) is an aws thing, written as an IAM name or an
@@ -209,6 +340,40 @@ mod tests {
         assert!(bad.reason == "InvalidInstanceProfile" && bad.message.contains("spec.instanceProfile"), "{bad:?}");
         let local = instance_profile("eks-node", &account(serde_json::json!({"name": "l", "type": "local"}))).expect_err("local");
         assert!(local.reason == "InstanceProfileUnsupported" && local.message.contains("\"l\""), "{local:?}");
+    }
+
+    #[test]
+    fn zones_must_have_a_subnet_when_the_account_maps_them() {
+        let three = account(serde_json::json!({"name": "aws-main", "type": "aws", "zoneSubnets": {
+            "eu-north-1a": "subnet-0a1b2c3d", "eu-north-1b": "subnet-0b1b2c3d", "eu-north-1c": "subnet-0c1b2c3d"}}));
+        assert_eq!(zones("eu-north-1b", &[], &three), Ok(()));
+        assert_eq!(zones("eu-north-1a", &["eu-north-1b".into(), "eu-north-1c".into()], &three), Ok(()));
+        let outside = zones("eu-west-1a", &[], &three).expect_err("unlisted zone");
+        assert!(outside.reason == "InvalidZone" && outside.message.contains("spec.providers[].zoneSubnets"), "{outside:?}");
+        assert!(outside.message.contains("eu-west-1a") && outside.message.contains("\"aws-main\""), "{outside:?}");
+        let fallback_outside = zones("eu-north-1a", &["eu-west-1a".into()], &three).expect_err("fallback unlisted");
+        assert_eq!(fallback_outside.reason, "InvalidZone");
+        // Fallback zones need a zone, and are distinct.
+        let plain = account(serde_json::json!({"name": "a", "type": "aws"}));
+        assert_eq!(zones("", &["eu-north-1b".into()], &plain).map_err(|e| e.reason), Err("InvalidFallbackZones"));
+        assert_eq!(zones("eu-north-1a", &["eu-north-1a".into()], &plain).map_err(|e| e.reason), Err("InvalidFallbackZones"));
+        assert_eq!(zones("anything", &[], &plain), Ok(()), "no map: any zone (subnetId or the default subnet)");
+        // Only aws accounts map zones to subnets; ids are of EC2's shape.
+        let upcloud = account(serde_json::json!({"name": "u", "type": "upcloud", "zoneSubnets": {"fi-hel1": "subnet-0a1b2c3d"}}));
+        assert_eq!(zones("fi-hel1", &[], &upcloud).map_err(|e| e.reason), Err("InvalidZoneSubnets"));
+        let bad = account(serde_json::json!({"name": "a", "type": "aws", "zoneSubnets": {"eu-north-1a": "subnet-xyz"}}));
+        let e = zones("eu-north-1a", &[], &bad).expect_err("bad id");
+        assert!(e.reason == "InvalidZoneSubnets" && e.message.contains("spec.providers[].zoneSubnets.eu-north-1a"), "{e:?}");
+    }
+
+    #[test]
+    fn public_ip_is_for_cloud_machines() {
+        for t in ["aws", "upcloud"] {
+            assert_eq!(public_ip(Some(false), &account(serde_json::json!({"name": "a", "type": t}))), Ok(()));
+        }
+        assert_eq!(public_ip(None, &account(serde_json::json!({"name": "l", "type": "local"}))), Ok(()));
+        let local = public_ip(Some(true), &account(serde_json::json!({"name": "l", "type": "local"}))).expect_err("local");
+        assert!(local.reason == "PublicIpUnsupported" && local.message.contains("spec.publicIp"), "{local:?}");
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct Visit<'a> {
     /// Whether this visit wrote the `create-pending` annotation ([`Visit::guard`]), so the
     /// status recording the machine clears it.
     pending_written: bool,
+    /// A create with `spec.fallbackZones` is asked in this visit: (the zone asked, the zones
+    /// allowed in order), so a capacity failure records the zone in `status.zoneFallback`.
+    pub zone_asked: Option<(String, Vec<String>)>,
 }
 
 /// How a visit ends.
@@ -101,7 +104,7 @@ pub struct Requeue {
 impl<'a> Visit<'a> {
     /// A visit of `server`, now.
     pub fn new(server: &'a Server) -> Self {
-        Visit { server, now: Timestamp::now(), events: Vec::new(), written: None, pending_written: false }
+        Visit { server, now: Timestamp::now(), events: Vec::new(), written: None, pending_written: false, zone_asked: None }
     }
 
     /// The status on record: what this visit's checkpoint wrote, else the Server's.
@@ -204,7 +207,15 @@ impl<'a> Visit<'a> {
                     ErrorClass::Permanent | ErrorClass::Capacity => Summary::stalled(error.category(), message.clone()),
                     _ => Summary::progressing(error.category(), message.clone()),
                 };
-                let status = self.status(Some(summary), account, None, Machine::Unchanged);
+                let mut status = self.status(Some(summary), account, None, Machine::Unchanged);
+                if error.category() == "InsufficientCapacity"
+                    && status.provider_id.is_none()
+                    && let Some((zone, allowed)) = &self.zone_asked
+                {
+                    // The next create tries the next allowed zone (validate::placement).
+                    let round = super::validate::tried_zones(server).and(status.zone_fallback.as_ref());
+                    status.zone_fallback = Some(status::no_capacity_in(round, zone, allowed, self.now));
+                }
                 self.warn(error.category(), "Provision", message);
                 (Some(status), Err(error.at(step)))
             }

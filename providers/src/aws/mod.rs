@@ -118,6 +118,9 @@ pub struct AwsProvider {
     network: NetworkSettings,
     /// The managed security group's id once known (see [`AwsProvider::security_groups`]).
     managed_group: tokio::sync::Mutex<Option<String>>,
+    /// The VPC of the account's subnets once checked (`Some(None)`: no subnet is configured,
+    /// the region's default VPC); see [`AwsProvider::vpc`].
+    vpc: tokio::sync::Mutex<Option<Option<String>>>,
     /// One ensure per Server uid at a time inside this process.
     ensuring: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Managed groups EC2 refused to delete as still in use (DependencyViolation), since when.
@@ -206,6 +209,7 @@ impl AwsProvider {
             ssh: SshExecutor::new(config, "admin"),
             network: config.network.clone(),
             managed_group: tokio::sync::Mutex::new(None),
+            vpc: tokio::sync::Mutex::new(None),
             ensuring: Mutex::new(HashMap::new()),
             in_use_since: Mutex::new(HashMap::new()),
         })
@@ -355,17 +359,7 @@ impl AwsProvider {
             return Ok(vec![id.clone()]);
         }
         let name = managed_group_name(&self.account);
-        let vpc = match self.network.subnet_id.as_str() {
-            "" => None,
-            subnet => {
-                let xml = self.call_retrying("DescribeSubnets", &[("SubnetId.1".to_string(), subnet.to_string())]).await?;
-                let parsed: DescribeSubnetsResponse = self.client.parse("DescribeSubnets", &xml)?;
-                let vpc = parsed.subnets.items.into_iter().next().map(|s| s.vpc_id).filter(|v| valid_id(v, "vpc-"));
-                Some(vpc.ok_or_else(|| {
-                    ProviderError::InvalidRequest(format!("subnet {subnet:?} of account {:?} does not exist", self.account))
-                })?)
-            }
-        };
+        let vpc = self.vpc().await?;
         let mut filter = vec![("Filter.1.Name".to_string(), "group-name".to_string()), ("Filter.1.Value.1".to_string(), name.clone())];
         if let Some(vpc) = &vpc {
             filter.push(("Filter.2.Name".into(), "vpc-id".into()));
@@ -421,6 +415,46 @@ impl AwsProvider {
         };
         *cached = Some(id.clone());
         Ok(vec![id])
+    }
+
+    /// The VPC of the account's subnets (`subnetId` and every `zoneSubnets` entry), checked
+    /// once per provider instance with one DescribeSubnets (answer capped at [`LOOKUP_CAP`]):
+    /// each subnet must exist, a zone's subnet must be in that zone, and all must share one
+    /// VPC (one managed security group serves them all). `None`: no subnet configured.
+    async fn vpc(&self) -> ProviderResult<Option<String>> {
+        let mut checked = self.vpc.lock().await;
+        if let Some(vpc) = checked.as_ref() {
+            return Ok(vpc.clone());
+        }
+        let wanted = configured_subnets(&self.network);
+        if wanted.is_empty() {
+            *checked = Some(None);
+            return Ok(None);
+        }
+        let params: Vec<(String, String)> =
+            wanted.keys().enumerate().map(|(i, subnet)| (format!("SubnetId.{}", i + 1), subnet.clone())).collect();
+        let xml = match self.call_retrying("DescribeSubnets", &params).await {
+            Ok(xml) => xml,
+            Err(e) if api::is_code(&e, "InvalidSubnetID.NotFound") => {
+                return Err(ProviderError::InvalidRequest(format!(
+                    "a subnet of account {:?} (subnetId, zoneSubnets) does not exist: {e}",
+                    self.account
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        let parsed: DescribeSubnetsResponse = self.client.parse("DescribeSubnets", &xml)?;
+        drop(xml);
+        let vpc = check_subnets(&self.account, &wanted, &parsed.subnets.items)?;
+        *checked = Some(Some(vpc.clone()));
+        Ok(Some(vpc))
+    }
+
+    /// The subnet a machine in `zone` starts in: the zone's `zoneSubnets` entry; else, when
+    /// the map is empty, `subnetId` (`None`: the region's default subnet). A zone the map
+    /// does not list is refused (nothing has been created).
+    fn subnet_for(&self, zone: &str) -> ProviderResult<Option<String>> {
+        subnet_for(&self.account, &self.network, zone)
     }
 
     async fn authorize_managed_group(&self, group_id: &str) -> ProviderResult<()> {
@@ -507,7 +541,14 @@ impl AwsProvider {
         Ok(if self.release_unused_groups().await? { DeleteOutcome::Gone } else { DeleteOutcome::InProgress })
     }
 
-    fn run_params(&self, request: &ServerRequest, instance_type: &str, image_id: &str) -> Vec<(String, String)> {
+    fn run_params(
+        &self,
+        request: &ServerRequest,
+        instance_type: &str,
+        image_id: &str,
+        subnet: Option<&str>,
+        groups: &[String],
+    ) -> Vec<(String, String)> {
         let mut params = vec![
             ("ImageId".to_string(), image_id.to_string()),
             ("InstanceType".to_string(), instance_type.to_string()),
@@ -536,9 +577,7 @@ impl AwsProvider {
         // IMDSv2 only: instance credentials cannot be read by a token-less GET (SSRF).
         params.push(("MetadataOptions.HttpTokens".into(), "required".into()));
         params.push(("MetadataOptions.HttpEndpoint".into(), "enabled".into()));
-        if !self.network.subnet_id.is_empty() {
-            params.push(("SubnetId".into(), self.network.subnet_id.clone()));
-        }
+        params.extend(network_params(subnet, groups, request.public_ip));
         // cloud-init installs the login key for the image's default user (no key pair to
         // manage) and the controller-generated host key.
         if let Some(user_data) = crate::ssh::cloud_config(request.ssh_public_key.as_deref(), request.host_key.as_ref()) {
@@ -551,12 +590,13 @@ impl AwsProvider {
         if let Some(existing) = self.find(&request.identity).await? {
             return Ok(existing);
         }
+        // Before anything is created: the zone must have a subnet when the account maps them.
+        let subnet = self.subnet_for(&request.zone)?;
         let image_id = self.resolve_image(&request.image).await?;
+        // Checks the subnets (one VPC, each in its zone) before a group or machine is made.
+        self.vpc().await?;
         let groups = self.security_groups().await?;
-        let mut params = self.run_params(request, instance_type, &image_id);
-        for (i, group) in groups.iter().enumerate() {
-            params.push((format!("SecurityGroupId.{}", i + 1), group.clone()));
-        }
+        let params = self.run_params(request, instance_type, &image_id, subnet.as_deref(), &groups);
         // Exactly one attempt: if the response is lost, the caller's next attempt looks the
         // machine up by tag first instead of creating again.
         let xml = match self.guard.once("RunInstances", || self.client.call_capped("RunInstances", &params, LOOKUP_CAP)).await {
@@ -652,6 +692,119 @@ pub fn managed_group_ingress(group_id: &str, ssh_sources: &[String]) -> Provider
     Ok(params)
 }
 
+/// Every subnet an account names (`subnetId` and `zoneSubnets`), each with the zone it must be
+/// in ("" for `subnetId`: any zone).
+fn configured_subnets(network: &NetworkSettings) -> BTreeMap<String, String> {
+    let mut subnets: BTreeMap<String, String> = network.zone_subnets.iter().map(|(zone, s)| (s.clone(), zone.clone())).collect();
+    if !network.subnet_id.is_empty() {
+        subnets.entry(network.subnet_id.clone()).or_default();
+    }
+    subnets
+}
+
+/// Checks the account's subnet settings without a call: at most [`MAX_ZONE_SUBNETS`] zones,
+/// each subnet id of EC2's shape (`subnet-` and hex), no subnet under two zones, `subnetId`
+/// of that shape when set. The error names the field.
+pub fn check_zone_subnets(network: &NetworkSettings) -> Result<(), String> {
+    if network.zone_subnets.len() > MAX_ZONE_SUBNETS {
+        return Err(format!("zoneSubnets lists {} zones; at most {MAX_ZONE_SUBNETS}", network.zone_subnets.len()));
+    }
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    for (zone, subnet) in &network.zone_subnets {
+        if !crate::ratelimit::well_formed(zone, 63, |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
+            return Err(format!("zoneSubnets: {zone:?} is not a zone name (lower-case letters, digits and -, e.g. eu-north-1a)"));
+        }
+        if !valid_id(subnet, "subnet-") {
+            return Err(format!("zoneSubnets.{zone}: {subnet:?} is not a subnet id (subnet- and hex digits)"));
+        }
+        if let Some(other) = seen.insert(subnet, zone) {
+            return Err(format!("zoneSubnets: subnet {subnet} is listed for zones {other} and {zone}; a subnet is in one zone"));
+        }
+    }
+    if !network.subnet_id.is_empty() && !valid_id(&network.subnet_id, "subnet-") {
+        return Err(format!("subnetId: {:?} is not a subnet id (subnet- and hex digits)", network.subnet_id));
+    }
+    Ok(())
+}
+
+/// The subnet of a machine in `zone` (see [`AwsProvider::subnet_for`]), pure.
+pub fn subnet_for(account: &str, network: &NetworkSettings, zone: &str) -> ProviderResult<Option<String>> {
+    check_zone_subnets(network).map_err(|e| ProviderError::InvalidRequest(format!("provider account {account:?}: {e}")))?;
+    if network.zone_subnets.is_empty() {
+        return Ok(Some(network.subnet_id.clone()).filter(|s| !s.is_empty()));
+    }
+    if let Some(subnet) = network.zone_subnets.get(zone) {
+        return Ok(Some(subnet.clone()));
+    }
+    if zone.is_empty() && !network.subnet_id.is_empty() {
+        return Ok(Some(network.subnet_id.clone()));
+    }
+    let zones: Vec<&str> = network.zone_subnets.keys().map(String::as_str).collect();
+    let asked = if zone.is_empty() { "a machine without a zone".to_string() } else { format!("zone {zone:?}") };
+    Err(ProviderError::InvalidRequest(format!(
+        "{asked} has no subnet in provider account {account:?}: spec.providers[].zoneSubnets lists {}; set the \
+         Server's zone (or the pool's) to one of them, or add the zone to zoneSubnets (or set subnetId)",
+        zones.join(", ")
+    )))
+}
+
+/// Checks DescribeSubnets' answer against the subnets asked (`wanted`: subnet → zone it must
+/// be in, "" for any) and returns their one VPC.
+fn check_subnets(account: &str, wanted: &BTreeMap<String, String>, found: &[model::Subnet]) -> ProviderResult<String> {
+    let mut vpcs: BTreeMap<&str, &str> = BTreeMap::new();
+    for (subnet, zone) in wanted {
+        let Some(s) = found.iter().find(|s| &s.subnet_id == subnet) else {
+            return Err(ProviderError::InvalidRequest(format!("subnet {subnet} of account {account:?} does not exist")));
+        };
+        if !valid_id(&s.vpc_id, "vpc-") {
+            return Err(ProviderError::Transient(format!("EC2 DescribeSubnets returned no well-formed VPC id for {subnet}")));
+        }
+        if !zone.is_empty() && &s.availability_zone != zone {
+            return Err(ProviderError::InvalidRequest(format!(
+                "zoneSubnets of account {account:?}: subnet {subnet} is listed for zone {zone} but is in zone {:?}",
+                s.availability_zone.chars().take(64).collect::<String>()
+            )));
+        }
+        vpcs.entry(s.vpc_id.as_str()).or_insert(subnet.as_str());
+    }
+    let mut each = vpcs.iter();
+    match (each.next(), each.next()) {
+        (Some((vpc, _)), None) => Ok((*vpc).to_string()),
+        (Some((a, sa)), Some((b, sb))) => Err(ProviderError::InvalidRequest(format!(
+            "the subnets of account {account:?} (subnetId, zoneSubnets) are in more than one VPC ({sa} in {a}, {sb} in {b}): \
+             list subnets of one VPC"
+        ))),
+        (None, _) => Err(ProviderError::InvalidRequest(format!("account {account:?} names no subnet"))),
+    }
+}
+
+/// RunInstances' network parameters: the subnet and security groups, at the instance level;
+/// or, when `public_ip` says whether to have a public address, inside the primary network
+/// interface (EC2 refuses an instance-level SubnetId or SecurityGroupId beside a
+/// NetworkInterface block).
+pub fn network_params(subnet: Option<&str>, groups: &[String], public_ip: Option<bool>) -> Vec<(String, String)> {
+    let mut params = Vec::new();
+    let Some(public) = public_ip else {
+        if let Some(subnet) = subnet {
+            params.push(("SubnetId".to_string(), subnet.to_string()));
+        }
+        for (i, group) in groups.iter().enumerate() {
+            params.push((format!("SecurityGroupId.{}", i + 1), group.clone()));
+        }
+        return params;
+    };
+    params.push(("NetworkInterface.1.DeviceIndex".to_string(), "0".to_string()));
+    params.push(("NetworkInterface.1.AssociatePublicIpAddress".to_string(), public.to_string()));
+    params.push(("NetworkInterface.1.DeleteOnTermination".to_string(), "true".to_string()));
+    if let Some(subnet) = subnet {
+        params.push(("NetworkInterface.1.SubnetId".to_string(), subnet.to_string()));
+    }
+    for (i, group) in groups.iter().enumerate() {
+        params.push((format!("NetworkInterface.1.SecurityGroupId.{}", i + 1), group.clone()));
+    }
+    params
+}
+
 fn ssh_sources_missing(whose: &str) -> ProviderError {
     ProviderError::InvalidRequest(format!(
         "sshSourceCidrs for {whose} is empty: list the networks SSH may come from (the controller's egress \
@@ -707,6 +860,9 @@ const MAX_LIST_PAGES: usize = 200;
 
 /// Managed groups of one account handled at once (one per VPC the account's machines use).
 const MAX_MANAGED_GROUPS: usize = 16;
+
+/// Most zones an account maps to subnets (`zoneSubnets`).
+pub const MAX_ZONE_SUBNETS: usize = 16;
 
 /// An EC2 resource id: `prefix` and at most 17 hex digits (EC2 makes 8 or 17).
 fn valid_id(id: &str, prefix: &str) -> bool {
@@ -907,6 +1063,85 @@ mod tests {
         assert!(!valid_id("vpc-0a1b2c3d", "sg-"));
         assert!(valid_instance_id("i-0123456789abcdef0") && !valid_instance_id(&format!("i-{}", "0".repeat(300_000))));
         assert!(valid_image_id("ami-1e749f67") && !valid_image_id("ami-../../x"));
+    }
+
+    fn network(zones: &[(&str, &str)], subnet_id: &str) -> NetworkSettings {
+        NetworkSettings {
+            zone_subnets: zones.iter().map(|(z, s)| (z.to_string(), s.to_string())).collect(),
+            subnet_id: subnet_id.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_zone_starts_in_its_subnet_and_an_unlisted_zone_is_refused_naming_the_field() {
+        let three = network(&[("eu-north-1a", "subnet-0a"), ("eu-north-1b", "subnet-0b"), ("eu-north-1c", "subnet-0c")], "");
+        assert_eq!(subnet_for("a", &three, "eu-north-1b").ok().flatten().as_deref(), Some("subnet-0b"));
+        let refused = subnet_for("a", &three, "eu-west-1a").expect_err("unlisted zone");
+        assert!(
+            matches!(&refused, ProviderError::InvalidRequest(m) if m.contains("spec.providers[].zoneSubnets") && m.contains("eu-north-1a, eu-north-1b, eu-north-1c") && m.contains("eu-west-1a")),
+            "{refused:?}"
+        );
+        assert!(subnet_for("a", &three, "").is_err(), "no zone and no subnetId: refused");
+        // subnetId: the default when the map is empty, and for no zone.
+        assert_eq!(subnet_for("a", &network(&[], "subnet-0d"), "eu-west-1a").ok().flatten().as_deref(), Some("subnet-0d"));
+        assert_eq!(
+            subnet_for("a", &network(&[("eu-north-1a", "subnet-0a")], "subnet-0d"), "").ok().flatten().as_deref(),
+            Some("subnet-0d")
+        );
+        assert_eq!(subnet_for("a", &network(&[], ""), "eu-north-1a").ok().flatten(), None);
+        // Shapes and bounds.
+        for (bad, field) in [
+            (network(&[("eu-north-1a", "sg-0a")], ""), "zoneSubnets.eu-north-1a"),
+            (network(&[("EU North", "subnet-0a")], ""), "zoneSubnets"),
+            (network(&[("eu-north-1a", "subnet-0a"), ("eu-north-1b", "subnet-0a")], ""), "listed for zones"),
+            (network(&[], "subnet-../x"), "subnetId"),
+        ] {
+            let e = check_zone_subnets(&bad).expect_err(field);
+            assert!(e.contains(field), "{e}");
+        }
+        let many: Vec<(String, String)> = (0..17).map(|i| (format!("z-{i}"), format!("subnet-{i:08x}"))).collect();
+        let many = NetworkSettings { zone_subnets: many.into_iter().collect(), ..Default::default() };
+        assert!(check_zone_subnets(&many).is_err_and(|e| e.contains("at most 16")));
+    }
+
+    #[test]
+    fn subnets_must_exist_sit_in_their_zone_and_share_one_vpc() {
+        let subnet =
+            |id: &str, vpc: &str, zone: &str| model::Subnet { subnet_id: id.into(), vpc_id: vpc.into(), availability_zone: zone.into() };
+        let wanted = configured_subnets(&network(&[("eu-north-1a", "subnet-0a"), ("eu-north-1b", "subnet-0b")], "subnet-0d"));
+        let good = [
+            subnet("subnet-0a", "vpc-01", "eu-north-1a"),
+            subnet("subnet-0b", "vpc-01", "eu-north-1b"),
+            subnet("subnet-0d", "vpc-01", "eu-north-1c"),
+        ];
+        assert_eq!(check_subnets("a", &wanted, &good).ok().as_deref(), Some("vpc-01"));
+        let two_vpcs = [
+            subnet("subnet-0a", "vpc-01", "eu-north-1a"),
+            subnet("subnet-0b", "vpc-02", "eu-north-1b"),
+            subnet("subnet-0d", "vpc-01", "x"),
+        ];
+        assert!(check_subnets("a", &wanted, &two_vpcs).is_err_and(|e| e.to_string().contains("more than one VPC")));
+        let wrong_zone = [
+            subnet("subnet-0a", "vpc-01", "eu-north-1b"),
+            subnet("subnet-0b", "vpc-01", "eu-north-1b"),
+            subnet("subnet-0d", "vpc-01", "x"),
+        ];
+        assert!(check_subnets("a", &wanted, &wrong_zone).is_err_and(|e| e.to_string().contains("listed for zone eu-north-1a")));
+        assert!(check_subnets("a", &wanted, &good[..2]).is_err_and(|e| e.to_string().contains("subnet-0d")));
+    }
+
+    #[test]
+    fn a_public_ip_choice_moves_subnet_and_groups_into_the_interface() {
+        let groups = vec!["sg-01".to_string()];
+        let plain = network_params(Some("subnet-0a"), &groups, None);
+        assert_eq!(plain, [("SubnetId".to_string(), "subnet-0a".to_string()), ("SecurityGroupId.1".to_string(), "sg-01".to_string())]);
+        let private = network_params(Some("subnet-0a"), &groups, Some(false));
+        assert!(private.contains(&("NetworkInterface.1.AssociatePublicIpAddress".into(), "false".into())), "{private:?}");
+        assert!(private.contains(&("NetworkInterface.1.SubnetId".into(), "subnet-0a".into())), "{private:?}");
+        assert!(private.contains(&("NetworkInterface.1.SecurityGroupId.1".into(), "sg-01".into())), "{private:?}");
+        assert!(!private.iter().any(|(k, _)| k == "SubnetId" || k.starts_with("SecurityGroupId")), "{private:?}");
+        assert!(network_params(None, &groups, Some(true)).contains(&("NetworkInterface.1.AssociatePublicIpAddress".into(), "true".into())));
     }
 
     #[test]

@@ -152,12 +152,18 @@ pub struct DescribeSubnetsResponse {
     pub subnets: ItemSet<Subnet>,
 }
 
-/// A subnet (only its VPC).
+/// A subnet (its id, VPC and zone).
 #[derive(Debug, Deserialize)]
 pub struct Subnet {
+    /// `subnet-…`.
+    #[serde(rename = "subnetId", default)]
+    pub subnet_id: String,
     /// `vpc-…`.
     #[serde(rename = "vpcId")]
     pub vpc_id: String,
+    /// The availability zone (`eu-north-1a`).
+    #[serde(rename = "availabilityZone", default)]
+    pub availability_zone: String,
 }
 
 /// `DescribeRegionsResponse` (used to validate credentials).

@@ -288,6 +288,7 @@ mod tests {
             ssh_public_key: None,
             extra_tags: BTreeMap::from([("team".to_string(), "blue".to_string())]),
             instance_profile: String::new(),
+            public_ip: None,
             host_key: None,
         };
         let spec = container_spec(&request, "provisioning-node:latest", &Mounts::default()).expect("spec");

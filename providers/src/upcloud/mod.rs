@@ -442,7 +442,15 @@ impl UpcloudProvider {
                     }],
                 },
                 networking: CreateNetworking {
-                    interfaces: CreateInterfaces { interface: vec![interface("public"), interface("utility")] },
+                    // `publicIp: false`: no public interface (reached through the utility
+                    // network or an SSH address override).
+                    interfaces: CreateInterfaces {
+                        interface: if request.public_ip == Some(false) {
+                            vec![interface("utility")]
+                        } else {
+                            vec![interface("public"), interface("utility")]
+                        },
+                    },
                 },
                 login_user: request.ssh_public_key.as_ref().map(|key| LoginUser {
                     username: "root".into(),
@@ -790,6 +798,40 @@ mod tests {
         assert!(refused.contains("sshSourceCidrs"), "{refused}");
         let open = crate::NetworkSettings { ssh_source_cidrs: vec!["0.0.0.0/0".into()], ..network };
         assert!(firewall_rules(&open).is_ok_and(|r| r.iter().any(|r| r.destination_port_start.as_deref() == Some("22"))));
+    }
+
+    #[test]
+    fn public_ip_false_leaves_out_the_public_interface() {
+        let config = crate::ProviderConfig {
+            name: "u".into(),
+            provider_type: "upcloud".into(),
+            zone: "fi-hel1".into(),
+            credentials: crate::Credentials(
+                [("UPCLOUD_USERNAME".to_string(), "u".to_string()), ("UPCLOUD_PASSWORD".to_string(), "p".to_string())].into(),
+            ),
+            ..Default::default()
+        };
+        let provider = UpcloudProvider::new(&config).expect("provider");
+        let mut request = crate::ServerRequest {
+            identity: crate::ServerIdentity { uid: "u1".into(), namespace: "ns".into(), name: "web-0".into(), cluster: None },
+            plan: "1xCPU-2GB".into(),
+            zone: String::new(),
+            image: "debian-12".into(),
+            ssh_public_key: None,
+            extra_tags: Default::default(),
+            instance_profile: String::new(),
+            public_ip: None,
+            host_key: None,
+        };
+        let kinds = |request: &crate::ServerRequest| -> Vec<String> {
+            let body = provider.create_body(request, "1xCPU-2GB", "01000000-0000-4000-8000-000020070100");
+            body.server.networking.interfaces.interface.iter().map(|i| i.kind.clone()).collect()
+        };
+        assert_eq!(kinds(&request), ["public", "utility"], "unset: today's interfaces");
+        request.public_ip = Some(true);
+        assert_eq!(kinds(&request), ["public", "utility"]);
+        request.public_ip = Some(false);
+        assert_eq!(kinds(&request), ["utility"], "no public IPv4 interface");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Test harnesses shared by the provider tests: the moto server, a real sshd, the
-//! fault-injecting proxy and the account-limits proxy (the UpCloud test double is the
+//! fault-injecting proxy, the EC2 scripting proxy and the account-limits proxy (the UpCloud test double is the
 //! `upcloud-double` crate, shared with the end-to-end tests). Each test binary uses a subset.
 #![allow(dead_code)]
 
+pub mod ec2_proxy;
 pub mod fault_proxy;
 pub mod limit_proxy;
 pub mod moto;

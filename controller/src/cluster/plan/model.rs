@@ -266,20 +266,33 @@ pub fn surge_name(cluster: &str, pool: &str, index: u32) -> String {
     format!("{cluster}-{pool}-surge-{index}")
 }
 
-/// The Server a pool wants under `name` (a member, or a surge server).
-pub(super) fn pool_server(o: &Observed<'_>, pool: &ServerPool, name: &str, surge: bool) -> Server {
+/// The zone of a pool's `index`-th member (or surge Server): spread over `zones` in order
+/// when the pool lists them, else the pool's `zone`.
+pub fn member_zone(pool: &ServerPool, index: u32) -> String {
+    match pool.zones.len() {
+        0 => pool.zone.clone(),
+        n => pool.zones[index as usize % n].clone(),
+    }
+}
+
+/// The Server a pool wants under `name` (a member, or a surge server), the pool's `index`-th.
+pub(super) fn pool_server(o: &Observed<'_>, pool: &ServerPool, name: &str, surge: bool, index: u32) -> Server {
     let mut labels = pool.labels.clone();
     labels.insert(LABEL_CLUSTER.to_string(), o.name.to_string());
     labels.insert(LABEL_POOL.to_string(), pool.name.clone());
     if surge {
         labels.insert(LABEL_SURGE.to_string(), "true".to_string());
     }
+    let zone = member_zone(pool, index);
     let spec = ServerSpec {
         provider: o.spec.provider.clone(),
         plan: pool.plan.clone(),
-        zone: pool.zone.clone(),
+        zone: zone.clone(),
         image: pool.image.clone(),
         instance_profile: pool.instance_profile.clone(),
+        // A member's own zone is where it starts, not where it falls back to.
+        fallback_zones: pool.fallback_zones.iter().filter(|z| **z != zone).cloned().collect(),
+        public_ip: pool.public_ip,
         approval: o.spec.approval,
         ..Default::default()
     };
@@ -298,7 +311,7 @@ pub fn desired_servers(o: &Observed<'_>) -> Vec<Server> {
     o.spec
         .pools
         .iter()
-        .flat_map(|pool| (0..pool.replicas).map(|i| pool_server(o, pool, &server_name(o.name, &pool.name, i), false)))
+        .flat_map(|pool| (0..pool.replicas).map(|i| pool_server(o, pool, &server_name(o.name, &pool.name, i), false, i)))
         .collect()
 }
 
@@ -307,7 +320,7 @@ pub fn desired_with_surge(o: &Observed<'_>) -> Vec<Server> {
     let mut out = desired_servers(o);
     for pool in o.spec.pools.iter().filter(|p| surging(o, p)) {
         let count = pool.rollout.as_ref().map_or(0, |r| r.max_surge).min(pool.replicas);
-        out.extend((0..count).map(|i| pool_server(o, pool, &surge_name(o.name, &pool.name, i), true)));
+        out.extend((0..count).map(|i| pool_server(o, pool, &surge_name(o.name, &pool.name, i), true, i)));
     }
     out
 }
@@ -368,8 +381,8 @@ pub fn rollback_machines(o: &Observed<'_>, apply: &mut Vec<Server>) -> Vec<Strin
     let mut stuck = Vec::new();
     for pool in &o.spec.pools {
         let members: Vec<(Server, &ChildServer)> = (0..pool.replicas)
-            .map(|i| server_name(o.name, &pool.name, i))
-            .filter_map(|n| o.servers.iter().find(|s| s.name == n && !s.deleting).map(|s| (pool_server(o, pool, &n, false), s)))
+            .map(|i| (i, server_name(o.name, &pool.name, i)))
+            .filter_map(|(i, n)| o.servers.iter().find(|s| s.name == n && !s.deleting).map(|s| (pool_server(o, pool, &n, false, i), s)))
             .collect();
         let updated: Vec<&(Server, &ChildServer)> = members.iter().filter(|(w, h)| !machine_differs(&h.spec, &w.spec)).collect();
         if updated.len() == members.len() {
@@ -385,7 +398,10 @@ pub fn rollback_machines(o: &Observed<'_>, apply: &mut Vec<Server>) -> Vec<Strin
             let mut back = want.clone();
             back.spec.provider = old.spec.provider.clone();
             back.spec.plan = old.spec.plan.clone();
-            back.spec.zone = old.spec.zone.clone();
+            // A pool spread over `zones` keeps each member in its own zone.
+            if pool.zones.is_empty() {
+                back.spec.zone = old.spec.zone.clone();
+            }
             back.spec.image = old.spec.image.clone();
             apply.push(back);
         }
@@ -399,15 +415,17 @@ pub(super) fn surging(o: &Observed<'_>, pool: &ServerPool) -> bool {
     if pool.rollout.as_ref().is_none_or(|r| r.max_surge == 0) || rolled_back(o).is_some() {
         return false;
     }
-    let want = pool_server(o, pool, "", false).spec;
-    let members: Vec<Option<&ChildServer>> =
-        (0..pool.replicas).map(|i| server_name(o.name, &pool.name, i)).map(|n| o.servers.iter().find(|s| s.name == n)).collect();
-    let outdated = members.iter().flatten().any(|s| !s.deleting && machine_differs(&s.spec, &want));
+    // Each member against its own wanted spec (a pool spread over zones wants one per zone).
+    let members: Vec<(ServerSpec, Option<&ChildServer>)> = (0..pool.replicas)
+        .map(|i| (pool_server(o, pool, "", false, i).spec, server_name(o.name, &pool.name, i)))
+        .map(|(want, n)| (want, o.servers.iter().find(|s| s.name == n)))
+        .collect();
+    let outdated = members.iter().any(|(want, s)| s.is_some_and(|s| !s.deleting && machine_differs(&s.spec, want)));
     let surge_up = o
         .servers
         .iter()
         .any(|s| s.owned && !s.deleting && s.labels.contains_key(LABEL_SURGE) && s.labels.get(LABEL_POOL) == Some(&pool.name));
-    outdated || (surge_up && members.iter().any(|m| m.is_none_or(|s| !settled(o, s, &want))))
+    outdated || (surge_up && members.iter().any(|(want, m)| m.is_none_or(|s| !settled(o, s, want))))
 }
 
 /// The rollout of a service on `pools`: the smallest `maxUnavailable` among them, or none when
