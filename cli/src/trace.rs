@@ -13,7 +13,6 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use futures::StreamExt;
 use kube::api::ListParams;
-use kube::api::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use provisioning_crds::{Cluster, LABEL_CLUSTER, LABEL_POOL, Server, TaskServ, Workspace};
@@ -494,10 +493,7 @@ pub async fn fetch(client: &Client, root: &Root, namespace: &str) -> anyhow::Res
     // is shown by name only), as the web console does.
     let list = |ar: kube::api::ApiResource, what: &'static str| {
         let api: Api<provisioning_controller::decode::BoundedObject> = Api::namespaced_with(client.clone(), &ns, &ar);
-        async move {
-            let items = api.list(&ListParams::default()).await.with_context(|| format!("listing {what}"))?.items;
-            anyhow::Ok(items.into_iter().map(provisioning_controller::decode::BoundedObject::into_value).collect::<Vec<_>>())
-        }
+        async move { crate::console::api::bounded_list(&api, &ListParams::default()).await.with_context(|| format!("listing {what}")) }
     };
     objs.clusters = list(kube::api::ApiResource::erase::<Cluster>(&()), "Clusters").await?;
     objs.servers = list(kube::api::ApiResource::erase::<Server>(&()), "Servers").await?;
@@ -560,13 +556,17 @@ pub async fn run(client: Client, root: Root, namespace: String, format: Format, 
         return Ok(());
     }
     let ns = objs.namespace.clone();
-    let cfg = watcher::Config::default();
-    // Change notifications only: metadata is all that is decoded (a tenant's spec can be large).
+    // Change notifications only: metadata-only requests, decoded to what names each object.
+    let notices = |ar: kube::api::ApiResource, namespaced: bool| {
+        let api: Api<provisioning_controller::decode::Notice> =
+            if namespaced { Api::namespaced_with(client.clone(), &ns, &ar) } else { Api::all_with(client.clone(), &ar) };
+        watcher(api, watcher::Config::default().page_size(10)).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed()
+    };
     let changes = futures::stream::select_all(vec![
-        watcher(Api::<PartialObjectMeta<Cluster>>::namespaced(client.clone(), &ns), cfg.clone()).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
-        watcher(Api::<PartialObjectMeta<Server>>::namespaced(client.clone(), &ns), cfg.clone()).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
-        watcher(Api::<PartialObjectMeta<TaskServ>>::namespaced(client.clone(), &ns), cfg.clone()).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
-        watcher(Api::<PartialObjectMeta<Workspace>>::all(client.clone()), cfg).map(|r| r.map(|_| ()).map_err(anyhow::Error::from)).boxed(),
+        notices(kube::api::ApiResource::erase::<Cluster>(&()), true),
+        notices(kube::api::ApiResource::erase::<Server>(&()), true),
+        notices(kube::api::ApiResource::erase::<TaskServ>(&()), true),
+        notices(kube::api::ApiResource::erase::<Workspace>(&()), false),
     ]);
     tokio::pin!(changes);
     let mut ticker = tokio::time::interval(Duration::from_secs(5));

@@ -193,6 +193,83 @@ impl<'de> Deserialize<'de> for BoundedObject {
     }
 }
 
+/// A change notice about an object of any kind, for watchers that only need to know that
+/// something changed (the console's live streams): requested metadata-only (the API server
+/// sends PartialObjectMetadata) and decoded to what names the object; everything else is
+/// skipped unread, whatever its size or depth.
+#[derive(Clone, Debug, Default)]
+pub struct Notice {
+    meta: ObjectMeta,
+}
+
+impl Resource for Notice {
+    type DynamicType = kube::api::ApiResource;
+    type Scope = kube::core::DynamicResourceScope;
+
+    fn kind(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+    fn group(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+    fn version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+    fn api_version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+    fn plural(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+    fn metadata_api() -> bool {
+        true
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.meta
+    }
+}
+
+impl Serialize for Notice {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serde_json::json!({ "metadata": {
+            "name": self.meta.name, "namespace": self.meta.namespace, "uid": self.meta.uid,
+            "resourceVersion": self.meta.resource_version,
+        }})
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Notice {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // Unknown fields (spec, status, managedFields, labels…) are skipped by serde unread.
+        #[derive(Deserialize)]
+        struct Raw {
+            #[serde(default)]
+            metadata: RawMeta,
+        }
+        #[derive(Default, Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct RawMeta {
+            name: Option<String>,
+            namespace: Option<String>,
+            uid: Option<String>,
+            resource_version: Option<String>,
+        }
+        let raw = Raw::deserialize(deserializer)?.metadata;
+        let meta = ObjectMeta {
+            name: raw.name,
+            namespace: raw.namespace,
+            uid: raw.uid,
+            resource_version: raw.resource_version,
+            ..ObjectMeta::default()
+        };
+        Ok(Notice { meta })
+    }
+}
+
 /// What the objects of one listing for display ([`bounded_page`]) may take decoded together,
 /// estimated as [`MAX_SIZE`] is; objects past it are shown by name only.
 pub const LIST_SIZE: usize = 16 << 20;
@@ -902,6 +979,23 @@ mod tests {
         let mut left = LIST_SIZE;
         let (fine, _) = bounded_page(&list(&[item("a", r#"{"config":{"port":80}}"#)]), &mut left)?;
         assert_eq!(fine[0]["spec"]["config"]["port"].as_i64(), Some(80));
+        Ok(())
+    }
+
+    #[test]
+    fn a_notice_reads_only_what_names_the_object() -> Result<(), serde_json::Error> {
+        // Twenty-third review H1: the console's live streams decoded every watched object.
+        let bloat = format!("[{}{{\"a\":{{}}}}]", "{\"a\":{},\"bb\":0},".repeat(40_000));
+        let deep = format!("{}1{}", "{\"a\":".repeat(5_000), "}".repeat(5_000));
+        let text = format!(
+            r#"{{"kind":"PartialObjectMetadataList","metadata":{{"resourceVersion":"9"}},"items":[{{"metadata":{{"managedFields":{bloat},"labels":{{"x":"y"}},"name":"t","namespace":"n","resourceVersion":"7","uid":"u-7"}},"spec":{deep}}}]}}"#
+        );
+        let list: ObjectList<Notice> = serde_json::from_str(&text)?;
+        let meta = list.items[0].meta();
+        let seen = (meta.name.as_deref(), meta.namespace.as_deref(), meta.resource_version.as_deref(), meta.uid.as_deref());
+        assert_eq!(seen, (Some("t"), Some("n"), Some("7"), Some("u-7")));
+        assert!(meta.managed_fields.is_none() && meta.labels.is_none());
+        assert!(Notice::metadata_api(), "requested as PartialObjectMetadata");
         Ok(())
     }
 

@@ -508,7 +508,9 @@ pub async fn text_capped(mut response: reqwest::Response, cap: usize, what: &str
         }
         charge.grow(body.len() + chunk.len()).map_err(|full| {
             ProviderError::Transient(match full {
-                Full::Share => format!("{what}: this namespace's other answers from its own endpoints fill its share of the controller's budget; trying again"),
+                Full::Share => format!(
+                    "{what}: this namespace's other answers from its own endpoints fill its share of the controller's budget; trying again"
+                ),
                 Full::Budget => format!("{what}: other provider answers fill the controller's budget; trying again"),
             })
         })?;

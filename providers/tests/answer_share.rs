@@ -26,12 +26,12 @@ async fn stalling(_req: Request<Incoming>) -> Result<Response<Body>, Infallible>
     let head = b"<DescribeInstancesResponse><reservationSet>".to_vec();
     let chunks = futures::StreamExt::chain(
         futures::stream::iter((0..(8 << 20) / CHUNK - 1).map(move |i| {
-        let mut chunk = b" ".repeat(CHUNK);
-        if i == 0 {
-            chunk[..head.len()].copy_from_slice(&head);
-        }
-        Ok::<_, Infallible>(Frame::data(Bytes::from(chunk)))
-    })),
+            let mut chunk = b" ".repeat(CHUNK);
+            if i == 0 {
+                chunk[..head.len()].copy_from_slice(&head);
+            }
+            Ok::<_, Infallible>(Frame::data(Bytes::from(chunk)))
+        })),
         futures::stream::pending(),
     );
     Ok(Response::builder().status(200).header("content-type", "application/xml").body(StreamBody::new(chunks).boxed()).unwrap_or_default())

@@ -4,8 +4,8 @@
 
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use kube::api::{ApiResource, DeleteParams, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
-use provisioning_controller::decode::BoundedObject;
 use kube::{Api, Client};
+use provisioning_controller::decode::BoundedObject;
 use provisioning_crds::{GROUP, LABEL_CHANGE_OF, VERSION};
 use secrecy::SecretString;
 use serde_json::{Value, json};
@@ -126,6 +126,19 @@ pub async fn list(client: &Client, kind: Kind, namespace: Option<&str>) -> Resul
 
 /// Listings the console decodes at once, all visitors together.
 static LISTINGS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+/// How long a page waits for a listing turn before it answers "busy".
+const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A listing turn, or "busy" after [`TURN_WAIT`]: a visitor loading many pages at once makes
+/// others wait at most that long, never without end.
+async fn listing_turn() -> Result<tokio::sync::SemaphorePermit<'static>, ApiFailure> {
+    match tokio::time::timeout(TURN_WAIT, LISTINGS.acquire()).await {
+        Ok(Ok(turn)) => Ok(turn),
+        Ok(Err(_)) => Err(ApiFailure::Other("the console is stopping".into())),
+        Err(_) => Err(ApiFailure::Other("the console is busy reading other pages; try again in a moment".into())),
+    }
+}
+
 /// Objects per page of a listing (each at most the API server's object size as text).
 const PAGE: u32 = 10;
 /// Objects of one listing shown at most.
@@ -135,8 +148,8 @@ const MAX_LISTED: usize = 2_000;
 /// within [`provisioning_controller::decode::LIST_SIZE`] decoded (those past it, and any one
 /// over the per-object budget, shown by name only), two listings at a time in the process
 /// (the console runs in the controller's), at most [`MAX_LISTED`] objects.
-async fn bounded_list(api: &Api<BoundedObject>, params: &ListParams) -> Result<Vec<Value>, ApiFailure> {
-    let _turn = LISTINGS.acquire().await.map_err(|_| ApiFailure::Other("the console is stopping".into()))?;
+pub async fn bounded_list(api: &Api<BoundedObject>, params: &ListParams) -> Result<Vec<Value>, ApiFailure> {
+    let _turn = listing_turn().await?;
     let mut left = provisioning_controller::decode::LIST_SIZE;
     let mut items = Vec::new();
     let mut token: Option<String> = None;
@@ -163,7 +176,7 @@ async fn bounded_list(api: &Api<BoundedObject>, params: &ListParams) -> Result<V
 /// Reads one object as JSON.
 pub async fn get(client: &Client, kind: Kind, namespace: Option<&str>, name: &str) -> Result<Value, ApiFailure> {
     // Counted with the listings: each object may take up to the per-object budget decoded.
-    let _turn = LISTINGS.acquire().await.map_err(|_| ApiFailure::Other("the console is stopping".into()))?;
+    let _turn = listing_turn().await?;
     to_value(api(client, kind, namespace).get(name).await?)
 }
 

@@ -13,9 +13,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use hyper::body::{Body, Frame};
 use kube::api::{ApiResource, GroupVersionKind};
-use provisioning_controller::decode::BoundedObject;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use provisioning_controller::decode::Notice;
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -149,9 +149,10 @@ fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource
 fn changes(client: &Client, page: &Page, namespace: Option<String>) -> futures::stream::BoxStream<'static, ()> {
     let g = provisioning_crds::GROUP;
     let v = provisioning_crds::VERSION;
-    // Change notifications only: each object read within the per-object budget.
-    let mut apis: Vec<(Api<BoundedObject>, watcher::Config)> = vec![];
-    let all = watcher::Config::default();
+    // Change notifications only: metadata-only requests, each object decoded to what names it
+    // (spec, status and managedFields are skipped unread), in pages of 10.
+    let mut apis: Vec<(Api<Notice>, watcher::Config)> = vec![];
+    let all = watcher::Config::default().page_size(10);
     if matches!(page, Page::Workspaces | Page::Object { kind: Kind::Workspace, .. }) {
         apis.push((Api::all_with(client.clone(), &resource(g, v, "Workspace", "workspaces")), all.clone()));
     }
@@ -161,7 +162,7 @@ fn changes(client: &Client, page: &Page, namespace: Option<String>) -> futures::
         }
         // Only the events the page lists (about its object) wake it up.
         if let Page::Object { kind: kind @ (Kind::Cluster | Kind::Server | Kind::TaskServ), name, .. } = page {
-            let about = watcher::Config::default().fields(&super::api::event_selector(*kind, name));
+            let about = watcher::Config::default().page_size(10).fields(&super::api::event_selector(*kind, name));
             apis.push((Api::namespaced_with(client.clone(), &ns, &resource("events.k8s.io", "v1", "Event", "events")), about));
         }
     }

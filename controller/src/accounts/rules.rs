@@ -189,9 +189,9 @@ mod tests {
     fn an_aws_region_that_would_change_the_endpoints_host_is_refused() {
         // Twenty-first re-review H1: the region is placed into https://sts.<region>.amazonaws.com/
         // where the controller's web identity token is posted.
-        for region in ["x@attacker.example/", "x.attacker.example/", "a@attacker.example:8443/x?", "eu-north-1.", "EU-NORTH-1", "eu-north-"] {
-            let refused = check_account(&account(&format!("{{name: a, type: aws, region: {region:?}}}")), "ns", false)
-                .expect_err(region);
+        for region in ["x@attacker.example/", "x.attacker.example/", "a@attacker.example:8443/x?", "eu-north-1.", "EU-NORTH-1", "eu-north-"]
+        {
+            let refused = check_account(&account(&format!("{{name: a, type: aws, region: {region:?}}}")), "ns", false).expect_err(region);
             assert_eq!(refused.reason, "InvalidRegion", "{region}");
         }
         for region in ["eu-north-1", "us-gov-west-1", "ap-southeast-2", "eusc-de-east-1", ""] {

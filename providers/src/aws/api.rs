@@ -100,7 +100,8 @@ impl Ec2Client {
     /// Builds the client; credentials come from `config.credentials` (static keys, or a role
     /// assumed with them or with a web identity: [`AwsCredentials`]).
     pub fn new(config: &ProviderConfig, region: &str) -> ProviderResult<Self> {
-        let endpoint = if config.endpoint.is_empty() { super::regional_endpoint("ec2", &config.name, region)? } else { config.endpoint.clone() };
+        let endpoint =
+            if config.endpoint.is_empty() { super::regional_endpoint("ec2", &config.name, region)? } else { config.endpoint.clone() };
         let url = reqwest::Url::parse(&endpoint)
             .map_err(|e| ProviderError::InvalidRequest(format!("aws endpoint {endpoint:?} is not a URL: {e}")))?;
         if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {
@@ -175,7 +176,8 @@ impl Ec2Client {
         let response = request.send().await.map_err(|e| self.redact_error(transport_error(&format!("EC2 {action}"), &e)))?;
         let status = response.status().as_u16();
         let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = crate::ratelimit::text_capped(response, cap, &format!("EC2 {action}"), &self.source).await.map_err(|e| self.redact_error(e))?;
+        let text =
+            crate::ratelimit::text_capped(response, cap, &format!("EC2 {action}"), &self.source).await.map_err(|e| self.redact_error(e))?;
         if (200..300).contains(&status) {
             return Ok(text);
         }

@@ -294,7 +294,9 @@ impl AwsCredentials {
         // The region is placed into a host name: only a region's shape (no '/', '@', '.').
         let regional = super::regional_endpoint("sts", &config.name, region)?;
         let (sts_endpoint, answers) = match &source {
-            Source::WebIdentity { .. } => (value(config, STS_ENDPOINT).map_or(regional, str::to_string), crate::ratelimit::AnswerSource::Public),
+            Source::WebIdentity { .. } => {
+                (value(config, STS_ENDPOINT).map_or(regional, str::to_string), crate::ratelimit::AnswerSource::Public)
+            }
             _ if config.endpoint.is_empty() => (regional, crate::ratelimit::AnswerSource::Public),
             _ => (config.endpoint.clone(), crate::ratelimit::AnswerSource::of(config)),
         };
