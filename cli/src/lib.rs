@@ -20,6 +20,7 @@ pub mod backup;
 pub mod catalog;
 pub mod console;
 pub mod dev;
+pub mod listing;
 pub mod migrate;
 pub mod plan;
 pub mod template;

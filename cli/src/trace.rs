@@ -493,7 +493,7 @@ pub async fn fetch(client: &Client, root: &Root, namespace: &str) -> anyhow::Res
     // is shown by name only), as the web console does.
     let list = |ar: kube::api::ApiResource, what: &'static str| {
         let api: Api<provisioning_controller::decode::BoundedObject> = Api::namespaced_with(client.clone(), &ns, &ar);
-        async move { crate::console::api::bounded_list(&api, &ListParams::default()).await.with_context(|| format!("listing {what}")) }
+        async move { crate::listing::bounded_list(&api, &ListParams::default()).await.with_context(|| format!("listing {what}")) }
     };
     objs.clusters = list(kube::api::ApiResource::erase::<Cluster>(&()), "Clusters").await?;
     objs.servers = list(kube::api::ApiResource::erase::<Server>(&()), "Servers").await?;

@@ -43,6 +43,15 @@ impl From<kube::Error> for ApiFailure {
     }
 }
 
+impl From<crate::listing::ListingError> for ApiFailure {
+    fn from(e: crate::listing::ListingError) -> Self {
+        match e {
+            crate::listing::ListingError::Api(e) => e.into(),
+            crate::listing::ListingError::Other(m) => ApiFailure::Other(m),
+        }
+    }
+}
+
 /// The kinds a console page shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -121,62 +130,13 @@ fn to_value(o: BoundedObject) -> Result<Value, ApiFailure> {
 
 /// Lists `kind` (in `namespace`, or across all for a Workspace) as JSON.
 pub async fn list(client: &Client, kind: Kind, namespace: Option<&str>) -> Result<Vec<Value>, ApiFailure> {
-    bounded_list(&api(client, kind, namespace), &ListParams::default()).await
-}
-
-/// Listings the console decodes at once, all visitors together.
-static LISTINGS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
-/// How long a page waits for a listing turn before it answers "busy".
-const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// A listing turn, or "busy" after [`TURN_WAIT`]: a visitor loading many pages at once makes
-/// others wait at most that long, never without end.
-async fn listing_turn() -> Result<tokio::sync::SemaphorePermit<'static>, ApiFailure> {
-    match tokio::time::timeout(TURN_WAIT, LISTINGS.acquire()).await {
-        Ok(Ok(turn)) => Ok(turn),
-        Ok(Err(_)) => Err(ApiFailure::Other("the console is stopping".into())),
-        Err(_) => Err(ApiFailure::Other("the console is busy reading other pages; try again in a moment".into())),
-    }
-}
-
-/// Objects per page of a listing (each at most the API server's object size as text).
-const PAGE: u32 = 10;
-/// Objects of one listing shown at most.
-const MAX_LISTED: usize = 2_000;
-
-/// What `params` selects of `api`, read page by page for display: all objects of the listing
-/// within [`provisioning_controller::decode::LIST_SIZE`] decoded (those past it, and any one
-/// over the per-object budget, shown by name only), two listings at a time in the process
-/// (the console runs in the controller's), at most [`MAX_LISTED`] objects.
-pub async fn bounded_list(api: &Api<BoundedObject>, params: &ListParams) -> Result<Vec<Value>, ApiFailure> {
-    let _turn = listing_turn().await?;
-    let mut left = provisioning_controller::decode::LIST_SIZE;
-    let mut items = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let mut page = params.clone().limit(PAGE);
-        if let Some(t) = token.take() {
-            page = page.continue_token(&t);
-        }
-        let request = kube::core::Request::new(api.resource_url())
-            .list(&page)
-            .map_err(|e| ApiFailure::Other(format!("building a list request: {e}")))?;
-        let text = api.clone().into_client().request_text(request).await?;
-        let (got, next) = provisioning_controller::decode::bounded_page(&text, &mut left)
-            .map_err(|e| ApiFailure::Other(format!("reading a list: {e}")))?;
-        drop(text);
-        items.extend(got);
-        match next {
-            Some(next) if items.len() < MAX_LISTED => token = Some(next),
-            _ => return Ok(items),
-        }
-    }
+    Ok(crate::listing::bounded_list(&api(client, kind, namespace), &ListParams::default()).await?)
 }
 
 /// Reads one object as JSON.
 pub async fn get(client: &Client, kind: Kind, namespace: Option<&str>, name: &str) -> Result<Value, ApiFailure> {
     // Counted with the listings: each object may take up to the per-object budget decoded.
-    let _turn = listing_turn().await?;
+    let _turn = crate::listing::turn().await?;
     to_value(api(client, kind, namespace).get(name).await?)
 }
 
@@ -201,7 +161,7 @@ pub async fn events_about(client: &Client, namespace: &str, kind: Kind, name: &s
     let api: Api<BoundedObject> = Api::namespaced_with(client.clone(), namespace, &ar);
     // Only this object's events: the API server filters (a namespace can hold thousands).
     let lp = ListParams::default().fields(&event_selector(kind, name));
-    let mut out: Vec<Value> = bounded_list(&api, &lp)
+    let mut out: Vec<Value> = crate::listing::bounded_list(&api, &lp)
         .await?
         .into_iter()
         .filter(|e| e["regarding"]["kind"] == kind.name() && e["regarding"]["name"] == name)
@@ -230,10 +190,10 @@ pub async fn change_records(client: &Client, namespace: &str, uid: &str) -> Resu
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, "ChangeRecord"), "changerecords");
     let api: Api<BoundedObject> = Api::namespaced_with(client.clone(), namespace, &ar);
     // The controller labels each record with the uid it records: only those are listed.
-    let items = match bounded_list(&api, &ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await {
+    let items = match crate::listing::bounded_list(&api, &ListParams::default().labels(&format!("{LABEL_CHANGE_OF}={uid}"))).await {
         Ok(items) => items,
-        Err(ApiFailure::NotFound(_)) => return Ok(vec![]),
-        Err(e) => return Err(e),
+        Err(crate::listing::ListingError::Api(kube::Error::Api(s))) if s.code == 404 => return Ok(vec![]),
+        Err(e) => return Err(e.into()),
     };
     let mut out: Vec<Value> = items
         .into_iter()
@@ -297,12 +257,21 @@ pub async fn annotate(
 ) -> Result<(), ApiFailure> {
     let patch = json!({"metadata": {"annotations": {key: value}}});
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-    api(client, kind, namespace).patch(name, &params, &Patch::Merge(&patch)).await?;
+    notices(client, kind, namespace).patch(name, &params, &Patch::Merge(&patch)).await?;
     Ok(())
 }
 
 /// Deletes the object.
 pub async fn delete(client: &Client, kind: Kind, namespace: Option<&str>, name: &str) -> Result<(), ApiFailure> {
-    api(client, kind, namespace).delete(name, &DeleteParams::default()).await?;
+    notices(client, kind, namespace).delete(name, &DeleteParams::default()).await?;
     Ok(())
+}
+
+/// `kind` for writes whose answer is not used: asked for metadata only, decoded to what names
+/// the object (a tenant's object can be large).
+fn notices(client: &Client, kind: Kind, namespace: Option<&str>) -> Api<provisioning_controller::decode::Notice> {
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &kind.resource()),
+        None => Api::all_with(client.clone(), &kind.resource()),
+    }
 }

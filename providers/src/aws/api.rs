@@ -100,8 +100,11 @@ impl Ec2Client {
     /// Builds the client; credentials come from `config.credentials` (static keys, or a role
     /// assumed with them or with a web identity: [`AwsCredentials`]).
     pub fn new(config: &ProviderConfig, region: &str) -> ProviderResult<Self> {
-        let endpoint =
-            if config.endpoint.is_empty() { super::regional_endpoint("ec2", &config.name, region)? } else { config.endpoint.clone() };
+        let endpoint = if config.endpoint.is_empty() {
+            super::region::regional_endpoint("ec2", &config.name, region)?
+        } else {
+            config.endpoint.clone()
+        };
         let url = reqwest::Url::parse(&endpoint)
             .map_err(|e| ProviderError::InvalidRequest(format!("aws endpoint {endpoint:?} is not a URL: {e}")))?;
         if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {

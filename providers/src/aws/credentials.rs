@@ -292,7 +292,7 @@ impl AwsCredentials {
             secrets.push(id.clone());
         }
         // The region is placed into a host name: only a region's shape (no '/', '@', '.').
-        let regional = super::regional_endpoint("sts", &config.name, region)?;
+        let regional = super::region::regional_endpoint("sts", &config.name, region)?;
         let (sts_endpoint, answers) = match &source {
             Source::WebIdentity { .. } => {
                 (value(config, STS_ENDPOINT).map_or(regional, str::to_string), crate::ratelimit::AnswerSource::Public)
