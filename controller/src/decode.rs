@@ -154,32 +154,44 @@ impl BoundedObject {
     }
 }
 
-impl Resource for BoundedObject {
-    type DynamicType = kube::api::ApiResource;
-    type Scope = kube::core::DynamicResourceScope;
+/// `Resource` for a type of any kind (named by its `ApiResource`, as `DynamicObject` is) that
+/// keeps its metadata in a field `meta`; `metadata_api` says whether it is asked for as
+/// PartialObjectMetadata.
+macro_rules! dynamic_resource {
+    ($type:ty, metadata_api: $metadata_api:expr) => {
+        impl Resource for $type {
+            type DynamicType = kube::api::ApiResource;
+            type Scope = kube::core::DynamicResourceScope;
 
-    fn kind(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.kind.as_str().into()
-    }
-    fn group(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.group.as_str().into()
-    }
-    fn version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.version.as_str().into()
-    }
-    fn api_version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.api_version.as_str().into()
-    }
-    fn plural(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.plural.as_str().into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.meta
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.meta
-    }
+            fn kind(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+                dt.kind.as_str().into()
+            }
+            fn group(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+                dt.group.as_str().into()
+            }
+            fn version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+                dt.version.as_str().into()
+            }
+            fn api_version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+                dt.api_version.as_str().into()
+            }
+            fn plural(dt: &kube::api::ApiResource) -> Cow<'_, str> {
+                dt.plural.as_str().into()
+            }
+            fn metadata_api() -> bool {
+                $metadata_api
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.meta
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.meta
+            }
+        }
+    };
 }
+
+dynamic_resource!(BoundedObject, metadata_api: false);
 
 impl Serialize for BoundedObject {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -202,35 +214,7 @@ pub struct Notice {
     meta: ObjectMeta,
 }
 
-impl Resource for Notice {
-    type DynamicType = kube::api::ApiResource;
-    type Scope = kube::core::DynamicResourceScope;
-
-    fn kind(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.kind.as_str().into()
-    }
-    fn group(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.group.as_str().into()
-    }
-    fn version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.version.as_str().into()
-    }
-    fn api_version(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.api_version.as_str().into()
-    }
-    fn plural(dt: &kube::api::ApiResource) -> Cow<'_, str> {
-        dt.plural.as_str().into()
-    }
-    fn metadata_api() -> bool {
-        true
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.meta
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.meta
-    }
-}
+dynamic_resource!(Notice, metadata_api: true);
 
 impl Serialize for Notice {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
