@@ -6,7 +6,12 @@
 //! adds a line to the controller's config), `latency` (1,000 Servers, 2 s ± 20 % latency, parallelLimit 50: time
 //! vs the 40 s floor), `memory` (controller RSS holding 10,000 Servers), `survey` (1,000 Ready
 //! Servers: provider calls per survey interval, and how long a machine deleted behind the
-//! controller's back takes to be noticed and re-created). Default: all.
+//! controller's back takes to be noticed and re-created), `replicas` (1, 2 and 4 sharded
+//! replicas, 1,000 Servers over 20 Workspaces at 1 s per call; `SCALE_REPLICAS`,
+//! `SCALE_WORKSPACES`, `SCALE_PER_WORKSPACE`, `SCALE_LATENCY_MS`; only when named),
+//! `rebalance` (3 replicas, 5,000 Servers over 20 Workspaces, one killed mid-rollout; the
+//! simulated journal must show one machine per Server; only when named).
+//! Default: all but `replicas` and `rebalance`.
 //! The API server runs in this process; the controller is the `provisioning controller`
 //! binary in its own process (so its RSS is its own).
 
@@ -32,9 +37,13 @@ struct Tracker {
 }
 
 fn track(client: &Client, namespace: &str) -> Arc<Mutex<Tracker>> {
+    track_in(Api::namespaced(client.clone(), namespace))
+}
+
+/// Servers of every namespace, keyed `namespace/name`.
+fn track_in(api: Api<Server>) -> Arc<Mutex<Tracker>> {
     let tracker: Arc<Mutex<Tracker>> = Arc::default();
     let sink = tracker.clone();
-    let api: Api<Server> = Api::namespaced(client.clone(), namespace);
     tokio::spawn(async move {
         let mut stream = watcher(api, watcher::Config::default()).applied_objects().boxed();
         while let Some(item) = stream.next().await {
@@ -42,7 +51,7 @@ fn track(client: &Client, namespace: &str) -> Arc<Mutex<Tracker>> {
             let mut t = sink.lock().unwrap_or_else(|p| p.into_inner());
             t.events += 1;
             let rv = s.resource_version().unwrap_or_default();
-            let name = s.name_any();
+            let name = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
             let vs = t.versions.entry(name.clone()).or_default();
             if !vs.contains(&rv) {
                 vs.push(rv);
@@ -330,6 +339,259 @@ async fn survey(figures: &mut Figures) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One sharded replica (`sharding = true`, identity starting with `name`) sharing the bench's
+/// simulated provider state.
+fn spawn_replica(env: &TestEnv, name: &str) -> anyhow::Result<Child> {
+    let config = env.dir.path().join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = {:?}\nsharding = true\nlease_namespace = \"default\"\nresync_secs = 600\nmetrics_addr = \"{}\"\n",
+            env.state_dir.display().to_string(),
+            free_addr()?
+        ),
+    )?;
+    let bin = std::env::var("SCALE_CONTROLLER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_provisioning").to_string());
+    Ok(Command::new(bin)
+        .env("POD_NAME", name)
+        .args(["controller", "--kubeconfig"])
+        .arg(&env.kubeconfig)
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(if std::env::var_os("RUST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
+        .spawn()?)
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Throughput of 1, 2 and 4 sharded replicas when provider latency dominates (issue 31
+/// item 6): the same Servers over the same Workspaces, each replica count on a fresh API
+/// server, timed from the first create to all Ready once every Workspace has a stable owner.
+/// What one replica can do is bounded by its reconciles in flight (`concurrency`, 128), each
+/// waiting on the provider; N replicas hold N times as many. Reported as a ratio to one
+/// replica, measured in the same run.
+async fn replicas(figures: &mut Figures) -> anyhow::Result<()> {
+    let latency = env_number("SCALE_LATENCY_MS", 1000);
+    let workspaces = env_number("SCALE_WORKSPACES", 20) as usize;
+    let per = env_number("SCALE_PER_WORKSPACE", 50) as usize;
+    let counts: Vec<usize> = std::env::var("SCALE_REPLICAS")
+        .unwrap_or_else(|_| "1,2,4".into())
+        .split(',')
+        .filter_map(|c| c.trim().parse().ok())
+        .filter(|&c| c > 0)
+        .collect();
+    println!("replicas: {} Servers over {workspaces} Workspaces, {latency} ms per provider call, replicas {counts:?}", workspaces * per);
+    let mut one: Option<f64> = None;
+    for n in counts {
+        let took = replicas_once(n, workspaces, per, latency).await?;
+        let ratio = one.map(|b| format!(", {:.2} × one replica", b / took)).unwrap_or_default();
+        if n == 1 {
+            one = Some(took);
+        }
+        figures.add(
+            &format!(
+                "replicas: {n} replica(s), {} Servers over {workspaces} Workspaces, {latency} ms per call, all Ready",
+                workspaces * per
+            ),
+            format!("{took:.1} s{ratio} (load average {})", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()),
+        );
+    }
+    Ok(())
+}
+
+async fn replicas_once(n: usize, workspaces: usize, per: usize, latency: u64) -> anyhow::Result<f64> {
+    let env = TestEnv::start().await?;
+    let mut children = Vec::new();
+    for i in 0..n {
+        children.push(spawn_replica(&env, &format!("rep{i}"))?);
+    }
+    let names: Vec<String> = (0..workspaces).map(|w| format!("rep-{w:02}")).collect();
+    for name in &names {
+        setup(&env, name, latency, 0, per as u32, 20000).await?;
+    }
+    // Every Workspace owned by a replica, every replica owning some, unchanged for 3 s.
+    let api: Api<Workspace> = Api::all(env.client.clone());
+    let label = provisioning_controller::shard::LABEL;
+    let mut last: Option<Vec<String>> = None;
+    let mut stable = 0;
+    let settled = Instant::now();
+    while stable < 3 {
+        anyhow::ensure!(settled.elapsed() < Duration::from_secs(180), "Workspaces never settled on {n} replicas: {last:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let list = api.list(&Default::default()).await?;
+        let owners: Vec<String> = list
+            .items
+            .iter()
+            .filter(|w| names.contains(&w.name_any()))
+            .map(|w| w.labels().get(label).cloned().unwrap_or_default())
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = owners.iter().filter(|o| !o.is_empty()).collect();
+        let complete = owners.len() == workspaces && owners.iter().all(|o| !o.is_empty()) && distinct.len() == n.min(workspaces);
+        stable = if complete && last.as_ref() == Some(&owners) { stable + 1 } else { 0 };
+        last = Some(owners);
+    }
+    let tracker = track_in(Api::all(env.client.clone()));
+    let start = Instant::now();
+    let creates: Vec<anyhow::Result<()>> =
+        futures::stream::iter(names.iter()).map(|ns| create_servers(&env.client, ns, per)).buffer_unordered(4).collect().await;
+    for c in creates {
+        c?;
+    }
+    wait_all_ready(&tracker, workspaces * per, Duration::from_secs(1800)).await?;
+    let took = start.elapsed().as_secs_f64();
+    for mut child in children {
+        child.kill()?;
+        child.wait()?;
+    }
+    env.shutdown().await;
+    Ok(took)
+}
+
+/// Workspace name → owning replica (the shard label; empty when none).
+async fn owners(client: &Client, names: &[String]) -> anyhow::Result<Vec<String>> {
+    let list = Api::<Workspace>::all(client.clone()).list(&Default::default()).await?;
+    let label = provisioning_controller::shard::LABEL;
+    let mut out: Vec<(String, String)> = list
+        .items
+        .iter()
+        .filter(|w| names.contains(&w.name_any()))
+        .map(|w| (w.name_any(), w.labels().get(label).cloned().unwrap_or_default()))
+        .collect();
+    out.sort();
+    Ok(out.into_iter().map(|(_, o)| o).collect())
+}
+
+/// Machines created per Server uid, from the simulated provider's journals under `dir` (every
+/// `create` entry, deleted or not): the oracle of "no machine created twice".
+fn creates_per_server(dir: &std::path::Path) -> anyhow::Result<HashMap<String, usize>> {
+    let mut out = HashMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)?.flatten() {
+            let p = e.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            if p.is_dir() {
+                stack.push(p);
+            } else if name.starts_with("simulated-") && name.ends_with(".jsonl") {
+                for line in std::fs::read_to_string(&p)?.lines() {
+                    let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+                    if v["op"] == "create"
+                        && let Some(uid) = v["machine"]["tags"]["provisioning.dev/server-uid"].as_str()
+                    {
+                        *out.entry(uid.to_string()).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A replica killed (SIGKILL) mid-rollout (issue 31 item 6): 3 sharded replicas, 5,000
+/// Servers over 20 Workspaces, 100 ms per provider call; once a third are Ready one replica
+/// is killed. Reports how long until its Workspaces carry a live owner, the rollout's time,
+/// and machines created per Server from the simulated account's journal (the oracle: exactly
+/// one each).
+async fn rebalance(figures: &mut Figures) -> anyhow::Result<()> {
+    let latency = env_number("SCALE_LATENCY_MS", 100);
+    let workspaces = env_number("SCALE_WORKSPACES", 20) as usize;
+    let per = env_number("SCALE_PER_WORKSPACE", 250) as usize;
+    let total = workspaces * per;
+    println!(
+        "rebalance: 3 replicas, {total} Servers over {workspaces} Workspaces, {latency} ms per call, one replica killed at a third Ready"
+    );
+    let env = TestEnv::start().await?;
+    let mut children = Vec::new();
+    for i in 0..3 {
+        children.push(Some(spawn_replica(&env, &format!("rep{i}"))?));
+    }
+    let names: Vec<String> = (0..workspaces).map(|w| format!("reb-{w:02}")).collect();
+    for name in &names {
+        setup(&env, name, latency, 0, per as u32, 20000).await?;
+    }
+    let settled = Instant::now();
+    loop {
+        anyhow::ensure!(settled.elapsed() < Duration::from_secs(180), "Workspaces never settled on 3 replicas");
+        let o = owners(&env.client, &names).await?;
+        let distinct: std::collections::BTreeSet<&String> = o.iter().collect();
+        if o.len() == workspaces && o.iter().all(|x| !x.is_empty()) && distinct.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let tracker = track_in(Api::all(env.client.clone()));
+    let start = Instant::now();
+    let client = env.client.clone();
+    let creating = {
+        let names = names.clone();
+        tokio::spawn(async move {
+            let results: Vec<anyhow::Result<()>> = futures::stream::iter(names)
+                .map(|ns| {
+                    let client = client.clone();
+                    async move { create_servers(&client, &ns, per).await }
+                })
+                .buffer_unordered(4)
+                .collect()
+                .await;
+            results.into_iter().collect::<anyhow::Result<Vec<()>>>()
+        })
+    };
+    wait_all_ready(&tracker, total / 3, Duration::from_secs(1800)).await?;
+    let victim_owned: Vec<String> = owners(&env.client, &names).await?.into_iter().filter(|o| o.starts_with("rep1")).collect();
+    let ready_at_kill = tracker.lock().unwrap_or_else(|p| p.into_inner()).ready_at.len();
+    if let Some(mut victim) = children[1].take() {
+        victim.kill()?;
+        victim.wait()?;
+    }
+    let killed = Instant::now();
+    let moved = wait_for("the killed replica's Workspaces owned by a live replica", Duration::from_secs(120), || {
+        let client = env.client.clone();
+        let names = names.clone();
+        async move {
+            let o = owners(&client, &names).await.ok()?;
+            o.iter().all(|x| !x.is_empty() && !x.starts_with("rep1")).then_some(())
+        }
+    })
+    .await;
+    moved?;
+    let moved_after = killed.elapsed().as_secs_f64();
+    creating.await??;
+    wait_all_ready(&tracker, total, Duration::from_secs(1800)).await?;
+    let took = start.elapsed().as_secs_f64();
+    let uids: Vec<String> = {
+        let mut uids = Vec::new();
+        for ns in &names {
+            let list = Api::<Server>::namespaced(env.client.clone(), ns).list(&Default::default()).await?;
+            uids.extend(list.items.iter().filter_map(|s| s.uid()));
+        }
+        uids
+    };
+    let creates = creates_per_server(&env.state_dir)?;
+    let twice = uids.iter().filter(|u| creates.get(*u).copied().unwrap_or(0) > 1).count();
+    let none = uids.iter().filter(|u| creates.get(*u).copied().unwrap_or(0) == 0).count();
+    figures.add(
+        "rebalance: replica killed mid-rollout",
+        format!(
+            "at {ready_at_kill} of {total} Ready, it owned {} of {workspaces} Workspaces; all owned by live replicas {moved_after:.1} s after the kill (target ≤ 15 s); all Ready {took:.1} s after the first create",
+            victim_owned.len()
+        ),
+    );
+    figures.add(
+        "rebalance: machines per Server (simulated journal)",
+        format!("{} Servers: {twice} with more than one machine created, {none} with none (target 0 and 0)", uids.len()),
+    );
+    for child in children.iter_mut().flatten() {
+        child.kill()?;
+        child.wait()?;
+    }
+    env.shutdown().await;
+    anyhow::ensure!(twice == 0 && none == 0, "machines created twice: {twice}, Servers without a machine: {none}");
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let run = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
@@ -347,6 +609,13 @@ fn main() -> anyhow::Result<()> {
         }
         if run("survey") {
             survey(&mut figures).await?;
+        }
+        // Not in the default set: it starts seven controllers and takes minutes.
+        if wanted.iter().any(|w| w == "replicas") {
+            replicas(&mut figures).await?;
+        }
+        if wanted.iter().any(|w| w == "rebalance") {
+            rebalance(&mut figures).await?;
         }
         anyhow::Ok(())
     })?;

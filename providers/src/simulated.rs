@@ -58,9 +58,20 @@ struct Store {
 
 struct StoreState {
     machines: BTreeMap<String, SimMachine>,
+    /// Server uid tag → machine id (a real cloud filters by tag server-side; a scan of every
+    /// machine per call made a rollout of n Servers cost n² tag comparisons here).
+    by_uid: HashMap<String, std::collections::BTreeSet<String>>,
     /// Bytes of the log already applied.
     offset: u64,
     next_serial: u64,
+}
+
+impl StoreState {
+    /// The machine tagged with this Server uid; of several (never made by the controller,
+    /// which finds before it creates), the first by id, as the scan over `machines` found.
+    fn machine_of(&self, uid: &str) -> Option<&SimMachine> {
+        self.by_uid.get(uid).and_then(|ids| ids.first()).and_then(|id| self.machines.get(id))
+    }
 }
 
 static STORES: LazyLock<Mutex<HashMap<PathBuf, Arc<Store>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
@@ -81,7 +92,7 @@ impl Store {
         }
         let store = Arc::new(Store {
             path: path.to_path_buf(),
-            inner: Mutex::new(StoreState { machines: BTreeMap::new(), offset: 0, next_serial: 0 }),
+            inner: Mutex::new(StoreState { machines: BTreeMap::new(), by_uid: HashMap::new(), offset: 0, next_serial: 0 }),
         });
         store.with_state(|_| Ok(((), vec![])))?;
         stores.insert(path.to_path_buf(), store.clone());
@@ -144,9 +155,20 @@ fn catch_up(file: &mut File, state: &mut StoreState) -> std::io::Result<()> {
         match serde_json::from_str::<LogEntry>(line.trim_end()) {
             Ok(LogEntry::Create { machine }) => {
                 state.next_serial += 1;
+                if let Some(uid) = machine.tags.get(crate::tags::SERVER_UID) {
+                    state.by_uid.entry(uid.clone()).or_default().insert(machine.id.clone());
+                }
                 state.machines.insert(machine.id.clone(), machine);
             }
             Ok(LogEntry::Delete { id }) => {
+                if let Some(uid) = state.machines.get(&id).and_then(|m| m.tags.get(crate::tags::SERVER_UID)).cloned()
+                    && let Some(ids) = state.by_uid.get_mut(&uid)
+                {
+                    ids.remove(&id);
+                    if ids.is_empty() {
+                        state.by_uid.remove(&uid);
+                    }
+                }
                 state.machines.remove(&id);
             }
             Err(e) => tracing::warn!(error = %e, "skipping unreadable simulated store entry"),
@@ -227,7 +249,7 @@ impl SimulatedProvider {
 
     fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
         self.store.with_state(|state| {
-            let found = state.machines.values().find(|m| m.tags.get(crate::tags::SERVER_UID) == Some(&identity.uid)).map(Self::observe);
+            let found = state.machine_of(&identity.uid).map(Self::observe);
             Ok((found, vec![]))
         })
     }
@@ -258,7 +280,7 @@ impl Provider for SimulatedProvider {
         self.maybe_fail("ensure_server")?;
         let lose_response = self.settings.failure_rate > 0.0 && rand::rng().random_bool((self.settings.failure_rate / 2.0).clamp(0.0, 1.0));
         let observation = self.store.with_state(|state| {
-            if let Some(existing) = state.machines.values().find(|m| m.tags.get(crate::tags::SERVER_UID) == Some(&request.identity.uid)) {
+            if let Some(existing) = state.machine_of(&request.identity.uid) {
                 return Ok((Self::observe(existing), vec![]));
             }
             let serial = state.next_serial + 1;

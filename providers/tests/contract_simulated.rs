@@ -112,3 +112,18 @@ async fn a_torn_last_line_from_a_killed_writer_loses_no_later_entry() {
     let reader = build_provider(&config(dir.path(), "torn-copy")).expect("build reader");
     assert_eq!(reader.list_servers(&[]).await.expect("list").len(), 2);
 }
+
+#[tokio::test]
+async fn a_server_uid_finds_its_current_machine_after_a_delete_and_a_create_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = build_provider(&config(dir.path(), "uids")).expect("build");
+    let first = p.ensure_server(&request("u1")).await.expect("create");
+    let other = p.ensure_server(&request("u2")).await.expect("create");
+    assert_eq!(p.ensure_server(&request("u1")).await.expect("ensure again").provider_id, first.provider_id, "found, not made twice");
+    p.delete_server(&first.provider_id).await.expect("delete");
+    assert!(p.find_server(&request("u1").identity).await.expect("find").is_none(), "a deleted machine is not found by its uid");
+    let again = p.ensure_server(&request("u1")).await.expect("create again");
+    assert_ne!(again.provider_id, first.provider_id);
+    assert_eq!(p.find_server(&request("u1").identity).await.expect("find").map(|o| o.provider_id), Some(again.provider_id));
+    assert_eq!(p.find_server(&request("u2").identity).await.expect("find").map(|o| o.provider_id), Some(other.provider_id));
+}

@@ -72,7 +72,7 @@ pub fn check_change(
     now: &ServerCost,
     after: &ServerCost,
     budget: Option<&MonthlyBudget>,
-    others: &[Arc<Server>],
+    others: impl FnOnce() -> Vec<Arc<Server>>,
     ws: &str,
 ) -> Verdict {
     let Some(budget) = budget else { return Verdict::NotApplicable };
@@ -82,6 +82,7 @@ pub fn check_change(
     {
         return Verdict::NotApplicable;
     }
+    let others = others();
     let others = others.iter().filter(|o| o.uid() != server.uid() && o.metadata.namespace == server.metadata.namespace && has_machine(o));
     judge(after, budget, others, ws, "the changed machine costs", "The machine was not changed")
 }
@@ -156,7 +157,7 @@ pub fn gate(
     ws: &EffectiveWorkspace,
     valid: &ValidServer,
     provider: &SharedProvider,
-    others: &[Arc<Server>],
+    others: impl FnOnce() -> Vec<Arc<Server>>,
     events: &mut Vec<Note>,
 ) -> Result<ServerCost, Box<(Invalid, ServerCost)>> {
     let mut own = cost::server_cost(&provider.price(&valid.resolved_plan, &valid.zone));
@@ -164,7 +165,9 @@ pub fn gate(
     if budget.is_none() || has_machine(server) {
         return Ok(own);
     }
-    match check(server, &own, budget, others, &ws.display()) {
+    // The namespace's other Servers only when a budget is to be checked: collecting them on
+    // every visit made each visit O(Servers) and a rollout of n Servers O(n²) (issue 31).
+    match check(server, &own, budget, &others(), &ws.display()) {
         Verdict::NotApplicable | Verdict::Within => Ok(own),
         Verdict::Refused(invalid) => Err(Box::new((invalid, own))),
         Verdict::Unchecked(note) => {
@@ -221,7 +224,8 @@ mod tests {
         let running = [server("a", 0, true, "t3.small"), server("b", 1, true, "t3.small")];
         let next = server("c", 2, false, "t3.small");
         // 3 × 15.77 = 47.31 > 40.
-        let Verdict::Refused(refused) = check(&next, &own(&next), Some(&budget("40", UnknownCostPolicy::Allow)), &running, "ws") else {
+        let Verdict::Refused(refused) = check(&next, &own(&next), Some(&budget("40", UnknownCostPolicy::Allow)), || running.clone(), "ws")
+        else {
             panic!("not refused")
         };
         assert_eq!(refused.reason, BUDGET_EXCEEDED);
@@ -231,8 +235,8 @@ mod tests {
             "{}",
             refused.message
         );
-        assert_eq!(check(&next, &own(&next), Some(&budget("47.31", UnknownCostPolicy::Allow)), &running, "ws"), Verdict::Within);
-        assert_eq!(check(&next, &own(&next), None, &running, "ws"), Verdict::NotApplicable);
+        assert_eq!(check(&next, &own(&next), Some(&budget("47.31", UnknownCostPolicy::Allow)), || running.clone(), "ws"), Verdict::Within);
+        assert_eq!(check(&next, &own(&next), None, || running.clone(), "ws"), Verdict::NotApplicable);
         // Machines that exist are never judged.
         assert_eq!(
             check(&running[0], &own(&running[0]), Some(&budget("1", UnknownCostPolicy::Refuse)), &running, "ws"),
@@ -246,19 +250,20 @@ mod tests {
         let medium = cost::server_cost(&prices::aws("eu-north-1", "t3.medium"));
         let limit = budget("40", UnknownCostPolicy::Allow);
         // b resized to t3.medium: 15.77 + 31.54 = 47.31 > 40.
-        let Verdict::Refused(refused) = check_change(&running[1], &own(&running[1]), &medium, Some(&limit), &running, "ws") else {
+        let Verdict::Refused(refused) = check_change(&running[1], &own(&running[1]), &medium, Some(&limit), || running.clone(), "ws")
+        else {
             panic!("not refused")
         };
         assert_eq!(refused.reason, BUDGET_EXCEEDED);
         assert!(refused.message.contains("$47.31") && refused.message.ends_with("The machine was not changed"), "{}", refused.message);
         assert_eq!(
-            check_change(&running[1], &own(&running[1]), &medium, Some(&budget("50", UnknownCostPolicy::Allow)), &running, "ws"),
+            check_change(&running[1], &own(&running[1]), &medium, Some(&budget("50", UnknownCostPolicy::Allow)), || running.clone(), "ws"),
             Verdict::Within
         );
         // Not more expensive (or no budget): never judged, even over the budget.
         let tiny = budget("1", UnknownCostPolicy::Refuse);
-        assert_eq!(check_change(&running[1], &medium, &own(&running[1]), Some(&tiny), &running, "ws"), Verdict::NotApplicable);
-        assert_eq!(check_change(&running[1], &own(&running[1]), &medium, None, &running, "ws"), Verdict::NotApplicable);
+        assert_eq!(check_change(&running[1], &medium, &own(&running[1]), Some(&tiny), || running.clone(), "ws"), Verdict::NotApplicable);
+        assert_eq!(check_change(&running[1], &own(&running[1]), &medium, None, || running.clone(), "ws"), Verdict::NotApplicable);
     }
 
     #[test]

@@ -69,8 +69,8 @@ pub async fn prepare(visit: &mut Visit<'_>, refs: &dereference::Refs, ctx: &Cont
     validate::within_limit(refs.rank, ws).map_err(stall)?;
     // Cost, and the monthly budget before any machine is made (see budget).
     let namespace = server.metadata.namespace.as_deref();
-    let others: Vec<_> = ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace.as_deref() == namespace).collect();
-    let cost = budget::gate(server, ws, &valid, &provider, &others, &mut visit.events).map_err(|refused| {
+    let others = || ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace.as_deref() == namespace).collect();
+    let cost = budget::gate(server, ws, &valid, &provider, others, &mut visit.events).map_err(|refused| {
         let (invalid, cost) = *refused;
         End::Stalled { step: Step::Validate, reason: invalid.reason, message: invalid.message, plan: None, cost: Some(Box::new(cost)) }
     })?;

@@ -4,8 +4,6 @@
 //! ([`super::approval`]), or applied in place or by replacement) and settled once carried out
 //! or reverted.
 
-use std::sync::Arc;
-
 use provisioning_crds::{Approval, Plan, Server};
 use provisioning_providers::ProviderId;
 
@@ -62,10 +60,9 @@ pub async fn carry(
     }
     // A change that raises the price is held to the monthly budget, as a new machine is.
     let after = crate::cost::server_cost(&p.provider.price(&valid.resolved_plan, &valid.zone));
-    let others: Vec<Arc<Server>> =
-        ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace == server.metadata.namespace).collect();
+    let others = || ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace == server.metadata.namespace).collect();
     if let budget::Verdict::Refused(invalid) =
-        budget::check_change(server, &cost, &after, ws.spec.limits.monthly_budget.as_ref(), &others, &ws.display())
+        budget::check_change(server, &cost, &after, ws.spec.limits.monthly_budget.as_ref(), others, &ws.display())
     {
         return Err(refused(invalid.reason, invalid.message));
     }
