@@ -100,7 +100,8 @@ def satisfiable(expression: str, allow: set[str], exceptions: set[str]) -> bool:
         ok = tok in allow
         if peek() == "WITH":
             take()
-            ok = ok and take() in exceptions
+            exception = take()  # read even when the licence already failed
+            ok = ok and exception in exceptions
         return ok
 
     def all_of() -> bool:
