@@ -48,11 +48,18 @@ COPY --from=builder /out/ /in/
 COPY scripts/image-rootfs.sh /usr/local/sbin/image-rootfs.sh
 RUN sh /usr/local/sbin/image-rootfs.sh /in /rootfs
 
+# Layers from the least to the most often changed, so an upgrade pulls little more than the
+# binary: the root (libraries, CA roots, notice), nu, the catalog, `provisioning`.
 FROM scratch
 COPY --from=rootfs /rootfs/ /
+# The Deployment mounts its `state` volume here; writable for a plain `docker run` too (owned
+# by 65532 explicitly: builders differ in whether COPY --from keeps ownership).
+COPY --from=rootfs --chown=65532:65532 /rootfs/var/lib/provisioning/ /var/lib/provisioning/
+COPY --from=builder /out/nu /usr/local/bin/nu
 COPY taskservs/catalog /usr/share/provisioning/catalog
 # Cluster templates are found next to the catalog (`provisioning template list`).
 COPY taskservs/templates /usr/share/provisioning/templates
+COPY --from=builder /out/provisioning /usr/local/bin/provisioning
 # Cloud APIs are HTTPS, verified against these roots.
 ENV PATH=/usr/local/bin \
     PROVISIONING_CATALOG=/usr/share/provisioning/catalog \

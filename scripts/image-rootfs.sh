@@ -1,7 +1,7 @@
 #!/bin/sh
 # Assembles the controller image's root filesystem (the Dockerfile's `rootfs` stage runs it in
-# the Debian base as root): `provisioning`, `nu`, the CA roots and the notice from IN, plus only
-# what `provisioning` needs from the base — the shared libraries `ldd` names (glibc, libgcc_s,
+# the Debian base as root): the CA roots and the notice from IN, plus only what IN's
+# `provisioning` needs from the base — the shared libraries `ldd` names (glibc, libgcc_s,
 # the loader), their Debian copyright files and dpkg records (so image scanners see glibc's
 # version), passwd/group entries for uid 65532, nsswitch.conf, a /tmp. No shell, no package
 # manager, no other files of the base: the final stage is `FROM scratch`.
@@ -15,13 +15,13 @@ for f in provisioning nu ca-certificates.crt NOTICE; do
   [ -f "$IN/$f" ] || fail "$IN/$f missing"
 done
 
+# The binaries themselves are their own layers (the Dockerfile copies them).
 mkdir -p "$OUT/usr/local/bin" "$OUT/etc/ssl/certs" "$OUT/usr/share/doc/provisioning" \
          "$OUT/var/lib/dpkg/status.d" "$OUT/var/lib/provisioning" "$OUT/tmp"
-install -m 0755 "$IN/provisioning" "$IN/nu" "$OUT/usr/local/bin/"
 install -m 0644 "$IN/ca-certificates.crt" "$OUT/etc/ssl/certs/ca-certificates.crt"
 install -m 0644 "$IN/NOTICE" "$OUT/usr/share/doc/provisioning/NOTICE"
 chmod 1777 "$OUT/tmp"
-# The Deployment mounts its `state` volume here; writable for a plain `docker run` too.
+# The state directory (the Dockerfile chowns it again: builders differ on COPY --from).
 chown 65532:65532 "$OUT/var/lib/provisioning"
 
 # `nu` must stay static: nothing below is copied for it.
