@@ -42,7 +42,8 @@ if [ "$REVISION" != unknown ] && [ -n "$(git status --porcelain --untracked-file
 fi
 LABELS=(--build-arg "VERSION=${VERSION:-unknown}" --build-arg "REVISION=$REVISION")
 
-# Prints the image's size; over MAX_MB fails when $1 is "optimised".
+# Prints the image's size; over MAX_MB fails when $1 is "optimised" (the `image` profile's
+# binary; a --binary one, such as CI's debug build, has no budget).
 report_size() {
   local size mb
   size=$("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE")
@@ -107,7 +108,7 @@ base_usable() {
 if ! base_usable; then
   MIRROR=$(host_mirror | head -n 1)
   [ -n "$MIRROR" ] || { log "no apt source on this host serves Debian $SUITE main; cannot bootstrap $BASE"; exit 1; }
-  log "$BASE not present: bootstrapping Debian $SUITE (minbase) from $MIRROR"
+  log "$BASE not present (or a local bootstrap without copyright files): bootstrapping Debian $SUITE (minbase) from $MIRROR"
   command -v debootstrap >/dev/null || { log "debootstrap missing (apt-get install debootstrap)"; exit 1; }
   mkdir -p "$CACHE/debootstrap-cache/$SUITE"
   ROOTFS=$(mktemp -d "${TMPDIR:-/tmp}/provisioning-base.XXXXXX")
@@ -127,7 +128,7 @@ fi
 
 # The binary (cargo's own cache makes this a no-op when nothing changed), nu, the CA roots and
 # the notice.
-PROFILE=debug
+PROFILE=given
 if [ -z "$BINARY" ]; then
   PROFILE=optimised
   cargo build --locked --profile image -p provisioning-cli --bin provisioning >&2
