@@ -642,7 +642,10 @@ fn the_image_carries_its_version_and_the_notices_of_what_it_bundles() -> Result<
     let labels: Value = serde_json::from_str(labels.trim()).context("labels")?;
     assert_eq!(labels["org.opencontainers.image.version"], env!("CARGO_PKG_VERSION"), "labels: {labels}");
     let revision = labels["org.opencontainers.image.revision"].as_str().unwrap_or_default();
-    ensure!(revision.len() >= 40 && revision.chars().take(40).all(|c| c.is_ascii_hexdigit()), "revision label {revision:?} is not a commit");
+    ensure!(
+        revision.len() >= 40 && revision.chars().take(40).all(|c| c.is_ascii_hexdigit()),
+        "revision label {revision:?} is not a commit"
+    );
 
     let container = run_ok(Command::new(docker()).args(["create", &image]))?.trim().to_string();
     let dir = tempfile::tempdir()?;
@@ -651,7 +654,15 @@ fn the_image_carries_its_version_and_the_notices_of_what_it_bundles() -> Result<
     let _ = run(Command::new(docker()).args(["rm", &container]));
     copied?;
     let text = std::fs::read_to_string(&notice)?;
-    for expected in ["=== Rust crates ===", "\ntokio ", "\nkube-client ", "nushell ", "Permission is hereby granted", "Shared libraries from Debian", "libc6 "] {
+    for expected in [
+        "=== Rust crates ===",
+        "\ntokio ",
+        "\nkube-client ",
+        "nushell ",
+        "Permission is hereby granted",
+        "Shared libraries from Debian",
+        "libc6 ",
+    ] {
         ensure!(text.contains(expected), "NOTICE lacks {expected:?}");
     }
     // Proc-macros run at compile time only: not bundled, not listed.

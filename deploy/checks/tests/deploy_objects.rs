@@ -177,8 +177,11 @@ fn durable_state_component_puts_the_state_volume_on_a_claim() {
     }
     let claim = objects.iter().find(|o| o["kind"] == "PersistentVolumeClaim").expect("a PersistentVolumeClaim");
     assert_eq!(claim["metadata"]["namespace"], "provisioning-system");
-    let deployment: Deployment =
-        objects.iter().find(|o| o["kind"] == "Deployment").map(|o| serde_json::from_value(o.clone()).expect("Deployment parses")).expect("a Deployment");
+    let deployment: Deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .map(|o| serde_json::from_value(o.clone()).expect("Deployment parses"))
+        .expect("a Deployment");
     let spec = deployment.spec.expect("spec");
     assert_eq!(spec.replicas, Some(1), "one replica: a ReadWriteOnce claim is mounted by one pod");
     let strategy = spec.strategy.expect("strategy");
