@@ -182,7 +182,7 @@ fn durable_state_component_puts_the_state_volume_on_a_claim() {
         .find(|o| o["kind"] == "Deployment")
         .map(|o| serde_json::from_value(o.clone()).expect("Deployment parses"))
         .expect("a Deployment");
-    let spec = deployment.spec.expect("spec");
+    let spec = deployment.spec;
     assert_eq!(spec.replicas, Some(1), "one replica: a ReadWriteOnce claim is mounted by one pod");
     let strategy = spec.strategy.expect("strategy");
     assert_eq!(strategy.type_.as_deref(), Some("Recreate"));
