@@ -32,6 +32,10 @@ phase build
 cargo clippy --workspace --all-targets -- -D warnings
 # No import circles between the modules of any crate (from the sources; seconds).
 python3 scripts/check-module-cycles.py
+# Dependency licences against an allow-list and no new duplicate versions
+# (scripts/dependency-policy.toml; cargo metadata offline; seconds), after the checker's tests.
+python3 scripts/test_licences.py -q
+python3 scripts/licences.py check
 phase clippy
 if ./target/debug/provisioning image build --help >/dev/null 2>&1; then
   ./target/debug/provisioning image build

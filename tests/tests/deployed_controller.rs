@@ -627,3 +627,48 @@ fn the_shipped_deployment_runs_two_replicas_with_least_privilege_and_hands_over(
     eprintln!("handover took {took:?}");
     Ok(())
 }
+
+/// The image deploy/ names (scripts/build-image.sh) says what it is and what it bundles: OCI
+/// labels with the workspace's version and the commit, a notice listing the crates compiled
+/// into `provisioning` with their licences, nu's licence and the Debian libraries it carries;
+/// and it carries nothing else of a distribution (no shell to exec into).
+#[test]
+fn the_image_carries_its_version_and_the_notices_of_what_it_bundles() -> Result<()> {
+    let docs = rendered_deploy()?;
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").context("no Deployment in deploy/")?;
+    let image = deployment["spec"]["template"]["spec"]["containers"][0]["image"].as_str().context("no image")?.to_string();
+    let labels = run_ok(Command::new(docker()).args(["image", "inspect", "-f", "{{json .Config.Labels}}", &image]))
+        .with_context(|| format!("image {image} is missing: run scripts/build-image.sh (scripts/test.sh does)"))?;
+    let labels: Value = serde_json::from_str(labels.trim()).context("labels")?;
+    assert_eq!(labels["org.opencontainers.image.version"], env!("CARGO_PKG_VERSION"), "labels: {labels}");
+    let revision = labels["org.opencontainers.image.revision"].as_str().unwrap_or_default();
+    ensure!(
+        revision.len() >= 40 && revision.chars().take(40).all(|c| c.is_ascii_hexdigit()),
+        "revision label {revision:?} is not a commit"
+    );
+
+    let container = run_ok(Command::new(docker()).args(["create", &image]))?.trim().to_string();
+    let dir = tempfile::tempdir()?;
+    let notice = dir.path().join("NOTICE");
+    let copied = run_ok(Command::new(docker()).args(["cp", &format!("{container}:/usr/share/doc/provisioning/NOTICE")]).arg(&notice));
+    let _ = run(Command::new(docker()).args(["rm", &container]));
+    copied?;
+    let text = std::fs::read_to_string(&notice)?;
+    for expected in [
+        "=== Rust crates ===",
+        "\ntokio ",
+        "\nkube-client ",
+        "nushell ",
+        "Permission is hereby granted",
+        "Shared libraries from Debian",
+        "libc6 ",
+    ] {
+        ensure!(text.contains(expected), "NOTICE lacks {expected:?}");
+    }
+    // Proc-macros run at compile time only: not bundled, not listed.
+    ensure!(!text.contains("\nserde_derive "), "NOTICE lists a proc-macro crate");
+
+    let shell = run(Command::new(docker()).args(["run", "--rm", "--entrypoint", "/bin/sh", &image, "-c", "true"]))?;
+    ensure!(!shell.status.success(), "the image has a shell; it should carry only provisioning, nu and their libraries");
+    Ok(())
+}

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -87,6 +87,7 @@ fn check_object(object: &Value, origin: &str) -> String {
     match (api_version, kind) {
         ("v1", "Namespace") => strict::<Namespace>(object, &origin),
         ("v1", "ConfigMap") => strict::<ConfigMap>(object, &origin),
+        ("v1", "PersistentVolumeClaim") => strict::<PersistentVolumeClaim>(object, &origin),
         ("v1", "Secret") => strict::<Secret>(object, &origin),
         ("v1", "Service") => strict::<Service>(object, &origin),
         ("v1", "ServiceAccount") => strict::<ServiceAccount>(object, &origin),
@@ -145,9 +146,51 @@ fn kubectl() -> PathBuf {
 
 /// `kubectl kustomize deploy/` with the real kubectl, parsed.
 fn rendered() -> Vec<Value> {
-    let out = Command::new(kubectl()).arg("kustomize").arg(deploy_dir()).output().expect("run kubectl kustomize");
-    assert!(out.status.success(), "kubectl kustomize deploy/ failed: {}", String::from_utf8_lossy(&out.stderr));
-    documents(&String::from_utf8_lossy(&out.stdout), "kubectl kustomize deploy/")
+    rendered_dir(&deploy_dir())
+}
+
+/// `kubectl kustomize DIR` with the real kubectl, parsed.
+fn rendered_dir(dir: &Path) -> Vec<Value> {
+    let out = Command::new(kubectl()).arg("kustomize").arg(dir).output().expect("run kubectl kustomize");
+    assert!(out.status.success(), "kubectl kustomize {} failed: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    documents(&String::from_utf8_lossy(&out.stdout), &format!("kubectl kustomize {}", dir.display()))
+}
+
+/// The optional component deploy/components/durable-state, applied by an overlay the way the
+/// docs say (kustomize wants relative paths and no overlay inside deploy/, hence the overlay
+/// under target/): the Deployment's `state` volume becomes the claim (no emptyDir left beside
+/// it), one replica replaced with Recreate, and every rendered object is valid.
+#[test]
+fn durable_state_component_puts_the_state_volume_on_a_claim() {
+    let root = provisioning_deploy_checks::workspace_root();
+    let overlay = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let up = overlay.path().strip_prefix(&root).expect("CARGO_TARGET_TMPDIR is inside the workspace").components().count();
+    let to_deploy = format!("{}deploy", "../".repeat(up));
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{to_deploy}]\ncomponents: [{to_deploy}/components/durable-state]\n"),
+    )
+    .expect("write overlay");
+    let objects = rendered_dir(overlay.path());
+    for object in &objects {
+        check_object(object, "the durable-state overlay");
+    }
+    let claim = objects.iter().find(|o| o["kind"] == "PersistentVolumeClaim").expect("a PersistentVolumeClaim");
+    assert_eq!(claim["metadata"]["namespace"], "provisioning-system");
+    let deployment: Deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .map(|o| serde_json::from_value(o.clone()).expect("Deployment parses"))
+        .expect("a Deployment");
+    let spec = deployment.spec;
+    assert_eq!(spec.replicas, Some(1), "one replica: a ReadWriteOnce claim is mounted by one pod");
+    let strategy = spec.strategy.expect("strategy");
+    assert_eq!(strategy.type_.as_deref(), Some("Recreate"));
+    assert!(strategy.rolling_update.is_none());
+    let volumes = spec.template.spec.expect("pod spec").volumes.unwrap_or_default();
+    let state = volumes.iter().find(|v| v.name == "state").expect("the state volume");
+    assert_eq!(state.persistent_volume_claim.as_ref().map(|c| c.claim_name.as_str()), claim["metadata"]["name"].as_str());
+    assert!(state.empty_dir.is_none(), "the emptyDir is replaced, not kept beside the claim");
 }
 
 #[test]
