@@ -105,7 +105,9 @@ fn default_parallel_limit() -> u32 {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "!has(self.zones) || size(self.zones) == 0 || !has(self.zone) || self.zone == ''",
-     "message": "set zone or zones (the zones the pool's members are spread over), not both"}
+     "message": "set zone or zones (the zones the pool's members are spread over), not both"},
+    {"rule": "!has(self.disks) || self.disks.all(d, self.disks.exists_one(e, e.name == d.name))",
+     "message": "disks[].name must be unique"}
 ]))]
 pub struct ServerPool {
     /// Pool name; servers are named `<cluster>-<pool>-<index>`.
@@ -144,6 +146,10 @@ pub struct ServerPool {
     /// the provider's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_ip: Option<bool>,
+    /// Extra disks of each of the pool's servers (see Server `disks`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::disks_schema")]
+    pub disks: Vec<crate::Disk>,
     /// Labels put on the pool's Servers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,

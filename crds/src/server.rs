@@ -27,6 +27,10 @@ use crate::common::*;
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.disks) || self.disks.all(d, self.disks.exists_one(e, e.name == d.name))",
+     "message": "disks[].name must be unique"}
+]))]
 pub struct ServerSpec {
     /// Provider account (a name from the Workspace's spec.providers). Empty: the workspace default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -67,6 +71,12 @@ pub struct ServerSpec {
     /// when the machine is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_ip: Option<bool>,
+    /// Extra disks made with the machine (the root disk's size comes from the plan): at most
+    /// 16, each `{name, size, type, mountPath, deletionPolicy}`. Applied when the machine is
+    /// created; see the README's "Disks" for what each provider does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::disks_schema")]
+    pub disks: Vec<crate::Disk>,
     /// What deleting the Server does to the machine: Delete it, or Orphan it (leave it running).
     /// Unset: Delete for a machine the Server created, Orphan for an adopted one
     /// (`externalID`), so deleting the Server never destroys a machine it did not make unless
