@@ -900,6 +900,10 @@ impl Provider for AwsProvider {
         crate::prices::aws(&self.region, plan)
     }
 
+    fn disk_price(&self, disk_type: &str, size_gib: u64, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        crate::prices::aws_disk(&self.region, disk_type, size_gib)
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         // EC2 instance types are family.size (t3.small, m7i.2xlarge…): pass those through.
         plans::resolve("aws", plan, &PLANS, |p| {

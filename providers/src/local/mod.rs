@@ -420,6 +420,10 @@ impl Provider for LocalProvider {
         Ok(crate::prices::local())
     }
 
+    fn disk_price(&self, _disk_type: &str, _size_gib: u64, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        Ok(crate::prices::local())
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         spec::resolve_plan(plan)
     }

@@ -289,6 +289,7 @@ mod tests {
             extra_tags: BTreeMap::from([("team".to_string(), "blue".to_string())]),
             instance_profile: String::new(),
             public_ip: None,
+            disks: Vec::new(),
             host_key: None,
         };
         let spec = container_spec(&request, "provisioning-node:latest", &Mounts::default()).expect("spec");

@@ -654,6 +654,11 @@ impl Provider for UpcloudProvider {
         crate::prices::upcloud(zone, plan, &ZONES)
     }
 
+    fn disk_price(&self, disk_type: &str, size_gib: u64, zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        let zone = if zone.is_empty() { &self.zone } else { zone };
+        crate::prices::upcloud_disk(zone, disk_type, size_gib, &ZONES)
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         // Native plans look like 2xCPU-4GB, DEV-1xCPU-1GB-10GB, HIMEM-4xCPU-32GB…
         plans::resolve("upcloud", plan, &PLANS, |p| {
@@ -821,6 +826,7 @@ mod tests {
             extra_tags: Default::default(),
             instance_profile: String::new(),
             public_ip: None,
+            disks: Vec::new(),
             host_key: None,
         };
         let kinds = |request: &crate::ServerRequest| -> Vec<String> {
