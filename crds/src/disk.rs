@@ -31,7 +31,9 @@ pub struct Disk {
     #[serde(default, rename = "type", skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 32), regex(pattern = r"^[a-z0-9]*$"))]
     pub disk_type: String,
-    /// Where the disk is formatted (ext4) and mounted on the machine. Empty: a raw disk.
+    /// Where the disk is mounted on the machine. Empty: a raw disk. Local machines need it
+    /// (a Docker volume is a directory); aws and upcloud disks are attached raw for now
+    /// (a mountPath is refused there).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 256))]
     pub mount_path: String,
@@ -151,6 +153,17 @@ pub fn check_disks(field: &str, disks: &[Disk], provider: Option<ProviderType>) 
                 types.join(", ")
             ));
         }
+        let gib = d.size_gib().unwrap_or_default();
+        if provider == ProviderType::Upcloud && !(10..=4096).contains(&gib) {
+            return Err(format!("{at}.size {:?}: UpCloud storages are 10Gi to 4096Gi", d.size));
+        }
+        if matches!(provider, ProviderType::Aws | ProviderType::Upcloud) && !d.mount_path.is_empty() {
+            return Err(format!(
+                "{at}.mountPath {:?}: {} disks are attached raw (formatting and mounting on the machine is not done yet): leave mountPath empty and mount it from a task script",
+                d.mount_path,
+                provider.as_str()
+            ));
+        }
         if provider == ProviderType::Local && d.mount_path.is_empty() {
             return Err(format!(
                 "{at}.mountPath is empty (a raw disk) but local machines have no raw disks (a Docker volume is a directory): set a mountPath"
@@ -195,7 +208,8 @@ mod tests {
     #[test]
     fn disks_are_checked_field_by_field() {
         let two = [disk("data", "100Gi"), Disk { mount_path: "/var/lib/data".into(), ..disk("logs", "10Gi") }];
-        assert_eq!(check_disks("spec.disks", &two, Some(ProviderType::Aws)), Ok(()));
+        assert_eq!(check_disks("spec.disks", &two, None), Ok(()));
+        assert_eq!(check_disks("spec.disks", &two[..1], Some(ProviderType::Aws)), Ok(()));
         assert_eq!(check_disks("spec.disks", &[], Some(ProviderType::Local)), Ok(()));
         let cases: Vec<(Vec<Disk>, Option<ProviderType>, &str)> = vec![
             (vec![disk("data", "1Gi"), disk("data", "2Gi")], None, "spec.disks[1].name"),
@@ -209,13 +223,16 @@ mod tests {
             (vec![Disk { disk_type: "maxiops".into(), ..disk("a", "1Gi") }], Some(ProviderType::Aws), "spec.disks[0].type"),
             (vec![Disk { disk_type: "gp3".into(), ..disk("a", "1Gi") }], Some(ProviderType::Upcloud), "spec.disks[0].type"),
             (vec![disk("raw", "1Gi")], Some(ProviderType::Local), "spec.disks[0].mountPath"),
+            (vec![Disk { mount_path: "/data".into(), ..disk("a", "10Gi") }], Some(ProviderType::Aws), "spec.disks[0].mountPath"),
+            (vec![disk("a", "5Gi")], Some(ProviderType::Upcloud), "spec.disks[0].size"),
+            (vec![disk("a", "5Ti")], Some(ProviderType::Upcloud), "spec.disks[0].size"),
             ((0..17).map(|i| disk(&format!("d{i}"), "1Gi")).collect(), None, "at most 16"),
         ];
         for (disks, provider, names) in cases {
             let e = check_disks("spec.disks", &disks, provider).expect_err(names);
             assert!(e.contains(names), "{names}: {e}");
         }
-        let upcloud = [Disk { disk_type: "hdd".into(), ..disk("a", "1Gi") }];
+        let upcloud = [Disk { disk_type: "hdd".into(), ..disk("a", "10Gi") }];
         assert_eq!(check_disks("spec.disks", &upcloud, Some(ProviderType::Upcloud)), Ok(()));
         let local = [Disk { disk_type: "local".into(), mount_path: "/srv".into(), ..disk("a", "1Gi") }];
         assert_eq!(check_disks("spec.disks", &local, Some(ProviderType::Local)), Ok(()));

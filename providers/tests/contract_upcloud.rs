@@ -210,6 +210,7 @@ async fn public_ip_false_creates_a_server_without_a_public_address() {
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip,
+        disks: Vec::new(),
         host_key: None,
     };
     let kinds = |o: &provisioning_providers::ServerObservation| o.addresses.iter().map(|a| a.kind.clone()).collect::<Vec<_>>();

@@ -33,7 +33,9 @@ use bollard::Docker;
 use bollard::models::{
     ContainerSummary, ContainerSummaryStateEnum, EndpointSettings, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest,
 };
-use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, ListNetworksOptions, RemoveContainerOptions};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+};
 use tokio::sync::OnceCell;
 
 pub use self::docker::connect;
@@ -266,6 +268,36 @@ impl LocalProvider {
                     tracing::debug!(network = %network.name, error = %e, "network still in use")
                 }
                 Err(e) => return Err(classify(&format!("remove network {}", network.name), e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The Docker volumes of the disks of the Server `uid`, as (name, labels).
+    pub async fn disk_volumes(&self, uid: &str) -> ProviderResult<Vec<(String, HashMap<String, String>)>> {
+        let docker = self.docker().await?;
+        let filters = spec::label_filter([(tags::SERVER_UID, uid)].into_iter());
+        let mut filters = filters;
+        filters.entry("label".into()).or_default().push(tags::DISK.to_string());
+        let listed = docker
+            .list_volumes(Some(ListVolumesOptions { filters: Some(filters) }))
+            .await
+            .map_err(|e| classify("list volumes", e))?;
+        Ok(listed.volumes.unwrap_or_default().into_iter().map(|v| (v.name, v.labels)).collect())
+    }
+
+    /// Removes the disk volumes of the Server `uid` whose deletionPolicy is Delete (a
+    /// retained one stays, labelled `provisioning.dev/retained`).
+    async fn remove_disks(&self, uid: &str) -> ProviderResult<()> {
+        let docker = self.docker().await?;
+        for (name, labels) in self.disk_volumes(uid).await? {
+            if labels.get(tags::RETAINED).is_some_and(|v| v == "true") {
+                continue;
+            }
+            match docker.remove_volume(&name, Some(RemoveVolumeOptions { force: false })).await {
+                Ok(()) => {}
+                Err(e) if status_of(&e) == Some(404) => {}
+                Err(e) => return Err(classify(&format!("remove volume {name}"), e)),
             }
         }
         Ok(())
@@ -557,6 +589,9 @@ impl Provider for LocalProvider {
             Err(e) => return Err(classify(&format!("remove container {id}"), e)),
         }
         self.remove_network_if_unused(&network).await?;
+        if let Some(uid) = labels.get(tags::SERVER_UID) {
+            self.remove_disks(uid).await?;
+        }
         Ok(DeleteOutcome::Gone)
     }
 
