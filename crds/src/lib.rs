@@ -251,6 +251,7 @@ mod tests {
             ("Server.spec.disks", "map[\"name\"]"),
             ("Server.spec.fallbackZones", "atomic"),
             ("Server.status.addresses", "atomic"),
+            ("Server.status.disks", "map[\"name\"]"),
             ("Server.status.conditions", "map[\"type\"]"),
             // A plan's changes are listed in the order they are carried out.
             ("Server.status.plan.changes", "atomic"),

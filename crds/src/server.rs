@@ -167,6 +167,11 @@ pub struct ServerStatus {
     /// Cleared when a machine is made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone_fallback: Option<ZoneFallback>,
+    /// The extra disks the machine was created with (`spec.disks` then), recorded at create
+    /// time: a later change of `spec.disks` is planned against them (and refused for now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::disks_schema")]
+    pub disks: Option<Vec<crate::Disk>>,
     /// The image the machine was created from, recorded at create time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
