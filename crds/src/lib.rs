@@ -251,8 +251,8 @@ mod tests {
             ("Server.spec.disks", "map[\"name\"]"),
             ("Server.spec.fallbackZones", "atomic"),
             ("Server.status.addresses", "atomic"),
-            ("Server.status.disks", "map[\"name\"]"),
             ("Server.status.conditions", "map[\"type\"]"),
+            ("Server.status.disks", "map[\"name\"]"),
             // A plan's changes are listed in the order they are carried out.
             ("Server.status.plan.changes", "atomic"),
             // The order tried is the content.
