@@ -105,9 +105,7 @@ fn default_parallel_limit() -> u32 {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "!has(self.zones) || size(self.zones) == 0 || !has(self.zone) || self.zone == ''",
-     "message": "set zone or zones (the zones the pool's members are spread over), not both"},
-    {"rule": "!has(self.disks) || self.disks.all(d, self.disks.exists_one(e, e.name == d.name))",
-     "message": "disks[].name must be unique"}
+     "message": "set zone or zones (the zones the pool's members are spread over), not both"}
 ]))]
 pub struct ServerPool {
     /// Pool name; servers are named `<cluster>-<pool>-<index>`.

@@ -27,10 +27,6 @@ use crate::common::*;
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "!has(self.disks) || self.disks.all(d, self.disks.exists_one(e, e.name == d.name))",
-     "message": "disks[].name must be unique"}
-]))]
 pub struct ServerSpec {
     /// Provider account (a name from the Workspace's spec.providers). Empty: the workspace default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
