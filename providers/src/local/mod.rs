@@ -286,19 +286,25 @@ impl LocalProvider {
         Ok(listed.volumes.unwrap_or_default().into_iter().map(|v| (v.name, v.labels)).collect())
     }
 
+    /// Removes one disk volume by name (a retained disk nobody needs any more: the
+    /// operator's decision, never the controller's). A volume already gone is no error.
+    pub async fn delete_disk_volume(&self, name: &str) -> ProviderResult<()> {
+        let docker = self.docker().await?;
+        match docker.remove_volume(name, Some(RemoveVolumeOptions { force: false })).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(classify(&format!("remove volume {name}"), e)),
+        }
+    }
+
     /// Removes the disk volumes of the Server `uid` whose deletionPolicy is Delete (a
     /// retained one stays, labelled `provisioning.dev/retained`).
     async fn remove_disks(&self, uid: &str) -> ProviderResult<()> {
-        let docker = self.docker().await?;
         for (name, labels) in self.disk_volumes(uid).await? {
             if labels.get(tags::RETAINED).is_some_and(|v| v == "true") {
                 continue;
             }
-            match docker.remove_volume(&name, Some(RemoveVolumeOptions { force: false })).await {
-                Ok(()) => {}
-                Err(e) if status_of(&e) == Some(404) => {}
-                Err(e) => return Err(classify(&format!("remove volume {name}"), e)),
-            }
+            self.delete_disk_volume(&name).await?;
         }
         Ok(())
     }
