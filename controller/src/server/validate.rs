@@ -379,6 +379,18 @@ mod tests {
     }
 
     #[test]
+    fn disks_are_checked_against_the_accounts_provider() {
+        let disk = |v: serde_json::Value| -> provisioning_crds::Disk { serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}")) };
+        let aws = account(serde_json::json!({"name": "aws-main", "type": "aws"}));
+        assert_eq!(disks(&[disk(serde_json::json!({"name": "osd", "size": "100Gi", "type": "gp3"}))], &aws), Ok(()));
+        let tier = disks(&[disk(serde_json::json!({"name": "osd", "size": "100Gi", "type": "maxiops"}))], &aws).expect_err("upcloud tier");
+        assert!(tier.reason == "InvalidDisks" && tier.message.contains("spec.disks[0].type") && tier.message.contains("\"aws-main\""), "{tier:?}");
+        let local = account(serde_json::json!({"name": "l", "type": "local"}));
+        let raw = disks(&[disk(serde_json::json!({"name": "osd", "size": "10Gi"}))], &local).expect_err("raw on local");
+        assert!(raw.reason == "InvalidDisks" && raw.message.contains("spec.disks[0].mountPath"), "{raw:?}");
+    }
+
+    #[test]
     fn public_ip_is_for_cloud_machines() {
         for t in ["aws", "upcloud"] {
             assert_eq!(public_ip(Some(false), &account(serde_json::json!({"name": "a", "type": t}))), Ok(()));
