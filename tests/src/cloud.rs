@@ -96,6 +96,37 @@ impl Moto {
         Ok(xml.matches("<groupName>").count())
     }
 
+    /// The EBS volumes at moto in `region` that are a Server's disk (tag
+    /// `provisioning.dev/disk`), as (size GiB, volume type) (DescribeVolumes by tag key).
+    pub fn disk_volumes(&self, region: &str) -> Result<Vec<(u64, String)>> {
+        let config = provisioning_providers::ProviderConfig {
+            name: "e2e-observer".into(),
+            provider_type: "aws".into(),
+            region: region.into(),
+            endpoint: self.endpoint.clone(),
+            credentials: provisioning_providers::Credentials(
+                [
+                    ("AWS_ACCESS_KEY_ID".to_string(), "AKIAE2EOBSERVER00001".to_string()),
+                    ("AWS_SECRET_ACCESS_KEY".to_string(), "e2e-observer".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let provider = provisioning_providers::aws::AwsProvider::new(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let params = [
+            ("Filter.1.Name".to_string(), "tag-key".to_string()),
+            ("Filter.1.Value.1".to_string(), provisioning_providers::tags::DISK.to_string()),
+        ];
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let xml = runtime
+            .block_on(provider.client().call("DescribeVolumes", &params))
+            .map_err(|e| anyhow::anyhow!("DescribeVolumes at moto: {e}"))?;
+        let parsed: provisioning_providers::aws::model::DescribeVolumesResponse =
+            provider.client().parse("DescribeVolumes", &xml).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(parsed.volumes.items.into_iter().map(|v| (v.size, v.volume_type)).collect())
+    }
+
     /// The live (not terminated) instances at moto in `region`, as seen through
     /// DescribeInstances.
     pub fn live_instances(&self, region: &str) -> Result<Vec<provisioning_providers::ServerObservation>> {

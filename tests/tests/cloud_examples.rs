@@ -219,11 +219,15 @@ fn aws_example(how: Teardown) -> Result<()> {
     }
     // The machines share the security group the controller manages for the account.
     ensure!(moto.managed_groups(AWS_REGION, "aws-eu")? == 1, "one managed security group for the account");
+    // Each worker has its `data` disk: a 100 GiB gp3 volume tagged with the disk's name.
+    let disks = moto.disk_volumes(AWS_REGION)?;
+    ensure!(disks == vec![(100, "gp3".to_string()); 3], "one 100 GiB gp3 volume per worker: {disks:?}");
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
 
-    // Nothing left: no machine, and no managed security group (deleted with the last machine).
+    // Nothing left: no machine, no disk volume (deletionPolicy Delete) and no managed
+    // security group (deleted with the last machine).
     teardown(&mut dev, how, &manifest, "k8s-aws", || {
-        Ok(moto.live_instances(AWS_REGION)?.len() + moto.managed_groups(AWS_REGION, "aws-eu")?)
+        Ok(moto.live_instances(AWS_REGION)?.len() + moto.disk_volumes(AWS_REGION)?.len() + moto.managed_groups(AWS_REGION, "aws-eu")?)
     })?;
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
     Ok(())
