@@ -324,7 +324,10 @@ fn a_pools_disks_are_each_members_and_bad_ones_are_refused_naming_the_pool() {
             s.spec.disks.iter().map(|d| (d.name.as_str(), d.size.as_str(), d.deletion_policy)).collect();
         assert_eq!(
             disks,
-            [("osd", "100Gi", provisioning_crds::DiskDeletionPolicy::Delete), ("wal", "10Gi", provisioning_crds::DiskDeletionPolicy::Retain)],
+            [
+                ("osd", "100Gi", provisioning_crds::DiskDeletionPolicy::Delete),
+                ("wal", "10Gi", provisioning_crds::DiskDeletionPolicy::Retain)
+            ],
             "{:?}",
             s.metadata.name
         );

@@ -40,7 +40,8 @@ async fn disks_are_mounted_volumes_and_only_retained_ones_outlive_the_server() -
 
     let ready = wait_for("server node Ready", Duration::from_secs(120), || async { api.get("node").await.ok().filter(is_ready) }).await?;
     let status = ready.status.clone().unwrap_or_default();
-    let recorded: Vec<String> = status.disks.unwrap_or_default().iter().map(|d| format!("{} {} {}", d.name, d.size, d.mount_path)).collect();
+    let recorded: Vec<String> =
+        status.disks.unwrap_or_default().iter().map(|d| format!("{} {} {}", d.name, d.size, d.mount_path)).collect();
     assert_eq!(recorded, vec!["data 10Gi /var/lib/data", "keep 20Gi /srv/keep"], "status.disks");
 
     // Each disk is a named volume mounted at its path inside the machine.

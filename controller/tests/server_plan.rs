@@ -270,7 +270,10 @@ fn disks_are_listed_in_the_create_and_a_change_to_an_existing_machine_is_refused
     added.spec.disks[0].size = "200Gi".into();
     let p = plan_with(&added, &provider);
     let Carry::Refused(message) = &p.carry else { panic!("refused: {:?}", p.carry) };
-    assert!(message.contains("spec.disks[data]") && message.contains("spec.disks[logs]") && message.contains("not supported yet"), "{message}");
+    assert!(
+        message.contains("spec.disks[data]") && message.contains("spec.disks[logs]") && message.contains("not supported yet"),
+        "{message}"
+    );
     let fields: Vec<(&str, ChangeAction)> = p.plan.changes.iter().map(|c| (c.field.as_str(), c.action)).collect();
     assert_eq!(fields, vec![("spec.disks[data]", ChangeAction::Update), ("spec.disks[logs]", ChangeAction::Create)]);
 }

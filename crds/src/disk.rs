@@ -146,12 +146,7 @@ pub fn check_disks(field: &str, disks: &[Disk], provider: Option<ProviderType>) 
         let Some(provider) = provider else { continue };
         let types = disk_types(provider);
         if !d.disk_type.is_empty() && !types.contains(&d.disk_type.as_str()) {
-            return Err(format!(
-                "{at}.type {:?} is not a {} disk type: one of {}",
-                d.disk_type,
-                provider.as_str(),
-                types.join(", ")
-            ));
+            return Err(format!("{at}.type {:?} is not a {} disk type: one of {}", d.disk_type, provider.as_str(), types.join(", ")));
         }
         let gib = d.size_gib().unwrap_or_default();
         if provider == ProviderType::Upcloud && !(10..=4096).contains(&gib) {

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use provisioning_providers::aws::AwsProvider;
 use provisioning_providers::{
-    Credentials, DeleteOutcome, DiskRequest, NetworkSettings, Provider, ProviderConfig, ServerIdentity, ServerRequest, build_provider,
-    tags,
+    Credentials, DeleteOutcome, DiskRequest, NetworkSettings, Provider, ProviderConfig, ServerIdentity, ServerRequest, build_provider, tags,
 };
 use support::moto::Moto;
 use upcloud_double::{DoubleConfig, UpcloudDouble};
@@ -96,12 +95,8 @@ async fn aws_disks_are_tagged_ebs_volumes_and_retain_outlives_the_instance() -> 
     assert!(devices.contains(&"/dev/sdf".to_string()) && devices.contains(&"/dev/sdg".to_string()), "{devices:?}");
 
     delete_until_gone(&provider, &created.provider_id).await?;
-    let left: Vec<(String, String)> = provider
-        .volumes_tagged(&by_uid)
-        .await?
-        .iter()
-        .map(|v| (tag(v, tags::DISK), tag(v, tags::RETAINED)))
-        .collect();
+    let left: Vec<(String, String)> =
+        provider.volumes_tagged(&by_uid).await?.iter().map(|v| (tag(v, tags::DISK), tag(v, tags::RETAINED))).collect();
     assert_eq!(left, vec![("keep".to_string(), "true".to_string())], "only the retained volume outlives the instance");
     Ok(())
 }
@@ -116,8 +111,7 @@ async fn upcloud_disks_are_created_storages_and_retain_is_detached_before_delete
         zone: "de-fra1".into(),
         endpoint: double.endpoint.clone(),
         credentials: Credentials(
-            [("UPCLOUD_USERNAME".to_string(), "api-user".to_string()), ("UPCLOUD_PASSWORD".to_string(), "api-password".to_string())]
-                .into(),
+            [("UPCLOUD_USERNAME".to_string(), "api-user".to_string()), ("UPCLOUD_PASSWORD".to_string(), "api-password".to_string())].into(),
         ),
         rate_limit: 100,
         state_dir: dir.path().to_path_buf(),
@@ -159,12 +153,8 @@ async fn upcloud_disks_are_created_storages_and_retain_is_detached_before_delete
 #[tokio::test]
 async fn simulated_machines_keep_retained_disks_as_volumes() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let config = ProviderConfig {
-        name: "sim".into(),
-        provider_type: "simulated".into(),
-        state_dir: dir.path().to_path_buf(),
-        ..Default::default()
-    };
+    let config =
+        ProviderConfig { name: "sim".into(), provider_type: "simulated".into(), state_dir: dir.path().to_path_buf(), ..Default::default() };
     let provider = provisioning_providers::simulated::SimulatedProvider::open(&config)?;
     let created = provider.ensure_server(&request("s-disks", "", "local", (10, 20))).await?;
     let (attached, retained) = provider.disks()?;

@@ -198,7 +198,10 @@ pub fn spec_plan(
         let shrink = disk_changes.iter().find(|c| c.reason.starts_with("shrink"));
         let fields = disk_changes.iter().map(|c| c.field.clone()).collect::<Vec<_>>().join(", ");
         let message = match shrink {
-            Some(c) => format!("{} shrinks from {} to {}: a disk cannot shrink; machine {machine} is left as it is; revert {}", c.field, c.from, c.to, c.field),
+            Some(c) => format!(
+                "{} shrinks from {} to {}: a disk cannot shrink; machine {machine} is left as it is; revert {}",
+                c.field, c.from, c.to, c.field
+            ),
             None => format!(
                 "{fields} changed: disks are made with the machine and changing the disks of an existing machine is not supported yet; machine {machine} is left as it is; revert spec.disks, or delete and re-create the Server"
             ),
@@ -272,15 +275,24 @@ pub fn disk_changes(who: &str, had: Option<&[provisioning_crds::Disk]>, want: &[
             Some(h) if h == w => {}
             Some(h) => {
                 let smaller = matches!((h.size_gib(), w.size_gib()), (Ok(a), Ok(b)) if b < a);
-                let (field, reason) =
-                    if smaller { (format!("{field}.size"), "shrink: a disk cannot shrink") } else { (field, "disk changed on an existing machine") };
+                let (field, reason) = if smaller {
+                    (format!("{field}.size"), "shrink: a disk cannot shrink")
+                } else {
+                    (field, "disk changed on an existing machine")
+                };
                 let (from, to) = if smaller { (h.size.clone(), w.size.clone()) } else { (disk_text(h), disk_text(w)) };
                 out.push(change(field, ChangeAction::Update, from, to, reason));
             }
         }
     }
     for h in had.iter().filter(|h| !want.iter().any(|w| w.name == h.name)) {
-        out.push(change(format!("spec.disks[{}]", h.name), ChangeAction::Delete, disk_text(h), String::new(), "disk removed from the spec"));
+        out.push(change(
+            format!("spec.disks[{}]", h.name),
+            ChangeAction::Delete,
+            disk_text(h),
+            String::new(),
+            "disk removed from the spec",
+        ));
     }
     out
 }

@@ -384,7 +384,10 @@ mod tests {
         let aws = account(serde_json::json!({"name": "aws-main", "type": "aws"}));
         assert_eq!(disks(&[disk(serde_json::json!({"name": "osd", "size": "100Gi", "type": "gp3"}))], &aws), Ok(()));
         let tier = disks(&[disk(serde_json::json!({"name": "osd", "size": "100Gi", "type": "maxiops"}))], &aws).expect_err("upcloud tier");
-        assert!(tier.reason == "InvalidDisks" && tier.message.contains("spec.disks[0].type") && tier.message.contains("\"aws-main\""), "{tier:?}");
+        assert!(
+            tier.reason == "InvalidDisks" && tier.message.contains("spec.disks[0].type") && tier.message.contains("\"aws-main\""),
+            "{tier:?}"
+        );
         let local = account(serde_json::json!({"name": "l", "type": "local"}));
         let raw = disks(&[disk(serde_json::json!({"name": "osd", "size": "10Gi"}))], &local).expect_err("raw on local");
         assert!(raw.reason == "InvalidDisks" && raw.message.contains("spec.disks[0].mountPath"), "{raw:?}");

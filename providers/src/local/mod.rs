@@ -279,10 +279,8 @@ impl LocalProvider {
         let filters = spec::label_filter([(tags::SERVER_UID, uid)].into_iter());
         let mut filters = filters;
         filters.entry("label".into()).or_default().push(tags::DISK.to_string());
-        let listed = docker
-            .list_volumes(Some(ListVolumesOptions { filters: Some(filters) }))
-            .await
-            .map_err(|e| classify("list volumes", e))?;
+        let listed =
+            docker.list_volumes(Some(ListVolumesOptions { filters: Some(filters) })).await.map_err(|e| classify("list volumes", e))?;
         Ok(listed.volumes.unwrap_or_default().into_iter().map(|v| (v.name, v.labels)).collect())
     }
 

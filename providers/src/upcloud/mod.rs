@@ -754,7 +754,9 @@ impl Provider for UpcloudProvider {
                     .map_err(|e| ProviderError::Permanent(format!("cannot serialise the detach request: {e}")))?;
                     let path = format!("/server/{uuid}/storage/detach");
                     match self.call_retrying(|| Method::Post, &path, &[], Some(&body), crate::ratelimit::LOOKUP_CAP).await {
-                        Ok(_) => tracing::info!(account = %self.account, server = %uuid, storage = %device.storage, "retained disk detached"),
+                        Ok(_) => {
+                            tracing::info!(account = %self.account, server = %uuid, storage = %device.storage, "retained disk detached")
+                        }
                         Err(ProviderError::NotFound(_)) => return Ok(DeleteOutcome::Gone),
                         Err(e) => return Err(e),
                     }
