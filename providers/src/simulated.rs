@@ -46,6 +46,9 @@ struct SimMachine {
     disks: Vec<crate::DiskRequest>,
 }
 
+/// A disk of a machine in the store: (machine id, the disk).
+pub type AttachedDisk = (String, crate::DiskRequest);
+
 /// A disk that outlived its machine (deletionPolicy Retain): kept in the store, detached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimVolume {
@@ -245,7 +248,7 @@ impl SimulatedProvider {
 
     /// The disks of the account's machines as (machine id, disk), and the retained volumes of
     /// deleted machines: what a test checks is left at the "provider" after a delete.
-    pub fn disks(&self) -> ProviderResult<(Vec<(String, crate::DiskRequest)>, Vec<SimVolume>)> {
+    pub fn disks(&self) -> ProviderResult<(Vec<AttachedDisk>, Vec<SimVolume>)> {
         self.store.with_state(|state| {
             let attached = state.machines.values().flat_map(|m| m.disks.iter().map(|d| (m.id.clone(), d.clone()))).collect();
             Ok(((attached, state.volumes.values().cloned().collect()), vec![]))

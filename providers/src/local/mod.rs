@@ -276,8 +276,7 @@ impl LocalProvider {
     /// The Docker volumes of the disks of the Server `uid`, as (name, labels).
     pub async fn disk_volumes(&self, uid: &str) -> ProviderResult<Vec<(String, HashMap<String, String>)>> {
         let docker = self.docker().await?;
-        let filters = spec::label_filter([(tags::SERVER_UID, uid)].into_iter());
-        let mut filters = filters;
+        let mut filters = spec::label_filter([(tags::SERVER_UID, uid)]);
         filters.entry("label".into()).or_default().push(tags::DISK.to_string());
         let listed =
             docker.list_volumes(Some(ListVolumesOptions { filters: Some(filters) })).await.map_err(|e| classify("list volumes", e))?;
