@@ -70,6 +70,10 @@ async fn aws_disks_are_tagged_ebs_volumes_and_retain_outlives_the_instance() -> 
     let provider = AwsProvider::new(&config)?;
     let uid = "0d15c5e7-0000-4000-8000-000000000001";
     let created = provider.ensure_server(&request(uid, "", "st1", (100, 125))).await?;
+    // A repeated ensure (a lost answer) finds the instance and names its disks again
+    // (idempotent): no second instance, no second set of volumes.
+    let again = provider.ensure_server(&request(uid, "", "st1", (100, 125))).await?;
+    assert_eq!(again.provider_id, created.provider_id);
     let by_uid = [(tags::SERVER_UID.to_string(), uid.to_string())];
     let volumes = provider.volumes_tagged(&by_uid).await?;
     let tag = |v: &provisioning_providers::aws::model::Volume, key: &str| {

@@ -560,6 +560,11 @@ impl AwsProvider {
 
     async fn ensure(&self, request: &ServerRequest, instance_type: &str) -> ProviderResult<ServerObservation> {
         if let Some(existing) = self.find(&request.identity).await? {
+            // A create whose answer (or disk naming) was lost: name the disks now (CreateTags
+            // is idempotent), so a Retain disk is marked before anything can delete it.
+            if !request.disks.is_empty() {
+                self.tag_disks(existing.provider_id.native_id(), &request.disks).await?;
+            }
             return Ok(existing);
         }
         // Before anything is created: the zone must have a subnet when the account maps them.
@@ -1196,6 +1201,41 @@ mod tests {
         ];
         assert!(check_subnets("a", &wanted, &wrong_zone).is_err_and(|e| e.to_string().contains("listed for zone eu-north-1a")));
         assert!(check_subnets("a", &wanted, &good[..2]).is_err_and(|e| e.to_string().contains("subnet-0d")));
+    }
+
+    #[test]
+    fn disks_are_block_device_mappings_with_their_volume_tags() {
+        let request = ServerRequest {
+            identity: crate::ServerIdentity { uid: "u-1".into(), namespace: "ns".into(), name: "n".into(), cluster: None },
+            plan: "small".into(),
+            zone: String::new(),
+            image: "debian-12".into(),
+            ssh_public_key: None,
+            extra_tags: Default::default(),
+            instance_profile: String::new(),
+            public_ip: None,
+            disks: vec![
+                crate::DiskRequest { name: "data".into(), size_gib: 100, ..Default::default() },
+                crate::DiskRequest { name: "keep".into(), size_gib: 20, disk_type: "st1".into(), retain: true, ..Default::default() },
+            ],
+            host_key: None,
+        };
+        let tags: BTreeMap<String, String> = request.identity.tags().into_iter().collect();
+        let params: BTreeMap<String, String> = disk_params(&request, &tags).into_iter().collect();
+        let get = |k: &str| params.get(k).map(String::as_str);
+        assert_eq!(get("BlockDeviceMapping.1.DeviceName"), Some("/dev/sdf"));
+        assert_eq!(get("BlockDeviceMapping.1.Ebs.VolumeSize"), Some("100"));
+        assert_eq!(get("BlockDeviceMapping.1.Ebs.VolumeType"), Some("gp3"), "gp3 by default");
+        assert_eq!(get("BlockDeviceMapping.1.Ebs.Encrypted"), Some("true"));
+        assert_eq!(get("BlockDeviceMapping.1.Ebs.DeleteOnTermination"), Some("true"));
+        assert_eq!(get("BlockDeviceMapping.2.DeviceName"), Some("/dev/sdg"));
+        assert_eq!(get("BlockDeviceMapping.2.Ebs.VolumeType"), Some("st1"));
+        assert_eq!(get("BlockDeviceMapping.2.Ebs.DeleteOnTermination"), Some("false"), "Retain outlives the instance");
+        assert_eq!(get("TagSpecification.2.ResourceType"), Some("volume"));
+        assert!(params.values().any(|v| v == "u-1"), "the server uid is on the volumes: {params:?}");
+        assert_eq!(disk_device(15), "/dev/sdu", "the 16th disk");
+        let none = ServerRequest { disks: Vec::new(), ..request };
+        assert!(disk_params(&none, &tags).is_empty(), "no disks: no mapping, no volume tags");
     }
 
     #[test]

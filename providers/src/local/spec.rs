@@ -291,6 +291,40 @@ mod tests {
     }
 
     #[test]
+    fn disks_are_named_volumes_mounted_at_their_path_and_raw_ones_are_refused() {
+        let mut request = ServerRequest {
+            identity: identity(None),
+            plan: "small".into(),
+            zone: String::new(),
+            image: "debian-12".into(),
+            ssh_public_key: None,
+            extra_tags: Default::default(),
+            instance_profile: String::new(),
+            public_ip: None,
+            disks: vec![crate::DiskRequest {
+                name: "keep".into(),
+                size_gib: 20,
+                mount_path: "/srv/keep".into(),
+                retain: true,
+                ..Default::default()
+            }],
+            host_key: None,
+        };
+        let mounts = disk_mounts(&request).expect("mounts").expect("one");
+        assert_eq!(mounts[0].source.as_deref(), Some("provisioning-0c9a5f0e-1b2c-4d5e-8f90-123456789abc-keep"));
+        assert_eq!(mounts[0].target.as_deref(), Some("/srv/keep"));
+        let labels = mounts[0].volume_options.as_ref().and_then(|o| o.labels.clone()).unwrap_or_default();
+        assert_eq!(labels.get(tags::RETAINED).map(String::as_str), Some("true"));
+        assert_eq!(labels.get(tags::DISK).map(String::as_str), Some("keep"));
+        assert_eq!(labels.get(tags::SERVER_UID).map(String::as_str), Some("0c9a5f0e-1b2c-4d5e-8f90-123456789abc"));
+        request.disks[0].mount_path = String::new();
+        let raw = disk_mounts(&request).expect_err("raw disk");
+        assert!(matches!(&raw, ProviderError::InvalidRequest(m) if m.contains("spec.disks[0].mountPath")), "{raw:?}");
+        request.disks.clear();
+        assert!(disk_mounts(&request).expect("none").is_none());
+    }
+
+    #[test]
     fn plans_resolve_to_limits() {
         assert_eq!(resolve_plan("small").ok().as_deref(), Some("cpu1-mem1g"));
         assert_eq!(parse_plan("cpu1-mem1g"), Some(Resources { nano_cpus: 1_000_000_000, memory: 1 << 30 }));
