@@ -349,6 +349,12 @@ impl UpcloudDouble {
         state.servers.values_mut().map(|s| (s.uuid.clone(), s.state().to_string())).collect()
     }
 
+    /// The zone of every server, by UUID.
+    pub fn server_zones(&self) -> BTreeMap<String, String> {
+        let Ok(state) = self.state.lock() else { return BTreeMap::new() };
+        state.servers.values().map(|s| (s.uuid.clone(), s.zone.clone())).collect()
+    }
+
     /// The firewall setting (`on`/`off`) and rules of every server, by uuid.
     pub fn firewalls(&self) -> BTreeMap<String, (String, Vec<Value>)> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
