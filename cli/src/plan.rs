@@ -473,7 +473,7 @@ fn server_plan(server: &Server, namespace: &str, workspaces: &[Arc<Workspace>], 
         server.status.as_ref(),
         |f| provider.in_place(f),
         |a, b| provider.same_plan(a, b),
-        |p, z| provider.price(p, z),
+        |p, z| provisioning_controller::cost::machine_price(provider.as_ref(), p, z, &valid.disks),
     );
     let note = match &planned.carry {
         plan::Carry::Refused(message) => format!("UpdateRefused: {message}"),

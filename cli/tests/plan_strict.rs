@@ -82,6 +82,13 @@ fn plan_refuses_what_admission_or_the_controller_would_refuse() -> anyhow::Resul
         ),
         // Networks per zone (issue 28): the same checks as the controller's, before any call.
         ("zone outside zoneSubnets", server("{provider: aws, zone: eu-west-1a}"), "spec.providers[].zoneSubnets"),
+        // Disks (issue 28 item 2): admission's schema and rules, then the provider's types.
+        ("disk size", server("{disks: [{name: data, size: 0Gi}]}"), "spec.disks[0].size"),
+        ("disk size too big", server("{disks: [{name: data, size: 17Ti}]}"), "spec.disks[0].size"),
+        ("disk names twice", server("{disks: [{name: data, size: 1Gi}, {name: data, size: 2Gi}]}"), "spec.disks[1]: Duplicate value"),
+        ("disk mountPath", server("{disks: [{name: data, size: 1Gi, mountPath: /}]}"), "mountPath must be an absolute path"),
+        ("disk type", server("{provider: aws, zone: eu-north-1a, disks: [{name: data, size: 10Gi, type: maxiops}]}"), "InvalidDisks"),
+        ("raw disk on a mount-only provider", server("{provider: aws, zone: eu-north-1a, disks: [{name: data, size: 10Gi, mountPath: /data}]}"), "spec.disks[0].mountPath"),
         ("fallback zone outside zoneSubnets", server("{provider: aws, zone: eu-north-1a, fallbackZones: [eu-north-1c]}"), "InvalidZone"),
         ("fallback zones without a zone", server("{fallbackZones: [eu-north-1b]}"), "InvalidFallbackZones"),
         ("publicIp on a simulated account", server("{publicIp: false}"), "PublicIpUnsupported"),
@@ -113,14 +120,15 @@ fn plan_refuses_what_admission_or_the_controller_would_refuse() -> anyhow::Resul
     // The same objects, written right: accepted (exit 2: they would be created).
     let good = format!("{}---\n{}", server("{plan: small}"), taskserv("{service: redis, config: {port: 6380}, servers: {names: [web]}}"));
     let zoned =
-        server("{provider: aws, zone: eu-north-1a, fallbackZones: [eu-north-1b], publicIp: false}").replace("name: web", "name: zoned");
+        server("{provider: aws, zone: eu-north-1a, fallbackZones: [eu-north-1b], publicIp: false, disks: [{name: data, size: 100Gi, type: gp3}, {name: keep, size: 20Gi, deletionPolicy: Retain}]}")
+            .replace("name: web", "name: zoned");
     let good = format!("{good}---\n{zoned}");
     let out = plan(&dev, dir.path(), "good", &good)?;
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("refused"), "{}", text(&out));
     // The plan shows where the machine goes: its zone's subnet, no public address, the fallback.
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let part = "in eu-north-1a (subnet subnet-0a1a1a1a1a1a1a1a1, no public IP, then eu-north-1b when out of capacity)";
+    let part = "in eu-north-1a (subnet subnet-0a1a1a1a1a1a1a1a1, no public IP, disks data 100Gi gp3 raw, keep 20Gi raw (Retain), then eu-north-1b when out of capacity)";
     assert!(stdout.contains(part), "{part}: {}", text(&out));
     // The same at v1beta1 (the same schema, docs/upgrade.md): planned alike, not passed
     // through unplanned; and refused alike.

@@ -69,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         image: "debian-12".into(),
         fallback_zones: Vec::new(),
         public_ip: None,
+        disks: Vec::new(),
     };
     let server_plans = |members: &[(provisioning_crds::Server, ServerStatus)]| {
         members

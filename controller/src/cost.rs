@@ -13,6 +13,26 @@ use provisioning_providers::prices::{self, NoPrice, Price};
 /// The COST column of a Server whose cost is unknown.
 pub const UNKNOWN: &str = "unknown";
 
+/// The list price of a machine of native plan `plan` in `zone` with its extra `disks`: the
+/// plan's price plus each disk's ([`prices::with_disks`]: a disk without a price is left
+/// out and the source says so).
+pub fn machine_price(
+    provider: &(impl provisioning_providers::Provider + ?Sized),
+    plan: &str,
+    zone: &str,
+    disks: &[provisioning_crds::Disk],
+) -> Result<Price, NoPrice> {
+    let machine = provider.price(plan, zone)?;
+    if disks.is_empty() {
+        return Ok(machine);
+    }
+    let disk_prices = disks.iter().map(|d| match d.size_gib() {
+        Ok(gib) => provider.disk_price(&d.disk_type, gib, zone),
+        Err(e) => Err(format!("disk {:?}: {e}", d.name)),
+    });
+    Ok(prices::with_disks(machine, disk_prices))
+}
+
 /// A Server's `status.cost` from a price lookup.
 pub fn server_cost(price: &Result<Price, NoPrice>) -> ServerCost {
     match price {

@@ -312,6 +312,32 @@ fn a_pool_spread_over_zones_puts_one_member_in_each_and_falls_back_to_the_others
 }
 
 #[test]
+fn a_pools_disks_are_each_members_and_bad_ones_are_refused_naming_the_pool() {
+    let yaml = ETCD.replace(
+        "plan: small, labels: {tier: data}}",
+        "plan: small, disks: [{name: osd, size: 100Gi}, {name: wal, size: 10Gi, deletionPolicy: Retain}], labels: {tier: data}}",
+    );
+    let plan = World::new(&yaml).plan();
+    assert!(!plan.apply_servers.is_empty());
+    for s in &plan.apply_servers {
+        let disks: Vec<(&str, &str, provisioning_crds::DiskDeletionPolicy)> =
+            s.spec.disks.iter().map(|d| (d.name.as_str(), d.size.as_str(), d.deletion_policy)).collect();
+        assert_eq!(
+            disks,
+            [
+                ("osd", "100Gi", provisioning_crds::DiskDeletionPolicy::Delete),
+                ("wal", "10Gi", provisioning_crds::DiskDeletionPolicy::Retain)
+            ],
+            "{:?}",
+            s.metadata.name
+        );
+    }
+    let bad = ETCD.replace("plan: small,", "plan: small, disks: [{name: osd, size: 100G}],");
+    let refused = validate::validate("etcd", &cluster(&bad).spec, &catalog()).expect_err("size without Gi");
+    assert!(refused.reason == "InvalidPool" && refused.message.contains("spec.pools[\"members\"].disks[0].size"), "{refused:?}");
+}
+
+#[test]
 fn a_converged_spread_pool_with_max_surge_is_not_rolling() {
     // Each member is compared with its own zone's spec: none differs, so no surge Server.
     let yaml = ETCD.replace(

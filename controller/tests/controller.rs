@@ -121,6 +121,7 @@ fn machine_request(uid: &str, namespace: &str, name: &str, plan: &str, adoptable
         },
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     }
 }

@@ -44,6 +44,7 @@ async fn a_container_created_but_never_started_is_finished_not_duplicated() -> a
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     };
     local.create_unstarted(&request).await?;

@@ -33,6 +33,7 @@ fn valid(server: &Server, provider: &dyn Provider) -> ValidServer {
         image: if server.spec.image.is_empty() { "debian-12".into() } else { server.spec.image.clone() },
         fallback_zones: server.spec.fallback_zones.clone(),
         public_ip: server.spec.public_ip,
+        disks: server.spec.disks.clone(),
     }
 }
 
@@ -222,4 +223,80 @@ fn summaries_count_resources_under_their_strongest_action() {
         [MachineField::Plan, MachineField::Zone, MachineField::Image].map(MachineField::spec_path),
         ["spec.plan", "spec.zone", "spec.image"]
     );
+}
+
+fn disk(name: &str, size: &str, mount_path: &str) -> provisioning_crds::Disk {
+    provisioning_crds::Disk { name: name.into(), size: size.into(), mount_path: mount_path.into(), ..Default::default() }
+}
+
+#[test]
+fn disks_are_listed_in_the_create_and_a_change_to_an_existing_machine_is_refused_naming_the_field() {
+    let mut fresh = server("fresh");
+    fresh.spec.disks = vec![
+        disk("data", "100Gi", "/var/lib/data"),
+        provisioning_crds::Disk { deletion_policy: provisioning_crds::DiskDeletionPolicy::Retain, ..disk("keep", "20Gi", "/srv") },
+    ];
+    let p = plan_with(&fresh, &local());
+    assert_eq!(p.carry, Carry::Create);
+    let to = &p.plan.changes[0].to;
+    assert!(to.contains("disks data 100Gi at /var/lib/data, keep 20Gi at /srv (Retain)"), "{to}");
+
+    // The machine exists and was made with these disks: nothing to do.
+    let provider = local();
+    let mut made = fresh.clone();
+    let v = valid(&made, &provider);
+    made.status = Some(provisioning_crds::ServerStatus {
+        provider_id: Some("local://0d0d0d".into()),
+        resolved_plan: Some(v.resolved_plan.clone()),
+        zone: Some(String::new()),
+        image: Some(v.image.clone()),
+        disks: Some(fresh.spec.disks.clone()),
+        ..Default::default()
+    });
+    let same = plan_with(&made, &provider);
+    assert_eq!((same.carry.clone(), same.plan.summary.as_str()), (Carry::Nothing, "no changes"));
+
+    // A shrink is refused, naming the field and both sizes.
+    let mut shrunk = made.clone();
+    shrunk.spec.disks[0].size = "50Gi".into();
+    let p = plan_with(&shrunk, &provider);
+    let Carry::Refused(message) = &p.carry else { panic!("a shrink is refused: {:?}", p.carry) };
+    assert!(message.contains("spec.disks[data].size") && message.contains("100Gi") && message.contains("50Gi"), "{message}");
+    assert!(message.contains("cannot shrink"), "{message}");
+
+    // A disk added to (or grown on) an existing machine is shown and refused: not carried out yet.
+    let mut added = made.clone();
+    added.spec.disks.push(disk("logs", "10Gi", "/var/log/app"));
+    added.spec.disks[0].size = "200Gi".into();
+    let p = plan_with(&added, &provider);
+    let Carry::Refused(message) = &p.carry else { panic!("refused: {:?}", p.carry) };
+    assert!(
+        message.contains("spec.disks[data]") && message.contains("spec.disks[logs]") && message.contains("not supported yet"),
+        "{message}"
+    );
+    let fields: Vec<(&str, ChangeAction)> = p.plan.changes.iter().map(|c| (c.field.as_str(), c.action)).collect();
+    assert_eq!(fields, vec![("spec.disks[data]", ChangeAction::Update), ("spec.disks[logs]", ChangeAction::Create)]);
+}
+
+#[test]
+fn disks_add_their_price_to_the_plan_and_cost() {
+    // aws us-east-1: t3.small $0.0208/h ($15.18/mo) + 100 GiB gp3 at $0.08 = $8.00/mo.
+    let config = provisioning_providers::ProviderConfig {
+        name: "aws".into(),
+        provider_type: "aws".into(),
+        region: "us-east-1".into(),
+        credentials: provisioning_providers::Credentials(
+            [("AWS_ACCESS_KEY_ID".to_string(), "AKIAPLANTEST00000001".to_string()), ("AWS_SECRET_ACCESS_KEY".to_string(), "x".to_string())]
+                .into(),
+        ),
+        ..Default::default()
+    };
+    let aws = provisioning_providers::build_provider(&config).expect("aws provider (no call made)");
+    let disks = [disk("data", "100Gi", "")];
+    let with = provisioning_controller::cost::machine_price(aws.as_ref(), "t3.small", "", &disks).expect("priced");
+    let without = aws.price("t3.small", "").expect("priced");
+    assert_eq!(with.monthly_micros - without.monthly_micros, 8_000_000);
+    let cost = provisioning_controller::cost::server_cost(&Ok(with));
+    assert_eq!(cost.summary, "$23.18/mo");
+    assert!(cost.source.contains("1 disk(s) included"), "{}", cost.source);
 }

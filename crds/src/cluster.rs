@@ -144,6 +144,10 @@ pub struct ServerPool {
     /// the provider's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_ip: Option<bool>,
+    /// Extra disks of each of the pool's servers (see Server `disks`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::disks_schema")]
+    pub disks: Vec<crate::Disk>,
     /// Labels put on the pool's Servers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,

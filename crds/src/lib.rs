@@ -14,6 +14,7 @@ mod changerecord;
 mod cluster;
 mod common;
 mod cost;
+mod disk;
 mod plan;
 mod server;
 mod taskserv;
@@ -23,6 +24,7 @@ pub use changerecord::*;
 pub use cluster::*;
 pub use common::*;
 pub use cost::*;
+pub use disk::*;
 pub use plan::*;
 pub use server::*;
 pub use taskserv::*;
@@ -230,6 +232,7 @@ mod tests {
             ("ChangeRecord.status.conditions", "map[\"type\"]"),
             ("Cluster.spec.dependsOn", "set"),
             ("Cluster.spec.pools", "map[\"name\"]"),
+            ("Cluster.spec.pools[].disks", "map[\"name\"]"),
             // Tried in order: the order is the content.
             ("Cluster.spec.pools[].fallbackZones", "atomic"),
             // Members are spread in this order: the order is the content.
@@ -245,9 +248,11 @@ mod tests {
             ("Cluster.status.steps", "map[\"id\"]"),
             ("Cluster.status.taskservs", "map[\"service\"]"),
             // Addresses may repeat a type (two InternalIPs), as on a Node: atomic.
+            ("Server.spec.disks", "map[\"name\"]"),
             ("Server.spec.fallbackZones", "atomic"),
             ("Server.status.addresses", "atomic"),
             ("Server.status.conditions", "map[\"type\"]"),
+            ("Server.status.disks", "map[\"name\"]"),
             // A plan's changes are listed in the order they are carried out.
             ("Server.status.plan.changes", "atomic"),
             // The order tried is the content.

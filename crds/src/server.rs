@@ -67,6 +67,12 @@ pub struct ServerSpec {
     /// when the machine is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_ip: Option<bool>,
+    /// Extra disks made with the machine (the root disk's size comes from the plan): at most
+    /// 16, each `{name, size, type, mountPath, deletionPolicy}`. Applied when the machine is
+    /// created; see the README's "Disks" for what each provider does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::disks_schema")]
+    pub disks: Vec<crate::Disk>,
     /// What deleting the Server does to the machine: Delete it, or Orphan it (leave it running).
     /// Unset: Delete for a machine the Server created, Orphan for an adopted one
     /// (`externalID`), so deleting the Server never destroys a machine it did not make unless
@@ -157,6 +163,11 @@ pub struct ServerStatus {
     /// Cleared when a machine is made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone_fallback: Option<ZoneFallback>,
+    /// The extra disks the machine was created with (`spec.disks` then), recorded at create
+    /// time: a later change of `spec.disks` is planned against them (and refused for now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::disks_schema")]
+    pub disks: Option<Vec<crate::Disk>>,
     /// The image the machine was created from, recorded at create time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

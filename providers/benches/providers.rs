@@ -79,6 +79,7 @@ fn request(namespace: &str, i: usize) -> ServerRequest {
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     }
 }

@@ -91,6 +91,7 @@ async fn create_once(provider: &dyn Provider, opts: &ContractOptions) -> Result<
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     };
     check(provider.find_server(&identity).await.map_err(|e| fail("find_server", e))?.is_none(), "no machine before create")?;

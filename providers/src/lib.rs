@@ -33,6 +33,10 @@ use async_trait::async_trait;
 pub mod tags {
     /// The Server's uid.
     pub const SERVER_UID: &str = "provisioning.dev/server-uid";
+    /// On a disk (EBS volume, UpCloud storage, Docker volume): the disk's name in the spec.
+    pub const DISK: &str = "provisioning.dev/disk";
+    /// On a disk: `"true"` when it outlives its machine (deletionPolicy Retain).
+    pub const RETAINED: &str = "provisioning.dev/retained";
     /// The Server's namespace.
     pub const NAMESPACE: &str = "provisioning.dev/namespace";
     /// The Server's name.
@@ -188,6 +192,12 @@ pub trait Provider: Send + Sync {
     /// is none (a plan, region or zone the table does not cover); never a guessed figure.
     fn price(&self, plan: &str, _zone: &str) -> Result<prices::Price, prices::NoPrice> {
         Err(format!("the {} provider has no price table (plan {plan:?})", self.provider_type()))
+    }
+
+    /// The list price of an extra disk of `size_gib` of `disk_type` (empty: the provider's
+    /// default) in `zone` (empty: the account's), from the provider's table (no API call).
+    fn disk_price(&self, disk_type: &str, size_gib: u64, _zone: &str) -> Result<prices::Price, prices::NoPrice> {
+        Err(format!("the {} provider has no disk price table ({size_gib} GiB {disk_type:?})", self.provider_type()))
     }
 }
 

@@ -127,6 +127,93 @@ pub fn upcloud(zone: &str, plan: &str, zones: &[&str]) -> Result<Price, NoPrice>
     })
 }
 
+/// AWS EBS: where the disk table below comes from.
+pub const AWS_DISK_PRICES_SOURCE: &str = "AWS EBS pricing page (volume storage, per GB-month)";
+
+/// AWS EBS volume storage, USD per GB-month (micro-units) by volume type, in the regions
+/// where these list prices hold (US East N. Virginia and Ohio, US West Oregon). Source: AWS
+/// EBS pricing page, prices as of 2025-01-15. io1/io2 provisioned IOPS and gp3 IOPS or
+/// throughput above the baseline are billed on top (the controller asks for neither). Other
+/// regions have no disk price here (their figures differ; none is guessed).
+pub const AWS_DISK_PRICES: [(&str, u64); 6] =
+    [("gp3", 80_000), ("gp2", 100_000), ("io1", 125_000), ("io2", 125_000), ("st1", 45_000), ("sc1", 15_000)];
+/// The regions [`AWS_DISK_PRICES`] holds for.
+pub const AWS_DISK_PRICED_REGIONS: [&str; 3] = ["us-east-1", "us-east-2", "us-west-2"];
+
+/// The list price of an EBS volume of `size_gib` of `volume_type` (empty: gp3) in a region.
+pub fn aws_disk(region: &str, volume_type: &str, size_gib: u64) -> Result<Price, NoPrice> {
+    let volume_type = if volume_type.is_empty() { "gp3" } else { volume_type };
+    if !AWS_DISK_PRICED_REGIONS.contains(&region) {
+        return Err(format!("no EBS list price for region {region:?}: the disk table covers {}", AWS_DISK_PRICED_REGIONS.join(", ")));
+    }
+    let Some((_, per_gib)) = AWS_DISK_PRICES.iter().find(|(t, _)| *t == volume_type) else {
+        return Err(format!("no EBS list price for volume type {volume_type:?}"));
+    };
+    let monthly = per_gib.saturating_mul(size_gib);
+    Ok(Price {
+        currency: "USD",
+        hourly_micros: monthly / HOURS_PER_MONTH,
+        monthly_micros: monthly,
+        source: format!("{AWS_DISK_PRICES_SOURCE}, {volume_type} in {region}"),
+        as_of: AWS_PRICES_AS_OF,
+    })
+}
+
+/// UpCloud storage: where the table below comes from.
+pub const UPCLOUD_DISK_PRICES_SOURCE: &str = "UpCloud API price list (GET /1.3/price, storage_maxiops and storage_hdd per GiB-hour)";
+
+/// UpCloud storage, EUR per GiB-hour (micro-units) by tier: MaxIOPS 0.028 and HDD 0.013
+/// cents, as UpCloud's published price list (`GET /1.3/price`, API documentation section 4)
+/// gives them; a month is capped at [`UPCLOUD_HOURS_PER_MONTH_CAP`] hours like a plan. The
+/// `standard` tier has no price there (none is guessed).
+pub const UPCLOUD_DISK_PRICES: [(&str, u64); 2] = [("maxiops", 280), ("hdd", 130)];
+
+/// The list price of an UpCloud storage of `size_gib` of `tier` (empty: maxiops) in a zone.
+pub fn upcloud_disk(zone: &str, tier: &str, size_gib: u64, zones: &[&str]) -> Result<Price, NoPrice> {
+    let tier = if tier.is_empty() { "maxiops" } else { tier };
+    if !zones.contains(&zone) {
+        return Err(format!("no storage list price for zone {zone:?}: not a public UpCloud zone"));
+    }
+    let Some((_, per_gib_hour)) = UPCLOUD_DISK_PRICES.iter().find(|(t, _)| *t == tier) else {
+        return Err(format!("no list price for UpCloud storage tier {tier:?}: the table covers maxiops, hdd"));
+    };
+    let hourly = per_gib_hour.saturating_mul(size_gib);
+    Ok(Price {
+        currency: "EUR",
+        hourly_micros: hourly,
+        monthly_micros: hourly.saturating_mul(UPCLOUD_HOURS_PER_MONTH_CAP),
+        source: format!("{UPCLOUD_DISK_PRICES_SOURCE}, {tier} in {zone}"),
+        as_of: UPCLOUD_PRICES_AS_OF,
+    })
+}
+
+/// A machine's price with its disks': the machine's `Price` plus each disk priced by
+/// `disk` (same currency). A disk without a price (or in another currency) is left out, and
+/// the source says so: the machine's own price is still known.
+pub fn with_disks(machine: Price, disks: impl IntoIterator<Item = Result<Price, NoPrice>>) -> Price {
+    let mut total = machine;
+    let mut missing = Vec::new();
+    let mut priced = 0;
+    for disk in disks {
+        match disk {
+            Ok(d) if d.currency == total.currency => {
+                total.hourly_micros = total.hourly_micros.saturating_add(d.hourly_micros);
+                total.monthly_micros = total.monthly_micros.saturating_add(d.monthly_micros);
+                priced += 1;
+            }
+            Ok(d) => missing.push(format!("a disk priced in {}", d.currency)),
+            Err(why) => missing.push(why),
+        }
+    }
+    if priced > 0 {
+        total.source.push_str(&format!("; {priced} disk(s) included"));
+    }
+    if !missing.is_empty() {
+        total.source.push_str(&format!("; disks not included: {}", missing.join("; ")));
+    }
+    total
+}
+
 /// The local provider: containers on the controller's host cost nothing extra.
 pub fn local() -> Price {
     Price::free("local provider: containers on the controller's host, no charge")
@@ -185,6 +272,20 @@ pub fn display(currency: &str, micros: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disks_add_their_price_per_gib_month() {
+        let machine = aws("us-east-1", "t3.small").expect("priced");
+        let disk = aws_disk("us-east-1", "", 100).expect("gp3 priced");
+        assert_eq!((disk.currency, disk.monthly_micros), ("USD", 8_000_000), "100 GiB gp3 at $0.08");
+        let total = with_disks(machine.clone(), [Ok(disk), aws_disk("eu-north-1", "gp3", 10)]);
+        assert_eq!(total.monthly_micros, machine.monthly_micros + 8_000_000);
+        assert!(total.source.contains("1 disk(s) included") && total.source.contains("eu-north-1"), "{}", total.source);
+        assert!(aws_disk("us-east-1", "standard", 1).is_err());
+        let maxiops = upcloud_disk("fi-hel1", "", 100, &["fi-hel1"]).expect("priced");
+        assert_eq!((maxiops.currency, maxiops.hourly_micros, maxiops.monthly_micros), ("EUR", 28_000, 18_816_000));
+        assert!(upcloud_disk("fi-hel1", "standard", 1, &["fi-hel1"]).is_err());
+    }
 
     #[test]
     fn aws_prices_by_region_and_type() {

@@ -41,6 +41,25 @@ struct SimMachine {
     image: String,
     address: String,
     tags: BTreeMap<String, String>,
+    /// Extra disks made with the machine (absent in logs written before disks existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    disks: Vec<crate::DiskRequest>,
+}
+
+/// A disk of a machine in the store: (machine id, the disk).
+pub type AttachedDisk = (String, crate::DiskRequest);
+
+/// A disk that outlived its machine (deletionPolicy Retain): kept in the store, detached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimVolume {
+    /// `<machine id>-<disk name>`.
+    pub id: String,
+    /// The disk's name.
+    pub name: String,
+    /// Size in GiB.
+    pub size_gib: u64,
+    /// The machine's identity tags, plus `provisioning.dev/disk` and `provisioning.dev/retained`.
+    pub tags: BTreeMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -61,6 +80,8 @@ struct StoreState {
     /// Server uid tag → machine id (a real cloud filters by tag server-side; a scan of every
     /// machine per call made a rollout of n Servers cost n² tag comparisons here).
     by_uid: HashMap<String, std::collections::BTreeSet<String>>,
+    /// Retained disks of deleted machines (derived from the log: a delete keeps them).
+    volumes: BTreeMap<String, SimVolume>,
     /// Bytes of the log already applied.
     offset: u64,
     next_serial: u64,
@@ -92,7 +113,13 @@ impl Store {
         }
         let store = Arc::new(Store {
             path: path.to_path_buf(),
-            inner: Mutex::new(StoreState { machines: BTreeMap::new(), by_uid: HashMap::new(), offset: 0, next_serial: 0 }),
+            inner: Mutex::new(StoreState {
+                machines: BTreeMap::new(),
+                by_uid: HashMap::new(),
+                volumes: BTreeMap::new(),
+                offset: 0,
+                next_serial: 0,
+            }),
         });
         store.with_state(|_| Ok(((), vec![])))?;
         stores.insert(path.to_path_buf(), store.clone());
@@ -169,7 +196,17 @@ fn catch_up(file: &mut File, state: &mut StoreState) -> std::io::Result<()> {
                         state.by_uid.remove(&uid);
                     }
                 }
-                state.machines.remove(&id);
+                // Disks with deletionPolicy Retain stay, detached; the others go with it.
+                if let Some(machine) = state.machines.remove(&id) {
+                    for disk in machine.disks.iter().filter(|d| d.retain) {
+                        let mut tags = machine.tags.clone();
+                        tags.insert(crate::tags::DISK.to_string(), disk.name.clone());
+                        tags.insert(crate::tags::RETAINED.to_string(), "true".to_string());
+                        let volume_id = format!("{id}-{}", disk.name);
+                        let volume = SimVolume { id: volume_id.clone(), name: disk.name.clone(), size_gib: disk.size_gib, tags };
+                        state.volumes.insert(volume_id, volume);
+                    }
+                }
             }
             Err(e) => tracing::warn!(error = %e, "skipping unreadable simulated store entry"),
         }
@@ -237,6 +274,15 @@ impl SimulatedProvider {
         }
     }
 
+    /// The disks of the account's machines as (machine id, disk), and the retained volumes of
+    /// deleted machines: what a test checks is left at the "provider" after a delete.
+    pub fn disks(&self) -> ProviderResult<(Vec<AttachedDisk>, Vec<SimVolume>)> {
+        self.store.with_state(|state| {
+            let attached = state.machines.values().flat_map(|m| m.disks.iter().map(|d| (m.id.clone(), d.clone()))).collect();
+            Ok(((attached, state.volumes.values().cloned().collect()), vec![]))
+        })
+    }
+
     fn observe(machine: &SimMachine) -> ServerObservation {
         ServerObservation {
             provider_id: ProviderId::new("simulated", &machine.id),
@@ -262,6 +308,10 @@ impl Provider for SimulatedProvider {
     }
 
     fn price(&self, _plan: &str, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        Ok(crate::prices::simulated())
+    }
+
+    fn disk_price(&self, _disk_type: &str, _size_gib: u64, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
         Ok(crate::prices::simulated())
     }
 
@@ -294,6 +344,7 @@ impl Provider for SimulatedProvider {
                 // TEST-NET-1 documentation range: clearly fake, never routed.
                 address: format!("192.0.2.{}", serial % 250 + 1),
                 tags,
+                disks: request.disks.clone(),
             };
             let observation = Self::observe(&machine);
             Ok((observation, vec![LogEntry::Create { machine }]))

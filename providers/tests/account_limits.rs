@@ -178,6 +178,7 @@ async fn a_long_retry_after_goes_back_to_the_caller_without_further_calls() -> T
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     };
     // Neither the create nor a later call sleeps through 120 s: both return `Throttled` with

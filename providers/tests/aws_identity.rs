@@ -50,6 +50,7 @@ fn request(uid: &str, instance_profile: &str) -> ServerRequest {
         extra_tags: Default::default(),
         instance_profile: instance_profile.into(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     }
 }

@@ -50,6 +50,7 @@ fn request(uid: &str, plan: &str, zone: &str) -> ServerRequest {
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     }
 }

@@ -60,6 +60,7 @@ fn request(uid: &str, zone: &str, public_ip: Option<bool>) -> ServerRequest {
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip,
+        disks: Vec::new(),
         host_key: None,
     }
 }

@@ -78,6 +78,7 @@ async fn running_machine(provider: &SharedProvider, uid: &str) -> provisioning_p
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     };
     let created = provider.ensure_server(&request).await.expect("ensure");
@@ -232,6 +233,7 @@ async fn instances_require_imdsv2_and_join_a_minimal_managed_group() {
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: Some(provisioning_providers::HostKey { private, public: public.clone() }),
     };
     let keyed = shared.ensure_server(&keyed).await.expect("create with a host key");

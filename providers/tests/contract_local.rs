@@ -143,6 +143,7 @@ impl Fixture {
             extra_tags: BTreeMap::new(),
             instance_profile: String::new(),
             public_ip: None,
+            disks: Vec::new(),
             host_key: None,
         }
     }

@@ -19,6 +19,7 @@ fn request(uid: &str) -> ServerRequest {
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     }
 }

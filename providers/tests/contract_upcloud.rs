@@ -109,6 +109,7 @@ async fn the_double_validates_requests_like_upcloud() {
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     };
     let err = provider.ensure_server(&request).await.expect_err("unknown zone");
@@ -155,6 +156,7 @@ async fn firewall_rules_are_attached_to_new_servers() {
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: None,
     };
     let created = provider.ensure_server(&request).await.expect("create");
@@ -208,6 +210,7 @@ async fn public_ip_false_creates_a_server_without_a_public_address() {
         extra_tags: Default::default(),
         instance_profile: String::new(),
         public_ip,
+        disks: Vec::new(),
         host_key: None,
     };
     let kinds = |o: &provisioning_providers::ServerObservation| o.addresses.iter().map(|a| a.kind.clone()).collect::<Vec<_>>();

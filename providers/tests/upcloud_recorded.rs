@@ -550,6 +550,7 @@ async fn server_life(double: &UpcloudDouble) -> TestResult {
         extra_tags: BTreeMap::new(),
         instance_profile: String::new(),
         public_ip: None,
+        disks: Vec::new(),
         host_key: Some(HostKey { private, public }),
     };
     let created = provider.ensure_server(&request).await?;

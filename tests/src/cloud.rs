@@ -3,6 +3,7 @@
 //! (the `upcloud-double` crate, served over HTTP on 127.0.0.1 from a runtime owned by the
 //! test); plus rewriting an example so it points at them, and the "no secret anywhere" check.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -96,11 +97,114 @@ impl Moto {
         Ok(xml.matches("<groupName>").count())
     }
 
+    /// The EBS volumes at moto in `region` that are a Server's disk (tag
+    /// `provisioning.dev/disk`), as (size GiB, volume type) (DescribeVolumes by tag key).
+    pub fn disk_volumes(&self, region: &str) -> Result<Vec<(u64, String)>> {
+        let config = provisioning_providers::ProviderConfig {
+            name: "e2e-observer".into(),
+            provider_type: "aws".into(),
+            region: region.into(),
+            endpoint: self.endpoint.clone(),
+            credentials: provisioning_providers::Credentials(
+                [
+                    ("AWS_ACCESS_KEY_ID".to_string(), "AKIAE2EOBSERVER00001".to_string()),
+                    ("AWS_SECRET_ACCESS_KEY".to_string(), "e2e-observer".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let provider = provisioning_providers::aws::AwsProvider::new(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let params = [
+            ("Filter.1.Name".to_string(), "tag-key".to_string()),
+            ("Filter.1.Value.1".to_string(), provisioning_providers::tags::DISK.to_string()),
+        ];
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let xml = runtime
+            .block_on(provider.client().call("DescribeVolumes", &params))
+            .map_err(|e| anyhow::anyhow!("DescribeVolumes at moto: {e}"))?;
+        let parsed: provisioning_providers::aws::model::DescribeVolumesResponse =
+            provider.client().parse("DescribeVolumes", &xml).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(parsed.volumes.items.into_iter().map(|v| (v.size, v.volume_type)).collect())
+    }
+
+    /// Calls the EC2 Query API `action` at moto in `region` with `params`, as an observer with
+    /// its own keys, and returns the XML answer.
+    pub fn call(&self, region: &str, action: &str, params: &[(&str, &str)]) -> Result<String> {
+        let config = provisioning_providers::ProviderConfig {
+            name: "e2e-observer".into(),
+            provider_type: "aws".into(),
+            region: region.into(),
+            endpoint: self.endpoint.clone(),
+            credentials: provisioning_providers::Credentials(
+                [
+                    ("AWS_ACCESS_KEY_ID".to_string(), "AKIAE2EOBSERVER00001".to_string()),
+                    ("AWS_SECRET_ACCESS_KEY".to_string(), "e2e-observer".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let provider = provisioning_providers::aws::AwsProvider::new(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let params: Vec<(String, String)> = params.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(provider.client().call(action, &params)).map_err(|e| anyhow::anyhow!("{action} at moto: {e}"))
+    }
+
+    /// Every resource of the kinds the aws provider can leave behind (instances not
+    /// terminated, EBS volumes, security groups, network interfaces, Elastic IP addresses),
+    /// plus the VPCs and subnets, that moto holds in `region`: one Describe call per kind.
+    pub fn inventory(&self, region: &str) -> Result<Ec2Inventory> {
+        let live = [
+            ("Filter.1.Name", "instance-state-name"),
+            ("Filter.1.Value.1", "pending"),
+            ("Filter.1.Value.2", "running"),
+            ("Filter.1.Value.3", "shutting-down"),
+            ("Filter.1.Value.4", "stopping"),
+            ("Filter.1.Value.5", "stopped"),
+        ];
+        Ok(Ec2Inventory {
+            instances: xml_values(&self.call(region, "DescribeInstances", &live)?, "instanceId"),
+            volumes: xml_values(&self.call(region, "DescribeVolumes", &[])?, "volumeId"),
+            security_groups: xml_values(&self.call(region, "DescribeSecurityGroups", &[])?, "groupId"),
+            network_interfaces: xml_values(&self.call(region, "DescribeNetworkInterfaces", &[])?, "networkInterfaceId"),
+            addresses: xml_values(&self.call(region, "DescribeAddresses", &[])?, "publicIp"),
+            vpcs: xml_values(&self.call(region, "DescribeVpcs", &[])?, "vpcId"),
+            subnets: xml_values(&self.call(region, "DescribeSubnets", &[])?, "subnetId"),
+        })
+    }
+
     /// The live (not terminated) instances at moto in `region`, as seen through
     /// DescribeInstances.
     pub fn live_instances(&self, region: &str) -> Result<Vec<provisioning_providers::ServerObservation>> {
         moto_live_instances(&self.endpoint, region)
     }
+}
+
+/// What an EC2 account holds in one region, by kind (ids; addresses by public IP).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ec2Inventory {
+    /// Instances not terminated.
+    pub instances: BTreeSet<String>,
+    /// EBS volumes, attached or not.
+    pub volumes: BTreeSet<String>,
+    /// Security groups, the VPCs' `default` groups included.
+    pub security_groups: BTreeSet<String>,
+    /// Network interfaces.
+    pub network_interfaces: BTreeSet<String>,
+    /// Elastic IP addresses.
+    pub addresses: BTreeSet<String>,
+    /// VPCs, the default one included.
+    pub vpcs: BTreeSet<String>,
+    /// Subnets, the default VPC's included.
+    pub subnets: BTreeSet<String>,
+}
+
+/// The distinct values of every `<tag>…</tag>` element in `xml` (an EC2 answer names a
+/// resource again inside others, e.g. a volume in its attachment: a set counts it once).
+pub fn xml_values(xml: &str, tag: &str) -> BTreeSet<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    xml.split(&open).skip(1).filter_map(|rest| rest.split_once(&close).map(|(value, _)| value.trim().to_string())).collect()
 }
 
 /// The instances not terminated at the moto server `endpoint` in `region`.

@@ -6,8 +6,12 @@
 //! account's `endpoint`, for moto an AMI it knows, test credentials in the Secret) before it is
 //! applied, so the example itself is what is tested. The taskservs (containerd, kubernetes,
 //! cilium) cannot run on emulated machines; what must hold is `ServersReady` on the Cluster,
-//! one machine per Server at the emulator, and none once the example is deleted — as a folder
-//! (`kubectl delete -f DIR`, Namespace first) or with `kubectl delete namespace`. With bad
+//! one machine per Server at the emulator in the zone its pool gives it, each worker's data
+//! disk, and nothing once the example is deleted — as a folder (`kubectl delete -f DIR`,
+//! Namespace first) or with `kubectl delete namespace`: every kind of resource the emulator
+//! keeps is listed after the teardown (moto: instances, volumes, security groups, network
+//! interfaces, addresses, VPCs, subnets — only what the test made before applying is left;
+//! the double: servers, storages, firewall rules — none). With bad
 //! credentials the Workspace shows the account not ready with the cloud's message, the
 //! Servers are Stalled, and no secret value shows up in the log, any status or any event.
 
@@ -86,7 +90,7 @@ fn apply_once(dev: &Dev, manifest: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Waits for `ServersReady` on the Cluster `k8s` of `namespace` and checks its Servers: three,
+/// Waits for `ServersReady` on the Cluster `k8s` of `namespace` and checks its Servers: `count`,
 /// Ready, each with a providerID, plans resolved as the example's pools say. Returns the
 /// providerIDs.
 fn servers_ready(dev: &mut Dev, namespace: &str, plans: (&str, &str), count: usize) -> Result<BTreeSet<String>> {
@@ -117,6 +121,21 @@ fn servers_ready(dev: &mut Dev, namespace: &str, plans: (&str, &str), count: usi
         Ok(ws["status"]["providers"][0]["ready"] == true)
     })?;
     Ok(ids)
+}
+
+/// Each Server of `namespace` with the zone its machine was made in (`status.zone`), sorted.
+fn member_zones(dev: &Dev, namespace: &str) -> Result<Vec<(String, String)>> {
+    let servers = get_json(dev, &["srv", "-n", namespace])?;
+    let mut zones: Vec<(String, String)> = servers["items"]
+        .as_array()
+        .context("items")?
+        .iter()
+        .map(|s| {
+            (s["metadata"]["name"].as_str().unwrap_or_default().to_string(), s["status"]["zone"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    zones.sort();
+    Ok(zones)
 }
 
 /// How a user takes the example down.
@@ -188,21 +207,15 @@ fn aws_example(how: Teardown) -> Result<()> {
         &[("AWS_ACCESS_KEY_ID", "AKIAE2ETEST000000001"), ("AWS_SECRET_ACCESS_KEY", &secret_key), ("SSH_PRIVATE_KEY", &ssh_key)],
         true,
     )?;
+    // What the account holds before the example: moto's default VPC with its subnets and
+    // `default` group, and the VPC and subnets made above for the example's zones.
+    let before = moto.inventory(AWS_REGION)?;
     let mut dev = Dev::start_allowing_insecure_endpoints(&[])?;
     apply_once(&dev, &manifest)?;
 
     // One control-plane machine and three workers, one per zone.
     let ids = servers_ready(&mut dev, "k8s-aws", ("t3.medium", "t3.large"), 4)?;
-    let servers = get_json(&dev, &["srv", "-n", "k8s-aws"])?;
-    let mut zones: Vec<(String, String)> = servers["items"]
-        .as_array()
-        .context("items")?
-        .iter()
-        .map(|s| {
-            (s["metadata"]["name"].as_str().unwrap_or_default().to_string(), s["status"]["zone"].as_str().unwrap_or_default().to_string())
-        })
-        .collect();
-    zones.sort();
+    let zones = member_zones(&dev, "k8s-aws")?;
     let want = [
         ("k8s-control-plane-0", "eu-north-1a"),
         ("k8s-workers-0", "eu-north-1a"),
@@ -219,12 +232,39 @@ fn aws_example(how: Teardown) -> Result<()> {
     }
     // The machines share the security group the controller manages for the account.
     ensure!(moto.managed_groups(AWS_REGION, "aws-eu")? == 1, "one managed security group for the account");
+    // Each worker has its `data` disk: a 100 GiB gp3 volume tagged with the disk's name.
+    let disks = moto.disk_volumes(AWS_REGION)?;
+    ensure!(disks == vec![(100, "gp3".to_string()); 3], "one 100 GiB gp3 volume per worker: {disks:?}");
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
 
-    // Nothing left: no machine, and no managed security group (deleted with the last machine).
+    // Nothing left: no machine, no disk volume (deletionPolicy Delete) and no managed
+    // security group (deleted with the last machine).
+    let during = moto.inventory(AWS_REGION)?;
+    // moto makes a root volume only for an instance launched without a BlockDeviceMapping:
+    // the control-plane machine's, then the workers' three data disks.
+    ensure!(during.volumes.len() == before.volumes.len() + 4, "a root volume and 3 data disks at moto: {during:?}");
+    ensure!(during.security_groups.len() == before.security_groups.len() + 1, "{during:?}");
     teardown(&mut dev, how, &manifest, "k8s-aws", || {
-        Ok(moto.live_instances(AWS_REGION)?.len() + moto.managed_groups(AWS_REGION, "aws-eu")?)
+        Ok(moto.live_instances(AWS_REGION)?.len() + moto.disk_volumes(AWS_REGION)?.len() + moto.managed_groups(AWS_REGION, "aws-eu")?)
     })?;
+    // Every kind the account can hold, listed: only what was there before the example is left
+    // (no instance, volume, group, network interface or address of the example's).
+    let after = moto.inventory(AWS_REGION)?;
+    for (kind, was, is) in [
+        ("instances", &before.instances, &after.instances),
+        ("volumes", &before.volumes, &after.volumes),
+        ("security groups", &before.security_groups, &after.security_groups),
+        ("network interfaces", &before.network_interfaces, &after.network_interfaces),
+        ("addresses", &before.addresses, &after.addresses),
+        ("VPCs", &before.vpcs, &after.vpcs),
+        ("subnets", &before.subnets, &after.subnets),
+    ] {
+        ensure!(was == is, "{how:?} teardown left {kind} at moto: before the example {was:?}, after {is:?}");
+    }
+    ensure!(
+        after.instances.is_empty() && after.volumes.is_empty() && after.network_interfaces.is_empty() && after.addresses.is_empty(),
+        "nothing that costs money is left: {after:?}"
+    );
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
     Ok(())
 }
@@ -257,18 +297,47 @@ fn upcloud_example(how: Teardown) -> Result<()> {
     let mut dev = Dev::start_allowing_insecure_endpoints(&[])?;
     apply_once(&dev, &manifest)?;
 
-    let ids = servers_ready(&mut dev, "k8s-upcloud", ("2xCPU-4GB", "4xCPU-8GB"), 3)?;
+    // One control-plane server and three workers, one per zone.
+    let ids = servers_ready(&mut dev, "k8s-upcloud", ("2xCPU-4GB", "4xCPU-8GB"), 4)?;
+    let zones = member_zones(&dev, "k8s-upcloud")?;
+    let want =
+        [("k8s-control-plane-0", "fi-hel1"), ("k8s-workers-0", "fi-hel1"), ("k8s-workers-1", "fi-hel2"), ("k8s-workers-2", "se-sto1")];
+    ensure!(zones.iter().map(|(n, z)| (n.as_str(), z.as_str())).eq(want), "members spread over the zones: {zones:?}");
     let at_double = upcloud.double.server_states();
-    ensure!(at_double.len() == 3, "{} servers at the double: {at_double:?}", at_double.len());
+    ensure!(at_double.len() == 4, "{} servers at the double: {at_double:?}", at_double.len());
     ensure!(at_double.values().all(|state| state == "started"), "{at_double:?}");
     for id in &ids {
         ensure!(at_double.keys().any(|uuid| id.ends_with(uuid.as_str())), "providerID {id} names no server at the double: {at_double:?}");
     }
+    let mut double_zones: Vec<String> = upcloud.double.server_zones().into_values().collect();
+    double_zones.sort();
+    ensure!(double_zones == ["fi-hel1", "fi-hel1", "fi-hel2", "se-sto1"], "zones at the double: {double_zones:?}");
+    // Each server's boot disk, and each worker's `data` disk: a 100 GiB MaxIOPS storage.
+    let storages = upcloud.double.storages();
+    let data: Vec<_> = storages.iter().filter(|(title, ..)| title.starts_with("data-")).collect();
+    ensure!(
+        data.len() == 3 && data.iter().all(|(_, size, tier)| *size == 100 && tier == "maxiops"),
+        "one data disk per worker: {storages:?}"
+    );
+    ensure!(storages.len() == 7, "4 boot disks and 3 data disks: {storages:?}");
     assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
 
-    teardown(&mut dev, how, &manifest, "k8s-upcloud", || Ok(upcloud.double.server_count() + upcloud.double.storage_count()))?;
+    // Everything the double keeps — servers, storages (attached or not), servers' firewall
+    // rules — counted while the example is taken down.
+    let left = || upcloud.double.server_count() + upcloud.double.storage_count() + firewall_rules(&upcloud);
+    teardown(&mut dev, how, &manifest, "k8s-upcloud", || Ok(left()))?;
+    // Each kind listed: nothing is left (the example retains no disk).
+    let (servers, storages) = (upcloud.double.server_states(), upcloud.double.storages());
+    ensure!(servers.is_empty(), "{how:?} teardown left servers at the double: {servers:?}");
+    ensure!(storages.is_empty(), "{how:?} teardown left storages at the double: {storages:?}");
+    ensure!(firewall_rules(&upcloud) == 0, "{how:?} teardown left firewall rules: {:?}", upcloud.double.firewalls());
     assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
     Ok(())
+}
+
+/// Firewall rules of every server at the double.
+fn firewall_rules(upcloud: &Upcloud) -> usize {
+    upcloud.double.firewalls().values().map(|(_, rules)| rules.len()).sum()
 }
 
 /// Waits until the Workspace `name` reports its one account not ready, and returns the
@@ -295,7 +364,7 @@ fn account_refused(dev: &mut Dev, name: &str) -> Result<String> {
     Ok(message)
 }
 
-/// Waits until the Cluster's three Servers in `namespace` are Stalled, none with a machine.
+/// Waits until the Cluster's `count` Servers in `namespace` are Stalled, none with a machine.
 fn servers_stalled(dev: &mut Dev, namespace: &str, count: usize) -> Result<Vec<Value>> {
     dev.wait_until(Duration::from_secs(120), &format!("the Servers of {namespace} are Stalled"), |d| {
         let servers = get_json(d, &["srv", "-n", namespace])?;
@@ -346,7 +415,7 @@ fn bad_credentials_stall_with_the_clouds_message_and_no_secret_leaks() -> Result
     let upcloud_message = account_refused(&mut dev, "k8s-upcloud")?;
     ensure!(upcloud_message.contains("AUTHENTICATION_FAILED"), "UpCloud's own message: {upcloud_message}");
 
-    for (namespace, count) in [("k8s-aws", 4), ("k8s-upcloud", 3)] {
+    for (namespace, count) in [("k8s-aws", 4), ("k8s-upcloud", 4)] {
         for server in servers_stalled(&mut dev, namespace, count)? {
             let stalled = condition(&server, "Stalled").cloned().unwrap_or_default();
             ensure!(stalled["message"].as_str().is_some_and(|m| !m.is_empty()), "{stalled}");

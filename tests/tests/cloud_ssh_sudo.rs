@@ -294,6 +294,7 @@ fn sudo_exec_passes_stdin_output_exit_codes_and_kills_the_process_group_on_timeo
             extra_tags: Default::default(),
             instance_profile: String::new(),
             public_ip: None,
+            disks: Vec::new(),
             host_key: None,
         };
         let id = provider.ensure_server(&server).await.map_err(|e| anyhow::anyhow!("ensure_server: {e}"))?.provider_id;

@@ -59,6 +59,8 @@ fn pools(name: &str, spec: &ClusterSpec) -> Result<Vec<String>, InvalidCluster> 
                 format!("pool {:?}: set zone or zones (the zones its members are spread over), not both", p.name),
             ));
         }
+        provisioning_crds::check_disks(&format!("spec.pools[{:?}].disks", p.name), &p.disks, None)
+            .map_err(|e| invalid("InvalidPool", e))?;
         let mut seen_zones = BTreeSet::new();
         if let Some(twice) = p.zones.iter().find(|z| !seen_zones.insert(z.as_str())) {
             return Err(invalid("InvalidPool", format!("pool {:?}: zones lists {twice:?} twice", p.name)));

@@ -210,6 +210,18 @@ fn request(
         instance_profile: server.spec.instance_profile.clone(),
         // Checked by validate::public_ip (cloud providers only).
         public_ip: valid.public_ip,
+        // Checked by validate::disks (sizes within bounds, types the provider's).
+        disks: valid
+            .disks
+            .iter()
+            .map(|d| provisioning_providers::DiskRequest {
+                name: d.name.clone(),
+                size_gib: d.size_gib().unwrap_or_default(),
+                disk_type: d.disk_type.clone(),
+                mount_path: d.mount_path.clone(),
+                retain: d.deletion_policy == provisioning_crds::DiskDeletionPolicy::Retain,
+            })
+            .collect(),
         host_key,
     })
 }

@@ -160,7 +160,7 @@ pub fn gate(
     others: impl FnOnce() -> Vec<Arc<Server>>,
     events: &mut Vec<Note>,
 ) -> Result<ServerCost, Box<(Invalid, ServerCost)>> {
-    let mut own = cost::server_cost(&provider.price(&valid.resolved_plan, &valid.zone));
+    let mut own = cost::server_cost(&cost::machine_price(provider.as_ref(), &valid.resolved_plan, &valid.zone, &valid.disks));
     let budget = ws.spec.limits.monthly_budget.as_ref();
     if budget.is_none() || has_machine(server) {
         return Ok(own);

@@ -148,6 +148,9 @@ pub fn spec_plan(
             Some(false) => extras.push("no public IP".to_string()),
             None => {}
         }
+        if !desired.disks.is_empty() {
+            extras.push(format!("disks {}", desired.disks.iter().map(disk_text).collect::<Vec<_>>().join(", ")));
+        }
         let fallbacks: Vec<String> = desired.allowed_zones().into_iter().filter(|z| *z != desired.zone).collect();
         if !desired.fallback_zones.is_empty() {
             extras.push(format!("then {} when out of capacity", fallbacks.join(", ")));
@@ -188,6 +191,24 @@ pub fn spec_plan(
         };
         changes.push(PlannedChange { resource: who.clone(), field: field.spec_path().into(), action, from, to, reason });
     }
+    let disk_changes = if adopted { Vec::new() } else { disk_changes(&who, status.disks.as_deref(), &desired.disks) };
+    if !disk_changes.is_empty() {
+        // Disks are made with the machine; changing them on an existing one is refused
+        // (a shrink is never possible), never carried out halfway.
+        let shrink = disk_changes.iter().find(|c| c.reason.starts_with("shrink"));
+        let fields = disk_changes.iter().map(|c| c.field.clone()).collect::<Vec<_>>().join(", ");
+        let message = match shrink {
+            Some(c) => format!(
+                "{} shrinks from {} to {}: a disk cannot shrink; machine {machine} is left as it is; revert {}",
+                c.field, c.from, c.to, c.field
+            ),
+            None => format!(
+                "{fields} changed: disks are made with the machine and changing the disks of an existing machine is not supported yet; machine {machine} is left as it is; revert spec.disks, or delete and re-create the Server"
+            ),
+        };
+        changes.extend(disk_changes);
+        return finish(server, Some(machine), changes, None, Carry::Refused(message));
+    }
     if adopted || changes.is_empty() {
         return finish(server, Some(machine), changes, None, Carry::Nothing);
     }
@@ -213,6 +234,67 @@ pub fn spec_plan(
     let old_zone = status.zone.clone().unwrap_or_else(|| desired.zone.clone());
     let delta = cost_delta(&price, Some((&old_plan, &old_zone)), &desired.resolved_plan, &desired.zone);
     finish(server, Some(machine), changes, delta, carry)
+}
+
+/// A disk as plans show it: `data 100Gi gp3 raw`, `logs 10Gi at /var/log (Retain)`.
+pub fn disk_text(d: &provisioning_crds::Disk) -> String {
+    let mut text = format!("{} {}", d.name, d.size);
+    if !d.disk_type.is_empty() {
+        text.push_str(&format!(" {}", d.disk_type));
+    }
+    if d.mount_path.is_empty() {
+        text.push_str(" raw");
+    } else {
+        text.push_str(&format!(" at {}", d.mount_path));
+    }
+    if d.deletion_policy == provisioning_crds::DiskDeletionPolicy::Retain {
+        text.push_str(" (Retain)");
+    }
+    text
+}
+
+/// The changes from the disks a machine was made with (`status.disks`; `None`: recorded
+/// before disks existed, taken as none) to the spec's: a disk added, removed, or changed
+/// (size, type, mountPath, deletionPolicy), one change each, named `spec.disks[<name>]…`.
+/// A smaller size is reported with the reason "shrink".
+pub fn disk_changes(who: &str, had: Option<&[provisioning_crds::Disk]>, want: &[provisioning_crds::Disk]) -> Vec<PlannedChange> {
+    let had = had.unwrap_or_default();
+    let change = |field: String, action, from: String, to: String, reason: &str| PlannedChange {
+        resource: who.to_string(),
+        field,
+        action,
+        from,
+        to,
+        reason: reason.to_string(),
+    };
+    let mut out = Vec::new();
+    for w in want {
+        let field = format!("spec.disks[{}]", w.name);
+        match had.iter().find(|h| h.name == w.name) {
+            None => out.push(change(field, ChangeAction::Create, String::new(), disk_text(w), "disk added to an existing machine")),
+            Some(h) if h == w => {}
+            Some(h) => {
+                let smaller = matches!((h.size_gib(), w.size_gib()), (Ok(a), Ok(b)) if b < a);
+                let (field, reason) = if smaller {
+                    (format!("{field}.size"), "shrink: a disk cannot shrink")
+                } else {
+                    (field, "disk changed on an existing machine")
+                };
+                let (from, to) = if smaller { (h.size.clone(), w.size.clone()) } else { (disk_text(h), disk_text(w)) };
+                out.push(change(field, ChangeAction::Update, from, to, reason));
+            }
+        }
+    }
+    for h in had.iter().filter(|h| !want.iter().any(|w| w.name == h.name)) {
+        out.push(change(
+            format!("spec.disks[{}]", h.name),
+            ChangeAction::Delete,
+            disk_text(h),
+            String::new(),
+            "disk removed from the spec",
+        ));
+    }
+    out
 }
 
 /// The plan of remediating drift of `machine`: a missing machine is made again (Create), a

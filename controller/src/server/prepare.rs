@@ -35,14 +35,17 @@ impl Prepared {
             observed,
             |f| provider.in_place(f),
             |a, b| provider.same_plan(a, b),
-            |p, z| provider.price(p, z),
+            |p, z| crate::cost::machine_price(provider.as_ref(), p, z, &self.valid.disks),
         )
     }
 
     /// The cost of the machine as `observed` (its native plan may differ from the spec's).
     pub fn machine_cost(&self, observed: &ServerStatus) -> ServerCost {
         match observed.resolved_plan.as_deref() {
-            Some(plan) if plan != self.valid.resolved_plan => crate::cost::server_cost(&self.provider.price(plan, &self.valid.zone)),
+            Some(plan) if plan != self.valid.resolved_plan => {
+                let disks = observed.disks.as_deref().unwrap_or_default();
+                crate::cost::server_cost(&crate::cost::machine_price(self.provider.as_ref(), plan, &self.valid.zone, disks))
+            }
             _ => self.cost.clone(),
         }
     }

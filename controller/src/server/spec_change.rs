@@ -35,7 +35,7 @@ pub async fn carry(
     let server = visit.server;
     let valid = &p.valid;
     let observed = visit.status(None, Some(valid.account.name.clone()), Some(valid.resolved_plan.clone()), machine.clone());
-    let observed = status::record_machine_spec(observed, server.status.as_ref(), &valid.zone, &valid.image);
+    let observed = status::record_machine_spec(observed, server.status.as_ref(), &valid.zone, &valid.image, &valid.disks);
     let Some(id) = observed.provider_id.clone().map(ProviderId) else { return Ok((machine, None)) };
     let planned = p.plan(server, Some(&observed));
     let carry = planned.carry.clone();
@@ -59,7 +59,7 @@ pub async fn carry(
         return Err(refused(UPDATE_REFUSED, message));
     }
     // A change that raises the price is held to the monthly budget, as a new machine is.
-    let after = crate::cost::server_cost(&p.provider.price(&valid.resolved_plan, &valid.zone));
+    let after = crate::cost::server_cost(&crate::cost::machine_price(p.provider.as_ref(), &valid.resolved_plan, &valid.zone, &valid.disks));
     let others = || ctx.stores.servers.state().into_iter().filter(|s| s.metadata.namespace == server.metadata.namespace).collect();
     if let budget::Verdict::Refused(invalid) =
         budget::check_change(server, &cost, &after, ws.spec.limits.monthly_budget.as_ref(), others, &ws.display())
@@ -67,13 +67,13 @@ pub async fn carry(
         return Err(refused(invalid.reason, invalid.message));
     }
     if !approval::check(visit, approval, &plan) {
-        let spec = |s| status::record_machine_spec(s, server.status.as_ref(), &valid.zone, &valid.image);
+        let spec = |s| status::record_machine_spec(s, server.status.as_ref(), &valid.zone, &valid.image, &valid.disks);
         return Err(approval::wait(visit, &plan, &cost, (Some(valid.account.name.clone()), machine), spec));
     }
     // Checkpoint: Drifted=True (SpecChanged) and status.plan are written before the machine
     // is touched, so a crash mid-change leaves the change on record.
     let changing = visit.status(Some(Summary::progressing(SPEC_CHANGED, status::describe_plan(&plan))), None, None, machine);
-    let changing = status::record_machine_spec(changing, server.status.as_ref(), &valid.zone, &valid.image);
+    let changing = status::record_machine_spec(changing, server.status.as_ref(), &valid.zone, &valid.image, &valid.disks);
     visit.checkpoint(status::record_plan(changing, server.status.as_ref(), &plan, None, visit.now), ctx).await?;
     let account = Some(valid.account.name.as_str());
     let obs = match carry {

@@ -200,10 +200,16 @@ pub fn record_host_key(mut status: ServerStatus, pinned: Option<&str>) -> Server
     status
 }
 
-/// Records the zone and image a machine was made with (`valid`'s), once per machine: a new
+/// Records the zone, image and disks a machine was made with (`valid`'s), once per machine: a new
 /// machine (another providerID than `previous` recorded), or one recorded before these
 /// fields existed. Later spec changes are planned against what is recorded here.
-pub fn record_machine_spec(mut status: ServerStatus, previous: Option<&ServerStatus>, zone: &str, image: &str) -> ServerStatus {
+pub fn record_machine_spec(
+    mut status: ServerStatus,
+    previous: Option<&ServerStatus>,
+    zone: &str,
+    image: &str,
+    disks: &[provisioning_crds::Disk],
+) -> ServerStatus {
     let Some(id) = status.provider_id.clone() else { return status };
     // A machine was made: the zones tried without capacity no longer matter.
     status.zone_fallback = None;
@@ -213,6 +219,12 @@ pub fn record_machine_spec(mut status: ServerStatus, previous: Option<&ServerSta
     }
     if !same_machine || status.image.is_none() {
         status.image = Some(image.to_string());
+    }
+    // A machine recorded before disks existed was made without any.
+    if !same_machine {
+        status.disks = Some(disks.to_vec());
+    } else if status.disks.is_none() {
+        status.disks = previous.and_then(|p| p.disks.clone()).or_else(|| Some(Vec::new()));
     }
     status
 }

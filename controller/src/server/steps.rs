@@ -140,7 +140,7 @@ pub fn finish(visit: &Visit<'_>, p: &Prepared, done: Outcome) -> ServerStatus {
     let desired = status::record_host_key(desired, host_key.as_deref());
     let cost = p.machine_cost(&desired);
     let desired = status::record_cost(desired, &cost);
-    let desired = status::record_machine_spec(desired, server.status.as_ref(), &valid.zone, &valid.image);
+    let desired = status::record_machine_spec(desired, server.status.as_ref(), &valid.zone, &valid.image, &valid.disks);
     // What the spec would still change (normally nothing, once carried out).
     let remaining = p.plan(server, Some(&desired));
     let desired = status::record_plan(desired, server.status.as_ref(), &remaining.plan, applied.as_ref(), visit.now);
@@ -187,6 +187,7 @@ mod tests {
             image: "debian-12".into(),
             fallback_zones: fallback.iter().map(|z| z.to_string()).collect(),
             public_ip: None,
+            disks: Vec::new(),
         }
     }
 

@@ -25,6 +25,8 @@ pub struct ValidServer {
     /// Whether the machine gets a public IPv4 address (`spec.publicIp`; `None`: the provider's
     /// default).
     pub public_ip: Option<bool>,
+    /// Extra disks (`spec.disks`, checked against the account's provider).
+    pub disks: Vec<provisioning_crds::Disk>,
 }
 
 impl ValidServer {
@@ -142,6 +144,7 @@ pub fn validate(
     instance_profile(&spec.instance_profile, &account)?;
     zones(&zone, &spec.fallback_zones, &account)?;
     public_ip(spec.public_ip, &account)?;
+    disks(&spec.disks, &account)?;
     Ok(ValidServer {
         account,
         plan,
@@ -151,7 +154,16 @@ pub fn validate(
         image,
         fallback_zones: spec.fallback_zones.clone(),
         public_ip: spec.public_ip,
+        disks: spec.disks.clone(),
     })
+}
+
+/// `spec.disks` against the account's provider (pure): the check admission and
+/// `provisioning plan` make ([`provisioning_crds::check_disks`]), plus the disk types and
+/// raw disks the provider has.
+pub fn disks(disks: &[provisioning_crds::Disk], account: &ProviderAccount) -> Result<(), Invalid> {
+    provisioning_crds::check_disks("spec.disks", disks, Some(account.provider_type))
+        .map_err(|e| Invalid { reason: "InvalidDisks", message: format!("{e} (provider account {:?})", account.name) })
 }
 
 /// The zone and `spec.fallbackZones` against the account (pure): fallback zones need a zone
@@ -364,6 +376,21 @@ mod tests {
         let bad = account(serde_json::json!({"name": "a", "type": "aws", "zoneSubnets": {"eu-north-1a": "subnet-xyz"}}));
         let e = zones("eu-north-1a", &[], &bad).expect_err("bad id");
         assert!(e.reason == "InvalidZoneSubnets" && e.message.contains("spec.providers[].zoneSubnets.eu-north-1a"), "{e:?}");
+    }
+
+    #[test]
+    fn disks_are_checked_against_the_accounts_provider() {
+        let disk = |v: serde_json::Value| -> provisioning_crds::Disk { serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}")) };
+        let aws = account(serde_json::json!({"name": "aws-main", "type": "aws"}));
+        assert_eq!(disks(&[disk(serde_json::json!({"name": "osd", "size": "100Gi", "type": "gp3"}))], &aws), Ok(()));
+        let tier = disks(&[disk(serde_json::json!({"name": "osd", "size": "100Gi", "type": "maxiops"}))], &aws).expect_err("upcloud tier");
+        assert!(
+            tier.reason == "InvalidDisks" && tier.message.contains("spec.disks[0].type") && tier.message.contains("\"aws-main\""),
+            "{tier:?}"
+        );
+        let local = account(serde_json::json!({"name": "l", "type": "local"}));
+        let raw = disks(&[disk(serde_json::json!({"name": "osd", "size": "10Gi"}))], &local).expect_err("raw on local");
+        assert!(raw.reason == "InvalidDisks" && raw.message.contains("spec.disks[0].mountPath"), "{raw:?}");
     }
 
     #[test]

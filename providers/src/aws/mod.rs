@@ -549,6 +549,7 @@ impl AwsProvider {
         params.push(("MetadataOptions.HttpTokens".into(), "required".into()));
         params.push(("MetadataOptions.HttpEndpoint".into(), "enabled".into()));
         params.extend(network_params(subnet, groups, request.public_ip));
+        params.extend(disk_params(request, &tags));
         // cloud-init installs the login key for the image's default user (no key pair to
         // manage) and the controller-generated host key.
         if let Some(user_data) = crate::ssh::cloud_config(request.ssh_public_key.as_deref(), request.host_key.as_ref()) {
@@ -559,6 +560,11 @@ impl AwsProvider {
 
     async fn ensure(&self, request: &ServerRequest, instance_type: &str) -> ProviderResult<ServerObservation> {
         if let Some(existing) = self.find(&request.identity).await? {
+            // A create whose answer (or disk naming) was lost: name the disks now (CreateTags
+            // is idempotent), so a Retain disk is marked before anything can delete it.
+            if !request.disks.is_empty() {
+                self.tag_disks(existing.provider_id.native_id(), &request.disks).await?;
+            }
             return Ok(existing);
         }
         // Before anything is created: the zone must have a subnet when the account maps them.
@@ -588,8 +594,99 @@ impl AwsProvider {
             .filter(|i| valid_instance_id(&i.instance_id))
             .ok_or_else(|| ProviderError::Transient("EC2 RunInstances returned no instance with a well-formed id".into()))?;
         tracing::info!(account = %self.account, uid = %request.identity.uid, instance = %instance.instance_id, "created EC2 instance");
+        // Each extra volume gets its disk's name (and Retain's mark): TagSpecification
+        // puts the same tags on every volume of the launch. A failure here is reported; the
+        // volumes already carry the Server's uid, so they are findable either way.
+        if !request.disks.is_empty() {
+            self.tag_disks(&instance.instance_id, &request.disks).await?;
+        }
         Ok(observe(instance))
     }
+}
+
+impl AwsProvider {
+    /// The EBS volumes attached to `instance_id` (DescribeVolumes, one page: a machine has at
+    /// most 17).
+    pub async fn instance_volumes(&self, instance_id: &str) -> ProviderResult<Vec<model::Volume>> {
+        let params = [
+            ("Filter.1.Name".to_string(), "attachment.instance-id".to_string()),
+            ("Filter.1.Value.1".to_string(), instance_id.to_string()),
+        ];
+        let xml = self.call_retrying_capped("DescribeVolumes", &params, LOOKUP_CAP).await?;
+        let parsed: model::DescribeVolumesResponse = self.client.parse("DescribeVolumes", &xml)?;
+        Ok(parsed.volumes.items)
+    }
+
+    /// The EBS volumes carrying `tags` (DescribeVolumes by tag): a Server's volumes, including
+    /// retained ones whose machine is gone.
+    pub async fn volumes_tagged(&self, tags: &[(String, String)]) -> ProviderResult<Vec<model::Volume>> {
+        let mut params = Vec::new();
+        for (i, (key, value)) in tags.iter().enumerate() {
+            params.push((format!("Filter.{}.Name", i + 1), format!("tag:{key}")));
+            params.push((format!("Filter.{}.Value.1", i + 1), value.clone()));
+        }
+        let xml = self.call_retrying_capped("DescribeVolumes", &params, LOOKUP_CAP).await?;
+        let parsed: model::DescribeVolumesResponse = self.client.parse("DescribeVolumes", &xml)?;
+        Ok(parsed.volumes.items)
+    }
+
+    /// Tags each of a new machine's extra volumes with its disk's name, and Retain ones as
+    /// retained (CreateTags per volume; matched by the device name [`disk_device`] gave it).
+    async fn tag_disks(&self, instance_id: &str, disks: &[crate::DiskRequest]) -> ProviderResult<()> {
+        let volumes = self.instance_volumes(instance_id).await?;
+        for (i, disk) in disks.iter().enumerate() {
+            let device = disk_device(i);
+            let Some(volume) = volumes.iter().find(|v| v.attachments.items.iter().any(|a| a.device == device)) else {
+                return Err(ProviderError::Transient(format!(
+                    "EC2 instance {instance_id} has no volume at {device} for disk {:?} yet",
+                    disk.name
+                )));
+            };
+            let mut params = vec![
+                ("ResourceId.1".to_string(), volume.volume_id.clone()),
+                ("Tag.1.Key".to_string(), crate::tags::DISK.to_string()),
+                ("Tag.1.Value".to_string(), disk.name.clone()),
+            ];
+            if disk.retain {
+                params.push(("Tag.2.Key".to_string(), crate::tags::RETAINED.to_string()));
+                params.push(("Tag.2.Value".to_string(), "true".to_string()));
+            }
+            self.call_retrying("CreateTags", &params).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The device name of a machine's `index`-th extra disk: `/dev/sdf`, `/dev/sdg`… (16 disks
+/// end at `/dev/sdu`, within the names EC2 recommends for EBS volumes).
+pub fn disk_device(index: usize) -> String {
+    let letter = (b'f' + u8::try_from(index.min(20)).unwrap_or(20)) as char;
+    format!("/dev/sd{letter}")
+}
+
+/// RunInstances parameters of a request's extra disks: one `BlockDeviceMapping.N` per disk
+/// (size, type — gp3 unless given —, encrypted, DeleteOnTermination unless Retain) and the
+/// machine's identity tags on its volumes (`TagSpecification.2`, ResourceType volume).
+pub fn disk_params(request: &ServerRequest, tags: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    if request.disks.is_empty() {
+        return Vec::new();
+    }
+    let mut params = Vec::new();
+    for (i, disk) in request.disks.iter().enumerate() {
+        let n = i + 1;
+        let volume_type = if disk.disk_type.is_empty() { "gp3" } else { disk.disk_type.as_str() };
+        params.push((format!("BlockDeviceMapping.{n}.DeviceName"), disk_device(i)));
+        params.push((format!("BlockDeviceMapping.{n}.Ebs.VolumeSize"), disk.size_gib.to_string()));
+        params.push((format!("BlockDeviceMapping.{n}.Ebs.VolumeType"), volume_type.to_string()));
+        params.push((format!("BlockDeviceMapping.{n}.Ebs.Encrypted"), "true".to_string()));
+        params.push((format!("BlockDeviceMapping.{n}.Ebs.DeleteOnTermination"), (!disk.retain).to_string()));
+    }
+    params.push(("TagSpecification.2.ResourceType".to_string(), "volume".to_string()));
+    for (i, (key, value)) in tags.iter().enumerate() {
+        params.push((format!("TagSpecification.2.Tag.{}.Key", i + 1), key.clone()));
+        params.push((format!("TagSpecification.2.Tag.{}.Value", i + 1), value.clone()));
+    }
+    params
 }
 
 /// `DescribeImagesResponse` (only what image resolution reads).
@@ -900,6 +997,10 @@ impl Provider for AwsProvider {
         crate::prices::aws(&self.region, plan)
     }
 
+    fn disk_price(&self, disk_type: &str, size_gib: u64, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        crate::prices::aws_disk(&self.region, disk_type, size_gib)
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         // EC2 instance types are family.size (t3.small, m7i.2xlarge…): pass those through.
         plans::resolve("aws", plan, &PLANS, |p| {
@@ -1100,6 +1201,41 @@ mod tests {
         ];
         assert!(check_subnets("a", &wanted, &wrong_zone).is_err_and(|e| e.to_string().contains("listed for zone eu-north-1a")));
         assert!(check_subnets("a", &wanted, &good[..2]).is_err_and(|e| e.to_string().contains("subnet-0d")));
+    }
+
+    #[test]
+    fn disks_are_block_device_mappings_with_their_volume_tags() {
+        let request = ServerRequest {
+            identity: crate::ServerIdentity { uid: "u-1".into(), namespace: "ns".into(), name: "n".into(), cluster: None },
+            plan: "small".into(),
+            zone: String::new(),
+            image: "debian-12".into(),
+            ssh_public_key: None,
+            extra_tags: Default::default(),
+            instance_profile: String::new(),
+            public_ip: None,
+            disks: vec![
+                crate::DiskRequest { name: "data".into(), size_gib: 100, ..Default::default() },
+                crate::DiskRequest { name: "keep".into(), size_gib: 20, disk_type: "st1".into(), retain: true, ..Default::default() },
+            ],
+            host_key: None,
+        };
+        let tags: BTreeMap<String, String> = request.identity.tags().into_iter().collect();
+        let params: BTreeMap<String, String> = disk_params(&request, &tags).into_iter().collect();
+        let get = |k: &str| params.get(k).map(String::as_str);
+        assert_eq!(get("BlockDeviceMapping.1.DeviceName"), Some("/dev/sdf"));
+        assert_eq!(get("BlockDeviceMapping.1.Ebs.VolumeSize"), Some("100"));
+        assert_eq!(get("BlockDeviceMapping.1.Ebs.VolumeType"), Some("gp3"), "gp3 by default");
+        assert_eq!(get("BlockDeviceMapping.1.Ebs.Encrypted"), Some("true"));
+        assert_eq!(get("BlockDeviceMapping.1.Ebs.DeleteOnTermination"), Some("true"));
+        assert_eq!(get("BlockDeviceMapping.2.DeviceName"), Some("/dev/sdg"));
+        assert_eq!(get("BlockDeviceMapping.2.Ebs.VolumeType"), Some("st1"));
+        assert_eq!(get("BlockDeviceMapping.2.Ebs.DeleteOnTermination"), Some("false"), "Retain outlives the instance");
+        assert_eq!(get("TagSpecification.2.ResourceType"), Some("volume"));
+        assert!(params.values().any(|v| v == "u-1"), "the server uid is on the volumes: {params:?}");
+        assert_eq!(disk_device(15), "/dev/sdu", "the 16th disk");
+        let none = ServerRequest { disks: Vec::new(), ..request };
+        assert!(disk_params(&none, &tags).is_empty(), "no disks: no mapping, no volume tags");
     }
 
     #[test]

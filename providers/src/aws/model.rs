@@ -80,6 +80,42 @@ pub struct InstanceState {
     pub name: String,
 }
 
+/// `DescribeVolumesResponse` (what disk tagging and tests read).
+#[derive(Debug, Deserialize)]
+pub struct DescribeVolumesResponse {
+    /// The volumes.
+    #[serde(rename = "volumeSet", default)]
+    pub volumes: ItemSet<Volume>,
+}
+
+/// An EBS volume.
+#[derive(Debug, Deserialize)]
+pub struct Volume {
+    /// `vol-…`.
+    #[serde(rename = "volumeId")]
+    pub volume_id: String,
+    /// Size in GiB.
+    #[serde(default)]
+    pub size: u64,
+    /// gp3, gp2, io1…
+    #[serde(rename = "volumeType", default)]
+    pub volume_type: String,
+    /// Attachments (one for a volume a machine was made with).
+    #[serde(rename = "attachmentSet", default)]
+    pub attachments: ItemSet<VolumeAttachment>,
+    /// Tags.
+    #[serde(rename = "tagSet", default)]
+    pub tags: ItemSet<Tag>,
+}
+
+/// A volume's attachment.
+#[derive(Debug, Deserialize)]
+pub struct VolumeAttachment {
+    /// The device name the volume was attached as (`/dev/sdf`).
+    #[serde(default)]
+    pub device: String,
+}
+
 /// A tag.
 #[derive(Debug, Deserialize)]
 pub struct Tag {

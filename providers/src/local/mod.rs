@@ -33,7 +33,9 @@ use bollard::Docker;
 use bollard::models::{
     ContainerSummary, ContainerSummaryStateEnum, EndpointSettings, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest,
 };
-use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, ListNetworksOptions, RemoveContainerOptions};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+};
 use tokio::sync::OnceCell;
 
 pub use self::docker::connect;
@@ -271,6 +273,39 @@ impl LocalProvider {
         Ok(())
     }
 
+    /// The Docker volumes of the disks of the Server `uid`, as (name, labels).
+    pub async fn disk_volumes(&self, uid: &str) -> ProviderResult<Vec<(String, HashMap<String, String>)>> {
+        let docker = self.docker().await?;
+        let mut filters = spec::label_filter([(tags::SERVER_UID, uid)]);
+        filters.entry("label".into()).or_default().push(tags::DISK.to_string());
+        let listed =
+            docker.list_volumes(Some(ListVolumesOptions { filters: Some(filters) })).await.map_err(|e| classify("list volumes", e))?;
+        Ok(listed.volumes.unwrap_or_default().into_iter().map(|v| (v.name, v.labels)).collect())
+    }
+
+    /// Removes one disk volume by name (a retained disk nobody needs any more: the
+    /// operator's decision, never the controller's). A volume already gone is no error.
+    pub async fn delete_disk_volume(&self, name: &str) -> ProviderResult<()> {
+        let docker = self.docker().await?;
+        match docker.remove_volume(name, Some(RemoveVolumeOptions { force: false })).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(classify(&format!("remove volume {name}"), e)),
+        }
+    }
+
+    /// Removes the disk volumes of the Server `uid` whose deletionPolicy is Delete (a
+    /// retained one stays, labelled `provisioning.dev/retained`).
+    async fn remove_disks(&self, uid: &str) -> ProviderResult<()> {
+        for (name, labels) in self.disk_volumes(uid).await? {
+            if labels.get(tags::RETAINED).is_some_and(|v| v == "true") {
+                continue;
+            }
+            self.delete_disk_volume(&name).await?;
+        }
+        Ok(())
+    }
+
     async fn create(&self, spec: ContainerSpec) -> ProviderResult<()> {
         let docker = self.docker().await?;
         // Checked first so that a missing image leaves no network behind.
@@ -420,6 +455,10 @@ impl Provider for LocalProvider {
         Ok(crate::prices::local())
     }
 
+    fn disk_price(&self, _disk_type: &str, _size_gib: u64, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        Ok(crate::prices::local())
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         spec::resolve_plan(plan)
     }
@@ -553,6 +592,9 @@ impl Provider for LocalProvider {
             Err(e) => return Err(classify(&format!("remove container {id}"), e)),
         }
         self.remove_network_if_unused(&network).await?;
+        if let Some(uid) = labels.get(tags::SERVER_UID) {
+            self.remove_disks(uid).await?;
+        }
         Ok(DeleteOutcome::Gone)
     }
 

@@ -218,6 +218,7 @@ pub fn container_spec(request: &ServerRequest, image: &str, mounts: &Mounts) -> 
         // docker-init (tini) as PID 1 reaps the orphans of services started by scripts.
         init: Some(true),
         binds: Some(mounts.binds()?),
+        mounts: disk_mounts(request)?,
         network_mode: Some(network.name.clone()),
         privileged: Some(privileged),
         ..Default::default()
@@ -235,6 +236,47 @@ pub fn container_spec(request: &ServerRequest, image: &str, mounts: &Mounts) -> 
     Ok(ContainerSpec { name: container_name(identity), plan, network, image: image.to_string(), labels, body })
 }
 
+/// The Docker volume of a Server's disk: `provisioning-<server uid>-<disk>`.
+pub fn disk_volume_name(uid: &str, disk: &str) -> String {
+    format!("provisioning-{uid}-{disk}")
+}
+
+/// A request's disks as named Docker volumes mounted at their `mountPath` (created by the
+/// engine on first use, labelled with the Server's identity, the disk and Retain's mark).
+/// A raw disk (no mountPath) is refused, naming the field: a Docker volume is a directory.
+/// Docker's local volume driver has no size: `size` is recorded, not enforced.
+pub fn disk_mounts(request: &ServerRequest) -> Result<Option<Vec<bollard::models::Mount>>, ProviderError> {
+    use bollard::models::{Mount, MountType, MountVolumeOptions};
+    if request.disks.is_empty() {
+        return Ok(None);
+    }
+    let mut mounts = Vec::new();
+    for (i, disk) in request.disks.iter().enumerate() {
+        if disk.mount_path.is_empty() {
+            return Err(ProviderError::InvalidRequest(format!(
+                "spec.disks[{i}].mountPath is empty: local machines have no raw disks (a Docker volume is a directory)"
+            )));
+        }
+        let mut labels: HashMap<String, String> = request.identity.tags().into_iter().collect();
+        labels.insert(crate::tags::DISK.to_string(), disk.name.clone());
+        labels.insert(DISK_SIZE_LABEL.to_string(), format!("{}Gi", disk.size_gib));
+        if disk.retain {
+            labels.insert(crate::tags::RETAINED.to_string(), "true".to_string());
+        }
+        mounts.push(Mount {
+            target: Some(disk.mount_path.clone()),
+            source: Some(disk_volume_name(&request.identity.uid, &disk.name)),
+            typ: Some(MountType::VOLUME),
+            volume_options: Some(MountVolumeOptions { labels: Some(labels), ..Default::default() }),
+            ..Default::default()
+        });
+    }
+    Ok(Some(mounts))
+}
+
+/// Label of a disk's Docker volume: the size the spec asked for (not enforced by Docker).
+pub const DISK_SIZE_LABEL: &str = "provisioning.dev/disk-size";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +288,40 @@ mod tests {
             name: "etcd-0".into(),
             cluster: cluster.map(str::to_string),
         }
+    }
+
+    #[test]
+    fn disks_are_named_volumes_mounted_at_their_path_and_raw_ones_are_refused() {
+        let mut request = ServerRequest {
+            identity: identity(None),
+            plan: "small".into(),
+            zone: String::new(),
+            image: "debian-12".into(),
+            ssh_public_key: None,
+            extra_tags: Default::default(),
+            instance_profile: String::new(),
+            public_ip: None,
+            disks: vec![crate::DiskRequest {
+                name: "keep".into(),
+                size_gib: 20,
+                mount_path: "/srv/keep".into(),
+                retain: true,
+                ..Default::default()
+            }],
+            host_key: None,
+        };
+        let mounts = disk_mounts(&request).expect("mounts").expect("one");
+        assert_eq!(mounts[0].source.as_deref(), Some("provisioning-0c9a5f0e-1b2c-4d5e-8f90-123456789abc-keep"));
+        assert_eq!(mounts[0].target.as_deref(), Some("/srv/keep"));
+        let labels = mounts[0].volume_options.as_ref().and_then(|o| o.labels.clone()).unwrap_or_default();
+        assert_eq!(labels.get(tags::RETAINED).map(String::as_str), Some("true"));
+        assert_eq!(labels.get(tags::DISK).map(String::as_str), Some("keep"));
+        assert_eq!(labels.get(tags::SERVER_UID).map(String::as_str), Some("0c9a5f0e-1b2c-4d5e-8f90-123456789abc"));
+        request.disks[0].mount_path = String::new();
+        let raw = disk_mounts(&request).expect_err("raw disk");
+        assert!(matches!(&raw, ProviderError::InvalidRequest(m) if m.contains("spec.disks[0].mountPath")), "{raw:?}");
+        request.disks.clear();
+        assert!(disk_mounts(&request).expect("none").is_none());
     }
 
     #[test]
@@ -289,6 +365,7 @@ mod tests {
             extra_tags: BTreeMap::from([("team".to_string(), "blue".to_string())]),
             instance_profile: String::new(),
             public_ip: None,
+            disks: Vec::new(),
             host_key: None,
         };
         let spec = container_spec(&request, "provisioning-node:latest", &Mounts::default()).expect("spec");

@@ -17,6 +17,17 @@
 
 pub mod model;
 
+/// Title prefix of a storage kept when its server is deleted (deletionPolicy Retain); `:`
+/// cannot appear in a disk name, so no other title starts with it.
+pub const RETAIN_PREFIX: &str = "retain:";
+
+/// The title of an extra disk's storage: `[retain:]<disk>-<hostname>`, at most 64 characters
+/// (UpCloud's limit; the prefix and the disk name come first, so they always survive).
+pub fn disk_title(disk: &crate::DiskRequest, hostname: &str) -> String {
+    let prefix = if disk.retain { RETAIN_PREFIX } else { "" };
+    format!("{prefix}{}-{hostname}", disk.name).chars().take(64).collect()
+}
+
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -412,6 +423,8 @@ impl UpcloudProvider {
         )))
     }
 
+    /// The create request of `request`'s machine (its boot disk cloned from `template`, then
+    /// one empty storage per extra disk).
     fn create_body(&self, request: &ServerRequest, plan: &str, template: &str) -> CreateServerRequest {
         let identity = &request.identity;
         let mut tags: BTreeMap<String, String> = request.extra_tags.clone();
@@ -433,13 +446,22 @@ impl UpcloudProvider {
                 metadata: "yes".into(),
                 labels,
                 storage_devices: CreateStorageDevices {
-                    storage_device: vec![CreateStorageDevice {
+                    storage_device: std::iter::once(CreateStorageDevice {
                         action: "clone".into(),
                         storage: template.to_string(),
                         title: format!("{hostname}-disk0"),
                         size,
                         tier: "maxiops".into(),
-                    }],
+                    })
+                    .chain(request.disks.iter().map(|d| CreateStorageDevice {
+                        action: "create".into(),
+                        storage: String::new(),
+                        title: disk_title(d, &hostname),
+                        // Checked by the controller: 10..=4096 GiB on upcloud.
+                        size: u32::try_from(d.size_gib).unwrap_or(u32::MAX),
+                        tier: if d.disk_type.is_empty() { "maxiops".into() } else { d.disk_type.clone() },
+                    }))
+                    .collect(),
                 },
                 networking: CreateNetworking {
                     // `publicIp: false`: no public interface (reached through the utility
@@ -654,6 +676,11 @@ impl Provider for UpcloudProvider {
         crate::prices::upcloud(zone, plan, &ZONES)
     }
 
+    fn disk_price(&self, disk_type: &str, size_gib: u64, zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        let zone = if zone.is_empty() { &self.zone } else { zone };
+        crate::prices::upcloud_disk(zone, disk_type, size_gib, &ZONES)
+    }
+
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {
         // Native plans look like 2xCPU-4GB, DEV-1xCPU-1GB-10GB, HIMEM-4xCPU-32GB…
         plans::resolve("upcloud", plan, &PLANS, |p| {
@@ -718,6 +745,22 @@ impl Provider for UpcloudProvider {
                 }
             }
             "stopped" => {
+                // `storages=1` deletes every storage attached: disks to keep (Retain) are
+                // detached first, so only the others go with the server.
+                for device in details.storage_devices.storage_device.iter().filter(|d| d.storage_title.starts_with(RETAIN_PREFIX)) {
+                    let body = serde_json::to_string(&model::DetachStorageRequest {
+                        storage_device: model::DetachStorageDevice { address: device.address.clone() },
+                    })
+                    .map_err(|e| ProviderError::Permanent(format!("cannot serialise the detach request: {e}")))?;
+                    let path = format!("/server/{uuid}/storage/detach");
+                    match self.call_retrying(|| Method::Post, &path, &[], Some(&body), crate::ratelimit::LOOKUP_CAP).await {
+                        Ok(_) => {
+                            tracing::info!(account = %self.account, server = %uuid, storage = %device.storage, "retained disk detached")
+                        }
+                        Err(ProviderError::NotFound(_)) => return Ok(DeleteOutcome::Gone),
+                        Err(e) => return Err(e),
+                    }
+                }
                 let query = [("storages".to_string(), "1".to_string())];
                 match self.call_retrying(|| Method::Delete, &format!("/server/{uuid}"), &query, None, crate::ratelimit::LOOKUP_CAP).await {
                     Ok(_) | Err(ProviderError::NotFound(_)) => Ok(DeleteOutcome::Gone),
@@ -821,6 +864,7 @@ mod tests {
             extra_tags: Default::default(),
             instance_profile: String::new(),
             public_ip: None,
+            disks: Vec::new(),
             host_key: None,
         };
         let kinds = |request: &crate::ServerRequest| -> Vec<String> {

@@ -126,7 +126,8 @@ pub struct CreateStorageDevices {
 pub struct CreateStorageDevice {
     /// `clone` a template, `create` an empty disk or `attach` an existing one.
     pub action: String,
-    /// Template (or storage) UUID.
+    /// Template (or storage) UUID; absent for `create`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub storage: String,
     /// Title.
     pub title: String,
@@ -329,6 +330,20 @@ pub struct StorageDevice {
     pub kind: String,
     /// e.g. `virtio:0`.
     #[serde(default)]
+    pub address: String,
+}
+
+/// `POST /1.3/server/{uuid}/storage/detach` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DetachStorageRequest {
+    /// The device to detach, by its address.
+    pub storage_device: DetachStorageDevice,
+}
+
+/// The device of a detach request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DetachStorageDevice {
+    /// `virtio:1`…
     pub address: String,
 }
 

@@ -17,6 +17,11 @@
 //!   `stopped`; `start` brings a stopped one back; delete needs `stopped`
 //!   (`409 SERVER_STATE_ILLEGAL` otherwise) and removes the storages only with `?storages=1`.
 //!   A malformed server UUID in any `/server/{uuid}…` path is `400 SERVER_INVALID`.
+//! - Storages: a create's `storage_devices` may add empty disks (`action: create`, size
+//!   10..=4096 GiB, tier `maxiops`/`hdd`/`standard`, title); `POST
+//!   /1.3/server/{uuid}/storage/detach` (`{"storage_device": {"address": "virtio:1"}}`, the
+//!   server stopped, else `409 SERVER_STATE_ILLEGAL`) detaches one, which then outlives a
+//!   `DELETE ?storages=1` of the server; the other devices keep their addresses.
 //! - `GET /1.3/server?label=key=value` filters by label (several filters are ANDed; `label=key`
 //!   matches the key alone).
 //! - Server firewall ("Firewall" in the API docs): `firewall` is `on` or `off` at create
@@ -330,10 +335,24 @@ impl UpcloudDouble {
         self.state.lock().map(|s| s.storages.len()).unwrap_or(0)
     }
 
+    /// Every storage that exists, attached or not: (title, size GiB, tier), sorted.
+    pub fn storages(&self) -> Vec<(String, u32, String)> {
+        let Ok(state) = self.state.lock() else { return Vec::new() };
+        let mut all: Vec<(String, u32, String)> = state.storages.values().map(|s| (s.title.clone(), s.size, s.tier.clone())).collect();
+        all.sort();
+        all
+    }
+
     /// Every server with its current state (`maintenance`, `started`, `stopped`), by UUID.
     pub fn server_states(&self) -> BTreeMap<String, String> {
         let Ok(mut state) = self.state.lock() else { return BTreeMap::new() };
         state.servers.values_mut().map(|s| (s.uuid.clone(), s.state().to_string())).collect()
+    }
+
+    /// The zone of every server, by UUID.
+    pub fn server_zones(&self) -> BTreeMap<String, String> {
+        let Ok(state) = self.state.lock() else { return BTreeMap::new() };
+        state.servers.values().map(|s| (s.uuid.clone(), s.zone.clone())).collect()
     }
 
     /// The firewall setting (`on`/`off`) and rules of every server, by uuid.
@@ -540,6 +559,27 @@ fn handle(req: Request<Bytes>, state: &Mutex<State>, config: &DoubleConfig) -> R
                 }
             }
             reply(204, None)
+        }
+        (Method::POST, ["server", uuid, "storage", "detach"]) => {
+            let body = match parse_body() {
+                Ok(b) => b,
+                Err(response) => return response,
+            };
+            let Some(address) = body.pointer("/storage_device/address").and_then(Value::as_str).map(str::to_string) else {
+                return error(400, "STORAGE_DEVICE_INVALID", "The storage device address is missing.");
+            };
+            let State { servers, storages, .. } = &mut *state;
+            let Some(server) = servers.get_mut(*uuid) else { return not_found(uuid) };
+            if server.state() != "stopped" {
+                return error(409, "SERVER_STATE_ILLEGAL", &format!("The server {uuid} is not stopped."));
+            }
+            let index = address.strip_prefix("virtio:").and_then(|i| i.parse::<usize>().ok());
+            match index.filter(|i| server.storages.get(*i).is_some_and(|s| storages.contains_key(s))) {
+                // A hole keeps the devices after it at their addresses.
+                Some(i) => server.storages[i] = String::new(),
+                None => return error(404, "STORAGE_DEVICE_NOT_FOUND", &format!("No storage device at address {address}.")),
+            }
+            reply(200, Some(json!({"server": server.details(storages)})))
         }
         (Method::GET, ["server", uuid, "firewall_rule"]) => match state.servers.get(*uuid) {
             Some(server) => reply(200, Some(json!({"firewall_rules": {"firewall_rule": server.firewall_rules}}))),

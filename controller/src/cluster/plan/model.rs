@@ -293,6 +293,7 @@ pub(super) fn pool_server(o: &Observed<'_>, pool: &ServerPool, name: &str, surge
         // A member's own zone is where it starts, not where it falls back to.
         fallback_zones: pool.fallback_zones.iter().filter(|z| **z != zone).cloned().collect(),
         public_ip: pool.public_ip,
+        disks: pool.disks.clone(),
         approval: o.spec.approval,
         ..Default::default()
     };
