@@ -84,6 +84,7 @@ impl World {
             taskservs: &self.taskservs,
             clusters: &self.clusters,
             now: self.now,
+            endpoint: provisioning_controller::cluster::plan::EndpointGate::of(&self.cluster.spec, self.status.control_plane_endpoint.as_ref()),
         }
     }
 
