@@ -194,11 +194,12 @@ mod tests {
         let at = |s: &str| order.iter().position(|o| o == s).unwrap_or(usize::MAX);
         assert!(at("keepalived") < at("kubernetes") && at("haproxy") < at("kubernetes"), "{order:?}");
         // No address: refused at render, naming the field.
-        let e = render(&library, &catalog, "kubernetes_3node", &set(&["endpoint=VIP"]), None).expect_err("no address").to_string();
+        let e = render(&library, &catalog, "kubernetes_3node", &set(&["endpoint=VIP"]), None).expect_err("no address");
+        let e = format!("{e:#}");
         assert!(e.contains("controlPlaneEndpoint.address"), "{e}");
         let e = render(&library, &catalog, "kubernetes_3node", &set(&["endpoint=VIP", "vipAddress=10.0.0"]), None)
-            .expect_err("not an address")
-            .to_string();
+            .expect_err("not an address");
+        let e = format!("{e:#}");
         assert!(e.contains("controlPlaneEndpoint"), "{e}");
     }
 

@@ -164,7 +164,7 @@ pub struct ControlPlaneEndpoint {
     pub port: u16,
     /// VIP only: the virtual IPv4 address (free, in the control-plane machines' subnet).
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(max = 15), regex(pattern = r"^([0-9]{1,3}\.){3}[0-9]{1,3}$"))]
+    #[schemars(length(max = 15), regex(pattern = r"^(([0-9]{1,3}\.){3}[0-9]{1,3})?$"))]
     pub address: String,
 }
 
