@@ -246,6 +246,9 @@ pub async fn endpoint(
     check(!again.address.is_empty(), format!("the {} has no address", kind.noun()))?;
     let found = provider.find_endpoint(kind, &identity).await.map_err(|e| fail("find_endpoint", e))?;
     check(found.as_ref().map(|f| &f.id) == Some(&first.id), format!("find_endpoint by tags: {found:?}"))?;
+    let stranger = EndpointIdentity { cluster_uid: format!("{}-other-uid", opts.run_id), ..identity.clone() };
+    let not_mine = provider.find_endpoint(kind, &stranger).await.map_err(|e| fail("find_endpoint (another Cluster)", e))?;
+    check(not_mine.is_none(), format!("find_endpoint for another Cluster uid found this one: {not_mine:?}"))?;
     let want_first: Vec<ProviderId> = match kind {
         crate::EndpointKind::LoadBalancer => machines.to_vec(),
         crate::EndpointKind::FloatingIp => floating_ip_holder(None, machines).into_iter().collect(),

@@ -410,6 +410,9 @@ impl MachineField {
     }
 }
 
+/// The Kubernetes API servers' port (what a floating IP reaches directly).
+pub const DEFAULT_API_PORT: u16 = 6443;
+
 /// What carries a Cluster's control-plane endpoint at a provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EndpointKind {
