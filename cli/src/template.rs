@@ -160,12 +160,18 @@ mod tests {
         assert_eq!(ws["spec"]["providers"][0]["type"], "upcloud");
         assert_eq!(ws["spec"]["providers"][0]["zone"], "de-fra1");
         assert!(!r.objects.iter().any(|o| o["kind"] == "Secret"), "credentials are never rendered");
-        // The control-plane endpoint: a load balancer unless asked otherwise.
-        let cluster = r.objects.iter().find(|o| o["kind"] == "Cluster").expect("a Cluster");
-        assert_eq!(cluster["spec"]["controlPlaneEndpoint"], serde_json::json!({"type": "LoadBalancer"}));
-        let r = render(&library, &catalog, "kubernetes_3node", &["endpoint=None".into()], None).expect("renders");
-        let cluster = r.objects.iter().find(|o| o["kind"] == "Cluster").expect("a Cluster");
-        assert!(cluster["spec"].get("controlPlaneEndpoint").is_none(), "{cluster}");
+        // The control-plane endpoint by default: none on upcloud (not implemented there yet),
+        // an Elastic IP on aws, a load balancer on the simulated provider.
+        let endpoint_of = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| (*s).to_string()).collect();
+            let r = render(&library, &catalog, "kubernetes_3node", &sets, None).expect("renders");
+            r.objects.iter().find(|o| o["kind"] == "Cluster").expect("a Cluster")["spec"]["controlPlaneEndpoint"].clone()
+        };
+        assert_eq!(endpoint_of(&["cloud=upcloud"]), Value::Null);
+        assert_eq!(endpoint_of(&["cloud=aws"]), serde_json::json!({"type": "FloatingIP"}));
+        assert_eq!(endpoint_of(&["cloud=simulated"]), serde_json::json!({"type": "LoadBalancer"}));
+        assert_eq!(endpoint_of(&["cloud=aws", "endpoint=None"]), Value::Null);
+        assert_eq!(endpoint_of(&["cloud=simulated", "endpoint=FloatingIP"]), serde_json::json!({"type": "FloatingIP"}));
     }
 
     #[test]
