@@ -203,8 +203,8 @@ mod tests {
         let e = render(&library, &catalog, "kubernetes_3node", &set(&["endpoint=VIP"]), None).expect_err("no address");
         let e = format!("{e:#}");
         assert!(e.contains("controlPlaneEndpoint.address"), "{e}");
-        let e = render(&library, &catalog, "kubernetes_3node", &set(&["endpoint=VIP", "vipAddress=10.0.0"]), None)
-            .expect_err("not an address");
+        let e =
+            render(&library, &catalog, "kubernetes_3node", &set(&["endpoint=VIP", "vipAddress=10.0.0"]), None).expect_err("not an address");
         let e = format!("{e:#}");
         assert!(e.contains("controlPlaneEndpoint"), "{e}");
     }

@@ -88,7 +88,10 @@ impl World {
             taskservs: &self.taskservs,
             clusters: &self.clusters,
             now: self.now,
-            endpoint: provisioning_controller::cluster::plan::EndpointGate::of(&self.cluster.spec, self.status.control_plane_endpoint.as_ref()),
+            endpoint: provisioning_controller::cluster::plan::EndpointGate::of(
+                &self.cluster.spec,
+                self.status.control_plane_endpoint.as_ref(),
+            ),
         }
     }
 
@@ -1360,5 +1363,12 @@ fn a_bad_control_plane_endpoint_is_refused_naming_the_field() {
     assert!(e.message.contains("both set"), "{e}");
     let e = refused(&K8S_LB.replace("[{service: containerd}, {service: kubernetes}]", "[{service: containerd}]"));
     assert!(e.message.contains("needs the kubernetes service"), "{e}");
-    assert!(validate::validate("kube", &cluster(&K8S_LB.replace("{type: LoadBalancer}", "{type: VIP, address: 10.0.0.100, port: 8443}")).spec, &shipped).is_ok());
+    assert!(
+        validate::validate(
+            "kube",
+            &cluster(&K8S_LB.replace("{type: LoadBalancer}", "{type: VIP, address: 10.0.0.100, port: 8443}")).spec,
+            &shipped
+        )
+        .is_ok()
+    );
 }

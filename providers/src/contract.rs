@@ -232,7 +232,8 @@ pub async fn endpoint(
     use crate::{EndpointIdentity, EndpointRequest, floating_ip_holder};
     if let Err(why) = provider.supports_endpoint(kind) {
         check(!why.is_empty(), "supports_endpoint: an unsupported kind says why")?;
-        let identity = EndpointIdentity { cluster_uid: format!("{}-none", opts.run_id), namespace: opts.namespace.clone(), cluster: "c".into() };
+        let identity =
+            EndpointIdentity { cluster_uid: format!("{}-none", opts.run_id), namespace: opts.namespace.clone(), cluster: "c".into() };
         let found = provider.find_endpoint(kind, &identity).await.map_err(|e| fail("find_endpoint (unsupported)", e))?;
         return check(found.is_none(), "an unsupported endpoint kind is never found");
     }

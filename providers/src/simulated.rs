@@ -25,8 +25,9 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Address, DeleteOutcome, EndpointIdentity, EndpointKind, EndpointObservation, EndpointRequest, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId, ProviderResult,
-    ServerIdentity, ServerObservation, ServerRequest, SimulationConfig, plans,
+    Address, DeleteOutcome, EndpointIdentity, EndpointKind, EndpointObservation, EndpointRequest, ExecRequest, ExecResult, MachineState,
+    Provider, ProviderConfig, ProviderError, ProviderId, ProviderResult, ServerIdentity, ServerObservation, ServerRequest,
+    SimulationConfig, plans,
 };
 
 const PLANS: [(&str, &str); 4] =
@@ -59,12 +60,20 @@ struct SimEndpoint {
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
 enum LogEntry {
-    Create { machine: SimMachine },
-    Delete { id: String },
+    Create {
+        machine: SimMachine,
+    },
+    Delete {
+        id: String,
+    },
     /// An endpoint created or changed (its whole new state).
-    Endpoint { endpoint: SimEndpoint },
+    Endpoint {
+        endpoint: SimEndpoint,
+    },
     /// An endpoint deleted.
-    EndpointDelete { id: String },
+    EndpointDelete {
+        id: String,
+    },
 }
 
 /// The machines of one account, backed by an append-only log file.

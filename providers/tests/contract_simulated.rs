@@ -128,7 +128,9 @@ async fn simulated_passes_the_endpoint_contract_for_load_balancers_and_floating_
         deadline: Duration::from_secs(10),
     };
     for kind in [provisioning_providers::EndpointKind::LoadBalancer, provisioning_providers::EndpointKind::FloatingIp] {
-        provisioning_providers::contract::endpoint(provider.as_ref(), kind, &[a.clone(), b.clone()], &opts).await.expect("endpoint contract");
+        provisioning_providers::contract::endpoint(provider.as_ref(), kind, &[a.clone(), b.clone()], &opts)
+            .await
+            .expect("endpoint contract");
     }
     // The journal (the tests' oracle) holds each endpoint's creation, re-targeting and deletion.
     let journal = std::fs::read_to_string(dir.path().join("simulated-sim-ep.jsonl")).expect("journal");

@@ -81,7 +81,13 @@ fn identity(cluster: &Cluster, namespace: &str) -> EndpointIdentity {
 fn status_of(t: EndpointType, o: &EndpointObservation) -> ControlPlaneEndpointStatus {
     let mut targets: Vec<String> = o.targets.iter().map(|t| t.0.clone()).collect();
     targets.sort();
-    ControlPlaneEndpointStatus { endpoint_type: t.as_str().to_string(), address: o.address.clone(), port: o.port, id: o.id.clone(), targets }
+    ControlPlaneEndpointStatus {
+        endpoint_type: t.as_str().to_string(),
+        address: o.address.clone(),
+        port: o.port,
+        id: o.id.clone(),
+        targets,
+    }
 }
 
 fn cond(status: Status, reason: &str, message: impl Into<String>) -> Option<DesiredCondition> {
@@ -136,10 +142,18 @@ pub async fn ensure(cluster: &Cluster, namespace: &str, servers: &[ChildServer],
         match gone {
             Ok(DeleteOutcome::Gone) => kept = None,
             Ok(DeleteOutcome::InProgress) => {
-                return Outcome { status: recorded, condition: cond(Status::False, "Deleting", format!("deleting the old {}", old.noun())), retry: true };
+                return Outcome {
+                    status: recorded,
+                    condition: cond(Status::False, "Deleting", format!("deleting the old {}", old.noun())),
+                    retry: true,
+                };
             }
             Err(e) => {
-                return Outcome { status: recorded, condition: cond(Status::False, "Failed", format!("deleting the old {}: {e}", old.noun())), retry: true };
+                return Outcome {
+                    status: recorded,
+                    condition: cond(Status::False, "Failed", format!("deleting the old {}: {e}", old.noun())),
+                    retry: true,
+                };
             }
         }
     }
@@ -160,7 +174,9 @@ pub async fn ensure(cluster: &Cluster, namespace: &str, servers: &[ChildServer],
             ),
             retry: false,
         },
-        t @ (EndpointType::LoadBalancer | EndpointType::FloatingIp) => ensure_at_provider(cluster, namespace, servers, t, want.port, kept, ctx).await,
+        t @ (EndpointType::LoadBalancer | EndpointType::FloatingIp) => {
+            ensure_at_provider(cluster, namespace, servers, t, want.port, kept, ctx).await
+        }
     }
 }
 
@@ -185,11 +201,16 @@ async fn ensure_at_provider(
         if let Err(why) = p.supports_endpoint(kind) {
             return Outcome {
                 status: recorded,
-                condition: cond(Status::False, "Unsupported", format!("{why}: set spec.controlPlaneEndpoint.type to another type (VIP works on every provider)")),
+                condition: cond(
+                    Status::False,
+                    "Unsupported",
+                    format!("{why}: set spec.controlPlaneEndpoint.type to another type (VIP works on every provider)"),
+                ),
                 retry: false,
             };
         }
-        let request = EndpointRequest { identity: identity(cluster, namespace), kind, port, zone: zone_of(&cluster.spec), targets: targets.clone() };
+        let request =
+            EndpointRequest { identity: identity(cluster, namespace), kind, port, zone: zone_of(&cluster.spec), targets: targets.clone() };
         match p.ensure_endpoint(&request).await {
             Ok(o) => {
                 if recorded.as_ref().is_none_or(|r| r.id != o.id) {
@@ -199,7 +220,11 @@ async fn ensure_at_provider(
             }
             Err(e) => {
                 let e = Error::provider(&account, e);
-                return Outcome { status: recorded, condition: cond(Status::False, "Failed", format!("ensuring the {}: {e}", kind.noun())), retry: true };
+                return Outcome {
+                    status: recorded,
+                    condition: cond(Status::False, "Failed", format!("ensuring the {}: {e}", kind.noun())),
+                    retry: true,
+                };
             }
         }
     };

@@ -103,7 +103,10 @@ pub fn control_plane_endpoint(spec: &ClusterSpec) -> Result<(), InvalidCluster> 
     }
     let k8s = spec.taskservs.iter().find(|t| t.service == super::stages::KUBERNETES);
     let Some(k8s) = k8s else {
-        return Err(invalid("InvalidEndpoint", format!("{field}.type {} needs the kubernetes service in spec.taskservs", e.endpoint_type.as_str())));
+        return Err(invalid(
+            "InvalidEndpoint",
+            format!("{field}.type {} needs the kubernetes service in spec.taskservs", e.endpoint_type.as_str()),
+        ));
     };
     if k8s.config.as_ref().and_then(|c| c.get("controlPlaneEndpoint")).and_then(Value::as_str).is_some_and(|v| !v.is_empty()) {
         return Err(invalid(
@@ -120,22 +123,35 @@ pub fn control_plane_endpoint(spec: &ClusterSpec) -> Result<(), InvalidCluster> 
     match e.endpoint_type {
         EndpointType::Vip => {
             let ip: std::net::Ipv4Addr = e.address.parse().map_err(|_| {
-                invalid("InvalidEndpoint", format!("{field}.address {:?} is not an IPv4 address (type VIP needs a free address in the machines' subnet)", e.address))
+                invalid(
+                    "InvalidEndpoint",
+                    format!(
+                        "{field}.address {:?} is not an IPv4 address (type VIP needs a free address in the machines' subnet)",
+                        e.address
+                    ),
+                )
             })?;
             if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || ip.is_broadcast() {
-                return Err(invalid("InvalidEndpoint", format!("{field}.address {ip} cannot be a virtual IP (unspecified, loopback, multicast or broadcast)")));
+                return Err(invalid(
+                    "InvalidEndpoint",
+                    format!("{field}.address {ip} cannot be a virtual IP (unspecified, loopback, multicast or broadcast)"),
+                ));
             }
             if e.port == DEFAULT_API_PORT {
                 return Err(invalid(
                     "InvalidEndpoint",
-                    format!("{field}.port: a VIP's haproxy runs on the control-plane servers next to the API servers (port {DEFAULT_API_PORT}): choose another port, e.g. 8443"),
+                    format!(
+                        "{field}.port: a VIP's haproxy runs on the control-plane servers next to the API servers (port {DEFAULT_API_PORT}): choose another port, e.g. 8443"
+                    ),
                 ));
             }
         }
         EndpointType::FloatingIp if e.port != DEFAULT_API_PORT => {
             return Err(invalid(
                 "InvalidEndpoint",
-                format!("{field}.port: a FloatingIP reaches the API server directly, on port {DEFAULT_API_PORT}; set {DEFAULT_API_PORT} or use a LoadBalancer"),
+                format!(
+                    "{field}.port: a FloatingIP reaches the API server directly, on port {DEFAULT_API_PORT}; set {DEFAULT_API_PORT} or use a LoadBalancer"
+                ),
             ));
         }
         _ => {}

@@ -10,7 +10,9 @@ use serde::Deserialize;
 use super::AwsProvider;
 use super::model::{ItemSet, Tag};
 use crate::ratelimit::LOOKUP_CAP;
-use crate::{DeleteOutcome, EndpointIdentity, EndpointKind, EndpointObservation, EndpointRequest, ProviderError, ProviderId, ProviderResult};
+use crate::{
+    DeleteOutcome, EndpointIdentity, EndpointKind, EndpointObservation, EndpointRequest, ProviderError, ProviderId, ProviderResult,
+};
 
 /// `DescribeAddressesResponse`.
 #[derive(Debug, Deserialize)]
@@ -67,10 +69,8 @@ fn observe(address: &Address, port: u16) -> EndpointObservation {
 
 /// The parameters of AllocateAddress for `identity` (pure).
 pub fn allocate_params(identity: &EndpointIdentity) -> Vec<(String, String)> {
-    let mut params = vec![
-        ("Domain".to_string(), "vpc".to_string()),
-        ("TagSpecification.1.ResourceType".to_string(), "elastic-ip".to_string()),
-    ];
+    let mut params =
+        vec![("Domain".to_string(), "vpc".to_string()), ("TagSpecification.1.ResourceType".to_string(), "elastic-ip".to_string())];
     let mut tags = identity.tags();
     tags.push(("Name".into(), identity.resource_name()));
     for (i, (key, value)) in tags.iter().enumerate() {

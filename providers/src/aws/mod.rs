@@ -66,8 +66,7 @@ pub const IMAGES: [(&str, &str, &str); 3] = [
 const DEFAULT_REGION: &str = "us-east-1";
 
 /// Why the aws provider has no load balancer endpoint.
-pub(crate) const NO_NLB: &str =
-    "the aws provider makes no Network Load Balancer yet (elasticloadbalancing v2 is not implemented): use type FloatingIP (an Elastic IP) or VIP";
+pub(crate) const NO_NLB: &str = "the aws provider makes no Network Load Balancer yet (elasticloadbalancing v2 is not implemented): use type FloatingIP (an Elastic IP) or VIP";
 
 /// Amazon EC2 throttles each API action of an account and region in a token bucket of its
 /// own, shaped by the action's category ("Request throttling for the Amazon EC2 API",

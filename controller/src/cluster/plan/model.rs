@@ -247,7 +247,9 @@ impl EndpointGate {
             Some(e) if !e.address.is_empty() && (want.endpoint_type != EndpointType::FloatingIp || !e.targets.is_empty()) => {
                 EndpointGate::At(format!("{}:{}", e.address, e.port))
             }
-            Some(e) if !e.address.is_empty() => EndpointGate::Waiting(format!("waiting for the {kind} {} to be on a control-plane machine", e.address)),
+            Some(e) if !e.address.is_empty() => {
+                EndpointGate::Waiting(format!("waiting for the {kind} {} to be on a control-plane machine", e.address))
+            }
             _ => EndpointGate::Waiting(format!("waiting for the control-plane endpoint ({kind}) to be created")),
         }
     }

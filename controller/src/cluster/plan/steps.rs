@@ -7,8 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server};
 
 use super::model::{
-    EndpointGate,
-    ChildServer, ChildTaskServ, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, ROLLING, StepKind, StepState, available,
+    ChildServer, ChildTaskServ, EndpointGate, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, ROLLING, StepKind, StepState, available,
     desired_taskserv, desired_with_surge, index_of, labels_cover, machine_differs, settled, taskserv_name,
 };
 use crate::cluster::validate::ServicePlan;
@@ -260,7 +259,9 @@ impl Rollout {
             let (state, msg) = match have {
                 None if prereqs_done && !blocked => (StepState::Running, format!("creating TaskServ {name}")),
                 None if blocked => (StepState::Pending, self.blocked_message()),
-                None => (StepState::Pending, endpoint_wait.filter(|_| others_done).unwrap_or_else(|| "waiting for earlier steps".to_string())),
+                None => {
+                    (StepState::Pending, endpoint_wait.filter(|_| others_done).unwrap_or_else(|| "waiting for earlier steps".to_string()))
+                }
                 Some(h) if h.stalled.is_some() => {
                     self.stalled_steps.insert(id.clone());
                     (StepState::Failed, format!("TaskServ {name}: {}", h.stalled.clone().unwrap_or_default()))
