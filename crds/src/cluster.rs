@@ -28,6 +28,10 @@ pub mod kubernetes_condition {
         [CONTROL_PLANE_INITIALIZED, CONTROL_PLANE_AVAILABLE, WORKERS_JOINED, CNI_READY, STORAGE_READY, KUBECONFIG_READY];
 }
 
+/// The catalog service that makes a Cluster a Kubernetes cluster (its control-plane endpoint,
+/// stages and kubeconfig Secret are about it).
+pub const KUBERNETES_SERVICE: &str = "kubernetes";
+
 /// The Cluster condition of its control-plane endpoint (spec.controlPlaneEndpoint), with
 /// reasons Created, Waiting, Unsupported, Failed, Deleting; absent for type None.
 pub const ENDPOINT_READY: &str = "EndpointReady";

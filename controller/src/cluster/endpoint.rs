@@ -61,7 +61,7 @@ pub fn targets(spec: &ClusterSpec, servers: &[ChildServer]) -> Vec<ProviderId> {
     let pool = spec
         .taskservs
         .iter()
-        .find(|t| t.service == super::stages::KUBERNETES)
+        .find(|t| t.service == provisioning_crds::KUBERNETES_SERVICE)
         .and_then(|t| t.config.as_ref()?.get("controlPlanePool")?.as_str().map(str::to_string))
         .unwrap_or_else(|| DEFAULT_CONTROL_PLANE_POOL.to_string());
     let mut members: Vec<&ChildServer> = servers

@@ -101,7 +101,7 @@ pub fn control_plane_endpoint(spec: &ClusterSpec) -> Result<(), InvalidCluster> 
     if e.endpoint_type == EndpointType::None {
         return Ok(());
     }
-    let k8s = spec.taskservs.iter().find(|t| t.service == super::stages::KUBERNETES);
+    let k8s = spec.taskservs.iter().find(|t| t.service == provisioning_crds::KUBERNETES_SERVICE);
     let Some(k8s) = k8s else {
         return Err(invalid(
             "InvalidEndpoint",

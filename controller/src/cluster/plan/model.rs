@@ -485,7 +485,7 @@ pub fn desired_taskserv(o: &Observed<'_>, service: &ServicePlan, desired_servers
         .filter_map(|s| s.metadata.name.clone())
         .collect();
     let mut config = service.config.clone();
-    if let (EndpointGate::At(endpoint), true) = (&o.endpoint, service.service == crate::cluster::stages::KUBERNETES) {
+    if let (EndpointGate::At(endpoint), true) = (&o.endpoint, service.service == provisioning_crds::KUBERNETES_SERVICE) {
         let mut c = config.take().filter(serde_json::Value::is_object).unwrap_or_else(|| serde_json::json!({}));
         if let Some(map) = c.as_object_mut() {
             map.insert("controlPlaneEndpoint".into(), serde_json::Value::String(endpoint.clone()));

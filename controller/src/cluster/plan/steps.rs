@@ -230,7 +230,7 @@ impl Rollout {
                 && svc.after.iter().all(|d| self.succeeded(&format!("taskserv/{d}")));
             // The kubernetes service waits for the control-plane endpoint (kubeadm init uses it).
             let endpoint_wait = match &o.endpoint {
-                EndpointGate::Waiting(why) if svc.service == crate::cluster::stages::KUBERNETES => Some(why.clone()),
+                EndpointGate::Waiting(why) if svc.service == provisioning_crds::KUBERNETES_SERVICE => Some(why.clone()),
                 _ => None,
             };
             let prereqs_done = others_done && endpoint_wait.is_none();
