@@ -1326,6 +1326,7 @@ fn the_kubernetes_service_waits_for_the_endpoint_and_gets_it_as_its_control_plan
         port: 6443,
         id: "lb-1".into(),
         targets: vec!["simulated://m-0".into()],
+        cost: None,
     });
     let plan = w.pass();
     let k8s = plan.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("kube-kubernetes")).expect("kubernetes created");
@@ -1339,6 +1340,7 @@ fn the_kubernetes_service_waits_for_the_endpoint_and_gets_it_as_its_control_plan
         port: 6443,
         id: "fip-1".into(),
         targets: vec![],
+        cost: None,
     });
     let gate = plan::EndpointGate::of(&cluster(&fip).spec, status.control_plane_endpoint.as_ref());
     assert_eq!(gate, plan::EndpointGate::Waiting("waiting for the FloatingIP 198.51.100.7 to be on a control-plane machine".into()));

@@ -198,6 +198,10 @@ pub struct ControlPlaneEndpointStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1000))]
     pub targets: Vec<String>,
+    /// Its list price (from the provider's price table, with the source), counted in the
+    /// Cluster's `status.cost`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::ServerCost>,
 }
 
 fn default_parallel_limit() -> u32 {

@@ -219,6 +219,9 @@ fn the_kubernetes_3node_template_reaches_ready_with_its_endpoint_which_outlives_
     let (status, reason, message) = condition(&c, "EndpointReady").unwrap_or_default();
     assert_eq!((status.as_str(), reason.as_str()), ("True", "Created"), "{message}");
     assert!(message.contains(&address) && message.contains("3 control-plane machines"), "{message}");
+    // Its price, with its source, is in the Cluster's cost (the simulated provider's is free).
+    assert_eq!(endpoint["cost"]["source"], "simulated provider: no charge", "{endpoint}");
+    assert!(c["status"]["cost"]["priced"].as_u64() == Some(6), "5 machines and the endpoint: {}", c["status"]["cost"]);
     let machine_of = |d: &Dev, server: &str| -> Result<String> {
         let s = json(d, &["get", "server", server, "-n", TPL_NS])?;
         Ok(s["status"]["providerID"].as_str().context("no providerID")?.to_string())

@@ -78,7 +78,7 @@ fn identity(cluster: &Cluster, namespace: &str) -> EndpointIdentity {
     EndpointIdentity { cluster_uid: cluster.uid().unwrap_or_default(), namespace: namespace.to_string(), cluster: cluster.name_any() }
 }
 
-fn status_of(t: EndpointType, o: &EndpointObservation) -> ControlPlaneEndpointStatus {
+fn status_of(t: EndpointType, o: &EndpointObservation, cost: provisioning_crds::ServerCost) -> ControlPlaneEndpointStatus {
     let mut targets: Vec<String> = o.targets.iter().map(|t| t.0.clone()).collect();
     targets.sort();
     ControlPlaneEndpointStatus {
@@ -87,6 +87,7 @@ fn status_of(t: EndpointType, o: &EndpointObservation) -> ControlPlaneEndpointSt
         port: o.port,
         id: o.id.clone(),
         targets,
+        cost: Some(cost),
     }
 }
 
@@ -97,7 +98,7 @@ fn cond(status: Status, reason: &str, message: impl Into<String>) -> Option<Desi
 /// Whether status already shows what is wanted (then the provider is not asked).
 fn settled(recorded: Option<&ControlPlaneEndpointStatus>, t: EndpointType, port: u16, targets: &[ProviderId]) -> bool {
     let Some(r) = recorded else { return false };
-    if r.endpoint_type != t.as_str() || r.port != port || r.address.is_empty() || r.id.is_empty() {
+    if r.endpoint_type != t.as_str() || r.port != port || r.address.is_empty() || r.id.is_empty() || r.cost.is_none() {
         return false;
     }
     match t {
@@ -166,6 +167,7 @@ pub async fn ensure(cluster: &Cluster, namespace: &str, servers: &[ChildServer],
                 port: want.port,
                 id: String::new(),
                 targets: Vec::new(),
+                cost: None,
             }),
             condition: cond(
                 Status::True,
@@ -216,7 +218,7 @@ async fn ensure_at_provider(
                 if recorded.as_ref().is_none_or(|r| r.id != o.id) {
                     tracing::info!(cluster = %cluster.name_any(), namespace, id = %o.id, address = %o.address, kind = kind.noun(), "control-plane endpoint created");
                 }
-                Some(status_of(t, &o))
+                Some(status_of(t, &o, crate::cost::server_cost(&p.endpoint_price(kind, &request.zone))))
             }
             Err(e) => {
                 let e = Error::provider(&account, e);
@@ -273,12 +275,6 @@ pub async fn delete(cluster: &Cluster, namespace: &str, ctx: &Context) -> Result
     Ok(gone)
 }
 
-/// The endpoint's list price, for the plan and the cost (None without one at the provider).
-pub fn price(cluster: &Cluster, provider: &SharedProvider) -> Option<Result<provisioning_providers::prices::Price, String>> {
-    let kind = cluster.spec.control_plane_endpoint.as_ref().and_then(|e| kind_of(e.endpoint_type))?;
-    Some(provider.endpoint_price(kind, &zone_of(&cluster.spec)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +325,7 @@ mod tests {
             port: 6443,
             id: "lb-1".into(),
             targets: vec!["sim://a".into(), "sim://b".into()],
+            cost: Some(Default::default()),
         };
         assert!(settled(Some(&lb), EndpointType::LoadBalancer, 6443, &ids(&["sim://b", "sim://a"])));
         assert!(!settled(Some(&lb), EndpointType::LoadBalancer, 6443, &ids(&["sim://b", "sim://c"])), "a replaced member re-targets");

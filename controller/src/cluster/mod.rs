@@ -132,7 +132,14 @@ fn with_cost(mut status: ClusterStatus, children: &[plan::ChildServer], namespac
         .iter()
         .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
         .filter(|s| children.iter().any(|c| Some(&c.name) == s.metadata.name.as_ref()));
-    status.cost = Some(crate::cost::total(mine.map(|s| s.as_ref())));
+    let billed =
+        |s: &&std::sync::Arc<Server>| s.status.as_ref().is_some_and(|st| st.provider_id.as_deref().is_some_and(|id| !id.is_empty()));
+    let machines =
+        mine.filter(billed).map(|s| (s.metadata.name.clone().unwrap_or_default(), s.status.as_ref().and_then(|st| st.cost.as_ref())));
+    // The control-plane endpoint at the provider (a load balancer, a floating IP) is billed too.
+    let endpoint =
+        status.control_plane_endpoint.as_ref().filter(|e| !e.id.is_empty()).map(|e| ("controlPlaneEndpoint".to_string(), e.cost.as_ref()));
+    status.cost = Some(crate::cost::total_of(machines.chain(endpoint)));
     status
 }
 
@@ -226,11 +233,12 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         refused.extend(approval::screen_pass_down(&cluster, decision, ws.require_distinct_approver, ctx).await.at(Step::Dereference)?);
     }
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
-    let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
-    let mut events = plan.events.clone();
+    let mut status = plan.status.clone();
     if let Some(e) = &endpoint_outcome {
         endpoint_status(&cluster, e, &mut status);
     }
+    let mut status = with_cost(status, &children.servers, namespace, ctx);
+    let mut events = plan.events.clone();
     if !deleting {
         kubernetes_conditions(&cluster, namespace, &children, &mut status, cctx).await;
     }
