@@ -283,6 +283,55 @@ fn the_kubernetes_3node_template_reaches_ready_with_its_endpoint_which_outlives_
     Ok(())
 }
 
+/// `endpoint=FloatingIP` on the simulated provider: kubernetes waits until the address is on
+/// the first control plane, kubeadm and the Secret use it, and it is released with the Cluster.
+#[test]
+fn a_floating_ip_endpoint_is_on_the_first_control_plane_and_released_with_the_cluster() -> Result<()> {
+    const FIP_NS: &str = "k8s-fip-sim";
+    let tmp = tempfile::tempdir()?;
+    let mut dev = Dev::start_in_with(&tmp.path().join("data"), &[], &[], &[])?;
+    let file = tmp.path().join("k8s.yaml");
+    let file_arg = file.display().to_string();
+    provisioning_e2e::provisioning_ok(&[
+        "template",
+        "render",
+        "kubernetes_3node",
+        "--set",
+        "cloud=simulated",
+        "--set",
+        "endpoint=FloatingIP",
+        "-n",
+        FIP_NS,
+        "-o",
+        &file_arg,
+    ])?;
+    dev.kubectl_ok(&["apply", "-f", &file_arg])?;
+    dev.wait_until(Duration::from_secs(240), "the Cluster is Ready with its kubeconfig", |d| {
+        let c = json(d, &["get", "cluster", "k8s", "-n", FIP_NS])?;
+        Ok(condition(&c, "Ready").is_some_and(|c| c.0 == "True") && condition(&c, "KubeconfigReady").is_some_and(|c| c.0 == "True"))
+    })?;
+    let c = json(&dev, &["get", "cluster", "k8s", "-n", FIP_NS])?;
+    let endpoint = &c["status"]["controlPlaneEndpoint"];
+    assert_eq!(endpoint["type"], "FloatingIP", "{endpoint}");
+    let address = endpoint["address"].as_str().context("no address")?.to_string();
+    assert!(address.starts_with("198.51.100."), "{address}");
+    let cp0 = json(&dev, &["get", "server", "k8s-control-plane-0", "-n", FIP_NS])?;
+    let machine = cp0["status"]["providerID"].as_str().context("no providerID")?.to_string();
+    assert_eq!(endpoint["targets"], serde_json::json!([machine]), "on the first control plane");
+    let journal = provisioning_e2e::simulated_endpoints(&dev.data_dir)?;
+    assert_eq!(journal.len(), 1, "{journal:?}");
+    assert_eq!((journal[0].kind.as_str(), journal[0].address.as_str()), ("FloatingIp", address.as_str()));
+    let k8s = json(&dev, &["get", "taskserv", "k8s-kubernetes", "-n", FIP_NS])?;
+    assert_eq!(k8s["spec"]["config"]["controlPlaneEndpoint"], format!("{address}:6443"));
+    let value = dev.kubectl_ok(&["get", "secret", "k8s-kubeconfig", "-n", FIP_NS, "-o", "jsonpath={.data.value}"])?;
+    let config: Value = serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(value.trim())?)?;
+    assert_eq!(config["clusters"][0]["cluster"]["server"], format!("https://{address}:6443"));
+    dev.kubectl_ok(&["delete", "cluster", "k8s", "-n", FIP_NS, "--timeout=180s"])?;
+    let left = provisioning_e2e::simulated_endpoints(&dev.data_dir)?;
+    assert!(left.is_empty(), "released with the Cluster: {left:?}");
+    Ok(())
+}
+
 /// A scale-up long after `kubeadm init`, when its bootstrap token has expired: the simulated
 /// machines keep kubeadm's token (2 s here instead of an hour), a joiner without a valid token
 /// fails, and the first control plane's health check renews the token while a server of the
