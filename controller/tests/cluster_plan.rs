@@ -1347,7 +1347,10 @@ fn the_kubernetes_service_waits_for_the_endpoint_and_gets_it_as_its_control_plan
     // A VIP is not made at the provider: its address is there from the start.
     let vip = K8S_LB.replace("{type: LoadBalancer}", "{type: VIP, address: 10.0.0.100, port: 8443}");
     assert_eq!(plan::EndpointGate::of(&cluster(&vip).spec, None), plan::EndpointGate::At("10.0.0.100:8443".into()));
-    assert_eq!(plan::EndpointGate::of(&cluster(&K8S_LB.replace("{type: LoadBalancer}", "{type: None}")).spec, None), plan::EndpointGate::Unmanaged);
+    assert_eq!(
+        plan::EndpointGate::of(&cluster(&K8S_LB.replace("{type: LoadBalancer}", "{type: None}")).spec, None),
+        plan::EndpointGate::Unmanaged
+    );
 }
 
 #[test]

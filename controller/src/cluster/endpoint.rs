@@ -2,7 +2,9 @@
 //! floating IP at the provider, or a keepalived VIP on the control-plane servers.
 //!
 //! Each pass (before the plan, which holds the kubernetes service until the endpoint has an
-//! address, see [`super::plan::EndpointGate`]) the endpoint is ensured at the provider — found
+//! address, see [`super::plan::EndpointGate`]) once a control-plane machine exists (so
+//! nothing is billed before the machines are approved and made) the endpoint is ensured at
+//! the provider — found
 //! by the Cluster's uid tag, created when missing, never twice — with the live control-plane
 //! machines as targets: a member replaced gets its new machine in, its old one out; a
 //! floating IP moves off a machine that is gone. Only when what status records differs from
@@ -193,6 +195,15 @@ async fn ensure_at_provider(
 ) -> Outcome {
     let Some(kind) = kind_of(t) else { return Outcome::default() };
     let targets = targets(&cluster.spec, servers);
+    // Made with its first target, not before: nothing is billed for a Cluster whose machines
+    // are not made yet (under Manual approval: not approved yet).
+    if recorded.is_none() && targets.is_empty() {
+        return Outcome {
+            status: None,
+            condition: cond(Status::False, "Waiting", format!("the {} is made once a control-plane machine exists", kind.noun())),
+            retry: false,
+        };
+    }
     let status = if settled(recorded.as_ref(), t, port, &targets) {
         recorded.clone()
     } else {
