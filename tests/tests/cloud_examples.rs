@@ -219,11 +219,22 @@ fn aws_example(how: Teardown) -> Result<()> {
     }
     // The machines share the security group the controller manages for the account.
     ensure!(moto.managed_groups(AWS_REGION, "aws-eu")? == 1, "one managed security group for the account");
+    // The control-plane endpoint: one Elastic IP, on the control-plane machine.
+    let control_plane = get_json(&dev, &["srv", "k8s-control-plane-0", "-n", "k8s-aws"])?["status"]["providerID"].clone();
+    dev.wait_until(Duration::from_secs(60), "the Elastic IP is on the control plane", |d| {
+        let cluster = get_json(d, &["pcl", "k8s", "-n", "k8s-aws"])?;
+        let endpoint = &cluster["status"]["controlPlaneEndpoint"];
+        Ok(endpoint["type"] == "FloatingIP" && endpoint["targets"] == json!([control_plane]) && endpoint["address"].is_string())
+    })?;
+    ensure!(provisioning_e2e::cloud::moto_addresses(&moto.endpoint, AWS_REGION)? == 1, "one Elastic IP at moto");
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
 
-    // Nothing left: no machine, and no managed security group (deleted with the last machine).
+    // Nothing left: no machine, no Elastic IP and no managed security group (deleted with the
+    // last machine).
     teardown(&mut dev, how, &manifest, "k8s-aws", || {
-        Ok(moto.live_instances(AWS_REGION)?.len() + moto.managed_groups(AWS_REGION, "aws-eu")?)
+        Ok(moto.live_instances(AWS_REGION)?.len()
+            + moto.managed_groups(AWS_REGION, "aws-eu")?
+            + provisioning_e2e::cloud::moto_addresses(&moto.endpoint, AWS_REGION)?)
     })?;
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
     Ok(())
