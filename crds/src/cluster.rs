@@ -197,6 +197,7 @@ pub struct ControlPlaneEndpointStatus {
     /// holding a floating IP.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1000))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub targets: Vec<String>,
     /// Its list price (from the provider's price table, with the source), counted in the
     /// Cluster's `status.cost`.
