@@ -326,6 +326,19 @@ fn a_floating_ip_endpoint_is_on_the_first_control_plane_and_released_with_the_cl
     let value = dev.kubectl_ok(&["get", "secret", "k8s-kubeconfig", "-n", FIP_NS, "-o", "jsonpath={.data.value}"])?;
     let config: Value = serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(value.trim())?)?;
     assert_eq!(config["clusters"][0]["cluster"]["server"], format!("https://{address}:6443"));
+    // Admission refuses a VIP without its address, naming the field (the CRD's CEL rule).
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        format!(
+            r#"{{"apiVersion":"provisioning.dev/v1alpha1","kind":"Cluster","metadata":{{"name":"bad","namespace":"{FIP_NS}"}},
+              "spec":{{"controlPlaneEndpoint":{{"type":"VIP","port":8443}},"pools":[{{"name":"control-plane","replicas":1}}],
+                "taskservs":[{{"service":"kubernetes"}}]}}}}"#
+        ),
+    )?;
+    let out = dev.kubectl(&["apply", "-f", &bad.display().to_string()])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("controlPlaneEndpoint.address is required for type VIP"), "{stderr}");
     dev.kubectl_ok(&["delete", "cluster", "k8s", "-n", FIP_NS, "--timeout=180s"])?;
     let left = provisioning_e2e::simulated_endpoints(&dev.data_dir)?;
     assert!(left.is_empty(), "released with the Cluster: {left:?}");
