@@ -116,12 +116,19 @@ fn settled(recorded: Option<&ControlPlaneEndpointStatus>, t: EndpointType, port:
     }
 }
 
-/// The provider of the Cluster's account.
-async fn provider(cluster: &Cluster, namespace: &str, ctx: &Context) -> Result<(String, SharedProvider), Error> {
+/// The provider of the Cluster's account, with what [`Context::provider_call`] needs (each
+/// call under the Workspace's parallelLimit, timed in the metrics, in the audit log).
+struct Account {
+    ws: crate::effective_workspace::EffectiveWorkspace,
+    name: String,
+    provider: SharedProvider,
+}
+
+async fn provider(cluster: &Cluster, namespace: &str, ctx: &Context) -> Result<Account, Error> {
     let ws = ctx.workspace_for(namespace);
     let account = ws.account(&cluster.spec.provider).map_err(|message| Error::Stalled { reason: "UnknownProvider", message })?.clone();
     let provider = ctx.provider_for(&ws, &account).await?;
-    Ok((account.name, provider))
+    Ok(Account { ws, name: account.name, provider })
 }
 
 /// Ensures the endpoint the spec asks for (see the module). Never fails the pass: a failed
@@ -139,7 +146,10 @@ pub async fn ensure(cluster: &Cluster, namespace: &str, servers: &[ChildServer],
         && kind_of(want.endpoint_type) != Some(old)
     {
         let gone = match provider(cluster, namespace, ctx).await {
-            Ok((account, p)) => p.delete_endpoint(old, &identity(cluster, namespace)).await.map_err(|e| Error::provider(&account, e)),
+            Ok(a) => {
+                let id = identity(cluster, namespace);
+                ctx.provider_call(&a.ws, &a.provider, &a.name, "delete_endpoint", a.provider.delete_endpoint(old, &id)).await
+            }
             Err(e) => Err(e),
         };
         match gone {
@@ -207,11 +217,11 @@ async fn ensure_at_provider(
     let status = if settled(recorded.as_ref(), t, port, &targets) {
         recorded.clone()
     } else {
-        let (account, p) = match provider(cluster, namespace, ctx).await {
-            Ok(p) => p,
+        let a = match provider(cluster, namespace, ctx).await {
+            Ok(a) => a,
             Err(e) => return Outcome { status: recorded, condition: cond(Status::False, "Failed", e.to_string()), retry: true },
         };
-        if let Err(why) = p.supports_endpoint(kind) {
+        if let Err(why) = a.provider.supports_endpoint(kind) {
             return Outcome {
                 status: recorded,
                 condition: cond(
@@ -224,15 +234,14 @@ async fn ensure_at_provider(
         }
         let request =
             EndpointRequest { identity: identity(cluster, namespace), kind, port, zone: zone_of(&cluster.spec), targets: targets.clone() };
-        match p.ensure_endpoint(&request).await {
+        match ctx.provider_call(&a.ws, &a.provider, &a.name, "ensure_endpoint", a.provider.ensure_endpoint(&request)).await {
             Ok(o) => {
                 if recorded.as_ref().is_none_or(|r| r.id != o.id) {
                     tracing::info!(cluster = %cluster.name_any(), namespace, id = %o.id, address = %o.address, kind = kind.noun(), "control-plane endpoint created");
                 }
-                Some(status_of(t, &o, crate::cost::server_cost(&p.endpoint_price(kind, &request.zone))))
+                Some(status_of(t, &o, crate::cost::server_cost(&a.provider.endpoint_price(kind, &request.zone))))
             }
             Err(e) => {
-                let e = Error::provider(&account, e);
                 return Outcome {
                     status: recorded,
                     condition: cond(Status::False, "Failed", format!("ensuring the {}: {e}", kind.noun())),
@@ -268,14 +277,14 @@ pub async fn delete(cluster: &Cluster, namespace: &str, ctx: &Context) -> Result
     if recorded.is_none() && wanted.is_none() {
         return Ok(true);
     }
-    let (account, p) = provider(cluster, namespace, ctx).await?;
+    let a = provider(cluster, namespace, ctx).await?;
     let id = identity(cluster, namespace);
     let mut gone = true;
     for kind in [EndpointKind::LoadBalancer, EndpointKind::FloatingIp] {
-        if p.supports_endpoint(kind).is_err() {
+        if a.provider.supports_endpoint(kind).is_err() {
             continue;
         }
-        match p.delete_endpoint(kind, &id).await.map_err(|e| Error::provider(&account, e))? {
+        match ctx.provider_call(&a.ws, &a.provider, &a.name, "delete_endpoint", a.provider.delete_endpoint(kind, &id)).await? {
             DeleteOutcome::Gone => {}
             DeleteOutcome::InProgress => gone = false,
         }
