@@ -535,6 +535,7 @@ async fn cluster_plan(
         taskservs: &ts_children,
         clusters: &no_clusters,
         now: k8s_openapi::jiff::Timestamp::now(),
+        endpoint: cplan::EndpointGate::of(&cluster.spec, status.control_plane_endpoint.as_ref()),
     };
     let mut plan = cplan::cluster_plan(&observed, namespace, &services);
     // Members whose machine changes, and new members: what their own planner would do.

@@ -160,6 +160,53 @@ mod tests {
         assert_eq!(ws["spec"]["providers"][0]["type"], "upcloud");
         assert_eq!(ws["spec"]["providers"][0]["zone"], "de-fra1");
         assert!(!r.objects.iter().any(|o| o["kind"] == "Secret"), "credentials are never rendered");
+        // The control-plane endpoint by default: none on upcloud (not implemented there yet),
+        // an Elastic IP on aws, a load balancer on the simulated provider.
+        let endpoint_of = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| (*s).to_string()).collect();
+            let r = render(&library, &catalog, "kubernetes_3node", &sets, None).expect("renders");
+            r.objects.iter().find(|o| o["kind"] == "Cluster").expect("a Cluster")["spec"]["controlPlaneEndpoint"].clone()
+        };
+        assert_eq!(endpoint_of(&["cloud=upcloud"]), Value::Null);
+        assert_eq!(endpoint_of(&["cloud=aws"]), serde_json::json!({"type": "FloatingIP"}));
+        assert_eq!(endpoint_of(&["cloud=simulated"]), serde_json::json!({"type": "LoadBalancer"}));
+        assert_eq!(endpoint_of(&["cloud=aws", "endpoint=None"]), Value::Null);
+        assert_eq!(endpoint_of(&["cloud=simulated", "endpoint=FloatingIP"]), serde_json::json!({"type": "FloatingIP"}));
+    }
+
+    #[test]
+    fn the_kubernetes_template_with_a_vip_installs_keepalived_and_haproxy_and_needs_an_address() {
+        let (library, catalog) = (default_library().expect("templates load"), catalog());
+        let set = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+        let r = render(&library, &catalog, "kubernetes_3node", &set(&["endpoint=VIP", "vipAddress=10.0.0.100", "controlPlanes=3"]), None)
+            .expect("renders");
+        let cluster = r.objects.iter().find(|o| o["kind"] == "Cluster").expect("a Cluster");
+        let spec = &cluster["spec"];
+        assert_eq!(spec["controlPlaneEndpoint"], serde_json::json!({"type": "VIP", "address": "10.0.0.100", "port": 8443}));
+        assert_eq!(spec["pools"][0]["replicas"], 3);
+        let service = |name: &str| spec["taskservs"].as_array().and_then(|t| t.iter().find(|s| s["service"] == name)).cloned();
+        let keepalived = service("keepalived").expect("keepalived");
+        assert_eq!(keepalived["config"]["virtualAddress"], "10.0.0.100/24");
+        assert_eq!(keepalived["pools"], serde_json::json!(["control-plane"]));
+        let haproxy = service("haproxy").expect("haproxy");
+        assert_eq!((haproxy["config"]["frontendPort"].as_i64(), haproxy["config"]["backendPort"].as_i64()), (Some(8443), Some(6443)));
+        // Installed before kubernetes (its catalog entry orders after them when present).
+        let cluster: Cluster = serde_json::from_value(cluster.clone()).expect("a Cluster");
+        let order: Vec<String> = provisioning_controller::cluster::validate::validate("k8s", &cluster.spec, &catalog)
+            .expect("valid")
+            .into_iter()
+            .map(|s| s.service)
+            .collect();
+        let at = |s: &str| order.iter().position(|o| o == s).unwrap_or(usize::MAX);
+        assert!(at("keepalived") < at("kubernetes") && at("haproxy") < at("kubernetes"), "{order:?}");
+        // No address: refused at render, naming the field.
+        let e = render(&library, &catalog, "kubernetes_3node", &set(&["endpoint=VIP"]), None).expect_err("no address");
+        let e = format!("{e:#}");
+        assert!(e.contains("controlPlaneEndpoint.address"), "{e}");
+        let e =
+            render(&library, &catalog, "kubernetes_3node", &set(&["endpoint=VIP", "vipAddress=10.0.0"]), None).expect_err("not an address");
+        let e = format!("{e:#}");
+        assert!(e.contains("controlPlaneEndpoint"), "{e}");
     }
 
     #[test]

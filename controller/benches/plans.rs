@@ -38,6 +38,7 @@ fn main() -> anyhow::Result<()> {
         taskservs: &[],
         clusters: &[],
         now: Timestamp::now(),
+        endpoint: Default::default(),
     };
     let local = provisioning_controller::testing::local(&std::env::temp_dir().join("plans-bench"))?;
     let account: ProviderAccount = serde_json::from_value(serde_json::json!({"name": "local", "type": "local"}))?;

@@ -64,16 +64,27 @@ fn billed(server: &Server) -> bool {
 
 /// The total over the Servers that have a machine; Servers without one cost nothing yet.
 pub fn total<'a>(servers: impl IntoIterator<Item = &'a Server>) -> CostTotal {
+    total_of(
+        servers
+            .into_iter()
+            .filter(|s| billed(s))
+            .map(|s| (s.metadata.name.clone().unwrap_or_default(), s.status.as_ref().and_then(|st| st.cost.as_ref()))),
+    )
+}
+
+/// The total over billed things, each named (for the message naming those of unknown cost)
+/// with its cost: a Cluster's Servers with a machine and its control-plane endpoint.
+pub fn total_of<'a>(billed: impl IntoIterator<Item = (String, Option<&'a ServerCost>)>) -> CostTotal {
     let mut sums: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let (mut priced, mut unknown) = (0u32, Vec::new());
-    for server in servers.into_iter().filter(|s| billed(s)) {
-        match server.status.as_ref().and_then(|s| s.cost.as_ref()).and_then(amounts) {
+    for (name, cost) in billed {
+        match cost.and_then(amounts) {
             Some((currency, hourly, monthly)) => {
                 let sum = sums.entry(currency.to_string()).or_default();
                 *sum = (sum.0.saturating_add(hourly), sum.1.saturating_add(monthly));
                 priced += 1;
             }
-            None => unknown.push(server.metadata.name.clone().unwrap_or_default()),
+            None => unknown.push(name),
         }
     }
     // Free machines (local, simulated) are "USD 0": they add no currency of their own
@@ -139,6 +150,19 @@ mod tests {
         assert_eq!((unknown.summary.as_str(), unknown.currency.as_str(), unknown.monthly.as_str()), (UNKNOWN, "", ""));
         assert!(unknown.message.contains("m7i.large"), "{}", unknown.message);
         assert_eq!(server_cost(&Ok(prices::local())).summary, "$0.00/mo");
+    }
+
+    #[test]
+    fn a_clusters_endpoint_is_in_its_total_and_named_when_its_price_is_unknown() {
+        let machine = aws("eu-north-1", "t3.small");
+        let eip = server_cost(&Ok(prices::aws_public_ipv4()));
+        assert_eq!((eip.monthly.as_str(), eip.source.contains("Public IPv4")), ("3.65", true));
+        let t = total_of([("cp-0".to_string(), machine.as_ref()), ("controlPlaneEndpoint".to_string(), Some(&eip))]);
+        assert_eq!((t.monthly.as_str(), t.priced), ("19.42", 2));
+        let nlb = server_cost(&Err("no NLB".into()));
+        let t = total_of([("cp-0".to_string(), machine.as_ref()), ("controlPlaneEndpoint".to_string(), Some(&nlb))]);
+        assert_eq!((t.monthly.as_str(), t.unpriced), ("15.77", 1));
+        assert!(t.message.contains("controlPlaneEndpoint"), "{}", t.message);
     }
 
     #[test]

@@ -59,8 +59,12 @@ struct World {
 
 impl World {
     fn new(yaml: &str) -> World {
+        World::with_catalog(yaml, &catalog())
+    }
+
+    fn with_catalog(yaml: &str, catalog: &Catalog) -> World {
         let cluster = cluster(yaml);
-        let services = validate::validate(&cluster.metadata.name.clone().unwrap_or_default(), &cluster.spec, &catalog());
+        let services = validate::validate(&cluster.metadata.name.clone().unwrap_or_default(), &cluster.spec, catalog);
         World {
             status: cluster.status.clone().unwrap_or_default(),
             cluster,
@@ -84,6 +88,10 @@ impl World {
             taskservs: &self.taskservs,
             clusters: &self.clusters,
             now: self.now,
+            endpoint: provisioning_controller::cluster::plan::EndpointGate::of(
+                &self.cluster.spec,
+                self.status.control_plane_endpoint.as_ref(),
+            ),
         }
     }
 
@@ -1311,4 +1319,91 @@ fn no_op_cluster_edits_run_no_member_script_and_a_scale_up_installs_only_on_the_
             assert_eq!(w.cluster_plan().summary, "no changes", "{what}");
         }
     }
+}
+
+/// A Kubernetes Cluster with a managed control-plane endpoint (the shipped catalog).
+const K8S_LB: &str = r#"
+apiVersion: provisioning.dev/v1alpha1
+kind: Cluster
+metadata: {name: kube, namespace: dev, uid: c-9, generation: 1}
+spec:
+  controlPlaneEndpoint: {type: LoadBalancer}
+  pools:
+  - {name: control-plane, replicas: 1}
+  taskservs: [{service: containerd}, {service: kubernetes}]
+"#;
+
+#[test]
+fn the_kubernetes_service_waits_for_the_endpoint_and_gets_it_as_its_control_plane_endpoint() {
+    let shipped = Catalog::load(&Catalog::default_dir()).expect("catalog loads");
+    let mut w = World::with_catalog(K8S_LB, &shipped);
+    w.pass();
+    w.servers_ready();
+    w.pass();
+    w.taskserv_ready("kube-containerd");
+    let plan = w.pass();
+    assert!(!applied_taskservs(&plan).contains(&"kube-kubernetes".to_string()), "no kubeadm init before the endpoint");
+    let s = step(&plan.status, "taskserv/kubernetes");
+    assert_eq!((s.state.as_str(), s.message.as_str()), ("Pending", "waiting for the control-plane endpoint (LoadBalancer) to be created"));
+    // The reconciler recorded the load balancer: kubernetes goes out, pointed at it.
+    w.status.control_plane_endpoint = Some(provisioning_crds::ControlPlaneEndpointStatus {
+        endpoint_type: "LoadBalancer".into(),
+        address: "lb.example".into(),
+        port: 6443,
+        id: "lb-1".into(),
+        targets: vec!["simulated://m-0".into()],
+        cost: None,
+    });
+    let plan = w.pass();
+    let k8s = plan.apply_taskservs.iter().find(|t| t.metadata.name.as_deref() == Some("kube-kubernetes")).expect("kubernetes created");
+    assert_eq!(k8s.spec.config.as_ref().and_then(|c| c["controlPlaneEndpoint"].as_str()), Some("lb.example:6443"));
+    // A floating IP not on a machine yet is not usable for kubeadm init.
+    let fip = K8S_LB.replace("type: LoadBalancer", "type: FloatingIP");
+    let mut status = w.status.clone();
+    status.control_plane_endpoint = Some(provisioning_crds::ControlPlaneEndpointStatus {
+        endpoint_type: "FloatingIP".into(),
+        address: "198.51.100.7".into(),
+        port: 6443,
+        id: "fip-1".into(),
+        targets: vec![],
+        cost: None,
+    });
+    let gate = plan::EndpointGate::of(&cluster(&fip).spec, status.control_plane_endpoint.as_ref());
+    assert_eq!(gate, plan::EndpointGate::Waiting("waiting for the FloatingIP 198.51.100.7 to be on a control-plane machine".into()));
+    // A VIP is not made at the provider: its address is there from the start.
+    let vip = K8S_LB.replace("{type: LoadBalancer}", "{type: VIP, address: 10.0.0.100, port: 8443}");
+    assert_eq!(plan::EndpointGate::of(&cluster(&vip).spec, None), plan::EndpointGate::At("10.0.0.100:8443".into()));
+    assert_eq!(
+        plan::EndpointGate::of(&cluster(&K8S_LB.replace("{type: LoadBalancer}", "{type: None}")).spec, None),
+        plan::EndpointGate::Unmanaged
+    );
+}
+
+#[test]
+fn a_bad_control_plane_endpoint_is_refused_naming_the_field() {
+    let shipped = Catalog::load(&Catalog::default_dir()).expect("catalog loads");
+    let refused = |yaml: &str| validate::validate("kube", &cluster(yaml).spec, &shipped).expect_err("refused");
+    let e = refused(&K8S_LB.replace("{type: LoadBalancer}", "{type: VIP, port: 8443}"));
+    assert_eq!(e.reason, "InvalidEndpoint");
+    assert!(e.message.contains("spec.controlPlaneEndpoint.address"), "{e}");
+    let e = refused(&K8S_LB.replace("{type: LoadBalancer}", "{type: VIP, address: 10.0.0.300, port: 8443}"));
+    assert!(e.message.contains("\"10.0.0.300\" is not an IPv4 address"), "{e}");
+    let e = refused(&K8S_LB.replace("{type: LoadBalancer}", "{type: VIP, address: 10.0.0.100}"));
+    assert!(e.message.contains("spec.controlPlaneEndpoint.port") && e.message.contains("8443"), "{e}");
+    let e = refused(&K8S_LB.replace("{type: LoadBalancer}", "{type: FloatingIP, port: 443}"));
+    assert!(e.message.contains("spec.controlPlaneEndpoint.port"), "{e}");
+    let e = refused(&K8S_LB.replace("{type: LoadBalancer}", "{type: LoadBalancer, address: 10.0.0.1}"));
+    assert!(e.message.contains("address is only for type VIP"), "{e}");
+    let e = refused(&K8S_LB.replace("{service: kubernetes}", "{service: kubernetes, config: {controlPlaneEndpoint: \"x:6443\"}}"));
+    assert!(e.message.contains("both set"), "{e}");
+    let e = refused(&K8S_LB.replace("[{service: containerd}, {service: kubernetes}]", "[{service: containerd}]"));
+    assert!(e.message.contains("needs the kubernetes service"), "{e}");
+    assert!(
+        validate::validate(
+            "kube",
+            &cluster(&K8S_LB.replace("{type: LoadBalancer}", "{type: VIP, address: 10.0.0.100, port: 8443}")).spec,
+            &shipped
+        )
+        .is_ok()
+    );
 }

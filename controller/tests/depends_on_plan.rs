@@ -192,6 +192,7 @@ fn plan_cluster(all: &[Cluster], own: &str, ready: &[&str], status: &ClusterStat
         taskservs: &[],
         clusters: &others,
         now: now(),
+        endpoint: Default::default(),
     })
 }
 

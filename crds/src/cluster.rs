@@ -28,6 +28,14 @@ pub mod kubernetes_condition {
         [CONTROL_PLANE_INITIALIZED, CONTROL_PLANE_AVAILABLE, WORKERS_JOINED, CNI_READY, STORAGE_READY, KUBECONFIG_READY];
 }
 
+/// The catalog service that makes a Cluster a Kubernetes cluster (its control-plane endpoint,
+/// stages and kubeconfig Secret are about it).
+pub const KUBERNETES_SERVICE: &str = "kubernetes";
+
+/// The Cluster condition of its control-plane endpoint (spec.controlPlaneEndpoint), with
+/// reasons Created, Waiting, Unsupported, Failed, Deleting; absent for type None.
+pub const ENDPOINT_READY: &str = "EndpointReady";
+
 /// Suffix of the Secret holding a Kubernetes Cluster's admin kubeconfig (`<cluster>-kubeconfig`,
 /// as Cluster API names it).
 pub const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
@@ -52,6 +60,7 @@ pub const LABEL_CAPI_CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
     printcolumn(name = "Updated", type_ = "string", json_path = ".status.servers.updated"),
     printcolumn(name = "Cost", type_ = "string", json_path = ".status.cost.summary"),
     printcolumn(name = "Plan", type_ = "string", json_path = ".status.plan.summary"),
+    printcolumn(name = "Endpoint", type_ = "string", priority = 1, json_path = ".status.controlPlaneEndpoint.address"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -94,6 +103,106 @@ pub struct ClusterSpec {
     /// approves, for every member, what that plan covers). Unset: the Workspace's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<crate::Approval>,
+    /// A stable address for the Kubernetes API that outlives any one control-plane server: a
+    /// cloud load balancer, a floating IP, or a keepalived VIP. Created before `kubeadm init`
+    /// (the kubernetes service's `controlPlaneEndpoint` is set to it), kept pointing at the
+    /// control-plane members, deleted with the Cluster. Unset: type None.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<ControlPlaneEndpoint>,
+}
+
+/// What carries a Cluster's control-plane endpoint.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum EndpointType {
+    /// A cloud load balancer (TCP, health-checked) with the control-plane machines as targets.
+    LoadBalancer,
+    /// A floating (elastic) IP assigned to one live control-plane machine, moved when it goes.
+    #[serde(rename = "FloatingIP")]
+    FloatingIp,
+    /// A virtual IP in the machines' subnet held by keepalived on the control-plane servers,
+    /// with haproxy in front of the API servers (installed by the template; nothing is
+    /// created at the provider).
+    #[serde(rename = "VIP")]
+    Vip,
+    /// No managed endpoint: the first control plane's address (or the kubernetes service's
+    /// own `controlPlaneEndpoint`).
+    #[default]
+    None,
+}
+
+impl EndpointType {
+    /// As written in spec and status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointType::LoadBalancer => "LoadBalancer",
+            EndpointType::FloatingIp => "FloatingIP",
+            EndpointType::Vip => "VIP",
+            EndpointType::None => "None",
+        }
+    }
+}
+
+/// The API server's port behind a control-plane endpoint unless set.
+pub const DEFAULT_API_PORT: u16 = 6443;
+
+fn default_api_port() -> u16 {
+    DEFAULT_API_PORT
+}
+
+/// A Cluster's control-plane endpoint (spec).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.type != 'VIP' || (has(self.address) && self.address != '')",
+     "message": "controlPlaneEndpoint.address is required for type VIP (a free IPv4 address in the machines' subnet)"},
+    {"rule": "self.type == 'VIP' || !has(self.address) || self.address == ''",
+     "message": "controlPlaneEndpoint.address is only for type VIP (the provider assigns the address of a LoadBalancer or FloatingIP)"}
+]))]
+pub struct ControlPlaneEndpoint {
+    /// LoadBalancer, FloatingIP, VIP or None.
+    #[serde(rename = "type", default)]
+    pub endpoint_type: EndpointType,
+    /// TCP port clients connect to (the API servers listen on 6443).
+    #[serde(default = "default_api_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    /// VIP only: the virtual IPv4 address (free, in the control-plane machines' subnet).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 15), regex(pattern = r"^(([0-9]{1,3}\.){3}[0-9]{1,3})?$"))]
+    pub address: String,
+}
+
+impl Default for ControlPlaneEndpoint {
+    fn default() -> Self {
+        ControlPlaneEndpoint { endpoint_type: EndpointType::None, port: DEFAULT_API_PORT, address: String::new() }
+    }
+}
+
+/// A Cluster's control-plane endpoint as it is (status).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneEndpointStatus {
+    /// LoadBalancer, FloatingIP or VIP.
+    #[serde(rename = "type")]
+    pub endpoint_type: String,
+    /// The address clients use (a DNS name or an IP); empty while the provider assigns it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub address: String,
+    /// The TCP port.
+    pub port: u16,
+    /// The provider's id of the load balancer or IP (empty for a VIP).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    /// The machines it points at (provider ids): a load balancer's targets, the one machine
+    /// holding a floating IP.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub targets: Vec<String>,
+    /// Its list price (from the provider's price table, with the source), counted in the
+    /// Cluster's `status.cost`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::ServerCost>,
 }
 
 fn default_parallel_limit() -> u32 {
@@ -274,6 +383,9 @@ pub struct ClusterStatus {
     /// an annotation still naming its id is not stale, but it covers nothing any more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_plan: Option<crate::Plan>,
+    /// The control-plane endpoint (spec.controlPlaneEndpoint) as created at the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<ControlPlaneEndpointStatus>,
 }
 
 /// Server counts of a cluster.

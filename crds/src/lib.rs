@@ -243,6 +243,8 @@ mod tests {
             ("Cluster.spec.taskservs[].pools", "set"),
             ("Cluster.status.approvedPlan.changes", "atomic"),
             ("Cluster.status.conditions", "map[\"type\"]"),
+            // Written whole by the controller from what the provider reports.
+            ("Cluster.status.controlPlaneEndpoint.targets", "atomic"),
             ("Cluster.status.cost.otherCurrencies", "map[\"currency\"]"),
             ("Cluster.status.plan.changes", "atomic"),
             ("Cluster.status.steps", "map[\"id\"]"),

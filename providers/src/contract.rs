@@ -217,3 +217,73 @@ async fn delete_until_gone(
     check(left.is_none(), format!("find_server after delete: {left:?}"))?;
     Ok(())
 }
+
+/// The control-plane endpoint contract for providers that support `kind` (a provider that
+/// does not must say so from [`Provider::supports_endpoint`] and make nothing): created once
+/// for a Cluster uid and found by its tags, pointing at the given machines (a load balancer
+/// at all of them, a floating IP at one, kept while it stays a target), re-targeted when a
+/// target goes, deleted until not found. `machines` are two or more live machines of the
+/// account, in preference order. Leaves nothing behind when it passes.
+pub async fn endpoint(
+    provider: &dyn Provider,
+    kind: crate::EndpointKind,
+    machines: &[ProviderId],
+    opts: &ContractOptions,
+) -> Result<(), ContractViolation> {
+    use crate::{EndpointIdentity, EndpointRequest, floating_ip_holder};
+    if let Err(why) = provider.supports_endpoint(kind) {
+        check(!why.is_empty(), "supports_endpoint: an unsupported kind says why")?;
+        let identity =
+            EndpointIdentity { cluster_uid: format!("{}-none", opts.run_id), namespace: opts.namespace.clone(), cluster: "c".into() };
+        let found = provider.find_endpoint(kind, &identity).await.map_err(|e| fail("find_endpoint (unsupported)", e))?;
+        return check(found.is_none(), "an unsupported endpoint kind is never found");
+    }
+    check(machines.len() >= 2, "endpoint contract: needs two machines")?;
+    let identity =
+        EndpointIdentity { cluster_uid: format!("{}-endpoint-uid", opts.run_id), namespace: opts.namespace.clone(), cluster: "ep".into() };
+    let request = EndpointRequest { identity: identity.clone(), kind, port: 6443, zone: opts.zone.clone(), targets: machines.to_vec() };
+    let first = provider.ensure_endpoint(&request).await.map_err(|e| fail("ensure_endpoint", e))?;
+    let again = provider.ensure_endpoint(&request).await.map_err(|e| fail("ensure_endpoint (again)", e))?;
+    check(first.id == again.id, format!("ensure_endpoint made a second {} ({} then {})", kind.noun(), first.id, again.id))?;
+    check(!again.address.is_empty(), format!("the {} has no address", kind.noun()))?;
+    let found = provider.find_endpoint(kind, &identity).await.map_err(|e| fail("find_endpoint", e))?;
+    check(found.as_ref().map(|f| &f.id) == Some(&first.id), format!("find_endpoint by tags: {found:?}"))?;
+    let stranger = EndpointIdentity { cluster_uid: format!("{}-other-uid", opts.run_id), ..identity.clone() };
+    let not_mine = provider.find_endpoint(kind, &stranger).await.map_err(|e| fail("find_endpoint (another Cluster)", e))?;
+    check(not_mine.is_none(), format!("find_endpoint for another Cluster uid found this one: {not_mine:?}"))?;
+    let want_first: Vec<ProviderId> = match kind {
+        crate::EndpointKind::LoadBalancer => machines.to_vec(),
+        crate::EndpointKind::FloatingIp => floating_ip_holder(None, machines).into_iter().collect(),
+    };
+    let sorted = |mut v: Vec<ProviderId>| {
+        v.sort();
+        v
+    };
+    check(sorted(again.targets.clone()) == sorted(want_first.clone()), format!("targets {:?}, want {want_first:?}", again.targets))?;
+    // The first target gone: a load balancer drops it, a floating IP moves to the next.
+    let rest = machines[1..].to_vec();
+    let moved = provider
+        .ensure_endpoint(&EndpointRequest { targets: rest.clone(), ..request.clone() })
+        .await
+        .map_err(|e| fail("ensure_endpoint (re-target)", e))?;
+    check(moved.id == first.id && moved.address == again.address, "re-targeting keeps the endpoint and its address")?;
+    let want_moved: Vec<ProviderId> = match kind {
+        crate::EndpointKind::LoadBalancer => rest.clone(),
+        crate::EndpointKind::FloatingIp => floating_ip_holder(again.targets.first(), &rest).into_iter().collect(),
+    };
+    check(sorted(moved.targets.clone()) == sorted(want_moved.clone()), format!("re-targeted to {:?}, want {want_moved:?}", moved.targets))?;
+    let deadline = Instant::now() + opts.deadline;
+    loop {
+        match provider.delete_endpoint(kind, &identity).await.map_err(|e| fail("delete_endpoint", e))? {
+            DeleteOutcome::Gone => break,
+            DeleteOutcome::InProgress => {
+                check(Instant::now() < deadline, format!("the {} was not gone in time", kind.noun()))?;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let after = provider.find_endpoint(kind, &identity).await.map_err(|e| fail("find_endpoint (after delete)", e))?;
+    check(after.is_none(), format!("the {} is still found after delete: {after:?}", kind.noun()))?;
+    let twice = provider.delete_endpoint(kind, &identity).await.map_err(|e| fail("delete_endpoint (again)", e))?;
+    check(twice == DeleteOutcome::Gone, "deleting a deleted endpoint is Gone")
+}

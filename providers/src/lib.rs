@@ -46,6 +46,9 @@ pub mod tags {
     /// Set to `"true"` by a machine's owner to allow a Server of another identity to adopt
     /// it through `spec.externalID`.
     pub const ADOPTABLE: &str = "provisioning.dev/adoptable";
+    /// The owning Cluster's uid, on a Cluster's control-plane endpoint (load balancer,
+    /// floating IP).
+    pub const CLUSTER_UID: &str = "provisioning.dev/cluster-uid";
 }
 
 /// What every provider implements. All methods are idempotent.
@@ -198,6 +201,36 @@ pub trait Provider: Send + Sync {
     /// default) in `zone` (empty: the account's), from the provider's table (no API call).
     fn disk_price(&self, disk_type: &str, size_gib: u64, _zone: &str) -> Result<prices::Price, prices::NoPrice> {
         Err(format!("the {} provider has no disk price table ({size_gib} GiB {disk_type:?})", self.provider_type()))
+    }
+
+    /// Whether this provider can make a control-plane endpoint of `kind` (`Err`: a sentence
+    /// for the Cluster's `EndpointReady` condition). Pure: no API call.
+    fn supports_endpoint(&self, kind: EndpointKind) -> Result<(), String> {
+        Err(format!("the {} provider has no {}s", self.provider_type(), kind.noun()))
+    }
+
+    /// Finds the Cluster's endpoint of `request.kind` by its identity tags, or creates it,
+    /// then converges it: a load balancer's targets become `request.targets` (TCP on
+    /// `request.port`, health-checked), a floating IP is on [`floating_ip_holder`]. Never
+    /// creates a second one for the same Cluster uid.
+    async fn ensure_endpoint(&self, request: &EndpointRequest) -> ProviderResult<EndpointObservation> {
+        Err(ProviderError::InvalidRequest(format!("the {} provider cannot make a {}", self.provider_type(), request.kind.noun())))
+    }
+
+    /// Looks the Cluster's endpoint of `kind` up by its identity tags (no create).
+    async fn find_endpoint(&self, _kind: EndpointKind, _identity: &EndpointIdentity) -> ProviderResult<Option<EndpointObservation>> {
+        Ok(None)
+    }
+
+    /// Deletes the Cluster's endpoint of `kind` (found by its identity tags); none is `Gone`.
+    async fn delete_endpoint(&self, _kind: EndpointKind, _identity: &EndpointIdentity) -> ProviderResult<DeleteOutcome> {
+        Ok(DeleteOutcome::Gone)
+    }
+
+    /// The list price of an endpoint of `kind` in `zone` (empty: the account's), from the
+    /// provider's price table, with its source; `Err` says why there is none.
+    fn endpoint_price(&self, kind: EndpointKind, _zone: &str) -> Result<prices::Price, prices::NoPrice> {
+        Err(format!("the {} provider has no price for a {}", self.provider_type(), kind.noun()))
     }
 }
 

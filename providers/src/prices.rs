@@ -224,6 +224,16 @@ pub fn simulated() -> Price {
     Price::free("simulated provider: no charge")
 }
 
+/// AWS: the hourly charge of a public IPv4 address (an Elastic IP, associated or not), USD
+/// micro-units. Source: Amazon VPC pricing page, "Public IPv4 Address" ($0.005 per IP per
+/// hour, every region, since 2024-02-01).
+pub const AWS_PUBLIC_IPV4_HOURLY: u64 = 5_000;
+
+/// The list price of an AWS Elastic IP (see [`AWS_PUBLIC_IPV4_HOURLY`]).
+pub fn aws_public_ipv4() -> Price {
+    Price::hourly("USD", AWS_PUBLIC_IPV4_HOURLY, "Amazon VPC pricing page (Public IPv4 Address, $0.005/h)".into(), "2024-02-01")
+}
+
 /// Parses a non-negative decimal amount ("12", "12.5", "0.0216") into micro-units. At most 6
 /// decimals and 12 integer digits; anything else (signs, exponents, spaces) is `None`.
 pub fn parse_amount(text: &str) -> Option<u64> {

@@ -25,8 +25,9 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Address, DeleteOutcome, ExecRequest, ExecResult, MachineState, Provider, ProviderConfig, ProviderError, ProviderId, ProviderResult,
-    ServerIdentity, ServerObservation, ServerRequest, SimulationConfig, plans,
+    Address, DeleteOutcome, EndpointIdentity, EndpointKind, EndpointObservation, EndpointRequest, ExecRequest, ExecResult, MachineState,
+    Provider, ProviderConfig, ProviderError, ProviderId, ProviderResult, ServerIdentity, ServerObservation, ServerRequest,
+    SimulationConfig, plans,
 };
 
 const PLANS: [(&str, &str); 4] =
@@ -62,11 +63,36 @@ pub struct SimVolume {
     pub tags: BTreeMap<String, String>,
 }
 
+/// A control-plane endpoint in the store (a load balancer or a floating IP).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct SimEndpoint {
+    id: String,
+    kind: EndpointKind,
+    address: String,
+    port: u16,
+    /// Machine ids it points at (a floating IP: at most one).
+    targets: Vec<String>,
+    tags: BTreeMap<String, String>,
+}
+
+/// The journal: one line per change. Tests read it as the oracle of what exists.
 #[derive(Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "lowercase")]
+#[serde(tag = "op", rename_all = "kebab-case")]
 enum LogEntry {
-    Create { machine: SimMachine },
-    Delete { id: String },
+    Create {
+        machine: SimMachine,
+    },
+    Delete {
+        id: String,
+    },
+    /// An endpoint created or changed (its whole new state).
+    Endpoint {
+        endpoint: SimEndpoint,
+    },
+    /// An endpoint deleted.
+    EndpointDelete {
+        id: String,
+    },
 }
 
 /// The machines of one account, backed by an append-only log file.
@@ -82,6 +108,7 @@ struct StoreState {
     by_uid: HashMap<String, std::collections::BTreeSet<String>>,
     /// Retained disks of deleted machines (derived from the log: a delete keeps them).
     volumes: BTreeMap<String, SimVolume>,
+    endpoints: BTreeMap<String, SimEndpoint>,
     /// Bytes of the log already applied.
     offset: u64,
     next_serial: u64,
@@ -117,6 +144,7 @@ impl Store {
                 machines: BTreeMap::new(),
                 by_uid: HashMap::new(),
                 volumes: BTreeMap::new(),
+                endpoints: BTreeMap::new(),
                 offset: 0,
                 next_serial: 0,
             }),
@@ -208,6 +236,13 @@ fn catch_up(file: &mut File, state: &mut StoreState) -> std::io::Result<()> {
                     }
                 }
             }
+            Ok(LogEntry::Endpoint { endpoint }) => {
+                state.next_serial += 1;
+                state.endpoints.insert(endpoint.id.clone(), endpoint);
+            }
+            Ok(LogEntry::EndpointDelete { id }) => {
+                state.endpoints.remove(&id);
+            }
             Err(e) => tracing::warn!(error = %e, "skipping unreadable simulated store entry"),
         }
     }
@@ -291,6 +326,20 @@ impl SimulatedProvider {
             plan: machine.plan.clone(),
             tags: machine.tags.clone(),
         }
+    }
+
+    fn observe_endpoint(endpoint: &SimEndpoint) -> EndpointObservation {
+        EndpointObservation {
+            kind: endpoint.kind,
+            id: endpoint.id.clone(),
+            address: endpoint.address.clone(),
+            port: endpoint.port,
+            targets: endpoint.targets.iter().map(|t| ProviderId::new("simulated", t)).collect(),
+        }
+    }
+
+    fn endpoint_of<'a>(state: &'a StoreState, kind: EndpointKind, identity: &EndpointIdentity) -> Option<&'a SimEndpoint> {
+        state.endpoints.values().find(|e| e.kind == kind && e.tags.get(crate::tags::CLUSTER_UID) == Some(&identity.cluster_uid))
     }
 
     fn find(&self, identity: &ServerIdentity) -> ProviderResult<Option<ServerObservation>> {
@@ -407,6 +456,76 @@ impl Provider for SimulatedProvider {
             }
         }
         Ok(ExecResult { exit_code: Some(simulated.exit_code), timed_out: false, stdout, stderr: String::new() })
+    }
+
+    fn supports_endpoint(&self, _kind: EndpointKind) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn endpoint_price(&self, _kind: EndpointKind, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        Ok(crate::prices::simulated())
+    }
+
+    async fn ensure_endpoint(&self, request: &EndpointRequest) -> ProviderResult<EndpointObservation> {
+        self.check_auth()?;
+        self.call("ensure_endpoint").await?;
+        self.store.with_state(|state| {
+            // Only machines that exist are targeted (a cloud refuses an unknown instance too).
+            let live: Vec<String> =
+                request.targets.iter().map(|t| t.native_id().to_string()).filter(|t| state.machines.contains_key(t)).collect();
+            let existing = Self::endpoint_of(state, request.kind, &request.identity).cloned();
+            let mut endpoint = match existing.clone() {
+                Some(e) => e,
+                None => {
+                    let serial = state.next_serial + 1;
+                    let (prefix, address) = match request.kind {
+                        EndpointKind::LoadBalancer => ("lb", format!("{}.lb.simulated.test", request.identity.resource_name())),
+                        // TEST-NET-2: clearly fake, never routed, apart from the machines' TEST-NET-1.
+                        EndpointKind::FloatingIp => ("fip", format!("198.51.100.{}", serial % 250 + 1)),
+                    };
+                    let mut tags: BTreeMap<String, String> = request.identity.tags().into_iter().collect();
+                    tags.insert("name".into(), request.identity.resource_name());
+                    SimEndpoint {
+                        id: format!("sim-{prefix}-{:08x}-{serial}", rand::rng().random::<u32>()),
+                        kind: request.kind,
+                        address,
+                        port: request.port,
+                        targets: Vec::new(),
+                        tags,
+                    }
+                }
+            };
+            endpoint.port = request.port;
+            endpoint.targets = match request.kind {
+                EndpointKind::LoadBalancer => live.clone(),
+                EndpointKind::FloatingIp => {
+                    let ids: Vec<ProviderId> = live.iter().map(|t| ProviderId::new("simulated", t)).collect();
+                    let current = endpoint.targets.first().map(|t| ProviderId::new("simulated", t));
+                    crate::floating_ip_holder(current.as_ref(), &ids).map(|h| h.native_id().to_string()).into_iter().collect()
+                }
+            };
+            let observation = Self::observe_endpoint(&endpoint);
+            let entries = if existing.as_ref() == Some(&endpoint) { vec![] } else { vec![LogEntry::Endpoint { endpoint }] };
+            Ok((observation, entries))
+        })
+    }
+
+    async fn find_endpoint(&self, kind: EndpointKind, identity: &EndpointIdentity) -> ProviderResult<Option<EndpointObservation>> {
+        self.check_auth()?;
+        self.call("find_endpoint").await?;
+        self.store.with_state(|state| Ok((Self::endpoint_of(state, kind, identity).map(Self::observe_endpoint), vec![])))
+    }
+
+    async fn delete_endpoint(&self, kind: EndpointKind, identity: &EndpointIdentity) -> ProviderResult<DeleteOutcome> {
+        self.check_auth()?;
+        self.call("delete_endpoint").await?;
+        self.store.with_state(|state| {
+            let entries = match Self::endpoint_of(state, kind, identity) {
+                Some(e) => vec![LogEntry::EndpointDelete { id: e.id.clone() }],
+                None => vec![],
+            };
+            Ok((DeleteOutcome::Gone, entries))
+        })
     }
 
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {

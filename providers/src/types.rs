@@ -428,3 +428,96 @@ impl MachineField {
         }
     }
 }
+
+/// The Kubernetes API servers' port (what a floating IP reaches directly).
+pub const DEFAULT_API_PORT: u16 = 6443;
+
+/// What carries a Cluster's control-plane endpoint at a provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EndpointKind {
+    /// A TCP load balancer, health-checked, with the control-plane machines as targets.
+    LoadBalancer,
+    /// A floating (elastic) IP assigned to one machine.
+    FloatingIp,
+}
+
+impl EndpointKind {
+    /// For messages: "load balancer", "floating IP".
+    pub fn noun(self) -> &'static str {
+        match self {
+            EndpointKind::LoadBalancer => "load balancer",
+            EndpointKind::FloatingIp => "floating IP",
+        }
+    }
+}
+
+/// Whose endpoint it is: tagged onto it (like a machine's [`ServerIdentity`]), so that it is
+/// found again by the Cluster's uid and never created twice for one Cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointIdentity {
+    /// The Cluster's metadata.uid.
+    pub cluster_uid: String,
+    /// The Cluster's namespace.
+    pub namespace: String,
+    /// The Cluster's name.
+    pub cluster: String,
+}
+
+impl EndpointIdentity {
+    /// The identity as tag key/value pairs.
+    pub fn tags(&self) -> Vec<(String, String)> {
+        vec![
+            (crate::tags::CLUSTER_UID.to_string(), self.cluster_uid.clone()),
+            (crate::tags::NAMESPACE.to_string(), self.namespace.clone()),
+            (crate::tags::CLUSTER.to_string(), self.cluster.clone()),
+        ]
+    }
+
+    /// A name for the provider's object: `<namespace>-<cluster>-<first 8 of uid>` (at most 63
+    /// characters; readable in the console, unique through the uid).
+    pub fn resource_name(&self) -> String {
+        let uid: String = self.cluster_uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
+        let base: String = format!("{}-{}", self.namespace, self.cluster).chars().take(63 - 9).collect();
+        format!("{base}-{uid}")
+    }
+}
+
+/// What a Cluster asks of its provider for its control-plane endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointRequest {
+    /// Whose it is.
+    pub identity: EndpointIdentity,
+    /// Load balancer or floating IP.
+    pub kind: EndpointKind,
+    /// TCP port clients connect to (a load balancer forwards it to the same port).
+    pub port: u16,
+    /// Zone or region of the machines; empty for the account default.
+    pub zone: String,
+    /// The live control-plane machines, in preference order (a floating IP goes to the
+    /// first when its current holder is not among them).
+    pub targets: Vec<ProviderId>,
+}
+
+/// A control-plane endpoint as the provider has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointObservation {
+    /// Load balancer or floating IP.
+    pub kind: EndpointKind,
+    /// The provider's id of it.
+    pub id: String,
+    /// The address clients use (DNS name or IP); empty while the provider assigns it.
+    pub address: String,
+    /// TCP port.
+    pub port: u16,
+    /// The machines it points at now.
+    pub targets: Vec<ProviderId>,
+}
+
+/// Which target a floating IP should be on: its holder while the holder is still a target,
+/// else the first target (none: unassigned).
+pub fn floating_ip_holder(current: Option<&ProviderId>, targets: &[ProviderId]) -> Option<ProviderId> {
+    match current {
+        Some(c) if targets.contains(c) => Some(c.clone()),
+        _ => targets.first().cloned(),
+    }
+}

@@ -293,3 +293,33 @@ async fn racing_processes_share_one_managed_security_group() {
         racers[0].delete_server(&id).await.expect("delete");
     }
 }
+
+/// The endpoint contract against moto: an Elastic IP allocated once for a Cluster uid (tagged
+/// in AllocateAddress), associated with the first control plane, moved when it goes, released
+/// on delete (DescribeAddresses by the tag finds nothing after); no load balancer, said so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_elastic_ips_pass_the_endpoint_contract_against_moto() {
+    let moto = Moto::start();
+    let sshd = Sshd::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider = build_provider(&config(&moto.endpoint, dir.path(), &sshd, vec![])).expect("build aws provider");
+    let a = running_machine(&provider, "eip-a").await;
+    let b = running_machine(&provider, "eip-b").await;
+    let opts = ContractOptions {
+        run_id: "aws-eip".into(),
+        namespace: "contract".into(),
+        image: "debian-12".into(),
+        zone: String::new(),
+        real_exec: false,
+        deadline: Duration::from_secs(30),
+    };
+    for kind in [provisioning_providers::EndpointKind::FloatingIp, provisioning_providers::EndpointKind::LoadBalancer] {
+        if let Err(e) = provisioning_providers::contract::endpoint(provider.as_ref(), kind, &[a.clone(), b.clone()], &opts).await {
+            panic!("{kind:?}: {e}");
+        }
+    }
+    let why = provider.supports_endpoint(provisioning_providers::EndpointKind::LoadBalancer).expect_err("no NLB");
+    assert!(why.contains("FloatingIP"), "{why}");
+    let price = provider.endpoint_price(provisioning_providers::EndpointKind::FloatingIp, "").expect("an EIP has a price");
+    assert_eq!((price.currency, price.hourly_micros), ("USD", 5_000));
+}

@@ -128,3 +128,28 @@ async fn a_server_uid_finds_its_current_machine_after_a_delete_and_a_create_agai
     assert_eq!(p.find_server(&request("u1").identity).await.expect("find").map(|o| o.provider_id), Some(again.provider_id));
     assert_eq!(p.find_server(&request("u2").identity).await.expect("find").map(|o| o.provider_id), Some(other.provider_id));
 }
+
+#[tokio::test]
+async fn simulated_passes_the_endpoint_contract_for_load_balancers_and_floating_ips() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider = build_provider(&config(dir.path(), "sim-ep")).expect("build");
+    let a = provider.ensure_server(&request("ep-a")).await.expect("machine a").provider_id;
+    let b = provider.ensure_server(&request("ep-b")).await.expect("machine b").provider_id;
+    let opts = ContractOptions {
+        run_id: "ep".into(),
+        namespace: "contract".into(),
+        image: "debian-12".into(),
+        zone: String::new(),
+        real_exec: false,
+        deadline: Duration::from_secs(10),
+    };
+    for kind in [provisioning_providers::EndpointKind::LoadBalancer, provisioning_providers::EndpointKind::FloatingIp] {
+        provisioning_providers::contract::endpoint(provider.as_ref(), kind, &[a.clone(), b.clone()], &opts)
+            .await
+            .expect("endpoint contract");
+    }
+    // The journal (the tests' oracle) holds each endpoint's creation, re-targeting and deletion.
+    let journal = std::fs::read_to_string(dir.path().join("simulated-sim-ep.jsonl")).expect("journal");
+    assert_eq!(journal.matches("\"op\":\"endpoint-delete\"").count(), 2, "{journal}");
+    assert!(journal.contains("\"kind\":\"LoadBalancer\"") && journal.contains("\"kind\":\"FloatingIp\""), "{journal}");
+}

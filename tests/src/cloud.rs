@@ -232,6 +232,33 @@ pub fn moto_live_instances(endpoint: &str, region: &str) -> Result<Vec<provision
     }
 }
 
+/// The Elastic IPs at the moto server `endpoint` in `region` (DescribeAddresses, unfiltered):
+/// how many there are.
+pub fn moto_addresses(endpoint: &str, region: &str) -> Result<usize> {
+    let dir = tempfile::tempdir()?;
+    let config = provisioning_providers::ProviderConfig {
+        name: "e2e-observer".into(),
+        provider_type: "aws".into(),
+        region: region.into(),
+        endpoint: endpoint.to_string(),
+        credentials: provisioning_providers::Credentials(
+            [
+                ("AWS_ACCESS_KEY_ID".to_string(), "AKIAE2EOBSERVER00001".to_string()),
+                ("AWS_SECRET_ACCESS_KEY".to_string(), "e2e-observer".to_string()),
+            ]
+            .into(),
+        ),
+        state_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    let provider = provisioning_providers::aws::AwsProvider::new(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let xml = runtime
+        .block_on(provider.client().call_capped("DescribeAddresses", &[], 1 << 20))
+        .map_err(|e| anyhow::anyhow!("DescribeAddresses at moto: {e}"))?;
+    Ok(xml.matches("<allocationId>").count())
+}
+
 /// Makes a VPC and one subnet per zone of `zones` at the moto server `endpoint` in `region`
 /// (what an account's `zoneSubnets` names on a real account): zone → subnet id.
 pub fn moto_subnets(endpoint: &str, region: &str, zones: &[String]) -> Result<std::collections::BTreeMap<String, String>> {

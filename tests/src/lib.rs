@@ -386,6 +386,85 @@ pub fn simulated_machines(data_dir: &Path) -> Result<Vec<SimulatedMachine>> {
     Ok(alive.into_values().collect())
 }
 
+/// A control-plane endpoint (load balancer, floating IP) alive at the simulated provider, as
+/// its journal records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimulatedEndpoint {
+    /// The endpoint's id at the provider.
+    pub id: String,
+    /// `LoadBalancer` or `FloatingIp`.
+    pub kind: String,
+    /// Its address.
+    pub address: String,
+    /// The machine ids it points at.
+    pub targets: Vec<String>,
+    /// Its tags (`provisioning.dev/cluster-uid`, …).
+    pub tags: std::collections::BTreeMap<String, String>,
+}
+
+/// The simulated provider's journal files under `data_dir`.
+fn simulated_journals(data_dir: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() { walk(&p, out) } else { out.push(p) }
+        }
+    }
+    let mut files = Vec::new();
+    walk(data_dir, &mut files);
+    files.retain(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("simulated-") && n.ends_with(".jsonl")));
+    files
+}
+
+/// Endpoints alive in the simulated provider's journals under `data_dir` (each one's latest
+/// state, minus the deleted): an oracle the controller does not compute.
+pub fn simulated_endpoints(data_dir: &Path) -> Result<Vec<SimulatedEndpoint>> {
+    let mut alive = std::collections::BTreeMap::new();
+    for file in simulated_journals(data_dir) {
+        for line in std::fs::read_to_string(&file)?.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+            match v["op"].as_str() {
+                Some("endpoint") => {
+                    let e = &v["endpoint"];
+                    let text = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                    let endpoint = SimulatedEndpoint {
+                        id: text("id"),
+                        kind: text("kind"),
+                        address: text("address"),
+                        targets: e["targets"].as_array().into_iter().flatten().filter_map(|t| t.as_str().map(str::to_string)).collect(),
+                        tags: e["tags"]
+                            .as_object()
+                            .into_iter()
+                            .flatten()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                            .collect(),
+                    };
+                    alive.insert(endpoint.id.clone(), endpoint);
+                }
+                Some("endpoint-delete") => {
+                    alive.remove(v["id"].as_str().unwrap_or_default());
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(alive.into_values().collect())
+}
+
+/// Deletes machine `id` at the simulated provider behind the controller's back (as if someone
+/// removed it in the cloud console): appends its deletion to the journal that created it.
+pub fn simulated_delete_out_of_band(data_dir: &Path, id: &str) -> Result<()> {
+    use std::io::Write as _;
+    for file in simulated_journals(data_dir) {
+        if std::fs::read_to_string(&file)?.contains(&format!("\"id\":\"{id}\"")) {
+            let mut f = std::fs::OpenOptions::new().append(true).open(&file)?;
+            f.write_all(format!("{}\n", serde_json::json!({"op": "delete", "id": id})).as_bytes())?;
+            return Ok(());
+        }
+    }
+    anyhow::bail!("no simulated journal under {} has machine {id}", data_dir.display())
+}
+
 /// How many machines are alive in the simulated provider's journals under `data_dir`.
 pub fn simulated_machines_alive(data_dir: &Path) -> Result<usize> {
     Ok(simulated_machines(data_dir)?.len())

@@ -235,17 +235,28 @@ fn aws_example(how: Teardown) -> Result<()> {
     // Each worker has its `data` disk: a 100 GiB gp3 volume tagged with the disk's name.
     let disks = moto.disk_volumes(AWS_REGION)?;
     ensure!(disks == vec![(100, "gp3".to_string()); 3], "one 100 GiB gp3 volume per worker: {disks:?}");
+    // The control-plane endpoint: one Elastic IP, on the control-plane machine.
+    let control_plane = get_json(&dev, &["srv", "k8s-control-plane-0", "-n", "k8s-aws"])?["status"]["providerID"].clone();
+    dev.wait_until(Duration::from_secs(60), "the Elastic IP is on the control plane", |d| {
+        let cluster = get_json(d, &["pcl", "k8s", "-n", "k8s-aws"])?;
+        let endpoint = &cluster["status"]["controlPlaneEndpoint"];
+        Ok(endpoint["type"] == "FloatingIP" && endpoint["targets"] == json!([control_plane]) && endpoint["address"].is_string())
+    })?;
+    ensure!(provisioning_e2e::cloud::moto_addresses(&moto.endpoint, AWS_REGION)? == 1, "one Elastic IP at moto");
     assert_no_secret_anywhere(&dev, &[&secret_key, &ssh_key])?;
 
-    // Nothing left: no machine, no disk volume (deletionPolicy Delete) and no managed
-    // security group (deleted with the last machine).
+    // Nothing left: no machine, no disk volume (deletionPolicy Delete), no Elastic IP and no
+    // managed security group (deleted with the last machine).
     let during = moto.inventory(AWS_REGION)?;
     // moto makes a root volume only for an instance launched without a BlockDeviceMapping:
     // the control-plane machine's, then the workers' three data disks.
     ensure!(during.volumes.len() == before.volumes.len() + 4, "a root volume and 3 data disks at moto: {during:?}");
     ensure!(during.security_groups.len() == before.security_groups.len() + 1, "{during:?}");
     teardown(&mut dev, how, &manifest, "k8s-aws", || {
-        Ok(moto.live_instances(AWS_REGION)?.len() + moto.disk_volumes(AWS_REGION)?.len() + moto.managed_groups(AWS_REGION, "aws-eu")?)
+        Ok(moto.live_instances(AWS_REGION)?.len()
+            + moto.disk_volumes(AWS_REGION)?.len()
+            + moto.managed_groups(AWS_REGION, "aws-eu")?
+            + provisioning_e2e::cloud::moto_addresses(&moto.endpoint, AWS_REGION)?)
     })?;
     // Every kind the account can hold, listed: only what was there before the example is left
     // (no instance, volume, group, network interface or address of the example's).

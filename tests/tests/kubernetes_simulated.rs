@@ -173,12 +173,20 @@ fn kubernetes_cluster_exports_its_kubeconfig_and_shows_its_stages() -> Result<()
 }
 
 /// The flagship template as a user tries it: `provisioning template render kubernetes_3node
-/// --set cloud=simulated`, applied, reaches Ready with its stages and the kubeconfig Secret.
+/// --set cloud=simulated --set controlPlanes=3`, applied, reaches Ready with its stages, its
+/// control-plane endpoint (the simulated provider's load balancer, the default) and the
+/// kubeconfig Secret pointing at it. The first control plane's machine deleted out of band:
+/// the load balancer keeps its address and re-targets to the replacement, the Secret still
+/// points at it. `kubectl delete` leaves nothing at the provider (its journal is the oracle).
 #[test]
-fn the_kubernetes_3node_template_reaches_ready_with_its_kubeconfig_on_the_simulated_provider() -> Result<()> {
+fn the_kubernetes_3node_template_reaches_ready_with_its_endpoint_which_outlives_the_first_control_plane() -> Result<()> {
     const TPL_NS: &str = "k8s-tpl-sim";
-    let mut dev = Dev::start(&[])?;
     let tmp = tempfile::tempdir()?;
+    // A 2 s drift survey, so a machine deleted behind the controller's back is seen soon.
+    let config = tmp.path().join("controller.toml");
+    std::fs::write(&config, "survey_secs = 2\n")?;
+    let config_arg = config.display().to_string();
+    let mut dev = Dev::start_in_with(&tmp.path().join("data"), &[], &[], &["--config", &config_arg])?;
     let file = tmp.path().join("k8s.yaml");
     let file_arg = file.display().to_string();
     provisioning_e2e::provisioning_ok(&[
@@ -187,25 +195,153 @@ fn the_kubernetes_3node_template_reaches_ready_with_its_kubeconfig_on_the_simula
         "kubernetes_3node",
         "--set",
         "cloud=simulated",
+        "--set",
+        "controlPlanes=3",
         "-n",
         TPL_NS,
         "-o",
         &file_arg,
     ])?;
     dev.kubectl_ok(&["apply", "-f", &file_arg])?;
-    dev.wait_until(Duration::from_secs(240), "the template's Cluster is Ready with its kubeconfig", |d| {
+    dev.wait_until(Duration::from_secs(300), "the template's Cluster is Ready with its kubeconfig", |d| {
         let c = json(d, &["get", "cluster", "k8s", "-n", TPL_NS])?;
         Ok(condition(&c, "Ready").is_some_and(|c| c.0 == "True") && condition(&c, "KubeconfigReady").is_some_and(|c| c.0 == "True"))
     })?;
     let c = json(&dev, &["get", "cluster", "k8s", "-n", TPL_NS])?;
-    assert_eq!(condition(&c, "ControlPlaneAvailable").map(|c| c.2), Some("1/1 members".into()));
+    let uid = c["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    assert_eq!(condition(&c, "ControlPlaneAvailable").map(|c| c.2), Some("3/3 members".into()));
     assert_eq!(condition(&c, "WorkersJoined").map(|c| c.2), Some("2/2 members".into()));
-    // What the rendered comment tells the user to run.
-    let value = dev.kubectl_ok(&["get", "secret", "k8s-kubeconfig", "-n", TPL_NS, "-o", "jsonpath={.data.value}"])?;
+    // The endpoint in status, and at the provider: one load balancer of this Cluster, its
+    // targets the three control-plane machines.
+    let endpoint = c["status"]["controlPlaneEndpoint"].clone();
+    assert_eq!((endpoint["type"].as_str(), endpoint["port"].as_u64()), (Some("LoadBalancer"), Some(6443)), "{endpoint}");
+    let address = endpoint["address"].as_str().context("no endpoint address")?.to_string();
+    let (status, reason, message) = condition(&c, "EndpointReady").unwrap_or_default();
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Created"), "{message}");
+    assert!(message.contains(&address) && message.contains("3 control-plane machines"), "{message}");
+    // Its price, with its source, is in the Cluster's cost (the simulated provider's is free).
+    assert_eq!(endpoint["cost"]["source"], "simulated provider: no charge", "{endpoint}");
+    assert!(c["status"]["cost"]["priced"].as_u64() == Some(6), "5 machines and the endpoint: {}", c["status"]["cost"]);
+    let machine_of = |d: &Dev, server: &str| -> Result<String> {
+        let s = json(d, &["get", "server", server, "-n", TPL_NS])?;
+        Ok(s["status"]["providerID"].as_str().context("no providerID")?.to_string())
+    };
+    let mut control_planes = Vec::new();
+    for i in 0..3 {
+        control_planes.push(machine_of(&dev, &format!("k8s-control-plane-{i}"))?);
+    }
+    let native = |id: &str| id.split_once("://").map(|(_, n)| n.to_string()).unwrap_or_default();
+    let endpoints = provisioning_e2e::simulated_endpoints(&dev.data_dir)?;
+    assert_eq!(endpoints.len(), 1, "{endpoints:?}");
+    let lb = endpoints[0].clone();
+    assert_eq!((lb.kind.as_str(), lb.address.as_str()), ("LoadBalancer", address.as_str()));
+    assert_eq!(lb.tags.get("provisioning.dev/cluster-uid"), Some(&uid));
+    let mut want: Vec<String> = control_planes.iter().map(|p| native(p)).collect();
+    want.sort();
+    let mut have = lb.targets.clone();
+    have.sort();
+    assert_eq!(have, want);
+    // kubeadm got it (the kubernetes service's controlPlaneEndpoint) and so does the Secret.
+    let k8s = json(&dev, &["get", "taskserv", "k8s-kubernetes", "-n", TPL_NS])?;
+    assert_eq!(k8s["spec"]["config"]["controlPlaneEndpoint"], format!("{address}:6443"));
+    let secret_server = |d: &Dev| -> Result<String> {
+        let value = d.kubectl_ok(&["get", "secret", "k8s-kubeconfig", "-n", TPL_NS, "-o", "jsonpath={.data.value}"])?;
+        let config: Value = serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(value.trim())?)?;
+        Ok(config["clusters"][0]["cluster"]["server"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(secret_server(&dev)?, format!("https://{address}:6443"));
+
+    // The first control plane's machine deleted behind the controller's back.
+    let first = control_planes[0].clone();
+    provisioning_e2e::simulated_delete_out_of_band(&dev.data_dir, &native(&first))?;
+    dev.wait_until(Duration::from_secs(240), "the load balancer re-targets to the replacement machine", |d| {
+        let replacement = machine_of(d, "k8s-control-plane-0").unwrap_or_default();
+        let endpoints = provisioning_e2e::simulated_endpoints(&d.data_dir)?;
+        Ok(!replacement.is_empty()
+            && replacement != first
+            && endpoints.len() == 1
+            && endpoints[0].targets.contains(&native(&replacement))
+            && !endpoints[0].targets.contains(&native(&first)))
+    })?;
+    let endpoints = provisioning_e2e::simulated_endpoints(&dev.data_dir)?;
+    assert_eq!((endpoints[0].id.as_str(), endpoints[0].address.as_str()), (lb.id.as_str(), address.as_str()), "the same load balancer");
+    assert_eq!(endpoints[0].targets.len(), 3, "{endpoints:?}");
+    dev.wait_until(Duration::from_secs(60), "status shows the new targets", |d| {
+        let c = json(d, &["get", "cluster", "k8s", "-n", TPL_NS])?;
+        let targets = &c["status"]["controlPlaneEndpoint"]["targets"];
+        Ok(c["status"]["controlPlaneEndpoint"]["address"] == address.as_str()
+            && targets.as_array().is_some_and(|t| t.len() == 3 && !t.iter().any(|x| x == first.as_str())))
+    })?;
+    assert_eq!(secret_server(&dev)?, format!("https://{address}:6443"), "the Secret still points at the endpoint");
+
+    // Deleted with the Cluster: nothing left at the provider.
+    dev.kubectl_ok(&["delete", "cluster", "k8s", "-n", TPL_NS, "--timeout=240s"])?;
+    let endpoints = provisioning_e2e::simulated_endpoints(&dev.data_dir)?;
+    assert!(endpoints.is_empty(), "endpoints left at the provider: {endpoints:?}");
+    let machines = provisioning_e2e::simulated_machines(&dev.data_dir)?;
+    assert!(machines.iter().all(|m| m.tags.get("provisioning.dev/namespace").map(String::as_str) != Some(TPL_NS)), "{machines:?}");
+    Ok(())
+}
+
+/// `endpoint=FloatingIP` on the simulated provider: kubernetes waits until the address is on
+/// the first control plane, kubeadm and the Secret use it, and it is released with the Cluster.
+#[test]
+fn a_floating_ip_endpoint_is_on_the_first_control_plane_and_released_with_the_cluster() -> Result<()> {
+    const FIP_NS: &str = "k8s-fip-sim";
+    let tmp = tempfile::tempdir()?;
+    let mut dev = Dev::start_in_with(&tmp.path().join("data"), &[], &[], &[])?;
+    let file = tmp.path().join("k8s.yaml");
+    let file_arg = file.display().to_string();
+    provisioning_e2e::provisioning_ok(&[
+        "template",
+        "render",
+        "kubernetes_3node",
+        "--set",
+        "cloud=simulated",
+        "--set",
+        "endpoint=FloatingIP",
+        "-n",
+        FIP_NS,
+        "-o",
+        &file_arg,
+    ])?;
+    dev.kubectl_ok(&["apply", "-f", &file_arg])?;
+    dev.wait_until(Duration::from_secs(240), "the Cluster is Ready with its kubeconfig", |d| {
+        let c = json(d, &["get", "cluster", "k8s", "-n", FIP_NS])?;
+        Ok(condition(&c, "Ready").is_some_and(|c| c.0 == "True") && condition(&c, "KubeconfigReady").is_some_and(|c| c.0 == "True"))
+    })?;
+    let c = json(&dev, &["get", "cluster", "k8s", "-n", FIP_NS])?;
+    let endpoint = &c["status"]["controlPlaneEndpoint"];
+    assert_eq!(endpoint["type"], "FloatingIP", "{endpoint}");
+    let address = endpoint["address"].as_str().context("no address")?.to_string();
+    assert!(address.starts_with("198.51.100."), "{address}");
+    let cp0 = json(&dev, &["get", "server", "k8s-control-plane-0", "-n", FIP_NS])?;
+    let machine = cp0["status"]["providerID"].as_str().context("no providerID")?.to_string();
+    assert_eq!(endpoint["targets"], serde_json::json!([machine]), "on the first control plane");
+    let journal = provisioning_e2e::simulated_endpoints(&dev.data_dir)?;
+    assert_eq!(journal.len(), 1, "{journal:?}");
+    assert_eq!((journal[0].kind.as_str(), journal[0].address.as_str()), ("FloatingIp", address.as_str()));
+    let k8s = json(&dev, &["get", "taskserv", "k8s-kubernetes", "-n", FIP_NS])?;
+    assert_eq!(k8s["spec"]["config"]["controlPlaneEndpoint"], format!("{address}:6443"));
+    let value = dev.kubectl_ok(&["get", "secret", "k8s-kubeconfig", "-n", FIP_NS, "-o", "jsonpath={.data.value}"])?;
     let config: Value = serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(value.trim())?)?;
-    let server = json(&dev, &["get", "server", "k8s-control-plane-0", "-n", TPL_NS])?;
-    let address = server["status"]["addresses"][0]["address"].as_str().context("no address")?;
     assert_eq!(config["clusters"][0]["cluster"]["server"], format!("https://{address}:6443"));
+    // Admission refuses a VIP without its address, naming the field (the CRD's CEL rule).
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        format!(
+            r#"{{"apiVersion":"provisioning.dev/v1alpha1","kind":"Cluster","metadata":{{"name":"bad","namespace":"{FIP_NS}"}},
+              "spec":{{"controlPlaneEndpoint":{{"type":"VIP","port":8443}},"pools":[{{"name":"control-plane","replicas":1}}],
+                "taskservs":[{{"service":"kubernetes"}}]}}}}"#
+        ),
+    )?;
+    let out = dev.kubectl(&["apply", "-f", &bad.display().to_string()])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("controlPlaneEndpoint.address is required for type VIP"), "{stderr}");
+    dev.kubectl_ok(&["delete", "cluster", "k8s", "-n", FIP_NS, "--timeout=180s"])?;
+    let left = provisioning_e2e::simulated_endpoints(&dev.data_dir)?;
+    assert!(left.is_empty(), "released with the Cluster: {left:?}");
     Ok(())
 }
 

@@ -15,6 +15,7 @@
 pub mod act;
 pub mod approval;
 pub mod dereference;
+pub mod endpoint;
 pub mod kubeconfig;
 pub mod pins;
 pub mod plan;
@@ -131,7 +132,14 @@ fn with_cost(mut status: ClusterStatus, children: &[plan::ChildServer], namespac
         .iter()
         .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
         .filter(|s| children.iter().any(|c| Some(&c.name) == s.metadata.name.as_ref()));
-    status.cost = Some(crate::cost::total(mine.map(|s| s.as_ref())));
+    let billed =
+        |s: &&std::sync::Arc<Server>| s.status.as_ref().is_some_and(|st| st.provider_id.as_deref().is_some_and(|id| !id.is_empty()));
+    let machines =
+        mine.filter(billed).map(|s| (s.metadata.name.clone().unwrap_or_default(), s.status.as_ref().and_then(|st| st.cost.as_ref())));
+    // The control-plane endpoint at the provider (a load balancer, a floating IP) is billed too.
+    let endpoint =
+        status.control_plane_endpoint.as_ref().filter(|e| !e.id.is_empty()).map(|e| ("controlPlaneEndpoint".to_string(), e.cost.as_ref()));
+    status.cost = Some(crate::cost::total_of(machines.chain(endpoint)));
     status
 }
 
@@ -181,6 +189,12 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     let graph = dereference::depends_on_graph(&cctx.clusters, &cluster);
     let services = validate::validate(&name, &cluster.spec, &cctx.catalog).and_then(|s| plan::check_depends_on(&name, &graph).map(|()| s));
     let status = cluster.status.clone().unwrap_or_default();
+    // The control-plane endpoint before the plan: the kubernetes service waits for its address.
+    let endpoint_outcome = if deleting { None } else { Some(endpoint::ensure(&cluster, namespace, &children.servers, ctx).await) };
+    let endpoint_gate = match &endpoint_outcome {
+        Some(e) => plan::EndpointGate::of(&cluster.spec, e.status.as_ref()),
+        None => plan::EndpointGate::Unmanaged,
+    };
     let observed = Observed {
         name: &name,
         uid: &uid,
@@ -192,6 +206,7 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         taskservs: &children.taskservs,
         clusters: &others,
         now: now_seconds(),
+        endpoint: endpoint_gate,
     };
     let plan = if deleting {
         let order: Vec<String> = match &services {
@@ -218,7 +233,11 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         refused.extend(approval::screen_pass_down(&cluster, decision, ws.require_distinct_approver, ctx).await.at(Step::Dereference)?);
     }
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
-    let mut status = with_cost(plan.status.clone(), &children.servers, namespace, ctx);
+    let mut status = plan.status.clone();
+    if let Some(e) = &endpoint_outcome {
+        endpoint_status(&cluster, e, &mut status);
+    }
+    let mut status = with_cost(status, &children.servers, namespace, ctx);
     let mut events = plan.events.clone();
     if !deleting {
         kubernetes_conditions(&cluster, namespace, &children, &mut status, cctx).await;
@@ -236,14 +255,47 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     }
     if deleting {
         if plan.teardown_done {
+            // The machines are gone; the endpoint goes last (nothing is left at the provider).
+            if !endpoint::delete(&cluster, namespace, ctx).await.at(Step::Cleanup)? {
+                return Err(Error::InProgress("tearing down: deleting the control-plane endpoint".into()).at(Step::Cleanup));
+            }
             return Ok(Action::await_change());
         }
         let (taskservs, servers) = (children.taskservs.len(), children.servers.len());
         let left = format!("{} and {}", crate::text::count(taskservs, "TaskServ"), crate::text::count(servers, "Server"));
         return Err(Error::InProgress(format!("tearing down: {left} left")).at(Step::Cleanup));
     }
-    Ok(match plan.requeue {
+    let requeue = match (plan.requeue, endpoint_outcome.as_ref().is_some_and(|e| e.retry)) {
+        (Some(d), true) => Some(d.min(ENDPOINT_RETRY)),
+        (None, true) => Some(ENDPOINT_RETRY),
+        (d, false) => d,
+    };
+    Ok(match requeue {
         Some(d) => Action::requeue(crate::time::jittered(d)),
         None => Action::await_change(),
     })
+}
+
+/// How soon a pass whose endpoint call failed (or whose address is being assigned) looks again.
+const ENDPOINT_RETRY: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Puts the endpoint into `status`: `controlPlaneEndpoint` and the `EndpointReady` condition
+/// (dropped for type None). The Cluster is not Ready while its endpoint is not.
+fn endpoint_status(cluster: &Cluster, outcome: &endpoint::Outcome, status: &mut ClusterStatus) {
+    status.control_plane_endpoint = outcome.status.clone();
+    status.conditions.retain(|c| c.type_ != provisioning_crds::ENDPOINT_READY);
+    let Some(desired) = &outcome.condition else { return };
+    let previous = cluster.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let mut desired = vec![desired.clone()];
+    let ready = status.conditions.iter().find(|c| c.type_ == condition::READY);
+    if desired[0].status != Status::True && ready.is_some_and(|r| r.status == "True") {
+        desired.push(DesiredCondition::new(
+            condition::READY,
+            Status::False,
+            "EndpointNotReady",
+            format!("control-plane endpoint: {}", desired[0].message),
+        ));
+        status.conditions.retain(|c| c.type_ != condition::READY);
+    }
+    status.conditions.extend(conditions::merge(previous, &desired, cluster.metadata.generation, now_seconds()));
 }

@@ -15,7 +15,7 @@ use super::plan::{ChildServer, ChildTaskServ};
 use crate::conditions::{DesiredCondition, Status};
 
 /// The Kubernetes service of the catalog.
-pub const KUBERNETES: &str = "kubernetes";
+pub const KUBERNETES: &str = provisioning_crds::KUBERNETES_SERVICE;
 /// Services that are a cluster's CNI.
 pub const CNI_SERVICES: &[&str] = &["cilium"];
 /// Services that are a cluster's storage.

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use provisioning_crds::{ClusterSpec, ConfigFromSource};
+use provisioning_crds::{ClusterSpec, ConfigFromSource, DEFAULT_API_PORT, EndpointType};
 use provisioning_taskservs::{Catalog, ResolveError, ValidationError};
 use serde_json::Value;
 
@@ -86,11 +86,87 @@ fn pools(name: &str, spec: &ClusterSpec) -> Result<Vec<String>, InvalidCluster> 
     Ok(pool_names)
 }
 
+/// `spec.controlPlaneEndpoint` (pure; admission's CEL rules say the same for `address`):
+/// only for a Cluster with the kubernetes service and not together with that service's own
+/// `controlPlaneEndpoint`; a VIP needs an IPv4 `address` and a port other than the API
+/// servers' 6443 (haproxy listens on it on the same machines); a FloatingIP forwards
+/// nothing, so its port is 6443.
+pub fn control_plane_endpoint(spec: &ClusterSpec) -> Result<(), InvalidCluster> {
+    let Some(e) = &spec.control_plane_endpoint else { return Ok(()) };
+    let field = "spec.controlPlaneEndpoint";
+    if e.endpoint_type != EndpointType::Vip && !e.address.is_empty() {
+        return Err(invalid(
+            "InvalidEndpoint",
+            format!("{field}.address is only for type VIP (the provider assigns the address of a {})", e.endpoint_type.as_str()),
+        ));
+    }
+    if e.endpoint_type == EndpointType::None {
+        return Ok(());
+    }
+    let k8s = spec.taskservs.iter().find(|t| t.service == provisioning_crds::KUBERNETES_SERVICE);
+    let Some(k8s) = k8s else {
+        return Err(invalid(
+            "InvalidEndpoint",
+            format!("{field}.type {} needs the kubernetes service in spec.taskservs", e.endpoint_type.as_str()),
+        ));
+    };
+    if k8s.config.as_ref().and_then(|c| c.get("controlPlaneEndpoint")).and_then(Value::as_str).is_some_and(|v| !v.is_empty()) {
+        return Err(invalid(
+            "InvalidEndpoint",
+            format!(
+                "{field}.type {} and the kubernetes service's config.controlPlaneEndpoint are both set: keep one (the Cluster's is created and kept by the controller)",
+                e.endpoint_type.as_str()
+            ),
+        ));
+    }
+    if e.port == 0 {
+        return Err(invalid("InvalidEndpoint", format!("{field}.port must be 1-65535")));
+    }
+    match e.endpoint_type {
+        EndpointType::Vip => {
+            let ip: std::net::Ipv4Addr = e.address.parse().map_err(|_| {
+                invalid(
+                    "InvalidEndpoint",
+                    format!(
+                        "{field}.address {:?} is not an IPv4 address (type VIP needs a free address in the machines' subnet)",
+                        e.address
+                    ),
+                )
+            })?;
+            if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || ip.is_broadcast() {
+                return Err(invalid(
+                    "InvalidEndpoint",
+                    format!("{field}.address {ip} cannot be a virtual IP (unspecified, loopback, multicast or broadcast)"),
+                ));
+            }
+            if e.port == DEFAULT_API_PORT {
+                return Err(invalid(
+                    "InvalidEndpoint",
+                    format!(
+                        "{field}.port: a VIP's haproxy runs on the control-plane servers next to the API servers (port {DEFAULT_API_PORT}): choose another port, e.g. 8443"
+                    ),
+                ));
+            }
+        }
+        EndpointType::FloatingIp if e.port != DEFAULT_API_PORT => {
+            return Err(invalid(
+                "InvalidEndpoint",
+                format!(
+                    "{field}.port: a FloatingIP reaches the API server directly, on port {DEFAULT_API_PORT}; set {DEFAULT_API_PORT} or use a LoadBalancer"
+                ),
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Validates the spec and returns the services in install order.
 // Over 80 lines on purpose: one flat list of independent checks in the order users read the
 // spec (pools, then services, versions, configs, dependencies), each returning its own reason.
 pub fn validate(name: &str, spec: &ClusterSpec, catalog: &Catalog) -> Result<Vec<ServicePlan>, InvalidCluster> {
     let pool_names = pools(name, spec)?;
+    control_plane_endpoint(spec)?;
     if spec.depends_on.iter().any(|d| d == name) {
         return Err(invalid("DependencyCycle", format!("Cluster {name} depends on itself")));
     }

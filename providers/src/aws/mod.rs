@@ -19,6 +19,7 @@
 
 pub mod api;
 pub mod credentials;
+pub mod eip;
 pub mod model;
 pub mod region;
 
@@ -63,6 +64,9 @@ pub const IMAGES: [(&str, &str, &str); 3] = [
 ];
 
 const DEFAULT_REGION: &str = "us-east-1";
+
+/// Why the aws provider has no load balancer endpoint.
+pub(crate) const NO_NLB: &str = "the aws provider makes no Network Load Balancer yet (elasticloadbalancing v2 is not implemented): use type FloatingIP (an Elastic IP) or VIP";
 
 /// Amazon EC2 throttles each API action of an account and region in a token bucket of its
 /// own, shaped by the action's category ("Request throttling for the Amazon EC2 API",
@@ -1105,6 +1109,48 @@ impl Provider for AwsProvider {
         }
         let address = ssh_address(&observation).ok_or_else(|| ProviderError::Transient(format!("machine {id} has no address yet")))?;
         self.ssh.exec(&id.0, &address, request).await
+    }
+
+    fn supports_endpoint(&self, kind: crate::EndpointKind) -> Result<(), String> {
+        match kind {
+            crate::EndpointKind::FloatingIp => Ok(()),
+            crate::EndpointKind::LoadBalancer => Err(NO_NLB.into()),
+        }
+    }
+
+    async fn ensure_endpoint(&self, request: &crate::EndpointRequest) -> ProviderResult<crate::EndpointObservation> {
+        self.ensure_eip(request).await
+    }
+
+    async fn find_endpoint(
+        &self,
+        kind: crate::EndpointKind,
+        identity: &crate::EndpointIdentity,
+    ) -> ProviderResult<Option<crate::EndpointObservation>> {
+        if kind != crate::EndpointKind::FloatingIp {
+            return Ok(None);
+        }
+        Ok(self.find_eip(identity).await?.map(|a| crate::EndpointObservation {
+            kind,
+            id: a.allocation_id.clone(),
+            address: a.public_ip.clone(),
+            port: crate::DEFAULT_API_PORT,
+            targets: a.instance_id.iter().filter(|i| !i.is_empty()).map(|i| ProviderId::new("aws", i)).collect(),
+        }))
+    }
+
+    async fn delete_endpoint(&self, kind: crate::EndpointKind, identity: &crate::EndpointIdentity) -> ProviderResult<DeleteOutcome> {
+        match kind {
+            crate::EndpointKind::FloatingIp => self.delete_eip(identity).await,
+            crate::EndpointKind::LoadBalancer => Ok(DeleteOutcome::Gone),
+        }
+    }
+
+    fn endpoint_price(&self, kind: crate::EndpointKind, _zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        match kind {
+            crate::EndpointKind::FloatingIp => Ok(crate::prices::aws_public_ipv4()),
+            crate::EndpointKind::LoadBalancer => Err(NO_NLB.into()),
+        }
     }
 
     async fn list_servers(&self, tags: &[(String, String)]) -> ProviderResult<Vec<ServerObservation>> {

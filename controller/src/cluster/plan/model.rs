@@ -212,6 +212,47 @@ pub struct Observed<'a> {
     pub clusters: &'a [OtherCluster],
     /// Now.
     pub now: Timestamp,
+    /// Where the control-plane endpoint stands (the kubernetes service waits for it).
+    pub endpoint: EndpointGate,
+}
+
+/// Where a Cluster's managed control-plane endpoint (spec.controlPlaneEndpoint) stands, for
+/// the planner: the kubernetes service is created only once its address is known, and gets
+/// it as its `controlPlaneEndpoint` (so `kubeadm init` and the kubeconfig Secret use it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum EndpointGate {
+    /// No managed endpoint (type None or unset).
+    #[default]
+    Unmanaged,
+    /// Managed, not usable yet: the message says why.
+    Waiting(String),
+    /// Managed, at `host:port`.
+    At(String),
+}
+
+impl EndpointGate {
+    /// The gate from the spec and the endpoint's status (pure): a VIP is at its address at
+    /// once; a load balancer once it has an address; a floating IP once it is also on a
+    /// machine (the first control plane's `kubeadm init` reaches its API through it).
+    pub fn of(spec: &ClusterSpec, endpoint: Option<&provisioning_crds::ControlPlaneEndpointStatus>) -> EndpointGate {
+        use provisioning_crds::EndpointType;
+        let Some(want) = spec.control_plane_endpoint.as_ref().filter(|e| e.endpoint_type != EndpointType::None) else {
+            return EndpointGate::Unmanaged;
+        };
+        if want.endpoint_type == EndpointType::Vip {
+            return EndpointGate::At(format!("{}:{}", want.address, want.port));
+        }
+        let kind = want.endpoint_type.as_str();
+        match endpoint.filter(|e| e.endpoint_type == kind) {
+            Some(e) if !e.address.is_empty() && (want.endpoint_type != EndpointType::FloatingIp || !e.targets.is_empty()) => {
+                EndpointGate::At(format!("{}:{}", e.address, e.port))
+            }
+            Some(e) if !e.address.is_empty() => {
+                EndpointGate::Waiting(format!("waiting for the {kind} {} to be on a control-plane machine", e.address))
+            }
+            _ => EndpointGate::Waiting(format!("waiting for the control-plane endpoint ({kind}) to be created")),
+        }
+    }
 }
 
 /// The outcome of planning.
@@ -444,11 +485,19 @@ pub fn desired_taskserv(o: &Observed<'_>, service: &ServicePlan, desired_servers
         .filter(|s| s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).is_some_and(|p| service.pools.contains(p)))
         .filter_map(|s| s.metadata.name.clone())
         .collect();
+    let mut config = service.config.clone();
+    if let (EndpointGate::At(endpoint), true) = (&o.endpoint, service.service == provisioning_crds::KUBERNETES_SERVICE) {
+        let mut c = config.take().filter(serde_json::Value::is_object).unwrap_or_else(|| serde_json::json!({}));
+        if let Some(map) = c.as_object_mut() {
+            map.insert("controlPlaneEndpoint".into(), serde_json::Value::String(endpoint.clone()));
+        }
+        config = Some(c);
+    }
     let spec = TaskServSpec {
         service: service.service.clone(),
         version: service.version.clone(),
         servers: ServerSelection { names, selector: None },
-        config: service.config.clone(),
+        config,
         config_from: service.config_from.clone(),
         depends_on: service.after.iter().map(|d| taskserv_name(o.name, d)).collect(),
         rollback_on_failure: true,

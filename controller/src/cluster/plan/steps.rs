@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use provisioning_crds::{ClusterStep, ClusterTaskServStatus, LABEL_POOL, Server};
 
 use super::model::{
-    ChildServer, ChildTaskServ, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, ROLLING, StepKind, StepState, available,
+    ChildServer, ChildTaskServ, EndpointGate, LABEL_SURGE, Observed, Plan, Planned, PlannedEvent, ROLLING, StepKind, StepState, available,
     desired_taskserv, desired_with_surge, index_of, labels_cover, machine_differs, settled, taskserv_name,
 };
 use crate::cluster::validate::ServicePlan;
@@ -226,8 +226,14 @@ impl Rollout {
         for svc in services {
             let id = format!("taskserv/{}", svc.service);
             let name = taskserv_name(o.name, &svc.service);
-            let prereqs_done = svc.pools.iter().all(|p| self.succeeded(&format!("servers/{p}")))
+            let others_done = svc.pools.iter().all(|p| self.succeeded(&format!("servers/{p}")))
                 && svc.after.iter().all(|d| self.succeeded(&format!("taskserv/{d}")));
+            // The kubernetes service waits for the control-plane endpoint (kubeadm init uses it).
+            let endpoint_wait = match &o.endpoint {
+                EndpointGate::Waiting(why) if svc.service == provisioning_crds::KUBERNETES_SERVICE => Some(why.clone()),
+                _ => None,
+            };
+            let prereqs_done = others_done && endpoint_wait.is_none();
             let want = desired_taskserv(o, svc, &self.desired);
             let have = o.taskservs.iter().find(|t| t.name == name);
             match have {
@@ -253,7 +259,9 @@ impl Rollout {
             let (state, msg) = match have {
                 None if prereqs_done && !blocked => (StepState::Running, format!("creating TaskServ {name}")),
                 None if blocked => (StepState::Pending, self.blocked_message()),
-                None => (StepState::Pending, "waiting for earlier steps".to_string()),
+                None => {
+                    (StepState::Pending, endpoint_wait.filter(|_| others_done).unwrap_or_else(|| "waiting for earlier steps".to_string()))
+                }
                 Some(h) if h.stalled.is_some() => {
                     self.stalled_steps.insert(id.clone());
                     (StepState::Failed, format!("TaskServ {name}: {}", h.stalled.clone().unwrap_or_default()))

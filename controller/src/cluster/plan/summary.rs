@@ -160,6 +160,7 @@ pub(super) fn summarize(o: &Observed<'_>, services: &[ServicePlan], mut r: Rollo
         // the approval in force (crate::cluster::approval).
         plan: o.status.plan.clone(),
         approved_plan: o.status.approved_plan.clone(),
+        control_plane_endpoint: o.status.control_plane_endpoint.clone(),
     };
     plan.events = events;
     // Ready or Stalled: children's changes trigger us anyway; else poll while rolling out.
