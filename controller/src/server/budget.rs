@@ -224,8 +224,7 @@ mod tests {
         let running = [server("a", 0, true, "t3.small"), server("b", 1, true, "t3.small")];
         let next = server("c", 2, false, "t3.small");
         // 3 × 15.77 = 47.31 > 40.
-        let Verdict::Refused(refused) = check(&next, &own(&next), Some(&budget("40", UnknownCostPolicy::Allow)), || running.clone(), "ws")
-        else {
+        let Verdict::Refused(refused) = check(&next, &own(&next), Some(&budget("40", UnknownCostPolicy::Allow)), &running, "ws") else {
             panic!("not refused")
         };
         assert_eq!(refused.reason, BUDGET_EXCEEDED);
@@ -235,8 +234,8 @@ mod tests {
             "{}",
             refused.message
         );
-        assert_eq!(check(&next, &own(&next), Some(&budget("47.31", UnknownCostPolicy::Allow)), || running.clone(), "ws"), Verdict::Within);
-        assert_eq!(check(&next, &own(&next), None, || running.clone(), "ws"), Verdict::NotApplicable);
+        assert_eq!(check(&next, &own(&next), Some(&budget("47.31", UnknownCostPolicy::Allow)), &running, "ws"), Verdict::Within);
+        assert_eq!(check(&next, &own(&next), None, &running, "ws"), Verdict::NotApplicable);
         // Machines that exist are never judged.
         assert_eq!(
             check(&running[0], &own(&running[0]), Some(&budget("1", UnknownCostPolicy::Refuse)), &running, "ws"),
@@ -250,20 +249,20 @@ mod tests {
         let medium = cost::server_cost(&prices::aws("eu-north-1", "t3.medium"));
         let limit = budget("40", UnknownCostPolicy::Allow);
         // b resized to t3.medium: 15.77 + 31.54 = 47.31 > 40.
-        let Verdict::Refused(refused) = check_change(&running[1], &own(&running[1]), &medium, Some(&limit), || running.clone(), "ws")
+        let Verdict::Refused(refused) = check_change(&running[1], &own(&running[1]), &medium, Some(&limit), || running.to_vec(), "ws")
         else {
             panic!("not refused")
         };
         assert_eq!(refused.reason, BUDGET_EXCEEDED);
         assert!(refused.message.contains("$47.31") && refused.message.ends_with("The machine was not changed"), "{}", refused.message);
         assert_eq!(
-            check_change(&running[1], &own(&running[1]), &medium, Some(&budget("50", UnknownCostPolicy::Allow)), || running.clone(), "ws"),
+            check_change(&running[1], &own(&running[1]), &medium, Some(&budget("50", UnknownCostPolicy::Allow)), || running.to_vec(), "ws"),
             Verdict::Within
         );
         // Not more expensive (or no budget): never judged, even over the budget.
         let tiny = budget("1", UnknownCostPolicy::Refuse);
-        assert_eq!(check_change(&running[1], &medium, &own(&running[1]), Some(&tiny), || running.clone(), "ws"), Verdict::NotApplicable);
-        assert_eq!(check_change(&running[1], &own(&running[1]), &medium, None, || running.clone(), "ws"), Verdict::NotApplicable);
+        assert_eq!(check_change(&running[1], &medium, &own(&running[1]), Some(&tiny), || running.to_vec(), "ws"), Verdict::NotApplicable);
+        assert_eq!(check_change(&running[1], &own(&running[1]), &medium, None, || running.to_vec(), "ws"), Verdict::NotApplicable);
     }
 
     #[test]
