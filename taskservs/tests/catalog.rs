@@ -212,3 +212,55 @@ fn assert_described(service: &str, pointer: &str, schema: &serde_json::Value) {
         assert_described(service, &format!("{pointer}/items"), items);
     }
 }
+
+/// Issue 29 item 1: every download pin in the catalog (a config property named `*Sha256`)
+/// ships non-empty defaults that cover the service's default versions, each a SHA-256, and
+/// the manifest cites where the values come from (a `# Source:` comment in that property).
+#[test]
+fn every_download_pin_is_set_for_the_default_versions_and_cites_its_source() {
+    let catalog = real_catalog();
+    let mut seen = Vec::new();
+    for service in catalog.services() {
+        let schema = &service.manifest.config_schema;
+        let Some(properties) = schema.get("properties").and_then(serde_json::Value::as_object) else { continue };
+        let text = std::fs::read_to_string(service.dir.join("taskserv.yaml")).unwrap_or_default();
+        for (name, property) in properties.iter().filter(|(n, _)| n.ends_with("Sha256")) {
+            seen.push(format!("{}.{name}", service.name()));
+            let pins = property.get("default").and_then(serde_json::Value::as_object).cloned().unwrap_or_default();
+            assert!(!pins.is_empty(), "{}: {name} has no pinned default", service.name());
+            for (key, value) in &pins {
+                let hex = value.as_str().unwrap_or_default();
+                assert!(
+                    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                    "{}: {name}.{key} is not a SHA-256: {value}",
+                    service.name()
+                );
+            }
+            // The comment block of this property says where the values come from.
+            let rest = text.split_once(&format!("\n    {name}:")).map(|(_, rest)| rest).unwrap_or_default();
+            let cited = rest
+                .lines()
+                .skip(1)
+                .take_while(|l| l.trim().is_empty() || l.starts_with("     "))
+                .any(|l| l.trim_start().starts_with("# Source:"));
+            assert!(cited, "{}: {name} cites no source in taskserv.yaml", service.name());
+            // The defaults cover what the service installs by default.
+            let wanted: Vec<String> = match (service.name(), name.as_str()) {
+                ("cilium", "cliSha256") => {
+                    vec![properties["cliVersion"]["default"].as_str().unwrap_or_default().to_string()]
+                }
+                ("rook-ceph", "manifestSha256") => service
+                    .manifest
+                    .versions
+                    .iter()
+                    .flat_map(|v| ["crds.yaml", "common.yaml", "operator.yaml"].map(|f| format!("v{v}/{f}")))
+                    .collect(),
+                (s, n) => panic!("{s}.{n}: a new download pin; say here which keys its defaults must cover"),
+            };
+            for key in wanted {
+                assert!(pins.contains_key(&key), "{}: {name} has no pin for {key}", service.name());
+            }
+        }
+    }
+    assert_eq!(seen, ["cilium.cliSha256", "rook-ceph.manifestSha256"]);
+}

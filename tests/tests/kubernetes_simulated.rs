@@ -64,11 +64,8 @@ fn kubernetes_cluster_exports_its_kubeconfig_and_shows_its_stages() -> Result<()
     );
     assert_eq!(condition(&kube, "ControlPlaneAvailable"), Some(("True".into(), "MembersJoined".into(), "2/2 members".into())));
     assert_eq!(condition(&kube, "WorkersJoined"), Some(("True".into(), "MembersJoined".into(), "1/1 members".into())));
-    // The catalog ships no cilium CLI pin (none could be sourced): said up front, naming the
-    // field and where upstream publishes the value, even though the simulated run "succeeded".
-    let (status, reason, message) = condition(&kube, "CNIReady").unwrap_or_default();
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "PinMissing"), "{message}");
-    assert!(message.contains("cliSha256.\"v0.16.22\"") && message.contains("cilium-linux-amd64.tar.gz.sha256sum"), "{message}");
+    // The catalog pins the default cilium CLI (v0.16.22), so the CNI stage is Ready.
+    assert_eq!(condition(&kube, "CNIReady"), Some(("True".into(), "Ready".into(), "cilium ready on 2 servers".into())));
     assert_eq!(condition(&kube, "StorageReady"), None, "no storage service, no condition");
 
     // The Secret, in Cluster API's format, owned by the Cluster, its server the endpoint
@@ -101,6 +98,17 @@ fn kubernetes_cluster_exports_its_kubeconfig_and_shows_its_stages() -> Result<()
     let foreign = json(&dev, &["get", "secret", "taken-kubeconfig", "-n", NS])?;
     assert_eq!(foreign["data"]["value"], base64::engine::general_purpose::STANDARD.encode("not ours"));
     assert!(foreign["metadata"]["ownerReferences"].is_null(), "{foreign}");
+    // A cilium CLI version the catalog has no pin for is said up front, naming the field and
+    // where upstream publishes the value, even though the simulated run would "succeed".
+    dev.wait_until(Duration::from_secs(120), "Cluster taken says its cilium CLI is unpinned", |d| {
+        Ok(condition(&cluster(d, "taken")?, "CNIReady").is_some_and(|c| c.1 == "PinMissing"))
+    })?;
+    let (status, _, message) = condition(&cluster(&dev, "taken")?, "CNIReady").unwrap_or_default();
+    assert_eq!(status, "False", "{message}");
+    assert!(
+        message.contains("cliSha256.\"v0.16.21\"") && message.contains("releases/download/v0.16.21/cilium-linux-amd64.tar.gz.sha256sum"),
+        "{message}"
+    );
 
     // `provisioning trace` shows the stages.
     let out = Command::new(provisioning_bin())

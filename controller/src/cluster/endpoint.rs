@@ -100,7 +100,7 @@ fn cond(status: Status, reason: &str, message: impl Into<String>) -> Option<Desi
 /// Whether status already shows what is wanted (then the provider is not asked).
 fn settled(recorded: Option<&ControlPlaneEndpointStatus>, t: EndpointType, port: u16, targets: &[ProviderId]) -> bool {
     let Some(r) = recorded else { return false };
-    if r.endpoint_type != t.as_str() || r.port != port || r.address.is_empty() || r.id.is_empty() || r.cost.is_none() {
+    if r.endpoint_type != t.as_str() || r.port != port || r.address.is_empty() || !super::plan::endpoint_host_ok(&r.address) || r.id.is_empty() || r.cost.is_none() {
         return false;
     }
     match t {
@@ -235,6 +235,20 @@ async fn ensure_at_provider(
         let request =
             EndpointRequest { identity: identity(cluster, namespace), kind, port, zone: zone_of(&cluster.spec), targets: targets.clone() };
         match ctx.provider_call(&a.ws, &a.provider, &a.name, "ensure_endpoint", a.provider.ensure_endpoint(&request)).await {
+            Ok(o) if !o.address.is_empty() && !super::plan::endpoint_host_ok(&o.address) => {
+                // A cloud API's answer is outside input: never written to status (and so never
+                // into kubeadm's config or the kubeconfig) unless it is a host.
+                tracing::warn!(cluster = %cluster.name_any(), namespace, id = %o.id, kind = kind.noun(), "the provider answered an endpoint address that is not an IP address or DNS name");
+                return Outcome {
+                    status: recorded,
+                    condition: cond(
+                        Status::False,
+                        "Failed",
+                        format!("the provider answered an address for the {} that is not an IP address or DNS name", kind.noun()),
+                    ),
+                    retry: true,
+                };
+            }
             Ok(o) => {
                 if recorded.as_ref().is_none_or(|r| r.id != o.id) {
                     tracing::info!(cluster = %cluster.name_any(), namespace, id = %o.id, address = %o.address, kind = kind.noun(), "control-plane endpoint created");
@@ -355,5 +369,39 @@ mod tests {
         let fip = ControlPlaneEndpointStatus { endpoint_type: "FloatingIP".into(), targets: vec!["sim://b".into()], ..lb };
         assert!(settled(Some(&fip), EndpointType::FloatingIp, 6443, &ids(&["sim://a", "sim://b"])), "the holder stays while it lives");
         assert!(!settled(Some(&fip), EndpointType::FloatingIp, 6443, &ids(&["sim://a"])), "the holder is gone: move it");
+        let forged = ControlPlaneEndpointStatus { address: "evil.example/x?".into(), ..fip.clone() };
+        assert!(!settled(Some(&forged), EndpointType::FloatingIp, 6443, &ids(&["sim://b"])), "an address that is no host is asked for again");
+    }
+
+    #[test]
+    fn only_a_host_is_a_usable_endpoint_address() {
+        use super::super::plan::{EndpointGate, endpoint_host_ok};
+        for ok in ["203.0.113.7", "2001:db8::1", "lb-1.elb.eu-north-1.amazonaws.com", "lb.example.", "k8s"] {
+            assert!(endpoint_host_ok(ok), "{ok}");
+        }
+        let long = format!("{}.example", "a".repeat(64));
+        for bad in [
+            "", "999.1.1.1", "1.2.3", "evil.example/x", "user@evil.example", "https://evil.example", "evil.example:1",
+            "a b", "-lb.example", "lb-.example", "lb..example", "\"lb\"", long.as_str(), "[2001:db8::1]",
+        ] {
+            assert!(!endpoint_host_ok(bad), "{bad:?}");
+        }
+        // The gate never hands a forged status address to kubeadm or the kubeconfig.
+        let spec: ClusterSpec = serde_json::from_value(serde_json::json!({
+            "pools": [{"name": "control-plane", "replicas": 1}],
+            "taskservs": [{"service": "kubernetes"}],
+            "controlPlaneEndpoint": {"type": "LoadBalancer", "port": 6443}
+        }))
+        .unwrap_or_default();
+        let status = |address: &str| ControlPlaneEndpointStatus {
+            endpoint_type: "LoadBalancer".into(),
+            address: address.into(),
+            port: 6443,
+            id: "lb-1".into(),
+            targets: vec!["sim://a".into()],
+            cost: Some(Default::default()),
+        };
+        assert_eq!(EndpointGate::of(&spec, Some(&status("203.0.113.7"))), EndpointGate::At("203.0.113.7:6443".into()));
+        assert!(matches!(EndpointGate::of(&spec, Some(&status("x\n- --token y"))), EndpointGate::Waiting(m) if m.contains("not an IP address or DNS name")));
     }
 }

@@ -2,9 +2,9 @@
 //! SHA-256 pin is refused on the machine (`lib/k8s.nu` `fetch`), so the Cluster says so up
 //! front, naming the config field to set and where upstream publishes the value.
 //!
-//! The catalog ships no pin it cannot source: the cilium CLI's checksum is in the release's
-//! `.sha256sum` file, and Rook publishes no checksum for its manifests (the value is the
-//! SHA-256 of the file at the release tag, which the user computes and reviews).
+//! The catalog pins the default versions and cites each value's source in its taskserv.yaml:
+//! the cilium CLI's checksum is the release's `.sha256sum` file; Rook publishes no checksum
+//! for its manifests, so the value is the SHA-256 of the file at the release tag.
 
 use provisioning_taskservs::Catalog;
 use serde_json::Value;
@@ -95,17 +95,26 @@ mod tests {
     #[test]
     fn a_missing_pin_names_the_field_and_where_the_value_comes_from() -> Result<(), Box<dyn std::error::Error>> {
         let catalog = Catalog::load(&Catalog::default_dir())?;
-        // The catalog's defaults: no pins (none could be sourced), so both are named.
-        let m = missing(&ts("cilium", serde_json::json!({})), &catalog).unwrap_or_default();
+        // The catalog's defaults pin the default versions.
+        assert_eq!(missing(&ts("cilium", serde_json::json!({})), &catalog), None);
+        assert_eq!(missing(&ts("rook-ceph", serde_json::json!({})), &catalog), None);
+        // A version the catalog has no pin for is named, with the field and the source.
+        let m = missing(&ts("cilium", serde_json::json!({"cliVersion": "v0.16.21"})), &catalog).unwrap_or_default();
         assert!(
-            m.contains("cliSha256.\"v0.16.22\"") && m.contains("releases/download/v0.16.22/cilium-linux-amd64.tar.gz.sha256sum"),
+            m.contains("cliSha256.\"v0.16.21\"") && m.contains("releases/download/v0.16.21/cilium-linux-amd64.tar.gz.sha256sum"),
             "{m}"
         );
-        let m = missing(&ts("rook-ceph", serde_json::json!({})), &catalog).unwrap_or_default();
+        let mut rook = ts("rook-ceph", serde_json::json!({}));
+        rook.spec.version = "1.14.0".into();
+        let m = missing(&rook, &catalog).unwrap_or_default();
         assert!(
-            m.contains("v1.15.6/crds.yaml, v1.15.6/common.yaml, v1.15.6/operator.yaml") && m.contains("rook/v1.15.6/deploy/examples"),
+            m.contains("v1.14.0/crds.yaml, v1.14.0/common.yaml, v1.14.0/operator.yaml") && m.contains("rook/v1.14.0/deploy/examples"),
             "{m}"
         );
+        // A config that names its own pins replaces the catalog's: a partial map is refused.
+        let m = missing(&ts("rook-ceph", serde_json::json!({"manifestSha256": {"v1.15.6/crds.yaml": "0".repeat(64)}})), &catalog)
+            .unwrap_or_default();
+        assert!(m.contains("v1.15.6/common.yaml, v1.15.6/operator.yaml"), "{m}");
         // Pinned: nothing to say.
         let pin = "0".repeat(64);
         assert_eq!(missing(&ts("cilium", serde_json::json!({"cliSha256": {"v0.16.22": pin}})), &catalog), None);

@@ -200,7 +200,11 @@ mod tests {
         assert_eq!(get(&conds, kc::CONTROL_PLANE_INITIALIZED), Some(("True", "Initialized", "kubeadm init done on k8s-cp-0")));
         assert_eq!(get(&conds, kc::CONTROL_PLANE_AVAILABLE), Some(("False", "MembersJoining", "1/2 members")));
         assert_eq!(get(&conds, kc::WORKERS_JOINED), Some(("False", "MembersJoining", "0/1 members")));
-        assert_eq!(get(&conds, kc::CNI_READY).map(|c| (c.0, c.1)), Some(("False", "PinMissing")), "the catalog ships no cilium pin");
+        assert_eq!(get(&conds, kc::CNI_READY).map(|c| (c.0, c.1)), Some(("False", "Installing")), "the catalog pins the default CLI");
+        let mut unpinned = taskserv("cilium", &[], false);
+        unpinned.spec.config = Some(serde_json::json!({"cliVersion": "v0.16.21"}));
+        let conds = conditions(&servers, &[taskserv("kubernetes", &["k8s-cp-0"], false), unpinned], &catalog);
+        assert_eq!(get(&conds, kc::CNI_READY).map(|c| (c.0, c.1)), Some(("False", "PinMissing")), "no pin for v0.16.21");
         // All done.
         let all = ["k8s-cp-0", "k8s-cp-1", "k8s-w-0"];
         let pin = "0".repeat(64);

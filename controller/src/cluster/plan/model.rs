@@ -240,12 +240,17 @@ impl EndpointGate {
             return EndpointGate::Unmanaged;
         };
         if want.endpoint_type == EndpointType::Vip {
-            return EndpointGate::At(format!("{}:{}", want.address, want.port));
+            return EndpointGate::At(host_port(&want.address, want.port));
         }
         let kind = want.endpoint_type.as_str();
         match endpoint.filter(|e| e.endpoint_type == kind) {
+            // Status is written by whoever may write Cluster status and the address comes from
+            // a cloud API: what goes into kubeadm's config and the kubeconfig must be a host.
+            Some(e) if !e.address.is_empty() && !endpoint_host_ok(&e.address) => {
+                EndpointGate::Waiting(format!("the {kind}'s address in status is not an IP address or DNS name; not used"))
+            }
             Some(e) if !e.address.is_empty() && (want.endpoint_type != EndpointType::FloatingIp || !e.targets.is_empty()) => {
-                EndpointGate::At(format!("{}:{}", e.address, e.port))
+                EndpointGate::At(host_port(&e.address, e.port))
             }
             Some(e) if !e.address.is_empty() => {
                 EndpointGate::Waiting(format!("waiting for the {kind} {} to be on a control-plane machine", e.address))
@@ -253,6 +258,37 @@ impl EndpointGate {
             _ => EndpointGate::Waiting(format!("waiting for the control-plane endpoint ({kind}) to be created")),
         }
     }
+}
+
+/// `HOST:PORT`, an IPv6 address in brackets.
+fn host_port(address: &str, port: u16) -> String {
+    match address.parse::<std::net::Ipv6Addr>() {
+        Ok(_) => format!("[{address}]:{port}"),
+        Err(_) => format!("{address}:{port}"),
+    }
+}
+
+/// Whether `address` (a control-plane endpoint's, from a provider or from status) is usable
+/// as a host in `https://HOST:PORT`: an IP address, or a DNS name of at most 253 characters
+/// whose labels are 1-63 letters, digits and inner hyphens. Anything else (a URL, a path, a
+/// user-info part, spaces, quotes) is refused before it reaches kubeadm's config, the
+/// kubernetes TaskServ or the kubeconfig Secret.
+pub fn endpoint_host_ok(address: &str) -> bool {
+    if address.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    let name = address.strip_suffix('.').unwrap_or(address);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+        // An all-numeric dotted name is an IPv4 address that did not parse (e.g. 999.1.1.1).
+        && !name.split('.').all(|l| l.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The outcome of planning.
