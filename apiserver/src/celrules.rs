@@ -12,18 +12,24 @@
 //!
 //! ## Cost bound
 //!
-//! The `cel` crate has no runtime cost accounting, so evaluation is bounded before it starts:
-//! each rule's cost is estimated as `n^d`, where `n` is the number of list elements and map
-//! entries inside the values bound to `self`/`oldSelf` (plus one) and `d` is the deepest nesting
-//! of comprehensions (`all`, `exists`, `exists_one`, `map`, `filter`) in the rule (at least 1).
+//! The `cel` crate has no runtime cost accounting, so evaluation is bounded before it starts by
+//! an estimate over the actual object: one step per expression node, and a comprehension
+//! (`all`, `exists`, `exists_one`, `map`, `filter`) counts its body once per element of the
+//! longest list or map its range is in this object — `self.pools` is as long as the object's
+//! pools, `t.pools` (with `t` bound to `self.taskservs`' items) as long as the longest of their
+//! `pools`. A range that is no plain field path (a concatenation, a call's result) is assumed as
+//! long as the whole value bound to `self`/`oldSelf` (its list elements and map entries, plus
+//! one). So a large free-form field (a service's `config`) does not make a rule that never
+//! iterates it expensive, which a bound from the value's total size did (a Cluster with a few
+//! pools and a config of a hundred entries was refused by its depth-3 pools rule).
 //! A rule whose estimate exceeds [`RULE_COST_LIMIT`] is not run and the write is rejected
 //! (`... call cost exceeds limit for rule: ...`), like kube-apiserver's per-call limit; the
 //! estimates of all rules of one request are summed against [`REQUEST_COST_BUDGET`] (`validation
 //! failed due to running out of cost budget`). As a backstop, evaluation of one request stops
 //! once [`REQUEST_TIME_BUDGET`] of wall-clock time has been spent (a rule already running is
 //! not interrupted; at the per-rule limit one evaluation takes about 0.3 s in a release build).
-//! Pairwise rules such as "names must be unique" (`d = 2`) thus accept lists of up to a few
-//! hundred small items; linear rules (`d = 1`) accept anything under the 3 MiB body limit. The
+//! Pairwise rules such as "names must be unique" thus accept lists of a few hundred items;
+//! linear rules lists of tens of thousands. The
 //! handlers evaluate objects of more than 20,000 nodes on the blocking pool, so a long
 //! evaluation never stalls the async runtime serving other requests.
 //!
@@ -64,7 +70,6 @@ static ENV: LazyLock<Arc<cel::Env>> = LazyLock::new(|| {
 pub struct Compiled {
     program: cel::Program,
     uses_old_self: bool,
-    depth: u32,
 }
 
 type CompileResult = Result<Arc<Compiled>, String>;
@@ -84,8 +89,7 @@ pub fn compile(source: &str) -> CompileResult {
     let result = match catch_unwind(AssertUnwindSafe(|| env.compile(source))) {
         Ok(Ok(program)) => {
             let uses_old_self = program.references().has_variable("oldSelf");
-            let depth = comprehension_depth(program.expression(), 0);
-            Ok(Arc::new(Compiled { program, uses_old_self, depth }))
+            Ok(Arc::new(Compiled { program, uses_old_self }))
         }
         Ok(Err(e)) => Err(truncate(&e.to_string())),
         Err(_) => Err("the CEL parser failed on this expression".to_string()),
@@ -97,27 +101,103 @@ pub fn compile(source: &str) -> CompileResult {
     result
 }
 
-/// Deepest nesting of comprehensions (loops) in an expression.
-fn comprehension_depth(e: &IdedExpr, guard: u32) -> u32 {
+/// The estimated cost of running `compiled` with `self` = `new` and `oldSelf` = `old`
+/// ([`estimate`]; `n` the size of both values, for ranges it cannot follow).
+fn rule_cost(compiled: &Compiled, new: &Value, old: Option<&Value>, n: u64) -> u64 {
+    let mut env: Scope = vec![("self", Some(vec![new])), ("oldSelf", old.map(|o| vec![o]))];
+    estimate(compiled.program.expression(), &mut env, n, 0)
+}
+
+/// What an identifier may stand for while estimating: every value it can be bound to, or
+/// unknown (then any list it iterates is assumed as long as the whole value).
+type Candidates<'v> = Option<Vec<&'v Value>>;
+
+/// Identifiers bound while estimating, innermost last.
+type Scope<'e, 'v> = Vec<(&'e str, Candidates<'v>)>;
+
+/// The values `e` evaluates to when it is a field path from a bound identifier (`self.a.b`,
+/// `t.pools`), else unknown.
+fn resolve<'v>(e: &IdedExpr, env: &Scope<'_, 'v>, guard: u32) -> Candidates<'v> {
     if guard > 200 {
-        return 0;
+        return None;
     }
-    let d = |x: &IdedExpr| comprehension_depth(x, guard + 1);
     match &e.expr {
-        Expr::Call(c) => c.target.iter().map(|t| d(t)).chain(c.args.iter().map(d)).max().unwrap_or(0),
-        Expr::Comprehension(c) => d(&c.iter_range).max(d(&c.accu_init)).max(d(&c.result)).max(1 + d(&c.loop_cond).max(d(&c.loop_step))),
-        Expr::List(l) => l.elements.iter().map(d).max().unwrap_or(0),
-        Expr::Map(m) => m.entries.iter().map(|en| entry_depth(&en.expr, guard)).max().unwrap_or(0),
-        Expr::Struct(s) => s.entries.iter().map(|en| entry_depth(&en.expr, guard)).max().unwrap_or(0),
-        Expr::Select(s) => d(&s.operand),
-        _ => 0,
+        Expr::Ident(name) => env.iter().rev().find(|(n, _)| n == name).and_then(|(_, c)| c.clone()),
+        Expr::Select(sel) if !sel.test => {
+            let operands = resolve(&sel.operand, env, guard + 1)?;
+            Some(operands.into_iter().filter_map(|v| v.get(&sel.field)).collect())
+        }
+        _ => None,
     }
 }
 
-fn entry_depth(e: &EntryExpr, guard: u32) -> u32 {
+/// An upper estimate of the steps evaluating `e` takes with `env` bound: one per node, and a
+/// comprehension's body once per element of the longest list or map its range can be (the
+/// actual lengths in the object being validated, as kube-apiserver's runtime cost counts what
+/// is there, not the schema's bounds). A range that is no plain field path (a concatenation, a
+/// call's result) is assumed `n` long, `n` being the size of the whole value.
+fn estimate<'e, 'v>(e: &'e IdedExpr, env: &mut Scope<'e, 'v>, n: u64, guard: u32) -> u64 {
+    if guard > 200 {
+        return n;
+    }
+    let mut parts: Vec<&'e IdedExpr> = vec![];
+    match &e.expr {
+        Expr::Call(c) => {
+            parts.extend(c.target.iter().map(|t| &**t));
+            parts.extend(c.args.iter());
+        }
+        Expr::List(l) => parts.extend(l.elements.iter()),
+        Expr::Select(sel) => parts.push(&sel.operand),
+        Expr::Map(m) => m.entries.iter().for_each(|en| entry_parts(&en.expr, &mut parts)),
+        Expr::Struct(st) => st.entries.iter().for_each(|en| entry_parts(&en.expr, &mut parts)),
+        Expr::Comprehension(c) => {
+            let (len, elements) = match resolve(&c.iter_range, env, 0) {
+                Some(values) => {
+                    let len = values
+                        .iter()
+                        .map(|v| match v {
+                            Value::Array(a) => a.len() as u64,
+                            Value::Object(m) => m.len() as u64,
+                            _ => 0,
+                        })
+                        .max()
+                        .unwrap_or(0);
+                    // A list's elements are what the loop variable stands for; a map's keys
+                    // are strings, with nothing inside to iterate.
+                    let elements: Vec<&'v Value> = values.iter().filter_map(|v| v.as_array()).flatten().collect();
+                    (len, Some(elements))
+                }
+                None => (n, None),
+            };
+            let mut outer = 1u64;
+            for x in [&c.iter_range, &c.accu_init, &c.result] {
+                outer = outer.saturating_add(estimate(x, env, n, guard + 1));
+            }
+            let bound = env.len();
+            env.push((c.iter_var.as_str(), elements));
+            if let Some(v2) = &c.iter_var2 {
+                env.push((v2.as_str(), None));
+            }
+            env.push((c.accu_var.as_str(), None));
+            let mut body = 1u64;
+            for x in [&c.loop_cond, &c.loop_step] {
+                body = body.saturating_add(estimate(x, env, n, guard + 1));
+            }
+            env.truncate(bound);
+            return outer.saturating_add(len.saturating_mul(body));
+        }
+        _ => {}
+    }
+    parts.into_iter().fold(1u64, |acc, x| acc.saturating_add(estimate(x, env, n, guard + 1)))
+}
+
+fn entry_parts<'e>(e: &'e EntryExpr, parts: &mut Vec<&'e IdedExpr>) {
     match e {
-        EntryExpr::StructField(f) => comprehension_depth(&f.value, guard + 1),
-        EntryExpr::MapEntry(m) => comprehension_depth(&m.key, guard + 1).max(comprehension_depth(&m.value, guard + 1)),
+        EntryExpr::StructField(f) => parts.push(&f.value),
+        EntryExpr::MapEntry(m) => {
+            parts.push(&m.key);
+            parts.push(&m.value);
+        }
     }
 }
 
@@ -260,7 +340,7 @@ impl Rules {
                         continue;
                     }
                     let n = *size.get_or_insert_with(|| 1 + count(nv, 0) + ov.map(|o| count(o, 0)).unwrap_or(0));
-                    let cost = n.saturating_pow(compiled.depth.max(1));
+                    let cost = rule_cost(&compiled, nv, ov, n);
                     if cost > RULE_COST_LIMIT {
                         causes.push(invalid(
                             &field,
@@ -642,6 +722,41 @@ mod tests {
         let m = msgs(&rules.validate(&obj, None));
         assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
         assert!(m.iter().any(|x| x.contains("call cost exceeds limit")), "{:?}", &m[..m.len().min(3)]);
+    }
+
+    #[test]
+    fn the_estimate_follows_what_a_rule_iterates_not_the_objects_size() {
+        // The Cluster's rule: each taskserv's pools must name pools of spec.pools (depth 3).
+        let s = json!({"type": "object", "properties": {"spec": {"type": "object", "x-kubernetes-validations": [
+            {"rule": "!has(self.taskservs) || self.taskservs.all(t, !has(t.pools) || t.pools.all(n, self.pools.exists(p, p.name == n)))",
+             "message": "taskservs[].pools must name pools of spec.pools"}],
+            "properties": {"pools": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}},
+                "taskservs": {"type": "array", "items": {"type": "object", "properties": {
+                    "pools": {"type": "array", "items": {"type": "string"}},
+                    "config": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}}}});
+        let rules = Rules::from_schema(&s);
+        // Three pools, two services, one with a config of 2,000 entries: the rule never iterates
+        // it, so it runs (the bound from the whole value's size, 2,000^3, refused it).
+        let config: serde_json::Map<String, Value> = (0..2_000).map(|i| (format!("k{i}"), json!([i, i + 1]))).collect();
+        let ok = json!({"spec": {"pools": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
+            "taskservs": [{"pools": ["a", "b"], "config": config}, {"pools": ["c"]}]}});
+        assert!(rules.validate(&ok, None).is_empty(), "{:?}", msgs(&rules.validate(&ok, None)));
+        let mut bad = ok.clone();
+        bad["spec"]["taskservs"][1]["pools"] = json!(["nope"]);
+        assert_eq!(msgs(&rules.validate(&bad, None)), ["spec: Invalid value: \"object\": taskservs[].pools must name pools of spec.pools"]);
+        // What the rule does iterate still bounds it: 200 services × 100 pools each × 100 pools.
+        let pools: Vec<Value> = (0..100).map(|i| json!({"name": format!("p{i}")})).collect();
+        let names: Vec<String> = (0..100).map(|i| format!("p{i}")).collect();
+        let taskservs: Vec<Value> = (0..200).map(|_| json!({"pools": names})).collect();
+        let m = msgs(&rules.validate(&json!({"spec": {"pools": pools, "taskservs": taskservs}}), None));
+        assert!(m.iter().any(|x| x.contains("call cost exceeds limit")), "{m:?}");
+        // A range that is no field path is assumed as long as the whole value.
+        let s = json!({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}},
+            "x-kubernetes-validations": [{"rule": "(self.a + self.a).all(x, (self.a + self.a).all(y, (self.a + self.a).all(z, x + y + z >= 0)))"}]});
+        let rules = Rules::from_schema(&s);
+        let a: Vec<i64> = (0..150).collect();
+        let m = msgs(&rules.validate(&json!({"a": a}), None));
+        assert!(m.iter().any(|x| x.contains("call cost exceeds limit")), "{m:?}");
     }
 
     #[test]
