@@ -217,8 +217,12 @@ fn the_kubernetes_3node_template_reaches_ready_with_its_endpoint_which_outlives_
     })?;
     let c = json(&dev, &["get", "cluster", "k8s", "-n", TPL_NS])?;
     let uid = c["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    // Every stage condition the template's services make, True: with the catalog's pins the
+    // CNI stage is Ready too (the template installs cilium at its default CLI version).
+    assert_eq!(condition(&c, "ControlPlaneInitialized").map(|c| (c.0, c.1)), Some(("True".into(), "Initialized".into())));
     assert_eq!(condition(&c, "ControlPlaneAvailable").map(|c| c.2), Some("3/3 members".into()));
     assert_eq!(condition(&c, "WorkersJoined").map(|c| c.2), Some("2/2 members".into()));
+    assert_eq!(condition(&c, "CNIReady").map(|c| (c.0, c.1)), Some(("True".into(), "Ready".into())), "{}", c["status"]);
     // The endpoint in status, and at the provider: one load balancer of this Cluster, its
     // targets the three control-plane machines.
     let endpoint = c["status"]["controlPlaneEndpoint"].clone();
