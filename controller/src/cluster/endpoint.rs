@@ -100,7 +100,13 @@ fn cond(status: Status, reason: &str, message: impl Into<String>) -> Option<Desi
 /// Whether status already shows what is wanted (then the provider is not asked).
 fn settled(recorded: Option<&ControlPlaneEndpointStatus>, t: EndpointType, port: u16, targets: &[ProviderId]) -> bool {
     let Some(r) = recorded else { return false };
-    if r.endpoint_type != t.as_str() || r.port != port || r.address.is_empty() || !super::plan::endpoint_host_ok(&r.address) || r.id.is_empty() || r.cost.is_none() {
+    if r.endpoint_type != t.as_str()
+        || r.port != port
+        || r.address.is_empty()
+        || !super::plan::endpoint_host_ok(&r.address)
+        || r.id.is_empty()
+        || r.cost.is_none()
+    {
         return false;
     }
     match t {
@@ -370,7 +376,10 @@ mod tests {
         assert!(settled(Some(&fip), EndpointType::FloatingIp, 6443, &ids(&["sim://a", "sim://b"])), "the holder stays while it lives");
         assert!(!settled(Some(&fip), EndpointType::FloatingIp, 6443, &ids(&["sim://a"])), "the holder is gone: move it");
         let forged = ControlPlaneEndpointStatus { address: "evil.example/x?".into(), ..fip.clone() };
-        assert!(!settled(Some(&forged), EndpointType::FloatingIp, 6443, &ids(&["sim://b"])), "an address that is no host is asked for again");
+        assert!(
+            !settled(Some(&forged), EndpointType::FloatingIp, 6443, &ids(&["sim://b"])),
+            "an address that is no host is asked for again"
+        );
     }
 
     #[test]
@@ -381,8 +390,20 @@ mod tests {
         }
         let long = format!("{}.example", "a".repeat(64));
         for bad in [
-            "", "999.1.1.1", "1.2.3", "evil.example/x", "user@evil.example", "https://evil.example", "evil.example:1",
-            "a b", "-lb.example", "lb-.example", "lb..example", "\"lb\"", long.as_str(), "[2001:db8::1]",
+            "",
+            "999.1.1.1",
+            "1.2.3",
+            "evil.example/x",
+            "user@evil.example",
+            "https://evil.example",
+            "evil.example:1",
+            "a b",
+            "-lb.example",
+            "lb-.example",
+            "lb..example",
+            "\"lb\"",
+            long.as_str(),
+            "[2001:db8::1]",
         ] {
             assert!(!endpoint_host_ok(bad), "{bad:?}");
         }
@@ -402,6 +423,8 @@ mod tests {
             cost: Some(Default::default()),
         };
         assert_eq!(EndpointGate::of(&spec, Some(&status("203.0.113.7"))), EndpointGate::At("203.0.113.7:6443".into()));
-        assert!(matches!(EndpointGate::of(&spec, Some(&status("x\n- --token y"))), EndpointGate::Waiting(m) if m.contains("not an IP address or DNS name")));
+        assert!(
+            matches!(EndpointGate::of(&spec, Some(&status("x\n- --token y"))), EndpointGate::Waiting(m) if m.contains("not an IP address or DNS name"))
+        );
     }
 }

@@ -109,6 +109,12 @@ export def join-config [ctx: record, endpoint: string, ca_hash: string, control_
     $config | to json
 }
 
+# The JoinConfiguration install.nu writes on a joining server: to the API endpoint, as a
+# control plane when this server is one (kubeadm-config checks it against kubeadm's types).
+export def join-config-for [ctx: record, ca_hash: string]: nothing -> string {
+    join-config $ctx (api-endpoint $ctx) $ca_hash ((role $ctx) == "control-plane") (address-of $ctx.server)
+}
+
 # How long a bootstrap token lives: kubeadm init's, and each one renewed for a late joiner.
 export const JOIN_TOKEN_TTL = "1h0m0s"
 
