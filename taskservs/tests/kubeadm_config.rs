@@ -178,6 +178,7 @@ const ENDPOINTS: &[(&str, &str)] = &[
     ("LoadBalancer DNS name", "k8s-api-0123456789.elb.eu-north-1.amazonaws.com:6443"),
     ("FloatingIP", "198.51.100.7:6443"),
     ("VIP", "10.0.0.100:8443"),
+    ("LoadBalancer IPv6 address", "[2001:db8::10]:6443"),
 ];
 
 /// The Cluster: three control planes, one worker; InternalIP first, as the controller orders.
@@ -188,6 +189,11 @@ const SERVERS: &[(&str, &str, &str)] = &[
     ("w-0", "10.0.0.9", "workers"),
 ];
 
+/// A server's InternalIP: its IPv4 address of SERVERS, or an IPv6 one on IPv6 machines.
+fn internal_ip(ip: &str, v6: bool) -> String {
+    if v6 { format!("fd00::{}", ip.rsplit('.').next().unwrap_or_default()) } else { ip.to_string() }
+}
+
 fn addresses(internal: &str, n: usize) -> Vec<AddressInfo> {
     vec![
         AddressInfo { kind: "InternalIP".into(), address: internal.into() },
@@ -196,13 +202,13 @@ fn addresses(internal: &str, n: usize) -> Vec<AddressInfo> {
 }
 
 /// The script context of `server`, as the controller builds it, with templates rendered.
-fn context(catalog: &Catalog, server: usize, version: &str, endpoint: &str, kube_proxy: bool, ca_key: &str) -> ScriptContext {
+fn context(catalog: &Catalog, server: usize, version: &str, endpoint: &str, kube_proxy: bool, v6: bool, ca_key: &str) -> ScriptContext {
     let config = json!({"bootstrapToken": TOKEN, "certificateKey": "0f".repeat(32), "caKey": ca_key,
                         "controlPlaneEndpoint": endpoint, "kubeProxy": kube_proxy});
     let resolved = catalog.validate_request("kubernetes", Some(version), &config).unwrap_or_else(|e| panic!("{endpoint}: {e}"));
     let peer = |(i, (name, ip, pool)): (usize, &(&str, &str, &str))| PeerInfo {
         name: (*name).into(),
-        addresses: addresses(ip, i),
+        addresses: addresses(&internal_ip(ip, v6), i),
         pool: (*pool).into(),
     };
     let all: Vec<PeerInfo> = SERVERS.iter().enumerate().map(peer).collect();
@@ -211,7 +217,7 @@ fn context(catalog: &Catalog, server: usize, version: &str, endpoint: &str, kube
         server: ServerInfo {
             name: name.into(),
             namespace: "k8s".into(),
-            addresses: addresses(ip, server),
+            addresses: addresses(&internal_ip(ip, v6), server),
             hostname: name.into(),
             pool: pool.into(),
         },
@@ -252,6 +258,8 @@ struct Generated {
     /// "" for the first control plane (it inits).
     joins: Vec<String>,
     tokens: Vec<String>,
+    /// {host, port} install.nu waits for before joining.
+    endpoints: Vec<Value>,
 }
 
 fn generate(contexts: &[ScriptContext]) -> Generated {
@@ -263,6 +271,7 @@ let hash = (ca-cert-hash ($ctxs | first | get config.caKey))
     roles: ($ctxs | each {|c| role $c })
     joins: ($ctxs | each {|c| if (role $c) == "init" { "" } else { join-config-for $c $hash } })
     tokens: ($ctxs | each {|c| token-config $c })
+    endpoints: ($ctxs | each {|c| try { split-endpoint (api-endpoint $c) } catch {|e| {error: $e.msg} } })
 } | to json --raw"#;
     let out = nu_with_stdin(script, &serde_json::to_string(contexts).expect("contexts serialize"));
     serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out)))
@@ -307,20 +316,29 @@ fn every_generated_kubeadm_config_is_valid_v1beta4() {
     for version in &versions {
         for kube_proxy in [true, false] {
             for (label, endpoint) in ENDPOINTS {
-                let contexts: Vec<ScriptContext> =
-                    (0..SERVERS.len()).map(|i| context(&catalog, i, version, endpoint, kube_proxy, &ca_key)).collect();
-                variants.push((format!("{version} kubeProxy={kube_proxy} endpoint={label}"), *endpoint, kube_proxy, contexts));
+                for v6 in [false, true] {
+                    let contexts: Vec<ScriptContext> =
+                        (0..SERVERS.len()).map(|i| context(&catalog, i, version, endpoint, kube_proxy, v6, &ca_key)).collect();
+                    let machines = if v6 { "IPv6" } else { "IPv4" };
+                    variants.push((
+                        format!("{version} kubeProxy={kube_proxy} endpoint={label} machines={machines}"),
+                        *endpoint,
+                        kube_proxy,
+                        v6,
+                        contexts,
+                    ));
+                }
             }
         }
     }
-    let all: Vec<ScriptContext> = variants.iter().flat_map(|v| v.3.clone()).collect();
+    let all: Vec<ScriptContext> = variants.iter().flat_map(|v| v.4.clone()).collect();
     let generated = generate(&all);
     assert!(generated.hash.starts_with("sha256:"), "{}", generated.hash);
 
     // First what kubeadm would refuse, every document of every generated config...
     let mut checked = 0;
     let mut problems = Vec::new();
-    for (n, (label, _, _, contexts)) in variants.iter().enumerate() {
+    for (n, (label, _, _, _, contexts)) in variants.iter().enumerate() {
         let base = n * SERVERS.len();
         let mut texts = vec![(format!("{label} init (kubeadm-init.yaml)"), contexts[0].templates["kubeadm-init.yaml"].clone())];
         for (i, (name, _, _)) in SERVERS.iter().enumerate().skip(1) {
@@ -337,10 +355,10 @@ fn every_generated_kubeadm_config_is_valid_v1beta4() {
     assert_eq!(problems, Vec::<String>::new());
     // Init (3 documents) + 3 joins + 1 token config, for every variant: nothing left out.
     assert_eq!(checked, variants.len() * 7);
-    assert_eq!(variants.len(), versions.len() * 2 * ENDPOINTS.len());
+    assert_eq!(variants.len(), versions.len() * 2 * ENDPOINTS.len() * 2);
 
     // ...then that they agree with each other and with the Cluster.
-    for (n, (label, endpoint, kube_proxy, contexts)) in variants.iter().enumerate() {
+    for (n, (label, endpoint, kube_proxy, v6, contexts)) in variants.iter().enumerate() {
         let base = n * SERVERS.len();
         let roles = &generated.roles[base..base + SERVERS.len()];
         assert_eq!(roles, ["init", "control-plane", "control-plane", "worker"], "{label}");
@@ -349,11 +367,22 @@ fn every_generated_kubeadm_config_is_valid_v1beta4() {
         let init = documents(&contexts[0].templates["kubeadm-init.yaml"]);
         assert_eq!(init.len(), 3, "{label}: Init, Cluster and Kubelet configurations");
         let (init_cfg, cluster) = (kind_of(&init, "InitConfiguration"), kind_of(&init, "ClusterConfiguration"));
-        let api = if endpoint.is_empty() { "10.0.0.1:6443" } else { endpoint };
+        let first = internal_ip("10.0.0.1", *v6);
+        let api = match (endpoint.is_empty(), v6) {
+            (false, _) => endpoint.to_string(),
+            (true, false) => format!("{first}:6443"),
+            (true, true) => format!("[{first}]:6443"),
+        };
+        // install.nu waits for the endpoint's host and port before joining.
+        let (host, port) = api.rsplit_once(':').expect("host:port");
+        let want = json!({"host": host.trim_start_matches('[').trim_end_matches(']'), "port": port.parse::<u16>().expect("port")});
+        for i in 0..SERVERS.len() {
+            assert_eq!(generated.endpoints[base + i], want, "{label}: split-endpoint of {api}");
+        }
         assert_eq!(cluster["controlPlaneEndpoint"], api, "{label}");
         assert_eq!(cluster["kubernetesVersion"], format!("v{}", contexts[0].taskserv.version), "{label}");
         assert_eq!(init_cfg["nodeRegistration"]["name"], "cp-0", "{label}");
-        assert_eq!(init_cfg["localAPIEndpoint"]["advertiseAddress"], "10.0.0.1", "{label}: the InternalIP");
+        assert_eq!(init_cfg["localAPIEndpoint"]["advertiseAddress"], first, "{label}: the InternalIP");
         assert_eq!(init_cfg["bootstrapTokens"][0]["token"], TOKEN, "{label}");
         let skips_proxy = init_cfg["skipPhases"].as_array().is_some_and(|p| p.contains(&json!("addon/kube-proxy")));
         assert_eq!(skips_proxy, !kube_proxy, "{label}: kube-proxy skipped exactly when a CNI replaces it");
@@ -372,7 +401,11 @@ fn every_generated_kubeadm_config_is_valid_v1beta4() {
             assert_eq!(join["nodeRegistration"]["name"], *name, "{label}");
             if roles[i] == "control-plane" {
                 assert_eq!(join["controlPlane"]["certificateKey"], init_cfg["certificateKey"], "{label} {name}");
-                assert_eq!(join["controlPlane"]["localAPIEndpoint"]["advertiseAddress"], *ip, "{label} {name}: the InternalIP");
+                assert_eq!(
+                    join["controlPlane"]["localAPIEndpoint"]["advertiseAddress"],
+                    internal_ip(ip, *v6),
+                    "{label} {name}: the InternalIP"
+                );
             } else {
                 assert!(join.get("controlPlane").is_none(), "{label} {name}: a worker is no control plane");
             }
@@ -396,7 +429,7 @@ fn a_typo_in_a_generated_config_fails_the_check() {
     let catalog = catalog();
     let dir = tempfile::tempdir().expect("tempdir");
     let ca_key = ca_key(dir.path());
-    let contexts: Vec<ScriptContext> = (0..SERVERS.len()).map(|i| context(&catalog, i, "1.31.4", "", true, &ca_key)).collect();
+    let contexts: Vec<ScriptContext> = (0..SERVERS.len()).map(|i| context(&catalog, i, "1.31.4", "", true, false, &ca_key)).collect();
     let generated = generate(&contexts);
     let worker = generated.joins[3].clone();
     let mut doc = documents(&worker).remove(0);
