@@ -3,6 +3,7 @@
 
 use ../lib/ctx.nu *
 use ../lib/k8s.nu *
+use common.nu *
 
 def main [] {
     let ctx = ($in | read-context)
@@ -22,10 +23,7 @@ def main [] {
         ^tar -xzf $tarball -C /usr/local/bin cilium
         rm -f $tarball
     }
-    let settings = [
-        "--set" $"kubeProxyReplacement=($ctx.config.kubeProxyReplacement)"
-        "--set" $"ipam.mode=($ctx.config.ipamMode)"
-    ]
+    let settings = (helm-settings $ctx.config)
     let installed = ((kube -n kube-system get daemonset cilium | get exit_code) == 0)
     with-env {KUBECONFIG: $ADMIN_CONF} {
         if $installed {

@@ -58,8 +58,22 @@ export def api-endpoint [ctx: record]: nothing -> string {
     if $ctx.config.controlPlaneEndpoint != "" {
         $ctx.config.controlPlaneEndpoint
     } else {
-        $"(address-of (control-planes $ctx | first)):6443"
+        host-port (address-of (control-planes $ctx | first)) 6443
     }
+}
+
+# `host:port`, an IPv6 address in brackets (as kubeadm and Go's net.SplitHostPort want it).
+export def host-port [host: string, port: int]: nothing -> string {
+    if ($host | str contains ":") { $"[($host)]:($port)" } else { $"($host):($port)" }
+}
+
+# {host, port} of a `host:port` endpoint (an IPv6 host in brackets, returned without them).
+export def split-endpoint [endpoint: string]: nothing -> record<host: string, port: int> {
+    let v6 = ($endpoint | parse --regex '^\[(?<host>[0-9A-Fa-f:.]+)\]:(?<port>[0-9]{1,5})$')
+    let other = ($endpoint | parse --regex '^(?<host>[^:\[\]]+):(?<port>[0-9]{1,5})$')
+    let m = ($v6 | append $other)
+    if ($m | is-empty) { error make {msg: $"API endpoint ($endpoint) is not host:port"} }
+    {host: ($m.0.host), port: ($m.0.port | into int)}
 }
 
 # "1.31.4" -> "v1.31".
@@ -107,6 +121,12 @@ export def join-config [ctx: record, endpoint: string, ca_hash: string, control_
         $base | insert controlPlane {certificateKey: $ctx.config.certificateKey, localAPIEndpoint: {advertiseAddress: $advertise, bindPort: 6443}}
     } else { $base }
     $config | to json
+}
+
+# The JoinConfiguration install.nu writes on a joining server: to the API endpoint, as a
+# control plane when this server is one (kubeadm-config checks it against kubeadm's types).
+export def join-config-for [ctx: record, ca_hash: string]: nothing -> string {
+    join-config $ctx (api-endpoint $ctx) $ca_hash ((role $ctx) == "control-plane") (address-of $ctx.server)
 }
 
 # How long a bootstrap token lives: kubeadm init's, and each one renewed for a late joiner.

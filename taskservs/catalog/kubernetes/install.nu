@@ -69,10 +69,10 @@ def main [] {
         # commands into the output that goes to logs and status.
         ^kubeadm init --config /etc/kubernetes/kubeadm-init.yaml --upload-certs --skip-token-print --skip-certificate-key-print
     } else {
-        wait-port ($endpoint | split row ":" | first) ($endpoint | split row ":" | last | into int) --timeout 600sec
+        let api = (split-endpoint $endpoint)
+        wait-port $api.host $api.port --timeout 600sec
         let ca_hash = (ca-cert-hash $ctx.config.caKey)
-        let control_plane = ($role == "control-plane")
-        write-secret-file /etc/kubernetes/kubeadm-join.yaml (join-config $ctx $endpoint $ca_hash $control_plane (address-of $ctx.server)) | ignore
+        write-secret-file /etc/kubernetes/kubeadm-join.yaml (join-config-for $ctx $ca_hash) | ignore
         log $"kubeadm join \(($role)\)"
         ^kubeadm join --config /etc/kubernetes/kubeadm-join.yaml
     }
