@@ -175,7 +175,11 @@ fn kubernetes_init_kubeconfig(ctx: &Value) -> Option<String> {
     }
     let endpoint = match ctx["config"]["controlPlaneEndpoint"].as_str().filter(|e| !e.is_empty()) {
         Some(e) => e.to_string(),
-        None => format!("{}:6443", address_of(&ctx["server"])),
+        None => match address_of(&ctx["server"]) {
+            // An IPv6 host in brackets, as kubeadm and the controller write it.
+            a if a.parse::<std::net::Ipv6Addr>().is_ok() => format!("[{a}]:6443"),
+            a => format!("{a}:6443"),
+        },
     };
     let ca_key = ctx["config"]["caKey"].as_str().unwrap_or_default();
     let ca = format!("simulated CA {:x}", Sha256::digest(ca_key.as_bytes()));

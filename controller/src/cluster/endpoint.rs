@@ -423,6 +423,11 @@ mod tests {
             cost: Some(Default::default()),
         };
         assert_eq!(EndpointGate::of(&spec, Some(&status("203.0.113.7"))), EndpointGate::At("203.0.113.7:6443".into()));
+        assert_eq!(
+            EndpointGate::of(&spec, Some(&status("2001:db8::1"))),
+            EndpointGate::At("[2001:db8::1]:6443".into()),
+            "IPv6 in brackets"
+        );
         assert!(
             matches!(EndpointGate::of(&spec, Some(&status("x\n- --token y"))), EndpointGate::Waiting(m) if m.contains("not an IP address or DNS name"))
         );

@@ -133,7 +133,8 @@ pub fn endpoint(k8s: &ChildTaskServ, init: &str, namespace: &str, ctx: &Context)
     let server = servers.iter().find(|s| s.metadata.namespace.as_deref() == Some(namespace) && s.metadata.name.as_deref() == Some(init))?;
     let addresses = &server.status.as_ref()?.addresses;
     let address = addresses.iter().find(|a| a.address_type == "InternalIP").or(addresses.first())?;
-    Some(format!("{}:{API_PORT}", address.address))
+    // Status is outside input here: only a host goes into the kubeconfig's server.
+    super::plan::endpoint_host_ok(&address.address).then(|| super::plan::host_port(&address.address, API_PORT))
 }
 
 /// Why a kubeconfig was not accepted (never quoting it).

@@ -261,7 +261,7 @@ impl EndpointGate {
 }
 
 /// `HOST:PORT`, an IPv6 address in brackets.
-fn host_port(address: &str, port: u16) -> String {
+pub fn host_port(address: &str, port: u16) -> String {
     match address.parse::<std::net::Ipv6Addr>() {
         Ok(_) => format!("[{address}]:{port}"),
         Err(_) => format!("{address}:{port}"),
