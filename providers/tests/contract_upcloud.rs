@@ -319,7 +319,11 @@ async fn a_floating_ip_whose_create_answer_is_lost_is_found_not_made_twice() {
     assert_eq!(double.floating_ips().len(), 1, "not made twice");
     assert_eq!(double.requests_to("POST", "/1.3/ip_address"), 1);
     let observed = restarted.observe_server(&a).await.expect("observe").expect("exists");
-    assert!(observed.addresses.iter().all(|x| x.address != address), "a floating IP is not the machine's own address: {:?}", observed.addresses);
+    assert!(
+        observed.addresses.iter().all(|x| x.address != address),
+        "a floating IP is not the machine's own address: {:?}",
+        observed.addresses
+    );
     let other = restarted
         .find_endpoint(provisioning_providers::EndpointKind::FloatingIp, &endpoint_request("cluster-uid-2", vec![]).identity)
         .await
@@ -386,7 +390,10 @@ async fn the_double_validates_floating_ip_calls() {
     assert_eq!(response.status().as_u16(), 201);
     let created: serde_json::Value = response.json().await.expect("json");
     let ip = created["ip_address"]["address"].as_str().unwrap_or("").to_string();
-    assert_eq!((created["ip_address"]["floating"].as_str(), created["ip_address"]["server"].as_str()), (Some("yes"), Some(fra.native_id())));
+    assert_eq!(
+        (created["ip_address"]["floating"].as_str(), created["ip_address"]["server"].as_str()),
+        (Some("yes"), Some(fra.native_id()))
+    );
     // Moving it to a server of another zone is refused; an unknown address is 404 everywhere.
     let hel_details: serde_json::Value =
         call(reqwest::Method::GET, &format!("/server/{}", hel.native_id()), None).await.expect("get").json().await.expect("json");
@@ -404,8 +411,9 @@ async fn the_double_validates_floating_ip_calls() {
     let response = call(reqwest::Method::GET, "/ip_address/not-an-ip", None).await.expect("get");
     assert_eq!(response.status().as_u16(), 400);
     // Detached with `mac: null`; kept (policy keep, the default) when its server goes.
-    let response =
-        call(reqwest::Method::PATCH, &format!("/ip_address/{ip}"), Some(serde_json::json!({"ip_address": {"mac": null}}))).await.expect("patch");
+    let response = call(reqwest::Method::PATCH, &format!("/ip_address/{ip}"), Some(serde_json::json!({"ip_address": {"mac": null}})))
+        .await
+        .expect("patch");
     assert_eq!(response.status().as_u16(), 202);
     assert_eq!(double.floating_ips().get(&ip), Some(&None));
     let response = call(reqwest::Method::PATCH, &format!("/ip_address/{ip}"), Some(serde_json::json!({"ip_address": {"mac": public}})))

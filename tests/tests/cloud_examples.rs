@@ -346,7 +346,11 @@ fn upcloud_example(how: Teardown) -> Result<()> {
     ensure!(floating.len() == 1 && floating.get(&address) == Some(&holder), "one floating IP {address} on {holder:?}: {floating:?}");
     let server = get_json(&dev, &["srv", "k8s-control-plane-0", "-n", "k8s-upcloud"])?;
     ensure!(!server["status"]["addresses"].to_string().contains(&format!("\"{address}\"")), "the floating IP is the Cluster's: {server}");
-    ensure!(cluster["status"]["controlPlaneEndpoint"]["cost"]["currency"] == "EUR", "priced: {}", cluster["status"]["controlPlaneEndpoint"]);
+    ensure!(
+        cluster["status"]["controlPlaneEndpoint"]["cost"]["currency"] == "EUR",
+        "priced: {}",
+        cluster["status"]["controlPlaneEndpoint"]
+    );
     assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
 
     // Everything the double keeps — servers, storages (attached or not), servers' firewall

@@ -221,8 +221,7 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     // The Cluster's plan (over the children as observed, before acting) and its approval.
     let mut gated = match (deleting, &services) {
         (false, Ok(services)) => {
-            let price = endpoint_price(&cluster, namespace, ctx).await;
-            let cluster_plan = plan::with_endpoint(plan::cluster_plan(&observed, namespace, services), &observed, namespace, price.as_ref());
+            let cluster_plan = cluster_plan(&cluster, namespace, &observed, services, ctx).await;
             let decision = approval::decision(&cluster, namespace, &observed, &cluster_plan, ctx);
             approval::hold_deletes(&decision, namespace, &cluster_plan, &mut plan);
             Some((cluster_plan, decision))
@@ -275,6 +274,18 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         Some(d) => Action::requeue(crate::time::jittered(d)),
         None => Action::await_change(),
     })
+}
+
+/// The Cluster's plan (its members' changes, then its endpoint's with the endpoint's price).
+async fn cluster_plan(
+    cluster: &Cluster,
+    namespace: &str,
+    observed: &Observed<'_>,
+    services: &[validate::ServicePlan],
+    ctx: &Context,
+) -> provisioning_crds::Plan {
+    let price = endpoint_price(cluster, namespace, ctx).await;
+    plan::with_endpoint(plan::cluster_plan(observed, namespace, services), observed, namespace, price.as_ref())
 }
 
 /// The list price of the control-plane endpoint the spec wants at the provider (a load

@@ -194,10 +194,8 @@ impl UpcloudProvider {
                 let mac = self.claim(&holder_uuid, &request.identity, &zone).await?;
                 let body = serialise("floating IP request", &assign_body(&mac))?;
                 // One attempt: after a lost answer the next pass finds it through the label.
-                let (_, answer) = self
-                    .guard
-                    .once("/ip_address", || self.call(Method::Post, "/ip_address", &[], Some(body.clone()), LOOKUP_CAP))
-                    .await?;
+                let (_, answer) =
+                    self.guard.once("/ip_address", || self.call(Method::Post, "/ip_address", &[], Some(body.clone()), LOOKUP_CAP)).await?;
                 let created: IpAddressResponse = Self::parse("create floating IP", &answer)?;
                 let address = created.ip_address.address;
                 if address.len() > 15 || address.parse::<std::net::Ipv4Addr>().is_err() {

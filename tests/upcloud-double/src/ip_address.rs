@@ -252,7 +252,8 @@ pub(crate) fn modify(
         Some(Value::Null) => attached = None,
         Some(Value::String(mac)) => {
             // Moving within the same server counts its own address once only.
-            let others: BTreeMap<String, FloatingIp> = floating.iter().filter(|(a, _)| *a != ip).map(|(a, f)| (a.clone(), f.clone())).collect();
+            let others: BTreeMap<String, FloatingIp> =
+                floating.iter().filter(|(a, _)| *a != ip).map(|(a, f)| (a.clone(), f.clone())).collect();
             match attach_target(servers, &others, mac, Some(&zone)) {
                 Ok((uuid, i, _)) => attached = Some((uuid, i)),
                 Err(response) => return response,

@@ -208,7 +208,9 @@ impl Server {
         let mut all: Vec<Value> = self
             .interfaces
             .iter()
-            .flat_map(|(access, ips)| ips.iter().map(move |(address, family)| json!({"access": access, "address": address, "family": family})))
+            .flat_map(|(access, ips)| {
+                ips.iter().map(move |(address, family)| json!({"access": access, "address": address, "family": family}))
+            })
             .collect();
         all.extend(attached.iter().map(|(address, _)| json!({"access": "public", "address": address, "family": "IPv4"})));
         v["ip_addresses"] = json!({ "ip_address": all });

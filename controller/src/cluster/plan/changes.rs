@@ -44,17 +44,28 @@ pub fn with_endpoint(plan: Plan, o: &Observed<'_>, namespace: &str, price: Optio
     let mut added: Option<(u64, &str)> = Some((0, ""));
     let mut removed: Option<(u64, &str)> = Some((0, ""));
     if let Some(r) = recorded.filter(|r| wanted.map(EndpointType::as_str) != Some(r.endpoint_type.as_str())) {
-        endpoint_changes.push(change(resource.clone(), "spec.controlPlaneEndpoint", ChangeAction::Delete, r.endpoint_type.clone(), String::new()));
+        endpoint_changes.push(change(
+            resource.clone(),
+            "spec.controlPlaneEndpoint",
+            ChangeAction::Delete,
+            r.endpoint_type.clone(),
+            String::new(),
+        ));
         removed = r.cost.as_ref().and_then(crate::cost::amounts).map(|(currency, _, monthly)| (monthly, currency));
     }
     if let Some(t) = wanted.filter(|t| recorded.is_none_or(|r| r.endpoint_type != t.as_str())) {
         let (to, cost) = match price {
-            Some(Ok(p)) => (format!("{} ({}/mo)", t.as_str(), prices::display(p.currency, p.monthly_micros)), Some((p.monthly_micros, p.currency))),
+            Some(Ok(p)) => {
+                (format!("{} ({}/mo)", t.as_str(), prices::display(p.currency, p.monthly_micros)), Some((p.monthly_micros, p.currency)))
+            }
             Some(Err(why)) => (format!("{} (cost unknown: {why})", t.as_str()), None),
             None => (format!("{} (cost unknown)", t.as_str()), None),
         };
         let mut c = change(resource.clone(), "spec.controlPlaneEndpoint", ChangeAction::Create, String::new(), to);
-        c.reason = format!("a {} at the provider, billed while the Cluster exists", if t == EndpointType::LoadBalancer { "load balancer" } else { "floating IP" });
+        c.reason = format!(
+            "a {} at the provider, billed while the Cluster exists",
+            if t == EndpointType::LoadBalancer { "load balancer" } else { "floating IP" }
+        );
         endpoint_changes.push(c);
         added = cost;
     }
@@ -77,14 +88,7 @@ pub fn with_endpoint(plan: Plan, o: &Observed<'_>, namespace: &str, price: Optio
         _ => None,
     };
     let (monthly_cost_delta, currency) = delta.unwrap_or_default();
-    Plan {
-        id: plan_id(&resource, o.generation, None, &changes),
-        summary: summary(&changes),
-        changes,
-        monthly_cost_delta,
-        currency,
-        ..plan
-    }
+    Plan { id: plan_id(&resource, o.generation, None, &changes), summary: summary(&changes), changes, monthly_cost_delta, currency, ..plan }
 }
 
 /// How a plan shows a spec value left to its default (a TaskServ's version: the catalog's).
