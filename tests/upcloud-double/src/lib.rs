@@ -136,6 +136,8 @@ struct Server {
     firewall: String,
     firewall_rules: Vec<Value>,
     metadata: String,
+    /// `remote_access_enabled`: `yes` or `no`.
+    remote_access: String,
     /// Seconds since the epoch.
     created: u64,
     serial: u32,
@@ -199,7 +201,7 @@ impl Server {
         v["nic_model"] = json!("virtio");
         v["timezone"] = json!("UTC");
         v["video_model"] = json!("vga");
-        v["remote_access_enabled"] = json!("no");
+        v["remote_access_enabled"] = json!(self.remote_access);
         v["remote_access_password"] = json!(format!("rap{:05x}", self.serial));
         v["remote_access_type"] = json!("vnc");
         // Floating IPs attached here, by interface index (UpCloud lists them after the
@@ -828,8 +830,9 @@ fn firewall_rule(body: &Value, existing: usize) -> Result<(usize, Value), Respon
     Ok((position, Value::Object(stored)))
 }
 
-/// `PUT /1.3/server/{uuid}` ("Modify server"): the double changes the title and the labels
-/// (replaced as a whole, validated as at create); other attributes are not served (`501`).
+/// `PUT /1.3/server/{uuid}` ("Modify server"): the double changes the title, the labels
+/// (replaced as a whole, validated as at create), `metadata` and `remote_access_enabled`
+/// (`yes`/`no`); other attributes are not served (`501`).
 /// `202` with the details, as UpCloud's recorded modify (createmodifydeleteserver) answers.
 fn modify_server(state: &mut State, uuid: &str, body: &Value) -> Response<Full<Bytes>> {
     let Some(change) = body.get("server").and_then(Value::as_object) else {
@@ -838,9 +841,18 @@ fn modify_server(state: &mut State, uuid: &str, body: &Value) -> Response<Full<B
     if let Some(unknown) = change.keys().find(|k| !SERVER_ATTRIBUTES.contains(&k.as_str())) {
         return error(400, "UNKNOWN_ATTRIBUTE", &format!("The attribute {unknown} is unknown."));
     }
-    if let Some(other) = change.keys().find(|k| !matches!(k.as_str(), "labels" | "title")) {
+    if let Some(other) = change.keys().find(|k| !matches!(k.as_str(), "labels" | "title" | "metadata" | "remote_access_enabled")) {
         return error(501, "NOT_IMPLEMENTED", &format!("The double does not change {other}."));
     }
+    let yes_no = |k: &str| -> Result<Option<String>, ()> {
+        match change.get(k) {
+            None => Ok(None),
+            Some(v) => v.as_str().filter(|v| matches!(*v, "yes" | "no")).map(|v| Some(v.to_string())).ok_or(()),
+        }
+    };
+    let (Ok(metadata), Ok(remote_access)) = (yes_no("metadata"), yes_no("remote_access_enabled")) else {
+        return error(400, "SERVER_INVALID", "metadata and remote_access_enabled must be yes or no.");
+    };
     let labels = match change.get("labels").map(parse_labels) {
         None => None,
         Some(Ok(labels)) => Some(labels),
@@ -858,6 +870,12 @@ fn modify_server(state: &mut State, uuid: &str, body: &Value) -> Response<Full<B
     }
     if let Some(title) = title {
         server.title = title;
+    }
+    if let Some(metadata) = metadata {
+        server.metadata = metadata;
+    }
+    if let Some(remote_access) = remote_access {
+        server.remote_access = remote_access;
     }
     reply(202, Some(json!({"server": server.details(storages, floating)})))
 }
@@ -896,12 +914,13 @@ fn not_found(uuid: &str) -> Response<Full<Bytes>> {
     error(404, "SERVER_NOT_FOUND", &format!("The server {uuid} does not exist."))
 }
 
+/// At most 128 characters in all (the API document); no limit per label: UpCloud accepted a
+/// 64-character first label in a recorded create (attachmodifyreleasefloatingipaddress).
 fn valid_hostname(h: &str) -> bool {
     !h.is_empty()
         && h.len() <= 128
         && h.split('.').all(|label| {
             !label.is_empty()
-                && label.len() <= 63
                 && !label.starts_with('-')
                 && !label.ends_with('-')
                 && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
@@ -1110,6 +1129,7 @@ fn create_server(state: &mut State, body: &Value, config: &DoubleConfig) -> Resp
         firewall: firewall.to_string(),
         firewall_rules: Vec::new(),
         metadata: metadata.to_string(),
+        remote_access: "no".into(),
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         serial,
     };
