@@ -330,6 +330,13 @@ async fn a_floating_ip_whose_create_answer_is_lost_is_found_not_made_twice() {
         .expect("find");
     assert!(other.is_none(), "another Cluster's uid finds nothing: {other:?}");
 
+    // No live control plane: the address stays where it is (never detached, so never lost).
+    let patches = double.requests_to("PATCH", &format!("/1.3/ip_address/{address}"));
+    let kept = restarted.ensure_endpoint(&endpoint_request("cluster-uid-1", vec![])).await.expect("ensure without targets");
+    assert_eq!((kept.id.as_str(), kept.targets.as_slice()), (address.as_str(), std::slice::from_ref(&a)));
+    assert_eq!(double.requests_to("PATCH", &format!("/1.3/ip_address/{address}")), patches, "not moved, not detached");
+    assert_eq!(double.floating_ips().get(&address), Some(&Some(a.native_id().to_string())));
+
     // The holder deleted behind the controller's back: the address goes with it.
     assert!(double.remove_server(a.native_id()));
     assert!(double.floating_ips().is_empty(), "left detached: {:?}", double.floating_ips());
@@ -340,6 +347,24 @@ async fn a_floating_ip_whose_create_answer_is_lost_is_found_not_made_twice() {
         != provisioning_providers::DeleteOutcome::Gone
     {}
     assert!(double.floating_ips().is_empty());
+}
+
+/// A floating IP moves only within its zone: a target in another zone is refused before any
+/// change, naming the server and both zones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floating_ip_is_not_moved_to_another_zone() {
+    let double = UpcloudDouble::start(DoubleConfig::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider = build_provider(&config(&double.endpoint, dir.path(), "api-password", None)).expect("build");
+    let fra = running_machine(&provider, "z-fra", "de-fra1").await;
+    let hel = running_machine(&provider, "z-hel", "fi-hel1").await;
+    let made = provider.ensure_endpoint(&endpoint_request("zone-uid", vec![fra.clone()])).await.expect("made in de-fra1");
+    let err = provider.ensure_endpoint(&endpoint_request("zone-uid", vec![hel.clone()])).await.expect_err("another zone");
+    assert!(
+        matches!(&err, ProviderError::InvalidRequest(m) if m.contains(hel.native_id()) && m.contains("fi-hel1") && m.contains("de-fra1")),
+        "{err:?}"
+    );
+    assert_eq!(double.floating_ips().get(&made.id), Some(&Some(fra.native_id().to_string())), "left where it was");
 }
 
 /// The double answers floating-IP calls the way UpCloud's API document and recordings say.

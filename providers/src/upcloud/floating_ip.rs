@@ -27,7 +27,10 @@
 //!   which the controller never does (one reconcile of a Cluster at a time, and its deletion
 //!   stops the ensures first).
 //!
-//! An address is never detached: with no live holder it stays where it is.
+//! An address is never detached: with no live holder it stays where it is. It is made in its
+//! first holder's zone and moves only within that zone (UpCloud's rule): a control plane spread
+//! over zones keeps it on a holder of that zone, and with none left there the move is refused
+//! (the Cluster's `EndpointReady` says why).
 
 use super::model::{
     AssignFloatingIp, AssignFloatingIpRequest, IpAddressListResponse, IpAddressResponse, Label, LabelList, ModifyServerLabels,
@@ -46,6 +49,8 @@ pub struct FoundFloatingIp {
     pub address: String,
     /// The UUID of the server it is attached to.
     pub server: String,
+    /// Its zone (it moves only within it).
+    pub zone: String,
 }
 
 fn well_formed_uuid(s: &str) -> bool {
@@ -62,7 +67,7 @@ pub fn pick(listed: &IpAddressListResponse, servers: &[String]) -> Vec<FoundFloa
         .filter(|ip| ip.floating == "yes" && ip.family == "IPv4" && ip.address.len() <= 15)
         .filter(|ip| ip.address.parse::<std::net::Ipv4Addr>().is_ok())
         .filter(|ip| well_formed_uuid(&ip.server) && servers.contains(&ip.server))
-        .map(|ip| FoundFloatingIp { address: ip.address.clone(), server: ip.server.clone() })
+        .map(|ip| FoundFloatingIp { address: ip.address.clone(), server: ip.server.clone(), zone: ip.zone.clone() })
         .collect();
     found.sort_by_key(|f| f.address.parse::<std::net::Ipv4Addr>().map(u32::from).unwrap_or(u32::MAX));
     found
@@ -125,10 +130,11 @@ impl UpcloudProvider {
     }
 
     /// Labels server `uuid` with the Cluster's uid (its other labels kept) unless it has it,
-    /// and returns the MAC of its public interface.
-    async fn claim(&self, uuid: &str, identity: &EndpointIdentity, zone: &str) -> ProviderResult<String> {
+    /// and returns the MAC of its public interface. `zone`: the floating IP's, when it exists
+    /// (a new one is made in its holder's zone).
+    async fn claim(&self, uuid: &str, identity: &EndpointIdentity, zone: Option<&str>) -> ProviderResult<String> {
         let details = self.details(uuid).await?.ok_or_else(|| ProviderError::NotFound(format!("UpCloud server {uuid}")))?;
-        if !details.zone.is_empty() && details.zone != zone {
+        if let Some(zone) = zone.filter(|z| !z.is_empty() && !details.zone.is_empty() && details.zone != *z) {
             return Err(ProviderError::InvalidRequest(format!(
                 "server {uuid} is in zone {}, the floating IP in {zone}: a floating IP moves only within its zone",
                 details.zone
@@ -153,9 +159,14 @@ impl UpcloudProvider {
     }
 
     pub(super) async fn ensure_floating_ip(&self, request: &EndpointRequest) -> ProviderResult<EndpointObservation> {
-        let zone = if request.zone.is_empty() { self.zone.clone() } else { request.zone.clone() };
-        if !super::ZONES.contains(&zone.as_str()) {
-            return Err(ProviderError::InvalidRequest(format!("zone {zone:?} is not an UpCloud zone ({})", super::ZONES.join(", "))));
+        // The address is made in its holder's zone (the control-plane pool's zone may have
+        // fallen back to another); the requested zone is only checked.
+        if !request.zone.is_empty() && !super::ZONES.contains(&request.zone.as_str()) {
+            return Err(ProviderError::InvalidRequest(format!(
+                "zone {:?} is not an UpCloud zone ({})",
+                request.zone,
+                super::ZONES.join(", ")
+            )));
         }
         for target in &request.targets {
             if !well_formed_uuid(target.native_id()) || !target.0.starts_with("upcloud://") {
@@ -179,7 +190,7 @@ impl UpcloudProvider {
         match found {
             Some(f) if f.server == holder_uuid => Ok(observe(&f, request.port)),
             Some(f) => {
-                let mac = self.claim(&holder_uuid, &request.identity, &zone).await?;
+                let mac = self.claim(&holder_uuid, &request.identity, Some(&f.zone)).await?;
                 let body = serialise("move request", &MoveFloatingIpRequest { ip_address: MoveFloatingIp { mac } })?;
                 let path = format!("/ip_address/{}", f.address);
                 let (_, answer) = self.call_retrying(|| Method::Patch, &path, &[], Some(&body), LOOKUP_CAP).await?;
@@ -188,10 +199,10 @@ impl UpcloudProvider {
                     return Err(ProviderError::Transient(format!("UpCloud moved floating IP {} elsewhere than asked", f.address)));
                 }
                 tracing::info!(account = %self.account, address = %f.address, from = %f.server, to = %holder_uuid, "moved floating IP");
-                Ok(observe(&FoundFloatingIp { address: f.address, server: holder_uuid }, request.port))
+                Ok(observe(&FoundFloatingIp { address: f.address, server: holder_uuid, zone: f.zone }, request.port))
             }
             None => {
-                let mac = self.claim(&holder_uuid, &request.identity, &zone).await?;
+                let mac = self.claim(&holder_uuid, &request.identity, None).await?;
                 let body = serialise("floating IP request", &assign_body(&mac))?;
                 // One attempt: after a lost answer the next pass finds it through the label.
                 let (_, answer) =
@@ -202,7 +213,8 @@ impl UpcloudProvider {
                     return Err(ProviderError::Transient("UpCloud create floating IP: the answer holds no IPv4 address".into()));
                 }
                 tracing::info!(account = %self.account, uid = %request.identity.cluster_uid, address = %address, server = %holder_uuid, "created floating IP");
-                Ok(observe(&FoundFloatingIp { address, server: holder_uuid }, request.port))
+                let zone = created.ip_address.zone;
+                Ok(observe(&FoundFloatingIp { address, server: holder_uuid, zone }, request.port))
             }
         }
     }
@@ -245,7 +257,11 @@ mod tests {
         let mine = vec!["0078c168-d578-4a64-95cf-07376f1dc524".to_string()];
         assert_eq!(
             pick(&listed, &mine),
-            vec![FoundFloatingIp { address: "94.237.9.172".into(), server: "0078c168-d578-4a64-95cf-07376f1dc524".into() }],
+            vec![FoundFloatingIp {
+                address: "94.237.9.172".into(),
+                server: "0078c168-d578-4a64-95cf-07376f1dc524".into(),
+                zone: "fi-hel2".into()
+            }],
             "the plan's own address, another account's server, a malformed and a detached address are not it"
         );
         assert!(pick(&listed, &[]).is_empty());
