@@ -160,14 +160,15 @@ mod tests {
         assert_eq!(ws["spec"]["providers"][0]["type"], "upcloud");
         assert_eq!(ws["spec"]["providers"][0]["zone"], "de-fra1");
         assert!(!r.objects.iter().any(|o| o["kind"] == "Secret"), "credentials are never rendered");
-        // The control-plane endpoint by default: none on upcloud (not implemented there yet),
-        // an Elastic IP on aws, a load balancer on the simulated provider.
+        // The control-plane endpoint by default: a floating IP on upcloud, an Elastic IP on
+        // aws, a load balancer on the simulated provider.
         let endpoint_of = |sets: &[&str]| {
             let sets: Vec<String> = sets.iter().map(|s| (*s).to_string()).collect();
             let r = render(&library, &catalog, "kubernetes_3node", &sets, None).expect("renders");
             r.objects.iter().find(|o| o["kind"] == "Cluster").expect("a Cluster")["spec"]["controlPlaneEndpoint"].clone()
         };
-        assert_eq!(endpoint_of(&["cloud=upcloud"]), Value::Null);
+        assert_eq!(endpoint_of(&["cloud=upcloud"]), serde_json::json!({"type": "FloatingIP"}));
+        assert_eq!(endpoint_of(&["cloud=upcloud", "endpoint=None"]), Value::Null);
         assert_eq!(endpoint_of(&["cloud=aws"]), serde_json::json!({"type": "FloatingIP"}));
         assert_eq!(endpoint_of(&["cloud=simulated"]), serde_json::json!({"type": "LoadBalancer"}));
         assert_eq!(endpoint_of(&["cloud=aws", "endpoint=None"]), Value::Null);

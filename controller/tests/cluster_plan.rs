@@ -1407,3 +1407,66 @@ fn a_bad_control_plane_endpoint_is_refused_naming_the_field() {
         .is_ok()
     );
 }
+
+/// The endpoint's monthly price in the Cluster's plan: a Create of `spec.controlPlaneEndpoint`
+/// with its price while status shows no endpoint, counted in `monthlyCostDelta` when nothing
+/// else in the plan is billed; a Delete (its recorded cost taken off) when the spec drops it.
+#[test]
+fn the_endpoint_and_its_monthly_price_are_in_the_clusters_plan_until_it_is_made() {
+    let shipped = Catalog::load(&Catalog::default_dir()).expect("catalog loads");
+    let fip = K8S_LB.replace("type: LoadBalancer", "type: FloatingIP");
+    let price = Ok(provisioning_providers::prices::upcloud_floating_ip("de-fra1", &["de-fra1"]).expect("priced"));
+    let mut w = World::with_catalog(&fip, &shipped);
+    let with_endpoint = |w: &World, price: Option<&Result<_, _>>| plan::with_endpoint(w.cluster_plan(), &w.observed(), "dev", price);
+    let endpoint_change = |p: &provisioning_crds::Plan| {
+        p.changes.iter().find(|c| c.field == "spec.controlPlaneEndpoint").cloned().expect("the endpoint's change")
+    };
+
+    // A new Cluster: its Servers are not priced in the Cluster's plan, so the total is unknown;
+    // the endpoint's own price shows on its change.
+    let fresh = with_endpoint(&w, Some(&price));
+    let c = endpoint_change(&fresh);
+    assert_eq!((c.resource.as_str(), c.action, c.to.as_str()), ("Cluster/dev/kube", ChangeAction::Create, "FloatingIP (€3.15/mo)"));
+    assert!(fresh.monthly_cost_delta.is_empty(), "servers are created too: the total is not known: {fresh:?}");
+    assert_ne!(fresh.id, w.cluster_plan().id, "the endpoint is part of what an approval approves");
+    assert_eq!(
+        (w.cluster_plan().summary.as_str(), fresh.summary.as_str()),
+        ("3 to create", "4 to create"),
+        "a Server, two TaskServs, the endpoint"
+    );
+
+    // The machines made, only services left to install: the plan's cost is the endpoint's.
+    w.pass();
+    w.servers_ready();
+    let services_only = with_endpoint(&w, Some(&price));
+    assert!(
+        services_only.changes.iter().all(|c| c.resource.starts_with("TaskServ/") || c.resource.starts_with("Cluster/")),
+        "{services_only:?}"
+    );
+    assert_eq!((services_only.monthly_cost_delta.as_str(), services_only.currency.as_str()), ("+3.15", "EUR"));
+    let unknown = with_endpoint(&w, Some(&Err("no price table".to_string())));
+    assert!(unknown.monthly_cost_delta.is_empty() && endpoint_change(&unknown).to.contains("cost unknown: no price table"), "{unknown:?}");
+
+    // Made (status shows it): nothing about it in the plan.
+    let cost =
+        provisioning_crds::ServerCost { currency: "EUR".into(), hourly: "0.0047".into(), monthly: "3.15".into(), ..Default::default() };
+    w.status.control_plane_endpoint = Some(provisioning_crds::ControlPlaneEndpointStatus {
+        endpoint_type: "FloatingIP".into(),
+        address: "192.0.2.3".into(),
+        port: 6443,
+        id: "192.0.2.3".into(),
+        targets: vec!["upcloud://00000001-0000-4000-8000-000000000000".into()],
+        cost: Some(cost),
+    });
+    assert_eq!(with_endpoint(&w, None), w.cluster_plan(), "made: the plan is the members' only");
+
+    // The spec drops it: its Delete, and its recorded cost comes off.
+    let mut dropped = World::with_catalog(&K8S_LB.replace("{type: LoadBalancer}", "{type: None}"), &shipped);
+    dropped.pass();
+    dropped.servers_ready();
+    dropped.status.control_plane_endpoint = w.status.control_plane_endpoint.clone();
+    let plan = with_endpoint(&dropped, None);
+    let c = endpoint_change(&plan);
+    assert_eq!((c.action, c.from.as_str()), (ChangeAction::Delete, "FloatingIP"));
+    assert_eq!((plan.monthly_cost_delta.as_str(), plan.currency.as_str()), ("-3.15", "EUR"));
+}

@@ -234,6 +234,33 @@ pub fn aws_public_ipv4() -> Price {
     Price::hourly("USD", AWS_PUBLIC_IPV4_HOURLY, "Amazon VPC pricing page (Public IPv4 Address, $0.005/h)".into(), "2024-02-01")
 }
 
+/// UpCloud: where the floating IP price comes from. UpCloud's price list (`GET /1.3/price`)
+/// has no item of its own for floating IPs: a floating IP is an additional public IPv4
+/// address, and UpCloud's Networking documentation (upcloud.com/resources/docs/networking,
+/// "Pricing") says that plans include one public IPv4 address and "any additional addresses
+/// are priced at €3.15 per month".
+pub const UPCLOUD_FLOATING_IP_SOURCE: &str = "UpCloud Networking documentation (additional public IPv4 address, €3.15/month)";
+/// The date that figure was read.
+pub const UPCLOUD_FLOATING_IP_AS_OF: &str = "2026-11-27";
+/// UpCloud: monthly price of an additional public IPv4 address (a floating IP), EUR
+/// micro-units, billed hourly up to it like a plan (see [`UPCLOUD_HOURS_PER_MONTH_CAP`]).
+pub const UPCLOUD_FLOATING_IP_MONTHLY: u64 = 3_150_000;
+
+/// The list price of an UpCloud floating IP in a zone (`zones`: the public zones).
+pub fn upcloud_floating_ip(zone: &str, zones: &[&str]) -> Result<Price, NoPrice> {
+    if !zones.contains(&zone) {
+        return Err(format!("no floating IP list price for zone {zone:?}: not a public UpCloud zone"));
+    }
+    Ok(Price {
+        currency: "EUR",
+        // Rounded to the 4 decimals UpCloud shows, as a plan's.
+        hourly_micros: (UPCLOUD_FLOATING_IP_MONTHLY / UPCLOUD_HOURS_PER_MONTH_CAP + 50) / 100 * 100,
+        monthly_micros: UPCLOUD_FLOATING_IP_MONTHLY,
+        source: format!("{UPCLOUD_FLOATING_IP_SOURCE}, in {zone}"),
+        as_of: UPCLOUD_FLOATING_IP_AS_OF,
+    })
+}
+
 /// Parses a non-negative decimal amount ("12", "12.5", "0.0216") into micro-units. At most 6
 /// decimals and 12 integer digits; anything else (signs, exponents, spaces) is `None`.
 pub fn parse_amount(text: &str) -> Option<u64> {
@@ -317,6 +344,13 @@ mod tests {
         assert!(region.contains("mars-north-1") && region.contains("eu-north-1"), "{region}");
         let native = aws("eu-north-1", "m7i.2xlarge").expect_err("unpriced type");
         assert!(native.contains("m7i.2xlarge") && native.contains("t3.small"), "{native}");
+    }
+
+    #[test]
+    fn an_upcloud_floating_ip_is_an_additional_ipv4_address() {
+        let p = upcloud_floating_ip("de-fra1", &["de-fra1"]).expect("priced");
+        assert_eq!((p.currency, p.monthly_micros, format_amount(p.hourly_micros, 2)), ("EUR", 3_150_000, "0.0047".into()));
+        assert!(upcloud_floating_ip("xx-abc1", &["de-fra1"]).is_err());
     }
 
     #[test]

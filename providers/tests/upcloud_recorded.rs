@@ -35,12 +35,15 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/upcloud-vcr");
 
 /// The cassettes, as copied from upcloud-go-api's `upcloud/service/fixtures/`.
-const CASSETTES: [&str; 9] = [
+const CASSETTES: [&str; 12] = [
+    "attachmodifyreleasefloatingipaddress",
     "createdeleteserverandstorage",
+    "createmodifydeleteserver",
     "createstartstopserver",
     "createstoprelocateserver",
     "errorhandling",
     "firewallrules",
+    "getipaddresses",
     "getplans",
     "getserverdetails",
     "getserverswithfilters",
@@ -48,12 +51,18 @@ const CASSETTES: [&str; 9] = [
 ];
 
 /// Operations the double serves: every recorded interaction of these is replayed.
-const REPLAYED: [&str; 14] = [
+const REPLAYED: [&str; 20] = [
     "GET /zone",
     "GET /plan",
     "GET /server",
     "POST /server",
     "GET /server/{uuid}",
+    "PUT /server/{uuid}",
+    "GET /ip_address",
+    "POST /ip_address",
+    "GET /ip_address/{ip}",
+    "PATCH /ip_address/{ip}",
+    "DELETE /ip_address/{ip}",
     "DELETE /server/{uuid}",
     "POST /server/{uuid}/stop",
     "POST /server/{uuid}/start",
@@ -78,7 +87,12 @@ const NOT_RECORDED_OPERATIONS: [(&str, &str); 1] =
     [("GET /account", "credential check; documented in the API's Accounts section, no upcloud-go-api cassette records it")];
 
 /// Request fields the provider sends that no recording has, and why.
-const NOT_RECORDED_FIELDS: [(&str, &str, &str); 8] = [
+const NOT_RECORDED_FIELDS: [(&str, &str, &str); 9] = [
+    (
+        "POST /ip_address",
+        "ip_address.release_policy",
+        "`release`: a floating IP goes with its server instead of staying detached (API docs: IP addresses, Release policy)",
+    ),
     ("POST /server", "server.plan", "a named plan instead of the SDK tests' default custom 1 core / 1 GiB"),
     ("POST /server", "server.login_user.username", "key-only root login (API docs: Servers, login_user)"),
     ("POST /server", "server.login_user.create_password", "no password is created: SSH keys only"),
@@ -141,14 +155,16 @@ impl Interaction {
     }
 }
 
-/// `METHOD /path` with UUIDs as `{uuid}` (`{invalid}` for a non-UUID where one belongs) and
-/// numbers as `{n}`; no trailing slash.
+/// `METHOD /path` with UUIDs as `{uuid}` (`{invalid}` for a non-UUID where one belongs),
+/// IP addresses as `{ip}` and numbers as `{n}`; no trailing slash.
 fn operation(method: &str, path: &str) -> String {
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let mut out = String::new();
     for (i, segment) in segments.iter().enumerate() {
         let generic = if uuid::Uuid::parse_str(segment).is_ok() {
             "{uuid}"
+        } else if segments.first() == Some(&"ip_address") && segment.parse::<std::net::IpAddr>().is_ok() {
+            "{ip}"
         } else if segment.chars().all(|c| c.is_ascii_digit()) {
             "{n}"
         } else if i == 1 && segments.first() == Some(&"server") && !matches!(*segment, "private" | "public") {
@@ -329,6 +345,30 @@ fn precondition(interaction: &Interaction) -> Option<String> {
     }
 }
 
+/// What a recorded create stands for in the double: the recorded server's UUID, each of its
+/// interfaces' MAC and each of their addresses (by position), mapped to the double's.
+fn created_ids(recorded: &Value, actual: &Value) -> Vec<(String, String)> {
+    let mut ids = Vec::new();
+    let text = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
+    if let (Some(r), Some(a)) = (text(recorded, "/server/uuid"), text(actual, "/server/uuid")) {
+        ids.push((r, a));
+    }
+    let interfaces =
+        |v: &Value| v.pointer("/server/networking/interfaces/interface").and_then(Value::as_array).cloned().unwrap_or_default();
+    for (r, a) in interfaces(recorded).iter().zip(interfaces(actual).iter()) {
+        if let (Some(rm), Some(am)) = (text(r, "/mac"), text(a, "/mac")) {
+            ids.push((rm, am));
+        }
+        let addresses = |v: &Value| v.pointer("/ip_addresses/ip_address").and_then(Value::as_array).cloned().unwrap_or_default();
+        for (ra, aa) in addresses(r).iter().zip(addresses(a).iter()) {
+            if let (Some(ra), Some(aa)) = (text(ra, "/address"), text(aa, "/address")) {
+                ids.push((ra, aa));
+            }
+        }
+    }
+    ids
+}
+
 /// Replays one cassette against a fresh double; the differences found.
 async fn replay(cassette: &'static str, known: &HashMap<String, Value>) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let config = DoubleConfig { create_time: Duration::from_millis(150), stop_time: Duration::from_millis(150), ..Default::default() };
@@ -364,7 +404,9 @@ async fn replay(cassette: &'static str, known: &HashMap<String, Value>) -> Resul
             .header("accept", "application/json")
             .header("content-type", "application/json");
         if !interaction.request_body.is_empty() {
-            request = request.body(interaction.request_body.clone());
+            // The recorded MACs and UUIDs in a body stand for the double's.
+            let body = ids.iter().fold(interaction.request_body.clone(), |body, (recorded, ours)| body.replace(recorded.as_str(), ours));
+            request = request.body(body);
         }
         let response = request.send().await?;
         let status = response.status().as_u16();
@@ -398,11 +440,16 @@ async fn replay(cassette: &'static str, known: &HashMap<String, Value>) -> Resul
             }
         }
         failures.extend(diffs.into_iter().map(|d| format!("{name}: {d}")));
-        if op == "POST /server"
-            && let (Some(recorded_id), Some(our_id)) =
-                (recorded.pointer("/server/uuid").and_then(Value::as_str), actual.pointer("/server/uuid").and_then(Value::as_str))
+        if op == "POST /server" {
+            ids.extend(created_ids(&recorded, &actual));
+        }
+        if op == "POST /ip_address"
+            && let (Some(recorded_ip), Some(our_ip)) = (
+                recorded.pointer("/ip_address/address").and_then(Value::as_str),
+                actual.pointer("/ip_address/address").and_then(Value::as_str),
+            )
         {
-            ids.insert(recorded_id.to_string(), our_id.to_string());
+            ids.insert(recorded_ip.to_string(), our_ip.to_string());
         }
     }
     Ok(failures)
@@ -574,12 +621,58 @@ async fn server_life(double: &UpcloudDouble) -> TestResult {
     Ok(())
 }
 
+/// A Cluster endpoint's life through the provider: a floating IP made on one machine, moved
+/// to the other, released; then the machines deleted.
+async fn floating_ip_life(double: &UpcloudDouble) -> TestResult {
+    use provisioning_providers::{EndpointIdentity, EndpointKind, EndpointRequest};
+    let dir = tempfile::tempdir()?;
+    let provider = build_provider(&provider_config(&double.endpoint, dir.path()))?;
+    let mut machines = Vec::new();
+    for name in ["cp-1", "cp-2"] {
+        let request = ServerRequest {
+            identity: ServerIdentity { uid: format!("rec-{name}"), namespace: "rec".into(), name: name.into(), cluster: Some("c2".into()) },
+            plan: "small".into(),
+            zone: String::new(),
+            image: "debian-12".into(),
+            ssh_public_key: None,
+            extra_tags: BTreeMap::new(),
+            instance_profile: String::new(),
+            public_ip: None,
+            disks: Vec::new(),
+            host_key: None,
+        };
+        machines.push(provider.ensure_server(&request).await?.provider_id);
+    }
+    let identity = EndpointIdentity { cluster_uid: "rec-cluster-uid".into(), namespace: "rec".into(), cluster: "c2".into() };
+    let request = EndpointRequest {
+        identity: identity.clone(),
+        kind: EndpointKind::FloatingIp,
+        port: 6443,
+        zone: String::new(),
+        targets: machines.clone(),
+    };
+    provider.ensure_endpoint(&request).await?;
+    provider.ensure_endpoint(&EndpointRequest { targets: machines[1..].to_vec(), ..request }).await?;
+    while provider.delete_endpoint(EndpointKind::FloatingIp, &identity).await? != DeleteOutcome::Gone {}
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for machine in &machines {
+        while provider.delete_server(machine).await? != DeleteOutcome::Gone {
+            if Instant::now() > deadline {
+                return Err("the servers were not deleted within 20 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_provider_sends_what_upcloud_recorded() -> TestResult {
     let all = load_all()?;
     let recorded = recorded_requests(&all);
     let double = UpcloudDouble::start(DoubleConfig::default()).await;
     server_life(&double).await?;
+    floating_ip_life(&double).await?;
     let journal = double.journal();
     let mut failures = Vec::new();
     let mut seen = BTreeSet::new();
@@ -657,6 +750,11 @@ async fn the_provider_sends_what_upcloud_recorded() -> TestResult {
         "POST /server/{uuid}/firewall_rule",
         "POST /server/{uuid}/stop",
         "DELETE /server/{uuid}",
+        "PUT /server/{uuid}",
+        "GET /ip_address",
+        "POST /ip_address",
+        "PATCH /ip_address/{ip}",
+        "DELETE /ip_address/{ip}",
     ] {
         if !seen.contains(op) {
             failures.push(format!("the provider never performed {op}"));
@@ -675,13 +773,30 @@ async fn the_provider_sends_what_upcloud_recorded() -> TestResult {
 #[test]
 fn the_provider_reads_recorded_responses() -> TestResult {
     use provisioning_providers::ProviderError;
-    use provisioning_providers::upcloud::model::{FirewallRuleListResponse, ServerDetailsResponse, ServerListResponse};
+    use provisioning_providers::upcloud::model::{
+        FirewallRuleListResponse, IpAddressListResponse, IpAddressResponse, ServerDetailsResponse, ServerListResponse,
+    };
     use provisioning_providers::upcloud::{classify_error, machine_state};
     let mut failures = Vec::new();
     let mut read = 0;
     for interaction in load_all()? {
         let body = &interaction.response_body;
         let result = match (interaction.code, interaction.operation().as_str()) {
+            (200..=299, "GET /server/{uuid}") if body.contains("\"floating\" : \"yes\"") => {
+                serde_json::from_str::<ServerDetailsResponse>(body).map(|r| {
+                    let floating = r
+                        .server
+                        .networking
+                        .interfaces
+                        .interface
+                        .iter()
+                        .flat_map(|i| i.ip_addresses.ip_address.iter())
+                        .find(|a| a.floating == "yes");
+                    if floating.is_none() || provisioning_providers::upcloud::floating_ip::public_mac(&r.server).is_none() {
+                        failures.push(format!("{}: the floating address or the public MAC was not read", interaction.name()));
+                    }
+                })
+            }
             (200..=299, "POST /server" | "GET /server/{uuid}" | "POST /server/{uuid}/stop") => {
                 serde_json::from_str::<ServerDetailsResponse>(body).map(|r| {
                     if matches!(machine_state(&r.server.state), MachineState::Other(_)) {
@@ -698,6 +813,16 @@ fn the_provider_reads_recorded_responses() -> TestResult {
                 }
             }),
             (200..=299, "GET /server/{uuid}/firewall_rule") => serde_json::from_str::<FirewallRuleListResponse>(body).map(|_| ()),
+            (200..=299, "GET /ip_address") => serde_json::from_str::<IpAddressListResponse>(body).map(|r| {
+                if r.ip_addresses.ip_address.iter().any(|ip| ip.address.is_empty() || ip.server.is_empty()) {
+                    failures.push(format!("{}: a listed address or its server was not read", interaction.name()));
+                }
+            }),
+            (200..=299, "POST /ip_address" | "PATCH /ip_address/{ip}") => serde_json::from_str::<IpAddressResponse>(body).map(|r| {
+                if r.ip_address.floating != "yes" || r.ip_address.address.parse::<std::net::Ipv4Addr>().is_err() {
+                    failures.push(format!("{}: not read as a floating IPv4 address: {:?}", interaction.name(), r.ip_address));
+                }
+            }),
             (400..=599, _) => {
                 let error = classify_error("UpCloud test", interaction.code, None, body);
                 let code = json(body).and_then(|b| b.pointer("/error/error_code").and_then(Value::as_str).map(str::to_string));

@@ -331,17 +331,40 @@ fn upcloud_example(how: Teardown) -> Result<()> {
         "one data disk per worker: {storages:?}"
     );
     ensure!(storages.len() == 7, "4 boot disks and 3 data disks: {storages:?}");
+    // The control-plane endpoint: one floating IP, on the control-plane server, its address in
+    // status (and not among the server's own addresses).
+    let control_plane = get_json(&dev, &["srv", "k8s-control-plane-0", "-n", "k8s-upcloud"])?["status"]["providerID"].clone();
+    dev.wait_until(Duration::from_secs(60), "the floating IP is on the control plane", |d| {
+        let cluster = get_json(d, &["pcl", "k8s", "-n", "k8s-upcloud"])?;
+        let endpoint = &cluster["status"]["controlPlaneEndpoint"];
+        Ok(endpoint["type"] == "FloatingIP" && endpoint["targets"] == json!([control_plane]) && endpoint["address"].is_string())
+    })?;
+    let cluster = get_json(&dev, &["pcl", "k8s", "-n", "k8s-upcloud"])?;
+    let address = cluster["status"]["controlPlaneEndpoint"]["address"].as_str().unwrap_or_default().to_string();
+    let floating = upcloud.double.floating_ips();
+    let holder = control_plane.as_str().and_then(|id| id.strip_prefix("upcloud://")).map(str::to_string);
+    ensure!(floating.len() == 1 && floating.get(&address) == Some(&holder), "one floating IP {address} on {holder:?}: {floating:?}");
+    let server = get_json(&dev, &["srv", "k8s-control-plane-0", "-n", "k8s-upcloud"])?;
+    ensure!(!server["status"]["addresses"].to_string().contains(&format!("\"{address}\"")), "the floating IP is the Cluster's: {server}");
+    ensure!(
+        cluster["status"]["controlPlaneEndpoint"]["cost"]["currency"] == "EUR",
+        "priced: {}",
+        cluster["status"]["controlPlaneEndpoint"]
+    );
     assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
 
     // Everything the double keeps — servers, storages (attached or not), servers' firewall
-    // rules — counted while the example is taken down.
-    let left = || upcloud.double.server_count() + upcloud.double.storage_count() + firewall_rules(&upcloud);
+    // rules, IP addresses (floating ones: the others go with their servers) — counted while
+    // the example is taken down.
+    let left =
+        || upcloud.double.server_count() + upcloud.double.storage_count() + firewall_rules(&upcloud) + upcloud.double.floating_ips().len();
     teardown(&mut dev, how, &manifest, "k8s-upcloud", || Ok(left()))?;
     // Each kind listed: nothing is left (the example retains no disk).
     let (servers, storages) = (upcloud.double.server_states(), upcloud.double.storages());
     ensure!(servers.is_empty(), "{how:?} teardown left servers at the double: {servers:?}");
     ensure!(storages.is_empty(), "{how:?} teardown left storages at the double: {storages:?}");
     ensure!(firewall_rules(&upcloud) == 0, "{how:?} teardown left firewall rules: {:?}", upcloud.double.firewalls());
+    ensure!(upcloud.double.floating_ips().is_empty(), "{how:?} teardown left IP addresses: {:?}", upcloud.double.floating_ips());
     assert_no_secret_anywhere(&dev, &[&password, &ssh_key])?;
     Ok(())
 }

@@ -221,7 +221,7 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     // The Cluster's plan (over the children as observed, before acting) and its approval.
     let mut gated = match (deleting, &services) {
         (false, Ok(services)) => {
-            let cluster_plan = plan::cluster_plan(&observed, namespace, services);
+            let cluster_plan = cluster_plan(&cluster, namespace, &observed, services, ctx).await;
             let decision = approval::decision(&cluster, namespace, &observed, &cluster_plan, ctx);
             approval::hold_deletes(&decision, namespace, &cluster_plan, &mut plan);
             Some((cluster_plan, decision))
@@ -274,6 +274,47 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         Some(d) => Action::requeue(crate::time::jittered(d)),
         None => Action::await_change(),
     })
+}
+
+/// The Cluster's plan (its members' changes, then its endpoint's with the endpoint's price).
+async fn cluster_plan(
+    cluster: &Cluster,
+    namespace: &str,
+    observed: &Observed<'_>,
+    services: &[validate::ServicePlan],
+    ctx: &Context,
+) -> provisioning_crds::Plan {
+    let price = endpoint_price(cluster, namespace, ctx).await;
+    plan::with_endpoint(plan::cluster_plan(observed, namespace, services), observed, namespace, price.as_ref())
+}
+
+/// The list price of the control-plane endpoint the spec wants at the provider (a load
+/// balancer or floating IP; no API call), for the Cluster's plan; None for other types and
+/// once it is made.
+async fn endpoint_price(
+    cluster: &Cluster,
+    namespace: &str,
+    ctx: &Context,
+) -> Option<Result<provisioning_providers::prices::Price, provisioning_providers::prices::NoPrice>> {
+    let want = cluster.spec.control_plane_endpoint.as_ref()?;
+    let kind = endpoint::kind_of(want.endpoint_type)?;
+    // Made already: the plan has no Create to price.
+    let recorded = cluster.status.as_ref().and_then(|s| s.control_plane_endpoint.as_ref());
+    if recorded.is_some_and(|r| !r.id.is_empty() && r.endpoint_type == want.endpoint_type.as_str()) {
+        return None;
+    }
+    let ws = ctx.workspace_for(namespace);
+    let priced = match ws.account(&cluster.spec.provider) {
+        Ok(account) => match ctx.provider_for(&ws, &account.clone()).await {
+            Ok(provider) => {
+                let zone = cluster.spec.pools.iter().find(|p| p.name == "control-plane").map(|p| p.zone.clone()).unwrap_or_default();
+                provider.endpoint_price(kind, &zone)
+            }
+            Err(e) => Err(format!("the provider account is not ready: {e}")),
+        },
+        Err(message) => Err(message),
+    };
+    Some(priced)
 }
 
 /// How soon a pass whose endpoint call failed (or whose address is being assigned) looks again.

@@ -15,6 +15,7 @@
 //! SSH accepted from the account's `ssh_source_cidrs`, the account's rules in order, then
 //! a final rule dropping all other inbound traffic.
 
+pub mod floating_ip;
 pub mod model;
 
 /// Title prefix of a storage kept when its server is deleted (deletionPolicy Retain); `:`
@@ -153,6 +154,8 @@ impl fmt::Debug for UpcloudProvider {
 enum Method {
     Get,
     Post,
+    Put,
+    Patch,
     Delete,
 }
 
@@ -332,6 +335,8 @@ impl UpcloudProvider {
         let mut request = match method {
             Method::Get => self.http.get(url),
             Method::Post => self.http.post(url),
+            Method::Put => self.http.put(url),
+            Method::Patch => self.http.patch(url),
             Method::Delete => self.http.delete(url),
         };
         request = request.basic_auth(&self.username, Some(&self.password)).header("accept", "application/json");
@@ -637,14 +642,24 @@ pub fn machine_state(state: &str) -> MachineState {
 /// name of at most 64 bytes, the first 64 labels of at most 256 bytes each).
 fn observe(details: &ServerDetails) -> ServerObservation {
     let mut addresses: Vec<Address> = Vec::new();
+    // A floating IP (a Cluster's endpoint) is not the machine's own address: it moves.
+    let floating: Vec<&str> = details
+        .networking
+        .interfaces
+        .interface
+        .iter()
+        .flat_map(|i| i.ip_addresses.ip_address.iter())
+        .filter(|a| a.floating == "yes")
+        .map(|a| a.address.as_str())
+        .collect();
     // IPv4 first: SSH and status prefer it.
     for family in ["IPv4", "IPv6"] {
-        for ip in details
-            .ip_addresses
-            .ip_address
-            .iter()
-            .filter(|ip| ip.family == family && ip.address.len() <= 64 && ip.address.parse::<std::net::IpAddr>().is_ok())
-        {
+        for ip in details.ip_addresses.ip_address.iter().filter(|ip| {
+            ip.family == family
+                && ip.address.len() <= 64
+                && ip.address.parse::<std::net::IpAddr>().is_ok()
+                && !floating.contains(&ip.address.as_str())
+        }) {
             let kind = if ip.access == "public" { "ExternalIP" } else { "InternalIP" };
             addresses.push(Address { kind: kind.into(), address: ip.address.clone() });
         }
@@ -679,6 +694,46 @@ impl Provider for UpcloudProvider {
     fn disk_price(&self, disk_type: &str, size_gib: u64, zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
         let zone = if zone.is_empty() { &self.zone } else { zone };
         crate::prices::upcloud_disk(zone, disk_type, size_gib, &ZONES)
+    }
+
+    fn supports_endpoint(&self, kind: crate::EndpointKind) -> Result<(), String> {
+        match kind {
+            crate::EndpointKind::FloatingIp => Ok(()),
+            crate::EndpointKind::LoadBalancer => {
+                Err("the upcloud provider makes FloatingIP endpoints; its load balancers are not implemented yet".into())
+            }
+        }
+    }
+
+    async fn ensure_endpoint(&self, request: &crate::EndpointRequest) -> ProviderResult<crate::EndpointObservation> {
+        self.supports_endpoint(request.kind).map_err(ProviderError::InvalidRequest)?;
+        self.ensure_floating_ip(request).await
+    }
+
+    async fn find_endpoint(
+        &self,
+        kind: crate::EndpointKind,
+        identity: &crate::EndpointIdentity,
+    ) -> ProviderResult<Option<crate::EndpointObservation>> {
+        match kind {
+            crate::EndpointKind::FloatingIp => self.find_floating_ip_endpoint(identity).await,
+            crate::EndpointKind::LoadBalancer => Ok(None),
+        }
+    }
+
+    async fn delete_endpoint(&self, kind: crate::EndpointKind, identity: &crate::EndpointIdentity) -> ProviderResult<DeleteOutcome> {
+        match kind {
+            crate::EndpointKind::FloatingIp => self.delete_floating_ip(identity).await,
+            crate::EndpointKind::LoadBalancer => Ok(DeleteOutcome::Gone),
+        }
+    }
+
+    fn endpoint_price(&self, kind: crate::EndpointKind, zone: &str) -> Result<crate::prices::Price, crate::prices::NoPrice> {
+        let zone = if zone.is_empty() { &self.zone } else { zone };
+        match kind {
+            crate::EndpointKind::FloatingIp => crate::prices::upcloud_floating_ip(zone, &ZONES),
+            crate::EndpointKind::LoadBalancer => Err("the upcloud provider makes no load balancers yet: no price".into()),
+        }
     }
 
     fn resolve_plan(&self, plan: &str) -> ProviderResult<String> {

@@ -285,6 +285,159 @@ pub struct ServerDetails {
     /// Attached storages.
     #[serde(default)]
     pub storage_devices: StorageDeviceList,
+    /// Network interfaces (with each one's MAC and which of its addresses float).
+    #[serde(default)]
+    pub networking: Networking,
+}
+
+/// `networking` of a server's details.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Networking {
+    /// `{"interface": [...]}`.
+    #[serde(default)]
+    pub interfaces: InterfaceList,
+}
+
+/// `{"interface": [...]}`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct InterfaceList {
+    /// Interfaces in order.
+    #[serde(default)]
+    pub interface: Vec<Interface>,
+}
+
+/// A network interface of a server.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Interface {
+    /// `public`, `utility` or `private`.
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    /// Its MAC address (what a floating IP is attached to).
+    #[serde(default)]
+    pub mac: String,
+    /// Its addresses.
+    #[serde(default)]
+    pub ip_addresses: InterfaceAddressList,
+}
+
+/// `{"ip_address": [...]}` of an interface.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct InterfaceAddressList {
+    /// Addresses.
+    #[serde(default)]
+    pub ip_address: Vec<InterfaceAddress>,
+}
+
+/// An address of an interface.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct InterfaceAddress {
+    /// The address.
+    #[serde(default)]
+    pub address: String,
+    /// `IPv4` or `IPv6`.
+    #[serde(default)]
+    pub family: String,
+    /// `yes` for a floating IP attached here.
+    #[serde(default)]
+    pub floating: String,
+}
+
+/// `PUT /1.3/server/{uuid}` body changing only the labels (the whole set is replaced).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModifyServerLabelsRequest {
+    /// `{"labels": …}`.
+    pub server: ModifyServerLabels,
+}
+
+/// The `server` object of a label change.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModifyServerLabels {
+    /// Every label the server is to carry.
+    pub labels: LabelList,
+}
+
+/// `GET /1.3/ip_address` response.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct IpAddressListResponse {
+    /// `{"ip_address": [...]}`.
+    #[serde(default)]
+    pub ip_addresses: AccountIpAddressList,
+}
+
+/// `{"ip_address": [...]}` of the account's list.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AccountIpAddressList {
+    /// Addresses.
+    #[serde(default)]
+    pub ip_address: Vec<AccountIpAddress>,
+}
+
+/// `POST`/`GET`/`PATCH /1.3/ip_address…` response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct IpAddressResponse {
+    /// The address.
+    pub ip_address: AccountIpAddress,
+}
+
+/// An IP address of the account (API 1.3 "IP addresses"; fields absent in an answer are
+/// empty: a detached floating IP has no `server` nor `mac`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AccountIpAddress {
+    /// `public`, `utility` or `private`.
+    #[serde(default)]
+    pub access: String,
+    /// The address.
+    #[serde(default)]
+    pub address: String,
+    /// `IPv4` or `IPv6`.
+    #[serde(default)]
+    pub family: String,
+    /// `yes` for a floating IP.
+    #[serde(default)]
+    pub floating: String,
+    /// The MAC of the interface it is attached to.
+    #[serde(default)]
+    pub mac: String,
+    /// The UUID of the server it is attached to.
+    #[serde(default)]
+    pub server: String,
+    /// Its zone.
+    #[serde(default)]
+    pub zone: String,
+}
+
+/// `POST /1.3/ip_address` body of a floating IP created attached to an interface.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AssignFloatingIpRequest {
+    /// The address to create.
+    pub ip_address: AssignFloatingIp,
+}
+
+/// The `ip_address` object of [`AssignFloatingIpRequest`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AssignFloatingIp {
+    /// `IPv4` (floating IPs are IPv4 only).
+    pub family: String,
+    /// `yes`.
+    pub floating: String,
+    /// The public interface to attach it to (the zone follows from it).
+    pub mac: String,
+    /// `release`: deleted with the server it is attached to, never left detached.
+    pub release_policy: String,
+}
+
+/// `PATCH /1.3/ip_address/{ip}` body moving a floating IP to another interface.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MoveFloatingIpRequest {
+    /// The change.
+    pub ip_address: MoveFloatingIp,
+}
+
+/// The `ip_address` object of [`MoveFloatingIpRequest`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MoveFloatingIp {
+    /// The interface to move it to.
+    pub mac: String,
 }
 
 /// `{"ip_address": [...]}`.

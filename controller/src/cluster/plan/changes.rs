@@ -6,7 +6,8 @@
 //! would do, which is what approving the Cluster approves ([`crate::cluster::approval`]).
 //! Config values are never shown (they may hold secrets): a config change names the field only.
 
-use provisioning_crds::{ChangeAction, LABEL_POOL, Plan, PlannedChange, Server};
+use provisioning_crds::{ChangeAction, EndpointType, LABEL_POOL, Plan, PlannedChange, Server};
+use provisioning_providers::prices::{self, NoPrice, Price};
 
 use super::model::{Observed, desired_taskserv, desired_with_surge};
 use crate::cluster::validate::ServicePlan;
@@ -25,6 +26,69 @@ pub fn cluster_plan(o: &Observed<'_>, namespace: &str, services: &[ServicePlan])
         generation: o.generation,
         ..Default::default()
     }
+}
+
+/// The Cluster's plan with its control-plane endpoint at the provider (pure): a Create of
+/// `spec.controlPlaneEndpoint` when the spec wants a load balancer or floating IP that status
+/// does not show yet (its monthly list price `price` in `to`), a Delete when status shows one
+/// the spec no longer wants. The plan's `monthlyCostDelta` is the endpoint's (the created one's
+/// price less the deleted one's recorded cost) when nothing else in the plan is billed (only
+/// TaskServ changes besides); otherwise, or when a price is unknown, it stays empty (unknown).
+pub fn with_endpoint(plan: Plan, o: &Observed<'_>, namespace: &str, price: Option<&Result<Price, NoPrice>>) -> Plan {
+    let at_provider = |t: &str| matches!(t, "LoadBalancer" | "FloatingIP");
+    let wanted = o.spec.control_plane_endpoint.as_ref().map(|e| e.endpoint_type).filter(|t| at_provider(t.as_str()));
+    let recorded = o.status.control_plane_endpoint.as_ref().filter(|r| !r.id.is_empty() && at_provider(&r.endpoint_type));
+    let resource = format!("Cluster/{namespace}/{}", o.name);
+    let mut endpoint_changes = Vec::new();
+    // (micro-units, currency): added by the create, taken off by the delete; None: unknown.
+    let mut added: Option<(u64, &str)> = Some((0, ""));
+    let mut removed: Option<(u64, &str)> = Some((0, ""));
+    if let Some(r) = recorded.filter(|r| wanted.map(EndpointType::as_str) != Some(r.endpoint_type.as_str())) {
+        endpoint_changes.push(change(
+            resource.clone(),
+            "spec.controlPlaneEndpoint",
+            ChangeAction::Delete,
+            r.endpoint_type.clone(),
+            String::new(),
+        ));
+        removed = r.cost.as_ref().and_then(crate::cost::amounts).map(|(currency, _, monthly)| (monthly, currency));
+    }
+    if let Some(t) = wanted.filter(|t| recorded.is_none_or(|r| r.endpoint_type != t.as_str())) {
+        let (to, cost) = match price {
+            Some(Ok(p)) => {
+                (format!("{} ({}/mo)", t.as_str(), prices::display(p.currency, p.monthly_micros)), Some((p.monthly_micros, p.currency)))
+            }
+            Some(Err(why)) => (format!("{} (cost unknown: {why})", t.as_str()), None),
+            None => (format!("{} (cost unknown)", t.as_str()), None),
+        };
+        let mut c = change(resource.clone(), "spec.controlPlaneEndpoint", ChangeAction::Create, String::new(), to);
+        c.reason = format!(
+            "a {} at the provider, billed while the Cluster exists",
+            if t == EndpointType::LoadBalancer { "load balancer" } else { "floating IP" }
+        );
+        endpoint_changes.push(c);
+        added = cost;
+    }
+    if endpoint_changes.is_empty() {
+        return plan;
+    }
+    let only_endpoint = plan.changes.iter().all(|c| c.action == ChangeAction::NoOp || c.resource.starts_with("TaskServ/"));
+    let mut changes = plan.changes;
+    changes.extend(endpoint_changes);
+    let delta = match (added, removed) {
+        (Some((plus, a)), Some((minus, b))) if only_endpoint && (a.is_empty() || b.is_empty() || a == b) => {
+            let currency = if a.is_empty() { b } else { a };
+            let text = match plus.cmp(&minus) {
+                std::cmp::Ordering::Greater => format!("+{}", prices::format_cents(plus - minus)),
+                std::cmp::Ordering::Less => format!("-{}", prices::format_cents(minus - plus)),
+                std::cmp::Ordering::Equal => "0.00".to_string(),
+            };
+            Some((text, currency.to_string())).filter(|_| !currency.is_empty())
+        }
+        _ => None,
+    };
+    let (monthly_cost_delta, currency) = delta.unwrap_or_default();
+    Plan { id: plan_id(&resource, o.generation, None, &changes), summary: summary(&changes), changes, monthly_cost_delta, currency, ..plan }
 }
 
 /// How a plan shows a spec value left to its default (a TaskServ's version: the catalog's).

@@ -21,7 +21,7 @@ mod steps;
 mod summary;
 mod teardown;
 
-pub use changes::{DEFAULT_SHOWN, cluster_plan};
+pub use changes::{DEFAULT_SHOWN, cluster_plan, with_endpoint};
 pub use model::*;
 pub use teardown::plan_teardown;
 
