@@ -111,8 +111,8 @@ echo "PROVISIONING_PREVIOUS_BIN=$OUT/provisioning" >"$OUT.tmp/env"
 echo "$FULL built in ${build_took}s (load average before: $load)" >"$OUT.tmp/complete"
 rm -rf "$OUT"
 mv "$OUT.tmp" "$OUT"
-# Only the build's incremental state is pure cost; the seeded dependencies stay for the next
-# build of another revision.
-rm -rf "$BUILD/debug/incremental"
+# The build dir is not read again once the output exists (1.6 GB on 2026-11-27: the seeded
+# dependencies and the old workspace crates); a build of another revision seeds it again.
+rm -rf "$BUILD"
 say "built $OUT/provisioning in ${build_took}s; target/previous is $(du -sh "$ROOT/target/previous" | cut -f1); took $((SECONDS - started))s"
 echo "$OUT/provisioning"
