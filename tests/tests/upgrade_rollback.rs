@@ -420,9 +420,10 @@ fn diff_values(path: &str, before: &Value, after: &Value, out: &mut Vec<String>)
 // ---- the hand-over -------------------------------------------------------------------------
 
 /// Waits until the controller that took over has visited every object: a provider call for
-/// each Server and a health check of each TaskServ on each of its servers, both in the audit
-/// log after `since` (its line count at the hand-over), and a reconcile of the Workspace and
-/// of the Cluster; then until nothing is in flight.
+/// the Workspace (its account check) and each Server (an observation) and a health check of
+/// each TaskServ on each of its servers, all in the audit log after `since` (its line count at
+/// the hand-over), and a reconcile of the Workspace and of the Cluster in /metrics; then until
+/// nothing is in flight.
 fn wait_visited(run: &mut Running, since: usize, expected: &BTreeMap<String, Vec<String>>, servers: &BTreeSet<String>) -> Result<()> {
     let data_dir = run.dev.data_dir.clone();
     let port = run.metrics_port;
@@ -438,6 +439,9 @@ fn wait_visited(run: &mut Running, since: usize, expected: &BTreeMap<String, Vec
             })
         };
         missing.clear();
+        if !seen("Workspace", WORKSPACE, None) {
+            missing.push(format!("Workspace {WORKSPACE}"));
+        }
         for server in servers {
             if !seen("Server", server, None) {
                 missing.push(format!("Server {server}"));
@@ -482,9 +486,17 @@ fn hand_over(from: Running, to: Release, previous: &Previous, baseline: &Snapsho
     let data_dir = from.dev.data_dir.clone();
     from.dev.interrupt(Duration::from_secs(30)).with_context(|| format!("stopping {:?}", from.release))?;
     let stopped_with = audit_entries(&data_dir)?.len();
+    let started = std::time::Instant::now();
     let mut to = start(to, previous, &data_dir, &[])?;
     wait_visited(&mut to, stopped_with, &expected, &servers).with_context(|| format!("{what}: waiting for the visit"))?;
+    let visited = started.elapsed();
     check_unchanged(&to, since, at, baseline, what)?;
+    let mut done: BTreeMap<String, usize> = BTreeMap::new();
+    for entry in audit_entries(&data_dir)?.get(since..).unwrap_or_default() {
+        let operation = entry["script"].as_str().or(entry["operation"].as_str()).unwrap_or("?").to_string();
+        *done.entry(operation).or_default() += 1;
+    }
+    println!("{what} ({:?} -> {:?}): every object visited {visited:.1?} after the start; audit log since the stop: {done:?}", from.release, to.release);
     Ok(to)
 }
 
@@ -571,6 +583,7 @@ fn upgrade_and_rollback_recreate_reinstall_and_lose_nothing() -> Result<()> {
     let before = metrics(current.metrics_port)?;
     let applied = current.dev.kubectl_ok(&["apply", "-f", &provisioning_e2e::workspace_root().join(MANIFEST).display().to_string()])?;
     ensure!(applied.lines().all(|l| !l.contains(" created")), "the apply created something: {applied}");
+    println!("no-op apply: {}", applied.lines().collect::<Vec<_>>().join("; "));
     let port = current.metrics_port;
     current.dev.wait_until(Duration::from_secs(60), "a reconcile of each applied object", |_| {
         let Ok(now) = metrics(port) else { return Ok(false) };
