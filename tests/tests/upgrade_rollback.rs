@@ -306,7 +306,8 @@ fn taskserv_servers(dev: &Dev) -> Result<BTreeMap<String, Vec<String>>> {
     let mut out = BTreeMap::new();
     for ts in list["items"].as_array().into_iter().flatten() {
         let name = ts["metadata"]["name"].as_str().unwrap_or("?").to_string();
-        let servers = ts["status"]["servers"].as_array().into_iter().flatten().filter_map(|s| s["name"].as_str().map(str::to_string)).collect();
+        let servers =
+            ts["status"]["servers"].as_array().into_iter().flatten().filter_map(|s| s["name"].as_str().map(str::to_string)).collect();
         out.insert(name, servers);
     }
     Ok(out)
@@ -393,6 +394,15 @@ fn differences(before: &Snapshot, after: &Snapshot) -> Vec<String> {
     out
 }
 
+/// A value for a difference line: long text (an output tail) cut to its first 120 characters.
+fn shortened(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(120) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
 fn diff_values(path: &str, before: &Value, after: &Value, out: &mut Vec<String>) {
     match (before, after) {
         (Value::Object(b), Value::Object(a)) => {
@@ -409,10 +419,10 @@ fn diff_values(path: &str, before: &Value, after: &Value, out: &mut Vec<String>)
             }
         }
         (Value::Null, a)
-            if RECORDED_BY_THIS_RELEASE.iter().any(|(kind, field, value)| {
-                path.starts_with(kind) && path.ends_with(field) && a.to_string() == *value
-            }) => {}
-        (b, a) if b != a => out.push(format!("{path}: {b} -> {a}")),
+            if RECORDED_BY_THIS_RELEASE
+                .iter()
+                .any(|(kind, field, value)| path.starts_with(kind) && path.ends_with(field) && a.to_string() == *value) => {}
+        (b, a) if b != a => out.push(format!("{path}: {} -> {}", shortened(b), shortened(a))),
         _ => {}
     }
 }
@@ -496,7 +506,10 @@ fn hand_over(from: Running, to: Release, previous: &Previous, baseline: &Snapsho
         let operation = entry["script"].as_str().or(entry["operation"].as_str()).unwrap_or("?").to_string();
         *done.entry(operation).or_default() += 1;
     }
-    println!("{what} ({:?} -> {:?}): every object visited {visited:.1?} after the start; audit log since the stop: {done:?}", from.release, to.release);
+    println!(
+        "{what} ({:?} -> {:?}): every object visited {visited:.1?} after the start; audit log since the stop: {done:?}",
+        from.release, to.release
+    );
     Ok(to)
 }
 
