@@ -2,7 +2,7 @@
 # Builds the previous release's `provisioning` binary for the upgrade and rollback test
 # (tests/tests/upgrade_rollback.rs), next to what it reads from disk at run time:
 #
-#   target/previous/<rev>/provisioning          the binary (from `-p provisioning-cli --bin provisioning`)
+#   target/previous/<rev>/provisioning          the binary (`provisioning-cli`'s bin)
 #   target/previous/<rev>/crds.yaml             its CRDs (deploy/crds/crds.yaml at that commit)
 #   target/previous/<rev>/taskservs/catalog/    its taskserv catalog (the binary reads
 #   target/previous/<rev>/taskservs/templates/  $PROVISIONING_CATALOG, else the source tree it
@@ -55,8 +55,16 @@ trap cleanup EXIT
 rmdir "$SRC"
 git worktree add --quiet --detach "$SRC" "$FULL" >&2
 
+# What is built, here and at the previous release: the binary, selected across the workspace
+# and with one small test target (provisioning-yaml's call_sites), so that cargo resolves the
+# dependencies' features as `cargo build --workspace --all-targets` (scripts/test.sh's build
+# phase) does: every member's dependencies and dev-dependencies unified. `-p
+# provisioning-cli --bin provisioning` alone resolves tokio, syn, time and others with fewer
+# features, and then most dependencies compile again under other hashes.
+SELECTION=(--locked --workspace --bin provisioning --test call_sites)
+
 # Seed the private target dir with the dependency artifacts this tree's build of the same
-# binary uses (cargo lists them: `--message-format=json` of a build that is fresh after
+# selection uses (cargo lists them: `--message-format=json` of a build that is fresh after
 # scripts/test.sh's build phase), copied with their mtimes, fingerprints and build-script
 # outputs, so that they are fresh there too and only the workspace crates (and a dependency
 # whose features differ at that commit) compile. Only what the binary needs is copied, not the
@@ -66,7 +74,7 @@ mkdir -p "$BUILD/debug"
 if [[ ! -f $BUILD/seeded ]]; then
   say "listing the dependency artifacts of provisioning in target/debug"
   list=$(mktemp)
-  cargo build --locked -p provisioning-cli --bin provisioning --message-format=json 2>/dev/null |
+  cargo build "${SELECTION[@]}" --message-format=json |
     python3 -c '
 import json, os, re, sys
 debug = sys.argv[1]
@@ -97,7 +105,7 @@ fi
 load=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 say "building provisioning at $SHORT in $SRC (load average before: $load)"
 build_started=$SECONDS
-(cd "$SRC" && CARGO_INCREMENTAL=0 cargo build --locked -p provisioning-cli --bin provisioning --target-dir "$BUILD" >&2)
+(cd "$SRC" && CARGO_INCREMENTAL=0 cargo build "${SELECTION[@]}" --target-dir "$BUILD" >&2)
 build_took=$((SECONDS - build_started))
 
 mkdir -p "$OUT.tmp"
