@@ -60,6 +60,8 @@ const RECORDED_BY_THIS_RELEASE: [(&str, &str, &str); 1] = [("Server/", ".status.
 struct Previous {
     bin: PathBuf,
     catalog: String,
+    /// Its CRDs (`deploy/crds/crds.yaml` at that commit).
+    crds: PathBuf,
 }
 
 fn previous() -> Result<Previous> {
@@ -75,7 +77,64 @@ fn previous() -> Result<Previous> {
         "{} is missing (the previous release's catalog, copied there by scripts/build-previous.sh): run scripts/build-previous.sh",
         catalog.display()
     );
-    Ok(Previous { bin, catalog: catalog.display().to_string() })
+    let crds = bin.parent().unwrap_or(Path::new(".")).join("crds.yaml");
+    ensure!(crds.is_file(), "{} is missing: run scripts/build-previous.sh", crds.display());
+    Ok(Previous { bin, catalog: catalog.display().to_string(), crds })
+}
+
+/// CRD name → the schema of each version, from CRD YAML documents.
+fn crd_schemas_of(yaml: &str) -> Result<BTreeMap<String, Value>> {
+    let mut out = BTreeMap::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
+        let crd: Value = serde::Deserialize::deserialize(doc)?;
+        out.insert(crd["metadata"]["name"].as_str().unwrap_or("?").to_string(), schemas(&crd));
+    }
+    Ok(out)
+}
+
+/// `value` with every number as a float: YAML's `1.0` and the API server's `1` are one value.
+fn numbers_as_floats(value: &Value) -> Value {
+    match value {
+        Value::Number(n) => n.as_f64().and_then(serde_json::Number::from_f64).map_or(Value::Null, Value::Number),
+        Value::Array(items) => Value::Array(items.iter().map(numbers_as_floats).collect()),
+        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), numbers_as_floats(v))).collect()),
+        other => other.clone(),
+    }
+}
+
+fn schemas(crd: &Value) -> Value {
+    crd["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| (v["name"].as_str().unwrap_or("?").to_string(), numbers_as_floats(&v["schema"])))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// The group's CRDs as the API server serves them.
+fn served_crd_schemas(dev: &Dev) -> Result<BTreeMap<String, Value>> {
+    let list: Value = serde_json::from_str(&dev.kubectl_ok(&["get", "crd", "-o", "json"])?)?;
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|crd| crd["spec"]["group"].as_str() == Some("provisioning.dev"))
+        .map(|crd| (crd["metadata"]["name"].as_str().unwrap_or("?").to_string(), schemas(crd)))
+        .collect())
+}
+
+/// Fails unless the API server serves exactly the CRDs of `release` (`provisioning dev` applies
+/// its own at start: this proves the CRDs were upgraded or rolled back with the binary).
+fn ensure_crds_of(run: &Running, previous: &Previous) -> Result<()> {
+    let expected = match run.release {
+        Release::Previous => crd_schemas_of(&std::fs::read_to_string(&previous.crds)?)?,
+        Release::Current => crd_schemas_of(&provisioning_e2e::provisioning_ok(&["crds"])?)?,
+    };
+    let served = served_crd_schemas(&run.dev)?;
+    let differing: Vec<&String> = expected.keys().filter(|name| served.get(*name) != expected.get(*name)).collect();
+    ensure!(differing.is_empty() && served.len() == expected.len(), "{:?}: served CRDs differ from its own: {differing:?}", run.release);
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -505,6 +564,7 @@ fn hand_over(from: Running, to: Release, previous: &Previous, baseline: &Snapsho
     let mut to = start(to, previous, &data_dir, &[])?;
     wait_visited(&mut to, stopped_with, &expected, &servers).with_context(|| format!("{what}: waiting for the visit"))?;
     let visited = started.elapsed();
+    ensure_crds_of(&to, previous).with_context(|| what.to_string())?;
     check_unchanged(&to, since, at, baseline, what)?;
     let mut done: BTreeMap<String, usize> = BTreeMap::new();
     for entry in audit_entries(&data_dir)?.get(since..).unwrap_or_default() {
@@ -576,7 +636,11 @@ fn upgrade_and_rollback_recreate_reinstall_and_lose_nothing() -> Result<()> {
     let started = std::time::Instant::now();
 
     // The previous release makes everything.
+    let previous_crds = crd_schemas_of(&std::fs::read_to_string(&previous.crds)?)?;
+    let current_crds = crd_schemas_of(&provisioning_e2e::provisioning_ok(&["crds"])?)?;
+    ensure!(previous_crds != current_crds, "the two releases' CRDs are the same: the test would not upgrade or roll back any");
     let mut old = start(Release::Previous, &previous, &data_dir, &[MANIFEST])?;
+    ensure_crds_of(&old, &previous)?;
     wait_ready(&old.dev)?;
     wait_quiet(&mut old)?;
     let ready_after = started.elapsed();
@@ -585,6 +649,11 @@ fn upgrade_and_rollback_recreate_reinstall_and_lose_nothing() -> Result<()> {
     ensure!(count("Server/") == SERVERS && count("TaskServ/") == TASKSERVS, "unexpected objects: {:?}", baseline.objects.keys());
     ensure!(baseline.containers.len() == SERVERS, "one container per Server: {:?}", baseline.containers);
     ensure!(baseline.redis.len() == SERVERS && baseline.redis.values().all(|(_, marker)| *marker), "redis: {:?}", baseline.redis);
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for key in baseline.objects.keys() {
+        *kinds.entry(key.split('/').next().unwrap_or("?")).or_default() += 1;
+    }
+    println!("made by the previous release: {kinds:?}, {} containers, {} networks", baseline.containers.len(), baseline.networks.len());
     let installs = audit_entries(&data_dir)?.iter().filter(|e| e["script"].as_str() == Some("install")).count();
     ensure!(installs >= SERVERS, "the previous release's installs are in the audit log ({installs})");
 
