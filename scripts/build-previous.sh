@@ -39,6 +39,8 @@ FULL=$(git rev-parse "$REV^{commit}")
 SHORT=${FULL:0:7}
 OUT=$ROOT/target/previous/$SHORT
 BUILD=$ROOT/target/previous/build
+# The current tree's build (scripts/test.sh's build phase), where the dependencies come from.
+DEBUG=${CARGO_TARGET_DIR:-$ROOT/target}/debug
 
 if [[ -x $OUT/provisioning && -f $OUT/complete ]]; then
   say "reusing $OUT/provisioning ($(cat "$OUT/complete")); took $((SECONDS - started))s"
@@ -95,8 +97,8 @@ for sub in ("deps", "build", ".fingerprint"):
         found = re.search(r"-([0-9a-f]{16})(?=\.|$)", name)
         if found and found.group(1) in hashes:
             print(os.path.join(sub, name))
-' "$ROOT/target/debug" >"$list"
-  (cd target/debug && tar -cf - -T "$list") | tar -xf - -C "$BUILD/debug"
+' "$DEBUG" >"$list"
+  (cd "$DEBUG" && tar -cf - -T "$list") | tar -xf - -C "$BUILD/debug"
   say "seeded $BUILD with $(wc -l <"$list") dependency artifacts ($(du -sh "$BUILD" | cut -f1))"
   rm -f "$list"
   touch "$BUILD/seeded"
