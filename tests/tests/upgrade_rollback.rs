@@ -6,16 +6,18 @@
 //! of the same manifest follows, then the previous release takes the data dir back (the
 //! rollback: its CRDs are applied again), and this release deletes everything at the end.
 //!
-//! At each hand-over the test first waits for proof that the controller that took over has
-//! visited every object (a provider call attributed to each Server and a health check of each
-//! TaskServ on each of its servers in the audit log, a reconcile of the Workspace and of the
-//! Cluster in /metrics, nothing in flight), so it cannot pass by looking too early. Then it
-//! asserts that nothing was re-created, re-installed or lost:
+//! After each start the API server serves exactly that release's CRDs (so they really move
+//! both ways). At each hand-over the test first waits for proof that the controller that took
+//! over has visited every object (a provider call attributed to the Workspace and to each
+//! Server and a health check of each TaskServ on each of its servers in the audit log, a
+//! reconcile of the Workspace and of the Cluster in /metrics, nothing in flight), so it cannot
+//! pass by looking too early. Then it asserts that nothing was re-created, re-installed or lost:
 //! - every object (Workspace, Cluster, Servers, TaskServs, ChangeRecords, Secrets) keeps its
-//!   uid, generation and creation time; none appears, none goes;
-//! - status is unchanged: every condition keeps its status, reason and lastTransitionTime
-//!   (Ready never flapped), the TaskServs' install records (installInputs, servers' lastRun)
-//!   and the Servers' providerID and addresses are the same;
+//!   uid, generation and creation time; none appears, none goes; Secret data is the same;
+//! - status is unchanged but for condition messages and [`RECORDED_BY_THIS_RELEASE`]: every
+//!   condition keeps its status, reason and lastTransitionTime (Ready never flapped), the
+//!   TaskServs' install records (installInputs, servers' lastRun) and the Servers' providerID
+//!   and addresses are the same;
 //! - the same Docker containers (ids, created and started times, no restart) and networks,
 //!   and no container event but `exec_*` since the hand-over (`docker events`);
 //! - the audit log gained no provider call that creates, changes or deletes anything and no
@@ -47,7 +49,8 @@ const TASKSERVS: usize = 2;
 const MARKER_KEY: &str = "upgrade-rollback-marker";
 
 /// Provider operations that only read (anything else in the audit log after a hand-over is a
-/// create, change or delete).
+/// create, change or delete). `exec` carries a script; what the script does is its own entry
+/// (a `scriptRun`, of which only `check` is allowed).
 const READ_ONLY_PROVIDER_CALLS: [&str; 5] = ["observe_server", "find_server", "survey", "validate_credentials", "exec"];
 
 /// Status fields this release records on objects the previous release made, the only
@@ -262,8 +265,7 @@ struct Snapshot {
     redis: BTreeMap<String, (String, bool)>,
 }
 
-/// Status without what is only for humans (condition messages) and without the fields listed
-/// in `added` (status fields one release writes and the other does not know).
+/// Status without what is only for humans (condition messages), conditions in type order.
 fn normalized_status(status: &Value) -> Value {
     let mut status = status.clone();
     if let Some(conditions) = status.get_mut("conditions").and_then(Value::as_array_mut) {
