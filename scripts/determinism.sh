@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 source .tools/env
 RUNS=${1:-5}
 shift || true
+# The upgrade and rollback test runs the previous release (built once, then reused).
+PROVISIONING_PREVIOUS_BIN=$(bash scripts/build-previous.sh)
+export PROVISIONING_PREVIOUS_BIN
 PACKAGES=(--package provisioning-e2e --package provisioning-providers)
 status=0
 echo "determinism: $RUNS runs back to back" >&2

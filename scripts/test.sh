@@ -29,6 +29,12 @@ done
 cargo fmt --check
 cargo build --workspace --all-targets
 phase build
+# The previous release's binary for the upgrade and rollback test
+# (tests/tests/upgrade_rollback.rs): built by scripts/build-previous.sh in its own target dir
+# (seeded from target/debug, so only the workspace crates compile) and reused once built.
+PROVISIONING_PREVIOUS_BIN=$(bash scripts/build-previous.sh)
+export PROVISIONING_PREVIOUS_BIN
+phase previous
 cargo clippy --workspace --all-targets -- -D warnings
 # No import circles between the modules of any crate (from the sources; seconds).
 python3 scripts/check-module-cycles.py

@@ -116,12 +116,18 @@ impl Dev {
 
     /// Like [`Dev::start_in_with_env`], with extra command-line arguments for `provisioning dev`.
     pub fn start_in_with(data_dir: &Path, apply: &[&str], env: &[(&str, &str)], args: &[&str]) -> Result<Dev> {
+        Dev::start_binary_in(&provisioning_bin(), data_dir, apply, env, args)
+    }
+
+    /// Like [`Dev::start_in_with`], running `binary` instead of the `provisioning` this workspace
+    /// built (the previous release's, for the upgrade and rollback test).
+    pub fn start_binary_in(binary: &Path, data_dir: &Path, apply: &[&str], env: &[(&str, &str)], args: &[&str]) -> Result<Dev> {
         std::fs::create_dir_all(data_dir)?;
         let kubeconfig = data_dir.join("kubeconfig");
         let _ = std::fs::remove_file(&kubeconfig);
         let log_path = data_dir.join(format!("dev-{}.log", std::process::id()));
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
-        let mut cmd = Command::new(provisioning_bin());
+        let mut cmd = Command::new(binary);
         cmd.current_dir(workspace_root())
             .arg("dev")
             .arg("--data-dir")
@@ -310,6 +316,30 @@ impl Dev {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Stops `provisioning dev` the way it stops cleanly (SIGINT: Ctrl-C; its controller
+    /// finishes, the API server shuts down) and waits for it to exit; an error when it is still
+    /// running after `deadline` (it is killed then) or exits with a failure.
+    pub fn interrupt(&mut self, deadline: Duration) -> Result<()> {
+        let Some(mut child) = self.child.take() else { bail!("provisioning dev is not running") };
+        let _ = Command::new("kill").arg("-INT").arg(child.id().to_string()).status();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                // 130: the exit code `provisioning dev` gives for Ctrl-C.
+                if status.success() || status.code() == Some(130) {
+                    return Ok(());
+                }
+                bail!("provisioning dev exited with {status} on SIGINT\n{}", self.log_tail(40));
+            }
+            if start.elapsed() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("provisioning dev still running {deadline:?} after SIGINT (killed)\n{}", self.log_tail(40));
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
