@@ -410,3 +410,94 @@ fn a_late_worker_joins_with_the_token_the_first_control_plane_renews() -> Result
     );
     Ok(())
 }
+
+/// Under Manual approval the endpoint is a change like any other: added to a running Cluster,
+/// it is listed in the plan (with its price) and nothing is made at the provider until that
+/// plan is approved; then the load balancer is made, and it goes with the Cluster.
+#[test]
+fn under_manual_approval_an_added_endpoint_waits_for_the_plan_to_be_approved() -> Result<()> {
+    const NS_MANUAL: &str = "k8s-manual-sim";
+    let tmp = tempfile::tempdir()?;
+    let mut dev = Dev::start_in_with(&tmp.path().join("data"), &[], &[], &[])?;
+    let file = tmp.path().join("manual.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS_MANUAL}}}\n---\n\
+             apiVersion: provisioning.dev/v1alpha1\nkind: Workspace\nmetadata: {{name: {NS_MANUAL}}}\n\
+             spec:\n  defaults: {{provider: sim}}\n  providers:\n  - {{name: sim, type: simulated}}\n---\n\
+             apiVersion: provisioning.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: kube, namespace: {NS_MANUAL}}}\n\
+             spec:\n  approval: Manual\n  pools:\n  - {{name: control-plane, replicas: 1, plan: small}}\n\
+             \x20 taskservs:\n  - service: containerd\n  - service: kubernetes\n"
+        ),
+    )?;
+    let file_arg = file.display().to_string();
+    dev.kubectl_ok(&["apply", "-f", &file_arg])?;
+    let approve = |d: &mut Dev, what: &str| -> Result<()> {
+        d.wait_until(Duration::from_secs(120), what, |d| {
+            let c = cluster_in(d, NS_MANUAL)?;
+            Ok(condition(&c, "Ready").is_some_and(|c| c.1 == "AwaitingApproval") && c["status"]["plan"]["id"].as_str().is_some())
+        })?;
+        let id = cluster_in(d, NS_MANUAL)?["status"]["plan"]["id"].as_str().unwrap_or_default().to_string();
+        d.kubectl_ok(&["annotate", "cluster", "kube", "-n", NS_MANUAL, "--overwrite", &format!("provisioning.dev/approve={id}")])?;
+        Ok(())
+    };
+    approve(&mut dev, "the new Cluster awaiting approval")?;
+    dev.wait_until(Duration::from_secs(240), "the Cluster Ready", |d| {
+        Ok(condition(&cluster_in(d, NS_MANUAL)?, "Ready").is_some_and(|c| c.0 == "True"))
+    })?;
+    assert!(provisioning_e2e::simulated_endpoints(&dev.data_dir)?.is_empty());
+
+    // The endpoint added: planned with its price, not made.
+    dev.kubectl_ok(&[
+        "patch",
+        "cluster",
+        "kube",
+        "-n",
+        NS_MANUAL,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"controlPlaneEndpoint":{"type":"LoadBalancer","port":6443}}}"#,
+    ])?;
+    dev.wait_until(Duration::from_secs(120), "the endpoint awaiting approval", |d| {
+        Ok(condition(&cluster_in(d, NS_MANUAL)?, "EndpointReady").is_some_and(|c| c.1 == "AwaitingApproval"))
+    })?;
+    let c = cluster_in(&dev, NS_MANUAL)?;
+    let (_, _, message) = condition(&c, "EndpointReady").unwrap_or_default();
+    assert_eq!(message, "the load balancer is created once the Cluster's plan is approved (status.plan)");
+    let changes = c["status"]["plan"]["changes"].as_array().cloned().unwrap_or_default();
+    assert!(
+        changes.iter().any(|ch| ch["field"] == "spec.controlPlaneEndpoint" && ch["action"] == "Create"),
+        "the plan lists the endpoint: {}",
+        c["status"]["plan"]
+    );
+    // Visited more than once meanwhile (the patch, the status writes): still nothing made.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(provisioning_e2e::simulated_endpoints(&dev.data_dir)?.is_empty(), "made before approval");
+
+    approve(&mut dev, "the plan with the endpoint awaiting approval")?;
+    // Once the load balancer has its address the kubernetes service's controlPlaneEndpoint
+    // changes: a plan that did not cover that (the address was unknown when it was made) waits
+    // for its own approval, as any change does. Approved as a user would, with its new id.
+    dev.wait_until(Duration::from_secs(180), "the endpoint made and Ready", |d| {
+        let c = cluster_in(d, NS_MANUAL)?;
+        let (id, approved) = (c["status"]["plan"]["id"].as_str(), c["metadata"]["annotations"]["provisioning.dev/approve"].as_str());
+        if condition(&c, "Ready").is_some_and(|c| c.1 == "AwaitingApproval")
+            && let Some(id) = id.filter(|id| Some(*id) != approved)
+        {
+            eprintln!("approving the follow-up plan {id}: {}", c["status"]["plan"]["summary"]);
+            d.kubectl_ok(&["annotate", "cluster", "kube", "-n", NS_MANUAL, "--overwrite", &format!("provisioning.dev/approve={id}")])?;
+        }
+        Ok(condition(&c, "EndpointReady").is_some_and(|c| c.0 == "True") && condition(&c, "Ready").is_some_and(|c| c.0 == "True"))
+    })?;
+    let made = provisioning_e2e::simulated_endpoints(&dev.data_dir)?;
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0].kind, "LoadBalancer");
+    dev.kubectl_ok(&["delete", "cluster", "kube", "-n", NS_MANUAL, "--timeout=180s"])?;
+    assert!(provisioning_e2e::simulated_endpoints(&dev.data_dir)?.is_empty(), "deleted with the Cluster");
+    Ok(())
+}
+
+fn cluster_in(dev: &Dev, namespace: &str) -> Result<Value> {
+    json(dev, &["get", "cluster", "kube", "-n", namespace])
+}

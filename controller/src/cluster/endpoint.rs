@@ -37,6 +37,29 @@ pub struct Outcome {
     pub condition: Option<DesiredCondition>,
     /// Look again soon (a call failed or the provider is still assigning the address).
     pub retry: bool,
+    /// Nothing was created or deleted because the Cluster's plan is not approved yet (Manual
+    /// approval): ensure again once it is.
+    pub awaiting_approval: bool,
+}
+
+/// What the endpoint may change at the provider this pass: everything, or (under Manual
+/// approval, before the Cluster's plan is approved) only what costs nothing new: an existing
+/// endpoint is found and kept on the live control planes, none is created or deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Changes {
+    /// Automatic approval, or the plan is approved.
+    Allowed,
+    /// Manual approval and the plan is not approved yet.
+    AwaitApproval,
+}
+
+fn awaiting(status: Option<ControlPlaneEndpointStatus>, what: String) -> Outcome {
+    Outcome {
+        status,
+        condition: cond(Status::False, "AwaitingApproval", format!("{what} once the Cluster's plan is approved (status.plan)")),
+        retry: false,
+        awaiting_approval: true,
+    }
 }
 
 /// The provider kind of a spec type (None for VIP and None).
@@ -139,18 +162,21 @@ async fn provider(cluster: &Cluster, namespace: &str, ctx: &Context) -> Result<A
 
 /// Ensures the endpoint the spec asks for (see the module). Never fails the pass: a failed
 /// call is the condition's message and a retry.
-pub async fn ensure(cluster: &Cluster, namespace: &str, servers: &[ChildServer], ctx: &Context) -> Outcome {
+pub async fn ensure(cluster: &Cluster, namespace: &str, servers: &[ChildServer], changes: Changes, ctx: &Context) -> Outcome {
     let recorded = cluster.status.as_ref().and_then(|s| s.control_plane_endpoint.clone());
     let want = cluster.spec.control_plane_endpoint.clone().unwrap_or_default();
     // Invalid specs are refused by validation (Stalled); nothing is created for them.
     if super::validate::control_plane_endpoint(&cluster.spec).is_err() {
-        return Outcome { status: recorded, condition: None, retry: false };
+        return Outcome { status: recorded, condition: None, ..Outcome::default() };
     }
     // A kind no longer wanted goes first (type changed, or set to None).
     let mut kept = recorded.clone();
     if let Some(old) = recorded.as_ref().and_then(|r| kind_of_status(&r.endpoint_type))
         && kind_of(want.endpoint_type) != Some(old)
     {
+        if changes == Changes::AwaitApproval {
+            return awaiting(recorded, format!("the old {} is deleted", old.noun()));
+        }
         let gone = match provider(cluster, namespace, ctx).await {
             Ok(a) => {
                 let id = identity(cluster, namespace);
@@ -165,6 +191,7 @@ pub async fn ensure(cluster: &Cluster, namespace: &str, servers: &[ChildServer],
                     status: recorded,
                     condition: cond(Status::False, "Deleting", format!("deleting the old {}", old.noun())),
                     retry: true,
+                    awaiting_approval: false,
                 };
             }
             Err(e) => {
@@ -172,12 +199,13 @@ pub async fn ensure(cluster: &Cluster, namespace: &str, servers: &[ChildServer],
                     status: recorded,
                     condition: cond(Status::False, "Failed", format!("deleting the old {}: {e}", old.noun())),
                     retry: true,
+                    awaiting_approval: false,
                 };
             }
         }
     }
     match want.endpoint_type {
-        EndpointType::None => Outcome { status: None, condition: None, retry: false },
+        EndpointType::None => Outcome { status: None, condition: None, retry: false, awaiting_approval: false },
         EndpointType::Vip => Outcome {
             status: Some(ControlPlaneEndpointStatus {
                 endpoint_type: want.endpoint_type.as_str().into(),
@@ -193,9 +221,10 @@ pub async fn ensure(cluster: &Cluster, namespace: &str, servers: &[ChildServer],
                 format!("{}:{} held by keepalived on the control-plane servers (haproxy to their API servers)", want.address, want.port),
             ),
             retry: false,
+            awaiting_approval: false,
         },
         t @ (EndpointType::LoadBalancer | EndpointType::FloatingIp) => {
-            ensure_at_provider(cluster, namespace, servers, t, want.port, kept, ctx).await
+            ensure_at_provider(cluster, namespace, servers, (t, want.port), kept, changes, ctx).await
         }
     }
 }
@@ -204,9 +233,9 @@ async fn ensure_at_provider(
     cluster: &Cluster,
     namespace: &str,
     servers: &[ChildServer],
-    t: EndpointType,
-    port: u16,
+    (t, port): (EndpointType, u16),
     recorded: Option<ControlPlaneEndpointStatus>,
+    changes: Changes,
     ctx: &Context,
 ) -> Outcome {
     let Some(kind) = kind_of(t) else { return Outcome::default() };
@@ -218,6 +247,7 @@ async fn ensure_at_provider(
             status: None,
             condition: cond(Status::False, "Waiting", format!("the {} is made once a control-plane machine exists", kind.noun())),
             retry: false,
+            awaiting_approval: false,
         };
     }
     let status = if settled(recorded.as_ref(), t, port, &targets) {
@@ -225,7 +255,14 @@ async fn ensure_at_provider(
     } else {
         let a = match provider(cluster, namespace, ctx).await {
             Ok(a) => a,
-            Err(e) => return Outcome { status: recorded, condition: cond(Status::False, "Failed", e.to_string()), retry: true },
+            Err(e) => {
+                return Outcome {
+                    status: recorded,
+                    condition: cond(Status::False, "Failed", e.to_string()),
+                    retry: true,
+                    awaiting_approval: false,
+                };
+            }
         };
         if let Err(why) = a.provider.supports_endpoint(kind) {
             return Outcome {
@@ -236,10 +273,28 @@ async fn ensure_at_provider(
                     format!("{why}: set spec.controlPlaneEndpoint.type to another type (VIP works on every provider)"),
                 ),
                 retry: false,
+                awaiting_approval: false,
             };
         }
         let request =
             EndpointRequest { identity: identity(cluster, namespace), kind, port, zone: zone_of(&cluster.spec), targets: targets.clone() };
+        // Before approval only an endpoint that exists is kept up to date; none is made.
+        if changes == Changes::AwaitApproval {
+            let found =
+                ctx.provider_call(&a.ws, &a.provider, &a.name, "find_endpoint", a.provider.find_endpoint(kind, &request.identity)).await;
+            match found {
+                Ok(Some(_)) => {}
+                Ok(None) => return awaiting(recorded, format!("the {} is created", kind.noun())),
+                Err(e) => {
+                    return Outcome {
+                        status: recorded,
+                        condition: cond(Status::False, "Failed", format!("looking up the {}: {e}", kind.noun())),
+                        retry: true,
+                        awaiting_approval: false,
+                    };
+                }
+            }
+        }
         match ctx.provider_call(&a.ws, &a.provider, &a.name, "ensure_endpoint", a.provider.ensure_endpoint(&request)).await {
             Ok(o) if !o.address.is_empty() && !super::plan::endpoint_host_ok(&o.address) => {
                 // A cloud API's answer is outside input: never written to status (and so never
@@ -253,6 +308,7 @@ async fn ensure_at_provider(
                         format!("the provider answered an address for the {} that is not an IP address or DNS name", kind.noun()),
                     ),
                     retry: true,
+                    awaiting_approval: false,
                 };
             }
             Ok(o) => {
@@ -266,6 +322,7 @@ async fn ensure_at_provider(
                     status: recorded,
                     condition: cond(Status::False, "Failed", format!("ensuring the {}: {e}", kind.noun())),
                     retry: true,
+                    awaiting_approval: false,
                 };
             }
         }
@@ -281,7 +338,7 @@ async fn ensure_at_provider(
         cond(Status::True, "Created", format!("{} {at} → {}", kind.noun(), crate::text::count(n, "control-plane machine")))
     };
     let retry = s.address.is_empty();
-    Outcome { status: Some(s), condition, retry }
+    Outcome { status: Some(s), condition, retry, awaiting_approval: false }
 }
 
 /// The zone the endpoint is made in: the control-plane pool's, else the account's.

@@ -190,7 +190,8 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     let services = validate::validate(&name, &cluster.spec, &cctx.catalog).and_then(|s| plan::check_depends_on(&name, &graph).map(|()| s));
     let status = cluster.status.clone().unwrap_or_default();
     // The control-plane endpoint before the plan: the kubernetes service waits for its address.
-    let endpoint_outcome = if deleting { None } else { Some(endpoint::ensure(&cluster, namespace, &children.servers, ctx).await) };
+    let mut endpoint_outcome =
+        if deleting { None } else { Some(ensure_endpoint(&cluster, namespace, &children.servers, approval, ctx).await) };
     let endpoint_gate = match &endpoint_outcome {
         Some(e) => plan::EndpointGate::of(&cluster.spec, e.status.as_ref()),
         None => plan::EndpointGate::Unmanaged,
@@ -232,6 +233,9 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
     if let Some((_, decision)) = &mut gated {
         refused.extend(approval::screen_pass_down(&cluster, decision, ws.require_distinct_approver, ctx).await.at(Step::Dereference)?);
     }
+    if gated.as_ref().is_some_and(|(_, d)| d.gate.goes()) && endpoint_outcome.as_ref().is_some_and(|e| e.awaiting_approval) {
+        endpoint_outcome = Some(endpoint::ensure(&cluster, namespace, &children.servers, endpoint::Changes::Allowed, ctx).await);
+    }
     act::act(&plan, namespace, ctx).await.at(Step::Act)?;
     let mut status = plan.status.clone();
     if let Some(e) = &endpoint_outcome {
@@ -265,15 +269,35 @@ async fn apply(cluster: Arc<Cluster>, namespace: &str, cctx: &ClusterContext, de
         let left = format!("{} and {}", crate::text::count(taskservs, "TaskServ"), crate::text::count(servers, "Server"));
         return Err(Error::InProgress(format!("tearing down: {left} left")).at(Step::Cleanup));
     }
-    let requeue = match (plan.requeue, endpoint_outcome.as_ref().is_some_and(|e| e.retry)) {
+    Ok(next_visit(plan.requeue, endpoint_outcome.as_ref().is_some_and(|e| e.retry)))
+}
+
+/// When to look again: as the plan says, and soon when the endpoint asks to (`retry`).
+fn next_visit(requeue: Option<std::time::Duration>, retry: bool) -> Action {
+    let requeue = match (requeue, retry) {
         (Some(d), true) => Some(d.min(ENDPOINT_RETRY)),
         (None, true) => Some(ENDPOINT_RETRY),
         (d, false) => d,
     };
-    Ok(match requeue {
+    match requeue {
         Some(d) => Action::requeue(crate::time::jittered(d)),
         None => Action::await_change(),
-    })
+    }
+}
+
+/// The endpoint's pass before the plan. Under Manual approval nothing is created or deleted
+/// at the provider before the plan (which lists the endpoint's Create or Delete with its
+/// price) is approved: [`apply`] ensures again once the decision lets the plan go.
+async fn ensure_endpoint(
+    cluster: &Cluster,
+    namespace: &str,
+    servers: &[plan::ChildServer],
+    approval: provisioning_crds::Approval,
+    ctx: &Context,
+) -> endpoint::Outcome {
+    let changes =
+        if approval == provisioning_crds::Approval::Manual { endpoint::Changes::AwaitApproval } else { endpoint::Changes::Allowed };
+    endpoint::ensure(cluster, namespace, servers, changes, ctx).await
 }
 
 /// The Cluster's plan (its members' changes, then its endpoint's with the endpoint's price).
