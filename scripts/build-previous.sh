@@ -27,15 +27,27 @@ REV=${1:-$PREVIOUS_RELEASE}
 started=$SECONDS
 say() { echo "build-previous.sh: $*" >&2; }
 
+# The previous release's source tree, cached in the repository for clones without its commit
+# (a shallow CI checkout with no origin to fetch from): `git archive` of PREVIOUS_RELEASE,
+# whose git tree id is PREVIOUS_TREE. It is used only when the commit itself is unavailable,
+# and only after the unpacked files hash to exactly that tree (`git write-tree`).
+ARCHIVE=$ROOT/.ci/previous-release.tar.xz
+PREVIOUS_TREE=39763e59fbc057c2bd4dc4f5d423a348f6e7ea39
+FROM=git
 if ! git cat-file -e "$REV^{commit}" 2>/dev/null; then
   say "commit $REV is not in this clone (a shallow clone?); fetching it from origin"
   if ! git fetch --quiet --depth=1 origin "$REV" >&2 || ! git cat-file -e "$REV^{commit}" 2>/dev/null; then
-    say "ERROR: the previous release $REV is not available. Fetch it (\`git fetch origin $REV\`," \
-      "or \`git fetch --unshallow\`), or clone with full history, then run scripts/build-previous.sh again."
-    exit 1
+    if [[ $REV == "$PREVIOUS_RELEASE" && -f $ARCHIVE ]]; then
+      say "not fetched: using the cached source of $REV (.ci/previous-release.tar.xz), checked against its tree id"
+      FROM=archive
+    else
+      say "ERROR: the previous release $REV is not available. Fetch it (\`git fetch origin $REV\`," \
+        "or \`git fetch --unshallow\`), or clone with full history, then run scripts/build-previous.sh again."
+      exit 1
+    fi
   fi
 fi
-FULL=$(git rev-parse "$REV^{commit}")
+if [[ $FROM == git ]]; then FULL=$(git rev-parse "$REV^{commit}"); else FULL=$REV; fi
 SHORT=${FULL:0:7}
 OUT=$ROOT/target/previous/$SHORT
 BUILD=$ROOT/target/previous/build
@@ -54,8 +66,20 @@ cleanup() {
   git -C "$ROOT" worktree prune >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-rmdir "$SRC"
-git worktree add --quiet --detach "$SRC" "$FULL" >&2
+if [[ $FROM == git ]]; then
+  rmdir "$SRC"
+  git worktree add --quiet --detach "$SRC" "$FULL" >&2
+else
+  tar -xJf "$ARCHIVE" -C "$SRC"
+  # Exactly the release's files: the same git tree id, computed in a throwaway repository.
+  TREE=$(cd "$SRC" && git init --quiet && git add --all --force && git write-tree)
+  rm -rf "$SRC/.git"
+  if [[ $TREE != "$PREVIOUS_TREE" ]]; then
+    say "ERROR: .ci/previous-release.tar.xz holds tree $TREE, not $REV's tree $PREVIOUS_TREE: recreate it with" \
+      "\`git archive --format=tar $REV | xz -9 > .ci/previous-release.tar.xz\`"
+    exit 1
+  fi
+fi
 
 # What is built, here and at the previous release: the binary, selected across the workspace
 # and with one small test target (provisioning-yaml's call_sites), so that cargo resolves the
