@@ -147,10 +147,10 @@ impl Dev {
         let child = cmd.spawn().context("spawn provisioning dev")?;
         let mut dev = Dev { child: Some(child), controller: None, data_dir: data_dir.to_path_buf(), _tmp: None, log_path };
         dev.wait_until(Duration::from_secs(60), "kubeconfig written", |d| Ok(d.data_dir.join("kubeconfig").exists()))?;
-        // The API answers once discovery of our group works.
-        dev.wait_until(Duration::from_secs(60), "API serving provisioning.dev", |d| {
-            Ok(d.kubectl(&["get", "servers", "-A"]).map(|o| o.status.success()).unwrap_or(false))
-        })?;
+        // The API answers once discovery of our group serves every kind (`provisioning dev`
+        // applies the CRDs after writing the kubeconfig; a test applying a Cluster right after
+        // only Servers were served met "no matches for kind Cluster").
+        dev.wait_until(Duration::from_secs(60), "API serving provisioning.dev", |d| Ok(every_kind_served(d)))?;
         // `--apply` runs after the API is up: tests start only once every object is there
         // (a test's first kubectl could otherwise run before its Namespace exists).
         if !apply.is_empty() {
@@ -168,9 +168,7 @@ impl Dev {
     pub fn start_split_in(data_dir: &Path) -> Result<Dev> {
         let mut dev = Dev::start_apiserver_in(data_dir)?;
         dev.start_controller()?;
-        dev.wait_until(Duration::from_secs(60), "API serving provisioning.dev", |d| {
-            Ok(d.kubectl(&["get", "servers", "-A"]).map(|o| o.status.success()).unwrap_or(false))
-        })?;
+        dev.wait_until(Duration::from_secs(60), "API serving provisioning.dev", |d| Ok(every_kind_served(d)))?;
         Ok(dev)
     }
 
@@ -498,4 +496,10 @@ pub fn simulated_delete_out_of_band(data_dir: &Path, id: &str) -> Result<()> {
 /// How many machines are alive in the simulated provider's journals under `data_dir`.
 pub fn simulated_machines_alive(data_dir: &Path) -> Result<usize> {
     Ok(simulated_machines(data_dir)?.len())
+}
+
+/// Whether kubectl finds every kind of the group (discovery and list), as a test's first
+/// `kubectl apply` needs.
+fn every_kind_served(dev: &Dev) -> bool {
+    dev.kubectl(&["get", "workspaces,servers,taskservs,clusters,changerecords", "-A"]).map(|o| o.status.success()).unwrap_or(false)
 }
